@@ -1,0 +1,67 @@
+//! `hlo-train`, the command line: see `../shared/docs/cli.md` for the contract.
+//!
+//! Errors are printed as one line (the whole `anyhow` chain joined by `: `,
+//! a multi-line plugin message joined by `; `) with exit code 2; nothing here
+//! panics on user input.
+
+mod common;
+mod devices;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "hlo-train",
+    version,
+    about = "Finetune LLMs by building XLA programs in Rust and running them through PJRT plugins"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show the plugin, its platform and PJRT API version, and its devices.
+    Devices(devices::DevicesArgs),
+}
+
+fn main() -> ExitCode {
+    // XLA logs through absl to stderr; its INFO and ERROR lines would repeat,
+    // less clearly, what PJRT returns to us and we print. Set before any
+    // plugin loads (and before any thread starts); a user can override it.
+    if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
+        std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "3");
+    }
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version are not errors.
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let result = match cli.command {
+        Command::Devices(args) => devices::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&format!("{e:#}")));
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Joins a multi-line message (an MLIR diagnostic, say) into one line.
+fn one_line(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}

@@ -1,0 +1,154 @@
+//! The command line as users script against it (../shared/docs/cli.md), run
+//! as a process on the real CPU plugin.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn hlo_train(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hlo-train"))
+        .args(args)
+        .env_remove("HLO_TRAIN_PLUGIN")
+        .output()
+        .expect("run hlo-train")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A failed run: exit code 2, exactly one line on stderr, no panic.
+fn assert_one_line_error(out: &Output) -> String {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!err.contains("RUST_BACKTRACE"), "{err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "one line expected: {err}"
+    );
+    assert!(err.starts_with("error: "), "{err}");
+    err.trim_end().to_string()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("hlo-train-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn devices_json_lists_eight_cpu_devices() {
+    let out = hlo_train(&["devices", "--devices", "8", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["platform"], "cpu");
+    assert!(v["plugin"]
+        .as_str()
+        .unwrap()
+        .ends_with("pjrt_cpu_plugin.so"));
+    let (major, minor) = v["api_version"]
+        .as_str()
+        .unwrap()
+        .split_once('.')
+        .expect("MAJOR.MINOR");
+    let version = (major.parse::<i32>().unwrap(), minor.parse::<i32>().unwrap());
+    assert!(version >= hlo_runtime::MIN_API_VERSION);
+    assert!(v["platform_version"].is_string());
+    let devices = v["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 8);
+    for (i, d) in devices.iter().enumerate() {
+        assert_eq!(d["id"], i);
+        assert_eq!(d["kind"], "cpu");
+        assert_eq!(d["process_index"], 0);
+    }
+    // Nothing but the JSON on stdout, and XLA's logs kept quiet.
+    assert!(stderr(&out).is_empty(), "{}", stderr(&out));
+}
+
+#[test]
+fn devices_text_names_plugin_platform_and_api() {
+    let out = hlo_train(&["devices", "--devices", "2"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout).unwrap();
+    for needle in [
+        "plugin ",
+        "platform ",
+        "platform version ",
+        "PJRT API ",
+        "devices ",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+    assert_eq!(text.matches("CpuDevice(id=").count(), 2, "{text}");
+}
+
+#[test]
+fn missing_plugin_path_is_one_clear_line() {
+    let err = assert_one_line_error(&hlo_train(&[
+        "devices",
+        "--plugin",
+        "/nonexistent/pjrt_plugin.so",
+    ]));
+    assert_eq!(
+        err,
+        "error: PJRT plugin not found at /nonexistent/pjrt_plugin.so"
+    );
+}
+
+#[test]
+fn plugin_from_the_environment() {
+    let out = Command::new(env!("CARGO_BIN_EXE_hlo-train"))
+        .args(["devices"])
+        .env("HLO_TRAIN_PLUGIN", "/nonexistent/from_env.so")
+        .output()
+        .unwrap();
+    let err = assert_one_line_error(&out);
+    assert!(err.contains("/nonexistent/from_env.so"), "{err}");
+}
+
+#[test]
+fn a_file_that_is_not_a_plugin_is_one_clear_line() {
+    let dir = scratch("notaplugin");
+    let file = dir.join("libnot_a_plugin.so");
+    std::fs::write(&file, "#!/bin/sh\necho hello\n").unwrap();
+    let err = assert_one_line_error(&hlo_train(&["devices", "--plugin", file.to_str().unwrap()]));
+    assert!(
+        err.starts_with(&format!(
+            "error: cannot load {} as a PJRT plugin: ",
+            file.display()
+        )),
+        "{err}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn cuda_without_a_jax_plugin_says_what_to_install() {
+    // A python3 whose only site folder holds no jax_plugins.
+    let dir = scratch("nocuda");
+    let python = dir.join("python3");
+    std::fs::write(&python, format!("#!/bin/sh\necho {}\n", dir.display())).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_hlo-train"))
+        .args(["devices", "--plugin", "cuda"])
+        .env("HLO_TRAIN_PYTHON", &python)
+        .output()
+        .unwrap();
+    let err = assert_one_line_error(&out);
+    assert!(err.contains("no CUDA PJRT plugin found"), "{err}");
+    assert!(err.contains("pip install"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn flag_values_out_of_range_are_refused() {
+    let out = hlo_train(&["devices", "--devices", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--devices"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("panicked"));
+}

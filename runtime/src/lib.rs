@@ -1,0 +1,48 @@
+//! `hlo-runtime` owns everything between us and a PJRT plugin: our own
+//! `#[repr(C)]` bindings of the PJRT C API (no bindgen, no C++), plugin
+//! discovery and loading, clients and devices, host ↔ device transfers,
+//! compile options, compilation of StableHLO text, execution over one or many
+//! devices, and (later) sharded device arrays, the JIT cache and the eager
+//! executor.
+//!
+//! It does not know what a model is, nor how a graph is traced or printed;
+//! it takes program text and buffers.
+//!
+//! ```no_run
+//! use hlo_runtime::{Client, ClientOptions, CompileOptions, HostArray, Plugin, PluginSpec};
+//! let plugin = Plugin::load(PluginSpec::Cpu.resolve()?)?;
+//! let client = Client::new(&plugin, &ClientOptions::cpu(1))?;
+//! let exe = client.compile(
+//!     r#"func.func public @main(%a: tensor<2xf32>) -> tensor<2xf32> {
+//!          %0 = "stablehlo.add"(%a, %a) : (tensor<2xf32>, tensor<2xf32>) -> tensor<2xf32>
+//!          func.return %0 : tensor<2xf32>
+//!        }"#,
+//!     &CompileOptions::default(),
+//! )?;
+//! let device = &exe.devices()[0];
+//! let x = client.buffer_from_host(&HostArray::new(&[2], &[1.0f32, 2.0])?, device)?;
+//! let out = exe.execute(&[vec![&x]])?;
+//! assert_eq!(out[0][0].to_host()?.to_vec::<f32>()?, vec![2.0, 4.0]);
+//! # Ok::<(), hlo_runtime::Error>(())
+//! ```
+
+mod buffer;
+mod client;
+mod compile_options;
+mod discovery;
+mod error;
+mod executable;
+mod ffi;
+mod host;
+mod plugin;
+mod signature;
+
+pub use buffer::Buffer;
+pub use client::{Client, ClientOptions, Device, DeviceMemoryStats, OptionValue};
+pub use compile_options::CompileOptions;
+pub use discovery::{find_jax_plugin, PluginKind, PluginSpec, CPU_PLUGIN_RELATIVE};
+pub use error::{Error, ErrorCode, Result};
+pub use executable::{CompiledMemoryStats, LoadedExecutable};
+pub use host::{element_count, Element, HostArray};
+pub use plugin::{AttrValue, Plugin, MIN_API_VERSION};
+pub use signature::{main_parameters, ParamType};
