@@ -6,6 +6,7 @@
 
 mod common;
 mod devices;
+mod dump_hlo;
 
 use std::process::ExitCode;
 
@@ -26,6 +27,9 @@ struct Cli {
 enum Command {
     /// Show the plugin, its platform and PJRT API version, and its devices.
     Devices(devices::DevicesArgs),
+    /// Write the program hlo-train compiles as StableHLO and/or HLO text
+    /// (for now the built-in example MLP).
+    DumpHlo(dump_hlo::DumpHloArgs),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +50,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Devices(args) => devices::run(&args),
+        Command::DumpHlo(args) => dump_hlo::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

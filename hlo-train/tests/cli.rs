@@ -152,3 +152,52 @@ fn flag_values_out_of_range_are_refused() {
     assert!(stderr(&out).contains("--devices"), "{}", stderr(&out));
     assert!(!stderr(&out).contains("panicked"));
 }
+
+#[test]
+fn dump_hlo_writes_both_formats_and_the_stablehlo_compiles() {
+    let dir = scratch("dump");
+    let out = hlo_train(&[
+        "dump-hlo",
+        "--format",
+        "both",
+        "--out",
+        dir.to_str().unwrap(),
+        "--batch",
+        "4",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mlir = std::fs::read_to_string(dir.join("mlp.stablehlo.mlir")).unwrap();
+    let hlo = std::fs::read_to_string(dir.join("mlp.hlo.txt")).unwrap();
+    assert!(mlir.contains("func.func public @main(%arg0: tensor<4x16xf32> {jax.arg_info = \"x\"}"));
+    assert!(mlir.contains("loc(\"layers.0\")"));
+    assert!(hlo.starts_with("HloModule jit_mlp"));
+    assert!(hlo.contains("metadata={op_name=\"layers.1\"}"));
+    // No temporary files are left behind.
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    // The dumped StableHLO is a program the plugin compiles.
+    let plugin =
+        hlo_runtime::Plugin::load(hlo_runtime::PluginSpec::Cpu.resolve().unwrap()).unwrap();
+    let client = hlo_runtime::Client::new(&plugin, &hlo_runtime::ClientOptions::cpu(1)).unwrap();
+    let exe = client
+        .compile(&mlir, &hlo_runtime::CompileOptions::default())
+        .unwrap();
+    assert_eq!(exe.num_outputs(), 1);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn dump_hlo_to_stdout_and_bad_out_dir() {
+    let out = hlo_train(&["dump-hlo", "--format", "hlo"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("HloModule jit_mlp"));
+    let dir = scratch("file");
+    let file = dir.join("a_file");
+    std::fs::write(&file, "x").unwrap();
+    let err = assert_one_line_error(&hlo_train(&["dump-hlo", "--out", file.to_str().unwrap()]));
+    assert!(err.contains("cannot create"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+}

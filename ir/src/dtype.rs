@@ -22,6 +22,7 @@ pub enum DType {
     I64,
     U8,
     U32,
+    U64,
     F16,
     BF16,
     F32,
@@ -30,13 +31,14 @@ pub enum DType {
 
 impl DType {
     /// Every element type, in a fixed order (useful for tests and tables).
-    pub const ALL: [DType; 10] = [
+    pub const ALL: [DType; 11] = [
         DType::Pred,
         DType::I8,
         DType::I32,
         DType::I64,
         DType::U8,
         DType::U32,
+        DType::U64,
         DType::F16,
         DType::BF16,
         DType::F32,
@@ -49,7 +51,7 @@ impl DType {
             DType::Pred | DType::I8 | DType::U8 => 1,
             DType::F16 | DType::BF16 => 2,
             DType::I32 | DType::U32 | DType::F32 => 4,
-            DType::I64 | DType::F64 => 8,
+            DType::I64 | DType::U64 | DType::F64 => 8,
         }
     }
 
@@ -62,6 +64,7 @@ impl DType {
             DType::I64 => "i64",
             DType::U8 => "u8",
             DType::U32 => "u32",
+            DType::U64 => "u64",
             DType::F16 => "f16",
             DType::BF16 => "bf16",
             DType::F32 => "f32",
@@ -78,6 +81,7 @@ impl DType {
             DType::I64 => "i64",
             DType::U8 => "ui8",
             DType::U32 => "ui32",
+            DType::U64 => "ui64",
             DType::F16 => "f16",
             DType::BF16 => "bf16",
             DType::F32 => "f32",
@@ -94,6 +98,7 @@ impl DType {
             DType::I64 => "s64",
             DType::U8 => "u8",
             DType::U32 => "u32",
+            DType::U64 => "u64",
             DType::F16 => "f16",
             DType::BF16 => "bf16",
             DType::F32 => "f32",
@@ -108,8 +113,17 @@ impl DType {
     pub const fn is_integer(self) -> bool {
         matches!(
             self,
-            DType::I8 | DType::I32 | DType::I64 | DType::U8 | DType::U32
+            DType::I8 | DType::I32 | DType::I64 | DType::U8 | DType::U32 | DType::U64
         )
+    }
+
+    pub const fn is_unsigned(self) -> bool {
+        matches!(self, DType::U8 | DType::U32 | DType::U64)
+    }
+
+    /// Width in bits of one element (`Pred` counts 8, as stored).
+    pub const fn bits(self) -> u32 {
+        self.size_in_bytes() as u32 * 8
     }
 }
 
@@ -122,7 +136,7 @@ impl fmt::Display for DType {
 /// A dtype name that is not one of ours.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown dtype `{0}` (expected one of pred, bool, i8, i32, i64, u8, u32, f16, bf16, f32, f64)"
+    "unknown dtype `{0}` (expected one of pred, bool, i8, i32, i64, u8, u32, u64, f16, bf16, f32, f64)"
 )]
 pub struct ParseDTypeError(pub String);
 

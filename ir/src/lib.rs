@@ -1,14 +1,43 @@
-//! `hlo-ir` owns what a traced program *is*: element types, shapes, the closed
-//! op set, the `Graph` of SSA values with named inputs and outputs, the tracing
-//! `Tensor` API, shape inference, autodiff and graph passes (DCE, CSE, folding).
+//! `hlo-ir` owns what a traced program *is*: element types, tensor types and
+//! literals, the closed op set (one rule per op: shape rule, StableHLO and
+//! HLO spelling, reference semantics), the [`Function`] of SSA values with
+//! named inputs and outputs, the tracing [`Tensor`] API, the reference
+//! interpreter and graph passes (DCE, CSE, constant folding). Autodiff joins
+//! it in the next issue.
 //!
-//! It does not own how a program is sharded (`hlo-partitioner`), printed
-//! (`hlo-lowering`) or run (`hlo-runtime`); it depends on no other crate of the
-//! workspace, so everything else can speak its vocabulary.
+//! It does not own how a program is sharded (`hlo-partitioner`), printed as a
+//! whole module (`hlo-lowering`) or run (`hlo-runtime`); it depends on no
+//! other crate of the workspace, so everything else speaks its vocabulary.
 //!
-//! Today it holds [`DType`], the element types shared by every layer; the graph
-//! and the tracing DSL arrive with the IR issue.
+//! ```
+//! use hlo_ir::{scope, trace, DType, TensorType};
+//! let f = trace(
+//!     "mlp",
+//!     &[("x", TensorType::new(DType::F32, [4, 8])), ("w", TensorType::new(DType::F32, [8, 2]))],
+//!     |i| scope("layers.0", || i["x"].matmul(i["w"]).tanh()),
+//! )
+//! .unwrap();
+//! assert_eq!(f.output_types(), vec![TensorType::new(DType::F32, [4, 2])]);
+//! assert_eq!(f.nodes[0].scope, "layers.0");
+//! ```
 
 mod dtype;
+mod graph;
+mod interpret;
+mod literal;
+mod op;
+pub mod ops;
+mod passes;
+mod tensor;
+mod trace;
+mod types;
 
 pub use dtype::{DType, ParseDTypeError};
+pub use graph::{Binding, Function, Node, SubFunction, ValueDef, ValueId, ValueInfo};
+pub use interpret::{interpret, InterpretError};
+pub use literal::{round_to, wrap_to, Literal};
+pub use op::{Op, OpRule, Region, Spelling};
+pub use passes::{cse, dce, fold_constants, simplify};
+pub use tensor::{broadcast_shapes, constant, fori_loop, full, iota, while_loop};
+pub use trace::{scope, trace, Inputs, Outputs, Tensor, TraceError};
+pub use types::TensorType;

@@ -5,4 +5,6 @@
 //! the data pipeline. It knows nothing about PJRT structs; it asks
 //! `hlo-runtime` to compile and run.
 //!
-//! It is empty until the Llama issue lands.
+//! Until the Llama issue lands it holds [`mlp`], a small example program.
+
+pub mod mlp;

@@ -18,6 +18,7 @@ pub(crate) fn to_pjrt_type(d: DType) -> ffi::PJRT_Buffer_Type {
         DType::I64 => ffi::PJRT_Buffer_Type_S64,
         DType::U8 => ffi::PJRT_Buffer_Type_U8,
         DType::U32 => ffi::PJRT_Buffer_Type_U32,
+        DType::U64 => ffi::PJRT_Buffer_Type_U64,
         DType::F16 => ffi::PJRT_Buffer_Type_F16,
         DType::BF16 => ffi::PJRT_Buffer_Type_BF16,
         DType::F32 => ffi::PJRT_Buffer_Type_F32,
@@ -33,6 +34,7 @@ pub(crate) fn from_pjrt_type(t: ffi::PJRT_Buffer_Type) -> Result<DType> {
         ffi::PJRT_Buffer_Type_S64 => DType::I64,
         ffi::PJRT_Buffer_Type_U8 => DType::U8,
         ffi::PJRT_Buffer_Type_U32 => DType::U32,
+        ffi::PJRT_Buffer_Type_U64 => DType::U64,
         ffi::PJRT_Buffer_Type_F16 => DType::F16,
         ffi::PJRT_Buffer_Type_BF16 => DType::BF16,
         ffi::PJRT_Buffer_Type_F32 => DType::F32,
@@ -135,10 +137,7 @@ impl Buffer {
         a.buffer = self.raw;
         // SAFETY: matching args.
         unsafe { self.client.api.call(Slot::PJRT_Buffer_Device, &mut a)? };
-        let client = crate::Client {
-            inner: self.client.clone(),
-        };
-        let devices = client.wrap_devices(&a.device, 1);
+        let devices = self.client.wrap_devices(&a.device, 1);
         devices
             .into_iter()
             .next()

@@ -51,6 +51,26 @@ pub(crate) struct ClientInner {
 unsafe impl Send for ClientInner {}
 unsafe impl Sync for ClientInner {}
 
+impl ClientInner {
+    pub(crate) fn wrap_devices(
+        self: &Arc<Self>,
+        ptr: *const *mut ffi::PJRT_Device,
+        n: usize,
+    ) -> Vec<Device> {
+        if ptr.is_null() {
+            return Vec::new();
+        }
+        // SAFETY: the plugin gave `n` device pointers at `ptr`.
+        let raw = unsafe { std::slice::from_raw_parts(ptr, n) };
+        raw.iter()
+            .map(|&d| Device {
+                raw: d,
+                client: self.clone(),
+            })
+            .collect()
+    }
+}
+
 impl Drop for ClientInner {
     fn drop(&mut self) {
         let mut a = ffi::PJRT_Client_Destroy_Args::new();
@@ -67,6 +87,10 @@ impl Drop for ClientInner {
 #[derive(Clone)]
 pub struct Client {
     pub(crate) inner: Arc<ClientInner>,
+    /// Executables hold the client alive, so the cache lives beside it, not
+    /// in it (no cycle: the last `Client` clone drops the cache, then the
+    /// executables, then the PJRT client).
+    pub(crate) cache: Arc<crate::jit::CompileCache>,
 }
 
 impl fmt::Debug for Client {
@@ -139,6 +163,7 @@ impl Client {
                 raw: a.client,
                 plugin: plugin.clone(),
             }),
+            cache: Default::default(),
         })
     }
 
@@ -207,17 +232,7 @@ impl Client {
     }
 
     pub(crate) fn wrap_devices(&self, ptr: *const *mut ffi::PJRT_Device, n: usize) -> Vec<Device> {
-        if ptr.is_null() {
-            return Vec::new();
-        }
-        // SAFETY: the plugin gave `n` device pointers at `ptr`.
-        let raw = unsafe { std::slice::from_raw_parts(ptr, n) };
-        raw.iter()
-            .map(|&d| Device {
-                raw: d,
-                client: self.inner.clone(),
-            })
-            .collect()
+        self.inner.wrap_devices(ptr, n)
     }
 
     /// Compiles StableHLO (MLIR text or bytecode) with `options`.

@@ -178,6 +178,7 @@ pub const PJRT_Buffer_Type_S32: PJRT_Buffer_Type = 4;
 pub const PJRT_Buffer_Type_S64: PJRT_Buffer_Type = 5;
 pub const PJRT_Buffer_Type_U8: PJRT_Buffer_Type = 6;
 pub const PJRT_Buffer_Type_U32: PJRT_Buffer_Type = 8;
+pub const PJRT_Buffer_Type_U64: PJRT_Buffer_Type = 9;
 pub const PJRT_Buffer_Type_F16: PJRT_Buffer_Type = 10;
 pub const PJRT_Buffer_Type_F32: PJRT_Buffer_Type = 11;
 pub const PJRT_Buffer_Type_F64: PJRT_Buffer_Type = 12;

@@ -1,7 +1,7 @@
 //! Dense host arrays: the bytes that go to and come back from a device.
 
 use half::{bf16, f16};
-use hlo_ir::DType;
+use hlo_ir::{DType, Literal, TensorType};
 
 use crate::error::{Error, Result};
 
@@ -34,7 +34,7 @@ macro_rules! element {
 
 element! {
     i8 => DType::I8, i32 => DType::I32, i64 => DType::I64,
-    u8 => DType::U8, u32 => DType::U32,
+    u8 => DType::U8, u32 => DType::U32, u64 => DType::U64,
     f16 => DType::F16, bf16 => DType::BF16, f32 => DType::F32, f64 => DType::F64,
 }
 
@@ -160,10 +160,37 @@ impl HostArray {
             DType::I64 => i64::read_le(d).into_iter().map(|v| v as f64).collect(),
             DType::U8 => u8::read_le(d).into_iter().map(f64::from).collect(),
             DType::U32 => u32::read_le(d).into_iter().map(f64::from).collect(),
+            DType::U64 => u64::read_le(d).into_iter().map(|v| v as f64).collect(),
             DType::F16 => f16::read_le(d).into_iter().map(f64::from).collect(),
             DType::BF16 => bf16::read_le(d).into_iter().map(f64::from).collect(),
             DType::F32 => f32::read_le(d).into_iter().map(f64::from).collect(),
             DType::F64 => f64::read_le(d),
         }
+    }
+}
+
+impl From<Literal> for HostArray {
+    fn from(l: Literal) -> Self {
+        HostArray {
+            dtype: l.ty.dtype,
+            dims: l.ty.dims,
+            data: l.bytes,
+        }
+    }
+}
+
+impl From<HostArray> for Literal {
+    fn from(h: HostArray) -> Self {
+        Literal {
+            ty: TensorType::new(h.dtype, h.dims),
+            bytes: h.data,
+        }
+    }
+}
+
+impl HostArray {
+    /// The array's type.
+    pub fn ty(&self) -> TensorType {
+        TensorType::new(self.dtype, self.dims.clone())
     }
 }

@@ -34,6 +34,7 @@ mod error;
 mod executable;
 mod ffi;
 mod host;
+mod jit;
 mod plugin;
 mod signature;
 
@@ -44,5 +45,6 @@ pub use discovery::{find_jax_plugin, PluginKind, PluginSpec, CPU_PLUGIN_RELATIVE
 pub use error::{Error, ErrorCode, Result};
 pub use executable::{CompiledMemoryStats, LoadedExecutable};
 pub use host::{element_count, Element, HostArray};
+pub use jit::{fingerprint, CompiledFunction, Jit};
 pub use plugin::{AttrValue, Plugin, MIN_API_VERSION};
 pub use signature::{main_parameters, ParamType};

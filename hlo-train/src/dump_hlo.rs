@@ -1,0 +1,80 @@
+//! `hlo-train dump-hlo`: the program hlo-train would compile, as StableHLO
+//! and/or HLO text. Until the Llama model lands, the program is a built-in
+//! two-layer MLP (`mlp`).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use hlo_ir::DType;
+
+use crate::common::write_atomic;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Stablehlo,
+    Hlo,
+    Both,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DTypeArg {
+    F32,
+    Bf16,
+}
+
+#[derive(Args, Debug)]
+pub struct DumpHloArgs {
+    /// Which text to write.
+    #[arg(long, value_enum, default_value = "both")]
+    pub format: Format,
+
+    /// Folder for NAME.stablehlo.mlir and NAME.hlo.txt (created if needed);
+    /// without it the text goes to stdout.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+
+    /// Batch size of the example program.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
+    pub batch: i64,
+
+    /// Element type of the example program.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: DTypeArg,
+}
+
+pub fn run(args: &DumpHloArgs) -> Result<()> {
+    let dtype = match args.dtype {
+        DTypeArg::F32 => DType::F32,
+        DTypeArg::Bf16 => DType::BF16,
+    };
+    let f = hlo_models::mlp::two_layer_mlp(args.batch, 16, 32, 4, dtype)
+        .context("tracing the example MLP")?;
+    let mut files: Vec<(String, String)> = Vec::new();
+    if matches!(args.format, Format::Stablehlo | Format::Both) {
+        files.push((
+            format!("{}.stablehlo.mlir", f.name),
+            hlo_lowering::to_stablehlo(&f),
+        ));
+    }
+    if matches!(args.format, Format::Hlo | Format::Both) {
+        files.push((format!("{}.hlo.txt", f.name), hlo_lowering::to_hlo_text(&f)));
+    }
+    match &args.out {
+        None => {
+            for (_, text) in &files {
+                print!("{text}");
+            }
+        }
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            for (name, text) in &files {
+                let path = dir.join(name);
+                write_atomic(&path, text.as_bytes())?;
+                eprintln!("wrote {}", path.display());
+            }
+        }
+    }
+    Ok(())
+}

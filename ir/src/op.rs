@@ -1,0 +1,134 @@
+//! The op set: one closed enum, one rule per op.
+//!
+//! Every op implements [`OpRule`] in its own module under `ops/`: its shape
+//! and dtype rule, its StableHLO and HLO spelling, and its reference
+//! semantics (used by constant folding and as the tests' host reference). The
+//! VJP rule joins them in the autodiff issue. [`op_set!`] writes the enum and
+//! the dispatch, so a variant without a full rule does not compile.
+
+use crate::graph::SubFunction;
+use crate::ops::*;
+use crate::{DType, Literal, TensorType};
+
+/// How a program's op is written in one text format.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Spelling {
+    /// `stablehlo.add` / `add`.
+    pub name: String,
+    /// `(name, value)` in the format's syntax. MLIR prints them sorted by
+    /// name; HLO prints them in this order.
+    pub attributes: Vec<(String, String)>,
+    /// Nested computations (reduction bodies, loop condition and body).
+    pub regions: Vec<Region>,
+}
+
+impl Spelling {
+    pub fn new(name: impl Into<String>) -> Self {
+        Spelling {
+            name: name.into(),
+            attributes: Vec::new(),
+            regions: Vec::new(),
+        }
+    }
+
+    pub fn attr(mut self, name: &str, value: impl Into<String>) -> Self {
+        self.attributes.push((name.to_string(), value.into()));
+        self
+    }
+
+    pub fn region(mut self, region: Region) -> Self {
+        self.regions.push(region);
+        self
+    }
+}
+
+/// A nested computation of an op.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Region {
+    /// `(a, b) -> a ⊕ b` on scalars of one dtype (reduce, scatter).
+    Combiner(BinaryOp, DType),
+    /// A traced function (a loop's condition or body).
+    Function(SubFunction),
+}
+
+/// The rule of one op. Errors are plain messages; the tracer adds the op
+/// name, the operand types and the scope.
+pub trait OpRule {
+    /// Short name used in errors and listings (`dot_general`).
+    fn name(&self) -> &'static str;
+    /// Result types from operand types.
+    fn infer(&self, operands: &[TensorType]) -> Result<Vec<TensorType>, String>;
+    /// The StableHLO spelling (generic MLIR form).
+    fn stablehlo(&self, operands: &[TensorType], results: &[TensorType]) -> Spelling;
+    /// The HLO text spelling.
+    fn hlo(&self, operands: &[TensorType], results: &[TensorType]) -> Spelling;
+    /// Reference semantics on host literals.
+    fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String>;
+}
+
+macro_rules! op_set {
+    ($( $(#[$m:meta])* $variant:ident($ty:ty) ),* $(,)?) => {
+        /// An operation of the IR. See the module docs.
+        #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+        pub enum Op {
+            $( $(#[$m])* $variant($ty), )*
+        }
+
+        impl Op {
+            /// The rule of this op.
+            pub fn rule(&self) -> &dyn OpRule {
+                match self {
+                    $( Op::$variant(x) => x, )*
+                }
+            }
+        }
+    };
+}
+
+op_set! {
+    /// A constant tensor.
+    Constant(Constant),
+    /// Indices along one dimension.
+    Iota(Iota),
+    /// `negate`, `exponential`, `tanh`, ... (one operand, same shape).
+    Unary(UnaryOp),
+    /// `add`, `multiply`, `maximum`, ... (two operands of one type).
+    Binary(BinaryOp),
+    Compare(Compare),
+    Select(Select),
+    Convert(Convert),
+    BitcastConvert(BitcastConvert),
+    BroadcastInDim(BroadcastInDim),
+    Reshape(Reshape),
+    Transpose(Transpose),
+    Slice(Slice),
+    DynamicSlice(DynamicSlice),
+    DynamicUpdateSlice(DynamicUpdateSlice),
+    Concatenate(Concatenate),
+    Pad(Pad),
+    Reduce(Reduce),
+    DotGeneral(DotGeneral),
+    Gather(Gather),
+    Scatter(Scatter),
+    RngBitGenerator(RngBitGenerator),
+    ShardingConstraint(ShardingConstraint),
+    While(While),
+}
+
+impl Op {
+    pub fn name(&self) -> &'static str {
+        self.rule().name()
+    }
+
+    pub fn infer(&self, operands: &[TensorType]) -> Result<Vec<TensorType>, String> {
+        self.rule().infer(operands)
+    }
+
+    pub fn eval(
+        &self,
+        operands: &[Literal],
+        results: &[TensorType],
+    ) -> Result<Vec<Literal>, String> {
+        self.rule().eval(operands, results)
+    }
+}

@@ -1,0 +1,60 @@
+//! `broadcast_in_dim`: operand dimension i becomes result dimension `dims[i]`.
+
+use super::{arity, check_dims, hlo_list, mlir_array, rearrange};
+use crate::op::{OpRule, Spelling};
+use crate::types::{for_each_index, linear_index};
+use crate::{Literal, TensorType};
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BroadcastInDim {
+    /// Result dimension of each operand dimension.
+    pub dims: Vec<i64>,
+    /// The result dimensions.
+    pub shape: Vec<i64>,
+}
+
+impl OpRule for BroadcastInDim {
+    fn name(&self) -> &'static str {
+        "broadcast_in_dim"
+    }
+    fn infer(&self, operands: &[TensorType]) -> Result<Vec<TensorType>, String> {
+        arity(operands, 1)?;
+        let x = &operands[0];
+        if self.dims.len() != x.rank() {
+            return Err(format!(
+                "maps {} dimensions but the operand {x} has {}",
+                self.dims.len(),
+                x.rank()
+            ));
+        }
+        check_dims("broadcast dimension", &self.dims, self.shape.len())?;
+        for (i, (&d, &size)) in self.dims.iter().zip(&x.dims).enumerate() {
+            let target = self.shape[d as usize];
+            if size != 1 && size != target {
+                return Err(format!(
+                    "operand dimension {i} of size {size} cannot broadcast to size {target}"
+                ));
+            }
+        }
+        Ok(vec![TensorType::new(x.dtype, self.shape.clone())])
+    }
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
+        Spelling::new("stablehlo.broadcast_in_dim")
+            .attr("broadcast_dimensions", mlir_array(&self.dims))
+    }
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
+        Spelling::new("broadcast").attr("dimensions", hlo_list(&self.dims))
+    }
+    fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
+        let x = &operands[0];
+        let mut source = Vec::with_capacity(results[0].element_count());
+        let mut xi = vec![0i64; x.ty.rank()];
+        for_each_index(&self.shape, |ri| {
+            for (k, &d) in self.dims.iter().enumerate() {
+                xi[k] = if x.ty.dims[k] == 1 { 0 } else { ri[d as usize] };
+            }
+            source.push(Some(linear_index(&x.ty.dims, &xi)));
+        });
+        Ok(vec![rearrange(x, results[0].clone(), &source, None)])
+    }
+}

@@ -1,0 +1,224 @@
+//! `dot_general`: contraction with batch and contracting dimensions.
+
+use super::{arity, check_dims, hlo_list, mlir_list, Elems};
+use crate::literal::round_to;
+use crate::op::{OpRule, Spelling};
+use crate::types::{for_each_index, linear_index};
+use crate::{DType, Literal, TensorType};
+
+/// The precision an operand is computed at (XLA's `PrecisionConfig`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Precision {
+    Default,
+    High,
+    Highest,
+}
+
+impl Precision {
+    fn spelling(self) -> (&'static str, &'static str) {
+        match self {
+            Precision::Default => ("DEFAULT", "default"),
+            Precision::High => ("HIGH", "high"),
+            Precision::Highest => ("HIGHEST", "highest"),
+        }
+    }
+}
+
+/// Result dimensions: batch dims, then lhs free dims, then rhs free dims.
+/// The result dtype is `preferred_element_type` if set (bf16 inputs with f32
+/// accumulation and result), else the operands'.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct DotGeneral {
+    pub lhs_batch: Vec<i64>,
+    pub rhs_batch: Vec<i64>,
+    pub lhs_contracting: Vec<i64>,
+    pub rhs_contracting: Vec<i64>,
+    pub precision: Option<Precision>,
+    pub preferred_element_type: Option<DType>,
+}
+
+impl DotGeneral {
+    /// `[.., k] · [k, ..]`: contract lhs's last with rhs's first dimension.
+    pub fn matmul(lhs_rank: usize) -> Self {
+        DotGeneral {
+            lhs_batch: vec![],
+            rhs_batch: vec![],
+            lhs_contracting: vec![lhs_rank as i64 - 1],
+            rhs_contracting: vec![0],
+            precision: None,
+            preferred_element_type: None,
+        }
+    }
+
+    fn free(rank: usize, batch: &[i64], contracting: &[i64]) -> Vec<usize> {
+        (0..rank)
+            .filter(|i| !batch.contains(&(*i as i64)) && !contracting.contains(&(*i as i64)))
+            .collect()
+    }
+}
+
+impl OpRule for DotGeneral {
+    fn name(&self) -> &'static str {
+        "dot_general"
+    }
+    fn infer(&self, operands: &[TensorType]) -> Result<Vec<TensorType>, String> {
+        arity(operands, 2)?;
+        let (l, r) = (&operands[0], &operands[1]);
+        if l.dtype != r.dtype {
+            return Err(format!(
+                "operand dtypes differ: {} and {}",
+                l.dtype, r.dtype
+            ));
+        }
+        if l.dtype == DType::Pred {
+            return Err("is not defined for pred".into());
+        }
+        if self.lhs_batch.len() != self.rhs_batch.len() {
+            return Err("lhs and rhs need as many batch dimensions".into());
+        }
+        if self.lhs_contracting.len() != self.rhs_contracting.len() {
+            return Err("lhs and rhs need as many contracting dimensions".into());
+        }
+        let lhs_all: Vec<i64> = self
+            .lhs_batch
+            .iter()
+            .chain(&self.lhs_contracting)
+            .copied()
+            .collect();
+        let rhs_all: Vec<i64> = self
+            .rhs_batch
+            .iter()
+            .chain(&self.rhs_contracting)
+            .copied()
+            .collect();
+        check_dims("lhs dimension", &lhs_all, l.rank())?;
+        check_dims("rhs dimension", &rhs_all, r.rank())?;
+        for (&a, &b) in self.lhs_batch.iter().zip(&self.rhs_batch) {
+            if l.dims[a as usize] != r.dims[b as usize] {
+                return Err(format!(
+                    "batch dimension sizes differ: lhs dim {a} is {}, rhs dim {b} is {}",
+                    l.dims[a as usize], r.dims[b as usize]
+                ));
+            }
+        }
+        for (&a, &b) in self.lhs_contracting.iter().zip(&self.rhs_contracting) {
+            if l.dims[a as usize] != r.dims[b as usize] {
+                return Err(format!(
+                    "contracting dimension sizes differ: lhs dim {a} is {}, rhs dim {b} is {}",
+                    l.dims[a as usize], r.dims[b as usize]
+                ));
+            }
+        }
+        let mut dims: Vec<i64> = self.lhs_batch.iter().map(|&a| l.dims[a as usize]).collect();
+        dims.extend(
+            Self::free(l.rank(), &self.lhs_batch, &self.lhs_contracting)
+                .iter()
+                .map(|&i| l.dims[i]),
+        );
+        dims.extend(
+            Self::free(r.rank(), &self.rhs_batch, &self.rhs_contracting)
+                .iter()
+                .map(|&i| r.dims[i]),
+        );
+        Ok(vec![TensorType::new(
+            self.preferred_element_type.unwrap_or(l.dtype),
+            dims,
+        )])
+    }
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
+        let mut parts = Vec::new();
+        if !self.lhs_batch.is_empty() {
+            parts.push(format!(
+                "lhs_batching_dimensions = {}",
+                mlir_list(&self.lhs_batch)
+            ));
+            parts.push(format!(
+                "rhs_batching_dimensions = {}",
+                mlir_list(&self.rhs_batch)
+            ));
+        }
+        parts.push(format!(
+            "lhs_contracting_dimensions = {}",
+            mlir_list(&self.lhs_contracting)
+        ));
+        parts.push(format!(
+            "rhs_contracting_dimensions = {}",
+            mlir_list(&self.rhs_contracting)
+        ));
+        let mut s = Spelling::new("stablehlo.dot_general").attr(
+            "dot_dimension_numbers",
+            format!("#stablehlo.dot<{}>", parts.join(", ")),
+        );
+        if let Some(p) = self.precision {
+            let p = format!("#stablehlo<precision {}>", p.spelling().0);
+            s = s.attr("precision_config", format!("[{p}, {p}]"));
+        }
+        s
+    }
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
+        let mut s = Spelling::new("dot");
+        if !self.lhs_batch.is_empty() {
+            s = s.attr("lhs_batch_dims", hlo_list(&self.lhs_batch));
+        }
+        s = s.attr("lhs_contracting_dims", hlo_list(&self.lhs_contracting));
+        if !self.rhs_batch.is_empty() {
+            s = s.attr("rhs_batch_dims", hlo_list(&self.rhs_batch));
+        }
+        s = s.attr("rhs_contracting_dims", hlo_list(&self.rhs_contracting));
+        if let Some(p) = self.precision {
+            let p = p.spelling().1;
+            s = s.attr("operand_precision", format!("{{{p},{p}}}"));
+        }
+        s
+    }
+    fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
+        let (l, r) = (&operands[0], &operands[1]);
+        let out = &results[0];
+        let lf = Self::free(l.ty.rank(), &self.lhs_batch, &self.lhs_contracting);
+        let rf = Self::free(r.ty.rank(), &self.rhs_batch, &self.rhs_contracting);
+        let cdims: Vec<i64> = self
+            .lhs_contracting
+            .iter()
+            .map(|&a| l.ty.dims[a as usize])
+            .collect();
+        let nb = self.lhs_batch.len();
+        let (lv, rv) = match (Elems::of(l), Elems::of(r)) {
+            (Elems::Float(a), Elems::Float(b)) => (a, b),
+            (Elems::Int(a), Elems::Int(b)) => (
+                a.into_iter().map(|v| v as f64).collect(),
+                b.into_iter().map(|v| v as f64).collect(),
+            ),
+            _ => return Err("operands of different kinds".into()),
+        };
+        let mut res = Vec::with_capacity(out.element_count());
+        let mut li = vec![0i64; l.ty.rank()];
+        let mut ri = vec![0i64; r.ty.rank()];
+        for_each_index(&out.dims, |oi| {
+            for (k, (&a, &b)) in self.lhs_batch.iter().zip(&self.rhs_batch).enumerate() {
+                li[a as usize] = oi[k];
+                ri[b as usize] = oi[k];
+            }
+            for (k, &a) in lf.iter().enumerate() {
+                li[a] = oi[nb + k];
+            }
+            for (k, &b) in rf.iter().enumerate() {
+                ri[b] = oi[nb + lf.len() + k];
+            }
+            let mut acc = 0f64;
+            for_each_index(&cdims, |ci| {
+                for (k, (&a, &b)) in self
+                    .lhs_contracting
+                    .iter()
+                    .zip(&self.rhs_contracting)
+                    .enumerate()
+                {
+                    li[a as usize] = ci[k];
+                    ri[b as usize] = ci[k];
+                }
+                acc += lv[linear_index(&l.ty.dims, &li)] * rv[linear_index(&r.ty.dims, &ri)];
+            });
+            res.push(round_to(out.dtype, acc));
+        });
+        Ok(vec![Literal::from_f64s(out.clone(), &res)])
+    }
+}

@@ -1,0 +1,39 @@
+//! `sharding_constraint`: the identity, with a request that the value be laid
+//! out over mesh axes. Its sharding is spelled by the lowering's one sharding
+//! printer (which knows the mesh); without a mesh it lowers to nothing.
+
+use super::arity;
+use crate::op::{OpRule, Spelling};
+use crate::{Literal, TensorType};
+
+/// Per tensor dimension, the mesh axes it is split over (empty: not split).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ShardingConstraint {
+    pub dims: Vec<Vec<String>>,
+}
+
+impl OpRule for ShardingConstraint {
+    fn name(&self) -> &'static str {
+        "sharding_constraint"
+    }
+    fn infer(&self, operands: &[TensorType]) -> Result<Vec<TensorType>, String> {
+        arity(operands, 1)?;
+        if self.dims.len() != operands[0].rank() {
+            return Err(format!(
+                "{} dimension specs for {}",
+                self.dims.len(),
+                operands[0]
+            ));
+        }
+        Ok(vec![operands[0].clone()])
+    }
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
+        Spelling::new("sdy.sharding_constraint")
+    }
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
+        Spelling::new("custom-call").attr("custom_call_target", "\"Sharding\"")
+    }
+    fn eval(&self, operands: &[Literal], _: &[TensorType]) -> Result<Vec<Literal>, String> {
+        Ok(vec![operands[0].clone()])
+    }
+}

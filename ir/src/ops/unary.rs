@@ -1,0 +1,147 @@
+//! Elementwise ops of one operand.
+
+use super::{arity, Elems};
+use crate::literal::round_to;
+use crate::op::{OpRule, Spelling};
+use crate::{DType, Literal, TensorType};
+
+/// One-operand elementwise ops. Results have the operand's type, except
+/// `IsFinite`, whose result is pred.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    Exp,
+    Log,
+    Log1p,
+    Rsqrt,
+    Sqrt,
+    Tanh,
+    Logistic,
+    Abs,
+    Sign,
+    Not,
+    Cos,
+    Sin,
+    Floor,
+    IsFinite,
+}
+
+impl UnaryOp {
+    /// (StableHLO name, HLO name).
+    fn names(self) -> (&'static str, &'static str) {
+        use UnaryOp::*;
+        match self {
+            Neg => ("negate", "negate"),
+            Exp => ("exponential", "exponential"),
+            Log => ("log", "log"),
+            Log1p => ("log_plus_one", "log-plus-one"),
+            Rsqrt => ("rsqrt", "rsqrt"),
+            Sqrt => ("sqrt", "sqrt"),
+            Tanh => ("tanh", "tanh"),
+            Logistic => ("logistic", "logistic"),
+            Abs => ("abs", "abs"),
+            Sign => ("sign", "sign"),
+            Not => ("not", "not"),
+            Cos => ("cosine", "cosine"),
+            Sin => ("sine", "sine"),
+            Floor => ("floor", "floor"),
+            IsFinite => ("is_finite", "is-finite"),
+        }
+    }
+
+    fn float_only(self) -> bool {
+        use UnaryOp::*;
+        !matches!(self, Neg | Abs | Sign | Not)
+    }
+
+    fn apply_float(self, x: f64) -> f64 {
+        use UnaryOp::*;
+        match self {
+            Neg => -x,
+            Exp => x.exp(),
+            Log => x.ln(),
+            Log1p => x.ln_1p(),
+            Rsqrt => 1.0 / x.sqrt(),
+            Sqrt => x.sqrt(),
+            Tanh => x.tanh(),
+            Logistic => 1.0 / (1.0 + (-x).exp()),
+            Abs => x.abs(),
+            Sign => {
+                if x.is_nan() || x == 0.0 {
+                    x
+                } else {
+                    x.signum()
+                }
+            }
+            Cos => x.cos(),
+            Sin => x.sin(),
+            Floor => x.floor(),
+            IsFinite => x.is_finite() as i32 as f64,
+            Not => unreachable!("not is integer-only"),
+        }
+    }
+
+    fn apply_int(self, x: i128, dtype: DType) -> i128 {
+        use UnaryOp::*;
+        match self {
+            Neg => -x,
+            Abs => x.abs(),
+            Sign => x.signum(),
+            Not if dtype == DType::Pred => (x == 0) as i128,
+            Not => !x,
+            _ => unreachable!("float-only op on integers"),
+        }
+    }
+}
+
+impl OpRule for UnaryOp {
+    fn name(&self) -> &'static str {
+        self.names().0
+    }
+    fn infer(&self, operands: &[TensorType]) -> Result<Vec<TensorType>, String> {
+        arity(operands, 1)?;
+        let t = &operands[0];
+        let d = t.dtype;
+        if self.float_only() && !d.is_float() {
+            return Err(format!("needs a float operand, got {d}"));
+        }
+        if *self == UnaryOp::Not && d.is_float() {
+            return Err(format!("needs an integer or pred operand, got {d}"));
+        }
+        if matches!(self, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign) && d == DType::Pred {
+            return Err("is not defined for pred".into());
+        }
+        if matches!(self, UnaryOp::Abs | UnaryOp::Neg) && d.is_unsigned() {
+            return Err(format!("is not defined for unsigned {d}"));
+        }
+        let out = if *self == UnaryOp::IsFinite {
+            t.with_dtype(DType::Pred)
+        } else {
+            t.clone()
+        };
+        Ok(vec![out])
+    }
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
+        Spelling::new(format!("stablehlo.{}", self.names().0))
+    }
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
+        Spelling::new(self.names().1)
+    }
+    fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
+        let x = &operands[0];
+        let out = &results[0];
+        let lit = match Elems::of(x) {
+            Elems::Float(v) => {
+                // Compute in f64 on the operand's value, round to the result type.
+                let r: Vec<f64> = v.iter().map(|&e| self.apply_float(e)).collect();
+                let r: Vec<f64> = r.into_iter().map(|e| round_to(out.dtype, e)).collect();
+                Literal::from_f64s(out.clone(), &r)
+            }
+            Elems::Int(v) => {
+                let r: Vec<i128> = v.iter().map(|&e| self.apply_int(e, x.ty.dtype)).collect();
+                Literal::from_i128s(out.clone(), &r)
+            }
+        };
+        Ok(vec![lit])
+    }
+}

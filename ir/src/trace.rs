@@ -1,0 +1,419 @@
+//! Tracing: Rust code on [`Tensor`] handles records a [`Function`].
+//!
+//! Builders live on a thread-local stack (nested traces are loop bodies).
+//! A `Tensor` is a `Copy` handle (trace id, value id) into its builder. The
+//! first shape or dtype error is recorded on the builder ("sticky") and
+//! returned when tracing finishes; later ops on its poisoned results record
+//! nothing, so model code needs no `?` after every op.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::ops::Index;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::graph::{Binding, Node, ValueDef, ValueId, ValueInfo};
+use crate::op::Op;
+use crate::{DType, Function, TensorType};
+
+/// A shape or dtype error found while tracing, naming the op and the scope.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct TraceError {
+    pub op: String,
+    /// Dotted scope, empty at top level.
+    pub scope: String,
+    pub operands: Vec<TensorType>,
+    pub message: String,
+}
+
+impl fmt::Display for TraceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scope = if self.scope.is_empty() {
+            "top level".to_string()
+        } else {
+            format!("`{}`", self.scope)
+        };
+        write!(f, "{} in {scope}: {}", self.op, self.message)?;
+        if !self.operands.is_empty() {
+            let ops: Vec<String> = self.operands.iter().map(ToString::to_string).collect();
+            write!(f, " (operands {})", ops.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+/// A traced value: a cheap handle into the trace that made it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tensor {
+    pub(crate) trace: u32,
+    pub(crate) value: ValueId,
+}
+
+pub(crate) struct Builder {
+    id: u32,
+    f: Function,
+    scope: Vec<String>,
+    error: Option<TraceError>,
+    poisoned: Vec<bool>,
+}
+
+impl Builder {
+    /// The current dotted scope, or the function's name at top level.
+    pub(crate) fn scope_name(&self) -> String {
+        if self.scope.is_empty() {
+            self.f.name.clone()
+        } else {
+            self.scope.join(".")
+        }
+    }
+
+    fn new_value(&mut self, ty: TensorType, def: ValueDef, poisoned: bool) -> ValueId {
+        let id = ValueId(self.f.values.len() as u32);
+        self.f.values.push(ValueInfo { ty, def });
+        self.poisoned.push(poisoned);
+        id
+    }
+
+    fn fail(&mut self, op: &str, operands: Vec<TensorType>, message: String) {
+        if self.error.is_none() {
+            self.error = Some(TraceError {
+                op: op.to_string(),
+                scope: self.scope.join("."),
+                operands,
+                message,
+            });
+        }
+    }
+
+    /// Appends `op` on `operands`; on error records it and returns poisoned
+    /// results (`n_results` of them, typed like the first operand).
+    fn push(&mut self, op: Op, operands: &[ValueId], n_results: usize) -> Vec<ValueId> {
+        let types: Vec<TensorType> = operands.iter().map(|o| self.f.ty(*o).clone()).collect();
+        let poisoned = |b: &mut Builder, types: &[TensorType]| {
+            let ty = types
+                .first()
+                .cloned()
+                .unwrap_or_else(|| TensorType::scalar(DType::F32));
+            (0..n_results)
+                .map(|_| b.new_value(ty.clone(), ValueDef::Input(usize::MAX), true))
+                .collect()
+        };
+        if operands.iter().any(|o| self.poisoned[o.index()]) {
+            return poisoned(self, &types);
+        }
+        match op.infer(&types) {
+            Ok(results) => {
+                let node = self.f.nodes.len();
+                let ids: Vec<ValueId> = results
+                    .into_iter()
+                    .enumerate()
+                    .map(|(output, ty)| self.new_value(ty, ValueDef::Node { node, output }, false))
+                    .collect();
+                self.f.nodes.push(Node {
+                    op,
+                    operands: operands.to_vec(),
+                    results: ids.clone(),
+                    scope: self.scope.join("."),
+                });
+                ids
+            }
+            Err(message) => {
+                self.fail(op.name(), types.clone(), message);
+                poisoned(self, &types)
+            }
+        }
+    }
+}
+
+thread_local! {
+    static STACK: RefCell<Vec<Builder>> = const { RefCell::new(Vec::new()) };
+}
+
+static NEXT_TRACE: AtomicU32 = AtomicU32::new(1);
+
+/// Runs `f` on the innermost active builder.
+pub(crate) fn with_current<R>(f: impl FnOnce(&mut Builder) -> R) -> R {
+    STACK.with(|s| {
+        let mut s = s.borrow_mut();
+        let b = s.last_mut().expect("tensor op outside of hlo_ir::trace");
+        f(b)
+    })
+}
+
+/// The ids of `tensors` in the innermost trace; a tensor of another trace is
+/// recorded as an error there (and poisons the result).
+fn resolve(b: &mut Builder, op: &str, tensors: &[Tensor]) -> Option<Vec<ValueId>> {
+    if tensors.iter().any(|t| t.trace != b.id) {
+        b.fail(
+            op,
+            vec![],
+            "uses a tensor of another trace (a loop body must take what it uses as loop-carried values)".into(),
+        );
+        return None;
+    }
+    Some(tensors.iter().map(|t| t.value).collect())
+}
+
+/// Appends `op` on `operands` to the current trace and returns its results.
+pub(crate) fn apply(op: Op, operands: &[Tensor], n_results: usize) -> Vec<Tensor> {
+    with_current(|b| {
+        let name = op.name();
+        let ids = match resolve(b, name, operands) {
+            Some(ids) => b.push(op, &ids, n_results),
+            None => (0..n_results)
+                .map(|_| {
+                    b.new_value(
+                        TensorType::scalar(DType::F32),
+                        ValueDef::Input(usize::MAX),
+                        true,
+                    )
+                })
+                .collect(),
+        };
+        ids.into_iter()
+            .map(|value| Tensor { trace: b.id, value })
+            .collect()
+    })
+}
+
+/// Appends a one-result op.
+pub(crate) fn apply1(op: Op, operands: &[Tensor]) -> Tensor {
+    apply(op, operands, 1)[0]
+}
+
+/// Records an error found by a `Tensor` method itself (before any op).
+pub(crate) fn fail(op: &str, operands: &[Tensor], message: String) -> Tensor {
+    with_current(|b| {
+        let types = operands
+            .iter()
+            .filter(|t| t.trace == b.id)
+            .map(|t| b.f.ty(t.value).clone())
+            .collect::<Vec<_>>();
+        let any_poisoned = operands
+            .iter()
+            .any(|t| t.trace == b.id && b.poisoned[t.value.index()]);
+        if !any_poisoned {
+            b.fail(op, types.clone(), message);
+        }
+        let ty = types
+            .first()
+            .cloned()
+            .unwrap_or_else(|| TensorType::scalar(DType::F32));
+        let value = b.new_value(ty, ValueDef::Input(usize::MAX), true);
+        Tensor { trace: b.id, value }
+    })
+}
+
+impl Tensor {
+    /// The tensor's type (a poisoned tensor reports a placeholder type).
+    pub fn ty(&self) -> TensorType {
+        STACK.with(|s| {
+            let s = s.borrow();
+            let b = s
+                .iter()
+                .rev()
+                .find(|b| b.id == self.trace)
+                .expect("tensor used after its trace ended");
+            b.f.ty(self.value).clone()
+        })
+    }
+
+    pub fn dims(&self) -> Vec<i64> {
+        self.ty().dims
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.ty().dtype
+    }
+
+    pub fn rank(&self) -> usize {
+        self.ty().rank()
+    }
+}
+
+/// Runs `f` with `name` appended to the current scope (`layers.3`, then
+/// `self_attn`, ...). Scopes name nodes in errors, MLIR locations and HLO
+/// metadata.
+pub fn scope<R>(name: &str, f: impl FnOnce() -> R) -> R {
+    with_current(|b| b.scope.push(name.to_string()));
+    let r = f();
+    with_current(|b| {
+        b.scope.pop();
+    });
+    r
+}
+
+/// The named inputs of a trace.
+pub struct Inputs {
+    names: Vec<String>,
+    tensors: Vec<Tensor>,
+}
+
+impl Inputs {
+    pub fn get(&self, name: &str) -> Option<Tensor> {
+        self.names
+            .iter()
+            .position(|n| n == name)
+            .map(|i| self.tensors[i])
+    }
+
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    pub fn tensors(&self) -> &[Tensor] {
+        &self.tensors
+    }
+
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+}
+
+impl Index<usize> for Inputs {
+    type Output = Tensor;
+    fn index(&self, i: usize) -> &Tensor {
+        &self.tensors[i]
+    }
+}
+
+impl Index<&str> for Inputs {
+    type Output = Tensor;
+    /// Panics on a name the trace did not declare (a bug in model code).
+    fn index(&self, name: &str) -> &Tensor {
+        let i = self
+            .names
+            .iter()
+            .position(|n| n == name)
+            .unwrap_or_else(|| panic!("no input named `{name}`"));
+        &self.tensors[i]
+    }
+}
+
+/// The named outputs a traced closure returns.
+#[derive(Default)]
+pub struct Outputs(pub Vec<(String, Tensor)>);
+
+impl Outputs {
+    pub fn new() -> Self {
+        Outputs(Vec::new())
+    }
+
+    pub fn add(mut self, name: impl Into<String>, t: Tensor) -> Self {
+        self.0.push((name.into(), t));
+        self
+    }
+}
+
+impl From<Tensor> for Outputs {
+    fn from(t: Tensor) -> Self {
+        Outputs(vec![("out".into(), t)])
+    }
+}
+
+impl<S: Into<String>> From<Vec<(S, Tensor)>> for Outputs {
+    fn from(v: Vec<(S, Tensor)>) -> Self {
+        Outputs(v.into_iter().map(|(n, t)| (n.into(), t)).collect())
+    }
+}
+
+impl From<Vec<Tensor>> for Outputs {
+    fn from(v: Vec<Tensor>) -> Self {
+        Outputs(
+            v.into_iter()
+                .enumerate()
+                .map(|(i, t)| (i.to_string(), t))
+                .collect(),
+        )
+    }
+}
+
+/// Traces `f` on inputs of the given names and types into a [`Function`].
+///
+/// ```
+/// use hlo_ir::{trace, DType, TensorType};
+/// let t = TensorType::new(DType::F32, [2, 3]);
+/// let f = trace("axpy", &[("a", TensorType::scalar(DType::F32)), ("x", t.clone()), ("y", t)], |i| {
+///     i["a"] * i["x"] + i["y"]
+/// })
+/// .unwrap();
+/// assert_eq!(f.outputs.len(), 1);
+/// ```
+pub fn trace<N, O>(
+    name: &str,
+    inputs: &[(N, TensorType)],
+    f: impl FnOnce(&Inputs) -> O,
+) -> Result<Function, TraceError>
+where
+    N: AsRef<str>,
+    O: Into<Outputs>,
+{
+    let id = NEXT_TRACE.fetch_add(1, Ordering::Relaxed);
+    let mut b = Builder {
+        id,
+        f: Function {
+            name: name.to_string(),
+            ..Function::default()
+        },
+        scope: Vec::new(),
+        error: None,
+        poisoned: Vec::new(),
+    };
+    let mut tensors = Vec::with_capacity(inputs.len());
+    for (i, (n, ty)) in inputs.iter().enumerate() {
+        let value = b.new_value(ty.clone(), ValueDef::Input(i), false);
+        b.f.inputs.push(Binding {
+            name: n.as_ref().to_string(),
+            value,
+        });
+        tensors.push(Tensor { trace: id, value });
+    }
+    let args = Inputs {
+        names: inputs.iter().map(|(n, _)| n.as_ref().to_string()).collect(),
+        tensors,
+    };
+    STACK.with(|s| s.borrow_mut().push(b));
+    // Pops the builder if `f` panics, so the stack stays consistent.
+    struct PopOnUnwind;
+    impl Drop for PopOnUnwind {
+        fn drop(&mut self) {
+            STACK.with(|s| {
+                s.borrow_mut().pop();
+            });
+        }
+    }
+    let guard = PopOnUnwind;
+    let outputs: Outputs = f(&args).into();
+    std::mem::forget(guard);
+    let mut b = STACK.with(|s| s.borrow_mut().pop()).expect("pushed above");
+    for (name, t) in outputs.0 {
+        if t.trace != id {
+            b.fail(
+                "output",
+                vec![],
+                format!("output `{name}` is a tensor of another trace"),
+            );
+            continue;
+        }
+        b.f.outputs.push(Binding {
+            name,
+            value: t.value,
+        });
+    }
+    if let Some(e) = b.error {
+        return Err(e);
+    }
+    if let Some(b2) = b.f.outputs.iter().find(|o| b.poisoned[o.value.index()]) {
+        return Err(TraceError {
+            op: "output".into(),
+            scope: String::new(),
+            operands: vec![],
+            message: format!("output `{}` is not a traced value", b2.name),
+        });
+    }
+    debug_assert_eq!(b.f.verify(), Ok(()));
+    Ok(b.f)
+}

@@ -1,0 +1,346 @@
+//! The HLO text printer: a [`Function`] as an `HloModule` with an `ENTRY`
+//! computation, scopes as `metadata={op_name="..."}`. For dumps and review;
+//! PJRT compiles the StableHLO form. Instruction names are unique in the
+//! module (`add.7`); multi-result ops produce a tuple and
+//! `get-tuple-element`s, and a `while` carries one tuple, as HLO requires.
+
+use std::fmt::Write;
+
+use hlo_ir::{Function, Op, Region, TensorType};
+
+use crate::stablehlo::symbol;
+
+fn tuple_type(types: &[TensorType]) -> String {
+    format!(
+        "({})",
+        types
+            .iter()
+            .map(TensorType::hlo)
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// An HLO string literal (`"layers.0"`).
+fn hlo_quote(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// A named instruction operand: `f32[2]{0} %add.3`.
+#[derive(Clone)]
+struct Operand {
+    ty: String,
+    name: String,
+}
+
+impl Operand {
+    fn text(&self) -> String {
+        format!("{} %{}", self.ty, self.name)
+    }
+}
+
+struct Printer {
+    next: usize,
+    /// Finished non-entry computations, in definition order.
+    computations: Vec<String>,
+}
+
+impl Printer {
+    fn name(&mut self, base: &str) -> String {
+        self.next += 1;
+        format!("{base}.{}", self.next)
+    }
+
+    /// Emits an instruction and returns its operand handle.
+    fn inst(
+        &mut self,
+        lines: &mut String,
+        base: &str,
+        ty: String,
+        call: String,
+        attrs: &[(String, String)],
+        scope: &str,
+    ) -> Operand {
+        let name = self.name(base);
+        let mut line = format!("  %{name} = {ty} {call}");
+        for (k, v) in attrs {
+            line += &format!(", {k}={v}");
+        }
+        if !scope.is_empty() {
+            line += &format!(", metadata={{op_name={}}}", hlo_quote(scope));
+        }
+        lines.push_str(&line);
+        lines.push('\n');
+        Operand { ty, name }
+    }
+
+    /// A scalar combiner computation; returns its name.
+    fn combiner(&mut self, op: hlo_ir::ops::BinaryOp, dtype: hlo_ir::DType) -> String {
+        let t = TensorType::scalar(dtype).hlo();
+        let name = self.name("region");
+        let (a, b, r) = (
+            self.name("Arg_0"),
+            self.name("Arg_1"),
+            self.name(op.names().1),
+        );
+        let mut c = format!("%{name} ({a}: {t}, {b}: {t}) -> {t} {{\n");
+        let _ = writeln!(c, "  %{a} = {t} parameter(0)");
+        let _ = writeln!(c, "  %{b} = {t} parameter(1)");
+        let _ = writeln!(c, "  ROOT %{r} = {t} {}({t} %{a}, {t} %{b})", op.names().1);
+        c += "}\n";
+        self.computations.push(c);
+        name
+    }
+
+    /// A loop condition or body: one tuple parameter unpacked into the
+    /// function's inputs; the result is the function's output, or a tuple
+    /// of its outputs when `tuple_result`.
+    fn loop_computation(&mut self, f: &Function, tuple_result: bool) -> String {
+        let name = self.name(&symbol(&f.name));
+        let param = self.name("param");
+        let pty = tuple_type(&f.input_types());
+        let mut lines = format!("  %{param} = {pty} parameter(0)\n");
+        let p = Operand {
+            ty: pty.clone(),
+            name: param.clone(),
+        };
+        let mut values: Vec<Option<Operand>> = vec![None; f.values.len()];
+        for (i, b) in f.inputs.iter().enumerate() {
+            let gte = self.inst(
+                &mut lines,
+                "get-tuple-element",
+                f.ty(b.value).hlo(),
+                format!("get-tuple-element({})", p.text()),
+                &[("index".into(), i.to_string())],
+                "",
+            );
+            values[b.value.index()] = Some(gte);
+        }
+        let outs = self.nodes(f, &mut values, &mut lines);
+        let root = if tuple_result {
+            let args: Vec<String> = outs.iter().map(Operand::text).collect();
+            self.inst(
+                &mut lines,
+                "tuple",
+                tuple_type(&f.output_types()),
+                format!("tuple({})", args.join(", ")),
+                &[],
+                "",
+            )
+        } else {
+            outs[0].clone()
+        };
+        let lines = mark_root(&lines, &root.name);
+        let rty = if tuple_result {
+            tuple_type(&f.output_types())
+        } else {
+            f.output_types()[0].hlo()
+        };
+        self.computations
+            .push(format!("%{name} ({param}: {pty}) -> {rty} {{\n{lines}}}\n"));
+        name
+    }
+
+    /// Emits `f`'s nodes; `values` holds the handles of its inputs.
+    fn nodes(
+        &mut self,
+        f: &Function,
+        values: &mut [Option<Operand>],
+        lines: &mut String,
+    ) -> Vec<Operand> {
+        let get = |values: &[Option<Operand>], v: hlo_ir::ValueId| {
+            values[v.index()].clone().expect("defined before use")
+        };
+        for node in &f.nodes {
+            let operand_types: Vec<TensorType> =
+                node.operands.iter().map(|&o| f.ty(o).clone()).collect();
+            let result_types: Vec<TensorType> =
+                node.results.iter().map(|&r| f.ty(r).clone()).collect();
+            let operands: Vec<Operand> = node.operands.iter().map(|&o| get(values, o)).collect();
+            let spelling = node.op.rule().hlo(&operand_types, &result_types);
+            let scope = node.scope.as_str();
+            match &node.op {
+                Op::ShardingConstraint(_) => {
+                    // Without a mesh a sharding constraint is the identity.
+                    values[node.results[0].index()] = Some(operands[0].clone());
+                    continue;
+                }
+                Op::Constant(_) => {
+                    let value = &spelling.attributes[0].1;
+                    let o = self.inst(
+                        lines,
+                        "constant",
+                        result_types[0].hlo(),
+                        format!("constant({value})"),
+                        &[],
+                        scope,
+                    );
+                    values[node.results[0].index()] = Some(o);
+                    continue;
+                }
+                Op::While(w) => {
+                    let args: Vec<String> = operands.iter().map(Operand::text).collect();
+                    let carry_ty = tuple_type(&operand_types);
+                    let t = self.inst(
+                        lines,
+                        "tuple",
+                        carry_ty.clone(),
+                        format!("tuple({})", args.join(", ")),
+                        &[],
+                        scope,
+                    );
+                    let cond = self.loop_computation(&w.cond, false);
+                    let body = self.loop_computation(&w.body, true);
+                    let attrs = [
+                        ("condition".to_string(), format!("%{cond}")),
+                        ("body".to_string(), format!("%{body}")),
+                    ];
+                    let wh = self.inst(
+                        lines,
+                        "while",
+                        carry_ty,
+                        format!("while({})", t.text()),
+                        &attrs,
+                        scope,
+                    );
+                    self.unpack(lines, &wh, &node.results, &result_types, values, scope);
+                    continue;
+                }
+                _ => {}
+            }
+            let mut attrs = spelling.attributes.clone();
+            for r in &spelling.regions {
+                match r {
+                    Region::Combiner(op, dtype) => {
+                        let c = self.combiner(*op, *dtype);
+                        attrs.push(("to_apply".into(), format!("%{c}")));
+                    }
+                    Region::Function(_) => unreachable!("only while has function regions"),
+                }
+            }
+            let args: Vec<String> = operands.iter().map(Operand::text).collect();
+            let call = format!("{}({})", spelling.name, args.join(", "));
+            if result_types.len() == 1 {
+                let o = self.inst(
+                    lines,
+                    &spelling.name,
+                    result_types[0].hlo(),
+                    call,
+                    &attrs,
+                    scope,
+                );
+                values[node.results[0].index()] = Some(o);
+            } else {
+                let t = self.inst(
+                    lines,
+                    &spelling.name,
+                    tuple_type(&result_types),
+                    call,
+                    &attrs,
+                    scope,
+                );
+                self.unpack(lines, &t, &node.results, &result_types, values, scope);
+            }
+        }
+        f.outputs.iter().map(|b| get(values, b.value)).collect()
+    }
+
+    fn unpack(
+        &mut self,
+        lines: &mut String,
+        tuple: &Operand,
+        results: &[hlo_ir::ValueId],
+        types: &[TensorType],
+        values: &mut [Option<Operand>],
+        scope: &str,
+    ) {
+        for (k, (r, t)) in results.iter().zip(types).enumerate() {
+            let o = self.inst(
+                lines,
+                "get-tuple-element",
+                t.hlo(),
+                format!("get-tuple-element({})", tuple.text()),
+                &[("index".into(), k.to_string())],
+                scope,
+            );
+            values[r.index()] = Some(o);
+        }
+    }
+}
+
+/// Puts `ROOT` on the line defining `name`.
+fn mark_root(lines: &str, name: &str) -> String {
+    let def = format!("  %{name} = ");
+    lines
+        .lines()
+        .map(|l| {
+            if l.starts_with(&def) {
+                format!("  ROOT {}\n", &l[2..])
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect()
+}
+
+/// `f` as HLO text.
+///
+/// ```
+/// use hlo_ir::{trace, DType, TensorType};
+/// let t = TensorType::new(DType::F32, [2]);
+/// let f = trace("double", &[("x", t)], |i| i["x"] + i["x"]).unwrap();
+/// let text = hlo_lowering::to_hlo_text(&f);
+/// assert!(text.starts_with("HloModule jit_double"));
+/// assert!(text.contains("add(f32[2]{0} %Arg_0.1, f32[2]{0} %Arg_0.1)"));
+/// ```
+pub fn to_hlo_text(f: &Function) -> String {
+    let mut p = Printer {
+        next: 0,
+        computations: Vec::new(),
+    };
+    let mut lines = String::new();
+    let mut values: Vec<Option<Operand>> = vec![None; f.values.len()];
+    let mut params = Vec::new();
+    for (i, b) in f.inputs.iter().enumerate() {
+        let ty = f.ty(b.value).hlo();
+        let o = p.inst(
+            &mut lines,
+            &format!("Arg_{i}"),
+            ty.clone(),
+            format!("parameter({i})"),
+            &[],
+            &b.name,
+        );
+        params.push(format!("{}: {}", o.name, f.ty(b.value).hlo()));
+        values[b.value.index()] = Some(o);
+    }
+    let outs = p.nodes(f, &mut values, &mut lines);
+    let out_ty = tuple_type(&f.output_types());
+    let args: Vec<String> = outs.iter().map(Operand::text).collect();
+    let root = p.inst(
+        &mut lines,
+        "tuple",
+        out_ty.clone(),
+        format!("tuple({})", args.join(", ")),
+        &[],
+        "",
+    );
+    let lines = mark_root(&lines, &root.name);
+    let entry = p.name("main");
+    let in_types: Vec<String> = f.input_types().iter().map(TensorType::hlo).collect();
+    let mut text = format!(
+        "HloModule {}, entry_computation_layout={{({})->{out_ty}}}\n\n",
+        symbol(&f.name),
+        in_types.join(", ")
+    );
+    for c in &p.computations {
+        text += c;
+        text.push('\n');
+    }
+    let _ = write!(
+        text,
+        "ENTRY %{entry} ({}) -> {out_ty} {{\n{lines}}}\n",
+        params.join(", ")
+    );
+    text
+}
