@@ -1,6 +1,6 @@
 //! `hlo-train dump-hlo`: the program hlo-train would compile, as StableHLO
 //! and/or HLO text. Until the Llama model lands, the program is a built-in
-//! two-layer MLP (`mlp`).
+//! two-layer MLP: its forward pass (`mlp`) or one SGD step (`mlp_sgd_step`).
 
 use std::path::PathBuf;
 
@@ -18,6 +18,14 @@ pub enum Format {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum What {
+    /// The forward pass.
+    Forward,
+    /// Forward, gradients and the parameter update, as one program.
+    TrainStep,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum DTypeArg {
     F32,
     Bf16,
@@ -25,6 +33,10 @@ pub enum DTypeArg {
 
 #[derive(Args, Debug)]
 pub struct DumpHloArgs {
+    /// Which program.
+    #[arg(long, value_enum, default_value = "train-step")]
+    pub what: What,
+
     /// Which text to write.
     #[arg(long, value_enum, default_value = "both")]
     pub format: Format,
@@ -48,8 +60,14 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
         DTypeArg::F32 => DType::F32,
         DTypeArg::Bf16 => DType::BF16,
     };
-    let f = hlo_models::mlp::two_layer_mlp(args.batch, 16, 32, 4, dtype)
-        .context("tracing the example MLP")?;
+    let traced = match args.what {
+        What::Forward => hlo_models::mlp::two_layer_mlp(args.batch, 16, 32, 4, dtype)
+            .context("tracing the example MLP")?,
+        What::TrainStep => hlo_models::mlp::two_layer_mlp_sgd_step(args.batch, 16, 32, 4, dtype)
+            .map_err(|e| anyhow::anyhow!("tracing the example MLP train step: {e}"))?,
+    };
+    // What is compiled: folded, CSE'd, dead code removed.
+    let f = hlo_ir::simplify(&traced);
     let mut files: Vec<(String, String)> = Vec::new();
     if matches!(args.format, Format::Stablehlo | Format::Both) {
         files.push((

@@ -28,7 +28,7 @@ enum Command {
     /// Show the plugin, its platform and PJRT API version, and its devices.
     Devices(devices::DevicesArgs),
     /// Write the program hlo-train compiles as StableHLO and/or HLO text
-    /// (for now the built-in example MLP).
+    /// (for now the built-in example MLP: forward or train step).
     DumpHlo(dump_hlo::DumpHloArgs),
 }
 

@@ -158,6 +158,8 @@ fn dump_hlo_writes_both_formats_and_the_stablehlo_compiles() {
     let dir = scratch("dump");
     let out = hlo_train(&[
         "dump-hlo",
+        "--what",
+        "forward",
         "--format",
         "both",
         "--out",
@@ -193,7 +195,14 @@ fn dump_hlo_writes_both_formats_and_the_stablehlo_compiles() {
 fn dump_hlo_to_stdout_and_bad_out_dir() {
     let out = hlo_train(&["dump-hlo", "--format", "hlo"]);
     assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("HloModule jit_mlp"));
+    // The default is the train step: forward, backward and update.
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.starts_with("HloModule jit_mlp_sgd_step"),
+        "{}",
+        &text[..80]
+    );
+    assert!(text.contains("op_name=\"backward.layers.0\""));
     let dir = scratch("file");
     let file = dir.join("a_file");
     std::fs::write(&file, "x").unwrap();

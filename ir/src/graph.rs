@@ -41,6 +41,10 @@ pub struct Node {
     /// Dotted scope the node was traced in (`layers.3.self_attn.q_proj`), or
     /// empty at top level.
     pub scope: String,
+    /// The rematerialization group the node belongs to, if it was traced
+    /// inside [`crate::checkpoint`]: autodiff recomputes such nodes in the
+    /// backward pass rather than keeping their results.
+    pub checkpoint: Option<u32>,
 }
 
 /// A named input or output (`layers.3.self_attn.q_proj.lora_a`).

@@ -2,8 +2,8 @@
 //! literals, the closed op set (one rule per op: shape rule, StableHLO and
 //! HLO spelling, reference semantics), the [`Function`] of SSA values with
 //! named inputs and outputs, the tracing [`Tensor`] API, the reference
-//! interpreter and graph passes (DCE, CSE, constant folding). Autodiff joins
-//! it in the next issue.
+//! interpreter, graph passes (DCE, CSE, constant folding) and reverse-mode
+//! autodiff ([`vjp`], [`value_and_grad`], [`grad`]).
 //!
 //! It does not own how a program is sharded (`hlo-partitioner`), printed as a
 //! whole module (`hlo-lowering`) or run (`hlo-runtime`); it depends on no
@@ -21,6 +21,7 @@
 //! assert_eq!(f.nodes[0].scope, "layers.0");
 //! ```
 
+mod autodiff;
 mod dtype;
 mod graph;
 mod interpret;
@@ -32,12 +33,15 @@ mod tensor;
 mod trace;
 mod types;
 
+pub use autodiff::{grad, value_and_grad, vjp, AutodiffError};
 pub use dtype::{DType, ParseDTypeError};
 pub use graph::{Binding, Function, Node, SubFunction, ValueDef, ValueId, ValueInfo};
 pub use interpret::{interpret, InterpretError};
 pub use literal::{round_to, wrap_to, Literal};
-pub use op::{Op, OpRule, Region, Spelling};
+pub use op::{Op, OpRule, Region, Spelling, Vjp};
 pub use passes::{cse, dce, fold_constants, simplify};
-pub use tensor::{broadcast_shapes, constant, fori_loop, full, iota, while_loop};
-pub use trace::{scope, trace, Inputs, Outputs, Tensor, TraceError};
+pub use tensor::{
+    broadcast_shapes, constant, fori_loop, full, iota, optimization_barrier, while_loop,
+};
+pub use trace::{call, checkpoint, scope, trace, Inputs, Outputs, Tensor, TraceError};
 pub use types::TensorType;

@@ -8,7 +8,7 @@
 
 use crate::graph::SubFunction;
 use crate::ops::*;
-use crate::{DType, Literal, TensorType};
+use crate::{DType, Literal, Tensor, TensorType};
 
 /// How a program's op is written in one text format.
 #[derive(Clone, Debug, PartialEq)]
@@ -64,6 +64,32 @@ pub trait OpRule {
     fn hlo(&self, operands: &[TensorType], results: &[TensorType]) -> Spelling;
     /// Reference semantics on host literals.
     fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String>;
+    /// The vector-Jacobian product: cotangents of the operands that need
+    /// one, from the cotangents of the results, traced into the current
+    /// trace with core ops. `None` is a symbolic zero.
+    fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String>;
+}
+
+/// What a VJP rule gets: the forward operands and results (as values of the
+/// backward trace), the results' cotangents and which operands need one.
+pub struct Vjp<'a> {
+    pub operands: &'a [Tensor],
+    pub results: &'a [Tensor],
+    pub cotangents: &'a [Option<Tensor>],
+    pub needs: &'a [bool],
+}
+
+impl Vjp<'_> {
+    /// The cotangent of a single-result op (the driver only calls a rule
+    /// when some result has one).
+    pub fn g(&self) -> Tensor {
+        self.cotangents[0].expect("a single-result op is differentiated only with a cotangent")
+    }
+
+    /// `Some(f())` for operand `i` if it needs a cotangent.
+    pub fn when(&self, i: usize, f: impl FnOnce() -> Tensor) -> Option<Tensor> {
+        self.needs[i].then(f)
+    }
 }
 
 macro_rules! op_set {
@@ -113,6 +139,11 @@ op_set! {
     RngBitGenerator(RngBitGenerator),
     ShardingConstraint(ShardingConstraint),
     While(While),
+    /// The identity, through which no gradient flows.
+    StopGradient(StopGradient),
+    /// The identity on several values, which XLA may not look through
+    /// (keeps a rematerialized forward from being merged with the original).
+    OptimizationBarrier(OptimizationBarrier),
 }
 
 impl Op {
@@ -130,5 +161,10 @@ impl Op {
         results: &[TensorType],
     ) -> Result<Vec<Literal>, String> {
         self.rule().eval(operands, results)
+    }
+
+    /// True for ops that lower to nothing (their results are their operands).
+    pub fn is_identity(&self) -> bool {
+        matches!(self, Op::StopGradient(_))
     }
 }

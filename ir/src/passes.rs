@@ -48,7 +48,7 @@ impl Rebuild {
         op: Op,
         operands: Vec<ValueId>,
         types: Vec<crate::TensorType>,
-        scope: &str,
+        from: &Node,
     ) -> Vec<ValueId> {
         let node = self.f.nodes.len();
         let results: Vec<ValueId> = types
@@ -67,7 +67,8 @@ impl Rebuild {
             op,
             operands,
             results: results.clone(),
-            scope: scope.to_string(),
+            scope: from.scope.clone(),
+            checkpoint: from.checkpoint,
         });
         results
     }
@@ -109,7 +110,7 @@ pub fn dce(f: &Function) -> Function {
         }
         let operands = node.operands.iter().map(|&o| r.get(o)).collect();
         let types = node.results.iter().map(|&v| f.ty(v).clone()).collect();
-        let new = r.push(node.op.clone(), operands, types, &node.scope);
+        let new = r.push(node.op.clone(), operands, types, node);
         for (old, new) in node.results.iter().zip(new) {
             r.map[old.index()] = Some(new);
         }
@@ -117,19 +118,19 @@ pub fn dce(f: &Function) -> Function {
     r.finish(f)
 }
 
-/// Merges nodes that apply the same op to the same operands. The first
-/// node's scope is kept.
+/// Merges nodes that apply the same op to the same operands (in the same
+/// rematerialization group). The first node's scope is kept.
 pub fn cse(f: &Function) -> Function {
     let mut r = Rebuild::new(f);
-    let mut seen: HashMap<(Op, Vec<ValueId>), Vec<ValueId>> = HashMap::new();
+    let mut seen: HashMap<(Op, Vec<ValueId>, Option<u32>), Vec<ValueId>> = HashMap::new();
     for node in &f.nodes {
         let operands: Vec<ValueId> = node.operands.iter().map(|&o| r.get(o)).collect();
-        let key = (node.op.clone(), operands.clone());
+        let key = (node.op.clone(), operands.clone(), node.checkpoint);
         let new = match seen.get(&key) {
             Some(existing) => existing.clone(),
             None => {
                 let types = node.results.iter().map(|&v| f.ty(v).clone()).collect();
-                let new = r.push(node.op.clone(), operands, types, &node.scope);
+                let new = r.push(node.op.clone(), operands, types, node);
                 seen.insert(key, new.clone());
                 new
             }
@@ -165,19 +166,14 @@ pub fn fold_constants(f: &Function, max_elements: usize) -> Function {
                 let mut ids = Vec::new();
                 for lit in lits {
                     let ty = lit.ty.clone();
-                    let id = r.push(
-                        Op::Constant(Constant(lit.clone())),
-                        vec![],
-                        vec![ty],
-                        &node.scope,
-                    )[0];
+                    let id = r.push(Op::Constant(Constant(lit.clone())), vec![], vec![ty], node)[0];
                     known.insert(id, lit);
                     ids.push(id);
                 }
                 ids
             }
             other => {
-                let ids = r.push(node.op.clone(), operands, types, &node.scope);
+                let ids = r.push(node.op.clone(), operands, types, node);
                 if let Some(lits) = other {
                     for (id, lit) in ids.iter().zip(lits) {
                         known.insert(*id, lit);

@@ -86,6 +86,15 @@ pub fn while_loop(
     }
 }
 
+/// The identity on `values`, which XLA may not optimise across.
+pub fn optimization_barrier(values: &[Tensor]) -> Vec<Tensor> {
+    apply(
+        Op::OptimizationBarrier(OptimizationBarrier),
+        values,
+        values.len(),
+    )
+}
+
 /// `for i in lower..upper { carry = body(i, carry) }` with `i` an i32 scalar.
 pub fn fori_loop(
     lower: i64,
@@ -509,6 +518,11 @@ impl Tensor {
             2,
         );
         (r[0], r[1])
+    }
+
+    /// The same value, through which no gradient flows.
+    pub fn stop_gradient(self) -> Tensor {
+        apply1(Op::StopGradient(StopGradient), &[self])
     }
 
     /// Asks the partitioner to lay this value out over mesh axes: one list

@@ -52,6 +52,8 @@ pub(crate) struct Builder {
     id: u32,
     f: Function,
     scope: Vec<String>,
+    /// The open rematerialization group, if any.
+    pub(crate) checkpoint: Option<u32>,
     error: Option<TraceError>,
     poisoned: Vec<bool>,
 }
@@ -113,6 +115,7 @@ impl Builder {
                     operands: operands.to_vec(),
                     results: ids.clone(),
                     scope: self.scope.join("."),
+                    checkpoint: self.checkpoint,
                 });
                 ids
             }
@@ -242,6 +245,41 @@ pub fn scope<R>(name: &str, f: impl FnOnce() -> R) -> R {
     r
 }
 
+static NEXT_CHECKPOINT: AtomicU32 = AtomicU32::new(1);
+
+/// Like [`scope`], and marks what `f` traces for rematerialization: the
+/// gradient recomputes it in the backward pass instead of keeping its
+/// activations (a nested checkpoint joins the outer one).
+pub fn checkpoint<R>(name: &str, f: impl FnOnce() -> R) -> R {
+    let outer = with_current(|b| {
+        let outer = b.checkpoint;
+        if outer.is_none() {
+            b.checkpoint = Some(NEXT_CHECKPOINT.fetch_add(1, Ordering::Relaxed));
+        }
+        outer
+    });
+    let r = scope(name, f);
+    with_current(|b| b.checkpoint = outer);
+    r
+}
+
+/// Replaces the current scope path (autodiff replays nodes in their scope).
+pub(crate) fn set_scope(path: &str) -> Vec<String> {
+    with_current(|b| {
+        let new = if path.is_empty() {
+            Vec::new()
+        } else {
+            vec![path.to_string()]
+        };
+        std::mem::replace(&mut b.scope, new)
+    })
+}
+
+/// Restores a scope saved by [`set_scope`].
+pub(crate) fn restore_scope(saved: Vec<String>) {
+    with_current(|b| b.scope = saved);
+}
+
 /// The named inputs of a trace.
 pub struct Inputs {
     names: Vec<String>,
@@ -359,6 +397,7 @@ where
             ..Function::default()
         },
         scope: Vec::new(),
+        checkpoint: None,
         error: None,
         poisoned: Vec::new(),
     };
@@ -416,4 +455,60 @@ where
     }
     debug_assert_eq!(b.f.verify(), Ok(()));
     Ok(b.f)
+}
+
+/// Replays `f`'s nodes into the current trace on `args` (its inputs), each in
+/// its own scope under the current one; returns the value of every value of
+/// `f` (by value id).
+pub(crate) fn replay(f: &Function, args: &[Tensor]) -> Vec<Option<Tensor>> {
+    let mut vals: Vec<Option<Tensor>> = vec![None; f.values.len()];
+    for (b, t) in f.inputs.iter().zip(args) {
+        vals[b.value.index()] = Some(*t);
+    }
+    let outer = with_current(|b| b.scope.join("."));
+    for node in &f.nodes {
+        let operands: Vec<Tensor> = node
+            .operands
+            .iter()
+            .map(|o| vals[o.index()].expect("defined before use"))
+            .collect();
+        let path = match (outer.is_empty(), node.scope.is_empty()) {
+            (true, _) => node.scope.clone(),
+            (false, true) => outer.clone(),
+            (false, false) => format!("{outer}.{}", node.scope),
+        };
+        let saved = set_scope(&path);
+        let results = apply(node.op.clone(), &operands, node.results.len());
+        restore_scope(saved);
+        for (r, t) in node.results.iter().zip(results) {
+            vals[r.index()] = Some(t);
+        }
+    }
+    vals
+}
+
+/// Inlines `f` into the current trace: its outputs, computed from `args`.
+/// A wrong number or type of arguments is recorded as a trace error.
+pub fn call(f: &Function, args: &[Tensor]) -> Vec<Tensor> {
+    let types: Vec<TensorType> = args.iter().map(Tensor::ty).collect();
+    if types != f.input_types() {
+        let t = fail(
+            "call",
+            args,
+            format!(
+                "{} takes {:?}, got {types:?}",
+                f.name,
+                f.input_types()
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+            ),
+        );
+        return vec![t; f.outputs.len()];
+    }
+    let vals = replay(f, args);
+    f.outputs
+        .iter()
+        .map(|b| vals[b.value.index()].expect("defined"))
+        .collect()
 }

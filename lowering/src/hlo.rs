@@ -160,9 +160,32 @@ impl Printer {
             let spelling = node.op.rule().hlo(&operand_types, &result_types);
             let scope = node.scope.as_str();
             match &node.op {
-                Op::ShardingConstraint(_) => {
-                    // Without a mesh a sharding constraint is the identity.
+                op if op.is_identity() || matches!(op, Op::ShardingConstraint(_)) => {
+                    // Identities (and, without a mesh, sharding constraints)
+                    // print nothing: the result is the operand.
                     values[node.results[0].index()] = Some(operands[0].clone());
+                    continue;
+                }
+                Op::OptimizationBarrier(_) => {
+                    let args: Vec<String> = operands.iter().map(Operand::text).collect();
+                    let tuple_ty = tuple_type(&operand_types);
+                    let t = self.inst(
+                        lines,
+                        "tuple",
+                        tuple_ty.clone(),
+                        format!("tuple({})", args.join(", ")),
+                        &[],
+                        scope,
+                    );
+                    let b = self.inst(
+                        lines,
+                        "opt-barrier",
+                        tuple_ty,
+                        format!("opt-barrier({})", t.text()),
+                        &[],
+                        scope,
+                    );
+                    self.unpack(lines, &b, &node.results, &result_types, values, scope);
                     continue;
                 }
                 Op::Constant(_) => {

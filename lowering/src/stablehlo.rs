@@ -71,8 +71,9 @@ impl Printer {
                 .iter()
                 .map(|o| names[o.index()].clone())
                 .collect();
-            if let Op::ShardingConstraint(_) = node.op {
-                // Without a mesh a sharding constraint is the identity.
+            if node.op.is_identity() || matches!(node.op, Op::ShardingConstraint(_)) {
+                // Identities (and, without a mesh, sharding constraints)
+                // print nothing: the result is the operand.
                 names[node.results[0].index()] = operands[0].clone();
                 continue;
             }

@@ -1,7 +1,7 @@
 //! A two-layer perceptron: the example program of `hlo-train dump-hlo` until
 //! Llama lands, and the program whose lowered text the snapshots hold.
 
-use hlo_ir::{scope, trace, DType, Function, Outputs, TensorType, TraceError};
+use hlo_ir::{call, scope, trace, DType, Function, Outputs, TensorType, TraceError};
 
 /// `y = tanh(x·W0 + b0)·W1 + b1` over a batch, with parameters named as a
 /// checkpoint would name them (`layers.0.weight`, ...).
@@ -34,4 +34,48 @@ pub fn two_layer_mlp(
         });
         Outputs::new().add("y", y)
     })
+}
+
+/// One SGD step of [`two_layer_mlp`] on a mean-squared-error loss: inputs
+/// are the MLP's (`x`, parameters), the `target` and the learning rate
+/// `lr`; outputs are `loss` and each parameter's updated value under its own
+/// name. The gradient comes from [`hlo_ir::value_and_grad`].
+pub fn two_layer_mlp_sgd_step(
+    batch: i64,
+    d_in: i64,
+    d_hidden: i64,
+    d_out: i64,
+    dtype: DType,
+) -> Result<Function, Box<dyn std::error::Error + Send + Sync>> {
+    let forward = two_layer_mlp(batch, d_in, d_hidden, d_out, dtype)?;
+    let mut inputs: Vec<(String, TensorType)> = forward
+        .inputs
+        .iter()
+        .map(|b| (b.name.clone(), forward.ty(b.value).clone()))
+        .collect();
+    inputs.push(("target".into(), TensorType::new(dtype, [batch, d_out])));
+    let n = forward.inputs.len();
+    let with_loss = trace("mlp_loss", &inputs, |i| {
+        let y = call(&forward, &i.tensors()[..n])[0];
+        let err = y - i["target"];
+        Outputs::new().add("loss", scope("loss", || (err * err).mean(&[0, 1])))
+    })?;
+    let params = [
+        "layers.0.weight",
+        "layers.0.bias",
+        "layers.1.weight",
+        "layers.1.bias",
+    ];
+    let grads = hlo_ir::value_and_grad(&with_loss, "loss", &params)?;
+    let mut step_inputs = inputs;
+    step_inputs.push(("lr".into(), TensorType::scalar(dtype)));
+    let step = trace("mlp_sgd_step", &step_inputs, |i| {
+        let out = call(&grads, &i.tensors()[..grads.inputs.len()]);
+        let mut o = Outputs::new().add("loss", out[0]);
+        for (k, p) in params.iter().enumerate() {
+            o = o.add(*p, scope("sgd", || i[*p] - i["lr"] * out[1 + k]));
+        }
+        o
+    })?;
+    Ok(step)
 }

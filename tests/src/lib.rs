@@ -136,3 +136,150 @@ fn dump(exe: &CompiledFunction) {
     )
     .expect("write dump");
 }
+
+/// One input of a gradient check: name, type, and the range its random
+/// values are drawn from.
+pub struct Arg {
+    pub name: &'static str,
+    pub ty: TensorType,
+    pub lo: f64,
+    pub hi: f64,
+}
+
+/// An input named `name` of `dtype[dims]`, uniform in [lo, hi).
+pub fn arg(name: &'static str, dtype: DType, dims: &[i64], lo: f64, hi: f64) -> Arg {
+    Arg {
+        name,
+        ty: TensorType::new(dtype, dims.to_vec()),
+        lo,
+        hi,
+    }
+}
+
+/// Checks the gradients of `body` with respect to `wrt` by central finite
+/// differences in f64, run through the CPU plugin.
+///
+/// The scalar loss is `Σ_k sum(out_k · probe_k)` with fixed random probes,
+/// so every output element contributes. The gradient program is compiled
+/// and run on the plugin; for three random directions `v` its directional
+/// derivative `Σ <grad, v>` must match `(L(x + hv) − L(x − hv)) / 2h`
+/// (also run on the plugin) within relative error `rtol`. The plugin's
+/// gradients are also compared with the reference interpreter's. Returns
+/// the gradient function.
+pub fn check_grads(
+    name: &str,
+    args: &[Arg],
+    wrt: &[&str],
+    rtol: f64,
+    body: impl Fn(&hlo_ir::Inputs) -> Vec<hlo_ir::Tensor>,
+) -> Function {
+    let mut rng = Rng(name
+        .bytes()
+        .fold(17u64, |h, b| h.wrapping_mul(131).wrapping_add(b as u64)));
+    let mut inputs: Vec<(String, TensorType)> = args
+        .iter()
+        .map(|a| (a.name.to_string(), a.ty.clone()))
+        .collect();
+    // Output types, to size the probes: trace once without them.
+    let probe_types: Vec<TensorType> = hlo_ir::trace(name, &inputs, |i| body(i))
+        .expect("trace")
+        .output_types();
+    for (k, t) in probe_types.iter().enumerate() {
+        inputs.push((format!("probe.{k}"), t.clone()));
+    }
+    let n_args = args.len();
+    let f = hlo_ir::trace(name, &inputs, |i| {
+        let outs = body(i);
+        let mut loss: Option<hlo_ir::Tensor> = None;
+        for (k, o) in outs.iter().enumerate() {
+            let p = i.tensors()[n_args + k];
+            let all: Vec<i64> = (0..o.rank() as i64).collect();
+            let term = (o.cast(DType::F64) * p.cast(DType::F64)).sum(&all);
+            loss = Some(match loss {
+                None => term,
+                Some(l) => l + term,
+            });
+        }
+        vec![("loss", loss.expect("at least one output"))]
+    })
+    .unwrap_or_else(|e| panic!("trace {name}: {e}"));
+    let g = hlo_ir::value_and_grad(&f, "loss", wrt).unwrap_or_else(|e| panic!("grad {name}: {e}"));
+
+    let mut values: Vec<Literal> = args
+        .iter()
+        .map(|a| rng.literal(a.ty.clone(), a.lo, a.hi))
+        .collect();
+    values.extend(
+        probe_types
+            .iter()
+            .map(|t| rng.literal(t.clone(), -1.0, 1.0)),
+    );
+    let host = |v: &[Literal]| v.iter().cloned().map(HostArray::from).collect::<Vec<_>>();
+    let forward =
+        CompiledFunction::new(client(), &f).unwrap_or_else(|e| panic!("compile {name}: {e}"));
+    let backward = CompiledFunction::new(client(), &g)
+        .unwrap_or_else(|e| panic!("compile {name} gradient: {e}\n{g}"));
+    dump(&backward);
+    let got: Vec<Literal> = backward
+        .run(&host(&values))
+        .expect("run gradient")
+        .into_iter()
+        .map(Literal::from)
+        .collect();
+    let reference = interpret(&g, &values).expect("reference gradient");
+    for (k, (a, b)) in got.iter().zip(&reference).enumerate() {
+        let (r, t) = tolerance(b.ty.dtype);
+        assert_close(
+            &format!("{name} gradient output {k} vs reference"),
+            &a.to_f64s(),
+            &b.to_f64s(),
+            (r * 100.0, t * 100.0),
+        );
+    }
+    let loss = |v: &[Literal]| -> f64 {
+        let out = forward.run(&host(v)).expect("run forward");
+        Literal::from(out.into_iter().next().expect("loss")).to_f64s()[0]
+    };
+    let grads: Vec<Vec<f64>> = got[1..].iter().map(|l| l.to_f64s()).collect();
+    let index: Vec<usize> = wrt
+        .iter()
+        .map(|w| {
+            args.iter()
+                .position(|a| a.name == *w)
+                .expect("wrt names an arg")
+        })
+        .collect();
+    for trial in 0..3 {
+        let dirs: Vec<Vec<f64>> = index
+            .iter()
+            .map(|&i| {
+                (0..args[i].ty.element_count())
+                    .map(|_| rng.uniform(-1.0, 1.0))
+                    .collect()
+            })
+            .collect();
+        let directional: f64 = grads
+            .iter()
+            .zip(&dirs)
+            .map(|(g, d)| g.iter().zip(d).map(|(a, b)| a * b).sum::<f64>())
+            .sum();
+        let h = 1e-5;
+        let shifted = |sign: f64| {
+            let mut v = values.clone();
+            for (&i, d) in index.iter().zip(&dirs) {
+                let x = v[i].to_f64s();
+                let moved: Vec<f64> = x.iter().zip(d).map(|(a, b)| a + sign * h * b).collect();
+                v[i] = Literal::from_f64s(v[i].ty.clone(), &moved);
+            }
+            loss(&v)
+        };
+        let fd = (shifted(1.0) - shifted(-1.0)) / (2.0 * h);
+        let scale = directional.abs().max(fd.abs()).max(1e-6);
+        let err = (directional - fd).abs() / scale;
+        assert!(
+            err < rtol,
+            "{name}: direction {trial}: gradient gives {directional}, central differences {fd} (relative error {err:.2e} > {rtol:.0e})"
+        );
+    }
+    g
+}

@@ -3,7 +3,7 @@
 //! up here as a diff to review like code.
 
 use hlo_ir::DType;
-use hlo_models::mlp::two_layer_mlp;
+use hlo_models::mlp::{two_layer_mlp, two_layer_mlp_sgd_step};
 
 fn settings() -> insta::Settings {
     let mut s = insta::Settings::clone_current();
@@ -46,4 +46,44 @@ fn mlp_runs_and_matches_reference() {
         .map(|t| rng.literal(t, -1.0, 1.0))
         .collect();
     hlo_e2e::check_against_reference(&f, &inputs, 2.0);
+}
+
+#[test]
+fn mlp_train_step_stablehlo() {
+    // A small backward graph: gradients of an MSE loss and an SGD update.
+    // As compiled: simplified.
+    let f = hlo_ir::simplify(&two_layer_mlp_sgd_step(2, 3, 4, 2, DType::F32).unwrap());
+    settings()
+        .bind(|| insta::assert_snapshot!("mlp_sgd_step.stablehlo", hlo_lowering::to_stablehlo(&f)));
+}
+
+#[test]
+fn mlp_train_step_runs_and_learns() {
+    let f = two_layer_mlp_sgd_step(8, 16, 32, 4, DType::F32).unwrap();
+    let mut rng = hlo_e2e::Rng(8);
+    let mut inputs: Vec<hlo_ir::Literal> = f
+        .input_types()
+        .into_iter()
+        .map(|t| rng.literal(t, -0.5, 0.5))
+        .collect();
+    let lr = inputs.len() - 1;
+    inputs[lr] = hlo_ir::Literal::scalar(DType::F32, 0.1);
+    // One step on the plugin equals the reference.
+    hlo_e2e::check_against_reference(&f, &inputs, 10.0);
+    // Ten steps lower the loss.
+    let exe = hlo_runtime::CompiledFunction::new(hlo_e2e::client(), &f).unwrap();
+    let mut losses = Vec::new();
+    for _ in 0..10 {
+        let host: Vec<_> = inputs
+            .iter()
+            .cloned()
+            .map(hlo_runtime::HostArray::from)
+            .collect();
+        let out = exe.run(&host).unwrap();
+        losses.push(out[0].to_vec::<f32>().unwrap()[0]);
+        for (k, o) in out.into_iter().enumerate().skip(1) {
+            inputs[k] = o.into(); // parameters are inputs 1..=4 and outputs 1..=4
+        }
+    }
+    assert!(losses[9] < losses[0] * 0.9, "{losses:?}");
 }

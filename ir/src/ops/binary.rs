@@ -3,7 +3,9 @@
 
 use super::{arity, Elems};
 use crate::literal::round_to;
+use crate::op::Vjp;
 use crate::op::{OpRule, Spelling};
+use crate::Tensor;
 use crate::{DType, Literal, TensorType};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -125,6 +127,38 @@ impl OpRule for BinaryOp {
     }
     fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
         Spelling::new(self.names().1)
+    }
+    fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        use BinaryOp::*;
+        let (x, y, out, g) = (a.operands[0], a.operands[1], a.results[0], a.g());
+        let zero = || x.scalar_like(0.0);
+        // Ties share the gradient equally, as JAX does.
+        let extreme = |p: Tensor, q: Tensor| {
+            let wins = if *self == Max { p.gt(q) } else { p.lt(q) };
+            wins.where_(g, p.eq(q).where_(g * 0.5, zero()))
+        };
+        let (dx, dy) = match self {
+            Add => (a.when(0, || g), a.when(1, || g)),
+            Sub => (a.when(0, || g), a.when(1, || -g)),
+            Mul => (a.when(0, || g * y), a.when(1, || g * x)),
+            Div => (a.when(0, || g / y), a.when(1, || -(g * out / y))),
+            Max | Min => (a.when(0, || extreme(x, y)), a.when(1, || extreme(y, x))),
+            // d/dx x^y = y x^(y-1); d/dy x^y = x^y log x (0 where x = 0).
+            Pow => (
+                a.when(0, || g * y * x.pow(y - 1.0)),
+                a.when(1, || x.eq(zero()).where_(zero(), g * out * x.log())),
+            ),
+            // x - y·trunc(x/y): d/dx = 1, d/dy = -trunc(x/y).
+            Rem => (
+                a.when(0, || g),
+                a.when(1, || {
+                    let q = x / y;
+                    -(g * q.sign() * q.abs().floor())
+                }),
+            ),
+            And | Or | Xor | ShiftLeft | ShiftRightLogical => (None, None),
+        };
+        Ok(vec![dx, dy])
     }
     fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
         let out = results[0].clone();

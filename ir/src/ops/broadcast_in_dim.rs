@@ -1,8 +1,10 @@
 //! `broadcast_in_dim`: operand dimension i becomes result dimension `dims[i]`.
 
 use super::{arity, check_dims, hlo_list, mlir_array, rearrange};
+use crate::op::Vjp;
 use crate::op::{OpRule, Spelling};
 use crate::types::{for_each_index, linear_index};
+use crate::Tensor;
 use crate::{Literal, TensorType};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -44,6 +46,44 @@ impl OpRule for BroadcastInDim {
     }
     fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
         Spelling::new("broadcast").attr("dimensions", hlo_list(&self.dims))
+    }
+    fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        let x = a.operands[0];
+        Ok(vec![a.when(0, || {
+            let xd = x.dims();
+            // Sum over result dims no operand dim maps to, and over operand
+            // dims of size 1 that were stretched.
+            let summed: Vec<i64> = (0..self.shape.len() as i64)
+                .filter(|r| match self.dims.iter().position(|d| d == r) {
+                    None => true,
+                    Some(i) => xd[i] == 1 && self.shape[*r as usize] != 1,
+                })
+                .collect();
+            let s = a.g().sum(&summed);
+            // What is left is in increasing result-dim order; restore the
+            // operand's order, then its size-1 dims.
+            let mut kept: Vec<(i64, usize)> = self
+                .dims
+                .iter()
+                .enumerate()
+                .filter(|(i, d)| !(xd[*i] == 1 && self.shape[**d as usize] != 1))
+                .map(|(i, &d)| (d, i))
+                .collect();
+            kept.sort();
+            let order: Vec<usize> = kept.iter().map(|&(_, i)| i).collect();
+            let mut sorted = order.clone();
+            sorted.sort();
+            let s = if order != sorted {
+                let perm: Vec<i64> = sorted
+                    .iter()
+                    .map(|i| order.iter().position(|o| o == i).expect("present") as i64)
+                    .collect();
+                s.transpose(&perm)
+            } else {
+                s
+            };
+            s.reshape(&xd)
+        })])
     }
     fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
         let x = &operands[0];

@@ -1,7 +1,9 @@
 //! `compare`: elementwise comparison to pred.
 
 use super::{arity, Elems};
+use crate::op::Vjp;
 use crate::op::{OpRule, Spelling};
+use crate::Tensor;
 use crate::{DType, Literal, TensorType};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -88,6 +90,9 @@ impl OpRule for Compare {
     }
     fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
         Spelling::new("compare").attr("direction", self.direction.spelling())
+    }
+    fn vjp(&self, _: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        Ok(vec![None, None])
     }
     fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
         let r: Vec<i128> = match (Elems::of(&operands[0]), Elems::of(&operands[1])) {

@@ -1,7 +1,9 @@
 //! `concatenate` along one dimension.
 
 use super::Elems;
+use crate::op::Vjp;
 use crate::op::{OpRule, Spelling};
+use crate::Tensor;
 use crate::{Literal, TensorType};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -43,6 +45,25 @@ impl OpRule for Concatenate {
     }
     fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
         Spelling::new("concatenate").attr("dimensions", format!("{{{}}}", self.dimension))
+    }
+    fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        let g = a.g();
+        let gd = g.dims();
+        let d = self.dimension as usize;
+        let mut offset = 0;
+        Ok(a.operands
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                let size = x.dims()[d];
+                let mut start = vec![0; gd.len()];
+                let mut limit = gd.clone();
+                start[d] = offset;
+                limit[d] = offset + size;
+                offset += size;
+                a.when(i, || g.slice(&start, &limit))
+            })
+            .collect())
     }
     fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
         // Row-major: the result is, for each index of the outer dims, the

@@ -1,8 +1,10 @@
 //! `constant` and `iota`.
 
 use super::{arity, Elems};
+use crate::op::Vjp;
 use crate::op::{OpRule, Spelling};
 use crate::types::for_each_index;
+use crate::Tensor;
 use crate::{Literal, TensorType};
 
 /// A constant tensor.
@@ -67,6 +69,9 @@ impl OpRule for Constant {
         // HLO writes the value as the operand list: `constant({1, 2})`.
         Spelling::new("constant").attr("", self.hlo_value())
     }
+    fn vjp(&self, _: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        Ok(vec![])
+    }
     fn eval(&self, _: &[Literal], _: &[TensorType]) -> Result<Vec<Literal>, String> {
         Ok(vec![self.0.clone()])
     }
@@ -101,6 +106,9 @@ impl OpRule for Iota {
     }
     fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
         Spelling::new("iota").attr("iota_dimension", self.dimension.to_string())
+    }
+    fn vjp(&self, _: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        Ok(vec![])
     }
     fn eval(&self, _: &[Literal], _: &[TensorType]) -> Result<Vec<Literal>, String> {
         let mut v = Vec::with_capacity(self.ty.element_count());

@@ -1,7 +1,9 @@
 //! `convert` (value-preserving cast) and `bitcast_convert` (same bits).
 
 use super::arity;
+use crate::op::Vjp;
 use crate::op::{OpRule, Spelling};
+use crate::Tensor;
 use crate::{DType, Literal, TensorType};
 
 /// Converts values to another element type (floats to integers truncate
@@ -22,6 +24,15 @@ impl OpRule for Convert {
     }
     fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
         Spelling::new("convert")
+    }
+    fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        // The gradient goes back in the operand's type.
+        let from = a.operands[0].dtype();
+        Ok(vec![if from.is_float() && self.0.is_float() {
+            a.when(0, || a.g().cast(from))
+        } else {
+            None
+        }])
     }
     fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
         let x = &operands[0];
@@ -65,6 +76,9 @@ impl OpRule for BitcastConvert {
     }
     fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
         Spelling::new("bitcast-convert")
+    }
+    fn vjp(&self, _: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        Ok(vec![None])
     }
     fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
         Ok(vec![Literal {

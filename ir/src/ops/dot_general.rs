@@ -2,8 +2,10 @@
 
 use super::{arity, check_dims, hlo_list, mlir_list, Elems};
 use crate::literal::round_to;
+use crate::op::Vjp;
 use crate::op::{OpRule, Spelling};
 use crate::types::{for_each_index, linear_index};
+use crate::Tensor;
 use crate::{DType, Literal, TensorType};
 
 /// The precision an operand is computed at (XLA's `PrecisionConfig`).
@@ -170,6 +172,90 @@ impl OpRule for DotGeneral {
             s = s.attr("operand_precision", format!("{{{p},{p}}}"));
         }
         s
+    }
+    fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        let (l, r, g) = (a.operands[0], a.operands[1], a.g());
+        let (lr, rr) = (l.rank(), r.rank());
+        let nb = self.lhs_batch.len();
+        let lf = Self::free(lr, &self.lhs_batch, &self.lhs_contracting);
+        let rf = Self::free(rr, &self.rhs_batch, &self.rhs_contracting);
+        // g dims: [batch.., lhs free.., rhs free..].
+        let g_batch: Vec<i64> = (0..nb as i64).collect();
+        let g_lf: Vec<i64> = (nb..nb + lf.len()).map(|i| i as i64).collect();
+        let g_rf: Vec<i64> = (nb + lf.len()..nb + lf.len() + rf.len())
+            .map(|i| i as i64)
+            .collect();
+        // One side's gradient: contract g with the other operand over the
+        // other's free dims, then permute into this operand's dim order.
+        let side = |this: Tensor,
+                    this_batch: &[i64],
+                    this_free: &[usize],
+                    this_contracting: &[i64],
+                    other: Tensor,
+                    other_batch: &[i64],
+                    other_free: &[usize],
+                    other_contracting: &[i64],
+                    g_other_free: &[i64]| {
+            let dims = DotGeneral {
+                lhs_batch: g_batch.clone(),
+                rhs_batch: other_batch.to_vec(),
+                lhs_contracting: g_other_free.to_vec(),
+                rhs_contracting: other_free.iter().map(|&i| i as i64).collect(),
+                precision: self.precision,
+                preferred_element_type: self.preferred_element_type,
+            };
+            let grad = g.cast(other.dtype()).dot_general(other, dims);
+            // Result dims: batch, this operand's free dims (in g order), then
+            // the other's contracting dims in increasing order, each paired
+            // with this operand's contracting dim.
+            let mut owner: Vec<i64> = this_batch.to_vec();
+            owner.extend(this_free.iter().map(|&i| i as i64));
+            let mut pairs: Vec<(i64, i64)> = other_contracting
+                .iter()
+                .zip(this_contracting)
+                .map(|(&o, &t)| (o, t))
+                .collect();
+            pairs.sort();
+            owner.extend(pairs.iter().map(|&(_, t)| t));
+            let rank = owner.len();
+            let perm: Vec<i64> = (0..rank as i64)
+                .map(|d| owner.iter().position(|&o| o == d).expect("every dim") as i64)
+                .collect();
+            let grad = if perm.iter().enumerate().all(|(i, &p)| i as i64 == p) {
+                grad
+            } else {
+                grad.transpose(&perm)
+            };
+            grad.cast(this.dtype())
+        };
+        Ok(vec![
+            a.when(0, || {
+                side(
+                    l,
+                    &self.lhs_batch,
+                    &lf,
+                    &self.lhs_contracting,
+                    r,
+                    &self.rhs_batch,
+                    &rf,
+                    &self.rhs_contracting,
+                    &g_rf,
+                )
+            }),
+            a.when(1, || {
+                side(
+                    r,
+                    &self.rhs_batch,
+                    &rf,
+                    &self.rhs_contracting,
+                    l,
+                    &self.lhs_batch,
+                    &lf,
+                    &self.lhs_contracting,
+                    &g_lf,
+                )
+            }),
+        ])
     }
     fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
         let (l, r) = (&operands[0], &operands[1]);

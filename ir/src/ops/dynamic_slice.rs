@@ -2,8 +2,10 @@
 //! runtime scalars, clamped so the box stays inside the operand.
 
 use super::{hlo_list, mlir_array, rearrange, Elems};
+use crate::op::Vjp;
 use crate::op::{OpRule, Spelling};
 use crate::types::{for_each_index, linear_index};
+use crate::Tensor;
 use crate::{Literal, TensorType};
 
 /// Start indices: one integer scalar per dimension, all of one dtype.
@@ -60,6 +62,14 @@ impl OpRule for DynamicSlice {
     fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
         Spelling::new("dynamic-slice").attr("dynamic_slice_sizes", hlo_list(&self.sizes))
     }
+    fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        let x = a.operands[0];
+        let mut out = vec![a.when(0, || {
+            crate::full(x.ty(), 0.0).dynamic_update_slice(a.g(), &a.operands[1..])
+        })];
+        out.extend(a.operands[1..].iter().map(|_| None));
+        Ok(out)
+    }
     fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
         let x = &operands[0];
         let start = starts(&operands[1..], &x.ty.dims, &self.sizes);
@@ -103,6 +113,17 @@ impl OpRule for DynamicUpdateSlice {
     }
     fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
         Spelling::new("dynamic-update-slice")
+    }
+    fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        let (u, starts, g) = (a.operands[1], &a.operands[2..], a.g());
+        let mut out = vec![
+            a.when(0, || {
+                g.dynamic_update_slice(crate::full(u.ty(), 0.0), starts)
+            }),
+            a.when(1, || g.dynamic_slice(starts, &u.dims())),
+        ];
+        out.extend(starts.iter().map(|_| None));
+        Ok(out)
     }
     fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
         let (x, update) = (&operands[0], &operands[1]);

@@ -2,8 +2,10 @@
 //! lookups are the common case). Batching dimensions are not supported.
 
 use super::{arity, check_dims, hlo_list, mlir_array, mlir_list, rearrange};
+use crate::op::Vjp;
 use crate::op::{OpRule, Spelling};
 use crate::types::{for_each_index, linear_index};
+use crate::Tensor;
 use crate::{Literal, TensorType};
 
 /// Dimension numbers as StableHLO defines them.
@@ -145,6 +147,25 @@ impl OpRule for Gather {
             .attr("start_index_map", hlo_list(&self.start_index_map))
             .attr("index_vector_dim", self.index_vector_dim.to_string())
             .attr("slice_sizes", hlo_list(&self.slice_sizes))
+    }
+    fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        let (x, idx) = (a.operands[0], a.operands[1]);
+        // Scatter-add the slices back into zeros of the operand's shape.
+        Ok(vec![
+            a.when(0, || {
+                crate::full(x.ty(), 0.0).scatter_add(
+                    idx,
+                    a.g(),
+                    super::Scatter {
+                        update_window_dims: self.offset_dims.clone(),
+                        inserted_window_dims: self.collapsed_slice_dims.clone(),
+                        scatter_dims_to_operand_dims: self.start_index_map.clone(),
+                        index_vector_dim: self.index_vector_dim,
+                    },
+                )
+            }),
+            None,
+        ])
     }
     fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
         let (x, idx) = (&operands[0], &operands[1]);

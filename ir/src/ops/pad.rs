@@ -1,8 +1,10 @@
 //! `pad`: edge padding (negative crops) and interior padding.
 
 use super::{arity, mlir_array, rearrange};
+use crate::op::Vjp;
 use crate::op::{OpRule, Spelling};
 use crate::types::{for_each_index, linear_index};
+use crate::Tensor;
 use crate::{Literal, TensorType};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -57,6 +59,34 @@ impl OpRule for Pad {
             .map(|i| format!("{}_{}_{}", self.low[i], self.high[i], self.interior[i]))
             .collect();
         Spelling::new("pad").attr("padding", dims.join("x"))
+    }
+    fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        let g = a.g();
+        // Undo the edges (a negative pad crops), then take every
+        // (interior + 1)-th element.
+        let dx = || {
+            let neg = |v: &[i64]| v.iter().map(|x| -x).collect::<Vec<_>>();
+            let zeros = vec![0; self.low.len()];
+            let unpadded = g.pad(
+                g.scalar_like(0.0),
+                &neg(&self.low),
+                &neg(&self.high),
+                &zeros,
+            );
+            let strides: Vec<i64> = self.interior.iter().map(|i| i + 1).collect();
+            unpadded.slice_strided(&zeros, &unpadded.dims(), &strides)
+        };
+        let dx_value = if a.needs[0] || a.needs[1] {
+            Some(dx())
+        } else {
+            None
+        };
+        let all: Vec<i64> = (0..g.rank() as i64).collect();
+        let dv = a.needs[1].then(|| {
+            let inside = dx_value.expect("computed above").sum(&all);
+            g.sum(&all) - inside
+        });
+        Ok(vec![if a.needs[0] { dx_value } else { None }, dv])
     }
     fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
         let x = &operands[0];

@@ -2,8 +2,10 @@
 
 use super::{arity, check_dims, hlo_list, mlir_array, BinaryOp, Elems};
 use crate::literal::round_to;
+use crate::op::Vjp;
 use crate::op::{OpRule, Region, Spelling};
 use crate::types::for_each_index;
+use crate::Tensor;
 use crate::{Literal, TensorType};
 
 /// The combiner of a reduction.
@@ -64,6 +66,29 @@ impl OpRule for Reduce {
         Spelling::new("reduce")
             .attr("dimensions", hlo_list(&self.dims))
             .region(Region::Combiner(self.kind.combiner(), operands[0].dtype))
+    }
+    fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        let (x, out, g) = (a.operands[0], a.results[0], a.g());
+        let xd = x.dims();
+        let kept: Vec<i64> = (0..xd.len() as i64)
+            .filter(|i| !self.dims.contains(i))
+            .collect();
+        let back = |t: Tensor| t.broadcast_in_dim(&xd, &kept);
+        let dx = match self.kind {
+            ReduceKind::Sum => a.when(0, || back(g)),
+            // To the positions that attain the extreme, shared among ties.
+            ReduceKind::Max | ReduceKind::Min => a.when(0, || {
+                let hit = x.eq(back(out)).cast(x.dtype());
+                let count = hit.sum(&self.dims);
+                back(g / count) * hit
+            }),
+        };
+        let all: Vec<i64> = (0..g.rank() as i64).collect();
+        let dinit = match self.kind {
+            ReduceKind::Sum => a.when(1, || g.sum(&all)),
+            _ => None,
+        };
+        Ok(vec![dx, dinit])
     }
     fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
         let (x, init) = (&operands[0], &operands[1]);

@@ -1,7 +1,9 @@
 //! `reshape`: same elements in row-major order, new dimensions.
 
 use super::arity;
+use crate::op::Vjp;
 use crate::op::{OpRule, Spelling};
+use crate::Tensor;
 use crate::{Literal, TensorType};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -27,6 +29,10 @@ impl OpRule for Reshape {
     }
     fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
         Spelling::new("reshape")
+    }
+    fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        let x = a.operands[0];
+        Ok(vec![a.when(0, || a.g().reshape(&x.dims()))])
     }
     fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
         Ok(vec![Literal {

@@ -2,7 +2,9 @@
 //! new state is a result).
 
 use super::arity;
+use crate::op::Vjp;
 use crate::op::{OpRule, Spelling};
+use crate::Tensor;
 use crate::{DType, Literal, TensorType};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -48,6 +50,9 @@ impl OpRule for RngBitGenerator {
             RngAlgorithm::Philox => "rng_philox",
         };
         Spelling::new("rng-bit-generator").attr("algorithm", a)
+    }
+    fn vjp(&self, _: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        Ok(vec![None])
     }
     fn eval(&self, _: &[Literal], _: &[TensorType]) -> Result<Vec<Literal>, String> {
         // The bits are XLA's to define; tests check their distribution.

@@ -3,8 +3,10 @@
 
 use super::{arity, check_dims, hlo_list, mlir_list, BinaryOp, Elems};
 use crate::literal::round_to;
+use crate::op::Vjp;
 use crate::op::{OpRule, Region, Spelling};
 use crate::types::{for_each_index, linear_index};
+use crate::Tensor;
 use crate::{Literal, TensorType};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -126,6 +128,37 @@ impl OpRule for Scatter {
             )
             .attr("index_vector_dim", self.index_vector_dim.to_string())
             .region(Region::Combiner(BinaryOp::Add, operands[0].dtype))
+    }
+    fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        let (x, idx, upd, g) = (a.operands[0], a.operands[1], a.operands[2], a.g());
+        let ud = upd.dims();
+        Ok(vec![
+            a.when(0, || g),
+            None,
+            a.when(2, || {
+                // Gather the windows the updates were added to.
+                let mut window = self.update_window_dims.iter().map(|&d| ud[d as usize]);
+                let slice_sizes: Vec<i64> = (0..x.rank() as i64)
+                    .map(|d| {
+                        if self.inserted_window_dims.contains(&d) {
+                            1
+                        } else {
+                            window.next().expect("counted")
+                        }
+                    })
+                    .collect();
+                g.gather(
+                    idx,
+                    super::Gather {
+                        offset_dims: self.update_window_dims.clone(),
+                        collapsed_slice_dims: self.inserted_window_dims.clone(),
+                        start_index_map: self.scatter_dims_to_operand_dims.clone(),
+                        index_vector_dim: self.index_vector_dim,
+                        slice_sizes,
+                    },
+                )
+            }),
+        ])
     }
     fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
         let (x, idx, upd) = (&operands[0], &operands[1], &operands[2]);

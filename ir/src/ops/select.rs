@@ -1,7 +1,9 @@
 //! `select(pred, on_true, on_false)`.
 
 use super::{arity, Elems};
+use crate::op::Vjp;
 use crate::op::{OpRule, Spelling};
+use crate::Tensor;
 use crate::{DType, Literal, TensorType};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -32,6 +34,15 @@ impl OpRule for Select {
     }
     fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
         Spelling::new("select")
+    }
+    fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        let (p, g) = (a.operands[0], a.g());
+        let zero = g.scalar_like(0.0);
+        Ok(vec![
+            None,
+            a.when(1, || p.where_(g, zero)),
+            a.when(2, || p.where_(zero, g)),
+        ])
     }
     fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
         let p = operands[0].to_i128s();

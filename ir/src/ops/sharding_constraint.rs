@@ -3,7 +3,9 @@
 //! printer (which knows the mesh); without a mesh it lowers to nothing.
 
 use super::arity;
+use crate::op::Vjp;
 use crate::op::{OpRule, Spelling};
+use crate::Tensor;
 use crate::{Literal, TensorType};
 
 /// Per tensor dimension, the mesh axes it is split over (empty: not split).
@@ -32,6 +34,12 @@ impl OpRule for ShardingConstraint {
     }
     fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
         Spelling::new("custom-call").attr("custom_call_target", "\"Sharding\"")
+    }
+    fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        // The gradient is laid out like the value.
+        Ok(vec![a.when(0, || {
+            a.g().with_sharding_constraint(self.dims.clone())
+        })])
     }
     fn eval(&self, operands: &[Literal], _: &[TensorType]) -> Result<Vec<Literal>, String> {
         Ok(vec![operands[0].clone()])

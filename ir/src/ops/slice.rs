@@ -1,8 +1,10 @@
 //! `slice`: a strided box with static bounds.
 
 use super::{arity, mlir_array, rearrange};
+use crate::op::Vjp;
 use crate::op::{OpRule, Spelling};
 use crate::types::{for_each_index, linear_index};
+use crate::Tensor;
 use crate::{Literal, TensorType};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -47,6 +49,25 @@ impl OpRule for Slice {
             .map(|i| format!("[{}:{}:{}]", self.start[i], self.limit[i], self.strides[i]))
             .collect();
         Spelling::new("slice").attr("slice", format!("{{{}}}", ranges.join(", ")))
+    }
+    fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        let (x, g) = (a.operands[0], a.g());
+        Ok(vec![a.when(0, || {
+            // Put the slice back where it came from, zeros elsewhere.
+            let (xd, gd) = (x.dims(), g.dims());
+            let high: Vec<i64> = (0..xd.len())
+                .map(|i| {
+                    let last = if gd[i] == 0 {
+                        self.start[i] - 1
+                    } else {
+                        self.start[i] + (gd[i] - 1) * self.strides[i]
+                    };
+                    xd[i] - last - 1
+                })
+                .collect();
+            let interior: Vec<i64> = self.strides.iter().map(|s| s - 1).collect();
+            g.pad(g.scalar_like(0.0), &self.start, &high, &interior)
+        })])
     }
     fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
         let x = &operands[0];

@@ -1,8 +1,10 @@
 //! `transpose`: result dimension i is operand dimension `permutation[i]`.
 
 use super::{arity, check_dims, hlo_list, mlir_array, rearrange};
+use crate::op::Vjp;
 use crate::op::{OpRule, Spelling};
 use crate::types::{for_each_index, linear_index};
+use crate::Tensor;
 use crate::{Literal, TensorType};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -36,6 +38,13 @@ impl OpRule for Transpose {
     }
     fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
         Spelling::new("transpose").attr("dimensions", hlo_list(&self.permutation))
+    }
+    fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        let mut inverse = vec![0i64; self.permutation.len()];
+        for (i, &p) in self.permutation.iter().enumerate() {
+            inverse[p as usize] = i as i64;
+        }
+        Ok(vec![a.when(0, || a.g().transpose(&inverse))])
     }
     fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
         let x = &operands[0];

@@ -2,7 +2,9 @@
 
 use super::{arity, Elems};
 use crate::literal::round_to;
+use crate::op::Vjp;
 use crate::op::{OpRule, Spelling};
+use crate::Tensor;
 use crate::{DType, Literal, TensorType};
 
 /// One-operand elementwise ops. Results have the operand's type, except
@@ -126,6 +128,27 @@ impl OpRule for UnaryOp {
     }
     fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
         Spelling::new(self.names().1)
+    }
+    fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        use UnaryOp::*;
+        let (x, y, g) = (a.operands[0], a.results[0], a.g());
+        let dx = match self {
+            Neg => -g,
+            Exp => g * y,
+            Log => g / x,
+            Log1p => g / (x + 1.0),
+            // d/dx x^-1/2 = -1/2 x^-3/2 = -1/2 y^3
+            Rsqrt => g * y * y * y * -0.5,
+            Sqrt => g * 0.5 / y,
+            Tanh => g * (1.0 - y * y),
+            Logistic => g * y * (1.0 - y),
+            Abs => g * x.sign(),
+            Cos => -(g * x.sin()),
+            Sin => g * x.cos(),
+            // Piecewise constant or not real-valued: no gradient.
+            Sign | Floor | Not | IsFinite => return Ok(vec![None]),
+        };
+        Ok(vec![a.when(0, || dx)])
     }
     fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
         let x = &operands[0];

@@ -2,7 +2,9 @@
 //! the carried values. Scan over layers is built on it.
 
 use crate::graph::SubFunction;
+use crate::op::Vjp;
 use crate::op::{OpRule, Region, Spelling};
+use crate::Tensor;
 use crate::{DType, Literal, TensorType};
 
 /// The most iterations the reference interpreter runs before giving up.
@@ -52,6 +54,13 @@ impl OpRule for While {
         Spelling::new("while")
             .region(Region::Function(self.cond.clone()))
             .region(Region::Function(self.body.clone()))
+    }
+    fn vjp(&self, _: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+        Err(
+            "reverse-mode differentiation of a while loop is not supported; \
+             a loop with a fixed trip count (scan) will be"
+                .into(),
+        )
     }
     fn eval(&self, operands: &[Literal], _: &[TensorType]) -> Result<Vec<Literal>, String> {
         let mut carry = operands.to_vec();
