@@ -53,6 +53,11 @@ pub struct DumpHloArgs {
     /// Element type of the example program.
     #[arg(long, value_enum, default_value = "f32")]
     pub dtype: DTypeArg,
+
+    /// Partition the program over this mesh (e.g. dp=2,fsdp=4,mp=1): the
+    /// text then carries Shardy / GSPMD shardings from the partition rules.
+    #[arg(long)]
+    pub mesh: Option<hlo_partitioner::Mesh>,
 }
 
 pub fn run(args: &DumpHloArgs) -> Result<()> {
@@ -68,15 +73,28 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
     };
     // What is compiled: folded, CSE'd, dead code removed.
     let f = hlo_ir::simplify(&traced);
+    let shardings = match &args.mesh {
+        Some(mesh) => Some(hlo_partitioner::FunctionShardings::from_rules(
+            &f,
+            mesh,
+            &hlo_models::mlp::rules(),
+        )?),
+        None => None,
+    };
     let mut files: Vec<(String, String)> = Vec::new();
     if matches!(args.format, Format::Stablehlo | Format::Both) {
-        files.push((
-            format!("{}.stablehlo.mlir", f.name),
-            hlo_lowering::to_stablehlo(&f),
-        ));
+        let text = match &shardings {
+            Some(s) => hlo_lowering::to_stablehlo_sharded(&f, s),
+            None => hlo_lowering::to_stablehlo(&f),
+        };
+        files.push((format!("{}.stablehlo.mlir", f.name), text));
     }
     if matches!(args.format, Format::Hlo | Format::Both) {
-        files.push((format!("{}.hlo.txt", f.name), hlo_lowering::to_hlo_text(&f)));
+        let text = match &shardings {
+            Some(s) => hlo_lowering::to_hlo_text_sharded(&f, s),
+            None => hlo_lowering::to_hlo_text(&f),
+        };
+        files.push((format!("{}.hlo.txt", f.name), text));
     }
     match &args.out {
         None => {

@@ -210,3 +210,47 @@ fn dump_hlo_to_stdout_and_bad_out_dir() {
     assert!(err.contains("cannot create"), "{err}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn dump_hlo_with_a_mesh_carries_shardings() {
+    let out = hlo_train(&[
+        "dump-hlo",
+        "--format",
+        "stablehlo",
+        "--mesh",
+        "dp=2,fsdp=2,mp=2",
+        "--batch",
+        "8",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("sdy.mesh @mesh = <[\"dp\"=2, \"fsdp\"=2, \"mp\"=2]>"));
+    assert!(text.contains("sdy.sharding = #sdy.sharding<@mesh, [{\"dp\", \"fsdp\"}, {}]>"));
+    assert!(text.contains("mhlo.num_partitions = 8"));
+    let out = hlo_train(&[
+        "dump-hlo",
+        "--format",
+        "hlo",
+        "--mesh",
+        "dp=2,fsdp=2,mp=2",
+        "--batch",
+        "8",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stdout)
+        .contains("sharding={devices=[4,1,2]<=[8] last_tile_dim_replicate}"));
+    // A mesh that does not divide the batch, and one that does not parse.
+    let err = assert_one_line_error(&hlo_train(&[
+        "dump-hlo",
+        "--mesh",
+        "dp=1,fsdp=8,mp=1",
+        "--batch",
+        "4",
+    ]));
+    assert_eq!(
+        err,
+        "error: `x`: dimension 0 of size 4 does not divide over dp×fsdp (8 parts)"
+    );
+    let out = hlo_train(&["dump-hlo", "--mesh", "dp=x"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("bad mesh `dp=x`"), "{}", stderr(&out));
+}

@@ -7,7 +7,9 @@
 use std::fmt::Write;
 
 use hlo_ir::{Function, Op, Region, TensorType};
+use hlo_partitioner::{FunctionShardings, Mesh, PartitionSpec};
 
+use crate::sharding::gspmd_sharding;
 use crate::stablehlo::symbol;
 
 fn tuple_type(types: &[TensorType]) -> String {
@@ -39,13 +41,15 @@ impl Operand {
     }
 }
 
-struct Printer {
+struct Printer<'a> {
     next: usize,
     /// Finished non-entry computations, in definition order.
     computations: Vec<String>,
+    /// The mesh sharding constraints refer to, if the program is sharded.
+    mesh: Option<&'a Mesh>,
 }
 
-impl Printer {
+impl Printer<'_> {
     fn name(&mut self, base: &str) -> String {
         self.next += 1;
         format!("{base}.{}", self.next)
@@ -160,10 +164,34 @@ impl Printer {
             let spelling = node.op.rule().hlo(&operand_types, &result_types);
             let scope = node.scope.as_str();
             match &node.op {
-                op if op.is_identity() || matches!(op, Op::ShardingConstraint(_)) => {
+                op if op.is_identity()
+                    || (self.mesh.is_none() && matches!(op, Op::ShardingConstraint(_))) =>
+                {
                     // Identities (and, without a mesh, sharding constraints)
                     // print nothing: the result is the operand.
                     values[node.results[0].index()] = Some(operands[0].clone());
+                    continue;
+                }
+                Op::ShardingConstraint(c) => {
+                    let mesh = self.mesh.expect("checked above");
+                    let sharding = gspmd_sharding(
+                        mesh,
+                        &PartitionSpec(c.dims.clone()),
+                        result_types[0].rank(),
+                    );
+                    let attrs = [
+                        ("custom_call_target".to_string(), "\"Sharding\"".to_string()),
+                        ("sharding".to_string(), sharding),
+                    ];
+                    let o = self.inst(
+                        lines,
+                        "custom-call",
+                        result_types[0].hlo(),
+                        format!("custom-call({})", operands[0].text()),
+                        &attrs,
+                        scope,
+                    );
+                    values[node.results[0].index()] = Some(o);
                     continue;
                 }
                 Op::OptimizationBarrier(_) => {
@@ -317,21 +345,40 @@ fn mark_root(lines: &str, name: &str) -> String {
 /// assert!(text.contains("add(f32[2]{0} %Arg_0.1, f32[2]{0} %Arg_0.1)"));
 /// ```
 pub fn to_hlo_text(f: &Function) -> String {
+    print(f, None)
+}
+
+/// `f` with GSPMD `sharding={...}` on parameters, the result tuple and
+/// sharding constraints.
+pub fn to_hlo_text_sharded(f: &Function, shardings: &FunctionShardings) -> String {
+    print(f, Some(shardings))
+}
+
+fn print(f: &Function, shardings: Option<&FunctionShardings>) -> String {
     let mut p = Printer {
         next: 0,
         computations: Vec::new(),
+        mesh: shardings.map(|s| &s.mesh),
     };
     let mut lines = String::new();
     let mut values: Vec<Option<Operand>> = vec![None; f.values.len()];
     let mut params = Vec::new();
     for (i, b) in f.inputs.iter().enumerate() {
         let ty = f.ty(b.value).hlo();
+        let attrs: Vec<(String, String)> = shardings
+            .map(|s| {
+                vec![(
+                    "sharding".to_string(),
+                    gspmd_sharding(&s.mesh, &s.inputs[i], f.ty(b.value).rank()),
+                )]
+            })
+            .unwrap_or_default();
         let o = p.inst(
             &mut lines,
             &format!("Arg_{i}"),
             ty.clone(),
             format!("parameter({i})"),
-            &[],
+            &attrs,
             &b.name,
         );
         params.push(format!("{}: {}", o.name, f.ty(b.value).hlo()));
@@ -340,12 +387,23 @@ pub fn to_hlo_text(f: &Function) -> String {
     let outs = p.nodes(f, &mut values, &mut lines);
     let out_ty = tuple_type(&f.output_types());
     let args: Vec<String> = outs.iter().map(Operand::text).collect();
+    let root_attrs: Vec<(String, String)> = shardings
+        .map(|s| {
+            let each: Vec<String> = s
+                .outputs
+                .iter()
+                .zip(&f.outputs)
+                .map(|(spec, b)| gspmd_sharding(&s.mesh, spec, f.ty(b.value).rank()))
+                .collect();
+            vec![("sharding".to_string(), format!("{{{}}}", each.join(", ")))]
+        })
+        .unwrap_or_default();
     let root = p.inst(
         &mut lines,
         "tuple",
         out_ty.clone(),
         format!("tuple({})", args.join(", ")),
-        &[],
+        &root_attrs,
         "",
     );
     let lines = mark_root(&lines, &root.name);

@@ -7,12 +7,18 @@
 //! value names, types, regions and locations. Output is deterministic: the
 //! same function prints byte-identical text.
 //!
+//! With [`hlo_partitioner::FunctionShardings`] it also writes the layout:
+//! Shardy (`sdy.mesh`, `sdy.sharding` on arguments and results,
+//! `sdy.sharding_constraint` inside) in StableHLO, GSPMD `sharding={...}` in
+//! HLO text; each format has one printer (`sharding.rs`). Without shardings
+//! a sharding constraint lowers to the identity.
+//!
 //! It neither builds graphs (`hlo-ir`) nor compiles them (`hlo-runtime`).
-//! Sharding annotations (Shardy `sdy`, GSPMD strings) arrive with the
-//! partitioner; until then a sharding constraint lowers to the identity.
 
 mod hlo;
+mod sharding;
 mod stablehlo;
 
-pub use hlo::to_hlo_text;
-pub use stablehlo::to_stablehlo;
+pub use hlo::{to_hlo_text, to_hlo_text_sharded};
+pub use sharding::{gspmd_sharding, sdy_mesh, sdy_sharding};
+pub use stablehlo::{to_stablehlo, to_stablehlo_sharded};

@@ -6,6 +6,9 @@
 use std::fmt::Write;
 
 use hlo_ir::{Function, Op, Region, TensorType};
+use hlo_partitioner::{FunctionShardings, Mesh, PartitionSpec};
+
+use crate::sharding::{sdy_mesh, sdy_sharding};
 
 /// Escapes a string for an MLIR string literal.
 pub(crate) fn quote(s: &str) -> String {
@@ -47,12 +50,14 @@ fn types_list(types: &[TensorType]) -> String {
 }
 
 /// Prints a module's body; one per module so names stay unique.
-struct Printer {
+struct Printer<'a> {
     out: String,
     next: usize,
+    /// The mesh sharding constraints refer to, if the program is sharded.
+    mesh: Option<&'a Mesh>,
 }
 
-impl Printer {
+impl Printer<'_> {
     fn fresh(&mut self) -> usize {
         self.next += 1;
         self.next - 1
@@ -71,10 +76,28 @@ impl Printer {
                 .iter()
                 .map(|o| names[o.index()].clone())
                 .collect();
-            if node.op.is_identity() || matches!(node.op, Op::ShardingConstraint(_)) {
+            if node.op.is_identity()
+                || (self.mesh.is_none() && matches!(node.op, Op::ShardingConstraint(_)))
+            {
                 // Identities (and, without a mesh, sharding constraints)
                 // print nothing: the result is the operand.
                 names[node.results[0].index()] = operands[0].clone();
+                continue;
+            }
+            if let Op::ShardingConstraint(c) = &node.op {
+                let id = self.fresh();
+                names[node.results[0].index()] = format!("%{id}");
+                let t = result_types[0].mlir();
+                let sharding = sdy_sharding(&PartitionSpec(c.dims.clone()), result_types[0].rank());
+                let _ = write!(
+                    self.out,
+                    "{indent}%{id} = \"sdy.sharding_constraint\"({}) {{sharding = {sharding}}} : ({t}) -> {t}",
+                    operands[0]
+                );
+                if !node.scope.is_empty() {
+                    let _ = write!(self.out, " loc({})", quote(&node.scope));
+                }
+                self.out.push('\n');
                 continue;
             }
             let spelling = node.op.rule().stablehlo(&operand_types, &result_types);
@@ -181,9 +204,25 @@ impl Printer {
 /// assert!(text.contains("\"stablehlo.add\"(%arg0, %arg0)"));
 /// ```
 pub fn to_stablehlo(f: &Function) -> String {
+    print(f, None)
+}
+
+/// `f` partitioned over `shardings.mesh`: the mesh as `sdy.mesh`, each
+/// argument's and result's layout as `sdy.sharding`, constraints as
+/// `sdy.sharding_constraint`; compile with `CompileOptions::spmd(n)`.
+pub fn to_stablehlo_sharded(f: &Function, shardings: &FunctionShardings) -> String {
+    print(f, Some(shardings))
+}
+
+fn print(f: &Function, shardings: Option<&FunctionShardings>) -> String {
     let mut p = Printer {
         out: String::new(),
         next: 0,
+        mesh: shardings.map(|s| &s.mesh),
+    };
+    let sdy = |specs: Option<&Vec<PartitionSpec>>, i: usize, ty: &TensorType| match specs {
+        Some(specs) => format!(", sdy.sharding = {}", sdy_sharding(&specs[i], ty.rank())),
+        None => String::new(),
     };
     let mut names = vec![String::new(); f.values.len()];
     let args: Vec<String> = f
@@ -192,31 +231,40 @@ pub fn to_stablehlo(f: &Function) -> String {
         .enumerate()
         .map(|(i, b)| {
             names[b.value.index()] = format!("%arg{i}");
+            let ty = f.ty(b.value);
             format!(
-                "%arg{i}: {} {{jax.arg_info = {}}}",
-                f.ty(b.value).mlir(),
-                quote(&b.name)
+                "%arg{i}: {} {{jax.arg_info = {}{}}}",
+                ty.mlir(),
+                quote(&b.name),
+                sdy(shardings.map(|s| &s.inputs), i, ty)
             )
         })
         .collect();
     let results: Vec<String> = f
         .outputs
         .iter()
-        .map(|b| {
+        .enumerate()
+        .map(|(i, b)| {
+            let ty = f.ty(b.value);
             format!(
-                "{} {{jax.result_info = {}}}",
-                f.ty(b.value).mlir(),
-                quote(&b.name)
+                "{} {{jax.result_info = {}{}}}",
+                ty.mlir(),
+                quote(&b.name),
+                sdy(shardings.map(|s| &s.outputs), i, ty)
             )
         })
         .collect();
     let outs = p.body(f, &mut names, "    ");
+    let partitions = shardings.map_or(1, |s| s.mesh.size());
     let mut text = String::new();
     let _ = writeln!(
         text,
-        "module @{} attributes {{mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32}} {{",
+        "module @{} attributes {{mhlo.num_partitions = {partitions} : i32, mhlo.num_replicas = 1 : i32}} {{",
         symbol(&f.name)
     );
+    if let Some(s) = shardings {
+        let _ = writeln!(text, "  {}", sdy_mesh(&s.mesh));
+    }
     let _ = writeln!(
         text,
         "  func.func public @main({}) -> ({}) {{",

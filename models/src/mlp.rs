@@ -79,3 +79,16 @@ pub fn two_layer_mlp_sgd_step(
     })?;
     Ok(step)
 }
+
+/// Partition rules for the example MLP: the batch over `("dp", "fsdp")`,
+/// weights `[in, out]` over `("fsdp", "mp")`, biases over `mp`.
+pub fn rules() -> hlo_partitioner::Rules {
+    use hlo_partitioner::{PartitionSpec, Rules};
+    let p = |d: &[&[&str]]| PartitionSpec::new(d);
+    Rules::new(&[
+        (r"^(x|target|y)$", p(&[&["dp", "fsdp"], &[]])),
+        (r"weight$", p(&[&["fsdp"], &["mp"]])),
+        (r"bias$", p(&[&["mp"]])),
+    ])
+    .expect("the MLP rules compile")
+}

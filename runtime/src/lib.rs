@@ -2,8 +2,8 @@
 //! `#[repr(C)]` bindings of the PJRT C API (no bindgen, no C++), plugin
 //! discovery and loading, clients and devices, host ↔ device transfers,
 //! compile options, compilation of StableHLO text, execution over one or many
-//! devices, and (later) sharded device arrays, the JIT cache and the eager
-//! executor.
+//! devices, the JIT compile cache, and arrays sharded over a mesh with SPMD
+//! execution (the eager executor comes later).
 //!
 //! It does not know what a model is, nor how a graph is traced or printed;
 //! it takes program text and buffers.
@@ -36,6 +36,7 @@ mod ffi;
 mod host;
 mod jit;
 mod plugin;
+mod sharded;
 mod signature;
 
 pub use buffer::Buffer;
@@ -47,4 +48,5 @@ pub use executable::{CompiledMemoryStats, LoadedExecutable};
 pub use host::{element_count, Element, HostArray};
 pub use jit::{fingerprint, CompiledFunction, Jit};
 pub use plugin::{AttrValue, Plugin, MIN_API_VERSION};
+pub use sharded::{DeviceArray, ShardedFunction};
 pub use signature::{main_parameters, ParamType};

@@ -87,3 +87,48 @@ fn mlp_train_step_runs_and_learns() {
     }
     assert!(losses[9] < losses[0] * 0.9, "{losses:?}");
 }
+
+/// The layout report and every line of the sharded program that carries a
+/// sharding, for the MLP train step under two meshes.
+fn sharding_annotations(mesh: &str) -> String {
+    let f = hlo_ir::simplify(&two_layer_mlp_sgd_step(16, 16, 32, 8, DType::F32).unwrap());
+    let mesh: hlo_partitioner::Mesh = mesh.parse().unwrap();
+    let s = hlo_partitioner::FunctionShardings::from_rules(&f, &mesh, &hlo_models::mlp::rules())
+        .unwrap();
+    let mut out = s.report(&f);
+    for line in hlo_lowering::to_stablehlo_sharded(&f, &s)
+        .lines()
+        .filter(|l| l.contains("sdy"))
+    {
+        out += line.trim();
+        out.push('\n');
+    }
+    for line in hlo_lowering::to_hlo_text_sharded(&f, &s)
+        .lines()
+        .filter(|l| l.contains("sharding="))
+    {
+        out += line.trim();
+        out.push('\n');
+    }
+    out
+}
+
+#[test]
+fn mlp_train_step_shardings_1_8_1() {
+    settings().bind(|| {
+        insta::assert_snapshot!(
+            "mlp_sgd_step.shardings.1_8_1",
+            sharding_annotations("dp=1,fsdp=8,mp=1")
+        )
+    });
+}
+
+#[test]
+fn mlp_train_step_shardings_2_2_2() {
+    settings().bind(|| {
+        insta::assert_snapshot!(
+            "mlp_sgd_step.shardings.2_2_2",
+            sharding_annotations("dp=2,fsdp=2,mp=2")
+        )
+    });
+}
