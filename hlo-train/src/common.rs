@@ -1,8 +1,5 @@
 //! Flags shared by every command, and the plugin/client they select.
 
-use std::io::Write;
-use std::path::Path;
-
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use hlo_runtime::{Client, ClientOptions, Plugin, PluginKind, PluginSpec};
@@ -36,27 +33,4 @@ impl PluginArgs {
         Client::new(&plugin, &options)
             .with_context(|| format!("cannot create a client of {}", path.display()))
     }
-}
-
-/// Writes `bytes` to `path` through a temporary file in the same folder,
-/// flushed and renamed, so a reader never sees a half-written file.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let name = path
-        .file_name()
-        .with_context(|| format!("{} is not a file path", path.display()))?;
-    let tmp = path.with_file_name(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.with_context(|| format!("cannot write {}", path.display()))
 }

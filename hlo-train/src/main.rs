@@ -7,6 +7,9 @@
 mod common;
 mod devices;
 mod dump_hlo;
+mod generate;
+mod merge;
+mod model_args;
 
 use std::process::ExitCode;
 
@@ -30,6 +33,10 @@ enum Command {
     /// Write the program hlo-train compiles as StableHLO and/or HLO text
     /// (for now the built-in example MLP: forward or train step).
     DumpHlo(dump_hlo::DumpHloArgs),
+    /// Complete a prompt with a Llama model (and PEFT adapters).
+    Generate(Box<generate::GenerateArgs>),
+    /// Fold a PEFT adapter into a model's weights and write an HF folder.
+    Merge(merge::MergeArgs),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +58,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Devices(args) => devices::run(&args),
         Command::DumpHlo(args) => dump_hlo::run(&args),
+        Command::Generate(args) => generate::run(&args),
+        Command::Merge(args) => merge::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,238 @@
+//! `hlo-train generate`: complete a prompt with a Llama model (and
+//! adapters). One compiled forward pass over the whole window; each new
+//! token reruns it (the KV-cache issue makes this fast).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use hlo_ir::{DType, Literal, TensorType};
+use hlo_models::adapter::Adapter;
+use hlo_models::io::write_safetensors;
+use hlo_models::llama::forward_function;
+use hlo_models::rng::Rng;
+use hlo_runtime::{Buffer, CompiledFunction, HostArray, PluginKind};
+
+use crate::common::PluginArgs;
+use crate::model_args::{parse_ids, ModelArgs};
+
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    #[command(flatten)]
+    pub plugin: PluginArgs,
+
+    /// A PEFT adapter folder; give it several times to compare completions.
+    #[arg(long)]
+    pub adapter: Vec<PathBuf>,
+
+    /// The prompt text.
+    #[arg(
+        long,
+        conflicts_with = "prompt_ids",
+        required_unless_present = "prompt_ids"
+    )]
+    pub prompt: Option<String>,
+
+    /// The prompt as token ids (`1,2,3`); the completion is printed as ids.
+    #[arg(long)]
+    pub prompt_ids: Option<String>,
+
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_new_tokens: u32,
+
+    /// Always take the most likely token (the default).
+    #[arg(long, conflicts_with_all = ["temperature", "top_p"])]
+    pub greedy: bool,
+
+    /// Sample at this temperature.
+    #[arg(long)]
+    pub temperature: Option<f64>,
+
+    /// Sample from the smallest set of tokens with this much probability.
+    #[arg(long)]
+    pub top_p: Option<f64>,
+
+    /// Seed for sampling and for random weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// Keep going past the model's end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+
+    /// Write the prompt's logits `[prompt_len, vocab]` (f32) to this
+    /// safetensors file, as tensor `logits`.
+    #[arg(long)]
+    pub dump_logits: Option<PathBuf>,
+}
+
+/// Picks the next token from one row of logits.
+fn sample(logits: &[f64], temperature: Option<f64>, top_p: Option<f64>, rng: &mut Rng) -> u32 {
+    let argmax = || {
+        logits
+            .iter()
+            .enumerate()
+            .fold((0, f64::NEG_INFINITY), |best, (i, &v)| {
+                if v > best.1 {
+                    (i, v)
+                } else {
+                    best
+                }
+            })
+            .0 as u32
+    };
+    let t = match temperature {
+        None if top_p.is_none() => return argmax(),
+        None => 1.0,
+        Some(t) if t <= 0.0 => return argmax(),
+        Some(t) => t,
+    };
+    let max = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let mut probs: Vec<(usize, f64)> = logits
+        .iter()
+        .map(|&l| ((l - max) / t).exp())
+        .enumerate()
+        .collect();
+    let total: f64 = probs.iter().map(|p| p.1).sum();
+    probs.iter_mut().for_each(|p| p.1 /= total);
+    probs.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let p = top_p.unwrap_or(1.0);
+    let mut kept = 0.0;
+    let mut cut = probs.len();
+    for (k, (_, q)) in probs.iter().enumerate() {
+        kept += q;
+        if kept >= p {
+            cut = k + 1;
+            break;
+        }
+    }
+    let probs = &probs[..cut];
+    let mut r = rng.next_f64() * probs.iter().map(|p| p.1).sum::<f64>();
+    for (i, q) in probs {
+        if r < *q {
+            return *i as u32;
+        }
+        r -= q;
+    }
+    probs[probs.len() - 1].0 as u32
+}
+
+pub fn run(args: &GenerateArgs) -> Result<()> {
+    if let Some(t) = args.temperature {
+        if !(t.is_finite() && t >= 0.0) {
+            bail!("--temperature must be a non-negative number, got {t}");
+        }
+    }
+    if let Some(p) = args.top_p {
+        if !(p > 0.0 && p <= 1.0) {
+            bail!("--top-p must be in (0, 1], got {p}");
+        }
+    }
+    let model = args.model.open()?;
+    let config = &model.config;
+    let tokenizer = args.model.tokenizer(&model)?;
+    let prompt: Vec<u32> = match (&args.prompt, &args.prompt_ids) {
+        (_, Some(ids)) => parse_ids(ids)?,
+        (Some(text), None) => match &tokenizer {
+            Some(t) => t.encode(text, true)?,
+            None => bail!("no tokenizer for this model: pass --tokenizer FILE or --prompt-ids"),
+        },
+        (None, None) => bail!("give --prompt or --prompt-ids"),
+    };
+    if prompt.is_empty() {
+        bail!("the prompt is empty");
+    }
+    if let Some(&bad) = prompt.iter().find(|&&t| t as i64 >= config.vocab_size) {
+        bail!(
+            "token id {bad} is outside the vocabulary (size {})",
+            config.vocab_size
+        );
+    }
+    let window = prompt.len() as i64 + args.max_new_tokens as i64;
+    if window > config.max_position_embeddings {
+        bail!(
+            "prompt ({}) + --max-new-tokens ({}) exceed the model's {} positions",
+            prompt.len(),
+            args.max_new_tokens,
+            config.max_position_embeddings
+        );
+    }
+    let client = args.plugin.client()?;
+    let dtype = args
+        .model
+        .dtype(args.plugin.plugin.kind() == PluginKind::Cpu);
+    model.check_weights()?;
+    let adapters: Vec<Option<Adapter>> = if args.adapter.is_empty() {
+        vec![None]
+    } else {
+        args.adapter
+            .iter()
+            .map(|d| Adapter::load(d, config).map(Some))
+            .collect::<Result<_, _>>()?
+    };
+    for (k, adapter) in adapters.iter().enumerate() {
+        let lora = adapter.as_ref().map(|a| &a.lora);
+        let f =
+            forward_function(config, dtype, 1, window, lora).context("tracing the forward pass")?;
+        let exe = CompiledFunction::new(&client, &f)?;
+        let device = &exe.executable().devices()[0];
+        // Parameters go to the device once, one tensor at a time.
+        let mut params: Vec<Buffer> = Vec::new();
+        for b in &f.inputs[..f.inputs.len() - 1] {
+            let lit = match adapter.as_ref().and_then(|a| a.get(&b.name)) {
+                Some(l) => l.clone(),
+                None => model.weight(&b.name, dtype, args.seed)?,
+            };
+            params.push(client.buffer_from_host(&HostArray::from(lit), device)?);
+        }
+        let mut tokens = prompt.clone();
+        let mut rng = Rng::new(args.seed);
+        let vocab = config.vocab_size as usize;
+        let eos: Vec<u32> = config.eos_token_ids.iter().map(|&e| e as u32).collect();
+        for step in 0..args.max_new_tokens {
+            let mut ids = vec![0i32; window as usize];
+            for (i, t) in tokens.iter().enumerate() {
+                ids[i] = *t as i32;
+            }
+            let ids = client.buffer_from_host(&HostArray::new(&[1, window], &ids)?, device)?;
+            let mut refs: Vec<&Buffer> = params.iter().collect();
+            refs.push(&ids);
+            let logits = exe.run_buffers(&refs)?.remove(0).to_host()?.to_f64_vec();
+            if step == 0 && k == 0 {
+                if let Some(path) = &args.dump_logits {
+                    let rows: Vec<f64> = logits[..prompt.len() * vocab].to_vec();
+                    let lit = Literal::from_f64s(
+                        TensorType::new(DType::F32, [prompt.len() as i64, vocab as i64]),
+                        &rows,
+                    );
+                    write_safetensors(path, &[("logits".to_string(), lit)])?;
+                }
+            }
+            let row = &logits[(tokens.len() - 1) * vocab..tokens.len() * vocab];
+            let next = sample(row, args.temperature, args.top_p, &mut rng);
+            tokens.push(next);
+            if !args.ignore_eos && eos.contains(&next) {
+                break;
+            }
+        }
+        let completion = &tokens[prompt.len()..];
+        if adapters.len() > 1 {
+            println!("== {}", args.adapter[k].display());
+        }
+        match (&args.prompt_ids, &tokenizer) {
+            (None, Some(t)) => println!("{}", t.decode(completion)?),
+            _ => println!(
+                "{}",
+                completion
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,337 @@
+//! `generate` and `merge` on the HF fixture models, against HF transformers
+//! (greedy tokens, prompt logits), and every bad-checkpoint error path.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use hlo_ir::Literal;
+use hlo_models::io::{read_safetensors, write_safetensors};
+
+const MODELS: [&str; 3] = ["gqa_llama3", "mha_tied", "head_dim"];
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/llama")
+        .join(name)
+}
+
+fn expected(name: &str, key: &str) -> Literal {
+    read_safetensors(&fixture(name).join("expected.safetensors"))
+        .unwrap()
+        .into_iter()
+        .find(|(k, _)| k == key)
+        .unwrap()
+        .1
+}
+
+fn hlo_train(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hlo-train"))
+        .args(args)
+        .env_remove("HLO_TRAIN_PLUGIN")
+        .output()
+        .unwrap()
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn one_line_error(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).trim_end().to_string();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    err
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("hlo-train-llama-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn copy_model(name: &str, to: &Path) {
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture(name).join(f), to.join(f)).unwrap();
+    }
+}
+
+fn ids(l: &Literal) -> Vec<String> {
+    l.to_i128s().iter().map(|v| v.to_string()).collect()
+}
+
+#[test]
+fn greedy_tokens_equal_hf_generate() {
+    for name in MODELS {
+        for (adapter, key) in [(false, "greedy"), (true, "greedy_adapter")] {
+            let want = ids(&expected(name, key));
+            let dir = fixture(name);
+            let adapter_dir = dir.join("adapter");
+            let prompt = want[..5].join(",");
+            let mut args = vec![
+                "generate",
+                "--checkpoint",
+                dir.to_str().unwrap(),
+                "--prompt-ids",
+                &prompt,
+                "--max-new-tokens",
+                "32",
+                "--ignore-eos",
+                "--greedy",
+            ];
+            if adapter {
+                args.extend(["--adapter", adapter_dir.to_str().unwrap()]);
+            }
+            let got = ok(&hlo_train(&args));
+            assert_eq!(got.trim(), want[5..].join(","), "{name} {key}");
+        }
+    }
+}
+
+fn dump_logits(dir: &Path, adapter: Option<&Path>, prompt: &str, out: &Path) -> Vec<f64> {
+    let mut args = vec![
+        "generate",
+        "--checkpoint",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        prompt,
+        "--max-new-tokens",
+        "1",
+        "--dump-logits",
+        out.to_str().unwrap(),
+    ];
+    if let Some(a) = adapter {
+        args.extend(["--adapter", a.to_str().unwrap()]);
+    }
+    ok(&hlo_train(&args));
+    let t = read_safetensors(out).unwrap();
+    assert_eq!(t[0].0, "logits");
+    t[0].1.to_f64s()
+}
+
+#[test]
+fn dumped_prompt_logits_and_merged_weights_equal_hf() {
+    let tmp = scratch("merge");
+    for name in MODELS {
+        let input = expected(name, "input_ids");
+        let row: Vec<String> = ids(&input)[..input.ty.dims[1] as usize].to_vec();
+        let prompt = row.join(",");
+        let n = expected(name, "logits").to_f64s().len() / 2; // first sequence
+        let want = &expected(name, "logits_adapter").to_f64s()[..n];
+        let got = dump_logits(
+            &fixture(name),
+            Some(&fixture(name).join("adapter")),
+            &prompt,
+            &tmp.join("l.safetensors"),
+        );
+        let d = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(d < 1e-4, "{name}: prompt logits differ by {d}");
+        // Folding the adapter in gives the same logits without it.
+        let merged = tmp.join(name);
+        ok(&hlo_train(&[
+            "merge",
+            "--checkpoint",
+            fixture(name).to_str().unwrap(),
+            "--adapter",
+            fixture(name).join("adapter").to_str().unwrap(),
+            "--out",
+            merged.to_str().unwrap(),
+        ]));
+        let got = dump_logits(&merged, None, &prompt, &tmp.join("m.safetensors"));
+        let d = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(d < 1e-4, "{name} merged: logits differ by {d}");
+    }
+    std::fs::remove_dir_all(tmp).unwrap();
+}
+
+#[test]
+fn bad_checkpoints_give_one_clear_line() {
+    let run = |dir: &Path| {
+        one_line_error(&hlo_train(&[
+            "generate",
+            "--checkpoint",
+            dir.to_str().unwrap(),
+            "--prompt-ids",
+            "1,2",
+        ]))
+    };
+    // Truncated body.
+    let d = scratch("truncated");
+    copy_model("gqa_llama3", &d);
+    let bytes = std::fs::read(d.join("model.safetensors")).unwrap();
+    std::fs::write(d.join("model.safetensors"), &bytes[..bytes.len() - 100]).unwrap();
+    let err = run(&d);
+    assert!(
+        err.contains("model.safetensors: not a valid safetensors file"),
+        "{err}"
+    );
+    // A header length larger than the file.
+    std::fs::write(
+        d.join("model.safetensors"),
+        [255u8, 255, 0, 0, 0, 0, 0, 0, b'{', b'}'],
+    )
+    .unwrap();
+    assert!(run(&d).contains("not a valid safetensors file"));
+    // A tensor of the wrong shape (config says more heads than the weights).
+    let d = scratch("shape");
+    copy_model("gqa_llama3", &d);
+    let cfg = std::fs::read_to_string(d.join("config.json"))
+        .unwrap()
+        .replace("\"intermediate_size\": 64", "\"intermediate_size\": 72");
+    std::fs::write(d.join("config.json"), cfg).unwrap();
+    let err = run(&d);
+    assert!(err.contains("tensor `model.layers.0.mlp.gate_proj.weight` has shape [64, 32], config.json implies [72, 32]"), "{err}");
+    // A missing tensor.
+    let d = scratch("missing");
+    copy_model("gqa_llama3", &d);
+    let tensors: Vec<(String, Literal)> = read_safetensors(&d.join("model.safetensors"))
+        .unwrap()
+        .into_iter()
+        .filter(|(n, _)| n != "model.norm.weight")
+        .collect();
+    write_safetensors(&d.join("model.safetensors"), &tensors).unwrap();
+    assert!(run(&d).contains("tensor `model.norm.weight` is missing (config.json needs it)"));
+    // Weights with more layers than the config.
+    let d = scratch("layers");
+    copy_model("gqa_llama3", &d);
+    let cfg = std::fs::read_to_string(d.join("config.json"))
+        .unwrap()
+        .replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1");
+    std::fs::write(d.join("config.json"), cfg).unwrap();
+    let err = run(&d);
+    assert!(
+        err.contains("the weights have layer 1") && err.contains("num_hidden_layers = 1"),
+        "{err}"
+    );
+    // An unsupported config.
+    let cfg = std::fs::read_to_string(fixture("gqa_llama3").join("config.json"))
+        .unwrap()
+        .replace("\"silu\"", "\"gelu\"");
+    std::fs::write(d.join("config.json"), cfg).unwrap();
+    assert!(run(&d).contains("unsupported: hidden_act `gelu`"));
+    // No folder at all.
+    assert!(run(Path::new("/nonexistent/model")).contains("does not exist"));
+    for dir in ["truncated", "shape", "missing", "layers"] {
+        let _ = std::fs::remove_dir_all(scratch(dir));
+    }
+}
+
+#[test]
+fn bad_prompts_and_adapters_give_one_clear_line() {
+    let dir = fixture("mha_tied");
+    let err = one_line_error(&hlo_train(&[
+        "generate",
+        "--checkpoint",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        "1,96",
+    ]));
+    assert_eq!(
+        err,
+        "error: token id 96 is outside the vocabulary (size 96)"
+    );
+    let err = one_line_error(&hlo_train(&[
+        "generate",
+        "--checkpoint",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        "1,x",
+    ]));
+    assert!(
+        err.contains("`x` in --prompt-ids is not a token id"),
+        "{err}"
+    );
+    let err = one_line_error(&hlo_train(&[
+        "generate",
+        "--checkpoint",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "hi",
+    ]));
+    assert!(err.contains("no tokenizer for this model"), "{err}");
+    let err = one_line_error(&hlo_train(&[
+        "generate",
+        "--checkpoint",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        "1",
+        "--adapter",
+        "/nonexistent",
+    ]));
+    assert!(
+        err.contains("adapter /nonexistent: cannot read adapter_config.json"),
+        "{err}"
+    );
+    // An adapter made for another model.
+    let other = fixture("gqa_llama3").join("adapter");
+    let err = one_line_error(&hlo_train(&[
+        "generate",
+        "--checkpoint",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        "1",
+        "--adapter",
+        other.to_str().unwrap(),
+    ]));
+    assert!(err.contains("has shape"), "{err}");
+    let err = one_line_error(&hlo_train(&[
+        "generate", "--prompt", "hi", "--top-p", "1.5",
+    ]));
+    assert!(err.contains("--top-p must be in (0, 1]"), "{err}");
+    let err = one_line_error(&hlo_train(&[
+        "generate",
+        "--model",
+        "llama3.1-8b",
+        "--prompt-ids",
+        "1",
+    ]));
+    assert!(
+        err.contains("random weights that large are not built on the host"),
+        "{err}"
+    );
+}
+
+#[test]
+fn tiny_generates_text_with_the_byte_tokenizer() {
+    let out = ok(&hlo_train(&[
+        "generate",
+        "--prompt",
+        "abc",
+        "--max-new-tokens",
+        "4",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "3",
+    ]));
+    let again = ok(&hlo_train(&[
+        "generate",
+        "--prompt",
+        "abc",
+        "--max-new-tokens",
+        "4",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "3",
+    ]));
+    assert_eq!(out, again, "seeded sampling is reproducible");
+}

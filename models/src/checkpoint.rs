@@ -1,0 +1,248 @@
+//! HF safetensors checkpoints: one `model.safetensors`, or several listed by
+//! `model.safetensors.index.json`. Files are memory-mapped; every tensor is
+//! checked against the config (name, shape, dtype, offsets inside its file)
+//! before anything is loaded, and tensors are read one at a time.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use hlo_ir::{DType, Literal, TensorType};
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype as StDtype, SafeTensors};
+
+use crate::llama::LlamaConfig;
+use crate::ModelError;
+
+/// Where one tensor lies in a safetensors file.
+pub(crate) struct StoredTensor {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<i64>,
+    /// Byte range inside the file.
+    pub start: usize,
+    pub end: usize,
+}
+
+impl StoredTensor {
+    /// The tensor's bytes in `file`, as a literal.
+    pub fn literal(&self, file: &[u8]) -> Literal {
+        Literal {
+            ty: TensorType::new(self.dtype, self.shape.clone()),
+            bytes: file[self.start..self.end].to_vec(),
+        }
+    }
+}
+
+struct Entry {
+    file: usize,
+    tensor: StoredTensor,
+}
+
+/// An opened HF model folder.
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    pub config: LlamaConfig,
+    files: Vec<(PathBuf, Mmap)>,
+    tensors: BTreeMap<String, Entry>,
+}
+
+pub(crate) fn st_dtype(d: StDtype) -> Option<DType> {
+    Some(match d {
+        StDtype::F32 => DType::F32,
+        StDtype::BF16 => DType::BF16,
+        StDtype::F16 => DType::F16,
+        StDtype::F64 => DType::F64,
+        StDtype::I32 => DType::I32,
+        StDtype::I64 => DType::I64,
+        _ => return None,
+    })
+}
+
+/// Reads the header of a safetensors file and validates every offset.
+pub(crate) fn index_file(path: &Path, map: &Mmap) -> Result<Vec<StoredTensor>, ModelError> {
+    let bad = |message: String| ModelError::Checkpoint {
+        file: path.display().to_string(),
+        message,
+    };
+    // deserialize checks the header length, the JSON, and that the offsets
+    // tile the data exactly and lie inside the file.
+    SafeTensors::deserialize(map).map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
+    let (header, meta) =
+        SafeTensors::read_metadata(map).map_err(|e| bad(format!("bad header: {e}")))?;
+    let base = 8 + header;
+    let mut out = Vec::new();
+    for (name, info) in meta.tensors() {
+        let dtype = st_dtype(info.dtype).ok_or_else(|| {
+            bad(format!(
+                "tensor `{name}` has unsupported dtype {:?}",
+                info.dtype
+            ))
+        })?;
+        let shape: Vec<i64> = info.shape.iter().map(|&d| d as i64).collect();
+        let (s, e) = info.data_offsets;
+        out.push(StoredTensor {
+            name,
+            dtype,
+            shape,
+            start: base + s,
+            end: base + e,
+        });
+    }
+    Ok(out)
+}
+
+fn mmap(path: &Path) -> Result<Mmap, ModelError> {
+    let file = std::fs::File::open(path)
+        .map_err(|e| ModelError::Io(format!("cannot open {}: {e}", path.display())))?;
+    // SAFETY: the file is opened read-only; a concurrent writer would be a
+    // user error that at worst yields wrong values, which validation and
+    // tests catch, not memory unsafety in safe code that copies bytes out.
+    unsafe { Mmap::map(&file) }
+        .map_err(|e| ModelError::Io(format!("cannot map {}: {e}", path.display())))
+}
+
+impl Checkpoint {
+    /// Opens `dir` (config.json + safetensors) and checks every tensor the
+    /// config needs.
+    pub fn open(dir: &Path) -> Result<Checkpoint, ModelError> {
+        if !dir.is_dir() {
+            return Err(ModelError::Io(format!(
+                "checkpoint folder {} does not exist",
+                dir.display()
+            )));
+        }
+        let config = LlamaConfig::from_file(&dir.join("config.json"))?;
+        let index = dir.join("model.safetensors.index.json");
+        let names: Vec<String> = if index.is_file() {
+            let text = std::fs::read_to_string(&index)
+                .map_err(|e| ModelError::Io(format!("cannot read {}: {e}", index.display())))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| ModelError::Checkpoint {
+                    file: index.display().to_string(),
+                    message: format!("not JSON: {e}"),
+                })?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| ModelError::Checkpoint {
+                    file: index.display().to_string(),
+                    message: "no weight_map".into(),
+                })?;
+            let mut files: Vec<String> = map
+                .values()
+                .filter_map(|f| f.as_str().map(str::to_string))
+                .collect();
+            files.sort();
+            files.dedup();
+            files
+        } else {
+            vec!["model.safetensors".to_string()]
+        };
+        let mut files = Vec::new();
+        let mut tensors = BTreeMap::new();
+        for name in names {
+            if name.contains('/') || name.contains("..") {
+                return Err(ModelError::Checkpoint {
+                    file: index.display().to_string(),
+                    message: format!("bad file name `{name}`"),
+                });
+            }
+            let path = dir.join(&name);
+            if !path.is_file() {
+                return Err(ModelError::Io(format!(
+                    "{} is missing from {}",
+                    name,
+                    dir.display()
+                )));
+            }
+            let map = mmap(&path)?;
+            for tensor in index_file(&path, &map)? {
+                let file = files.len();
+                tensors.insert(tensor.name.clone(), Entry { file, tensor });
+            }
+            files.push((path, map));
+        }
+        let ckpt = Checkpoint {
+            dir: dir.to_path_buf(),
+            config,
+            files,
+            tensors,
+        };
+        ckpt.check()?;
+        Ok(ckpt)
+    }
+
+    /// Every parameter the config needs is present with its shape, and no
+    /// layer lies beyond the config's depth.
+    fn check(&self) -> Result<(), ModelError> {
+        let here = |e: &Entry| self.files[e.file].0.display().to_string();
+        for (name, shape) in self.config.parameter_shapes() {
+            let e = self
+                .tensors
+                .get(&name)
+                .ok_or_else(|| ModelError::Checkpoint {
+                    file: self.dir.display().to_string(),
+                    message: format!("tensor `{name}` is missing (config.json needs it)"),
+                })?;
+            if e.tensor.shape != shape {
+                return Err(ModelError::Checkpoint {
+                    file: here(e),
+                    message: format!(
+                        "tensor `{name}` has shape {:?}, config.json implies {shape:?}",
+                        e.tensor.shape
+                    ),
+                });
+            }
+            if !e.tensor.dtype.is_float() {
+                return Err(ModelError::Checkpoint {
+                    file: here(e),
+                    message: format!("tensor `{name}` is {}, not a float", e.tensor.dtype),
+                });
+            }
+        }
+        for name in self.tensors.keys() {
+            if let Some(rest) = name.strip_prefix("model.layers.") {
+                let layer: i64 = rest
+                    .split('.')
+                    .next()
+                    .and_then(|l| l.parse().ok())
+                    .unwrap_or(-1);
+                if layer >= self.config.num_hidden_layers {
+                    return Err(ModelError::Checkpoint {
+                        file: self.dir.display().to_string(),
+                        message: format!(
+                            "the weights have layer {layer} (`{name}`) but config.json says num_hidden_layers = {}",
+                            self.config.num_hidden_layers
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The stored dtype of a tensor.
+    pub fn dtype(&self, name: &str) -> Option<DType> {
+        self.tensors.get(name).map(|e| e.tensor.dtype)
+    }
+
+    /// Reads one tensor, converted to `dtype`.
+    pub fn read(&self, name: &str, dtype: DType) -> Result<Literal, ModelError> {
+        let e = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| ModelError::Checkpoint {
+                file: self.dir.display().to_string(),
+                message: format!("tensor `{name}` is missing"),
+            })?;
+        let stored = e.tensor.literal(&self.files[e.file].1);
+        Ok(if e.tensor.dtype == dtype {
+            stored
+        } else {
+            Literal::from_f64s(
+                TensorType::new(dtype, e.tensor.shape.clone()),
+                &stored.to_f64s(),
+            )
+        })
+    }
+}

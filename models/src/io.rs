@@ -1,0 +1,75 @@
+//! Writing files so that a reader never sees half of one.
+
+use std::io::Write;
+use std::path::Path;
+
+use crate::ModelError;
+
+/// Writes `bytes` to `path` through a temporary file in the same folder,
+/// synced and then renamed over `path`.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| ModelError::Io(format!("{} is not a file path", path.display())))?;
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(|e| ModelError::Io(format!("cannot write {}: {e}", path.display())))
+}
+
+/// Every tensor of a safetensors file (validated, copied out), in file order.
+pub fn read_safetensors(path: &Path) -> Result<Vec<(String, hlo_ir::Literal)>, ModelError> {
+    let file = std::fs::File::open(path)
+        .map_err(|e| ModelError::Io(format!("cannot open {}: {e}", path.display())))?;
+    // SAFETY: read-only mapping of a file we only copy out of.
+    let map = unsafe { memmap2::Mmap::map(&file) }
+        .map_err(|e| ModelError::Io(format!("cannot map {}: {e}", path.display())))?;
+    let mut entries = crate::checkpoint::index_file(path, &map)?;
+    entries.sort_by_key(|e| e.start);
+    Ok(entries
+        .into_iter()
+        .map(|t| (t.name.clone(), t.literal(&map)))
+        .collect())
+}
+
+/// Writes `tensors` as a safetensors file, atomically.
+pub fn write_safetensors(
+    path: &Path,
+    tensors: &[(String, hlo_ir::Literal)],
+) -> Result<(), ModelError> {
+    use safetensors::tensor::{Dtype, TensorView};
+    let dtype = |d: hlo_ir::DType| match d {
+        hlo_ir::DType::F32 => Ok(Dtype::F32),
+        hlo_ir::DType::BF16 => Ok(Dtype::BF16),
+        hlo_ir::DType::F16 => Ok(Dtype::F16),
+        hlo_ir::DType::F64 => Ok(Dtype::F64),
+        hlo_ir::DType::I32 => Ok(Dtype::I32),
+        hlo_ir::DType::I64 => Ok(Dtype::I64),
+        other => Err(ModelError::Io(format!(
+            "cannot write {other} tensors to safetensors"
+        ))),
+    };
+    let views = tensors
+        .iter()
+        .map(|(name, l)| {
+            let shape: Vec<usize> = l.ty.dims.iter().map(|&d| d as usize).collect();
+            let view = TensorView::new(dtype(l.ty.dtype)?, shape, &l.bytes)
+                .map_err(|e| ModelError::Io(format!("tensor `{name}`: {e}")))?;
+            Ok((name.clone(), view))
+        })
+        .collect::<Result<Vec<_>, ModelError>>()?;
+    let bytes = safetensors::serialize(views, None)
+        .map_err(|e| ModelError::Io(format!("cannot serialise {}: {e}", path.display())))?;
+    write_atomic(path, &bytes)
+}

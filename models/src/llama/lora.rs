@@ -1,0 +1,82 @@
+//! LoRA as PEFT defines it: rank, alpha, target modules, scale.
+
+use crate::ModelError;
+
+/// The projections PEFT targets by default in hlo-train.
+pub const DEFAULT_TARGETS: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
+/// A LoRA configuration: `y = x·Wᵀ + scale·(x·A)·B` on each target module.
+///
+/// ```
+/// let l = hlo_models::llama::LoraConfig::new(8, 16.0, &["q_proj", "v_proj"], false).unwrap();
+/// assert_eq!(l.scale(), 2.0);
+/// assert!(l.targets("v_proj") && !l.targets("o_proj"));
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoraConfig {
+    pub rank: i64,
+    pub alpha: f64,
+    pub target_modules: Vec<String>,
+    /// PEFT's rank-stabilised scale `alpha / sqrt(r)` instead of `alpha / r`.
+    pub use_rslora: bool,
+}
+
+impl LoraConfig {
+    pub fn new(
+        rank: i64,
+        alpha: f64,
+        targets: &[&str],
+        use_rslora: bool,
+    ) -> Result<Self, ModelError> {
+        if rank < 1 {
+            return Err(ModelError::Config(format!(
+                "LoRA rank must be at least 1, got {rank}"
+            )));
+        }
+        if !alpha.is_finite() || alpha <= 0.0 {
+            return Err(ModelError::Config(format!(
+                "LoRA alpha must be positive, got {alpha}"
+            )));
+        }
+        for t in targets {
+            if !DEFAULT_TARGETS.contains(t) {
+                return Err(ModelError::Config(format!(
+                    "unknown LoRA target `{t}` (one of {})",
+                    DEFAULT_TARGETS.join(", ")
+                )));
+            }
+        }
+        if targets.is_empty() {
+            return Err(ModelError::Config(
+                "LoRA needs at least one target module".into(),
+            ));
+        }
+        Ok(LoraConfig {
+            rank,
+            alpha,
+            target_modules: targets.iter().map(|s| s.to_string()).collect(),
+            use_rslora,
+        })
+    }
+
+    pub fn scale(&self) -> f64 {
+        if self.use_rslora {
+            self.alpha / (self.rank as f64).sqrt()
+        } else {
+            self.alpha / self.rank as f64
+        }
+    }
+
+    /// Whether module `short` (`q_proj`, ...) gets an adapter.
+    pub fn targets(&self, short: &str) -> bool {
+        self.target_modules.iter().any(|t| t == short)
+    }
+}

@@ -1,0 +1,110 @@
+//! Llama 3.x as HF transformers' `LlamaForCausalLM`, with PEFT LoRA.
+
+mod config;
+mod lora;
+mod model;
+
+pub use config::{Llama3Scaling, LlamaConfig};
+pub use lora::{LoraConfig, DEFAULT_TARGETS};
+pub use model::{rms_norm, Llama, Params};
+
+use hlo_ir::{trace, DType, Function, Literal, Outputs, TensorType, TraceError};
+
+/// Base parameters: (HF name, type in `dtype`).
+pub fn base_parameter_types(config: &LlamaConfig, dtype: DType) -> Vec<(String, TensorType)> {
+    config
+        .parameter_shapes()
+        .into_iter()
+        .map(|(n, s)| (n, TensorType::new(dtype, s)))
+        .collect()
+}
+
+/// LoRA parameters (f32): `<module>.lora_a` `[in, r]`, `<module>.lora_b` `[r, out]`.
+pub fn lora_parameter_types(config: &LlamaConfig, lora: &LoraConfig) -> Vec<(String, TensorType)> {
+    let mut out = Vec::new();
+    for l in 0..config.num_hidden_layers {
+        for short in DEFAULT_TARGETS {
+            if !lora.targets(short) {
+                continue;
+            }
+            let group = if short.ends_with("_proj")
+                && ["q_proj", "k_proj", "v_proj", "o_proj"].contains(&short)
+            {
+                "self_attn"
+            } else {
+                "mlp"
+            };
+            let module = format!("model.layers.{l}.{group}.{short}");
+            let (din, dout) = config.projection_dims(short).expect("known module");
+            out.push((
+                format!("{module}.lora_a"),
+                TensorType::new(DType::F32, [din, lora.rank]),
+            ));
+            out.push((
+                format!("{module}.lora_b"),
+                TensorType::new(DType::F32, [lora.rank, dout]),
+            ));
+        }
+    }
+    out
+}
+
+/// The forward pass as a function: inputs are the base parameters, the LoRA
+/// parameters (if any) and `input_ids` `[batch, seq]` (i32); the output is
+/// `logits` `[batch, seq, vocab]` in `dtype`.
+///
+/// ```
+/// use hlo_models::llama::{forward_function, LlamaConfig};
+/// let c = LlamaConfig::preset("tiny").unwrap();
+/// let f = forward_function(&c, hlo_ir::DType::F32, 2, 8, None).unwrap();
+/// assert_eq!(f.output_types()[0].dims, vec![2, 8, c.vocab_size]);
+/// ```
+pub fn forward_function(
+    config: &LlamaConfig,
+    dtype: DType,
+    batch: i64,
+    seq: i64,
+    lora: Option<&LoraConfig>,
+) -> Result<Function, TraceError> {
+    let mut inputs = base_parameter_types(config, dtype);
+    if let Some(l) = lora {
+        inputs.extend(lora_parameter_types(config, l));
+    }
+    inputs.push((
+        "input_ids".into(),
+        TensorType::new(DType::I32, [batch, seq]),
+    ));
+    let model = Llama { config, lora };
+    trace("llama_forward", &inputs, |i| {
+        let logits = model.forward(&Params(i), i["input_ids"], dtype);
+        Outputs::new().add("logits", logits)
+    })
+}
+
+/// One random base weight as HF initialises it (normal(0, 0.02) kernels
+/// and embeddings, norms 1), seeded by `seed` and the tensor's name so any
+/// tensor can be made on its own.
+pub fn init_tensor(name: &str, ty: TensorType, seed: u64) -> Literal {
+    if name.ends_with("norm.weight") {
+        return Literal::splat(ty, 1.0);
+    }
+    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    let mut rng = crate::rng::Rng::new(seed ^ h);
+    let v: Vec<f64> = (0..ty.element_count())
+        .map(|_| 0.02 * rng.normal())
+        .collect();
+    Literal::from_f64s(ty, &v)
+}
+
+/// Every random base weight of a (small) model: see [`init_tensor`].
+pub fn init_base(config: &LlamaConfig, dtype: DType, seed: u64) -> Vec<(String, Literal)> {
+    base_parameter_types(config, dtype)
+        .into_iter()
+        .map(|(name, ty)| {
+            let lit = init_tensor(&name, ty, seed);
+            (name, lit)
+        })
+        .collect()
+}

@@ -1,0 +1,232 @@
+//! `LlamaForCausalLM` in the tracing DSL, as HF transformers computes it,
+//! with optional LoRA adapters as PEFT computes them.
+//!
+//! Parameters are inputs named as in HF checkpoints
+//! (`model.layers.3.self_attn.q_proj.weight`, `[out, in]` like
+//! `nn.Linear`); adapters are `<module>.lora_a` (`[in, r]`) and
+//! `<module>.lora_b` (`[r, out]`), transposed from PEFT's `lora_A.weight`
+//! (`[r, in]`) and `lora_B.weight` (`[out, r]`) when read and written. Scope
+//! names follow the module tree (`model.layers.3.self_attn.q_proj`).
+
+use hlo_ir::ops::DotGeneral;
+use hlo_ir::{constant, iota, scope, DType, Inputs, Literal, Tensor, TensorType};
+
+use super::config::LlamaConfig;
+use super::lora::LoraConfig;
+
+/// What a forward pass needs besides the parameters.
+pub struct Llama<'a> {
+    pub config: &'a LlamaConfig,
+    pub lora: Option<&'a LoraConfig>,
+}
+
+/// Parameters by name: the traced inputs.
+pub struct Params<'a>(pub &'a Inputs);
+
+impl Params<'_> {
+    fn get(&self, name: &str) -> Tensor {
+        self.0[name]
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.0.get(name).is_some()
+    }
+}
+
+/// `x · Wᵀ` for an `nn.Linear` weight `[out, in]`; bf16 and f16 products
+/// accumulate in f32 and round once.
+fn linear(x: Tensor, w: Tensor) -> Tensor {
+    let dtype = x.dtype();
+    let wide = matches!(dtype, DType::BF16 | DType::F16);
+    let y = x.dot_general(
+        w.cast(dtype),
+        DotGeneral {
+            lhs_batch: vec![],
+            rhs_batch: vec![],
+            lhs_contracting: vec![x.rank() as i64 - 1],
+            rhs_contracting: vec![1],
+            precision: None,
+            preferred_element_type: wide.then_some(DType::F32),
+        },
+    );
+    y.cast(dtype)
+}
+
+/// HF's `LlamaRMSNorm`: normalise in f32, scale in the input dtype.
+pub fn rms_norm(x: Tensor, weight: Tensor, eps: f64) -> Tensor {
+    let dtype = x.dtype();
+    let dims = x.dims();
+    let last = dims.len() as i64 - 1;
+    let xf = x.cast(DType::F32);
+    let var = (xf * xf).mean(&[last]);
+    let keep: Vec<i64> = (0..last).collect();
+    let normed = xf * (var + eps).rsqrt().broadcast_in_dim(&dims, &keep);
+    weight.cast(dtype) * normed.cast(dtype)
+}
+
+/// `cat(-x2, x1)` of the two halves of the last dimension.
+fn rotate_half(x: Tensor) -> Tensor {
+    let d = x.dims();
+    let r = d.len();
+    let half = d[r - 1] / 2;
+    let mut mid = d.clone();
+    mid[r - 1] = half;
+    let zeros = vec![0; r];
+    let mut start2 = zeros.clone();
+    start2[r - 1] = half;
+    let x1 = x.slice(&zeros, &mid);
+    let x2 = x.slice(&start2, &d);
+    Tensor::concat(&[-x2, x1], r as i64 - 1)
+}
+
+impl Llama<'_> {
+    /// A projection by module path (`model.layers.3.self_attn.q_proj`), with
+    /// its LoRA branch if the module is targeted.
+    fn proj(&self, p: &Params, module: &str, short: &str, x: Tensor) -> Tensor {
+        scope(short, || {
+            let y = linear(x, p.get(&format!("{module}.weight")));
+            match self.lora {
+                Some(l) if l.targets(short) && p.has(&format!("{module}.lora_a")) => {
+                    let (a, b) = (
+                        p.get(&format!("{module}.lora_a")),
+                        p.get(&format!("{module}.lora_b")),
+                    );
+                    // PEFT runs the branch in the adapter's dtype; never forms A·B.
+                    let delta = x.cast(a.dtype()).matmul(a).matmul(b) * l.scale();
+                    y + delta.cast(y.dtype())
+                }
+                _ => y,
+            }
+        })
+    }
+
+    /// `cos`/`sin` of the rotary angles for positions `0..seq`: `[seq, head_dim]`.
+    fn rotary(&self, seq: i64, dtype: DType) -> (Tensor, Tensor) {
+        let c = self.config;
+        let half = c.head_dim / 2;
+        let inv = constant(Literal::from_f64s(
+            TensorType::new(DType::F32, [1, half]),
+            &c.inv_freq(),
+        ));
+        let pos = iota(TensorType::new(DType::F32, [seq, 1]), 0);
+        let angles = pos.matmul(inv);
+        let emb = Tensor::concat(&[angles, angles], 1);
+        (emb.cos().cast(dtype), emb.sin().cast(dtype))
+    }
+
+    /// Causal grouped-query attention of `x: [b, s, hidden]`.
+    fn attention(&self, p: &Params, prefix: &str, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor {
+        let c = self.config;
+        let dims = x.dims();
+        let (b, s) = (dims[0], dims[1]);
+        let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let groups = nh / nkv;
+        let dtype = x.dtype();
+        let heads = |t: Tensor, n: i64| t.reshape(&[b, s, n, hd]).transpose(&[0, 2, 1, 3]);
+        let q = heads(self.proj(p, &format!("{prefix}.q_proj"), "q_proj", x), nh);
+        let k = heads(self.proj(p, &format!("{prefix}.k_proj"), "k_proj", x), nkv);
+        let v = heads(self.proj(p, &format!("{prefix}.v_proj"), "v_proj", x), nkv);
+        let rope = |t: Tensor| {
+            let d = t.dims();
+            t * cos.broadcast_in_dim(&d, &[2, 3])
+                + rotate_half(t) * sin.broadcast_in_dim(&d, &[2, 3])
+        };
+        let (q, k) = (rope(q), rope(k));
+        // Query heads grouped by their K/V head: no repeat_kv copies.
+        let q = q.reshape(&[b, nkv, groups, s, hd]);
+        let scores = q.dot_general(
+            k,
+            DotGeneral {
+                lhs_batch: vec![0, 1],
+                rhs_batch: vec![0, 1],
+                lhs_contracting: vec![4],
+                rhs_contracting: vec![3],
+                precision: None,
+                preferred_element_type: matches!(dtype, DType::BF16 | DType::F16)
+                    .then_some(DType::F32),
+            },
+        );
+        let scores = (scores.cast(dtype) * (hd as f64).powf(-0.5)).cast(DType::F32);
+        let rows = iota(TensorType::new(DType::I32, [s, s]), 0);
+        let cols = iota(TensorType::new(DType::I32, [s, s]), 1);
+        let causal = cols
+            .le(rows)
+            .broadcast_in_dim(&[b, nkv, groups, s, s], &[3, 4]);
+        let scores = causal.where_(scores, scores.scalar_like(f32::MIN as f64));
+        let probs = scores.softmax(4).cast(dtype);
+        let out = probs.dot_general(
+            v,
+            DotGeneral {
+                lhs_batch: vec![0, 1],
+                rhs_batch: vec![0, 1],
+                lhs_contracting: vec![4],
+                rhs_contracting: vec![2],
+                precision: None,
+                preferred_element_type: matches!(dtype, DType::BF16 | DType::F16)
+                    .then_some(DType::F32),
+            },
+        );
+        let out = out
+            .cast(dtype)
+            .reshape(&[b, nh, s, hd])
+            .transpose(&[0, 2, 1, 3])
+            .reshape(&[b, s, nh * hd]);
+        self.proj(p, &format!("{prefix}.o_proj"), "o_proj", out)
+    }
+
+    fn mlp(&self, p: &Params, prefix: &str, x: Tensor) -> Tensor {
+        let gate = self.proj(p, &format!("{prefix}.gate_proj"), "gate_proj", x);
+        let up = self.proj(p, &format!("{prefix}.up_proj"), "up_proj", x);
+        self.proj(
+            p,
+            &format!("{prefix}.down_proj"),
+            "down_proj",
+            gate * gate.logistic() * up,
+        )
+    }
+
+    /// Logits `[b, s, vocab]` for `input_ids: [b, s]` (integers).
+    pub fn forward(&self, p: &Params, input_ids: Tensor, dtype: DType) -> Tensor {
+        let c = self.config;
+        let s = input_ids.dims()[1];
+        let mut h = scope("model.embed_tokens", || {
+            p.get("model.embed_tokens.weight")
+                .cast(dtype)
+                .take(input_ids, 0)
+        });
+        let (cos, sin) = scope("model.rotary_emb", || self.rotary(s, dtype));
+        for l in 0..c.num_hidden_layers {
+            let prefix = format!("model.layers.{l}");
+            h = scope(&prefix, || {
+                let x = scope("input_layernorm", || {
+                    rms_norm(
+                        h,
+                        p.get(&format!("{prefix}.input_layernorm.weight")),
+                        c.rms_norm_eps,
+                    )
+                });
+                let attn = scope("self_attn", || {
+                    self.attention(p, &format!("{prefix}.self_attn"), x, cos, sin)
+                });
+                let h = h + attn;
+                let x = scope("post_attention_layernorm", || {
+                    rms_norm(
+                        h,
+                        p.get(&format!("{prefix}.post_attention_layernorm.weight")),
+                        c.rms_norm_eps,
+                    )
+                });
+                h + scope("mlp", || self.mlp(p, &format!("{prefix}.mlp"), x))
+            });
+        }
+        let h = scope("model.norm", || {
+            rms_norm(h, p.get("model.norm.weight"), c.rms_norm_eps)
+        });
+        let head = if c.tie_word_embeddings {
+            "model.embed_tokens.weight"
+        } else {
+            "lm_head.weight"
+        };
+        scope("lm_head", || linear(h, p.get(head)))
+    }
+}
