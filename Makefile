@@ -14,8 +14,13 @@ setup:
 build:
 	$(CARGO) build --release --locked
 
+# The main job: LoRA-finetune the tiny model on the bundled task (write a
+# word in capitals) and show a generation before and after.
 demo: setup build
 	./target/release/hlo-train devices --devices 8
+	./target/release/hlo-train train --batch 16 --seq 16 --steps 1500 --lr 2e-3 \
+		--schedule cosine --warmup 50 --lora-rank 16 --lora-alpha 32 --log-every 250 \
+		--out demo-out --metrics demo-out/metrics.jsonl
 
 test: setup lint
 	$(CARGO) test --workspace --locked

@@ -173,57 +173,38 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             .map(|d| Adapter::load(d, config).map(Some))
             .collect::<Result<_, _>>()?
     };
+    let eos: Vec<u32> = if args.ignore_eos {
+        Vec::new()
+    } else {
+        config.eos_token_ids.iter().map(|&e| e as u32).collect()
+    };
     for (k, adapter) in adapters.iter().enumerate() {
-        let lora = adapter.as_ref().map(|a| &a.lora);
-        let f =
-            forward_function(config, dtype, 1, window, lora).context("tracing the forward pass")?;
-        let exe = CompiledFunction::new(&client, &f)?;
-        let device = &exe.executable().devices()[0];
-        // Parameters go to the device once, one tensor at a time.
-        let mut params: Vec<Buffer> = Vec::new();
-        for b in &f.inputs[..f.inputs.len() - 1] {
-            let lit = match adapter.as_ref().and_then(|a| a.get(&b.name)) {
-                Some(l) => l.clone(),
-                None => model.weight(&b.name, dtype, args.seed)?,
-            };
-            params.push(client.buffer_from_host(&HostArray::from(lit), device)?);
-        }
-        let mut tokens = prompt.clone();
-        let mut rng = Rng::new(args.seed);
-        let vocab = config.vocab_size as usize;
-        let eos: Vec<u32> = config.eos_token_ids.iter().map(|&e| e as u32).collect();
-        for step in 0..args.max_new_tokens {
-            let mut ids = vec![0i32; window as usize];
-            for (i, t) in tokens.iter().enumerate() {
-                ids[i] = *t as i32;
-            }
-            let ids = client.buffer_from_host(&HostArray::new(&[1, window], &ids)?, device)?;
-            let mut refs: Vec<&Buffer> = params.iter().collect();
-            refs.push(&ids);
-            let logits = exe.run_buffers(&refs)?.remove(0).to_host()?.to_f64_vec();
-            if step == 0 && k == 0 {
-                if let Some(path) = &args.dump_logits {
-                    let rows: Vec<f64> = logits[..prompt.len() * vocab].to_vec();
-                    let lit = Literal::from_f64s(
-                        TensorType::new(DType::F32, [prompt.len() as i64, vocab as i64]),
-                        &rows,
-                    );
-                    write_safetensors(path, &[("logits".to_string(), lit)])?;
-                }
-            }
-            let row = &logits[(tokens.len() - 1) * vocab..tokens.len() * vocab];
-            let next = sample(row, args.temperature, args.top_p, &mut rng);
-            tokens.push(next);
-            if !args.ignore_eos && eos.contains(&next) {
-                break;
+        let generator = Generator::new(&client, config, dtype, window, adapter.as_ref(), |name| {
+            model.weight(name, dtype, args.seed)
+        })?;
+        let sampling = Sampling {
+            temperature: args.temperature,
+            top_p: args.top_p,
+            seed: args.seed,
+        };
+        let (completion, logits) =
+            generator.complete(&prompt, args.max_new_tokens as usize, &sampling, &eos)?;
+        if k == 0 {
+            if let Some(path) = &args.dump_logits {
+                let vocab = config.vocab_size as usize;
+                let rows: Vec<f64> = logits[..prompt.len() * vocab].to_vec();
+                let lit = Literal::from_f64s(
+                    TensorType::new(DType::F32, [prompt.len() as i64, vocab as i64]),
+                    &rows,
+                );
+                write_safetensors(path, &[("logits".to_string(), lit)])?;
             }
         }
-        let completion = &tokens[prompt.len()..];
         if adapters.len() > 1 {
             println!("== {}", args.adapter[k].display());
         }
         match (&args.prompt_ids, &tokenizer) {
-            (None, Some(t)) => println!("{}", t.decode(completion)?),
+            (None, Some(t)) => println!("{}", t.decode(&completion)?),
             _ => println!(
                 "{}",
                 completion
@@ -235,4 +216,104 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// How the next token is chosen.
+pub struct Sampling {
+    /// None (and no top-p): greedy.
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub seed: u64,
+}
+
+/// A compiled forward pass over a fixed window, with the parameters on the
+/// device; completes prompts by rerunning it once per new token.
+pub struct Generator {
+    client: hlo_runtime::Client,
+    exe: CompiledFunction,
+    params: Vec<Buffer>,
+    window: i64,
+    vocab: usize,
+}
+
+impl Generator {
+    /// Compiles the forward pass and uploads the weights (`weight(name)`,
+    /// one tensor at a time) and the adapter's tensors.
+    pub fn new(
+        client: &hlo_runtime::Client,
+        config: &hlo_models::llama::LlamaConfig,
+        dtype: DType,
+        window: i64,
+        adapter: Option<&Adapter>,
+        weight: impl Fn(&str) -> Result<Literal>,
+    ) -> Result<Generator> {
+        let lora = adapter.map(|a| &a.lora);
+        let f =
+            forward_function(config, dtype, 1, window, lora).context("tracing the forward pass")?;
+        let exe = CompiledFunction::new(client, &f)?;
+        let device = exe.executable().devices()[0].clone();
+        let mut params: Vec<Buffer> = Vec::new();
+        for b in &f.inputs[..f.inputs.len() - 1] {
+            let lit = match adapter.and_then(|a| a.get(&b.name)) {
+                Some(l) => l.clone(),
+                None => weight(&b.name)?,
+            };
+            params.push(client.buffer_from_host(&HostArray::from(lit), &device)?);
+        }
+        Ok(Generator {
+            client: client.clone(),
+            exe,
+            params,
+            window,
+            vocab: config.vocab_size as usize,
+        })
+    }
+
+    /// Up to `max_new` tokens after `prompt` (stopping after a `stop` token),
+    /// and the logits of the first forward pass (`[window, vocab]`).
+    pub fn complete(
+        &self,
+        prompt: &[u32],
+        max_new: usize,
+        sampling: &Sampling,
+        stop: &[u32],
+    ) -> Result<(Vec<u32>, Vec<f64>)> {
+        let device = &self.exe.executable().devices()[0];
+        let mut tokens = prompt.to_vec();
+        let mut rng = Rng::new(sampling.seed);
+        let mut first = Vec::new();
+        let max_new = max_new.min((self.window as usize).saturating_sub(prompt.len()));
+        for step in 0..max_new {
+            let mut ids = vec![0i32; self.window as usize];
+            for (i, t) in tokens.iter().enumerate() {
+                ids[i] = *t as i32;
+            }
+            let ids = self
+                .client
+                .buffer_from_host(&HostArray::new(&[1, self.window], &ids)?, device)?;
+            let mut refs: Vec<&Buffer> = self.params.iter().collect();
+            refs.push(&ids);
+            let logits = self
+                .exe
+                .run_buffers(&refs)?
+                .remove(0)
+                .to_host()?
+                .to_f64_vec();
+            let v = self.vocab;
+            let next = sample(
+                &logits[(tokens.len() - 1) * v..tokens.len() * v],
+                sampling.temperature,
+                sampling.top_p,
+                &mut rng,
+            );
+            if step == 0 {
+                first = logits;
+            }
+            tokens.push(next);
+            if stop.contains(&next) {
+                break;
+            }
+        }
+        Ok((tokens[prompt.len()..].to_vec(), first))
+    }
 }

@@ -10,6 +10,7 @@ mod dump_hlo;
 mod generate;
 mod merge;
 mod model_args;
+mod train;
 
 use std::process::ExitCode;
 
@@ -33,6 +34,8 @@ enum Command {
     /// Write the program hlo-train compiles as StableHLO and/or HLO text
     /// (for now the built-in example MLP: forward or train step).
     DumpHlo(dump_hlo::DumpHloArgs),
+    /// Finetune a Llama model (LoRA by default), one compiled step over the mesh.
+    Train(Box<train::TrainArgs>),
     /// Complete a prompt with a Llama model (and PEFT adapters).
     Generate(Box<generate::GenerateArgs>),
     /// Fold a PEFT adapter into a model's weights and write an HF folder.
@@ -50,15 +53,22 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             // --help and --version are not errors.
-            let code = if e.use_stderr() { 2 } else { 0 };
-            let _ = e.print();
-            return ExitCode::from(code);
+            if !e.use_stderr() {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            // A usage error, like every other, is one line.
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("error: bad arguments");
+            eprintln!("{first} (see --help)");
+            return ExitCode::from(2);
         }
     };
     let result = match cli.command {
         Command::Devices(args) => devices::run(&args),
         Command::DumpHlo(args) => dump_hlo::run(&args),
         Command::Generate(args) => generate::run(&args),
+        Command::Train(args) => train::run(&args),
         Command::Merge(args) => merge::run(&args),
     };
     match result {

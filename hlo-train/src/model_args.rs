@@ -135,6 +135,7 @@ impl Model {
                 Ok(init_tensor(
                     name,
                     hlo_ir::TensorType::new(dtype, shape),
+                    self.config.initializer_range,
                     seed,
                 ))
             }

@@ -137,6 +137,20 @@ impl Literal {
         self.bytes.chunks_exact(n).all(|c| c == &self.bytes[..n])
     }
 
+    /// Element `i` as f64 (floats) or i128 (integers), decoding only it.
+    fn element(&self, i: usize) -> (f64, i128) {
+        let n = self.ty.dtype.size_in_bytes();
+        let one = Literal {
+            ty: TensorType::scalar(self.ty.dtype),
+            bytes: self.bytes[i * n..(i + 1) * n].to_vec(),
+        };
+        if self.ty.dtype.is_float() {
+            (one.to_f64s()[0], 0)
+        } else {
+            (0.0, one.to_i128s()[0])
+        }
+    }
+
     /// One element's value as MLIR writes it inside `dense<...>`: hex bits
     /// for floats (exact, and the only spelling of inf and NaN), decimal for
     /// integers, `true`/`false` for pred.
@@ -153,24 +167,19 @@ impl Literal {
             let bits = u64::from_le_bytes(b);
             return format!("0x{bits:0width$X}", width = n * 2);
         }
-        self.to_i128s()[i].to_string()
+        self.element(i).1.to_string()
     }
 
     /// One element's value as HLO text writes it (`1.5`, `-inf`, `nan`, `7`, `true`).
     pub fn hlo_element(&self, i: usize) -> String {
         let d = self.ty.dtype;
+        let (v, k) = self.element(i);
         if d == DType::Pred {
-            return if self.to_i128s()[i] != 0 {
-                "true"
-            } else {
-                "false"
-            }
-            .into();
+            return if k != 0 { "true" } else { "false" }.into();
         }
         if !d.is_float() {
-            return self.to_i128s()[i].to_string();
+            return k.to_string();
         }
-        let v = self.to_f64s()[i];
         if v.is_nan() {
             "nan".into()
         } else if v.is_infinite() {

@@ -14,9 +14,15 @@ pub fn constant(literal: Literal) -> Tensor {
     apply1(Op::Constant(Constant(literal)), &[])
 }
 
-/// A tensor of `ty` filled with `value`.
+/// A tensor of `ty` filled with `value`: a scalar constant broadcast, so a
+/// large splat costs nothing to hold or print.
 pub fn full(ty: TensorType, value: f64) -> Tensor {
-    constant(Literal::splat(ty, value))
+    let scalar = constant(Literal::splat(TensorType::scalar(ty.dtype), value));
+    if ty.rank() == 0 {
+        scalar
+    } else {
+        scalar.broadcast_in_dim(&ty.dims, &[])
+    }
 }
 
 /// `0, 1, 2, ...` along `dimension` of `ty`.

@@ -21,4 +21,4 @@ mod stablehlo;
 
 pub use hlo::{to_hlo_text, to_hlo_text_sharded};
 pub use sharding::{gspmd_sharding, sdy_mesh, sdy_sharding};
-pub use stablehlo::{to_stablehlo, to_stablehlo_sharded};
+pub use stablehlo::{to_stablehlo, to_stablehlo_sharded, to_stablehlo_with};

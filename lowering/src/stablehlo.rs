@@ -204,17 +204,32 @@ impl Printer<'_> {
 /// assert!(text.contains("\"stablehlo.add\"(%arg0, %arg0)"));
 /// ```
 pub fn to_stablehlo(f: &Function) -> String {
-    print(f, None)
+    to_stablehlo_with(f, None, &[])
 }
 
 /// `f` partitioned over `shardings.mesh`: the mesh as `sdy.mesh`, each
 /// argument's and result's layout as `sdy.sharding`, constraints as
 /// `sdy.sharding_constraint`; compile with `CompileOptions::spmd(n)`.
 pub fn to_stablehlo_sharded(f: &Function, shardings: &FunctionShardings) -> String {
-    print(f, Some(shardings))
+    to_stablehlo_with(f, Some(shardings), &[])
 }
 
-fn print(f: &Function, shardings: Option<&FunctionShardings>) -> String {
+/// The general form: optional shardings, and `donated` (input, output)
+/// pairs marked `tf.aliasing_output` so the output reuses the input's
+/// buffer (the input is consumed by the run).
+pub fn to_stablehlo_with(
+    f: &Function,
+    shardings: Option<&FunctionShardings>,
+    donated: &[(usize, usize)],
+) -> String {
+    print(f, shardings, donated)
+}
+
+fn print(
+    f: &Function,
+    shardings: Option<&FunctionShardings>,
+    donated: &[(usize, usize)],
+) -> String {
     let mut p = Printer {
         out: String::new(),
         next: 0,
@@ -232,8 +247,12 @@ fn print(f: &Function, shardings: Option<&FunctionShardings>) -> String {
         .map(|(i, b)| {
             names[b.value.index()] = format!("%arg{i}");
             let ty = f.ty(b.value);
+            let alias = match donated.iter().find(|(k, _)| *k == i) {
+                Some((_, out)) => format!(", tf.aliasing_output = {out} : i32"),
+                None => String::new(),
+            };
             format!(
-                "%arg{i}: {} {{jax.arg_info = {}{}}}",
+                "%arg{i}: {} {{jax.arg_info = {}{}{alias}}}",
                 ty.mlir(),
                 quote(&b.name),
                 sdy(shardings.map(|s| &s.inputs), i, ty)

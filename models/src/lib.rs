@@ -7,11 +7,13 @@
 
 pub mod adapter;
 pub mod checkpoint;
+pub mod data;
 mod error;
 pub mod io;
 pub mod llama;
 pub mod mlp;
 pub mod rng;
 pub mod tokenizer;
+pub mod train;
 
 pub use error::ModelError;

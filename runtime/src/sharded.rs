@@ -194,6 +194,17 @@ impl ShardedFunction {
     /// Simplifies, lowers with `shardings` and compiles for `mesh.size()`
     /// partitions with Shardy.
     pub fn new(client: &Client, f: &Function, shardings: FunctionShardings) -> Result<Self> {
+        Self::with_donation(client, f, shardings, &[])
+    }
+
+    /// Like [`ShardedFunction::new`], with (input, output) pairs whose
+    /// buffers the run reuses: those inputs are consumed by `run`.
+    pub fn with_donation(
+        client: &Client,
+        f: &Function,
+        shardings: FunctionShardings,
+        donated: &[(usize, usize)],
+    ) -> Result<Self> {
         let function = hlo_ir::simplify(f);
         let n = shardings.mesh.size();
         for (b, spec) in function.inputs.iter().zip(&shardings.inputs) {
@@ -204,7 +215,7 @@ impl ShardedFunction {
             spec.validate(&shardings.mesh, &function.ty(b.value).dims, &b.name)
                 .map_err(|e| Error::InvalidArgument(e.to_string()))?;
         }
-        let stablehlo = hlo_lowering::to_stablehlo_sharded(&function, &shardings);
+        let stablehlo = hlo_lowering::to_stablehlo_with(&function, Some(&shardings), donated);
         let executable = client.compile_cached(&stablehlo, &CompileOptions::spmd(n))?;
         Ok(ShardedFunction {
             client: client.clone(),

@@ -132,3 +132,67 @@ fn mlp_train_step_shardings_2_2_2() {
         )
     });
 }
+
+/// Every sharding annotation of the tiny Llama LoRA train step under a mesh:
+/// the layout report of its inputs and outputs, and the lines of the
+/// StableHLO (Shardy) and HLO (GSPMD) text that carry a sharding.
+fn llama_step_annotations(mesh: &str) -> String {
+    use hlo_models::llama::{LlamaConfig, LoraConfig, DEFAULT_TARGETS};
+    use hlo_models::train::{train_step, Optimizer, Schedule, TrainConfig};
+    let config = LlamaConfig::preset("tiny").unwrap();
+    let mesh: hlo_partitioner::Mesh = mesh.parse().unwrap();
+    let tc = TrainConfig {
+        dtype: DType::F32,
+        batch: 8,
+        seq: 16,
+        lr: 1e-3,
+        optimizer: Optimizer::adamw(0.01),
+        schedule: Schedule::Constant { warmup: 0 },
+        clip_norm: Some(1.0),
+        lora: Some(LoraConfig::new(8, 16.0, &DEFAULT_TARGETS, false).unwrap()),
+        batch_axes: vec!["dp".into(), "fsdp".into()],
+    };
+    let step = train_step(&config, &tc).unwrap();
+    let f = hlo_ir::simplify(&step.function);
+    let s =
+        hlo_partitioner::FunctionShardings::from_rules(&f, &mesh, &hlo_partitioner::llama_rules())
+            .unwrap();
+    let mut out = s.report(&f);
+    for line in hlo_lowering::to_stablehlo_with(&f, Some(&s), &step.donated)
+        .lines()
+        .filter(|l| l.contains("sdy.") && !l.contains("func.func"))
+    {
+        out += line.trim();
+        out.push('\n');
+    }
+    for line in hlo_lowering::to_hlo_text_sharded(&f, &s)
+        .lines()
+        .filter(|l| l.contains("sharding=") && l.contains("parameter("))
+    {
+        // The sharding of each parameter, without the instruction's name.
+        let (_, rest) = line.split_once(" = ").unwrap();
+        out += rest.trim();
+        out.push('\n');
+    }
+    out
+}
+
+#[test]
+fn tiny_llama_train_step_shardings_1_8_1() {
+    settings().bind(|| {
+        insta::assert_snapshot!(
+            "tiny_llama_train_step.shardings.1_8_1",
+            llama_step_annotations("dp=1,fsdp=8,mp=1")
+        )
+    });
+}
+
+#[test]
+fn tiny_llama_train_step_shardings_2_2_2() {
+    settings().bind(|| {
+        insta::assert_snapshot!(
+            "tiny_llama_train_step.shardings.2_2_2",
+            llama_step_annotations("dp=2,fsdp=2,mp=2")
+        )
+    });
+}

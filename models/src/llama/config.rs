@@ -34,6 +34,8 @@ pub struct LlamaConfig {
     pub tie_word_embeddings: bool,
     pub bos_token_id: Option<i64>,
     pub eos_token_ids: Vec<i64>,
+    /// Standard deviation of random initial weights (HF's `initializer_range`).
+    pub initializer_range: f64,
 }
 
 /// The fields of `config.json` we read; anything else is ignored unless
@@ -63,6 +65,12 @@ struct RawConfig {
     pretraining_tp: Option<i64>,
     bos_token_id: Option<Value>,
     eos_token_id: Option<Value>,
+    #[serde(default = "default_init")]
+    initializer_range: f64,
+}
+
+fn default_init() -> f64 {
+    0.02
 }
 
 fn default_eps() -> f64 {
@@ -163,6 +171,7 @@ impl LlamaConfig {
             tie_word_embeddings: raw.tie_word_embeddings,
             bos_token_id: ids(&raw.bos_token_id).first().copied(),
             eos_token_ids: ids(&raw.eos_token_id),
+            initializer_range: raw.initializer_range,
         };
         c.validate()?;
         Ok(c)
@@ -234,6 +243,7 @@ impl LlamaConfig {
             tie_word_embeddings: tied,
             bos_token_id: Some(128000),
             eos_token_ids: vec![128001, 128008, 128009],
+            initializer_range: 0.02,
         };
         Ok(match name {
             "tiny" => LlamaConfig {
@@ -251,6 +261,9 @@ impl LlamaConfig {
                 tie_word_embeddings: false,
                 bos_token_id: Some(crate::tokenizer::BYTE_BOS as i64),
                 eos_token_ids: vec![crate::tokenizer::BYTE_EOS as i64],
+                // 1/sqrt(hidden): a random tiny model whose frozen head can
+                // still express confident predictions, so LoRA can learn.
+                initializer_range: 0.125,
             },
             "llama3.2-1b" => base(128256, 2048, 8192, 16, 32, 8, 64, true, llama3(32.0)),
             "llama3.2-3b" => base(128256, 3072, 8192, 28, 24, 8, 128, true, llama3(32.0)),
@@ -290,6 +303,42 @@ impl LlamaConfig {
             out.push(("lm_head.weight".to_string(), vec![self.vocab_size, h]));
         }
         out
+    }
+
+    /// The config as HF `config.json` (transformers 4 spelling, which 5 reads too).
+    pub fn to_json(&self) -> String {
+        let rope_scaling = self.rope_scaling.as_ref().map(|s| {
+            serde_json::json!({
+                "rope_type": "llama3",
+                "factor": s.factor,
+                "low_freq_factor": s.low_freq_factor,
+                "high_freq_factor": s.high_freq_factor,
+                "original_max_position_embeddings": s.original_max_position_embeddings,
+            })
+        });
+        let v = serde_json::json!({
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": rope_scaling,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "hidden_act": "silu",
+            "attention_bias": false,
+            "mlp_bias": false,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_ids,
+            "initializer_range": self.initializer_range,
+        });
+        serde_json::to_string_pretty(&v).expect("JSON values serialise")
     }
 
     /// Number of base parameters (HF's count).

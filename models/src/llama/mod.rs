@@ -74,17 +74,21 @@ pub fn forward_function(
         "input_ids".into(),
         TensorType::new(DType::I32, [batch, seq]),
     ));
-    let model = Llama { config, lora };
+    let model = Llama {
+        config,
+        lora,
+        batch_axes: Vec::new(),
+    };
     trace("llama_forward", &inputs, |i| {
         let logits = model.forward(&Params(i), i["input_ids"], dtype);
         Outputs::new().add("logits", logits)
     })
 }
 
-/// One random base weight as HF initialises it (normal(0, 0.02) kernels
-/// and embeddings, norms 1), seeded by `seed` and the tensor's name so any
-/// tensor can be made on its own.
-pub fn init_tensor(name: &str, ty: TensorType, seed: u64) -> Literal {
+/// One random base weight as HF initialises it (normal(0,
+/// `initializer_range`) kernels and embeddings, norms 1), seeded by `seed`
+/// and the tensor's name so any tensor can be made on its own.
+pub fn init_tensor(name: &str, ty: TensorType, std: f64, seed: u64) -> Literal {
     if name.ends_with("norm.weight") {
         return Literal::splat(ty, 1.0);
     }
@@ -93,7 +97,7 @@ pub fn init_tensor(name: &str, ty: TensorType, seed: u64) -> Literal {
     });
     let mut rng = crate::rng::Rng::new(seed ^ h);
     let v: Vec<f64> = (0..ty.element_count())
-        .map(|_| 0.02 * rng.normal())
+        .map(|_| std * rng.normal())
         .collect();
     Literal::from_f64s(ty, &v)
 }
@@ -103,7 +107,7 @@ pub fn init_base(config: &LlamaConfig, dtype: DType, seed: u64) -> Vec<(String, 
     base_parameter_types(config, dtype)
         .into_iter()
         .map(|(name, ty)| {
-            let lit = init_tensor(&name, ty, seed);
+            let lit = init_tensor(&name, ty, config.initializer_range, seed);
             (name, lit)
         })
         .collect()

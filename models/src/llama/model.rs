@@ -18,6 +18,10 @@ use super::lora::LoraConfig;
 pub struct Llama<'a> {
     pub config: &'a LlamaConfig,
     pub lora: Option<&'a LoraConfig>,
+    /// Mesh axes the batch is split over. When set, LoRA's `x·A` is
+    /// constrained to that layout: without it XLA's SPMD partitioner
+    /// miscomputes `x·W + (x·A)·B` on some meshes (README, "Known XLA issues").
+    pub batch_axes: Vec<String>,
 }
 
 /// Parameters by name: the traced inputs.
@@ -92,7 +96,13 @@ impl Llama<'_> {
                         p.get(&format!("{module}.lora_b")),
                     );
                     // PEFT runs the branch in the adapter's dtype; never forms A·B.
-                    let delta = x.cast(a.dtype()).matmul(a).matmul(b) * l.scale();
+                    let mut xa = x.cast(a.dtype()).matmul(a);
+                    if !self.batch_axes.is_empty() {
+                        let mut dims = vec![Vec::new(); xa.rank()];
+                        dims[0] = self.batch_axes.clone();
+                        xa = xa.with_sharding_constraint(dims);
+                    }
+                    let delta = xa.matmul(b) * l.scale();
                     y + delta.cast(y.dtype())
                 }
                 _ => y,

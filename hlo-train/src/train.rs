@@ -1,0 +1,684 @@
+//! `hlo-train train`: LoRA (default) or full finetuning, the whole step
+//! (forward, backward, clipping, optimizer) compiled once as one SPMD
+//! executable over the mesh, parameters and optimizer state donated and
+//! updated in place.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use hlo_ir::{DType, Literal, TensorType};
+use hlo_models::adapter::Adapter;
+use hlo_models::data::{demo_examples, read_jsonl, Loader};
+use hlo_models::io::{read_safetensors, write_atomic, write_safetensors};
+use hlo_models::llama::LoraConfig;
+use hlo_models::train::{step_flops, train_step, Optimizer, Schedule, TrainConfig};
+use hlo_partitioner::{llama_rules, FunctionShardings, Mesh};
+use hlo_runtime::{DeviceArray, HostArray, PluginKind, ShardedFunction};
+use serde_json::json;
+
+use crate::common::PluginArgs;
+use crate::generate::{Generator, Sampling};
+use crate::model_args::{Model, ModelArgs};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OptimizerArg {
+    Adamw,
+    Sgd,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ScheduleArg {
+    Constant,
+    Cosine,
+}
+
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    #[command(flatten)]
+    pub plugin: PluginArgs,
+
+    /// Device mesh; its product is the device count (default dp=1,fsdp=N,mp=1).
+    #[arg(long)]
+    pub mesh: Option<Mesh>,
+
+    /// Compile the whole step as one executable (the default and, for now,
+    /// the only mode).
+    #[arg(long)]
+    pub jit: bool,
+
+    /// Train every base weight instead of LoRA adapters.
+    #[arg(long)]
+    pub full: bool,
+
+    #[arg(long, default_value_t = 8)]
+    pub lora_rank: i64,
+
+    #[arg(long, default_value_t = 16.0)]
+    pub lora_alpha: f64,
+
+    /// Comma-separated module names that get adapters.
+    #[arg(
+        long,
+        default_value = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+    )]
+    pub lora_targets: String,
+
+    /// PEFT's rank-stabilised LoRA scale alpha/sqrt(r).
+    #[arg(long)]
+    pub use_rslora: bool,
+
+    /// Start LoRA from this PEFT adapter folder.
+    #[arg(long, conflicts_with = "full")]
+    pub init_adapter: Option<PathBuf>,
+
+    /// JSONL training data (default: the bundled demo task).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+
+    #[arg(long, default_value_t = 8)]
+    pub batch: i64,
+
+    #[arg(long, default_value_t = 128)]
+    pub seq: i64,
+
+    #[arg(long, default_value_t = 100)]
+    pub steps: i64,
+
+    #[arg(long, default_value_t = 2e-4)]
+    pub lr: f64,
+
+    #[arg(long, value_enum, default_value = "adamw")]
+    pub optimizer: OptimizerArg,
+
+    /// AdamW's decoupled weight decay (PyTorch's default).
+    #[arg(long, default_value_t = 0.01)]
+    pub weight_decay: f64,
+
+    /// Linear warmup steps.
+    #[arg(long, default_value_t = 0)]
+    pub warmup: i64,
+
+    #[arg(long, value_enum, default_value = "constant")]
+    pub schedule: ScheduleArg,
+
+    /// Clip the global gradient norm to this; 0 turns clipping off.
+    #[arg(long, default_value_t = 1.0)]
+    pub clip_norm: f64,
+
+    /// Seed of data order, adapter init and random weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// Where the adapter (or HF weights with --full) and train_state/ go.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+
+    /// Also save every N steps (needs --out).
+    #[arg(long, default_value_t = 0)]
+    pub save_every: i64,
+
+    /// Continue the run saved in this folder (same flags as the first run).
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+
+    /// One JSON object per step.
+    #[arg(long)]
+    pub metrics: Option<PathBuf>,
+
+    /// Write the compiled step as StableHLO and HLO text here.
+    #[arg(long)]
+    pub dump_hlo: Option<PathBuf>,
+
+    /// Print a log line every N steps.
+    #[arg(long, default_value_t = 10)]
+    pub log_every: i64,
+
+    /// The devices' peak TFLOP/s for MFU (default: a table by device kind;
+    /// measured for CPUs).
+    #[arg(long)]
+    pub peak_tflops: Option<f64>,
+}
+
+/// Dense peak TFLOP/s of one device by kind, for MFU (datasheets).
+fn peak_tflops(kind: &str, dtype: DType) -> Option<f64> {
+    let bf16 = [
+        ("H100", 989.0),
+        ("H200", 989.0),
+        ("MI300X", 1307.4),
+        ("MI250", 362.1),
+        ("A100", 312.0),
+    ];
+    let k = kind.to_uppercase();
+    let v = bf16
+        .iter()
+        .find(|(name, _)| k.contains(name))
+        .map(|(_, v)| *v)?;
+    Some(if dtype == DType::F32 { v / 2.0 } else { v })
+}
+
+/// Measures a CPU device's f32 matmul TFLOP/s once (a 512³ product chain).
+fn measure_cpu_peak(client: &hlo_runtime::Client) -> Result<f64> {
+    let n = 512i64;
+    let t = TensorType::new(DType::F32, [n, n]);
+    let f = hlo_ir::trace("peak", &[("a", t.clone()), ("b", t)], |i| {
+        let mut x = i["a"];
+        for _ in 0..8 {
+            x = x.matmul(i["b"]);
+        }
+        vec![("x", x)]
+    })?;
+    let exe = hlo_runtime::CompiledFunction::new(client, &f)?;
+    let a = HostArray::new(&[n, n], &vec![1e-3f32; (n * n) as usize])?;
+    let args = [a.clone(), a];
+    exe.run(&args)?;
+    let t0 = Instant::now();
+    exe.run(&args)?;
+    Ok(8.0 * 2.0 * (n * n * n) as f64 / t0.elapsed().as_secs_f64() / 1e12)
+}
+
+fn validate(args: &TrainArgs) -> Result<()> {
+    if args.lora_rank < 1 {
+        bail!("--lora-rank must be at least 1, got {}", args.lora_rank);
+    }
+    if !(args.lr.is_finite() && args.lr > 0.0) {
+        bail!("--lr must be positive, got {}", args.lr);
+    }
+    if args.seq < 2 {
+        bail!("--seq must be at least 2, got {}", args.seq);
+    }
+    if args.batch < 1 || args.steps < 1 {
+        bail!("--batch and --steps must be at least 1");
+    }
+    if args.warmup < 0 || args.save_every < 0 || args.clip_norm < 0.0 || args.weight_decay < 0.0 {
+        bail!("--warmup, --save-every, --clip-norm and --weight-decay must not be negative");
+    }
+    if args.save_every > 0 && args.out.is_none() {
+        bail!("--save-every needs --out");
+    }
+    if args.log_every < 1 {
+        bail!("--log-every must be at least 1");
+    }
+    Ok(())
+}
+
+/// What `train_state/state.json` records.
+fn state_json(args: &TrainArgs, step: i64, cursor: u64) -> serde_json::Value {
+    json!({
+        "version": 1,
+        "step": step,
+        "data_cursor": cursor,
+        "seed": args.seed,
+        "batch": args.batch,
+        "seq": args.seq,
+        "full": args.full,
+        "lora_rank": args.lora_rank,
+        "optimizer": format!("{:?}", args.optimizer).to_lowercase(),
+    })
+}
+
+/// Writes the run's state into `out`: the adapter (PEFT) or HF weights, and
+/// `train_state/` (built under a temporary name, then swapped in whole).
+#[allow(clippy::too_many_arguments)]
+fn save(
+    out: &Path,
+    args: &TrainArgs,
+    model: &Model,
+    lora: Option<&LoraConfig>,
+    names: &[String],
+    arrays: &[&DeviceArray],
+    step: i64,
+    cursor: u64,
+) -> Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let tensors: Vec<(String, Literal)> = names
+        .iter()
+        .zip(arrays)
+        .map(|(n, a)| Ok((n.clone(), Literal::from(a.gather()?))))
+        .collect::<Result<_>>()?;
+    let trainable: Vec<(String, Literal)> = tensors
+        .iter()
+        .filter(|(n, _)| !n.starts_with("opt.") && n != "step")
+        .cloned()
+        .collect();
+    match lora {
+        Some(l) => Adapter {
+            lora: l.clone(),
+            tensors: trainable,
+        }
+        .save(out, Some(&model.name))?,
+        None => {
+            write_safetensors(&out.join("model.safetensors"), &trainable)?;
+            write_atomic(&out.join("config.json"), model.config.to_json().as_bytes())?;
+        }
+    }
+    let fresh = out.join("train_state.new");
+    let _ = std::fs::remove_dir_all(&fresh);
+    std::fs::create_dir_all(&fresh)?;
+    write_safetensors(&fresh.join("state.safetensors"), &tensors)?;
+    write_atomic(
+        &fresh.join("state.json"),
+        serde_json::to_string_pretty(&state_json(args, step, cursor))?.as_bytes(),
+    )?;
+    let current = out.join("train_state");
+    let old = out.join("train_state.old");
+    if current.exists() {
+        let _ = std::fs::remove_dir_all(&old);
+        std::fs::rename(&current, &old)?;
+    }
+    std::fs::rename(&fresh, &current)?;
+    let _ = std::fs::remove_dir_all(&old);
+    Ok(())
+}
+
+/// A saved run: its step, data cursor and tensors.
+struct Saved {
+    step: i64,
+    cursor: u64,
+    tensors: Vec<(String, Literal)>,
+}
+
+/// Reads `train_state/` (or the `.old` copy a crash mid-swap left behind).
+fn load_state(dir: &Path, args: &TrainArgs) -> Result<Saved> {
+    let state = [dir.join("train_state"), dir.join("train_state.old")]
+        .into_iter()
+        .find(|d| d.join("state.json").is_file())
+        .with_context(|| format!("{} has no train_state/ to resume from", dir.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(state.join("state.json"))?)
+            .with_context(|| format!("{}/state.json is not JSON", state.display()))?;
+    let want = state_json(args, 0, 0);
+    for key in ["seed", "batch", "seq", "full", "lora_rank", "optimizer"] {
+        if v[key] != want[key] {
+            bail!(
+                "--resume: the run was saved with {key} = {}, this run has {}",
+                v[key],
+                want[key]
+            );
+        }
+    }
+    let step = v["step"].as_i64().context("state.json has no step")?;
+    let cursor = v["data_cursor"]
+        .as_u64()
+        .context("state.json has no data_cursor")?;
+    Ok(Saved {
+        step,
+        cursor,
+        tensors: read_safetensors(&state.join("state.safetensors"))?,
+    })
+}
+
+pub fn run(args: &TrainArgs) -> Result<()> {
+    validate(args)?;
+    let model = args.model.open()?;
+    model.check_weights()?;
+    let config = &model.config;
+    let tokenizer = args.model.tokenizer(&model)?;
+    let eos = config.eos_token_ids.first().map(|&e| e as u32);
+    let demo = args.data.is_none();
+    let examples = match &args.data {
+        Some(path) => read_jsonl(path, tokenizer.as_ref(), eos, config.vocab_size)?,
+        None => {
+            let t = tokenizer
+                .as_ref()
+                .context("the demo data needs a tokenizer: pass --data or --tokenizer")?;
+            demo_examples(t, eos, 2000, args.seed)
+        }
+    };
+    let mut loader = Loader::new(examples, args.seq as usize, args.batch as usize, args.seed);
+
+    // Mesh and devices.
+    let devices = args.plugin.devices.map(i64::from);
+    let mesh = match &args.mesh {
+        Some(m) => m.clone(),
+        None => format!("dp=1,fsdp={},mp=1", devices.unwrap_or(1)).parse()?,
+    };
+    let mut plugin = args.plugin.clone();
+    if plugin.plugin.kind() == PluginKind::Cpu && plugin.devices.is_none() {
+        plugin.devices = Some(mesh.size() as u32);
+    }
+    let client = plugin.client()?;
+    let all = client.addressable_devices()?;
+    if (all.len() as i64) < mesh.size() {
+        bail!(
+            "the mesh {mesh} needs {} devices but the plugin has {}",
+            mesh.size(),
+            all.len()
+        );
+    }
+    let cpu = plugin.plugin.kind() == PluginKind::Cpu;
+    let dtype = args.model.dtype(cpu);
+
+    // The step.
+    let lora = if args.full {
+        None
+    } else {
+        let targets: Vec<&str> = args.lora_targets.split(',').map(str::trim).collect();
+        Some(match &args.init_adapter {
+            Some(dir) => Adapter::load(dir, config)?.lora,
+            None => LoraConfig::new(args.lora_rank, args.lora_alpha, &targets, args.use_rslora)?,
+        })
+    };
+    let batch_axes: Vec<String> = if mesh.size() > 1 {
+        ["dp", "fsdp"]
+            .iter()
+            .filter(|a| mesh.axis_index(a).is_some())
+            .map(|a| a.to_string())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let tc = TrainConfig {
+        dtype,
+        batch: args.batch,
+        seq: args.seq,
+        lr: args.lr,
+        optimizer: match args.optimizer {
+            OptimizerArg::Adamw => Optimizer::adamw(args.weight_decay),
+            OptimizerArg::Sgd => Optimizer::Sgd,
+        },
+        schedule: match args.schedule {
+            ScheduleArg::Constant => Schedule::Constant {
+                warmup: args.warmup,
+            },
+            ScheduleArg::Cosine => Schedule::Cosine {
+                warmup: args.warmup,
+                total: args.steps,
+            },
+        },
+        clip_norm: (args.clip_norm > 0.0).then_some(args.clip_norm),
+        lora: lora.clone(),
+        batch_axes,
+    };
+    let step_fn = train_step(config, &tc)?;
+    let f = &step_fn.function;
+    let shardings = FunctionShardings::from_rules(f, &mesh, &llama_rules())?;
+    let t0 = Instant::now();
+    let exe = ShardedFunction::with_donation(&client, f, shardings.clone(), &step_fn.donated)?;
+    let compile_s = t0.elapsed().as_secs_f64();
+    if let Some(dir) = &args.dump_hlo {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        write_atomic(
+            &dir.join("train_step.stablehlo.mlir"),
+            exe.stablehlo().as_bytes(),
+        )?;
+        write_atomic(
+            &dir.join("train_step.hlo.txt"),
+            hlo_lowering::to_hlo_text_sharded(exe.function(), &shardings).as_bytes(),
+        )?;
+    }
+    let devices = exe.devices().to_vec();
+    let place = |k: usize, lit: Literal| -> Result<DeviceArray> {
+        Ok(DeviceArray::shard(
+            &client,
+            &HostArray::from(lit),
+            &exe.input_sharding(k),
+            &devices,
+        )?)
+    };
+
+    // State: every input but the batch.
+    let (mut step, resumed) = match &args.resume {
+        Some(dir) => {
+            let saved = load_state(dir, args)?;
+            loader.cursor = saved.cursor;
+            (saved.step, Some(saved.tensors))
+        }
+        None => (0, None),
+    };
+    let init_adapter = match (&lora, &args.init_adapter) {
+        (Some(l), Some(dir)) => Some(Adapter {
+            lora: l.clone(),
+            tensors: Adapter::load(dir, config)?.tensors,
+        }),
+        (Some(l), None) => Some(Adapter::init(config, l, args.seed)),
+        _ => None,
+    };
+    let mut state: Vec<Option<DeviceArray>> = Vec::with_capacity(f.inputs.len());
+    for (k, b) in f.inputs.iter().enumerate() {
+        let ty = f.ty(b.value).clone();
+        let from_resume = resumed
+            .as_ref()
+            .and_then(|t| t.iter().find(|(n, _)| n == &b.name))
+            .map(|(_, l)| l.clone());
+        let lit = if b.name == "input_ids" || b.name == "loss_mask" {
+            state.push(None);
+            continue;
+        } else if let Some(l) = from_resume {
+            if l.ty != ty {
+                bail!(
+                    "--resume: `{}` is saved as {}, the step needs {ty}",
+                    b.name,
+                    l.ty
+                );
+            }
+            l
+        } else if resumed.is_some()
+            && (step_fn.trainable.contains(&b.name) || b.name.starts_with("opt."))
+        {
+            bail!("--resume: the saved state has no `{}`", b.name);
+        } else if b.name == "step" {
+            Literal::scalar(DType::I32, step as f64)
+        } else if b.name.starts_with("opt.") {
+            Literal::splat(ty, 0.0)
+        } else if let Some(l) = init_adapter.as_ref().and_then(|a| a.get(&b.name)) {
+            l.clone()
+        } else {
+            model.weight(&b.name, dtype, args.seed)?
+        };
+        state.push(Some(place(k, lit)?));
+    }
+    let index = |name: &str| {
+        f.inputs
+            .iter()
+            .position(|b| b.name == name)
+            .expect("a step input")
+    };
+    let (ids_at, mask_at) = (index("input_ids"), index("loss_mask"));
+
+    // Demo: a generation before training.
+    let demo_prompts = ["cat=", "hello=", "rust="];
+    let demo_show = |label: &str, adapter: Option<&Adapter>| -> Result<()> {
+        let t = tokenizer.as_ref().expect("the demo has a tokenizer");
+        let generator = Generator::new(&client, config, dtype, 16, adapter, |n| {
+            model.weight(n, dtype, args.seed)
+        })?;
+        let stop: Vec<u32> = eos.into_iter().collect();
+        let shown: Vec<String> = demo_prompts
+            .iter()
+            .map(|p| {
+                let ids = t.encode(p, true)?;
+                let (out, _) = generator.complete(
+                    &ids,
+                    8,
+                    &Sampling {
+                        temperature: None,
+                        top_p: None,
+                        seed: 0,
+                    },
+                    &stop,
+                )?;
+                Ok(format!("{p}{}", t.decode(&out)?))
+            })
+            .collect::<Result<_>>()?;
+        println!("{label}: {}", shown.join("  "));
+        Ok(())
+    };
+    if demo && !args.full {
+        demo_show("before", init_adapter.as_ref())?;
+    }
+
+    let peak = match args.peak_tflops {
+        Some(p) => p,
+        None => match peak_tflops(&devices[0].kind()?, dtype) {
+            Some(p) => p,
+            None => measure_cpu_peak(&client)?,
+        },
+    } * 1e12
+        * mesh.size() as f64;
+    let flops = step_flops(config, &tc);
+    let mut metrics = match &args.metrics {
+        Some(p) => Some(
+            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
+        ),
+        None => None,
+    };
+    println!(
+        "training {} ({} parameters, {}) on {} {}: {} step, batch {} × seq {}, {} trainable tensors; compiled in {compile_s:.2}s",
+        model.name,
+        config.parameter_count(),
+        dtype,
+        mesh,
+        client.platform_name()?,
+        if args.full { "full" } else { "LoRA" },
+        args.batch,
+        args.seq,
+        step_fn.trainable.len()
+    );
+    let bar = indicatif::ProgressBar::new(args.steps as u64);
+    bar.set_position(step as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut first_loss = None;
+    let mut last_loss = f64::NAN;
+    // What a checkpoint holds: the trained parameters, optimizer state, step.
+    let saved: Vec<(String, usize)> = f
+        .inputs
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| {
+            step_fn.trainable.contains(&b.name) || b.name.starts_with("opt.") || b.name == "step"
+        })
+        .map(|(k, b)| (b.name.clone(), k))
+        .collect();
+    let saved_names: Vec<String> = saved.iter().map(|(n, _)| n.clone()).collect();
+    while step < args.steps {
+        let batch = loader.next_batch();
+        let t_step = Instant::now();
+        state[ids_at] = Some(place(
+            ids_at,
+            Literal::from(HostArray::new(&[args.batch, args.seq], &batch.ids)?),
+        )?);
+        state[mask_at] = Some(place(
+            mask_at,
+            Literal::from(HostArray::new(&[args.batch, args.seq], &batch.loss_mask)?),
+        )?);
+        let inputs: Vec<&DeviceArray> = state
+            .iter()
+            .map(|a| a.as_ref().expect("every input is set"))
+            .collect();
+        let outputs = exe.run(&inputs)?;
+        let scalar = |name: &str| -> Result<f64> {
+            let k = f
+                .outputs
+                .iter()
+                .position(|b| b.name == name)
+                .expect("a step output");
+            Ok(outputs[k].gather()?.to_f64_vec()[0])
+        };
+        let (loss, grad_norm, lr) = (scalar("loss")?, scalar("grad_norm")?, scalar("lr")?);
+        let dt = t_step.elapsed().as_secs_f64();
+        if !loss.is_finite() || !grad_norm.is_finite() {
+            bar.abandon();
+            bail!(
+                "step {}: the loss is {loss} and the gradient norm {grad_norm}; stopped{}",
+                step + 1,
+                if args.out.is_some() {
+                    " (the last saved checkpoint is kept)"
+                } else {
+                    ""
+                }
+            );
+        }
+        // Donated inputs were consumed: the outputs take their places.
+        let mut outputs: Vec<Option<DeviceArray>> = outputs.into_iter().map(Some).collect();
+        for &(input, output) in &step_fn.donated {
+            state[input] = outputs[output].take();
+        }
+        step += 1;
+        first_loss.get_or_insert(loss);
+        last_loss = loss;
+        let tokens_per_s = (args.batch * args.seq) as f64 / dt;
+        let mfu = flops / dt / peak;
+        bar.set_position(step as u64);
+        bar.set_message(format!("loss {loss:.4} tok/s {tokens_per_s:.0}"));
+        if let Some(m) = metrics.as_mut() {
+            let line = json!({"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s, "step_time_s": dt, "mfu": mfu, "targets": batch.targets});
+            writeln!(m, "{line}")?;
+        }
+        if step % args.log_every == 0 || step == args.steps {
+            bar.suspend(|| {
+                println!("step {step:>5}/{} loss {loss:.4} lr {lr:.3e} grad_norm {grad_norm:.4} tokens/s {tokens_per_s:.0} mfu {:.2}%", args.steps, mfu * 100.0)
+            });
+        }
+        if let (Some(out), true) = (
+            &args.out,
+            args.save_every > 0 && step % args.save_every == 0 && step < args.steps,
+        ) {
+            let arrays: Vec<&DeviceArray> = saved
+                .iter()
+                .map(|(_, k)| state[*k].as_ref().expect("set"))
+                .collect();
+            save(
+                out,
+                args,
+                &model,
+                lora.as_ref(),
+                &saved_names,
+                &arrays,
+                step,
+                loader.cursor,
+            )?;
+        }
+    }
+    bar.finish_and_clear();
+    let kept: Vec<&DeviceArray> = saved
+        .iter()
+        .map(|(_, k)| state[*k].as_ref().expect("set"))
+        .collect();
+    if let Some(out) = &args.out {
+        save(
+            out,
+            args,
+            &model,
+            lora.as_ref(),
+            &saved_names,
+            &kept,
+            step,
+            loader.cursor,
+        )?;
+        println!(
+            "saved {} and train_state/ to {}",
+            if args.full {
+                "model.safetensors"
+            } else {
+                "the PEFT adapter"
+            },
+            out.display()
+        );
+    }
+    if let Some(first) = first_loss {
+        println!("loss {first:.4} -> {last_loss:.4} in {} steps", step);
+    }
+    if demo && !args.full {
+        let tensors: Vec<(String, Literal)> = saved_names
+            .iter()
+            .zip(&kept)
+            .filter(|(n, _)| step_fn.trainable.contains(n))
+            .map(|(n, a)| Ok((n.clone(), Literal::from(a.gather()?))))
+            .collect::<Result<_>>()?;
+        let trained = Adapter {
+            lora: lora.clone().expect("LoRA run"),
+            tensors,
+        };
+        demo_show("after", Some(&trained))?;
+    }
+    Ok(())
+}

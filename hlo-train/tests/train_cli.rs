@@ -1,0 +1,357 @@
+//! `hlo-train train`: one step against PyTorch+PEFT, the demo learning,
+//! resume, a sharded run, and the error paths.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use hlo_models::io::read_safetensors;
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/llama/gqa_llama3")
+}
+
+fn hlo_train(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hlo-train"))
+        .args(args)
+        .env_remove("HLO_TRAIN_PLUGIN")
+        .output()
+        .unwrap()
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn one_line_error(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).trim_end().to_string();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    err
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("hlo-train-train-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The fixture's two rows of input ids as `{"input_ids"}` JSONL.
+fn fixture_rows(dir: &Path) -> PathBuf {
+    let expected = read_safetensors(&fixture().join("expected.safetensors")).unwrap();
+    let ids = expected
+        .iter()
+        .find(|(k, _)| k == "input_ids")
+        .unwrap()
+        .1
+        .to_i128s();
+    let lines: Vec<String> = ids
+        .chunks(9)
+        .map(|r| serde_json::json!({ "input_ids": r }).to_string())
+        .collect();
+    let path = dir.join("rows.jsonl");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
+fn losses(metrics: &Path) -> Vec<f64> {
+    std::fs::read_to_string(metrics)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn one_step_from_a_peft_adapter_equals_pytorch_peft() {
+    let dir = scratch("onestep");
+    let data = fixture_rows(&dir);
+    let want = read_safetensors(&fixture().join("train_step.safetensors")).unwrap();
+    for (opt, lr) in [("sgd", "0.05"), ("adamw", "1e-3")] {
+        let out = dir.join(opt);
+        let metrics = dir.join(format!("{opt}.jsonl"));
+        ok(&hlo_train(&[
+            "train",
+            "--checkpoint",
+            fixture().to_str().unwrap(),
+            "--init-adapter",
+            fixture().join("adapter").to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+            "--batch",
+            "2",
+            "--seq",
+            "9",
+            "--steps",
+            "1",
+            "--optimizer",
+            opt,
+            "--lr",
+            lr,
+            "--clip-norm",
+            "0",
+            "--out",
+            out.to_str().unwrap(),
+            "--metrics",
+            metrics.to_str().unwrap(),
+        ]));
+        let loss = want
+            .iter()
+            .find(|(k, _)| k == &format!("{opt}.loss"))
+            .unwrap()
+            .1
+            .to_f64s()[0];
+        let first = losses(&metrics)[0];
+        assert!(
+            (first - loss).abs() < 1e-5,
+            "{opt}: first loss {first}, PyTorch {loss}"
+        );
+        let ours = read_safetensors(&out.join("adapter_model.safetensors")).unwrap();
+        assert_eq!(ours.len(), 28);
+        for (key, t) in ours {
+            let theirs = &want
+                .iter()
+                .find(|(k, _)| k == &format!("{opt}.{key}"))
+                .unwrap_or_else(|| panic!("{key}"))
+                .1;
+            let d = t
+                .to_f64s()
+                .iter()
+                .zip(theirs.to_f64s())
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
+            assert!(d < 1e-4, "{opt} {key}: differs by {d}");
+        }
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+const DEMO: [&str; 14] = [
+    "train",
+    "--batch",
+    "16",
+    "--seq",
+    "16",
+    "--lr",
+    "3e-3",
+    "--schedule",
+    "cosine",
+    "--warmup",
+    "20",
+    "--lora-rank",
+    "16",
+    "--lora-alpha",
+];
+
+#[test]
+fn the_demo_learns() {
+    let dir = scratch("demo");
+    let metrics = dir.join("m.jsonl");
+    let mut args = DEMO.to_vec();
+    args.extend([
+        "32",
+        "--steps",
+        "400",
+        "--log-every",
+        "100",
+        "--metrics",
+        metrics.to_str().unwrap(),
+    ]);
+    let out = ok(&hlo_train(&args));
+    assert!(out.contains("before: ") && out.contains("after: "), "{out}");
+    let l = losses(&metrics);
+    assert_eq!(l.len(), 400);
+    assert!(l[399] < l[0] * 0.5, "loss {} -> {}", l[0], l[399]);
+    // Every metrics line has the promised fields.
+    let first: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(&metrics)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    for k in [
+        "step",
+        "loss",
+        "lr",
+        "grad_norm",
+        "tokens_per_s",
+        "step_time_s",
+        "mfu",
+    ] {
+        assert!(first.get(k).is_some(), "{k}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn resume_reproduces_the_losses_exactly() {
+    let dir = scratch("resume");
+    let common = |steps: &str| {
+        let mut a: Vec<String> = DEMO.iter().map(|s| s.to_string()).collect();
+        a.extend(["32", "--steps", steps].iter().map(|s| s.to_string()));
+        a
+    };
+    let run = |extra: &[&str], steps: &str| {
+        let mut a = common(steps);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+        ok(&hlo_train(&refs));
+    };
+    let (whole, first, second) = (
+        dir.join("whole.jsonl"),
+        dir.join("first.jsonl"),
+        dir.join("second.jsonl"),
+    );
+    let out = dir.join("out");
+    run(&["--metrics", whole.to_str().unwrap()], "8");
+    run(
+        &[
+            "--metrics",
+            first.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        "4",
+    );
+    run(
+        &[
+            "--metrics",
+            second.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--resume",
+            out.to_str().unwrap(),
+        ],
+        "8",
+    );
+    let (w, a, b) = (losses(&whole), losses(&first), losses(&second));
+    assert_eq!(a, w[..4]);
+    assert_eq!(b, w[4..]);
+    // A resume with other flags is refused.
+    let mut bad = common("8");
+    bad.extend([
+        "--resume".to_string(),
+        out.to_str().unwrap().to_string(),
+        "--seed".to_string(),
+        "5".to_string(),
+    ]);
+    let refs: Vec<&str> = bad.iter().map(String::as_str).collect();
+    let err = one_line_error(&hlo_train(&refs));
+    assert!(
+        err.contains("the run was saved with seed = 0, this run has 5"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_2_4_1_mesh_gives_the_single_device_losses() {
+    let dir = scratch("mesh");
+    let (one, eight) = (dir.join("one.jsonl"), dir.join("eight.jsonl"));
+    let base = [
+        "train", "--batch", "8", "--seq", "16", "--steps", "3", "--lr", "3e-3",
+    ];
+    let mut a = base.to_vec();
+    a.extend(["--metrics", one.to_str().unwrap()]);
+    ok(&hlo_train(&a));
+    let mut b = base.to_vec();
+    b.extend([
+        "--mesh",
+        "dp=2,fsdp=4,mp=1",
+        "--metrics",
+        eight.to_str().unwrap(),
+    ]);
+    let out = ok(&hlo_train(&b));
+    assert!(out.contains("dp=2,fsdp=4,mp=1"), "{out}");
+    for (x, y) in losses(&one).iter().zip(losses(&eight)) {
+        assert!(((x - y) / x).abs() < 1e-4, "{x} vs {y}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn bad_input_gives_one_clear_line() {
+    let dir = scratch("errors");
+    let data = dir.join("bad.jsonl");
+    let cases: [(&str, &str); 5] = [
+        ("{\"text\": \"ok\"}\nnot json\n", "bad.jsonl:2: not JSON"),
+        ("{\"text\": \"ok\"}\n\n", "bad.jsonl:2: empty line"),
+        (
+            "{\"question\": \"no\"}\n",
+            "bad.jsonl:1: expected {\"text\"}",
+        ),
+        (
+            "{\"input_ids\": [1, 9999]}\n",
+            "bad.jsonl:1: token id 9999 is outside the vocabulary (size 264)",
+        ),
+        ("{\"prompt\": \"a\"}\n", "bad.jsonl:1: expected"),
+    ];
+    for (content, want) in cases {
+        std::fs::write(&data, content).unwrap();
+        let err = one_line_error(&hlo_train(&[
+            "train",
+            "--data",
+            data.to_str().unwrap(),
+            "--steps",
+            "1",
+        ]));
+        assert!(err.contains(want), "{err} (wanted {want})");
+    }
+    for (args, want) in [
+        (vec!["--lora-rank", "0"], "--lora-rank must be at least 1"),
+        (vec!["--lr=-1"], "--lr must be positive"),
+        (vec!["--seq", "1"], "--seq must be at least 2"),
+        (vec!["--save-every", "2"], "--save-every needs --out"),
+        (
+            vec!["--data", "/nonexistent.jsonl"],
+            "cannot read /nonexistent.jsonl",
+        ),
+        (
+            vec!["--mesh", "dp=1,fsdp=3,mp=1"],
+            "does not divide over fsdp (3 parts)",
+        ),
+        (vec!["--resume", "/nonexistent"], "has no train_state/"),
+        (
+            vec!["--lora-targets", "q_proj,qkv"],
+            "unknown LoRA target `qkv`",
+        ),
+    ] {
+        let mut a = vec!["train", "--steps", "1", "--batch", "2"];
+        if !args.contains(&"--seq") {
+            a.extend(["--seq", "8"]);
+        }
+        a.extend(args);
+        let err = one_line_error(&hlo_train(&a));
+        assert!(err.contains(want), "{err} (wanted {want})");
+    }
+    // A diverging run stops at the first non-finite loss, naming the step.
+    let err = one_line_error(&hlo_train(&[
+        "train",
+        "--steps",
+        "5",
+        "--batch",
+        "2",
+        "--seq",
+        "8",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "1e30",
+        "--clip-norm",
+        "0",
+    ]));
+    assert!(err.contains("step ") && err.contains("stopped"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+}

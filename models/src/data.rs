@@ -1,0 +1,230 @@
+//! Training data: JSONL examples tokenized into fixed-length rows with a
+//! loss mask, shuffled deterministically, batched, with a cursor to resume.
+//!
+//! Each row is `seq` token ids and a mask: `loss_mask[t] = 1` when position
+//! `t` predicts a token that counts (`t + 1` is a completion or text token,
+//! not prompt or padding). Padding is token 0 with mask 0.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::tokenizer::Tokenizer;
+use crate::ModelError;
+
+/// One tokenized example: ids, and which of them are targets.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Example {
+    pub ids: Vec<u32>,
+    /// `target[i]`: token `i` is predicted and counted in the loss.
+    pub target: Vec<bool>,
+}
+
+/// Parses one JSONL line: `{"text"}`, `{"prompt", "completion"}` or
+/// `{"input_ids"}`. Text gets BOS (from the tokenizer) and EOS appended.
+pub fn parse_line(
+    line: &str,
+    tokenizer: Option<&Tokenizer>,
+    eos: Option<u32>,
+    vocab: i64,
+) -> Result<Example, String> {
+    let v: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
+    let obj = v.as_object().ok_or("not a JSON object")?;
+    let tok = || tokenizer.ok_or("text needs a tokenizer (--tokenizer FILE), or give input_ids");
+    let with_eos = |mut ids: Vec<u32>| {
+        if let Some(e) = eos {
+            ids.push(e);
+        }
+        ids
+    };
+    let ex = if let Some(ids) = obj.get("input_ids") {
+        let ids: Vec<u32> = ids
+            .as_array()
+            .ok_or("input_ids is not a list")?
+            .iter()
+            .map(|t| {
+                t.as_u64()
+                    .filter(|&t| t <= u32::MAX as u64)
+                    .map(|t| t as u32)
+                    .ok_or("input_ids holds a non-integer")
+            })
+            .collect::<Result<_, _>>()?;
+        let n = ids.len();
+        Example {
+            ids,
+            target: (0..n).map(|i| i > 0).collect(),
+        }
+    } else if let (Some(p), Some(c)) = (obj.get("prompt"), obj.get("completion")) {
+        let (p, c) = (
+            p.as_str().ok_or("prompt is not a string")?,
+            c.as_str().ok_or("completion is not a string")?,
+        );
+        let t = tok()?;
+        let prompt = t.encode(p, true).map_err(|e| e.to_string())?;
+        let completion = with_eos(t.encode(c, false).map_err(|e| e.to_string())?);
+        let target = prompt
+            .iter()
+            .map(|_| false)
+            .chain(completion.iter().map(|_| true))
+            .collect();
+        Example {
+            ids: prompt.into_iter().chain(completion).collect(),
+            target,
+        }
+    } else if let Some(text) = obj.get("text") {
+        let text = text.as_str().ok_or("text is not a string")?;
+        let ids = with_eos(tok()?.encode(text, true).map_err(|e| e.to_string())?);
+        let n = ids.len();
+        Example {
+            ids,
+            target: (0..n).map(|i| i > 0).collect(),
+        }
+    } else {
+        return Err("expected {\"text\"}, {\"prompt\", \"completion\"} or {\"input_ids\"}".into());
+    };
+    if ex.ids.len() < 2 {
+        return Err("fewer than two tokens: nothing to predict".into());
+    }
+    if let Some(bad) = ex.ids.iter().find(|&&t| t as i64 >= vocab) {
+        return Err(format!(
+            "token id {bad} is outside the vocabulary (size {vocab})"
+        ));
+    }
+    Ok(ex)
+}
+
+/// Reads a JSONL file; a bad line is an error naming the file and line.
+pub fn read_jsonl(
+    path: &Path,
+    tokenizer: Option<&Tokenizer>,
+    eos: Option<u32>,
+    vocab: i64,
+) -> Result<Vec<Example>, ModelError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ModelError::Io(format!("cannot read {}: {e}", path.display())))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            return Err(ModelError::Io(format!(
+                "{}:{}: empty line",
+                path.display(),
+                i + 1
+            )));
+        }
+        out.push(
+            parse_line(line, tokenizer, eos, vocab)
+                .map_err(|e| ModelError::Io(format!("{}:{}: {e}", path.display(), i + 1)))?,
+        );
+    }
+    if out.is_empty() {
+        return Err(ModelError::Io(format!(
+            "{} has no examples",
+            path.display()
+        )));
+    }
+    Ok(out)
+}
+
+/// The bundled demo task, learnable by `tiny` in a minute on a CPU: write a
+/// lowercase word in capitals (`prompt` "cat=" → `completion` "CAT").
+pub fn demo_examples(
+    tokenizer: &Tokenizer,
+    eos: Option<u32>,
+    count: usize,
+    seed: u64,
+) -> Vec<Example> {
+    let mut rng = crate::rng::Rng::new(seed);
+    (0..count)
+        .map(|_| {
+            let len = 3 + (rng.next_u64() % 4) as usize;
+            let word: String = (0..len).map(|_| (b'a' + (rng.next_u64() % 26) as u8) as char).collect();
+            let line = serde_json::json!({"prompt": format!("{word}="), "completion": word.to_uppercase()}).to_string();
+            parse_line(&line, Some(tokenizer), eos, i64::MAX).expect("demo lines are valid")
+        })
+        .collect()
+}
+
+/// A batch: `ids` and `loss_mask`, each `[batch, seq]` row-major.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batch {
+    pub ids: Vec<i32>,
+    pub loss_mask: Vec<f32>,
+    /// Tokens whose prediction counts.
+    pub targets: usize,
+}
+
+/// Examples cut or padded to `seq`, in a seeded order, epoch after epoch.
+pub struct Loader {
+    examples: Vec<Example>,
+    seq: usize,
+    batch: usize,
+    seed: u64,
+    /// Examples handed out so far (the resume cursor).
+    pub cursor: u64,
+}
+
+impl Loader {
+    pub fn new(examples: Vec<Example>, seq: usize, batch: usize, seed: u64) -> Loader {
+        Loader {
+            examples,
+            seq,
+            batch,
+            seed,
+            cursor: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.examples.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.examples.is_empty()
+    }
+
+    /// The permutation of epoch `epoch` (Fisher–Yates, seeded by seed and epoch).
+    fn order(&self, epoch: u64) -> Vec<usize> {
+        let mut rng = crate::rng::Rng::new(self.seed.wrapping_mul(0x9e37_79b9).wrapping_add(epoch));
+        let mut idx: Vec<usize> = (0..self.examples.len()).collect();
+        for i in (1..idx.len()).rev() {
+            let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+            idx.swap(i, j);
+        }
+        idx
+    }
+
+    /// The next batch; the cursor advances by `batch` examples.
+    pub fn next_batch(&mut self) -> Batch {
+        let n = self.examples.len() as u64;
+        let (seq, b) = (self.seq, self.batch);
+        let mut ids = vec![0i32; b * seq];
+        let mut loss_mask = vec![0f32; b * seq];
+        let mut targets = 0;
+        let mut order_epoch = u64::MAX;
+        let mut order = Vec::new();
+        for row in 0..b {
+            let k = self.cursor + row as u64;
+            let (epoch, pos) = (k / n, (k % n) as usize);
+            if epoch != order_epoch {
+                order = self.order(epoch);
+                order_epoch = epoch;
+            }
+            let ex = &self.examples[order[pos]];
+            let len = ex.ids.len().min(seq);
+            for t in 0..len {
+                ids[row * seq + t] = ex.ids[t] as i32;
+                // Position t predicts token t + 1.
+                if t + 1 < len && ex.target[t + 1] {
+                    loss_mask[row * seq + t] = 1.0;
+                    targets += 1;
+                }
+            }
+        }
+        self.cursor += b as u64;
+        Batch {
+            ids,
+            loss_mask,
+            targets,
+        }
+    }
+}
