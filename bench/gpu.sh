@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # hlo-train on an NVIDIA GPU machine, in one go (../shared/docs/gpu.md).
 #
-# Such a machine has python3 with JAX's CUDA PJRT plugin but no Rust, so build
-# here first and carry the binaries along:
+# Such a machine has python3 with JAX's CUDA PJRT plugin, PyTorch,
+# transformers and PEFT but no Rust, so build here first and carry the
+# binaries along:
 #   cargo build --release -p hlo-train -p hlo-runtime --examples --bins
 #   mkdir -p .device/bin && cp target/release/hlo-train target/release/examples/plugin_bench .device/bin/
 # then, on the GPU machine, from the repository root:
@@ -11,58 +12,101 @@
 set -uo pipefail
 BIN=${BIN:-.device/bin}
 OUT=${OUT:-/tmp/hlo-train-gpu}
+STEPS=${STEPS:-12}
 mkdir -p "$OUT"
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-1}
 summary=()
+F=tests/fixtures/llama
 
 echo "== 1. devices"
 if "$BIN/hlo-train" devices --plugin cuda --json >"$OUT/devices.json"; then
-  cat "$OUT/devices.json"
   summary+=("devices: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["platform"], "API", d["api_version"], len(d["devices"]), "x", d["devices"][0]["kind"])' "$OUT/devices.json")")
 else
   summary+=("devices: FAILED")
 fi
-"$BIN/hlo-train" devices --plugin cuda
 
-echo "== how JAX's CUDA plugin package sets itself up (for runtime/discovery.rs)"
-init=$(python3 -c 'import jax_plugins.xla_cuda13 as m; print(m.__file__)' 2>/dev/null)
-[ -n "$init" ] && grep -nE "environ|XLA_FLAGS|cuda_data_dir|options|register_plugin" "$init" | head -30
+echo "== 2. correctness: fixture logits (f32) and one SGD step from a PEFT adapter, against HF/PEFT"
+python3 - "$F" <<'PY' >"$OUT/rows.txt"
+import sys, torch
+from safetensors.torch import load_file
+e = load_file(f"{sys.argv[1]}/gqa_llama3/expected.safetensors")
+import json
+for row in e["input_ids"].tolist():
+    print(json.dumps({"input_ids": row}))
+PY
+cp "$OUT/rows.txt" "$OUT/rows.jsonl"
+for m in gqa_llama3 mha_tied head_dim; do
+  prompt=$(python3 -c "from safetensors.torch import load_file; print(','.join(map(str, load_file('$F/$m/expected.safetensors')['input_ids'][0].tolist())))")
+  "$BIN/hlo-train" generate --plugin cuda --dtype f32 --checkpoint "$F/$m" --adapter "$F/$m/adapter" \
+      --prompt-ids "$prompt" --max-new-tokens 1 --dump-logits "$OUT/$m.safetensors" >/dev/null
+  d=$(python3 -c "
+from safetensors.torch import load_file
+a = load_file('$OUT/$m.safetensors')['logits']; b = load_file('$F/$m/expected.safetensors')['logits_adapter'][0]
+print(f'{(a - b).abs().max().item():.2e}')" 2>&1)
+  summary+=("logits $m + adapter, f32 on GPU vs HF: max abs diff $d")
+done
+"$BIN/hlo-train" train --plugin cuda --dtype f32 --checkpoint "$F/gqa_llama3" --init-adapter "$F/gqa_llama3/adapter" \
+    --data "$OUT/rows.jsonl" --batch 2 --seq 9 --steps 1 --optimizer sgd --lr 0.05 --clip-norm 0 --out "$OUT/step" >/dev/null
+d=$(python3 -c "
+from safetensors.torch import load_file
+ours = load_file('$OUT/step/adapter_model.safetensors'); want = load_file('$F/gqa_llama3/train_step.safetensors')
+print(f'{max((ours[k] - want[\"sgd.\" + k]).abs().max().item() for k in ours):.2e}')" 2>&1)
+summary+=("one SGD step (f32) on GPU vs PyTorch+PEFT: max abs diff of the adapter $d")
 
-echo "== 2. correctness: tiny fixture logits (needs the Llama issue), bf16 train step (needs the train issue): not yet"
-
-echo "== runtime on CUDA: a chain of N x N matmuls + tanh, compiled and run by our PJRT bindings"
-for cfg in "4096 8 f32" "8192 8 f32" "8192 8 bf16" "8192 32 bf16"; do
-  line=$("$BIN/plugin_bench" cuda $cfg 2>&1 | tail -1)
-  echo "$line"
-  summary+=("hlo-runtime matmul chain $cfg: ${line##*: }")
+echo "== 3. train step: Llama 3.2 1B shapes, random bf16 weights, LoRA r=16 on all projections, AdamW"
+python3 -c "
+import json, random
+random.seed(0)
+with open('$OUT/ids.jsonl', 'w') as f:
+    for _ in range(256):
+        f.write(json.dumps({'input_ids': [random.randrange(128256) for _ in range(1024)]}) + '\n')"
+for cfg in "8 1024"; do
+  set -- $cfg
+  "$BIN/hlo-train" train --plugin cuda --model llama3.2-1b --dtype bf16 --data "$OUT/ids.jsonl" --batch $1 --seq $2 \
+      --steps $STEPS --lr 2e-4 --lora-rank 16 --lora-alpha 32 --log-every 4 --metrics "$OUT/1b.jsonl" 2>&1 | grep -v "^\s*$" | tail -5
+  line=$(python3 -c "
+import json, statistics
+rows = [json.loads(l) for l in open('$OUT/1b.jsonl')][2:]
+t = statistics.median(r['step_time_s'] for r in rows)
+print(f'batch $1 x seq $2: median step {t*1e3:.1f} ms, {$1*$2/t:.0f} tokens/s, MFU {statistics.median(r[\"mfu\"] for r in rows)*100:.1f}%')")
+  summary+=("hlo-train 1B LoRA $line")
 done
 
-echo "== reference: PyTorch on the same GPU, the same chain (bf16, f32 with TF32 off)"
-python3 - <<'PY' | tee "$OUT/torch.txt"
-import time, torch
-def chain(n, layers, dtype):
-    x = torch.randn(n, n, device="cuda", dtype=dtype) / n**0.5
-    ws = [torch.randn(n, n, device="cuda", dtype=dtype) / n**0.5 for _ in range(layers)]
-    def run():
-        h = x
-        for w in ws:
-            h = torch.tanh(h @ w)
-        return h
-    for _ in range(3): run()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(10):
-        t = time.perf_counter(); run(); torch.cuda.synchronize(); ts.append(time.perf_counter() - t)
-    ts.sort(); med = ts[len(ts)//2]
-    print(f"torch {str(dtype).split('.')[-1]} n={n} layers={layers}: run {med:.4f}s = {2*n**3*layers/med/1e9:.1f} GFLOP/s")
-torch.backends.cuda.matmul.allow_tf32 = False
-chain(8192, 8, torch.float32)
-chain(8192, 8, torch.bfloat16)
-chain(8192, 32, torch.bfloat16)
+echo "== 4. the peer: PyTorch + PEFT, same shapes, bf16 base, f32 LoRA, AdamW, SDPA attention"
+python3 - "$STEPS" <<'PY' | tee "$OUT/torch.txt"
+import sys, time, statistics, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from peft import LoraConfig, get_peft_model
+steps = int(sys.argv[1])
+cfg = LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                  num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True,
+                  rope_theta=500000.0, max_position_embeddings=131072, attn_implementation="sdpa",
+                  rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+with torch.device("cuda"):
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=[
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+params = [p for p in model.parameters() if p.requires_grad]
+for p in params:
+    p.data = p.data.float()
+opt = torch.optim.AdamW(params, lr=2e-4)
+b, s = 8, 1024
+ids = torch.randint(0, 128256, (b, s), device="cuda")
+times = []
+for i in range(steps):
+    torch.cuda.synchronize(); t = time.perf_counter()
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step(); opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize(); times.append(time.perf_counter() - t)
+t = statistics.median(times[2:])
+print(f"PyTorch+PEFT 1B LoRA batch {b} x seq {s}: median step {t*1e3:.1f} ms, {b*s/t:.0f} tokens/s, peak memory {torch.cuda.max_memory_allocated()/2**30:.1f} GiB")
 PY
 while read -r l; do summary+=("$l"); done <"$OUT/torch.txt"
 
-echo "== 3-4. bench for llama3.2-1b / llama3.1-8b and the PyTorch+PEFT peer (need the bench issue): not yet"
+echo "== 5. Llama 3.1 8B shapes and hlo-train bench: need the bench issue (device-side random weights); not yet"
 
 echo
 echo "== summary"
