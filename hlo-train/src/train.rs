@@ -443,15 +443,24 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     // all cores, a chunk of tensors at a time (bounded host memory).
     let make = |b: &hlo_ir::Binding| -> Result<Option<Literal>> {
         let ty = f.ty(b.value).clone();
-        let from_resume = resumed.as_ref().and_then(|t| t.iter().find(|(n, _)| n == &b.name)).map(|(_, l)| l.clone());
+        let from_resume = resumed
+            .as_ref()
+            .and_then(|t| t.iter().find(|(n, _)| n == &b.name))
+            .map(|(_, l)| l.clone());
         Ok(Some(if b.name == "input_ids" || b.name == "loss_mask" {
             return Ok(None);
         } else if let Some(l) = from_resume {
             if l.ty != ty {
-                bail!("--resume: `{}` is saved as {}, the step needs {ty}", b.name, l.ty);
+                bail!(
+                    "--resume: `{}` is saved as {}, the step needs {ty}",
+                    b.name,
+                    l.ty
+                );
             }
             l
-        } else if resumed.is_some() && (step_fn.trainable.contains(&b.name) || b.name.starts_with("opt.")) {
+        } else if resumed.is_some()
+            && (step_fn.trainable.contains(&b.name) || b.name.starts_with("opt."))
+        {
             bail!("--resume: the saved state has no `{}`", b.name);
         } else if b.name == "step" {
             Literal::scalar(DType::I32, step as f64)
@@ -468,10 +477,16 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let mut state: Vec<Option<DeviceArray>> = Vec::with_capacity(f.inputs.len());
     for chunk in order.chunks(threads) {
         let values: Vec<Result<Option<Literal>>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = chunk.iter().map(|&k| scope.spawn(move || make(&f.inputs[k]))).collect();
+            let handles: Vec<_> = chunk
+                .iter()
+                .map(|&k| scope.spawn(move || make(&f.inputs[k])))
+                .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("making a weight failed"))))
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("making a weight failed")))
+                })
                 .collect()
         });
         for (&k, value) in chunk.iter().zip(values) {
