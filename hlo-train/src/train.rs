@@ -546,9 +546,16 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         * mesh.size() as f64;
     let flops = step_flops(config, &tc);
     let mut metrics = match &args.metrics {
-        Some(p) => Some(
-            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
-        ),
+        Some(p) => {
+            if let Some(parent) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent)
+                    .with_context(|| format!("cannot create {}", parent.display()))?;
+            }
+            Some(
+                std::fs::File::create(p)
+                    .with_context(|| format!("cannot create {}", p.display()))?,
+            )
+        }
         None => None,
     };
     println!(
