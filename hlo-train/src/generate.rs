@@ -11,7 +11,10 @@ use hlo_models::adapter::Adapter;
 use hlo_models::io::write_safetensors;
 use hlo_models::llama::forward_function;
 use hlo_models::rng::Rng;
-use hlo_runtime::{Buffer, CompiledFunction, HostArray, PluginKind};
+use std::cell::RefCell;
+
+use hlo_partitioner::{FunctionShardings, Mesh, PartitionSpec, Sharding};
+use hlo_runtime::{DeviceArray, Eager, HostArray, PluginKind, ShardedFunction};
 
 use crate::common::PluginArgs;
 use crate::model_args::{parse_ids, ModelArgs};
@@ -58,6 +61,10 @@ pub struct GenerateArgs {
     /// Seed for sampling and for random weights.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+
+    /// Run the forward pass op by op instead of as one executable.
+    #[arg(long)]
+    pub eager: bool,
 
     /// Keep going past the model's end-of-sequence tokens.
     #[arg(long)]
@@ -179,9 +186,15 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         config.eos_token_ids.iter().map(|&e| e as u32).collect()
     };
     for (k, adapter) in adapters.iter().enumerate() {
-        let generator = Generator::new(&client, config, dtype, window, adapter.as_ref(), |name| {
-            model.weight(name, dtype, args.seed)
-        })?;
+        let generator = Generator::new(
+            &client,
+            config,
+            dtype,
+            window,
+            adapter.as_ref(),
+            args.eager,
+            |name| model.weight(name, dtype, args.seed),
+        )?;
         let sampling = Sampling {
             temperature: args.temperature,
             top_p: args.top_p,
@@ -202,6 +215,14 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         }
         if adapters.len() > 1 {
             println!("== {}", args.adapter[k].display());
+        }
+        if let Some(s) = generator.eager_stats() {
+            eprintln!(
+                "eager: {} one-op programs, op cache hit rate {:.1}%, peak live intermediates {:.1} MB",
+                s.programs,
+                s.hit_rate() * 100.0,
+                s.peak_live_bytes as f64 / 1e6
+            );
         }
         match (&args.prompt_ids, &tokenizer) {
             (None, Some(t)) => println!("{}", t.decode(&completion)?),
@@ -226,47 +247,112 @@ pub struct Sampling {
     pub seed: u64,
 }
 
-/// A compiled forward pass over a fixed window, with the parameters on the
-/// device; completes prompts by rerunning it once per new token.
+/// A forward pass over a fixed window, compiled whole (JIT) or run op by op
+/// (eager), with the parameters on the device; completes prompts by rerunning
+/// it once per new token.
 pub struct Generator {
     client: hlo_runtime::Client,
-    exe: CompiledFunction,
-    params: Vec<Buffer>,
+    function: hlo_ir::Function,
+    mesh: Mesh,
+    devices: Vec<hlo_runtime::Device>,
+    jit: Option<ShardedFunction>,
+    eager: Option<RefCell<Eager>>,
+    params: Vec<DeviceArray>,
     window: i64,
     vocab: usize,
 }
 
 impl Generator {
-    /// Compiles the forward pass and uploads the weights (`weight(name)`,
-    /// one tensor at a time) and the adapter's tensors.
+    /// Builds the forward pass and uploads the weights (`weight(name)`, one
+    /// tensor at a time) and the adapter's tensors.
     pub fn new(
         client: &hlo_runtime::Client,
         config: &hlo_models::llama::LlamaConfig,
         dtype: DType,
         window: i64,
         adapter: Option<&Adapter>,
+        eager: bool,
         weight: impl Fn(&str) -> Result<Literal>,
     ) -> Result<Generator> {
         let lora = adapter.map(|a| &a.lora);
-        let f =
+        let traced =
             forward_function(config, dtype, 1, window, lora).context("tracing the forward pass")?;
-        let exe = CompiledFunction::new(client, &f)?;
-        let device = exe.executable().devices()[0].clone();
-        let mut params: Vec<Buffer> = Vec::new();
-        for b in &f.inputs[..f.inputs.len() - 1] {
+        let function = hlo_ir::simplify(&traced);
+        let mesh = Mesh::single();
+        let devices = client.addressable_devices()?[..1].to_vec();
+        let replicated = Sharding::replicated(mesh.clone());
+        let mut params = Vec::new();
+        for b in &function.inputs[..function.inputs.len() - 1] {
             let lit = match adapter.and_then(|a| a.get(&b.name)) {
                 Some(l) => l.clone(),
                 None => weight(&b.name)?,
             };
-            params.push(client.buffer_from_host(&HostArray::from(lit), &device)?);
+            params.push(DeviceArray::shard(
+                client,
+                &HostArray::from(lit),
+                &replicated,
+                &devices,
+            )?);
         }
+        let (jit, eager) = if eager {
+            (
+                None,
+                Some(RefCell::new(Eager::new(
+                    client,
+                    mesh.clone(),
+                    devices.clone(),
+                )?)),
+            )
+        } else {
+            let shardings = FunctionShardings::replicated(&function, &mesh);
+            (
+                Some(ShardedFunction::new(client, &function, shardings)?),
+                None,
+            )
+        };
         Ok(Generator {
             client: client.clone(),
-            exe,
+            function,
+            mesh,
+            devices,
+            jit,
+            eager,
             params,
             window,
             vocab: config.vocab_size as usize,
         })
+    }
+
+    /// The logits `[window, vocab]` for `tokens` (padded with 0).
+    fn logits(&self, tokens: &[u32]) -> Result<Vec<f64>> {
+        let mut ids = vec![0i32; self.window as usize];
+        for (i, t) in tokens.iter().enumerate() {
+            ids[i] = *t as i32;
+        }
+        let ids = DeviceArray::shard(
+            &self.client,
+            &HostArray::new(&[1, self.window], &ids)?,
+            &Sharding::replicated(self.mesh.clone()),
+            &self.devices,
+        )?;
+        let mut inputs: Vec<&DeviceArray> = self.params.iter().collect();
+        inputs.push(&ids);
+        let out = match (&self.jit, &self.eager) {
+            (Some(jit), _) => jit.run(&inputs)?,
+            (None, Some(eager)) => eager.borrow_mut().run(
+                &self.function,
+                &inputs,
+                &[PartitionSpec::replicated()],
+                None,
+            )?,
+            _ => unreachable!("JIT or eager"),
+        };
+        Ok(out[0].gather()?.to_f64_vec())
+    }
+
+    /// The eager executor's statistics, when running eagerly.
+    pub fn eager_stats(&self) -> Option<hlo_runtime::EagerStats> {
+        self.eager.as_ref().map(|e| e.borrow().stats)
     }
 
     /// Up to `max_new` tokens after `prompt` (stopping after a `stop` token),
@@ -278,27 +364,12 @@ impl Generator {
         sampling: &Sampling,
         stop: &[u32],
     ) -> Result<(Vec<u32>, Vec<f64>)> {
-        let device = &self.exe.executable().devices()[0];
         let mut tokens = prompt.to_vec();
         let mut rng = Rng::new(sampling.seed);
         let mut first = Vec::new();
         let max_new = max_new.min((self.window as usize).saturating_sub(prompt.len()));
         for step in 0..max_new {
-            let mut ids = vec![0i32; self.window as usize];
-            for (i, t) in tokens.iter().enumerate() {
-                ids[i] = *t as i32;
-            }
-            let ids = self
-                .client
-                .buffer_from_host(&HostArray::new(&[1, self.window], &ids)?, device)?;
-            let mut refs: Vec<&Buffer> = self.params.iter().collect();
-            refs.push(&ids);
-            let logits = self
-                .exe
-                .run_buffers(&refs)?
-                .remove(0)
-                .to_host()?
-                .to_f64_vec();
+            let logits = self.logits(&tokens)?;
             let v = self.vocab;
             let next = sample(
                 &logits[(tokens.len() - 1) * v..tokens.len() * v],

@@ -59,8 +59,12 @@ fn main() -> ExitCode {
             }
             // A usage error, like every other, is one line.
             let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("error: bad arguments");
-            eprintln!("{first} (see --help)");
+            let message: Vec<&str> = text
+                .lines()
+                .take_while(|l| !l.trim().is_empty() && !l.starts_with("Usage:"))
+                .map(str::trim)
+                .collect();
+            eprintln!("{} (see --help)", message.join(" "));
             return ExitCode::from(2);
         }
     };

@@ -16,7 +16,7 @@ use hlo_models::io::{read_safetensors, write_atomic, write_safetensors};
 use hlo_models::llama::LoraConfig;
 use hlo_models::train::{step_flops, train_step, Optimizer, Schedule, TrainConfig};
 use hlo_partitioner::{llama_rules, FunctionShardings, Mesh};
-use hlo_runtime::{DeviceArray, HostArray, PluginKind, ShardedFunction};
+use hlo_runtime::{DeviceArray, Eager, HostArray, PluginKind, ShardedFunction};
 use serde_json::json;
 
 use crate::common::PluginArgs;
@@ -47,10 +47,19 @@ pub struct TrainArgs {
     #[arg(long)]
     pub mesh: Option<Mesh>,
 
-    /// Compile the whole step as one executable (the default and, for now,
-    /// the only mode).
-    #[arg(long)]
+    /// Compile the whole step as one executable (the default).
+    #[arg(long, conflicts_with = "eager")]
     pub jit: bool,
+
+    /// Run the step op by op: each node a small cached executable, values
+    /// freed after their last use (for debugging and inspection).
+    #[arg(long)]
+    pub eager: bool,
+
+    /// With --eager: print shape, dtype, min/max/mean and non-finite count
+    /// of every value made in scopes matching this regex (first step only).
+    #[arg(long, requires = "eager")]
+    pub trace_values: Option<String>,
 
     /// Train every base weight instead of LoRA adapters.
     #[arg(long)]
@@ -396,28 +405,51 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         batch_axes,
     };
     let step_fn = train_step(config, &tc)?;
-    let f = &step_fn.function;
+    // What is run, JIT or eager: folded, CSE'd, dead code removed.
+    let simplified = hlo_ir::simplify(&step_fn.function);
+    let f = &simplified;
     let shardings = FunctionShardings::from_rules(f, &mesh, &llama_rules())?;
+    let trace_values = match &args.trace_values {
+        Some(r) => Some(
+            regex::Regex::new(r).with_context(|| format!("--trace-values `{r}` is not a regex"))?,
+        ),
+        None => None,
+    };
     let t0 = Instant::now();
-    let exe = ShardedFunction::with_donation(&client, f, shardings.clone(), &step_fn.donated)?;
+    let devices: Vec<hlo_runtime::Device> = all[..mesh.size() as usize].to_vec();
+    let (exe, mut eager) = if args.eager {
+        (
+            None,
+            Some(Eager::new(&client, mesh.clone(), devices.clone())?),
+        )
+    } else {
+        (
+            Some(ShardedFunction::with_donation(
+                &client,
+                f,
+                shardings.clone(),
+                &step_fn.donated,
+            )?),
+            None,
+        )
+    };
     let compile_s = t0.elapsed().as_secs_f64();
     if let Some(dir) = &args.dump_hlo {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         write_atomic(
             &dir.join("train_step.stablehlo.mlir"),
-            exe.stablehlo().as_bytes(),
+            hlo_lowering::to_stablehlo_with(f, Some(&shardings), &step_fn.donated).as_bytes(),
         )?;
         write_atomic(
             &dir.join("train_step.hlo.txt"),
-            hlo_lowering::to_hlo_text_sharded(exe.function(), &shardings).as_bytes(),
+            hlo_lowering::to_hlo_text_sharded(f, &shardings).as_bytes(),
         )?;
     }
-    let devices = exe.devices().to_vec();
     let place = |k: usize, lit: Literal| -> Result<DeviceArray> {
         Ok(DeviceArray::shard(
             &client,
             &HostArray::from(lit),
-            &exe.input_sharding(k),
+            &hlo_partitioner::Sharding::new(mesh.clone(), shardings.inputs[k].clone()),
             &devices,
         )?)
     };
@@ -508,7 +540,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let demo_prompts = ["cat=", "hello=", "rust="];
     let demo_show = |label: &str, adapter: Option<&Adapter>| -> Result<()> {
         let t = tokenizer.as_ref().expect("the demo has a tokenizer");
-        let generator = Generator::new(&client, config, dtype, 16, adapter, |n| {
+        let generator = Generator::new(&client, config, dtype, 16, adapter, false, |n| {
             model.weight(n, dtype, args.seed)
         })?;
         let stop: Vec<u32> = eos.into_iter().collect();
@@ -576,6 +608,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
+    let start_step = step;
     let mut first_loss = None;
     let mut last_loss = f64::NAN;
     // What a checkpoint holds: the trained parameters, optimizer state, step.
@@ -604,7 +637,41 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             .iter()
             .map(|a| a.as_ref().expect("every input is set"))
             .collect();
-        let outputs = exe.run(&inputs)?;
+        let outputs = match (&exe, eager.as_mut()) {
+            (Some(exe), _) => exe.run(&inputs)?,
+            (None, Some(eager)) => {
+                let first = step == start_step;
+                let mut show = |node: &hlo_ir::Node,
+                                values: &[&DeviceArray]|
+                 -> Result<(), hlo_runtime::Error> {
+                    if let Some(re) = trace_values.as_ref().filter(|_| first) {
+                        if re.is_match(&node.scope) {
+                            for v in values {
+                                let x = v.gather()?.to_f64_vec();
+                                let finite: Vec<f64> =
+                                    x.iter().copied().filter(|v| v.is_finite()).collect();
+                                let (lo, hi) = finite
+                                    .iter()
+                                    .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| {
+                                        (a.min(v), b.max(v))
+                                    });
+                                let mean = finite.iter().sum::<f64>() / finite.len().max(1) as f64;
+                                println!(
+                                    "trace {:<48} {:<20} {:<18} min {lo:+.4e} max {hi:+.4e} mean {mean:+.4e} non-finite {}",
+                                    node.scope,
+                                    node.op.name(),
+                                    v.ty().to_string(),
+                                    x.len() - finite.len()
+                                );
+                            }
+                        }
+                    }
+                    Ok(())
+                };
+                eager.run(f, &inputs, &shardings.outputs, Some(&mut show))?
+            }
+            _ => unreachable!("one of JIT or eager"),
+        };
         let scalar = |name: &str| -> Result<f64> {
             let k = f
                 .outputs
@@ -696,6 +763,28 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     }
     if let Some(first) = first_loss {
         println!("loss {first:.4} -> {last_loss:.4} in {} steps", step);
+    }
+    if let Some(exe) = &exe {
+        let m = exe.executable().compiled_memory_stats()?;
+        println!(
+            "jit: compiled memory per device: arguments {:.1} MB, outputs {:.1} MB (aliased {:.1} MB), temporaries {:.1} MB",
+            m.argument_size_in_bytes as f64 / 1e6,
+            m.output_size_in_bytes as f64 / 1e6,
+            m.alias_size_in_bytes as f64 / 1e6,
+            m.temp_size_in_bytes as f64 / 1e6
+        );
+    }
+    if let Some(e) = &eager {
+        let s = e.stats;
+        println!(
+            "eager: {} one-op programs, op cache hit rate {:.1}% ({} hits, {} compiles), peak live intermediates {:.1} MB of {:.1} MB made per step",
+            s.programs,
+            s.hit_rate() * 100.0,
+            s.hits,
+            s.misses,
+            s.peak_live_bytes as f64 / 1e6,
+            s.intermediate_bytes as f64 / 1e6
+        );
     }
     if demo && !args.full {
         let tensors: Vec<(String, Literal)> = saved_names

@@ -355,3 +355,56 @@ fn bad_input_gives_one_clear_line() {
     assert!(err.contains("step ") && err.contains("stopped"), "{err}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn eager_training_and_value_tracing() {
+    let out = ok(&hlo_train(&[
+        "train",
+        "--eager",
+        "--batch",
+        "4",
+        "--seq",
+        "8",
+        "--steps",
+        "2",
+        "--trace-values",
+        r"layers\.0\.mlp$",
+    ]));
+    assert!(out.contains("trace model.layers.0.mlp"), "{out}");
+    assert!(out.contains("non-finite 0"), "{out}");
+    assert!(
+        out.contains("eager: ") && out.contains("op cache hit rate"),
+        "{out}"
+    );
+    // Tracing values needs eager mode; a bad regex is one clear line.
+    let err = one_line_error(&hlo_train(&["train", "--trace-values", "x"]));
+    assert!(err.contains("--eager"), "{err}");
+    let err = one_line_error(&hlo_train(&[
+        "train",
+        "--eager",
+        "--trace-values",
+        "(",
+        "--steps",
+        "1",
+    ]));
+    assert!(err.contains("is not a regex"), "{err}");
+}
+
+#[test]
+fn eager_generation_equals_jit() {
+    let dir = fixture();
+    let args = [
+        "generate",
+        "--checkpoint",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--max-new-tokens",
+        "6",
+        "--ignore-eos",
+    ];
+    let jit = ok(&hlo_train(&args));
+    let mut eager_args = args.to_vec();
+    eager_args.push("--eager");
+    assert_eq!(ok(&hlo_train(&eager_args)), jit);
+}

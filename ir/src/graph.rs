@@ -196,3 +196,49 @@ impl fmt::Display for Function {
         write!(f, "}}")
     }
 }
+
+impl Function {
+    /// A function of one node: `op` applied to inputs `x0, x1, ...` of
+    /// `operand_types`, its results as outputs `y0, y1, ...` (what the eager
+    /// executor compiles per node).
+    pub fn single_op(op: Op, operand_types: &[TensorType]) -> Result<Function, String> {
+        let results = op.infer(operand_types)?;
+        let mut f = Function {
+            name: op.name().to_string(),
+            ..Function::default()
+        };
+        for (i, t) in operand_types.iter().enumerate() {
+            let v = ValueId(f.values.len() as u32);
+            f.values.push(ValueInfo {
+                ty: t.clone(),
+                def: ValueDef::Input(i),
+            });
+            f.inputs.push(Binding {
+                name: format!("x{i}"),
+                value: v,
+            });
+        }
+        let operands: Vec<ValueId> = f.inputs.iter().map(|b| b.value).collect();
+        let mut ids = Vec::new();
+        for (k, t) in results.into_iter().enumerate() {
+            let v = ValueId(f.values.len() as u32);
+            f.values.push(ValueInfo {
+                ty: t,
+                def: ValueDef::Node { node: 0, output: k },
+            });
+            ids.push(v);
+            f.outputs.push(Binding {
+                name: format!("y{k}"),
+                value: v,
+            });
+        }
+        f.nodes.push(Node {
+            op,
+            operands,
+            results: ids,
+            scope: String::new(),
+            checkpoint: None,
+        });
+        Ok(f)
+    }
+}

@@ -20,12 +20,14 @@
 
 mod error;
 mod mesh;
+mod propagate;
 mod rules;
 mod spec;
 mod view;
 
 pub use error::ShardingError;
 pub use mesh::Mesh;
+pub use propagate::propagate;
 pub use rules::{llama_rules, FunctionShardings, Rules};
 pub use spec::{PartitionSpec, Sharding};
 pub use view::draw_sharding;

@@ -169,6 +169,16 @@ impl PartitionSpec {
             .collect()
     }
 
+    /// The same layout without trailing unsplit dimensions (`P('x', None)`
+    /// and `P('x')` are one layout).
+    pub fn canonical(&self) -> PartitionSpec {
+        let mut dims = self.0.clone();
+        while dims.last().is_some_and(Vec::is_empty) {
+            dims.pop();
+        }
+        PartitionSpec(dims)
+    }
+
     /// True when every device holds the whole tensor.
     pub fn is_replicated(&self, mesh: &Mesh) -> bool {
         (0..self.0.len()).all(|d| self.parts(mesh, d) == 1)

@@ -2,8 +2,8 @@
 //! `#[repr(C)]` bindings of the PJRT C API (no bindgen, no C++), plugin
 //! discovery and loading, clients and devices, host ↔ device transfers,
 //! compile options, compilation of StableHLO text, execution over one or many
-//! devices, the JIT compile cache, and arrays sharded over a mesh with SPMD
-//! execution (the eager executor comes later).
+//! devices, the JIT compile cache, arrays sharded over a mesh with SPMD
+//! execution, and the eager executor (one cached one-op program per node).
 //!
 //! It does not know what a model is, nor how a graph is traced or printed;
 //! it takes program text and buffers.
@@ -30,6 +30,7 @@ mod buffer;
 mod client;
 mod compile_options;
 mod discovery;
+mod eager;
 mod error;
 mod executable;
 mod ffi;
@@ -43,6 +44,7 @@ pub use buffer::Buffer;
 pub use client::{Client, ClientOptions, Device, DeviceMemoryStats, OptionValue};
 pub use compile_options::CompileOptions;
 pub use discovery::{find_jax_plugin, PluginKind, PluginSpec, CPU_PLUGIN_RELATIVE};
+pub use eager::{Eager, EagerStats, Observer};
 pub use error::{Error, ErrorCode, Result};
 pub use executable::{CompiledMemoryStats, LoadedExecutable};
 pub use host::{element_count, Element, HostArray};

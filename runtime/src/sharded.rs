@@ -275,7 +275,10 @@ impl ShardedFunction {
                     a.ty()
                 )));
             }
-            if a.sharding() != &self.input_sharding(i) {
+            let want = self.input_sharding(i);
+            if a.sharding().mesh != want.mesh
+                || a.sharding().spec.canonical() != want.spec.canonical()
+            {
                 return Err(Error::InvalidArgument(format!(
                     "input `{}` is laid out as {} over {}, the program expects {} over {} (reshard it first)",
                     b.name,

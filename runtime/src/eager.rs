@@ -1,0 +1,301 @@
+//! Eager execution: a traced function run node by node, each node a one-op
+//! SPMD program compiled once per signature (op, attributes, operand types
+//! and layouts, donation) and cached for the process. Values live as
+//! sharded device arrays and are freed right after their last use; an
+//! elementwise op whose first operand dies with it reuses its buffer.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use hlo_ir::{Function, Node, Op, TensorType};
+use hlo_partitioner::{propagate, FunctionShardings, Mesh, PartitionSpec, Sharding};
+
+use crate::client::{Client, Device};
+use crate::error::{Error, Result};
+use crate::sharded::{DeviceArray, ShardedFunction};
+
+/// What the executor has done so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EagerStats {
+    /// Distinct one-op programs compiled.
+    pub programs: usize,
+    pub hits: u64,
+    pub misses: u64,
+    /// Most bytes (over all devices) held by live intermediate values at once.
+    pub peak_live_bytes: u64,
+    /// Bytes of all intermediate values of the last run, as if none were freed.
+    pub intermediate_bytes: u64,
+}
+
+impl EagerStats {
+    pub fn hit_rate(&self) -> f64 {
+        let total = self.hits + self.misses;
+        if total == 0 {
+            0.0
+        } else {
+            self.hits as f64 / total as f64
+        }
+    }
+}
+
+/// A value during a run: one of the caller's arrays, or one we made.
+#[derive(Clone)]
+enum Slot<'a> {
+    Borrowed(&'a DeviceArray),
+    Owned(Rc<DeviceArray>),
+}
+
+impl Slot<'_> {
+    fn array(&self) -> &DeviceArray {
+        match self {
+            Slot::Borrowed(a) => a,
+            Slot::Owned(a) => a,
+        }
+    }
+}
+
+/// Bytes an array holds over all its devices.
+fn device_bytes(a: &DeviceArray) -> u64 {
+    let s = a.sharding();
+    let block: i64 = s.spec.shard_shape(&s.mesh, &a.ty().dims).iter().product();
+    (block as u64) * a.ty().dtype.size_in_bytes() as u64 * a.buffers().len() as u64
+}
+
+/// Sees each node's results as they are made (for `--trace-values`).
+pub type Observer<'a> = dyn FnMut(&Node, &[&DeviceArray]) -> Result<()> + 'a;
+
+/// Runs functions op by op over a mesh.
+pub struct Eager {
+    client: Client,
+    mesh: Mesh,
+    devices: Vec<Device>,
+    cache: HashMap<String, Arc<ShardedFunction>>,
+    pub stats: EagerStats,
+}
+
+impl Eager {
+    /// An executor over `mesh`, whose devices are `devices` (mesh order).
+    pub fn new(client: &Client, mesh: Mesh, devices: Vec<Device>) -> Result<Eager> {
+        mesh.check_devices(devices.len())
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        Ok(Eager {
+            client: client.clone(),
+            mesh,
+            devices,
+            cache: HashMap::new(),
+            stats: EagerStats::default(),
+        })
+    }
+
+    /// The one-op program for `f` under `shardings` and `donated`, compiled
+    /// on first use.
+    fn program(
+        &mut self,
+        f: &Function,
+        shardings: FunctionShardings,
+        donated: &[(usize, usize)],
+    ) -> Result<Arc<ShardedFunction>> {
+        let key = hlo_lowering::to_stablehlo_with(f, Some(&shardings), donated);
+        if let Some(p) = self.cache.get(&key) {
+            self.stats.hits += 1;
+            return Ok(p.clone());
+        }
+        self.stats.misses += 1;
+        let p = Arc::new(ShardedFunction::with_donation(
+            &self.client,
+            f,
+            shardings,
+            donated,
+        )?);
+        self.cache.insert(key, p.clone());
+        self.stats.programs = self.cache.len();
+        Ok(p)
+    }
+
+    /// `a` under `spec` (an identity program when the layout differs or a
+    /// fresh copy is needed).
+    fn relayout(&mut self, a: &DeviceArray, spec: &PartitionSpec) -> Result<DeviceArray> {
+        let f = Function::single_op(
+            Op::StopGradient(hlo_ir::ops::StopGradient),
+            std::slice::from_ref(a.ty()),
+        )
+        .map_err(Error::InvalidArgument)?;
+        let shardings = FunctionShardings {
+            mesh: self.mesh.clone(),
+            inputs: vec![a.sharding().spec.clone()],
+            outputs: vec![spec.clone()],
+        };
+        let p = self.program(&f, shardings, &[])?;
+        Ok(p.run(&[a])?.remove(0))
+    }
+
+    /// Runs `f` on `inputs` (laid out over the executor's mesh) and returns
+    /// its outputs laid out as `output_specs`. `observe` sees every node's
+    /// results as they are made.
+    pub fn run(
+        &mut self,
+        f: &Function,
+        inputs: &[&DeviceArray],
+        output_specs: &[PartitionSpec],
+        mut observe: Option<&mut Observer>,
+    ) -> Result<Vec<DeviceArray>> {
+        if inputs.len() != f.inputs.len() || output_specs.len() != f.outputs.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} takes {} inputs and makes {} outputs; got {} inputs and {} output layouts",
+                f.name,
+                f.inputs.len(),
+                f.outputs.len(),
+                inputs.len(),
+                output_specs.len()
+            )));
+        }
+        // Where each value is last needed (outputs: never freed here).
+        let mut last = vec![usize::MAX - 1; f.values.len()];
+        for (n, node) in f.nodes.iter().enumerate() {
+            for o in &node.operands {
+                last[o.index()] = n;
+            }
+        }
+        for b in &f.outputs {
+            last[b.value.index()] = usize::MAX;
+        }
+        let mut env: Vec<Option<Slot>> = vec![None; f.values.len()];
+        for (b, a) in f.inputs.iter().zip(inputs) {
+            if a.ty() != f.ty(b.value) || a.sharding().mesh != self.mesh {
+                return Err(Error::InvalidArgument(format!(
+                    "input `{}` is {} over {}, expected {} over {}",
+                    b.name,
+                    a.ty(),
+                    a.sharding().mesh,
+                    f.ty(b.value),
+                    self.mesh
+                )));
+            }
+            env[b.value.index()] = Some(Slot::Borrowed(a));
+        }
+        let (mut live, mut peak, mut total) = (0u64, 0u64, 0u64);
+        for (n, node) in f.nodes.iter().enumerate() {
+            let operands: Vec<Slot> = node
+                .operands
+                .iter()
+                .map(|o| env[o.index()].clone().expect("defined before use"))
+                .collect();
+            let results: Vec<Slot> = if node.op.is_identity() {
+                vec![operands[0].clone()]
+            } else {
+                let types: Vec<TensorType> =
+                    operands.iter().map(|s| s.array().ty().clone()).collect();
+                let single = Function::single_op(node.op.clone(), &types).map_err(|e| {
+                    Error::InvalidArgument(format!("{} in `{}`: {e}", node.op.name(), node.scope))
+                })?;
+                let specs: Vec<PartitionSpec> = operands
+                    .iter()
+                    .map(|s| s.array().sharding().spec.canonical())
+                    .collect();
+                let pairs: Vec<(&TensorType, &PartitionSpec)> = types.iter().zip(&specs).collect();
+                let out_specs = propagate(&node.op, &pairs, &single.output_types(), &self.mesh);
+                // An elementwise op whose first operand dies here writes over it.
+                let elementwise = matches!(
+                    node.op,
+                    Op::Unary(_) | Op::Binary(_) | Op::Select(_) | Op::Convert(_)
+                );
+                let donate = elementwise
+                    && last[node.operands[0].index()] == n
+                    && node
+                        .operands
+                        .iter()
+                        .filter(|o| **o == node.operands[0])
+                        .count()
+                        == 1
+                    && matches!(&operands[0], Slot::Owned(rc) if Rc::strong_count(rc) == 1)
+                    && types[0] == single.output_types()[0]
+                    && specs[0] == out_specs[0];
+                let donated: &[(usize, usize)] = if donate { &[(0, 0)] } else { &[] };
+                let shardings = FunctionShardings {
+                    mesh: self.mesh.clone(),
+                    inputs: specs,
+                    outputs: out_specs,
+                };
+                let program = self.program(&single, shardings, donated)?;
+                let arrays: Vec<&DeviceArray> = operands.iter().map(Slot::array).collect();
+                let made = program.run(&arrays)?;
+                // One program in flight at a time on a multi-device mesh: the
+                // CPU plugin's collectives deadlock when several queued
+                // programs wait on each other's device threads.
+                if self.devices.len() > 1 {
+                    for a in &made {
+                        for b in a.buffers() {
+                            b.block_until_ready()?;
+                        }
+                    }
+                }
+                made.into_iter()
+                    .map(|a| {
+                        let bytes = device_bytes(&a);
+                        live += bytes;
+                        total += bytes;
+                        Slot::Owned(Rc::new(a))
+                    })
+                    .collect()
+            };
+            peak = peak.max(live);
+            if let Some(obs) = observe.as_mut() {
+                let arrays: Vec<&DeviceArray> = results.iter().map(Slot::array).collect();
+                obs(node, &arrays)?;
+            }
+            drop(operands);
+            for (r, s) in node.results.iter().zip(results) {
+                env[r.index()] = Some(s);
+            }
+            // Free what this node was the last to need.
+            for o in &node.operands {
+                if last[o.index()] == n {
+                    if let Some(Slot::Owned(rc)) = env[o.index()].take() {
+                        if Rc::strong_count(&rc) == 1 {
+                            live = live.saturating_sub(device_bytes(&rc));
+                        }
+                    }
+                }
+            }
+        }
+        self.stats.peak_live_bytes = self.stats.peak_live_bytes.max(peak);
+        self.stats.intermediate_bytes = total;
+        // Outputs in the layouts asked for; a value the caller still holds
+        // (an input, or one output twice) is copied.
+        let mut remaining = vec![0usize; f.values.len()];
+        for b in &f.outputs {
+            remaining[b.value.index()] += 1;
+        }
+        let mut out = Vec::with_capacity(f.outputs.len());
+        for (b, spec) in f.outputs.iter().zip(output_specs) {
+            let v = b.value.index();
+            remaining[v] -= 1;
+            let slot = env[v].clone().expect("outputs are defined");
+            let reusable = remaining[v] == 0
+                && matches!(&slot, Slot::Owned(rc) if Rc::strong_count(rc) == 2)
+                && slot.array().sharding().spec.canonical() == spec.canonical();
+            if reusable {
+                env[v] = None;
+                if let Slot::Owned(rc) = slot {
+                    out.push(
+                        Rc::try_unwrap(rc)
+                            .map_err(|_| Error::InvalidArgument("an output is shared".into()))?,
+                    );
+                    continue;
+                }
+            }
+            out.push(self.relayout(slot.array(), spec)?);
+        }
+        Ok(out)
+    }
+
+    /// The sharding of an input laid out as `spec`.
+    pub fn sharding(&self, spec: &PartitionSpec) -> Sharding {
+        Sharding::new(self.mesh.clone(), spec.clone())
+    }
+
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
+    }
+}
