@@ -1,14 +1,20 @@
-//! `hlo-train dump-hlo`: the program hlo-train would compile, as StableHLO
-//! and/or HLO text. Until the Llama model lands, the program is a built-in
-//! two-layer MLP: its forward pass (`mlp`) or one SGD step (`mlp_sgd_step`).
+//! `hlo-train dump-hlo`: the program hlo-train would compile (the train step
+//! or the forward pass of any preset or config, on any mesh), as StableHLO
+//! and/or HLO text, from abstract shapes: no weights are read or made.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use hlo_ir::DType;
-
 use hlo_models::io::write_atomic;
+use hlo_models::llama::{forward_function_with, is_stacked};
+use hlo_models::train::train_step;
+use hlo_partitioner::{llama_rules, FunctionShardings, Mesh};
+use hlo_runtime::{PluginKind, ShardedFunction};
+
+use crate::common::PluginArgs;
+use crate::model_args::ModelArgs;
+use crate::step_args::StepArgs;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -19,20 +25,28 @@ pub enum Format {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum What {
-    /// The forward pass.
-    Forward,
-    /// Forward, gradients and the parameter update, as one program.
+    /// Forward, gradients, clipping and the optimizer update, as one program.
     TrainStep,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum DTypeArg {
-    F32,
-    Bf16,
+    /// The forward pass to logits.
+    Forward,
 }
 
 #[derive(Args, Debug)]
 pub struct DumpHloArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    #[command(flatten)]
+    pub step: StepArgs,
+
+    #[command(flatten)]
+    pub plugin: PluginArgs,
+
+    /// Partition over this mesh (e.g. dp=2,fsdp=4,mp=1): the text then
+    /// carries Shardy / GSPMD shardings from the partition rules.
+    #[arg(long)]
+    pub mesh: Option<Mesh>,
+
     /// Which program.
     #[arg(long, value_enum, default_value = "train-step")]
     pub what: What,
@@ -46,55 +60,57 @@ pub struct DumpHloArgs {
     #[arg(long)]
     pub out: Option<PathBuf>,
 
-    /// Batch size of the example program.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
-    pub batch: i64,
-
-    /// Element type of the example program.
-    #[arg(long, value_enum, default_value = "f32")]
-    pub dtype: DTypeArg,
-
-    /// Partition the program over this mesh (e.g. dp=2,fsdp=4,mp=1): the
-    /// text then carries Shardy / GSPMD shardings from the partition rules.
+    /// Also compile the program on the CPU plugin and keep XLA's own dumps
+    /// (after-optimization HLO among them) in this folder.
     #[arg(long)]
-    pub mesh: Option<hlo_partitioner::Mesh>,
+    pub xla_dump: Option<PathBuf>,
 }
 
 pub fn run(args: &DumpHloArgs) -> Result<()> {
-    let dtype = match args.dtype {
-        DTypeArg::F32 => DType::F32,
-        DTypeArg::Bf16 => DType::BF16,
-    };
+    let model = args.model.open()?;
+    let config = &model.config;
+    let mesh = args.mesh.clone().unwrap_or_else(Mesh::single);
+    let dtype = args.model.dtype(true);
+    let tc = args.step.train_config(config, dtype, &mesh, 1000, None)?;
     let traced = match args.what {
-        What::Forward => hlo_models::mlp::two_layer_mlp(args.batch, 16, 32, 4, dtype)
-            .context("tracing the example MLP")?,
-        What::TrainStep => hlo_models::mlp::two_layer_mlp_sgd_step(args.batch, 16, 32, 4, dtype)
-            .map_err(|e| anyhow::anyhow!("tracing the example MLP train step: {e}"))?,
+        What::TrainStep => train_step(config, &tc)?.function,
+        What::Forward => forward_function_with(
+            config,
+            dtype,
+            tc.batch,
+            tc.seq,
+            tc.lora.as_ref(),
+            tc.scan_layers,
+        )?,
     };
     // What is compiled: folded, CSE'd, dead code removed.
     let f = hlo_ir::simplify(&traced);
     let shardings = match &args.mesh {
-        Some(mesh) => Some(hlo_partitioner::FunctionShardings::from_rules(
+        Some(mesh) => Some(FunctionShardings::from_rules_stacked(
             &f,
             mesh,
-            &hlo_models::mlp::rules(),
+            &llama_rules(),
+            &is_stacked,
         )?),
         None => None,
     };
+    let name = match args.what {
+        What::TrainStep => "train_step",
+        What::Forward => "forward",
+    };
     let mut files: Vec<(String, String)> = Vec::new();
     if matches!(args.format, Format::Stablehlo | Format::Both) {
-        let text = match &shardings {
-            Some(s) => hlo_lowering::to_stablehlo_sharded(&f, s),
-            None => hlo_lowering::to_stablehlo(&f),
-        };
-        files.push((format!("{}.stablehlo.mlir", f.name), text));
+        files.push((
+            format!("{name}.stablehlo.mlir"),
+            hlo_lowering::to_stablehlo_with(&f, shardings.as_ref(), &[]),
+        ));
     }
     if matches!(args.format, Format::Hlo | Format::Both) {
         let text = match &shardings {
             Some(s) => hlo_lowering::to_hlo_text_sharded(&f, s),
             None => hlo_lowering::to_hlo_text(&f),
         };
-        files.push((format!("{}.hlo.txt", f.name), text));
+        files.push((format!("{name}.hlo.txt"), text));
     }
     match &args.out {
         None => {
@@ -105,12 +121,30 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
         Some(dir) => {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
-            for (name, text) in &files {
-                let path = dir.join(name);
+            for (file, text) in &files {
+                let path = dir.join(file);
                 write_atomic(&path, text.as_bytes())?;
                 eprintln!("wrote {}", path.display());
             }
         }
+    }
+    if let Some(dir) = &args.xla_dump {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        // XLA reads its flags when the plugin first compiles.
+        let flags = format!(
+            "{} --xla_dump_to={} --xla_dump_hlo_as_text",
+            std::env::var("XLA_FLAGS").unwrap_or_default(),
+            dir.display()
+        );
+        std::env::set_var("XLA_FLAGS", flags.trim());
+        let mut plugin = args.plugin.clone();
+        if plugin.plugin.kind() == PluginKind::Cpu {
+            plugin.devices = Some(mesh.size() as u32);
+        }
+        let client = plugin.client()?;
+        let shardings = shardings.unwrap_or_else(|| FunctionShardings::replicated(&f, &mesh));
+        ShardedFunction::new(&client, &f, shardings)?;
+        eprintln!("XLA's dumps are in {}", dir.display());
     }
     Ok(())
 }

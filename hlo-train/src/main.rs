@@ -10,6 +10,8 @@ mod dump_hlo;
 mod generate;
 mod merge;
 mod model_args;
+mod plan;
+mod step_args;
 mod train;
 
 use std::process::ExitCode;
@@ -31,15 +33,17 @@ struct Cli {
 enum Command {
     /// Show the plugin, its platform and PJRT API version, and its devices.
     Devices(devices::DevicesArgs),
-    /// Write the program hlo-train compiles as StableHLO and/or HLO text
-    /// (for now the built-in example MLP: forward or train step).
-    DumpHlo(dump_hlo::DumpHloArgs),
+    /// Write the program hlo-train compiles (train step or forward pass) as
+    /// StableHLO and/or HLO text, from abstract shapes.
+    DumpHlo(Box<dump_hlo::DumpHloArgs>),
     /// Finetune a Llama model (LoRA by default), one compiled step over the mesh.
     Train(Box<train::TrainArgs>),
     /// Complete a prompt with a Llama model (and PEFT adapters).
     Generate(Box<generate::GenerateArgs>),
     /// Fold a PEFT adapter into a model's weights and write an HF folder.
     Merge(merge::MergeArgs),
+    /// What the train step needs in each device's memory, and whether it fits.
+    Plan(Box<plan::PlanArgs>),
 }
 
 fn main() -> ExitCode {
@@ -74,6 +78,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate::run(&args),
         Command::Train(args) => train::run(&args),
         Command::Merge(args) => merge::run(&args),
+        Command::Plan(args) => plan::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

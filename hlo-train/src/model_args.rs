@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use hlo_ir::{DType, Literal};
 use hlo_models::checkpoint::Checkpoint;
-use hlo_models::llama::{init_tensor, LlamaConfig};
+use hlo_models::llama::{init_tensor, is_stacked, stack_literals, unstacked_names, LlamaConfig};
 use hlo_models::tokenizer::Tokenizer;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -122,6 +122,14 @@ impl Model {
     /// (seeded) for presets and configs. Weights are read one at a time so
     /// the host never holds the whole model.
     pub fn weight(&self, name: &str, dtype: DType, seed: u64) -> Result<Literal> {
+        if is_stacked(name) {
+            // A scan-over-layers parameter: every layer's tensor, stacked.
+            let parts = unstacked_names(name, self.config.num_hidden_layers)
+                .iter()
+                .map(|n| self.weight(n, dtype, seed))
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(stack_literals(&parts));
+        }
         match &self.checkpoint {
             Some(c) => Ok(c.read(name, dtype)?),
             None => {

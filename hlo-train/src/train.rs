@@ -8,13 +8,13 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use hlo_ir::{DType, Literal, TensorType};
 use hlo_models::adapter::Adapter;
 use hlo_models::data::{demo_examples, read_jsonl, Loader};
 use hlo_models::io::{read_safetensors, write_atomic, write_safetensors};
-use hlo_models::llama::LoraConfig;
-use hlo_models::train::{step_flops, train_step, Optimizer, Schedule, TrainConfig};
+use hlo_models::llama::{is_stacked, stack_literals, unstack_literal, unstacked_names, LoraConfig};
+use hlo_models::train::{step_flops, train_step};
 use hlo_partitioner::{llama_rules, FunctionShardings, Mesh};
 use hlo_runtime::{DeviceArray, Eager, HostArray, PluginKind, ShardedFunction};
 use serde_json::json;
@@ -22,18 +22,7 @@ use serde_json::json;
 use crate::common::PluginArgs;
 use crate::generate::{Generator, Sampling};
 use crate::model_args::{Model, ModelArgs};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum OptimizerArg {
-    Adamw,
-    Sgd,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ScheduleArg {
-    Constant,
-    Cosine,
-}
+use crate::step_args::StepArgs;
 
 #[derive(Args, Debug)]
 pub struct TrainArgs {
@@ -42,6 +31,9 @@ pub struct TrainArgs {
 
     #[command(flatten)]
     pub plugin: PluginArgs,
+
+    #[command(flatten)]
+    pub step: StepArgs,
 
     /// Device mesh; its product is the device count (default dp=1,fsdp=N,mp=1).
     #[arg(long)]
@@ -61,27 +53,6 @@ pub struct TrainArgs {
     #[arg(long, requires = "eager")]
     pub trace_values: Option<String>,
 
-    /// Train every base weight instead of LoRA adapters.
-    #[arg(long)]
-    pub full: bool,
-
-    #[arg(long, default_value_t = 8)]
-    pub lora_rank: i64,
-
-    #[arg(long, default_value_t = 16.0)]
-    pub lora_alpha: f64,
-
-    /// Comma-separated module names that get adapters.
-    #[arg(
-        long,
-        default_value = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
-    )]
-    pub lora_targets: String,
-
-    /// PEFT's rank-stabilised LoRA scale alpha/sqrt(r).
-    #[arg(long)]
-    pub use_rslora: bool,
-
     /// Start LoRA from this PEFT adapter folder.
     #[arg(long, conflicts_with = "full")]
     pub init_adapter: Option<PathBuf>,
@@ -90,35 +61,8 @@ pub struct TrainArgs {
     #[arg(long)]
     pub data: Option<PathBuf>,
 
-    #[arg(long, default_value_t = 8)]
-    pub batch: i64,
-
-    #[arg(long, default_value_t = 128)]
-    pub seq: i64,
-
     #[arg(long, default_value_t = 100)]
     pub steps: i64,
-
-    #[arg(long, default_value_t = 2e-4)]
-    pub lr: f64,
-
-    #[arg(long, value_enum, default_value = "adamw")]
-    pub optimizer: OptimizerArg,
-
-    /// AdamW's decoupled weight decay (PyTorch's default).
-    #[arg(long, default_value_t = 0.01)]
-    pub weight_decay: f64,
-
-    /// Linear warmup steps.
-    #[arg(long, default_value_t = 0)]
-    pub warmup: i64,
-
-    #[arg(long, value_enum, default_value = "constant")]
-    pub schedule: ScheduleArg,
-
-    /// Clip the global gradient norm to this; 0 turns clipping off.
-    #[arg(long, default_value_t = 1.0)]
-    pub clip_norm: f64,
 
     /// Seed of data order, adapter init and random weights.
     #[arg(long, default_value_t = 0)]
@@ -152,6 +96,38 @@ pub struct TrainArgs {
     /// measured for CPUs).
     #[arg(long)]
     pub peak_tflops: Option<f64>,
+}
+
+/// An adapter tensor by the step's name: stacked across layers for a
+/// scan-over-layers step.
+fn adapter_tensor(a: &Adapter, name: &str, layers: i64) -> Option<Literal> {
+    if is_stacked(name) {
+        let parts: Option<Vec<Literal>> = unstacked_names(name, layers)
+            .iter()
+            .map(|n| a.get(n).cloned())
+            .collect();
+        parts.map(|p| stack_literals(&p))
+    } else {
+        a.get(name).cloned()
+    }
+}
+
+/// Stacked tensors split back into their layers' names.
+fn unstack_all(tensors: Vec<(String, Literal)>) -> Vec<(String, Literal)> {
+    tensors
+        .into_iter()
+        .flat_map(|(name, lit)| {
+            if is_stacked(&name) {
+                let parts = unstack_literal(&lit);
+                unstacked_names(&name, parts.len() as i64)
+                    .into_iter()
+                    .zip(parts)
+                    .collect::<Vec<_>>()
+            } else {
+                vec![(name, lit)]
+            }
+        })
+        .collect()
 }
 
 /// Dense peak TFLOP/s of one device by kind, for MFU (datasheets).
@@ -192,19 +168,26 @@ fn measure_cpu_peak(client: &hlo_runtime::Client) -> Result<f64> {
 }
 
 fn validate(args: &TrainArgs) -> Result<()> {
-    if args.lora_rank < 1 {
-        bail!("--lora-rank must be at least 1, got {}", args.lora_rank);
+    if args.step.lora_rank < 1 {
+        bail!(
+            "--lora-rank must be at least 1, got {}",
+            args.step.lora_rank
+        );
     }
-    if !(args.lr.is_finite() && args.lr > 0.0) {
-        bail!("--lr must be positive, got {}", args.lr);
+    if !(args.step.lr.is_finite() && args.step.lr > 0.0) {
+        bail!("--lr must be positive, got {}", args.step.lr);
     }
-    if args.seq < 2 {
-        bail!("--seq must be at least 2, got {}", args.seq);
+    if args.step.seq < 2 {
+        bail!("--seq must be at least 2, got {}", args.step.seq);
     }
-    if args.batch < 1 || args.steps < 1 {
+    if args.step.batch < 1 || args.steps < 1 {
         bail!("--batch and --steps must be at least 1");
     }
-    if args.warmup < 0 || args.save_every < 0 || args.clip_norm < 0.0 || args.weight_decay < 0.0 {
+    if args.step.warmup < 0
+        || args.save_every < 0
+        || args.step.clip_norm < 0.0
+        || args.step.weight_decay < 0.0
+    {
         bail!("--warmup, --save-every, --clip-norm and --weight-decay must not be negative");
     }
     if args.save_every > 0 && args.out.is_none() {
@@ -223,11 +206,11 @@ fn state_json(args: &TrainArgs, step: i64, cursor: u64) -> serde_json::Value {
         "step": step,
         "data_cursor": cursor,
         "seed": args.seed,
-        "batch": args.batch,
-        "seq": args.seq,
-        "full": args.full,
-        "lora_rank": args.lora_rank,
-        "optimizer": format!("{:?}", args.optimizer).to_lowercase(),
+        "batch": args.step.batch,
+        "seq": args.step.seq,
+        "full": args.step.full,
+        "lora_rank": args.step.lora_rank,
+        "optimizer": format!("{:?}", args.step.optimizer).to_lowercase(),
     })
 }
 
@@ -250,11 +233,13 @@ fn save(
         .zip(arrays)
         .map(|(n, a)| Ok((n.clone(), Literal::from(a.gather()?))))
         .collect::<Result<_>>()?;
-    let trainable: Vec<(String, Literal)> = tensors
-        .iter()
-        .filter(|(n, _)| !n.starts_with("opt.") && n != "step")
-        .cloned()
-        .collect();
+    let trainable: Vec<(String, Literal)> = unstack_all(
+        tensors
+            .iter()
+            .filter(|(n, _)| !n.starts_with("opt.") && n != "step")
+            .cloned()
+            .collect(),
+    );
     match lora {
         Some(l) => Adapter {
             lora: l.clone(),
@@ -339,7 +324,12 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             demo_examples(t, eos, 2000, args.seed)
         }
     };
-    let mut loader = Loader::new(examples, args.seq as usize, args.batch as usize, args.seed);
+    let mut loader = Loader::new(
+        examples,
+        args.step.seq as usize,
+        args.step.batch as usize,
+        args.seed,
+    );
 
     // Mesh and devices.
     let devices = args.plugin.devices.map(i64::from);
@@ -364,51 +354,19 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let dtype = args.model.dtype(cpu);
 
     // The step.
-    let lora = if args.full {
-        None
-    } else {
-        let targets: Vec<&str> = args.lora_targets.split(',').map(str::trim).collect();
-        Some(match &args.init_adapter {
-            Some(dir) => Adapter::load(dir, config)?.lora,
-            None => LoraConfig::new(args.lora_rank, args.lora_alpha, &targets, args.use_rslora)?,
-        })
+    let init_lora = match &args.init_adapter {
+        Some(dir) => Some(Adapter::load(dir, config)?.lora),
+        None => None,
     };
-    let batch_axes: Vec<String> = if mesh.size() > 1 {
-        ["dp", "fsdp"]
-            .iter()
-            .filter(|a| mesh.axis_index(a).is_some())
-            .map(|a| a.to_string())
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let tc = TrainConfig {
-        dtype,
-        batch: args.batch,
-        seq: args.seq,
-        lr: args.lr,
-        optimizer: match args.optimizer {
-            OptimizerArg::Adamw => Optimizer::adamw(args.weight_decay),
-            OptimizerArg::Sgd => Optimizer::Sgd,
-        },
-        schedule: match args.schedule {
-            ScheduleArg::Constant => Schedule::Constant {
-                warmup: args.warmup,
-            },
-            ScheduleArg::Cosine => Schedule::Cosine {
-                warmup: args.warmup,
-                total: args.steps,
-            },
-        },
-        clip_norm: (args.clip_norm > 0.0).then_some(args.clip_norm),
-        lora: lora.clone(),
-        batch_axes,
-    };
+    let tc = args
+        .step
+        .train_config(config, dtype, &mesh, args.steps, init_lora)?;
+    let lora = tc.lora.clone();
     let step_fn = train_step(config, &tc)?;
     // What is run, JIT or eager: folded, CSE'd, dead code removed.
     let simplified = hlo_ir::simplify(&step_fn.function);
     let f = &simplified;
-    let shardings = FunctionShardings::from_rules(f, &mesh, &llama_rules())?;
+    let shardings = FunctionShardings::from_rules_stacked(f, &mesh, &llama_rules(), &is_stacked)?;
     let trace_values = match &args.trace_values {
         Some(r) => Some(
             regex::Regex::new(r).with_context(|| format!("--trace-values `{r}` is not a regex"))?,
@@ -498,8 +456,11 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             Literal::scalar(DType::I32, step as f64)
         } else if b.name.starts_with("opt.") {
             Literal::splat(ty, 0.0)
-        } else if let Some(l) = init_adapter.as_ref().and_then(|a| a.get(&b.name)) {
-            l.clone()
+        } else if let Some(l) = init_adapter
+            .as_ref()
+            .and_then(|a| adapter_tensor(a, &b.name, config.num_hidden_layers))
+        {
+            l
         } else {
             model.weight(&b.name, dtype, args.seed)?
         }))
@@ -564,7 +525,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         println!("{label}: {}", shown.join("  "));
         Ok(())
     };
-    if demo && !args.full {
+    if demo && !args.step.full {
         demo_show("before", init_adapter.as_ref())?;
     }
 
@@ -597,9 +558,9 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         dtype,
         mesh,
         client.platform_name()?,
-        if args.full { "full" } else { "LoRA" },
-        args.batch,
-        args.seq,
+        if args.step.full { "full" } else { "LoRA" },
+        args.step.batch,
+        args.step.seq,
         step_fn.trainable.len()
     );
     let bar = indicatif::ProgressBar::new(args.steps as u64);
@@ -627,11 +588,17 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         let t_step = Instant::now();
         state[ids_at] = Some(place(
             ids_at,
-            Literal::from(HostArray::new(&[args.batch, args.seq], &batch.ids)?),
+            Literal::from(HostArray::new(
+                &[args.step.batch, args.step.seq],
+                &batch.ids,
+            )?),
         )?);
         state[mask_at] = Some(place(
             mask_at,
-            Literal::from(HostArray::new(&[args.batch, args.seq], &batch.loss_mask)?),
+            Literal::from(HostArray::new(
+                &[args.step.batch, args.step.seq],
+                &batch.loss_mask,
+            )?),
         )?);
         let inputs: Vec<&DeviceArray> = state
             .iter()
@@ -702,7 +669,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         step += 1;
         first_loss.get_or_insert(loss);
         last_loss = loss;
-        let tokens_per_s = (args.batch * args.seq) as f64 / dt;
+        let tokens_per_s = (args.step.batch * args.step.seq) as f64 / dt;
         let mfu = flops / dt / peak;
         bar.set_position(step as u64);
         bar.set_message(format!("loss {loss:.4} tok/s {tokens_per_s:.0}"));
@@ -753,7 +720,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         )?;
         println!(
             "saved {} and train_state/ to {}",
-            if args.full {
+            if args.step.full {
                 "model.safetensors"
             } else {
                 "the PEFT adapter"
@@ -786,7 +753,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             s.intermediate_bytes as f64 / 1e6
         );
     }
-    if demo && !args.full {
+    if demo && !args.step.full {
         let tensors: Vec<(String, Literal)> = saved_names
             .iter()
             .zip(&kept)
@@ -795,7 +762,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             .collect::<Result<_>>()?;
         let trained = Adapter {
             lora: lora.clone().expect("LoRA run"),
-            tensors,
+            tensors: unstack_all(tensors),
         };
         demo_show("after", Some(&trained))?;
     }

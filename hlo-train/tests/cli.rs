@@ -165,15 +165,17 @@ fn dump_hlo_writes_both_formats_and_the_stablehlo_compiles() {
         "--out",
         dir.to_str().unwrap(),
         "--batch",
-        "4",
+        "2",
+        "--seq",
+        "8",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let mlir = std::fs::read_to_string(dir.join("mlp.stablehlo.mlir")).unwrap();
-    let hlo = std::fs::read_to_string(dir.join("mlp.hlo.txt")).unwrap();
-    assert!(mlir.contains("func.func public @main(%arg0: tensor<4x16xf32> {jax.arg_info = \"x\"}"));
-    assert!(mlir.contains("loc(\"layers.0\")"));
-    assert!(hlo.starts_with("HloModule jit_mlp"));
-    assert!(hlo.contains("metadata={op_name=\"layers.1\"}"));
+    let mlir = std::fs::read_to_string(dir.join("forward.stablehlo.mlir")).unwrap();
+    let hlo = std::fs::read_to_string(dir.join("forward.hlo.txt")).unwrap();
+    assert!(mlir.contains("{jax.arg_info = \"model.embed_tokens.weight\"}"));
+    assert!(mlir.contains("loc(\"model.layers.1.self_attn.q_proj\")"));
+    assert!(hlo.starts_with("HloModule jit_llama_forward"));
+    assert!(hlo.contains("metadata={op_name=\"model.layers.0.mlp.down_proj\"}"));
     // No temporary files are left behind.
     let names: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
@@ -192,17 +194,18 @@ fn dump_hlo_writes_both_formats_and_the_stablehlo_compiles() {
 }
 
 #[test]
-fn dump_hlo_to_stdout_and_bad_out_dir() {
-    let out = hlo_train(&["dump-hlo", "--format", "hlo"]);
-    assert!(out.status.success());
+fn dump_hlo_train_step_to_stdout_and_bad_out_dir() {
+    let out = hlo_train(&["dump-hlo", "--format", "hlo", "--batch", "2", "--seq", "8"]);
+    assert!(out.status.success(), "{}", stderr(&out));
     // The default is the train step: forward, backward and update.
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
-        text.starts_with("HloModule jit_mlp_sgd_step"),
+        text.starts_with("HloModule jit_train_step"),
         "{}",
         &text[..80]
     );
-    assert!(text.contains("op_name=\"backward.layers.0\""));
+    assert!(text.contains("op_name=\"backward.model.layers.0.mlp.down_proj\""));
+    assert!(text.contains("op_name=\"optimizer\""));
     let dir = scratch("file");
     let file = dir.join("a_file");
     std::fs::write(&file, "x").unwrap();
@@ -212,45 +215,108 @@ fn dump_hlo_to_stdout_and_bad_out_dir() {
 }
 
 #[test]
-fn dump_hlo_with_a_mesh_carries_shardings() {
+fn dump_hlo_of_big_presets_with_a_mesh_and_xla_dumps() {
+    // 405B from abstract shapes: layers scanned, shardings from the rules.
     let out = hlo_train(&[
         "dump-hlo",
+        "--model",
+        "llama3.1-405b",
+        "--dtype",
+        "bf16",
         "--format",
         "stablehlo",
         "--mesh",
-        "dp=2,fsdp=2,mp=2",
+        "dp=1,fsdp=8,mp=1",
         "--batch",
-        "8",
+        "16",
+        "--seq",
+        "64",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(text.contains("sdy.mesh @mesh = <[\"dp\"=2, \"fsdp\"=2, \"mp\"=2]>"));
-    assert!(text.contains("sdy.sharding = #sdy.sharding<@mesh, [{\"dp\", \"fsdp\"}, {}]>"));
-    assert!(text.contains("mhlo.num_partitions = 8"));
+    assert!(text.contains("sdy.mesh @mesh = <[\"dp\"=1, \"fsdp\"=8, \"mp\"=1]>"));
+    assert!(text.contains("tensor<126x16384x16384xbf16> {jax.arg_info = \"model.layers.self_attn.q_proj.weight\", sdy.sharding = #sdy.sharding<@mesh, [{}, {\"mp\"}, {\"fsdp\"}]>}"), "the layer axis stays whole");
+    assert!(text.contains("\"stablehlo.while\""));
+    // XLA's own after-optimization HLO, for the tiny model on 2 devices.
+    let dir = scratch("xla");
     let out = hlo_train(&[
         "dump-hlo",
+        "--what",
+        "forward",
         "--format",
         "hlo",
-        "--mesh",
-        "dp=2,fsdp=2,mp=2",
         "--batch",
+        "2",
+        "--seq",
         "8",
-    ]);
-    assert!(String::from_utf8_lossy(&out.stdout)
-        .contains("sharding={devices=[4,1,2]<=[8] last_tile_dim_replicate}"));
-    // A mesh that does not divide the batch, and one that does not parse.
-    let err = assert_one_line_error(&hlo_train(&[
-        "dump-hlo",
         "--mesh",
-        "dp=1,fsdp=8,mp=1",
-        "--batch",
-        "4",
-    ]));
-    assert_eq!(
-        err,
-        "error: `x`: dimension 0 of size 4 does not divide over dp×fsdp (8 parts)"
+        "dp=1,fsdp=2,mp=1",
+        "--xla-dump",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.contains("after_optimizations")),
+        "{names:?}"
     );
+    std::fs::remove_dir_all(dir).unwrap();
+    // A mesh that does not divide a tensor, and one that does not parse.
+    let err = assert_one_line_error(&hlo_train(&["dump-hlo", "--mesh", "dp=1,fsdp=3,mp=1"]));
+    assert!(err.contains("does not divide over fsdp (3 parts)"), "{err}");
     let out = hlo_train(&["dump-hlo", "--mesh", "dp=x"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("bad mesh `dp=x`"), "{}", stderr(&out));
+}
+
+#[test]
+fn plan_reports_per_device_memory_as_json() {
+    let out = hlo_train(&[
+        "plan",
+        "--batch",
+        "8",
+        "--seq",
+        "16",
+        "--mesh",
+        "dp=2,fsdp=2,mp=2",
+        "--target",
+        "h100",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let d = &v["per_device"];
+    for k in [
+        "weights_bytes",
+        "lora_bytes",
+        "optimizer_bytes",
+        "total_bytes",
+    ] {
+        assert!(d[k].as_u64().is_some(), "{k}");
+    }
+    for k in ["argument_bytes", "output_bytes", "temp_bytes"] {
+        assert!(d["xla"][k].as_u64().unwrap() > 0, "{k}");
+    }
+    assert_eq!(v["device_memory_bytes"], 80_000_000_000u64);
+    assert_eq!(v["fits"], true);
+    // Weights: tiny has 107,840 parameters; bf16 on 8 devices, each holding
+    // an eighth of everything but the replicated norms.
+    let w = d["weights_bytes"].as_u64().unwrap();
+    assert!(w > 107_840 * 2 / 8 && w < 107_840 * 2 / 2, "{w}");
+    // Optimizer state: two f32 moments per LoRA weight.
+    assert_eq!(
+        d["optimizer_bytes"].as_u64().unwrap(),
+        2 * d["lora_bytes"].as_u64().unwrap()
+    );
+    let text = String::from_utf8_lossy(
+        &hlo_train(&["plan", "--batch", "8", "--seq", "16", "--show-sharding"]).stdout,
+    )
+    .into_owned();
+    assert!(
+        text.contains("fits") && text.contains("P('mp', 'fsdp')"),
+        "{text}"
+    );
 }

@@ -362,3 +362,126 @@ fn rematerialize(
     }
     (copy, ordered)
 }
+
+/// The VJP of a scan: a scan in the other direction over the body's VJP,
+/// reading the forward carries from the scan's carry history, carrying the
+/// carry's cotangent and the sum of the consts' cotangents, stacking the
+/// xs' cotangents.
+pub(crate) fn scan_vjp(s: &crate::ops::Scan, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
+    use crate::{call, full};
+    let (c, x) = (s.num_carry, s.num_xs);
+    let body = &s.body;
+    let k = body.inputs.len() - c - x;
+    let ny = body.outputs.len() - c;
+    let float = |t: &TensorType| t.dtype.is_float();
+    let in_types = body.input_types();
+    let out_types = body.output_types();
+    // Body inputs to differentiate: float carries always (the gradient
+    // flows through them), float xs and consts when asked for.
+    let wrt: Vec<usize> = (0..body.inputs.len())
+        .filter(|&i| float(&in_types[i]) && (i < c || a.needs[i]))
+        .collect();
+    let names: Vec<&str> = wrt.iter().map(|&i| body.inputs[i].name.as_str()).collect();
+    let g = vjp(body, &names).map_err(|e| format!("differentiating the scan body: {e}"))?;
+    let float_out: Vec<usize> = (0..body.outputs.len())
+        .filter(|&o| float(&out_types[o]))
+        .collect();
+    let carry_wrt: Vec<usize> = wrt.iter().copied().filter(|&i| i < c).collect();
+    let x_wrt: Vec<usize> = wrt
+        .iter()
+        .copied()
+        .filter(|&i| (c..c + x).contains(&i))
+        .collect();
+    let k_wrt: Vec<usize> = wrt.iter().copied().filter(|&i| i >= c + x).collect();
+    let zero = |t: &TensorType| full(t.clone(), 0.0);
+    let ct = |r: usize, t: &TensorType| a.cotangents[r].unwrap_or_else(|| zero(t));
+    // Backward carry: d(carry) for float carries, running sums for consts.
+    let mut carry_init: Vec<(String, Tensor)> = carry_wrt
+        .iter()
+        .map(|&i| (format!("g_carry.{i}"), ct(i, &in_types[i])))
+        .collect();
+    carry_init.extend(
+        k_wrt
+            .iter()
+            .map(|&i| (format!("g_const.{i}"), zero(&in_types[i]))),
+    );
+    // Backward xs: the forward carries, xs, the ys' and history's cotangents.
+    let hist_at = c + ny;
+    let mut xs: Vec<(String, Tensor)> = (0..c)
+        .map(|i| (format!("hist.{i}"), a.results[hist_at + i]))
+        .collect();
+    xs.extend((0..x).map(|j| (format!("x.{j}"), a.operands[c + j])));
+    let y_float: Vec<usize> = float_out.iter().copied().filter(|&o| o >= c).collect();
+    xs.extend(y_float.iter().map(|&o| {
+        (
+            format!("gy.{o}"),
+            ct(o, &crate::ops::stacked(s.length, &out_types[o])),
+        )
+    }));
+    xs.extend(carry_wrt.iter().map(|&i| {
+        (
+            format!("ghist.{i}"),
+            ct(hist_at + i, &crate::ops::stacked(s.length, &in_types[i])),
+        )
+    }));
+    let consts: Vec<(String, Tensor)> = (0..k)
+        .map(|j| (format!("k.{j}"), a.operands[c + x + j]))
+        .collect();
+    fn as_str(v: &[(String, Tensor)]) -> Vec<(&str, Tensor)> {
+        v.iter().map(|(n, t)| (n.as_str(), *t)).collect()
+    }
+    let body_in = |i: usize, inp: &crate::Inputs| -> Tensor {
+        if i < c {
+            inp[format!("hist.{i}").as_str()]
+        } else if i < c + x {
+            inp[format!("x.{}", i - c).as_str()]
+        } else {
+            inp[format!("k.{}", i - c - x).as_str()]
+        }
+    };
+    let (final_carry, ys) = crate::tensor::scan_with(
+        &as_str(&carry_init),
+        &as_str(&xs),
+        &as_str(&consts),
+        !s.reverse,
+        |inp| {
+            let mut args: Vec<Tensor> = (0..body.inputs.len()).map(|i| body_in(i, inp)).collect();
+            for &o in &float_out {
+                args.push(if o < c {
+                    if carry_wrt.contains(&o) {
+                        inp[format!("g_carry.{o}").as_str()]
+                    } else {
+                        zero(&out_types[o])
+                    }
+                } else {
+                    inp[format!("gy.{o}").as_str()]
+                });
+            }
+            let r = call(&g, &args);
+            let grads = &r[body.outputs.len()..];
+            let grad_of = |i: usize| grads[wrt.iter().position(|&w| w == i).expect("in wrt")];
+            let mut carry: Vec<Tensor> = carry_wrt
+                .iter()
+                .map(|&i| grad_of(i) + inp[format!("ghist.{i}").as_str()])
+                .collect();
+            carry.extend(
+                k_wrt
+                    .iter()
+                    .map(|&i| inp[format!("g_const.{i}").as_str()] + grad_of(i)),
+            );
+            let ys: Vec<Tensor> = x_wrt.iter().map(|&i| grad_of(i)).collect();
+            (carry, ys)
+        },
+    );
+    let mut out: Vec<Option<Tensor>> = vec![None; a.operands.len()];
+    for (n, &i) in carry_wrt.iter().enumerate() {
+        out[i] = a.needs[i].then_some(final_carry[n]);
+    }
+    for (n, &i) in k_wrt.iter().enumerate() {
+        out[i] = a.needs[i].then_some(final_carry[carry_wrt.len() + n]);
+    }
+    for (n, &i) in x_wrt.iter().enumerate() {
+        out[i] = Some(ys[n]);
+    }
+    Ok(out)
+}

@@ -139,6 +139,8 @@ op_set! {
     RngBitGenerator(RngBitGenerator),
     ShardingConstraint(ShardingConstraint),
     While(While),
+    /// A loop of fixed length over stacked inputs (layers).
+    Scan(Scan),
     /// The identity, through which no gradient flows.
     StopGradient(StopGradient),
     /// The identity on several values, which XLA may not look through

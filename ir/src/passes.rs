@@ -193,3 +193,116 @@ pub fn fold_constants(f: &Function, max_elements: usize) -> Function {
 pub fn simplify(f: &Function) -> Function {
     dce(&cse(&fold_constants(f, 64)))
 }
+
+/// Rewrites every `scan` (also inside loop bodies and other scans) into a
+/// `while` over dynamic slices and dynamic updates, as JAX lowers scans;
+/// run before printing.
+pub fn lower_scans(f: &Function) -> Function {
+    if !has_scan(f) {
+        return f.clone();
+    }
+    let inputs: Vec<(String, crate::TensorType)> = f
+        .inputs
+        .iter()
+        .map(|b| (b.name.clone(), f.ty(b.value).clone()))
+        .collect();
+    crate::trace(&f.name, &inputs, |i| {
+        let vals = crate::trace::replay_with(f, i.tensors(), &|node, operands| match &node.op {
+            Op::Scan(s) => Some(expand_scan(s, operands)),
+            Op::While(w) if has_scan(&w.cond) || has_scan(&w.body) => Some(crate::trace::apply(
+                Op::While(crate::ops::While {
+                    cond: lower_scans(&w.cond).into(),
+                    body: lower_scans(&w.body).into(),
+                }),
+                operands,
+                operands.len(),
+            )),
+            _ => None,
+        });
+        let mut out = crate::Outputs::new();
+        for b in &f.outputs {
+            out = out.add(
+                b.name.clone(),
+                vals[b.value.index()].expect("outputs are defined"),
+            );
+        }
+        out
+    })
+    .expect("a valid scan lowers to a valid loop")
+}
+
+fn has_scan(f: &Function) -> bool {
+    f.nodes.iter().any(|n| match &n.op {
+        Op::Scan(_) => true,
+        Op::While(w) => has_scan(&w.cond) || has_scan(&w.body),
+        _ => false,
+    })
+}
+
+/// One scan as a `while`: the loop state is (i, carry, ys buffers, carry
+/// history buffers, xs, consts).
+fn expand_scan(s: &crate::ops::Scan, operands: &[crate::Tensor]) -> Vec<crate::Tensor> {
+    use crate::{full, DType, Tensor, TensorType};
+    let (c, x) = (s.num_carry, s.num_xs);
+    let body = lower_scans(&s.body);
+    let ny = body.outputs.len() - c;
+    let y_types: Vec<TensorType> = body.output_types()[c..].to_vec();
+    let carry_types: Vec<TensorType> = body.input_types()[..c].to_vec();
+    let n = s.length;
+    let mut state = vec![full(TensorType::scalar(DType::I32), 0.0)];
+    state.extend_from_slice(&operands[..c]);
+    state.extend(y_types.iter().map(|t| full(crate::ops::stacked(n, t), 0.0)));
+    state.extend(
+        carry_types
+            .iter()
+            .map(|t| full(crate::ops::stacked(n, t), 0.0)),
+    );
+    state.extend_from_slice(&operands[c..]);
+    let reverse = s.reverse;
+    let out = crate::while_loop(
+        &state,
+        |st| st[0].lt(full(TensorType::scalar(DType::I32), n as f64)),
+        |st| {
+            let i = st[0];
+            let idx = if reverse { (n - 1) as f64 - i } else { i };
+            let zero = full(TensorType::scalar(DType::I32), 0.0);
+            let at = |rank: usize| {
+                let mut v = vec![idx];
+                v.extend(std::iter::repeat_n(zero, rank - 1));
+                v
+            };
+            let carry = &st[1..1 + c];
+            let ys = &st[1 + c..1 + c + ny];
+            let hist = &st[1 + c + ny..1 + 2 * c + ny];
+            let xs = &st[1 + 2 * c + ny..1 + 2 * c + ny + x];
+            let consts = &st[1 + 2 * c + ny + x..];
+            let mut args: Vec<Tensor> = carry.to_vec();
+            for t in xs {
+                let d = t.dims();
+                let mut size = d.clone();
+                size[0] = 1;
+                args.push(t.dynamic_slice(&at(d.len()), &size).reshape(&d[1..]));
+            }
+            args.extend_from_slice(consts);
+            let put = |buf: Tensor, v: Tensor| {
+                let mut d = vec![1];
+                d.extend(v.dims());
+                buf.dynamic_update_slice(v.reshape(&d), &at(d.len()))
+            };
+            let new_hist: Vec<Tensor> = hist.iter().zip(carry).map(|(h, v)| put(*h, *v)).collect();
+            let r = crate::call(&body, &args);
+            let new_ys: Vec<Tensor> = ys.iter().zip(&r[c..]).map(|(b, v)| put(*b, *v)).collect();
+            let mut next = vec![i + 1.0];
+            next.extend_from_slice(&r[..c]);
+            next.extend(new_ys);
+            next.extend(new_hist);
+            next.extend_from_slice(xs);
+            next.extend_from_slice(consts);
+            next
+        },
+    );
+    let mut results: Vec<Tensor> = out[1..1 + c].to_vec();
+    results.extend_from_slice(&out[1 + c..1 + c + ny]);
+    results.extend_from_slice(&out[1 + c + ny..1 + 2 * c + ny]);
+    results
+}

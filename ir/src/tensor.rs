@@ -595,3 +595,77 @@ impl Neg for Tensor {
         self.unary(UnaryOp::Neg)
     }
 }
+
+/// `jax.lax.scan`: runs `body` `length` times (the leading size of the
+/// `xs`), threading `carry`, slicing each of `xs` per iteration and passing
+/// `consts` unchanged; returns the final carry and the stacked per-iteration
+/// outputs. `body` receives its inputs by the names given here and returns
+/// `(new carry, outputs)`; like a loop body it may use only its inputs.
+pub fn scan(
+    carry: &[(&str, Tensor)],
+    xs: &[(&str, Tensor)],
+    consts: &[(&str, Tensor)],
+    body: impl FnOnce(&crate::Inputs) -> (Vec<Tensor>, Vec<Tensor>),
+) -> (Vec<Tensor>, Vec<Tensor>) {
+    scan_with(carry, xs, consts, false, body)
+}
+
+/// [`scan`] in either direction (`reverse` walks the stacks from the end).
+pub(crate) fn scan_with(
+    carry: &[(&str, Tensor)],
+    xs: &[(&str, Tensor)],
+    consts: &[(&str, Tensor)],
+    reverse: bool,
+    body: impl FnOnce(&crate::Inputs) -> (Vec<Tensor>, Vec<Tensor>),
+) -> (Vec<Tensor>, Vec<Tensor>) {
+    let length = xs
+        .first()
+        .map_or(1, |(_, t)| t.dims().first().copied().unwrap_or(1));
+    let mut inputs: Vec<(String, TensorType)> =
+        carry.iter().map(|(n, t)| (n.to_string(), t.ty())).collect();
+    for (n, t) in xs {
+        let ty = t.ty();
+        inputs.push((
+            n.to_string(),
+            TensorType::new(ty.dtype, ty.dims.get(1..).unwrap_or(&[]).to_vec()),
+        ));
+    }
+    inputs.extend(consts.iter().map(|(n, t)| (n.to_string(), t.ty())));
+    let scope = with_current(|b| b.scope_name());
+    let mut operands: Vec<Tensor> = carry.iter().map(|(_, t)| *t).collect();
+    operands.extend(xs.iter().map(|(_, t)| *t));
+    operands.extend(consts.iter().map(|(_, t)| *t));
+    let traced = trace(&format!("{scope}.scan_body"), &inputs, |i| {
+        let (c, ys) = body(i);
+        let mut out = crate::Outputs::new();
+        for (k, t) in c.into_iter().enumerate() {
+            out = out.add(format!("carry.{k}"), t);
+        }
+        for (k, t) in ys.into_iter().enumerate() {
+            out = out.add(format!("y.{k}"), t);
+        }
+        out
+    });
+    match traced {
+        Ok(f) => {
+            let n_out = f.outputs.len() + carry.len();
+            let op = Op::Scan(Scan {
+                body: f.into(),
+                length,
+                num_carry: carry.len(),
+                num_xs: xs.len(),
+                reverse,
+            });
+            let r = apply(op, &operands, n_out);
+            let ny = n_out - 2 * carry.len();
+            (
+                r[..carry.len()].to_vec(),
+                r[carry.len()..carry.len() + ny].to_vec(),
+            )
+        }
+        Err(e) => {
+            let t = fail("scan", &operands, format!("in the body: {e}"));
+            (vec![t; carry.len()], Vec::new())
+        }
+    }
+}

@@ -345,13 +345,13 @@ fn mark_root(lines: &str, name: &str) -> String {
 /// assert!(text.contains("add(f32[2]{0} %Arg_0.1, f32[2]{0} %Arg_0.1)"));
 /// ```
 pub fn to_hlo_text(f: &Function) -> String {
-    print(f, None)
+    print(&hlo_ir::lower_scans(f), None)
 }
 
 /// `f` with GSPMD `sharding={...}` on parameters, the result tuple and
 /// sharding constraints.
 pub fn to_hlo_text_sharded(f: &Function, shardings: &FunctionShardings) -> String {
-    print(f, Some(shardings))
+    print(&hlo_ir::lower_scans(f), Some(shardings))
 }
 
 fn print(f: &Function, shardings: Option<&FunctionShardings>) -> String {

@@ -222,7 +222,8 @@ pub fn to_stablehlo_with(
     shardings: Option<&FunctionShardings>,
     donated: &[(usize, usize)],
 ) -> String {
-    print(f, shardings, donated)
+    // Scans are written as while loops.
+    print(&hlo_ir::lower_scans(f), shardings, donated)
 }
 
 fn print(

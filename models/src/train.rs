@@ -8,7 +8,7 @@ use hlo_ir::{
 };
 
 use crate::llama::{
-    base_parameter_types, lora_parameter_types, Llama, LlamaConfig, LoraConfig, Params,
+    base_parameter_types, lora_parameter_types, stack_types, Llama, LlamaConfig, LoraConfig, Params,
 };
 use crate::ModelError;
 
@@ -63,6 +63,8 @@ pub struct TrainConfig {
     /// Mesh axes the batch is split over, for activation constraints
     /// (empty: none).
     pub batch_axes: Vec<String>,
+    /// Run the layers as one scan over stacked parameters.
+    pub scan_layers: bool,
 }
 
 /// The traced step and what the runner needs to know about it.
@@ -136,12 +138,20 @@ fn lr_at(step: Tensor, lr: f64, schedule: &Schedule) -> Tensor {
 
 /// Builds the step for `config` under `tc`.
 pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<TrainStep, ModelError> {
-    let base = base_parameter_types(config, tc.dtype);
-    let lora_params = tc
-        .lora
-        .as_ref()
-        .map(|l| lora_parameter_types(config, l))
-        .unwrap_or_default();
+    let stack = |t: Vec<(String, TensorType)>| {
+        if tc.scan_layers {
+            stack_types(t, config.num_hidden_layers)
+        } else {
+            t
+        }
+    };
+    let base = stack(base_parameter_types(config, tc.dtype));
+    let lora_params = stack(
+        tc.lora
+            .as_ref()
+            .map(|l| lora_parameter_types(config, l))
+            .unwrap_or_default(),
+    );
     let trainable: Vec<(String, TensorType)> = if tc.lora.is_some() {
         lora_params.clone()
     } else {
@@ -161,6 +171,7 @@ pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<TrainStep, M
         config,
         lora: tc.lora.as_ref(),
         batch_axes: tc.batch_axes.clone(),
+        scan_layers: tc.scan_layers,
     };
     let loss_fn = trace("llama_loss", &loss_inputs, |i| {
         let logits = model.forward(&Params(i), i["input_ids"], tc.dtype);

@@ -142,7 +142,8 @@ pub fn propagate(
         | Op::Gather(_)
         | Op::Scatter(_)
         | Op::RngBitGenerator(_)
-        | Op::While(_) => results
+        | Op::While(_)
+        | Op::Scan(_) => results
             .iter()
             .map(|_| PartitionSpec::replicated())
             .collect(),

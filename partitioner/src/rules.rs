@@ -138,8 +138,24 @@ impl FunctionShardings {
     /// Applies `rules` to `f`'s inputs and outputs by name and validates
     /// each result against its tensor's shape.
     pub fn from_rules(f: &Function, mesh: &Mesh, rules: &Rules) -> Result<Self, ShardingError> {
+        Self::from_rules_stacked(f, mesh, rules, &|_| false)
+    }
+
+    /// Like [`FunctionShardings::from_rules`], where tensors for which
+    /// `stacked(name)` holds carry a leading layer axis that the rules do not
+    /// mention: it stays unsplit and the rule applies to the rest.
+    pub fn from_rules_stacked(
+        f: &Function,
+        mesh: &Mesh,
+        rules: &Rules,
+        stacked: &dyn Fn(&str) -> bool,
+    ) -> Result<Self, ShardingError> {
         let spec = |name: &str, ty: &hlo_ir::TensorType| -> Result<PartitionSpec, ShardingError> {
-            let s = rules.spec_for(name, ty.rank());
+            let layered = stacked(name) && ty.rank() > 0;
+            let mut s = rules.spec_for(name, ty.rank() - layered as usize);
+            if layered {
+                s.0.insert(0, Vec::new());
+            }
             s.validate(mesh, &ty.dims, name)?;
             Ok(s)
         };

@@ -44,6 +44,7 @@ fn run_both(mesh: &str) {
         } else {
             vec![]
         },
+        scan_layers: false,
     };
     let step = train_step(&config, &tc).unwrap();
     let f = hlo_ir::simplify(&step.function);

@@ -151,6 +151,7 @@ fn llama_step_annotations(mesh: &str) -> String {
         clip_norm: Some(1.0),
         lora: Some(LoraConfig::new(8, 16.0, &DEFAULT_TARGETS, false).unwrap()),
         batch_axes: vec!["dp".into(), "fsdp".into()],
+        scan_layers: false,
     };
     let step = train_step(&config, &tc).unwrap();
     let f = hlo_ir::simplify(&step.function);
@@ -193,6 +194,33 @@ fn tiny_llama_train_step_shardings_2_2_2() {
         insta::assert_snapshot!(
             "tiny_llama_train_step.shardings.2_2_2",
             llama_step_annotations("dp=2,fsdp=2,mp=2")
+        )
+    });
+}
+
+/// `hlo-train dump-hlo --what forward --batch 2 --seq 8` for the tiny preset,
+/// as compiled (simplified), in both formats.
+fn tiny_forward() -> hlo_ir::Function {
+    let config = hlo_models::llama::LlamaConfig::preset("tiny").unwrap();
+    hlo_ir::simplify(&hlo_models::llama::forward_function(&config, DType::F32, 2, 8, None).unwrap())
+}
+
+#[test]
+fn tiny_llama_forward_stablehlo() {
+    settings().bind(|| {
+        insta::assert_snapshot!(
+            "tiny_llama_forward.stablehlo",
+            hlo_lowering::to_stablehlo(&tiny_forward())
+        )
+    });
+}
+
+#[test]
+fn tiny_llama_forward_hlo() {
+    settings().bind(|| {
+        insta::assert_snapshot!(
+            "tiny_llama_forward.hlo",
+            hlo_lowering::to_hlo_text(&tiny_forward())
         )
     });
 }

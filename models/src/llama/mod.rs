@@ -6,7 +6,7 @@ mod model;
 
 pub use config::{Llama3Scaling, LlamaConfig};
 pub use lora::{LoraConfig, DEFAULT_TARGETS};
-pub use model::{rms_norm, Llama, Params};
+pub use model::{is_stacked, rms_norm, Llama, Params};
 
 use hlo_ir::{trace, DType, Function, Literal, Outputs, TensorType, TraceError};
 
@@ -16,6 +16,63 @@ pub fn base_parameter_types(config: &LlamaConfig, dtype: DType) -> Vec<(String, 
         .parameter_shapes()
         .into_iter()
         .map(|(n, s)| (n, TensorType::new(dtype, s)))
+        .collect()
+}
+
+/// Layer parameters stacked per kind (`model.layers.<name>` `[layers, ...]`),
+/// the others as they are: the parameters of a scan-over-layers model.
+pub fn stack_types(types: Vec<(String, TensorType)>, layers: i64) -> Vec<(String, TensorType)> {
+    let mut out: Vec<(String, TensorType)> = Vec::new();
+    for (name, ty) in types {
+        match name
+            .strip_prefix("model.layers.")
+            .and_then(|r| r.split_once('.'))
+        {
+            Some((l, rest)) if l.parse::<i64>().is_ok() => {
+                if l == "0" {
+                    let mut dims = vec![layers];
+                    dims.extend(&ty.dims);
+                    out.push((
+                        format!("model.layers.{rest}"),
+                        TensorType::new(ty.dtype, dims),
+                    ));
+                }
+            }
+            _ => out.push((name, ty)),
+        }
+    }
+    out
+}
+
+/// The per-layer names a stacked parameter is made of, in layer order.
+pub fn unstacked_names(name: &str, layers: i64) -> Vec<String> {
+    let rest = name.strip_prefix("model.layers.").unwrap_or(name);
+    (0..layers)
+        .map(|l| format!("model.layers.{l}.{rest}"))
+        .collect()
+}
+
+/// Stacks per-layer literals (all of one type) along a new leading axis.
+pub fn stack_literals(parts: &[Literal]) -> Literal {
+    let first = &parts[0].ty;
+    let mut dims = vec![parts.len() as i64];
+    dims.extend(&first.dims);
+    Literal {
+        ty: TensorType::new(first.dtype, dims),
+        bytes: parts.iter().flat_map(|p| p.bytes.iter().copied()).collect(),
+    }
+}
+
+/// The per-layer slices of a stacked literal.
+pub fn unstack_literal(stacked: &Literal) -> Vec<Literal> {
+    let n = stacked.ty.dims[0] as usize;
+    let row = stacked.bytes.len() / n.max(1);
+    let ty = TensorType::new(stacked.ty.dtype, stacked.ty.dims[1..].to_vec());
+    (0..n)
+        .map(|i| Literal {
+            ty: ty.clone(),
+            bytes: stacked.bytes[i * row..(i + 1) * row].to_vec(),
+        })
         .collect()
 }
 
@@ -66,9 +123,25 @@ pub fn forward_function(
     seq: i64,
     lora: Option<&LoraConfig>,
 ) -> Result<Function, TraceError> {
+    forward_function_with(config, dtype, batch, seq, lora, false)
+}
+
+/// [`forward_function`], optionally with the layers as one scan over
+/// stacked parameters (see [`stack_types`]).
+pub fn forward_function_with(
+    config: &LlamaConfig,
+    dtype: DType,
+    batch: i64,
+    seq: i64,
+    lora: Option<&LoraConfig>,
+    scan_layers: bool,
+) -> Result<Function, TraceError> {
     let mut inputs = base_parameter_types(config, dtype);
     if let Some(l) = lora {
         inputs.extend(lora_parameter_types(config, l));
+    }
+    if scan_layers {
+        inputs = stack_types(inputs, config.num_hidden_layers);
     }
     inputs.push((
         "input_ids".into(),
@@ -78,6 +151,7 @@ pub fn forward_function(
         config,
         lora,
         batch_axes: Vec::new(),
+        scan_layers,
     };
     trace("llama_forward", &inputs, |i| {
         let logits = model.forward(&Params(i), i["input_ids"], dtype);

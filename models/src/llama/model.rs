@@ -9,7 +9,7 @@
 //! names follow the module tree (`model.layers.3.self_attn.q_proj`).
 
 use hlo_ir::ops::DotGeneral;
-use hlo_ir::{constant, iota, scope, DType, Inputs, Literal, Tensor, TensorType};
+use hlo_ir::{constant, iota, scan, scope, DType, Inputs, Literal, Tensor, TensorType};
 
 use super::config::LlamaConfig;
 use super::lora::LoraConfig;
@@ -22,12 +22,18 @@ pub struct Llama<'a> {
     /// constrained to that layout: without it XLA's SPMD partitioner
     /// miscomputes `x·W + (x·A)·B` on some meshes (README, "Known XLA issues").
     pub batch_axes: Vec<String>,
+    /// Run the layers as one scan over stacked parameters.
+    pub scan_layers: bool,
 }
 
 /// Parameters by name: the traced inputs.
 pub struct Params<'a>(pub &'a Inputs);
 
 impl Params<'_> {
+    fn names(&self) -> impl Iterator<Item = &str> {
+        self.0.names().iter().map(String::as_str)
+    }
+
     fn get(&self, name: &str) -> Tensor {
         self.0[name]
     }
@@ -195,7 +201,34 @@ impl Llama<'_> {
         )
     }
 
-    /// Logits `[b, s, vocab]` for `input_ids: [b, s]` (integers).
+    /// One decoder layer on `h`; its parameters are `{prefix}.<name>` in `p`.
+    fn layer(&self, p: &Params, prefix: &str, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor {
+        let c = self.config;
+        let x = scope("input_layernorm", || {
+            rms_norm(
+                h,
+                p.get(&format!("{prefix}.input_layernorm.weight")),
+                c.rms_norm_eps,
+            )
+        });
+        let attn = scope("self_attn", || {
+            self.attention(p, &format!("{prefix}.self_attn"), x, cos, sin)
+        });
+        let h = h + attn;
+        let x = scope("post_attention_layernorm", || {
+            rms_norm(
+                h,
+                p.get(&format!("{prefix}.post_attention_layernorm.weight")),
+                c.rms_norm_eps,
+            )
+        });
+        h + scope("mlp", || self.mlp(p, &format!("{prefix}.mlp"), x))
+    }
+
+    /// Logits `[b, s, vocab]` for `input_ids: [b, s]` (integers). With
+    /// `scan_layers`, the layers' parameters are stacked
+    /// (`model.layers.self_attn.q_proj.weight` `[layers, out, in]`) and the
+    /// layers run as one scan, so the program does not grow with depth.
     pub fn forward(&self, p: &Params, input_ids: Tensor, dtype: DType) -> Tensor {
         let c = self.config;
         let s = input_ids.dims()[1];
@@ -205,29 +238,32 @@ impl Llama<'_> {
                 .take(input_ids, 0)
         });
         let (cos, sin) = scope("model.rotary_emb", || self.rotary(s, dtype));
-        for l in 0..c.num_hidden_layers {
-            let prefix = format!("model.layers.{l}");
-            h = scope(&prefix, || {
-                let x = scope("input_layernorm", || {
-                    rms_norm(
-                        h,
-                        p.get(&format!("{prefix}.input_layernorm.weight")),
-                        c.rms_norm_eps,
+        if self.scan_layers {
+            let stacked: Vec<String> = p
+                .names()
+                .filter(|n| is_stacked(n))
+                .map(str::to_string)
+                .collect();
+            let xs: Vec<(String, Tensor)> = stacked
+                .iter()
+                .map(|n| (format!("layer.{}", &n["model.layers.".len()..]), p.get(n)))
+                .collect();
+            let xs_ref: Vec<(&str, Tensor)> = xs.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+            let (carry, _) = scope("model.layers", || {
+                scan(&[("h", h)], &xs_ref, &[("cos", cos), ("sin", sin)], |l| {
+                    let lp = Params(l);
+                    (
+                        vec![self.layer(&lp, "layer", l["h"], l["cos"], l["sin"])],
+                        vec![],
                     )
-                });
-                let attn = scope("self_attn", || {
-                    self.attention(p, &format!("{prefix}.self_attn"), x, cos, sin)
-                });
-                let h = h + attn;
-                let x = scope("post_attention_layernorm", || {
-                    rms_norm(
-                        h,
-                        p.get(&format!("{prefix}.post_attention_layernorm.weight")),
-                        c.rms_norm_eps,
-                    )
-                });
-                h + scope("mlp", || self.mlp(p, &format!("{prefix}.mlp"), x))
+                })
             });
+            h = carry[0];
+        } else {
+            for l in 0..c.num_hidden_layers {
+                let prefix = format!("model.layers.{l}");
+                h = scope(&prefix, || self.layer(p, &prefix, h, cos, sin));
+            }
         }
         let h = scope("model.norm", || {
             rms_norm(h, p.get("model.norm.weight"), c.rms_norm_eps)
@@ -239,4 +275,11 @@ impl Llama<'_> {
         };
         scope("lm_head", || linear(h, p.get(head)))
     }
+}
+
+/// True for a stacked layer parameter (`model.layers.<name>`, no layer
+/// index), also under a prefix (`opt.m.model.layers.<name>`).
+pub fn is_stacked(name: &str) -> bool {
+    name.split_once("model.layers.")
+        .is_some_and(|(_, rest)| !rest.starts_with(|c: char| c.is_ascii_digit()))
 }
