@@ -4,6 +4,7 @@
 //! a multi-line plugin message joined by `; `) with exit code 2; nothing here
 //! panics on user input.
 
+mod bench;
 mod common;
 mod devices;
 mod dump_hlo;
@@ -42,6 +43,8 @@ enum Command {
     Generate(Box<generate::GenerateArgs>),
     /// Fold a PEFT adapter into a model's weights and write an HF folder.
     Merge(merge::MergeArgs),
+    /// Time the compiled train step: tokens/s, MFU, compile time, memory.
+    Bench(Box<bench::BenchArgs>),
     /// What the train step needs in each device's memory, and whether it fits.
     Plan(Box<plan::PlanArgs>),
 }
@@ -79,6 +82,7 @@ fn main() -> ExitCode {
         Command::Train(args) => train::run(&args),
         Command::Merge(args) => merge::run(&args),
         Command::Plan(args) => plan::run(&args),
+        Command::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

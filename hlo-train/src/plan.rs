@@ -74,7 +74,7 @@ pub struct PlanArgs {
 }
 
 /// Bytes in GB, or MB below a gigabyte.
-fn gb(b: u64) -> String {
+pub(crate) fn gb(b: u64) -> String {
     if b >= 1_000_000_000 {
         format!("{:.2} GB", b as f64 / 1e9)
     } else {

@@ -26,6 +26,12 @@ pub enum Toggle {
     Auto,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RematArg {
+    None,
+    Layers,
+}
+
 #[derive(Args, Clone, Debug)]
 pub struct StepArgs {
     /// Run the decoder layers as one scan over stacked parameters, so the
@@ -34,14 +40,20 @@ pub struct StepArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub scan_layers: Toggle,
 
+    /// What the backward pass recomputes instead of keeping: `layers`
+    /// keeps only each decoder layer's input (less memory, about one more
+    /// forward of compute). A scan over layers always works this way.
+    #[arg(long, value_enum, default_value = "none")]
+    pub remat: RematArg,
+
     /// Train every base weight instead of LoRA adapters.
     #[arg(long)]
     pub full: bool,
 
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(i64).range(1..=65_536))]
     pub lora_rank: i64,
 
-    #[arg(long, default_value_t = 16.0)]
+    #[arg(long, default_value_t = 16.0, value_parser = positive)]
     pub lora_alpha: f64,
 
     /// Comma-separated module names that get adapters.
@@ -55,32 +67,50 @@ pub struct StepArgs {
     #[arg(long)]
     pub use_rslora: bool,
 
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
     pub batch: i64,
 
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(i64).range(1..=10_000_000))]
     pub seq: i64,
 
     #[arg(long, value_enum, default_value = "adamw")]
     pub optimizer: OptimizerArg,
 
     /// AdamW's decoupled weight decay (PyTorch's default).
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, default_value_t = 0.01, value_parser = non_negative)]
     pub weight_decay: f64,
 
-    #[arg(long, default_value_t = 2e-4)]
+    #[arg(long, default_value_t = 2e-4, value_parser = non_negative, allow_negative_numbers = true)]
     pub lr: f64,
 
     /// Linear warmup steps.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
     pub warmup: i64,
 
     #[arg(long, value_enum, default_value = "constant")]
     pub schedule: ScheduleArg,
 
     /// Clip the global gradient norm to this; 0 turns clipping off.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = non_negative)]
     pub clip_norm: f64,
+}
+
+/// A finite number >= 0.
+pub fn non_negative(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        Ok(_) => Err("must be a finite number >= 0".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A finite number > 0.
+pub fn positive(s: &str) -> Result<f64, String> {
+    match non_negative(s) {
+        Ok(v) if v > 0.0 => Ok(v),
+        Ok(_) => Err("must be > 0".into()),
+        Err(e) => Err(e),
+    }
 }
 
 impl StepArgs {
@@ -146,6 +176,7 @@ impl StepArgs {
                 Toggle::Off => false,
                 Toggle::Auto => config.num_hidden_layers >= 32,
             },
+            remat_layers: self.remat == RematArg::Layers,
         })
     }
 }

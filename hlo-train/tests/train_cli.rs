@@ -196,6 +196,33 @@ fn the_demo_learns() {
 }
 
 #[test]
+fn remat_and_scan_keep_the_losses() {
+    let dir = scratch("remat");
+    let run = |name: &str, extra: &[&str]| {
+        let metrics = dir.join(format!("{name}.jsonl"));
+        let mut a: Vec<&str> = DEMO.to_vec();
+        a.extend(["16", "--steps", "4", "--metrics", metrics.to_str().unwrap()]);
+        a.extend(extra);
+        ok(&hlo_train(&a));
+        losses(&metrics)
+    };
+    let plain = run("plain", &["--remat", "none"]);
+    assert_eq!(plain.len(), 4);
+    for (name, extra) in [
+        ("remat", &["--remat", "layers"][..]),
+        ("scan", &["--scan-layers", "on"][..]),
+    ] {
+        let other = run(name, extra);
+        for (a, b) in plain.iter().zip(&other) {
+            assert!(
+                (a - b).abs() <= 1e-5 * a.abs(),
+                "{name}: {plain:?} vs {other:?}"
+            );
+        }
+    }
+}
+
+#[test]
 fn resume_reproduces_the_losses_exactly() {
     let dir = scratch("resume");
     let common = |steps: &str| {
@@ -310,8 +337,16 @@ fn bad_input_gives_one_clear_line() {
         assert!(err.contains(want), "{err} (wanted {want})");
     }
     for (args, want) in [
-        (vec!["--lora-rank", "0"], "--lora-rank must be at least 1"),
-        (vec!["--lr=-1"], "--lr must be positive"),
+        (
+            vec!["--lora-rank", "0"],
+            "invalid value '0' for '--lora-rank",
+        ),
+        (vec!["--lr=-1"], "invalid value '-1' for '--lr"),
+        (vec!["--lr", "0"], "--lr must be positive"),
+        (
+            vec!["--clip-norm", "inf"],
+            "invalid value 'inf' for '--clip-norm",
+        ),
         (vec!["--seq", "1"], "--seq must be at least 2"),
         (vec!["--save-every", "2"], "--save-every needs --out"),
         (

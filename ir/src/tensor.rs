@@ -429,15 +429,18 @@ impl Tensor {
     }
 
     /// `exp(x - max) / sum(exp(x - max))` along `axis`, in the input dtype.
+    /// The max only keeps `exp` in range and its gradient cancels, so it is
+    /// a constant to autodiff (no compare/select mask in the backward pass).
     pub fn softmax(self, axis: i64) -> Tensor {
-        let m = self.expand_back(self.max(&[axis]), &[axis]);
+        let m = self.expand_back(self.max(&[axis]).stop_gradient(), &[axis]);
         let e = (self - m).exp();
         e / self.expand_back(e.sum(&[axis]), &[axis])
     }
 
-    /// `x - max - log(sum(exp(x - max)))` along `axis`.
+    /// `x - max - log(sum(exp(x - max)))` along `axis` (the max a constant
+    /// to autodiff, as in [`Tensor::softmax`]).
     pub fn log_softmax(self, axis: i64) -> Tensor {
-        let shifted = self - self.expand_back(self.max(&[axis]), &[axis]);
+        let shifted = self - self.expand_back(self.max(&[axis]).stop_gradient(), &[axis]);
         let lse = shifted.exp().sum(&[axis]).log();
         shifted - self.expand_back(lse, &[axis])
     }

@@ -65,6 +65,8 @@ pub struct TrainConfig {
     pub batch_axes: Vec<String>,
     /// Run the layers as one scan over stacked parameters.
     pub scan_layers: bool,
+    /// Rematerialize each layer in the backward pass (see [`Llama`]).
+    pub remat_layers: bool,
 }
 
 /// The traced step and what the runner needs to know about it.
@@ -86,7 +88,8 @@ pub fn masked_cross_entropy(logits: Tensor, input_ids: Tensor, loss_mask: Tensor
     let (b, s, v) = (d[0], d[1], d[2]);
     let n = b * s;
     let lf = logits.cast(DType::F32).reshape(&[n, v]);
-    let m = lf.max(&[1]);
+    // The max keeps exp in range; its gradient cancels, so autodiff gets none.
+    let m = lf.max(&[1]).stop_gradient();
     let lse = m
         + (lf - m.broadcast_in_dim(&[n, v], &[0]))
             .exp()
@@ -172,6 +175,7 @@ pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<TrainStep, M
         lora: tc.lora.as_ref(),
         batch_axes: tc.batch_axes.clone(),
         scan_layers: tc.scan_layers,
+        remat_layers: tc.remat_layers,
     };
     let loss_fn = trace("llama_loss", &loss_inputs, |i| {
         let logits = model.forward(&Params(i), i["input_ids"], tc.dtype);
@@ -289,8 +293,10 @@ pub fn step_flops(config: &LlamaConfig, tc: &TrainConfig) -> f64 {
     let tokens = (tc.batch * tc.seq) as f64;
     let c = config;
     let embed = (c.vocab_size * c.hidden_size) as f64;
-    // Matmul weights: everything but the embedding lookup (a tied head still multiplies).
-    let mut matmul = c.parameter_count() as f64 - embed;
+    // Matmul weights: everything but the embedding lookup and the RMSNorm
+    // scales (a tied head still multiplies).
+    let norms = ((2 * c.num_hidden_layers + 1) * c.hidden_size) as f64;
+    let mut matmul = c.parameter_count() as f64 - embed - norms;
     if c.tie_word_embeddings {
         matmul += embed;
     }

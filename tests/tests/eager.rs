@@ -45,6 +45,7 @@ fn run_both(mesh: &str) {
             vec![]
         },
         scan_layers: false,
+        remat_layers: false,
     };
     let step = train_step(&config, &tc).unwrap();
     let f = hlo_ir::simplify(&step.function);

@@ -152,6 +152,7 @@ fn llama_step_annotations(mesh: &str) -> String {
         lora: Some(LoraConfig::new(8, 16.0, &DEFAULT_TARGETS, false).unwrap()),
         batch_axes: vec!["dp".into(), "fsdp".into()],
         scan_layers: false,
+        remat_layers: false,
     };
     let step = train_step(&config, &tc).unwrap();
     let f = hlo_ir::simplify(&step.function);

@@ -196,32 +196,53 @@ impl OpRule for DotGeneral {
                     other_free: &[usize],
                     other_contracting: &[i64],
                     g_other_free: &[i64]| {
-            let dims = DotGeneral {
-                lhs_batch: g_batch.clone(),
-                rhs_batch: other_batch.to_vec(),
-                lhs_contracting: g_other_free.to_vec(),
-                rhs_contracting: other_free.iter().map(|&i| i as i64).collect(),
-                precision: self.precision,
-                preferred_element_type: self.preferred_element_type,
-            };
-            let grad = g.cast(other.dtype()).dot_general(other, dims);
-            // Result dims: batch, this operand's free dims (in g order), then
-            // the other's contracting dims in increasing order, each paired
-            // with this operand's contracting dim.
-            let mut owner: Vec<i64> = this_batch.to_vec();
-            owner.extend(this_free.iter().map(|&i| i as i64));
+            // This operand's dims in the order `g · other` yields them: batch,
+            // free (in g order), then the dims paired with the other's
+            // contracting dims, in the other's dim order.
             let mut pairs: Vec<(i64, i64)> = other_contracting
                 .iter()
                 .zip(this_contracting)
                 .map(|(&o, &t)| (o, t))
                 .collect();
             pairs.sort();
-            owner.extend(pairs.iter().map(|&(_, t)| t));
+            let mut g_first: Vec<i64> = this_batch.to_vec();
+            g_first.extend(this_free.iter().map(|&i| i as i64));
+            g_first.extend(pairs.iter().map(|&(_, t)| t));
+            // And as `other · g` yields them: batch, paired dims, free.
+            let mut other_first: Vec<i64> = this_batch.to_vec();
+            other_first.extend(pairs.iter().map(|&(_, t)| t));
+            other_first.extend(this_free.iter().map(|&i| i as i64));
+            let in_order = |dims: &[i64]| dims.iter().enumerate().all(|(i, &d)| i as i64 == d);
+            let other_free: Vec<i64> = other_free.iter().map(|&i| i as i64).collect();
+            // Prefer the order that needs no transpose of the result (a
+            // weight gradient `xᵀ·g` then reaches XLA as a plain matmul
+            // rather than a transposed one).
+            let (grad, owner) = if !in_order(&g_first) && in_order(&other_first) {
+                let dims = DotGeneral {
+                    lhs_batch: other_batch.to_vec(),
+                    rhs_batch: g_batch.clone(),
+                    lhs_contracting: other_free,
+                    rhs_contracting: g_other_free.to_vec(),
+                    precision: self.precision,
+                    preferred_element_type: self.preferred_element_type,
+                };
+                (other.dot_general(g.cast(other.dtype()), dims), other_first)
+            } else {
+                let dims = DotGeneral {
+                    lhs_batch: g_batch.clone(),
+                    rhs_batch: other_batch.to_vec(),
+                    lhs_contracting: g_other_free.to_vec(),
+                    rhs_contracting: other_free,
+                    precision: self.precision,
+                    preferred_element_type: self.preferred_element_type,
+                };
+                (g.cast(other.dtype()).dot_general(other, dims), g_first)
+            };
             let rank = owner.len();
             let perm: Vec<i64> = (0..rank as i64)
                 .map(|d| owner.iter().position(|&o| o == d).expect("every dim") as i64)
                 .collect();
-            let grad = if perm.iter().enumerate().all(|(i, &p)| i as i64 == p) {
+            let grad = if in_order(&perm) {
                 grad
             } else {
                 grad.transpose(&perm)

@@ -152,6 +152,7 @@ pub fn forward_function_with(
         lora,
         batch_axes: Vec::new(),
         scan_layers,
+        remat_layers: false,
     };
     trace("llama_forward", &inputs, |i| {
         let logits = model.forward(&Params(i), i["input_ids"], dtype);

@@ -9,7 +9,7 @@
 //! names follow the module tree (`model.layers.3.self_attn.q_proj`).
 
 use hlo_ir::ops::DotGeneral;
-use hlo_ir::{constant, iota, scan, scope, DType, Inputs, Literal, Tensor, TensorType};
+use hlo_ir::{checkpoint, constant, iota, scan, scope, DType, Inputs, Literal, Tensor, TensorType};
 
 use super::config::LlamaConfig;
 use super::lora::LoraConfig;
@@ -24,6 +24,10 @@ pub struct Llama<'a> {
     pub batch_axes: Vec<String>,
     /// Run the layers as one scan over stacked parameters.
     pub scan_layers: bool,
+    /// Recompute each layer's forward in the backward pass instead of
+    /// keeping its activations (only the layer inputs are kept). A scan's
+    /// gradient already works this way.
+    pub remat_layers: bool,
 }
 
 /// Parameters by name: the traced inputs.
@@ -262,7 +266,12 @@ impl Llama<'_> {
         } else {
             for l in 0..c.num_hidden_layers {
                 let prefix = format!("model.layers.{l}");
-                h = scope(&prefix, || self.layer(p, &prefix, h, cos, sin));
+                let layer = || self.layer(p, &prefix, h, cos, sin);
+                h = if self.remat_layers {
+                    checkpoint(&prefix, layer)
+                } else {
+                    scope(&prefix, layer)
+                };
             }
         }
         let h = scope("model.norm", || {
