@@ -73,40 +73,23 @@ print(f'batch $1 x seq $2: median step {t*1e3:.1f} ms, {$1*$2/t:.0f} tokens/s, M
 done
 
 echo "== 4. the peer: PyTorch + PEFT, same shapes, bf16 base, f32 LoRA, AdamW, SDPA attention"
-python3 - "$STEPS" <<'PY' | tee "$OUT/torch.txt"
-import sys, time, statistics, torch
-from transformers import LlamaConfig, LlamaForCausalLM
-from peft import LoraConfig, get_peft_model
-steps = int(sys.argv[1])
-cfg = LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                  num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True,
-                  rope_theta=500000.0, max_position_embeddings=131072, attn_implementation="sdpa",
-                  rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
-with torch.device("cuda"):
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
-model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=[
-    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
-params = [p for p in model.parameters() if p.requires_grad]
-for p in params:
-    p.data = p.data.float()
-opt = torch.optim.AdamW(params, lr=2e-4)
-b, s = 8, 1024
-ids = torch.randint(0, 128256, (b, s), device="cuda")
-times = []
-for i in range(steps):
-    torch.cuda.synchronize(); t = time.perf_counter()
-    loss = model(input_ids=ids, labels=ids).loss
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(params, 1.0)
-    opt.step(); opt.zero_grad(set_to_none=True)
-    torch.cuda.synchronize(); times.append(time.perf_counter() - t)
-t = statistics.median(times[2:])
-print(f"PyTorch+PEFT 1B LoRA batch {b} x seq {s}: median step {t*1e3:.1f} ms, {b*s/t:.0f} tokens/s, peak memory {torch.cuda.max_memory_allocated()/2**30:.1f} GiB")
-PY
+python3 bench/peft_lora_step.py 1b 8 1024 "$STEPS" | tee "$OUT/torch.txt"
 while read -r l; do summary+=("$l"); done <"$OUT/torch.txt"
 
-echo "== 5. Llama 3.1 8B shapes and hlo-train bench: need the bench issue (device-side random weights); not yet"
+echo "== 5. hlo-train bench (weights made on the GPU): Llama 3.2 1B and Llama 3.1 8B, bf16, LoRA r=16"
+for spec in "llama3.2-1b 8 1024" "llama3.1-8b 4 1024"; do
+  set -- $spec
+  if "$BIN/hlo-train" bench --plugin cuda --model "$1" --dtype bf16 --lora-rank 16 --lora-alpha 32 \
+      --batch "$2" --seq "$3" --steps 10 --json >"$OUT/bench-$1.json"; then
+    summary+=("hlo-train bench $1 batch $2 x seq $3: $(python3 -c 'import json, sys; v = json.load(open(sys.argv[1])); print("median step %.1f ms, %.0f tokens/s, MFU %.1f%%, compile %.1f s, peak %.1f GiB" % (v["step_time_s"] * 1e3, v["tokens_per_s"], v["mfu"] * 100, v["compile_s"], v["peak_bytes"] / 2**30))' "$OUT/bench-$1.json")")
+  else
+    summary+=("hlo-train bench $1: FAILED")
+  fi
+done
+
+echo "== 6. the peer for 8B: PyTorch + PEFT, Llama 3.1 8B shapes, batch 4 x seq 1024"
+python3 bench/peft_lora_step.py 8b 4 1024 "$STEPS" | tee "$OUT/torch8b.txt"
+while read -r l; do summary+=("$l"); done <"$OUT/torch8b.txt"
 
 echo
 echo "== summary"
