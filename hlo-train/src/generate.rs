@@ -1,17 +1,21 @@
-//! `hlo-train generate`: complete a prompt with a Llama model (and
-//! adapters). One compiled forward pass over the whole window; each new
-//! token reruns it (the KV-cache issue makes this fast).
+//! `hlo-train generate`: complete prompts with a Llama model (and
+//! adapters, unmerged): a prefill program over the prompts, then one decode
+//! program per token over a KV cache kept on the device, tokens sampled on
+//! the device.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use hlo_ir::{DType, Literal, TensorType};
 use hlo_models::adapter::Adapter;
+use hlo_models::chat::{ChatTemplate, Message};
 use hlo_models::io::write_safetensors;
-use hlo_models::llama::forward_function;
-use hlo_models::rng::Rng;
-use std::cell::RefCell;
+use hlo_models::llama::{
+    base_parameter_types, decode_function, forward_function, lora_parameter_types,
+};
 
 use hlo_partitioner::{FunctionShardings, Mesh, PartitionSpec, Sharding};
 use hlo_runtime::{DeviceArray, Eager, HostArray, PluginKind, ShardedFunction};
@@ -31,23 +35,43 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub adapter: Vec<PathBuf>,
 
-    /// The prompt text.
-    #[arg(
-        long,
-        conflicts_with = "prompt_ids",
-        required_unless_present = "prompt_ids"
-    )]
+    /// The prompt text (with `--chat`, the user's message).
+    #[arg(long, conflicts_with_all = ["prompt_ids", "prompts"], required_unless_present_any = ["prompt_ids", "prompts"])]
     pub prompt: Option<String>,
 
     /// The prompt as token ids (`1,2,3`); the completion is printed as ids.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "prompts")]
     pub prompt_ids: Option<String>,
+
+    /// A JSONL file of prompts, one per line (`{"prompt"}`, `{"input_ids"}`
+    /// or `{"messages"}`), completed in batches; prints one JSON line per
+    /// prompt (and adapter).
+    #[arg(long)]
+    pub prompts: Option<PathBuf>,
+
+    /// Prompts completed together with `--prompts`.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub batch_size: u32,
+
+    /// Render the prompt as a user message with the model's chat template
+    /// (`tokenizer_config.json` of the checkpoint or beside `--tokenizer`).
+    #[arg(long)]
+    pub chat: bool,
+
+    /// The chat template's folder (holding `tokenizer_config.json`),
+    /// instead of the checkpoint's.
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
+
+    /// Also stop at these token ids (`1,2`) besides the config's EOS ids.
+    #[arg(long)]
+    pub stop: Option<String>,
 
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_new_tokens: u32,
 
     /// Always take the most likely token (the default).
-    #[arg(long, conflicts_with_all = ["temperature", "top_p"])]
+    #[arg(long, conflicts_with_all = ["temperature", "top_p", "top_k"])]
     pub greedy: bool,
 
     /// Sample at this temperature.
@@ -57,6 +81,10 @@ pub struct GenerateArgs {
     /// Sample from the smallest set of tokens with this much probability.
     #[arg(long)]
     pub top_p: Option<f64>,
+
+    /// Sample from the k most likely tokens only.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub top_k: Option<u32>,
 
     /// Seed for sampling and for random weights.
     #[arg(long, default_value_t = 0)]
@@ -70,61 +98,15 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub ignore_eos: bool,
 
+    /// Print the prefill and decode speeds, and each decode step's time, as
+    /// one JSON object on stderr.
+    #[arg(long)]
+    pub stats: bool,
+
     /// Write the prompt's logits `[prompt_len, vocab]` (f32) to this
     /// safetensors file, as tensor `logits`.
     #[arg(long)]
     pub dump_logits: Option<PathBuf>,
-}
-
-/// Picks the next token from one row of logits.
-fn sample(logits: &[f64], temperature: Option<f64>, top_p: Option<f64>, rng: &mut Rng) -> u32 {
-    let argmax = || {
-        logits
-            .iter()
-            .enumerate()
-            .fold((0, f64::NEG_INFINITY), |best, (i, &v)| {
-                if v > best.1 {
-                    (i, v)
-                } else {
-                    best
-                }
-            })
-            .0 as u32
-    };
-    let t = match temperature {
-        None if top_p.is_none() => return argmax(),
-        None => 1.0,
-        Some(t) if t <= 0.0 => return argmax(),
-        Some(t) => t,
-    };
-    let max = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    let mut probs: Vec<(usize, f64)> = logits
-        .iter()
-        .map(|&l| ((l - max) / t).exp())
-        .enumerate()
-        .collect();
-    let total: f64 = probs.iter().map(|p| p.1).sum();
-    probs.iter_mut().for_each(|p| p.1 /= total);
-    probs.sort_by(|a, b| b.1.total_cmp(&a.1));
-    let p = top_p.unwrap_or(1.0);
-    let mut kept = 0.0;
-    let mut cut = probs.len();
-    for (k, (_, q)) in probs.iter().enumerate() {
-        kept += q;
-        if kept >= p {
-            cut = k + 1;
-            break;
-        }
-    }
-    let probs = &probs[..cut];
-    let mut r = rng.next_f64() * probs.iter().map(|p| p.1).sum::<f64>();
-    for (i, q) in probs {
-        if r < *q {
-            return *i as u32;
-        }
-        r -= q;
-    }
-    probs[probs.len() - 1].0 as u32
 }
 
 pub fn run(args: &GenerateArgs) -> Result<()> {
@@ -141,31 +123,103 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let model = args.model.open()?;
     let config = &model.config;
     let tokenizer = args.model.tokenizer(&model)?;
-    let prompt: Vec<u32> = match (&args.prompt, &args.prompt_ids) {
-        (_, Some(ids)) => parse_ids(ids)?,
-        (Some(text), None) => match &tokenizer {
-            Some(t) => t.encode(text, true)?,
-            None => bail!("no tokenizer for this model: pass --tokenizer FILE or --prompt-ids"),
-        },
-        (None, None) => bail!("give --prompt or --prompt-ids"),
+    let chat = if args.chat || args.chat_template.is_some() {
+        let dir = match (&args.chat_template, &model.checkpoint, &args.model.tokenizer) {
+            (Some(d), _, _) => d.clone(),
+            (None, Some(c), _) => c.dir.clone(),
+            (None, None, Some(t)) => t.parent().map(PathBuf::from).unwrap_or_default(),
+            _ => bail!("--chat needs a checkpoint or --tokenizer with a tokenizer_config.json, or --chat-template DIR"),
+        };
+        Some(ChatTemplate::from_dir(&dir)?)
+    } else {
+        None
     };
-    if prompt.is_empty() {
-        bail!("the prompt is empty");
+    let encode = |text: &str| -> Result<Vec<u32>> {
+        let Some(t) = &tokenizer else {
+            bail!("no tokenizer for this model: pass --tokenizer FILE or token ids");
+        };
+        // A rendered chat template carries its own BOS.
+        Ok(t.encode(text, chat.is_none())?)
+    };
+    let render = |messages: &[Message]| -> Result<Vec<u32>> {
+        let Some(c) = &chat else {
+            bail!("`messages` prompts need a chat template (--chat)");
+        };
+        encode(&c.render(messages, true)?)
+    };
+    // (what to echo back, token ids) for every prompt.
+    let mut requests: Vec<(serde_json::Value, Vec<u32>)> = Vec::new();
+    match (&args.prompt, &args.prompt_ids, &args.prompts) {
+        (_, Some(ids), _) => requests.push((serde_json::Value::Null, parse_ids(ids)?)),
+        (Some(text), None, _) => {
+            let ids = if chat.is_some() {
+                render(&[Message::new("user", text)])?
+            } else {
+                encode(text)?
+            };
+            requests.push((serde_json::Value::Null, ids));
+        }
+        (None, None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            for (n, line) in text.lines().enumerate() {
+                let at = || format!("{}:{}", path.display(), n + 1);
+                if line.trim().is_empty() {
+                    bail!("{}: empty line", at());
+                }
+                let v: serde_json::Value = serde_json::from_str(line)
+                    .map_err(|e| anyhow::anyhow!("{}: not JSON: {e}", at()))?;
+                let ids = if let Some(ids) = v.get("input_ids").and_then(|x| x.as_array()) {
+                    ids.iter()
+                        .map(|t| t.as_u64().map(|t| t as u32))
+                        .collect::<Option<Vec<u32>>>()
+                        .with_context(|| {
+                            format!("{}: input_ids must be non-negative integers", at())
+                        })?
+                } else if let Some(p) = v.get("prompt").and_then(|x| x.as_str()) {
+                    if chat.is_some() {
+                        render(&[Message::new("user", p)])
+                    } else {
+                        encode(p)
+                    }
+                    .with_context(at)?
+                } else if let Some(m) = v.get("messages") {
+                    let messages: Vec<Message> = serde_json::from_value(m.clone())
+                        .map_err(|e| anyhow::anyhow!("{}: messages: {e}", at()))?;
+                    render(&messages).with_context(at)?
+                } else {
+                    bail!(
+                        "{}: expected {{\"prompt\"}}, {{\"input_ids\"}} or {{\"messages\"}}",
+                        at()
+                    );
+                };
+                requests.push((v, ids));
+            }
+            if requests.is_empty() {
+                bail!("{} has no prompts", path.display());
+            }
+        }
+        (None, None, None) => bail!("give --prompt, --prompt-ids or --prompts"),
     }
-    if let Some(&bad) = prompt.iter().find(|&&t| t as i64 >= config.vocab_size) {
-        bail!(
-            "token id {bad} is outside the vocabulary (size {})",
-            config.vocab_size
-        );
-    }
-    let window = prompt.len() as i64 + args.max_new_tokens as i64;
-    if window > config.max_position_embeddings {
-        bail!(
-            "prompt ({}) + --max-new-tokens ({}) exceed the model's {} positions",
-            prompt.len(),
-            args.max_new_tokens,
-            config.max_position_embeddings
-        );
+    for (_, prompt) in &requests {
+        if prompt.is_empty() {
+            bail!("a prompt is empty");
+        }
+        if let Some(&bad) = prompt.iter().find(|&&t| t as i64 >= config.vocab_size) {
+            bail!(
+                "token id {bad} is outside the vocabulary (size {})",
+                config.vocab_size
+            );
+        }
+        let window = prompt.len() as i64 + args.max_new_tokens as i64;
+        if window > config.max_position_embeddings {
+            bail!(
+                "prompt ({}) + --max-new-tokens ({}) exceed the model's {} positions",
+                prompt.len(),
+                args.max_new_tokens,
+                config.max_position_embeddings
+            );
+        }
     }
     let client = args.plugin.client()?;
     let dtype = args
@@ -180,41 +234,81 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             .map(|d| Adapter::load(d, config).map(Some))
             .collect::<Result<_, _>>()?
     };
-    let eos: Vec<u32> = if args.ignore_eos {
+    let mut eos: Vec<u32> = if args.ignore_eos {
         Vec::new()
     } else {
         config.eos_token_ids.iter().map(|&e| e as u32).collect()
+    };
+    if let Some(stop) = &args.stop {
+        eos.extend(parse_ids(stop)?);
+    }
+    let sampling = Sampling {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed: args.seed,
     };
     for (k, adapter) in adapters.iter().enumerate() {
         let generator = Generator::new(
             &client,
             config,
             dtype,
-            window,
             adapter.as_ref(),
             args.eager,
             |name| model.weight(name, dtype, args.seed),
         )?;
-        let sampling = Sampling {
-            temperature: args.temperature,
-            top_p: args.top_p,
-            seed: args.seed,
-        };
-        let (completion, logits) =
-            generator.complete(&prompt, args.max_new_tokens as usize, &sampling, &eos)?;
         if k == 0 {
             if let Some(path) = &args.dump_logits {
-                let vocab = config.vocab_size as usize;
-                let rows: Vec<f64> = logits[..prompt.len() * vocab].to_vec();
+                let prompt = &requests[0].1;
+                let logits = generator.prompt_logits(prompt)?;
                 let lit = Literal::from_f64s(
-                    TensorType::new(DType::F32, [prompt.len() as i64, vocab as i64]),
-                    &rows,
+                    TensorType::new(DType::F32, [prompt.len() as i64, config.vocab_size]),
+                    &logits,
                 );
                 write_safetensors(path, &[("logits".to_string(), lit)])?;
             }
         }
+        let show = |ids: &[u32]| -> Result<String> {
+            Ok(match (&args.prompt_ids, &tokenizer) {
+                (None, Some(t)) => t.decode(ids)?,
+                _ => ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+            })
+        };
+        if args.prompts.is_some() {
+            for chunk in requests.chunks(args.batch_size as usize) {
+                let prompts: Vec<Vec<u32>> = chunk.iter().map(|(_, p)| p.clone()).collect();
+                let outs = generator.complete_batch(
+                    &prompts,
+                    args.max_new_tokens as usize,
+                    &sampling,
+                    &eos,
+                )?;
+                for ((line, _), out) in chunk.iter().zip(outs) {
+                    let mut v = line.clone();
+                    v["completion"] = show(&out)?.into();
+                    v["completion_ids"] = out.into();
+                    if let Some(dir) = args.adapter.get(k) {
+                        v["adapter"] = dir.display().to_string().into();
+                    }
+                    println!("{v}");
+                }
+                if args.stats {
+                    eprintln!("{}", timings_json(&generator.timings()));
+                }
+            }
+            continue;
+        }
+        let completion = generator.complete(
+            &requests[0].1,
+            args.max_new_tokens as usize,
+            &sampling,
+            &eos,
+        )?;
         if adapters.len() > 1 {
             println!("== {}", args.adapter[k].display());
+        }
+        if args.stats {
+            eprintln!("{}", timings_json(&generator.timings()));
         }
         if let Some(s) = generator.eager_stats() {
             eprintln!(
@@ -224,130 +318,157 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
                 s.peak_live_bytes as f64 / 1e6
             );
         }
-        match (&args.prompt_ids, &tokenizer) {
-            (None, Some(t)) => println!("{}", t.decode(&completion)?),
-            _ => println!(
-                "{}",
-                completion
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
-        }
+        println!("{}", show(&completion)?);
     }
     Ok(())
 }
 
-/// How the next token is chosen.
+/// `prefill_tokens_per_s`, `decode_tokens_per_s` (median step) and the
+/// steps' times.
+fn timings_json(t: &Timings) -> serde_json::Value {
+    let mut sorted = t.decode_step_s.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN);
+    serde_json::json!({
+        "batch": t.batch,
+        "prefill_tokens": t.prefill_tokens,
+        "prefill_s": t.prefill_s,
+        "prefill_tokens_per_s": t.prefill_tokens as f64 / t.prefill_s,
+        "decode_steps": t.decode_step_s.len(),
+        "decode_tokens_per_s": t.batch as f64 / median,
+        "decode_step_s": t.decode_step_s,
+        "programs": t.programs,
+        "compile_s": t.compile_s,
+    })
+}
+
+/// How the next token is chosen (on the device; see
+/// [`hlo_models::llama::sample_tokens`]).
+#[derive(Clone, Debug, Default)]
 pub struct Sampling {
-    /// None (and no top-p): greedy.
+    /// None (with no top-k or top-p): greedy. 0 is greedy too.
     pub temperature: Option<f64>,
+    pub top_k: Option<u32>,
     pub top_p: Option<f64>,
     pub seed: u64,
 }
 
-/// A forward pass over a fixed window, compiled whole (JIT) or run op by op
-/// (eager), with the parameters on the device; completes prompts by rerunning
-/// it once per new token.
+impl Sampling {
+    fn temperature(&self) -> f64 {
+        match self.temperature {
+            Some(t) => t,
+            None if self.top_k.is_some() || self.top_p.is_some() => 1.0,
+            None => 0.0,
+        }
+    }
+}
+
+/// Prompt lengths are padded up to a bucket so a new length rarely means
+/// a new program: powers of two from 16.
+pub fn prompt_bucket(len: usize) -> i64 {
+    len.next_power_of_two().max(16) as i64
+}
+
+/// The cache's length for a bucket and a number of new tokens: a multiple
+/// of 128 (again so that programs are shared).
+pub fn cache_bucket(prompt_bucket: i64, max_new: usize) -> i64 {
+    (prompt_bucket + max_new as i64 + 127) / 128 * 128
+}
+
+/// A compiled prefill/decode program for one (batch, new tokens, cache
+/// length) shape.
+struct Program {
+    function: hlo_ir::Function,
+    jit: Option<ShardedFunction>,
+}
+
+/// Completes prompts with a KV cache: one prefill program over the
+/// (left-padded) prompts, then one decode program per new token, the cache
+/// updated in place on the device and the next token sampled there. The
+/// weights are uploaded once; programs are compiled per shape bucket and
+/// kept.
 pub struct Generator {
     client: hlo_runtime::Client,
-    function: hlo_ir::Function,
+    config: hlo_models::llama::LlamaConfig,
+    lora: Option<hlo_models::llama::LoraConfig>,
+    dtype: DType,
     mesh: Mesh,
     devices: Vec<hlo_runtime::Device>,
-    jit: Option<ShardedFunction>,
     eager: Option<RefCell<Eager>>,
-    params: Vec<DeviceArray>,
-    window: i64,
-    vocab: usize,
+    /// (name, array) of every parameter, in the programs' input order.
+    params: Vec<(String, DeviceArray)>,
+    programs: RefCell<HashMap<(i64, i64, i64), Program>>,
+    timings: RefCell<Timings>,
+    /// Seconds spent tracing and compiling programs, in all.
+    compile_s: std::cell::Cell<f64>,
+}
+
+/// Where the time of the last [`Generator::complete_batch`] went.
+#[derive(Clone, Debug, Default)]
+pub struct Timings {
+    /// Prompt tokens (all rows, without padding) and the prefill's seconds
+    /// (the first run of a shape includes its compilation).
+    pub prefill_tokens: usize,
+    pub prefill_s: f64,
+    /// Seconds of each decode step (one token per row).
+    pub decode_step_s: Vec<f64>,
+    pub batch: usize,
+    /// Programs compiled so far, and the seconds that took (not counted
+    /// in the steps).
+    pub programs: usize,
+    pub compile_s: f64,
 }
 
 impl Generator {
-    /// Builds the forward pass and uploads the weights (`weight(name)`, one
-    /// tensor at a time) and the adapter's tensors.
+    /// Uploads the weights (`weight(name)`, one tensor at a time) and the
+    /// adapter's tensors (applied unmerged).
     pub fn new(
         client: &hlo_runtime::Client,
         config: &hlo_models::llama::LlamaConfig,
         dtype: DType,
-        window: i64,
         adapter: Option<&Adapter>,
         eager: bool,
         weight: impl Fn(&str) -> Result<Literal>,
     ) -> Result<Generator> {
-        let lora = adapter.map(|a| &a.lora);
-        let traced =
-            forward_function(config, dtype, 1, window, lora).context("tracing the forward pass")?;
-        let function = hlo_ir::simplify(&traced);
+        let lora = adapter.map(|a| a.lora.clone());
         let mesh = Mesh::single();
         let devices = client.addressable_devices()?[..1].to_vec();
         let replicated = Sharding::replicated(mesh.clone());
-        let mut params = Vec::new();
-        for b in &function.inputs[..function.inputs.len() - 1] {
-            let lit = match adapter.and_then(|a| a.get(&b.name)) {
-                Some(l) => l.clone(),
-                None => weight(&b.name)?,
-            };
-            params.push(DeviceArray::shard(
-                client,
-                &HostArray::from(lit),
-                &replicated,
-                &devices,
-            )?);
+        let mut names = base_parameter_types(config, dtype);
+        if let Some(l) = &lora {
+            names.extend(lora_parameter_types(config, l));
         }
-        let (jit, eager) = if eager {
-            (
-                None,
-                Some(RefCell::new(Eager::new(
-                    client,
-                    mesh.clone(),
-                    devices.clone(),
-                )?)),
-            )
+        let mut params = Vec::new();
+        for (name, _) in names {
+            let lit = match adapter.and_then(|a| a.get(&name)) {
+                Some(l) => l.clone(),
+                None => weight(&name)?,
+            };
+            let array = DeviceArray::shard(client, &HostArray::from(lit), &replicated, &devices)?;
+            params.push((name, array));
+        }
+        let eager = if eager {
+            Some(RefCell::new(Eager::new(
+                client,
+                mesh.clone(),
+                devices.clone(),
+            )?))
         } else {
-            let shardings = FunctionShardings::replicated(&function, &mesh);
-            (
-                Some(ShardedFunction::new(client, &function, shardings)?),
-                None,
-            )
+            None
         };
         Ok(Generator {
             client: client.clone(),
-            function,
+            config: config.clone(),
+            lora,
+            dtype,
             mesh,
             devices,
-            jit,
             eager,
             params,
-            window,
-            vocab: config.vocab_size as usize,
+            programs: RefCell::new(HashMap::new()),
+            timings: RefCell::new(Timings::default()),
+            compile_s: std::cell::Cell::new(0.0),
         })
-    }
-
-    /// The logits `[window, vocab]` for `tokens` (padded with 0).
-    fn logits(&self, tokens: &[u32]) -> Result<Vec<f64>> {
-        let mut ids = vec![0i32; self.window as usize];
-        for (i, t) in tokens.iter().enumerate() {
-            ids[i] = *t as i32;
-        }
-        let ids = DeviceArray::shard(
-            &self.client,
-            &HostArray::new(&[1, self.window], &ids)?,
-            &Sharding::replicated(self.mesh.clone()),
-            &self.devices,
-        )?;
-        let mut inputs: Vec<&DeviceArray> = self.params.iter().collect();
-        inputs.push(&ids);
-        let out = match (&self.jit, &self.eager) {
-            (Some(jit), _) => jit.run(&inputs)?,
-            (None, Some(eager)) => eager.borrow_mut().run(
-                &self.function,
-                &inputs,
-                &[PartitionSpec::replicated()],
-                None,
-            )?,
-            _ => unreachable!("JIT or eager"),
-        };
-        Ok(out[0].gather()?.to_f64_vec())
     }
 
     /// The eager executor's statistics, when running eagerly.
@@ -355,36 +476,215 @@ impl Generator {
         self.eager.as_ref().map(|e| e.borrow().stats)
     }
 
-    /// Up to `max_new` tokens after `prompt` (stopping after a `stop` token),
-    /// and the logits of the first forward pass (`[window, vocab]`).
+    /// The timings of the last completion.
+    pub fn timings(&self) -> Timings {
+        self.timings.borrow().clone()
+    }
+
+    fn place(&self, host: HostArray) -> Result<DeviceArray> {
+        Ok(DeviceArray::shard(
+            &self.client,
+            &host,
+            &Sharding::replicated(self.mesh.clone()),
+            &self.devices,
+        )?)
+    }
+
+    /// Runs the program for `shape` on `inputs` (everything after the
+    /// parameters), compiling it first if needed.
+    fn run(&self, shape: (i64, i64, i64), inputs: &[&DeviceArray]) -> Result<Vec<DeviceArray>> {
+        let (batch, new, max_len) = shape;
+        let mut programs = self.programs.borrow_mut();
+        if let std::collections::hash_map::Entry::Vacant(slot) = programs.entry(shape) {
+            let started = std::time::Instant::now();
+            let traced = decode_function(
+                &self.config,
+                self.dtype,
+                batch,
+                new,
+                max_len,
+                self.lora.as_ref(),
+            )
+            .context("tracing the decode step")?;
+            let function = hlo_ir::simplify(&traced);
+            let jit = if self.eager.is_none() {
+                // The caches and the rng state are updated in place.
+                let donated: Vec<(usize, usize)> = function
+                    .inputs
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(k, b)| {
+                        let name = &b.name;
+                        (name.starts_with("cache.") || name == "rng").then(|| {
+                            let out = function
+                                .outputs
+                                .iter()
+                                .position(|o| &o.name == name)
+                                .expect("each cache is an output");
+                            (k, out)
+                        })
+                    })
+                    .collect();
+                let shardings = FunctionShardings::replicated(&function, &self.mesh);
+                Some(ShardedFunction::with_donation(
+                    &self.client,
+                    &function,
+                    shardings,
+                    &donated,
+                )?)
+            } else {
+                None
+            };
+            slot.insert(Program { function, jit });
+            self.compile_s
+                .set(self.compile_s.get() + started.elapsed().as_secs_f64());
+        }
+        let program = &programs[&shape];
+        let mut all: Vec<&DeviceArray> = self.params.iter().map(|(_, a)| a).collect();
+        all.extend_from_slice(inputs);
+        Ok(match (&program.jit, &self.eager) {
+            (Some(jit), _) => jit.run(&all)?,
+            (None, Some(eager)) => {
+                let specs = vec![PartitionSpec::replicated(); program.function.outputs.len()];
+                eager
+                    .borrow_mut()
+                    .run(&program.function, &all, &specs, None)?
+            }
+            _ => unreachable!("JIT or eager"),
+        })
+    }
+
+    /// Up to `max_new` tokens after each prompt, each row stopping after
+    /// one of the `stop` tokens.
+    pub fn complete_batch(
+        &self,
+        prompts: &[Vec<u32>],
+        max_new: usize,
+        sampling: &Sampling,
+        stop: &[u32],
+    ) -> Result<Vec<Vec<u32>>> {
+        let batch = prompts.len();
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        if batch == 0 || longest == 0 || prompts.iter().any(Vec::is_empty) || max_new == 0 {
+            return Ok(vec![Vec::new(); batch]);
+        }
+        let t = prompt_bucket(longest);
+        let max_len = cache_bucket(t, max_new);
+        let b = batch as i64;
+        // Left padding: every row's last prompt token sits at slot t - 1.
+        let mut ids = vec![0i32; batch * t as usize];
+        let mut offsets = Vec::with_capacity(batch);
+        for (r, p) in prompts.iter().enumerate() {
+            let off = t as usize - p.len();
+            offsets.push(off as i32);
+            for (j, &tok) in p.iter().enumerate() {
+                ids[r * t as usize + off + j] = tok as i32;
+            }
+        }
+        let c = &self.config;
+        let cache_ty = [b, c.num_key_value_heads, max_len, c.head_dim];
+        let zeros = HostArray::from(Literal::splat(TensorType::new(self.dtype, cache_ty), 0.0));
+        let mut caches: Vec<DeviceArray> = (0..2 * c.num_hidden_layers)
+            .map(|_| self.place(zeros.clone()))
+            .collect::<Result<_>>()?;
+        let offsets = self.place(HostArray::new(&[b], &offsets)?)?;
+        let temperature = self.place(HostArray::scalar(sampling.temperature() as f32))?;
+        let top_k = self.place(HostArray::scalar(sampling.top_k.unwrap_or(0) as i32))?;
+        let top_p = self.place(HostArray::scalar(sampling.top_p.unwrap_or(1.0) as f32))?;
+        let mut rng = self.place(HostArray::from(Literal::from_f64s(
+            TensorType::new(DType::U64, [2]),
+            &[sampling.seed as f64, 0.0],
+        )))?;
+        let mut out: Vec<Vec<u32>> = vec![Vec::new(); batch];
+        let mut done = vec![false; batch];
+        let mut input = self.place(HostArray::new(&[b, t], &ids)?)?;
+        let mut cur = 0i64;
+        let mut new = t;
+        let mut timings = Timings {
+            prefill_tokens: prompts.iter().map(Vec::len).sum(),
+            batch,
+            ..Timings::default()
+        };
+        for _ in 0..max_new {
+            let started = std::time::Instant::now();
+            let compiling = self.compile_s.get();
+            let cur_arr = self.place(HostArray::scalar(cur as i32))?;
+            let mut inputs: Vec<&DeviceArray> = caches.iter().collect();
+            inputs.extend([
+                &input,
+                &offsets,
+                &cur_arr,
+                &temperature,
+                &top_k,
+                &top_p,
+                &rng,
+            ]);
+            let mut outputs = self.run((b, new, max_len), &inputs)?;
+            // Outputs: next, logits, caches.., rng.
+            rng = outputs.pop().expect("rng");
+            let next_arr = outputs.remove(0);
+            caches = outputs.split_off(1);
+            let next: Vec<i32> = next_arr.gather()?.to_vec()?;
+            let took = started.elapsed().as_secs_f64() - (self.compile_s.get() - compiling);
+            if cur == 0 {
+                timings.prefill_s = took;
+            } else {
+                timings.decode_step_s.push(took);
+            }
+            for (r, &tok) in next.iter().enumerate() {
+                if !done[r] {
+                    out[r].push(tok as u32);
+                    done[r] = stop.contains(&(tok as u32));
+                }
+            }
+            if done.iter().all(|&d| d) {
+                break;
+            }
+            cur += new;
+            new = 1;
+            input = self.place(HostArray::new(&[b, 1], &next)?)?;
+        }
+        timings.programs = self.programs.borrow().len();
+        timings.compile_s = self.compile_s.get();
+        *self.timings.borrow_mut() = timings;
+        Ok(out)
+    }
+
+    /// [`Generator::complete_batch`] for one prompt.
     pub fn complete(
         &self,
         prompt: &[u32],
         max_new: usize,
         sampling: &Sampling,
         stop: &[u32],
-    ) -> Result<(Vec<u32>, Vec<f64>)> {
-        let mut tokens = prompt.to_vec();
-        let mut rng = Rng::new(sampling.seed);
-        let mut first = Vec::new();
-        let max_new = max_new.min((self.window as usize).saturating_sub(prompt.len()));
-        for step in 0..max_new {
-            let logits = self.logits(&tokens)?;
-            let v = self.vocab;
-            let next = sample(
-                &logits[(tokens.len() - 1) * v..tokens.len() * v],
-                sampling.temperature,
-                sampling.top_p,
-                &mut rng,
-            );
-            if step == 0 {
-                first = logits;
+    ) -> Result<Vec<u32>> {
+        Ok(self
+            .complete_batch(&[prompt.to_vec()], max_new, sampling, stop)?
+            .remove(0))
+    }
+
+    /// The logits `[prompt_len, vocab]` of every prompt position, from one
+    /// full forward pass (for `--dump-logits`).
+    pub fn prompt_logits(&self, prompt: &[u32]) -> Result<Vec<f64>> {
+        let n = prompt.len() as i64;
+        let traced = forward_function(&self.config, self.dtype, 1, n, self.lora.as_ref())
+            .context("tracing the forward pass")?;
+        let function = hlo_ir::simplify(&traced);
+        let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
+        let ids = self.place(HostArray::new(&[1, n], &ids)?)?;
+        let mut all: Vec<&DeviceArray> = self.params.iter().map(|(_, a)| a).collect();
+        all.push(&ids);
+        let out = match &self.eager {
+            Some(eager) => {
+                eager
+                    .borrow_mut()
+                    .run(&function, &all, &[PartitionSpec::replicated()], None)?
             }
-            tokens.push(next);
-            if stop.contains(&next) {
-                break;
+            None => {
+                let shardings = FunctionShardings::replicated(&function, &self.mesh);
+                ShardedFunction::new(&self.client, &function, shardings)?.run(&all)?
             }
-        }
-        Ok((tokens[prompt.len()..].to_vec(), first))
+        };
+        Ok(out[0].gather()?.to_f64_vec())
     }
 }

@@ -516,26 +516,19 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let demo_prompts = ["cat=", "hello=", "rust="];
     let demo_show = |label: &str, adapter: Option<&Adapter>| -> Result<()> {
         let t = tokenizer.as_ref().expect("the demo has a tokenizer");
-        let generator = Generator::new(&client, config, dtype, 16, adapter, false, |n| {
+        let generator = Generator::new(&client, config, dtype, adapter, false, |n| {
             model.weight(n, dtype, args.seed)
         })?;
         let stop: Vec<u32> = eos.into_iter().collect();
+        let prompts: Vec<Vec<u32>> = demo_prompts
+            .iter()
+            .map(|p| t.encode(p, true))
+            .collect::<Result<_, _>>()?;
+        let outs = generator.complete_batch(&prompts, 8, &Sampling::default(), &stop)?;
         let shown: Vec<String> = demo_prompts
             .iter()
-            .map(|p| {
-                let ids = t.encode(p, true)?;
-                let (out, _) = generator.complete(
-                    &ids,
-                    8,
-                    &Sampling {
-                        temperature: None,
-                        top_p: None,
-                        seed: 0,
-                    },
-                    &stop,
-                )?;
-                Ok(format!("{p}{}", t.decode(&out)?))
-            })
+            .zip(&outs)
+            .map(|(p, out)| Ok(format!("{p}{}", t.decode(out)?)))
             .collect::<Result<_>>()?;
         println!("{label}: {}", shown.join("  "));
         Ok(())

@@ -335,3 +335,144 @@ fn tiny_generates_text_with_the_byte_tokenizer() {
     ]));
     assert_eq!(out, again, "seeded sampling is reproducible");
 }
+
+#[test]
+fn batched_prompts_complete_as_each_prompt_alone() {
+    let dir = scratch("batch");
+    let name = "gqa_llama3";
+    let want = ids(&expected(name, "greedy_adapter"));
+    let model = fixture(name);
+    let adapter = model.join("adapter");
+    let prompts: [Vec<u32>; 3] = [
+        want[..5].iter().map(|s| s.parse().unwrap()).collect(),
+        vec![3, 1, 4],
+        (0..21).map(|i| (i * 7 + 2) % 128).collect(),
+    ];
+    let file = dir.join("prompts.jsonl");
+    let lines: Vec<String> = prompts
+        .iter()
+        .map(|p| serde_json::json!({ "input_ids": p }).to_string())
+        .collect();
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let common = [
+        "generate",
+        "--checkpoint",
+        model.to_str().unwrap(),
+        "--adapter",
+        adapter.to_str().unwrap(),
+        "--max-new-tokens",
+        "32",
+        "--ignore-eos",
+    ];
+    let mut args = common.to_vec();
+    args.extend(["--prompts", file.to_str().unwrap()]);
+    let out = ok(&hlo_train(&args));
+    let rows: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 3);
+    let completion = |v: &serde_json::Value| -> Vec<String> {
+        v["completion_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.to_string())
+            .collect()
+    };
+    // Row 0 is HF's greedy generation; every row is what it gives alone.
+    assert_eq!(completion(&rows[0]), want[5..].to_vec());
+    for (p, row) in prompts.iter().zip(&rows) {
+        assert_eq!(row["input_ids"], serde_json::json!(p));
+        let ids: Vec<String> = p.iter().map(u32::to_string).collect();
+        let joined = ids.join(",");
+        let mut alone = common.to_vec();
+        alone.extend(["--prompt-ids", &joined]);
+        let got = ok(&hlo_train(&alone));
+        assert_eq!(got.trim(), completion(row).join(","));
+    }
+}
+
+#[test]
+fn sampling_flags_on_the_command_line() {
+    let model = fixture("mha_tied");
+    let run = |extra: &[&str]| {
+        let mut a = vec![
+            "generate",
+            "--checkpoint",
+            model.to_str().unwrap(),
+            "--prompt-ids",
+            "5,6,7",
+            "--max-new-tokens",
+            "16",
+            "--ignore-eos",
+        ];
+        a.extend_from_slice(extra);
+        ok(&hlo_train(&a)).trim().to_string()
+    };
+    let greedy = run(&["--greedy"]);
+    assert_eq!(run(&["--top-k", "1", "--temperature", "2"]), greedy);
+    let a = run(&["--temperature", "1.5", "--seed", "3"]);
+    assert_eq!(run(&["--temperature", "1.5", "--seed", "3"]), a);
+    assert_ne!(run(&["--temperature", "1.5", "--seed", "4"]), a);
+    assert_ne!(a, greedy);
+}
+
+#[test]
+fn chat_prompts_use_the_template() {
+    let chat = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/chat");
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(chat.join("expected.json")).unwrap())
+            .unwrap();
+    // The first case: one user message, with the generation prompt.
+    let case = &expected[0];
+    assert_eq!(case["add_generation_prompt"], true);
+    let text = case["messages"][0]["content"].as_str().unwrap();
+    let out = hlo_train(&[
+        "generate",
+        "--prompt",
+        text,
+        "--chat-template",
+        chat.join("llama_style").to_str().unwrap(),
+        "--max-new-tokens",
+        "2",
+        "--stats",
+    ]);
+    ok(&out);
+    // The byte-level tokenizer of the tiny model: one token per byte.
+    let stats: serde_json::Value = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap();
+    assert_eq!(
+        stats["prefill_tokens"].as_u64().unwrap() as usize,
+        case["text"].as_str().unwrap().len()
+    );
+    let err = one_line_error(&hlo_train(&["generate", "--prompt", "x", "--chat"]));
+    assert!(err.contains("--chat needs"), "{err}");
+}
+
+#[test]
+fn bad_prompt_files_name_the_line() {
+    let dir = scratch("prompts");
+    let file = dir.join("p.jsonl");
+    for (content, want) in [
+        ("{\"prompt\": \"a\"}\nnot json\n", "p.jsonl:2: not JSON"),
+        ("{\"prompt\": \"a\"}\n\n", "p.jsonl:2: empty line"),
+        ("{\"text\": \"a\"}\n", "p.jsonl:1: expected"),
+        ("{\"input_ids\": [1, -2]}\n", "p.jsonl:1: input_ids"),
+        (
+            "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]}\n",
+            "p.jsonl:1",
+        ),
+    ] {
+        std::fs::write(&file, content).unwrap();
+        let err = one_line_error(&hlo_train(&[
+            "generate",
+            "--prompts",
+            file.to_str().unwrap(),
+        ]));
+        assert!(err.contains(want), "{err} (wanted {want})");
+    }
+}

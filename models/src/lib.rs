@@ -6,6 +6,7 @@
 //! PJRT structs; it asks `hlo-runtime` to compile and run.
 
 pub mod adapter;
+pub mod chat;
 pub mod checkpoint;
 pub mod data;
 mod error;

@@ -1,10 +1,12 @@
 //! Llama 3.x as HF transformers' `LlamaForCausalLM`, with PEFT LoRA.
 
 mod config;
+mod decode;
 mod lora;
 mod model;
 
 pub use config::{Llama3Scaling, LlamaConfig};
+pub use decode::{argmax, cache_types, decode_function, sample_tokens};
 pub use lora::{LoraConfig, DEFAULT_TARGETS};
 pub use model::{is_stacked, rms_norm, Llama, Params};
 

@@ -38,7 +38,7 @@ impl Params<'_> {
         self.0.names().iter().map(String::as_str)
     }
 
-    fn get(&self, name: &str) -> Tensor {
+    pub(super) fn get(&self, name: &str) -> Tensor {
         self.0[name]
     }
 
@@ -49,7 +49,7 @@ impl Params<'_> {
 
 /// `x · Wᵀ` for an `nn.Linear` weight `[out, in]`; bf16 and f16 products
 /// accumulate in f32 and round once.
-fn linear(x: Tensor, w: Tensor) -> Tensor {
+pub(super) fn linear(x: Tensor, w: Tensor) -> Tensor {
     let dtype = x.dtype();
     let wide = matches!(dtype, DType::BF16 | DType::F16);
     let y = x.dot_general(
@@ -66,6 +66,48 @@ fn linear(x: Tensor, w: Tensor) -> Tensor {
     y.cast(dtype)
 }
 
+/// `softmax(q·kᵀ/√d)·v` over the keys `visible` marks, for `q: [b, heads,
+/// tq, d]` and `k`, `v: [b, kv_heads, tk, d]`: query heads are grouped by
+/// their K/V head in one `dot_general` (no repeat_kv copies), scores and
+/// softmax in f32. `visible` is boolean and broadcasts into `[b, kv_heads,
+/// groups, tq, tk]` along `visible_dims`. Returns `[b, tq, heads·d]`.
+pub(super) fn grouped_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    visible: Tensor,
+    visible_dims: &[i64],
+) -> Tensor {
+    let (qd, kd) = (q.dims(), k.dims());
+    let (b, nh, tq, hd) = (qd[0], qd[1], qd[2], qd[3]);
+    let (nkv, tk) = (kd[1], kd[2]);
+    let dtype = q.dtype();
+    let wide = matches!(dtype, DType::BF16 | DType::F16).then_some(DType::F32);
+    let batched = |lhs_contracting: i64, rhs_contracting: i64| DotGeneral {
+        lhs_batch: vec![0, 1],
+        rhs_batch: vec![0, 1],
+        lhs_contracting: vec![lhs_contracting],
+        rhs_contracting: vec![rhs_contracting],
+        precision: None,
+        preferred_element_type: wide,
+    };
+    let shape = [b, nkv, nh / nkv, tq, tk];
+    let scores = q
+        .reshape(&[b, nkv, nh / nkv, tq, hd])
+        .dot_general(k, batched(4, 3));
+    let scores = (scores.cast(dtype) * (hd as f64).powf(-0.5)).cast(DType::F32);
+    let scores = visible
+        .broadcast_in_dim(&shape, visible_dims)
+        .where_(scores, scores.scalar_like(f32::MIN as f64));
+    let probs = scores.softmax(4).cast(dtype);
+    probs
+        .dot_general(v, batched(4, 2))
+        .cast(dtype)
+        .reshape(&[b, nh, tq, hd])
+        .transpose(&[0, 2, 1, 3])
+        .reshape(&[b, tq, nh * hd])
+}
+
 /// HF's `LlamaRMSNorm`: normalise in f32, scale in the input dtype.
 pub fn rms_norm(x: Tensor, weight: Tensor, eps: f64) -> Tensor {
     let dtype = x.dtype();
@@ -79,7 +121,7 @@ pub fn rms_norm(x: Tensor, weight: Tensor, eps: f64) -> Tensor {
 }
 
 /// `cat(-x2, x1)` of the two halves of the last dimension.
-fn rotate_half(x: Tensor) -> Tensor {
+pub(super) fn rotate_half(x: Tensor) -> Tensor {
     let d = x.dims();
     let r = d.len();
     let half = d[r - 1] / 2;
@@ -96,7 +138,7 @@ fn rotate_half(x: Tensor) -> Tensor {
 impl Llama<'_> {
     /// A projection by module path (`model.layers.3.self_attn.q_proj`), with
     /// its LoRA branch if the module is targeted.
-    fn proj(&self, p: &Params, module: &str, short: &str, x: Tensor) -> Tensor {
+    pub(super) fn proj(&self, p: &Params, module: &str, short: &str, x: Tensor) -> Tensor {
         scope(short, || {
             let y = linear(x, p.get(&format!("{module}.weight")));
             match self.lora {
@@ -134,67 +176,50 @@ impl Llama<'_> {
         (emb.cos().cast(dtype), emb.sin().cast(dtype))
     }
 
-    /// Causal grouped-query attention of `x: [b, s, hidden]`.
-    fn attention(&self, p: &Params, prefix: &str, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor {
+    /// The projected query, key and value heads of `x: [b, t, hidden]`,
+    /// `[b, heads, t, head_dim]`, with `rope` applied to queries and keys.
+    pub(super) fn qkv(
+        &self,
+        p: &Params,
+        prefix: &str,
+        x: Tensor,
+        rope: impl Fn(Tensor) -> Tensor,
+    ) -> (Tensor, Tensor, Tensor) {
         let c = self.config;
         let dims = x.dims();
-        let (b, s) = (dims[0], dims[1]);
-        let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-        let groups = nh / nkv;
-        let dtype = x.dtype();
-        let heads = |t: Tensor, n: i64| t.reshape(&[b, s, n, hd]).transpose(&[0, 2, 1, 3]);
-        let q = heads(self.proj(p, &format!("{prefix}.q_proj"), "q_proj", x), nh);
-        let k = heads(self.proj(p, &format!("{prefix}.k_proj"), "k_proj", x), nkv);
-        let v = heads(self.proj(p, &format!("{prefix}.v_proj"), "v_proj", x), nkv);
+        let (b, t) = (dims[0], dims[1]);
+        let heads = |y: Tensor, n: i64| y.reshape(&[b, t, n, c.head_dim]).transpose(&[0, 2, 1, 3]);
+        let q = heads(
+            self.proj(p, &format!("{prefix}.q_proj"), "q_proj", x),
+            c.num_attention_heads,
+        );
+        let k = heads(
+            self.proj(p, &format!("{prefix}.k_proj"), "k_proj", x),
+            c.num_key_value_heads,
+        );
+        let v = heads(
+            self.proj(p, &format!("{prefix}.v_proj"), "v_proj", x),
+            c.num_key_value_heads,
+        );
+        (rope(q), rope(k), v)
+    }
+
+    /// Causal grouped-query attention of `x: [b, s, hidden]`.
+    fn attention(&self, p: &Params, prefix: &str, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor {
         let rope = |t: Tensor| {
             let d = t.dims();
             t * cos.broadcast_in_dim(&d, &[2, 3])
                 + rotate_half(t) * sin.broadcast_in_dim(&d, &[2, 3])
         };
-        let (q, k) = (rope(q), rope(k));
-        // Query heads grouped by their K/V head: no repeat_kv copies.
-        let q = q.reshape(&[b, nkv, groups, s, hd]);
-        let scores = q.dot_general(
-            k,
-            DotGeneral {
-                lhs_batch: vec![0, 1],
-                rhs_batch: vec![0, 1],
-                lhs_contracting: vec![4],
-                rhs_contracting: vec![3],
-                precision: None,
-                preferred_element_type: matches!(dtype, DType::BF16 | DType::F16)
-                    .then_some(DType::F32),
-            },
-        );
-        let scores = (scores.cast(dtype) * (hd as f64).powf(-0.5)).cast(DType::F32);
+        let (q, k, v) = self.qkv(p, prefix, x, rope);
+        let s = x.dims()[1];
         let rows = iota(TensorType::new(DType::I32, [s, s]), 0);
         let cols = iota(TensorType::new(DType::I32, [s, s]), 1);
-        let causal = cols
-            .le(rows)
-            .broadcast_in_dim(&[b, nkv, groups, s, s], &[3, 4]);
-        let scores = causal.where_(scores, scores.scalar_like(f32::MIN as f64));
-        let probs = scores.softmax(4).cast(dtype);
-        let out = probs.dot_general(
-            v,
-            DotGeneral {
-                lhs_batch: vec![0, 1],
-                rhs_batch: vec![0, 1],
-                lhs_contracting: vec![4],
-                rhs_contracting: vec![2],
-                precision: None,
-                preferred_element_type: matches!(dtype, DType::BF16 | DType::F16)
-                    .then_some(DType::F32),
-            },
-        );
-        let out = out
-            .cast(dtype)
-            .reshape(&[b, nh, s, hd])
-            .transpose(&[0, 2, 1, 3])
-            .reshape(&[b, s, nh * hd]);
+        let out = grouped_attention(q, k, v, cols.le(rows), &[3, 4]);
         self.proj(p, &format!("{prefix}.o_proj"), "o_proj", out)
     }
 
-    fn mlp(&self, p: &Params, prefix: &str, x: Tensor) -> Tensor {
+    pub(super) fn mlp(&self, p: &Params, prefix: &str, x: Tensor) -> Tensor {
         let gate = self.proj(p, &format!("{prefix}.gate_proj"), "gate_proj", x);
         let up = self.proj(p, &format!("{prefix}.up_proj"), "up_proj", x);
         self.proj(
@@ -207,6 +232,20 @@ impl Llama<'_> {
 
     /// One decoder layer on `h`; its parameters are `{prefix}.<name>` in `p`.
     fn layer(&self, p: &Params, prefix: &str, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor {
+        self.layer_with(p, prefix, h, |x| {
+            self.attention(p, &format!("{prefix}.self_attn"), x, cos, sin)
+        })
+    }
+
+    /// A decoder layer around an attention block `attention(x)`: the
+    /// norms, residuals and MLP.
+    pub(super) fn layer_with(
+        &self,
+        p: &Params,
+        prefix: &str,
+        h: Tensor,
+        attention: impl FnOnce(Tensor) -> Tensor,
+    ) -> Tensor {
         let c = self.config;
         let x = scope("input_layernorm", || {
             rms_norm(
@@ -215,10 +254,7 @@ impl Llama<'_> {
                 c.rms_norm_eps,
             )
         });
-        let attn = scope("self_attn", || {
-            self.attention(p, &format!("{prefix}.self_attn"), x, cos, sin)
-        });
-        let h = h + attn;
+        let h = h + scope("self_attn", || attention(x));
         let x = scope("post_attention_layernorm", || {
             rms_norm(
                 h,

@@ -1,0 +1,252 @@
+//! Incremental decoding with a KV cache, and token sampling on the device.
+//!
+//! A batch of prompts is left-padded to one length, so every row writes its
+//! new keys and values at the same cache slot (`cur`) with one
+//! `dynamic_update_slice` per layer; row `b`'s first `offsets[b]` slots are
+//! padding, masked out of attention, and its rotary positions count from
+//! its first real token. The same traced program serves prefill (`T` new
+//! tokens from slot 0) and decode (`T = 1`), each compiled once per shape.
+
+use hlo_ir::{full, iota, scope, trace, DType, Function, Outputs, Tensor, TensorType, TraceError};
+
+use super::model::{grouped_attention, linear, rotate_half};
+use super::{
+    base_parameter_types, lora_parameter_types, rms_norm, Llama, LlamaConfig, LoraConfig, Params,
+};
+
+/// The cache tensors of every layer: `cache.layers.<l>.k` and `.v`, each
+/// `[batch, kv_heads, max_len, head_dim]` in `dtype`.
+pub fn cache_types(
+    config: &LlamaConfig,
+    batch: i64,
+    max_len: i64,
+    dtype: DType,
+) -> Vec<(String, TensorType)> {
+    let ty = TensorType::new(
+        dtype,
+        [batch, config.num_key_value_heads, max_len, config.head_dim],
+    );
+    (0..config.num_hidden_layers)
+        .flat_map(|l| {
+            [
+                (format!("cache.layers.{l}.k"), ty.clone()),
+                (format!("cache.layers.{l}.v"), ty.clone()),
+            ]
+        })
+        .collect()
+}
+
+impl Llama<'_> {
+    /// Logits of the last new token of each row, `[batch, vocab]` (f32),
+    /// and the updated caches, for `input_ids: [batch, T]` written at cache
+    /// slots `cur..cur + T`; `offsets: [batch]` is each row's count of
+    /// left padding. The caches are read from `p` (see [`cache_types`]).
+    pub fn forward_cached(
+        &self,
+        p: &Params,
+        input_ids: Tensor,
+        offsets: Tensor,
+        cur: Tensor,
+        dtype: DType,
+    ) -> (Tensor, Vec<(String, Tensor)>) {
+        let c = self.config;
+        let d = input_ids.dims();
+        let (b, t) = (d[0], d[1]);
+        let max_len = p.get("cache.layers.0.k").dims()[2];
+        let hd = c.head_dim;
+        let mut h = scope("model.embed_tokens", || {
+            p.get("model.embed_tokens.weight")
+                .cast(dtype)
+                .take(input_ids, 0)
+        });
+        // Slot of each new token, and its position within its own row.
+        let slot =
+            iota(TensorType::new(DType::I32, [b, t]), 1) + cur.broadcast_in_dim(&[b, t], &[]);
+        let position = slot - offsets.broadcast_in_dim(&[b, t], &[0]);
+        let (cos, sin) = scope("model.rotary_emb", || {
+            let inv = hlo_ir::constant(hlo_ir::Literal::from_f64s(
+                TensorType::new(DType::F32, [hd / 2]),
+                &c.inv_freq(),
+            ));
+            let angles = position
+                .cast(DType::F32)
+                .broadcast_in_dim(&[b, t, hd / 2], &[0, 1])
+                * inv.broadcast_in_dim(&[b, t, hd / 2], &[2]);
+            let emb = Tensor::concat(&[angles, angles], 2);
+            (emb.cos().cast(dtype), emb.sin().cast(dtype))
+        });
+        // Key slot j is visible to the new token at slot s of row r when
+        // offsets[r] <= j <= s.
+        let keys = iota(TensorType::new(DType::I32, [b, t, max_len]), 2);
+        let visible = keys
+            .ge(offsets.broadcast_in_dim(&[b, t, max_len], &[0]))
+            .and(keys.le(slot.broadcast_in_dim(&[b, t, max_len], &[0, 1])));
+        let zero = full(TensorType::scalar(DType::I32), 0.0);
+        let mut caches = Vec::new();
+        for l in 0..c.num_hidden_layers {
+            let prefix = format!("model.layers.{l}");
+            h = scope(&prefix, || {
+                self.layer_with(p, &prefix, h, |x| {
+                    let a = format!("{prefix}.self_attn");
+                    let rope = |y: Tensor| {
+                        let dims = y.dims();
+                        y * cos.broadcast_in_dim(&dims, &[0, 2, 3])
+                            + rotate_half(y) * sin.broadcast_in_dim(&dims, &[0, 2, 3])
+                    };
+                    let (q, k, v) = self.qkv(p, &a, x, rope);
+                    let (kname, vname) =
+                        (format!("cache.layers.{l}.k"), format!("cache.layers.{l}.v"));
+                    let (kc, vc) = (p.get(&kname), p.get(&vname));
+                    let kc = kc.dynamic_update_slice(k.cast(kc.dtype()), &[zero, zero, cur, zero]);
+                    let vc = vc.dynamic_update_slice(v.cast(vc.dtype()), &[zero, zero, cur, zero]);
+                    caches.push((kname, kc));
+                    caches.push((vname, vc));
+                    let out =
+                        grouped_attention(q, kc.cast(dtype), vc.cast(dtype), visible, &[0, 3, 4]);
+                    self.proj(p, &format!("{a}.o_proj"), "o_proj", out)
+                })
+            });
+        }
+        // Only the last token's logits are needed to pick the next one.
+        let last = h
+            .slice(&[0, t - 1, 0], &[b, t, c.hidden_size])
+            .reshape(&[b, c.hidden_size]);
+        let last = scope("model.norm", || {
+            rms_norm(last, p.get("model.norm.weight"), c.rms_norm_eps)
+        });
+        let head = if c.tie_word_embeddings {
+            "model.embed_tokens.weight"
+        } else {
+            "lm_head.weight"
+        };
+        let logits = scope("lm_head", || linear(last, p.get(head)).cast(DType::F32));
+        (logits, caches)
+    }
+}
+
+/// Picks one token per row of `logits: [batch, vocab]` (f32) on the device:
+/// greedy (argmax) where `temperature` is 0, else a draw from
+/// `softmax(logits / temperature)` restricted to the `top_k` most likely
+/// tokens (0: all) and to the smallest set holding `top_p` of the
+/// probability (1: all). The draw is the Gumbel-max trick with noise from
+/// `rng` (`u64[2]`, threefry); the k-th largest logit and the top-p
+/// threshold are found by bisection, so nothing is sorted. Returns the
+/// tokens `[batch]` (i32) and the next rng state.
+pub fn sample_tokens(
+    logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    rng: Tensor,
+) -> (Tensor, Tensor) {
+    const STEPS: usize = 40;
+    let d = logits.dims();
+    let (b, v) = (d[0], d[1]);
+    let rows = |x: Tensor| x.broadcast_in_dim(&[b, v], &[0]);
+    let scalar = |x: Tensor| x.broadcast_in_dim(&[b, v], &[]);
+    let greedy = temperature.le(temperature.scalar_like(0.0));
+    let temp = greedy.where_(temperature.scalar_like(1.0), temperature);
+    let z = logits / scalar(temp);
+    let zmax = z.max(&[1]);
+    let zmin = z.min(&[1]);
+    // The k-th largest logit: the largest x with count(z >= x) >= k.
+    let k = top_k.cast(DType::F32);
+    let (mut lo, mut hi) = (zmin, zmax);
+    for _ in 0..STEPS {
+        let mid = (lo + hi) * 0.5;
+        let count = z.ge(rows(mid)).cast(DType::F32).sum(&[1]);
+        let enough = count.ge(k.broadcast_in_dim(&[b], &[]));
+        lo = enough.where_(mid, lo);
+        hi = enough.where_(hi, mid);
+    }
+    let all_k = top_k.le(top_k.scalar_like(0.0)).broadcast_in_dim(&[b], &[]);
+    let kth = all_k.where_(zmin, lo);
+    let in_k = z.ge(rows(kth));
+    // Probabilities over the top-k, then the top-p threshold: the largest
+    // tau with sum(p where p >= tau) >= top_p.
+    let e = in_k.where_((z - rows(zmax)).exp(), z.scalar_like(0.0));
+    let probs = e / rows(e.sum(&[1]));
+    let pmax = probs.max(&[1]);
+    let (mut lo, mut hi) = (pmax.scalar_like(0.0), pmax);
+    let want = top_p.broadcast_in_dim(&[b], &[]);
+    for _ in 0..STEPS {
+        let mid = (lo + hi) * 0.5;
+        let mass = probs
+            .ge(rows(mid))
+            .where_(probs, probs.scalar_like(0.0))
+            .sum(&[1]);
+        let enough = mass.ge(want);
+        lo = enough.where_(mid, lo);
+        hi = enough.where_(hi, mid);
+    }
+    let all_p = top_p.ge(top_p.scalar_like(1.0)).broadcast_in_dim(&[b], &[]);
+    let tau = all_p.where_(pmax.scalar_like(0.0), lo);
+    let kept = in_k.and(probs.ge(rows(tau)));
+    // Gumbel-max: argmax(z + g) over the kept tokens, g = -log(-log(u)).
+    let (rng, bits) = rng.rng_bits(TensorType::new(DType::U32, [b, v]));
+    let u = (bits.cast(DType::F32) * 2f64.powi(-32))
+        .maximum(z.scalar_like(1e-20))
+        .minimum(z.scalar_like(1.0 - 2f64.powi(-24)));
+    let gumbel = -(-(u.log())).log();
+    let noisy = greedy.broadcast_in_dim(&[b, v], &[]).where_(z, z + gumbel);
+    let masked = kept.where_(noisy, z.scalar_like(f32::MIN as f64));
+    (argmax(masked), rng)
+}
+
+/// The index of each row's largest value (the first on ties), `[batch]` i32.
+pub fn argmax(x: Tensor) -> Tensor {
+    let d = x.dims();
+    let (b, v) = (d[0], d[1]);
+    let m = x.max(&[1]).broadcast_in_dim(&[b, v], &[0]);
+    let idx = iota(TensorType::new(DType::I32, [b, v]), 1);
+    x.eq(m).where_(idx, idx.scalar_like(v as f64)).min(&[1])
+}
+
+/// One prefill or decode step with on-device sampling: inputs are the
+/// parameters (and LoRA tensors), the caches, `input_ids [batch, new]`,
+/// `offsets [batch]`, `cur []`, `temperature []`, `top_k []`, `top_p []`
+/// and `rng u64[2]`; outputs `next [batch]`, `logits [batch, vocab]`,
+/// the updated caches and `rng`.
+pub fn decode_function(
+    config: &LlamaConfig,
+    dtype: DType,
+    batch: i64,
+    new: i64,
+    max_len: i64,
+    lora: Option<&LoraConfig>,
+) -> Result<Function, TraceError> {
+    let mut inputs = base_parameter_types(config, dtype);
+    if let Some(l) = lora {
+        inputs.extend(lora_parameter_types(config, l));
+    }
+    inputs.extend(cache_types(config, batch, max_len, dtype));
+    inputs.push((
+        "input_ids".into(),
+        TensorType::new(DType::I32, [batch, new]),
+    ));
+    inputs.push(("offsets".into(), TensorType::new(DType::I32, [batch])));
+    inputs.push(("cur".into(), TensorType::scalar(DType::I32)));
+    inputs.push(("temperature".into(), TensorType::scalar(DType::F32)));
+    inputs.push(("top_k".into(), TensorType::scalar(DType::I32)));
+    inputs.push(("top_p".into(), TensorType::scalar(DType::F32)));
+    inputs.push(("rng".into(), TensorType::new(DType::U64, [2])));
+    let model = Llama {
+        config,
+        lora,
+        batch_axes: Vec::new(),
+        scan_layers: false,
+        remat_layers: false,
+    };
+    trace("llama_decode", &inputs, |i| {
+        let (logits, caches) =
+            model.forward_cached(&Params(i), i["input_ids"], i["offsets"], i["cur"], dtype);
+        let (next, rng) = scope("sample", || {
+            sample_tokens(logits, i["temperature"], i["top_k"], i["top_p"], i["rng"])
+        });
+        let mut out = Outputs::new().add("next", next).add("logits", logits);
+        for (name, t) in caches {
+            out = out.add(&name, t);
+        }
+        out.add("rng", rng)
+    })
+}
