@@ -79,21 +79,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         Some(m) => m.clone(),
         None => format!("dp=1,fsdp={},mp=1", args.plugin.devices.unwrap_or(1)).parse()?,
     };
-    let mut plugin = args.plugin.clone();
-    let cpu = plugin.plugin.kind() == PluginKind::Cpu;
-    if cpu && plugin.devices.is_none() {
-        plugin.devices = Some(mesh.size() as u32);
-    }
-    let client = plugin.client()?;
-    let all = client.addressable_devices()?;
-    if (all.len() as i64) < mesh.size() {
-        bail!(
-            "the mesh {mesh} needs {} devices but the plugin has {}",
-            mesh.size(),
-            all.len()
-        );
-    }
-    let devices = all[..mesh.size() as usize].to_vec();
+    let cpu = args.plugin.plugin.kind() == PluginKind::Cpu;
+    let (client, devices) = args.plugin.client_for(&mesh)?;
     let dtype = args.model.dtype(cpu);
     let tc = args
         .step

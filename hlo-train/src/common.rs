@@ -2,7 +2,8 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use hlo_runtime::{Client, ClientOptions, Plugin, PluginKind, PluginSpec};
+use hlo_partitioner::Mesh;
+use hlo_runtime::{Client, ClientOptions, Device, Plugin, PluginKind, PluginSpec};
 
 /// `--plugin` and `--devices`.
 #[derive(Args, Clone, Debug)]
@@ -17,6 +18,19 @@ pub struct PluginArgs {
 }
 
 impl PluginArgs {
+    /// A client with devices for `mesh` (the CPU plugin makes as many
+    /// virtual devices unless `--devices` says otherwise), and the mesh's
+    /// devices.
+    pub fn client_for(&self, mesh: &Mesh) -> Result<(Client, Vec<Device>)> {
+        let mut plugin = self.clone();
+        if plugin.plugin.kind() == PluginKind::Cpu && plugin.devices.is_none() {
+            plugin.devices = Some(mesh.size() as u32);
+        }
+        let client = plugin.client()?;
+        let devices = mesh_devices(&client, mesh)?;
+        Ok((client, devices))
+    }
+
     /// Loads the plugin and creates a client with the requested devices.
     pub fn client(&self) -> Result<Client> {
         let path = self.plugin.resolve()?;
@@ -33,4 +47,18 @@ impl PluginArgs {
         Client::new(&plugin, &options)
             .with_context(|| format!("cannot create a client of {}", path.display()))
     }
+}
+
+/// The first `mesh.size()` devices of `client`, or an error when it has
+/// fewer.
+pub fn mesh_devices(client: &Client, mesh: &Mesh) -> Result<Vec<Device>> {
+    let all = client.addressable_devices()?;
+    if (all.len() as i64) < mesh.size() {
+        bail!(
+            "the mesh {mesh} needs {} devices but the plugin has {}",
+            mesh.size(),
+            all.len()
+        );
+    }
+    Ok(all[..mesh.size() as usize].to_vec())
 }

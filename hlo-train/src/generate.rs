@@ -17,7 +17,7 @@ use hlo_models::llama::{
     base_parameter_types, decode_function, forward_function, lora_parameter_types,
 };
 
-use hlo_partitioner::{FunctionShardings, Mesh, PartitionSpec, Sharding};
+use hlo_partitioner::{llama_rules, FunctionShardings, Mesh, PartitionSpec, Sharding};
 use hlo_runtime::{DeviceArray, Eager, HostArray, PluginKind, ShardedFunction};
 
 use crate::common::PluginArgs;
@@ -62,6 +62,11 @@ pub struct GenerateArgs {
     /// instead of the checkpoint's.
     #[arg(long)]
     pub chat_template: Option<PathBuf>,
+
+    /// Device mesh for the weights (`dp=1,fsdp=2,mp=2`; default one
+    /// device). With the CPU plugin, as many virtual devices are made.
+    #[arg(long)]
+    pub mesh: Option<Mesh>,
 
     /// Also stop at these token ids (`1,2`) besides the config's EOS ids.
     #[arg(long)]
@@ -221,7 +226,8 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             );
         }
     }
-    let client = args.plugin.client()?;
+    let mesh = args.mesh.clone().unwrap_or_else(Mesh::single);
+    let (client, _) = args.plugin.client_for(&mesh)?;
     let dtype = args
         .model
         .dtype(args.plugin.plugin.kind() == PluginKind::Cpu);
@@ -249,8 +255,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         seed: args.seed,
     };
     for (k, adapter) in adapters.iter().enumerate() {
-        let generator = Generator::new(
+        let generator = Generator::on_mesh(
             &client,
+            mesh.clone(),
             config,
             dtype,
             adapter.as_ref(),
@@ -395,8 +402,12 @@ pub struct Generator {
     mesh: Mesh,
     devices: Vec<hlo_runtime::Device>,
     eager: Option<RefCell<Eager>>,
-    /// (name, array) of every parameter, in the programs' input order.
+    /// (name, array) of every parameter, in the programs' input order,
+    /// laid out over the mesh by the training rules.
     params: Vec<(String, DeviceArray)>,
+    param_specs: Vec<PartitionSpec>,
+    /// The caches' layout: heads over `mp` where they divide, else whole.
+    cache_spec: PartitionSpec,
     programs: RefCell<HashMap<(i64, i64, i64), Program>>,
     timings: RefCell<Timings>,
     /// Seconds spent tracing and compiling programs, in all.
@@ -421,7 +432,7 @@ pub struct Timings {
 
 impl Generator {
     /// Uploads the weights (`weight(name)`, one tensor at a time) and the
-    /// adapter's tensors (applied unmerged).
+    /// adapter's tensors (applied unmerged) to one device.
     pub fn new(
         client: &hlo_runtime::Client,
         config: &hlo_models::llama::LlamaConfig,
@@ -430,23 +441,56 @@ impl Generator {
         eager: bool,
         weight: impl Fn(&str) -> Result<Literal>,
     ) -> Result<Generator> {
+        Self::on_mesh(
+            client,
+            Mesh::single(),
+            config,
+            dtype,
+            adapter,
+            eager,
+            weight,
+        )
+    }
+
+    /// [`Generator::new`] over a mesh: the weights laid out by the
+    /// training rules ([`llama_rules`]), the KV cache split over heads by
+    /// `mp`, the programs SPMD-partitioned by XLA.
+    pub fn on_mesh(
+        client: &hlo_runtime::Client,
+        mesh: Mesh,
+        config: &hlo_models::llama::LlamaConfig,
+        dtype: DType,
+        adapter: Option<&Adapter>,
+        eager: bool,
+        weight: impl Fn(&str) -> Result<Literal>,
+    ) -> Result<Generator> {
         let lora = adapter.map(|a| a.lora.clone());
-        let mesh = Mesh::single();
-        let devices = client.addressable_devices()?[..1].to_vec();
-        let replicated = Sharding::replicated(mesh.clone());
-        let mut names = base_parameter_types(config, dtype);
+        let devices = crate::common::mesh_devices(client, &mesh)?;
+        let mut types = base_parameter_types(config, dtype);
         if let Some(l) = &lora {
-            names.extend(lora_parameter_types(config, l));
+            types.extend(lora_parameter_types(config, l));
         }
+        let rules = llama_rules();
         let mut params = Vec::new();
-        for (name, _) in names {
+        let mut param_specs = Vec::new();
+        for (name, ty) in types {
+            let spec = rules.spec_for(&name, ty.rank());
+            spec.validate(&mesh, &ty.dims, &name)?;
             let lit = match adapter.and_then(|a| a.get(&name)) {
                 Some(l) => l.clone(),
                 None => weight(&name)?,
             };
-            let array = DeviceArray::shard(client, &HostArray::from(lit), &replicated, &devices)?;
+            let sharding = Sharding::new(mesh.clone(), spec.clone());
+            let array = DeviceArray::shard(client, &HostArray::from(lit), &sharding, &devices)?;
             params.push((name, array));
+            param_specs.push(spec);
         }
+        let mp = mesh.axis_size("mp").unwrap_or(1);
+        let cache_spec = if mp > 1 && config.num_key_value_heads % mp == 0 {
+            PartitionSpec::new(&[&[], &["mp"]])
+        } else {
+            PartitionSpec::replicated()
+        };
         let eager = if eager {
             Some(RefCell::new(Eager::new(
                 client,
@@ -465,6 +509,8 @@ impl Generator {
             devices,
             eager,
             params,
+            param_specs,
+            cache_spec,
             programs: RefCell::new(HashMap::new()),
             timings: RefCell::new(Timings::default()),
             compile_s: std::cell::Cell::new(0.0),
@@ -482,12 +528,38 @@ impl Generator {
     }
 
     fn place(&self, host: HostArray) -> Result<DeviceArray> {
+        self.place_as(host, PartitionSpec::replicated())
+    }
+
+    fn place_as(&self, host: HostArray, spec: PartitionSpec) -> Result<DeviceArray> {
         Ok(DeviceArray::shard(
             &self.client,
             &host,
-            &Sharding::replicated(self.mesh.clone()),
+            &Sharding::new(self.mesh.clone(), spec),
             &self.devices,
         )?)
+    }
+
+    /// Every input's and output's layout in a decode program.
+    fn shardings(&self, function: &hlo_ir::Function) -> FunctionShardings {
+        let layout = |name: &str| {
+            if name.starts_with("cache.") {
+                self.cache_spec.clone()
+            } else {
+                PartitionSpec::replicated()
+            }
+        };
+        let mut inputs = self.param_specs.clone();
+        inputs.extend(
+            function.inputs[self.params.len()..]
+                .iter()
+                .map(|b| layout(&b.name)),
+        );
+        FunctionShardings {
+            mesh: self.mesh.clone(),
+            inputs,
+            outputs: function.outputs.iter().map(|b| layout(&b.name)).collect(),
+        }
     }
 
     /// Runs the program for `shape` on `inputs` (everything after the
@@ -525,7 +597,7 @@ impl Generator {
                         })
                     })
                     .collect();
-                let shardings = FunctionShardings::replicated(&function, &self.mesh);
+                let shardings = self.shardings(&function);
                 Some(ShardedFunction::with_donation(
                     &self.client,
                     &function,
@@ -545,7 +617,7 @@ impl Generator {
         Ok(match (&program.jit, &self.eager) {
             (Some(jit), _) => jit.run(&all)?,
             (None, Some(eager)) => {
-                let specs = vec![PartitionSpec::replicated(); program.function.outputs.len()];
+                let specs = self.shardings(&program.function).outputs;
                 eager
                     .borrow_mut()
                     .run(&program.function, &all, &specs, None)?
@@ -585,7 +657,7 @@ impl Generator {
         let cache_ty = [b, c.num_key_value_heads, max_len, c.head_dim];
         let zeros = HostArray::from(Literal::splat(TensorType::new(self.dtype, cache_ty), 0.0));
         let mut caches: Vec<DeviceArray> = (0..2 * c.num_hidden_layers)
-            .map(|_| self.place(zeros.clone()))
+            .map(|_| self.place_as(zeros.clone(), self.cache_spec.clone()))
             .collect::<Result<_>>()?;
         let offsets = self.place(HostArray::new(&[b], &offsets)?)?;
         let temperature = self.place(HostArray::scalar(sampling.temperature() as f32))?;
@@ -681,7 +753,8 @@ impl Generator {
                     .run(&function, &all, &[PartitionSpec::replicated()], None)?
             }
             None => {
-                let shardings = FunctionShardings::replicated(&function, &self.mesh);
+                let mut shardings = FunctionShardings::replicated(&function, &self.mesh);
+                shardings.inputs[..self.param_specs.len()].clone_from_slice(&self.param_specs);
                 ShardedFunction::new(&self.client, &function, shardings)?.run(&all)?
             }
         };

@@ -352,20 +352,8 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         Some(m) => m.clone(),
         None => format!("dp=1,fsdp={},mp=1", devices.unwrap_or(1)).parse()?,
     };
-    let mut plugin = args.plugin.clone();
-    if plugin.plugin.kind() == PluginKind::Cpu && plugin.devices.is_none() {
-        plugin.devices = Some(mesh.size() as u32);
-    }
-    let client = plugin.client()?;
-    let all = client.addressable_devices()?;
-    if (all.len() as i64) < mesh.size() {
-        bail!(
-            "the mesh {mesh} needs {} devices but the plugin has {}",
-            mesh.size(),
-            all.len()
-        );
-    }
-    let cpu = plugin.plugin.kind() == PluginKind::Cpu;
+    let (client, devices) = args.plugin.client_for(&mesh)?;
+    let cpu = args.plugin.plugin.kind() == PluginKind::Cpu;
     let dtype = args.model.dtype(cpu);
 
     // The step.
@@ -389,7 +377,6 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         None => None,
     };
     let t0 = Instant::now();
-    let devices: Vec<hlo_runtime::Device> = all[..mesh.size() as usize].to_vec();
     let (exe, mut eager) = if args.eager {
         (
             None,

@@ -476,3 +476,40 @@ fn bad_prompt_files_name_the_line() {
         assert!(err.contains(want), "{err} (wanted {want})");
     }
 }
+
+#[test]
+fn sharded_generation_equals_hf() {
+    let name = "gqa_llama3";
+    let want = ids(&expected(name, "greedy_adapter"));
+    let model = fixture(name);
+    let adapter = model.join("adapter");
+    let prompt = want[..5].join(",");
+    // Weights by the training rules; the cache split over heads where mp > 1.
+    for mesh in ["dp=1,fsdp=2,mp=2", "dp=2,fsdp=1,mp=2", "dp=1,fsdp=4,mp=1"] {
+        let got = ok(&hlo_train(&[
+            "generate",
+            "--checkpoint",
+            model.to_str().unwrap(),
+            "--adapter",
+            adapter.to_str().unwrap(),
+            "--prompt-ids",
+            &prompt,
+            "--max-new-tokens",
+            "32",
+            "--ignore-eos",
+            "--mesh",
+            mesh,
+        ]));
+        assert_eq!(got.trim(), want[5..].join(","), "{mesh}");
+    }
+    let err = one_line_error(&hlo_train(&[
+        "generate",
+        "--checkpoint",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2",
+        "--mesh",
+        "dp=1,fsdp=3,mp=1",
+    ]));
+    assert!(err.contains("fsdp"), "{err}");
+}
