@@ -281,6 +281,10 @@ fn save(
         std::fs::rename(&current, &old)?;
     }
     std::fs::rename(&fresh, &current)?;
+    // The renames are durable once the folder itself is synced.
+    std::fs::File::open(out)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("cannot sync {}", out.display()))?;
     let _ = std::fs::remove_dir_all(&old);
     Ok(())
 }
@@ -646,6 +650,14 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         }
         Ok(loss)
     };
+    // SIGINT/SIGTERM: finish the step, save, stop; a second one stops at once.
+    static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let _ = ctrlc::set_handler(|| {
+        if STOP.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+    });
+    let mut interrupted = false;
     while step < args.steps {
         let batch = next.take().expect("a prepared batch");
         let launched = Instant::now();
@@ -713,10 +725,10 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             first_loss.get_or_insert(loss);
             last_loss = loss;
         }
+        interrupted = STOP.load(std::sync::atomic::Ordering::SeqCst) && step < args.steps;
         let saving = args.out.is_some()
-            && args.save_every > 0
-            && step % args.save_every == 0
-            && step < args.steps;
+            && (interrupted
+                || (args.save_every > 0 && step % args.save_every == 0 && step < args.steps));
         if saving {
             // A checkpoint is written only after its step's loss is known finite.
             if let Some(p) = pending.take() {
@@ -741,6 +753,9 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                 batch.cursor,
             )?;
         }
+        if interrupted {
+            break;
+        }
     }
     if let Some(p) = pending.take() {
         let loss = report(p, &mut last_ready)?;
@@ -748,6 +763,17 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         last_loss = loss;
     }
     bar.finish_and_clear();
+    if interrupted {
+        match &args.out {
+            Some(out) => println!(
+                "stopped by a signal after step {step}; saved to {} (continue with --resume {})",
+                out.display(),
+                out.display()
+            ),
+            None => println!("stopped by a signal after step {step} (nothing saved: no --out)"),
+        }
+        return Ok(());
+    }
     let kept: Vec<&DeviceArray> = saved
         .iter()
         .map(|(_, k)| state[*k].as_ref().expect("set"))

@@ -43,6 +43,8 @@ pub struct LlamaConfig {
 #[derive(Deserialize)]
 struct RawConfig {
     model_type: Option<String>,
+    #[serde(default)]
+    architectures: Vec<String>,
     vocab_size: i64,
     hidden_size: i64,
     intermediate_size: i64,
@@ -99,6 +101,14 @@ impl LlamaConfig {
             if t != "llama" {
                 return unsupported(format!("model_type `{t}` (only `llama`)"));
             }
+        }
+        if !raw.architectures.is_empty()
+            && !raw.architectures.iter().any(|a| a == "LlamaForCausalLM")
+        {
+            return unsupported(format!(
+                "architectures {:?} (only LlamaForCausalLM)",
+                raw.architectures
+            ));
         }
         if let Some(act) = &raw.hidden_act {
             if act != "silu" {

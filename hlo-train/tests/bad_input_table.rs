@@ -1,0 +1,332 @@
+//! Every bad input we try, and the one line it gives: each must exit with
+//! code 2, print one line, no panic, and leave no file behind. The table of
+//! cases and messages is the README's ("What bad input gives"); this test
+//! fails when they differ, and `HLO_TRAIN_UPDATE_README=1 cargo test -p
+//! hlo-train --test bad_input_table` rewrites it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/llama/gqa_llama3")
+}
+
+fn scratch() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("hlo-train-bad-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A copy of the fixture checkpoint whose `model.safetensors` is `bytes`
+/// (or whose config is `config`).
+fn checkpoint(root: &Path, name: &str, bytes: Option<Vec<u8>>, config: Option<String>) -> PathBuf {
+    let d = root.join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    let weights =
+        bytes.unwrap_or_else(|| std::fs::read(fixture().join("model.safetensors")).unwrap());
+    std::fs::write(d.join("model.safetensors"), weights).unwrap();
+    let cfg =
+        config.unwrap_or_else(|| std::fs::read_to_string(fixture().join("config.json")).unwrap());
+    std::fs::write(d.join("config.json"), cfg).unwrap();
+    d
+}
+
+/// The fixture's safetensors with its header rewritten by `edit`.
+fn with_header(edit: impl Fn(&mut Value)) -> Vec<u8> {
+    let bytes = std::fs::read(fixture().join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    edit(&mut header);
+    let text = header.to_string().into_bytes();
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend(text);
+    out.extend_from_slice(&bytes[8 + n..]);
+    out
+}
+
+/// The fixture's safetensors with raw header bytes.
+fn raw_header(header: &[u8]) -> Vec<u8> {
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(header);
+    out.extend_from_slice(&[0u8; 64]);
+    out
+}
+
+fn tensor_names(h: &Value) -> Vec<String> {
+    let mut names: Vec<String> = h
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| *k != "__metadata__")
+        .cloned()
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn bad_input_table() {
+    let root = scratch();
+    let r = root.to_str().unwrap().to_string();
+    let ckpt = |name: &str, bytes: Option<Vec<u8>>, config: Option<String>| {
+        checkpoint(&root, name, bytes, config)
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    let jsonl = |name: &str, text: &str| {
+        let p = root.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let fixture_config = std::fs::read_to_string(fixture().join("config.json")).unwrap();
+    let gen = |dir: String| {
+        vec![
+            "generate".to_string(),
+            "--checkpoint".into(),
+            dir,
+            "--prompt-ids".into(),
+            "1,2".into(),
+        ]
+    };
+    let train = |extra: &[&str]| {
+        let mut a: Vec<String> = ["train", "--steps", "1", "--batch", "2", "--seq", "8"]
+            .map(String::from)
+            .to_vec();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let not_plugin = jsonl("not_a_plugin.so", "just text");
+    let cases: Vec<(&str, Vec<String>)> = vec![
+        ("checkpoint folder missing", gen(format!("{r}/nowhere"))),
+        (
+            "safetensors body truncated",
+            gen(ckpt(
+                "truncated",
+                Some({
+                    let b = std::fs::read(fixture().join("model.safetensors")).unwrap();
+                    b[..b.len() - 100].to_vec()
+                }),
+                None,
+            )),
+        ),
+        (
+            "safetensors header length larger than the file",
+            gen(ckpt(
+                "long_header",
+                Some(vec![255, 255, 0, 0, 0, 0, 0, 0, b'{', b'}']),
+                None,
+            )),
+        ),
+        (
+            "safetensors offsets overlapping",
+            gen(ckpt(
+                "overlap",
+                Some(with_header(|h| {
+                    let names = tensor_names(h);
+                    let first = h[&names[0]]["data_offsets"].clone();
+                    let second = &mut h[&names[1]]["data_offsets"];
+                    let len = second[1].as_u64().unwrap() - second[0].as_u64().unwrap();
+                    // Inside the first tensor, not at its start (ties sort either way).
+                    let start = first[0].as_u64().unwrap() + 4;
+                    *second = serde_json::json!([start, start + len]);
+                })),
+                None,
+            )),
+        ),
+        (
+            "safetensors offsets past the end",
+            gen(ckpt(
+                "range",
+                Some(with_header(|h| {
+                    let names = tensor_names(h);
+                    let d = &mut h[&names[0]]["data_offsets"];
+                    let len = d[1].as_u64().unwrap() - d[0].as_u64().unwrap();
+                    *d = serde_json::json!([1u64 << 40, (1u64 << 40) + len]);
+                })),
+                None,
+            )),
+        ),
+        (
+            "safetensors dtype unknown",
+            gen(ckpt(
+                "dtype",
+                Some(with_header(|h| {
+                    let names = tensor_names(h);
+                    h[&names[0]]["dtype"] = "Q7".into();
+                })),
+                None,
+            )),
+        ),
+        (
+            "safetensors header not UTF-8",
+            gen(ckpt(
+                "utf8",
+                Some(raw_header(&[b'{', 0xff, 0xfe, b'}'])),
+                None,
+            )),
+        ),
+        (
+            "safetensors header not JSON",
+            gen(ckpt("json", Some(raw_header(b"{not json")), None)),
+        ),
+        (
+            "config.json not JSON",
+            gen(ckpt("config_json", None, Some("{".into()))),
+        ),
+        (
+            "config and weights disagree on a shape",
+            gen(ckpt(
+                "shape",
+                None,
+                Some(
+                    fixture_config
+                        .replace("\"intermediate_size\": 64", "\"intermediate_size\": 72"),
+                ),
+            )),
+        ),
+        (
+            "config names an unsupported architecture",
+            gen(ckpt(
+                "arch",
+                None,
+                Some(fixture_config.replace("LlamaForCausalLM", "MistralForCausalLM")),
+            )),
+        ),
+        (
+            "prompt token id outside the vocabulary",
+            vec![
+                "generate".into(),
+                "--checkpoint".into(),
+                fixture().to_str().unwrap().into(),
+                "--prompt-ids".into(),
+                "1,999".into(),
+            ],
+        ),
+        (
+            "data: a line that is not JSON",
+            train(&[
+                "--data",
+                &jsonl("a.jsonl", "{\"text\": \"ok\"}\nnot json\n"),
+            ]),
+        ),
+        (
+            "data: a line without the fields",
+            train(&["--data", &jsonl("b.jsonl", "{\"question\": \"no\"}\n")]),
+        ),
+        (
+            "data: an empty line",
+            train(&["--data", &jsonl("c.jsonl", "{\"text\": \"ok\"}\n\n")]),
+        ),
+        (
+            "data: token id outside the vocabulary",
+            train(&["--data", &jsonl("d.jsonl", "{\"input_ids\": [1, 9999]}\n")]),
+        ),
+        (
+            "data file missing",
+            train(&["--data", &format!("{r}/none.jsonl")]),
+        ),
+        (
+            "mesh does not divide a tensor",
+            train(&["--mesh", "dp=1,fsdp=3,mp=1"]),
+        ),
+        (
+            "mesh larger than the devices",
+            train(&["--mesh", "dp=1,fsdp=4,mp=1", "--devices", "2"]),
+        ),
+        ("mesh with an unknown axis", train(&["--mesh", "dp=1,tp=2"])),
+        (
+            "plugin missing",
+            vec![
+                "devices".into(),
+                "--plugin".into(),
+                format!("{r}/missing.so"),
+            ],
+        ),
+        (
+            "plugin not a shared library",
+            vec!["devices".into(), "--plugin".into(), not_plugin],
+        ),
+        ("--lora-rank 0", train(&["--lora-rank", "0"])),
+        ("--lr -1", train(&["--lr=-1"])),
+        (
+            "--seq 0",
+            ["train", "--seq", "0"].map(String::from).to_vec(),
+        ),
+        (
+            "--batch 0",
+            vec!["bench".into(), "--batch".into(), "0".into()],
+        ),
+        (
+            "--resume from a folder without a checkpoint",
+            train(&["--resume", &r]),
+        ),
+    ];
+    let mut rows = vec![
+        "| bad input | command | message (exit code 2) |".to_string(),
+        "|---|---|---|".to_string(),
+    ];
+    for (what, args) in &cases {
+        let before: Vec<_> = walk(&root);
+        let out = Command::new(env!("CARGO_BIN_EXE_hlo-train"))
+            .args(args)
+            .env_remove("HLO_TRAIN_PLUGIN")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).trim_end().to_string();
+        assert_eq!(out.status.code(), Some(2), "{what}: {err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
+            "{what}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{what}: {err}");
+        assert_eq!(walk(&root), before, "{what}: files were left behind");
+        let shown = err.replace(&r, "DIR").replace('|', "\\|");
+        let command = args[0].clone();
+        rows.push(format!("| {what} | `{command}` | `{shown}` |"));
+    }
+    let table = rows.join("\n") + "\n";
+    let readme_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+    let readme = std::fs::read_to_string(&readme_path).unwrap();
+    let (start, end) = (
+        "<!-- bad-input-table:start -->\n",
+        "<!-- bad-input-table:end -->",
+    );
+    let (a, b) = (
+        readme
+            .find(start)
+            .expect("README has the table's start marker")
+            + start.len(),
+        readme.find(end).expect("README has the table's end marker"),
+    );
+    if std::env::var_os("HLO_TRAIN_UPDATE_README").is_some() {
+        let updated = format!("{}{table}{}", &readme[..a], &readme[b..]);
+        std::fs::write(&readme_path, updated).unwrap();
+    } else {
+        assert_eq!(
+            &readme[a..b],
+            table,
+            "the README's bad-input table is stale: run HLO_TRAIN_UPDATE_README=1 cargo test -p hlo-train --test bad_input_table"
+        );
+    }
+}
+
+/// Every file under `dir`, sorted.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
