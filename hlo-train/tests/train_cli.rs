@@ -481,7 +481,7 @@ fn sigkill_mid_save_leaves_a_resumable_checkpoint() {
     // Saving after every step, the run spends most of its time saving: kill
     // it (SIGKILL) at several moments, resuming each time from what is on disk.
     let out_s = out.to_str().unwrap().to_string();
-    for (k, delay_ms) in [4500u64, 1200, 900, 1700].into_iter().enumerate() {
+    for (k, delay_ms) in [0u64, 37, 110, 250].into_iter().enumerate() {
         let metrics = dir.join(format!("killed{k}.jsonl"));
         let mut extra = vec!["--out", &out_s, "--save-every", "1"];
         if saved() {
@@ -494,6 +494,13 @@ fn sigkill_mid_save_leaves_a_resumable_checkpoint() {
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
+        // Once the run is in its loop (a few steps logged), a little later.
+        for _ in 0..2400 {
+            if step_losses(&metrics).len() >= 3 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
         std::thread::sleep(std::time::Duration::from_millis(delay_ms));
         child.kill().unwrap();
         child.wait().unwrap();
