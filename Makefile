@@ -6,7 +6,7 @@ PYTHON ?= python3
 # XLA's INFO logs are noise in test output; errors reach us through PJRT.
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 
-.PHONY: setup demo test lint build clean-plugins
+.PHONY: setup demo test lint build clean-plugins fuzz
 
 setup:
 	@$(PYTHON) scripts/install_cpu_plugin.py
@@ -31,3 +31,13 @@ lint:
 
 clean-plugins:
 	rm -rf .plugins
+
+# Not part of `make test`: needs a nightly toolchain and cargo-fuzz
+# (`cargo install cargo-fuzz`). Runs each parser's fuzz target for
+# FUZZ_SECONDS (60) seconds; a crash stops with its input in fuzz/artifacts/.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS = safetensors_header jsonl_line hf_config mesh_spec
+fuzz:
+	cd fuzz && for t in $(FUZZ_TARGETS); do \
+		cargo +nightly fuzz run -O $$t -- -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 || exit 1; \
+	done

@@ -671,15 +671,32 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             (Some(exe), _) => exe.run(&inputs)?,
             (None, Some(eager)) => {
                 let first = step == start_step;
+                // With --trace-values, every step also watches the matching
+                // nodes for the first one whose value is not finite.
+                let mut first_bad: Option<String> = None;
                 let mut show = |node: &hlo_ir::Node,
                                 values: &[&DeviceArray]|
                  -> Result<(), hlo_runtime::Error> {
-                    if let Some(re) = trace_values.as_ref().filter(|_| first) {
+                    if let Some(re) = trace_values.as_ref() {
                         if re.is_match(&node.scope) {
                             for v in values {
                                 let x = v.gather()?.to_f64_vec();
                                 let finite: Vec<f64> =
                                     x.iter().copied().filter(|v| v.is_finite()).collect();
+                                // Constants may be infinite on purpose (a max's identity).
+                                let made = node.op.name() != "constant";
+                                if made && finite.len() < x.len() && first_bad.is_none() {
+                                    first_bad = Some(format!(
+                                        "`{}` in scope `{}` ({} of {} values)",
+                                        node.op.name(),
+                                        node.scope,
+                                        x.len() - finite.len(),
+                                        x.len()
+                                    ));
+                                }
+                                if !first {
+                                    continue;
+                                }
                                 let (lo, hi) = finite
                                     .iter()
                                     .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| {
@@ -698,7 +715,20 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                     }
                     Ok(())
                 };
-                eager.run(f, &inputs, &shardings.outputs, Some(&mut show))?
+                let outputs = eager.run(f, &inputs, &shardings.outputs, Some(&mut show))?;
+                if let Some(bad) = first_bad {
+                    bar.abandon();
+                    bail!(
+                        "step {}: the first non-finite value comes from {bad}; stopped{}",
+                        step + 1,
+                        if args.out.is_some() {
+                            " (the last saved checkpoint is kept)"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+                outputs
             }
             _ => unreachable!("one of JIT or eager"),
         };

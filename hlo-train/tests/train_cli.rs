@@ -388,6 +388,40 @@ fn bad_input_gives_one_clear_line() {
         "0",
     ]));
     assert!(err.contains("step ") && err.contains("stopped"), "{err}");
+    // Eager with --trace-values names the first op that made a non-finite
+    // value, and the last good checkpoint stays.
+    let out = dir.join("diverged");
+    let err = one_line_error(&hlo_train(&[
+        "train",
+        "--steps",
+        "5",
+        "--batch",
+        "2",
+        "--seq",
+        "8",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "1e30",
+        "--clip-norm",
+        "0",
+        "--eager",
+        "--trace-values",
+        ".",
+        "--out",
+        out.to_str().unwrap(),
+        "--save-every",
+        "1",
+    ]));
+    assert!(
+        err.contains("step 2: the first non-finite value comes from `dot_general` in scope `model.layers.0.self_attn`")
+            && err.contains("the last saved checkpoint is kept"),
+        "{err}"
+    );
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("train_state/state.json")).unwrap())
+            .unwrap();
+    assert_eq!(state["step"], 1);
     std::fs::remove_dir_all(dir).unwrap();
 }
 

@@ -14,7 +14,7 @@ use crate::llama::LlamaConfig;
 use crate::ModelError;
 
 /// Where one tensor lies in a safetensors file.
-pub(crate) struct StoredTensor {
+pub struct StoredTensor {
     pub name: String,
     pub dtype: DType,
     pub shape: Vec<i64>,
@@ -58,8 +58,9 @@ pub(crate) fn st_dtype(d: StDtype) -> Option<DType> {
     })
 }
 
-/// Reads the header of a safetensors file and validates every offset.
-pub(crate) fn index_file(path: &Path, map: &Mmap) -> Result<Vec<StoredTensor>, ModelError> {
+/// Reads the header of a safetensors file's bytes and validates every
+/// offset (`path` only names the file in errors).
+pub fn index_file(path: &Path, map: &[u8]) -> Result<Vec<StoredTensor>, ModelError> {
     let bad = |message: String| ModelError::Checkpoint {
         file: path.display().to_string(),
         message,
