@@ -11,10 +11,10 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use hlo_ir::{DType, Literal, TensorType};
 use hlo_models::adapter::Adapter;
-use hlo_models::data::{demo_examples, read_jsonl, Loader};
+use hlo_models::data::{demo_examples, eval_batches, read_jsonl, Loader};
 use hlo_models::io::{read_safetensors, write_atomic, write_safetensors};
 use hlo_models::llama::{is_stacked, stack_literals, unstack_literal, unstacked_names, LoraConfig};
-use hlo_models::train::{step_flops, train_step};
+use hlo_models::train::{eval_step, step_flops, train_step};
 use hlo_partitioner::{llama_rules, FunctionShardings, Mesh};
 use hlo_runtime::{DeviceArray, Eager, HostArray, PluginKind, ShardedFunction};
 use serde_json::json;
@@ -87,6 +87,16 @@ pub struct TrainArgs {
     /// Write the compiled step as StableHLO and HLO text here.
     #[arg(long)]
     pub dump_hlo: Option<PathBuf>,
+
+    /// Held-out JSONL data (same formats as --data): its masked mean loss
+    /// and perplexity are computed every --eval-every steps (the demo task
+    /// holds out a fresh draw of itself).
+    #[arg(long)]
+    pub eval_data: Option<PathBuf>,
+
+    /// Steps between evaluations (default: --log-every).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
+    pub eval_every: i64,
 
     /// Print a log line every N steps.
     #[arg(long, default_value_t = 10)]
@@ -397,6 +407,47 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             None,
         )
     };
+    // The held-out set and its compiled eval step (JIT even when training
+    // eagerly): `--eval-data`, or for the demo task a fresh draw of it.
+    let eval_examples = match (&args.eval_data, demo) {
+        (Some(path), _) => Some(read_jsonl(
+            path,
+            tokenizer.as_ref(),
+            eos,
+            config.vocab_size,
+        )?),
+        (None, true) => tokenizer
+            .as_ref()
+            .map(|t| demo_examples(t, eos, 256, args.seed.wrapping_add(1))),
+        (None, false) => None,
+    };
+    let eval = match eval_examples {
+        Some(examples) => {
+            let batches = eval_batches(&examples, args.step.seq as usize, args.step.batch as usize);
+            let ef = hlo_ir::simplify(&eval_step(config, &tc)?);
+            let es =
+                FunctionShardings::from_rules_stacked(&ef, &mesh, &llama_rules(), &is_stacked)?;
+            let exe = ShardedFunction::new(&client, &ef, es)?;
+            // Where each eval input is among the train step's inputs.
+            let at: Vec<usize> = ef
+                .inputs
+                .iter()
+                .map(|b| {
+                    f.inputs
+                        .iter()
+                        .position(|t| t.name == b.name)
+                        .expect("a step input")
+                })
+                .collect();
+            Some((exe, at, batches))
+        }
+        None => None,
+    };
+    let eval_every = if args.eval_every > 0 {
+        args.eval_every
+    } else {
+        args.log_every
+    };
     let compile_s = t0.elapsed().as_secs_f64();
     if let Some(dir) = &args.dump_hlo {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -537,7 +588,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     } * 1e12
         * mesh.size() as f64;
     let flops = step_flops(config, &tc);
-    let mut metrics = match &args.metrics {
+    let metrics = match &args.metrics {
         Some(p) => {
             if let Some(parent) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent)
@@ -550,6 +601,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         }
         None => None,
     };
+    let metrics = std::cell::RefCell::new(metrics);
     println!(
         "training {} ({} parameters, {}) on {} {}: {} step, batch {} × seq {}, {} trainable tensors; compiled in {compile_s:.2}s",
         model.name,
@@ -615,7 +667,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let mut last_ready = Instant::now();
     // Reads a finished step's figures, logs them, and stops the run on a
     // non-finite loss.
-    let mut report = |p: Pending, last_ready: &mut Instant| -> Result<f64> {
+    let report = |p: Pending, last_ready: &mut Instant| -> Result<f64> {
         let scalar = |a: &DeviceArray| -> Result<f64> { Ok(a.gather()?.to_f64_vec()[0]) };
         let (loss, grad_norm, lr) = (scalar(&p.loss)?, scalar(&p.grad_norm)?, scalar(&p.lr)?);
         let now = Instant::now();
@@ -639,7 +691,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         let mfu = flops / dt / peak;
         bar.set_position(p.step as u64);
         bar.set_message(format!("loss {loss:.4} tok/s {tokens_per_s:.0}"));
-        if let Some(m) = metrics.as_mut() {
+        if let Some(m) = metrics.borrow_mut().as_mut() {
             let line = json!({"step": p.step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s, "step_time_s": dt, "mfu": mfu, "targets": p.targets});
             writeln!(m, "{line}")?;
         }
@@ -650,6 +702,50 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         }
         Ok(loss)
     };
+    // The held-out loss of the weights in `state` after `step` steps: logged,
+    // and written to the metrics file.
+    let evaluate = |exe: &ShardedFunction,
+                    at: &[usize],
+                    batches: &[hlo_models::data::Batch],
+                    state: &[Option<DeviceArray>],
+                    step: i64|
+     -> Result<()> {
+        let (mut sum, mut tokens) = (0.0f64, 0.0f64);
+        for b in batches {
+            let dims = [args.step.batch, args.step.seq];
+            let ids = place(ids_at, Literal::from(HostArray::new(&dims, &b.ids)?))?;
+            let mask = place(mask_at, Literal::from(HostArray::new(&dims, &b.loss_mask)?))?;
+            let inputs: Vec<&DeviceArray> = at
+                .iter()
+                .map(|&k| match k {
+                    k if k == ids_at => &ids,
+                    k if k == mask_at => &mask,
+                    k => state[k].as_ref().expect("every input is set"),
+                })
+                .collect();
+            let out = exe.run(&inputs)?;
+            sum += out[0].gather()?.to_f64_vec()[0];
+            tokens += out[1].gather()?.to_f64_vec()[0];
+        }
+        let eval_loss = sum / tokens.max(1.0);
+        bar.suspend(|| {
+            println!(
+                "eval  {step:>5}/{} eval_loss {eval_loss:.4} perplexity {:.3} ({tokens} tokens)",
+                args.steps,
+                eval_loss.exp()
+            )
+        });
+        bar.set_message(format!("eval_loss {eval_loss:.4}"));
+        if let Some(m) = metrics.borrow_mut().as_mut() {
+            let line = json!({"step": step, "eval_loss": eval_loss, "eval_perplexity": eval_loss.exp(), "eval_tokens": tokens});
+            writeln!(m, "{line}")?;
+        }
+        Ok(())
+    };
+    // The starting point, as a baseline.
+    if let Some((exe, at, batches)) = &eval {
+        evaluate(exe, at, batches, &state, step)?;
+    }
     // SIGINT/SIGTERM: finish the step, save, stop; a second one stops at once.
     static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let _ = ctrlc::set_handler(|| {
@@ -766,6 +862,18 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                 first_loss.get_or_insert(loss);
                 last_loss = loss;
             }
+        }
+        if let (Some((exe, at, batches)), true) =
+            (&eval, step % eval_every == 0 || step == args.steps)
+        {
+            // The step's own figures first, then the held-out loss of the
+            // weights it produced.
+            if let Some(p) = pending.take() {
+                let loss = report(p, &mut last_ready)?;
+                first_loss.get_or_insert(loss);
+                last_loss = loss;
+            }
+            evaluate(exe, at, batches, &state, step)?;
         }
         if let (Some(out), true) = (&args.out, saving) {
             let arrays: Vec<&DeviceArray> = saved

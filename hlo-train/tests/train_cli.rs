@@ -61,14 +61,20 @@ fn fixture_rows(dir: &Path) -> PathBuf {
 }
 
 fn losses(metrics: &Path) -> Vec<f64> {
+    metric(metrics, "loss")
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect()
+}
+
+/// (step, value) of every metrics line that has `key` (train lines have
+/// `loss`, eval lines `eval_loss`).
+fn metric(metrics: &Path, key: &str) -> Vec<(u64, f64)> {
     std::fs::read_to_string(metrics)
-        .unwrap()
+        .unwrap_or_default()
         .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
-                .as_f64()
-                .unwrap()
-        })
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| Some((v["step"].as_u64()?, v[key].as_f64()?)))
         .collect()
 }
 
@@ -104,6 +110,8 @@ fn one_step_from_a_peft_adapter_equals_pytorch_peft() {
             out.to_str().unwrap(),
             "--metrics",
             metrics.to_str().unwrap(),
+            "--eval-data",
+            data.to_str().unwrap(),
         ]));
         let loss = want
             .iter()
@@ -116,6 +124,14 @@ fn one_step_from_a_peft_adapter_equals_pytorch_peft() {
             (first - loss).abs() < 1e-5,
             "{opt}: first loss {first}, PyTorch {loss}"
         );
+        // The eval step on the same rows before training: PyTorch's loss too.
+        let eval = metric(&metrics, "eval_loss");
+        assert_eq!(eval[0].0, 0);
+        assert!(
+            (eval[0].1 - loss).abs() < 1e-5,
+            "{opt}: eval {eval:?}, PyTorch {loss}"
+        );
+        assert_eq!(eval.last().unwrap().0, 1);
         let ours = read_safetensors(&out.join("adapter_model.safetensors")).unwrap();
         assert_eq!(ours.len(), 28);
         for (key, t) in ours {
@@ -172,15 +188,19 @@ fn the_demo_learns() {
     let l = losses(&metrics);
     assert_eq!(l.len(), 400);
     assert!(l[399] < l[0] * 0.5, "loss {} -> {}", l[0], l[399]);
-    // Every metrics line has the promised fields.
-    let first: serde_json::Value = serde_json::from_str(
-        std::fs::read_to_string(&metrics)
-            .unwrap()
-            .lines()
-            .next()
-            .unwrap(),
-    )
-    .unwrap();
+    // The held-out demo draw is evaluated every 100 steps and falls too.
+    let eval = metric(&metrics, "eval_loss");
+    let steps: Vec<u64> = eval.iter().map(|e| e.0).collect();
+    assert_eq!(steps, [0, 100, 200, 300, 400]);
+    assert!(eval[4].1 < eval[0].1 * 0.5, "eval loss {eval:?}");
+    assert!(out.contains("eval    400/400 eval_loss"), "{out}");
+    // Every train line has the promised fields.
+    let first: serde_json::Value = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v.get("eval_loss").is_none())
+        .unwrap();
     for k in [
         "step",
         "loss",
@@ -480,12 +500,7 @@ fn eager_generation_equals_jit() {
 
 /// Metrics rows as (step, loss).
 fn step_losses(metrics: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(metrics)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
-        .collect()
+    metric(metrics, "loss")
 }
 
 #[test]

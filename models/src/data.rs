@@ -153,6 +153,45 @@ pub struct Batch {
     pub targets: usize,
 }
 
+/// Writes `ex`, cut or padded to `seq`, into one row of ids and loss mask
+/// (position t predicts token t + 1); returns the counted tokens.
+fn fill_row(ex: &Example, ids: &mut [i32], loss_mask: &mut [f32], seq: usize) -> usize {
+    let len = ex.ids.len().min(seq);
+    let mut targets = 0;
+    for t in 0..len {
+        ids[t] = ex.ids[t] as i32;
+        if t + 1 < len && ex.target[t + 1] {
+            loss_mask[t] = 1.0;
+            targets += 1;
+        }
+    }
+    targets
+}
+
+/// Every example once, in file order, as batches of `batch` rows (the last
+/// one padded with empty rows, which count nothing): the held-out set.
+pub fn eval_batches(examples: &[Example], seq: usize, batch: usize) -> Vec<Batch> {
+    examples
+        .chunks(batch)
+        .map(|chunk| {
+            let mut ids = vec![0i32; batch * seq];
+            let mut loss_mask = vec![0f32; batch * seq];
+            let targets = chunk
+                .iter()
+                .enumerate()
+                .map(|(row, ex)| {
+                    fill_row(ex, &mut ids[row * seq..], &mut loss_mask[row * seq..], seq)
+                })
+                .sum();
+            Batch {
+                ids,
+                loss_mask,
+                targets,
+            }
+        })
+        .collect()
+}
+
 /// Examples cut or padded to `seq`, in a seeded order, epoch after epoch.
 pub struct Loader {
     examples: Vec<Example>,
@@ -210,15 +249,7 @@ impl Loader {
                 order_epoch = epoch;
             }
             let ex = &self.examples[order[pos]];
-            let len = ex.ids.len().min(seq);
-            for t in 0..len {
-                ids[row * seq + t] = ex.ids[t] as i32;
-                // Position t predicts token t + 1.
-                if t + 1 < len && ex.target[t + 1] {
-                    loss_mask[row * seq + t] = 1.0;
-                    targets += 1;
-                }
-            }
+            targets += fill_row(ex, &mut ids[row * seq..], &mut loss_mask[row * seq..], seq);
         }
         self.cursor += b as u64;
         Batch {

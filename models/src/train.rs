@@ -84,6 +84,17 @@ pub struct TrainStep {
 /// `sum(mask · (logsumexp(logits) − logit[label])) / max(sum(mask), 1)`,
 /// label `t` being token `t + 1`; no one-hot matrix is formed.
 pub fn masked_cross_entropy(logits: Tensor, input_ids: Tensor, loss_mask: Tensor) -> Tensor {
+    let (total, count) = masked_cross_entropy_sum(logits, input_ids, loss_mask);
+    total / count.maximum(count.scalar_like(1.0))
+}
+
+/// The summed cross-entropy over masked positions and their count (f32
+/// scalars), from which means over several batches are exact.
+pub fn masked_cross_entropy_sum(
+    logits: Tensor,
+    input_ids: Tensor,
+    loss_mask: Tensor,
+) -> (Tensor, Tensor) {
     let d = logits.dims();
     let (b, s, v) = (d[0], d[1], d[2]);
     let n = b * s;
@@ -111,8 +122,7 @@ pub fn masked_cross_entropy(logits: Tensor, input_ids: Tensor, loss_mask: Tensor
         },
     );
     let mask = loss_mask.cast(DType::F32).reshape(&[n]);
-    let total = ((lse - picked) * mask).sum(&[0]);
-    total / mask.sum(&[0]).maximum(mask.scalar_like(1.0))
+    (((lse - picked) * mask).sum(&[0]), mask.sum(&[0]))
 }
 
 fn lr_at(step: Tensor, lr: f64, schedule: &Schedule) -> Tensor {
@@ -139,8 +149,15 @@ fn lr_at(step: Tensor, lr: f64, schedule: &Schedule) -> Tensor {
     }
 }
 
-/// Builds the step for `config` under `tc`.
-pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<TrainStep, ModelError> {
+/// The loss's inputs under `tc`: (base weights, LoRA tensors, all inputs
+/// with the batch).
+type LossInputs = (
+    Vec<(String, TensorType)>,
+    Vec<(String, TensorType)>,
+    Vec<(String, TensorType)>,
+);
+
+fn loss_inputs(config: &LlamaConfig, tc: &TrainConfig) -> LossInputs {
     let stack = |t: Vec<(String, TensorType)>| {
         if tc.scan_layers {
             stack_types(t, config.num_hidden_layers)
@@ -155,11 +172,6 @@ pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<TrainStep, M
             .map(|l| lora_parameter_types(config, l))
             .unwrap_or_default(),
     );
-    let trainable: Vec<(String, TensorType)> = if tc.lora.is_some() {
-        lora_params.clone()
-    } else {
-        base.clone()
-    };
     let mut loss_inputs = base.clone();
     loss_inputs.extend(lora_params.iter().cloned());
     loss_inputs.push((
@@ -170,13 +182,43 @@ pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<TrainStep, M
         "loss_mask".into(),
         TensorType::new(DType::F32, [tc.batch, tc.seq]),
     ));
-    let model = Llama {
+    (base, lora_params, loss_inputs)
+}
+
+fn model<'a>(config: &'a LlamaConfig, tc: &'a TrainConfig) -> Llama<'a> {
+    Llama {
         config,
         lora: tc.lora.as_ref(),
         batch_axes: tc.batch_axes.clone(),
         scan_layers: tc.scan_layers,
         remat_layers: tc.remat_layers,
+    }
+}
+
+/// The eval step: the summed masked cross-entropy of a batch and its
+/// number of counted tokens (`loss_sum`, `tokens`), no gradients. Its
+/// inputs are the train step's weights, LoRA tensors and batch, by name.
+pub fn eval_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<Function, ModelError> {
+    let (_, _, inputs) = loss_inputs(config, tc);
+    let model = model(config, tc);
+    Ok(trace("llama_eval", &inputs, |i| {
+        let logits = model.forward(&Params(i), i["input_ids"], tc.dtype);
+        let (sum, count) = scope("loss", || {
+            masked_cross_entropy_sum(logits, i["input_ids"], i["loss_mask"])
+        });
+        Outputs::new().add("loss_sum", sum).add("tokens", count)
+    })?)
+}
+
+/// Builds the step for `config` under `tc`.
+pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<TrainStep, ModelError> {
+    let (base, lora_params, loss_inputs) = loss_inputs(config, tc);
+    let trainable: Vec<(String, TensorType)> = if tc.lora.is_some() {
+        lora_params.clone()
+    } else {
+        base.clone()
     };
+    let model = model(config, tc);
     let loss_fn = trace("llama_loss", &loss_inputs, |i| {
         let logits = model.forward(&Params(i), i["input_ids"], tc.dtype);
         Outputs::new().add(
