@@ -8,7 +8,6 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use clap::Args;
 use hlo_ir::{full, iota, trace, DType, Literal, Tensor, TensorType};
-use hlo_models::llama::is_stacked;
 use hlo_models::train::{step_flops, train_step};
 use hlo_partitioner::{llama_rules, FunctionShardings, Mesh, Sharding};
 use hlo_runtime::{DeviceArray, HostArray, PluginKind, ShardedFunction};
@@ -16,6 +15,7 @@ use serde_json::json;
 
 use crate::common::PluginArgs;
 use crate::model_args::ModelArgs;
+use crate::step_args::leading_axis;
 use crate::step_args::StepArgs;
 use crate::train::{measure_cpu_peak, peak_tflops};
 
@@ -87,7 +87,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .train_config(config, dtype, &mesh, args.warmup_steps + args.steps, None)?;
     let step = train_step(config, &tc)?;
     let f = hlo_ir::simplify(&step.function);
-    let shardings = FunctionShardings::from_rules_stacked(&f, &mesh, &llama_rules(), &is_stacked)?;
+    let shardings =
+        FunctionShardings::from_rules_stacked(&f, &mesh, &llama_rules(), &leading_axis(&tc))?;
     let t0 = Instant::now();
     let exe = ShardedFunction::with_donation(&client, &f, shardings.clone(), &step.donated)?;
     let compile_s = t0.elapsed().as_secs_f64();

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use hlo_models::io::write_atomic;
-use hlo_models::llama::{forward_function_with, is_stacked};
+use hlo_models::llama::forward_function_with;
 use hlo_models::train::train_step;
 use hlo_partitioner::{llama_rules, FunctionShardings, Mesh};
 use hlo_runtime::{PluginKind, ShardedFunction};
@@ -90,7 +90,7 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
             &f,
             mesh,
             &llama_rules(),
-            &is_stacked,
+            &crate::step_args::leading_axis(&tc),
         )?),
         None => None,
     };

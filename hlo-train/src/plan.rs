@@ -13,6 +13,7 @@ use hlo_runtime::{ClientOptions, Plugin, PluginSpec, ShardedFunction};
 use serde_json::json;
 
 use crate::model_args::ModelArgs;
+use crate::step_args::leading_axis;
 use crate::step_args::StepArgs;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -93,7 +94,8 @@ pub fn run(args: &PlanArgs) -> Result<()> {
     let tc = args.step.train_config(config, dtype, &mesh, 1000, None)?;
     let step = train_step(config, &tc)?;
     let f = hlo_ir::simplify(&step.function);
-    let shardings = FunctionShardings::from_rules_stacked(&f, &mesh, &llama_rules(), &is_stacked)?;
+    let shardings =
+        FunctionShardings::from_rules_stacked(&f, &mesh, &llama_rules(), &leading_axis(&tc))?;
     // Per-device bytes of each input, by kind.
     let (mut weights, mut lora, mut optimizer) = (0u64, 0u64, 0u64);
     for (b, spec) in f.inputs.iter().zip(&shardings.inputs) {

@@ -46,6 +46,12 @@ pub struct StepArgs {
     #[arg(long, value_enum, default_value = "none")]
     pub remat: RematArg,
 
+    /// Micro-batches of --batch rows per optimizer step; the update is that
+    /// of one batch of K·batch rows (the loss normalised by all of their
+    /// tokens), at the memory of one micro-batch.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i64).range(1..=4096))]
+    pub grad_accum: i64,
+
     /// Train every base weight instead of LoRA adapters.
     #[arg(long)]
     pub full: bool,
@@ -113,6 +119,17 @@ pub fn positive(s: &str) -> Result<f64, String> {
     }
 }
 
+/// Which step inputs carry a leading axis the partition rules do not
+/// mention (left unsplit): stacked layer parameters, and the batch's
+/// micro-batch axis under gradient accumulation.
+pub fn leading_axis(tc: &TrainConfig) -> impl Fn(&str) -> bool {
+    let accum = tc.grad_accum > 1;
+    move |name: &str| {
+        hlo_models::llama::is_stacked(name)
+            || (accum && (name == "input_ids" || name == "loss_mask"))
+    }
+}
+
 impl StepArgs {
     /// The traced step's configuration for `config` over `mesh`; `lora`
     /// overrides the LoRA flags (an adapter's own settings).
@@ -177,6 +194,7 @@ impl StepArgs {
                 Toggle::Auto => config.num_hidden_layers >= 32,
             },
             remat_layers: self.remat == RematArg::Layers,
+            grad_accum: self.grad_accum,
         })
     }
 }

@@ -22,6 +22,7 @@ use serde_json::json;
 use crate::common::PluginArgs;
 use crate::generate::{Generator, Sampling};
 use crate::model_args::{Model, ModelArgs};
+use crate::step_args::leading_axis;
 use crate::step_args::StepArgs;
 
 #[derive(Args, Debug)]
@@ -213,12 +214,22 @@ fn state_json(args: &TrainArgs, step: i64, cursor: u64) -> serde_json::Value {
         "data_cursor": cursor,
         "seed": args.seed,
         "batch": args.step.batch,
+        "grad_accum": args.step.grad_accum,
         "seq": args.step.seq,
         "full": args.step.full,
         "lora_rank": args.step.lora_rank,
         "optimizer": format!("{:?}", args.step.optimizer).to_lowercase(),
     })
 }
+
+/// The compiled eval step, where its inputs are among the train step's,
+/// the held-out batches, and the batch layout.
+type EvalStep = (
+    ShardedFunction,
+    Vec<usize>,
+    Vec<hlo_models::data::Batch>,
+    hlo_partitioner::PartitionSpec,
+);
 
 /// A batch on the devices, ready for the next step.
 struct Prepared {
@@ -316,7 +327,19 @@ fn load_state(dir: &Path, args: &TrainArgs) -> Result<Saved> {
         serde_json::from_str(&std::fs::read_to_string(state.join("state.json"))?)
             .with_context(|| format!("{}/state.json is not JSON", state.display()))?;
     let want = state_json(args, 0, 0);
-    for key in ["seed", "batch", "seq", "full", "lora_rank", "optimizer"] {
+    let mut v = v;
+    if v.get("grad_accum").is_none() {
+        v["grad_accum"] = 1.into(); // saved before accumulation existed
+    }
+    for key in [
+        "seed",
+        "batch",
+        "grad_accum",
+        "seq",
+        "full",
+        "lora_rank",
+        "optimizer",
+    ] {
         if v[key] != want[key] {
             bail!(
                 "--resume: the run was saved with {key} = {}, this run has {}",
@@ -353,12 +376,9 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             demo_examples(t, eos, 2000, args.seed)
         }
     };
-    let mut loader = Loader::new(
-        examples,
-        args.step.seq as usize,
-        args.step.batch as usize,
-        args.seed,
-    );
+    // A step takes --grad-accum micro-batches of --batch rows.
+    let rows = args.step.batch * args.step.grad_accum;
+    let mut loader = Loader::new(examples, args.step.seq as usize, rows as usize, args.seed);
 
     // Mesh and devices.
     let devices = args.plugin.devices.map(i64::from);
@@ -383,7 +403,8 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     // What is run, JIT or eager: folded, CSE'd, dead code removed.
     let simplified = hlo_ir::simplify(&step_fn.function);
     let f = &simplified;
-    let shardings = FunctionShardings::from_rules_stacked(f, &mesh, &llama_rules(), &is_stacked)?;
+    let shardings =
+        FunctionShardings::from_rules_stacked(f, &mesh, &llama_rules(), &leading_axis(&tc))?;
     let trace_values = match &args.trace_values {
         Some(r) => Some(
             regex::Regex::new(r).with_context(|| format!("--trace-values `{r}` is not a regex"))?,
@@ -427,6 +448,8 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             let ef = hlo_ir::simplify(&eval_step(config, &tc)?);
             let es =
                 FunctionShardings::from_rules_stacked(&ef, &mesh, &llama_rules(), &is_stacked)?;
+            let ids_in = ef.inputs.iter().position(|b| b.name == "input_ids");
+            let batch_spec = es.inputs[ids_in.expect("the eval step takes input_ids")].clone();
             let exe = ShardedFunction::new(&client, &ef, es)?;
             // Where each eval input is among the train step's inputs.
             let at: Vec<usize> = ef
@@ -439,7 +462,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                         .expect("a step input")
                 })
                 .collect();
-            Some((exe, at, batches))
+            Some((exe, at, batches, batch_spec))
         }
         None => None,
     };
@@ -639,7 +662,11 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     // launched, so the host never holds the devices up.
     let prepare = |loader: &mut hlo_models::data::Loader| -> Result<Prepared> {
         let batch = loader.next_batch();
-        let dims = [args.step.batch, args.step.seq];
+        let dims = if args.step.grad_accum > 1 {
+            vec![args.step.grad_accum, args.step.batch, args.step.seq]
+        } else {
+            vec![args.step.batch, args.step.seq]
+        };
         Ok(Prepared {
             ids: place(ids_at, Literal::from(HostArray::new(&dims, &batch.ids)?))?,
             loss_mask: place(
@@ -687,7 +714,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                 }
             );
         }
-        let tokens_per_s = (args.step.batch * args.step.seq) as f64 / dt;
+        let tokens_per_s = (rows * args.step.seq) as f64 / dt;
         let mfu = flops / dt / peak;
         bar.set_position(p.step as u64);
         bar.set_message(format!("loss {loss:.4} tok/s {tokens_per_s:.0}"));
@@ -704,17 +731,26 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     };
     // The held-out loss of the weights in `state` after `step` steps: logged,
     // and written to the metrics file.
-    let evaluate = |exe: &ShardedFunction,
-                    at: &[usize],
-                    batches: &[hlo_models::data::Batch],
+    let evaluate = |(exe, at, batches, spec): &EvalStep,
                     state: &[Option<DeviceArray>],
                     step: i64|
      -> Result<()> {
         let (mut sum, mut tokens) = (0.0f64, 0.0f64);
+        let sharding = hlo_partitioner::Sharding::new(mesh.clone(), spec.clone());
         for b in batches {
             let dims = [args.step.batch, args.step.seq];
-            let ids = place(ids_at, Literal::from(HostArray::new(&dims, &b.ids)?))?;
-            let mask = place(mask_at, Literal::from(HostArray::new(&dims, &b.loss_mask)?))?;
+            let ids = DeviceArray::shard(
+                &client,
+                &HostArray::new(&dims, &b.ids)?,
+                &sharding,
+                &devices,
+            )?;
+            let mask = DeviceArray::shard(
+                &client,
+                &HostArray::new(&dims, &b.loss_mask)?,
+                &sharding,
+                &devices,
+            )?;
             let inputs: Vec<&DeviceArray> = at
                 .iter()
                 .map(|&k| match k {
@@ -743,8 +779,8 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         Ok(())
     };
     // The starting point, as a baseline.
-    if let Some((exe, at, batches)) = &eval {
-        evaluate(exe, at, batches, &state, step)?;
+    if let Some(e) = &eval {
+        evaluate(e, &state, step)?;
     }
     // SIGINT/SIGTERM: finish the step, save, stop; a second one stops at once.
     static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -863,9 +899,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                 last_loss = loss;
             }
         }
-        if let (Some((exe, at, batches)), true) =
-            (&eval, step % eval_every == 0 || step == args.steps)
-        {
+        if let (Some(e), true) = (&eval, step % eval_every == 0 || step == args.steps) {
             // The step's own figures first, then the held-out loss of the
             // weights it produced.
             if let Some(p) = pending.take() {
@@ -873,7 +907,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                 first_loss.get_or_insert(loss);
                 last_loss = loss;
             }
-            evaluate(exe, at, batches, &state, step)?;
+            evaluate(e, &state, step)?;
         }
         if let (Some(out), true) = (&args.out, saving) {
             let arrays: Vec<&DeviceArray> = saved

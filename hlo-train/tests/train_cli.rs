@@ -620,3 +620,90 @@ fn sigterm_saves_and_stops() {
     let last = step_losses(&metrics).last().unwrap().0;
     assert_eq!(state["step"].as_u64().unwrap(), last);
 }
+
+#[test]
+fn grad_accum_4_of_batch_2_equals_batch_8() {
+    let dir = scratch("accum");
+    // Rows of different lengths, so the micro-batches count different
+    // numbers of tokens: the loss must be normalised by all of them.
+    let mut rng = 7u64;
+    let lines: Vec<String> = (0..8)
+        .map(|r| {
+            let ids: Vec<u64> = (0..3 + r % 7)
+                .map(|_| {
+                    rng = rng
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (rng >> 33) % 128
+                })
+                .collect();
+            serde_json::json!({ "input_ids": ids }).to_string()
+        })
+        .collect();
+    let data = dir.join("rows.jsonl");
+    std::fs::write(&data, lines.join("\n") + "\n").unwrap();
+    let (model, adapter) = (fixture(), fixture().join("adapter"));
+    let run = |name: &str, extra: &[&str]| {
+        let out = dir.join(name);
+        let mut a = vec![
+            "train",
+            "--checkpoint",
+            model.to_str().unwrap(),
+            "--init-adapter",
+            adapter.to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+            "--seq",
+            "9",
+            "--steps",
+            "1",
+            "--optimizer",
+            "sgd",
+            "--lr",
+            "0.05",
+            "--clip-norm",
+            "0",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        a.extend_from_slice(extra);
+        ok(&hlo_train(&a));
+        read_safetensors(&out.join("adapter_model.safetensors")).unwrap()
+    };
+    let whole = run("whole", &["--batch", "8"]);
+    let start = read_safetensors(&fixture().join("adapter/adapter_model.safetensors")).unwrap();
+    for (name, extra) in [
+        ("accum", &["--batch", "2", "--grad-accum", "4"][..]),
+        (
+            "accum_mesh",
+            &[
+                "--batch",
+                "2",
+                "--grad-accum",
+                "4",
+                "--mesh",
+                "dp=1,fsdp=2,mp=1",
+            ][..],
+        ),
+    ] {
+        let accum = run(name, extra);
+        let mut moved = 0.0f64;
+        for ((k, a), (_, b)) in whole.iter().zip(&accum) {
+            let d = a
+                .to_f64s()
+                .iter()
+                .zip(b.to_f64s())
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f64::max);
+            assert!(d < 1e-5, "{name} {k}: {d}");
+            let s = &start.iter().find(|(n, _)| n == k).unwrap().1;
+            moved = a
+                .to_f64s()
+                .iter()
+                .zip(s.to_f64s())
+                .map(|(x, y)| (x - y).abs())
+                .fold(moved, f64::max);
+        }
+        assert!(moved > 1e-3, "the step moved the adapter by {moved}");
+    }
+}

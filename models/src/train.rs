@@ -4,7 +4,8 @@
 
 use hlo_ir::ops::Gather;
 use hlo_ir::{
-    call, full, iota, scope, trace, value_and_grad, DType, Function, Outputs, Tensor, TensorType,
+    call, full, iota, scan, scope, trace, value_and_grad, DType, Function, Outputs, Tensor,
+    TensorType,
 };
 
 use crate::llama::{
@@ -67,6 +68,11 @@ pub struct TrainConfig {
     pub scan_layers: bool,
     /// Rematerialize each layer in the backward pass (see [`Llama`]).
     pub remat_layers: bool,
+    /// Micro-batches per step (`batch` rows each): the step scans over
+    /// them, summing losses and gradients, and normalises by the tokens of
+    /// all of them, so K micro-batches of B rows update as one batch of
+    /// K·B. The batch inputs are then `[K, batch, seq]`.
+    pub grad_accum: i64,
 }
 
 /// The traced step and what the runner needs to know about it.
@@ -231,9 +237,36 @@ pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<TrainStep, M
     let names: Vec<&str> = trainable.iter().map(|(n, _)| n.as_str()).collect();
     let grads = value_and_grad(&loss_fn, "loss", &names)
         .map_err(|e| ModelError::Config(format!("building the gradient: {e}")))?;
+    // With accumulation, a micro-step's summed loss, token count and the
+    // gradients of the sum.
+    let accum = tc.grad_accum.max(1);
+    let micro = if accum > 1 {
+        let sum_fn = trace("llama_loss_sum", &loss_inputs, |i| {
+            let logits = model.forward(&Params(i), i["input_ids"], tc.dtype);
+            let (sum, count) = scope("loss", || {
+                masked_cross_entropy_sum(logits, i["input_ids"], i["loss_mask"])
+            });
+            Outputs::new().add("loss_sum", sum).add("tokens", count)
+        })?;
+        Some(
+            value_and_grad(&sum_fn, "loss_sum", &names)
+                .map_err(|e| ModelError::Config(format!("building the gradient: {e}")))?,
+        )
+    } else {
+        None
+    };
 
     let adam = matches!(tc.optimizer, Optimizer::AdamW { .. });
     let mut step_inputs = loss_inputs.clone();
+    if accum > 1 {
+        for (name, ty) in step_inputs.iter_mut() {
+            if name == "input_ids" || name == "loss_mask" {
+                let mut dims = vec![accum];
+                dims.extend_from_slice(&ty.dims);
+                *ty = TensorType::new(ty.dtype, dims);
+            }
+        }
+    }
     let mut optimizer_state = Vec::new();
     if adam {
         for (n, t) in &trainable {
@@ -246,9 +279,54 @@ pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<TrainStep, M
     }
     step_inputs.push(("step".into(), TensorType::scalar(DType::I32)));
     let function = trace("train_step", &step_inputs, |i| {
-        let args: Vec<Tensor> = grads.inputs.iter().map(|b| i[b.name.as_str()]).collect();
-        let out = call(&grads, &args);
-        let (loss, g) = (out[0], &out[1..]);
+        let (loss, g): (Tensor, Vec<Tensor>) = match &micro {
+            None => {
+                let args: Vec<Tensor> = grads.inputs.iter().map(|b| i[b.name.as_str()]).collect();
+                let out = call(&grads, &args);
+                (out[0], out[1..].to_vec())
+            }
+            Some(micro) => scope("grad_accum", || {
+                // Scan over the micro-batches: sum the losses, the token
+                // counts and the (f32) gradients; divide once at the end.
+                let zero = |t: &TensorType| full(t.with_dtype(DType::F32), 0.0);
+                let scalar = TensorType::scalar(DType::F32);
+                let acc: Vec<(String, Tensor)> = [
+                    ("acc.loss_sum".to_string(), zero(&scalar)),
+                    ("acc.tokens".to_string(), zero(&scalar)),
+                ]
+                .into_iter()
+                .chain(trainable.iter().map(|(n, t)| (format!("acc.{n}"), zero(t))))
+                .collect();
+                let carry: Vec<(&str, Tensor)> =
+                    acc.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+                let xs = [("input_ids", i["input_ids"]), ("loss_mask", i["loss_mask"])];
+                let consts: Vec<(&str, Tensor)> = micro
+                    .inputs
+                    .iter()
+                    .filter(|b| b.name != "input_ids" && b.name != "loss_mask")
+                    .map(|b| (b.name.as_str(), i[b.name.as_str()]))
+                    .collect();
+                let (out, _) = scan(&carry, &xs, &consts, |l| {
+                    let args: Vec<Tensor> =
+                        micro.inputs.iter().map(|b| l[b.name.as_str()]).collect();
+                    let got = call(micro, &args);
+                    // got: loss_sum, tokens, then the gradients in `names` order.
+                    let new: Vec<Tensor> = acc
+                        .iter()
+                        .zip(&got)
+                        .map(|((n, _), v)| l[n.as_str()] + v.cast(DType::F32))
+                        .collect();
+                    (new, vec![])
+                });
+                let tokens = out[1].maximum(out[1].scalar_like(1.0));
+                let g: Vec<Tensor> = out[2..]
+                    .iter()
+                    .zip(&trainable)
+                    .map(|(t, (_, ty))| (*t / tokens).cast(ty.dtype))
+                    .collect();
+                (out[0] / tokens, g)
+            }),
+        };
         let step = i["step"];
         let (new, norm, lr) = scope("optimizer", || {
             let g32: Vec<Tensor> = g.iter().map(|t| t.cast(DType::F32)).collect();
@@ -332,7 +410,7 @@ pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<TrainStep, M
 /// forward; a full finetuning step is 3× forward; a LoRA step skips the
 /// frozen weights' gradients (2× forward for them) and adds 6 per LoRA weight.
 pub fn step_flops(config: &LlamaConfig, tc: &TrainConfig) -> f64 {
-    let tokens = (tc.batch * tc.seq) as f64;
+    let tokens = (tc.batch * tc.grad_accum.max(1) * tc.seq) as f64;
     let c = config;
     let embed = (c.vocab_size * c.hidden_size) as f64;
     // Matmul weights: everything but the embedding lookup and the RMSNorm

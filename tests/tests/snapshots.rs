@@ -153,6 +153,7 @@ fn llama_step_annotations(mesh: &str) -> String {
         batch_axes: vec!["dp".into(), "fsdp".into()],
         scan_layers: false,
         remat_layers: false,
+        grad_accum: 1,
     };
     let step = train_step(&config, &tc).unwrap();
     let f = hlo_ir::simplify(&step.function);
