@@ -11,7 +11,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use hlo_ir::{DType, Literal, TensorType};
 use hlo_models::adapter::Adapter;
-use hlo_models::data::{demo_examples, eval_batches, read_jsonl, Loader};
+use hlo_models::chat::ChatTemplate;
+use hlo_models::data::{demo_examples, eval_batches, read_jsonl, ChatData, Loader};
 use hlo_models::io::{read_safetensors, write_atomic, write_safetensors};
 use hlo_models::llama::{is_stacked, stack_literals, unstack_literal, unstacked_names, LoraConfig};
 use hlo_models::train::{eval_step, step_flops, train_step};
@@ -61,6 +62,16 @@ pub struct TrainArgs {
     /// JSONL training data (default: the bundled demo task).
     #[arg(long)]
     pub data: Option<PathBuf>,
+
+    /// The folder whose tokenizer_config.json holds the chat template for
+    /// `{"messages"}` data (default: the checkpoint's).
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
+
+    /// With `{"messages"}` data, count system and user turns in the loss
+    /// too (by default only the assistant's replies are learned).
+    #[arg(long)]
+    pub train_on_inputs: bool,
 
     #[arg(long, default_value_t = 100)]
     pub steps: i64,
@@ -367,8 +378,26 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let tokenizer = args.model.tokenizer(&model)?;
     let eos = config.eos_token_ids.first().map(|&e| e as u32);
     let demo = args.data.is_none();
+    // `{"messages"}` lines use the model's chat template: --chat-template,
+    // or the checkpoint's tokenizer_config.json when it has one.
+    let template = match (&args.chat_template, &model.checkpoint) {
+        (Some(dir), _) => Some(ChatTemplate::from_dir(dir)?),
+        (None, Some(c)) => ChatTemplate::from_dir(&c.dir).ok(),
+        (None, None) => None,
+    };
+    let chat = template.as_ref().map(|template| ChatData {
+        template,
+        stop: config.eos_token_ids.iter().map(|&e| e as u32).collect(),
+        train_on_inputs: args.train_on_inputs,
+    });
     let examples = match &args.data {
-        Some(path) => read_jsonl(path, tokenizer.as_ref(), eos, config.vocab_size)?,
+        Some(path) => read_jsonl(
+            path,
+            tokenizer.as_ref(),
+            eos,
+            config.vocab_size,
+            chat.as_ref(),
+        )?,
         None => {
             let t = tokenizer
                 .as_ref()
@@ -436,6 +465,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             tokenizer.as_ref(),
             eos,
             config.vocab_size,
+            chat.as_ref(),
         )?),
         (None, true) => tokenizer
             .as_ref()

@@ -707,3 +707,63 @@ fn grad_accum_4_of_batch_2_equals_batch_8() {
         assert!(moved > 1e-3, "the step moved the adapter by {moved}");
     }
 }
+
+#[test]
+fn masked_user_turns_contribute_nothing() {
+    let dir = scratch("chat");
+    let chat = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/chat/llama_style");
+    // Two conversations that differ only in a user turn after the last
+    // reply: masked, and after everything learned, it can change nothing.
+    let data = |name: &str, last: &str| {
+        let line = serde_json::json!({"messages": [
+            {"role": "user", "content": "cat="},
+            {"role": "assistant", "content": "CAT"},
+            {"role": "user", "content": last},
+        ]});
+        let p = dir.join(name);
+        std::fs::write(&p, format!("{line}\n")).unwrap();
+        p
+    };
+    let (a, b) = (data("a.jsonl", "thanks!"), data("b.jsonl", "no way?"));
+    let run = |data: &Path, name: &str, extra: &[&str]| {
+        let out = dir.join(name);
+        let mut args = vec![
+            "train",
+            "--data",
+            data.to_str().unwrap(),
+            "--chat-template",
+            chat.to_str().unwrap(),
+            "--batch",
+            "1",
+            "--seq",
+            "320",
+            "--steps",
+            "1",
+            "--optimizer",
+            "sgd",
+            "--lr",
+            "0.5",
+            "--out",
+            out.to_str().unwrap(),
+            "--metrics",
+        ];
+        let metrics = dir.join(format!("metrics_{name}.jsonl"));
+        args.push(metrics.to_str().unwrap());
+        args.extend_from_slice(extra);
+        ok(&hlo_train(&args));
+        (
+            losses(&metrics)[0],
+            read_safetensors(&out.join("adapter_model.safetensors")).unwrap(),
+        )
+    };
+    let ((la, wa), (lb, wb)) = (run(&a, "a", &[]), run(&b, "b", &[]));
+    assert!(la > 0.0, "the reply is learned");
+    assert_eq!(la, lb);
+    for ((k, x), (_, y)) in wa.iter().zip(&wb) {
+        assert_eq!(x.to_f64s(), y.to_f64s(), "{k}");
+    }
+    // Learning the inputs too, the trailing turn counts.
+    let (la, _) = run(&a, "a_all", &["--train-on-inputs"]);
+    let (lb, _) = run(&b, "b_all", &["--train-on-inputs"]);
+    assert_ne!(la, lb);
+}

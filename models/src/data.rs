@@ -9,6 +9,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use crate::chat::{ChatTemplate, Message};
 use crate::tokenizer::Tokenizer;
 use crate::ModelError;
 
@@ -20,6 +21,17 @@ pub struct Example {
     pub target: Vec<bool>,
 }
 
+/// How `{"messages"}` lines become examples.
+pub struct ChatData<'a> {
+    /// The model's chat template.
+    pub template: &'a ChatTemplate,
+    /// Tokens that end a turn as EOS does (the config's EOS ids): an
+    /// assistant turn that does not end with one gets `eos` appended.
+    pub stop: Vec<u32>,
+    /// Count every token in the loss, not only the assistant's.
+    pub train_on_inputs: bool,
+}
+
 /// Parses one JSONL line: `{"text"}`, `{"prompt", "completion"}` or
 /// `{"input_ids"}`. Text gets BOS (from the tokenizer) and EOS appended.
 pub fn parse_line(
@@ -27,6 +39,80 @@ pub fn parse_line(
     tokenizer: Option<&Tokenizer>,
     eos: Option<u32>,
     vocab: i64,
+) -> Result<Example, String> {
+    parse_line_with(line, tokenizer, eos, vocab, None)
+}
+
+/// A conversation rendered with the chat template: the text is cut where
+/// each assistant reply starts and ends (rendering the conversation up to
+/// it with and without the reply), each piece tokenized on its own, and
+/// only the replies' tokens (with their end-of-turn tokens) are targets.
+fn chat_example(
+    messages: &[Message],
+    tokenizer: &Tokenizer,
+    eos: Option<u32>,
+    chat: &ChatData,
+) -> Result<Example, String> {
+    if messages.is_empty() {
+        return Err("messages is empty".into());
+    }
+    let render = |upto: usize, generation: bool| {
+        chat.template
+            .render(&messages[..upto], generation)
+            .map_err(|e| e.to_string())
+    };
+    // (text, trained) pieces, in order.
+    let mut pieces: Vec<(String, bool)> = Vec::new();
+    let mut done = String::new();
+    let mut cut = |text: String, trained: bool, pieces: &mut Vec<(String, bool)>| {
+        let rest = text
+            .strip_prefix(done.as_str())
+            .ok_or("the chat template does not render a conversation's prefix as a prefix of it")?;
+        if !rest.is_empty() {
+            pieces.push((rest.to_string(), trained));
+        }
+        done = text;
+        Ok::<(), String>(())
+    };
+    for (i, m) in messages.iter().enumerate() {
+        if m.role == "assistant" {
+            cut(render(i, true)?, chat.train_on_inputs, &mut pieces)?;
+            cut(render(i + 1, false)?, true, &mut pieces)?;
+        }
+    }
+    cut(
+        render(messages.len(), false)?,
+        chat.train_on_inputs,
+        &mut pieces,
+    )?;
+    if !pieces.iter().any(|p| p.1) {
+        return Err("no assistant turn to learn from".into());
+    }
+    let mut ids = Vec::new();
+    let mut target = Vec::new();
+    for (text, trained) in pieces {
+        let mut t = tokenizer.encode(&text, false).map_err(|e| e.to_string())?;
+        // A reply the template does not end with EOS gets one, so the
+        // finetuned model learns to stop.
+        if trained && !t.last().is_some_and(|x| chat.stop.contains(x)) {
+            if let Some(e) = eos {
+                t.push(e);
+            }
+        }
+        target.extend(t.iter().map(|_| trained));
+        ids.extend(t);
+    }
+    Ok(Example { ids, target })
+}
+
+/// [`parse_line`], also taking `{"messages": [{"role", "content"}, ...]}`
+/// lines when `chat` is given.
+pub fn parse_line_with(
+    line: &str,
+    tokenizer: Option<&Tokenizer>,
+    eos: Option<u32>,
+    vocab: i64,
+    chat: Option<&ChatData>,
 ) -> Result<Example, String> {
     let v: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
     let obj = v.as_object().ok_or("not a JSON object")?;
@@ -37,7 +123,13 @@ pub fn parse_line(
         }
         ids
     };
-    let ex = if let Some(ids) = obj.get("input_ids") {
+    let ex = if let Some(m) = obj.get("messages") {
+        let chat =
+            chat.ok_or("messages lines need the model's chat template (tokenizer_config.json)")?;
+        let messages: Vec<Message> =
+            serde_json::from_value(m.clone()).map_err(|e| format!("messages: {e}"))?;
+        chat_example(&messages, tok()?, eos, chat)?
+    } else if let Some(ids) = obj.get("input_ids") {
         let ids: Vec<u32> = ids
             .as_array()
             .ok_or("input_ids is not a list")?
@@ -80,7 +172,10 @@ pub fn parse_line(
             target: (0..n).map(|i| i > 0).collect(),
         }
     } else {
-        return Err("expected {\"text\"}, {\"prompt\", \"completion\"} or {\"input_ids\"}".into());
+        return Err(
+            "expected {\"text\"}, {\"prompt\", \"completion\"}, {\"messages\"} or {\"input_ids\"}"
+                .into(),
+        );
     };
     if ex.ids.len() < 2 {
         return Err("fewer than two tokens: nothing to predict".into());
@@ -99,6 +194,7 @@ pub fn read_jsonl(
     tokenizer: Option<&Tokenizer>,
     eos: Option<u32>,
     vocab: i64,
+    chat: Option<&ChatData>,
 ) -> Result<Vec<Example>, ModelError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| ModelError::Io(format!("cannot read {}: {e}", path.display())))?;
@@ -112,7 +208,7 @@ pub fn read_jsonl(
             )));
         }
         out.push(
-            parse_line(line, tokenizer, eos, vocab)
+            parse_line_with(line, tokenizer, eos, vocab, chat)
                 .map_err(|e| ModelError::Io(format!("{}:{}: {e}", path.display(), i + 1)))?,
         );
     }

@@ -53,3 +53,95 @@ fn a_folder_without_a_template_is_a_clear_error() {
         "{err}"
     );
 }
+
+mod training_data {
+    use super::*;
+    use hlo_models::data::{parse_line_with, ChatData};
+    use hlo_models::tokenizer::{Tokenizer, BYTE_EOS};
+
+    fn example(line: &serde_json::Value, train_on_inputs: bool) -> hlo_models::data::Example {
+        let template = ChatTemplate::from_dir(&fixtures().join("llama_style")).unwrap();
+        let chat = ChatData {
+            template: &template,
+            stop: vec![BYTE_EOS],
+            train_on_inputs,
+        };
+        let t = Tokenizer::bytes();
+        parse_line_with(
+            &line.to_string(),
+            Some(&t),
+            Some(BYTE_EOS),
+            1 << 20,
+            Some(&chat),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn only_assistant_replies_are_learned_and_end_with_eos() {
+        let line = serde_json::json!({"messages": [
+            {"role": "user", "content": "What is 2+2?"},
+            {"role": "assistant", "content": "4"},
+            {"role": "user", "content": "And 3+3?"},
+            {"role": "assistant", "content": "6"},
+        ]});
+        let ex = example(&line, false);
+        let t = Tokenizer::bytes();
+        // The learned tokens are the two replies with their end of turn,
+        // each followed by EOS (the template ends turns with <|eot_id|>,
+        // which is not this tokenizer's EOS).
+        let learned: Vec<u32> = ex
+            .ids
+            .iter()
+            .zip(&ex.target)
+            .filter(|(_, &t)| t)
+            .map(|(&i, _)| i)
+            .collect();
+        let mut want = t.encode("4<|eot_id|>", false).unwrap();
+        want.push(BYTE_EOS);
+        want.extend(t.encode("6<|eot_id|>", false).unwrap());
+        want.push(BYTE_EOS);
+        assert_eq!(learned, want);
+        // Without the EOS tokens, the ids are the rendered conversation.
+        let text: Vec<u32> = ex.ids.iter().copied().filter(|&i| i != BYTE_EOS).collect();
+        let rendered = ChatTemplate::from_dir(&fixtures().join("llama_style"))
+            .unwrap()
+            .render(
+                &serde_json::from_value::<Vec<Message>>(line["messages"].clone()).unwrap(),
+                false,
+            )
+            .unwrap();
+        assert_eq!(text, t.encode(&rendered, false).unwrap());
+        // --train-on-inputs learns everything.
+        assert!(example(&line, true).target.iter().all(|&t| t));
+    }
+
+    #[test]
+    fn a_user_turn_changes_no_label() {
+        let with = |question: &str| {
+            example(
+                &serde_json::json!({"messages": [
+                    {"role": "user", "content": question},
+                    {"role": "assistant", "content": "Paris."},
+                ]}),
+                false,
+            )
+        };
+        let (a, b) = (with("Capital of France?"), with("Where is the Louvre?"));
+        // Same learned tokens; every user token is unlearned.
+        let learned = |e: &hlo_models::data::Example| -> Vec<u32> {
+            e.ids
+                .iter()
+                .zip(&e.target)
+                .filter(|(_, &t)| t)
+                .map(|(&i, _)| i)
+                .collect()
+        };
+        assert_eq!(learned(&a), learned(&b));
+        let n = a.target.iter().filter(|&&t| !t).count();
+        assert_eq!(
+            b.target.iter().filter(|&&t| !t).count() as i64 - n as i64,
+            b.ids.len() as i64 - a.ids.len() as i64
+        );
+    }
+}
