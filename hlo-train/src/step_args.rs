@@ -52,6 +52,12 @@ pub struct StepArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i64).range(1..=4096))]
     pub grad_accum: i64,
 
+    /// Pack several samples into each row (attention kept within each
+    /// sample, positions restarting); auto: when samples average at most
+    /// half of --seq.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub packing: Toggle,
+
     /// Train every base weight instead of LoRA adapters.
     #[arg(long)]
     pub full: bool,
@@ -125,8 +131,7 @@ pub fn positive(s: &str) -> Result<f64, String> {
 pub fn leading_axis(tc: &TrainConfig) -> impl Fn(&str) -> bool {
     let accum = tc.grad_accum > 1;
     move |name: &str| {
-        hlo_models::llama::is_stacked(name)
-            || (accum && (name == "input_ids" || name == "loss_mask"))
+        hlo_models::llama::is_stacked(name) || (accum && hlo_models::train::is_batch_input(name))
     }
 }
 
@@ -195,6 +200,8 @@ impl StepArgs {
             },
             remat_layers: self.remat == RematArg::Layers,
             grad_accum: self.grad_accum,
+            // `auto` is decided by `train` from the data.
+            packing: self.packing == Toggle::On,
         })
     }
 }

@@ -246,6 +246,10 @@ type EvalStep = (
 struct Prepared {
     ids: DeviceArray,
     loss_mask: DeviceArray,
+    /// (input index, array) of the packing inputs, when packing.
+    packing: Vec<(usize, DeviceArray)>,
+    /// Real tokens over slots.
+    fill: f64,
     targets: usize,
     /// The loader's position after this batch (what a checkpoint records).
     cursor: u64,
@@ -424,9 +428,15 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         Some(dir) => Some(Adapter::load(dir, config)?.lora),
         None => None,
     };
-    let tc = args
+    let mut tc = args
         .step
         .train_config(config, dtype, &mesh, args.steps, init_lora)?;
+    // Packing: on request, or (auto) when samples fill at most half a row.
+    let unpacked_fill = loader.mean_len().min(args.step.seq as f64) / args.step.seq as f64;
+    if args.step.packing == crate::step_args::Toggle::Auto {
+        tc.packing = unpacked_fill <= 0.5;
+    }
+    loader = loader.packed(tc.packing);
     let lora = tc.lora.clone();
     let step_fn = train_step(config, &tc)?;
     // What is run, JIT or eager: folded, CSE'd, dead code removed.
@@ -547,7 +557,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             .as_ref()
             .and_then(|t| t.iter().find(|(n, _)| n == &b.name))
             .map(|(_, l)| l.clone());
-        Ok(Some(if b.name == "input_ids" || b.name == "loss_mask" {
+        Ok(Some(if hlo_models::train::is_batch_input(&b.name) {
             return Ok(None);
         } else if let Some(l) = from_resume {
             if l.ty != ty {
@@ -606,6 +616,14 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             .expect("a step input")
     };
     let (ids_at, mask_at) = (index("input_ids"), index("loss_mask"));
+    let packing_at: Vec<usize> = if tc.packing {
+        hlo_models::train::BATCH_PACKING
+            .iter()
+            .map(|n| index(n))
+            .collect()
+    } else {
+        Vec::new()
+    };
 
     // Demo: a generation before training.
     let demo_prompts = ["cat=", "hello=", "rust="];
@@ -697,12 +715,19 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         } else {
             vec![args.step.batch, args.step.seq]
         };
+        let packing = packing_at
+            .iter()
+            .zip([&batch.positions, &batch.segment_ids])
+            .map(|(&k, v)| Ok((k, place(k, Literal::from(HostArray::new(&dims, v)?))?)))
+            .collect::<Result<_>>()?;
         Ok(Prepared {
             ids: place(ids_at, Literal::from(HostArray::new(&dims, &batch.ids)?))?,
             loss_mask: place(
                 mask_at,
                 Literal::from(HostArray::new(&dims, &batch.loss_mask)?),
             )?,
+            packing,
+            fill: batch.fill(),
             targets: batch.targets,
             cursor: loader.cursor,
         })
@@ -781,12 +806,28 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                 &sharding,
                 &devices,
             )?;
+            let put = |v: &[i32]| -> Result<DeviceArray> {
+                Ok(DeviceArray::shard(
+                    &client,
+                    &HostArray::new(&dims, v)?,
+                    &sharding,
+                    &devices,
+                )?)
+            };
+            let packing: Vec<(usize, DeviceArray)> = packing_at
+                .iter()
+                .zip([&b.positions, &b.segment_ids])
+                .map(|(&k, v)| Ok((k, put(v)?)))
+                .collect::<Result<_>>()?;
             let inputs: Vec<&DeviceArray> = at
                 .iter()
                 .map(|&k| match k {
                     k if k == ids_at => &ids,
                     k if k == mask_at => &mask,
-                    k => state[k].as_ref().expect("every input is set"),
+                    k => match packing.iter().find(|(j, _)| *j == k) {
+                        Some((_, a)) => a,
+                        None => state[k].as_ref().expect("every input is set"),
+                    },
                 })
                 .collect();
             let out = exe.run(&inputs)?;
@@ -820,11 +861,17 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         }
     });
     let mut interrupted = false;
+    let (mut fill_sum, mut fills) = (0.0f64, 0usize);
     while step < args.steps {
         let batch = next.take().expect("a prepared batch");
         let launched = Instant::now();
         state[ids_at] = Some(batch.ids);
         state[mask_at] = Some(batch.loss_mask);
+        for (k, a) in batch.packing {
+            state[k] = Some(a);
+        }
+        fill_sum += batch.fill;
+        fills += 1;
         let inputs: Vec<&DeviceArray> = state
             .iter()
             .map(|a| a.as_ref().expect("every input is set"))
@@ -1003,6 +1050,14 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     }
     if let Some(first) = first_loss {
         println!("loss {first:.4} -> {last_loss:.4} in {} steps", step);
+    }
+    if fills > 0 {
+        println!(
+            "packing {}: {:.1}% of the slots hold real tokens ({:.1}% unpacked)",
+            if tc.packing { "on" } else { "off" },
+            100.0 * fill_sum / fills as f64,
+            100.0 * unpacked_fill
+        );
     }
     if let Some(exe) = &exe {
         let m = exe.executable().compiled_memory_stats()?;

@@ -245,47 +245,60 @@ fn remat_and_scan_keep_the_losses() {
 #[test]
 fn resume_reproduces_the_losses_exactly() {
     let dir = scratch("resume");
+    // Packed rows too: the data cursor then counts samples, not rows.
+    for packing in ["off", "on"] {
+        let common = |steps: &str| {
+            let mut a: Vec<String> = DEMO.iter().map(|s| s.to_string()).collect();
+            a.extend(
+                ["32", "--steps", steps, "--packing", packing]
+                    .iter()
+                    .map(|s| s.to_string()),
+            );
+            a
+        };
+        let run = |extra: &[&str], steps: &str| {
+            let mut a = common(steps);
+            a.extend(extra.iter().map(|s| s.to_string()));
+            let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+            ok(&hlo_train(&refs));
+        };
+        let (whole, first, second) = (
+            dir.join(format!("whole_{packing}.jsonl")),
+            dir.join(format!("first_{packing}.jsonl")),
+            dir.join(format!("second_{packing}.jsonl")),
+        );
+        let out = dir.join(format!("out_{packing}"));
+        run(&["--metrics", whole.to_str().unwrap()], "8");
+        run(
+            &[
+                "--metrics",
+                first.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            "4",
+        );
+        run(
+            &[
+                "--metrics",
+                second.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--resume",
+                out.to_str().unwrap(),
+            ],
+            "8",
+        );
+        let (w, a, b) = (losses(&whole), losses(&first), losses(&second));
+        assert_eq!(a, w[..4], "{packing}");
+        assert_eq!(b, w[4..], "{packing}");
+    }
     let common = |steps: &str| {
         let mut a: Vec<String> = DEMO.iter().map(|s| s.to_string()).collect();
         a.extend(["32", "--steps", steps].iter().map(|s| s.to_string()));
         a
     };
-    let run = |extra: &[&str], steps: &str| {
-        let mut a = common(steps);
-        a.extend(extra.iter().map(|s| s.to_string()));
-        let refs: Vec<&str> = a.iter().map(String::as_str).collect();
-        ok(&hlo_train(&refs));
-    };
-    let (whole, first, second) = (
-        dir.join("whole.jsonl"),
-        dir.join("first.jsonl"),
-        dir.join("second.jsonl"),
-    );
-    let out = dir.join("out");
-    run(&["--metrics", whole.to_str().unwrap()], "8");
-    run(
-        &[
-            "--metrics",
-            first.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ],
-        "4",
-    );
-    run(
-        &[
-            "--metrics",
-            second.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--resume",
-            out.to_str().unwrap(),
-        ],
-        "8",
-    );
-    let (w, a, b) = (losses(&whole), losses(&first), losses(&second));
-    assert_eq!(a, w[..4]);
-    assert_eq!(b, w[4..]);
+    let out = dir.join("out_off");
     // A resume with other flags is refused.
     let mut bad = common("8");
     bad.extend([
@@ -621,15 +634,12 @@ fn sigterm_saves_and_stops() {
     assert_eq!(state["step"].as_u64().unwrap(), last);
 }
 
-#[test]
-fn grad_accum_4_of_batch_2_equals_batch_8() {
-    let dir = scratch("accum");
-    // Rows of different lengths, so the micro-batches count different
-    // numbers of tokens: the loss must be normalised by all of them.
-    let mut rng = 7u64;
-    let lines: Vec<String> = (0..8)
-        .map(|r| {
-            let ids: Vec<u64> = (0..3 + r % 7)
+/// JSONL rows of random ids (`{"input_ids"}`) with these lengths.
+fn random_rows(dir: &Path, lengths: impl Iterator<Item = u64>, seed: u64) -> PathBuf {
+    let mut rng = seed;
+    let lines: Vec<String> = lengths
+        .map(|n| {
+            let ids: Vec<u64> = (0..n)
                 .map(|_| {
                     rng = rng
                         .wrapping_mul(6364136223846793005)
@@ -642,36 +652,95 @@ fn grad_accum_4_of_batch_2_equals_batch_8() {
         .collect();
     let data = dir.join("rows.jsonl");
     std::fs::write(&data, lines.join("\n") + "\n").unwrap();
+    data
+}
+
+/// One SGD step (`train --steps 1 --optimizer sgd` with `args`): the
+/// first loss, the updated adapter and stdout.
+fn sgd_step(
+    dir: &Path,
+    name: &str,
+    args: &[&str],
+) -> (f64, Vec<(String, hlo_ir::Literal)>, String) {
+    let out = dir.join(name);
+    let metrics = dir.join(format!("metrics_{name}.jsonl"));
+    let mut a = vec![
+        "train",
+        "--steps",
+        "1",
+        "--optimizer",
+        "sgd",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    a.extend(["--metrics", metrics.to_str().unwrap()]);
+    a.extend_from_slice(args);
+    let stdout = ok(&hlo_train(&a));
+    (
+        losses(&metrics)[0],
+        read_safetensors(&out.join("adapter_model.safetensors")).unwrap(),
+        stdout,
+    )
+}
+
+/// [`sgd_step`] on the fixture model from its PEFT adapter.
+fn one_sgd_step(
+    dir: &Path,
+    data: &Path,
+    name: &str,
+    extra: &[&str],
+) -> (f64, Vec<(String, hlo_ir::Literal)>, String) {
     let (model, adapter) = (fixture(), fixture().join("adapter"));
-    let run = |name: &str, extra: &[&str]| {
-        let out = dir.join(name);
-        let mut a = vec![
-            "train",
-            "--checkpoint",
-            model.to_str().unwrap(),
-            "--init-adapter",
-            adapter.to_str().unwrap(),
-            "--data",
-            data.to_str().unwrap(),
-            "--seq",
-            "9",
-            "--steps",
-            "1",
-            "--optimizer",
-            "sgd",
-            "--lr",
-            "0.05",
-            "--clip-norm",
-            "0",
-            "--out",
-            out.to_str().unwrap(),
-        ];
-        a.extend_from_slice(extra);
-        ok(&hlo_train(&a));
-        read_safetensors(&out.join("adapter_model.safetensors")).unwrap()
-    };
-    let whole = run("whole", &["--batch", "8"]);
+    let mut a = vec![
+        "--checkpoint",
+        model.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+    ];
+    a.extend([
+        "--init-adapter",
+        adapter.to_str().unwrap(),
+        "--lr",
+        "0.05",
+        "--clip-norm",
+        "0",
+    ]);
+    a.extend_from_slice(extra);
+    sgd_step(dir, name, &a)
+}
+
+/// The largest difference between two adapters' tensors.
+fn max_diff(a: &[(String, hlo_ir::Literal)], b: &[(String, hlo_ir::Literal)]) -> f64 {
+    a.iter()
+        .zip(b)
+        .flat_map(|((_, x), (_, y))| {
+            x.to_f64s()
+                .into_iter()
+                .zip(y.to_f64s())
+                .map(|(p, q)| (p - q).abs())
+                .collect::<Vec<_>>()
+        })
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn grad_accum_4_of_batch_2_equals_batch_8() {
+    let dir = scratch("accum");
+    // Rows of different lengths, so the micro-batches count different
+    // numbers of tokens: the loss must be normalised by all of them.
+    let data = random_rows(&dir, (0..8).map(|r| 3 + r % 7), 7);
+    let seq = ["--seq", "9"];
+    let (_, whole, _) = one_sgd_step(
+        &dir,
+        &data,
+        "whole",
+        &[&seq[..], &["--batch", "8"]].concat(),
+    );
     let start = read_safetensors(&fixture().join("adapter/adapter_model.safetensors")).unwrap();
+    assert!(
+        max_diff(&whole, &start) > 1e-3,
+        "the step moved the adapter"
+    );
     for (name, extra) in [
         ("accum", &["--batch", "2", "--grad-accum", "4"][..]),
         (
@@ -686,25 +755,9 @@ fn grad_accum_4_of_batch_2_equals_batch_8() {
             ][..],
         ),
     ] {
-        let accum = run(name, extra);
-        let mut moved = 0.0f64;
-        for ((k, a), (_, b)) in whole.iter().zip(&accum) {
-            let d = a
-                .to_f64s()
-                .iter()
-                .zip(b.to_f64s())
-                .map(|(x, y)| (x - y).abs())
-                .fold(0.0, f64::max);
-            assert!(d < 1e-5, "{name} {k}: {d}");
-            let s = &start.iter().find(|(n, _)| n == k).unwrap().1;
-            moved = a
-                .to_f64s()
-                .iter()
-                .zip(s.to_f64s())
-                .map(|(x, y)| (x - y).abs())
-                .fold(moved, f64::max);
-        }
-        assert!(moved > 1e-3, "the step moved the adapter by {moved}");
+        let (_, accum, _) = one_sgd_step(&dir, &data, name, &[&seq[..], extra].concat());
+        let d = max_diff(&whole, &accum);
+        assert!(d < 1e-5, "{name}: {d}");
     }
 }
 
@@ -726,35 +779,16 @@ fn masked_user_turns_contribute_nothing() {
     };
     let (a, b) = (data("a.jsonl", "thanks!"), data("b.jsonl", "no way?"));
     let run = |data: &Path, name: &str, extra: &[&str]| {
-        let out = dir.join(name);
         let mut args = vec![
-            "train",
             "--data",
             data.to_str().unwrap(),
             "--chat-template",
             chat.to_str().unwrap(),
-            "--batch",
-            "1",
-            "--seq",
-            "320",
-            "--steps",
-            "1",
-            "--optimizer",
-            "sgd",
-            "--lr",
-            "0.5",
-            "--out",
-            out.to_str().unwrap(),
-            "--metrics",
         ];
-        let metrics = dir.join(format!("metrics_{name}.jsonl"));
-        args.push(metrics.to_str().unwrap());
+        args.extend(["--batch", "1", "--seq", "320", "--lr", "0.5"]);
         args.extend_from_slice(extra);
-        ok(&hlo_train(&args));
-        (
-            losses(&metrics)[0],
-            read_safetensors(&out.join("adapter_model.safetensors")).unwrap(),
-        )
+        let (loss, adapter, _) = sgd_step(&dir, name, &args);
+        (loss, adapter)
     };
     let ((la, wa), (lb, wb)) = (run(&a, "a", &[]), run(&b, "b", &[]));
     assert!(la > 0.0, "the reply is learned");
@@ -766,4 +800,30 @@ fn masked_user_turns_contribute_nothing() {
     let (la, _) = run(&a, "a_all", &["--train-on-inputs"]);
     let (lb, _) = run(&b, "b_all", &["--train-on-inputs"]);
     assert_ne!(la, lb);
+}
+
+#[test]
+fn a_packed_step_equals_the_unpacked_one() {
+    let dir = scratch("packing");
+    // Six samples of 3..8 tokens: 33 tokens, one packed row of 33 slots.
+    let data = random_rows(&dir, 3..9, 11);
+    let (lu, wu, _) = one_sgd_step(
+        &dir,
+        &data,
+        "unpacked",
+        &["--seq", "33", "--batch", "6", "--packing", "off"],
+    );
+    let (lp, wp, stdout) = one_sgd_step(
+        &dir,
+        &data,
+        "packed",
+        &["--seq", "33", "--batch", "1", "--packing", "on"],
+    );
+    assert!(
+        stdout.contains("packing on: 100.0% of the slots hold real tokens"),
+        "{stdout}"
+    );
+    assert!((lu - lp).abs() < 1e-5, "loss unpacked {lu}, packed {lp}");
+    let d = max_diff(&wu, &wp);
+    assert!(d < 1e-5, "adapters differ by {d}");
 }

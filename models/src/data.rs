@@ -240,28 +240,52 @@ pub fn demo_examples(
         .collect()
 }
 
-/// A batch: `ids` and `loss_mask`, each `[batch, seq]` row-major.
+/// A batch: `ids`, `loss_mask`, `positions` and `segment_ids`, each
+/// `[batch, seq]` row-major (segment 0 is padding; unpacked rows hold one
+/// segment).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Batch {
     pub ids: Vec<i32>,
     pub loss_mask: Vec<f32>,
+    pub positions: Vec<i32>,
+    pub segment_ids: Vec<i32>,
     /// Tokens whose prediction counts.
     pub targets: usize,
 }
 
-/// Writes `ex`, cut or padded to `seq`, into one row of ids and loss mask
-/// (position t predicts token t + 1); returns the counted tokens.
-fn fill_row(ex: &Example, ids: &mut [i32], loss_mask: &mut [f32], seq: usize) -> usize {
-    let len = ex.ids.len().min(seq);
-    let mut targets = 0;
-    for t in 0..len {
-        ids[t] = ex.ids[t] as i32;
-        if t + 1 < len && ex.target[t + 1] {
-            loss_mask[t] = 1.0;
-            targets += 1;
+impl Batch {
+    fn empty(rows: usize, seq: usize) -> Batch {
+        Batch {
+            ids: vec![0; rows * seq],
+            loss_mask: vec![0.0; rows * seq],
+            positions: vec![0; rows * seq],
+            segment_ids: vec![0; rows * seq],
+            targets: 0,
         }
     }
-    targets
+
+    /// Writes `ex` (cut to what is left of the row) at slot `at` of row
+    /// `row` as segment `segment`: position t predicts token t + 1 of the
+    /// same sample. Returns the slots used.
+    fn put(&mut self, ex: &Example, row: usize, at: usize, seq: usize, segment: i32) -> usize {
+        let len = ex.ids.len().min(seq - at);
+        let base = row * seq + at;
+        for t in 0..len {
+            self.ids[base + t] = ex.ids[t] as i32;
+            self.positions[base + t] = t as i32;
+            self.segment_ids[base + t] = segment;
+            if t + 1 < len && ex.target[t + 1] {
+                self.loss_mask[base + t] = 1.0;
+                self.targets += 1;
+            }
+        }
+        len
+    }
+
+    /// Slots holding a real token, over all slots.
+    pub fn fill(&self) -> f64 {
+        self.segment_ids.iter().filter(|&&s| s > 0).count() as f64 / self.ids.len().max(1) as f64
+    }
 }
 
 /// Every example once, in file order, as batches of `batch` rows (the last
@@ -270,20 +294,11 @@ pub fn eval_batches(examples: &[Example], seq: usize, batch: usize) -> Vec<Batch
     examples
         .chunks(batch)
         .map(|chunk| {
-            let mut ids = vec![0i32; batch * seq];
-            let mut loss_mask = vec![0f32; batch * seq];
-            let targets = chunk
-                .iter()
-                .enumerate()
-                .map(|(row, ex)| {
-                    fill_row(ex, &mut ids[row * seq..], &mut loss_mask[row * seq..], seq)
-                })
-                .sum();
-            Batch {
-                ids,
-                loss_mask,
-                targets,
+            let mut b = Batch::empty(batch, seq);
+            for (row, ex) in chunk.iter().enumerate() {
+                b.put(ex, row, 0, seq, 1);
             }
+            b
         })
         .collect()
 }
@@ -294,7 +309,10 @@ pub struct Loader {
     seq: usize,
     batch: usize,
     seed: u64,
-    /// Examples handed out so far (the resume cursor).
+    /// Several samples per row (see [`Loader::packed`]).
+    packing: bool,
+    /// Examples handed out so far (the resume cursor; with packing a batch
+    /// takes as many as fit, so the cursor alone fixes what comes next).
     pub cursor: u64,
 }
 
@@ -305,8 +323,22 @@ impl Loader {
             seq,
             batch,
             seed,
+            packing: false,
             cursor: 0,
         }
+    }
+
+    /// Packs rows: each takes whole samples, in order, while they fit (a
+    /// sample longer than a row is cut and fills one alone).
+    pub fn packed(mut self, packing: bool) -> Loader {
+        self.packing = packing;
+        self
+    }
+
+    /// Mean sample length (tokens), for deciding whether to pack.
+    pub fn mean_len(&self) -> f64 {
+        self.examples.iter().map(|e| e.ids.len()).sum::<usize>() as f64
+            / self.examples.len().max(1) as f64
     }
 
     pub fn len(&self) -> usize {
@@ -328,30 +360,41 @@ impl Loader {
         idx
     }
 
-    /// The next batch; the cursor advances by `batch` examples.
-    pub fn next_batch(&mut self) -> Batch {
+    /// The example at cursor position `k` (epochs reshuffled).
+    fn at(&self, k: u64, cache: &mut (u64, Vec<usize>)) -> &Example {
         let n = self.examples.len() as u64;
-        let (seq, b) = (self.seq, self.batch);
-        let mut ids = vec![0i32; b * seq];
-        let mut loss_mask = vec![0f32; b * seq];
-        let mut targets = 0;
-        let mut order_epoch = u64::MAX;
-        let mut order = Vec::new();
-        for row in 0..b {
-            let k = self.cursor + row as u64;
-            let (epoch, pos) = (k / n, (k % n) as usize);
-            if epoch != order_epoch {
-                order = self.order(epoch);
-                order_epoch = epoch;
+        let (epoch, pos) = (k / n, (k % n) as usize);
+        if cache.0 != epoch || cache.1.is_empty() {
+            *cache = (epoch, self.order(epoch));
+        }
+        &self.examples[cache.1[pos]]
+    }
+
+    /// The next batch; the cursor advances by the examples it holds
+    /// (`batch` of them, unpacked).
+    pub fn next_batch(&mut self) -> Batch {
+        let (seq, rows) = (self.seq, self.batch);
+        let mut out = Batch::empty(rows, seq);
+        let mut cache = (u64::MAX, Vec::new());
+        let mut k = self.cursor;
+        for row in 0..rows {
+            let mut at = 0;
+            let mut segment = 1;
+            loop {
+                let ex = self.at(k, &mut cache);
+                let len = ex.ids.len().min(seq);
+                if at > 0 && at + len > seq {
+                    break;
+                }
+                at += out.put(ex, row, at, seq, segment);
+                segment += 1;
+                k += 1;
+                if !self.packing || at >= seq {
+                    break;
+                }
             }
-            let ex = &self.examples[order[pos]];
-            targets += fill_row(ex, &mut ids[row * seq..], &mut loss_mask[row * seq..], seq);
         }
-        self.cursor += b as u64;
-        Batch {
-            ids,
-            loss_mask,
-            targets,
-        }
+        self.cursor = k;
+        out
     }
 }

@@ -73,6 +73,9 @@ pub struct TrainConfig {
     /// all of them, so K micro-batches of B rows update as one batch of
     /// K·B. The batch inputs are then `[K, batch, seq]`.
     pub grad_accum: i64,
+    /// Rows hold several samples (`positions` and `segment_ids` inputs,
+    /// see [`Llama::forward_packed`]).
+    pub packing: bool,
 }
 
 /// The traced step and what the runner needs to know about it.
@@ -188,7 +191,35 @@ fn loss_inputs(config: &LlamaConfig, tc: &TrainConfig) -> LossInputs {
         "loss_mask".into(),
         TensorType::new(DType::F32, [tc.batch, tc.seq]),
     ));
+    if tc.packing {
+        for name in BATCH_PACKING {
+            loss_inputs.push((name.into(), TensorType::new(DType::I32, [tc.batch, tc.seq])));
+        }
+    }
     (base, lora_params, loss_inputs)
+}
+
+/// The batch inputs packing adds.
+pub const BATCH_PACKING: [&str; 2] = ["positions", "segment_ids"];
+
+/// The batch's inputs (ids, mask, and the packing ones when packing).
+pub fn is_batch_input(name: &str) -> bool {
+    name == "input_ids" || name == "loss_mask" || BATCH_PACKING.contains(&name)
+}
+
+/// The logits of the batch in `i`, packed or not.
+fn logits_of(model: &Llama, i: &hlo_ir::Inputs, tc: &TrainConfig) -> Tensor {
+    if tc.packing {
+        model.forward_packed(
+            &Params(i),
+            i["input_ids"],
+            i["positions"],
+            i["segment_ids"],
+            tc.dtype,
+        )
+    } else {
+        model.forward(&Params(i), i["input_ids"], tc.dtype)
+    }
 }
 
 fn model<'a>(config: &'a LlamaConfig, tc: &'a TrainConfig) -> Llama<'a> {
@@ -208,7 +239,7 @@ pub fn eval_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<Function, Mod
     let (_, _, inputs) = loss_inputs(config, tc);
     let model = model(config, tc);
     Ok(trace("llama_eval", &inputs, |i| {
-        let logits = model.forward(&Params(i), i["input_ids"], tc.dtype);
+        let logits = logits_of(&model, i, tc);
         let (sum, count) = scope("loss", || {
             masked_cross_entropy_sum(logits, i["input_ids"], i["loss_mask"])
         });
@@ -226,7 +257,7 @@ pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<TrainStep, M
     };
     let model = model(config, tc);
     let loss_fn = trace("llama_loss", &loss_inputs, |i| {
-        let logits = model.forward(&Params(i), i["input_ids"], tc.dtype);
+        let logits = logits_of(&model, i, tc);
         Outputs::new().add(
             "loss",
             scope("loss", || {
@@ -242,7 +273,7 @@ pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<TrainStep, M
     let accum = tc.grad_accum.max(1);
     let micro = if accum > 1 {
         let sum_fn = trace("llama_loss_sum", &loss_inputs, |i| {
-            let logits = model.forward(&Params(i), i["input_ids"], tc.dtype);
+            let logits = logits_of(&model, i, tc);
             let (sum, count) = scope("loss", || {
                 masked_cross_entropy_sum(logits, i["input_ids"], i["loss_mask"])
             });
@@ -260,7 +291,7 @@ pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<TrainStep, M
     let mut step_inputs = loss_inputs.clone();
     if accum > 1 {
         for (name, ty) in step_inputs.iter_mut() {
-            if name == "input_ids" || name == "loss_mask" {
+            if is_batch_input(name) {
                 let mut dims = vec![accum];
                 dims.extend_from_slice(&ty.dims);
                 *ty = TensorType::new(ty.dtype, dims);
@@ -299,11 +330,16 @@ pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<TrainStep, M
                 .collect();
                 let carry: Vec<(&str, Tensor)> =
                     acc.iter().map(|(n, t)| (n.as_str(), *t)).collect();
-                let xs = [("input_ids", i["input_ids"]), ("loss_mask", i["loss_mask"])];
+                let xs: Vec<(&str, Tensor)> = micro
+                    .inputs
+                    .iter()
+                    .filter(|b| is_batch_input(&b.name))
+                    .map(|b| (b.name.as_str(), i[b.name.as_str()]))
+                    .collect();
                 let consts: Vec<(&str, Tensor)> = micro
                     .inputs
                     .iter()
-                    .filter(|b| b.name != "input_ids" && b.name != "loss_mask")
+                    .filter(|b| !is_batch_input(&b.name))
                     .map(|b| (b.name.as_str(), i[b.name.as_str()]))
                     .collect();
                 let (out, _) = scan(&carry, &xs, &consts, |l| {

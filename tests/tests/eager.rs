@@ -47,6 +47,7 @@ fn run_both(mesh: &str) {
         scan_layers: false,
         remat_layers: false,
         grad_accum: 1,
+        packing: false,
     };
     let step = train_step(&config, &tc).unwrap();
     let f = hlo_ir::simplify(&step.function);

@@ -154,6 +154,7 @@ fn llama_step_annotations(mesh: &str) -> String {
         scan_layers: false,
         remat_layers: false,
         grad_accum: 1,
+        packing: false,
     };
     let step = train_step(&config, &tc).unwrap();
     let f = hlo_ir::simplify(&step.function);

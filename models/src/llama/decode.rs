@@ -53,7 +53,6 @@ impl Llama<'_> {
         let d = input_ids.dims();
         let (b, t) = (d[0], d[1]);
         let max_len = p.get("cache.layers.0.k").dims()[2];
-        let hd = c.head_dim;
         let mut h = scope("model.embed_tokens", || {
             p.get("model.embed_tokens.weight")
                 .cast(dtype)
@@ -63,18 +62,7 @@ impl Llama<'_> {
         let slot =
             iota(TensorType::new(DType::I32, [b, t]), 1) + cur.broadcast_in_dim(&[b, t], &[]);
         let position = slot - offsets.broadcast_in_dim(&[b, t], &[0]);
-        let (cos, sin) = scope("model.rotary_emb", || {
-            let inv = hlo_ir::constant(hlo_ir::Literal::from_f64s(
-                TensorType::new(DType::F32, [hd / 2]),
-                &c.inv_freq(),
-            ));
-            let angles = position
-                .cast(DType::F32)
-                .broadcast_in_dim(&[b, t, hd / 2], &[0, 1])
-                * inv.broadcast_in_dim(&[b, t, hd / 2], &[2]);
-            let emb = Tensor::concat(&[angles, angles], 2);
-            (emb.cos().cast(dtype), emb.sin().cast(dtype))
-        });
+        let (cos, sin) = scope("model.rotary_emb", || self.rotary_at(position, dtype));
         // Key slot j is visible to the new token at slot s of row r when
         // offsets[r] <= j <= s.
         let keys = iota(TensorType::new(DType::I32, [b, t, max_len]), 2);

@@ -176,6 +176,23 @@ impl Llama<'_> {
         (emb.cos().cast(dtype), emb.sin().cast(dtype))
     }
 
+    /// `cos`/`sin` of the rotary angles at each token's own position
+    /// (`positions: [b, t]`, integers): `[b, t, head_dim]`.
+    pub(super) fn rotary_at(&self, positions: Tensor, dtype: DType) -> (Tensor, Tensor) {
+        let d = positions.dims();
+        let (b, t, half) = (d[0], d[1], self.config.head_dim / 2);
+        let inv = constant(Literal::from_f64s(
+            TensorType::new(DType::F32, [half]),
+            &self.config.inv_freq(),
+        ));
+        let angles = positions
+            .cast(DType::F32)
+            .broadcast_in_dim(&[b, t, half], &[0, 1])
+            * inv.broadcast_in_dim(&[b, t, half], &[2]);
+        let emb = Tensor::concat(&[angles, angles], 2);
+        (emb.cos().cast(dtype), emb.sin().cast(dtype))
+    }
+
     /// The projected query, key and value heads of `x: [b, t, hidden]`,
     /// `[b, heads, t, head_dim]`, with `rope` applied to queries and keys.
     pub(super) fn qkv(
@@ -204,18 +221,32 @@ impl Llama<'_> {
         (rope(q), rope(k), v)
     }
 
-    /// Causal grouped-query attention of `x: [b, s, hidden]`.
-    fn attention(&self, p: &Params, prefix: &str, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor {
+    /// Causal grouped-query attention of `x: [b, s, hidden]`; `cos`/`sin`
+    /// are `[s, head_dim]`, or `[b, s, head_dim]` for packed rows, whose
+    /// `visible: [b, s, s]` mask also keeps each sample to itself.
+    fn attention(
+        &self,
+        p: &Params,
+        prefix: &str,
+        x: Tensor,
+        (cos, sin): (Tensor, Tensor),
+        visible: Option<Tensor>,
+    ) -> Tensor {
+        let along: &[i64] = if cos.rank() == 3 { &[0, 2, 3] } else { &[2, 3] };
         let rope = |t: Tensor| {
             let d = t.dims();
-            t * cos.broadcast_in_dim(&d, &[2, 3])
-                + rotate_half(t) * sin.broadcast_in_dim(&d, &[2, 3])
+            t * cos.broadcast_in_dim(&d, along) + rotate_half(t) * sin.broadcast_in_dim(&d, along)
         };
         let (q, k, v) = self.qkv(p, prefix, x, rope);
-        let s = x.dims()[1];
-        let rows = iota(TensorType::new(DType::I32, [s, s]), 0);
-        let cols = iota(TensorType::new(DType::I32, [s, s]), 1);
-        let out = grouped_attention(q, k, v, cols.le(rows), &[3, 4]);
+        let out = match visible {
+            Some(visible) => grouped_attention(q, k, v, visible, &[0, 3, 4]),
+            None => {
+                let s = x.dims()[1];
+                let rows = iota(TensorType::new(DType::I32, [s, s]), 0);
+                let cols = iota(TensorType::new(DType::I32, [s, s]), 1);
+                grouped_attention(q, k, v, cols.le(rows), &[3, 4])
+            }
+        };
         self.proj(p, &format!("{prefix}.o_proj"), "o_proj", out)
     }
 
@@ -231,9 +262,16 @@ impl Llama<'_> {
     }
 
     /// One decoder layer on `h`; its parameters are `{prefix}.<name>` in `p`.
-    fn layer(&self, p: &Params, prefix: &str, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor {
+    fn layer(
+        &self,
+        p: &Params,
+        prefix: &str,
+        h: Tensor,
+        rotary: (Tensor, Tensor),
+        visible: Option<Tensor>,
+    ) -> Tensor {
         self.layer_with(p, prefix, h, |x| {
-            self.attention(p, &format!("{prefix}.self_attn"), x, cos, sin)
+            self.attention(p, &format!("{prefix}.self_attn"), x, rotary, visible)
         })
     }
 
@@ -270,14 +308,52 @@ impl Llama<'_> {
     /// (`model.layers.self_attn.q_proj.weight` `[layers, out, in]`) and the
     /// layers run as one scan, so the program does not grow with depth.
     pub fn forward(&self, p: &Params, input_ids: Tensor, dtype: DType) -> Tensor {
+        self.forward_with(p, input_ids, None, dtype)
+    }
+
+    /// [`Llama::forward`] over packed rows: several samples per row, told
+    /// apart by `segment_ids: [b, s]`; a token attends only to earlier
+    /// tokens of its own segment, and `positions: [b, s]` (restarting at 0
+    /// in each segment) place it for the rotary embedding, so each sample
+    /// sees exactly what it would alone.
+    pub fn forward_packed(
+        &self,
+        p: &Params,
+        input_ids: Tensor,
+        positions: Tensor,
+        segment_ids: Tensor,
+        dtype: DType,
+    ) -> Tensor {
+        self.forward_with(p, input_ids, Some((positions, segment_ids)), dtype)
+    }
+
+    fn forward_with(
+        &self,
+        p: &Params,
+        input_ids: Tensor,
+        packed: Option<(Tensor, Tensor)>,
+        dtype: DType,
+    ) -> Tensor {
         let c = self.config;
-        let s = input_ids.dims()[1];
+        let (b, s) = (input_ids.dims()[0], input_ids.dims()[1]);
         let mut h = scope("model.embed_tokens", || {
             p.get("model.embed_tokens.weight")
                 .cast(dtype)
                 .take(input_ids, 0)
         });
-        let (cos, sin) = scope("model.rotary_emb", || self.rotary(s, dtype));
+        let ((cos, sin), visible) = match packed {
+            None => (scope("model.rotary_emb", || self.rotary(s, dtype)), None),
+            Some((positions, segments)) => scope("model.rotary_emb", || {
+                let sq = [b, s, s];
+                let same = segments
+                    .broadcast_in_dim(&sq, &[0, 1])
+                    .eq(segments.broadcast_in_dim(&sq, &[0, 2]));
+                let rows = iota(TensorType::new(DType::I32, [s, s]), 0);
+                let cols = iota(TensorType::new(DType::I32, [s, s]), 1);
+                let causal = cols.le(rows).broadcast_in_dim(&sq, &[1, 2]);
+                (self.rotary_at(positions, dtype), Some(same.and(causal)))
+            }),
+        };
         if self.scan_layers {
             let stacked: Vec<String> = p
                 .names()
@@ -289,11 +365,16 @@ impl Llama<'_> {
                 .map(|n| (format!("layer.{}", &n["model.layers.".len()..]), p.get(n)))
                 .collect();
             let xs_ref: Vec<(&str, Tensor)> = xs.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+            let mut consts = vec![("cos", cos), ("sin", sin)];
+            if let Some(v) = visible {
+                consts.push(("visible", v));
+            }
             let (carry, _) = scope("model.layers", || {
-                scan(&[("h", h)], &xs_ref, &[("cos", cos), ("sin", sin)], |l| {
+                scan(&[("h", h)], &xs_ref, &consts, |l| {
                     let lp = Params(l);
+                    let rotary = (l["cos"], l["sin"]);
                     (
-                        vec![self.layer(&lp, "layer", l["h"], l["cos"], l["sin"])],
+                        vec![self.layer(&lp, "layer", l["h"], rotary, l.get("visible"))],
                         vec![],
                     )
                 })
@@ -302,7 +383,7 @@ impl Llama<'_> {
         } else {
             for l in 0..c.num_hidden_layers {
                 let prefix = format!("model.layers.{l}");
-                let layer = || self.layer(p, &prefix, h, cos, sin);
+                let layer = || self.layer(p, &prefix, h, (cos, sin), visible);
                 h = if self.remat_layers {
                     checkpoint(&prefix, layer)
                 } else {
