@@ -226,6 +226,7 @@ fn state_json(args: &TrainArgs, step: i64, cursor: u64) -> serde_json::Value {
         "seed": args.seed,
         "batch": args.step.batch,
         "grad_accum": args.step.grad_accum,
+        "packing": format!("{:?}", args.step.packing).to_lowercase(),
         "seq": args.step.seq,
         "full": args.step.full,
         "lora_rank": args.step.lora_rank,
@@ -343,13 +344,18 @@ fn load_state(dir: &Path, args: &TrainArgs) -> Result<Saved> {
             .with_context(|| format!("{}/state.json is not JSON", state.display()))?;
     let want = state_json(args, 0, 0);
     let mut v = v;
+    // Saved before accumulation and packing existed: neither was used.
     if v.get("grad_accum").is_none() {
-        v["grad_accum"] = 1.into(); // saved before accumulation existed
+        v["grad_accum"] = 1.into();
+    }
+    if v.get("packing").is_none() {
+        v["packing"] = want["packing"].clone();
     }
     for key in [
         "seed",
         "batch",
         "grad_accum",
+        "packing",
         "seq",
         "full",
         "lora_rank",
