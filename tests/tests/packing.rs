@@ -1,5 +1,6 @@
 //! Packed rows (several samples per sequence, with segment ids and
-//! restarting positions) give each sample exactly the logits it gets alone.
+//! restarting positions) give each sample exactly the logits and the loss it
+//! gets alone.
 
 use hlo_e2e::{client, Rng};
 use hlo_ir::{trace, DType, Outputs, TensorType};
@@ -88,6 +89,10 @@ fn a_packed_row_gives_each_sample_its_own_logits() {
             .map(|(a, b)| (a - b).abs())
             .fold(0.0, f64::max);
         assert!(d < 1e-5, "sample at {off}: logits differ by {d}");
+        // The per-sample loss (mean next-token cross-entropy, in f64 on the
+        // host) is the same packed and alone.
+        let (lp, la) = (sample_loss(got, s, v), sample_loss(&alone, s, v));
+        assert!((lp - la).abs() < 1e-5, "sample at {off}: loss {lp} vs {la}");
     }
     // Without segments (plain causal attention over the whole row) the
     // later samples would see the earlier ones: the test can tell.
@@ -101,4 +106,18 @@ fn a_packed_row_gives_each_sample_its_own_logits() {
         .map(|(a, b)| (a - b).abs())
         .fold(0.0, f64::max);
     assert!(d > 1e-3, "{d}");
+}
+
+/// Mean cross-entropy of predicting `s[t + 1]` from row `t` of `logits`.
+fn sample_loss(logits: &[f64], s: &[i32], v: usize) -> f64 {
+    let n = s.len() - 1;
+    let total: f64 = (0..n)
+        .map(|t| {
+            let row = &logits[t * v..(t + 1) * v];
+            let m = row.iter().copied().fold(f64::MIN, f64::max);
+            let lse = m + row.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+            lse - row[s[t + 1] as usize]
+        })
+        .sum();
+    total / n as f64
 }
