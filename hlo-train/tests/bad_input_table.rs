@@ -55,6 +55,22 @@ fn raw_header(header: &[u8]) -> Vec<u8> {
     out
 }
 
+/// A real shared library presenting PJRT API 0.30 (tests/fixtures/plugin),
+/// built with the toolchain's `rustc`.
+fn old_api_plugin(root: &Path) -> String {
+    let lib = root.join("libold_api.so");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/plugin/old_api.rs");
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let built = Command::new(rustc)
+        .args(["--crate-type", "cdylib", "--edition", "2021", "-o"])
+        .arg(&lib)
+        .arg(source)
+        .status()
+        .unwrap();
+    assert!(built.success());
+    lib.display().to_string()
+}
+
 fn tensor_names(h: &Value) -> Vec<String> {
     let mut names: Vec<String> = h
         .as_object()
@@ -100,6 +116,7 @@ fn bad_input_table() {
         a
     };
     let not_plugin = jsonl("not_a_plugin.so", "just text");
+    let old_plugin = old_api_plugin(&root);
     let cases: Vec<(&str, Vec<String>)> = vec![
         ("checkpoint folder missing", gen(format!("{r}/nowhere"))),
         (
@@ -249,6 +266,10 @@ fn bad_input_table() {
         (
             "plugin not a shared library",
             vec!["devices".into(), "--plugin".into(), not_plugin],
+        ),
+        (
+            "plugin with a PJRT API too old",
+            vec!["devices".into(), "--plugin".into(), old_plugin],
         ),
         ("--lora-rank 0", train(&["--lora-rank", "0"])),
         ("--lr -1", train(&["--lr=-1"])),
