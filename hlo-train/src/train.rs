@@ -217,8 +217,10 @@ fn validate(args: &TrainArgs) -> Result<()> {
     Ok(())
 }
 
-/// What `train_state/state.json` records.
-fn state_json(args: &TrainArgs, step: i64, cursor: u64) -> serde_json::Value {
+/// What `train_state/state.json` records. `packed` is whether rows are
+/// packed (after `--packing auto` is resolved): the data cursor counts
+/// samples either way, but the rows they make differ.
+fn state_json(args: &TrainArgs, packed: bool, step: i64, cursor: u64) -> serde_json::Value {
     json!({
         "version": 1,
         "step": step,
@@ -226,7 +228,7 @@ fn state_json(args: &TrainArgs, step: i64, cursor: u64) -> serde_json::Value {
         "seed": args.seed,
         "batch": args.step.batch,
         "grad_accum": args.step.grad_accum,
-        "packing": format!("{:?}", args.step.packing).to_lowercase(),
+        "packed": packed,
         "seq": args.step.seq,
         "full": args.step.full,
         "lora_rank": args.step.lora_rank,
@@ -276,6 +278,7 @@ fn save(
     lora: Option<&LoraConfig>,
     names: &[String],
     arrays: &[&DeviceArray],
+    packed: bool,
     step: i64,
     cursor: u64,
 ) -> Result<()> {
@@ -309,7 +312,7 @@ fn save(
     write_safetensors(&fresh.join("state.safetensors"), &tensors)?;
     write_atomic(
         &fresh.join("state.json"),
-        serde_json::to_string_pretty(&state_json(args, step, cursor))?.as_bytes(),
+        serde_json::to_string_pretty(&state_json(args, packed, step, cursor))?.as_bytes(),
     )?;
     let current = out.join("train_state");
     let old = out.join("train_state.old");
@@ -334,7 +337,7 @@ struct Saved {
 }
 
 /// Reads `train_state/` (or the `.old` copy a crash mid-swap left behind).
-fn load_state(dir: &Path, args: &TrainArgs) -> Result<Saved> {
+fn load_state(dir: &Path, args: &TrainArgs, packed: bool) -> Result<Saved> {
     let state = [dir.join("train_state"), dir.join("train_state.old")]
         .into_iter()
         .find(|d| d.join("state.json").is_file())
@@ -342,20 +345,20 @@ fn load_state(dir: &Path, args: &TrainArgs) -> Result<Saved> {
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(state.join("state.json"))?)
             .with_context(|| format!("{}/state.json is not JSON", state.display()))?;
-    let want = state_json(args, 0, 0);
+    let want = state_json(args, packed, 0, 0);
     let mut v = v;
     // Saved before accumulation and packing existed: neither was used.
     if v.get("grad_accum").is_none() {
         v["grad_accum"] = 1.into();
     }
-    if v.get("packing").is_none() {
-        v["packing"] = want["packing"].clone();
+    if v.get("packed").is_none() {
+        v["packed"] = false.into();
     }
     for key in [
         "seed",
         "batch",
         "grad_accum",
-        "packing",
+        "packed",
         "seq",
         "full",
         "lora_rank",
@@ -541,7 +544,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     // State: every input but the batch.
     let (mut step, resumed) = match &args.resume {
         Some(dir) => {
-            let saved = load_state(dir, args)?;
+            let saved = load_state(dir, args, tc.packing)?;
             loader.cursor = saved.cursor;
             (saved.step, Some(saved.tensors))
         }
@@ -1004,6 +1007,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                 lora.as_ref(),
                 &saved_names,
                 &arrays,
+                tc.packing,
                 step,
                 batch.cursor,
             )?;
@@ -1041,6 +1045,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             lora.as_ref(),
             &saved_names,
             &kept,
+            tc.packing,
             step,
             loader.cursor,
         )?;
