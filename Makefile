@@ -22,8 +22,10 @@ demo: setup build
 		--schedule cosine --warmup 50 --lora-rank 16 --lora-alpha 32 --log-every 250 \
 		--out demo-out --metrics demo-out/metrics.jsonl
 
+# Every test, then the Rust API example (a LoRA finetune whose loss must fall).
 test: setup lint
 	$(CARGO) test --workspace --locked
+	$(CARGO) run --release --locked --example finetune
 
 lint:
 	$(CARGO) fmt --all -- --check

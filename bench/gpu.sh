@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# hlo-train on an NVIDIA GPU machine, in one go (../shared/docs/gpu.md).
+# hlo-train on an NVIDIA GPU machine, in one go: validation, benchmarks
+# and the PyTorch+PEFT peer.
 #
 # Such a machine has python3 with JAX's CUDA PJRT plugin, PyTorch,
 # transformers and PEFT but no Rust, so build here first and carry the

@@ -1,23 +1,15 @@
-//! `hlo-train bench`: times the compiled train step. Weights are made on
-//! the devices (a cheap deterministic pattern; speed does not depend on the
-//! values), so presets of any size need no host memory; `--checkpoint` reads
-//! real weights instead.
+//! `hlo-train bench`: times the compiled train step on synthetic data
+//! (weights made on the devices, so presets of any size need no host
+//! memory; `--checkpoint` reads real weights instead) and prints the
+//! engine's figures.
 
-use std::time::Instant;
-
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
-use hlo_ir::{full, iota, trace, DType, Literal, Tensor, TensorType};
-use hlo_models::train::{step_flops, train_step};
-use hlo_partitioner::{llama_rules, FunctionShardings, Mesh, Sharding};
-use hlo_runtime::{DeviceArray, HostArray, PluginKind, ShardedFunction};
+use hlo_engine::partitioner::Mesh;
+use hlo_engine::{bench, flops, Backend, Model, Session, SessionOptions, Weights};
 use serde_json::json;
 
-use crate::common::PluginArgs;
-use crate::model_args::ModelArgs;
-use crate::step_args::leading_axis;
-use crate::step_args::StepArgs;
-use crate::train::{measure_cpu_peak, peak_tflops};
+use crate::args::{gb, ModelArgs, PluginArgs, StepArgs};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -52,200 +44,63 @@ pub struct BenchArgs {
     pub json: bool,
 }
 
-/// What a parameter starts as.
-#[derive(Clone, Copy, PartialEq)]
-enum Fill {
-    Zeros,
-    Ones,
-    Pattern(f64),
-}
-
-/// A deterministic, value-spread tensor made on the devices: `scale ·
-/// sin(Σ_d i_d · c_d)`, each device computing its own block.
-fn pattern(ty: &TensorType, scale: f64) -> Tensor {
-    let f32t = ty.with_dtype(DType::F32);
-    let consts = [12.9898, 78.233, 37.719, 4.581];
-    let mut h = full(f32t.clone(), 0.25);
-    for d in 0..ty.rank() {
-        h = h + iota(f32t.clone(), d as i64) * consts[d % consts.len()];
-    }
-    (h.sin() * scale).cast(ty.dtype)
-}
-
 pub fn run(args: &BenchArgs) -> Result<()> {
-    let model = args.model.open()?;
-    let config = &model.config;
-    let mesh = match &args.mesh {
-        Some(m) => m.clone(),
-        None => format!("dp=1,fsdp={},mp=1", args.plugin.devices.unwrap_or(1)).parse()?,
-    };
-    let cpu = args.plugin.plugin.kind() == PluginKind::Cpu;
-    let (client, devices) = args.plugin.client_for(&mesh)?;
-    let dtype = args.model.dtype(cpu);
-    let tc = args
-        .step
-        .train_config(config, dtype, &mesh, args.warmup_steps + args.steps, None)?;
-    let step = train_step(config, &tc)?;
-    let f = hlo_ir::simplify(&step.function);
-    let shardings =
-        FunctionShardings::from_rules_stacked(&f, &mesh, &llama_rules(), &leading_axis(&tc))?;
-    let t0 = Instant::now();
-    let exe = ShardedFunction::with_donation(&client, &f, shardings.clone(), &step.donated)?;
-    let compile_s = t0.elapsed().as_secs_f64();
-
-    // State, made on the devices (or read from the checkpoint).
-    let mut state: Vec<DeviceArray> = Vec::with_capacity(f.inputs.len());
-    for (k, b) in f.inputs.iter().enumerate() {
-        let ty = f.ty(b.value).clone();
-        let spec = shardings.inputs[k].clone();
-        let sharding = Sharding::new(mesh.clone(), spec.clone());
-        if b.name == "input_ids" {
-            let ids: Vec<i32> = (0..ty.element_count())
-                .map(|i| ((i as u64 * 2654435761) % config.vocab_size as u64) as i32)
-                .collect();
-            state.push(DeviceArray::shard(
-                &client,
-                &HostArray::new(&ty.dims, &ids)?,
-                &sharding,
-                &devices,
-            )?);
-            continue;
-        }
-        if b.name == "step" {
-            state.push(DeviceArray::shard(
-                &client,
-                &HostArray::from(Literal::scalar(DType::I32, 0.0)),
-                &sharding,
-                &devices,
-            )?);
-            continue;
-        }
-        let is_weight =
-            !(b.name.contains("lora_") || b.name.starts_with("opt.") || b.name == "loss_mask");
-        if model.checkpoint.is_some() && is_weight {
-            let lit = crate::model_args::Model::weight(&model, &b.name, dtype, 0)?;
-            state.push(DeviceArray::shard(
-                &client,
-                &HostArray::from(lit),
-                &sharding,
-                &devices,
-            )?);
-            continue;
-        }
-        let fill = if b.name == "loss_mask" || b.name.ends_with("norm.weight") {
-            Fill::Ones
-        } else if b.name.starts_with("opt.") || b.name.ends_with("lora_b") {
-            Fill::Zeros
-        } else if b.name.ends_with("lora_a") {
-            Fill::Pattern(1.0 / (ty.dims[ty.rank() - 2] as f64).sqrt())
-        } else {
-            Fill::Pattern(config.initializer_range)
-        };
-        let made = trace("init", &[] as &[(&str, TensorType)], |_| {
-            vec![(
-                "x",
-                match fill {
-                    Fill::Zeros => full(ty.clone(), 0.0),
-                    Fill::Ones => full(ty.clone(), 1.0),
-                    Fill::Pattern(s) => pattern(&ty, s),
-                },
-            )]
-        })?;
-        let init = ShardedFunction::new(
-            &client,
-            &made,
-            FunctionShardings {
-                mesh: mesh.clone(),
-                inputs: vec![],
-                outputs: vec![spec],
-            },
-        )?;
-        state.push(init.run(&[])?.remove(0));
-    }
-    let loss_at = f
-        .outputs
-        .iter()
-        .position(|b| b.name == "loss")
-        .expect("the step has a loss");
-    let mut times = Vec::new();
-    let mut loss = f64::NAN;
-    for i in 0..args.warmup_steps + args.steps {
-        let t = Instant::now();
-        let inputs: Vec<&DeviceArray> = state.iter().collect();
-        let outputs = exe.run(&inputs)?;
-        for b in outputs[loss_at].buffers() {
-            b.block_until_ready()?;
-        }
-        let dt = t.elapsed().as_secs_f64();
-        if i >= args.warmup_steps {
-            times.push(dt);
-        }
-        loss = outputs[loss_at].gather()?.to_f64_vec()[0];
-        let mut outputs: Vec<Option<DeviceArray>> = outputs.into_iter().map(Some).collect();
-        for &(input, output) in &step.donated {
-            if let Some(o) = outputs[output].take() {
-                state[input] = o;
-            }
-        }
-    }
-    if !loss.is_finite() {
-        bail!(
-            "the benchmark's loss is {loss}: the step is numerically broken for this configuration"
-        );
-    }
-    times.sort_by(|a, b| a.total_cmp(b));
-    let step_time = times[times.len() / 2];
-    let tokens = (tc.batch * tc.seq) as f64;
-    let peak = match args.peak_tflops {
-        Some(p) => p,
-        None => match peak_tflops(&devices[0].kind()?, dtype) {
-            Some(p) => p,
-            None => measure_cpu_peak(&client)?,
+    let model = Model::open(&args.model.source())?;
+    let backend = Backend::open(&args.plugin.backend(args.mesh.as_ref()))?;
+    let dtype = args.model.dtype(args.plugin.is_cpu());
+    let tc = args.step.train_config(
+        &model.config,
+        dtype,
+        backend.mesh(),
+        args.warmup_steps + args.steps,
+        None,
+    )?;
+    let name = model.name.clone();
+    let mut session = Session::new(
+        backend,
+        model,
+        tc.clone(),
+        SessionOptions {
+            weights: Weights::Synthetic,
+            ..SessionOptions::default()
         },
-    } * 1e12
-        * mesh.size() as f64;
-    let mfu = step_flops(config, &tc) / step_time / peak;
-    let m = exe.executable().compiled_memory_stats()?;
-    let compiled_total = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-        + m.temp_size_in_bytes)
-        .max(0) as u64;
-    let peak_bytes = devices[0]
-        .memory_stats()
-        .and_then(|s| s.peak_bytes_in_use)
-        .map_or(compiled_total, |p| p as u64);
-    let v = json!({
-        "model": model.name,
-        "mesh": mesh.to_string(),
-        "dtype": dtype.to_string(),
-        "mode": if tc.lora.is_some() { "lora" } else { "full" },
-        "batch": tc.batch,
-        "seq": tc.seq,
-        "scan_layers": tc.scan_layers,
-        "tokens_per_s": tokens / step_time,
-        "step_time_s": step_time,
-        "mfu": mfu,
-        "peak_tflops": peak / 1e12,
-        "compile_s": compile_s,
-        "peak_bytes": peak_bytes,
-        "platform": client.platform_name()?,
-        "device": devices[0].kind()?,
-    });
+    )?;
+    let peak = flops::peak_flops(session.backend(), dtype, args.peak_tflops)?;
+    let r = bench::bench(&mut session, args.warmup_steps, args.steps, peak)?;
+    let backend = session.backend();
+    let mesh = backend.mesh();
+    let device = backend.devices()[0].kind()?;
+    let mode = if tc.lora.is_some() { "lora" } else { "full" };
     if args.json {
+        let v = json!({
+            "model": name,
+            "mesh": mesh.to_string(),
+            "dtype": dtype.to_string(),
+            "mode": mode,
+            "batch": tc.batch,
+            "seq": tc.seq,
+            "scan_layers": tc.scan_layers,
+            "tokens_per_s": r.tokens_per_s,
+            "step_time_s": r.step_time_s,
+            "mfu": r.mfu,
+            "peak_tflops": peak / 1e12,
+            "compile_s": session.compile_s(),
+            "peak_bytes": r.peak_bytes,
+            "platform": backend.platform()?,
+            "device": device,
+        });
         println!("{v}");
     } else {
         println!(
-            "{} {} on {} ({}): batch {} × seq {}: median step {:.2} ms over {} steps, {:.0} tokens/s, MFU {:.1}%, compile {compile_s:.1}s, peak memory {} per device",
-            model.name,
-            v["mode"].as_str().unwrap_or(""),
-            mesh,
-            v["device"].as_str().unwrap_or(""),
+            "{name} {mode} on {mesh} ({device}): batch {} × seq {}: median step {:.2} ms over {} steps, {:.0} tokens/s, MFU {:.1}%, compile {:.1}s, peak memory {} per device",
             tc.batch,
             tc.seq,
-            step_time * 1e3,
-            times.len(),
-            tokens / step_time,
-            mfu * 100.0,
-            crate::plan::gb(peak_bytes)
+            r.step_time_s * 1e3,
+            r.step_times.len(),
+            r.tokens_per_s,
+            r.mfu * 100.0,
+            session.compile_s(),
+            gb(r.peak_bytes)
         );
     }
     Ok(())

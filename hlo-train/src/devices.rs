@@ -4,7 +4,9 @@ use anyhow::Result;
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::common::PluginArgs;
+use hlo_engine::Backend;
+
+use crate::args::PluginArgs;
 
 #[derive(Args, Debug)]
 pub struct DevicesArgs {
@@ -17,7 +19,8 @@ pub struct DevicesArgs {
 }
 
 pub fn run(args: &DevicesArgs) -> Result<()> {
-    let client = args.plugin.client()?;
+    let backend = Backend::open(&args.plugin.backend(None))?;
+    let client = backend.client();
     let plugin = client.plugin();
     let (major, minor) = plugin.api_version();
     let mut devices = Vec::new();

@@ -6,15 +6,13 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use hlo_models::io::write_atomic;
-use hlo_models::llama::forward_function_with;
-use hlo_models::train::train_step;
-use hlo_partitioner::{llama_rules, FunctionShardings, Mesh};
-use hlo_runtime::{PluginKind, ShardedFunction};
+use hlo_engine::models::io::write_atomic;
+use hlo_engine::models::llama::{forward_step, partition_rules};
+use hlo_engine::models::train::train_step;
+use hlo_engine::partitioner::Mesh;
+use hlo_engine::{Backend, Mode, Model, ShardedStep};
 
-use crate::common::PluginArgs;
-use crate::model_args::ModelArgs;
-use crate::step_args::StepArgs;
+use crate::args::{ModelArgs, PluginArgs, StepArgs};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -43,7 +41,8 @@ pub struct DumpHloArgs {
     pub plugin: PluginArgs,
 
     /// Partition over this mesh (e.g. dp=2,fsdp=4,mp=1): the text then
-    /// carries Shardy / GSPMD shardings from the partition rules.
+    /// carries Shardy / GSPMD shardings from the partition rules (also
+    /// dp=1,fsdp=N,mp=1 over --devices).
     #[arg(long)]
     pub mesh: Option<Mesh>,
 
@@ -67,14 +66,18 @@ pub struct DumpHloArgs {
 }
 
 pub fn run(args: &DumpHloArgs) -> Result<()> {
-    let model = args.model.open()?;
+    let model = Model::open(&args.model.source())?;
     let config = &model.config;
-    let mesh = args.mesh.clone().unwrap_or_else(Mesh::single);
+    let options = args.plugin.backend(args.mesh.as_ref());
+    // Without --mesh or --devices the program is printed for one device,
+    // without shardings.
+    let laid_out = args.mesh.is_some() || args.plugin.devices.is_some();
+    let mesh = options.mesh_or(None)?;
     let dtype = args.model.dtype(true);
     let tc = args.step.train_config(config, dtype, &mesh, 1000, None)?;
-    let traced = match args.what {
-        What::TrainStep => train_step(config, &tc)?.function,
-        What::Forward => forward_function_with(
+    let step = match args.what {
+        What::TrainStep => train_step(config, &tc)?,
+        What::Forward => forward_step(
             config,
             dtype,
             tc.batch,
@@ -83,16 +86,10 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
             tc.scan_layers,
         )?,
     };
-    // What is compiled: folded, CSE'd, dead code removed.
-    let f = hlo_ir::simplify(&traced);
-    let shardings = match &args.mesh {
-        Some(mesh) => Some(FunctionShardings::from_rules_stacked(
-            &f,
-            mesh,
-            &llama_rules(),
-            &crate::step_args::leading_axis(&tc),
-        )?),
-        None => None,
+    let sharded = if laid_out {
+        ShardedStep::new(&step, &mesh, &partition_rules())?
+    } else {
+        ShardedStep::unsharded(&step)
     };
     let name = match args.what {
         What::TrainStep => "train_step",
@@ -100,17 +97,10 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
     };
     let mut files: Vec<(String, String)> = Vec::new();
     if matches!(args.format, Format::Stablehlo | Format::Both) {
-        files.push((
-            format!("{name}.stablehlo.mlir"),
-            hlo_lowering::to_stablehlo_with(&f, shardings.as_ref(), &[]),
-        ));
+        files.push((format!("{name}.stablehlo.mlir"), sharded.stablehlo()));
     }
     if matches!(args.format, Format::Hlo | Format::Both) {
-        let text = match &shardings {
-            Some(s) => hlo_lowering::to_hlo_text_sharded(&f, s),
-            None => hlo_lowering::to_hlo_text(&f),
-        };
-        files.push((format!("{name}.hlo.txt"), text));
+        files.push((format!("{name}.hlo.txt"), sharded.hlo_text()));
     }
     match &args.out {
         None => {
@@ -137,13 +127,8 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
             dir.display()
         );
         std::env::set_var("XLA_FLAGS", flags.trim());
-        let mut plugin = args.plugin.clone();
-        if plugin.plugin.kind() == PluginKind::Cpu {
-            plugin.devices = Some(mesh.size() as u32);
-        }
-        let client = plugin.client()?;
-        let shardings = shardings.unwrap_or_else(|| FunctionShardings::replicated(&f, &mesh));
-        ShardedFunction::new(&client, &f, shardings)?;
+        let backend = Backend::open_for(&args.plugin.plugin, mesh)?;
+        sharded.compile(&backend, Mode::Jit)?;
         eprintln!("XLA's dumps are in {}", dir.display());
     }
     Ok(())

@@ -1,18 +1,19 @@
-//! `hlo-train`, the command line: see `../shared/docs/cli.md` for the contract.
+//! `hlo-train`, the command line (the contract is `docs/cli.md`). Each
+//! command parses its flags, calls `hlo-engine`, and prints: no command
+//! builds shardings or executables itself.
 //!
 //! Errors are printed as one line (the whole `anyhow` chain joined by `: `,
 //! a multi-line plugin message joined by `; `) with exit code 2; nothing here
 //! panics on user input.
 
+mod args;
 mod bench;
-mod common;
+mod console;
 mod devices;
 mod dump_hlo;
 mod generate;
 mod merge;
-mod model_args;
 mod plan;
-mod step_args;
 mod train;
 
 use std::process::ExitCode;

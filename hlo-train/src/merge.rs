@@ -1,14 +1,13 @@
-//! `hlo-train merge`: fold a LoRA adapter into the base weights and write an
-//! HF model folder.
+//! `hlo-train merge`: fold a LoRA adapter into the base weights (on the
+//! host, in f64, one tensor at a time) and write an HF model folder.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use hlo_ir::{Literal, TensorType};
-use hlo_models::adapter::Adapter;
-use hlo_models::checkpoint::Checkpoint;
-use hlo_models::io::{write_atomic, write_safetensors};
+use hlo_engine::models::adapter::Adapter;
+use hlo_engine::models::checkpoint::Checkpoint;
+use hlo_engine::models::io::{write_atomic, write_safetensors};
 
 #[derive(Args, Debug)]
 pub struct MergeArgs {
@@ -33,32 +32,10 @@ pub fn run(args: &MergeArgs) -> Result<()> {
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     let scale = adapter.lora.scale();
     let mut tensors = Vec::new();
-    for (name, shape) in ckpt.config.parameter_shapes() {
+    for (name, _) in ckpt.config.parameter_shapes() {
         let dtype = ckpt.dtype(&name).context("checked on open")?;
         let w = ckpt.read(&name, dtype)?;
-        let module = name.strip_suffix(".weight").unwrap_or(&name);
-        let merged = match (
-            adapter.get(&format!("{module}.lora_a")),
-            adapter.get(&format!("{module}.lora_b")),
-        ) {
-            (Some(a), Some(b)) => {
-                // W [out, in] += scale · (A·B)ᵀ, A [in, r], B [r, out]; in f64.
-                let (din, r, dout) = (
-                    a.ty.dims[0] as usize,
-                    a.ty.dims[1] as usize,
-                    b.ty.dims[1] as usize,
-                );
-                let (av, bv, mut wv) = (a.to_f64s(), b.to_f64s(), w.to_f64s());
-                for o in 0..dout {
-                    for i in 0..din {
-                        let d: f64 = (0..r).map(|k| av[i * r + k] * bv[k * dout + o]).sum();
-                        wv[o * din + i] += scale * d;
-                    }
-                }
-                Literal::from_f64s(TensorType::new(dtype, shape), &wv)
-            }
-            _ => w,
-        };
+        let merged = adapter.merge(&name, &w);
         tensors.push((name, merged));
     }
     write_safetensors(&args.out.join("model.safetensors"), &tensors)?;

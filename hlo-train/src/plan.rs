@@ -1,20 +1,15 @@
-//! `hlo-train plan`: what the train step holds in each device's memory, from
-//! a laptop: the step is compiled for the mesh on the CPU plugin (that many
-//! virtual devices, abstract parameters: no weights), XLA's compiled memory
-//! figures are read, and the per-device shares of weights, adapters and
-//! optimizer state are counted from the partition rules.
+//! `hlo-train plan`: what the train step holds in each device's memory,
+//! from a laptop, as the engine plans it (abstract parameters, compiled on
+//! the CPU plugin with as many virtual devices as the mesh has).
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use hlo_models::llama::is_stacked;
-use hlo_models::train::train_step;
-use hlo_partitioner::{draw_sharding, llama_rules, FunctionShardings, Mesh, PartitionSpec};
-use hlo_runtime::{ClientOptions, Plugin, PluginSpec, ShardedFunction};
+use hlo_engine::partitioner::{draw_sharding, Mesh};
+use hlo_engine::plan::{parameter_layouts, plan};
+use hlo_engine::{BackendOptions, Model};
 use serde_json::json;
 
-use crate::model_args::ModelArgs;
-use crate::step_args::leading_axis;
-use crate::step_args::StepArgs;
+use crate::args::{gb, ModelArgs, StepArgs};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Target {
@@ -57,9 +52,15 @@ pub struct PlanArgs {
     #[command(flatten)]
     pub step: StepArgs,
 
-    /// Device mesh (default dp=1,fsdp=8,mp=1).
+    /// Device mesh (default dp=1,fsdp=8,mp=1, or dp=1,fsdp=N,mp=1 over
+    /// --devices).
     #[arg(long)]
     pub mesh: Option<Mesh>,
+
+    /// Devices of the target: must equal the mesh's size when both are
+    /// given.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub devices: Option<u32>,
 
     /// The device the step is for.
     #[arg(long, value_enum, default_value = "mi300x")]
@@ -74,76 +75,45 @@ pub struct PlanArgs {
     pub show_sharding: bool,
 }
 
-/// Bytes in GB, or MB below a gigabyte.
-pub(crate) fn gb(b: u64) -> String {
-    if b >= 1_000_000_000 {
-        format!("{:.2} GB", b as f64 / 1e9)
-    } else {
-        format!("{:.2} MB", b as f64 / 1e6)
-    }
-}
-
 pub fn run(args: &PlanArgs) -> Result<()> {
-    let model = args.model.open()?;
+    let model = Model::open(&args.model.source())?;
     let config = &model.config;
-    let mesh = args
-        .mesh
-        .clone()
-        .unwrap_or_else(|| "dp=1,fsdp=8,mp=1".parse().expect("valid"));
+    let options = BackendOptions {
+        devices: args.devices,
+        mesh: args.mesh.clone(),
+        ..BackendOptions::cpu()
+    };
+    let mesh = options.mesh_or(Some(&Mesh::new(&[("dp", 1), ("fsdp", 8), ("mp", 1)])?))?;
     let dtype = args.model.dtype(args.target == Target::Cpu);
     let tc = args.step.train_config(config, dtype, &mesh, 1000, None)?;
-    let step = train_step(config, &tc)?;
-    let f = hlo_ir::simplify(&step.function);
-    let shardings =
-        FunctionShardings::from_rules_stacked(&f, &mesh, &llama_rules(), &leading_axis(&tc))?;
-    // Per-device bytes of each input, by kind.
-    let (mut weights, mut lora, mut optimizer) = (0u64, 0u64, 0u64);
-    for (b, spec) in f.inputs.iter().zip(&shardings.inputs) {
-        let ty = f.ty(b.value);
-        let block: i64 = spec.shard_shape(&mesh, &ty.dims).iter().product();
-        let bytes = block as u64 * ty.dtype.size_in_bytes() as u64;
-        if b.name.starts_with("opt.") {
-            optimizer += bytes;
-        } else if b.name.contains("lora_") {
-            lora += bytes;
-        } else if b.name.contains("weight") {
-            weights += bytes;
-        }
-    }
-    // XLA's own figures: compile for the mesh on the CPU plugin.
-    let plugin = Plugin::load(PluginSpec::Cpu.resolve()?)?;
-    let client = hlo_runtime::Client::new(&plugin, &ClientOptions::cpu(mesh.size()))?;
-    let t0 = std::time::Instant::now();
-    let exe = ShardedFunction::with_donation(&client, &f, shardings.clone(), &step.donated)?;
-    let compile_s = t0.elapsed().as_secs_f64();
-    let m = exe.executable().compiled_memory_stats()?;
+    let (step, p) = plan(config, &tc, &mesh)?;
+    let x = &p.xla;
     let (arg, out, alias, temp) = (
-        m.argument_size_in_bytes.max(0) as u64,
-        m.output_size_in_bytes.max(0) as u64,
-        m.alias_size_in_bytes.max(0) as u64,
-        m.temp_size_in_bytes.max(0) as u64,
+        x.argument_size_in_bytes.max(0) as u64,
+        x.output_size_in_bytes.max(0) as u64,
+        x.alias_size_in_bytes.max(0) as u64,
+        x.temp_size_in_bytes.max(0) as u64,
     );
-    let total = arg + out - alias.min(out) + temp;
     let capacity = args.target.memory();
     if capacity == 0 {
         bail!("cannot read the host's memory size from /proc/meminfo");
     }
-    let fits = total <= capacity;
+    let fits = p.total_bytes <= capacity;
     if args.json {
         let v = json!({
             "model": model.name,
             "mesh": mesh.to_string(),
             "dtype": dtype.to_string(),
             "per_device": {
-                "weights_bytes": weights,
-                "lora_bytes": lora,
-                "optimizer_bytes": optimizer,
+                "weights_bytes": p.weights_bytes,
+                "lora_bytes": p.lora_bytes,
+                "optimizer_bytes": p.optimizer_bytes,
                 "xla": {"argument_bytes": arg, "output_bytes": out, "alias_bytes": alias, "temp_bytes": temp},
-                "total_bytes": total,
+                "total_bytes": p.total_bytes,
             },
             "device_memory_bytes": capacity,
             "fits": fits,
-            "compile_s": compile_s,
+            "compile_s": p.compile_s,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -162,9 +132,9 @@ pub fn run(args: &PlanArgs) -> Result<()> {
         }
     );
     println!("per device:");
-    println!("  weights            {:>12}", gb(weights));
-    println!("  LoRA parameters    {:>12}", gb(lora));
-    println!("  optimizer state    {:>12}", gb(optimizer));
+    println!("  weights            {:>12}", gb(p.weights_bytes));
+    println!("  LoRA parameters    {:>12}", gb(p.lora_bytes));
+    println!("  optimizer state    {:>12}", gb(p.optimizer_bytes));
     println!("  XLA arguments      {:>12}", gb(arg));
     println!(
         "  XLA outputs        {:>12}  ({} reuse donated arguments)",
@@ -174,39 +144,20 @@ pub fn run(args: &PlanArgs) -> Result<()> {
     println!("  XLA temporaries    {:>12}", gb(temp));
     println!(
         "  total              {:>12}  of {} on {:?}: {}",
-        gb(total),
+        gb(p.total_bytes),
         gb(capacity),
         args.target,
         if fits { "fits" } else { "does NOT fit" }
     );
     println!(
-        "compiled for {} virtual CPU devices in {compile_s:.1}s",
-        mesh.size()
+        "compiled for {} virtual CPU devices in {:.1}s",
+        mesh.size(),
+        p.compile_s
     );
     if args.show_sharding {
-        let mut seen = std::collections::BTreeSet::new();
-        for (b, spec) in f.inputs.iter().zip(&shardings.inputs) {
-            let ty = f.ty(b.value);
-            // One drawing per kind of parameter (layer 0, or the stack).
-            let kind = b
-                .name
-                .split('.')
-                .filter(|p| p.parse::<u64>().is_err())
-                .collect::<Vec<_>>()
-                .join(".");
-            if ty.rank() == 0 || !seen.insert(kind) {
-                continue;
-            }
-            let (dims, spec) = if is_stacked(&b.name) && ty.rank() > 1 {
-                (
-                    ty.dims[1..].to_vec(),
-                    PartitionSpec(spec.0.iter().skip(1).cloned().collect()),
-                )
-            } else {
-                (ty.dims.clone(), spec.clone())
-            };
-            println!("\n{}", b.name);
-            print!("{}", draw_sharding(&mesh, &spec, &dims));
+        for layout in parameter_layouts(&step) {
+            println!("\n{}", layout.name);
+            print!("{}", draw_sharding(&mesh, &layout.spec, &layout.dims));
         }
     }
     Ok(())

@@ -4,39 +4,33 @@
 //! fails when they differ, and `HLO_TRAIN_UPDATE_README=1 cargo test -p
 //! hlo-train --test bad_input_table` rewrites it.
 
+mod common;
+
+use common::*;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
-
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/llama/gqa_llama3")
-}
-
-fn scratch() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("hlo-train-bad-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 /// A copy of the fixture checkpoint whose `model.safetensors` is `bytes`
 /// (or whose config is `config`).
 fn checkpoint(root: &Path, name: &str, bytes: Option<Vec<u8>>, config: Option<String>) -> PathBuf {
     let d = root.join(name);
     std::fs::create_dir_all(&d).unwrap();
-    let weights =
-        bytes.unwrap_or_else(|| std::fs::read(fixture().join("model.safetensors")).unwrap());
+    let weights = bytes
+        .unwrap_or_else(|| std::fs::read(fixture("gqa_llama3").join("model.safetensors")).unwrap());
     std::fs::write(d.join("model.safetensors"), weights).unwrap();
-    let cfg =
-        config.unwrap_or_else(|| std::fs::read_to_string(fixture().join("config.json")).unwrap());
+    let cfg = config.unwrap_or_else(|| {
+        std::fs::read_to_string(fixture("gqa_llama3").join("config.json")).unwrap()
+    });
     std::fs::write(d.join("config.json"), cfg).unwrap();
     d
 }
 
 /// The fixture's safetensors with its header rewritten by `edit`.
 fn with_header(edit: impl Fn(&mut Value)) -> Vec<u8> {
-    let bytes = std::fs::read(fixture().join("model.safetensors")).unwrap();
+    let bytes = std::fs::read(fixture("gqa_llama3").join("model.safetensors")).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let mut header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     edit(&mut header);
@@ -85,7 +79,7 @@ fn tensor_names(h: &Value) -> Vec<String> {
 
 #[test]
 fn bad_input_table() {
-    let root = scratch();
+    let root = scratch("bad", "table");
     let r = root.to_str().unwrap().to_string();
     let ckpt = |name: &str, bytes: Option<Vec<u8>>, config: Option<String>| {
         checkpoint(&root, name, bytes, config)
@@ -98,7 +92,8 @@ fn bad_input_table() {
         std::fs::write(&p, text).unwrap();
         p.to_str().unwrap().to_string()
     };
-    let fixture_config = std::fs::read_to_string(fixture().join("config.json")).unwrap();
+    let fixture_config =
+        std::fs::read_to_string(fixture("gqa_llama3").join("config.json")).unwrap();
     let gen = |dir: String| {
         vec![
             "generate".to_string(),
@@ -124,7 +119,7 @@ fn bad_input_table() {
             gen(ckpt(
                 "truncated",
                 Some({
-                    let b = std::fs::read(fixture().join("model.safetensors")).unwrap();
+                    let b = std::fs::read(fixture("gqa_llama3").join("model.safetensors")).unwrap();
                     b[..b.len() - 100].to_vec()
                 }),
                 None,
@@ -218,7 +213,7 @@ fn bad_input_table() {
             vec![
                 "generate".into(),
                 "--checkpoint".into(),
-                fixture().to_str().unwrap().into(),
+                fixture("gqa_llama3").to_str().unwrap().into(),
                 "--prompt-ids".into(),
                 "1,999".into(),
             ],
@@ -251,8 +246,18 @@ fn bad_input_table() {
             train(&["--mesh", "dp=1,fsdp=3,mp=1"]),
         ),
         (
-            "mesh larger than the devices",
+            "mesh and --devices disagree",
             train(&["--mesh", "dp=1,fsdp=4,mp=1", "--devices", "2"]),
+        ),
+        (
+            "plan: mesh and --devices disagree",
+            vec![
+                "plan".into(),
+                "--devices".into(),
+                "4".into(),
+                "--mesh".into(),
+                "dp=1,fsdp=2,mp=1".into(),
+            ],
         ),
         ("mesh with an unknown axis", train(&["--mesh", "dp=1,tp=2"])),
         (

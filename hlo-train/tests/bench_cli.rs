@@ -2,22 +2,11 @@
 //! with a FLOP count made here from the config's dimensions; presets,
 //! `--config` and `--checkpoint` all run; bad input is one line.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+
+use common::*;
 
 use serde_json::Value;
-
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/llama/gqa_llama3")
-}
-
-fn hlo_train(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hlo-train"))
-        .args(args)
-        .env_remove("HLO_TRAIN_PLUGIN")
-        .output()
-        .unwrap()
-}
 
 fn bench_json(args: &[&str]) -> Value {
     let mut all = vec!["bench", "--json", "--steps", "3", "--warmup-steps", "1"];
@@ -44,7 +33,8 @@ fn num(v: &Value, key: &str) -> f64 {
 /// same again for activations, and 6 per LoRA weight and token.
 fn fixture_lora_flops(batch: f64, seq: f64, rank: f64) -> f64 {
     let config: Value =
-        serde_json::from_slice(&std::fs::read(fixture().join("config.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(fixture("gqa_llama3").join("config.json")).unwrap())
+            .unwrap();
     let g = |k: &str| config[k].as_f64().unwrap();
     let (h, i, l, v) = (
         g("hidden_size"),
@@ -75,7 +65,7 @@ fn fixture_lora_flops(batch: f64, seq: f64, rank: f64) -> f64 {
 
 #[test]
 fn bench_json_figures_are_consistent() {
-    let path = fixture().join("config.json");
+    let path = fixture("gqa_llama3").join("config.json");
     let v = bench_json(&[
         "--config",
         path.to_str().unwrap(),
@@ -109,7 +99,7 @@ fn bench_runs_presets_checkpoints_and_meshes() {
     assert!(num(&v, "mfu") > 0.0 && num(&v, "mfu") < 1.5, "{v}");
     let v = bench_json(&[
         "--checkpoint",
-        fixture().to_str().unwrap(),
+        fixture("gqa_llama3").to_str().unwrap(),
         "--batch",
         "2",
         "--seq",

@@ -1,41 +1,11 @@
-//! The command line as users script against it (../shared/docs/cli.md), run
+//! The command line as users script against it (docs/cli.md), run
 //! as a process on the real CPU plugin.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn hlo_train(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hlo-train"))
-        .args(args)
-        .env_remove("HLO_TRAIN_PLUGIN")
-        .output()
-        .expect("run hlo-train")
-}
+use common::*;
 
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// A failed run: exit code 2, exactly one line on stderr, no panic.
-fn assert_one_line_error(out: &Output) -> String {
-    let err = stderr(out);
-    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    assert!(!err.contains("RUST_BACKTRACE"), "{err}");
-    assert_eq!(
-        err.trim_end().lines().count(),
-        1,
-        "one line expected: {err}"
-    );
-    assert!(err.starts_with("error: "), "{err}");
-    err.trim_end().to_string()
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("hlo-train-cli-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use std::process::Command;
 
 #[test]
 fn devices_json_lists_eight_cpu_devices() {
@@ -53,7 +23,7 @@ fn devices_json_lists_eight_cpu_devices() {
         .split_once('.')
         .expect("MAJOR.MINOR");
     let version = (major.parse::<i32>().unwrap(), minor.parse::<i32>().unwrap());
-    assert!(version >= hlo_runtime::MIN_API_VERSION);
+    assert!(version >= hlo_engine::runtime::MIN_API_VERSION);
     assert!(v["platform_version"].is_string());
     let devices = v["devices"].as_array().unwrap();
     assert_eq!(devices.len(), 8);
@@ -85,7 +55,7 @@ fn devices_text_names_plugin_platform_and_api() {
 
 #[test]
 fn missing_plugin_path_is_one_clear_line() {
-    let err = assert_one_line_error(&hlo_train(&[
+    let err = one_line_error(&hlo_train(&[
         "devices",
         "--plugin",
         "/nonexistent/pjrt_plugin.so",
@@ -103,16 +73,16 @@ fn plugin_from_the_environment() {
         .env("HLO_TRAIN_PLUGIN", "/nonexistent/from_env.so")
         .output()
         .unwrap();
-    let err = assert_one_line_error(&out);
+    let err = one_line_error(&out);
     assert!(err.contains("/nonexistent/from_env.so"), "{err}");
 }
 
 #[test]
 fn a_file_that_is_not_a_plugin_is_one_clear_line() {
-    let dir = scratch("notaplugin");
+    let dir = scratch("cli", "notaplugin");
     let file = dir.join("libnot_a_plugin.so");
     std::fs::write(&file, "#!/bin/sh\necho hello\n").unwrap();
-    let err = assert_one_line_error(&hlo_train(&["devices", "--plugin", file.to_str().unwrap()]));
+    let err = one_line_error(&hlo_train(&["devices", "--plugin", file.to_str().unwrap()]));
     assert!(
         err.starts_with(&format!(
             "error: cannot load {} as a PJRT plugin: ",
@@ -126,7 +96,7 @@ fn a_file_that_is_not_a_plugin_is_one_clear_line() {
 #[test]
 fn cuda_without_a_jax_plugin_says_what_to_install() {
     // A python3 whose only site folder holds no jax_plugins.
-    let dir = scratch("nocuda");
+    let dir = scratch("cli", "nocuda");
     let python = dir.join("python3");
     std::fs::write(&python, format!("#!/bin/sh\necho {}\n", dir.display())).unwrap();
     #[cfg(unix)]
@@ -139,7 +109,7 @@ fn cuda_without_a_jax_plugin_says_what_to_install() {
         .env("HLO_TRAIN_PYTHON", &python)
         .output()
         .unwrap();
-    let err = assert_one_line_error(&out);
+    let err = one_line_error(&out);
     assert!(err.contains("no CUDA PJRT plugin found"), "{err}");
     assert!(err.contains("pip install"), "{err}");
     std::fs::remove_dir_all(dir).unwrap();
@@ -155,7 +125,7 @@ fn flag_values_out_of_range_are_refused() {
 
 #[test]
 fn dump_hlo_writes_both_formats_and_the_stablehlo_compiles() {
-    let dir = scratch("dump");
+    let dir = scratch("cli", "dump");
     let out = hlo_train(&[
         "dump-hlo",
         "--what",
@@ -184,10 +154,13 @@ fn dump_hlo_writes_both_formats_and_the_stablehlo_compiles() {
     assert_eq!(names.len(), 2, "{names:?}");
     // The dumped StableHLO is a program the plugin compiles.
     let plugin =
-        hlo_runtime::Plugin::load(hlo_runtime::PluginSpec::Cpu.resolve().unwrap()).unwrap();
-    let client = hlo_runtime::Client::new(&plugin, &hlo_runtime::ClientOptions::cpu(1)).unwrap();
+        hlo_engine::runtime::Plugin::load(hlo_engine::runtime::PluginSpec::Cpu.resolve().unwrap())
+            .unwrap();
+    let client =
+        hlo_engine::runtime::Client::new(&plugin, &hlo_engine::runtime::ClientOptions::cpu(1))
+            .unwrap();
     let exe = client
-        .compile(&mlir, &hlo_runtime::CompileOptions::default())
+        .compile(&mlir, &hlo_engine::runtime::CompileOptions::default())
         .unwrap();
     assert_eq!(exe.num_outputs(), 1);
     std::fs::remove_dir_all(dir).unwrap();
@@ -206,10 +179,10 @@ fn dump_hlo_train_step_to_stdout_and_bad_out_dir() {
     );
     assert!(text.contains("op_name=\"backward.model.layers.0.mlp.down_proj\""));
     assert!(text.contains("op_name=\"optimizer\""));
-    let dir = scratch("file");
+    let dir = scratch("cli", "file");
     let file = dir.join("a_file");
     std::fs::write(&file, "x").unwrap();
-    let err = assert_one_line_error(&hlo_train(&["dump-hlo", "--out", file.to_str().unwrap()]));
+    let err = one_line_error(&hlo_train(&["dump-hlo", "--out", file.to_str().unwrap()]));
     assert!(err.contains("cannot create"), "{err}");
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -238,7 +211,7 @@ fn dump_hlo_of_big_presets_with_a_mesh_and_xla_dumps() {
     assert!(text.contains("tensor<126x16384x16384xbf16> {jax.arg_info = \"model.layers.self_attn.q_proj.weight\", sdy.sharding = #sdy.sharding<@mesh, [{}, {\"mp\"}, {\"fsdp\"}]>}"), "the layer axis stays whole");
     assert!(text.contains("\"stablehlo.while\""));
     // XLA's own after-optimization HLO, for the tiny model on 2 devices.
-    let dir = scratch("xla");
+    let dir = scratch("cli", "xla");
     let out = hlo_train(&[
         "dump-hlo",
         "--what",
@@ -265,7 +238,7 @@ fn dump_hlo_of_big_presets_with_a_mesh_and_xla_dumps() {
     );
     std::fs::remove_dir_all(dir).unwrap();
     // A mesh that does not divide a tensor, and one that does not parse.
-    let err = assert_one_line_error(&hlo_train(&["dump-hlo", "--mesh", "dp=1,fsdp=3,mp=1"]));
+    let err = one_line_error(&hlo_train(&["dump-hlo", "--mesh", "dp=1,fsdp=3,mp=1"]));
     assert!(err.contains("does not divide over fsdp (3 parts)"), "{err}");
     let out = hlo_train(&["dump-hlo", "--mesh", "dp=x"]);
     assert_eq!(out.status.code(), Some(2));
@@ -318,5 +291,65 @@ fn plan_reports_per_device_memory_as_json() {
     assert!(
         text.contains("fits") && text.contains("P('mp', 'fsdp')"),
         "{text}"
+    );
+}
+
+/// `--devices` is accepted by every command that runs on devices, and a
+/// mesh that disagrees with it is one line naming both.
+#[test]
+fn devices_and_mesh_agree_or_are_refused() {
+    let out = hlo_train(&[
+        "plan",
+        "--devices",
+        "2",
+        "--mesh",
+        "dp=1,fsdp=2,mp=1",
+        "--batch",
+        "4",
+        "--seq",
+        "8",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
+    assert_eq!(v["mesh"], "dp=1,fsdp=2,mp=1");
+    // --devices alone makes the mesh dp=1,fsdp=N,mp=1.
+    let v: serde_json::Value = serde_json::from_str(&ok(&hlo_train(&[
+        "plan",
+        "--devices",
+        "2",
+        "--batch",
+        "4",
+        "--seq",
+        "8",
+        "--json",
+    ])))
+    .unwrap();
+    assert_eq!(v["mesh"], "dp=1,fsdp=2,mp=1");
+    for command in ["train", "bench", "generate", "plan", "dump-hlo"] {
+        let mut args = vec![command, "--mesh", "dp=1,fsdp=2,mp=1", "--devices", "4"];
+        if command == "generate" {
+            args.extend(["--prompt", "a"]);
+        }
+        let err = one_line_error(&hlo_train(&args));
+        assert!(
+            err.contains("the mesh dp=1,fsdp=2,mp=1 spans 2 devices but 4 were asked for"),
+            "{command}: {err}"
+        );
+    }
+    // The train header says which devices run.
+    let out = ok(&hlo_train(&[
+        "train",
+        "--devices",
+        "2",
+        "--steps",
+        "1",
+        "--batch",
+        "2",
+        "--seq",
+        "8",
+    ]));
+    assert!(
+        out.contains("on dp=1,fsdp=2,mp=1 (2 virtual CPU devices)"),
+        "{out}"
     );
 }

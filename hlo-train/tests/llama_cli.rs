@@ -1,19 +1,16 @@
 //! `generate` and `merge` on the HF fixture models, against HF transformers
 //! (greedy tokens, prompt logits), and every bad-checkpoint error path.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-use hlo_ir::Literal;
-use hlo_models::io::{read_safetensors, write_safetensors};
+use common::*;
+
+use std::path::Path;
+
+use hlo_engine::ir::Literal;
+use hlo_engine::models::io::{read_safetensors, write_safetensors};
 
 const MODELS: [&str; 3] = ["gqa_llama3", "mha_tied", "head_dim"];
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/llama")
-        .join(name)
-}
 
 fn expected(name: &str, key: &str) -> Literal {
     read_safetensors(&fixture(name).join("expected.safetensors"))
@@ -22,38 +19,6 @@ fn expected(name: &str, key: &str) -> Literal {
         .find(|(k, _)| k == key)
         .unwrap()
         .1
-}
-
-fn hlo_train(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hlo-train"))
-        .args(args)
-        .env_remove("HLO_TRAIN_PLUGIN")
-        .output()
-        .unwrap()
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
-
-fn one_line_error(out: &Output) -> String {
-    let err = String::from_utf8_lossy(&out.stderr).trim_end().to_string();
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
-    err
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("hlo-train-llama-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 fn copy_model(name: &str, to: &Path) {
@@ -117,7 +82,7 @@ fn dump_logits(dir: &Path, adapter: Option<&Path>, prompt: &str, out: &Path) -> 
 
 #[test]
 fn dumped_prompt_logits_and_merged_weights_equal_hf() {
-    let tmp = scratch("merge");
+    let tmp = scratch("llama", "merge");
     for name in MODELS {
         let input = expected(name, "input_ids");
         let row: Vec<String> = ids(&input)[..input.ty.dims[1] as usize].to_vec();
@@ -170,7 +135,7 @@ fn bad_checkpoints_give_one_clear_line() {
         ]))
     };
     // Truncated body.
-    let d = scratch("truncated");
+    let d = scratch("llama", "truncated");
     copy_model("gqa_llama3", &d);
     let bytes = std::fs::read(d.join("model.safetensors")).unwrap();
     std::fs::write(d.join("model.safetensors"), &bytes[..bytes.len() - 100]).unwrap();
@@ -187,7 +152,7 @@ fn bad_checkpoints_give_one_clear_line() {
     .unwrap();
     assert!(run(&d).contains("not a valid safetensors file"));
     // A tensor of the wrong shape (config says more heads than the weights).
-    let d = scratch("shape");
+    let d = scratch("llama", "shape");
     copy_model("gqa_llama3", &d);
     let cfg = std::fs::read_to_string(d.join("config.json"))
         .unwrap()
@@ -196,7 +161,7 @@ fn bad_checkpoints_give_one_clear_line() {
     let err = run(&d);
     assert!(err.contains("tensor `model.layers.0.mlp.gate_proj.weight` has shape [64, 32], config.json implies [72, 32]"), "{err}");
     // A missing tensor.
-    let d = scratch("missing");
+    let d = scratch("llama", "missing");
     copy_model("gqa_llama3", &d);
     let tensors: Vec<(String, Literal)> = read_safetensors(&d.join("model.safetensors"))
         .unwrap()
@@ -206,7 +171,7 @@ fn bad_checkpoints_give_one_clear_line() {
     write_safetensors(&d.join("model.safetensors"), &tensors).unwrap();
     assert!(run(&d).contains("tensor `model.norm.weight` is missing (config.json needs it)"));
     // Weights with more layers than the config.
-    let d = scratch("layers");
+    let d = scratch("llama", "layers");
     copy_model("gqa_llama3", &d);
     let cfg = std::fs::read_to_string(d.join("config.json"))
         .unwrap()
@@ -226,7 +191,7 @@ fn bad_checkpoints_give_one_clear_line() {
     // No folder at all.
     assert!(run(Path::new("/nonexistent/model")).contains("does not exist"));
     for dir in ["truncated", "shape", "missing", "layers"] {
-        let _ = std::fs::remove_dir_all(scratch(dir));
+        let _ = std::fs::remove_dir_all(scratch("llama", dir));
     }
 }
 
@@ -338,7 +303,7 @@ fn tiny_generates_text_with_the_byte_tokenizer() {
 
 #[test]
 fn batched_prompts_complete_as_each_prompt_alone() {
-    let dir = scratch("batch");
+    let dir = scratch("llama", "batch");
     let name = "gqa_llama3";
     let want = ids(&expected(name, "greedy_adapter"));
     let model = fixture(name);
@@ -455,7 +420,7 @@ fn chat_prompts_use_the_template() {
 
 #[test]
 fn bad_prompt_files_name_the_line() {
-    let dir = scratch("prompts");
+    let dir = scratch("llama", "prompts");
     let file = dir.join("p.jsonl");
     for (content, want) in [
         ("{\"prompt\": \"a\"}\nnot json\n", "p.jsonl:2: not JSON"),

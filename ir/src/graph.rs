@@ -156,7 +156,8 @@ impl Function {
     }
 }
 
-/// A function shared by the ops that hold one (a loop's condition and body).
+/// A function shared by the ops that hold one (a loop's condition and body,
+/// a scan's body).
 pub type SubFunction = Arc<Function>;
 
 impl fmt::Display for Function {

@@ -1,9 +1,11 @@
 //! `hlo-ir` owns what a traced program *is*: element types, tensor types and
-//! literals, the closed op set (one rule per op: shape rule, StableHLO and
-//! HLO spelling, reference semantics), the [`Function`] of SSA values with
+//! literals, the closed op set (one rule per op: shape rule, VJP rule, how
+//! it lowers to StableHLO and HLO — a spelling, an identity, a sharding
+//! constraint, or expanded by a pass — and reference semantics), the [`Function`] of SSA values with
 //! named inputs and outputs, the tracing [`Tensor`] API, the reference
 //! interpreter, graph passes (DCE, CSE, constant folding) and reverse-mode
-//! autodiff ([`vjp`], [`value_and_grad`], [`grad`]).
+//! autodiff ([`vjp`], [`value_and_grad`], [`grad`]), and the seeded
+//! generator and FNV fingerprint every crate shares ([`rng`]).
 //!
 //! It does not own how a program is sharded (`hlo-partitioner`), printed as a
 //! whole module (`hlo-lowering`) or run (`hlo-runtime`); it depends on no
@@ -29,6 +31,7 @@ mod literal;
 mod op;
 pub mod ops;
 mod passes;
+pub mod rng;
 mod tensor;
 mod trace;
 mod types;
@@ -38,7 +41,7 @@ pub use dtype::{DType, ParseDTypeError};
 pub use graph::{Binding, Function, Node, SubFunction, ValueDef, ValueId, ValueInfo};
 pub use interpret::{interpret, InterpretError};
 pub use literal::{round_to, wrap_to, Literal};
-pub use op::{Op, OpRule, Region, Spelling, Vjp};
+pub use op::{Lowering, Op, OpRule, Region, Spelling, Vjp};
 pub use passes::{cse, dce, fold_constants, lower_scans, simplify};
 pub use tensor::{
     broadcast_shapes, constant, fori_loop, full, iota, optimization_barrier, scan, while_loop,

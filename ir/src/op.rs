@@ -1,17 +1,46 @@
 //! The op set: one closed enum, one rule per op.
 //!
 //! Every op implements [`OpRule`] in its own module under `ops/`: its shape
-//! and dtype rule, its StableHLO and HLO spelling, and its reference
-//! semantics (used by constant folding and as the tests' host reference). The
-//! VJP rule joins them in the autodiff issue. [`op_set!`] writes the enum and
-//! the dispatch, so a variant without a full rule does not compile.
+//! and dtype rule, how it lowers to StableHLO and to HLO text (a
+//! [`Lowering`]), its reference semantics (used by constant folding and as
+//! the tests' host reference) and its VJP rule (used by [`crate::vjp`]).
+//! [`op_set!`] writes the enum and the dispatch, so a variant without a full
+//! rule does not compile.
 
 use crate::graph::SubFunction;
 use crate::ops::*;
 use crate::{DType, Literal, Tensor, TensorType};
 
-/// How a program's op is written in one text format.
+/// How an op lowers to one text format: what [`OpRule::stablehlo`] and
+/// [`OpRule::hlo`] answer, and what the printers of `hlo-lowering` dispatch
+/// on.
 #[derive(Clone, Debug, PartialEq)]
+pub enum Lowering {
+    /// One op of the format, spelled so.
+    Op(Spelling),
+    /// Nothing is printed: each result is its operand (`stop_gradient`,
+    /// which matters only to autodiff).
+    Identity,
+    /// `with_sharding_constraint`: in a program with a mesh, the op `op`
+    /// plus a `sharding` attribute, which the lowering's one sharding
+    /// printer writes from `dims` and the mesh (Shardy's
+    /// `sdy.sharding_constraint`, GSPMD's `Sharding` custom call). In a
+    /// program without a mesh, nothing is printed and the result is the
+    /// operand.
+    ShardingConstraint {
+        op: Spelling,
+        /// Per dimension, the mesh axes it is split over (empty: not split).
+        dims: Vec<Vec<String>>,
+    },
+    /// Never printed: the `hlo_ir` pass named `by` rewrites the op into
+    /// others first (`scan` into a `while` by [`crate::lower_scans`], as
+    /// JAX lowers scans). The printers run the pass themselves, so one that
+    /// meets such an op has a bug.
+    Expanded { by: &'static str },
+}
+
+/// How an op is written in one text format.
+#[derive(Clone, Debug, PartialEq, Default)]
 pub struct Spelling {
     /// `stablehlo.add` / `add`.
     pub name: String,
@@ -20,14 +49,20 @@ pub struct Spelling {
     pub attributes: Vec<(String, String)>,
     /// Nested computations (reduction bodies, loop condition and body).
     pub regions: Vec<Region>,
+    /// HLO text only: a literal written in place of the operand list
+    /// (`constant({1, 2})`).
+    pub literal: Option<String>,
+    /// HLO text only: the operands go in as one tuple and the results come
+    /// back as one (`while`, `opt-barrier`); the printer packs and unpacks
+    /// them.
+    pub tupled: bool,
 }
 
 impl Spelling {
     pub fn new(name: impl Into<String>) -> Self {
         Spelling {
             name: name.into(),
-            attributes: Vec::new(),
-            regions: Vec::new(),
+            ..Spelling::default()
         }
     }
 
@@ -40,15 +75,32 @@ impl Spelling {
         self.regions.push(region);
         self
     }
+
+    /// See [`Spelling::literal`].
+    pub fn literal(mut self, text: impl Into<String>) -> Self {
+        self.literal = Some(text.into());
+        self
+    }
+
+    /// See [`Spelling::tupled`].
+    pub fn tupled(mut self) -> Self {
+        self.tupled = true;
+        self
+    }
 }
 
 /// A nested computation of an op.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Region {
-    /// `(a, b) -> a ⊕ b` on scalars of one dtype (reduce, scatter).
+    /// `(a, b) -> a ⊕ b` on scalars of one dtype (reduce, scatter; HLO's
+    /// `to_apply`).
     Combiner(BinaryOp, DType),
-    /// A traced function (a loop's condition or body).
-    Function(SubFunction),
+    /// A loop's condition: the carried values to a `pred[]` (HLO's
+    /// `condition`).
+    Cond(SubFunction),
+    /// A loop's body: the carried values to their next values (HLO's
+    /// `body`, which returns them as one tuple).
+    Body(SubFunction),
 }
 
 /// The rule of one op. Errors are plain messages; the tracer adds the op
@@ -58,10 +110,10 @@ pub trait OpRule {
     fn name(&self) -> &'static str;
     /// Result types from operand types.
     fn infer(&self, operands: &[TensorType]) -> Result<Vec<TensorType>, String>;
-    /// The StableHLO spelling (generic MLIR form).
-    fn stablehlo(&self, operands: &[TensorType], results: &[TensorType]) -> Spelling;
-    /// The HLO text spelling.
-    fn hlo(&self, operands: &[TensorType], results: &[TensorType]) -> Spelling;
+    /// How the op lowers to StableHLO (generic MLIR form).
+    fn stablehlo(&self, operands: &[TensorType], results: &[TensorType]) -> Lowering;
+    /// How the op lowers to HLO text.
+    fn hlo(&self, operands: &[TensorType], results: &[TensorType]) -> Lowering;
     /// Reference semantics on host literals.
     fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String>;
     /// The vector-Jacobian product: cotangents of the operands that need
@@ -165,7 +217,8 @@ impl Op {
         self.rule().eval(operands, results)
     }
 
-    /// True for ops that lower to nothing (their results are their operands).
+    /// True for ops that compute nothing: each result is its operand. Agrees
+    /// with their rules, which lower them to [`Lowering::Identity`].
     pub fn is_identity(&self) -> bool {
         matches!(self, Op::StopGradient(_))
     }

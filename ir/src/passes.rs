@@ -1,6 +1,8 @@
-//! Graph passes: dead-code elimination, common-subexpression elimination and
-//! folding of small constant expressions. Each returns a new, verified
-//! function with the same inputs and outputs.
+//! Graph passes: dead-code elimination, common-subexpression elimination,
+//! folding of small constant expressions ([`simplify`] runs all three), and
+//! the rewriting of scans into while loops that printing needs
+//! ([`lower_scans`]). Each returns a new, verified function with the same
+//! inputs and outputs.
 
 use std::collections::HashMap;
 
@@ -195,8 +197,9 @@ pub fn simplify(f: &Function) -> Function {
 }
 
 /// Rewrites every `scan` (also inside loop bodies and other scans) into a
-/// `while` over dynamic slices and dynamic updates, as JAX lowers scans;
-/// run before printing.
+/// `while` over dynamic slices and dynamic updates, as JAX lowers scans. A
+/// scan's rule lowers to [`crate::Lowering::Expanded`] by this pass: the
+/// printers of `hlo-lowering` run it first.
 pub fn lower_scans(f: &Function) -> Function {
     if !has_scan(f) {
         return f.clone();

@@ -1,6 +1,10 @@
 //! The methods and operators of [`Tensor`]: the tracing DSL model code is
 //! written in. NumPy-style broadcasting is made explicit in the graph as
 //! `broadcast_in_dim` nodes; dtypes are never promoted implicitly.
+//!
+//! Longer than our ~500-line guide on purpose: it is the DSL's whole
+//! surface in one place (one short method per op or composite), which reads
+//! better as one reference than split across files.
 
 use std::ops::{Add, Div, Mul, Neg, Not, Rem, Sub};
 

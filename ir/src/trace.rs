@@ -5,6 +5,9 @@
 //! first shape or dtype error is recorded on the builder ("sticky") and
 //! returned when tracing finishes; later ops on its poisoned results record
 //! nothing, so model code needs no `?` after every op.
+//!
+//! A little over our ~500-line guide: the builder stack, handles, inputs
+//! and outputs, scopes and calls share private state and are read together.
 
 use std::cell::RefCell;
 use std::fmt;

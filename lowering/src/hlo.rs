@@ -2,15 +2,18 @@
 //! computation, scopes as `metadata={op_name="..."}`. For dumps and review;
 //! PJRT compiles the StableHLO form. Instruction names are unique in the
 //! module (`add.7`); multi-result ops produce a tuple and
-//! `get-tuple-element`s, and a `while` carries one tuple, as HLO requires.
+//! `get-tuple-element`s, and ops spelled [`hlo_ir::Spelling::tupled`]
+//! (`while`, `opt-barrier`) also take their operands as one tuple, as HLO
+//! requires.
 
 use std::fmt::Write;
 
-use hlo_ir::{Function, Op, Region, TensorType};
+use hlo_ir::{Function, Lowering, Region, TensorType};
 use hlo_partitioner::{FunctionShardings, Mesh, PartitionSpec};
 
 use crate::sharding::gspmd_sharding;
 use crate::stablehlo::symbol;
+use crate::unexpanded;
 
 fn tuple_type(types: &[TensorType]) -> String {
     format!(
@@ -161,117 +164,49 @@ impl Printer<'_> {
             let result_types: Vec<TensorType> =
                 node.results.iter().map(|&r| f.ty(r).clone()).collect();
             let operands: Vec<Operand> = node.operands.iter().map(|&o| get(values, o)).collect();
-            let spelling = node.op.rule().hlo(&operand_types, &result_types);
             let scope = node.scope.as_str();
-            match &node.op {
-                op if op.is_identity()
-                    || (self.mesh.is_none() && matches!(op, Op::ShardingConstraint(_))) =>
-                {
-                    // Identities (and, without a mesh, sharding constraints)
-                    // print nothing: the result is the operand.
-                    values[node.results[0].index()] = Some(operands[0].clone());
+            let spelling = match (node.op.rule().hlo(&operand_types, &result_types), self.mesh) {
+                (Lowering::Op(spelling), _) => spelling,
+                (Lowering::ShardingConstraint { op, dims }, Some(mesh)) => {
+                    let rank = result_types[0].rank();
+                    op.attr("sharding", gspmd_sharding(mesh, &PartitionSpec(dims), rank))
+                }
+                (Lowering::Identity | Lowering::ShardingConstraint { .. }, _) => {
+                    // Nothing to print: each result is its operand.
+                    for (r, o) in node.results.iter().zip(&operands) {
+                        values[r.index()] = Some(o.clone());
+                    }
                     continue;
                 }
-                Op::ShardingConstraint(c) => {
-                    let mesh = self.mesh.expect("checked above");
-                    let sharding = gspmd_sharding(
-                        mesh,
-                        &PartitionSpec(c.dims.clone()),
-                        result_types[0].rank(),
-                    );
-                    let attrs = [
-                        ("custom_call_target".to_string(), "\"Sharding\"".to_string()),
-                        ("sharding".to_string(), sharding),
-                    ];
-                    let o = self.inst(
-                        lines,
-                        "custom-call",
-                        result_types[0].hlo(),
-                        format!("custom-call({})", operands[0].text()),
-                        &attrs,
-                        scope,
-                    );
-                    values[node.results[0].index()] = Some(o);
-                    continue;
-                }
-                Op::OptimizationBarrier(_) => {
-                    let args: Vec<String> = operands.iter().map(Operand::text).collect();
-                    let tuple_ty = tuple_type(&operand_types);
-                    let t = self.inst(
-                        lines,
-                        "tuple",
-                        tuple_ty.clone(),
-                        format!("tuple({})", args.join(", ")),
-                        &[],
-                        scope,
-                    );
-                    let b = self.inst(
-                        lines,
-                        "opt-barrier",
-                        tuple_ty,
-                        format!("opt-barrier({})", t.text()),
-                        &[],
-                        scope,
-                    );
-                    self.unpack(lines, &b, &node.results, &result_types, values, scope);
-                    continue;
-                }
-                Op::Constant(_) => {
-                    let value = &spelling.attributes[0].1;
-                    let o = self.inst(
-                        lines,
-                        "constant",
-                        result_types[0].hlo(),
-                        format!("constant({value})"),
-                        &[],
-                        scope,
-                    );
-                    values[node.results[0].index()] = Some(o);
-                    continue;
-                }
-                Op::While(w) => {
-                    let args: Vec<String> = operands.iter().map(Operand::text).collect();
-                    let carry_ty = tuple_type(&operand_types);
-                    let t = self.inst(
-                        lines,
-                        "tuple",
-                        carry_ty.clone(),
-                        format!("tuple({})", args.join(", ")),
-                        &[],
-                        scope,
-                    );
-                    let cond = self.loop_computation(&w.cond, false);
-                    let body = self.loop_computation(&w.body, true);
-                    let attrs = [
-                        ("condition".to_string(), format!("%{cond}")),
-                        ("body".to_string(), format!("%{body}")),
-                    ];
-                    let wh = self.inst(
-                        lines,
-                        "while",
-                        carry_ty,
-                        format!("while({})", t.text()),
-                        &attrs,
-                        scope,
-                    );
-                    self.unpack(lines, &wh, &node.results, &result_types, values, scope);
-                    continue;
-                }
-                _ => {}
+                (Lowering::Expanded { by }, _) => unexpanded(node.op.name(), by),
+            };
+            let mut args: Vec<String> = operands.iter().map(Operand::text).collect();
+            if spelling.tupled {
+                // The operands go in as one tuple.
+                let t = self.inst(
+                    lines,
+                    "tuple",
+                    tuple_type(&operand_types),
+                    format!("tuple({})", args.join(", ")),
+                    &[],
+                    scope,
+                );
+                args = vec![t.text()];
             }
             let mut attrs = spelling.attributes.clone();
             for r in &spelling.regions {
-                match r {
-                    Region::Combiner(op, dtype) => {
-                        let c = self.combiner(*op, *dtype);
-                        attrs.push(("to_apply".into(), format!("%{c}")));
-                    }
-                    Region::Function(_) => unreachable!("only while has function regions"),
-                }
+                let (name, computation) = match r {
+                    Region::Combiner(op, dtype) => ("to_apply", self.combiner(*op, *dtype)),
+                    Region::Cond(f) => ("condition", self.loop_computation(f, false)),
+                    Region::Body(f) => ("body", self.loop_computation(f, true)),
+                };
+                attrs.push((name.into(), format!("%{computation}")));
             }
-            let args: Vec<String> = operands.iter().map(Operand::text).collect();
-            let call = format!("{}({})", spelling.name, args.join(", "));
-            if result_types.len() == 1 {
+            let call = match &spelling.literal {
+                Some(literal) => format!("{}({literal})", spelling.name),
+                None => format!("{}({})", spelling.name, args.join(", ")),
+            };
+            if result_types.len() == 1 && !spelling.tupled {
                 let o = self.inst(
                     lines,
                     &spelling.name,
@@ -282,6 +217,7 @@ impl Printer<'_> {
                 );
                 values[node.results[0].index()] = Some(o);
             } else {
+                // The results come back as one tuple.
                 let t = self.inst(
                     lines,
                     &spelling.name,

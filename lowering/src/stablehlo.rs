@@ -5,10 +5,11 @@
 
 use std::fmt::Write;
 
-use hlo_ir::{Function, Op, Region, TensorType};
-use hlo_partitioner::{FunctionShardings, Mesh, PartitionSpec};
+use hlo_ir::{Function, Lowering, Region, TensorType};
+use hlo_partitioner::{FunctionShardings, PartitionSpec};
 
 use crate::sharding::{sdy_mesh, sdy_sharding};
+use crate::unexpanded;
 
 /// Escapes a string for an MLIR string literal.
 pub(crate) fn quote(s: &str) -> String {
@@ -50,14 +51,15 @@ fn types_list(types: &[TensorType]) -> String {
 }
 
 /// Prints a module's body; one per module so names stay unique.
-struct Printer<'a> {
+struct Printer {
     out: String,
     next: usize,
-    /// The mesh sharding constraints refer to, if the program is sharded.
-    mesh: Option<&'a Mesh>,
+    /// Whether the program has a mesh (`sdy.mesh @mesh`), which sharding
+    /// constraints refer to; without one they print nothing.
+    sharded: bool,
 }
 
-impl Printer<'_> {
+impl Printer {
     fn fresh(&mut self) -> usize {
         self.next += 1;
         self.next - 1
@@ -76,31 +78,21 @@ impl Printer<'_> {
                 .iter()
                 .map(|o| names[o.index()].clone())
                 .collect();
-            if node.op.is_identity()
-                || (self.mesh.is_none() && matches!(node.op, Op::ShardingConstraint(_)))
-            {
-                // Identities (and, without a mesh, sharding constraints)
-                // print nothing: the result is the operand.
-                names[node.results[0].index()] = operands[0].clone();
-                continue;
-            }
-            if let Op::ShardingConstraint(c) = &node.op {
-                let id = self.fresh();
-                names[node.results[0].index()] = format!("%{id}");
-                let t = result_types[0].mlir();
-                let sharding = sdy_sharding(&PartitionSpec(c.dims.clone()), result_types[0].rank());
-                let _ = write!(
-                    self.out,
-                    "{indent}%{id} = \"sdy.sharding_constraint\"({}) {{sharding = {sharding}}} : ({t}) -> {t}",
-                    operands[0]
-                );
-                if !node.scope.is_empty() {
-                    let _ = write!(self.out, " loc({})", quote(&node.scope));
+            let spelling = match node.op.rule().stablehlo(&operand_types, &result_types) {
+                Lowering::Op(spelling) => spelling,
+                Lowering::ShardingConstraint { op, dims } if self.sharded => op.attr(
+                    "sharding",
+                    sdy_sharding(&PartitionSpec(dims), result_types[0].rank()),
+                ),
+                Lowering::Identity | Lowering::ShardingConstraint { .. } => {
+                    // Nothing to print: each result is its operand.
+                    for (r, o) in node.results.iter().zip(&operands) {
+                        names[r.index()] = o.clone();
+                    }
+                    continue;
                 }
-                self.out.push('\n');
-                continue;
-            }
-            let spelling = node.op.rule().stablehlo(&operand_types, &result_types);
+                Lowering::Expanded { by } => unexpanded(node.op.name(), by),
+            };
             let id = self.fresh();
             let lhs = if node.results.len() == 1 {
                 names[node.results[0].index()] = format!("%{id}");
@@ -168,7 +160,7 @@ impl Printer<'_> {
                     "{indent}  \"stablehlo.return\"(%{r}) : ({ty}) -> ()\n{indent}}}"
                 );
             }
-            Region::Function(f) => {
+            Region::Cond(f) | Region::Body(f) => {
                 let mut names = vec![String::new(); f.values.len()];
                 let args: Vec<String> = f
                     .inputs
@@ -234,7 +226,7 @@ fn print(
     let mut p = Printer {
         out: String::new(),
         next: 0,
-        mesh: shardings.map(|s| &s.mesh),
+        sharded: shardings.is_some(),
     };
     let sdy = |specs: Option<&Vec<PartitionSpec>>, i: usize, ty: &TensorType| match specs {
         Some(specs) => format!(", sdy.sharding = {}", sdy_sharding(&specs[i], ty.rank())),

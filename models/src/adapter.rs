@@ -43,7 +43,7 @@ impl Adapter {
     /// A fresh adapter initialised as PEFT does: A uniform in ±1/sqrt(in)
     /// (kaiming-uniform with a = sqrt(5)), B zero.
     pub fn init(config: &LlamaConfig, lora: &LoraConfig, seed: u64) -> Adapter {
-        let mut rng = crate::rng::Rng::new(seed);
+        let mut rng = hlo_ir::rng::Rng::new(seed);
         let tensors = lora_parameter_types(config, lora)
             .into_iter()
             .map(|(name, ty)| {
@@ -111,11 +111,7 @@ impl Adapter {
         )
         .map_err(|e| bad(e.to_string()))?;
         let path = dir.join("adapter_model.safetensors");
-        let file = std::fs::File::open(&path)
-            .map_err(|e| bad(format!("cannot open adapter_model.safetensors: {e}")))?;
-        // SAFETY: read-only mapping of a file we only copy out of.
-        let map = unsafe { memmap2::Mmap::map(&file) }
-            .map_err(|e| bad(format!("cannot map adapter_model.safetensors: {e}")))?;
+        let map = crate::io::mmap(&path)?;
         let stored: HashMap<String, crate::checkpoint::StoredTensor> =
             crate::checkpoint::index_file(&path, &map)?
                 .into_iter()
@@ -145,8 +141,7 @@ impl Adapter {
 
     /// Writes the adapter as PEFT does (`PeftModel.from_pretrained` loads it).
     pub fn save(&self, dir: &Path, base_model: Option<&str>) -> Result<(), ModelError> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| ModelError::Io(format!("cannot create {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir).map_err(ModelError::io("create", dir))?;
         let config = json!({
             "peft_type": "LORA",
             "task_type": "CAUSAL_LM",
@@ -176,6 +171,35 @@ impl Adapter {
         write_safetensors(&dir.join("adapter_model.safetensors"), &peft)?;
         let text = serde_json::to_string_pretty(&config).expect("JSON values serialise");
         write_atomic(&dir.join("adapter_config.json"), text.as_bytes())
+    }
+
+    /// The base weight `name` (`[out, in]`, as HF stores it) with this
+    /// adapter folded in, `W + scale · (A·B)ᵀ`, computed in f64 and
+    /// rounded once to `weight`'s dtype; other weights come back as they
+    /// are.
+    pub fn merge(&self, name: &str, weight: &Literal) -> Literal {
+        let module = name.strip_suffix(".weight").unwrap_or(name);
+        let (Some(a), Some(b)) = (
+            self.get(&format!("{module}.lora_a")),
+            self.get(&format!("{module}.lora_b")),
+        ) else {
+            return weight.clone();
+        };
+        // A [in, r], B [r, out].
+        let (din, r, dout) = (
+            a.ty.dims[0] as usize,
+            a.ty.dims[1] as usize,
+            b.ty.dims[1] as usize,
+        );
+        let scale = self.lora.scale();
+        let (av, bv, mut wv) = (a.to_f64s(), b.to_f64s(), weight.to_f64s());
+        for o in 0..dout {
+            for i in 0..din {
+                let d: f64 = (0..r).map(|k| av[i * r + k] * bv[k * dout + o]).sum();
+                wv[o * din + i] += scale * d;
+            }
+        }
+        Literal::from_f64s(weight.ty.clone(), &wv)
     }
 
     /// One tensor by our name.

@@ -92,31 +92,17 @@ pub fn index_file(path: &Path, map: &[u8]) -> Result<Vec<StoredTensor>, ModelErr
     Ok(out)
 }
 
-fn mmap(path: &Path) -> Result<Mmap, ModelError> {
-    let file = std::fs::File::open(path)
-        .map_err(|e| ModelError::Io(format!("cannot open {}: {e}", path.display())))?;
-    // SAFETY: the file is opened read-only; a concurrent writer would be a
-    // user error that at worst yields wrong values, which validation and
-    // tests catch, not memory unsafety in safe code that copies bytes out.
-    unsafe { Mmap::map(&file) }
-        .map_err(|e| ModelError::Io(format!("cannot map {}: {e}", path.display())))
-}
-
 impl Checkpoint {
     /// Opens `dir` (config.json + safetensors) and checks every tensor the
     /// config needs.
     pub fn open(dir: &Path) -> Result<Checkpoint, ModelError> {
         if !dir.is_dir() {
-            return Err(ModelError::Io(format!(
-                "checkpoint folder {} does not exist",
-                dir.display()
-            )));
+            return Err(ModelError::MissingFolder(dir.to_path_buf()));
         }
         let config = LlamaConfig::from_file(&dir.join("config.json"))?;
         let index = dir.join("model.safetensors.index.json");
         let names: Vec<String> = if index.is_file() {
-            let text = std::fs::read_to_string(&index)
-                .map_err(|e| ModelError::Io(format!("cannot read {}: {e}", index.display())))?;
+            let text = std::fs::read_to_string(&index).map_err(ModelError::io("read", &index))?;
             let v: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| ModelError::Checkpoint {
                     file: index.display().to_string(),
@@ -150,13 +136,12 @@ impl Checkpoint {
             }
             let path = dir.join(&name);
             if !path.is_file() {
-                return Err(ModelError::Io(format!(
-                    "{} is missing from {}",
-                    name,
-                    dir.display()
-                )));
+                return Err(ModelError::MissingShard {
+                    file: name,
+                    dir: dir.to_path_buf(),
+                });
             }
-            let map = mmap(&path)?;
+            let map = crate::io::mmap(&path)?;
             for tensor in index_file(&path, &map)? {
                 let file = files.len();
                 tensors.insert(tensor.name.clone(), Entry { file, tensor });

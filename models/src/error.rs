@@ -1,22 +1,114 @@
-//! Errors of model building, checkpoints, adapters and tokenizers.
+//! Errors of model building, checkpoints and adapters.
+
+use std::path::PathBuf;
+
+use hlo_ir::DType;
 
 /// What went wrong, with the file, tensor or field it concerns.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("{0}")]
-    Config(String),
-    #[error("{0}")]
-    Io(String),
+    /// A file or folder could not be read, written or created.
+    #[error("cannot {action} {}: {cause}", path.display())]
+    Io {
+        /// `read`, `write`, `open`, `map`, `create`.
+        action: &'static str,
+        path: PathBuf,
+        cause: std::io::Error,
+    },
+    /// A model configuration (`config.json` or a preset) is unusable.
+    #[error("{}{problem}", path.as_ref().map(|p| format!("{}: ", p.display())).unwrap_or_default())]
+    Config {
+        /// The file it came from, when there is one.
+        path: Option<PathBuf>,
+        problem: ConfigError,
+    },
+    /// LoRA settings that make no adapter.
+    #[error(transparent)]
+    Lora(#[from] LoraError),
+    /// A checkpoint folder that is not there.
+    #[error("checkpoint folder {} does not exist", .0.display())]
+    MissingFolder(PathBuf),
+    /// A file a checkpoint's index names is not in its folder.
+    #[error("{file} is missing from {}", dir.display())]
+    MissingShard { file: String, dir: PathBuf },
+    /// A path that names no file (it ends in `..` or `/`).
+    #[error("{} is not a file path", .0.display())]
+    NotAFile(PathBuf),
+    /// A checkpoint's file is malformed or disagrees with its config.
     #[error("{file}: {message}")]
     Checkpoint { file: String, message: String },
+    /// A PEFT adapter folder is malformed or disagrees with the model.
     #[error("adapter {dir}: {message}")]
     Adapter { dir: String, message: String },
-    #[error("tokenizer: {0}")]
-    Tokenizer(String),
-    #[error("{0}")]
+    /// safetensors has no spelling for this element type.
+    #[error("cannot write {0} tensors to safetensors")]
+    UnwritableDType(DType),
+    #[error("building the gradient: {0}")]
+    Gradient(hlo_ir::AutodiffError),
+    #[error(transparent)]
     Trace(#[from] hlo_ir::TraceError),
-    #[error("{0}")]
+    #[error(transparent)]
     Sharding(#[from] hlo_partitioner::ShardingError),
-    #[error("{0}")]
-    Runtime(#[from] hlo_runtime::Error),
+}
+
+impl ModelError {
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> ModelError {
+        let path = path.into();
+        move |cause| ModelError::Io {
+            action,
+            path,
+            cause,
+        }
+    }
+}
+
+/// Why a model configuration is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("not a Llama config.json: {0}")]
+    NotJson(serde_json::Error),
+    /// A setting whose computation hlo-train does not implement.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    #[error("llama3 rope scaling lacks `{0}`")]
+    MissingRopeField(String),
+    #[error("{field} must be positive, got {value}")]
+    NotPositive { field: &'static str, value: i64 },
+    #[error("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")]
+    HeadsNotMultiple { heads: i64, kv_heads: i64 },
+    #[error("head_dim {0} is odd (rotary embeddings rotate pairs)")]
+    OddHeadDim(i64),
+    #[error("unknown model preset `{0}` (tiny, llama3.2-1b, llama3.2-3b, llama3.1-8b, llama3.1-70b, llama3.1-405b)")]
+    UnknownPreset(String),
+}
+
+impl From<ConfigError> for ModelError {
+    fn from(problem: ConfigError) -> ModelError {
+        ModelError::Config {
+            path: None,
+            problem,
+        }
+    }
+}
+
+impl From<hlo_ir::AutodiffError> for ModelError {
+    fn from(e: hlo_ir::AutodiffError) -> ModelError {
+        ModelError::Gradient(e)
+    }
+}
+
+/// Why LoRA settings are refused.
+#[derive(Debug, thiserror::Error)]
+pub enum LoraError {
+    #[error("LoRA rank must be at least 1, got {0}")]
+    Rank(i64),
+    #[error("LoRA alpha must be positive, got {0}")]
+    Alpha(f64),
+    #[error("unknown LoRA target `{target}` (one of {known})")]
+    UnknownTarget { target: String, known: String },
+    #[error("LoRA needs at least one target module")]
+    NoTargets,
 }

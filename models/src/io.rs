@@ -10,7 +10,7 @@ use crate::ModelError;
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
     let name = path
         .file_name()
-        .ok_or_else(|| ModelError::Io(format!("{} is not a file path", path.display())))?;
+        .ok_or_else(|| ModelError::NotAFile(path.to_path_buf()))?;
     let tmp = path.with_file_name(format!(
         ".{}.tmp-{}",
         name.to_string_lossy(),
@@ -25,16 +25,22 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    result.map_err(|e| ModelError::Io(format!("cannot write {}: {e}", path.display())))
+    result.map_err(ModelError::io("write", path))
+}
+
+/// A read-only mapping of `path`, for reading safetensors without copying
+/// the whole file.
+pub(crate) fn mmap(path: &Path) -> Result<memmap2::Mmap, ModelError> {
+    let file = std::fs::File::open(path).map_err(ModelError::io("open", path))?;
+    // SAFETY: the file is opened read-only; a concurrent writer would be a
+    // user error that at worst yields wrong values, which validation and
+    // tests catch, not memory unsafety in safe code that copies bytes out.
+    unsafe { memmap2::Mmap::map(&file) }.map_err(ModelError::io("map", path))
 }
 
 /// Every tensor of a safetensors file (validated, copied out), in file order.
 pub fn read_safetensors(path: &Path) -> Result<Vec<(String, hlo_ir::Literal)>, ModelError> {
-    let file = std::fs::File::open(path)
-        .map_err(|e| ModelError::Io(format!("cannot open {}: {e}", path.display())))?;
-    // SAFETY: read-only mapping of a file we only copy out of.
-    let map = unsafe { memmap2::Mmap::map(&file) }
-        .map_err(|e| ModelError::Io(format!("cannot map {}: {e}", path.display())))?;
+    let map = mmap(path)?;
     let mut entries = crate::checkpoint::index_file(path, &map)?;
     entries.sort_by_key(|e| e.start);
     Ok(entries
@@ -56,20 +62,24 @@ pub fn write_safetensors(
         hlo_ir::DType::F64 => Ok(Dtype::F64),
         hlo_ir::DType::I32 => Ok(Dtype::I32),
         hlo_ir::DType::I64 => Ok(Dtype::I64),
-        other => Err(ModelError::Io(format!(
-            "cannot write {other} tensors to safetensors"
-        ))),
+        other => Err(ModelError::UnwritableDType(other)),
     };
     let views = tensors
         .iter()
         .map(|(name, l)| {
             let shape: Vec<usize> = l.ty.dims.iter().map(|&d| d as usize).collect();
-            let view = TensorView::new(dtype(l.ty.dtype)?, shape, &l.bytes)
-                .map_err(|e| ModelError::Io(format!("tensor `{name}`: {e}")))?;
+            let view = TensorView::new(dtype(l.ty.dtype)?, shape, &l.bytes).map_err(|e| {
+                ModelError::Checkpoint {
+                    file: path.display().to_string(),
+                    message: format!("tensor `{name}`: {e}"),
+                }
+            })?;
             Ok((name.clone(), view))
         })
         .collect::<Result<Vec<_>, ModelError>>()?;
-    let bytes = safetensors::serialize(views, None)
-        .map_err(|e| ModelError::Io(format!("cannot serialise {}: {e}", path.display())))?;
+    let bytes = safetensors::serialize(views, None).map_err(|e| ModelError::Checkpoint {
+        file: path.display().to_string(),
+        message: format!("cannot serialise: {e}"),
+    })?;
     write_atomic(path, &bytes)
 }

@@ -1,20 +1,36 @@
-//! `hlo-models` owns the models and everything about training them that is
-//! not the compiler: Llama 3.x written in the tracing DSL as HF transformers
-//! defines it ([`llama`]), LoRA as PEFT defines it, safetensors checkpoints
-//! (HF in, [`checkpoint`]), PEFT adapters in and out ([`adapter`]),
-//! tokenizers, and a small example MLP ([`mlp`]). It knows nothing about
-//! PJRT structs; it asks `hlo-runtime` to compile and run.
+//! `hlo-models` owns what the programs are, with no device in sight: Llama
+//! 3.x written in the tracing DSL as HF transformers defines it
+//! ([`llama`]), with its partition rules and initialisers; LoRA as PEFT
+//! defines it; the train, eval, forward and decode steps as traced
+//! functions whose inputs carry typed [`roles`] (weight, trainable,
+//! optimizer state of X, batch field, step counter, cache); losses,
+//! optimizers and schedules ([`train`], [`loss`]); safetensors checkpoints (HF in,
+//! [`checkpoint`]) and PEFT adapters in and out ([`adapter`]); and a small
+//! example MLP ([`mlp`]).
+//!
+//! It does not compile or run anything (that is `hlo-runtime`, driven by
+//! `hlo-engine`), and it does not read training data (`hlo-data`).
+//!
+//! ```
+//! use hlo_models::llama::{LlamaConfig, LoraConfig};
+//! use hlo_models::roles::Role;
+//! use hlo_models::train::{train_step, Optimizer, Schedule, TrainConfig};
+//! let config = LlamaConfig::preset("tiny").unwrap();
+//! let tc = TrainConfig::new(hlo_ir::DType::F32, 2, 16)
+//!     .with_lora(Some(LoraConfig::new(4, 8.0, &["q_proj", "v_proj"], false).unwrap()));
+//! let step = train_step(&config, &tc).unwrap();
+//! let trained = step.inputs_where(|r| *r == Role::Trainable);
+//! assert_eq!(trained.len(), 2 * 2 * config.num_hidden_layers as usize);
+//! ```
 
 pub mod adapter;
-pub mod chat;
 pub mod checkpoint;
-pub mod data;
 mod error;
 pub mod io;
 pub mod llama;
+pub mod loss;
 pub mod mlp;
-pub mod rng;
-pub mod tokenizer;
+pub mod roles;
 pub mod train;
 
-pub use error::ModelError;
+pub use error::{ConfigError, LoraError, ModelError};

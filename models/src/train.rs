@@ -2,15 +2,14 @@
 //! cross-entropy, gradients of the trainable parameters, global-norm
 //! clipping, learning-rate schedule and optimizer update.
 
-use hlo_ir::ops::Gather;
-use hlo_ir::{
-    call, full, iota, scan, scope, trace, value_and_grad, DType, Function, Outputs, Tensor,
-    TensorType,
-};
+use hlo_ir::{call, full, scan, scope, trace, value_and_grad, DType, Outputs, Tensor, TensorType};
 
 use crate::llama::{
-    base_parameter_types, lora_parameter_types, stack_types, Llama, LlamaConfig, LoraConfig, Params,
+    base_parameter_types, is_stacked, lora_parameter_types, stack_types, Llama, LlamaConfig,
+    LoraConfig, Params,
 };
+use crate::loss::{masked_cross_entropy, masked_cross_entropy_sum};
+use crate::roles::{BatchField, Moment, Role, Step, StepInput};
 use crate::ModelError;
 
 /// The optimizer, with PyTorch's semantics and defaults.
@@ -48,6 +47,14 @@ pub enum Schedule {
     Cosine { warmup: i64, total: i64 },
 }
 
+impl Schedule {
+    /// Linear warmup over `warmup` steps, then cosine decay to zero at
+    /// step `total`.
+    pub fn cosine(warmup: i64, total: i64) -> Schedule {
+        Schedule::Cosine { warmup, total }
+    }
+}
+
 /// Everything that shapes the traced step.
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
@@ -78,60 +85,50 @@ pub struct TrainConfig {
     pub packing: bool,
 }
 
-/// The traced step and what the runner needs to know about it.
-pub struct TrainStep {
-    pub function: Function,
-    /// Names of the trained parameters (inputs and outputs).
-    pub trainable: Vec<String>,
-    /// Names of the optimizer state tensors (inputs and outputs).
-    pub optimizer_state: Vec<String>,
-    /// (input, output) pairs whose buffers the step updates in place.
-    pub donated: Vec<(usize, usize)>,
-}
+impl TrainConfig {
+    /// Full finetuning of `batch` rows of `seq` tokens in `dtype` with
+    /// PyTorch's AdamW defaults (weight decay 0.01), lr 2e-4 constant,
+    /// gradient norm clipped to 1, layers unrolled, no accumulation or
+    /// packing; the `with_*` methods change one setting each.
+    pub fn new(dtype: DType, batch: i64, seq: i64) -> TrainConfig {
+        TrainConfig {
+            dtype,
+            batch,
+            seq,
+            lr: 2e-4,
+            optimizer: Optimizer::adamw(0.01),
+            schedule: Schedule::Constant { warmup: 0 },
+            clip_norm: Some(1.0),
+            lora: None,
+            batch_axes: Vec::new(),
+            scan_layers: false,
+            remat_layers: false,
+            grad_accum: 1,
+            packing: false,
+        }
+    }
 
-/// Mean cross-entropy of next-token prediction over masked positions:
-/// `sum(mask · (logsumexp(logits) − logit[label])) / max(sum(mask), 1)`,
-/// label `t` being token `t + 1`; no one-hot matrix is formed.
-pub fn masked_cross_entropy(logits: Tensor, input_ids: Tensor, loss_mask: Tensor) -> Tensor {
-    let (total, count) = masked_cross_entropy_sum(logits, input_ids, loss_mask);
-    total / count.maximum(count.scalar_like(1.0))
-}
+    /// Trains these LoRA adapters (None: every weight).
+    pub fn with_lora(mut self, lora: Option<LoraConfig>) -> TrainConfig {
+        self.lora = lora;
+        self
+    }
 
-/// The summed cross-entropy over masked positions and their count (f32
-/// scalars), from which means over several batches are exact.
-pub fn masked_cross_entropy_sum(
-    logits: Tensor,
-    input_ids: Tensor,
-    loss_mask: Tensor,
-) -> (Tensor, Tensor) {
-    let d = logits.dims();
-    let (b, s, v) = (d[0], d[1], d[2]);
-    let n = b * s;
-    let lf = logits.cast(DType::F32).reshape(&[n, v]);
-    // The max keeps exp in range; its gradient cancels, so autodiff gets none.
-    let m = lf.max(&[1]).stop_gradient();
-    let lse = m
-        + (lf - m.broadcast_in_dim(&[n, v], &[0]))
-            .exp()
-            .sum(&[1])
-            .log();
-    // Labels: ids shifted left; the last position has none (mask 0 there).
-    let next = input_ids.slice(&[0, 1], &[b, s]);
-    let labels =
-        Tensor::concat(&[next, full(TensorType::new(DType::I32, [b, 1]), 0.0)], 1).reshape(&[n, 1]);
-    let rows = iota(TensorType::new(DType::I32, [n, 1]), 0);
-    let picked = lf.gather(
-        Tensor::concat(&[rows, labels], 1),
-        Gather {
-            offset_dims: vec![],
-            collapsed_slice_dims: vec![0, 1],
-            start_index_map: vec![0, 1],
-            index_vector_dim: 1,
-            slice_sizes: vec![1, 1],
-        },
-    );
-    let mask = loss_mask.cast(DType::F32).reshape(&[n]);
-    (((lse - picked) * mask).sum(&[0]), mask.sum(&[0]))
+    pub fn with_lr(mut self, lr: f64, schedule: Schedule) -> TrainConfig {
+        self.lr = lr;
+        self.schedule = schedule;
+        self
+    }
+
+    pub fn with_optimizer(mut self, optimizer: Optimizer) -> TrainConfig {
+        self.optimizer = optimizer;
+        self
+    }
+
+    /// Rows of a step: micro-batches × batch.
+    pub fn rows(&self) -> i64 {
+        self.batch * self.grad_accum.max(1)
+    }
 }
 
 fn lr_at(step: Tensor, lr: f64, schedule: &Schedule) -> Tensor {
@@ -183,28 +180,61 @@ fn loss_inputs(config: &LlamaConfig, tc: &TrainConfig) -> LossInputs {
     );
     let mut loss_inputs = base.clone();
     loss_inputs.extend(lora_params.iter().cloned());
-    loss_inputs.push((
-        "input_ids".into(),
-        TensorType::new(DType::I32, [tc.batch, tc.seq]),
-    ));
-    loss_inputs.push((
-        "loss_mask".into(),
-        TensorType::new(DType::F32, [tc.batch, tc.seq]),
-    ));
-    if tc.packing {
-        for name in BATCH_PACKING {
-            loss_inputs.push((name.into(), TensorType::new(DType::I32, [tc.batch, tc.seq])));
-        }
+    for field in batch_fields(tc) {
+        let dtype = if field == BatchField::LossMask {
+            DType::F32
+        } else {
+            DType::I32
+        };
+        loss_inputs.push((
+            field.name().into(),
+            TensorType::new(dtype, [tc.batch, tc.seq]),
+        ));
     }
     (base, lora_params, loss_inputs)
 }
 
-/// The batch inputs packing adds.
-pub const BATCH_PACKING: [&str; 2] = ["positions", "segment_ids"];
+/// The batch's fields under `tc`: ids and mask, and positions and segment
+/// ids when rows are packed.
+pub fn batch_fields(tc: &TrainConfig) -> Vec<BatchField> {
+    let mut fields = vec![BatchField::InputIds, BatchField::LossMask];
+    if tc.packing {
+        fields.extend([BatchField::Positions, BatchField::SegmentIds]);
+    }
+    fields
+}
 
-/// The batch's inputs (ids, mask, and the packing ones when packing).
-pub fn is_batch_input(name: &str) -> bool {
-    name == "input_ids" || name == "loss_mask" || BATCH_PACKING.contains(&name)
+/// The roles of a train or eval step's inputs under `tc`, by name (the
+/// names are this module's own).
+fn role_of(tc: &TrainConfig) -> impl Fn(&str) -> StepInput + '_ {
+    move |name: &str| {
+        let batch = batch_fields(tc).into_iter().find(|f| f.name() == name);
+        let (role, leading_axis) = if let Some(field) = batch {
+            (Role::Batch(field), tc.grad_accum > 1)
+        } else if name == "step" {
+            (Role::StepCounter, false)
+        } else if let Some((moment, of)) = name
+            .strip_prefix("opt.m.")
+            .map(|of| (Moment::First, of))
+            .or_else(|| name.strip_prefix("opt.v.").map(|of| (Moment::Second, of)))
+        {
+            let role = Role::OptimizerState {
+                of: of.to_string(),
+                moment,
+            };
+            (role, is_stacked(of))
+        } else {
+            let lora = name.ends_with(".lora_a") || name.ends_with(".lora_b");
+            let trained = lora || tc.lora.is_none();
+            let role = if trained {
+                Role::Trainable
+            } else {
+                Role::Weight
+            };
+            (role, is_stacked(name))
+        };
+        StepInput { role, leading_axis }
+    }
 }
 
 /// The logits of the batch in `i`, packed or not.
@@ -235,20 +265,30 @@ fn model<'a>(config: &'a LlamaConfig, tc: &'a TrainConfig) -> Llama<'a> {
 /// The eval step: the summed masked cross-entropy of a batch and its
 /// number of counted tokens (`loss_sum`, `tokens`), no gradients. Its
 /// inputs are the train step's weights, LoRA tensors and batch, by name.
-pub fn eval_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<Function, ModelError> {
+pub fn eval_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
     let (_, _, inputs) = loss_inputs(config, tc);
     let model = model(config, tc);
-    Ok(trace("llama_eval", &inputs, |i| {
+    let function = trace("llama_eval", &inputs, |i| {
         let logits = logits_of(&model, i, tc);
         let (sum, count) = scope("loss", || {
             masked_cross_entropy_sum(logits, i["input_ids"], i["loss_mask"])
         });
         Outputs::new().add("loss_sum", sum).add("tokens", count)
-    })?)
+    })?;
+    // One micro-batch at a time: no accumulation axis.
+    let single = TrainConfig {
+        grad_accum: 1,
+        ..tc.clone()
+    };
+    Ok(Step::new(function, role_of(&single)))
 }
 
-/// Builds the step for `config` under `tc`.
-pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<TrainStep, ModelError> {
+/// Builds the step for `config` under `tc`: inputs are the weights, the
+/// trainable parameters, the batch, the optimizer state and the step
+/// counter; outputs `loss`, `grad_norm`, `lr`, then the updated trainable
+/// parameters, optimizer state and counter under their input names
+/// (donated).
+pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
     let (base, lora_params, loss_inputs) = loss_inputs(config, tc);
     let trainable: Vec<(String, TensorType)> = if tc.lora.is_some() {
         lora_params.clone()
@@ -266,8 +306,7 @@ pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<TrainStep, M
         )
     })?;
     let names: Vec<&str> = trainable.iter().map(|(n, _)| n.as_str()).collect();
-    let grads = value_and_grad(&loss_fn, "loss", &names)
-        .map_err(|e| ModelError::Config(format!("building the gradient: {e}")))?;
+    let grads = value_and_grad(&loss_fn, "loss", &names)?;
     // With accumulation, a micro-step's summed loss, token count and the
     // gradients of the sum.
     let accum = tc.grad_accum.max(1);
@@ -279,10 +318,7 @@ pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<TrainStep, M
             });
             Outputs::new().add("loss_sum", sum).add("tokens", count)
         })?;
-        Some(
-            value_and_grad(&sum_fn, "loss_sum", &names)
-                .map_err(|e| ModelError::Config(format!("building the gradient: {e}")))?,
-        )
+        Some(value_and_grad(&sum_fn, "loss_sum", &names)?)
     } else {
         None
     };
@@ -290,24 +326,24 @@ pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<TrainStep, M
     let adam = matches!(tc.optimizer, Optimizer::AdamW { .. });
     let mut step_inputs = loss_inputs.clone();
     if accum > 1 {
+        let fields = batch_fields(tc);
         for (name, ty) in step_inputs.iter_mut() {
-            if is_batch_input(name) {
+            if fields.iter().any(|f| f.name() == name) {
                 let mut dims = vec![accum];
                 dims.extend_from_slice(&ty.dims);
                 *ty = TensorType::new(ty.dtype, dims);
             }
         }
     }
-    let mut optimizer_state = Vec::new();
     if adam {
         for (n, t) in &trainable {
             for kind in ["m", "v"] {
-                let name = format!("opt.{kind}.{n}");
-                step_inputs.push((name.clone(), t.with_dtype(DType::F32)));
-                optimizer_state.push(name);
+                step_inputs.push((format!("opt.{kind}.{n}"), t.with_dtype(DType::F32)));
             }
         }
     }
+    let fields = batch_fields(tc);
+    let is_batch = |name: &str| fields.iter().any(|f| f.name() == name);
     step_inputs.push(("step".into(), TensorType::scalar(DType::I32)));
     let function = trace("train_step", &step_inputs, |i| {
         let (loss, g): (Tensor, Vec<Tensor>) = match &micro {
@@ -333,13 +369,13 @@ pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<TrainStep, M
                 let xs: Vec<(&str, Tensor)> = micro
                     .inputs
                     .iter()
-                    .filter(|b| is_batch_input(&b.name))
+                    .filter(|b| is_batch(&b.name))
                     .map(|b| (b.name.as_str(), i[b.name.as_str()]))
                     .collect();
                 let consts: Vec<(&str, Tensor)> = micro
                     .inputs
                     .iter()
-                    .filter(|b| !is_batch_input(&b.name))
+                    .filter(|b| !is_batch(&b.name))
                     .map(|b| (b.name.as_str(), i[b.name.as_str()]))
                     .collect();
                 let (out, _) = scan(&carry, &xs, &consts, |l| {
@@ -421,24 +457,7 @@ pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<TrainStep, M
         }
         o
     })?;
-    let donated = function
-        .inputs
-        .iter()
-        .enumerate()
-        .filter_map(|(k, b)| {
-            function
-                .outputs
-                .iter()
-                .position(|o| o.name == b.name)
-                .map(|j| (k, j))
-        })
-        .collect();
-    Ok(TrainStep {
-        function,
-        trainable: trainable.into_iter().map(|(n, _)| n).collect(),
-        optimizer_state,
-        donated,
-    })
+    Ok(Step::new(function, role_of(tc)))
 }
 
 /// FLOPs of one step, for MFU, as MaxText and LLM Foundry count them:

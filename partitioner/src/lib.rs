@@ -6,7 +6,8 @@
 //! that name the tensor and dimension, which block of a tensor each device
 //! holds, and an ASCII drawing of a layout.
 //!
-//! It depends only on `hlo-ir`. The text spellings of a sharding (Shardy's
+//! It holds no model's rules (each model family brings its own, in
+//! `hlo-models`). It depends only on `hlo-ir`. The text spellings of a sharding (Shardy's
 //! `#sdy.sharding<...>`, GSPMD's `{devices=[...]}`) belong to `hlo-lowering`;
 //! moving bytes to devices belongs to `hlo-runtime`.
 //!
@@ -28,6 +29,6 @@ mod view;
 pub use error::ShardingError;
 pub use mesh::Mesh;
 pub use propagate::propagate;
-pub use rules::{llama_rules, FunctionShardings, Rules};
+pub use rules::{FunctionShardings, Rules};
 pub use spec::{PartitionSpec, Sharding};
 pub use view::draw_sharding;

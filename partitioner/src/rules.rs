@@ -101,31 +101,6 @@ impl Rules {
     }
 }
 
-/// The default rules of the recipe hlo-train grew from, for HF Llama names
-/// and layouts (`nn.Linear` weights are `[out, in]`): kernels and
-/// embeddings over `fsdp` and `mp`, norms replicated, `lora_a` `("fsdp",
-/// "mp")`, `lora_b` `("mp", "fsdp")`, token batches `(("dp", "fsdp"), None)`.
-pub fn llama_rules() -> Rules {
-    let p = |dims: &[&[&str]]| PartitionSpec::new(dims);
-    Rules::new(&[
-        (r"embed_tokens\.weight$", p(&[&["mp"], &["fsdp"]])),
-        (r"lm_head\.weight$", p(&[&["mp"], &["fsdp"]])),
-        (r"lora_a$", p(&[&["fsdp"], &["mp"]])),
-        (r"lora_b$", p(&[&["mp"], &["fsdp"]])),
-        (
-            r"(q_proj|k_proj|v_proj|gate_proj|up_proj)\.weight$",
-            p(&[&["mp"], &["fsdp"]]),
-        ),
-        (r"(o_proj|down_proj)\.weight$", p(&[&["fsdp"], &["mp"]])),
-        (r"norm\.weight$", PartitionSpec::replicated()),
-        (
-            r"^(input_ids|labels|loss_mask|positions|segment_ids)$",
-            p(&[&["dp", "fsdp"], &[]]),
-        ),
-    ])
-    .expect("the default rules compile")
-}
-
 /// The layout of every input and output of a function over a mesh.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FunctionShardings {

@@ -3,7 +3,7 @@
 
 use hlo_ir::{trace, DType, TensorType};
 use hlo_partitioner::{
-    draw_sharding, llama_rules, FunctionShardings, Mesh, PartitionSpec, Rules, ShardingError,
+    draw_sharding, FunctionShardings, Mesh, PartitionSpec, Rules, ShardingError,
 };
 
 fn mesh(s: &str) -> Mesh {
@@ -159,44 +159,6 @@ fn rules_from_json() {
     );
     for bad in ["{}", "[[1, 2]]", "[[\"x\"]]", "[[\"x\", 3]]", "not json"] {
         assert!(Rules::from_json(bad).is_err(), "{bad}");
-    }
-}
-
-#[test]
-fn default_llama_rules_follow_the_recipe_table() {
-    let r = llama_rules();
-    let cases = [
-        ("model.embed_tokens.weight", p(&[&["mp"], &["fsdp"]])),
-        ("lm_head.weight", p(&[&["mp"], &["fsdp"]])),
-        (
-            "model.layers.3.self_attn.q_proj.weight",
-            p(&[&["mp"], &["fsdp"]]),
-        ),
-        (
-            "model.layers.3.self_attn.o_proj.weight",
-            p(&[&["fsdp"], &["mp"]]),
-        ),
-        (
-            "model.layers.3.mlp.down_proj.weight",
-            p(&[&["fsdp"], &["mp"]]),
-        ),
-        (
-            "model.layers.3.self_attn.q_proj.lora_a",
-            p(&[&["fsdp"], &["mp"]]),
-        ),
-        (
-            "model.layers.3.self_attn.q_proj.lora_b",
-            p(&[&["mp"], &["fsdp"]]),
-        ),
-        (
-            "model.layers.3.input_layernorm.weight",
-            PartitionSpec::replicated(),
-        ),
-        ("model.norm.weight", PartitionSpec::replicated()),
-        ("input_ids", p(&[&["dp", "fsdp"], &[]])),
-    ];
-    for (name, want) in cases {
-        assert_eq!(r.spec_for(name, 2), want, "{name}");
     }
 }
 

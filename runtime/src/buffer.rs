@@ -1,7 +1,8 @@
 //! Device buffers: one array on one device.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
 
 use hlo_ir::DType;
 
@@ -9,6 +10,7 @@ use crate::client::{ClientInner, Device};
 use crate::error::{Error, Result};
 use crate::ffi::{self, Args, Slot};
 use crate::host::HostArray;
+use crate::plugin::Api;
 
 pub(crate) fn to_pjrt_type(d: DType) -> ffi::PJRT_Buffer_Type {
     match d {
@@ -165,6 +167,41 @@ impl Buffer {
             .await_event(a.event, Slot::PJRT_Buffer_ReadyEvent)
     }
 
+    /// Asks the plugin to note the moment this buffer's value is computed,
+    /// without waiting for it: a step's time on the devices is the gap
+    /// between such moments, wherever the host was meanwhile.
+    pub fn ready_time(&self) -> Result<ReadyTime> {
+        let mut a = ffi::PJRT_Buffer_ReadyEvent_Args::new();
+        a.buffer = self.raw;
+        // SAFETY: matching args; the event is destroyed below, once.
+        unsafe { self.client.api.call(Slot::PJRT_Buffer_ReadyEvent, &mut a)? };
+        let ready = ReadyTime::default();
+        let note = Box::into_raw(Box::new(ReadyNote {
+            ready: ready.clone(),
+            api: self.client.api.clone(),
+        }));
+        let mut on = ffi::PJRT_Event_OnReady_Args::new();
+        on.event = a.event;
+        on.callback = Some(note_ready);
+        on.user_arg = note.cast();
+        // SAFETY: matching args; `note` is reclaimed by the callback, which
+        // the plugin calls exactly once (at once if the event is ready). The
+        // callback holds its own reference to the event's value, so the
+        // event is ours to destroy.
+        let registered = unsafe { self.client.api.call(Slot::PJRT_Event_OnReady, &mut on) };
+        if registered.is_err() {
+            // SAFETY: the plugin did not take `note`.
+            drop(unsafe { Box::from_raw(note) });
+        }
+        let mut d = ffi::PJRT_Event_Destroy_Args::new();
+        d.event = a.event;
+        // SAFETY: the event came from the plugin; destroyed once.
+        let destroyed = unsafe { self.client.api.call(Slot::PJRT_Event_Destroy, &mut d) };
+        registered?;
+        destroyed?;
+        Ok(ready)
+    }
+
     /// Copies the buffer to host memory (waits for it to be ready).
     pub fn to_host(&self) -> Result<HostArray> {
         let dtype = self.dtype()?;
@@ -195,4 +232,51 @@ impl Buffer {
             .await_event(a.event, Slot::PJRT_Buffer_ToHostBuffer)?;
         HostArray::from_bytes(dtype, &dims, data)
     }
+}
+
+/// When a buffer's value was computed, as the plugin reported it.
+#[derive(Clone, Debug, Default)]
+pub struct ReadyTime(Arc<(Mutex<Option<Instant>>, Condvar)>);
+
+impl ReadyTime {
+    /// The moment, if the plugin has reported it.
+    pub fn get(&self) -> Option<Instant> {
+        *self.0 .0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for the report (which follows the value's completion at once).
+    pub fn wait(&self) -> Instant {
+        let (lock, ready) = &*self.0;
+        let mut at = lock.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(t) = *at {
+                return t;
+            }
+            at = ready.wait(at).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn set(&self, at: Instant) {
+        let (lock, ready) = &*self.0;
+        *lock.lock().unwrap_or_else(|p| p.into_inner()) = Some(at);
+        ready.notify_all();
+    }
+}
+
+/// What the ready callback needs: where to write, and the API to free the
+/// event's error with.
+struct ReadyNote {
+    ready: ReadyTime,
+    api: Arc<Api>,
+}
+
+/// Notes the time; a failed computation also counts as done (its error
+/// surfaces when the value is read).
+unsafe extern "C" fn note_ready(error: *mut ffi::PJRT_Error, user_arg: *mut std::ffi::c_void) {
+    let at = Instant::now();
+    // SAFETY: `user_arg` is the box `ready_time` leaked for this one call.
+    let note = unsafe { Box::from_raw(user_arg.cast::<ReadyNote>()) };
+    // SAFETY: the callback owns `error`.
+    unsafe { note.api.drop_error(error) };
+    note.ready.set(at);
 }

@@ -181,7 +181,8 @@ impl Client {
                 .api
                 .call(Slot::PJRT_Client_PlatformName, &mut a)?
         };
-        Ok(lossy(a.platform_name.cast(), a.platform_name_size))
+        // SAFETY: the plugin returned this (pointer, length) pair.
+        Ok(unsafe { lossy(a.platform_name.cast(), a.platform_name_size) })
     }
 
     pub fn platform_version(&self) -> Result<String> {
@@ -193,7 +194,8 @@ impl Client {
                 .api
                 .call(Slot::PJRT_Client_PlatformVersion, &mut a)?
         };
-        Ok(lossy(a.platform_version.cast(), a.platform_version_size))
+        // SAFETY: the plugin returned this (pointer, length) pair.
+        Ok(unsafe { lossy(a.platform_version.cast(), a.platform_version_size) })
     }
 
     pub fn process_index(&self) -> Result<i32> {
@@ -342,7 +344,8 @@ macro_rules! description_string {
             a.device_description = self.description()?;
             // SAFETY: matching args; the string is owned by the description.
             unsafe { self.client.api.call(Slot::$slot, &mut a)? };
-            Ok(lossy(a.$ptr.cast(), a.$len))
+            // SAFETY: the plugin returned this (pointer, length) pair.
+        Ok(unsafe { lossy(a.$ptr.cast(), a.$len) })
         }
     };
 }

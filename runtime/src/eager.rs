@@ -1,19 +1,24 @@
 //! Eager execution: a traced function run node by node, each node a one-op
 //! SPMD program compiled once per signature (op, attributes, operand types
-//! and layouts, donation) and cached for the process. Values live as
-//! sharded device arrays and are freed right after their last use; an
-//! elementwise op whose first operand dies with it reuses its buffer.
+//! and layouts, donation) and kept in a bounded cache shared by every clone
+//! of the executor. Values live as sharded device arrays and are freed
+//! right after their last use; an elementwise op whose first operand dies
+//! with it reuses its buffer.
 
-use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use hlo_ir::{Function, Node, Op, TensorType};
 use hlo_partitioner::{propagate, FunctionShardings, Mesh, PartitionSpec, Sharding};
 
 use crate::client::{Client, Device};
 use crate::error::{Error, Result};
+use crate::lru::Lru;
 use crate::sharded::{DeviceArray, ShardedFunction};
+
+/// One-op programs an executor keeps: a Llama step has a few hundred
+/// distinct ones.
+pub const EAGER_CACHE_CAPACITY: usize = 4096;
 
 /// What the executor has done so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -41,16 +46,16 @@ impl EagerStats {
 
 /// A value during a run: one of the caller's arrays, or one we made.
 #[derive(Clone)]
-enum Slot<'a> {
+enum Value<'a> {
     Borrowed(&'a DeviceArray),
     Owned(Rc<DeviceArray>),
 }
 
-impl Slot<'_> {
+impl Value<'_> {
     fn array(&self) -> &DeviceArray {
         match self {
-            Slot::Borrowed(a) => a,
-            Slot::Owned(a) => a,
+            Value::Borrowed(a) => a,
+            Value::Owned(a) => a,
         }
     }
 }
@@ -65,57 +70,84 @@ fn device_bytes(a: &DeviceArray) -> u64 {
 /// Sees each node's results as they are made (for `--trace-values`).
 pub type Observer<'a> = dyn FnMut(&Node, &[&DeviceArray]) -> Result<()> + 'a;
 
-/// Runs functions op by op over a mesh.
+/// What clones of an executor share: the one-op programs and the counts.
+struct Shared {
+    cache: Lru<String, Arc<ShardedFunction>>,
+    stats: EagerStats,
+}
+
+/// Runs functions op by op over a mesh. Clones share the program cache
+/// and the statistics.
+#[derive(Clone)]
 pub struct Eager {
     client: Client,
     mesh: Mesh,
     devices: Vec<Device>,
-    cache: HashMap<String, Arc<ShardedFunction>>,
-    pub stats: EagerStats,
+    shared: Arc<Mutex<Shared>>,
 }
 
 impl Eager {
     /// An executor over `mesh`, whose devices are `devices` (mesh order).
     pub fn new(client: &Client, mesh: Mesh, devices: Vec<Device>) -> Result<Eager> {
-        mesh.check_devices(devices.len())
-            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        mesh.check_devices(devices.len())?;
         Ok(Eager {
             client: client.clone(),
             mesh,
             devices,
-            cache: HashMap::new(),
-            stats: EagerStats::default(),
+            shared: Arc::new(Mutex::new(Shared {
+                cache: Lru::new(EAGER_CACHE_CAPACITY),
+                stats: EagerStats::default(),
+            })),
         })
+    }
+
+    fn shared(&self) -> std::sync::MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What the executor (and its clones) have done so far.
+    pub fn stats(&self) -> EagerStats {
+        self.shared().stats
+    }
+
+    pub fn mesh(&self) -> &Mesh {
+        &self.mesh
     }
 
     /// The one-op program for `f` under `shardings` and `donated`, compiled
     /// on first use.
     fn program(
-        &mut self,
+        &self,
         f: &Function,
         shardings: FunctionShardings,
         donated: &[(usize, usize)],
     ) -> Result<Arc<ShardedFunction>> {
         let key = hlo_lowering::to_stablehlo_with(f, Some(&shardings), donated);
-        if let Some(p) = self.cache.get(&key) {
-            self.stats.hits += 1;
-            return Ok(p.clone());
+        {
+            let mut shared = self.shared();
+            if let Some(p) = shared.cache.get(&key).cloned() {
+                shared.stats.hits += 1;
+                return Ok(p);
+            }
         }
-        self.stats.misses += 1;
+        // Compiled outside the lock; a clone racing for the same program
+        // finds it in the client's compile cache.
         let p = Arc::new(ShardedFunction::with_donation(
             &self.client,
             f,
             shardings,
             donated,
         )?);
-        self.cache.insert(key, p.clone());
-        self.stats.programs = self.cache.len();
+        let mut shared = self.shared();
+        shared.stats.misses += 1;
+        shared.cache.insert(key, p.clone());
+        shared.stats.programs = shared.cache.len();
         Ok(p)
     }
 
     /// `a` under `spec` (an identity program when the layout differs or a
     /// fresh copy is needed).
-    fn relayout(&mut self, a: &DeviceArray, spec: &PartitionSpec) -> Result<DeviceArray> {
+    fn relayout(&self, a: &DeviceArray, spec: &PartitionSpec) -> Result<DeviceArray> {
         let f = Function::single_op(
             Op::StopGradient(hlo_ir::ops::StopGradient),
             std::slice::from_ref(a.ty()),
@@ -134,7 +166,7 @@ impl Eager {
     /// its outputs laid out as `output_specs`. `observe` sees every node's
     /// results as they are made.
     pub fn run(
-        &mut self,
+        &self,
         f: &Function,
         inputs: &[&DeviceArray],
         output_specs: &[PartitionSpec],
@@ -160,7 +192,7 @@ impl Eager {
         for b in &f.outputs {
             last[b.value.index()] = usize::MAX;
         }
-        let mut env: Vec<Option<Slot>> = vec![None; f.values.len()];
+        let mut env: Vec<Option<Value>> = vec![None; f.values.len()];
         for (b, a) in f.inputs.iter().zip(inputs) {
             if a.ty() != f.ty(b.value) || a.sharding().mesh != self.mesh {
                 return Err(Error::InvalidArgument(format!(
@@ -172,16 +204,16 @@ impl Eager {
                     self.mesh
                 )));
             }
-            env[b.value.index()] = Some(Slot::Borrowed(a));
+            env[b.value.index()] = Some(Value::Borrowed(a));
         }
         let (mut live, mut peak, mut total) = (0u64, 0u64, 0u64);
         for (n, node) in f.nodes.iter().enumerate() {
-            let operands: Vec<Slot> = node
+            let operands: Vec<Value> = node
                 .operands
                 .iter()
                 .map(|o| env[o.index()].clone().expect("defined before use"))
                 .collect();
-            let results: Vec<Slot> = if node.op.is_identity() {
+            let results: Vec<Value> = if node.op.is_identity() {
                 vec![operands[0].clone()]
             } else {
                 let types: Vec<TensorType> =
@@ -208,7 +240,7 @@ impl Eager {
                         .filter(|o| **o == node.operands[0])
                         .count()
                         == 1
-                    && matches!(&operands[0], Slot::Owned(rc) if Rc::strong_count(rc) == 1)
+                    && matches!(&operands[0], Value::Owned(rc) if Rc::strong_count(rc) == 1)
                     && types[0] == single.output_types()[0]
                     && specs[0] == out_specs[0];
                 let donated: &[(usize, usize)] = if donate { &[(0, 0)] } else { &[] };
@@ -218,7 +250,7 @@ impl Eager {
                     outputs: out_specs,
                 };
                 let program = self.program(&single, shardings, donated)?;
-                let arrays: Vec<&DeviceArray> = operands.iter().map(Slot::array).collect();
+                let arrays: Vec<&DeviceArray> = operands.iter().map(Value::array).collect();
                 let made = program.run(&arrays)?;
                 // One program in flight at a time on a multi-device mesh: the
                 // CPU plugin's collectives deadlock when several queued
@@ -235,13 +267,13 @@ impl Eager {
                         let bytes = device_bytes(&a);
                         live += bytes;
                         total += bytes;
-                        Slot::Owned(Rc::new(a))
+                        Value::Owned(Rc::new(a))
                     })
                     .collect()
             };
             peak = peak.max(live);
             if let Some(obs) = observe.as_mut() {
-                let arrays: Vec<&DeviceArray> = results.iter().map(Slot::array).collect();
+                let arrays: Vec<&DeviceArray> = results.iter().map(Value::array).collect();
                 obs(node, &arrays)?;
             }
             drop(operands);
@@ -251,7 +283,7 @@ impl Eager {
             // Free what this node was the last to need.
             for o in &node.operands {
                 if last[o.index()] == n {
-                    if let Some(Slot::Owned(rc)) = env[o.index()].take() {
+                    if let Some(Value::Owned(rc)) = env[o.index()].take() {
                         if Rc::strong_count(&rc) == 1 {
                             live = live.saturating_sub(device_bytes(&rc));
                         }
@@ -259,8 +291,11 @@ impl Eager {
                 }
             }
         }
-        self.stats.peak_live_bytes = self.stats.peak_live_bytes.max(peak);
-        self.stats.intermediate_bytes = total;
+        {
+            let mut shared = self.shared();
+            shared.stats.peak_live_bytes = shared.stats.peak_live_bytes.max(peak);
+            shared.stats.intermediate_bytes = total;
+        }
         // Outputs in the layouts asked for; a value the caller still holds
         // (an input, or one output twice) is copied.
         let mut remaining = vec![0usize; f.values.len()];
@@ -273,11 +308,11 @@ impl Eager {
             remaining[v] -= 1;
             let slot = env[v].clone().expect("outputs are defined");
             let reusable = remaining[v] == 0
-                && matches!(&slot, Slot::Owned(rc) if Rc::strong_count(rc) == 2)
+                && matches!(&slot, Value::Owned(rc) if Rc::strong_count(rc) == 2)
                 && slot.array().sharding().spec.canonical() == spec.canonical();
             if reusable {
                 env[v] = None;
-                if let Slot::Owned(rc) = slot {
+                if let Value::Owned(rc) = slot {
                     out.push(
                         Rc::try_unwrap(rc)
                             .map_err(|_| Error::InvalidArgument("an output is shared".into()))?,

@@ -89,7 +89,11 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
-    #[error("{0}")]
+    /// A layout that does not fit the mesh or the array.
+    #[error(transparent)]
+    Sharding(#[from] hlo_partitioner::ShardingError),
+
+    #[error(transparent)]
     Io(#[from] std::io::Error),
 }
 

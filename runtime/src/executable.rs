@@ -160,7 +160,8 @@ impl LoadedExecutable {
         a.executable = exe.raw;
         // SAFETY: matching args; the string is copied before `exe` drops.
         unsafe { self.client.api.call(Slot::PJRT_Executable_Name, &mut a)? };
-        Ok(lossy(a.executable_name.cast(), a.executable_name_size))
+        // SAFETY: the plugin returned this (pointer, length) pair.
+        Ok(unsafe { lossy(a.executable_name.cast(), a.executable_name_size) })
     }
 
     /// Per-device memory the compiler planned for this program.

@@ -85,6 +85,7 @@ pub enum Slot {
     PJRT_Event_IsReady = 6,
     PJRT_Event_Error = 7,
     PJRT_Event_Await = 8,
+    PJRT_Event_OnReady = 9,
     PJRT_Client_Create = 10,
     PJRT_Client_Destroy = 11,
     PJRT_Client_PlatformName = 12,
@@ -170,6 +171,10 @@ macro_rules! pjrt_args {
     )*};
 }
 
+/// Called once an event is ready; owns (and must destroy) `error`.
+pub type PJRT_Event_OnReadyCallback =
+    unsafe extern "C" fn(error: *mut PJRT_Error, user_arg: *mut c_void);
+
 /// `PJRT_Buffer_Type`.
 pub type PJRT_Buffer_Type = u32;
 pub const PJRT_Buffer_Type_PRED: PJRT_Buffer_Type = 1;
@@ -236,6 +241,11 @@ pjrt_args! {
     PJRT_Event_IsReady_Args(32) { event: *mut PJRT_Event, is_ready: bool }
     PJRT_Event_Error_Args(24) { event: *mut PJRT_Event }
     PJRT_Event_Await_Args(24) { event: *mut PJRT_Event }
+    PJRT_Event_OnReady_Args(40) {
+        event: *mut PJRT_Event,
+        callback: Option<PJRT_Event_OnReadyCallback>,
+        user_arg: *mut c_void,
+    }
     PJRT_Client_Create_Args(88) {
         create_options: *const PJRT_NamedValue,
         num_options: usize,

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use hlo_ir::rng::fingerprint;
 use hlo_ir::{Function, Inputs, Outputs, TensorType};
 
 use crate::buffer::Buffer;
@@ -13,31 +14,30 @@ use crate::compile_options::CompileOptions;
 use crate::error::{Error, Result};
 use crate::executable::LoadedExecutable;
 use crate::host::HostArray;
-
-/// 64-bit FNV-1a: a stable fingerprint of program text and options.
-pub fn fingerprint(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for &b in *p {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        // Separate parts so ("ab","c") and ("a","bc") differ.
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
+use crate::lru::Lru;
 
 /// One compiled program and what it was compiled from.
 type CacheEntry = (String, CompileOptions, Arc<LoadedExecutable>);
 
 /// Compiled programs of one client, by fingerprint (text kept to rule out
-/// collisions).
-#[derive(Default)]
+/// collisions), at most [`COMPILE_CACHE_CAPACITY`] of them.
 pub(crate) struct CompileCache {
-    entries: Mutex<HashMap<u64, Vec<CacheEntry>>>,
+    entries: Mutex<Lru<u64, Vec<CacheEntry>>>,
     hits: std::sync::atomic::AtomicUsize,
+}
+
+/// Programs a client keeps compiled: far more than one run uses (a train
+/// step, an eval step, a few generation buckets, or an eager run's one-op
+/// programs), few enough to bound memory in a long-lived process.
+pub const COMPILE_CACHE_CAPACITY: usize = 4096;
+
+impl Default for CompileCache {
+    fn default() -> Self {
+        CompileCache {
+            entries: Mutex::new(Lru::new(COMPILE_CACHE_CAPACITY)),
+            hits: Default::default(),
+        }
+    }
 }
 
 impl Client {
@@ -51,7 +51,7 @@ impl Client {
         let key = fingerprint(&[mlir.as_bytes(), &options.encode()]);
         let cache = &self.cache;
         {
-            let entries = cache.entries.lock().unwrap_or_else(|p| p.into_inner());
+            let mut entries = cache.entries.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(list) = entries.get(&key) {
                 if let Some((_, _, exe)) = list.iter().find(|(t, o, _)| t == mlir && o == options) {
                     cache
@@ -63,10 +63,11 @@ impl Client {
         }
         let exe = Arc::new(self.compile(mlir, options)?);
         let mut entries = cache.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries
-            .entry(key)
-            .or_default()
-            .push((mlir.to_string(), options.clone(), exe.clone()));
+        let entry = (mlir.to_string(), options.clone(), exe.clone());
+        match entries.get(&key) {
+            Some(list) => list.push(entry),
+            None => entries.insert(key, vec![entry]),
+        }
         Ok(exe)
     }
 
@@ -82,6 +83,34 @@ impl Client {
             .sum();
         (n, cache.hits.load(std::sync::atomic::Ordering::Relaxed))
     }
+}
+
+/// Checks that `types` are exactly `f`'s input types, in number and
+/// order: the plugin checks a buffer's byte size, not its element type or
+/// dimensions, so a mismatch must be caught before execution.
+pub(crate) fn check_signature<'a>(
+    f: &Function,
+    types: impl ExactSizeIterator<Item = &'a TensorType>,
+) -> Result<()> {
+    if types.len() != f.inputs.len() {
+        return Err(Error::InvalidArgument(format!(
+            "{} takes {} inputs, {} were given",
+            f.name,
+            f.inputs.len(),
+            types.len()
+        )));
+    }
+    for (b, t) in f.inputs.iter().zip(types) {
+        if f.ty(b.value) != t {
+            return Err(Error::InvalidArgument(format!(
+                "input `{}` of {} is {}, got {t}",
+                b.name,
+                f.name,
+                f.ty(b.value)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A traced function compiled for one device.
@@ -133,26 +162,7 @@ impl CompiledFunction {
     }
 
     fn check_inputs(&self, types: &[TensorType]) -> Result<()> {
-        let f = &self.function;
-        if types.len() != f.inputs.len() {
-            return Err(Error::InvalidArgument(format!(
-                "{} takes {} inputs, {} were given",
-                f.name,
-                f.inputs.len(),
-                types.len()
-            )));
-        }
-        for (b, t) in f.inputs.iter().zip(types) {
-            if f.ty(b.value) != t {
-                return Err(Error::InvalidArgument(format!(
-                    "input `{}` of {} is {}, got {t}",
-                    b.name,
-                    f.name,
-                    f.ty(b.value)
-                )));
-            }
-        }
-        Ok(())
+        check_signature(&self.function, types.iter())
     }
 
     /// Runs on device buffers (all on the executable's device); outputs stay
@@ -247,18 +257,5 @@ where
     pub fn call(&self, inputs: &[HostArray]) -> Result<Vec<HostArray>> {
         let types: Vec<TensorType> = inputs.iter().map(HostArray::ty).collect();
         self.compile(&types)?.run(inputs)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::fingerprint;
-
-    #[test]
-    fn fingerprint_is_fnv1a_with_part_separators() {
-        // FNV-1a of the empty input is the offset basis; one part adds a separator.
-        assert_ne!(fingerprint(&[b"ab", b"c"]), fingerprint(&[b"a", b"bc"]));
-        assert_eq!(fingerprint(&[b"x"]), fingerprint(&[b"x"]));
-        assert_eq!(fingerprint(&[]), 0xcbf2_9ce4_8422_2325);
     }
 }

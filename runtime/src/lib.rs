@@ -1,12 +1,15 @@
 //! `hlo-runtime` owns everything between us and a PJRT plugin: our own
 //! `#[repr(C)]` bindings of the PJRT C API (no bindgen, no C++), plugin
 //! discovery and loading, clients and devices, host ↔ device transfers,
-//! compile options, compilation of StableHLO text, execution over one or many
-//! devices, the JIT compile cache, arrays sharded over a mesh with SPMD
-//! execution, and the eager executor (one cached one-op program per node).
+//! compile options, compilation of StableHLO text with a bounded compile
+//! cache, arrays sharded over a mesh, and [`Program`]: a traced function
+//! run SPMD over the mesh's devices as one executable (JIT) or op by op
+//! (eager), behind one `run`.
 //!
-//! It does not know what a model is, nor how a graph is traced or printed;
-//! it takes program text and buffers.
+//! It does not know what a model is, nor how a step is traced, laid out or
+//! driven (`hlo-models`, `hlo-engine`): it lowers a given function with
+//! given shardings (through `hlo-lowering`), compiles it and runs it on
+//! device arrays.
 //!
 //! ```no_run
 //! use hlo_runtime::{Client, ClientOptions, CompileOptions, HostArray, Plugin, PluginSpec};
@@ -36,19 +39,22 @@ mod executable;
 mod ffi;
 mod host;
 mod jit;
+mod lru;
 mod plugin;
+mod program;
 mod sharded;
 mod signature;
 
-pub use buffer::Buffer;
+pub use buffer::{Buffer, ReadyTime};
 pub use client::{Client, ClientOptions, Device, DeviceMemoryStats, OptionValue};
 pub use compile_options::CompileOptions;
 pub use discovery::{find_jax_plugin, PluginKind, PluginSpec, CPU_PLUGIN_RELATIVE};
-pub use eager::{Eager, EagerStats, Observer};
+pub use eager::{Eager, EagerStats, Observer, EAGER_CACHE_CAPACITY};
 pub use error::{Error, ErrorCode, Result};
 pub use executable::{CompiledMemoryStats, LoadedExecutable};
 pub use host::{element_count, Element, HostArray};
-pub use jit::{fingerprint, CompiledFunction, Jit};
+pub use jit::{CompiledFunction, Jit, COMPILE_CACHE_CAPACITY};
 pub use plugin::{AttrValue, Plugin, MIN_API_VERSION};
+pub use program::{Mode, Program};
 pub use sharded::{DeviceArray, ShardedFunction};
 pub use signature::{main_parameters, ParamType};

@@ -109,6 +109,23 @@ impl Api {
         self.function(slot).is_ok()
     }
 
+    /// Destroys a plugin error whose message nobody reads.
+    ///
+    /// # Safety
+    /// `err` must be null or an error the plugin returned, not yet
+    /// destroyed.
+    pub(crate) unsafe fn drop_error(&self, err: *mut ffi::PJRT_Error) {
+        if err.is_null() {
+            return;
+        }
+        if let Ok(f) = self.function(Slot::PJRT_Error_Destroy) {
+            let f: unsafe extern "C" fn(*mut ffi::PJRT_Error_Destroy_Args) = std::mem::transmute(f);
+            let mut d = ffi::PJRT_Error_Destroy_Args::new();
+            d.error = err;
+            f(&mut d);
+        }
+    }
+
     /// Reads message and code of `err`, then destroys it (exactly once).
     unsafe fn take_error(&self, slot: Slot, err: *mut ffi::PJRT_Error) -> Error {
         let mut msg = ffi::PJRT_Error_Message_Args::new();
@@ -179,11 +196,14 @@ impl Api {
 }
 
 /// Copies a (pointer, length) string from the plugin, tolerating bad UTF-8.
-pub(crate) fn lossy(ptr: *const u8, len: usize) -> String {
+///
+/// # Safety
+/// `ptr` must be null or point to `len` readable bytes.
+pub(crate) unsafe fn lossy(ptr: *const u8, len: usize) -> String {
     if ptr.is_null() || len == 0 {
         return String::new();
     }
-    // SAFETY: the plugin promises `len` readable bytes at `ptr`.
+    // SAFETY: the caller promises `len` readable bytes at `ptr`.
     let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
     String::from_utf8_lossy(bytes).into_owned()
 }

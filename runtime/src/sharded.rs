@@ -9,12 +9,13 @@ use std::sync::Arc;
 use hlo_ir::{Function, TensorType};
 use hlo_partitioner::{FunctionShardings, PartitionSpec, Sharding};
 
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, ReadyTime};
 use crate::client::{Client, Device};
 use crate::compile_options::CompileOptions;
 use crate::error::{Error, Result};
 use crate::executable::LoadedExecutable;
 use crate::host::HostArray;
+use crate::jit::check_signature;
 
 /// Copies the block at `offset` of size `block` between row-major arrays
 /// `src` (dims `src_dims`, block at `src_at`) and `dst` (at `dst_at`).
@@ -91,10 +92,8 @@ impl DeviceArray {
     ) -> Result<Self> {
         let ty = host.ty();
         let (mesh, spec) = (&sharding.mesh, &sharding.spec);
-        mesh.check_devices(devices.len())
-            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-        spec.validate(mesh, &ty.dims, "array")
-            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        mesh.check_devices(devices.len())?;
+        spec.validate(mesh, &ty.dims, "array")?;
         let block = spec.shard_shape(mesh, &ty.dims);
         let elem = ty.dtype.size_in_bytes();
         let n: i64 = block.iter().product();
@@ -158,6 +157,12 @@ impl DeviceArray {
         &self.sharding
     }
 
+    /// The moment every device's block of this array is computed (see
+    /// [`Buffer::ready_time`]), noted without waiting.
+    pub fn ready_times(&self) -> Result<Vec<ReadyTime>> {
+        self.buffers.iter().map(Buffer::ready_time).collect()
+    }
+
     /// One buffer per mesh device, in mesh order.
     pub fn buffers(&self) -> &[Buffer] {
         &self.buffers
@@ -191,8 +196,9 @@ pub struct ShardedFunction {
 }
 
 impl ShardedFunction {
-    /// Simplifies, lowers with `shardings` and compiles for `mesh.size()`
-    /// partitions with Shardy.
+    /// Lowers `f` as given (simplify it first: `hlo_ir::simplify`) with
+    /// `shardings` and compiles it for `mesh.size()` partitions with
+    /// Shardy.
     pub fn new(client: &Client, f: &Function, shardings: FunctionShardings) -> Result<Self> {
         Self::with_donation(client, f, shardings, &[])
     }
@@ -205,15 +211,25 @@ impl ShardedFunction {
         shardings: FunctionShardings,
         donated: &[(usize, usize)],
     ) -> Result<Self> {
-        let function = hlo_ir::simplify(f);
+        let function = f.clone();
         let n = shardings.mesh.size();
+        if shardings.inputs.len() != function.inputs.len()
+            || shardings.outputs.len() != function.outputs.len()
+        {
+            return Err(Error::InvalidArgument(format!(
+                "{} has {} inputs and {} outputs; the shardings give {} and {}",
+                function.name,
+                function.inputs.len(),
+                function.outputs.len(),
+                shardings.inputs.len(),
+                shardings.outputs.len()
+            )));
+        }
         for (b, spec) in function.inputs.iter().zip(&shardings.inputs) {
-            spec.validate(&shardings.mesh, &function.ty(b.value).dims, &b.name)
-                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            spec.validate(&shardings.mesh, &function.ty(b.value).dims, &b.name)?;
         }
         for (b, spec) in function.outputs.iter().zip(&shardings.outputs) {
-            spec.validate(&shardings.mesh, &function.ty(b.value).dims, &b.name)
-                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            spec.validate(&shardings.mesh, &function.ty(b.value).dims, &b.name)?;
         }
         let stablehlo = hlo_lowering::to_stablehlo_with(&function, Some(&shardings), donated);
         let executable = client.compile_cached(&stablehlo, &CompileOptions::spmd(n))?;
@@ -258,23 +274,8 @@ impl ShardedFunction {
     /// Runs on arrays already laid out as the program expects.
     pub fn run(&self, inputs: &[&DeviceArray]) -> Result<Vec<DeviceArray>> {
         let f = &self.function;
-        if inputs.len() != f.inputs.len() {
-            return Err(Error::InvalidArgument(format!(
-                "{} takes {} inputs, {} were given",
-                f.name,
-                f.inputs.len(),
-                inputs.len()
-            )));
-        }
+        check_signature(f, inputs.iter().map(|a| a.ty()))?;
         for (i, (b, a)) in f.inputs.iter().zip(inputs).enumerate() {
-            if f.ty(b.value) != a.ty() {
-                return Err(Error::InvalidArgument(format!(
-                    "input `{}` is {}, got {}",
-                    b.name,
-                    f.ty(b.value),
-                    a.ty()
-                )));
-            }
             let want = self.input_sharding(i);
             if a.sharding().mesh != want.mesh
                 || a.sharding().spec.canonical() != want.spec.canonical()

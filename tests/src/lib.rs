@@ -28,25 +28,16 @@ pub fn new_client(devices: i64) -> Client {
     Client::new(&plugin, &ClientOptions::cpu(devices)).expect("create a CPU client")
 }
 
-/// splitmix64: small, seeded, reproducible test inputs.
-pub struct Rng(pub u64);
+pub use hlo_ir::rng::Rng;
 
-impl Rng {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [lo, hi).
-    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
-    }
-
+/// Random literals from the shared seeded generator.
+pub trait RandomLiteral {
     /// A literal of `ty` with values uniform in [lo, hi) (integers: floored).
-    pub fn literal(&mut self, ty: TensorType, lo: f64, hi: f64) -> Literal {
+    fn literal(&mut self, ty: TensorType, lo: f64, hi: f64) -> Literal;
+}
+
+impl RandomLiteral for Rng {
+    fn literal(&mut self, ty: TensorType, lo: f64, hi: f64) -> Literal {
         let n = ty.element_count();
         let v: Vec<f64> = (0..n)
             .map(|_| self.uniform(lo, hi))
@@ -173,9 +164,10 @@ pub fn check_grads(
     rtol: f64,
     body: impl Fn(&hlo_ir::Inputs) -> Vec<hlo_ir::Tensor>,
 ) -> Function {
-    let mut rng = Rng(name
-        .bytes()
-        .fold(17u64, |h, b| h.wrapping_mul(131).wrapping_add(b as u64)));
+    let mut rng = Rng::from_state(
+        name.bytes()
+            .fold(17u64, |h, b| h.wrapping_mul(131).wrapping_add(b as u64)),
+    );
     let mut inputs: Vec<(String, TensorType)> = args
         .iter()
         .map(|a| (a.name.to_string(), a.ty.clone()))

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use hlo_models::chat::{ChatTemplate, Message};
+use hlo_data::chat::{ChatTemplate, Message};
 use serde_json::Value;
 
 fn fixtures() -> PathBuf {
@@ -56,10 +56,10 @@ fn a_folder_without_a_template_is_a_clear_error() {
 
 mod training_data {
     use super::*;
-    use hlo_models::data::{parse_line_with, ChatData};
-    use hlo_models::tokenizer::{Tokenizer, BYTE_EOS};
+    use hlo_data::tokenizer::{Tokenizer, BYTE_EOS};
+    use hlo_data::{parse_line_with, ChatData};
 
-    fn example(line: &serde_json::Value, train_on_inputs: bool) -> hlo_models::data::Example {
+    fn example(line: &serde_json::Value, train_on_inputs: bool) -> hlo_data::Example {
         let template = ChatTemplate::from_dir(&fixtures().join("llama_style")).unwrap();
         let chat = ChatData {
             template: &template,
@@ -129,7 +129,7 @@ mod training_data {
         };
         let (a, b) = (with("Capital of France?"), with("Where is the Louvre?"));
         // Same learned tokens; every user token is unlearned.
-        let learned = |e: &hlo_models::data::Example| -> Vec<u32> {
+        let learned = |e: &hlo_data::Example| -> Vec<u32> {
             e.ids
                 .iter()
                 .zip(&e.target)

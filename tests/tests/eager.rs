@@ -1,15 +1,16 @@
 //! The eager executor on the tiny Llama LoRA train step: the same numbers
 //! as the compiled step, no compiles after the first step, values freed.
 
-use hlo_e2e::{new_client, Rng};
+use hlo_e2e::{new_client, RandomLiteral, Rng};
 use hlo_ir::{DType, Literal};
+use hlo_models::llama::partition_rules;
 use hlo_models::llama::{LlamaConfig, LoraConfig, DEFAULT_TARGETS};
 use hlo_models::train::{train_step, Optimizer, Schedule, TrainConfig};
-use hlo_partitioner::{llama_rules, FunctionShardings, Mesh, Sharding};
+use hlo_partitioner::{FunctionShardings, Mesh, Sharding};
 use hlo_runtime::{DeviceArray, Eager, HostArray, ShardedFunction};
 
 fn step_inputs(f: &hlo_ir::Function, config: &LlamaConfig) -> Vec<Literal> {
-    let mut rng = Rng(7);
+    let mut rng = Rng::from_state(7);
     f.inputs
         .iter()
         .map(|b| {
@@ -51,7 +52,7 @@ fn run_both(mesh: &str) {
     };
     let step = train_step(&config, &tc).unwrap();
     let f = hlo_ir::simplify(&step.function);
-    let shardings = FunctionShardings::from_rules(&f, &mesh, &llama_rules()).unwrap();
+    let shardings = FunctionShardings::from_rules(&f, &mesh, &partition_rules()).unwrap();
     let devices = client.addressable_devices().unwrap()[..mesh.size() as usize].to_vec();
     let inputs = step_inputs(&f, &config);
     let place = |k: usize, l: &Literal| {
@@ -66,7 +67,7 @@ fn run_both(mesh: &str) {
     let loss_at = f.outputs.iter().position(|b| b.name == "loss").unwrap();
     // Three steps each way, feeding each step's state into the next.
     let jit = ShardedFunction::new(&client, &f, shardings.clone()).unwrap();
-    let mut eager = Eager::new(&client, mesh.clone(), devices.clone()).unwrap();
+    let eager = Eager::new(&client, mesh.clone(), devices.clone()).unwrap();
     let mut state_j: Vec<DeviceArray> = inputs
         .iter()
         .enumerate()
@@ -97,16 +98,17 @@ fn run_both(mesh: &str) {
             "{mesh} step {s}: jit {lj}, eager {le}"
         );
         if s == 0 {
-            misses_after_first = eager.stats.misses;
+            misses_after_first = eager.stats().misses;
             assert!(misses_after_first > 50, "the first step compiles the ops");
             assert!(
-                eager.stats.peak_live_bytes < eager.stats.intermediate_bytes / 2,
+                eager.stats().peak_live_bytes < eager.stats().intermediate_bytes / 2,
                 "{:?}",
-                eager.stats
+                eager.stats()
             );
         } else {
             assert_eq!(
-                eager.stats.misses, misses_after_first,
+                eager.stats().misses,
+                misses_after_first,
                 "step {s} compiled something"
             );
         }

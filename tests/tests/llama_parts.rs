@@ -3,11 +3,11 @@
 
 use std::path::{Path, PathBuf};
 
+use hlo_data::tokenizer::Tokenizer;
 use hlo_ir::{DType, Op};
 use hlo_models::adapter::Adapter;
 use hlo_models::io::read_safetensors;
 use hlo_models::llama::{forward_function, LlamaConfig, LoraConfig, DEFAULT_TARGETS};
-use hlo_models::tokenizer::Tokenizer;
 use serde_json::Value;
 
 fn fixtures() -> PathBuf {

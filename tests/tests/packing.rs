@@ -2,7 +2,7 @@
 //! restarting positions) give each sample exactly the logits and the loss it
 //! gets alone.
 
-use hlo_e2e::{client, Rng};
+use hlo_e2e::{client, RandomLiteral, Rng};
 use hlo_ir::{trace, DType, Outputs, TensorType};
 use hlo_models::llama::{base_parameter_types, Llama, LlamaConfig, Params};
 use hlo_runtime::{CompiledFunction, HostArray};
@@ -42,7 +42,7 @@ fn a_packed_row_gives_each_sample_its_own_logits() {
         .unwrap();
         CompiledFunction::new(client(), &f).unwrap()
     };
-    let mut rng = Rng(5);
+    let mut rng = Rng::from_state(5);
     let weights: Vec<HostArray> = params
         .iter()
         .map(|(n, t)| {

@@ -2,7 +2,7 @@
 //! spec validation against rules restated here, on random shapes, meshes
 //! and specs.
 
-use hlo_e2e::Rng;
+use hlo_e2e::{RandomLiteral, Rng};
 use hlo_ir::{interpret, trace, DType, TensorType};
 use hlo_partitioner::{Mesh, PartitionSpec, ShardingError};
 use proptest::prelude::*;
@@ -30,7 +30,7 @@ proptest! {
         let ty = TensorType::new(DType::F32, shape.clone());
         let f = trace("b", &[("x", ty.clone())], |i| vec![("y", i["x"].broadcast_in_dim(&out_dims, &mapping))]).unwrap();
         prop_assert_eq!(&f.output_types()[0].dims, &out_dims);
-        let x = Rng(seed).literal(ty, -1.0, 1.0);
+        let x = Rng::from_state(seed).literal(ty, -1.0, 1.0);
         let y = interpret(&f, std::slice::from_ref(&x)).unwrap().remove(0).to_f64s();
         let xv = x.to_f64s();
         let strides = |d: &[i64]| -> Vec<i64> {
@@ -63,7 +63,7 @@ proptest! {
             (Ok(f), Some(w)) => {
                 prop_assert_eq!(&f.output_types()[0].dims, &w);
                 // And the values: y[idx] = a[idx mod a] * b[idx mod b].
-                let mut rng = Rng(seed);
+                let mut rng = Rng::from_state(seed);
                 let (la, lb) = (rng.literal(ta, -2.0, 2.0), rng.literal(tb, -2.0, 2.0));
                 let y = interpret(&f, &[la.clone(), lb.clone()]).unwrap().remove(0).to_f64s();
                 let (va, vb) = (la.to_f64s(), lb.to_f64s());

@@ -73,7 +73,7 @@ impl Sampler {
 }
 
 fn random_rows(batch: usize, vocab: usize, seed: u64) -> Vec<f32> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::from_state(seed);
     (0..batch * vocab)
         .map(|_| rng.uniform(-4.0, 4.0) as f32)
         .collect()

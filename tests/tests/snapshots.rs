@@ -2,6 +2,7 @@
 //! kept in the top-level `snapshots/` folder. A change to the printers shows
 //! up here as a diff to review like code.
 
+use hlo_e2e::RandomLiteral;
 use hlo_ir::DType;
 use hlo_models::mlp::{two_layer_mlp, two_layer_mlp_sgd_step};
 
@@ -39,7 +40,7 @@ fn printing_is_deterministic() {
 #[test]
 fn mlp_runs_and_matches_reference() {
     let f = two_layer_mlp(8, 16, 32, 4, DType::F32).unwrap();
-    let mut rng = hlo_e2e::Rng(21);
+    let mut rng = hlo_e2e::Rng::from_state(21);
     let inputs: Vec<_> = f
         .input_types()
         .into_iter()
@@ -60,7 +61,7 @@ fn mlp_train_step_stablehlo() {
 #[test]
 fn mlp_train_step_runs_and_learns() {
     let f = two_layer_mlp_sgd_step(8, 16, 32, 4, DType::F32).unwrap();
-    let mut rng = hlo_e2e::Rng(8);
+    let mut rng = hlo_e2e::Rng::from_state(8);
     let mut inputs: Vec<hlo_ir::Literal> = f
         .input_types()
         .into_iter()
@@ -158,9 +159,12 @@ fn llama_step_annotations(mesh: &str) -> String {
     };
     let step = train_step(&config, &tc).unwrap();
     let f = hlo_ir::simplify(&step.function);
-    let s =
-        hlo_partitioner::FunctionShardings::from_rules(&f, &mesh, &hlo_partitioner::llama_rules())
-            .unwrap();
+    let s = hlo_partitioner::FunctionShardings::from_rules(
+        &f,
+        &mesh,
+        &hlo_models::llama::partition_rules(),
+    )
+    .unwrap();
     let mut out = s.report(&f);
     for line in hlo_lowering::to_stablehlo_with(&f, Some(&s), &step.donated)
         .lines()

@@ -3,7 +3,7 @@
 //! and a LoRA projection with adapter gradients. Plus sharded arrays
 //! (shard, gather, reshard) and the sharded program text.
 
-use hlo_e2e::{assert_close, client, tolerance, Rng};
+use hlo_e2e::{assert_close, client, tolerance, RandomLiteral, Rng};
 use hlo_ir::{trace, value_and_grad, DType, Function, Literal, TensorType};
 use hlo_models::mlp::{two_layer_mlp, two_layer_mlp_sgd_step};
 use hlo_partitioner::{FunctionShardings, Mesh, PartitionSpec, Rules, Sharding};
@@ -61,7 +61,7 @@ fn same_on_every_mesh(f: &Function, inputs: &[Literal], scale: f64) {
 }
 
 fn random_inputs(f: &Function, seed: u64) -> Vec<Literal> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::from_state(seed);
     f.input_types()
         .into_iter()
         .map(|t| rng.literal(t, -0.5, 0.5))

@@ -2,7 +2,7 @@
 
 use super::{arity, check_dims, hlo_list, mlir_array, rearrange};
 use crate::op::Vjp;
-use crate::op::{OpRule, Spelling};
+use crate::op::{Lowering, OpRule, Spelling};
 use crate::types::{for_each_index, linear_index};
 use crate::Tensor;
 use crate::{Literal, TensorType};
@@ -40,12 +40,14 @@ impl OpRule for BroadcastInDim {
         }
         Ok(vec![TensorType::new(x.dtype, self.shape.clone())])
     }
-    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("stablehlo.broadcast_in_dim")
-            .attr("broadcast_dimensions", mlir_array(&self.dims))
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(
+            Spelling::new("stablehlo.broadcast_in_dim")
+                .attr("broadcast_dimensions", mlir_array(&self.dims)),
+        )
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("broadcast").attr("dimensions", hlo_list(&self.dims))
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(Spelling::new("broadcast").attr("dimensions", hlo_list(&self.dims)))
     }
     fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         let x = a.operands[0];

@@ -2,7 +2,7 @@
 
 use super::{arity, Elems};
 use crate::op::Vjp;
-use crate::op::{OpRule, Spelling};
+use crate::op::{Lowering, OpRule, Spelling};
 use crate::Tensor;
 use crate::{DType, Literal, TensorType};
 
@@ -71,25 +71,27 @@ impl OpRule for Compare {
         }
         Ok(vec![operands[0].with_dtype(DType::Pred)])
     }
-    fn stablehlo(&self, operands: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("stablehlo.compare")
-            .attr(
-                "comparison_direction",
-                format!(
-                    "#stablehlo<comparison_direction {}>",
-                    self.direction.spelling()
+    fn stablehlo(&self, operands: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(
+            Spelling::new("stablehlo.compare")
+                .attr(
+                    "comparison_direction",
+                    format!(
+                        "#stablehlo<comparison_direction {}>",
+                        self.direction.spelling()
+                    ),
+                )
+                .attr(
+                    "compare_type",
+                    format!(
+                        "#stablehlo<comparison_type {}>",
+                        compare_type(operands[0].dtype)
+                    ),
                 ),
-            )
-            .attr(
-                "compare_type",
-                format!(
-                    "#stablehlo<comparison_type {}>",
-                    compare_type(operands[0].dtype)
-                ),
-            )
+        )
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("compare").attr("direction", self.direction.spelling())
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(Spelling::new("compare").attr("direction", self.direction.spelling()))
     }
     fn vjp(&self, _: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         Ok(vec![None, None])

@@ -2,7 +2,7 @@
 
 use super::Elems;
 use crate::op::Vjp;
-use crate::op::{OpRule, Spelling};
+use crate::op::{Lowering, OpRule, Spelling};
 use crate::Tensor;
 use crate::{Literal, TensorType};
 
@@ -39,12 +39,16 @@ impl OpRule for Concatenate {
         }
         Ok(vec![TensorType::new(first.dtype, dims)])
     }
-    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("stablehlo.concatenate")
-            .attr("dimension", format!("{} : i64", self.dimension))
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(
+            Spelling::new("stablehlo.concatenate")
+                .attr("dimension", format!("{} : i64", self.dimension)),
+        )
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("concatenate").attr("dimensions", format!("{{{}}}", self.dimension))
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(
+            Spelling::new("concatenate").attr("dimensions", format!("{{{}}}", self.dimension)),
+        )
     }
     fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         let g = a.g();

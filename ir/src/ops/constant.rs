@@ -2,7 +2,7 @@
 
 use super::{arity, Elems};
 use crate::op::Vjp;
-use crate::op::{OpRule, Spelling};
+use crate::op::{Lowering, OpRule, Spelling};
 use crate::types::for_each_index;
 use crate::Tensor;
 use crate::{Literal, TensorType};
@@ -62,12 +62,12 @@ impl OpRule for Constant {
         arity(operands, 0)?;
         Ok(vec![self.0.ty.clone()])
     }
-    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("stablehlo.constant").attr("value", self.mlir_value())
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(Spelling::new("stablehlo.constant").attr("value", self.mlir_value()))
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
         // HLO writes the value as the operand list: `constant({1, 2})`.
-        Spelling::new("constant").attr("", self.hlo_value())
+        Lowering::Op(Spelling::new("constant").literal(self.hlo_value()))
     }
     fn vjp(&self, _: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         Ok(vec![])
@@ -101,11 +101,14 @@ impl OpRule for Iota {
         }
         Ok(vec![self.ty.clone()])
     }
-    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("stablehlo.iota").attr("iota_dimension", format!("{} : i64", self.dimension))
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(
+            Spelling::new("stablehlo.iota")
+                .attr("iota_dimension", format!("{} : i64", self.dimension)),
+        )
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("iota").attr("iota_dimension", self.dimension.to_string())
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(Spelling::new("iota").attr("iota_dimension", self.dimension.to_string()))
     }
     fn vjp(&self, _: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         Ok(vec![])

@@ -2,7 +2,7 @@
 
 use super::arity;
 use crate::op::Vjp;
-use crate::op::{OpRule, Spelling};
+use crate::op::{Lowering, OpRule, Spelling};
 use crate::Tensor;
 use crate::{DType, Literal, TensorType};
 
@@ -19,11 +19,11 @@ impl OpRule for Convert {
         arity(operands, 1)?;
         Ok(vec![operands[0].with_dtype(self.0)])
     }
-    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("stablehlo.convert")
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(Spelling::new("stablehlo.convert"))
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("convert")
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(Spelling::new("convert"))
     }
     fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         // The gradient goes back in the operand's type.
@@ -71,11 +71,11 @@ impl OpRule for BitcastConvert {
         }
         Ok(vec![operands[0].with_dtype(self.0)])
     }
-    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("stablehlo.bitcast_convert")
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(Spelling::new("stablehlo.bitcast_convert"))
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("bitcast-convert")
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(Spelling::new("bitcast-convert"))
     }
     fn vjp(&self, _: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         Ok(vec![None])

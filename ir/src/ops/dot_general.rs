@@ -3,7 +3,7 @@
 use super::{arity, check_dims, hlo_list, mlir_list, Elems};
 use crate::literal::round_to;
 use crate::op::Vjp;
-use crate::op::{OpRule, Spelling};
+use crate::op::{Lowering, OpRule, Spelling};
 use crate::types::{for_each_index, linear_index};
 use crate::Tensor;
 use crate::{DType, Literal, TensorType};
@@ -127,7 +127,7 @@ impl OpRule for DotGeneral {
             dims,
         )])
     }
-    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
         let mut parts = Vec::new();
         if !self.lhs_batch.is_empty() {
             parts.push(format!(
@@ -155,9 +155,9 @@ impl OpRule for DotGeneral {
             let p = format!("#stablehlo<precision {}>", p.spelling().0);
             s = s.attr("precision_config", format!("[{p}, {p}]"));
         }
-        s
+        Lowering::Op(s)
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
         let mut s = Spelling::new("dot");
         if !self.lhs_batch.is_empty() {
             s = s.attr("lhs_batch_dims", hlo_list(&self.lhs_batch));
@@ -171,7 +171,7 @@ impl OpRule for DotGeneral {
             let p = p.spelling().1;
             s = s.attr("operand_precision", format!("{{{p},{p}}}"));
         }
-        s
+        Lowering::Op(s)
     }
     fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         let (l, r, g) = (a.operands[0], a.operands[1], a.g());

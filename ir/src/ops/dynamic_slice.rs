@@ -3,7 +3,7 @@
 
 use super::{hlo_list, mlir_array, rearrange, Elems};
 use crate::op::Vjp;
-use crate::op::{OpRule, Spelling};
+use crate::op::{Lowering, OpRule, Spelling};
 use crate::types::{for_each_index, linear_index};
 use crate::Tensor;
 use crate::{Literal, TensorType};
@@ -56,11 +56,15 @@ impl OpRule for DynamicSlice {
         }
         Ok(vec![TensorType::new(x.dtype, self.sizes.clone())])
     }
-    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("stablehlo.dynamic_slice").attr("slice_sizes", mlir_array(&self.sizes))
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(
+            Spelling::new("stablehlo.dynamic_slice").attr("slice_sizes", mlir_array(&self.sizes)),
+        )
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("dynamic-slice").attr("dynamic_slice_sizes", hlo_list(&self.sizes))
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(
+            Spelling::new("dynamic-slice").attr("dynamic_slice_sizes", hlo_list(&self.sizes)),
+        )
     }
     fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         let x = a.operands[0];
@@ -108,11 +112,11 @@ impl OpRule for DynamicUpdateSlice {
         }
         Ok(vec![x.clone()])
     }
-    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("stablehlo.dynamic_update_slice")
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(Spelling::new("stablehlo.dynamic_update_slice"))
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("dynamic-update-slice")
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(Spelling::new("dynamic-update-slice"))
     }
     fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         let (u, starts, g) = (a.operands[1], &a.operands[2..], a.g());

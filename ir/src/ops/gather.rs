@@ -3,7 +3,7 @@
 
 use super::{arity, check_dims, hlo_list, mlir_array, mlir_list, rearrange};
 use crate::op::Vjp;
-use crate::op::{OpRule, Spelling};
+use crate::op::{Lowering, OpRule, Spelling};
 use crate::types::{for_each_index, linear_index};
 use crate::Tensor;
 use crate::{Literal, TensorType};
@@ -125,28 +125,30 @@ impl OpRule for Gather {
             .collect::<Vec<_>>();
         Ok(vec![TensorType::new(x.dtype, dims)])
     }
-    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("stablehlo.gather")
-            .attr(
-                "dimension_numbers",
-                format!(
-                    "#stablehlo.gather<offset_dims = {}, collapsed_slice_dims = {}, start_index_map = {}, index_vector_dim = {}>",
-                    mlir_list(&self.offset_dims),
-                    mlir_list(&self.collapsed_slice_dims),
-                    mlir_list(&self.start_index_map),
-                    self.index_vector_dim
-                ),
-            )
-            .attr("slice_sizes", mlir_array(&self.slice_sizes))
-            .attr("indices_are_sorted", "false")
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        let dimension_numbers = format!(
+            "#stablehlo.gather<offset_dims = {}, collapsed_slice_dims = {}, start_index_map = {}, index_vector_dim = {}>",
+            mlir_list(&self.offset_dims),
+            mlir_list(&self.collapsed_slice_dims),
+            mlir_list(&self.start_index_map),
+            self.index_vector_dim
+        );
+        Lowering::Op(
+            Spelling::new("stablehlo.gather")
+                .attr("dimension_numbers", dimension_numbers)
+                .attr("slice_sizes", mlir_array(&self.slice_sizes))
+                .attr("indices_are_sorted", "false"),
+        )
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("gather")
-            .attr("offset_dims", hlo_list(&self.offset_dims))
-            .attr("collapsed_slice_dims", hlo_list(&self.collapsed_slice_dims))
-            .attr("start_index_map", hlo_list(&self.start_index_map))
-            .attr("index_vector_dim", self.index_vector_dim.to_string())
-            .attr("slice_sizes", hlo_list(&self.slice_sizes))
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(
+            Spelling::new("gather")
+                .attr("offset_dims", hlo_list(&self.offset_dims))
+                .attr("collapsed_slice_dims", hlo_list(&self.collapsed_slice_dims))
+                .attr("start_index_map", hlo_list(&self.start_index_map))
+                .attr("index_vector_dim", self.index_vector_dim.to_string())
+                .attr("slice_sizes", hlo_list(&self.slice_sizes)),
+        )
     }
     fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         let (x, idx) = (a.operands[0], a.operands[1]);

@@ -2,7 +2,7 @@
 
 use super::{arity, mlir_array, rearrange};
 use crate::op::Vjp;
-use crate::op::{OpRule, Spelling};
+use crate::op::{Lowering, OpRule, Spelling};
 use crate::types::{for_each_index, linear_index};
 use crate::Tensor;
 use crate::{Literal, TensorType};
@@ -48,17 +48,19 @@ impl OpRule for Pad {
         }
         Ok(vec![TensorType::new(x.dtype, dims)])
     }
-    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("stablehlo.pad")
-            .attr("edge_padding_low", mlir_array(&self.low))
-            .attr("edge_padding_high", mlir_array(&self.high))
-            .attr("interior_padding", mlir_array(&self.interior))
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(
+            Spelling::new("stablehlo.pad")
+                .attr("edge_padding_low", mlir_array(&self.low))
+                .attr("edge_padding_high", mlir_array(&self.high))
+                .attr("interior_padding", mlir_array(&self.interior)),
+        )
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
         let dims: Vec<String> = (0..self.low.len())
             .map(|i| format!("{}_{}_{}", self.low[i], self.high[i], self.interior[i]))
             .collect();
-        Spelling::new("pad").attr("padding", dims.join("x"))
+        Lowering::Op(Spelling::new("pad").attr("padding", dims.join("x")))
     }
     fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         let g = a.g();

@@ -3,7 +3,7 @@
 use super::{arity, check_dims, hlo_list, mlir_array, BinaryOp, Elems};
 use crate::literal::round_to;
 use crate::op::Vjp;
-use crate::op::{OpRule, Region, Spelling};
+use crate::op::{Lowering, OpRule, Region, Spelling};
 use crate::types::for_each_index;
 use crate::Tensor;
 use crate::{Literal, TensorType};
@@ -57,15 +57,19 @@ impl OpRule for Reduce {
             .collect::<Vec<_>>();
         Ok(vec![TensorType::new(x.dtype, dims)])
     }
-    fn stablehlo(&self, operands: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("stablehlo.reduce")
-            .attr("dimensions", mlir_array(&self.dims))
-            .region(Region::Combiner(self.kind.combiner(), operands[0].dtype))
+    fn stablehlo(&self, operands: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(
+            Spelling::new("stablehlo.reduce")
+                .attr("dimensions", mlir_array(&self.dims))
+                .region(Region::Combiner(self.kind.combiner(), operands[0].dtype)),
+        )
     }
-    fn hlo(&self, operands: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("reduce")
-            .attr("dimensions", hlo_list(&self.dims))
-            .region(Region::Combiner(self.kind.combiner(), operands[0].dtype))
+    fn hlo(&self, operands: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(
+            Spelling::new("reduce")
+                .attr("dimensions", hlo_list(&self.dims))
+                .region(Region::Combiner(self.kind.combiner(), operands[0].dtype)),
+        )
     }
     fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         let (x, out, g) = (a.operands[0], a.results[0], a.g());

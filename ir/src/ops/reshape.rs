@@ -2,7 +2,7 @@
 
 use super::arity;
 use crate::op::Vjp;
-use crate::op::{OpRule, Spelling};
+use crate::op::{Lowering, OpRule, Spelling};
 use crate::Tensor;
 use crate::{Literal, TensorType};
 
@@ -24,11 +24,11 @@ impl OpRule for Reshape {
         }
         Ok(vec![out])
     }
-    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("stablehlo.reshape")
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(Spelling::new("stablehlo.reshape"))
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("reshape")
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(Spelling::new("reshape"))
     }
     fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         let x = a.operands[0];

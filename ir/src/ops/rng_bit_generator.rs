@@ -3,7 +3,7 @@
 
 use super::arity;
 use crate::op::Vjp;
-use crate::op::{OpRule, Spelling};
+use crate::op::{Lowering, OpRule, Spelling};
 use crate::Tensor;
 use crate::{DType, Literal, TensorType};
 
@@ -36,20 +36,22 @@ impl OpRule for RngBitGenerator {
         }
         Ok(vec![state.clone(), self.shape.clone()])
     }
-    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
         let a = match self.algorithm {
             RngAlgorithm::ThreeFry => "THREE_FRY",
             RngAlgorithm::Philox => "PHILOX",
         };
-        Spelling::new("stablehlo.rng_bit_generator")
-            .attr("rng_algorithm", format!("#stablehlo<rng_algorithm {a}>"))
+        Lowering::Op(
+            Spelling::new("stablehlo.rng_bit_generator")
+                .attr("rng_algorithm", format!("#stablehlo<rng_algorithm {a}>")),
+        )
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
         let a = match self.algorithm {
             RngAlgorithm::ThreeFry => "rng_three_fry",
             RngAlgorithm::Philox => "rng_philox",
         };
-        Spelling::new("rng-bit-generator").attr("algorithm", a)
+        Lowering::Op(Spelling::new("rng-bit-generator").attr("algorithm", a))
     }
     fn vjp(&self, _: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         Ok(vec![None])

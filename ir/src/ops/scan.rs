@@ -9,11 +9,12 @@
 //! start of every iteration (`[length, ...]`, what the VJP needs; unused, it
 //! costs nothing after XLA's dead-code elimination).
 //!
-//! The printers never see a scan: [`crate::lower_scans`] rewrites it into a
-//! `while` over dynamic slices first.
+//! It lowers to [`Lowering::Expanded`]: the printers never see a scan, as
+//! [`crate::lower_scans`] first rewrites it into a `while` over dynamic
+//! slices (as JAX lowers `scan`).
 
 use crate::graph::SubFunction;
-use crate::op::{OpRule, Spelling, Vjp};
+use crate::op::{Lowering, OpRule, Vjp};
 use crate::{Literal, Tensor, TensorType};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -84,11 +85,11 @@ impl OpRule for Scan {
         out.extend(body_in[..c].iter().map(|t| stacked(self.length, t)));
         Ok(out)
     }
-    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("scan (lowered by lower_scans)")
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Expanded { by: "lower_scans" }
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("scan (lowered by lower_scans)")
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Expanded { by: "lower_scans" }
     }
     fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         crate::autodiff::scan_vjp(self, a)

@@ -4,7 +4,7 @@
 use super::{arity, check_dims, hlo_list, mlir_list, BinaryOp, Elems};
 use crate::literal::round_to;
 use crate::op::Vjp;
-use crate::op::{OpRule, Region, Spelling};
+use crate::op::{Lowering, OpRule, Region, Spelling};
 use crate::types::{for_each_index, linear_index};
 use crate::Tensor;
 use crate::{Literal, TensorType};
@@ -102,32 +102,34 @@ impl OpRule for Scatter {
         }
         Ok(vec![x.clone()])
     }
-    fn stablehlo(&self, operands: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("stablehlo.scatter")
-            .attr(
-                "scatter_dimension_numbers",
-                format!(
-                    "#stablehlo.scatter<update_window_dims = {}, inserted_window_dims = {}, scatter_dims_to_operand_dims = {}, index_vector_dim = {}>",
-                    mlir_list(&self.update_window_dims),
-                    mlir_list(&self.inserted_window_dims),
-                    mlir_list(&self.scatter_dims_to_operand_dims),
-                    self.index_vector_dim
-                ),
-            )
-            .attr("indices_are_sorted", "false")
-            .attr("unique_indices", "false")
-            .region(Region::Combiner(BinaryOp::Add, operands[0].dtype))
+    fn stablehlo(&self, operands: &[TensorType], _: &[TensorType]) -> Lowering {
+        let dimension_numbers = format!(
+            "#stablehlo.scatter<update_window_dims = {}, inserted_window_dims = {}, scatter_dims_to_operand_dims = {}, index_vector_dim = {}>",
+            mlir_list(&self.update_window_dims),
+            mlir_list(&self.inserted_window_dims),
+            mlir_list(&self.scatter_dims_to_operand_dims),
+            self.index_vector_dim
+        );
+        Lowering::Op(
+            Spelling::new("stablehlo.scatter")
+                .attr("scatter_dimension_numbers", dimension_numbers)
+                .attr("indices_are_sorted", "false")
+                .attr("unique_indices", "false")
+                .region(Region::Combiner(BinaryOp::Add, operands[0].dtype)),
+        )
     }
-    fn hlo(&self, operands: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("scatter")
-            .attr("update_window_dims", hlo_list(&self.update_window_dims))
-            .attr("inserted_window_dims", hlo_list(&self.inserted_window_dims))
-            .attr(
-                "scatter_dims_to_operand_dims",
-                hlo_list(&self.scatter_dims_to_operand_dims),
-            )
-            .attr("index_vector_dim", self.index_vector_dim.to_string())
-            .region(Region::Combiner(BinaryOp::Add, operands[0].dtype))
+    fn hlo(&self, operands: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(
+            Spelling::new("scatter")
+                .attr("update_window_dims", hlo_list(&self.update_window_dims))
+                .attr("inserted_window_dims", hlo_list(&self.inserted_window_dims))
+                .attr(
+                    "scatter_dims_to_operand_dims",
+                    hlo_list(&self.scatter_dims_to_operand_dims),
+                )
+                .attr("index_vector_dim", self.index_vector_dim.to_string())
+                .region(Region::Combiner(BinaryOp::Add, operands[0].dtype)),
+        )
     }
     fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         let (x, idx, upd, g) = (a.operands[0], a.operands[1], a.operands[2], a.g());

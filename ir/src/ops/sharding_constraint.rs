@@ -1,10 +1,12 @@
 //! `sharding_constraint`: the identity, with a request that the value be laid
-//! out over mesh axes. Its sharding is spelled by the lowering's one sharding
-//! printer (which knows the mesh); without a mesh it lowers to nothing.
+//! out over mesh axes (`jax.lax.with_sharding_constraint`). It lowers to a
+//! [`Lowering::ShardingConstraint`]: its sharding is spelled by the
+//! lowering's one sharding printer (which knows the mesh); without a mesh it
+//! lowers to nothing.
 
 use super::arity;
 use crate::op::Vjp;
-use crate::op::{OpRule, Spelling};
+use crate::op::{Lowering, OpRule, Spelling};
 use crate::Tensor;
 use crate::{Literal, TensorType};
 
@@ -29,11 +31,19 @@ impl OpRule for ShardingConstraint {
         }
         Ok(vec![operands[0].clone()])
     }
-    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("sdy.sharding_constraint")
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        // Shardy: `sdy.sharding_constraint` with `sharding = #sdy.sharding<..>`.
+        Lowering::ShardingConstraint {
+            op: Spelling::new("sdy.sharding_constraint"),
+            dims: self.dims.clone(),
+        }
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("custom-call").attr("custom_call_target", "\"Sharding\"")
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        // GSPMD: the `Sharding` custom call with `sharding={devices=..}`.
+        Lowering::ShardingConstraint {
+            op: Spelling::new("custom-call").attr("custom_call_target", "\"Sharding\""),
+            dims: self.dims.clone(),
+        }
     }
     fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         // The gradient is laid out like the value.

@@ -2,7 +2,7 @@
 
 use super::{arity, mlir_array, rearrange};
 use crate::op::Vjp;
-use crate::op::{OpRule, Spelling};
+use crate::op::{Lowering, OpRule, Spelling};
 use crate::types::{for_each_index, linear_index};
 use crate::Tensor;
 use crate::{Literal, TensorType};
@@ -38,17 +38,19 @@ impl OpRule for Slice {
         }
         Ok(vec![TensorType::new(x.dtype, dims)])
     }
-    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("stablehlo.slice")
-            .attr("start_indices", mlir_array(&self.start))
-            .attr("limit_indices", mlir_array(&self.limit))
-            .attr("strides", mlir_array(&self.strides))
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(
+            Spelling::new("stablehlo.slice")
+                .attr("start_indices", mlir_array(&self.start))
+                .attr("limit_indices", mlir_array(&self.limit))
+                .attr("strides", mlir_array(&self.strides)),
+        )
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
         let ranges: Vec<String> = (0..self.start.len())
             .map(|i| format!("[{}:{}:{}]", self.start[i], self.limit[i], self.strides[i]))
             .collect();
-        Spelling::new("slice").attr("slice", format!("{{{}}}", ranges.join(", ")))
+        Lowering::Op(Spelling::new("slice").attr("slice", format!("{{{}}}", ranges.join(", "))))
     }
     fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         let (x, g) = (a.operands[0], a.g());

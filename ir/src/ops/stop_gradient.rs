@@ -2,7 +2,7 @@
 //! to autodiff and to XLA's optimizer.
 
 use super::arity;
-use crate::op::{OpRule, Spelling, Vjp};
+use crate::op::{Lowering, OpRule, Spelling, Vjp};
 use crate::{Literal, Tensor, TensorType};
 
 /// The identity, through which no gradient flows. Lowers to nothing.
@@ -17,12 +17,11 @@ impl OpRule for StopGradient {
         arity(operands, 1)?;
         Ok(vec![operands[0].clone()])
     }
-    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        // Never printed: `Op::is_identity` makes the printers alias it.
-        Spelling::new("stop_gradient")
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Identity
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("stop_gradient")
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Identity
     }
     fn vjp(&self, _: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         Ok(vec![None])
@@ -45,12 +44,12 @@ impl OpRule for OptimizationBarrier {
     fn infer(&self, operands: &[TensorType]) -> Result<Vec<TensorType>, String> {
         Ok(operands.to_vec())
     }
-    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("stablehlo.optimization_barrier")
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(Spelling::new("stablehlo.optimization_barrier"))
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        // HLO takes and returns one tuple; the printer packs it.
-        Spelling::new("opt-barrier")
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        // HLO's `opt-barrier` takes and returns one tuple.
+        Lowering::Op(Spelling::new("opt-barrier").tupled())
     }
     fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         Ok(a.cotangents

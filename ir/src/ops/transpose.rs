@@ -2,7 +2,7 @@
 
 use super::{arity, check_dims, hlo_list, mlir_array, rearrange};
 use crate::op::Vjp;
-use crate::op::{OpRule, Spelling};
+use crate::op::{Lowering, OpRule, Spelling};
 use crate::types::{for_each_index, linear_index};
 use crate::Tensor;
 use crate::{Literal, TensorType};
@@ -33,11 +33,13 @@ impl OpRule for Transpose {
             .collect::<Vec<_>>();
         Ok(vec![TensorType::new(x.dtype, dims)])
     }
-    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("stablehlo.transpose").attr("permutation", mlir_array(&self.permutation))
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(
+            Spelling::new("stablehlo.transpose").attr("permutation", mlir_array(&self.permutation)),
+        )
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("transpose").attr("dimensions", hlo_list(&self.permutation))
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(Spelling::new("transpose").attr("dimensions", hlo_list(&self.permutation)))
     }
     fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         let mut inverse = vec![0i64; self.permutation.len()];

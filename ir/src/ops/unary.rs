@@ -3,7 +3,7 @@
 use super::{arity, Elems};
 use crate::literal::round_to;
 use crate::op::Vjp;
-use crate::op::{OpRule, Spelling};
+use crate::op::{Lowering, OpRule, Spelling};
 use crate::Tensor;
 use crate::{DType, Literal, TensorType};
 
@@ -123,11 +123,11 @@ impl OpRule for UnaryOp {
         };
         Ok(vec![out])
     }
-    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new(format!("stablehlo.{}", self.names().0))
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(Spelling::new(format!("stablehlo.{}", self.names().0)))
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new(self.names().1)
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(Spelling::new(self.names().1))
     }
     fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         use UnaryOp::*;

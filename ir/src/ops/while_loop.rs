@@ -1,9 +1,11 @@
 //! `while`: loop-carried values, a condition and a body, each a function of
-//! the carried values. Scan over layers is built on it.
+//! the carried values. Not differentiable (its trip count is unknown until it
+//! runs); a loop of fixed length is a [`super::Scan`], which
+//! [`crate::lower_scans`] rewrites into a `while` for printing.
 
 use crate::graph::SubFunction;
 use crate::op::Vjp;
-use crate::op::{OpRule, Region, Spelling};
+use crate::op::{Lowering, OpRule, Region, Spelling};
 use crate::Tensor;
 use crate::{DType, Literal, TensorType};
 
@@ -45,20 +47,26 @@ impl OpRule for While {
         }
         Ok(carry)
     }
-    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("stablehlo.while")
-            .region(Region::Function(self.cond.clone()))
-            .region(Region::Function(self.body.clone()))
+    fn stablehlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        Lowering::Op(
+            Spelling::new("stablehlo.while")
+                .region(Region::Cond(self.cond.clone()))
+                .region(Region::Body(self.body.clone())),
+        )
     }
-    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Spelling {
-        Spelling::new("while")
-            .region(Region::Function(self.cond.clone()))
-            .region(Region::Function(self.body.clone()))
+    fn hlo(&self, _: &[TensorType], _: &[TensorType]) -> Lowering {
+        // HLO's `while` carries one tuple.
+        Lowering::Op(
+            Spelling::new("while")
+                .tupled()
+                .region(Region::Cond(self.cond.clone()))
+                .region(Region::Body(self.body.clone())),
+        )
     }
     fn vjp(&self, _: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
         Err(
-            "reverse-mode differentiation of a while loop is not supported; \
-             a loop with a fixed trip count (scan) will be"
+            "a while loop, whose trip count is known only when it runs, has no VJP; \
+             write a loop of fixed length with `scan`, which is differentiable"
                 .into(),
         )
     }

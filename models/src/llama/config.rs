@@ -6,7 +6,7 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::ModelError;
+use crate::{ConfigError, ModelError};
 
 /// `rope_scaling` of type `llama3` (Llama 3.1+).
 #[derive(Clone, Debug, PartialEq)]
@@ -93,10 +93,9 @@ fn ids(v: &Option<Value>) -> Vec<i64> {
 
 impl LlamaConfig {
     /// Parses HF `config.json` text.
-    pub fn from_json(text: &str) -> Result<LlamaConfig, ModelError> {
-        let raw: RawConfig = serde_json::from_str(text)
-            .map_err(|e| ModelError::Config(format!("not a Llama config.json: {e}")))?;
-        let unsupported = |what: String| Err(ModelError::Config(format!("unsupported: {what}")));
+    pub fn from_json(text: &str) -> Result<LlamaConfig, ConfigError> {
+        let raw: RawConfig = serde_json::from_str(text).map_err(ConfigError::NotJson)?;
+        let unsupported = |what: String| Err(ConfigError::Unsupported(what));
         if let Some(t) = &raw.model_type {
             if t != "llama" {
                 return unsupported(format!("model_type `{t}` (only `llama`)"));
@@ -147,9 +146,9 @@ impl LlamaConfig {
             "llama3" => {
                 let r = rope.expect("rope_type came from it");
                 let get = |k: &str| {
-                    r.get(k).and_then(Value::as_f64).ok_or_else(|| {
-                        ModelError::Config(format!("llama3 rope scaling lacks `{k}`"))
-                    })
+                    r.get(k)
+                        .and_then(Value::as_f64)
+                        .ok_or_else(|| ConfigError::MissingRopeField(k.to_string()))
                 };
                 Some(Llama3Scaling {
                     factor: get("factor")?,
@@ -189,16 +188,14 @@ impl LlamaConfig {
 
     /// Reads `config.json` from a file.
     pub fn from_file(path: &Path) -> Result<LlamaConfig, ModelError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ModelError::Io(format!("cannot read {}: {e}", path.display())))?;
-        LlamaConfig::from_json(&text).map_err(|e| match e {
-            ModelError::Config(m) => ModelError::Config(format!("{}: {m}", path.display())),
-            other => other,
+        let text = std::fs::read_to_string(path).map_err(ModelError::io("read", path))?;
+        LlamaConfig::from_json(&text).map_err(|problem| ModelError::Config {
+            path: Some(path.to_path_buf()),
+            problem,
         })
     }
 
-    fn validate(&self) -> Result<(), ModelError> {
-        let bad = |m: String| Err(ModelError::Config(m));
+    fn validate(&self) -> Result<(), ConfigError> {
         for (name, v) in [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -209,27 +206,27 @@ impl LlamaConfig {
             ("head_dim", self.head_dim),
         ] {
             if v < 1 {
-                return bad(format!("{name} must be positive, got {v}"));
+                return Err(ConfigError::NotPositive {
+                    field: name,
+                    value: v,
+                });
             }
         }
         if self.num_attention_heads % self.num_key_value_heads != 0 {
-            return bad(format!(
-                "num_attention_heads {} is not a multiple of num_key_value_heads {}",
-                self.num_attention_heads, self.num_key_value_heads
-            ));
+            return Err(ConfigError::HeadsNotMultiple {
+                heads: self.num_attention_heads,
+                kv_heads: self.num_key_value_heads,
+            });
         }
         if self.head_dim % 2 != 0 {
-            return bad(format!(
-                "head_dim {} is odd (rotary embeddings rotate pairs)",
-                self.head_dim
-            ));
+            return Err(ConfigError::OddHeadDim(self.head_dim));
         }
         Ok(())
     }
 
     /// A preset by name: `tiny` or the exact HF configs of Llama 3.2
     /// 1B/3B and 3.1 8B/70B/405B.
-    pub fn preset(name: &str) -> Result<LlamaConfig, ModelError> {
+    pub fn preset(name: &str) -> Result<LlamaConfig, ConfigError> {
         let llama3 = |factor: f64| {
             Some(Llama3Scaling {
                 factor,
@@ -256,8 +253,11 @@ impl LlamaConfig {
             initializer_range: 0.02,
         };
         Ok(match name {
+            // The vocabulary of hlo-data's byte-level tokenizer: 256 bytes,
+            // BOS 256, EOS 257, padded to 264 (hlo-engine tests that they
+            // agree).
             "tiny" => LlamaConfig {
-                vocab_size: crate::tokenizer::BYTE_VOCAB,
+                vocab_size: 264,
                 hidden_size: 64,
                 intermediate_size: 128,
                 num_hidden_layers: 2,
@@ -269,8 +269,8 @@ impl LlamaConfig {
                 rope_scaling: None,
                 max_position_embeddings: 512,
                 tie_word_embeddings: false,
-                bos_token_id: Some(crate::tokenizer::BYTE_BOS as i64),
-                eos_token_ids: vec![crate::tokenizer::BYTE_EOS as i64],
+                bos_token_id: Some(256),
+                eos_token_ids: vec![257],
                 // 1/sqrt(hidden): a random tiny model whose frozen head can
                 // still express confident predictions, so LoRA can learn.
                 initializer_range: 0.125,
@@ -280,11 +280,7 @@ impl LlamaConfig {
             "llama3.1-8b" => base(128256, 4096, 14336, 32, 32, 8, 128, false, llama3(8.0)),
             "llama3.1-70b" => base(128256, 8192, 28672, 80, 64, 8, 128, false, llama3(8.0)),
             "llama3.1-405b" => base(128256, 16384, 53248, 126, 128, 8, 128, false, llama3(8.0)),
-            other => {
-                return Err(ModelError::Config(format!(
-                    "unknown model preset `{other}` (tiny, llama3.2-1b, llama3.2-3b, llama3.1-8b, llama3.1-70b, llama3.1-405b)"
-                )))
-            }
+            other => return Err(ConfigError::UnknownPreset(other.to_string())),
         })
     }
 

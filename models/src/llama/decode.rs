@@ -13,6 +13,7 @@ use super::model::{grouped_attention, linear, rotate_half};
 use super::{
     base_parameter_types, lora_parameter_types, rms_norm, Llama, LlamaConfig, LoraConfig, Params,
 };
+use crate::roles::{Role, Step, StepInput};
 
 /// The cache tensors of every layer: `cache.layers.<l>.k` and `.v`, each
 /// `[batch, kv_heads, max_len, head_dim]` in `dtype`.
@@ -194,7 +195,7 @@ pub fn argmax(x: Tensor) -> Tensor {
 /// parameters (and LoRA tensors), the caches, `input_ids [batch, new]`,
 /// `offsets [batch]`, `cur []`, `temperature []`, `top_k []`, `top_p []`
 /// and `rng u64[2]`; outputs `next [batch]`, `logits [batch, vocab]`,
-/// the updated caches and `rng`.
+/// the updated caches and `rng`. See [`decode_step`] for its roles.
 pub fn decode_function(
     config: &LlamaConfig,
     dtype: DType,
@@ -203,21 +204,47 @@ pub fn decode_function(
     max_len: i64,
     lora: Option<&LoraConfig>,
 ) -> Result<Function, TraceError> {
-    let mut inputs = base_parameter_types(config, dtype);
+    Ok(decode_step(config, dtype, batch, new, max_len, lora)?.function)
+}
+
+/// [`decode_function`] as a [`Step`]: parameters are weights, the caches
+/// and the rng state are updated in place (donated), the rest are
+/// per-call inputs.
+pub fn decode_step(
+    config: &LlamaConfig,
+    dtype: DType,
+    batch: i64,
+    new: i64,
+    max_len: i64,
+    lora: Option<&LoraConfig>,
+) -> Result<Step, TraceError> {
+    let mut params = base_parameter_types(config, dtype);
     if let Some(l) = lora {
-        inputs.extend(lora_parameter_types(config, l));
+        params.extend(lora_parameter_types(config, l));
     }
-    inputs.extend(cache_types(config, batch, max_len, dtype));
+    let mut inputs: Vec<(String, TensorType, Role)> = params
+        .into_iter()
+        .map(|(n, t)| (n, t, Role::Weight))
+        .collect();
+    inputs.extend(
+        cache_types(config, batch, max_len, dtype)
+            .into_iter()
+            .map(|(n, t)| (n, t, Role::KvCache)),
+    );
+    let control = [
+        ("input_ids", TensorType::new(DType::I32, [batch, new])),
+        ("offsets", TensorType::new(DType::I32, [batch])),
+        ("cur", TensorType::scalar(DType::I32)),
+        ("temperature", TensorType::scalar(DType::F32)),
+        ("top_k", TensorType::scalar(DType::I32)),
+        ("top_p", TensorType::scalar(DType::F32)),
+    ];
+    inputs.extend(control.map(|(n, t)| (n.to_string(), t, Role::Control)));
     inputs.push((
-        "input_ids".into(),
-        TensorType::new(DType::I32, [batch, new]),
+        "rng".into(),
+        TensorType::new(DType::U64, [2]),
+        Role::RngState,
     ));
-    inputs.push(("offsets".into(), TensorType::new(DType::I32, [batch])));
-    inputs.push(("cur".into(), TensorType::scalar(DType::I32)));
-    inputs.push(("temperature".into(), TensorType::scalar(DType::F32)));
-    inputs.push(("top_k".into(), TensorType::scalar(DType::I32)));
-    inputs.push(("top_p".into(), TensorType::scalar(DType::F32)));
-    inputs.push(("rng".into(), TensorType::new(DType::U64, [2])));
     let model = Llama {
         config,
         lora,
@@ -225,7 +252,11 @@ pub fn decode_function(
         scan_layers: false,
         remat_layers: false,
     };
-    trace("llama_decode", &inputs, |i| {
+    let types: Vec<(String, TensorType)> = inputs
+        .iter()
+        .map(|(n, t, _)| (n.clone(), t.clone()))
+        .collect();
+    let function = trace("llama_decode", &types, |i| {
         let (logits, caches) =
             model.forward_cached(&Params(i), i["input_ids"], i["offsets"], i["cur"], dtype);
         let (next, rng) = scope("sample", || {
@@ -236,5 +267,13 @@ pub fn decode_function(
             out = out.add(&name, t);
         }
         out.add("rng", rng)
-    })
+    })?;
+    Ok(Step::new(function, |name| StepInput {
+        role: inputs
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, _, r)| r.clone())
+            .expect("every input has a role"),
+        leading_axis: false,
+    }))
 }

@@ -1,6 +1,6 @@
 //! LoRA as PEFT defines it: rank, alpha, target modules, scale.
 
-use crate::ModelError;
+use crate::LoraError;
 
 /// The projections PEFT targets by default in hlo-train.
 pub const DEFAULT_TARGETS: [&str; 7] = [
@@ -35,29 +35,23 @@ impl LoraConfig {
         alpha: f64,
         targets: &[&str],
         use_rslora: bool,
-    ) -> Result<Self, ModelError> {
+    ) -> Result<Self, LoraError> {
         if rank < 1 {
-            return Err(ModelError::Config(format!(
-                "LoRA rank must be at least 1, got {rank}"
-            )));
+            return Err(LoraError::Rank(rank));
         }
         if !alpha.is_finite() || alpha <= 0.0 {
-            return Err(ModelError::Config(format!(
-                "LoRA alpha must be positive, got {alpha}"
-            )));
+            return Err(LoraError::Alpha(alpha));
         }
         for t in targets {
             if !DEFAULT_TARGETS.contains(t) {
-                return Err(ModelError::Config(format!(
-                    "unknown LoRA target `{t}` (one of {})",
-                    DEFAULT_TARGETS.join(", ")
-                )));
+                return Err(LoraError::UnknownTarget {
+                    target: t.to_string(),
+                    known: DEFAULT_TARGETS.join(", "),
+                });
             }
         }
         if targets.is_empty() {
-            return Err(ModelError::Config(
-                "LoRA needs at least one target module".into(),
-            ));
+            return Err(LoraError::NoTargets);
         }
         Ok(LoraConfig {
             rank,

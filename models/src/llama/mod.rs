@@ -4,11 +4,15 @@ mod config;
 mod decode;
 mod lora;
 mod model;
+mod rules;
 
 pub use config::{Llama3Scaling, LlamaConfig};
-pub use decode::{argmax, cache_types, decode_function, sample_tokens};
+pub use decode::{argmax, cache_types, decode_function, decode_step, sample_tokens};
 pub use lora::{LoraConfig, DEFAULT_TARGETS};
 pub use model::{is_stacked, rms_norm, Llama, Params};
+pub use rules::partition_rules;
+
+use crate::roles::{BatchField, Role, Step, StepInput};
 
 use hlo_ir::{trace, DType, Function, Literal, Outputs, TensorType, TraceError};
 
@@ -138,6 +142,19 @@ pub fn forward_function_with(
     lora: Option<&LoraConfig>,
     scan_layers: bool,
 ) -> Result<Function, TraceError> {
+    Ok(forward_step(config, dtype, batch, seq, lora, scan_layers)?.function)
+}
+
+/// [`forward_function_with`] as a [`Step`]: every parameter a weight,
+/// `input_ids` the batch.
+pub fn forward_step(
+    config: &LlamaConfig,
+    dtype: DType,
+    batch: i64,
+    seq: i64,
+    lora: Option<&LoraConfig>,
+    scan_layers: bool,
+) -> Result<Step, TraceError> {
     let mut inputs = base_parameter_types(config, dtype);
     if let Some(l) = lora {
         inputs.extend(lora_parameter_types(config, l));
@@ -145,10 +162,8 @@ pub fn forward_function_with(
     if scan_layers {
         inputs = stack_types(inputs, config.num_hidden_layers);
     }
-    inputs.push((
-        "input_ids".into(),
-        TensorType::new(DType::I32, [batch, seq]),
-    ));
+    let ids = BatchField::InputIds.name();
+    inputs.push((ids.into(), TensorType::new(DType::I32, [batch, seq])));
     let model = Llama {
         config,
         lora,
@@ -156,27 +171,77 @@ pub fn forward_function_with(
         scan_layers,
         remat_layers: false,
     };
-    trace("llama_forward", &inputs, |i| {
-        let logits = model.forward(&Params(i), i["input_ids"], dtype);
+    let f = trace("llama_forward", &inputs, |i| {
+        let logits = model.forward(&Params(i), i[ids], dtype);
         Outputs::new().add("logits", logits)
-    })
+    })?;
+    Ok(Step::new(f, |name| StepInput {
+        role: if name == ids {
+            Role::Batch(BatchField::InputIds)
+        } else {
+            Role::Weight
+        },
+        leading_axis: is_stacked(name),
+    }))
 }
 
-/// One random base weight as HF initialises it (normal(0,
-/// `initializer_range`) kernels and embeddings, norms 1), seeded by `seed`
-/// and the tensor's name so any tensor can be made on its own.
-pub fn init_tensor(name: &str, ty: TensorType, std: f64, seed: u64) -> Literal {
+/// How HF (and PEFT, for adapters) initialise a parameter.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Init {
+    Zeros,
+    Ones,
+    /// Normal with mean 0.
+    Normal {
+        std: f64,
+    },
+    /// Uniform in `[-bound, bound)`.
+    Uniform {
+        bound: f64,
+    },
+}
+
+/// How parameter `name` of type `ty` starts: RMSNorm scales 1, kernels and
+/// embeddings normal(0, `initializer_range`), `lora_a` uniform in
+/// ±1/sqrt(in) (PEFT's kaiming-uniform with a = sqrt(5)), `lora_b` zero.
+///
+/// ```
+/// use hlo_models::llama::{initializer, Init, LlamaConfig};
+/// use hlo_ir::{DType, TensorType};
+/// let c = LlamaConfig::preset("tiny").unwrap();
+/// let t = TensorType::new(DType::F32, [64, 8]);
+/// assert_eq!(initializer(&c, "model.layers.0.mlp.up_proj.lora_a", &t), Init::Uniform { bound: 0.125 });
+/// ```
+pub fn initializer(config: &LlamaConfig, name: &str, ty: &TensorType) -> Init {
     if name.ends_with("norm.weight") {
-        return Literal::splat(ty, 1.0);
+        Init::Ones
+    } else if name.ends_with(".lora_a") {
+        // [in, r], or [layers, in, r] stacked.
+        let fan_in = ty.dims[ty.rank().saturating_sub(2)] as f64;
+        Init::Uniform {
+            bound: 1.0 / fan_in.sqrt(),
+        }
+    } else if name.ends_with(".lora_b") {
+        Init::Zeros
+    } else {
+        Init::Normal {
+            std: config.initializer_range,
+        }
     }
-    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    let mut rng = crate::rng::Rng::new(seed ^ h);
-    let v: Vec<f64> = (0..ty.element_count())
-        .map(|_| std * rng.normal())
-        .collect();
-    Literal::from_f64s(ty, &v)
+}
+
+/// One random parameter as HF initialises it (see [`initializer`]),
+/// seeded by `seed` and the tensor's name so any tensor can be made on its
+/// own.
+pub fn init_tensor(config: &LlamaConfig, name: &str, ty: TensorType, seed: u64) -> Literal {
+    let mut rng = hlo_ir::rng::Rng::new(seed ^ hlo_ir::rng::fnv1a(name.as_bytes()));
+    let n = ty.element_count();
+    let values: Vec<f64> = match initializer(config, name, &ty) {
+        Init::Zeros => return Literal::splat(ty, 0.0),
+        Init::Ones => return Literal::splat(ty, 1.0),
+        Init::Normal { std } => (0..n).map(|_| std * rng.normal()).collect(),
+        Init::Uniform { bound } => (0..n).map(|_| rng.uniform(-bound, bound)).collect(),
+    };
+    Literal::from_f64s(ty, &values)
 }
 
 /// Every random base weight of a (small) model: see [`init_tensor`].
@@ -184,7 +249,7 @@ pub fn init_base(config: &LlamaConfig, dtype: DType, seed: u64) -> Vec<(String, 
     base_parameter_types(config, dtype)
         .into_iter()
         .map(|(name, ty)| {
-            let lit = init_tensor(&name, ty, config.initializer_range, seed);
+            let lit = init_tensor(config, &name, ty, seed);
             (name, lit)
         })
         .collect()

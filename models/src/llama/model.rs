@@ -341,9 +341,14 @@ impl Llama<'_> {
                 .cast(dtype)
                 .take(input_ids, 0)
         });
-        let ((cos, sin), visible) = match packed {
-            None => (scope("model.rotary_emb", || self.rotary(s, dtype)), None),
-            Some((positions, segments)) => scope("model.rotary_emb", || {
+        let (cos, sin) = scope("model.rotary_emb", || match packed {
+            None => self.rotary(s, dtype),
+            Some((positions, _)) => self.rotary_at(positions, dtype),
+        });
+        // Packed rows: a token sees the earlier tokens of its own sample
+        // (HF builds this as the attention mask before the layers).
+        let visible = packed.map(|(_, segments)| {
+            scope("model.causal_mask", || {
                 let sq = [b, s, s];
                 let same = segments
                     .broadcast_in_dim(&sq, &[0, 1])
@@ -351,9 +356,9 @@ impl Llama<'_> {
                 let rows = iota(TensorType::new(DType::I32, [s, s]), 0);
                 let cols = iota(TensorType::new(DType::I32, [s, s]), 1);
                 let causal = cols.le(rows).broadcast_in_dim(&sq, &[1, 2]);
-                (self.rotary_at(positions, dtype), Some(same.and(causal)))
-            }),
-        };
+                same.and(causal)
+            })
+        });
         if self.scan_layers {
             let stacked: Vec<String> = p
                 .names()

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::ModelError;
+use crate::DataError;
 
 /// Vocabulary of the byte-level tokenizer: 256 bytes, then specials, padded
 /// to a multiple of 8 (so it shards over common meshes).
@@ -19,10 +19,10 @@ pub enum Tokenizer {
 
 impl Tokenizer {
     /// Reads an HF `tokenizer.json`.
-    pub fn from_file(path: &Path) -> Result<Tokenizer, ModelError> {
+    pub fn from_file(path: &Path) -> Result<Tokenizer, DataError> {
         tokenizers::Tokenizer::from_file(path)
             .map(|t| Tokenizer::Hf(Box::new(t)))
-            .map_err(|e| ModelError::Tokenizer(format!("cannot read {}: {e}", path.display())))
+            .map_err(|e| DataError::Tokenizer(format!("cannot read {}: {e}", path.display())))
     }
 
     pub fn bytes() -> Tokenizer {
@@ -31,12 +31,12 @@ impl Tokenizer {
 
     /// Token ids of `text`, with the tokenizer's special tokens (BOS) if
     /// `special` is set.
-    pub fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>, ModelError> {
+    pub fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>, DataError> {
         match self {
             Tokenizer::Hf(t) => t
                 .encode(text, special)
                 .map(|e| e.get_ids().to_vec())
-                .map_err(|e| ModelError::Tokenizer(e.to_string())),
+                .map_err(|e| DataError::Tokenizer(e.to_string())),
             Tokenizer::Bytes => {
                 let mut ids: Vec<u32> = if special { vec![BYTE_BOS] } else { Vec::new() };
                 ids.extend(text.bytes().map(u32::from));
@@ -46,11 +46,11 @@ impl Tokenizer {
     }
 
     /// Text of `ids`, special tokens skipped.
-    pub fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
+    pub fn decode(&self, ids: &[u32]) -> Result<String, DataError> {
         match self {
             Tokenizer::Hf(t) => t
                 .decode(ids, true)
-                .map_err(|e| ModelError::Tokenizer(e.to_string())),
+                .map_err(|e| DataError::Tokenizer(e.to_string())),
             Tokenizer::Bytes => {
                 let bytes: Vec<u8> = ids.iter().filter(|&&i| i < 256).map(|&i| i as u8).collect();
                 Ok(String::from_utf8_lossy(&bytes).into_owned())

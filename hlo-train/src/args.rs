@@ -1,11 +1,97 @@
-//! Flags that shape the traced step, shared by `train`, `dump-hlo` and `plan`.
+//! Flag groups several commands share, and what they turn into for the
+//! engine: which plugin and devices, which model, which step.
+
+use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Args, ValueEnum};
-use hlo_ir::DType;
-use hlo_models::llama::{LlamaConfig, LoraConfig};
-use hlo_models::train::{Optimizer, Schedule, TrainConfig};
-use hlo_partitioner::Mesh;
+use hlo_engine::ir::DType;
+use hlo_engine::models::llama::{LlamaConfig, LoraConfig};
+use hlo_engine::models::train::{Optimizer, Schedule, TrainConfig};
+use hlo_engine::partitioner::Mesh;
+use hlo_engine::runtime::{PluginKind, PluginSpec};
+use hlo_engine::{BackendOptions, ModelSource};
+
+/// `--plugin` and `--devices`.
+#[derive(Args, Clone, Debug)]
+pub struct PluginArgs {
+    /// PJRT plugin: cpu, cuda, rocm, or a path to a plugin .so.
+    #[arg(long, env = "HLO_TRAIN_PLUGIN", default_value = "cpu")]
+    pub plugin: PluginSpec,
+
+    /// Devices to use: the CPU plugin makes this many virtual devices, a
+    /// GPU plugin's first ones are used. Must equal the mesh's size when
+    /// both are given (default: the mesh's size, else 1).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub devices: Option<u32>,
+}
+
+impl PluginArgs {
+    /// The engine's options for these flags and `mesh`.
+    pub fn backend(&self, mesh: Option<&Mesh>) -> BackendOptions {
+        BackendOptions {
+            plugin: self.plugin.clone(),
+            devices: self.devices,
+            mesh: mesh.cloned(),
+        }
+    }
+
+    pub fn is_cpu(&self) -> bool {
+        self.plugin.kind() == PluginKind::Cpu
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DTypeArg {
+    F32,
+    Bf16,
+}
+
+/// `--model`, `--checkpoint`, `--config`, `--dtype`, `--tokenizer`.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// Model preset (random weights): tiny, llama3.2-1b, llama3.2-3b,
+    /// llama3.1-8b, llama3.1-70b, llama3.1-405b.
+    #[arg(long, default_value = "tiny")]
+    pub model: String,
+
+    /// HF model folder: config.json + *.safetensors (+ index).
+    #[arg(long, conflicts_with = "config")]
+    pub checkpoint: Option<PathBuf>,
+
+    /// Random weights from any HF Llama config.json.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+
+    /// Parameter and compute dtype of the base model (default: f32 on the
+    /// CPU plugin, bf16 elsewhere).
+    #[arg(long, value_enum)]
+    pub dtype: Option<DTypeArg>,
+
+    /// HF tokenizer.json (default: the checkpoint's; byte-level for tiny).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+}
+
+impl ModelArgs {
+    pub fn source(&self) -> ModelSource {
+        match (&self.checkpoint, &self.config) {
+            (Some(dir), _) => ModelSource::Checkpoint(dir.clone()),
+            (None, Some(path)) => ModelSource::Config(path.clone()),
+            (None, None) => ModelSource::Preset(self.model.clone()),
+        }
+    }
+
+    /// `--dtype`, or f32 on the CPU and bf16 elsewhere.
+    pub fn dtype(&self, cpu: bool) -> DType {
+        match self.dtype {
+            Some(DTypeArg::F32) => DType::F32,
+            Some(DTypeArg::Bf16) => DType::BF16,
+            None if cpu => DType::F32,
+            None => DType::BF16,
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum OptimizerArg {
@@ -32,6 +118,8 @@ pub enum RematArg {
     Layers,
 }
 
+/// Flags that shape the traced step, shared by `train`, `bench`,
+/// `dump-hlo` and `plan`.
 #[derive(Args, Clone, Debug)]
 pub struct StepArgs {
     /// Run the decoder layers as one scan over stacked parameters, so the
@@ -62,9 +150,11 @@ pub struct StepArgs {
     #[arg(long)]
     pub full: bool,
 
+    /// LoRA rank r.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(i64).range(1..=65_536))]
     pub lora_rank: i64,
 
+    /// LoRA alpha: the update is scaled by alpha/r.
     #[arg(long, default_value_t = 16.0, value_parser = positive)]
     pub lora_alpha: f64,
 
@@ -79,10 +169,13 @@ pub struct StepArgs {
     #[arg(long)]
     pub use_rslora: bool,
 
+    /// Rows per micro-batch.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
     pub batch: i64,
 
-    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(i64).range(1..=10_000_000))]
+    /// Tokens per row: longer samples are cut, shorter ones padded (or
+    /// packed).
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(i64).range(2..=10_000_000))]
     pub seq: i64,
 
     #[arg(long, value_enum, default_value = "adamw")]
@@ -92,6 +185,8 @@ pub struct StepArgs {
     #[arg(long, default_value_t = 0.01, value_parser = non_negative)]
     pub weight_decay: f64,
 
+    /// Peak learning rate (0 trains nothing but still reports the loss
+    /// and gradient norm).
     #[arg(long, default_value_t = 2e-4, value_parser = non_negative, allow_negative_numbers = true)]
     pub lr: f64,
 
@@ -99,6 +194,8 @@ pub struct StepArgs {
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
     pub warmup: i64,
 
+    /// Learning-rate schedule after warmup: constant, or cosine decay to
+    /// zero at the last step.
     #[arg(long, value_enum, default_value = "constant")]
     pub schedule: ScheduleArg,
 
@@ -125,19 +222,24 @@ pub fn positive(s: &str) -> Result<f64, String> {
     }
 }
 
-/// Which step inputs carry a leading axis the partition rules do not
-/// mention (left unsplit): stacked layer parameters, and the batch's
-/// micro-batch axis under gradient accumulation.
-pub fn leading_axis(tc: &TrainConfig) -> impl Fn(&str) -> bool {
-    let accum = tc.grad_accum > 1;
-    move |name: &str| {
-        hlo_models::llama::is_stacked(name) || (accum && hlo_models::train::is_batch_input(name))
-    }
-}
-
 impl StepArgs {
+    /// The LoRA settings of these flags (None with `--full`).
+    pub fn lora(&self) -> Result<Option<LoraConfig>> {
+        if self.full {
+            return Ok(None);
+        }
+        let targets: Vec<&str> = self.lora_targets.split(',').map(str::trim).collect();
+        Ok(Some(LoraConfig::new(
+            self.lora_rank,
+            self.lora_alpha,
+            &targets,
+            self.use_rslora,
+        )?))
+    }
+
     /// The traced step's configuration for `config` over `mesh`; `lora`
-    /// overrides the LoRA flags (an adapter's own settings).
+    /// overrides the LoRA flags (an adapter's own settings). `steps` is
+    /// the run's length, where the cosine schedule ends.
     pub fn train_config(
         &self,
         config: &LlamaConfig,
@@ -146,21 +248,10 @@ impl StepArgs {
         steps: i64,
         lora: Option<LoraConfig>,
     ) -> Result<TrainConfig> {
-        let lora = if self.full {
-            None
-        } else {
-            match lora {
-                Some(l) => Some(l),
-                None => {
-                    let targets: Vec<&str> = self.lora_targets.split(',').map(str::trim).collect();
-                    Some(LoraConfig::new(
-                        self.lora_rank,
-                        self.lora_alpha,
-                        &targets,
-                        self.use_rslora,
-                    )?)
-                }
-            }
+        let lora = match (self.full, lora) {
+            (true, _) => None,
+            (false, Some(l)) => Some(l),
+            (false, None) => self.lora()?,
         };
         // The batch axes, for the LoRA branch's layout constraint.
         let batch_axes: Vec<String> = if mesh.size() > 1 {
@@ -203,5 +294,36 @@ impl StepArgs {
             // `auto` is decided by `train` from the data.
             packing: self.packing == Toggle::On,
         })
+    }
+}
+
+/// Parses `1,2,3`.
+pub fn parse_ids(text: &str) -> Result<Vec<u32>> {
+    text.split(',')
+        .map(|t| {
+            t.trim()
+                .parse::<u32>()
+                .map_err(|_| anyhow::anyhow!("`{t}` in --prompt-ids is not a token id"))
+        })
+        .collect()
+}
+
+/// Bytes in GB, or MB below a gigabyte.
+pub fn gb(b: u64) -> String {
+    if b >= 1_000_000_000 {
+        format!("{:.2} GB", b as f64 / 1e9)
+    } else {
+        format!("{:.2} MB", b as f64 / 1e6)
+    }
+}
+
+/// A generated text as one printable line: quoted with escapes, or its
+/// token ids when it is not valid text (a random model's bytes).
+pub fn printable(text: &str, ids: &[u32]) -> String {
+    if text.contains('\u{fffd}') {
+        let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+        format!("token ids [{}] (not valid text)", ids.join(", "))
+    } else {
+        format!("\"{}\"", text.escape_debug())
     }
 }

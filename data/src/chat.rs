@@ -10,7 +10,7 @@ use minijinja::{context, Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::ModelError;
+use crate::DataError;
 
 /// One turn of a conversation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -52,16 +52,22 @@ fn token_text(v: Option<&Value>) -> String {
 impl ChatTemplate {
     /// The template of a tokenizer folder (`tokenizer_config.json`, and
     /// `chat_template.jinja` where present, which wins as in transformers).
-    pub fn from_dir(dir: &Path) -> Result<ChatTemplate, ModelError> {
+    pub fn from_dir(dir: &Path) -> Result<ChatTemplate, DataError> {
         let path = dir.join("tokenizer_config.json");
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| ModelError::Io(format!("cannot read {}: {e}", path.display())))?;
-        let config: Value = serde_json::from_str(&text)
-            .map_err(|e| ModelError::Config(format!("{}: not JSON: {e}", path.display())))?;
+        let text = std::fs::read_to_string(&path).map_err(|cause| DataError::Read {
+            path: path.clone(),
+            cause,
+        })?;
+        let config: Value = serde_json::from_str(&text).map_err(|cause| DataError::Json {
+            path: path.clone(),
+            cause,
+        })?;
         let jinja = dir.join("chat_template.jinja");
         let source = if jinja.is_file() {
-            std::fs::read_to_string(&jinja)
-                .map_err(|e| ModelError::Io(format!("cannot read {}: {e}", jinja.display())))?
+            std::fs::read_to_string(&jinja).map_err(|cause| DataError::Read {
+                path: jinja.clone(),
+                cause,
+            })?
         } else {
             match config.get("chat_template") {
                 Some(Value::String(s)) => s.clone(),
@@ -71,19 +77,12 @@ impl ChatTemplate {
                     .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
                     .and_then(|t| t.get("template"))
                     .and_then(Value::as_str)
-                    .ok_or_else(|| {
-                        ModelError::Config(format!(
-                            "{}: no `default` among the chat templates",
-                            path.display()
-                        ))
+                    .ok_or_else(|| DataError::TokenizerConfig {
+                        path: path.clone(),
+                        message: "no `default` among the chat templates".into(),
                     })?
                     .to_string(),
-                _ => {
-                    return Err(ModelError::Config(format!(
-                        "{} has no chat_template (the model is not a chat model)",
-                        path.display()
-                    )))
-                }
+                _ => return Err(DataError::NotAChatModel { path: path.clone() }),
             }
         };
         Ok(ChatTemplate {
@@ -99,7 +98,7 @@ impl ChatTemplate {
         &self,
         messages: &[Message],
         add_generation_prompt: bool,
-    ) -> Result<String, ModelError> {
+    ) -> Result<String, DataError> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -108,7 +107,7 @@ impl ChatTemplate {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_function("strftime_now", |format: String| strftime_now(&format));
-        let bad = |e: Error| ModelError::Config(format!("chat template: {e:#}"));
+        let bad = |e: Error| DataError::Template(format!("{e:#}"));
         env.add_template("chat", &self.source).map_err(bad)?;
         let template = env.get_template("chat").map_err(bad)?;
         template

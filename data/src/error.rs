@@ -1,0 +1,48 @@
+//! Errors of reading and preparing data.
+
+use std::path::PathBuf;
+
+/// What went wrong, with the file (and line) it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// A file could not be read.
+    #[error("cannot read {}: {cause}", path.display())]
+    Read {
+        path: PathBuf,
+        cause: std::io::Error,
+    },
+    /// A JSON file is not valid JSON.
+    #[error("{}: not JSON: {cause}", path.display())]
+    Json {
+        path: PathBuf,
+        cause: serde_json::Error,
+    },
+    /// One line of a data file is unusable.
+    #[error("{}:{line}: {message}", path.display())]
+    Line {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    /// A data file holds no examples.
+    #[error("{} has no examples", path.display())]
+    Empty { path: PathBuf },
+    /// A tokenizer folder without a chat template.
+    #[error("{} has no chat_template (the model is not a chat model)", path.display())]
+    NotAChatModel { path: PathBuf },
+    /// A tokenizer folder's settings are unusable (no chat template, say).
+    #[error("{}: {message}", path.display())]
+    TokenizerConfig { path: PathBuf, message: String },
+    /// A chat template failed to compile or render.
+    #[error("chat template: {0}")]
+    Template(String),
+    /// Text to encode, and no tokenizer.
+    #[error("no tokenizer for this model: pass --tokenizer FILE or token ids")]
+    NoTokenizer,
+    /// A conversation to render, and no chat template.
+    #[error("`messages` prompts need the model's chat template (--chat or --chat-template DIR)")]
+    NoChatTemplate,
+    /// The tokenizer failed.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+}

@@ -1,0 +1,93 @@
+//! Prompts to complete: one given as text, ids or a conversation, or a
+//! JSONL file of them (`{"prompt"}`, `{"input_ids"}`, `{"messages"}`),
+//! each line kept to be echoed back with its completion.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::chat::{ChatTemplate, Message};
+use crate::tokenizer::Tokenizer;
+use crate::DataError;
+
+/// One prompt, before tokenizing.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+    Messages(Vec<Message>),
+}
+
+/// A line of a prompt file: the line as read, and its prompt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PromptLine {
+    pub line: Value,
+    pub prompt: Prompt,
+}
+
+impl Prompt {
+    /// Token ids: text is encoded with the tokenizer's special tokens, or
+    /// (with `chat`) rendered as a user message first; messages need `chat`.
+    pub fn encode(
+        &self,
+        tokenizer: Option<&Tokenizer>,
+        chat: Option<&ChatTemplate>,
+    ) -> Result<Vec<u32>, DataError> {
+        let tok = || tokenizer.ok_or(DataError::NoTokenizer);
+        match (self, chat) {
+            (Prompt::Ids(ids), _) => Ok(ids.clone()),
+            (Prompt::Text(text), None) => tok()?.encode(text, true),
+            (Prompt::Text(text), Some(c)) => {
+                Prompt::Messages(vec![Message::new("user", text)]).encode(tokenizer, Some(c))
+            }
+            // A rendered chat template carries its own BOS.
+            (Prompt::Messages(m), Some(c)) => tok()?.encode(&c.render(m, true)?, false),
+            (Prompt::Messages(_), None) => Err(DataError::NoChatTemplate),
+        }
+    }
+}
+
+/// Reads a prompt file; a bad line is an error naming the file and line.
+pub fn read_prompts(path: &Path) -> Result<Vec<PromptLine>, DataError> {
+    let text = std::fs::read_to_string(path).map_err(|cause| DataError::Read {
+        path: path.to_path_buf(),
+        cause,
+    })?;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let bad = |message: String| DataError::Line {
+            path: path.to_path_buf(),
+            line: n + 1,
+            message,
+        };
+        if line.trim().is_empty() {
+            return Err(bad("empty line".into()));
+        }
+        let v: Value = serde_json::from_str(line).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let prompt = if let Some(ids) = v.get("input_ids").and_then(Value::as_array) {
+            Prompt::Ids(
+                ids.iter()
+                    .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
+                    .collect::<Option<Vec<u32>>>()
+                    .ok_or_else(|| bad("input_ids must be non-negative integers".into()))?,
+            )
+        } else if let Some(p) = v.get("prompt").and_then(Value::as_str) {
+            Prompt::Text(p.to_string())
+        } else if let Some(m) = v.get("messages") {
+            Prompt::Messages(
+                serde_json::from_value(m.clone()).map_err(|e| bad(format!("messages: {e}")))?,
+            )
+        } else {
+            return Err(bad(
+                "expected {\"prompt\"}, {\"input_ids\"} or {\"messages\"}".into(),
+            ));
+        };
+        out.push(PromptLine { line: v, prompt });
+    }
+    if out.is_empty() {
+        return Err(DataError::Empty {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,103 @@
+//! Errors of running programs: everything below (runtime, models, data,
+//! sharding) plus what a run itself can hit.
+
+use std::path::PathBuf;
+
+/// What went wrong, in one line a user can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Runtime(#[from] hlo_runtime::Error),
+    #[error(transparent)]
+    Model(#[from] hlo_models::ModelError),
+    #[error(transparent)]
+    ModelConfig(#[from] hlo_models::ConfigError),
+    #[error(transparent)]
+    Lora(#[from] hlo_models::LoraError),
+    #[error(transparent)]
+    Data(#[from] hlo_data::DataError),
+    #[error(transparent)]
+    Sharding(#[from] hlo_partitioner::ShardingError),
+    #[error(transparent)]
+    Trace(#[from] hlo_ir::TraceError),
+
+    /// `devices` was asked for explicitly and the mesh spans another count.
+    #[error("the mesh {mesh} spans {mesh_devices} devices but {devices} were asked for (--devices); give a mesh whose sizes multiply to {devices}, or leave one of them out")]
+    MeshDevices {
+        mesh: String,
+        mesh_devices: i64,
+        devices: u32,
+    },
+    /// The plugin has fewer devices than the run needs.
+    #[error("{what} needs {needs} devices but the {plugin} plugin has {has}")]
+    TooFewDevices {
+        what: String,
+        needs: i64,
+        has: usize,
+        plugin: String,
+    },
+    /// A file or folder could not be read, written or created.
+    #[error("cannot {action} {}: {cause}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        cause: std::io::Error,
+    },
+    /// A setting out of its range, or settings that contradict each other.
+    #[error("{0}")]
+    Setting(String),
+    /// Random weights for a model too large to make on the host.
+    #[error("{model} has {parameters} parameters: random weights that large are not built on the host; pass --checkpoint")]
+    TooLargeForRandomWeights { model: String, parameters: i64 },
+    /// A step's loss or gradient norm is not finite.
+    #[error("step {step}: the loss is {loss} and the gradient norm {grad_norm}; stopped{}", kept_note(*.kept))]
+    NonFinite {
+        step: i64,
+        loss: f64,
+        grad_norm: f64,
+        kept: bool,
+    },
+    /// Eager value tracing found the first op that made a non-finite value.
+    #[error("step {step}: the first non-finite value comes from `{op}` in scope `{scope}` ({bad} of {total} values); stopped{}", kept_note(*.kept))]
+    NonFiniteValue {
+        step: i64,
+        op: String,
+        scope: String,
+        bad: usize,
+        total: usize,
+        kept: bool,
+    },
+    /// A saved run that cannot be continued as asked.
+    #[error("--resume: {0}")]
+    Resume(String),
+    #[error("{what} `{pattern}` is not a regex: {cause}")]
+    Regex {
+        what: &'static str,
+        pattern: String,
+        cause: regex::Error,
+    },
+}
+
+fn kept_note(kept: bool) -> &'static str {
+    if kept {
+        " (the last saved checkpoint is kept)"
+    } else {
+        ""
+    }
+}
+
+impl EngineError {
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> EngineError {
+        let path = path.into();
+        move |cause| EngineError::Io {
+            action,
+            path,
+            cause,
+        }
+    }
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;

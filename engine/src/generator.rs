@@ -1,0 +1,373 @@
+//! Generation with a KV cache kept on the devices: one prefill program
+//! over the (left-padded) prompts, then one decode program per token, the
+//! caches updated in place and the next token sampled on the devices.
+//! Weights are uploaded once, laid out by the family's partition rules;
+//! programs are compiled per shape bucket and kept.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::time::Instant;
+
+use hlo_ir::{DType, Literal, TensorType};
+use hlo_models::adapter::Adapter;
+use hlo_models::llama::{
+    base_parameter_types, decode_step, forward_step, lora_parameter_types, partition_rules,
+    LlamaConfig, LoraConfig,
+};
+use hlo_models::roles::{Role, Step};
+use hlo_partitioner::{FunctionShardings, PartitionSpec};
+use hlo_runtime::{DeviceArray, Eager, EagerStats, HostArray, Mode, Program};
+
+use crate::backend::Backend;
+use crate::error::Result;
+
+/// How the next token is chosen (on the device; see
+/// [`hlo_models::llama::sample_tokens`]).
+#[derive(Clone, Debug, Default)]
+pub struct Sampling {
+    /// None (with no top-k or top-p): greedy. 0 is greedy too.
+    pub temperature: Option<f64>,
+    pub top_k: Option<u32>,
+    pub top_p: Option<f64>,
+    pub seed: u64,
+}
+
+impl Sampling {
+    fn temperature(&self) -> f64 {
+        match self.temperature {
+            Some(t) => t,
+            None if self.top_k.is_some() || self.top_p.is_some() => 1.0,
+            None => 0.0,
+        }
+    }
+}
+
+/// Prompt lengths are padded up to a bucket so a new length rarely means
+/// a new program: powers of two from 16.
+pub fn prompt_bucket(len: usize) -> i64 {
+    len.next_power_of_two().max(16) as i64
+}
+
+/// The cache's length for a bucket and a number of new tokens: a multiple
+/// of 128 (again so that programs are shared).
+pub fn cache_bucket(prompt_bucket: i64, max_new: usize) -> i64 {
+    (prompt_bucket + max_new as i64 + 127) / 128 * 128
+}
+
+/// Where the time of the last [`Generator::complete_batch`] went.
+#[derive(Clone, Debug, Default)]
+pub struct Timings {
+    /// Prompt tokens (all rows, without padding) and the prefill's seconds
+    /// (compilation excluded).
+    pub prefill_tokens: usize,
+    pub prefill_s: f64,
+    /// Seconds of each decode step (one token per row).
+    pub decode_step_s: Vec<f64>,
+    pub batch: usize,
+    /// Programs compiled so far, and the seconds that took (not counted
+    /// in the steps).
+    pub programs: usize,
+    pub compile_s: f64,
+}
+
+/// A compiled decode program and its step (roles).
+struct Compiled {
+    step: Step,
+    program: Program,
+}
+
+/// Completes prompts with a model (and an adapter, applied unmerged).
+pub struct Generator {
+    backend: Backend,
+    config: LlamaConfig,
+    lora: Option<LoraConfig>,
+    dtype: DType,
+    mode: Mode,
+    /// Shared by every program in eager mode.
+    eager: Option<Eager>,
+    /// Every parameter by name, laid out by the training rules.
+    params: HashMap<String, DeviceArray>,
+    /// The caches' layout: heads over `mp` where they divide, else whole.
+    cache_spec: PartitionSpec,
+    programs: RefCell<HashMap<(i64, i64, i64), Compiled>>,
+    timings: RefCell<Timings>,
+    compile_s: Cell<f64>,
+}
+
+impl Generator {
+    /// Uploads the weights (`weight(name)`, one tensor at a time) and the
+    /// adapter's tensors to the backend's mesh: weights by the training
+    /// rules, the KV cache split over heads by `mp`.
+    pub fn new(
+        backend: &Backend,
+        config: &LlamaConfig,
+        dtype: DType,
+        adapter: Option<&Adapter>,
+        mode: Mode,
+        weight: impl Fn(&str) -> Result<Literal>,
+    ) -> Result<Generator> {
+        let mesh = backend.mesh();
+        let lora = adapter.map(|a| a.lora.clone());
+        let mut types = base_parameter_types(config, dtype);
+        if let Some(l) = &lora {
+            types.extend(lora_parameter_types(config, l));
+        }
+        let rules = partition_rules();
+        let mut params = HashMap::new();
+        for (name, ty) in types {
+            let spec = rules.spec_for(&name, ty.rank());
+            spec.validate(mesh, &ty.dims, &name)?;
+            let lit = match adapter.and_then(|a| a.get(&name)) {
+                Some(l) => l.clone(),
+                None => weight(&name)?,
+            };
+            let array = backend.place(&HostArray::from(lit), &spec)?;
+            params.insert(name, array);
+        }
+        let mp = mesh.axis_size("mp").unwrap_or(1);
+        let cache_spec = if mp > 1 && config.num_key_value_heads % mp == 0 {
+            PartitionSpec::new(&[&[], &["mp"]])
+        } else {
+            PartitionSpec::replicated()
+        };
+        let eager = match mode {
+            Mode::Eager => Some(Eager::new(
+                backend.client(),
+                mesh.clone(),
+                backend.devices().to_vec(),
+            )?),
+            Mode::Jit => None,
+        };
+        Ok(Generator {
+            backend: backend.clone(),
+            config: config.clone(),
+            lora,
+            dtype,
+            mode,
+            eager,
+            params,
+            cache_spec,
+            programs: RefCell::new(HashMap::new()),
+            timings: RefCell::new(Timings::default()),
+            compile_s: Cell::new(0.0),
+        })
+    }
+
+    /// The eager executor's statistics, when running eagerly.
+    pub fn eager_stats(&self) -> Option<EagerStats> {
+        self.eager.as_ref().map(Eager::stats)
+    }
+
+    /// The timings of the last completion.
+    pub fn timings(&self) -> Timings {
+        self.timings.borrow().clone()
+    }
+
+    /// Every input's and output's layout in a generation program: weights
+    /// by the rules, caches by the cache layout, the rest replicated.
+    fn shardings(&self, step: &Step) -> FunctionShardings {
+        let f = &step.function;
+        let spec_of = |k: usize| match step.inputs[k].role {
+            Role::Weight => self.params[&f.inputs[k].name].sharding().spec.clone(),
+            Role::KvCache => self.cache_spec.clone(),
+            _ => PartitionSpec::replicated(),
+        };
+        let inputs: Vec<PartitionSpec> = (0..f.inputs.len()).map(spec_of).collect();
+        let outputs = f
+            .outputs
+            .iter()
+            .map(|o| {
+                match f.inputs.iter().position(|b| b.name == o.name) {
+                    // State returned updated keeps its layout.
+                    Some(k) => inputs[k].clone(),
+                    None => PartitionSpec::replicated(),
+                }
+            })
+            .collect();
+        FunctionShardings {
+            mesh: self.backend.mesh().clone(),
+            inputs,
+            outputs,
+        }
+    }
+
+    fn compile(&self, step: Step) -> Result<Compiled> {
+        let started = Instant::now();
+        let step = step.with_function(hlo_ir::simplify(&step.function));
+        let shardings = self.shardings(&step);
+        let program = match &self.eager {
+            Some(e) => Program::eager_with(&step.function, shardings, e)?,
+            None => Program::compile(
+                self.backend.client(),
+                &step.function,
+                shardings,
+                &step.donated,
+                self.mode,
+                self.backend.devices(),
+            )?,
+        };
+        self.compile_s
+            .set(self.compile_s.get() + started.elapsed().as_secs_f64());
+        Ok(Compiled { step, program })
+    }
+
+    /// Runs the decode program for `shape` (compiling it first if needed)
+    /// on `inputs`: every input after the weights, in order.
+    fn run(&self, shape: (i64, i64, i64), inputs: &[&DeviceArray]) -> Result<Vec<DeviceArray>> {
+        let (batch, new, max_len) = shape;
+        let mut programs = self.programs.borrow_mut();
+        if let std::collections::hash_map::Entry::Vacant(slot) = programs.entry(shape) {
+            let step = decode_step(
+                &self.config,
+                self.dtype,
+                batch,
+                new,
+                max_len,
+                self.lora.as_ref(),
+            )?;
+            slot.insert(self.compile(step)?);
+        }
+        let compiled = &programs[&shape];
+        let f = &compiled.step.function;
+        let mut rest = inputs.iter();
+        let all: Vec<&DeviceArray> = (0..f.inputs.len())
+            .map(|k| match compiled.step.inputs[k].role {
+                Role::Weight => &self.params[&f.inputs[k].name],
+                _ => rest.next().expect("an input for every non-weight"),
+            })
+            .collect();
+        Ok(compiled.program.run(&all)?)
+    }
+
+    fn place(&self, host: HostArray) -> Result<DeviceArray> {
+        self.backend.replicate(&host)
+    }
+
+    /// Up to `max_new` tokens after each prompt, each row stopping after
+    /// one of the `stop` tokens.
+    pub fn complete_batch(
+        &self,
+        prompts: &[Vec<u32>],
+        max_new: usize,
+        sampling: &Sampling,
+        stop: &[u32],
+    ) -> Result<Vec<Vec<u32>>> {
+        let batch = prompts.len();
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        if batch == 0 || longest == 0 || prompts.iter().any(Vec::is_empty) || max_new == 0 {
+            return Ok(vec![Vec::new(); batch]);
+        }
+        let t = prompt_bucket(longest);
+        let max_len = cache_bucket(t, max_new);
+        let b = batch as i64;
+        // Left padding: every row's last prompt token sits at slot t - 1.
+        let mut ids = vec![0i32; batch * t as usize];
+        let mut offsets = Vec::with_capacity(batch);
+        for (r, p) in prompts.iter().enumerate() {
+            let off = t as usize - p.len();
+            offsets.push(off as i32);
+            for (j, &tok) in p.iter().enumerate() {
+                ids[r * t as usize + off + j] = tok as i32;
+            }
+        }
+        let c = &self.config;
+        let cache_ty = [b, c.num_key_value_heads, max_len, c.head_dim];
+        let zeros = HostArray::from(Literal::splat(TensorType::new(self.dtype, cache_ty), 0.0));
+        let mut caches: Vec<DeviceArray> = (0..2 * c.num_hidden_layers)
+            .map(|_| self.backend.place(&zeros, &self.cache_spec))
+            .collect::<Result<_>>()?;
+        let offsets = self.place(HostArray::new(&[b], &offsets)?)?;
+        let temperature = self.place(HostArray::scalar(sampling.temperature() as f32))?;
+        let top_k = self.place(HostArray::scalar(sampling.top_k.unwrap_or(0) as i32))?;
+        let top_p = self.place(HostArray::scalar(sampling.top_p.unwrap_or(1.0) as f32))?;
+        let mut rng = self.place(HostArray::from(Literal::from_f64s(
+            TensorType::new(DType::U64, [2]),
+            &[sampling.seed as f64, 0.0],
+        )))?;
+        let mut out: Vec<Vec<u32>> = vec![Vec::new(); batch];
+        let mut done = vec![false; batch];
+        let mut input = self.place(HostArray::new(&[b, t], &ids)?)?;
+        let mut cur = 0i64;
+        let mut new = t;
+        let mut timings = Timings {
+            prefill_tokens: prompts.iter().map(Vec::len).sum(),
+            batch,
+            ..Timings::default()
+        };
+        for _ in 0..max_new {
+            let started = Instant::now();
+            let compiling = self.compile_s.get();
+            let cur_arr = self.place(HostArray::scalar(cur as i32))?;
+            let mut inputs: Vec<&DeviceArray> = caches.iter().collect();
+            inputs.extend([
+                &input,
+                &offsets,
+                &cur_arr,
+                &temperature,
+                &top_k,
+                &top_p,
+                &rng,
+            ]);
+            let mut outputs = self.run((b, new, max_len), &inputs)?;
+            // Outputs: next, logits, caches.., rng.
+            rng = outputs.pop().expect("rng");
+            let next_arr = outputs.remove(0);
+            caches = outputs.split_off(1);
+            let next: Vec<i32> = next_arr.gather()?.to_vec()?;
+            let took = started.elapsed().as_secs_f64() - (self.compile_s.get() - compiling);
+            if cur == 0 {
+                timings.prefill_s = took;
+            } else {
+                timings.decode_step_s.push(took);
+            }
+            for (r, &tok) in next.iter().enumerate() {
+                if !done[r] {
+                    out[r].push(tok as u32);
+                    done[r] = stop.contains(&(tok as u32));
+                }
+            }
+            if done.iter().all(|&d| d) {
+                break;
+            }
+            cur += new;
+            new = 1;
+            input = self.place(HostArray::new(&[b, 1], &next)?)?;
+        }
+        timings.programs = self.programs.borrow().len();
+        timings.compile_s = self.compile_s.get();
+        *self.timings.borrow_mut() = timings;
+        Ok(out)
+    }
+
+    /// [`Generator::complete_batch`] for one prompt.
+    pub fn complete(
+        &self,
+        prompt: &[u32],
+        max_new: usize,
+        sampling: &Sampling,
+        stop: &[u32],
+    ) -> Result<Vec<u32>> {
+        Ok(self
+            .complete_batch(&[prompt.to_vec()], max_new, sampling, stop)?
+            .remove(0))
+    }
+
+    /// The logits `[prompt_len, vocab]` of every prompt position, from one
+    /// full forward pass.
+    pub fn prompt_logits(&self, prompt: &[u32]) -> Result<Vec<f64>> {
+        let n = prompt.len() as i64;
+        let step = forward_step(&self.config, self.dtype, 1, n, self.lora.as_ref(), false)?;
+        let compiled = self.compile(step)?;
+        let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
+        let ids = self.place(HostArray::new(&[1, n], &ids)?)?;
+        let f = &compiled.step.function;
+        let all: Vec<&DeviceArray> = (0..f.inputs.len())
+            .map(|k| match compiled.step.inputs[k].role {
+                Role::Weight => &self.params[&f.inputs[k].name],
+                _ => &ids,
+            })
+            .collect();
+        let out = compiled.program.run(&all)?;
+        Ok(out[0].gather()?.to_f64_vec())
+    }
+}

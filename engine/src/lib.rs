@@ -1,0 +1,51 @@
+//! `hlo-engine` runs hlo-train's programs. It owns:
+//!
+//! - [`Backend`]: the plugin's client and the mesh's devices, chosen by the
+//!   same rules for every command (`--devices`, `--mesh`).
+//! - [`Model`]: which model, with which weights, tokenizer and chat
+//!   template.
+//! - [`ShardedStep`]: the one pipeline — a traced step simplified once,
+//!   laid out by its family's partition rules, then printed, planned or
+//!   compiled.
+//! - [`Session`]: the train step compiled for a mesh with its state on the
+//!   devices; [`Trainer`]: the loop (evaluation, honest step times,
+//!   checkpoints, signals) reporting through [`Hooks`]; [`checkpoint`]:
+//!   saving and resuming.
+//! - [`Generator`]: generation with a KV cache and on-device sampling.
+//! - [`plan`], [`bench`] and [`flops`]: memory plans, timing, MFU.
+//!
+//! It does not parse flags, print or draw progress (the `hlo-train` CLI
+//! does, through [`Hooks`]), and it builds no model (`hlo-models`) or op
+//! (`hlo-ir`). The crates below are re-exported so a Rust user needs this
+//! one dependency; `engine/examples/finetune.rs` finetunes the tiny model
+//! with LoRA through this API alone.
+
+pub mod backend;
+pub mod bench;
+pub mod checkpoint;
+mod error;
+pub mod flops;
+pub mod generator;
+pub mod model;
+pub mod pipeline;
+pub mod plan;
+pub mod session;
+pub mod trainer;
+
+pub use backend::{Backend, BackendOptions};
+pub use error::{EngineError, Result};
+pub use generator::{Generator, Sampling, Timings};
+pub use model::{Model, ModelSource};
+pub use pipeline::ShardedStep;
+pub use session::{EvalResult, Session, SessionOptions, Weights};
+pub use trainer::{
+    EvalReport, Hooks, Quiet, StepReport, StopFlag, TracedValue, TrainSummary, Trainer,
+    TrainerOptions,
+};
+
+pub use hlo_data as data;
+pub use hlo_ir as ir;
+pub use hlo_models as models;
+pub use hlo_partitioner as partitioner;
+pub use hlo_runtime as runtime;
+pub use hlo_runtime::Mode;

@@ -1,0 +1,122 @@
+//! The eval step: forward and summed loss over held-out batches, no
+//! gradients, compiled once (JIT even when training eagerly) and fed the
+//! train step's weights in place.
+
+use hlo_data::Batch;
+use hlo_models::llama::partition_rules;
+use hlo_models::roles::{BatchField, Role};
+use hlo_models::train::{eval_step, TrainConfig};
+use hlo_runtime::{DeviceArray, Mode, Program};
+
+use super::{field_array, scalar, Session};
+use crate::backend::Backend;
+use crate::error::{EngineError, Result};
+use crate::model::Model;
+use crate::pipeline::ShardedStep;
+
+/// The eval step and where its inputs come from.
+pub(super) struct EvalProgram {
+    program: Program,
+    /// Per eval input: the train step's input index (weights) or a batch
+    /// field.
+    sources: Vec<EvalSource>,
+}
+
+#[derive(Clone, Copy)]
+enum EvalSource {
+    State(usize),
+    Batch(BatchField),
+}
+
+/// The held-out loss of the current weights.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EvalResult {
+    /// Masked mean cross-entropy over every counted token.
+    pub loss: f64,
+    pub tokens: f64,
+}
+
+impl EvalResult {
+    pub fn perplexity(&self) -> f64 {
+        self.loss.exp()
+    }
+}
+
+impl EvalProgram {
+    /// Traces, lays out and compiles the eval step of `config`, finding
+    /// each of its weights among the train `step`'s inputs.
+    pub(super) fn build(
+        model: &Model,
+        config: &TrainConfig,
+        backend: &Backend,
+        step: &ShardedStep,
+    ) -> Result<EvalProgram> {
+        let rules = partition_rules();
+        let traced = eval_step(&model.config, config)?;
+        let laid = ShardedStep::new(&traced, backend.mesh(), &rules)?;
+        let program = laid.compile(backend, Mode::Jit)?;
+        let sources = laid
+            .step
+            .inputs
+            .iter()
+            .zip(&laid.function().inputs)
+            .map(|(input, b)| match &input.role {
+                Role::Batch(field) => Ok(EvalSource::Batch(*field)),
+                _ => step
+                    .function()
+                    .inputs
+                    .iter()
+                    .position(|t| t.name == b.name)
+                    .map(EvalSource::State)
+                    .ok_or_else(|| {
+                        EngineError::Setting(format!(
+                            "the eval step's input `{}` is not a train step input",
+                            b.name
+                        ))
+                    }),
+            })
+            .collect::<Result<_>>()?;
+        Ok(EvalProgram { program, sources })
+    }
+}
+
+impl Session {
+    /// The held-out loss of the current weights over `batches` (each of
+    /// `batch` rows, not accumulated): the exact masked mean over every
+    /// counted token.
+    pub fn evaluate(&self, batches: &[Batch]) -> Result<EvalResult> {
+        let eval = self
+            .eval
+            .as_ref()
+            .ok_or_else(|| EngineError::Setting("the session has no eval step".into()))?;
+        let c = &self.config;
+        let dims = [c.batch, c.seq];
+        let (mut sum, mut tokens) = (0.0f64, 0.0f64);
+        for b in batches {
+            let mut placed: Vec<DeviceArray> = Vec::new();
+            for (k, source) in eval.sources.iter().enumerate() {
+                if let EvalSource::Batch(field) = *source {
+                    let host = field_array(b, field, &dims)?;
+                    let spec = eval.program.shardings().inputs[k].clone();
+                    placed.push(self.backend.place(&host, &spec)?);
+                }
+            }
+            let mut next_batch = placed.iter();
+            let inputs: Vec<&DeviceArray> = eval
+                .sources
+                .iter()
+                .map(|s| match *s {
+                    EvalSource::State(k) => self.state[k].as_ref().expect("weights are set"),
+                    EvalSource::Batch(_) => next_batch.next().expect("placed in order"),
+                })
+                .collect();
+            let out = eval.program.run(&inputs)?;
+            sum += scalar(&out[0])?;
+            tokens += scalar(&out[1])?;
+        }
+        Ok(EvalResult {
+            loss: sum / tokens.max(1.0),
+            tokens,
+        })
+    }
+}

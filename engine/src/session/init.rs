@@ -1,0 +1,168 @@
+//! A session's initial state: the model's weights (read, or random on the
+//! host), a fresh or given adapter and zero optimizer state, placed a
+//! chunk of tensors at a time; or synthetic values made on the devices.
+
+use hlo_ir::{full, iota, trace, DType, Literal, Tensor, TensorType};
+use hlo_models::adapter::Adapter;
+use hlo_models::llama::{initializer, is_stacked, stack_literals, unstacked_names, Init};
+use hlo_models::roles::Role;
+use hlo_partitioner::FunctionShardings;
+use hlo_runtime::{DeviceArray, HostArray, Mode, Program};
+
+use super::Session;
+use crate::error::{EngineError, Result};
+
+impl Session {
+    /// The initial value of every input but the batch, made a chunk of
+    /// tensors at a time on all cores (bounded host memory).
+    pub(super) fn initial_state(
+        &self,
+        init_adapter: Option<&Adapter>,
+    ) -> Result<Vec<Option<DeviceArray>>> {
+        let lora = self.config.lora.clone();
+        let fresh;
+        let adapter = match (&lora, init_adapter) {
+            (Some(_), Some(a)) => Some(a),
+            (Some(l), None) => {
+                fresh = Adapter::init(&self.model.config, l, self.seed);
+                Some(&fresh)
+            }
+            (None, _) => None,
+        };
+        let f = self.step.function();
+        let layers = self.model.config.num_hidden_layers;
+        let make = |k: usize| -> Result<Option<Literal>> {
+            let b = &f.inputs[k];
+            let ty = f.ty(b.value).clone();
+            Ok(Some(match &self.step().inputs[k].role {
+                Role::Batch(_) => return Ok(None),
+                Role::StepCounter => Literal::scalar(DType::I32, self.steps_done as f64),
+                Role::OptimizerState { .. } => Literal::splat(ty, 0.0),
+                Role::Trainable if lora.is_some() => {
+                    let a = adapter.expect("an adapter for a LoRA session");
+                    adapter_tensor(a, &b.name, layers).ok_or_else(|| {
+                        EngineError::Setting(format!("the adapter has no `{}`", b.name))
+                    })?
+                }
+                Role::Trainable | Role::Weight => {
+                    self.model.weight(&b.name, self.config.dtype, self.seed)?
+                }
+                other => {
+                    return Err(EngineError::Setting(format!(
+                        "a train step has no {other:?} input"
+                    )))
+                }
+            }))
+        };
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let order: Vec<usize> = (0..f.inputs.len()).collect();
+        let mut state = Vec::with_capacity(f.inputs.len());
+        for chunk in order.chunks(threads) {
+            let values: Vec<Result<Option<Literal>>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = chunk
+                    .iter()
+                    .map(|&k| scope.spawn(move || make(k)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(EngineError::Setting("making a weight failed".into()))
+                        })
+                    })
+                    .collect()
+            });
+            for (&k, value) in chunk.iter().zip(values) {
+                state.push(match value? {
+                    Some(lit) => Some(
+                        self.backend
+                            .place(&HostArray::from(lit), self.step.input_spec(k))?,
+                    ),
+                    None => None,
+                });
+            }
+        }
+        Ok(state)
+    }
+
+    /// State made on the devices (see [`Weights::Synthetic`]).
+    pub(super) fn synthetic_state(&self) -> Result<Vec<Option<DeviceArray>>> {
+        let f = self.step.function();
+        let mut state = Vec::with_capacity(f.inputs.len());
+        for (k, b) in f.inputs.iter().enumerate() {
+            let ty = f.ty(b.value).clone();
+            let role = &self.step().inputs[k].role;
+            let base =
+                *role == Role::Weight || (*role == Role::Trainable && self.config.lora.is_none());
+            let fill = match role {
+                Role::Batch(_) => {
+                    state.push(None);
+                    continue;
+                }
+                _ if base && self.model.checkpoint.is_some() => {
+                    let lit = self.model.weight(&b.name, self.config.dtype, 0)?;
+                    state.push(Some(
+                        self.backend
+                            .place(&HostArray::from(lit), self.step.input_spec(k))?,
+                    ));
+                    continue;
+                }
+                Role::StepCounter | Role::OptimizerState { .. } => Init::Zeros,
+                _ => initializer(&self.model.config, &b.name, &ty),
+            };
+            let made = trace("init", &[] as &[(&str, TensorType)], |_| {
+                vec![(
+                    "x",
+                    match fill {
+                        Init::Zeros => full(ty.clone(), 0.0),
+                        Init::Ones => full(ty.clone(), 1.0),
+                        Init::Normal { std: scale } | Init::Uniform { bound: scale } => {
+                            pattern(&ty, scale)
+                        }
+                    },
+                )]
+            })?;
+            let shardings = FunctionShardings {
+                mesh: self.backend.mesh().clone(),
+                inputs: vec![],
+                outputs: vec![self.step.input_spec(k).clone()],
+            };
+            let init = Program::compile(
+                self.backend.client(),
+                &made,
+                shardings,
+                &[],
+                Mode::Jit,
+                self.backend.devices(),
+            )?;
+            state.push(Some(init.run(&[])?.remove(0)));
+        }
+        Ok(state)
+    }
+}
+
+/// An adapter tensor by the step's name: stacked across layers for a
+/// scan-over-layers step.
+fn adapter_tensor(a: &Adapter, name: &str, layers: i64) -> Option<Literal> {
+    if is_stacked(name) {
+        let parts: Option<Vec<Literal>> = unstacked_names(name, layers)
+            .iter()
+            .map(|n| a.get(n).cloned())
+            .collect();
+        parts.map(|p| stack_literals(&p))
+    } else {
+        a.get(name).cloned()
+    }
+}
+
+/// A deterministic, value-spread tensor made on the devices: `scale ·
+/// sin(Σ_d i_d · c_d)`, each device computing its own block.
+fn pattern(ty: &TensorType, scale: f64) -> Tensor {
+    let f32t = ty.with_dtype(DType::F32);
+    let consts = [12.9898, 78.233, 37.719, 4.581];
+    let mut h = full(f32t.clone(), 0.25);
+    for d in 0..ty.rank() {
+        h = h + iota(f32t.clone(), d as i64) * consts[d % consts.len()];
+    }
+    (h.sin() * scale).cast(ty.dtype)
+}

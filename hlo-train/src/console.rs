@@ -1,0 +1,107 @@
+//! What a training run shows: a progress bar with moving averages and an
+//! ETA, a log line every few steps, eval and value-trace lines, and the
+//! metrics file (one JSON object per step or evaluation).
+
+use std::fs::File;
+use std::io::Write;
+
+use hlo_engine::{EvalReport, Hooks, StepReport, TracedValue};
+use indicatif::ProgressBar;
+use serde_json::json;
+
+/// Steps the progress figures average over.
+pub const SMOOTHING_WINDOW: usize = 20;
+
+/// What the console and the metrics file show of a run.
+pub struct Console {
+    pub bar: ProgressBar,
+    pub metrics: Option<File>,
+    pub log_every: i64,
+}
+
+impl Console {
+    fn metric(&mut self, line: serde_json::Value) -> hlo_engine::Result<()> {
+        if let Some(m) = self.metrics.as_mut() {
+            writeln!(m, "{line}").map_err(|e| {
+                hlo_engine::EngineError::Setting(format!("cannot write the metrics file: {e}"))
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl Hooks for Console {
+    fn on_step(&mut self, r: &StepReport) -> hlo_engine::Result<()> {
+        self.bar.set_position(r.step as u64);
+        self.bar.set_message(format!(
+            "loss {:.4}  {:.0} tokens/s  eta {}",
+            r.loss,
+            r.smoothed_tokens_per_s,
+            duration(r.eta_s)
+        ));
+        self.metric(json!({
+            "step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
+            "tokens_per_s": r.tokens_per_s, "step_time_s": r.step_time_s, "mfu": r.mfu,
+            "targets": r.targets, "elapsed_s": r.elapsed_s,
+        }))?;
+        if r.step % self.log_every == 0 || r.step == r.steps {
+            // The window's average: one step's own figure jumps with the
+            // machine's other work.
+            let mfu = r.mfu.unwrap_or(f64::NAN) * r.smoothed_tokens_per_s / r.tokens_per_s;
+            self.bar.suspend(|| {
+                println!(
+                    "step {:>5}/{} loss {:.4} lr {:.3e} grad_norm {:.4} tokens/s {:.0} mfu {:.2}%",
+                    r.step,
+                    r.steps,
+                    r.loss,
+                    r.lr,
+                    r.grad_norm,
+                    r.smoothed_tokens_per_s,
+                    mfu * 100.0
+                )
+            });
+        }
+        Ok(())
+    }
+
+    fn on_eval(&mut self, e: &EvalReport) -> hlo_engine::Result<()> {
+        let r = e.result;
+        self.bar.suspend(|| {
+            println!(
+                "eval  {:>5}/{} eval_loss {:.4} perplexity {:.3} ({} tokens)",
+                e.step,
+                e.steps,
+                r.loss,
+                r.perplexity(),
+                r.tokens
+            )
+        });
+        self.bar.set_message(format!("eval_loss {:.4}", r.loss));
+        self.metric(json!({
+            "step": e.step, "eval_loss": r.loss, "eval_perplexity": r.perplexity(),
+            "eval_tokens": r.tokens,
+        }))
+    }
+
+    fn on_traced_value(&mut self, v: &TracedValue) {
+        self.bar.suspend(|| {
+            println!(
+                "trace {:<48} {:<20} {:<18} min {:+.4e} max {:+.4e} mean {:+.4e} non-finite {}",
+                v.scope, v.op, v.ty, v.min, v.max, v.mean, v.non_finite
+            )
+        });
+    }
+}
+
+/// `1h02m`, `3m05s`, `12s`.
+fn duration(s: f64) -> String {
+    if !s.is_finite() {
+        return "?".into();
+    }
+    let s = s.round() as u64;
+    match (s / 3600, s / 60 % 60, s % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m{s:02}s"),
+        (h, m, _) => format!("{h}h{m:02}m"),
+    }
+}

@@ -1,0 +1,108 @@
+//! What the command-line tests share: running the binary, checking its
+//! one-line errors, fixtures and scratch folders.
+#![allow(dead_code)] // each test file uses some of these
+
+use std::path::{Path, PathBuf};
+
+use hlo_engine::models::io::read_safetensors;
+use std::process::{Command, Output};
+
+/// Runs `hlo-train` with `args` (the plugin from flags only, never from
+/// the environment).
+pub fn hlo_train(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hlo-train"))
+        .args(args)
+        .env_remove("HLO_TRAIN_PLUGIN")
+        .output()
+        .expect("run hlo-train")
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A successful run's stdout.
+pub fn ok(out: &Output) -> String {
+    assert!(out.status.success(), "{}", stderr(out));
+    String::from_utf8(out.stdout.clone()).expect("UTF-8 output")
+}
+
+/// A failed run: exit code 2, exactly one line on stderr starting
+/// `error: `, no panic or backtrace. Returns the line.
+pub fn one_line_error(out: &Output) -> String {
+    let err = stderr(out).trim_end().to_string();
+    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!err.contains("RUST_BACKTRACE"), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line expected: {err}");
+    assert!(err.starts_with("error: "), "{err}");
+    err
+}
+
+/// The HF fixture model `name` (tests/fixtures/llama/NAME).
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/llama")
+        .join(name)
+}
+
+/// A fresh, empty folder for one test: `hlo-train-<group>-<pid>-<name>`.
+pub fn scratch(group: &str, name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("hlo-train-{group}-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("create a scratch folder");
+    d
+}
+
+/// The fixture's two rows of input ids as `{"input_ids"}` JSONL.
+pub fn fixture_rows(dir: &Path) -> PathBuf {
+    let expected = read_safetensors(&fixture("gqa_llama3").join("expected.safetensors")).unwrap();
+    let ids = expected
+        .iter()
+        .find(|(k, _)| k == "input_ids")
+        .unwrap()
+        .1
+        .to_i128s();
+    let lines: Vec<String> = ids
+        .chunks(9)
+        .map(|r| serde_json::json!({ "input_ids": r }).to_string())
+        .collect();
+    let path = dir.join("rows.jsonl");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
+pub fn losses(metrics: &Path) -> Vec<f64> {
+    metric(metrics, "loss")
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect()
+}
+
+/// (step, value) of every metrics line that has `key` (train lines have
+/// `loss`, eval lines `eval_loss`).
+pub fn metric(metrics: &Path, key: &str) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(metrics)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| Some((v["step"].as_u64()?, v[key].as_f64()?)))
+        .collect()
+}
+
+pub const DEMO: [&str; 14] = [
+    "train",
+    "--batch",
+    "16",
+    "--seq",
+    "16",
+    "--lr",
+    "3e-3",
+    "--schedule",
+    "cosine",
+    "--warmup",
+    "20",
+    "--lora-rank",
+    "16",
+    "--lora-alpha",
+];

@@ -1,0 +1,39 @@
+//! How Llama's tensors are laid out over a `(dp, fsdp, mp)` mesh: the
+//! partition rules of the recipe hlo-train grew from, for HF names and
+//! layouts (`nn.Linear` weights are `[out, in]`).
+
+use hlo_partitioner::{PartitionSpec, Rules};
+
+/// Kernels and embeddings over `fsdp` and `mp`, norms replicated, `lora_a`
+/// `("fsdp", "mp")`, `lora_b` `("mp", "fsdp")`, token batches `(("dp",
+/// "fsdp"), None)`. Stacked layer parameters carry a leading layer axis
+/// these rules do not mention (see `Step::has_leading_axis`).
+///
+/// ```
+/// use hlo_partitioner::PartitionSpec;
+/// let rules = hlo_models::llama::partition_rules();
+/// assert_eq!(
+///     rules.spec_for("model.layers.0.self_attn.q_proj.lora_a", 2),
+///     PartitionSpec::new(&[&["fsdp"], &["mp"]])
+/// );
+/// ```
+pub fn partition_rules() -> Rules {
+    let p = |dims: &[&[&str]]| PartitionSpec::new(dims);
+    Rules::new(&[
+        (r"embed_tokens\.weight$", p(&[&["mp"], &["fsdp"]])),
+        (r"lm_head\.weight$", p(&[&["mp"], &["fsdp"]])),
+        (r"lora_a$", p(&[&["fsdp"], &["mp"]])),
+        (r"lora_b$", p(&[&["mp"], &["fsdp"]])),
+        (
+            r"(q_proj|k_proj|v_proj|gate_proj|up_proj)\.weight$",
+            p(&[&["mp"], &["fsdp"]]),
+        ),
+        (r"(o_proj|down_proj)\.weight$", p(&[&["fsdp"], &["mp"]])),
+        (r"norm\.weight$", PartitionSpec::replicated()),
+        (
+            r"^(input_ids|labels|loss_mask|positions|segment_ids)$",
+            p(&[&["dp", "fsdp"], &[]]),
+        ),
+    ])
+    .expect("the Llama rules compile")
+}

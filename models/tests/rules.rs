@@ -1,0 +1,46 @@
+//! The Llama partition rules give the recipe's table.
+
+use hlo_models::llama::partition_rules;
+use hlo_partitioner::PartitionSpec;
+
+fn p(dims: &[&[&str]]) -> PartitionSpec {
+    PartitionSpec::new(dims)
+}
+
+#[test]
+fn default_llama_rules_follow_the_recipe_table() {
+    let r = partition_rules();
+    let cases = [
+        ("model.embed_tokens.weight", p(&[&["mp"], &["fsdp"]])),
+        ("lm_head.weight", p(&[&["mp"], &["fsdp"]])),
+        (
+            "model.layers.3.self_attn.q_proj.weight",
+            p(&[&["mp"], &["fsdp"]]),
+        ),
+        (
+            "model.layers.3.self_attn.o_proj.weight",
+            p(&[&["fsdp"], &["mp"]]),
+        ),
+        (
+            "model.layers.3.mlp.down_proj.weight",
+            p(&[&["fsdp"], &["mp"]]),
+        ),
+        (
+            "model.layers.3.self_attn.q_proj.lora_a",
+            p(&[&["fsdp"], &["mp"]]),
+        ),
+        (
+            "model.layers.3.self_attn.q_proj.lora_b",
+            p(&[&["mp"], &["fsdp"]]),
+        ),
+        (
+            "model.layers.3.input_layernorm.weight",
+            PartitionSpec::replicated(),
+        ),
+        ("model.norm.weight", PartitionSpec::replicated()),
+        ("input_ids", p(&[&["dp", "fsdp"], &[]])),
+    ];
+    for (name, want) in cases {
+        assert_eq!(r.spec_for(name, 2), want, "{name}");
+    }
+}
