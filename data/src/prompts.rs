@@ -21,6 +21,8 @@ pub enum Prompt {
 /// A line of a prompt file: the line as read, and its prompt.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PromptLine {
+    /// Its line number in the file (from 1).
+    pub number: usize,
     pub line: Value,
     pub prompt: Prompt,
 }
@@ -60,8 +62,15 @@ pub fn read_prompts(path: &Path) -> Result<Vec<PromptLine>, DataError> {
             line: n + 1,
             message,
         };
+        // As `datasets` reads JSONL: a byte-order mark and blank lines
+        // are fine (CRLF ends are taken off by `lines`).
+        let line = if n == 0 {
+            line.trim_start_matches('\u{feff}')
+        } else {
+            line
+        };
         if line.trim().is_empty() {
-            return Err(bad("empty line".into()));
+            continue;
         }
         let v: Value = serde_json::from_str(line).map_err(|e| bad(format!("not JSON: {e}")))?;
         let prompt = if let Some(ids) = v.get("input_ids").and_then(Value::as_array) {
@@ -82,7 +91,11 @@ pub fn read_prompts(path: &Path) -> Result<Vec<PromptLine>, DataError> {
                 "expected {\"prompt\"}, {\"input_ids\"} or {\"messages\"}".into(),
             ));
         };
-        out.push(PromptLine { line: v, prompt });
+        out.push(PromptLine {
+            number: n + 1,
+            line: v,
+            prompt,
+        });
     }
     if out.is_empty() {
         return Err(DataError::Empty {

@@ -1,9 +1,16 @@
 //! Training examples from JSONL lines: `{"text"}`, `{"prompt",
 //! "completion"}` (loss on the completion), `{"messages"}` (rendered with
-//! the chat template, loss on the assistant's replies) and `{"input_ids"}`,
-//! each tokenized into ids with a per-token target flag; and the bundled
-//! demo task.
+//! the chat template, loss on the assistant's replies), `{"input_ids"}`
+//! (with optional HF `labels`, `-100` = not learned), each tokenized into
+//! ids with a per-token target flag; the bundled demo task; and what a
+//! data set holds (samples, tokens, learned tokens, cut samples).
+//!
+//! Files are read as `datasets` and pandas read JSONL: a UTF-8 byte-order
+//! mark, CRLF line ends and blank lines are accepted. Text is cut (by
+//! characters, with a wide margin) to what the row length can use before
+//! it is tokenized, so one enormous line costs little memory.
 
+use std::io::BufRead;
 use std::path::Path;
 
 use serde_json::Value;
@@ -20,15 +27,343 @@ pub struct Example {
     pub target: Vec<bool>,
 }
 
+impl Example {
+    /// Whether a row of `seq` tokens keeps at least one learned token of
+    /// this example (the first token is never predicted).
+    pub fn learns_within(&self, seq: usize) -> bool {
+        self.target
+            .iter()
+            .take(seq.min(self.ids.len()))
+            .skip(1)
+            .any(|&t| t)
+    }
+}
+
 /// How `{"messages"}` lines become examples.
 pub struct ChatData<'a> {
     /// The model's chat template.
     pub template: &'a ChatTemplate,
-    /// Tokens that end a turn as EOS does (the config's EOS ids): an
-    /// assistant turn that does not end with one gets `eos` appended.
+    /// The end-of-turn tokens (the model's EOS ids): an assistant reply is
+    /// learned up to and including the first of them, and one is appended
+    /// when the template emits none.
     pub stop: Vec<u32>,
     /// Count every token in the loss, not only the assistant's.
     pub train_on_inputs: bool,
+}
+
+/// Characters kept of a text field per token of the row: far more than a
+/// token spans in practice, so cutting never changes the row.
+const CHARS_PER_TOKEN_MARGIN: usize = 32;
+
+/// How lines are read: the tokenizer, the end-of-sequence id appended to
+/// text, the vocabulary every id must fit, the chat template for
+/// `messages`, and the row length (text beyond what it can use is cut
+/// before tokenizing).
+pub struct Reader<'a> {
+    pub tokenizer: Option<&'a Tokenizer>,
+    pub eos: Option<u32>,
+    pub vocab: i64,
+    pub chat: Option<&'a ChatData<'a>>,
+    pub max_tokens: Option<usize>,
+}
+
+/// What a data set holds for rows of some length.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DataStats {
+    pub samples: usize,
+    /// Tokens in all samples (before cutting).
+    pub tokens: usize,
+    /// Learned tokens within the row length (what the loss counts).
+    pub learned: usize,
+    /// Samples longer than a row (cut).
+    pub cut: usize,
+    /// Samples with no learned token within a row: they teach nothing.
+    pub no_signal: usize,
+}
+
+/// The statistics of `examples` for rows of `seq` tokens.
+pub fn stats(examples: &[Example], seq: usize) -> DataStats {
+    let mut s = DataStats {
+        samples: examples.len(),
+        ..DataStats::default()
+    };
+    for e in examples {
+        s.tokens += e.ids.len();
+        let kept = e.ids.len().min(seq);
+        s.learned += e.target[..kept].iter().skip(1).filter(|&&t| t).count();
+        s.cut += usize::from(e.ids.len() > seq);
+        s.no_signal += usize::from(!e.learns_within(seq));
+    }
+    s
+}
+
+/// `text` cut to `limit` characters (at a character boundary).
+fn cut_text(text: &str, limit: Option<usize>) -> &str {
+    match limit.and_then(|n| text.char_indices().nth(n)) {
+        Some((at, _)) => &text[..at],
+        None => text,
+    }
+}
+
+/// Marks where an assistant's reply goes when a template cannot render
+/// the conversation before it (a conversation that opens with a reply).
+const REPLY_MARK: &str = "\u{e000}hlo-train-reply\u{e000}";
+
+impl Reader<'_> {
+    /// Characters of a text field worth tokenizing.
+    fn char_limit(&self) -> Option<usize> {
+        self.max_tokens
+            .map(|n| n.saturating_mul(CHARS_PER_TOKEN_MARGIN).max(1024))
+    }
+
+    fn tokenizer(&self) -> Result<&Tokenizer, String> {
+        self.tokenizer
+            .ok_or_else(|| "text needs a tokenizer (--tokenizer FILE), or give input_ids".into())
+    }
+
+    /// Parses one JSONL line.
+    pub fn parse_line(&self, line: &str) -> Result<Example, String> {
+        let v: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
+        let obj = v.as_object().ok_or("not a JSON object")?;
+        let limit = self.char_limit();
+        let with_eos = |mut ids: Vec<u32>| {
+            if let Some(e) = self.eos {
+                ids.push(e);
+            }
+            ids
+        };
+        let ex = if let Some(m) = obj.get("messages") {
+            let chat = self.chat.ok_or(
+                "messages lines need the model's chat template: a checkpoint whose tokenizer_config.json has one, or --chat-template DIR",
+            )?;
+            let mut messages: Vec<Message> =
+                serde_json::from_value(m.clone()).map_err(|e| format!("messages: {e}"))?;
+            for m in &mut messages {
+                m.content = cut_text(&m.content, limit).to_string();
+            }
+            self.chat_example(&messages, chat)?
+        } else if let Some(ids) = obj.get("input_ids") {
+            let ids = id_list(ids, "input_ids")?;
+            let target = match obj.get("labels") {
+                None => (0..ids.len()).map(|i| i > 0).collect(),
+                Some(labels) => labels_target(&ids, labels)?,
+            };
+            Example { ids, target }
+        } else if let (Some(p), Some(c)) = (obj.get("prompt"), obj.get("completion")) {
+            let (p, c) = (
+                p.as_str().ok_or("prompt is not a string")?,
+                c.as_str().ok_or("completion is not a string")?,
+            );
+            let t = self.tokenizer()?;
+            let prompt = t
+                .encode(cut_text(p, limit), true)
+                .map_err(|e| e.to_string())?;
+            let completion = with_eos(
+                t.encode(cut_text(c, limit), false)
+                    .map_err(|e| e.to_string())?,
+            );
+            let target = prompt
+                .iter()
+                .map(|_| false)
+                .chain(completion.iter().map(|_| true))
+                .collect();
+            Example {
+                ids: prompt.into_iter().chain(completion).collect(),
+                target,
+            }
+        } else if let Some(text) = obj.get("text") {
+            let text = text.as_str().ok_or("text is not a string")?;
+            let ids = with_eos(
+                self.tokenizer()?
+                    .encode(cut_text(text, limit), true)
+                    .map_err(|e| e.to_string())?,
+            );
+            let n = ids.len();
+            Example {
+                ids,
+                target: (0..n).map(|i| i > 0).collect(),
+            }
+        } else {
+            return Err(
+                "expected {\"text\"}, {\"prompt\", \"completion\"}, {\"messages\"} or {\"input_ids\"}"
+                    .into(),
+            );
+        };
+        if ex.ids.len() < 2 {
+            return Err("fewer than two tokens: nothing to predict".into());
+        }
+        if let Some(bad) = ex.ids.iter().find(|&&t| t as i64 >= self.vocab) {
+            return Err(format!(
+                "token id {bad} is outside the vocabulary (size {})",
+                self.vocab
+            ));
+        }
+        Ok(ex)
+    }
+
+    /// A conversation rendered with the chat template: the text is cut
+    /// where each assistant reply starts and ends (rendering the
+    /// conversation up to it with and without the reply), each piece
+    /// tokenized on its own. A reply is learned up to and including its
+    /// first end-of-turn token; what the template puts after that token
+    /// (a separator, say) is not learned.
+    fn chat_example(&self, messages: &[Message], chat: &ChatData) -> Result<Example, String> {
+        if messages.is_empty() {
+            return Err("messages is empty".into());
+        }
+        let tokenizer = self.tokenizer()?;
+        let render = |upto: usize, generation: bool| {
+            chat.template
+                .render(&messages[..upto], generation)
+                .map_err(|e| e.to_string())
+        };
+        // The text before reply `i`: the conversation so far with the
+        // generation prompt; for a reply that opens the conversation,
+        // where a marker put in its place lands.
+        let before_reply = |i: usize| -> Result<String, String> {
+            match render(i, true) {
+                Ok(text) if i > 0 => Ok(text),
+                first => {
+                    let mut marked = messages[..=i].to_vec();
+                    marked[i].content = REPLY_MARK.into();
+                    let text = chat
+                        .template
+                        .render(&marked, false)
+                        .map_err(|e| e.to_string())?;
+                    match text.find(REPLY_MARK) {
+                        Some(at) => Ok(text[..at].to_string()),
+                        None => first.map_err(|e| {
+                            format!("the chat template cannot render the text before a reply: {e}")
+                        }),
+                    }
+                }
+            }
+        };
+        // (text, is a reply), in order.
+        let mut pieces: Vec<(String, bool)> = Vec::new();
+        let mut done = String::new();
+        let mut cut = |text: String, reply: bool, pieces: &mut Vec<(String, bool)>| {
+            let rest = text.strip_prefix(done.as_str()).ok_or(
+                "the chat template does not render a conversation's prefix as a prefix of it",
+            )?;
+            if !rest.is_empty() {
+                pieces.push((rest.to_string(), reply));
+            }
+            done = text;
+            Ok::<(), String>(())
+        };
+        for (i, m) in messages.iter().enumerate() {
+            if m.role == "assistant" {
+                cut(before_reply(i)?, false, &mut pieces)?;
+                cut(render(i + 1, false)?, true, &mut pieces)?;
+            }
+        }
+        cut(render(messages.len(), false)?, false, &mut pieces)?;
+        if !pieces.iter().any(|p| p.1) {
+            return Err("no assistant turn to learn from".into());
+        }
+        let mut ids = Vec::new();
+        let mut target = Vec::new();
+        for (text, reply) in pieces {
+            let t = tokenizer.encode(&text, false).map_err(|e| e.to_string())?;
+            if !reply {
+                target.extend(t.iter().map(|_| chat.train_on_inputs));
+                ids.extend(t);
+                continue;
+            }
+            // The reply with its end of turn: learned. A template that
+            // emits none gets one, so the finetuned model learns to stop.
+            let end = t.iter().position(|x| chat.stop.contains(x));
+            let (learned, after) = match end {
+                Some(k) => t.split_at(k + 1),
+                None => (&t[..], &[][..]),
+            };
+            ids.extend_from_slice(learned);
+            target.extend(learned.iter().map(|_| true));
+            if end.is_none() {
+                if let Some(e) = self.eos {
+                    ids.push(e);
+                    target.push(true);
+                }
+            }
+            ids.extend_from_slice(after);
+            target.extend(after.iter().map(|_| chat.train_on_inputs));
+        }
+        Ok(Example { ids, target })
+    }
+
+    /// Reads a JSONL file, a line at a time; a bad line is an error naming
+    /// the file and line.
+    pub fn read_jsonl(&self, path: &Path) -> Result<Vec<Example>, DataError> {
+        let file = std::fs::File::open(path).map_err(|cause| DataError::Read {
+            path: path.to_path_buf(),
+            cause,
+        })?;
+        let mut out = Vec::new();
+        for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+            let bad = |message: String| DataError::Line {
+                path: path.to_path_buf(),
+                line: i + 1,
+                message,
+            };
+            let line = line.map_err(|e| bad(format!("cannot read: {e}")))?;
+            let line = if i == 0 {
+                line.trim_start_matches('\u{feff}')
+            } else {
+                &line
+            };
+            if line.trim().is_empty() {
+                continue;
+            }
+            out.push(self.parse_line(line).map_err(bad)?);
+        }
+        if out.is_empty() {
+            return Err(DataError::Empty {
+                path: path.to_path_buf(),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// A list of token ids.
+fn id_list(v: &Value, what: &str) -> Result<Vec<u32>, String> {
+    v.as_array()
+        .ok_or(format!("{what} is not a list"))?
+        .iter()
+        .map(|t| {
+            t.as_u64()
+                .and_then(|t| u32::try_from(t).ok())
+                .ok_or(format!("{what} holds a non-integer"))
+        })
+        .collect()
+}
+
+/// Targets from HF `labels`: one per input id, `-100` where nothing is
+/// learned, else the id itself (the model predicts each token from the
+/// ones before it, so a label can only be its own position's token).
+fn labels_target(ids: &[u32], labels: &Value) -> Result<Vec<bool>, String> {
+    let labels = labels.as_array().ok_or("labels is not a list")?;
+    if labels.len() != ids.len() {
+        return Err(format!(
+            "labels has {} entries, input_ids {}",
+            labels.len(),
+            ids.len()
+        ));
+    }
+    labels
+        .iter()
+        .zip(ids)
+        .enumerate()
+        .map(|(i, (l, &id))| match l.as_i64() {
+            Some(-100) => Ok(false),
+            Some(l) if l == id as i64 => Ok(i > 0),
+            Some(l) => Err(format!(
+                "labels[{i}] is {l} but input_ids[{i}] is {id}: a label is its token or -100"
+            )),
+            None => Err("labels holds a non-integer".into()),
+        })
+        .collect()
 }
 
 /// Parses one JSONL line: `{"text"}`, `{"prompt", "completion"}` or
@@ -39,191 +374,14 @@ pub fn parse_line(
     eos: Option<u32>,
     vocab: i64,
 ) -> Result<Example, String> {
-    parse_line_with(line, tokenizer, eos, vocab, None)
-}
-
-/// A conversation rendered with the chat template: the text is cut where
-/// each assistant reply starts and ends (rendering the conversation up to
-/// it with and without the reply), each piece tokenized on its own, and
-/// only the replies' tokens (with their end-of-turn tokens) are targets.
-fn chat_example(
-    messages: &[Message],
-    tokenizer: &Tokenizer,
-    eos: Option<u32>,
-    chat: &ChatData,
-) -> Result<Example, String> {
-    if messages.is_empty() {
-        return Err("messages is empty".into());
+    Reader {
+        tokenizer,
+        eos,
+        vocab,
+        chat: None,
+        max_tokens: None,
     }
-    let render = |upto: usize, generation: bool| {
-        chat.template
-            .render(&messages[..upto], generation)
-            .map_err(|e| e.to_string())
-    };
-    // (text, trained) pieces, in order.
-    let mut pieces: Vec<(String, bool)> = Vec::new();
-    let mut done = String::new();
-    let mut cut = |text: String, trained: bool, pieces: &mut Vec<(String, bool)>| {
-        let rest = text
-            .strip_prefix(done.as_str())
-            .ok_or("the chat template does not render a conversation's prefix as a prefix of it")?;
-        if !rest.is_empty() {
-            pieces.push((rest.to_string(), trained));
-        }
-        done = text;
-        Ok::<(), String>(())
-    };
-    for (i, m) in messages.iter().enumerate() {
-        if m.role == "assistant" {
-            cut(render(i, true)?, chat.train_on_inputs, &mut pieces)?;
-            cut(render(i + 1, false)?, true, &mut pieces)?;
-        }
-    }
-    cut(
-        render(messages.len(), false)?,
-        chat.train_on_inputs,
-        &mut pieces,
-    )?;
-    if !pieces.iter().any(|p| p.1) {
-        return Err("no assistant turn to learn from".into());
-    }
-    let mut ids = Vec::new();
-    let mut target = Vec::new();
-    for (text, trained) in pieces {
-        let mut t = tokenizer.encode(&text, false).map_err(|e| e.to_string())?;
-        // A reply the template does not end with EOS gets one, so the
-        // finetuned model learns to stop.
-        if trained && !t.last().is_some_and(|x| chat.stop.contains(x)) {
-            if let Some(e) = eos {
-                t.push(e);
-            }
-        }
-        target.extend(t.iter().map(|_| trained));
-        ids.extend(t);
-    }
-    Ok(Example { ids, target })
-}
-
-/// [`parse_line`], also taking `{"messages": [{"role", "content"}, ...]}`
-/// lines when `chat` is given.
-pub fn parse_line_with(
-    line: &str,
-    tokenizer: Option<&Tokenizer>,
-    eos: Option<u32>,
-    vocab: i64,
-    chat: Option<&ChatData>,
-) -> Result<Example, String> {
-    let v: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
-    let obj = v.as_object().ok_or("not a JSON object")?;
-    let tok = || tokenizer.ok_or("text needs a tokenizer (--tokenizer FILE), or give input_ids");
-    let with_eos = |mut ids: Vec<u32>| {
-        if let Some(e) = eos {
-            ids.push(e);
-        }
-        ids
-    };
-    let ex = if let Some(m) = obj.get("messages") {
-        let chat =
-            chat.ok_or("messages lines need the model's chat template (tokenizer_config.json)")?;
-        let messages: Vec<Message> =
-            serde_json::from_value(m.clone()).map_err(|e| format!("messages: {e}"))?;
-        chat_example(&messages, tok()?, eos, chat)?
-    } else if let Some(ids) = obj.get("input_ids") {
-        let ids: Vec<u32> = ids
-            .as_array()
-            .ok_or("input_ids is not a list")?
-            .iter()
-            .map(|t| {
-                t.as_u64()
-                    .filter(|&t| t <= u32::MAX as u64)
-                    .map(|t| t as u32)
-                    .ok_or("input_ids holds a non-integer")
-            })
-            .collect::<Result<_, _>>()?;
-        let n = ids.len();
-        Example {
-            ids,
-            target: (0..n).map(|i| i > 0).collect(),
-        }
-    } else if let (Some(p), Some(c)) = (obj.get("prompt"), obj.get("completion")) {
-        let (p, c) = (
-            p.as_str().ok_or("prompt is not a string")?,
-            c.as_str().ok_or("completion is not a string")?,
-        );
-        let t = tok()?;
-        let prompt = t.encode(p, true).map_err(|e| e.to_string())?;
-        let completion = with_eos(t.encode(c, false).map_err(|e| e.to_string())?);
-        let target = prompt
-            .iter()
-            .map(|_| false)
-            .chain(completion.iter().map(|_| true))
-            .collect();
-        Example {
-            ids: prompt.into_iter().chain(completion).collect(),
-            target,
-        }
-    } else if let Some(text) = obj.get("text") {
-        let text = text.as_str().ok_or("text is not a string")?;
-        let ids = with_eos(tok()?.encode(text, true).map_err(|e| e.to_string())?);
-        let n = ids.len();
-        Example {
-            ids,
-            target: (0..n).map(|i| i > 0).collect(),
-        }
-    } else {
-        return Err(
-            "expected {\"text\"}, {\"prompt\", \"completion\"}, {\"messages\"} or {\"input_ids\"}"
-                .into(),
-        );
-    };
-    if ex.ids.len() < 2 {
-        return Err("fewer than two tokens: nothing to predict".into());
-    }
-    if let Some(bad) = ex.ids.iter().find(|&&t| t as i64 >= vocab) {
-        return Err(format!(
-            "token id {bad} is outside the vocabulary (size {vocab})"
-        ));
-    }
-    Ok(ex)
-}
-
-/// Reads a JSONL file; a bad line is an error naming the file and line.
-pub fn read_jsonl(
-    path: &Path,
-    tokenizer: Option<&Tokenizer>,
-    eos: Option<u32>,
-    vocab: i64,
-    chat: Option<&ChatData>,
-) -> Result<Vec<Example>, DataError> {
-    let text = std::fs::read_to_string(path).map_err(|cause| DataError::Read {
-        path: path.to_path_buf(),
-        cause,
-    })?;
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            return Err(DataError::Line {
-                path: path.to_path_buf(),
-                line: i + 1,
-                message: "empty line".into(),
-            });
-        }
-        out.push(
-            parse_line_with(line, tokenizer, eos, vocab, chat).map_err(|message| {
-                DataError::Line {
-                    path: path.to_path_buf(),
-                    line: i + 1,
-                    message,
-                }
-            })?,
-        );
-    }
-    if out.is_empty() {
-        return Err(DataError::Empty {
-            path: path.to_path_buf(),
-        });
-    }
-    Ok(out)
+    .parse_line(line)
 }
 
 /// The bundled demo task, learnable by `tiny` in a minute on a CPU: write a

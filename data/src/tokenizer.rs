@@ -58,6 +58,35 @@ impl Tokenizer {
         }
     }
 
+    /// Text of `ids` with special tokens written out (`<|bos|>`,
+    /// `<|eos|>` for the byte-level tokenizer).
+    pub fn decode_with_special(&self, ids: &[u32]) -> Result<String, DataError> {
+        match self {
+            Tokenizer::Hf(t) => t
+                .decode(ids, false)
+                .map_err(|e| DataError::Tokenizer(e.to_string())),
+            Tokenizer::Bytes => {
+                let mut out = String::new();
+                let mut bytes = Vec::new();
+                for &i in ids {
+                    if i < 256 {
+                        bytes.push(i as u8);
+                        continue;
+                    }
+                    out.push_str(&String::from_utf8_lossy(&bytes));
+                    bytes.clear();
+                    out.push_str(match i {
+                        BYTE_BOS => "<|bos|>",
+                        BYTE_EOS => "<|eos|>",
+                        _ => "<|special|>",
+                    });
+                }
+                out.push_str(&String::from_utf8_lossy(&bytes));
+                Ok(out)
+            }
+        }
+    }
+
     pub fn vocab_size(&self) -> usize {
         match self {
             Tokenizer::Hf(t) => t.get_vocab_size(true),

@@ -1,126 +1,234 @@
-//! Saving a run so it can be used and continued: the PEFT adapter (or HF
-//! weights when finetuning fully) and `train_state/` (trainable
-//! parameters, optimizer moments, step counter, data cursor and the
-//! settings the run depends on). `train_state/` is built under a
-//! temporary name and swapped in whole, so a crash at any moment leaves
-//! the previous one (or its `.old` copy) readable.
+//! Saving a run so it can be used and continued: the PEFT adapter (or a
+//! complete HF model folder when finetuning fully) and `train_state/`
+//! (trainable parameters, optimizer moments, step counter, data cursor,
+//! the run's effective settings and a checksum). `train_state/` is built
+//! under a temporary name and swapped in whole, so a crash at any moment
+//! leaves the previous one (or its `.old` copy) readable; temporaries a
+//! killed process left behind are removed by the next run.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use hlo_ir::rng::fnv1a;
 use hlo_ir::Literal;
 use hlo_models::io::{read_safetensors, write_atomic, write_safetensors};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::error::{EngineError, Result};
 use crate::session::Session;
 
-/// The settings a saved run depends on: a resumed run must have the same.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RunSettings {
-    pub seed: u64,
-    pub batch: i64,
-    #[serde(default = "one")]
-    pub grad_accum: i64,
-    /// Whether rows are packed (after `--packing auto` is resolved); runs
-    /// saved before packing existed were unpacked.
-    #[serde(default)]
-    pub packed: bool,
-    pub seq: i64,
-    pub full: bool,
-    pub lora_rank: i64,
-    pub optimizer: String,
-}
-
-fn one() -> i64 {
-    1
-}
+/// The settings a run's result depends on, by the name of the flag that
+/// sets each (`lr`, `lora-rank`, `data`, ...), plus identities that no flag
+/// sets (`model-fingerprint`, `data-fingerprint`). A resumed run takes
+/// them all; one given again must be equal.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunSettings(pub BTreeMap<String, Value>);
 
 /// What `train_state/state.json` records.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunState {
+    /// 2 since settings are recorded in full; 1 recorded eight of them.
     pub version: u32,
     /// Steps taken.
     pub step: i64,
     /// Samples the loader has handed out (what comes next is fixed by it).
     pub data_cursor: u64,
-    #[serde(flatten)]
+    #[serde(default)]
     pub settings: RunSettings,
+    /// FNV-1a of `state.safetensors`, hex.
+    #[serde(default)]
+    pub checksum: Option<String>,
 }
 
 impl RunSettings {
-    /// The settings of `session`'s run.
+    /// The settings a session knows of itself (shapes, optimizer,
+    /// schedule, LoRA, seed): what a run saved through the library alone
+    /// records. The CLI adds its data and model identities.
     pub fn of(session: &Session) -> RunSettings {
-        RunSettings::new(session.config(), session.seed())
+        RunSettings::of_config(session.config(), session.seed())
     }
 
     /// The settings of a run of `c` seeded by `seed`.
-    pub fn new(c: &hlo_models::train::TrainConfig, seed: u64) -> RunSettings {
-        RunSettings {
-            seed,
-            batch: c.batch,
-            grad_accum: c.grad_accum,
-            packed: c.packing,
-            seq: c.seq,
-            full: c.lora.is_none(),
-            // The flag's default when finetuning fully, as runs were saved.
-            lora_rank: c.lora.as_ref().map_or(8, |l| l.rank),
-            optimizer: match c.optimizer {
-                hlo_models::train::Optimizer::AdamW { .. } => "adamw",
-                hlo_models::train::Optimizer::Sgd => "sgd",
+    pub fn of_config(c: &hlo_models::train::TrainConfig, seed: u64) -> RunSettings {
+        let mut s = RunSettings::default();
+        s.set("seed", seed);
+        s.set("batch", c.batch);
+        s.set("grad-accum", c.grad_accum);
+        s.set("packing", if c.packing { "on" } else { "off" });
+        s.set("seq", c.seq);
+        s.set("full", c.lora.is_none());
+        if let Some(l) = &c.lora {
+            s.set("lora-rank", l.rank);
+            s.set("lora-alpha", l.alpha);
+            s.set("lora-targets", l.target_modules.join(","));
+            s.set("use-rslora", l.use_rslora);
+        }
+        match c.optimizer {
+            hlo_models::train::Optimizer::AdamW { weight_decay, .. } => {
+                s.set("optimizer", "adamw");
+                s.set("weight-decay", weight_decay);
             }
-            .to_string(),
+            hlo_models::train::Optimizer::Sgd => s.set("optimizer", "sgd"),
+        }
+        s.set("lr", c.lr);
+        match c.schedule {
+            hlo_models::train::Schedule::Constant { warmup } => {
+                s.set("schedule", "constant");
+                s.set("warmup", warmup);
+            }
+            hlo_models::train::Schedule::Cosine { warmup, total } => {
+                s.set("schedule", "cosine");
+                s.set("warmup", warmup);
+                s.set("steps", total);
+            }
+        }
+        s.set("clip-norm", c.clip_norm.unwrap_or(0.0));
+        s.set("dtype", c.dtype.to_string());
+        s.set("scan-layers", if c.scan_layers { "on" } else { "off" });
+        s.set("remat", if c.remat_layers { "layers" } else { "none" });
+        s
+    }
+
+    pub fn set(&mut self, key: &str, value: impl Into<Value>) {
+        self.0.insert(key.to_string(), value.into());
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.0.get(key)
+    }
+
+    /// Adds `other`'s settings (replacing equal keys).
+    pub fn extend(&mut self, other: &RunSettings) {
+        for (k, v) in &other.0 {
+            self.0.insert(k.clone(), v.clone());
         }
     }
 
-    /// Every setting that differs from `now`'s, as `name = saved, this run
-    /// has now`.
-    pub fn differences(&self, now: &RunSettings) -> Vec<String> {
-        let (a, b) = (
-            serde_json::to_value(self).unwrap_or_default(),
-            serde_json::to_value(now).unwrap_or_default(),
+    /// The settings of a version-1 state (eight, under other names).
+    fn from_v1(v: &serde_json::Map<String, Value>) -> RunSettings {
+        let mut s = RunSettings::default();
+        for (old, new) in [
+            ("seed", "seed"),
+            ("batch", "batch"),
+            ("seq", "seq"),
+            ("full", "full"),
+            ("lora_rank", "lora-rank"),
+            ("optimizer", "optimizer"),
+        ] {
+            if let Some(x) = v.get(old) {
+                s.set(new, x.clone());
+            }
+        }
+        s.set(
+            "grad-accum",
+            v.get("grad_accum").cloned().unwrap_or(Value::from(1)),
         );
-        let mut out = Vec::new();
-        if let (Some(a), Some(b)) = (a.as_object(), b.as_object()) {
-            for (key, saved) in a {
-                let current = &b[key];
-                if saved != current {
-                    out.push(format!(
-                        "the run was saved with {key} = {saved}, this run has {current}"
-                    ));
-                }
-            }
-        }
-        out
+        let packed = v.get("packed").and_then(Value::as_bool).unwrap_or(false);
+        s.set("packing", if packed { "on" } else { "off" });
+        s
     }
 }
 
-/// A saved run read back: its state and tensors.
-pub struct Saved {
-    pub state: RunState,
-    pub tensors: Vec<(String, Literal)>,
+/// Reads the bytes of `path` and returns their FNV-1a fingerprint, hex.
+pub fn file_fingerprint(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).map_err(EngineError::io("read", path))?;
+    Ok(format!("{:016x}", fnv1a(&bytes)))
 }
 
-/// Writes the session's state into `out`: the adapter (PEFT) or HF
-/// weights (`model.safetensors` + `config.json`), and `train_state/`.
+/// Every tensor of `tensors` is finite, or an error naming the first that
+/// is not.
+pub fn check_finite(tensors: &[(String, Literal)], what: &str) -> Result<()> {
+    for (name, lit) in tensors {
+        if !lit.ty.dtype.is_float() {
+            continue;
+        }
+        let values = lit.to_f64s();
+        let bad = values.iter().filter(|v| !v.is_finite()).count();
+        if bad > 0 {
+            return Err(EngineError::NonFiniteState {
+                what: what.to_string(),
+                tensor: name.clone(),
+                bad,
+                total: values.len(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `out` can receive a run before any work is done: it is (or
+/// can be made) a folder, and a file can be created and removed in it.
+/// Temporaries a killed run left there are removed.
+pub fn prepare_out(out: &Path) -> Result<()> {
+    if out.exists() && !out.is_dir() {
+        return Err(EngineError::Setting(format!(
+            "--out {} is a file, not a folder",
+            out.display()
+        )));
+    }
+    std::fs::create_dir_all(out).map_err(EngineError::io("create", out))?;
+    let probe = out.join(format!(".hlo-train-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"probe").map_err(EngineError::io("write to", out))?;
+    std::fs::remove_file(&probe).map_err(EngineError::io("write to", out))?;
+    remove_stale_temporaries(out);
+    Ok(())
+}
+
+/// Whether the process `pid` is alive (Linux: it has a /proc entry).
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Removes what an interrupted writer left in `dir`: `.NAME.tmp-PID`
+/// files of dead processes, and `train_state.new/` (a save that did not
+/// finish; the swap is the last step of a save).
+pub fn remove_stale_temporaries(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let stale = name
+            .strip_prefix('.')
+            .and_then(|n| n.rsplit_once(".tmp-"))
+            .and_then(|(_, pid)| pid.parse::<u32>().ok())
+            .is_some_and(|pid| pid != std::process::id() && !alive(pid));
+        if stale {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir.join("train_state.new"));
+}
+
+/// Whether `dir` holds a saved run (a state a run could continue from).
+pub fn holds_run(dir: &Path) -> bool {
+    ["train_state", "train_state.old"]
+        .iter()
+        .any(|f| dir.join(f).join("state.json").is_file())
+}
+
+/// Writes the session's state into `out`: the adapter (PEFT) or an HF
+/// model folder, and `train_state/`. Refuses (writing nothing) when a
+/// trained tensor is not finite.
 pub fn save(out: &Path, session: &Session, state: &RunState) -> Result<()> {
     std::fs::create_dir_all(out).map_err(EngineError::io("create", out))?;
     let tensors = session.checkpoint_tensors()?;
+    check_finite(&tensors, &format!("step {}", state.step))?;
     match session.adapter()? {
-        Some(adapter) => adapter.save(out, Some(&session.model().name))?,
-        None => {
-            let trained = session.trained_tensors()?;
-            write_safetensors(&out.join("model.safetensors"), &trained)?;
-            write_atomic(
-                &out.join("config.json"),
-                session.model().config.to_json().as_bytes(),
-            )?;
-        }
+        Some(adapter) => adapter.save(out, Some(&session.model().base_name()))?,
+        None => session.model().save_hf(out, &session.trained_tensors()?)?,
     }
     let fresh = out.join("train_state.new");
     let _ = std::fs::remove_dir_all(&fresh);
     std::fs::create_dir_all(&fresh).map_err(EngineError::io("create", &fresh))?;
-    write_safetensors(&fresh.join("state.safetensors"), &tensors)?;
-    let json = serde_json::to_string_pretty(state)
+    let weights = fresh.join("state.safetensors");
+    write_safetensors(&weights, &tensors)?;
+    let state = RunState {
+        checksum: Some(file_fingerprint(&weights)?),
+        ..state.clone()
+    };
+    let json = serde_json::to_string_pretty(&state)
         .map_err(|e| EngineError::Setting(format!("cannot encode state.json: {e}")))?;
     write_atomic(&fresh.join("state.json"), json.as_bytes())?;
     let current = out.join("train_state");
@@ -138,6 +246,12 @@ pub fn save(out: &Path, session: &Session, state: &RunState) -> Result<()> {
     Ok(())
 }
 
+/// A saved run read back: its state and tensors.
+pub struct Saved {
+    pub state: RunState,
+    pub tensors: Vec<(String, Literal)>,
+}
+
 /// The folder holding a saved run's state: `train_state/`, or the `.old`
 /// copy a crash mid-swap left behind.
 fn state_dir(dir: &Path) -> Result<PathBuf> {
@@ -152,14 +266,57 @@ fn state_dir(dir: &Path) -> Result<PathBuf> {
         })
 }
 
-/// Reads the run saved in `dir`.
+/// Reads and checks the run saved in `dir`: the checksum, the step and
+/// cursor, the step counter tensor, and that every tensor is finite.
 pub fn load(dir: &Path) -> Result<Saved> {
     let state_dir = state_dir(dir)?;
     let path = state_dir.join("state.json");
+    let bad = |m: String| EngineError::Resume(format!("{}: {m}", path.display()));
     let text = std::fs::read_to_string(&path).map_err(EngineError::io("read", &path))?;
-    let state: RunState = serde_json::from_str(&text).map_err(|e| {
-        EngineError::Resume(format!("{} is not a run's state: {e}", path.display()))
-    })?;
-    let tensors = read_safetensors(&state_dir.join("state.safetensors"))?;
+    let raw: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let object = raw
+        .as_object()
+        .ok_or_else(|| bad("not a JSON object".into()))?;
+    let step = object
+        .get("step")
+        .and_then(Value::as_i64)
+        .filter(|&s| s >= 0)
+        .ok_or_else(|| bad("`step` is not a step count".into()))?;
+    let data_cursor = object
+        .get("data_cursor")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| bad("`data_cursor` is not a sample count".into()))?;
+    let version = object.get("version").and_then(Value::as_u64).unwrap_or(1) as u32;
+    let state = if version >= 2 {
+        serde_json::from_value::<RunState>(raw.clone())
+            .map_err(|e| bad(format!("not a run's state: {e}")))?
+    } else {
+        RunState {
+            version,
+            step,
+            data_cursor,
+            settings: RunSettings::from_v1(object),
+            checksum: None,
+        }
+    };
+    let weights = state_dir.join("state.safetensors");
+    if let Some(want) = &state.checksum {
+        let got = file_fingerprint(&weights)?;
+        if &got != want {
+            return Err(bad(format!(
+                "state.safetensors does not match its checksum ({got}, saved {want}): the file was changed or damaged"
+            )));
+        }
+    }
+    let tensors = read_safetensors(&weights)?;
+    if let Some((_, counter)) = tensors.iter().find(|(n, _)| n == "step") {
+        let saved = counter.to_f64s().first().copied().unwrap_or(-1.0) as i64;
+        if saved != step {
+            return Err(bad(format!(
+                "`step` is {step} but the saved step counter is {saved}"
+            )));
+        }
+    }
+    check_finite(&tensors, &format!("the state saved in {}", dir.display()))?;
     Ok(Saved { state, tensors })
 }

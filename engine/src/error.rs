@@ -67,6 +67,15 @@ pub enum EngineError {
         total: usize,
         kept: bool,
     },
+    /// Parameters or optimizer state that are not finite, found before a
+    /// save or on resume.
+    #[error("{what}: `{tensor}` has {bad} non-finite values of {total}; nothing was saved from it (lower --lr, or resume an earlier checkpoint)")]
+    NonFiniteState {
+        what: String,
+        tensor: String,
+        bad: usize,
+        total: usize,
+    },
     /// A saved run that cannot be continued as asked.
     #[error("--resume: {0}")]
     Resume(String),

@@ -92,6 +92,8 @@ pub struct Generator {
     programs: RefCell<HashMap<(i64, i64, i64), Compiled>>,
     timings: RefCell<Timings>,
     compile_s: Cell<f64>,
+    /// Batches completed so far: each draws from its own random stream.
+    batches: Cell<u64>,
 }
 
 impl Generator {
@@ -150,6 +152,7 @@ impl Generator {
             programs: RefCell::new(HashMap::new()),
             timings: RefCell::new(Timings::default()),
             compile_s: Cell::new(0.0),
+            batches: Cell::new(0),
         })
     }
 
@@ -244,7 +247,9 @@ impl Generator {
     }
 
     /// Up to `max_new` tokens after each prompt, each row stopping after
-    /// one of the `stop` tokens.
+    /// one of the `stop` tokens. Sampling is reproducible from the seed and
+    /// the order of calls: the n-th batch of a generator draws from its
+    /// own stream.
     pub fn complete_batch(
         &self,
         prompts: &[Vec<u32>],
@@ -280,9 +285,14 @@ impl Generator {
         let temperature = self.place(HostArray::scalar(sampling.temperature() as f32))?;
         let top_k = self.place(HostArray::scalar(sampling.top_k.unwrap_or(0) as i32))?;
         let top_p = self.place(HostArray::scalar(sampling.top_p.unwrap_or(1.0) as f32))?;
-        let mut rng = self.place(HostArray::from(Literal::from_f64s(
+        // The sampler's state: the seed, and which batch of this
+        // generator's this is, so no two batches draw alike (rows of one
+        // batch draw from rows of one random tensor).
+        let stream = self.batches.get();
+        self.batches.set(stream + 1);
+        let mut rng = self.place(HostArray::from(Literal::from_i128s(
             TensorType::new(DType::U64, [2]),
-            &[sampling.seed as f64, 0.0],
+            &[sampling.seed as i128, stream as i128],
         )))?;
         let mut out: Vec<Vec<u32>> = vec![Vec::new(); batch];
         let mut done = vec![false; batch];

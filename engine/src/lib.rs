@@ -23,6 +23,7 @@
 pub mod backend;
 pub mod bench;
 pub mod checkpoint;
+pub mod dataset;
 mod error;
 pub mod flops;
 pub mod generator;
@@ -33,11 +34,12 @@ pub mod session;
 pub mod trainer;
 
 pub use backend::{Backend, BackendOptions};
+pub use dataset::{DataSpec, Dataset};
 pub use error::{EngineError, Result};
 pub use generator::{Generator, Sampling, Timings};
 pub use model::{Model, ModelSource};
 pub use pipeline::ShardedStep;
-pub use session::{EvalResult, Session, SessionOptions, Weights};
+pub use session::{EvalResult, Evaluator, Session, SessionOptions, Weights};
 pub use trainer::{
     EvalReport, Hooks, Quiet, StepReport, StopFlag, TracedValue, TrainSummary, Trainer,
     TrainerOptions,

@@ -31,6 +31,9 @@ pub struct Model {
     pub checkpoint: Option<Checkpoint>,
     /// How the user named it (preset, file or folder).
     pub name: String,
+    /// A `tokenizer.json` that overrides the checkpoint's.
+    pub tokenizer_file: Option<PathBuf>,
+    source: ModelSource,
 }
 
 impl Model {
@@ -44,19 +47,116 @@ impl Model {
                     config: ckpt.config.clone(),
                     name: dir.display().to_string(),
                     checkpoint: Some(ckpt),
+                    tokenizer_file: None,
+                    source: source.clone(),
                 }
             }
             ModelSource::Config(path) => Model {
                 config: LlamaConfig::from_file(path)?,
                 checkpoint: None,
                 name: path.display().to_string(),
+                tokenizer_file: None,
+                source: source.clone(),
             },
             ModelSource::Preset(name) => Model {
                 config: LlamaConfig::preset(name)?,
                 checkpoint: None,
                 name: name.clone(),
+                tokenizer_file: None,
+                source: source.clone(),
             },
         })
+    }
+
+    /// The same model with `tokenizer.json` from `path` (None: the
+    /// checkpoint's, or byte-level for the byte vocabulary).
+    pub fn with_tokenizer_file(mut self, path: Option<PathBuf>) -> Model {
+        self.tokenizer_file = path;
+        self
+    }
+
+    pub fn source(&self) -> &ModelSource {
+        &self.source
+    }
+
+    /// How an adapter names its base model: a checkpoint folder's absolute
+    /// path (so PEFT finds it from any directory), else the preset or
+    /// config name.
+    pub fn base_name(&self) -> String {
+        match &self.checkpoint {
+            Some(c) => std::fs::canonicalize(&c.dir)
+                .unwrap_or_else(|_| c.dir.clone())
+                .display()
+                .to_string(),
+            None => self.name.clone(),
+        }
+    }
+
+    /// A fingerprint of the model's identity: for a checkpoint, its
+    /// `config.json` and each weight file's size and safetensors header
+    /// (the tensors' names, types and places; reading every byte of a
+    /// large model would take minutes); for a config file, its bytes; for
+    /// a preset, its name.
+    pub fn fingerprint(&self) -> Result<String> {
+        let mut parts: Vec<Vec<u8>> = Vec::new();
+        match (&self.source, &self.checkpoint) {
+            (_, Some(c)) => {
+                let config = c.dir.join("config.json");
+                parts.push(std::fs::read(&config).map_err(EngineError::io("read", &config))?);
+                for file in c.weight_files() {
+                    parts.push(safetensors_identity(&file)?);
+                }
+            }
+            (ModelSource::Config(path), None) => {
+                parts.push(std::fs::read(path).map_err(EngineError::io("read", path))?)
+            }
+            (_, None) => parts.push(format!("preset:{}", self.name).into_bytes()),
+        }
+        let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+        Ok(format!("{:016x}", hlo_ir::rng::fingerprint(&refs)))
+    }
+
+    /// Writes a complete HF model folder to `out`: `model.safetensors`
+    /// from `weights` (every parameter), the `config.json` the model came
+    /// from, and the
+    /// checkpoint's tokenizer, chat template and generation settings (a
+    /// `generation_config.json` made from the config when there is none).
+    pub fn save_hf(&self, out: &Path, weights: &[(String, Literal)]) -> Result<()> {
+        use hlo_models::io::{copy_side_files, write_atomic, write_safetensors};
+        write_safetensors(&out.join("model.safetensors"), weights)?;
+        // The config as the user gave it (every field transformers reads
+        // kept); a preset's written out.
+        let config = match &self.source {
+            ModelSource::Checkpoint(dir) => Some(dir.join("config.json")),
+            ModelSource::Config(path) => Some(path.clone()),
+            ModelSource::Preset(_) => None,
+        };
+        let config = match config {
+            Some(p) => std::fs::read(&p).map_err(EngineError::io("read", &p))?,
+            None => self.config.to_json().into_bytes(),
+        };
+        write_atomic(&out.join("config.json"), &config)?;
+        let mut copied = match &self.checkpoint {
+            Some(c) => copy_side_files(&c.dir, out)?,
+            None => Vec::new(),
+        };
+        if let Some(t) = &self.tokenizer_file {
+            let bytes = std::fs::read(t).map_err(EngineError::io("read", t))?;
+            write_atomic(&out.join("tokenizer.json"), &bytes)?;
+            copied.push("tokenizer.json");
+        }
+        if !copied.contains(&"generation_config.json") {
+            let c = &self.config;
+            let generation = serde_json::json!({
+                "bos_token_id": c.bos_token_id,
+                "eos_token_id": c.eos_token_ids,
+            });
+            write_atomic(
+                &out.join("generation_config.json"),
+                generation.to_string().as_bytes(),
+            )?;
+        }
+        Ok(())
     }
 
     /// Refuses random weights for models too large to make on the host.
@@ -109,7 +209,7 @@ impl Model {
     /// the byte-level one when the vocabulary is the byte vocabulary (the
     /// `tiny` preset); None when there is none.
     pub fn tokenizer(&self, path: Option<&Path>) -> Result<Option<Tokenizer>> {
-        if let Some(path) = path {
+        if let Some(path) = path.or(self.tokenizer_file.as_deref()) {
             return Ok(Some(Tokenizer::from_file(path)?));
         }
         if let Some(c) = &self.checkpoint {
@@ -134,6 +234,40 @@ impl Model {
         })
     }
 
+    /// Where generation stops, as transformers' `generate` decides:
+    /// `generation_config.json`'s `eos_token_id` (one id or a list) when
+    /// the checkpoint has one, else the config's EOS ids.
+    pub fn generation_eos_ids(&self) -> Result<Vec<u32>> {
+        let Some(c) = &self.checkpoint else {
+            return Ok(self.eos_ids());
+        };
+        let path = c.dir.join("generation_config.json");
+        if !path.is_file() {
+            return Ok(self.eos_ids());
+        }
+        let text = std::fs::read_to_string(&path).map_err(EngineError::io("read", &path))?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| EngineError::Setting(format!("{}: not JSON: {e}", path.display())))?;
+        let ids = |x: &serde_json::Value| -> Option<Vec<u32>> {
+            match x {
+                serde_json::Value::Number(n) => n.as_u64().map(|i| vec![i as u32]),
+                serde_json::Value::Array(a) => {
+                    a.iter().map(|i| i.as_u64().map(|i| i as u32)).collect()
+                }
+                _ => None,
+            }
+        };
+        Ok(match v.get("eos_token_id") {
+            None | Some(serde_json::Value::Null) => self.eos_ids(),
+            Some(x) => ids(x).ok_or_else(|| {
+                EngineError::Setting(format!(
+                    "{}: eos_token_id is not an id or a list of ids",
+                    path.display()
+                ))
+            })?,
+        })
+    }
+
     /// The end-of-sequence ids of the config.
     pub fn eos_ids(&self) -> Vec<u32> {
         self.config
@@ -142,6 +276,25 @@ impl Model {
             .map(|&e| e as u32)
             .collect()
     }
+}
+
+/// A safetensors file's identity without reading its tensors: its size
+/// and header.
+fn safetensors_identity(path: &Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(EngineError::io("open", path))?;
+    let size = f.metadata().map_err(EngineError::io("read", path))?.len();
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len)
+        .map_err(EngineError::io("read", path))?;
+    let n = u64::from_le_bytes(len).min(size);
+    let mut header = Vec::new();
+    f.take(n)
+        .read_to_end(&mut header)
+        .map_err(EngineError::io("read", path))?;
+    let mut out = size.to_le_bytes().to_vec();
+    out.extend(header);
+    Ok(out)
 }
 
 #[cfg(test)]

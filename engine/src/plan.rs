@@ -71,49 +71,61 @@ pub fn plan(
     ))
 }
 
-/// One parameter kind's layout: its name (layer 0 or the stack), its
-/// dimensions and spec without the unsplit leading axis.
+/// One distinct layout of a step's state: every tensor of one shape and
+/// dtype laid out by one spec.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Layout {
-    pub name: String,
-    pub dims: Vec<i64>,
+pub struct LayoutGroup {
+    /// The spec over the whole shape (an unsplit leading axis included).
     pub spec: PartitionSpec,
+    /// The global shape, and the block one device holds.
+    pub shape: Vec<i64>,
+    pub block: Vec<i64>,
+    pub dtype: String,
+    /// Bytes one device holds of each tensor.
+    pub bytes_per_device: u64,
+    /// The tensors laid out so (weights, trainable parameters, optimizer
+    /// state), by name.
+    pub tensors: Vec<String>,
+    /// Whether the first axis is a stack of layers (a scan's), never split.
+    pub stacked: bool,
 }
 
-/// The layouts of a step's parameters, one per kind (layers are alike).
-pub fn parameter_layouts(step: &ShardedStep) -> Vec<Layout> {
+/// The step's state grouped by layout: each distinct (spec, shape, dtype)
+/// once, with the tensors that share it, largest share per device first.
+pub fn layout_groups(step: &ShardedStep) -> Vec<LayoutGroup> {
     let f = step.function();
-    let mut seen = std::collections::BTreeSet::new();
-    let mut out = Vec::new();
+    let mut groups: Vec<LayoutGroup> = Vec::new();
     for (k, b) in f.inputs.iter().enumerate() {
         let input = &step.step.inputs[k];
-        if !matches!(input.role, Role::Weight | Role::Trainable) {
+        let state = matches!(
+            input.role,
+            Role::Weight | Role::Trainable | Role::OptimizerState { .. }
+        );
+        if !state {
             continue;
         }
         let ty = f.ty(b.value);
-        let kind = b
-            .name
-            .split('.')
-            .filter(|p| p.parse::<u64>().is_err())
-            .collect::<Vec<_>>()
-            .join(".");
-        if ty.rank() == 0 || !seen.insert(kind) {
-            continue;
+        let spec = step.input_spec(k).clone();
+        let key = (spec.clone(), ty.dims.clone(), ty.dtype.to_string());
+        match groups
+            .iter_mut()
+            .find(|g| (g.spec.clone(), g.shape.clone(), g.dtype.clone()) == key)
+        {
+            Some(g) => g.tensors.push(b.name.clone()),
+            None => groups.push(LayoutGroup {
+                block: spec.shard_shape(step.mesh(), &ty.dims),
+                spec,
+                shape: ty.dims.clone(),
+                dtype: ty.dtype.to_string(),
+                bytes_per_device: step.input_bytes_per_device(k),
+                tensors: vec![b.name.clone()],
+                stacked: input.leading_axis,
+            }),
         }
-        let spec = step.input_spec(k);
-        let (dims, spec) = if input.leading_axis && ty.rank() > 1 {
-            (
-                ty.dims[1..].to_vec(),
-                PartitionSpec(spec.0.iter().skip(1).cloned().collect()),
-            )
-        } else {
-            (ty.dims.clone(), spec.clone())
-        };
-        out.push(Layout {
-            name: b.name.clone(),
-            dims,
-            spec,
-        });
     }
-    out
+    groups.sort_by(|a, b| {
+        (b.bytes_per_device * b.tensors.len() as u64)
+            .cmp(&(a.bytes_per_device * a.tensors.len() as u64))
+    });
+    groups
 }

@@ -63,6 +63,9 @@ pub struct TrainerOptions {
     pub save_every: i64,
     /// Where checkpoints go.
     pub out: Option<PathBuf>,
+    /// What a checkpoint records besides the session's own settings (the
+    /// data's and model's identities, say).
+    pub settings: RunSettings,
     /// Eager mode: report every value made in scopes matching this, for
     /// the first step, and stop at the first non-finite one.
     pub trace_values: Option<Regex>,
@@ -81,6 +84,7 @@ impl TrainerOptions {
             eval_every: 0,
             save_every: 0,
             out: None,
+            settings: RunSettings::default(),
             trace_values: None,
             peak_flops: None,
             smoothing_window: 20,
@@ -302,11 +306,14 @@ impl<'a> Trainer<'a> {
         let Some(out) = self.options.out.clone() else {
             return Ok(());
         };
+        let mut settings = RunSettings::of(self.session);
+        settings.extend(&self.options.settings);
         let state = RunState {
-            version: 1,
+            version: 2,
             step: self.session.steps_done(),
             data_cursor: cursor,
-            settings: RunSettings::of(self.session),
+            settings,
+            checksum: None,
         };
         checkpoint::save(&out, self.session, &state)?;
         hooks.on_save(state.step, &out)

@@ -47,7 +47,7 @@ pub enum DTypeArg {
     Bf16,
 }
 
-/// `--model`, `--checkpoint`, `--config`, `--dtype`, `--tokenizer`.
+/// `--model`, `--checkpoint`, `--config`: which model.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
     /// Model preset (random weights): tiny, llama3.2-1b, llama3.2-3b,
@@ -62,12 +62,32 @@ pub struct ModelArgs {
     /// Random weights from any HF Llama config.json.
     #[arg(long)]
     pub config: Option<PathBuf>,
+}
 
+/// `--dtype`.
+#[derive(Args, Clone, Debug)]
+pub struct DtypeArgs {
     /// Parameter and compute dtype of the base model (default: f32 on the
     /// CPU plugin, bf16 elsewhere).
     #[arg(long, value_enum)]
     pub dtype: Option<DTypeArg>,
+}
 
+impl DtypeArgs {
+    /// `--dtype`, or f32 on the CPU and bf16 elsewhere.
+    pub fn dtype(&self, cpu: bool) -> DType {
+        match self.dtype {
+            Some(DTypeArg::F32) => DType::F32,
+            Some(DTypeArg::Bf16) => DType::BF16,
+            None if cpu => DType::F32,
+            None => DType::BF16,
+        }
+    }
+}
+
+/// `--tokenizer`.
+#[derive(Args, Clone, Debug)]
+pub struct TokenizerArgs {
     /// HF tokenizer.json (default: the checkpoint's; byte-level for tiny).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
@@ -79,16 +99,6 @@ impl ModelArgs {
             (Some(dir), _) => ModelSource::Checkpoint(dir.clone()),
             (None, Some(path)) => ModelSource::Config(path.clone()),
             (None, None) => ModelSource::Preset(self.model.clone()),
-        }
-    }
-
-    /// `--dtype`, or f32 on the CPU and bf16 elsewhere.
-    pub fn dtype(&self, cpu: bool) -> DType {
-        match self.dtype {
-            Some(DTypeArg::F32) => DType::F32,
-            Some(DTypeArg::Bf16) => DType::BF16,
-            None if cpu => DType::F32,
-            None => DType::BF16,
         }
     }
 }
@@ -118,8 +128,8 @@ pub enum RematArg {
     Layers,
 }
 
-/// Flags that shape the traced step, shared by `train`, `bench`,
-/// `dump-hlo` and `plan`.
+/// Flags that shape the traced step (what it holds and computes), shared
+/// by `train`, `bench`, `dump-hlo` and `plan`.
 #[derive(Args, Clone, Debug)]
 pub struct StepArgs {
     /// Run the decoder layers as one scan over stacked parameters, so the
@@ -178,16 +188,22 @@ pub struct StepArgs {
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(i64).range(2..=10_000_000))]
     pub seq: i64,
 
+    /// The optimizer, with PyTorch's semantics and defaults.
     #[arg(long, value_enum, default_value = "adamw")]
     pub optimizer: OptimizerArg,
+}
 
+/// The optimizer's and schedule's numbers, shared by `train`, `bench`
+/// and `dump-hlo` (they are constants of the program).
+#[derive(Args, Clone, Debug)]
+pub struct OptimArgs {
     /// AdamW's decoupled weight decay (PyTorch's default).
     #[arg(long, default_value_t = 0.01, value_parser = non_negative)]
     pub weight_decay: f64,
 
     /// Peak learning rate (0 trains nothing but still reports the loss
     /// and gradient norm).
-    #[arg(long, default_value_t = 2e-4, value_parser = non_negative, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 2e-4, value_parser = learning_rate, allow_negative_numbers = true)]
     pub lr: f64,
 
     /// Linear warmup steps.
@@ -202,6 +218,16 @@ pub struct StepArgs {
     /// Clip the global gradient norm to this; 0 turns clipping off.
     #[arg(long, default_value_t = 1.0, value_parser = non_negative)]
     pub clip_norm: f64,
+}
+
+/// A learning rate: >= 0 and small enough that the schedule, computed in
+/// f32 on the device, stays finite.
+pub fn learning_rate(s: &str) -> Result<f64, String> {
+    match non_negative(s) {
+        Ok(v) if v <= 1e30 => Ok(v),
+        Ok(_) => Err("must be at most 1e30 (the schedule is computed in f32)".into()),
+        Err(e) => Err(e),
+    }
 }
 
 /// A finite number >= 0.
@@ -219,6 +245,18 @@ pub fn positive(s: &str) -> Result<f64, String> {
         Ok(v) if v > 0.0 => Ok(v),
         Ok(_) => Err("must be > 0".into()),
         Err(e) => Err(e),
+    }
+}
+
+impl Default for OptimArgs {
+    fn default() -> Self {
+        OptimArgs {
+            weight_decay: 0.01,
+            lr: 2e-4,
+            warmup: 0,
+            schedule: ScheduleArg::Constant,
+            clip_norm: 1.0,
+        }
     }
 }
 
@@ -242,6 +280,7 @@ impl StepArgs {
     /// the run's length, where the cosine schedule ends.
     pub fn train_config(
         &self,
+        optim: &OptimArgs,
         config: &LlamaConfig,
         dtype: DType,
         mesh: &Mesh,
@@ -267,21 +306,21 @@ impl StepArgs {
             dtype,
             batch: self.batch,
             seq: self.seq,
-            lr: self.lr,
+            lr: optim.lr,
             optimizer: match self.optimizer {
-                OptimizerArg::Adamw => Optimizer::adamw(self.weight_decay),
+                OptimizerArg::Adamw => Optimizer::adamw(optim.weight_decay),
                 OptimizerArg::Sgd => Optimizer::Sgd,
             },
-            schedule: match self.schedule {
+            schedule: match optim.schedule {
                 ScheduleArg::Constant => Schedule::Constant {
-                    warmup: self.warmup,
+                    warmup: optim.warmup,
                 },
                 ScheduleArg::Cosine => Schedule::Cosine {
-                    warmup: self.warmup,
+                    warmup: optim.warmup,
                     total: steps,
                 },
             },
-            clip_norm: (self.clip_norm > 0.0).then_some(self.clip_norm),
+            clip_norm: (optim.clip_norm > 0.0).then_some(optim.clip_norm),
             lora,
             batch_axes,
             scan_layers: match self.scan_layers {
@@ -308,12 +347,13 @@ pub fn parse_ids(text: &str) -> Result<Vec<u32>> {
         .collect()
 }
 
-/// Bytes in GB, or MB below a gigabyte.
+/// Bytes in GB, MB or KB, whichever reads best.
 pub fn gb(b: u64) -> String {
-    if b >= 1_000_000_000 {
-        format!("{:.2} GB", b as f64 / 1e9)
-    } else {
-        format!("{:.2} MB", b as f64 / 1e6)
+    match b {
+        1_000_000_000.. => format!("{:.2} GB", b as f64 / 1e9),
+        1_000_000.. => format!("{:.2} MB", b as f64 / 1e6),
+        1_000.. => format!("{:.1} KB", b as f64 / 1e3),
+        _ => format!("{b} bytes"),
     }
 }
 

@@ -9,7 +9,7 @@ use hlo_engine::partitioner::Mesh;
 use hlo_engine::{bench, flops, Backend, Model, Session, SessionOptions, Weights};
 use serde_json::json;
 
-use crate::args::{gb, ModelArgs, PluginArgs, StepArgs};
+use crate::args::{gb, DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -17,7 +17,13 @@ pub struct BenchArgs {
     pub model: ModelArgs,
 
     #[command(flatten)]
+    pub dtype: DtypeArgs,
+
+    #[command(flatten)]
     pub step: StepArgs,
+
+    #[command(flatten)]
+    pub optim: OptimArgs,
 
     #[command(flatten)]
     pub plugin: PluginArgs,
@@ -36,7 +42,7 @@ pub struct BenchArgs {
 
     /// The devices' peak TFLOP/s for MFU (default: a table by device kind;
     /// measured for CPUs).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::positive, allow_negative_numbers = true)]
     pub peak_tflops: Option<f64>,
 
     /// Print one JSON object.
@@ -47,8 +53,9 @@ pub struct BenchArgs {
 pub fn run(args: &BenchArgs) -> Result<()> {
     let model = Model::open(&args.model.source())?;
     let backend = Backend::open(&args.plugin.backend(args.mesh.as_ref()))?;
-    let dtype = args.model.dtype(args.plugin.is_cpu());
+    let dtype = args.dtype.dtype(args.plugin.is_cpu());
     let tc = args.step.train_config(
+        &args.optim,
         &model.config,
         dtype,
         backend.mesh(),

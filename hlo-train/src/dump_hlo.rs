@@ -12,7 +12,7 @@ use hlo_engine::models::train::train_step;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::{Backend, Mode, Model, ShardedStep};
 
-use crate::args::{ModelArgs, PluginArgs, StepArgs};
+use crate::args::{DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -35,7 +35,13 @@ pub struct DumpHloArgs {
     pub model: ModelArgs,
 
     #[command(flatten)]
+    pub dtype: DtypeArgs,
+
+    #[command(flatten)]
     pub step: StepArgs,
+
+    #[command(flatten)]
+    pub optim: OptimArgs,
 
     #[command(flatten)]
     pub plugin: PluginArgs,
@@ -73,8 +79,10 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
     // without shardings.
     let laid_out = args.mesh.is_some() || args.plugin.devices.is_some();
     let mesh = options.mesh_or(None)?;
-    let dtype = args.model.dtype(true);
-    let tc = args.step.train_config(config, dtype, &mesh, 1000, None)?;
+    let dtype = args.dtype.dtype(true);
+    let tc = args
+        .step
+        .train_config(&args.optim, config, dtype, &mesh, 1000, None)?;
     let step = match args.what {
         What::TrainStep => train_step(config, &tc)?,
         What::Forward => forward_step(

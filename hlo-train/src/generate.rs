@@ -13,12 +13,18 @@ use hlo_engine::models::io::write_safetensors;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::{Backend, Generator, Mode, Model, Sampling, Timings};
 
-use crate::args::{parse_ids, ModelArgs, PluginArgs};
+use crate::args::{parse_ids, DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+
+    #[command(flatten)]
+    pub dtype: DtypeArgs,
+
+    #[command(flatten)]
+    pub tokenizer: TokenizerArgs,
 
     #[command(flatten)]
     pub plugin: PluginArgs,
@@ -60,10 +66,12 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub mesh: Option<Mesh>,
 
-    /// Also stop at these token ids (`1,2`) besides the config's EOS ids.
+    /// Also stop at these token ids (`1,2`) besides the model's EOS ids
+    /// (generation_config.json's, else config.json's).
     #[arg(long)]
     pub stop: Option<String>,
 
+    /// Tokens to generate at most after each prompt.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_new_tokens: u32,
 
@@ -119,9 +127,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     }
     let model = Model::open(&args.model.source())?;
     let config = &model.config;
-    let tokenizer = model.tokenizer(args.model.tokenizer.as_deref())?;
+    let tokenizer = model.tokenizer(args.tokenizer.tokenizer.as_deref())?;
     let chat = if args.chat || args.chat_template.is_some() {
-        let dir = match (&args.chat_template, &model.checkpoint, &args.model.tokenizer) {
+        let dir = match (&args.chat_template, &model.checkpoint, &args.tokenizer.tokenizer) {
             (Some(d), _, _) => d.clone(),
             (None, Some(c), _) => c.dir.clone(),
             (None, None, Some(t)) => t.parent().map(PathBuf::from).unwrap_or_default(),
@@ -140,11 +148,11 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             Prompt::Text(text.clone()).encode(tokenizer.as_ref(), chat.as_ref())?,
         )),
         (None, None, Some(path)) => {
-            for (n, p) in read_prompts(path)?.into_iter().enumerate() {
+            for p in read_prompts(path)? {
                 let ids = p
                     .prompt
                     .encode(tokenizer.as_ref(), chat.as_ref())
-                    .map_err(|e| anyhow::anyhow!("{}:{}: {e}", path.display(), n + 1))?;
+                    .map_err(|e| anyhow::anyhow!("{}:{}: {e}", path.display(), p.number))?;
                 requests.push((p.line, ids));
             }
         }
@@ -171,7 +179,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         }
     }
     let backend = Backend::open(&args.plugin.backend(args.mesh.as_ref()))?;
-    let dtype = args.model.dtype(args.plugin.is_cpu());
+    let dtype = args.dtype.dtype(args.plugin.is_cpu());
     model.check_weights()?;
     let adapters: Vec<Option<Adapter>> = if args.adapter.is_empty() {
         vec![None]
@@ -184,7 +192,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let mut eos: Vec<u32> = if args.ignore_eos {
         Vec::new()
     } else {
-        model.eos_ids()
+        model.generation_eos_ids()?
     };
     if let Some(stop) = &args.stop {
         eos.extend(parse_ids(stop)?);

@@ -9,16 +9,24 @@
 mod args;
 mod bench;
 mod console;
+mod data;
 mod devices;
 mod dump_hlo;
+mod eval;
 mod generate;
 mod merge;
 mod plan;
+mod resume;
 mod train;
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::BTreeSet;
+use std::ffi::OsString;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -26,13 +34,13 @@ use clap::{Parser, Subcommand};
     version,
     about = "Finetune LLMs by building XLA programs in Rust and running them through PJRT plugins"
 )]
-struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
-    command: Command,
+    pub(crate) command: Command,
 }
 
 #[derive(Subcommand)]
-enum Command {
+pub(crate) enum Command {
     /// Show the plugin, its platform and PJRT API version, and its devices.
     Devices(devices::DevicesArgs),
     /// Write the program hlo-train compiles (train step or forward pass) as
@@ -42,12 +50,79 @@ enum Command {
     Train(Box<train::TrainArgs>),
     /// Complete a prompt with a Llama model (and PEFT adapters).
     Generate(Box<generate::GenerateArgs>),
+    /// The masked mean loss and perplexity of a model (and adapter) on
+    /// JSONL data: what `train` reports as eval_loss.
+    Eval(Box<eval::EvalArgs>),
+    /// Show training data as the model will see it (learned tokens
+    /// marked) and what it holds: samples, tokens, learned tokens, cuts.
+    Data(Box<data::DataArgs>),
     /// Fold a PEFT adapter into a model's weights and write an HF folder.
     Merge(merge::MergeArgs),
     /// Time the compiled train step: tokens/s, MFU, compile time, memory.
     Bench(Box<bench::BenchArgs>),
     /// What the train step needs in each device's memory, and whether it fits.
     Plan(Box<plan::PlanArgs>),
+}
+
+/// A failed allocation (a file far too large for memory, say) ends the
+/// process like any other error: one line and exit code 2, instead of
+/// Rust's abort.
+struct OneLineOnOutOfMemory;
+
+#[global_allocator]
+static ALLOCATOR: OneLineOnOutOfMemory = OneLineOnOutOfMemory;
+
+// SAFETY: every call is forwarded to the system allocator unchanged; a
+// null result ends the process instead of being returned.
+unsafe impl GlobalAlloc for OneLineOnOutOfMemory {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        checked(System.alloc(layout), layout.size())
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        checked(System.alloc_zeroed(layout), layout.size())
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        checked(System.realloc(ptr, layout, new_size), new_size)
+    }
+}
+
+fn checked(ptr: *mut u8, size: usize) -> *mut u8 {
+    if ptr.is_null() {
+        out_of_memory(size);
+    }
+    ptr
+}
+
+/// Prints one line without allocating, and exits with code 2.
+fn out_of_memory(size: usize) -> ! {
+    static ONCE: AtomicBool = AtomicBool::new(false);
+    if ONCE.swap(true, Ordering::SeqCst) {
+        std::process::abort();
+    }
+    let mut line = [0u8; 96];
+    let head = b"error: out of memory: an allocation of ";
+    let tail = b" bytes failed\n";
+    line[..head.len()].copy_from_slice(head);
+    let mut at = head.len();
+    let mut digits = [0u8; 20];
+    let (mut n, mut k) = (size, digits.len());
+    loop {
+        k -= 1;
+        digits[k] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    line[at..at + digits.len() - k].copy_from_slice(&digits[k..]);
+    at += digits.len() - k;
+    line[at..at + tail.len()].copy_from_slice(tail);
+    at += tail.len();
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), &line[..at]);
+    std::process::exit(2)
 }
 
 fn main() -> ExitCode {
@@ -57,22 +132,19 @@ fn main() -> ExitCode {
     if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
         std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "3");
     }
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    let parsed = Cli::command()
+        .try_get_matches_from(&argv)
+        .and_then(|m| Cli::from_arg_matches(&m).map(|cli| (cli, m)));
+    let (cli, matches) = match parsed {
+        Ok(parsed) => parsed,
         Err(e) => {
             // --help and --version are not errors.
             if !e.use_stderr() {
                 let _ = e.print();
                 return ExitCode::SUCCESS;
             }
-            // A usage error, like every other, is one line.
-            let text = e.render().to_string();
-            let message: Vec<&str> = text
-                .lines()
-                .take_while(|l| !l.trim().is_empty() && !l.starts_with("Usage:"))
-                .map(str::trim)
-                .collect();
-            eprintln!("{} (see --help)", message.join(" "));
+            eprintln!("{}", usage_error(&e));
             return ExitCode::from(2);
         }
     };
@@ -80,7 +152,26 @@ fn main() -> ExitCode {
         Command::Devices(args) => devices::run(&args),
         Command::DumpHlo(args) => dump_hlo::run(&args),
         Command::Generate(args) => generate::run(&args),
-        Command::Train(args) => train::run(&args),
+        Command::Eval(args) => eval::run(&args),
+        Command::Data(args) => data::run(&args),
+        Command::Train(args) => {
+            // Which flags the command line gives (for --resume).
+            let sub = matches.subcommand_matches("train");
+            let given: BTreeSet<String> = sub
+                .map(|m| {
+                    m.ids()
+                        .filter(|id| {
+                            matches!(
+                                m.value_source(id.as_str()),
+                                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+                            )
+                        })
+                        .map(|id| id.as_str().to_string())
+                        .collect()
+                })
+                .unwrap_or_default();
+            train::run(*args, &given, &argv)
+        }
         Command::Merge(args) => merge::run(&args),
         Command::Plan(args) => plan::run(&args),
         Command::Bench(args) => bench::run(&args),
@@ -92,6 +183,17 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// A usage error (bad flag, bad value) as one line.
+pub(crate) fn usage_error(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let message: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.trim().is_empty() && !l.starts_with("Usage:"))
+        .map(str::trim)
+        .collect();
+    format!("{} (see --help)", message.join(" "))
 }
 
 /// Joins a multi-line message (an MLIR diagnostic, say) into one line.

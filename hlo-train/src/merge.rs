@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::checkpoint::Checkpoint;
-use hlo_engine::models::io::{write_atomic, write_safetensors};
+use hlo_engine::models::io::{copy_side_files, write_atomic, write_safetensors};
 
 #[derive(Args, Debug)]
 pub struct MergeArgs {
@@ -30,6 +30,8 @@ pub fn run(args: &MergeArgs) -> Result<()> {
     }
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
+    // What a merge killed before it finished left behind.
+    hlo_engine::checkpoint::remove_stale_temporaries(&args.out);
     let scale = adapter.lora.scale();
     let mut tensors = Vec::new();
     for (name, _) in ckpt.config.parameter_shapes() {
@@ -39,20 +41,11 @@ pub fn run(args: &MergeArgs) -> Result<()> {
         tensors.push((name, merged));
     }
     write_safetensors(&args.out.join("model.safetensors"), &tensors)?;
-    for extra in [
-        "config.json",
-        "generation_config.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-    ] {
-        let src = args.checkpoint.join(extra);
-        if src.is_file() {
-            let bytes =
-                std::fs::read(&src).with_context(|| format!("cannot read {}", src.display()))?;
-            write_atomic(&args.out.join(extra), &bytes)?;
-        }
-    }
+    let config = args.checkpoint.join("config.json");
+    let bytes =
+        std::fs::read(&config).with_context(|| format!("cannot read {}", config.display()))?;
+    write_atomic(&args.out.join("config.json"), &bytes)?;
+    copy_side_files(&args.checkpoint, &args.out)?;
     eprintln!(
         "wrote {} ({} tensors, adapter folded in with scale {scale})",
         args.out.display(),

@@ -5,11 +5,11 @@
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use hlo_engine::partitioner::{draw_sharding, Mesh};
-use hlo_engine::plan::{parameter_layouts, plan};
+use hlo_engine::plan::{layout_groups, plan, LayoutGroup};
 use hlo_engine::{BackendOptions, Model};
 use serde_json::json;
 
-use crate::args::{gb, ModelArgs, StepArgs};
+use crate::args::{gb, DtypeArgs, ModelArgs, OptimArgs, StepArgs};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Target {
@@ -18,6 +18,18 @@ pub enum Target {
     H100,
     H200,
     Cpu,
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Target::Mi300x => "MI300X",
+            Target::Mi250 => "MI250 (one GCD)",
+            Target::H100 => "H100",
+            Target::H200 => "H200",
+            Target::Cpu => "this host",
+        })
+    }
 }
 
 impl Target {
@@ -50,6 +62,9 @@ pub struct PlanArgs {
     pub model: ModelArgs,
 
     #[command(flatten)]
+    pub dtype: DtypeArgs,
+
+    #[command(flatten)]
     pub step: StepArgs,
 
     /// Device mesh (default dp=1,fsdp=8,mp=1, or dp=1,fsdp=N,mp=1 over
@@ -70,7 +85,9 @@ pub struct PlanArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// Draw each parameter kind's layout over the mesh.
+    /// List each distinct layout of the state once: its spec, global and
+    /// per-device shapes, bytes per device and the tensors that share it,
+    /// with a drawing over the mesh (in --json too).
     #[arg(long)]
     pub show_sharding: bool,
 }
@@ -84,8 +101,11 @@ pub fn run(args: &PlanArgs) -> Result<()> {
         ..BackendOptions::cpu()
     };
     let mesh = options.mesh_or(Some(&Mesh::new(&[("dp", 1), ("fsdp", 8), ("mp", 1)])?))?;
-    let dtype = args.model.dtype(args.target == Target::Cpu);
-    let tc = args.step.train_config(config, dtype, &mesh, 1000, None)?;
+    let dtype = args.dtype.dtype(args.target == Target::Cpu);
+    // The optimizer's numbers do not change what a step holds.
+    let tc = args
+        .step
+        .train_config(&OptimArgs::default(), config, dtype, &mesh, 1000, None)?;
     let (step, p) = plan(config, &tc, &mesh)?;
     let x = &p.xla;
     let (arg, out, alias, temp) = (
@@ -99,8 +119,13 @@ pub fn run(args: &PlanArgs) -> Result<()> {
         bail!("cannot read the host's memory size from /proc/meminfo");
     }
     let fits = p.total_bytes <= capacity;
+    let layouts = if args.show_sharding {
+        layout_groups(&step)
+    } else {
+        Vec::new()
+    };
     if args.json {
-        let v = json!({
+        let mut v = json!({
             "model": model.name,
             "mesh": mesh.to_string(),
             "dtype": dtype.to_string(),
@@ -115,6 +140,22 @@ pub fn run(args: &PlanArgs) -> Result<()> {
             "fits": fits,
             "compile_s": p.compile_s,
         });
+        if args.show_sharding {
+            v["layouts"] = layouts
+                .iter()
+                .map(|g| {
+                    json!({
+                        "spec": g.spec.to_string(),
+                        "shape": g.shape,
+                        "block": g.block,
+                        "dtype": g.dtype,
+                        "stacked_layers": g.stacked,
+                        "bytes_per_device_each": g.bytes_per_device,
+                        "tensors": g.tensors,
+                    })
+                })
+                .collect();
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
@@ -143,22 +184,54 @@ pub fn run(args: &PlanArgs) -> Result<()> {
     );
     println!("  XLA temporaries    {:>12}", gb(temp));
     println!(
-        "  total              {:>12}  of {} on {:?}: {}",
+        "  total              {:>12}  of {} on {}: {}",
         gb(p.total_bytes),
         gb(capacity),
         args.target,
         if fits { "fits" } else { "does NOT fit" }
     );
     println!(
-        "compiled for {} virtual CPU devices in {:.1}s",
-        mesh.size(),
+        "compiled for {} in {:.1}s",
+        match mesh.size() {
+            1 => "1 CPU device".to_string(),
+            n => format!("{n} virtual CPU devices"),
+        },
         p.compile_s
     );
-    if args.show_sharding {
-        for layout in parameter_layouts(&step) {
-            println!("\n{}", layout.name);
-            print!("{}", draw_sharding(&mesh, &layout.spec, &layout.dims));
-        }
+    for g in &layouts {
+        print_layout(&mesh, g);
     }
     Ok(())
+}
+
+/// Shows a layout: spec, shapes, bytes, the tensors sharing it, and a
+/// drawing of one layer's blocks over the mesh.
+fn print_layout(mesh: &Mesh, g: &LayoutGroup) {
+    let dims = |d: &[i64]| d.iter().map(i64::to_string).collect::<Vec<_>>().join(" × ");
+    let n = g.tensors.len();
+    println!(
+        "\n{} {} [{}]{} → per device [{}], {} each, {} for {n} tensor{}",
+        g.spec,
+        g.dtype,
+        dims(&g.shape),
+        if g.stacked { " (layers stacked)" } else { "" },
+        dims(&g.block),
+        gb(g.bytes_per_device),
+        gb(g.bytes_per_device * n as u64),
+        if n == 1 { "" } else { "s" }
+    );
+    const SHOWN: usize = 6;
+    for t in g.tensors.iter().take(SHOWN) {
+        println!("  {t}");
+    }
+    if n > SHOWN {
+        println!("  … and {} more", n - SHOWN);
+    }
+    // The drawing is of one layer: the stacked axis is never split.
+    let skip = usize::from(g.stacked);
+    let spec =
+        hlo_engine::partitioner::PartitionSpec(g.spec.0.iter().skip(skip).cloned().collect());
+    if g.shape.len() > skip {
+        print!("{}", draw_sharding(mesh, &spec, &g.shape[skip..]));
+    }
 }

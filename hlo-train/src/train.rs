@@ -5,32 +5,48 @@
 use std::fs::File;
 use std::path::PathBuf;
 
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::path::Path;
+
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use hlo_engine::checkpoint::{self, RunSettings};
-use hlo_engine::data::{demo_examples, eval_batches, read_jsonl, ChatData, Loader, Tokenizer};
+use hlo_engine::checkpoint::{self, RunSettings, Saved};
+use hlo_engine::data::{eval_batches, Loader, Tokenizer};
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::io::write_atomic;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::{
-    flops, Backend, Generator, Mode, Model, Sampling, Session, SessionOptions, StopFlag, Trainer,
-    TrainerOptions,
+    flops, Backend, DataSpec, Dataset, Generator, Mode, Model, ModelSource, Sampling, Session,
+    SessionOptions, StopFlag, Trainer, TrainerOptions,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::args::{printable, ModelArgs, PluginArgs, StepArgs, Toggle};
+use crate::args::{
+    printable, DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs, Toggle, TokenizerArgs,
+};
 use crate::console::{Console, SMOOTHING_WINDOW};
+use crate::resume;
 
-#[derive(Args, Debug)]
+#[derive(Args, Clone, Debug)]
 pub struct TrainArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+
+    #[command(flatten)]
+    pub dtype: DtypeArgs,
+
+    #[command(flatten)]
+    pub tokenizer: TokenizerArgs,
 
     #[command(flatten)]
     pub plugin: PluginArgs,
 
     #[command(flatten)]
     pub step: StepArgs,
+
+    #[command(flatten)]
+    pub optim: OptimArgs,
 
     /// Device mesh, e.g. dp=2,fsdp=4,mp=1; its product is the device count
     /// (default dp=1,fsdp=N,mp=1 over --devices).
@@ -77,19 +93,27 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 
-    /// Where the adapter (or HF weights with --full) and train_state/ go.
+    /// Where the adapter (or a complete HF model folder with --full) and
+    /// train_state/ go (default with --resume: the resumed folder).
     #[arg(long)]
     pub out: Option<PathBuf>,
+
+    /// Replace the run an --out folder already holds.
+    #[arg(long)]
+    pub overwrite: bool,
 
     /// Also save every N steps (needs --out).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
     pub save_every: i64,
 
-    /// Continue the run saved in this folder (same flags as the first run).
+    /// Continue the run saved in this folder with every setting it was
+    /// saved with (a flag given again must agree; --steps may extend a
+    /// constant schedule).
     #[arg(long)]
     pub resume: Option<PathBuf>,
 
-    /// One JSON object per step.
+    /// Write one JSON object per step (and evaluation) to this file;
+    /// a resumed run appends.
     #[arg(long)]
     pub metrics: Option<PathBuf>,
 
@@ -113,7 +137,7 @@ pub struct TrainArgs {
 
     /// The devices' peak TFLOP/s for MFU (default: a table by device kind;
     /// measured for CPUs).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::positive, allow_negative_numbers = true)]
     pub peak_tflops: Option<f64>,
 }
 
@@ -148,8 +172,82 @@ fn demo_show(
     Ok(())
 }
 
-pub fn run(args: &TrainArgs) -> Result<()> {
-    if args.save_every > 0 && args.out.is_none() {
+/// An absolute path, for what a run records.
+fn absolute(p: &Path) -> String {
+    std::fs::canonicalize(p)
+        .unwrap_or_else(|_| p.to_path_buf())
+        .display()
+        .to_string()
+}
+
+/// The settings a run records beyond the session's own: which model,
+/// tokenizer, adapter and data (with their identities), and its length.
+fn cli_settings(args: &TrainArgs, model: &Model, data: &Dataset) -> Result<RunSettings> {
+    let mut s = RunSettings::default();
+    match model.source() {
+        ModelSource::Preset(name) => s.set("model", name.as_str()),
+        ModelSource::Config(p) => s.set("config", absolute(p)),
+        ModelSource::Checkpoint(p) => s.set("checkpoint", absolute(p)),
+    }
+    s.set("model-fingerprint", model.fingerprint()?);
+    for (key, path) in [
+        ("tokenizer", &args.tokenizer.tokenizer),
+        ("init-adapter", &args.init_adapter),
+        ("data", &args.data),
+        ("chat-template", &args.chat_template),
+    ] {
+        if let Some(p) = path {
+            s.set(key, absolute(p));
+        }
+    }
+    s.set("data-fingerprint", data.fingerprint.as_str());
+    s.set("train-on-inputs", args.train_on_inputs);
+    s.set("steps", args.steps);
+    Ok(s)
+}
+
+/// Opens `path` for the metrics: appended to when `append`.
+fn metrics_file(path: &Path, append: bool) -> Result<File> {
+    if let Some(parent) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(append)
+        .truncate(!append)
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))
+}
+
+pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Result<()> {
+    // A resumed run takes every setting it was saved with.
+    let (args, saved): (TrainArgs, Option<Saved>) = match &args.resume {
+        Some(dir) => {
+            let saved = checkpoint::load(dir)?;
+            let argv = resume::effective_argv(argv, given, &saved.state.settings);
+            (resume::parse(&argv)?, Some(saved))
+        }
+        None => (args, None),
+    };
+    let out = args.out.clone().or_else(|| args.resume.clone());
+    if let Some(out) = &out {
+        let same = |a: &Path, b: &Path| {
+            std::fs::canonicalize(a).ok().is_some()
+                && std::fs::canonicalize(a).ok() == std::fs::canonicalize(b).ok()
+        };
+        let continuing = args.resume.as_deref().is_some_and(|r| same(r, out));
+        if checkpoint::holds_run(out) && !continuing && !args.overwrite {
+            bail!(
+                "--out {} holds a run already: continue it with --resume {}, or pass --overwrite to replace it",
+                out.display(),
+                out.display()
+            );
+        }
+        checkpoint::prepare_out(out)?;
+    }
+    if args.save_every > 0 && out.is_none() {
         bail!("--save-every needs --out");
     }
     let trace_values = match &args.trace_values {
@@ -158,86 +256,70 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         ),
         None => None,
     };
-    let model = Model::open(&args.model.source())?;
+    let model =
+        Model::open(&args.model.source())?.with_tokenizer_file(args.tokenizer.tokenizer.clone());
     model.check_weights()?;
     let config = model.config.clone();
-    let tokenizer = model.tokenizer(args.model.tokenizer.as_deref())?;
-    let eos = config.eos_token_ids.first().map(|&e| e as u32);
-    let demo = args.data.is_none();
-    let template = model.chat_template(args.chat_template.as_deref())?;
-    let chat = template.as_ref().map(|template| ChatData {
-        template,
-        stop: model.eos_ids(),
+    let tokenizer = model.tokenizer(None)?;
+    let seq = args.step.seq as usize;
+    let spec = DataSpec {
+        path: args.data.clone(),
+        chat_template: args.chat_template.clone(),
         train_on_inputs: args.train_on_inputs,
-    });
-    let examples = match &args.data {
-        Some(path) => read_jsonl(
-            path,
-            tokenizer.as_ref(),
-            eos,
-            config.vocab_size,
-            chat.as_ref(),
-        )?,
-        None => {
-            let t = tokenizer
-                .as_ref()
-                .context("the demo data needs a tokenizer: pass --data or --tokenizer")?;
-            demo_examples(t, eos, 2000, args.seed)
-        }
+        seq,
     };
-    // The held-out set: `--eval-data`, or for the demo task a fresh draw.
-    let eval_examples = match (&args.eval_data, demo) {
-        (Some(path), _) => Some(read_jsonl(
-            path,
-            tokenizer.as_ref(),
-            eos,
-            config.vocab_size,
-            chat.as_ref(),
-        )?),
-        (None, true) => tokenizer
-            .as_ref()
-            .map(|t| demo_examples(t, eos, 256, args.seed.wrapping_add(1))),
-        (None, false) => None,
-    };
+    let data = Dataset::read(&model, &spec, args.seed)?;
+    let held_out = Dataset::held_out(&model, &spec, args.eval_data.as_deref(), args.seed)?;
+    let demo = args.data.is_none();
 
     let backend = Backend::open(&args.plugin.backend(args.mesh.as_ref()))?;
-    let dtype = args.model.dtype(args.plugin.is_cpu());
+    let dtype = args.dtype.dtype(args.plugin.is_cpu());
+    // LoRA settings: a resumed run's own adapter, else --init-adapter's,
+    // else the flags.
     let init_adapter = match &args.init_adapter {
-        Some(dir) => Some(Adapter::load(dir, &config)?),
-        None => None,
+        Some(dir) if saved.is_none() => Some(Adapter::load(dir, &config)?),
+        _ => None,
+    };
+    let lora_flags = ["lora_rank", "lora_alpha", "lora_targets", "use_rslora"];
+    let lora_given = lora_flags.iter().any(|f| given.contains(*f));
+    let adapter_lora = match (&saved, &args.resume, &init_adapter) {
+        (Some(_), Some(dir), _) if !args.step.full && !lora_given => {
+            Some(Adapter::read_config(dir)?)
+        }
+        (_, _, Some(a)) => Some(a.lora.clone()),
+        _ => None,
     };
     let mut tc = args.step.train_config(
+        &args.optim,
         &config,
         dtype,
         backend.mesh(),
         args.steps,
-        init_adapter.as_ref().map(|a| a.lora.clone()),
+        adapter_lora,
     )?;
+    let stats = data.stats;
+    let fingerprint_data = cli_settings(&args, &model, &data)?;
+    // Samples with nothing to learn within a row are left out.
+    let examples = data.learning(seq)?;
     // A step takes --grad-accum micro-batches of --batch rows.
-    let mut loader = Loader::new(
-        examples,
-        args.step.seq as usize,
-        tc.rows() as usize,
-        args.seed,
-    );
+    let mut loader = Loader::new(examples, seq, tc.rows() as usize, args.seed);
     // Packing: on request, or (auto) when samples fill at most half a row.
-    let unpacked_fill = loader.mean_len().min(args.step.seq as f64) / args.step.seq as f64;
+    let unpacked_fill = loader.mean_len().min(seq as f64) / seq as f64;
     if args.step.packing == Toggle::Auto {
         tc.packing = unpacked_fill <= 0.5;
     }
     loader = loader.packed(tc.packing);
-    let settings = RunSettings::new(&tc, args.seed);
-    let saved = match &args.resume {
-        Some(dir) => {
-            let saved = checkpoint::load(dir)?;
-            let differences = saved.state.settings.differences(&settings);
-            if !differences.is_empty() {
-                bail!("--resume: {}", differences.join("; "));
-            }
-            Some(saved)
-        }
-        None => None,
-    };
+    let mut settings = RunSettings::of_config(&tc, args.seed);
+    settings.extend(&fingerprint_data);
+    if let (Some(saved), Some(dir)) = (&saved, &args.resume) {
+        resume::refuse(&resume::differences(
+            &saved.state.settings,
+            &settings,
+            given,
+            saved.state.step,
+            dir,
+        ))?;
+    }
     let mode = if args.eager { Mode::Eager } else { Mode::Jit };
     let mut session = Session::new(
         backend,
@@ -247,7 +329,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             mode,
             seed: args.seed,
             init_adapter,
-            eval: eval_examples.is_some(),
+            eval: held_out.is_some(),
             ..SessionOptions::default()
         },
     )?;
@@ -278,30 +360,10 @@ pub fn run(args: &TrainArgs) -> Result<()> {
 
     let peak = flops::peak_flops(session.backend(), dtype, args.peak_tflops)?;
     let metrics = match &args.metrics {
-        Some(p) => {
-            if let Some(parent) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent)
-                    .with_context(|| format!("cannot create {}", parent.display()))?;
-            }
-            Some(File::create(p).with_context(|| format!("cannot create {}", p.display()))?)
-        }
+        Some(p) => Some(metrics_file(p, saved.is_some())?),
         None => None,
     };
-    println!(
-        "training {} ({} parameters, {dtype}) on {} ({}): {} step, batch {} × seq {}, {} trainable tensors; {}",
-        session.model().name,
-        config.parameter_count(),
-        session.backend().mesh(),
-        session.backend().describe()?,
-        if args.step.full { "full" } else { "LoRA" },
-        args.step.batch,
-        args.step.seq,
-        session.trainable_names().len(),
-        match mode {
-            Mode::Jit => format!("compiled in {:.2}s", session.compile_s()),
-            Mode::Eager => "eager: ops compile as they first run".to_string(),
-        }
-    );
+    print_header(&args, &session, &stats, loader.len(), unpacked_fill)?;
     let bar = ProgressBar::new(args.steps as u64);
     bar.set_position(session.steps_done() as u64);
     bar.set_style(
@@ -313,8 +375,8 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         metrics,
         log_every: args.log_every,
     };
-    let eval = eval_examples
-        .map(|e| eval_batches(&e, args.step.seq as usize, args.step.batch as usize))
+    let eval = held_out
+        .map(|e| eval_batches(&e.examples, seq, args.step.batch as usize))
         .unwrap_or_default();
     let summary = {
         let mut trainer = Trainer::new(
@@ -329,7 +391,8 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                     args.log_every
                 },
                 save_every: args.save_every,
-                out: args.out.clone(),
+                out: out.clone(),
+                settings: fingerprint_data,
                 trace_values,
                 peak_flops: Some(peak),
                 smoothing_window: SMOOTHING_WINDOW,
@@ -344,7 +407,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     };
     console.bar.finish_and_clear();
     if summary.interrupted {
-        match &args.out {
+        match &out {
             Some(out) => println!(
                 "stopped by a signal after step {}; saved to {} (continue with --resume {})",
                 summary.step,
@@ -358,20 +421,24 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         }
         return Ok(());
     }
-    if let Some(out) = &args.out {
+    if let Some(out) = &out {
         println!(
-            "saved {} and train_state/ to {}",
+            "saved {} and train_state/ (step {}) to {}",
             if args.step.full {
-                "model.safetensors"
+                "an HF model folder"
             } else {
                 "the PEFT adapter"
             },
+            summary.step,
             out.display()
         );
     }
     if let (Some(first), Some(last)) = (summary.first_loss, summary.last_loss) {
+        let from = summary.step - summary.steps_run;
         println!(
-            "loss {first:.4} -> {last:.4} in {} steps",
+            "loss {first:.4} -> {last:.4} over steps {}..{} ({} steps)",
+            from + 1,
+            summary.step,
             summary.steps_run
         );
     }
@@ -413,5 +480,79 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             args.seed,
         )?;
     }
+    Ok(())
+}
+
+/// The run's header: model, devices, what is trained, the data and how
+/// many epochs the steps make.
+fn print_header(
+    args: &TrainArgs,
+    session: &Session,
+    stats: &hlo_engine::data::DataStats,
+    learning: usize,
+    unpacked_fill: f64,
+) -> Result<()> {
+    let c = session.config();
+    let model = session.model();
+    let trained = match &c.lora {
+        Some(l) => format!(
+            "LoRA r={} alpha={}{} on {}",
+            l.rank,
+            l.alpha,
+            if l.use_rslora { " (rsLoRA)" } else { "" },
+            l.target_modules.join(",")
+        ),
+        None => "every weight (full finetuning)".to_string(),
+    };
+    let accum = if c.grad_accum > 1 {
+        format!(" × {} micro-batches", c.grad_accum)
+    } else {
+        String::new()
+    };
+    // Samples a step takes: its rows, or with packing about as many as
+    // fit in them.
+    let per_step = if c.packing {
+        c.rows() as f64 * c.seq as f64 * 0.9 / (unpacked_fill * c.seq as f64).max(1.0)
+    } else {
+        c.rows() as f64
+    };
+    let remaining = (args.steps - session.steps_done()).max(0) as f64;
+    println!(
+        "training {} ({} parameters, {}) on {} ({}): {trained}; batch {} × seq {}{accum}; {}",
+        model.name,
+        model.config.parameter_count(),
+        c.dtype,
+        session.backend().mesh(),
+        session.backend().describe()?,
+        c.batch,
+        c.seq,
+        match session.mode() {
+            Mode::Jit => format!("compiled in {:.2}s", session.compile_s()),
+            Mode::Eager => "eager (each op compiles when it first runs)".to_string(),
+        }
+    );
+    println!(
+        "data: {} samples, {} tokens, {} learned within --seq {}{}{}; {}{:.2} epochs in {} steps",
+        stats.samples,
+        stats.tokens,
+        stats.learned,
+        c.seq,
+        if stats.cut > 0 {
+            format!("; {} samples cut to --seq", stats.cut)
+        } else {
+            String::new()
+        },
+        if stats.no_signal > 0 {
+            format!(
+                "; {} samples left out (no learned token within --seq)",
+                stats.no_signal
+            )
+        } else {
+            String::new()
+        },
+        if c.packing { "about " } else { "" },
+        remaining * per_step / learning.max(1) as f64,
+        remaining
+    );
     Ok(())
 }

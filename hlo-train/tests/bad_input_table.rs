@@ -230,8 +230,14 @@ fn bad_input_table() {
             train(&["--data", &jsonl("b.jsonl", "{\"question\": \"no\"}\n")]),
         ),
         (
-            "data: an empty line",
-            train(&["--data", &jsonl("c.jsonl", "{\"text\": \"ok\"}\n\n")]),
+            "data: labels that are not the tokens",
+            train(&[
+                "--data",
+                &jsonl(
+                    "c.jsonl",
+                    "{\"input_ids\": [1, 2, 3], \"labels\": [-100, 7, 3]}\n",
+                ),
+            ]),
         ),
         (
             "data: token id outside the vocabulary",

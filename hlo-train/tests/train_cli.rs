@@ -191,7 +191,10 @@ fn bad_input_gives_one_clear_line() {
     let data = dir.join("bad.jsonl");
     let cases: [(&str, &str); 5] = [
         ("{\"text\": \"ok\"}\nnot json\n", "bad.jsonl:2: not JSON"),
-        ("{\"text\": \"ok\"}\n\n", "bad.jsonl:2: empty line"),
+        (
+            "{\"text\": \"ok\"}\n\n{\"input_ids\": [1, 2], \"labels\": [1]}\n",
+            "bad.jsonl:3: labels has 1 entries, input_ids 2",
+        ),
         (
             "{\"question\": \"no\"}\n",
             "bad.jsonl:1: expected {\"text\"}",

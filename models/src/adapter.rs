@@ -65,8 +65,9 @@ impl Adapter {
         }
     }
 
-    /// Reads a PEFT adapter folder for a model of `config`.
-    pub fn load(dir: &Path, config: &LlamaConfig) -> Result<Adapter, ModelError> {
+    /// Reads a PEFT adapter folder's `adapter_config.json`: the LoRA
+    /// settings.
+    pub fn read_config(dir: &Path) -> Result<LoraConfig, ModelError> {
         let bad = |message: String| ModelError::Adapter {
             dir: dir.display().to_string(),
             message,
@@ -101,7 +102,7 @@ impl Adapter {
             }
         }
         let refs: Vec<&str> = targets.iter().map(String::as_str).collect();
-        let lora = LoraConfig::new(
+        LoraConfig::new(
             r,
             alpha,
             &refs,
@@ -109,7 +110,16 @@ impl Adapter {
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
         )
-        .map_err(|e| bad(e.to_string()))?;
+        .map_err(|e| bad(e.to_string()))
+    }
+
+    /// Reads a PEFT adapter folder for a model of `config`.
+    pub fn load(dir: &Path, config: &LlamaConfig) -> Result<Adapter, ModelError> {
+        let bad = |message: String| ModelError::Adapter {
+            dir: dir.display().to_string(),
+            message,
+        };
+        let lora = Self::read_config(dir)?;
         let path = dir.join("adapter_model.safetensors");
         let map = crate::io::mmap(&path)?;
         let stored: HashMap<String, crate::checkpoint::StoredTensor> =

@@ -212,6 +212,11 @@ impl Checkpoint {
         self.tensors.get(name).map(|e| e.tensor.dtype)
     }
 
+    /// The safetensors files the weights are read from.
+    pub fn weight_files(&self) -> Vec<PathBuf> {
+        self.files.iter().map(|(p, _)| p.clone()).collect()
+    }
+
     /// Reads one tensor, converted to `dtype`.
     pub fn read(&self, name: &str, dtype: DType) -> Result<Literal, ModelError> {
         let e = self

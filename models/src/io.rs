@@ -83,3 +83,29 @@ pub fn write_safetensors(
     })?;
     write_atomic(path, &bytes)
 }
+
+/// The files of an HF model folder besides its weights and config that a
+/// copy of the model needs: tokenizer, chat template, generation settings.
+pub const HF_SIDE_FILES: [&str; 6] = [
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+];
+
+/// Copies each of [`HF_SIDE_FILES`] that `from` has into `to`
+/// (atomically, one by one); returns the names copied.
+pub fn copy_side_files(from: &Path, to: &Path) -> Result<Vec<&'static str>, ModelError> {
+    let mut copied = Vec::new();
+    for name in HF_SIDE_FILES {
+        let src = from.join(name);
+        if src.is_file() {
+            let bytes = std::fs::read(&src).map_err(ModelError::io("read", &src))?;
+            write_atomic(&to.join(name), &bytes)?;
+            copied.push(name);
+        }
+    }
+    Ok(copied)
+}

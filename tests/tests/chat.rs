@@ -57,7 +57,7 @@ fn a_folder_without_a_template_is_a_clear_error() {
 mod training_data {
     use super::*;
     use hlo_data::tokenizer::{Tokenizer, BYTE_EOS};
-    use hlo_data::{parse_line_with, ChatData};
+    use hlo_data::{ChatData, Reader};
 
     fn example(line: &serde_json::Value, train_on_inputs: bool) -> hlo_data::Example {
         let template = ChatTemplate::from_dir(&fixtures().join("llama_style")).unwrap();
@@ -67,14 +67,41 @@ mod training_data {
             train_on_inputs,
         };
         let t = Tokenizer::bytes();
-        parse_line_with(
-            &line.to_string(),
-            Some(&t),
-            Some(BYTE_EOS),
-            1 << 20,
-            Some(&chat),
+        Reader {
+            tokenizer: Some(&t),
+            eos: Some(BYTE_EOS),
+            vocab: 1 << 20,
+            chat: Some(&chat),
+            max_tokens: None,
+        }
+        .parse_line(&line.to_string())
+        .unwrap()
+    }
+
+    /// The fixture BPE tokenizer, whose `<|end_of_text|>` (id 1) ends turns.
+    fn bpe() -> Tokenizer {
+        Tokenizer::from_file(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tokenizer/tokenizer.json"),
         )
         .unwrap()
+    }
+
+    /// A template that writes a separator after each end-of-turn token.
+    fn separator_template() -> ChatTemplate {
+        ChatTemplate {
+            source: "{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}; {% endfor %}{% if add_generation_prompt %}assistant: {% endif %}".into(),
+            bos_token: "<|begin_of_text|>".into(),
+            eos_token: "<|end_of_text|>".into(),
+        }
+    }
+
+    fn learned(e: &hlo_data::Example) -> Vec<u32> {
+        e.ids
+            .iter()
+            .zip(&e.target)
+            .filter(|(_, &t)| t)
+            .map(|(&i, _)| i)
+            .collect()
     }
 
     #[test]
@@ -143,5 +170,151 @@ mod training_data {
             b.target.iter().filter(|&&t| !t).count() as i64 - n as i64,
             b.ids.len() as i64 - a.ids.len() as i64
         );
+    }
+    #[test]
+    fn a_separator_after_the_end_of_turn_is_not_learned() {
+        let (t, template) = (bpe(), separator_template());
+        let chat = ChatData {
+            template: &template,
+            stop: vec![1],
+            train_on_inputs: false,
+        };
+        let reader = Reader {
+            tokenizer: Some(&t),
+            eos: Some(1),
+            vocab: t.vocab_size() as i64,
+            chat: Some(&chat),
+            max_tokens: None,
+        };
+        let line = serde_json::json!({"messages": [
+            {"role": "user", "content": "the quick brown fox"},
+            {"role": "assistant", "content": "jumps over the lazy dog"},
+        ]});
+        let ex = reader.parse_line(&line.to_string()).unwrap();
+        // Exactly the reply and one end of turn: not the "; " after it,
+        // and no second EOS.
+        let mut want = t.encode("jumps over the lazy dog", false).unwrap();
+        want.push(1);
+        assert_eq!(learned(&ex), want);
+        assert_eq!(
+            ex.ids.iter().filter(|&&i| i == 1).count(),
+            2,
+            "{:?}",
+            ex.ids
+        );
+        // The ids are the rendered conversation, nothing added.
+        let rendered = template
+            .render(
+                &serde_json::from_value::<Vec<Message>>(line["messages"].clone()).unwrap(),
+                false,
+            )
+            .unwrap();
+        assert_eq!(ex.ids, t.encode(&rendered, false).unwrap());
+    }
+
+    #[test]
+    fn a_conversation_may_open_with_a_reply() {
+        let (t, template) = (bpe(), separator_template());
+        let chat = ChatData {
+            template: &template,
+            stop: vec![1],
+            train_on_inputs: false,
+        };
+        let reader = Reader {
+            tokenizer: Some(&t),
+            eos: Some(1),
+            vocab: t.vocab_size() as i64,
+            chat: Some(&chat),
+            max_tokens: None,
+        };
+        let line = serde_json::json!({"messages": [
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "the quick brown fox"},
+            {"role": "assistant", "content": "jumps"},
+        ]});
+        let ex = reader.parse_line(&line.to_string()).unwrap();
+        let mut want = t.encode("hello", false).unwrap();
+        want.push(1);
+        want.extend(t.encode("jumps", false).unwrap());
+        want.push(1);
+        assert_eq!(learned(&ex), want);
+    }
+}
+
+mod reading {
+    use hlo_data::tokenizer::{Tokenizer, BYTE_EOS, BYTE_VOCAB};
+    use hlo_data::{stats, Reader};
+
+    fn reader(t: &Tokenizer, max_tokens: Option<usize>) -> Reader<'_> {
+        Reader {
+            tokenizer: Some(t),
+            eos: Some(BYTE_EOS),
+            vocab: BYTE_VOCAB,
+            chat: None,
+            max_tokens,
+        }
+    }
+
+    fn file(name: &str, bytes: &[u8]) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("hlo-reading-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    #[test]
+    fn bom_crlf_and_blank_lines_read_as_datasets_reads_them() {
+        let t = Tokenizer::bytes();
+        let plain = file("plain.jsonl", b"{\"text\": \"ab\"}\n{\"text\": \"cd\"}\n");
+        let messy = file(
+            "messy.jsonl",
+            b"\xef\xbb\xbf{\"text\": \"ab\"}\r\n\r\n   \n{\"text\": \"cd\"}\r\n\n",
+        );
+        let r = reader(&t, None);
+        assert_eq!(r.read_jsonl(&plain).unwrap(), r.read_jsonl(&messy).unwrap());
+    }
+
+    #[test]
+    fn labels_mark_what_is_learned() {
+        let t = Tokenizer::bytes();
+        let r = reader(&t, None);
+        let ex = r
+            .parse_line(r#"{"input_ids": [5, 6, 7, 8], "labels": [-100, -100, 7, 8]}"#)
+            .unwrap();
+        assert_eq!(ex.target, vec![false, false, true, true]);
+        let err = r
+            .parse_line(r#"{"input_ids": [5, 6, 7], "labels": [-100, 9, 7]}"#)
+            .unwrap_err();
+        assert!(
+            err.contains("labels[1] is 9 but input_ids[1] is 6"),
+            "{err}"
+        );
+        let err = r
+            .parse_line(r#"{"input_ids": [5, 6, 7], "labels": [-100, 6]}"#)
+            .unwrap_err();
+        assert!(err.contains("labels has 2 entries, input_ids 3"), "{err}");
+    }
+
+    #[test]
+    fn long_text_is_cut_before_tokenizing_and_counted() {
+        let t = Tokenizer::bytes();
+        let long = "x".repeat(1 << 20);
+        let line = serde_json::json!({"prompt": long, "completion": "Y"}).to_string();
+        let cut = reader(&t, Some(32)).parse_line(&line).unwrap();
+        // A row of 32 tokens keeps nothing of the completion either way.
+        assert!(
+            cut.ids.len() < 2048 && cut.ids.len() > 32,
+            "{}",
+            cut.ids.len()
+        );
+        let s = stats(std::slice::from_ref(&cut), 32);
+        assert_eq!((s.samples, s.cut, s.no_signal, s.learned), (1, 1, 1, 0));
+        // A short prompt keeps its completion within the row.
+        let ok = reader(&t, Some(32))
+            .parse_line(r#"{"prompt": "cat=", "completion": "CAT"}"#)
+            .unwrap();
+        let s = stats(&[ok], 32);
+        assert_eq!((s.cut, s.no_signal, s.learned), (0, 0, 4));
     }
 }

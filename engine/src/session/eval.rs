@@ -3,10 +3,11 @@
 //! train step's weights in place.
 
 use hlo_data::Batch;
+use hlo_models::adapter::Adapter;
 use hlo_models::llama::partition_rules;
 use hlo_models::roles::{BatchField, Role};
 use hlo_models::train::{eval_step, TrainConfig};
-use hlo_runtime::{DeviceArray, Mode, Program};
+use hlo_runtime::{DeviceArray, HostArray, Mode, Program};
 
 use super::{field_array, scalar, Session};
 use crate::backend::Backend;
@@ -80,6 +81,45 @@ impl EvalProgram {
     }
 }
 
+impl EvalProgram {
+    /// The masked mean loss over `batches`; `state(k)` is the array of
+    /// the weights at train-step input `k`.
+    fn run<'a>(
+        &self,
+        backend: &Backend,
+        dims: [i64; 2],
+        batches: &[Batch],
+        state: impl Fn(usize) -> &'a DeviceArray,
+    ) -> Result<EvalResult> {
+        let (mut sum, mut tokens) = (0.0f64, 0.0f64);
+        for b in batches {
+            let mut placed: Vec<DeviceArray> = Vec::new();
+            for (k, source) in self.sources.iter().enumerate() {
+                if let EvalSource::Batch(field) = *source {
+                    let host = field_array(b, field, &dims)?;
+                    placed.push(backend.place(&host, &self.program.shardings().inputs[k])?);
+                }
+            }
+            let mut next_batch = placed.iter();
+            let inputs: Vec<&DeviceArray> = self
+                .sources
+                .iter()
+                .map(|s| match *s {
+                    EvalSource::State(k) => state(k),
+                    EvalSource::Batch(_) => next_batch.next().expect("placed in order"),
+                })
+                .collect();
+            let out = self.program.run(&inputs)?;
+            sum += scalar(&out[0])?;
+            tokens += scalar(&out[1])?;
+        }
+        Ok(EvalResult {
+            loss: sum / tokens.max(1.0),
+            tokens,
+        })
+    }
+}
+
 impl Session {
     /// The held-out loss of the current weights over `batches` (each of
     /// `batch` rows, not accumulated): the exact masked mean over every
@@ -90,33 +130,80 @@ impl Session {
             .as_ref()
             .ok_or_else(|| EngineError::Setting("the session has no eval step".into()))?;
         let c = &self.config;
-        let dims = [c.batch, c.seq];
-        let (mut sum, mut tokens) = (0.0f64, 0.0f64);
-        for b in batches {
-            let mut placed: Vec<DeviceArray> = Vec::new();
-            for (k, source) in eval.sources.iter().enumerate() {
-                if let EvalSource::Batch(field) = *source {
-                    let host = field_array(b, field, &dims)?;
-                    let spec = eval.program.shardings().inputs[k].clone();
-                    placed.push(self.backend.place(&host, &spec)?);
-                }
-            }
-            let mut next_batch = placed.iter();
-            let inputs: Vec<&DeviceArray> = eval
-                .sources
-                .iter()
-                .map(|s| match *s {
-                    EvalSource::State(k) => self.state[k].as_ref().expect("weights are set"),
-                    EvalSource::Batch(_) => next_batch.next().expect("placed in order"),
-                })
-                .collect();
-            let out = eval.program.run(&inputs)?;
-            sum += scalar(&out[0])?;
-            tokens += scalar(&out[1])?;
-        }
-        Ok(EvalResult {
-            loss: sum / tokens.max(1.0),
-            tokens,
+        eval.run(&self.backend, [c.batch, c.seq], batches, |k| {
+            self.state[k].as_ref().expect("weights are set")
         })
+    }
+}
+
+/// A model (and adapter) evaluated without training: only the eval step
+/// is compiled, and only the weights are placed.
+pub struct Evaluator {
+    backend: Backend,
+    config: TrainConfig,
+    program: EvalProgram,
+    weights: Vec<Option<DeviceArray>>,
+}
+
+impl Evaluator {
+    /// Compiles the eval step of `model` (with `adapter`, unmerged) for
+    /// batches of `batch` rows of `seq` tokens and places the weights.
+    pub fn new(
+        backend: Backend,
+        model: &Model,
+        dtype: hlo_ir::DType,
+        batch: i64,
+        seq: i64,
+        adapter: Option<&Adapter>,
+    ) -> Result<Evaluator> {
+        model.check_weights()?;
+        let config = TrainConfig::new(dtype, batch, seq).with_lora(adapter.map(|a| a.lora.clone()));
+        let traced = eval_step(&model.config, &config)?;
+        let laid = ShardedStep::new(&traced, backend.mesh(), &partition_rules())?;
+        let program = EvalProgram {
+            program: laid.compile(&backend, Mode::Jit)?,
+            sources: laid
+                .step
+                .inputs
+                .iter()
+                .enumerate()
+                .map(|(k, i)| match i.role {
+                    Role::Batch(field) => EvalSource::Batch(field),
+                    _ => EvalSource::State(k),
+                })
+                .collect(),
+        };
+        let f = laid.function();
+        let mut weights = Vec::with_capacity(f.inputs.len());
+        for (k, b) in f.inputs.iter().enumerate() {
+            let lit = match (&laid.step.inputs[k].role, adapter) {
+                (Role::Batch(_), _) => {
+                    weights.push(None);
+                    continue;
+                }
+                (Role::Trainable, Some(a)) => a.get(&b.name).cloned().ok_or_else(|| {
+                    EngineError::Setting(format!("the adapter has no `{}`", b.name))
+                })?,
+                _ => model.weight(&b.name, dtype, 0)?,
+            };
+            weights.push(Some(
+                backend.place(&HostArray::from(lit), laid.input_spec(k))?,
+            ));
+        }
+        Ok(Evaluator {
+            backend,
+            config,
+            program,
+            weights,
+        })
+    }
+
+    /// The masked mean loss over `batches` and its perplexity.
+    pub fn evaluate(&self, batches: &[Batch]) -> Result<EvalResult> {
+        let c = &self.config;
+        self.program
+            .run(&self.backend, [c.batch, c.seq], batches, |k| {
+                self.weights[k].as_ref().expect("weights are set")
+            })
     }
 }

@@ -13,7 +13,7 @@ mod eval;
 mod init;
 
 use eval::EvalProgram;
-pub use eval::EvalResult;
+pub use eval::{EvalResult, Evaluator};
 
 use std::time::Instant;
 

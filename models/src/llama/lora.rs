@@ -56,7 +56,13 @@ impl LoraConfig {
         Ok(LoraConfig {
             rank,
             alpha,
-            target_modules: targets.iter().map(|s| s.to_string()).collect(),
+            // A set, as PEFT reads it: a repeated name counts once.
+            target_modules: targets.iter().fold(Vec::new(), |mut v, t| {
+                if !v.iter().any(|x: &String| x == t) {
+                    v.push(t.to_string());
+                }
+                v
+            }),
             use_rslora,
         })
     }

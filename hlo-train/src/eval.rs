@@ -1,0 +1,113 @@
+//! `hlo-train eval`: the masked mean loss and perplexity of a model (and a
+//! PEFT adapter, unmerged) over JSONL data, computed by the same compiled
+//! eval step `train` uses for its held-out loss.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+use hlo_engine::data::eval_batches;
+use hlo_engine::models::adapter::Adapter;
+use hlo_engine::partitioner::Mesh;
+use hlo_engine::{Backend, DataSpec, Dataset, Evaluator, Model};
+use serde_json::json;
+
+use crate::args::{DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};
+
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    #[command(flatten)]
+    pub dtype: DtypeArgs,
+
+    #[command(flatten)]
+    pub tokenizer: TokenizerArgs,
+
+    #[command(flatten)]
+    pub plugin: PluginArgs,
+
+    /// Device mesh for the weights (default dp=1,fsdp=N,mp=1 over
+    /// --devices).
+    #[arg(long)]
+    pub mesh: Option<Mesh>,
+
+    /// A PEFT adapter folder, applied unmerged.
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
+
+    /// JSONL data, in any format `train` reads.
+    #[arg(long)]
+    pub data: PathBuf,
+
+    /// The folder whose tokenizer_config.json holds the chat template for
+    /// `{"messages"}` data (default: the checkpoint's).
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
+
+    /// With `{"messages"}` data, count system and user turns too.
+    #[arg(long)]
+    pub train_on_inputs: bool,
+
+    /// Tokens per row: longer samples are cut.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(i64).range(2..=10_000_000))]
+    pub seq: i64,
+
+    /// Rows evaluated together.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
+    pub batch: i64,
+
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &EvalArgs) -> Result<()> {
+    let model =
+        Model::open(&args.model.source())?.with_tokenizer_file(args.tokenizer.tokenizer.clone());
+    let adapter = match &args.adapter {
+        Some(dir) => Some(Adapter::load(dir, &model.config)?),
+        None => None,
+    };
+    let seq = args.seq as usize;
+    let spec = DataSpec {
+        path: Some(args.data.clone()),
+        chat_template: args.chat_template.clone(),
+        train_on_inputs: args.train_on_inputs,
+        seq,
+    };
+    let data = Dataset::read(&model, &spec, 0)?;
+    let backend = Backend::open(&args.plugin.backend(args.mesh.as_ref()))?;
+    let dtype = args.dtype.dtype(args.plugin.is_cpu());
+    let evaluator = Evaluator::new(
+        backend,
+        &model,
+        dtype,
+        args.batch,
+        args.seq,
+        adapter.as_ref(),
+    )?;
+    let batches = eval_batches(&data.examples, seq, args.batch as usize);
+    let r = evaluator.evaluate(&batches)?;
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "eval_loss": r.loss,
+                "eval_perplexity": r.perplexity(),
+                "eval_tokens": r.tokens,
+                "samples": data.stats.samples,
+            })
+        );
+    } else {
+        println!(
+            "eval_loss {:.6} perplexity {:.4} ({} tokens in {} samples)",
+            r.loss,
+            r.perplexity(),
+            r.tokens,
+            data.stats.samples
+        );
+    }
+    Ok(())
+}
