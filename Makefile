@@ -15,12 +15,13 @@ build:
 	$(CARGO) build --release --locked
 
 # The main job: LoRA-finetune the tiny model on the bundled task (write a
-# word in capitals) and show a generation before and after.
+# word in capitals) and show a generation before and after. Each run
+# replaces the last one's demo-out/ (--overwrite).
 demo: setup build
 	./target/release/hlo-train devices --devices 8
 	./target/release/hlo-train train --batch 16 --seq 16 --steps 1500 --lr 2e-3 \
 		--schedule cosine --warmup 50 --lora-rank 16 --lora-alpha 32 --log-every 250 \
-		--out demo-out --metrics demo-out/metrics.jsonl
+		--out demo-out --overwrite --metrics demo-out/metrics.jsonl
 
 # Every test, then the Rust API example (a LoRA finetune whose loss must fall).
 test: setup lint

@@ -32,7 +32,11 @@ plus an expected.safetensors (f32 unless said):
 LoRA A/B (and every other adapter tensor) are drawn from normal(0, 0.1), so
 B != 0; a modules_to_save copy gets normal(0, 0.2) added. `merged_logits` are
 the logits of merge_and_unload() of the adapter reloaded from its folder onto
-a fresh copy of the base model. Everything is seeded; the files are small.
+a fresh copy of the base model. Everything is seeded (the script re-runs
+itself with PYTHONHASHSEED=0, so adapter_config.json is byte-stable too);
+base_model_name_or_path is left null and save_pretrained's boilerplate
+README.md model card is removed, as in make_llama_fixtures.py's adapter.
+The files are small (tens of KB a folder).
 
 How transformers 5.17.0 reads config.json edge cases of LlamaForCausalLM
 (observed with --probe-config; see RotaryEmbeddingConfigMixin.
@@ -126,6 +130,16 @@ def make_adapter(lora, seed):
     return peft_model.eval()
 
 
+def save_adapter(peft_model, d):
+    """save_pretrained, less the boilerplate model card (README.md) it adds,
+    which holds this machine's path; the adapter of make_llama_fixtures.py
+    has none either."""
+    peft_model.save_pretrained(d)
+    card = os.path.join(d, "README.md")
+    if os.path.exists(card):
+        os.remove(card)
+
+
 def logits_of(model, ids):
     with torch.no_grad():
         return model(input_ids=ids).logits.float()
@@ -165,7 +179,7 @@ def write_variant(name, lora, seed, sgd):
     ids = input_ids()
     d = os.path.join(MODEL_DIR, name)
     peft_model = make_adapter(lora, seed)
-    peft_model.save_pretrained(d)
+    save_adapter(peft_model, d)
     out = {"logits_adapter": logits_of(peft_model, ids)}
     base = logits_of(base_model(), ids)
     print(f"{name}: adapter changes logits by {(out['logits_adapter'] - base).abs().max():.3f}")
@@ -225,7 +239,7 @@ def variant_unsupported():
         try:
             d = os.path.join(MODEL_DIR, "variant_unsupported", name)
             peft_model = make_adapter(lora_config(target_modules=["q_proj", "v_proj"], **kw), 300 + i)
-            peft_model.save_pretrained(d)
+            save_adapter(peft_model, d)
             keys = sorted(load_file(os.path.join(d, "adapter_model.safetensors")).keys())
             print(f"variant_unsupported/{name}: {len(keys)} tensors, e.g. {keys[:2]}")
             if name == "layers_to_transform":

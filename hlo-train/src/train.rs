@@ -277,7 +277,16 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
     // LoRA settings: a resumed run's own adapter, else --init-adapter's,
     // else the flags.
     let init_adapter = match &args.init_adapter {
-        Some(dir) if saved.is_none() => Some(Adapter::load(dir, &config)?),
+        Some(dir) if saved.is_none() => {
+            let dropout = Adapter::dropout(dir);
+            if dropout > 0.0 {
+                bail!(
+                    "--init-adapter {}: its adapter_config.json sets lora_dropout {dropout}, and hlo-train trains without dropout (the result would differ from PEFT's); set it to 0 to start from this adapter",
+                    dir.display()
+                );
+            }
+            Some(Adapter::load(dir, &config)?)
+        }
         _ => None,
     };
     let lora_flags = ["lora_rank", "lora_alpha", "lora_targets", "use_rslora"];

@@ -1,31 +1,44 @@
 //! PEFT LoRA adapters: `adapter_config.json` + `adapter_model.safetensors`
 //! with PEFT's key names and layouts, in and out.
+//!
+//! Every setting of `adapter_config.json` that changes what the adapter
+//! computes is honoured as PEFT honours it — rank, alpha, rsLoRA, target
+//! modules, `rank_pattern`, `alpha_pattern`, `modules_to_save` (`lm_head`,
+//! `embed_tokens`) — or refused with one line naming it (`lora_bias`,
+//! `trainable_token_indices`, `layer_replication`, `layers_to_transform`,
+//! DoRA, ...). Settings that only describe how PEFT initialised or trained
+//! the adapter are read and ignored; `lora_dropout` is refused only when
+//! training from the adapter, since hlo-train trains without dropout.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use hlo_ir::{DType, Literal, TensorType};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use crate::io::{write_atomic, write_safetensors};
-use crate::llama::{lora_parameter_types, LlamaConfig, LoraConfig};
+use crate::llama::{lora_parameter_types, LlamaConfig, LoraConfig, MODULES_TO_SAVE};
 use crate::ModelError;
 
 /// A LoRA adapter in hlo-train's layout: `<module>.lora_a` `[in, r]` and
-/// `<module>.lora_b` `[r, out]`, f32.
+/// `<module>.lora_b` `[r, out]` (f32), plus the whole weights of its
+/// modules to save under their base names (`lm_head.weight`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Adapter {
     pub lora: LoraConfig,
     pub tensors: Vec<(String, Literal)>,
 }
 
-/// PEFT's key of one of our LoRA tensors, and whether it is A.
-pub(crate) fn peft_key(name: &str) -> Option<(String, bool)> {
+/// PEFT's key of one of our adapter tensors, and whether it is a LoRA A
+/// (stored transposed, as is B); a module to save's weight is stored as
+/// it is, under `base_model.model.<name>`.
+pub(crate) fn peft_key(name: &str) -> (String, Option<bool>) {
     if let Some(m) = name.strip_suffix(".lora_a") {
-        Some((format!("base_model.model.{m}.lora_A.weight"), true))
+        (format!("base_model.model.{m}.lora_A.weight"), Some(true))
+    } else if let Some(m) = name.strip_suffix(".lora_b") {
+        (format!("base_model.model.{m}.lora_B.weight"), Some(false))
     } else {
-        name.strip_suffix(".lora_b")
-            .map(|m| (format!("base_model.model.{m}.lora_B.weight"), false))
+        (format!("base_model.model.{name}"), None)
     }
 }
 
@@ -39,9 +52,53 @@ fn transpose(l: &Literal) -> Literal {
     Literal::from_f64s(TensorType::new(l.ty.dtype, [c as i64, r as i64]), &t)
 }
 
+/// Whether a setting's value is its "off" default (null, false, 0, empty).
+fn is_off(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+    }
+}
+
+/// Settings that change nothing hlo-train computes from a trained adapter:
+/// metadata, and how PEFT initialised or trains it.
+const DESCRIPTIVE: [&str; 21] = [
+    "peft_type",
+    "task_type",
+    "peft_version",
+    "base_model_name_or_path",
+    "revision",
+    "inference_mode",
+    "auto_mapping",
+    "init_lora_weights",
+    "loftq_config",
+    "eva_config",
+    "corda_config",
+    "lora_ga_config",
+    "megatron_config",
+    "megatron_core",
+    "qalora_group_size",
+    "lora_dropout",
+    // Llama's projections have no biases, so biases trained or not are
+    // the same.
+    "bias",
+    "r",
+    "lora_alpha",
+    "use_rslora",
+    "target_modules",
+];
+
+/// Settings read and honoured.
+const HONOURED: [&str; 3] = ["rank_pattern", "alpha_pattern", "modules_to_save"];
+
 impl Adapter {
     /// A fresh adapter initialised as PEFT does: A uniform in ±1/sqrt(in)
-    /// (kaiming-uniform with a = sqrt(5)), B zero.
+    /// (kaiming-uniform with a = sqrt(5)), B zero. (Modules to save start
+    /// from the base weights; `Adapter::init` makes LoRA tensors only.)
     pub fn init(config: &LlamaConfig, lora: &LoraConfig, seed: u64) -> Adapter {
         let mut rng = hlo_ir::rng::Rng::new(seed);
         let tensors = lora_parameter_types(config, lora)
@@ -66,7 +123,8 @@ impl Adapter {
     }
 
     /// Reads a PEFT adapter folder's `adapter_config.json`: the LoRA
-    /// settings.
+    /// settings, every setting that changes the computation honoured or
+    /// refused.
     pub fn read_config(dir: &Path) -> Result<LoraConfig, ModelError> {
         let bad = |message: String| ModelError::Adapter {
             dir: dir.display().to_string(),
@@ -77,40 +135,99 @@ impl Adapter {
             .map_err(|e| bad(format!("cannot read adapter_config.json: {e}")))?;
         let v: Value = serde_json::from_str(&text)
             .map_err(|e| bad(format!("adapter_config.json is not JSON: {e}")))?;
-        if v.get("peft_type")
+        let obj = v
+            .as_object()
+            .ok_or_else(|| bad("adapter_config.json is not a JSON object".into()))?;
+        if obj
+            .get("peft_type")
             .and_then(Value::as_str)
             .is_some_and(|t| t != "LORA")
         {
-            return Err(bad(format!("peft_type {} is not LORA", v["peft_type"])));
+            return Err(bad(format!("peft_type {} is not LORA", obj["peft_type"])));
         }
-        let r = v
+        // Initialisations that change the base weights (PiSSA, OLoRA,
+        // CorDA, LoftQ) give adapters for another base.
+        if let Some(Value::String(init)) = obj.get("init_lora_weights") {
+            if init != "gaussian" {
+                return Err(bad(format!(
+                    "unsupported: init_lora_weights = \"{init}\" (it changes the base weights the adapter needs)"
+                )));
+            }
+        }
+        // Anything else that is set changes the adapter in a way hlo-train
+        // does not compute: refused, named.
+        for (key, value) in obj {
+            let known = DESCRIPTIVE.contains(&key.as_str()) || HONOURED.contains(&key.as_str());
+            if !known && !is_off(value) {
+                return Err(bad(format!(
+                    "unsupported: {key} = {value} (hlo-train does not compute it; it would give other results than PEFT)"
+                )));
+            }
+        }
+        let r = obj
             .get("r")
             .and_then(Value::as_i64)
             .ok_or_else(|| bad("adapter_config.json has no `r`".into()))?;
-        let alpha = v.get("lora_alpha").and_then(Value::as_f64).unwrap_or(8.0);
-        let targets: Vec<String> = match v.get("target_modules") {
+        let alpha = obj.get("lora_alpha").and_then(Value::as_f64).unwrap_or(8.0);
+        let targets: Vec<String> = match obj.get("target_modules") {
             Some(Value::Array(a)) => a
                 .iter()
                 .filter_map(|t| t.as_str().map(str::to_string))
                 .collect(),
-            Some(Value::String(s)) => vec![s.clone()],
+            // PEFT's shorthand for every linear layer but the head.
+            Some(Value::String(s)) if s == "all-linear" => crate::llama::DEFAULT_TARGETS
+                .iter()
+                .map(|t| t.to_string())
+                .collect(),
+            Some(Value::String(s)) => {
+                return Err(bad(format!(
+                    "target_modules as a regex (`{s}`) is not supported: list the module names"
+                )))
+            }
             _ => return Err(bad("adapter_config.json has no target_modules".into())),
         };
-        for (field, ok) in [("use_dora", false), ("fan_in_fan_out", false)] {
-            if v.get(field).and_then(Value::as_bool).unwrap_or(ok) != ok {
-                return Err(bad(format!("unsupported: {field} = true")));
-            }
-        }
         let refs: Vec<&str> = targets.iter().map(String::as_str).collect();
+        let pattern = |key: &str| -> Vec<(String, f64)> {
+            obj.get(key)
+                .and_then(Value::as_object)
+                .map(|m| {
+                    m.iter()
+                        .filter_map(|(k, v)| v.as_f64().map(|x| (k.clone(), x)))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let ranks: Vec<(String, i64)> = pattern("rank_pattern")
+            .into_iter()
+            .map(|(k, r)| (k, r as i64))
+            .collect();
+        let modules: Vec<String> = match obj.get("modules_to_save") {
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(|t| t.as_str().map(str::to_string))
+                .collect(),
+            _ => Vec::new(),
+        };
         LoraConfig::new(
             r,
             alpha,
             &refs,
-            v.get("use_rslora")
+            obj.get("use_rslora")
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
         )
+        .and_then(|l| l.with_patterns(ranks, pattern("alpha_pattern")))
+        .and_then(|l| l.with_modules_to_save(modules))
         .map_err(|e| bad(e.to_string()))
+    }
+
+    /// The `lora_dropout` an adapter was trained with (0 when unset).
+    pub fn dropout(dir: &Path) -> f64 {
+        std::fs::read_to_string(dir.join("adapter_config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|v| v.get("lora_dropout").and_then(Value::as_f64))
+            .unwrap_or(0.0)
     }
 
     /// Reads a PEFT adapter folder for a model of `config`.
@@ -120,6 +237,12 @@ impl Adapter {
             message,
         };
         let lora = Self::read_config(dir)?;
+        if !lora.modules_to_save.is_empty() && config.tie_word_embeddings {
+            return Err(bad(format!(
+                "modules_to_save {:?} on a model with tied embeddings is not supported",
+                lora.modules_to_save
+            )));
+        }
         let path = dir.join("adapter_model.safetensors");
         let map = crate::io::mmap(&path)?;
         let stored: HashMap<String, crate::checkpoint::StoredTensor> =
@@ -129,7 +252,7 @@ impl Adapter {
                 .collect();
         let mut tensors = Vec::new();
         for (name, ty) in lora_parameter_types(config, &lora) {
-            let (key, _) = peft_key(&name).expect("LoRA names end in lora_a/lora_b");
+            let (key, _) = peft_key(&name);
             let t = stored
                 .get(&key)
                 .ok_or_else(|| bad(format!("tensor `{key}` is missing")))?;
@@ -146,18 +269,55 @@ impl Adapter {
             );
             tensors.push((name, transpose(&lit)));
         }
+        let shapes: HashMap<String, Vec<i64>> = config.parameter_shapes().into_iter().collect();
+        for (module, weight) in MODULES_TO_SAVE {
+            if !lora.modules_to_save.iter().any(|m| m == module) {
+                continue;
+            }
+            let (key, _) = peft_key(weight);
+            let t = stored
+                .get(&key)
+                .ok_or_else(|| bad(format!("tensor `{key}` (modules_to_save) is missing")))?;
+            if Some(&t.shape) != shapes.get(weight) {
+                return Err(bad(format!(
+                    "tensor `{key}` has shape {:?}, the model implies {:?}",
+                    t.shape,
+                    shapes.get(weight)
+                )));
+            }
+            tensors.push((weight.to_string(), t.literal(&map)));
+        }
         Ok(Adapter { lora, tensors })
     }
 
-    /// Writes the adapter as PEFT does (`PeftModel.from_pretrained` loads it).
+    /// Writes the adapter as PEFT does (`PeftModel.from_pretrained` loads
+    /// it); `base_model` is how the adapter names its base model.
     pub fn save(&self, dir: &Path, base_model: Option<&str>) -> Result<(), ModelError> {
         std::fs::create_dir_all(dir).map_err(ModelError::io("create", dir))?;
+        // A whole number as PEFT (Python) writes it: without a fraction.
+        let number = |x: f64| -> Value {
+            if x.fract() == 0.0 && x.abs() < 1e15 {
+                json!(x as i64)
+            } else {
+                json!(x)
+            }
+        };
+        let pattern = |p: &[(String, f64)]| -> Map<String, Value> {
+            p.iter().map(|(k, v)| (k.clone(), number(*v))).collect()
+        };
+        let ranks: Vec<(String, f64)> = self
+            .lora
+            .rank_pattern
+            .iter()
+            .map(|(k, r)| (k.clone(), *r as f64))
+            .collect();
+        let modules = (!self.lora.modules_to_save.is_empty()).then_some(&self.lora.modules_to_save);
         let config = json!({
             "peft_type": "LORA",
             "task_type": "CAUSAL_LM",
             "base_model_name_or_path": base_model,
             "r": self.lora.rank,
-            "lora_alpha": self.lora.alpha,
+            "lora_alpha": number(self.lora.alpha),
             "target_modules": self.lora.target_modules,
             "lora_dropout": 0.0,
             "bias": "none",
@@ -166,17 +326,22 @@ impl Adapter {
             "use_dora": false,
             "init_lora_weights": true,
             "inference_mode": true,
-            "modules_to_save": null,
+            "modules_to_save": modules,
             "layers_to_transform": null,
             "layers_pattern": null,
-            "rank_pattern": {},
-            "alpha_pattern": {},
+            "rank_pattern": Value::Object(
+                ranks.iter().map(|(k, v)| (k.clone(), json!(*v as i64))).collect()
+            ),
+            "alpha_pattern": Value::Object(pattern(&self.lora.alpha_pattern)),
             "revision": null,
         });
         let peft: Vec<(String, Literal)> = self
             .tensors
             .iter()
-            .map(|(n, l)| (peft_key(n).expect("LoRA names").0, transpose(l)))
+            .map(|(n, l)| match peft_key(n) {
+                (key, Some(_)) => (key, transpose(l)),
+                (key, None) => (key, l.clone()),
+            })
             .collect();
         write_safetensors(&dir.join("adapter_model.safetensors"), &peft)?;
         let text = serde_json::to_string_pretty(&config).expect("JSON values serialise");
@@ -184,10 +349,13 @@ impl Adapter {
     }
 
     /// The base weight `name` (`[out, in]`, as HF stores it) with this
-    /// adapter folded in, `W + scale · (A·B)ᵀ`, computed in f64 and
-    /// rounded once to `weight`'s dtype; other weights come back as they
-    /// are.
+    /// adapter folded in: a module to save's weight replaces it; a LoRA
+    /// target gets `W + scale · (A·B)ᵀ`, computed in f64 and rounded once
+    /// to `weight`'s dtype; other weights come back as they are.
     pub fn merge(&self, name: &str, weight: &Literal) -> Literal {
+        if let Some(saved) = self.get(name) {
+            return Literal::from_f64s(weight.ty.clone(), &saved.to_f64s());
+        }
         let module = name.strip_suffix(".weight").unwrap_or(name);
         let (Some(a), Some(b)) = (
             self.get(&format!("{module}.lora_a")),
@@ -201,7 +369,7 @@ impl Adapter {
             a.ty.dims[1] as usize,
             b.ty.dims[1] as usize,
         );
-        let scale = self.lora.scale();
+        let scale = self.lora.scale_of(module);
         let (av, bv, mut wv) = (a.to_f64s(), b.to_f64s(), weight.to_f64s());
         for o in 0..dout {
             for i in 0..din {

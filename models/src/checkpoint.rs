@@ -148,14 +148,30 @@ impl Checkpoint {
             }
             files.push((path, map));
         }
-        let ckpt = Checkpoint {
+        let mut ckpt = Checkpoint {
             dir: dir.to_path_buf(),
             config,
             files,
             tensors,
         };
+        ckpt.untie_a_distinct_head()?;
         ckpt.check()?;
         Ok(ckpt)
+    }
+
+    /// transformers does not tie the head to the embeddings when the
+    /// weights hold an `lm_head.weight` that differs from them (it warns,
+    /// and uses the file's head): neither do we.
+    fn untie_a_distinct_head(&mut self) -> Result<(), ModelError> {
+        if !self.config.tie_word_embeddings || !self.tensors.contains_key("lm_head.weight") {
+            return Ok(());
+        }
+        let head = self.read("lm_head.weight", DType::F32)?;
+        let embed = self.read("model.embed_tokens.weight", DType::F32)?;
+        if head.ty.dims != embed.ty.dims || head.bytes != embed.bytes {
+            self.config.tie_word_embeddings = false;
+        }
+        Ok(())
     }
 
     /// Every parameter the config needs is present with its shape, and no

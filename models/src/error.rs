@@ -111,4 +111,10 @@ pub enum LoraError {
     UnknownTarget { target: String, known: String },
     #[error("LoRA needs at least one target module")]
     NoTargets,
+    #[error("the pattern `{key}` is not a regex: {reason}")]
+    Pattern { key: String, reason: String },
+    #[error("modules_to_save `{0}` is not supported (only lm_head and embed_tokens)")]
+    ModuleToSave(String),
+    #[error("{0}")]
+    NotUniform(String),
 }

@@ -163,7 +163,10 @@ type LossInputs = (
     Vec<(String, TensorType)>,
 );
 
-fn loss_inputs(config: &LlamaConfig, tc: &TrainConfig) -> LossInputs {
+fn loss_inputs(config: &LlamaConfig, tc: &TrainConfig) -> Result<LossInputs, ModelError> {
+    if let (true, Some(l)) = (tc.scan_layers, &tc.lora) {
+        l.check_uniform(config.num_hidden_layers)?;
+    }
     let stack = |t: Vec<(String, TensorType)>| {
         if tc.scan_layers {
             stack_types(t, config.num_hidden_layers)
@@ -191,7 +194,7 @@ fn loss_inputs(config: &LlamaConfig, tc: &TrainConfig) -> LossInputs {
             TensorType::new(dtype, [tc.batch, tc.seq]),
         ));
     }
-    (base, lora_params, loss_inputs)
+    Ok((base, lora_params, loss_inputs))
 }
 
 /// The batch's fields under `tc`: ids and mask, and positions and segment
@@ -225,7 +228,8 @@ fn role_of(tc: &TrainConfig) -> impl Fn(&str) -> StepInput + '_ {
             (role, is_stacked(of))
         } else {
             let lora = name.ends_with(".lora_a") || name.ends_with(".lora_b");
-            let trained = lora || tc.lora.is_none();
+            let saved = tc.lora.as_ref().is_some_and(|l| l.saves_weight(name));
+            let trained = lora || saved || tc.lora.is_none();
             let role = if trained {
                 Role::Trainable
             } else {
@@ -266,7 +270,7 @@ fn model<'a>(config: &'a LlamaConfig, tc: &'a TrainConfig) -> Llama<'a> {
 /// number of counted tokens (`loss_sum`, `tokens`), no gradients. Its
 /// inputs are the train step's weights, LoRA tensors and batch, by name.
 pub fn eval_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
-    let (_, _, inputs) = loss_inputs(config, tc);
+    let (_, _, inputs) = loss_inputs(config, tc)?;
     let model = model(config, tc);
     let function = trace("llama_eval", &inputs, |i| {
         let logits = logits_of(&model, i, tc);
@@ -289,11 +293,15 @@ pub fn eval_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<Step, ModelEr
 /// parameters, optimizer state and counter under their input names
 /// (donated).
 pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
-    let (base, lora_params, loss_inputs) = loss_inputs(config, tc);
-    let trainable: Vec<(String, TensorType)> = if tc.lora.is_some() {
-        lora_params.clone()
-    } else {
-        base.clone()
+    let (base, lora_params, loss_inputs) = loss_inputs(config, tc)?;
+    // LoRA trains the adapters and the modules it saves whole.
+    let trainable: Vec<(String, TensorType)> = match &tc.lora {
+        Some(l) => lora_params
+            .iter()
+            .cloned()
+            .chain(base.iter().filter(|(n, _)| l.saves_weight(n)).cloned())
+            .collect(),
+        None => base.clone(),
     };
     let model = model(config, tc);
     let loss_fn = trace("llama_loss", &loss_inputs, |i| {

@@ -1,4 +1,4 @@
-//! The Llama partition rules give the recipe's table.
+//! The Llama partition rules give the recipe's table; LoRA targets read as a set.
 
 use hlo_models::llama::partition_rules;
 use hlo_partitioner::PartitionSpec;
@@ -43,4 +43,11 @@ fn default_llama_rules_follow_the_recipe_table() {
     for (name, want) in cases {
         assert_eq!(r.spec_for(name, 2), want, "{name}");
     }
+}
+
+#[test]
+fn a_repeated_lora_target_counts_once() {
+    let l =
+        hlo_models::llama::LoraConfig::new(4, 8.0, &["q_proj", "v_proj", "q_proj"], false).unwrap();
+    assert_eq!(l.target_modules, ["q_proj", "v_proj"]);
 }

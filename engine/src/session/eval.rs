@@ -176,14 +176,23 @@ impl Evaluator {
         let f = laid.function();
         let mut weights = Vec::with_capacity(f.inputs.len());
         for (k, b) in f.inputs.iter().enumerate() {
-            let lit = match (&laid.step.inputs[k].role, adapter) {
+            // The adapter's tensors, and the whole weights it saves in
+            // place of the base's; the model's for the rest.
+            let lit = match (
+                &laid.step.inputs[k].role,
+                adapter.and_then(|a| a.get(&b.name)),
+            ) {
                 (Role::Batch(_), _) => {
                     weights.push(None);
                     continue;
                 }
-                (Role::Trainable, Some(a)) => a.get(&b.name).cloned().ok_or_else(|| {
-                    EngineError::Setting(format!("the adapter has no `{}`", b.name))
-                })?,
+                (_, Some(t)) => t.clone(),
+                (Role::Trainable, None) if adapter.is_some() => {
+                    return Err(EngineError::Setting(format!(
+                        "the adapter has no `{}`",
+                        b.name
+                    )))
+                }
                 _ => model.weight(&b.name, dtype, 0)?,
             };
             weights.push(Some(

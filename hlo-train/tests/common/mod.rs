@@ -106,3 +106,26 @@ pub const DEMO: [&str; 14] = [
     "16",
     "--lora-alpha",
 ];
+
+/// The prompt logits `generate --dump-logits` writes for `prompt` (ids,
+/// comma-separated) with the model in `dir` (and `adapter`).
+pub fn dump_logits(dir: &Path, adapter: Option<&Path>, prompt: &str, out: &Path) -> Vec<f64> {
+    let mut args = vec![
+        "generate",
+        "--checkpoint",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        prompt,
+        "--max-new-tokens",
+        "1",
+        "--dump-logits",
+        out.to_str().unwrap(),
+    ];
+    if let Some(a) = adapter {
+        args.extend(["--adapter", a.to_str().unwrap()]);
+    }
+    ok(&hlo_train(&args));
+    let t = read_safetensors(out).unwrap();
+    assert_eq!(t[0].0, "logits");
+    t[0].1.to_f64s()
+}

@@ -126,16 +126,16 @@ impl LlamaConfig {
                 raw.pretraining_tp.unwrap_or(1)
             ));
         }
-        // transformers 5 folds rope_theta into rope_parameters.
-        let rope = raw.rope_parameters.as_ref().or(raw.rope_scaling.as_ref());
-        let theta = raw
-            .rope_theta
-            .or_else(|| {
-                raw.rope_parameters
-                    .as_ref()
-                    .and_then(|r| r.get("rope_theta"))
-                    .and_then(Value::as_f64)
-            })
+        // As transformers 5 reads them: a legacy `rope_scaling` (when not
+        // null) replaces `rope_parameters` whole; the theta is the chosen
+        // one's own, else the top-level `rope_theta`, else 10000 (checked
+        // against transformers 5.17 by scripts/make_peft_variant_fixtures.py
+        // --probe-config).
+        let rope = raw.rope_scaling.as_ref().or(raw.rope_parameters.as_ref());
+        let theta = rope
+            .and_then(|r| r.get("rope_theta"))
+            .and_then(Value::as_f64)
+            .or(raw.rope_theta)
             .unwrap_or(10000.0);
         let rope_type = rope
             .and_then(|r| r.get("rope_type").or_else(|| r.get("type")))

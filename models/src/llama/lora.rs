@@ -1,4 +1,8 @@
-//! LoRA as PEFT defines it: rank, alpha, target modules, scale.
+//! LoRA as PEFT defines it: rank, alpha, target modules, scale, PEFT's
+//! per-module `rank_pattern`/`alpha_pattern`, and `modules_to_save` (whole
+//! modules the adapter replaces and trains).
+
+use regex::Regex;
 
 use crate::LoraError;
 
@@ -27,6 +31,28 @@ pub struct LoraConfig {
     pub target_modules: Vec<String>,
     /// PEFT's rank-stabilised scale `alpha / sqrt(r)` instead of `alpha / r`.
     pub use_rslora: bool,
+    /// PEFT's `rank_pattern`: (pattern, rank) pairs; a module whose path
+    /// matches `(.*\.)?(pattern)$` gets that rank (the first pattern that
+    /// matches), others `rank`.
+    pub rank_pattern: Vec<(String, i64)>,
+    /// PEFT's `alpha_pattern`, matched as `rank_pattern`.
+    pub alpha_pattern: Vec<(String, f64)>,
+    /// PEFT's `modules_to_save`: modules (`lm_head`, `embed_tokens`) whose
+    /// whole weight the adapter carries, replacing the base's, and trains.
+    pub modules_to_save: Vec<String>,
+}
+
+/// The modules `modules_to_save` may name, and their weights.
+pub const MODULES_TO_SAVE: [(&str, &str); 2] = [
+    ("lm_head", "lm_head.weight"),
+    ("embed_tokens", "model.embed_tokens.weight"),
+];
+
+/// The first of `keys` that PEFT's `get_pattern_key` matches against
+/// `module`: `re.match(rf"(.*\.)?({key})$", module)`.
+fn pattern_key<'a>(keys: impl Iterator<Item = &'a str>, module: &str) -> Option<&'a str> {
+    keys.into_iter()
+        .find(|key| Regex::new(&format!("^(?:.*\\.)?(?:{key})$")).is_ok_and(|r| r.is_match(module)))
 }
 
 impl LoraConfig {
@@ -64,15 +90,118 @@ impl LoraConfig {
                 v
             }),
             use_rslora,
+            rank_pattern: Vec::new(),
+            alpha_pattern: Vec::new(),
+            modules_to_save: Vec::new(),
         })
     }
 
+    /// The same with PEFT's per-module patterns (keys are regexes).
+    pub fn with_patterns(
+        mut self,
+        rank_pattern: Vec<(String, i64)>,
+        alpha_pattern: Vec<(String, f64)>,
+    ) -> Result<Self, LoraError> {
+        for (key, r) in &rank_pattern {
+            Regex::new(key).map_err(|e| LoraError::Pattern {
+                key: key.clone(),
+                reason: e.to_string(),
+            })?;
+            if *r < 1 {
+                return Err(LoraError::Rank(*r));
+            }
+        }
+        for (key, a) in &alpha_pattern {
+            Regex::new(key).map_err(|e| LoraError::Pattern {
+                key: key.clone(),
+                reason: e.to_string(),
+            })?;
+            if !a.is_finite() || *a <= 0.0 {
+                return Err(LoraError::Alpha(*a));
+            }
+        }
+        self.rank_pattern = rank_pattern;
+        self.alpha_pattern = alpha_pattern;
+        Ok(self)
+    }
+
+    /// The same with PEFT's `modules_to_save` (`lm_head`, `embed_tokens`).
+    pub fn with_modules_to_save(mut self, modules: Vec<String>) -> Result<Self, LoraError> {
+        for m in &modules {
+            if !MODULES_TO_SAVE.iter().any(|(name, _)| name == m) {
+                return Err(LoraError::ModuleToSave(m.clone()));
+            }
+        }
+        self.modules_to_save = modules;
+        Ok(self)
+    }
+
+    /// The rank of the module at `module` (`model.layers.3.self_attn.q_proj`).
+    pub fn rank_of(&self, module: &str) -> i64 {
+        pattern_key(self.rank_pattern.iter().map(|(k, _)| k.as_str()), module)
+            .and_then(|k| self.rank_pattern.iter().find(|(p, _)| p == k))
+            .map_or(self.rank, |(_, r)| *r)
+    }
+
+    /// The alpha of the module at `module`.
+    pub fn alpha_of(&self, module: &str) -> f64 {
+        pattern_key(self.alpha_pattern.iter().map(|(k, _)| k.as_str()), module)
+            .and_then(|k| self.alpha_pattern.iter().find(|(p, _)| p == k))
+            .map_or(self.alpha, |(_, a)| *a)
+    }
+
+    /// The scale of the module at `module`: alpha/r, or alpha/sqrt(r)
+    /// with rsLoRA, with its own rank and alpha.
+    ///
+    /// ```
+    /// use hlo_models::llama::LoraConfig;
+    /// let l = LoraConfig::new(4, 8.0, &["q_proj", "v_proj"], false).unwrap()
+    ///     .with_patterns(vec![("q_proj".into(), 8)], vec![("v_proj".into(), 32.0)]).unwrap();
+    /// assert_eq!(l.scale_of("model.layers.0.self_attn.q_proj"), 1.0);
+    /// assert_eq!(l.scale_of("model.layers.0.self_attn.v_proj"), 8.0);
+    /// assert_eq!(l.rank_of("model.layers.1.self_attn.v_proj"), 4);
+    /// ```
+    pub fn scale_of(&self, module: &str) -> f64 {
+        let (r, alpha) = (self.rank_of(module) as f64, self.alpha_of(module));
+        if self.use_rslora {
+            alpha / r.sqrt()
+        } else {
+            alpha / r
+        }
+    }
+
+    /// The scale of a module without patterns: alpha/r (alpha/sqrt(r)).
     pub fn scale(&self) -> f64 {
         if self.use_rslora {
             self.alpha / (self.rank as f64).sqrt()
         } else {
             self.alpha / self.rank as f64
         }
+    }
+
+    /// With the layers run as one scan, every layer must have the same
+    /// ranks and alphas (a pattern naming one layer breaks that).
+    pub fn check_uniform(&self, layers: i64) -> Result<(), LoraError> {
+        for group in ["self_attn", "mlp"] {
+            for short in &self.target_modules {
+                let at = |l: i64| format!("model.layers.{l}.{group}.{short}");
+                let first = (self.rank_of(&at(0)), self.alpha_of(&at(0)));
+                if (1..layers).any(|l| (self.rank_of(&at(l)), self.alpha_of(&at(l))) != first) {
+                    return Err(LoraError::NotUniform(format!(
+                        "rank_pattern or alpha_pattern gives the layers' {short} different ranks or alphas; run the layers unrolled (--scan-layers off)"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the adapter carries the whole weight `name` (a module to
+    /// save).
+    pub fn saves_weight(&self, name: &str) -> bool {
+        MODULES_TO_SAVE
+            .iter()
+            .any(|(m, w)| *w == name && self.modules_to_save.iter().any(|x| x == m))
     }
 
     /// Whether module `short` (`q_proj`, ...) gets an adapter.

@@ -8,7 +8,7 @@ mod rules;
 
 pub use config::{Llama3Scaling, LlamaConfig};
 pub use decode::{argmax, cache_types, decode_function, decode_step, sample_tokens};
-pub use lora::{LoraConfig, DEFAULT_TARGETS};
+pub use lora::{LoraConfig, DEFAULT_TARGETS, MODULES_TO_SAVE};
 pub use model::{is_stacked, rms_norm, Llama, Params};
 pub use rules::partition_rules;
 
@@ -99,13 +99,14 @@ pub fn lora_parameter_types(config: &LlamaConfig, lora: &LoraConfig) -> Vec<(Str
             };
             let module = format!("model.layers.{l}.{group}.{short}");
             let (din, dout) = config.projection_dims(short).expect("known module");
+            let r = lora.rank_of(&module);
             out.push((
                 format!("{module}.lora_a"),
-                TensorType::new(DType::F32, [din, lora.rank]),
+                TensorType::new(DType::F32, [din, r]),
             ));
             out.push((
                 format!("{module}.lora_b"),
-                TensorType::new(DType::F32, [lora.rank, dout]),
+                TensorType::new(DType::F32, [r, dout]),
             ));
         }
     }

@@ -135,6 +135,15 @@ pub(super) fn rotate_half(x: Tensor) -> Tensor {
     Tensor::concat(&[-x2, x1], r as i64 - 1)
 }
 
+/// A module's path as PEFT names it: a scanned layer's (`layer.…`, every
+/// layer alike, which the step checks) read as layer 0's.
+fn layer_path(module: &str) -> String {
+    match module.strip_prefix("layer.") {
+        Some(rest) => format!("model.layers.0.{rest}"),
+        None => module.to_string(),
+    }
+}
+
 impl Llama<'_> {
     /// A projection by module path (`model.layers.3.self_attn.q_proj`), with
     /// its LoRA branch if the module is targeted.
@@ -154,7 +163,7 @@ impl Llama<'_> {
                         dims[0] = self.batch_axes.clone();
                         xa = xa.with_sharding_constraint(dims);
                     }
-                    let delta = xa.matmul(b) * l.scale();
+                    let delta = xa.matmul(b) * l.scale_of(&layer_path(module));
                     y + delta.cast(y.dtype())
                 }
                 _ => y,
