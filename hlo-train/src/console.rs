@@ -1,11 +1,18 @@
-//! What a training run shows: a progress bar with moving averages and an
-//! ETA, a log line every few steps, eval and value-trace lines, and the
-//! metrics file (one JSON object per step or evaluation).
+//! What a training run shows: its header, the demo's generations before
+//! and after, a progress bar with moving averages and an ETA, a log line
+//! every few steps, eval and value-trace lines, and the metrics file (one
+//! JSON object per step or evaluation).
 
 use std::fs::File;
 use std::io::Write;
 
-use hlo_engine::{EvalReport, Hooks, StepReport, TracedValue};
+use anyhow::Result;
+use hlo_engine::data::Tokenizer;
+use hlo_engine::models::adapter::Adapter;
+use hlo_engine::{EvalReport, Generator, Hooks, Mode, Sampling, Session, StepReport, TracedValue};
+
+use crate::args::printable;
+use crate::train::TrainArgs;
 use indicatif::ProgressBar;
 use serde_json::json;
 
@@ -104,4 +111,109 @@ fn duration(s: f64) -> String {
         (0, m, s) => format!("{m}m{s:02}s"),
         (h, m, _) => format!("{h}h{m:02}m"),
     }
+}
+
+/// The demo's prompts, completed before and after training.
+const DEMO_PROMPTS: [&str; 3] = ["cat=", "hello=", "rust="];
+
+/// Prints the demo prompts' greedy completions, one line each.
+pub fn demo_show(
+    label: &str,
+    session: &Session,
+    tokenizer: &Tokenizer,
+    adapter: Option<&Adapter>,
+    seed: u64,
+) -> Result<()> {
+    let model = session.model();
+    // Generation of three short prompts: one device is plenty.
+    let backend = session.backend().first_device();
+    let dtype = session.config().dtype;
+    let generator = Generator::new(&backend, &model.config, dtype, adapter, Mode::Jit, |n| {
+        model.weight(n, dtype, seed)
+    })?;
+    let prompts: Vec<Vec<u32>> = DEMO_PROMPTS
+        .iter()
+        .map(|p| tokenizer.encode(p, true))
+        .collect::<Result<_, _>>()?;
+    let outs = generator.complete_batch(&prompts, 8, &Sampling::default(), &model.eos_ids())?;
+    println!("{label}:");
+    for (p, out) in DEMO_PROMPTS.iter().zip(&outs) {
+        let text = tokenizer.decode(out)?;
+        println!("  {p:<8} {}", printable(&text, out));
+    }
+    Ok(())
+}
+
+/// The run's header: model, devices, what is trained, the data and how
+/// many epochs the steps make.
+pub fn print_header(
+    args: &TrainArgs,
+    session: &Session,
+    stats: &hlo_engine::data::DataStats,
+    learning: usize,
+    unpacked_fill: f64,
+) -> Result<()> {
+    let c = session.config();
+    let model = session.model();
+    let trained = match &c.lora {
+        Some(l) => format!(
+            "LoRA r={} alpha={}{} on {}",
+            l.rank,
+            l.alpha,
+            if l.use_rslora { " (rsLoRA)" } else { "" },
+            l.target_modules.join(",")
+        ),
+        None => "every weight (full finetuning)".to_string(),
+    };
+    let accum = if c.grad_accum > 1 {
+        format!(" × {} micro-batches", c.grad_accum)
+    } else {
+        String::new()
+    };
+    // Samples a step takes: its rows, or with packing about as many as
+    // fit in them.
+    let per_step = if c.packing {
+        c.rows() as f64 * c.seq as f64 * 0.9 / (unpacked_fill * c.seq as f64).max(1.0)
+    } else {
+        c.rows() as f64
+    };
+    let remaining = (args.steps - session.steps_done()).max(0) as f64;
+    println!(
+        "training {} ({} parameters, {}) on {} ({}): {trained}; batch {} × seq {}{accum}; {}",
+        model.name,
+        model.config.parameter_count(),
+        c.dtype,
+        session.backend().mesh(),
+        session.backend().describe()?,
+        c.batch,
+        c.seq,
+        match session.mode() {
+            Mode::Jit => format!("compiled in {:.2}s", session.compile_s()),
+            Mode::Eager => "eager (each op compiles when it first runs)".to_string(),
+        }
+    );
+    println!(
+        "data: {} samples, {} tokens, {} learned within --seq {}{}{}; {}{:.2} epochs in {} steps",
+        stats.samples,
+        stats.tokens,
+        stats.learned,
+        c.seq,
+        if stats.cut > 0 {
+            format!("; {} samples cut to --seq", stats.cut)
+        } else {
+            String::new()
+        },
+        if stats.no_signal > 0 {
+            format!(
+                "; {} samples left out (no learned token within --seq)",
+                stats.no_signal
+            )
+        } else {
+            String::new()
+        },
+        if c.packing { "about " } else { "" },
+        remaining * per_step / learning.max(1) as f64,
+        remaining
+    );
+    Ok(())
 }

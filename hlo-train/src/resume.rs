@@ -8,8 +8,11 @@ use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::path::Path;
 
+use std::path::Path as FsPath;
+
 use anyhow::{bail, Result};
 use hlo_engine::checkpoint::RunSettings;
+use hlo_engine::{Dataset, Model, ModelSource};
 use serde_json::Value;
 
 use crate::train::TrainArgs;
@@ -189,4 +192,38 @@ pub fn parse(argv: &[OsString]) -> Result<TrainArgs> {
         Ok(_) => bail!("not a train command"),
         Err(e) => bail!("{}", crate::usage_error(&e)),
     }
+}
+
+/// An absolute path, for what a run records.
+fn absolute(p: &FsPath) -> String {
+    std::fs::canonicalize(p)
+        .unwrap_or_else(|_| p.to_path_buf())
+        .display()
+        .to_string()
+}
+
+/// The settings a run records beyond the session's own: which model,
+/// tokenizer, adapter and data (with their identities), and its length.
+pub fn cli_settings(args: &TrainArgs, model: &Model, data: &Dataset) -> Result<RunSettings> {
+    let mut s = RunSettings::default();
+    match model.source() {
+        ModelSource::Preset(name) => s.set("model", name.as_str()),
+        ModelSource::Config(p) => s.set("config", absolute(p)),
+        ModelSource::Checkpoint(p) => s.set("checkpoint", absolute(p)),
+    }
+    s.set("model-fingerprint", model.fingerprint()?);
+    for (key, path) in [
+        ("tokenizer", &args.tokenizer.tokenizer),
+        ("init-adapter", &args.init_adapter),
+        ("data", &args.data),
+        ("chat-template", &args.chat_template),
+    ] {
+        if let Some(p) = path {
+            s.set(key, absolute(p));
+        }
+    }
+    s.set("data-fingerprint", data.fingerprint.as_str());
+    s.set("train-on-inputs", args.train_on_inputs);
+    s.set("steps", args.steps);
+    Ok(s)
 }

@@ -12,20 +12,18 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use hlo_engine::checkpoint::{self, RunSettings, Saved};
-use hlo_engine::data::{eval_batches, Loader, Tokenizer};
+use hlo_engine::data::{eval_batches, Loader};
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::io::write_atomic;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::{
-    flops, Backend, DataSpec, Dataset, Generator, Mode, Model, ModelSource, Sampling, Session,
-    SessionOptions, StopFlag, Trainer, TrainerOptions,
+    flops, Backend, DataSpec, Dataset, Mode, Model, Session, SessionOptions, StopFlag, Trainer,
+    TrainerOptions,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::args::{
-    printable, DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs, Toggle, TokenizerArgs,
-};
-use crate::console::{Console, SMOOTHING_WINDOW};
+use crate::args::{DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs, Toggle, TokenizerArgs};
+use crate::console::{demo_show, print_header, Console, SMOOTHING_WINDOW};
 use crate::resume;
 
 #[derive(Args, Clone, Debug)]
@@ -141,71 +139,6 @@ pub struct TrainArgs {
     pub peak_tflops: Option<f64>,
 }
 
-/// The demo's prompts, completed before and after training.
-const DEMO_PROMPTS: [&str; 3] = ["cat=", "hello=", "rust="];
-
-/// Prints the demo prompts' greedy completions, one line each.
-fn demo_show(
-    label: &str,
-    session: &Session,
-    tokenizer: &Tokenizer,
-    adapter: Option<&Adapter>,
-    seed: u64,
-) -> Result<()> {
-    let model = session.model();
-    // Generation of three short prompts: one device is plenty.
-    let backend = session.backend().first_device();
-    let dtype = session.config().dtype;
-    let generator = Generator::new(&backend, &model.config, dtype, adapter, Mode::Jit, |n| {
-        model.weight(n, dtype, seed)
-    })?;
-    let prompts: Vec<Vec<u32>> = DEMO_PROMPTS
-        .iter()
-        .map(|p| tokenizer.encode(p, true))
-        .collect::<Result<_, _>>()?;
-    let outs = generator.complete_batch(&prompts, 8, &Sampling::default(), &model.eos_ids())?;
-    println!("{label}:");
-    for (p, out) in DEMO_PROMPTS.iter().zip(&outs) {
-        let text = tokenizer.decode(out)?;
-        println!("  {p:<8} {}", printable(&text, out));
-    }
-    Ok(())
-}
-
-/// An absolute path, for what a run records.
-fn absolute(p: &Path) -> String {
-    std::fs::canonicalize(p)
-        .unwrap_or_else(|_| p.to_path_buf())
-        .display()
-        .to_string()
-}
-
-/// The settings a run records beyond the session's own: which model,
-/// tokenizer, adapter and data (with their identities), and its length.
-fn cli_settings(args: &TrainArgs, model: &Model, data: &Dataset) -> Result<RunSettings> {
-    let mut s = RunSettings::default();
-    match model.source() {
-        ModelSource::Preset(name) => s.set("model", name.as_str()),
-        ModelSource::Config(p) => s.set("config", absolute(p)),
-        ModelSource::Checkpoint(p) => s.set("checkpoint", absolute(p)),
-    }
-    s.set("model-fingerprint", model.fingerprint()?);
-    for (key, path) in [
-        ("tokenizer", &args.tokenizer.tokenizer),
-        ("init-adapter", &args.init_adapter),
-        ("data", &args.data),
-        ("chat-template", &args.chat_template),
-    ] {
-        if let Some(p) = path {
-            s.set(key, absolute(p));
-        }
-    }
-    s.set("data-fingerprint", data.fingerprint.as_str());
-    s.set("train-on-inputs", args.train_on_inputs);
-    s.set("steps", args.steps);
-    Ok(s)
-}
-
 /// Opens `path` for the metrics: appended to when `append`.
 fn metrics_file(path: &Path, append: bool) -> Result<File> {
     if let Some(parent) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -307,7 +240,7 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
         adapter_lora,
     )?;
     let stats = data.stats;
-    let fingerprint_data = cli_settings(&args, &model, &data)?;
+    let fingerprint_data = resume::cli_settings(&args, &model, &data)?;
     // Samples with nothing to learn within a row are left out.
     let examples = data.learning(seq)?;
     // A step takes --grad-accum micro-batches of --batch rows.
@@ -489,79 +422,5 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
             args.seed,
         )?;
     }
-    Ok(())
-}
-
-/// The run's header: model, devices, what is trained, the data and how
-/// many epochs the steps make.
-fn print_header(
-    args: &TrainArgs,
-    session: &Session,
-    stats: &hlo_engine::data::DataStats,
-    learning: usize,
-    unpacked_fill: f64,
-) -> Result<()> {
-    let c = session.config();
-    let model = session.model();
-    let trained = match &c.lora {
-        Some(l) => format!(
-            "LoRA r={} alpha={}{} on {}",
-            l.rank,
-            l.alpha,
-            if l.use_rslora { " (rsLoRA)" } else { "" },
-            l.target_modules.join(",")
-        ),
-        None => "every weight (full finetuning)".to_string(),
-    };
-    let accum = if c.grad_accum > 1 {
-        format!(" × {} micro-batches", c.grad_accum)
-    } else {
-        String::new()
-    };
-    // Samples a step takes: its rows, or with packing about as many as
-    // fit in them.
-    let per_step = if c.packing {
-        c.rows() as f64 * c.seq as f64 * 0.9 / (unpacked_fill * c.seq as f64).max(1.0)
-    } else {
-        c.rows() as f64
-    };
-    let remaining = (args.steps - session.steps_done()).max(0) as f64;
-    println!(
-        "training {} ({} parameters, {}) on {} ({}): {trained}; batch {} × seq {}{accum}; {}",
-        model.name,
-        model.config.parameter_count(),
-        c.dtype,
-        session.backend().mesh(),
-        session.backend().describe()?,
-        c.batch,
-        c.seq,
-        match session.mode() {
-            Mode::Jit => format!("compiled in {:.2}s", session.compile_s()),
-            Mode::Eager => "eager (each op compiles when it first runs)".to_string(),
-        }
-    );
-    println!(
-        "data: {} samples, {} tokens, {} learned within --seq {}{}{}; {}{:.2} epochs in {} steps",
-        stats.samples,
-        stats.tokens,
-        stats.learned,
-        c.seq,
-        if stats.cut > 0 {
-            format!("; {} samples cut to --seq", stats.cut)
-        } else {
-            String::new()
-        },
-        if stats.no_signal > 0 {
-            format!(
-                "; {} samples left out (no learned token within --seq)",
-                stats.no_signal
-            )
-        } else {
-            String::new()
-        },
-        if c.packing { "about " } else { "" },
-        remaining * per_step / learning.max(1) as f64,
-        remaining
-    );
     Ok(())
 }

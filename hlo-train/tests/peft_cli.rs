@@ -17,7 +17,7 @@ fn variant(name: &str) -> PathBuf {
     fixture("gqa_llama3").join(name)
 }
 
-fn expected(name: &str, key: &str) -> Literal {
+fn variant_expected(name: &str, key: &str) -> Literal {
     read_safetensors(&variant(name).join("expected.safetensors"))
         .unwrap()
         .into_iter()
@@ -70,7 +70,7 @@ fn logits_and_merge_equal_peft(name: &str) {
     let adapter = variant(name);
     let base = fixture("gqa_llama3");
     let got = logits(&base, Some(&adapter), &dir);
-    let d = max_diff(&got, &expected(name, "logits_adapter").to_f64s());
+    let d = max_diff(&got, &variant_expected(name, "logits_adapter").to_f64s());
     assert!(d < 2e-5, "{name}: adapter logits differ from PEFT's by {d}");
     let merged = dir.join("merged");
     ok(&hlo_train(&[
@@ -83,7 +83,7 @@ fn logits_and_merge_equal_peft(name: &str) {
         merged.to_str().unwrap(),
     ]));
     let got = logits(&merged, None, &dir);
-    let d = max_diff(&got, &expected(name, "merged_logits").to_f64s());
+    let d = max_diff(&got, &variant_expected(name, "merged_logits").to_f64s());
     assert!(d < 2e-5, "{name}: merged logits differ from PEFT's by {d}");
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -137,7 +137,7 @@ fn one_sgd_step_equals_peft(name: &str, tensors: usize, scan: &str) {
         "--metrics",
         metrics.to_str().unwrap(),
     ]));
-    let loss = expected(name, "sgd.loss").to_f64s()[0];
+    let loss = variant_expected(name, "sgd.loss").to_f64s()[0];
     let first = losses(&metrics)[0];
     assert!(
         (first - loss).abs() < 1e-5,
@@ -146,7 +146,7 @@ fn one_sgd_step_equals_peft(name: &str, tensors: usize, scan: &str) {
     let ours = read_safetensors(&out.join("adapter_model.safetensors")).unwrap();
     assert_eq!(ours.len(), tensors, "{name}");
     for (key, t) in ours {
-        let theirs = expected(name, &format!("sgd.{key}"));
+        let theirs = variant_expected(name, &format!("sgd.{key}"));
         let d = max_diff(&t.to_f64s(), &theirs.to_f64s());
         assert!(d < 1e-4, "{name} {key}: differs from PEFT by {d}");
     }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::*;
 use hlo_engine::models::io::{read_safetensors, write_safetensors};
@@ -106,17 +106,6 @@ fn a_resume_that_changes_settings_lists_every_difference() {
     );
     assert_eq!(state(&out)["step"], 4);
     std::fs::remove_dir_all(dir).unwrap();
-}
-
-/// A copy of fixture model `name` in `to`.
-fn copy_model(name: &str, to: &Path) -> PathBuf {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(fixture(name)).unwrap().flatten() {
-        if e.path().is_file() {
-            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-        }
-    }
-    to.to_path_buf()
 }
 
 #[test]

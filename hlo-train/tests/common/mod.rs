@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use hlo_engine::ir::Literal;
 use hlo_engine::models::io::read_safetensors;
 use std::process::{Command, Output};
 
@@ -128,4 +129,31 @@ pub fn dump_logits(dir: &Path, adapter: Option<&Path>, prompt: &str, out: &Path)
     let t = read_safetensors(out).unwrap();
     assert_eq!(t[0].0, "logits");
     t[0].1.to_f64s()
+}
+
+/// Tensor `key` of fixture model `name`'s `expected.safetensors`.
+pub fn expected(name: &str, key: &str) -> Literal {
+    read_safetensors(&fixture(name).join("expected.safetensors"))
+        .unwrap()
+        .into_iter()
+        .find(|(k, _)| k == key)
+        .unwrap_or_else(|| panic!("{name}: no `{key}`"))
+        .1
+}
+
+/// A literal's values as id strings.
+pub fn ids(l: &Literal) -> Vec<String> {
+    l.to_i128s().iter().map(|v| v.to_string()).collect()
+}
+
+/// A copy of fixture model `name`'s files (not its adapter folders) in
+/// `to`.
+pub fn copy_model(name: &str, to: &Path) -> PathBuf {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(fixture(name)).unwrap().flatten() {
+        if e.path().is_file() {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+    to.to_path_buf()
 }
