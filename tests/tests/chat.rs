@@ -214,7 +214,16 @@ mod training_data {
 
     #[test]
     fn a_conversation_may_open_with_a_reply() {
-        let (t, template) = (bpe(), separator_template());
+        // Like many real templates, this one refuses to render an empty
+        // conversation, so the text before an opening reply cannot be had
+        // by rendering the conversation before it.
+        let t = bpe();
+        let template = ChatTemplate {
+            source: "{% if messages | length == 0 %}{{ raise_exception('no messages') }}{% endif %}{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}; {% endfor %}{% if add_generation_prompt %}assistant: {% endif %}".into(),
+            bos_token: "<|begin_of_text|>".into(),
+            eos_token: "<|end_of_text|>".into(),
+        };
+        assert!(template.render(&[], true).is_err());
         let chat = ChatData {
             template: &template,
             stop: vec![1],
