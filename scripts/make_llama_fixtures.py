@@ -24,10 +24,11 @@ Everything is seeded; the files are small enough to commit.
 import json
 import os
 import sys
-import traceback
 
 import torch
 from safetensors.torch import save_file
+
+from fixture_steps import contiguous, finish, step
 
 torch.manual_seed(0)
 OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "fixtures")
@@ -68,25 +69,6 @@ PRESETS = {
     "llama3.1-405b": dict(vocab_size=128256, hidden_size=16384, intermediate_size=53248, num_hidden_layers=126,
                           num_attention_heads=128, num_key_value_heads=8, tie_word_embeddings=False),
 }
-
-failures = []
-
-
-def step(name):
-    def wrap(f):
-        def run(*a, **k):
-            try:
-                return f(*a, **k)
-            except Exception:
-                failures.append(name)
-                traceback.print_exc()
-        return run
-    return wrap
-
-
-def contiguous(sd):
-    return {k: v.detach().contiguous().clone() for k, v in sd.items()}
-
 
 @step("models")
 def build_models():
@@ -217,6 +199,4 @@ if __name__ == "__main__":
     build_models()
     build_tokenizer()
     param_counts()
-    if failures:
-        print("FAILED:", failures)
-        sys.exit(1)
+    finish()

@@ -79,28 +79,12 @@ if os.environ.get("PYTHONHASHSEED") != "0":
 import torch
 from safetensors.torch import load_file, save_file
 
+from fixture_steps import contiguous, failures, finish, step
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
 MODEL_DIR = ARGS[0] if ARGS else os.path.join(ROOT, "tests", "fixtures", "llama", "gqa_llama3")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-failures = []
-
-
-def step(name):
-    def wrap(f):
-        def run(*a, **k):
-            try:
-                return f(*a, **k)
-            except Exception:
-                failures.append(name)
-                traceback.print_exc()
-        return run
-    return wrap
-
-
-def contiguous(sd):
-    return {k: v.detach().contiguous().clone() for k, v in sd.items()}
 
 
 def base_model():
@@ -437,6 +421,4 @@ if __name__ == "__main__":
         variant_lm_head()
         variant_embed()
         variant_unsupported()
-    if failures:
-        print("FAILED:", failures)
-        sys.exit(1)
+    finish()

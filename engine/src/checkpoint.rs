@@ -9,8 +9,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use hlo_ir::rng::fnv1a;
+use hlo_ir::rng::Fnv1a;
 use hlo_ir::Literal;
+use hlo_models::adapter::Adapter;
 use hlo_models::io::{read_safetensors, write_atomic, write_safetensors};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -130,27 +131,36 @@ impl RunSettings {
     }
 }
 
-/// Reads the bytes of `path` and returns their FNV-1a fingerprint, hex.
+/// The FNV-1a fingerprint of the bytes of `path`, hex (read in chunks:
+/// a state or data file may be larger than memory allows twice).
 pub fn file_fingerprint(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).map_err(EngineError::io("read", path))?;
-    Ok(format!("{:016x}", fnv1a(&bytes)))
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).map_err(EngineError::io("read", path))?;
+    let mut hash = Fnv1a::new();
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        let n = file
+            .read(&mut chunk)
+            .map_err(EngineError::io("read", path))?;
+        if n == 0 {
+            break;
+        }
+        hash.update(&chunk[..n]);
+    }
+    Ok(format!("{:016x}", hash.finish()))
 }
 
 /// Every tensor of `tensors` is finite, or an error naming the first that
 /// is not.
 pub fn check_finite(tensors: &[(String, Literal)], what: &str) -> Result<()> {
     for (name, lit) in tensors {
-        if !lit.ty.dtype.is_float() {
-            continue;
-        }
-        let values = lit.to_f64s();
-        let bad = values.iter().filter(|v| !v.is_finite()).count();
+        let bad = lit.non_finite_count();
         if bad > 0 {
             return Err(EngineError::NonFiniteState {
                 what: what.to_string(),
                 tensor: name.clone(),
                 bad,
-                total: values.len(),
+                total: lit.ty.element_count(),
             });
         }
     }
@@ -213,11 +223,17 @@ pub fn holds_run(dir: &Path) -> bool {
 /// trained tensor is not finite.
 pub fn save(out: &Path, session: &Session, state: &RunState) -> Result<()> {
     std::fs::create_dir_all(out).map_err(EngineError::io("create", out))?;
+    // Gathered once: the trained part is what the adapter or model holds.
     let tensors = session.checkpoint_tensors()?;
     check_finite(&tensors, &format!("step {}", state.step))?;
-    match session.adapter()? {
-        Some(adapter) => adapter.save(out, Some(&session.model().base_name()))?,
-        None => session.model().save_hf(out, &session.trained_tensors()?)?,
+    let trained = session.trained_part(&tensors);
+    match &session.config().lora {
+        Some(lora) => Adapter {
+            lora: lora.clone(),
+            tensors: trained,
+        }
+        .save(out, Some(&session.model().base_name()))?,
+        None => session.model().save_hf(out, &trained)?,
     }
     let fresh = out.join("train_state.new");
     let _ = std::fs::remove_dir_all(&fresh);

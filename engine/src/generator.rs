@@ -70,10 +70,12 @@ pub struct Timings {
     pub compile_s: f64,
 }
 
-/// A compiled decode program and its step (roles).
+/// A compiled generation program and where its parameters go.
 struct Compiled {
-    step: Step,
     program: Program,
+    /// Per input, the parameter it takes (an index into the generator's
+    /// parameters); None for a per-call input.
+    weights: Vec<Option<usize>>,
 }
 
 /// Completes prompts with a model (and an adapter, applied unmerged).
@@ -85,8 +87,10 @@ pub struct Generator {
     mode: Mode,
     /// Shared by every program in eager mode.
     eager: Option<Eager>,
-    /// Every parameter by name, laid out by the training rules.
-    params: HashMap<String, DeviceArray>,
+    /// Every parameter, laid out by the training rules, and where each
+    /// name is among them.
+    params: Vec<DeviceArray>,
+    param_index: HashMap<String, usize>,
     /// The caches' layout: heads over `mp` where they divide, else whole.
     cache_spec: PartitionSpec,
     programs: RefCell<HashMap<(i64, i64, i64), Compiled>>,
@@ -115,7 +119,7 @@ impl Generator {
             types.extend(lora_parameter_types(config, l));
         }
         let rules = partition_rules();
-        let mut params = HashMap::new();
+        let (mut params, mut param_index) = (Vec::new(), HashMap::new());
         for (name, ty) in types {
             let spec = rules.spec_for(&name, ty.rank());
             spec.validate(mesh, &ty.dims, &name)?;
@@ -124,7 +128,8 @@ impl Generator {
                 None => weight(&name)?,
             };
             let array = backend.place(&HostArray::from(lit), &spec)?;
-            params.insert(name, array);
+            param_index.insert(name, params.len());
+            params.push(array);
         }
         let mp = mesh.axis_size("mp").unwrap_or(1);
         let cache_spec = if mp > 1 && config.num_key_value_heads % mp == 0 {
@@ -148,6 +153,7 @@ impl Generator {
             mode,
             eager,
             params,
+            param_index,
             cache_spec,
             programs: RefCell::new(HashMap::new()),
             timings: RefCell::new(Timings::default()),
@@ -171,7 +177,10 @@ impl Generator {
     fn shardings(&self, step: &Step) -> FunctionShardings {
         let f = &step.function;
         let spec_of = |k: usize| match step.inputs[k].role {
-            Role::Weight => self.params[&f.inputs[k].name].sharding().spec.clone(),
+            Role::Weight => self.params[self.param_index[&f.inputs[k].name]]
+                .sharding()
+                .spec
+                .clone(),
             Role::KvCache => self.cache_spec.clone(),
             _ => PartitionSpec::replicated(),
         };
@@ -211,7 +220,30 @@ impl Generator {
         };
         self.compile_s
             .set(self.compile_s.get() + started.elapsed().as_secs_f64());
-        Ok(Compiled { step, program })
+        let weights = (0..step.inputs.len())
+            .map(|k| match step.inputs[k].role {
+                Role::Weight => Some(self.param_index[&step.function.inputs[k].name]),
+                _ => None,
+            })
+            .collect();
+        Ok(Compiled { program, weights })
+    }
+
+    /// `compiled`'s arguments: the parameters where it takes them, `rest`
+    /// (the per-call inputs, in order) elsewhere.
+    fn arguments<'a>(
+        &'a self,
+        compiled: &Compiled,
+        mut rest: impl Iterator<Item = &'a DeviceArray>,
+    ) -> Vec<&'a DeviceArray> {
+        compiled
+            .weights
+            .iter()
+            .map(|w| match w {
+                Some(k) => &self.params[*k],
+                None => rest.next().expect("an input for every non-weight"),
+            })
+            .collect()
     }
 
     /// Runs the decode program for `shape` (compiling it first if needed)
@@ -231,14 +263,7 @@ impl Generator {
             slot.insert(self.compile(step)?);
         }
         let compiled = &programs[&shape];
-        let f = &compiled.step.function;
-        let mut rest = inputs.iter();
-        let all: Vec<&DeviceArray> = (0..f.inputs.len())
-            .map(|k| match compiled.step.inputs[k].role {
-                Role::Weight => &self.params[&f.inputs[k].name],
-                _ => rest.next().expect("an input for every non-weight"),
-            })
-            .collect();
+        let all = self.arguments(compiled, inputs.iter().copied());
         Ok(compiled.program.run(&all)?)
     }
 
@@ -370,13 +395,7 @@ impl Generator {
         let compiled = self.compile(step)?;
         let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
         let ids = self.place(HostArray::new(&[1, n], &ids)?)?;
-        let f = &compiled.step.function;
-        let all: Vec<&DeviceArray> = (0..f.inputs.len())
-            .map(|k| match compiled.step.inputs[k].role {
-                Role::Weight => &self.params[&f.inputs[k].name],
-                _ => &ids,
-            })
-            .collect();
+        let all = self.arguments(&compiled, std::iter::once(&ids));
         let out = compiled.program.run(&all)?;
         Ok(out[0].gather()?.to_f64_vec())
     }

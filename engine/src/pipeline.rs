@@ -29,9 +29,10 @@ impl ShardedStep {
     /// layout is checked against its tensor's shape.
     pub fn new(step: &Step, mesh: &Mesh, rules: &Rules) -> Result<ShardedStep> {
         let step = step.with_function(hlo_ir::simplify(&step.function));
+        let leading = step.leading_axis_names();
         let shardings =
             FunctionShardings::from_rules_stacked(&step.function, mesh, rules, &|name| {
-                step.has_leading_axis(name)
+                leading.contains(name)
             })?;
         Ok(ShardedStep {
             step,

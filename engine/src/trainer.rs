@@ -323,7 +323,6 @@ impl<'a> Trainer<'a> {
     /// set), then saves to `out`.
     pub fn run(&mut self, hooks: &mut dyn Hooks) -> Result<TrainSummary> {
         self.started = Instant::now();
-        let started = self.started;
         let steps = self.options.steps;
         let start = self.session.steps_done();
         let eval_every = self.options.eval_every;
@@ -391,7 +390,7 @@ impl<'a> Trainer<'a> {
             )?;
         }
         self.summary.saved = self.options.out.is_some();
-        self.summary.wall_s = started.elapsed().as_secs_f64();
+        self.summary.wall_s = self.started.elapsed().as_secs_f64();
         Ok(self.summary.clone())
     }
 

@@ -10,7 +10,7 @@ use hlo_engine::models::llama::{LlamaConfig, LoraConfig};
 use hlo_engine::models::train::{Optimizer, Schedule, TrainConfig};
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::runtime::{PluginKind, PluginSpec};
-use hlo_engine::{BackendOptions, ModelSource};
+use hlo_engine::{BackendOptions, DataSpec, Model, ModelSource};
 
 /// `--plugin` and `--devices`.
 #[derive(Args, Clone, Debug)]
@@ -62,6 +62,39 @@ pub struct ModelArgs {
     /// Random weights from any HF Llama config.json.
     #[arg(long)]
     pub config: Option<PathBuf>,
+}
+
+/// `--chat-template` and `--train-on-inputs`: how `{"messages"}` data is
+/// read (`train`, `data`, `eval`).
+#[derive(Args, Clone, Debug)]
+pub struct ChatArgs {
+    /// The folder whose tokenizer_config.json holds the chat template for
+    /// `{"messages"}` data (default: the checkpoint's).
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
+
+    /// With `{"messages"}` data, count system and user turns in the loss
+    /// too (by default only the assistant's replies are learned).
+    #[arg(long)]
+    pub train_on_inputs: bool,
+}
+
+impl ChatArgs {
+    /// The engine's description of `data` (None: the demo task) read with
+    /// these settings for rows of `seq` tokens.
+    pub fn spec(&self, data: Option<PathBuf>, seq: i64) -> DataSpec {
+        DataSpec {
+            path: data,
+            chat_template: self.chat_template.clone(),
+            train_on_inputs: self.train_on_inputs,
+            seq: seq as usize,
+        }
+    }
+}
+
+/// The model of these flags, with `--tokenizer` when given.
+pub fn open_model(model: &ModelArgs, tokenizer: &TokenizerArgs) -> Result<Model> {
+    Ok(Model::open(&model.source())?.with_tokenizer_file(tokenizer.tokenizer.clone()))
 }
 
 /// `--dtype`.

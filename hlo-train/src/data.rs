@@ -7,9 +7,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use hlo_engine::{DataSpec, Dataset, Model};
+use hlo_engine::Dataset;
 
-use crate::args::{ModelArgs, TokenizerArgs};
+use crate::args::{open_model, ChatArgs, ModelArgs, TokenizerArgs};
 
 #[derive(Args, Debug)]
 pub struct DataArgs {
@@ -19,18 +19,12 @@ pub struct DataArgs {
     #[command(flatten)]
     pub tokenizer: TokenizerArgs,
 
+    #[command(flatten)]
+    pub chat: ChatArgs,
+
     /// JSONL data (default: the bundled demo task).
     #[arg(long)]
     pub data: Option<PathBuf>,
-
-    /// The folder whose tokenizer_config.json holds the chat template for
-    /// `{"messages"}` data (default: the checkpoint's).
-    #[arg(long)]
-    pub chat_template: Option<PathBuf>,
-
-    /// With `{"messages"}` data, learn system and user turns too.
-    #[arg(long)]
-    pub train_on_inputs: bool,
 
     /// Tokens per row, as for `train`.
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(i64).range(2..=10_000_000))]
@@ -54,15 +48,9 @@ pub struct DataArgs {
 }
 
 pub fn run(args: &DataArgs) -> Result<()> {
-    let model =
-        Model::open(&args.model.source())?.with_tokenizer_file(args.tokenizer.tokenizer.clone());
+    let model = open_model(&args.model, &args.tokenizer)?;
     let seq = args.seq as usize;
-    let spec = DataSpec {
-        path: args.data.clone(),
-        chat_template: args.chat_template.clone(),
-        train_on_inputs: args.train_on_inputs,
-        seq,
-    };
+    let spec = args.chat.spec(args.data.clone(), args.seq);
     let data = Dataset::read(&model, &spec, args.seed)?;
     let tokenizer = model
         .tokenizer(None)?

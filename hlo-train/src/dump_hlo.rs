@@ -2,7 +2,7 @@
 //! or the forward pass of any preset or config, on any mesh), as StableHLO
 //! and/or HLO text, from abstract shapes: no weights are read or made.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
@@ -103,25 +103,14 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
         What::TrainStep => "train_step",
         What::Forward => "forward",
     };
-    let mut files: Vec<(String, String)> = Vec::new();
-    if matches!(args.format, Format::Stablehlo | Format::Both) {
-        files.push((format!("{name}.stablehlo.mlir"), sharded.stablehlo()));
-    }
-    if matches!(args.format, Format::Hlo | Format::Both) {
-        files.push((format!("{name}.hlo.txt"), sharded.hlo_text()));
-    }
     match &args.out {
         None => {
-            for (_, text) in &files {
+            for (_, text) in texts(name, &sharded, args.format) {
                 print!("{text}");
             }
         }
         Some(dir) => {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("cannot create {}", dir.display()))?;
-            for (file, text) in &files {
-                let path = dir.join(file);
-                write_atomic(&path, text.as_bytes())?;
+            for path in write_texts(dir, name, &sharded, args.format)? {
                 eprintln!("wrote {}", path.display());
             }
         }
@@ -140,4 +129,35 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
         eprintln!("XLA's dumps are in {}", dir.display());
     }
     Ok(())
+}
+
+/// The program's text files, `(file name, text)`, in `format`.
+fn texts(name: &str, step: &ShardedStep, format: Format) -> Vec<(String, String)> {
+    let mut files = Vec::new();
+    if matches!(format, Format::Stablehlo | Format::Both) {
+        files.push((format!("{name}.stablehlo.mlir"), step.stablehlo()));
+    }
+    if matches!(format, Format::Hlo | Format::Both) {
+        files.push((format!("{name}.hlo.txt"), step.hlo_text()));
+    }
+    files
+}
+
+/// Writes the program's text files into `dir` (created if needed); returns
+/// their paths. `train --dump-hlo` writes its step this way too.
+pub fn write_texts(
+    dir: &Path,
+    name: &str,
+    step: &ShardedStep,
+    format: Format,
+) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    texts(name, step, format)
+        .into_iter()
+        .map(|(file, text)| {
+            let path = dir.join(file);
+            write_atomic(&path, text.as_bytes())?;
+            Ok(path)
+        })
+        .collect()
 }

@@ -9,10 +9,10 @@ use clap::Args;
 use hlo_engine::data::eval_batches;
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::{Backend, DataSpec, Dataset, Evaluator, Model};
+use hlo_engine::{Backend, Dataset, Evaluator};
 use serde_json::json;
 
-use crate::args::{DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};
+use crate::args::{open_model, ChatArgs, DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};
 
 #[derive(Args, Debug)]
 pub struct EvalArgs {
@@ -24,6 +24,9 @@ pub struct EvalArgs {
 
     #[command(flatten)]
     pub tokenizer: TokenizerArgs,
+
+    #[command(flatten)]
+    pub chat: ChatArgs,
 
     #[command(flatten)]
     pub plugin: PluginArgs,
@@ -41,15 +44,6 @@ pub struct EvalArgs {
     #[arg(long)]
     pub data: PathBuf,
 
-    /// The folder whose tokenizer_config.json holds the chat template for
-    /// `{"messages"}` data (default: the checkpoint's).
-    #[arg(long)]
-    pub chat_template: Option<PathBuf>,
-
-    /// With `{"messages"}` data, count system and user turns too.
-    #[arg(long)]
-    pub train_on_inputs: bool,
-
     /// Tokens per row: longer samples are cut.
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(i64).range(2..=10_000_000))]
     pub seq: i64,
@@ -64,19 +58,13 @@ pub struct EvalArgs {
 }
 
 pub fn run(args: &EvalArgs) -> Result<()> {
-    let model =
-        Model::open(&args.model.source())?.with_tokenizer_file(args.tokenizer.tokenizer.clone());
+    let model = open_model(&args.model, &args.tokenizer)?;
     let adapter = match &args.adapter {
         Some(dir) => Some(Adapter::load(dir, &model.config)?),
         None => None,
     };
     let seq = args.seq as usize;
-    let spec = DataSpec {
-        path: Some(args.data.clone()),
-        chat_template: args.chat_template.clone(),
-        train_on_inputs: args.train_on_inputs,
-        seq,
-    };
+    let spec = args.chat.spec(Some(args.data.clone()), args.seq);
     let data = Dataset::read(&model, &spec, 0)?;
     let backend = Backend::open(&args.plugin.backend(args.mesh.as_ref()))?;
     let dtype = args.dtype.dtype(args.plugin.is_cpu());

@@ -17,8 +17,9 @@ use serde_json::Value;
 
 use crate::train::TrainArgs;
 
-/// The settings that are flags of `train`, by long name.
-pub const FLAG_SETTINGS: [&str; 30] = [
+/// The settings that are flags of `train`, by long name. (A setting that
+/// names a file is compared by the file's identity too: `*-fingerprint`.)
+pub const FLAG_SETTINGS: [&str; 28] = [
     "model",
     "config",
     "checkpoint",
@@ -47,10 +48,6 @@ pub const FLAG_SETTINGS: [&str; 30] = [
     "clip-norm",
     "scan-layers",
     "remat",
-    // Settings whose flags name a file: the file's identity is compared
-    // (`*-fingerprint`), so a moved file may be named again.
-    "model-fingerprint",
-    "data-fingerprint",
 ];
 
 /// Flags that pick the model; one given replaces all saved ones.
@@ -74,10 +71,7 @@ pub fn effective_argv(
         let Some(value) = saved.get(flag) else {
             continue;
         };
-        if given.contains(&id(flag))
-            || (model_given && MODEL_FLAGS.contains(&flag))
-            || flag.ends_with("-fingerprint")
-        {
+        if given.contains(&id(flag)) || (model_given && MODEL_FLAGS.contains(&flag)) {
             continue;
         }
         match value {
@@ -120,7 +114,7 @@ pub fn differences(
         }
     }
     for flag in FLAG_SETTINGS {
-        if !given.contains(&id(flag)) || flag.ends_with("-fingerprint") {
+        if !given.contains(&id(flag)) {
             continue;
         }
         let (a, b) = (saved.get(flag), now.get(flag));
@@ -216,14 +210,14 @@ pub fn cli_settings(args: &TrainArgs, model: &Model, data: &Dataset) -> Result<R
         ("tokenizer", &args.tokenizer.tokenizer),
         ("init-adapter", &args.init_adapter),
         ("data", &args.data),
-        ("chat-template", &args.chat_template),
+        ("chat-template", &args.chat.chat_template),
     ] {
         if let Some(p) = path {
             s.set(key, absolute(p));
         }
     }
     s.set("data-fingerprint", data.fingerprint.as_str());
-    s.set("train-on-inputs", args.train_on_inputs);
+    s.set("train-on-inputs", args.chat.train_on_inputs);
     s.set("steps", args.steps);
     Ok(s)
 }

@@ -2,28 +2,28 @@
 //! session and a trainer, and prints what they report (a header, a
 //! progress bar with moving averages, log lines, the metrics file).
 
-use std::fs::File;
-use std::path::PathBuf;
-
 use std::collections::BTreeSet;
 use std::ffi::OsString;
-use std::path::Path;
+use std::fs::File;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use hlo_engine::checkpoint::{self, RunSettings, Saved};
 use hlo_engine::data::{eval_batches, Loader};
 use hlo_engine::models::adapter::Adapter;
-use hlo_engine::models::io::write_atomic;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::{
-    flops, Backend, DataSpec, Dataset, Mode, Model, Session, SessionOptions, StopFlag, Trainer,
-    TrainerOptions,
+    flops, Backend, Dataset, Mode, Session, SessionOptions, StopFlag, Trainer, TrainerOptions,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::args::{DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs, Toggle, TokenizerArgs};
+use crate::args::{
+    open_model, ChatArgs, DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs, Toggle,
+    TokenizerArgs,
+};
 use crate::console::{demo_show, print_header, Console, SMOOTHING_WINDOW};
+use crate::dump_hlo::{self, Format};
 use crate::resume;
 
 #[derive(Args, Clone, Debug)]
@@ -36,6 +36,9 @@ pub struct TrainArgs {
 
     #[command(flatten)]
     pub tokenizer: TokenizerArgs,
+
+    #[command(flatten)]
+    pub chat: ChatArgs,
 
     #[command(flatten)]
     pub plugin: PluginArgs,
@@ -72,16 +75,6 @@ pub struct TrainArgs {
     /// JSONL training data (default: the bundled demo task).
     #[arg(long)]
     pub data: Option<PathBuf>,
-
-    /// The folder whose tokenizer_config.json holds the chat template for
-    /// `{"messages"}` data (default: the checkpoint's).
-    #[arg(long)]
-    pub chat_template: Option<PathBuf>,
-
-    /// With `{"messages"}` data, count system and user turns in the loss
-    /// too (by default only the assistant's replies are learned).
-    #[arg(long)]
-    pub train_on_inputs: bool,
 
     /// Optimizer steps to reach (a resumed run counts its saved steps).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..))]
@@ -166,11 +159,11 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
     };
     let out = args.out.clone().or_else(|| args.resume.clone());
     if let Some(out) = &out {
-        let same = |a: &Path, b: &Path| {
-            std::fs::canonicalize(a).ok().is_some()
-                && std::fs::canonicalize(a).ok() == std::fs::canonicalize(b).ok()
-        };
-        let continuing = args.resume.as_deref().is_some_and(|r| same(r, out));
+        let canonical = |p: &Path| std::fs::canonicalize(p).ok();
+        let continuing = args
+            .resume
+            .as_deref()
+            .is_some_and(|r| canonical(r).is_some() && canonical(r) == canonical(out));
         if checkpoint::holds_run(out) && !continuing && !args.overwrite {
             bail!(
                 "--out {} holds a run already: continue it with --resume {}, or pass --overwrite to replace it",
@@ -189,18 +182,12 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
         ),
         None => None,
     };
-    let model =
-        Model::open(&args.model.source())?.with_tokenizer_file(args.tokenizer.tokenizer.clone());
+    let model = open_model(&args.model, &args.tokenizer)?;
     model.check_weights()?;
     let config = model.config.clone();
     let tokenizer = model.tokenizer(None)?;
     let seq = args.step.seq as usize;
-    let spec = DataSpec {
-        path: args.data.clone(),
-        chat_template: args.chat_template.clone(),
-        train_on_inputs: args.train_on_inputs,
-        seq,
-    };
+    let spec = args.chat.spec(args.data.clone(), args.step.seq);
     let data = Dataset::read(&model, &spec, args.seed)?;
     let held_out = Dataset::held_out(&model, &spec, args.eval_data.as_deref(), args.seed)?;
     let demo = args.data.is_none();
@@ -280,22 +267,16 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
         loader.cursor = saved.state.data_cursor;
     }
     if let Some(dir) = &args.dump_hlo {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let step = session.sharded_step();
-        write_atomic(
-            &dir.join("train_step.stablehlo.mlir"),
-            step.stablehlo().as_bytes(),
-        )?;
-        write_atomic(&dir.join("train_step.hlo.txt"), step.hlo_text().as_bytes())?;
+        dump_hlo::write_texts(dir, "train_step", session.sharded_step(), Format::Both)?;
     }
-    let show_demo = demo && !args.step.full && tokenizer.is_some();
-    if show_demo {
-        let initial = session.adapter()?;
+    // The demo shows the adapter's completions before and after training.
+    let demo_tokenizer = tokenizer.as_ref().filter(|_| demo && !args.step.full);
+    if let Some(t) = demo_tokenizer {
         demo_show(
             "before",
             &session,
-            tokenizer.as_ref().expect("checked"),
-            initial.as_ref(),
+            t,
+            session.adapter()?.as_ref(),
             args.seed,
         )?;
     }
@@ -412,15 +393,8 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
             s.intermediate_bytes as f64 / 1e6
         );
     }
-    if show_demo {
-        let trained = session.adapter()?;
-        demo_show(
-            "after",
-            &session,
-            tokenizer.as_ref().expect("checked"),
-            trained.as_ref(),
-            args.seed,
-        )?;
+    if let Some(t) = demo_tokenizer {
+        demo_show("after", &session, t, session.adapter()?.as_ref(), args.seed)?;
     }
     Ok(())
 }

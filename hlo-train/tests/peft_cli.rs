@@ -18,24 +18,13 @@ fn variant(name: &str) -> PathBuf {
 }
 
 fn variant_expected(name: &str, key: &str) -> Literal {
-    read_safetensors(&variant(name).join("expected.safetensors"))
-        .unwrap()
-        .into_iter()
-        .find(|(k, _)| k == key)
-        .unwrap_or_else(|| panic!("{name}: {key}"))
-        .1
+    expected(&format!("gqa_llama3/{name}"), key)
 }
 
 /// The fixture's two rows of input ids, comma-separated.
 fn rows() -> Vec<String> {
-    let ids = read_safetensors(&fixture("gqa_llama3").join("expected.safetensors"))
-        .unwrap()
-        .into_iter()
-        .find(|(k, _)| k == "input_ids")
-        .unwrap()
-        .1
-        .to_i128s();
-    ids.chunks(9)
+    fixture_ids()
+        .iter()
         .map(|r| r.iter().map(i128::to_string).collect::<Vec<_>>().join(","))
         .collect()
 }
@@ -54,14 +43,6 @@ fn logits(model: &Path, adapter: Option<&Path>, dir: &Path) -> Vec<f64> {
             )
         })
         .collect()
-}
-
-fn max_diff(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f64::max)
 }
 
 /// Logits with the adapter, and of the merged model, equal PEFT's.
@@ -110,33 +91,24 @@ fn one_sgd_step_equals_peft(name: &str, tensors: usize, scan: &str) {
     let data = fixture_rows(&dir);
     let out = dir.join("out");
     let metrics = dir.join("m.jsonl");
-    ok(&hlo_train(&[
-        "train",
-        "--checkpoint",
-        fixture("gqa_llama3").to_str().unwrap(),
-        "--init-adapter",
-        variant(name).to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-        "--batch",
-        "2",
-        "--seq",
-        "9",
-        "--steps",
-        "1",
-        "--optimizer",
-        "sgd",
-        "--lr",
-        "0.05",
-        "--clip-norm",
-        "0",
-        "--scan-layers",
-        scan,
-        "--out",
-        out.to_str().unwrap(),
-        "--metrics",
-        metrics.to_str().unwrap(),
-    ]));
+    ok(&step_from_adapter(
+        &variant(name),
+        &data,
+        &[
+            "--optimizer",
+            "sgd",
+            "--lr",
+            "0.05",
+            "--clip-norm",
+            "0",
+            "--scan-layers",
+            scan,
+            "--out",
+            out.to_str().unwrap(),
+            "--metrics",
+            metrics.to_str().unwrap(),
+        ],
+    ));
     let loss = variant_expected(name, "sgd.loss").to_f64s()[0];
     let first = losses(&metrics)[0];
     assert!(
@@ -227,21 +199,7 @@ fn settings_hlo_train_does_not_compute_are_refused() {
         .replace("\"lora_dropout\": 0.0", "\"lora_dropout\": 0.05");
     std::fs::write(adapter.join("adapter_config.json"), config).unwrap();
     let data = fixture_rows(&dir);
-    let err = one_line_error(&hlo_train(&[
-        "train",
-        "--checkpoint",
-        base.to_str().unwrap(),
-        "--init-adapter",
-        adapter.to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-        "--batch",
-        "2",
-        "--seq",
-        "9",
-        "--steps",
-        "1",
-    ]));
+    let err = one_line_error(&step_from_adapter(&adapter, &data, &[]));
     assert!(
         err.contains("lora_dropout 0.05") && err.contains("set it to 0"),
         "{err}"

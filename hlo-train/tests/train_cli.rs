@@ -15,33 +15,25 @@ fn one_step_from_a_peft_adapter_equals_pytorch_peft() {
     for (opt, lr) in [("sgd", "0.05"), ("adamw", "1e-3")] {
         let out = dir.join(opt);
         let metrics = dir.join(format!("{opt}.jsonl"));
-        ok(&hlo_train(&[
-            "train",
-            "--checkpoint",
-            fixture("gqa_llama3").to_str().unwrap(),
-            "--init-adapter",
-            fixture("gqa_llama3").join("adapter").to_str().unwrap(),
-            "--data",
-            data.to_str().unwrap(),
-            "--batch",
-            "2",
-            "--seq",
-            "9",
-            "--steps",
-            "1",
-            "--optimizer",
-            opt,
-            "--lr",
-            lr,
-            "--clip-norm",
-            "0",
-            "--out",
-            out.to_str().unwrap(),
-            "--metrics",
-            metrics.to_str().unwrap(),
-            "--eval-data",
-            data.to_str().unwrap(),
-        ]));
+        let init = fixture("gqa_llama3").join("adapter");
+        ok(&step_from_adapter(
+            &init,
+            &data,
+            &[
+                "--optimizer",
+                opt,
+                "--lr",
+                lr,
+                "--clip-norm",
+                "0",
+                "--out",
+                out.to_str().unwrap(),
+                "--metrics",
+                metrics.to_str().unwrap(),
+                "--eval-data",
+                data.to_str().unwrap(),
+            ],
+        ));
         let loss = want
             .iter()
             .find(|(k, _)| k == &format!("{opt}.loss"))

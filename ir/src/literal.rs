@@ -107,6 +107,25 @@ impl Literal {
             .collect()
     }
 
+    /// How many elements are NaN or infinite (none for integers), without
+    /// making a copy of the values.
+    pub fn non_finite_count(&self) -> usize {
+        let d = self.ty.dtype;
+        if !d.is_float() {
+            return 0;
+        }
+        let n = d.size_in_bytes();
+        self.bytes
+            .chunks_exact(n)
+            .filter(|c| !match d {
+                DType::F16 => f16::from_le_bytes([c[0], c[1]]).is_finite(),
+                DType::BF16 => bf16::from_le_bytes([c[0], c[1]]).is_finite(),
+                DType::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite(),
+                _ => f64::from_le_bytes((*c).try_into().expect("8 bytes")).is_finite(),
+            })
+            .count()
+    }
+
     /// Elements as i128 (integers and pred exactly; floats truncated).
     pub fn to_i128s(&self) -> Vec<i128> {
         let d = self.ty.dtype;

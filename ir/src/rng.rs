@@ -54,6 +54,40 @@ impl Rng {
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
+/// 64-bit FNV-1a fed piece by piece (a file read in chunks, say).
+///
+/// ```
+/// use hlo_ir::rng::{fnv1a, Fnv1a};
+/// let mut h = Fnv1a::new();
+/// h.update(b"foo");
+/// h.update(b"bar");
+/// assert_eq!(h.finish(), fnv1a(b"foobar"));
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Fnv1a(u64);
+
+impl Default for Fnv1a {
+    fn default() -> Self {
+        Fnv1a(FNV_OFFSET)
+    }
+}
+
+impl Fnv1a {
+    pub fn new() -> Fnv1a {
+        Fnv1a::default()
+    }
+
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0 = bytes
+            .iter()
+            .fold(self.0, |h, &b| (h ^ b as u64).wrapping_mul(FNV_PRIME));
+    }
+
+    pub fn finish(self) -> u64 {
+        self.0
+    }
+}
+
 /// 64-bit FNV-1a of `bytes`.
 ///
 /// ```
@@ -61,9 +95,9 @@ const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 /// assert_eq!(hlo_ir::rng::fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
 /// ```
 pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes
-        .iter()
-        .fold(FNV_OFFSET, |h, &b| (h ^ b as u64).wrapping_mul(FNV_PRIME))
+    let mut h = Fnv1a::new();
+    h.update(bytes);
+    h.finish()
 }
 
 /// FNV-1a over several parts with a separator after each, so `("ab", "c")`

@@ -153,13 +153,15 @@ impl Step {
         self.function.outputs.iter().position(|b| b.name == name)
     }
 
-    /// Whether the input or output named `name` has a leading axis the
-    /// rules do not describe (outputs share their input's name).
-    pub fn has_leading_axis(&self, name: &str) -> bool {
+    /// The names of the inputs (and of the outputs that update them) that
+    /// carry a leading axis the rules do not describe.
+    pub fn leading_axis_names(&self) -> std::collections::HashSet<&str> {
         self.function
             .inputs
             .iter()
             .zip(&self.inputs)
-            .any(|(b, i)| b.name == name && i.leading_axis)
+            .filter(|(_, i)| i.leading_axis)
+            .map(|(b, _)| b.name.as_str())
+            .collect()
     }
 }

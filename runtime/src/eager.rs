@@ -110,10 +110,6 @@ impl Eager {
         self.shared().stats
     }
 
-    pub fn mesh(&self) -> &Mesh {
-        &self.mesh
-    }
-
     /// The one-op program for `f` under `shardings` and `donated`, compiled
     /// on first use.
     fn program(

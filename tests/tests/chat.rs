@@ -86,6 +86,26 @@ mod training_data {
         .unwrap()
     }
 
+    /// `line` read with the fixture BPE tokenizer and `template`, turns
+    /// ending at `<|end_of_text|>`.
+    fn bpe_example(template: &ChatTemplate, line: &serde_json::Value) -> hlo_data::Example {
+        let t = bpe();
+        let chat = ChatData {
+            template,
+            stop: vec![1],
+            train_on_inputs: false,
+        };
+        Reader {
+            tokenizer: Some(&t),
+            eos: Some(1),
+            vocab: t.vocab_size() as i64,
+            chat: Some(&chat),
+            max_tokens: None,
+        }
+        .parse_line(&line.to_string())
+        .unwrap()
+    }
+
     /// A template that writes a separator after each end-of-turn token.
     fn separator_template() -> ChatTemplate {
         ChatTemplate {
@@ -95,6 +115,7 @@ mod training_data {
         }
     }
 
+    /// The ids an example learns, in order.
     fn learned(e: &hlo_data::Example) -> Vec<u32> {
         e.ids
             .iter()
@@ -117,18 +138,11 @@ mod training_data {
         // The learned tokens are the two replies with their end of turn,
         // each followed by EOS (the template ends turns with <|eot_id|>,
         // which is not this tokenizer's EOS).
-        let learned: Vec<u32> = ex
-            .ids
-            .iter()
-            .zip(&ex.target)
-            .filter(|(_, &t)| t)
-            .map(|(&i, _)| i)
-            .collect();
         let mut want = t.encode("4<|eot_id|>", false).unwrap();
         want.push(BYTE_EOS);
         want.extend(t.encode("6<|eot_id|>", false).unwrap());
         want.push(BYTE_EOS);
-        assert_eq!(learned, want);
+        assert_eq!(learned(&ex), want);
         // Without the EOS tokens, the ids are the rendered conversation.
         let text: Vec<u32> = ex.ids.iter().copied().filter(|&i| i != BYTE_EOS).collect();
         let rendered = ChatTemplate::from_dir(&fixtures().join("llama_style"))
@@ -156,14 +170,6 @@ mod training_data {
         };
         let (a, b) = (with("Capital of France?"), with("Where is the Louvre?"));
         // Same learned tokens; every user token is unlearned.
-        let learned = |e: &hlo_data::Example| -> Vec<u32> {
-            e.ids
-                .iter()
-                .zip(&e.target)
-                .filter(|(_, &t)| t)
-                .map(|(&i, _)| i)
-                .collect()
-        };
         assert_eq!(learned(&a), learned(&b));
         let n = a.target.iter().filter(|&&t| !t).count();
         assert_eq!(
@@ -171,26 +177,15 @@ mod training_data {
             b.ids.len() as i64 - a.ids.len() as i64
         );
     }
+
     #[test]
     fn a_separator_after_the_end_of_turn_is_not_learned() {
         let (t, template) = (bpe(), separator_template());
-        let chat = ChatData {
-            template: &template,
-            stop: vec![1],
-            train_on_inputs: false,
-        };
-        let reader = Reader {
-            tokenizer: Some(&t),
-            eos: Some(1),
-            vocab: t.vocab_size() as i64,
-            chat: Some(&chat),
-            max_tokens: None,
-        };
         let line = serde_json::json!({"messages": [
             {"role": "user", "content": "the quick brown fox"},
             {"role": "assistant", "content": "jumps over the lazy dog"},
         ]});
-        let ex = reader.parse_line(&line.to_string()).unwrap();
+        let ex = bpe_example(&template, &line);
         // Exactly the reply and one end of turn: not the "; " after it,
         // and no second EOS.
         let mut want = t.encode("jumps over the lazy dog", false).unwrap();
@@ -224,24 +219,12 @@ mod training_data {
             eos_token: "<|end_of_text|>".into(),
         };
         assert!(template.render(&[], true).is_err());
-        let chat = ChatData {
-            template: &template,
-            stop: vec![1],
-            train_on_inputs: false,
-        };
-        let reader = Reader {
-            tokenizer: Some(&t),
-            eos: Some(1),
-            vocab: t.vocab_size() as i64,
-            chat: Some(&chat),
-            max_tokens: None,
-        };
         let line = serde_json::json!({"messages": [
             {"role": "assistant", "content": "hello"},
             {"role": "user", "content": "the quick brown fox"},
             {"role": "assistant", "content": "jumps"},
         ]});
-        let ex = reader.parse_line(&line.to_string()).unwrap();
+        let ex = bpe_example(&template, &line);
         let mut want = t.encode("hello", false).unwrap();
         want.push(1);
         want.extend(t.encode("jumps", false).unwrap());

@@ -380,9 +380,15 @@ impl Session {
     /// The checkpointed state (trainable parameters, optimizer state, step
     /// counter) gathered to the host, under the step's names.
     pub fn checkpoint_tensors(&self) -> Result<Vec<(String, Literal)>> {
+        self.gather(Role::is_checkpointed)
+    }
+
+    /// The state whose role satisfies `keep`, gathered to the host under
+    /// the step's names.
+    fn gather(&self, keep: impl Fn(&Role) -> bool) -> Result<Vec<(String, Literal)>> {
         let f = self.step.function();
         self.step()
-            .inputs_where(Role::is_checkpointed)
+            .inputs_where(keep)
             .into_iter()
             .map(|k| {
                 let a = self.state[k].as_ref().expect("state is set");
@@ -394,17 +400,20 @@ impl Session {
     /// The trained parameters gathered to the host, per layer (stacked
     /// tensors split back into their layers' names).
     pub fn trained_tensors(&self) -> Result<Vec<(String, Literal)>> {
-        let f = self.step.function();
-        let tensors = self
-            .step()
-            .inputs_where(|r| *r == Role::Trainable)
-            .into_iter()
-            .map(|k| {
-                let a = self.state[k].as_ref().expect("state is set");
-                Ok((f.inputs[k].name.clone(), Literal::from(a.gather()?)))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(unstack_all(tensors))
+        Ok(unstack_all(self.gather(|r| *r == Role::Trainable)?))
+    }
+
+    /// The trained parameters among `tensors` (as
+    /// [`Session::checkpoint_tensors`] gives them), per layer.
+    pub fn trained_part(&self, tensors: &[(String, Literal)]) -> Vec<(String, Literal)> {
+        let names = self.trainable_names();
+        unstack_all(
+            tensors
+                .iter()
+                .filter(|(n, _)| names.contains(n))
+                .cloned()
+                .collect(),
+        )
     }
 
     /// The trained adapter (None when finetuning fully).

@@ -55,22 +55,33 @@ pub fn scratch(group: &str, name: &str) -> PathBuf {
     d
 }
 
+/// The two rows of input ids of fixture model `gqa_llama3`.
+pub fn fixture_ids() -> Vec<Vec<i128>> {
+    expected("gqa_llama3", "input_ids")
+        .to_i128s()
+        .chunks(9)
+        .map(<[i128]>::to_vec)
+        .collect()
+}
+
 /// The fixture's two rows of input ids as `{"input_ids"}` JSONL.
 pub fn fixture_rows(dir: &Path) -> PathBuf {
-    let expected = read_safetensors(&fixture("gqa_llama3").join("expected.safetensors")).unwrap();
-    let ids = expected
+    let lines: Vec<String> = fixture_ids()
         .iter()
-        .find(|(k, _)| k == "input_ids")
-        .unwrap()
-        .1
-        .to_i128s();
-    let lines: Vec<String> = ids
-        .chunks(9)
         .map(|r| serde_json::json!({ "input_ids": r }).to_string())
         .collect();
     let path = dir.join("rows.jsonl");
     std::fs::write(&path, lines.join("\n") + "\n").unwrap();
     path
+}
+
+/// The largest absolute difference between two equally long slices.
+pub fn max_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
 }
 
 pub fn losses(metrics: &Path) -> Vec<f64> {
@@ -156,4 +167,27 @@ pub fn copy_model(name: &str, to: &Path) -> PathBuf {
         }
     }
     to.to_path_buf()
+}
+
+/// `train` for one step of the fixture model's two rows from adapter
+/// `init` (`--batch 2 --seq 9 --steps 1`), with `extra` flags.
+pub fn step_from_adapter(init: &Path, data: &Path, extra: &[&str]) -> Output {
+    let checkpoint = fixture("gqa_llama3");
+    let mut args = vec![
+        "train",
+        "--checkpoint",
+        checkpoint.to_str().unwrap(),
+        "--init-adapter",
+        init.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--batch",
+        "2",
+        "--seq",
+        "9",
+        "--steps",
+        "1",
+    ];
+    args.extend(extra);
+    hlo_train(&args)
 }

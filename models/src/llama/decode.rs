@@ -7,7 +7,7 @@
 //! its first real token. The same traced program serves prefill (`T` new
 //! tokens from slot 0) and decode (`T = 1`), each compiled once per shape.
 
-use hlo_ir::{full, iota, scope, trace, DType, Function, Outputs, Tensor, TensorType, TraceError};
+use hlo_ir::{full, iota, scope, trace, DType, Outputs, Tensor, TensorType, TraceError};
 
 use super::model::{grouped_attention, linear, rotate_half};
 use super::{
@@ -195,21 +195,9 @@ pub fn argmax(x: Tensor) -> Tensor {
 /// parameters (and LoRA tensors), the caches, `input_ids [batch, new]`,
 /// `offsets [batch]`, `cur []`, `temperature []`, `top_k []`, `top_p []`
 /// and `rng u64[2]`; outputs `next [batch]`, `logits [batch, vocab]`,
-/// the updated caches and `rng`. See [`decode_step`] for its roles.
-pub fn decode_function(
-    config: &LlamaConfig,
-    dtype: DType,
-    batch: i64,
-    new: i64,
-    max_len: i64,
-    lora: Option<&LoraConfig>,
-) -> Result<Function, TraceError> {
-    Ok(decode_step(config, dtype, batch, new, max_len, lora)?.function)
-}
-
-/// [`decode_function`] as a [`Step`]: parameters are weights, the caches
-/// and the rng state are updated in place (donated), the rest are
-/// per-call inputs.
+/// the updated caches and `rng`. As a [`Step`]: parameters are weights,
+/// the caches and the rng state are updated in place (donated), the rest
+/// are per-call inputs.
 pub fn decode_step(
     config: &LlamaConfig,
     dtype: DType,

@@ -7,7 +7,7 @@ mod model;
 mod rules;
 
 pub use config::{Llama3Scaling, LlamaConfig};
-pub use decode::{argmax, cache_types, decode_function, decode_step, sample_tokens};
+pub use decode::{argmax, cache_types, decode_step, sample_tokens};
 pub use lora::{LoraConfig, DEFAULT_TARGETS, MODULES_TO_SAVE};
 pub use model::{is_stacked, rms_norm, Llama, Params};
 pub use rules::partition_rules;
@@ -130,24 +130,12 @@ pub fn forward_function(
     seq: i64,
     lora: Option<&LoraConfig>,
 ) -> Result<Function, TraceError> {
-    forward_function_with(config, dtype, batch, seq, lora, false)
+    Ok(forward_step(config, dtype, batch, seq, lora, false)?.function)
 }
 
-/// [`forward_function`], optionally with the layers as one scan over
-/// stacked parameters (see [`stack_types`]).
-pub fn forward_function_with(
-    config: &LlamaConfig,
-    dtype: DType,
-    batch: i64,
-    seq: i64,
-    lora: Option<&LoraConfig>,
-    scan_layers: bool,
-) -> Result<Function, TraceError> {
-    Ok(forward_step(config, dtype, batch, seq, lora, scan_layers)?.function)
-}
-
-/// [`forward_function_with`] as a [`Step`]: every parameter a weight,
-/// `input_ids` the batch.
+/// [`forward_function`] as a [`Step`], optionally with the layers as one
+/// scan over stacked parameters (see [`stack_types`]): every parameter a
+/// weight, `input_ids` the batch.
 pub fn forward_step(
     config: &LlamaConfig,
     dtype: DType,

@@ -7,7 +7,7 @@ use hlo_partitioner::{PartitionSpec, Rules};
 /// Kernels and embeddings over `fsdp` and `mp`, norms replicated, `lora_a`
 /// `("fsdp", "mp")`, `lora_b` `("mp", "fsdp")`, token batches `(("dp",
 /// "fsdp"), None)`. Stacked layer parameters carry a leading layer axis
-/// these rules do not mention (see `Step::has_leading_axis`).
+/// these rules do not mention (see `Step::leading_axis_names`).
 ///
 /// ```
 /// use hlo_partitioner::PartitionSpec;
