@@ -33,7 +33,8 @@ pub struct Sampling {
 }
 
 impl Sampling {
-    fn temperature(&self) -> f64 {
+    /// The temperature the sampler uses (0: greedy).
+    pub fn temperature(&self) -> f64 {
         match self.temperature {
             Some(t) => t,
             None if self.top_k.is_some() || self.top_p.is_some() => 1.0,
@@ -68,6 +69,41 @@ pub struct Timings {
     /// in the steps).
     pub programs: usize,
     pub compile_s: f64,
+}
+
+/// The layouts of `step`'s inputs (`input(k)`) and outputs: state returned
+/// updated keeps its input's layout, other outputs are replicated.
+pub(crate) fn program_shardings(
+    mesh: &hlo_partitioner::Mesh,
+    step: &Step,
+    input: impl Fn(usize) -> PartitionSpec,
+) -> FunctionShardings {
+    let f = &step.function;
+    let inputs: Vec<PartitionSpec> = (0..f.inputs.len()).map(input).collect();
+    let outputs = f
+        .outputs
+        .iter()
+        .map(|o| match f.inputs.iter().position(|b| b.name == o.name) {
+            Some(k) => inputs[k].clone(),
+            None => PartitionSpec::replicated(),
+        })
+        .collect();
+    FunctionShardings {
+        mesh: mesh.clone(),
+        inputs,
+        outputs,
+    }
+}
+
+/// The layout of a KV cache `[batch, kv_heads, len, head_dim]`: heads over
+/// `mp` where they divide, else whole.
+pub(crate) fn cache_spec(mesh: &hlo_partitioner::Mesh, config: &LlamaConfig) -> PartitionSpec {
+    let mp = mesh.axis_size("mp").unwrap_or(1);
+    if mp > 1 && config.num_key_value_heads % mp == 0 {
+        PartitionSpec::new(&[&[], &["mp"]])
+    } else {
+        PartitionSpec::replicated()
+    }
 }
 
 /// A compiled generation program and where its parameters go.
@@ -131,12 +167,7 @@ impl Generator {
             param_index.insert(name, params.len());
             params.push(array);
         }
-        let mp = mesh.axis_size("mp").unwrap_or(1);
-        let cache_spec = if mp > 1 && config.num_key_value_heads % mp == 0 {
-            PartitionSpec::new(&[&[], &["mp"]])
-        } else {
-            PartitionSpec::replicated()
-        };
+        let cache_spec = cache_spec(mesh, config);
         let eager = match mode {
             Mode::Eager => Some(Eager::new(
                 backend.client(),
@@ -176,31 +207,14 @@ impl Generator {
     /// by the rules, caches by the cache layout, the rest replicated.
     fn shardings(&self, step: &Step) -> FunctionShardings {
         let f = &step.function;
-        let spec_of = |k: usize| match step.inputs[k].role {
+        program_shardings(self.backend.mesh(), step, |k| match step.inputs[k].role {
             Role::Weight => self.params[self.param_index[&f.inputs[k].name]]
                 .sharding()
                 .spec
                 .clone(),
             Role::KvCache => self.cache_spec.clone(),
             _ => PartitionSpec::replicated(),
-        };
-        let inputs: Vec<PartitionSpec> = (0..f.inputs.len()).map(spec_of).collect();
-        let outputs = f
-            .outputs
-            .iter()
-            .map(|o| {
-                match f.inputs.iter().position(|b| b.name == o.name) {
-                    // State returned updated keeps its layout.
-                    Some(k) => inputs[k].clone(),
-                    None => PartitionSpec::replicated(),
-                }
-            })
-            .collect();
-        FunctionShardings {
-            mesh: self.backend.mesh().clone(),
-            inputs,
-            outputs,
-        }
+        })
     }
 
     fn compile(&self, step: Step) -> Result<Compiled> {

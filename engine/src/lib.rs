@@ -11,7 +11,9 @@
 //!   devices; [`Trainer`]: the loop (evaluation, honest step times,
 //!   checkpoints, signals) reporting through [`Hooks`]; [`checkpoint`]:
 //!   saving and resuming.
-//! - [`Generator`]: generation with a KV cache and on-device sampling.
+//! - [`Generator`]: generation with a KV cache and on-device sampling;
+//!   [`Batcher`]: continuous batching of many requests over many LoRA
+//!   adapters in one batch (what `serve` runs on).
 //! - [`plan`], [`bench`] and [`flops`]: memory plans, timing, MFU.
 //!
 //! It does not parse flags, print or draw progress (the `hlo-train` CLI
@@ -21,6 +23,7 @@
 //! with LoRA through this API alone.
 
 pub mod backend;
+pub mod batcher;
 pub mod bench;
 pub mod checkpoint;
 pub mod dataset;
@@ -34,6 +37,10 @@ pub mod session;
 pub mod trainer;
 
 pub use backend::{Backend, BackendOptions};
+pub use batcher::{
+    Batcher, BatcherHandle, BatcherOptions, BatcherStats, Event, FinishReason, GenerationRequest,
+    SubmitError,
+};
 pub use dataset::{DataSpec, Dataset};
 pub use error::{EngineError, Result};
 pub use generator::{Generator, Sampling, Timings};

@@ -1,6 +1,6 @@
 //! `hlo-train`, the command line (the contract is `docs/cli.md`). Each
-//! command parses its flags, calls `hlo-engine`, and prints: no command
-//! builds shardings or executables itself.
+//! command parses its flags, calls `hlo-engine` (`serve` also `hlo-serve`),
+//! and prints: no command builds shardings or executables itself.
 //!
 //! Errors are printed as one line (the whole `anyhow` chain joined by `: `,
 //! a multi-line plugin message joined by `; `) with exit code 2; nothing here
@@ -17,6 +17,7 @@ mod generate;
 mod merge;
 mod plan;
 mod resume;
+mod serve;
 mod train;
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -62,6 +63,9 @@ pub(crate) enum Command {
     Bench(Box<bench::BenchArgs>),
     /// What the train step needs in each device's memory, and whether it fits.
     Plan(Box<plan::PlanArgs>),
+    /// Serve a model and many LoRA adapters over an OpenAI-compatible HTTP
+    /// API, all requests in one continuous batch.
+    Serve(Box<serve::ServeArgs>),
 }
 
 /// A failed allocation (a file far too large for memory, say) ends the
@@ -154,6 +158,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate::run(&args),
         Command::Eval(args) => eval::run(&args),
         Command::Data(args) => data::run(&args),
+        Command::Serve(args) => serve::run(&args),
         Command::Train(args) => {
             // Which flags the command line gives (for --resume).
             let sub = matches.subcommand_matches("train");

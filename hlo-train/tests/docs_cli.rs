@@ -9,8 +9,8 @@ mod common;
 
 use common::*;
 
-const COMMANDS: [&str; 9] = [
-    "train", "data", "eval", "generate", "merge", "bench", "plan", "dump-hlo", "devices",
+const COMMANDS: [&str; 10] = [
+    "train", "data", "eval", "generate", "serve", "merge", "bench", "plan", "dump-hlo", "devices",
 ];
 
 /// (flag, help text) of every option `--help` lists, `--help` excluded.

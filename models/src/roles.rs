@@ -60,6 +60,10 @@ pub enum Role {
     KvCache,
     /// The sampler's random state (generation), updated in place.
     RngState,
+    /// A table of adapters served together (one entry per resident
+    /// adapter), read by serving programs and updated in place by the
+    /// program that loads an adapter.
+    AdapterTable,
     /// A small per-call input of generation: new tokens, padding offsets,
     /// the cache position, sampling settings.
     Control,

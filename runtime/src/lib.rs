@@ -54,6 +54,7 @@ pub use error::{Error, ErrorCode, Result};
 pub use executable::{CompiledMemoryStats, LoadedExecutable};
 pub use host::{element_count, Element, HostArray};
 pub use jit::{CompiledFunction, Jit, COMPILE_CACHE_CAPACITY};
+pub use lru::Lru;
 pub use plugin::{AttrValue, Plugin, MIN_API_VERSION};
 pub use program::{Mode, Program};
 pub use sharded::{DeviceArray, ShardedFunction};

@@ -1,20 +1,21 @@
 //! A small least-recently-used map: the compile caches' bound, so a
 //! long-running process (a server compiling per shape bucket, eager mode
-//! over many programs) does not grow without limit.
+//! over many programs) does not grow without limit; also the server's
+//! host cache of parsed adapters.
 
 use std::collections::HashMap;
 use std::hash::Hash;
 
 /// At most `capacity` entries; inserting into a full map drops the entry
 /// used longest ago.
-pub(crate) struct Lru<K, V> {
+pub struct Lru<K, V> {
     capacity: usize,
     tick: u64,
     entries: HashMap<K, (V, u64)>,
 }
 
 impl<K: Hash + Eq + Clone, V> Lru<K, V> {
-    pub(crate) fn new(capacity: usize) -> Self {
+    pub fn new(capacity: usize) -> Self {
         Lru {
             capacity: capacity.max(1),
             tick: 0,
@@ -22,7 +23,7 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
         }
     }
 
-    pub(crate) fn get(&mut self, key: &K) -> Option<&mut V> {
+    pub fn get(&mut self, key: &K) -> Option<&mut V> {
         self.tick += 1;
         let tick = self.tick;
         self.entries.get_mut(key).map(|(v, used)| {
@@ -33,7 +34,7 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
 
     /// Inserts `value` (replacing one under `key`), evicting the least
     /// recently used entry when full.
-    pub(crate) fn insert(&mut self, key: K, value: V) {
+    pub fn insert(&mut self, key: K, value: V) {
         self.tick += 1;
         if !self.entries.contains_key(&key) && self.entries.len() >= self.capacity {
             if let Some(oldest) = self
@@ -48,11 +49,19 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
         self.entries.insert(key, (value, self.tick));
     }
 
-    pub(crate) fn len(&self) -> usize {
+    pub fn remove(&mut self, key: &K) -> Option<V> {
+        self.entries.remove(key).map(|(v, _)| v)
+    }
+
+    pub fn len(&self) -> usize {
         self.entries.len()
     }
 
-    pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &V> {
         self.entries.values().map(|(v, _)| v)
     }
 }

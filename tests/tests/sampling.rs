@@ -5,7 +5,7 @@
 
 use hlo_e2e::{client, Rng};
 use hlo_ir::{trace, DType, Literal, TensorType};
-use hlo_models::llama::sample_tokens;
+use hlo_models::llama::{hashed_uniform, sample_rows, sample_tokens};
 use hlo_runtime::{CompiledFunction, HostArray};
 
 struct Sampler {
@@ -194,4 +194,123 @@ fn a_seed_reproduces_its_draws() {
     let other = s.draw(&logits, 1.0, 0, 1.0, 43);
     let differ = a.iter().zip(&other).filter(|(x, y)| x != y).count();
     assert!(differ > b / 4, "{differ} of {b} draws differ");
+}
+
+/// The serving sampler: per-row settings and noise hashed from each row's
+/// (seed, counter).
+struct RowSampler {
+    exe: CompiledFunction,
+    batch: usize,
+    vocab: usize,
+}
+
+impl RowSampler {
+    fn new(batch: usize, vocab: usize) -> RowSampler {
+        let rows = |d| TensorType::new(d, [batch as i64]);
+        let f = trace(
+            "sample_rows",
+            &[
+                (
+                    "logits",
+                    TensorType::new(DType::F32, [batch as i64, vocab as i64]),
+                ),
+                ("temperature", rows(DType::F32)),
+                ("top_k", rows(DType::I32)),
+                ("top_p", rows(DType::F32)),
+                ("seed", rows(DType::U32)),
+                ("counter", rows(DType::I32)),
+            ],
+            |i| {
+                let u = hashed_uniform(i["seed"], i["counter"], vocab as i64);
+                let next = sample_rows(i["logits"], i["temperature"], i["top_k"], i["top_p"], u);
+                vec![("next", next), ("uniform", u)]
+            },
+        )
+        .unwrap();
+        RowSampler {
+            exe: CompiledFunction::new(client(), &f).unwrap(),
+            batch,
+            vocab,
+        }
+    }
+
+    /// Tokens and the noise, with row r's settings `settings[r]` =
+    /// (temperature, top_k, top_p, seed, counter).
+    fn draw(
+        &self,
+        logits: &[f32],
+        settings: &[(f32, i32, f32, u32, i32)],
+    ) -> (Vec<usize>, Vec<f32>) {
+        let b = [self.batch as i64];
+        let col = |k: usize| {
+            settings
+                .iter()
+                .map(move |s| [s.0 as f64, s.1 as f64, s.2 as f64, s.3 as f64, s.4 as f64][k])
+        };
+        let out = self
+            .exe
+            .run(&[
+                HostArray::new(&[self.batch as i64, self.vocab as i64], logits).unwrap(),
+                HostArray::new(&b, &col(0).map(|x| x as f32).collect::<Vec<_>>()).unwrap(),
+                HostArray::new(&b, &col(1).map(|x| x as i32).collect::<Vec<_>>()).unwrap(),
+                HostArray::new(&b, &col(2).map(|x| x as f32).collect::<Vec<_>>()).unwrap(),
+                HostArray::new(&b, &col(3).map(|x| x as u32).collect::<Vec<_>>()).unwrap(),
+                HostArray::new(&b, &col(4).map(|x| x as i32).collect::<Vec<_>>()).unwrap(),
+            ])
+            .unwrap();
+        let next: Vec<i32> = out[0].to_vec().unwrap();
+        (
+            next.into_iter().map(|t| t as usize).collect(),
+            out[1].to_vec().unwrap(),
+        )
+    }
+}
+
+#[test]
+fn each_row_samples_with_its_own_settings_and_noise() {
+    let (b, v) = (512, 40);
+    let s = RowSampler::new(b, v);
+    let logits = random_rows(b, v, 21);
+    // Rows alternate greedy, top-k 3, and plain sampling; seeds by row.
+    let settings: Vec<_> = (0..b)
+        .map(|r| match r % 3 {
+            0 => (0.0, 0, 1.0, r as u32, 5),
+            1 => (1.0, 3, 1.0, r as u32, 5),
+            _ => (1.2, 0, 1.0, r as u32, 5),
+        })
+        .collect();
+    let (got, noise) = s.draw(&logits, &settings);
+    let mut sampled_off_argmax = 0;
+    for (r, &t) in got.iter().enumerate() {
+        let best = ranked(&logits[r * v..(r + 1) * v]);
+        match r % 3 {
+            0 => assert_eq!(t, best[0], "row {r}"),
+            1 => assert!(best[..3].contains(&t), "row {r}"),
+            _ => sampled_off_argmax += usize::from(t != best[0]),
+        }
+    }
+    assert!(sampled_off_argmax > b / 6, "{sampled_off_argmax}");
+    // The noise is uniform in (0, 1): mean 1/2, variance 1/12.
+    let n = noise.len() as f64;
+    let mean = noise.iter().map(|&u| u as f64).sum::<f64>() / n;
+    let var = noise
+        .iter()
+        .map(|&u| (u as f64 - mean).powi(2))
+        .sum::<f64>()
+        / n;
+    assert!(noise.iter().all(|&u| u > 0.0 && u < 1.0));
+    assert!((mean - 0.5).abs() < 5.0 * (1.0 / 12.0 / n).sqrt(), "{mean}");
+    assert!((var - 1.0 / 12.0).abs() < 2e-3, "{var}");
+    // A row's noise depends on its own seed and counter only: shuffling
+    // the other rows changes nothing, and another counter changes it.
+    let mut moved = settings.clone();
+    moved.swap(1, 2);
+    let (_, noise2) = s.draw(&logits, &moved);
+    assert_eq!(noise[0..v], noise2[0..v]);
+    assert_eq!(noise[v..2 * v], noise2[2 * v..3 * v]);
+    let mut later = settings.clone();
+    later[0].4 = 6;
+    let (_, noise3) = s.draw(&logits, &later);
+    assert_ne!(noise[0..v], noise3[0..v]);
+    assert_eq!(noise[v..], noise3[v..]);
 }

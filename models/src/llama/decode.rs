@@ -113,14 +113,10 @@ impl Llama<'_> {
     }
 }
 
-/// Picks one token per row of `logits: [batch, vocab]` (f32) on the device:
-/// greedy (argmax) where `temperature` is 0, else a draw from
-/// `softmax(logits / temperature)` restricted to the `top_k` most likely
-/// tokens (0: all) and to the smallest set holding `top_p` of the
-/// probability (1: all). The draw is the Gumbel-max trick with noise from
-/// `rng` (`u64[2]`, threefry); the k-th largest logit and the top-p
-/// threshold are found by bisection, so nothing is sorted. Returns the
-/// tokens `[batch]` (i32) and the next rng state.
+/// Picks one token per row of `logits: [batch, vocab]` (f32) on the device
+/// with one setting for every row (see [`sample_rows`]); the uniform noise
+/// comes from `rng` (`u64[2]`, threefry). Returns the tokens `[batch]`
+/// (i32) and the next rng state.
 pub fn sample_tokens(
     logits: Tensor,
     temperature: Tensor,
@@ -128,14 +124,41 @@ pub fn sample_tokens(
     top_p: Tensor,
     rng: Tensor,
 ) -> (Tensor, Tensor) {
+    let d = logits.dims();
+    let (b, v) = (d[0], d[1]);
+    let each = |x: Tensor| x.broadcast_in_dim(&[b], &[]);
+    let (rng, bits) = rng.rng_bits(TensorType::new(DType::U32, [b, v]));
+    let uniform = bits.cast(DType::F32) * 2f64.powi(-32);
+    let next = sample_rows(logits, each(temperature), each(top_k), each(top_p), uniform);
+    (next, rng)
+}
+
+/// Picks one token per row of `logits: [batch, vocab]` (f32), each row with
+/// its own setting (`temperature`, `top_k`, `top_p`: `[batch]`): greedy
+/// (argmax) where the temperature is 0, else a draw from
+/// `softmax(logits / temperature)` restricted to the `top_k` most likely
+/// tokens (0: all) and to the smallest set holding `top_p` of the
+/// probability (1: all). The draw is the Gumbel-max trick on `uniform`
+/// (`[batch, vocab]`, in [0, 1)); the k-th largest logit and the top-p
+/// threshold are found by bisection, so nothing is sorted. A row's token
+/// depends only on its own logits, setting and noise.
+pub fn sample_rows(
+    logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    uniform: Tensor,
+) -> Tensor {
     const STEPS: usize = 40;
     let d = logits.dims();
     let (b, v) = (d[0], d[1]);
     let rows = |x: Tensor| x.broadcast_in_dim(&[b, v], &[0]);
-    let scalar = |x: Tensor| x.broadcast_in_dim(&[b, v], &[]);
-    let greedy = temperature.le(temperature.scalar_like(0.0));
-    let temp = greedy.where_(temperature.scalar_like(1.0), temperature);
-    let z = logits / scalar(temp);
+    let greedy = temperature.le(temperature.scalar_like(0.0).broadcast_in_dim(&[b], &[]));
+    let temp = greedy.where_(
+        temperature.scalar_like(1.0).broadcast_in_dim(&[b], &[]),
+        temperature,
+    );
+    let z = logits / rows(temp);
     let zmax = z.max(&[1]);
     let zmin = z.min(&[1]);
     // The k-th largest logit: the largest x with count(z >= x) >= k.
@@ -144,11 +167,11 @@ pub fn sample_tokens(
     for _ in 0..STEPS {
         let mid = (lo + hi) * 0.5;
         let count = z.ge(rows(mid)).cast(DType::F32).sum(&[1]);
-        let enough = count.ge(k.broadcast_in_dim(&[b], &[]));
+        let enough = count.ge(k);
         lo = enough.where_(mid, lo);
         hi = enough.where_(hi, mid);
     }
-    let all_k = top_k.le(top_k.scalar_like(0.0)).broadcast_in_dim(&[b], &[]);
+    let all_k = top_k.le(top_k.scalar_like(0.0).broadcast_in_dim(&[b], &[]));
     let kth = all_k.where_(zmin, lo);
     let in_k = z.ge(rows(kth));
     // Probabilities over the top-k, then the top-p threshold: the largest
@@ -156,30 +179,50 @@ pub fn sample_tokens(
     let e = in_k.where_((z - rows(zmax)).exp(), z.scalar_like(0.0));
     let probs = e / rows(e.sum(&[1]));
     let pmax = probs.max(&[1]);
-    let (mut lo, mut hi) = (pmax.scalar_like(0.0), pmax);
-    let want = top_p.broadcast_in_dim(&[b], &[]);
+    let (mut lo, mut hi) = (pmax.scalar_like(0.0).broadcast_in_dim(&[b], &[]), pmax);
     for _ in 0..STEPS {
         let mid = (lo + hi) * 0.5;
         let mass = probs
             .ge(rows(mid))
             .where_(probs, probs.scalar_like(0.0))
             .sum(&[1]);
-        let enough = mass.ge(want);
+        let enough = mass.ge(top_p);
         lo = enough.where_(mid, lo);
         hi = enough.where_(hi, mid);
     }
-    let all_p = top_p.ge(top_p.scalar_like(1.0)).broadcast_in_dim(&[b], &[]);
-    let tau = all_p.where_(pmax.scalar_like(0.0), lo);
+    let all_p = top_p.ge(top_p.scalar_like(1.0).broadcast_in_dim(&[b], &[]));
+    let tau = all_p.where_(pmax.scalar_like(0.0).broadcast_in_dim(&[b], &[]), lo);
     let kept = in_k.and(probs.ge(rows(tau)));
     // Gumbel-max: argmax(z + g) over the kept tokens, g = -log(-log(u)).
-    let (rng, bits) = rng.rng_bits(TensorType::new(DType::U32, [b, v]));
-    let u = (bits.cast(DType::F32) * 2f64.powi(-32))
+    let u = uniform
         .maximum(z.scalar_like(1e-20))
         .minimum(z.scalar_like(1.0 - 2f64.powi(-24)));
     let gumbel = -(-(u.log())).log();
-    let noisy = greedy.broadcast_in_dim(&[b, v], &[]).where_(z, z + gumbel);
+    let noisy = rows(greedy).where_(z, z + gumbel);
     let masked = kept.where_(noisy, z.scalar_like(f32::MIN as f64));
-    (argmax(masked), rng)
+    argmax(masked)
+}
+
+/// Uniform noise in (0, 1), `[batch, vocab]` (f32), that depends only on
+/// each row's `seed` (u32) and `counter` (i32, `[batch]` each) and the
+/// token index: a counter-based hash (murmur3's finaliser, three rounds),
+/// so a row's draws do not depend on the other rows of its batch.
+pub fn hashed_uniform(seed: Tensor, counter: Tensor, vocab: i64) -> Tensor {
+    let b = seed.dims()[0];
+    let shape = [b, vocab];
+    let u32s = |x: Tensor| x.broadcast_in_dim(&shape, &[0]);
+    let k = |c: f64| full(TensorType::new(DType::U32, shape), c);
+    let fmix = |h: Tensor| {
+        let h = h.xor(h.shift_right_logical(k(16.0))) * k(2246822507.0);
+        let h = h.xor(h.shift_right_logical(k(13.0))) * k(3266489909.0);
+        h.xor(h.shift_right_logical(k(16.0)))
+    };
+    let token = iota(TensorType::new(DType::U32, shape), 1);
+    let h = fmix(u32s(seed) + k(2654435769.0));
+    let h = fmix(h.xor(u32s(counter.cast(DType::U32)) * k(2654435761.0)));
+    let h = fmix(h.xor(token * k(2246822519.0) + k(374761393.0)));
+    // The top 24 bits, centred in their interval: never 0 or 1.
+    (h.shift_right_logical(k(8.0)).cast(DType::F32) + 0.5) * 2f64.powi(-24)
 }
 
 /// The index of each row's largest value (the first on ties), `[batch]` i32.
@@ -234,28 +277,50 @@ pub fn decode_step(
         Role::RngState,
     ));
     let model = Llama {
-        config,
         lora,
-        batch_axes: Vec::new(),
-        scan_layers: false,
-        remat_layers: false,
+        ..llama(config)
     };
-    let types: Vec<(String, TensorType)> = inputs
-        .iter()
-        .map(|(n, t, _)| (n.clone(), t.clone()))
-        .collect();
-    let function = trace("llama_decode", &types, |i| {
+    step_of("llama_decode", inputs, |i| {
         let (logits, caches) =
             model.forward_cached(&Params(i), i["input_ids"], i["offsets"], i["cur"], dtype);
         let (next, rng) = scope("sample", || {
             sample_tokens(logits, i["temperature"], i["top_k"], i["top_p"], i["rng"])
         });
-        let mut out = Outputs::new().add("next", next).add("logits", logits);
-        for (name, t) in caches {
-            out = out.add(&name, t);
-        }
-        out.add("rng", rng)
-    })?;
+        let out = Outputs::new().add("next", next).add("logits", logits);
+        with_caches(out, caches).add("rng", rng)
+    })
+}
+
+/// A generation model (no batch axes, layers unrolled, no remat).
+pub(super) fn llama(config: &LlamaConfig) -> Llama<'_> {
+    Llama {
+        config,
+        lora: None,
+        batch_axes: Vec::new(),
+        scan_layers: false,
+        remat_layers: false,
+    }
+}
+
+/// `out` with the updated caches added.
+pub(super) fn with_caches(mut out: Outputs, caches: Vec<(String, Tensor)>) -> Outputs {
+    for (name, t) in caches {
+        out = out.add(&name, t);
+    }
+    out
+}
+
+/// Traces `body` over `inputs` (name, type, role) as a [`Step`].
+pub(super) fn step_of(
+    name: &str,
+    inputs: Vec<(String, TensorType, Role)>,
+    body: impl FnOnce(&hlo_ir::Inputs) -> Outputs,
+) -> Result<Step, TraceError> {
+    let types: Vec<(String, TensorType)> = inputs
+        .iter()
+        .map(|(n, t, _)| (n.clone(), t.clone()))
+        .collect();
+    let function = trace(name, &types, body)?;
     Ok(Step::new(function, |name| StepInput {
         role: inputs
             .iter()

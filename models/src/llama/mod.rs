@@ -5,12 +5,17 @@ mod decode;
 mod lora;
 mod model;
 mod rules;
+mod serving;
 
 pub use config::{Llama3Scaling, LlamaConfig};
-pub use decode::{argmax, cache_types, decode_step, sample_tokens};
+pub use decode::{argmax, cache_types, decode_step, hashed_uniform, sample_rows, sample_tokens};
 pub use lora::{LoraConfig, DEFAULT_TARGETS, MODULES_TO_SAVE};
 pub use model::{is_stacked, rms_norm, Llama, Params};
 pub use rules::partition_rules;
+pub use serving::{
+    adapter_table_types, projections, slot_decode_step, slot_prefill_step, table_names,
+    table_update_step, AdapterTables, LoraSelect,
+};
 
 use crate::roles::{BatchField, Role, Step, StepInput};
 

@@ -293,6 +293,20 @@ impl Llama<'_> {
         h: Tensor,
         attention: impl FnOnce(Tensor) -> Tensor,
     ) -> Tensor {
+        self.layer_with_mlp(p, prefix, h, attention, |x| {
+            self.mlp(p, &format!("{prefix}.mlp"), x)
+        })
+    }
+
+    /// [`Llama::layer_with`] with the MLP block `mlp(x)` given too.
+    pub(super) fn layer_with_mlp(
+        &self,
+        p: &Params,
+        prefix: &str,
+        h: Tensor,
+        attention: impl FnOnce(Tensor) -> Tensor,
+        mlp: impl FnOnce(Tensor) -> Tensor,
+    ) -> Tensor {
         let c = self.config;
         let x = scope("input_layernorm", || {
             rms_norm(
@@ -309,7 +323,7 @@ impl Llama<'_> {
                 c.rms_norm_eps,
             )
         });
-        h + scope("mlp", || self.mlp(p, &format!("{prefix}.mlp"), x))
+        h + scope("mlp", || mlp(x))
     }
 
     /// Logits `[b, s, vocab]` for `input_ids: [b, s]` (integers). With

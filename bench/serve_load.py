@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""Load generator for `hlo-train serve`, with the official `openai` client.
+
+Subcommands:
+
+  make-adapters  write N random PEFT adapters (rank, targets) for a config.json
+  register       load N adapters of a folder into a running server
+  run            streamed greedy completions at each concurrency level:
+                 requests/s, output tokens/s, time to first token and
+                 inter-token latency (p50/p99), checked against the server's
+                 own /metrics
+  soak           many requests at one concurrency: errors, and the server's
+                 resident memory before, during and after
+
+Every request streams with `return_token_ids`, so each token is one chunk
+and latencies are per token. `--models a,b,c` spreads requests uniformly
+(round robin) over those models. Needs `openai` (pip install openai), e.g.
+`PYTHONPATH=.plugins/python`, which scripts/serve_openai_check.py installs.
+
+    python3 bench/serve_load.py run --url http://127.0.0.1:8000 \\
+        --models base --concurrency 1,8,32,64 --requests 64
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import struct
+import sys
+import time
+import urllib.request
+
+
+def pct(values, p):
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+
+
+def metrics(url):
+    with urllib.request.urlopen(url + "/metrics") as r:
+        out = {}
+        for line in r.read().decode().splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+
+def rss_kb(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+# make-adapters ---------------------------------------------------------------
+
+def projection_dims(config, short):
+    h, i = config["hidden_size"], config["intermediate_size"]
+    hd = config.get("head_dim") or h // config["num_attention_heads"]
+    q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}[short]
+
+
+def small_floats(n):
+    """n random float32 of magnitude ~1e-3 with random signs, as bytes: the
+    sign and mantissa bits random, the exponent fixed (fast, no numpy)."""
+    raw = int.from_bytes(os.urandom(4 * n), "little")
+    mask = int.from_bytes(struct.pack("<I", 0x807FFFFF) * n, "little")
+    exp = int.from_bytes(struct.pack("<I", 0x3A800000) * n, "little")
+    return ((raw & mask) | exp).to_bytes(4 * n, "little")
+
+
+def make_adapters(args):
+    config = json.load(open(args.config))
+    targets = args.targets.split(",")
+    for k in range(args.count):
+        d = os.path.join(args.out, "a%04d" % k)
+        os.makedirs(d, exist_ok=True)
+        tensors, offset, blobs = {}, 0, []
+        for layer in range(config["num_hidden_layers"]):
+            for short in targets:
+                group = "self_attn" if short in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+                din, dout = projection_dims(config, short)
+                prefix = "base_model.model.model.layers.%d.%s.%s" % (layer, group, short)
+                for name, shape in [("lora_A", [args.rank, din]), ("lora_B", [dout, args.rank])]:
+                    blob = small_floats(shape[0] * shape[1])
+                    tensors["%s.%s.weight" % (prefix, name)] = {
+                        "dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len(blob)]}
+                    offset += len(blob)
+                    blobs.append(blob)
+        header = json.dumps(tensors).encode()
+        header += b" " * (-len(header) % 8)
+        with open(os.path.join(d, "adapter_model.safetensors"), "wb") as f:
+            f.write(struct.pack("<Q", len(header)) + header)
+            for b in blobs:
+                f.write(b)
+        json.dump({"peft_type": "LORA", "r": args.rank, "lora_alpha": 2 * args.rank,
+                   "target_modules": targets, "lora_dropout": 0.0, "bias": "none",
+                   "task_type": "CAUSAL_LM"}, open(os.path.join(d, "adapter_config.json"), "w"))
+    print("wrote %d adapters to %s" % (args.count, args.out))
+
+
+def register(args):
+    names = sorted(os.listdir(args.dir))[: args.count]
+    started = time.perf_counter()
+    for n in names:
+        req = urllib.request.Request(
+            args.url + "/v1/load_lora_adapter",
+            data=json.dumps({"lora_name": n, "lora_path": os.path.join(args.dir, n)}).encode(),
+            headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(req).read()
+    took = time.perf_counter() - started
+    print(json.dumps({"registered": len(names), "seconds": round(took, 2),
+                      "ms_per_adapter": round(1000 * took / max(1, len(names)), 2)}))
+
+
+# run / soak ------------------------------------------------------------------
+
+async def one(client, model, prompt, max_tokens, rec):
+    started = time.perf_counter()
+    last, tokens = None, 0
+    try:
+        stream = await client.completions.create(
+            model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+            extra_body={"ignore_eos": True, "return_token_ids": True})
+        async for chunk in stream:
+            if not chunk.choices:
+                continue
+            c = chunk.choices[0]
+            ids = getattr(c, "token_ids", None) or (c.model_extra or {}).get("token_ids")
+            if not ids:
+                continue
+            now = time.perf_counter()
+            if last is None:
+                rec["ttft"].append(now - started)
+            else:
+                rec["itl"].append(now - last)
+            last = now
+            tokens += len(ids)
+        rec["tokens"] += tokens
+        rec["done"] += 1
+    except Exception as e:  # counted, and the first few shown
+        rec["errors"] += 1
+        if rec["errors"] <= 3:
+            print("error:", repr(e)[:200], file=sys.stderr)
+
+
+async def level(args, client, models, concurrency, requests):
+    rec = {"ttft": [], "itl": [], "tokens": 0, "done": 0, "errors": 0}
+    rng = random.Random(concurrency)
+    prompts = [[rng.randrange(3, args.vocab) for _ in range(args.prompt_len)] for _ in range(requests)]
+    queue = list(range(requests))
+
+    async def worker():
+        while queue:
+            k = queue.pop(0)
+            await one(client, models[k % len(models)], prompts[k], args.max_tokens, rec)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - started
+    return {
+        "concurrency": concurrency, "requests": requests, "models": len(models),
+        "errors": rec["errors"], "wall_s": round(wall, 2),
+        "requests_per_s": round(rec["done"] / wall, 3),
+        "output_tokens_per_s": round(rec["tokens"] / wall, 1),
+        "ttft_p50_ms": round(1000 * pct(rec["ttft"], 50), 1),
+        "ttft_p99_ms": round(1000 * pct(rec["ttft"], 99), 1),
+        "itl_p50_ms": round(1000 * pct(rec["itl"], 50), 1),
+        "itl_p99_ms": round(1000 * pct(rec["itl"], 99), 1),
+        "ttft_mean_ms": round(1000 * statistics.mean(rec["ttft"]), 1) if rec["ttft"] else None,
+    }
+
+
+def client_for(args):
+    import openai
+    return openai.AsyncOpenAI(base_url=args.url + "/v1", api_key=args.api_key or "unused",
+                              timeout=600, max_retries=0)
+
+
+def run(args):
+    models = args.models.split(",")
+    client = client_for(args)
+
+    async def main():
+        # Warm-up: compiles every prefill bucket the run uses.
+        await level(args, client, models, 1, 1)
+        for c in [int(x) for x in args.concurrency.split(",")]:
+            before = metrics(args.url)
+            r = await level(args, client, models, c, max(args.requests, 2 * c))
+            after = metrics(args.url)
+            # The server's mean time to first token over the same requests.
+            key = "hlo_train_time_to_first_token_seconds"
+            n = after[key + "_count"] - before[key + "_count"]
+            if n:
+                r["server_ttft_mean_ms"] = round(
+                    1000 * (after[key + "_sum"] - before[key + "_sum"]) / n, 1)
+            hits = after["hlo_train_adapter_cache_hits_total"] - before["hlo_train_adapter_cache_hits_total"]
+            misses = after["hlo_train_adapter_cache_misses_total"] - before["hlo_train_adapter_cache_misses_total"]
+            if hits + misses:
+                r["adapter_hit_rate"] = round(hits / (hits + misses), 3)
+                r["adapter_loads"] = int(misses)
+            print(json.dumps(r), flush=True)
+
+    asyncio.run(main())
+
+
+def soak(args):
+    models = args.models.split(",")
+    client = client_for(args)
+
+    async def main():
+        await level(args, client, models, 1, 1)
+        rss = [rss_kb(args.pid)]
+        done = 0
+        total = {"errors": 0, "wall_s": 0.0}
+        while done < args.requests:
+            n = min(args.batch, args.requests - done)
+            r = await level(args, client, models, args.concurrency, n)
+            done += n
+            total["errors"] += r["errors"]
+            total["wall_s"] += r["wall_s"]
+            rss.append(rss_kb(args.pid))
+        print(json.dumps({"requests": done, "errors": total["errors"],
+                          "wall_s": round(total["wall_s"], 1),
+                          "rss_mb": [round(x / 1024, 1) for x in rss]}), flush=True)
+
+    asyncio.run(main())
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("make-adapters")
+    m.add_argument("--config", required=True)
+    m.add_argument("--count", type=int, default=8)
+    m.add_argument("--rank", type=int, default=8)
+    m.add_argument("--targets", default="q_proj,v_proj")
+    m.add_argument("--out", required=True)
+    g = sub.add_parser("register")
+    g.add_argument("--url", default="http://127.0.0.1:8000")
+    g.add_argument("--dir", required=True)
+    g.add_argument("--count", type=int, default=1000)
+    for name in ("run", "soak"):
+        r = sub.add_parser(name)
+        r.add_argument("--url", default="http://127.0.0.1:8000")
+        r.add_argument("--api-key")
+        r.add_argument("--models", required=True, help="comma-separated; requests go round robin")
+        r.add_argument("--prompt-len", type=int, default=32)
+        r.add_argument("--max-tokens", type=int, default=32)
+        r.add_argument("--vocab", type=int, default=32000)
+        if name == "run":
+            r.add_argument("--concurrency", default="1,8,32,64")
+            r.add_argument("--requests", type=int, default=32)
+        else:
+            r.add_argument("--concurrency", type=int, default=16)
+            r.add_argument("--requests", type=int, default=2000)
+            r.add_argument("--batch", type=int, default=250, help="requests between memory samples")
+            r.add_argument("--pid", type=int, required=True, help="the server's process id")
+    args = p.parse_args()
+    {"make-adapters": make_adapters, "register": register, "run": run, "soak": soak}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

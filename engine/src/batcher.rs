@@ -1,0 +1,957 @@
+//! Continuous batching of many requests over many LoRA adapters, with one
+//! base model on the devices (the programs are
+//! [`hlo_models::llama::slot_decode_step`] and its siblings).
+//!
+//! A [`Batcher`] runs on its own thread and owns the devices' state: the
+//! weights, the KV cache of `max_batch_size` slots and the adapter tables of
+//! `max_loras` entries. Between two decode steps, requests that finished or
+//! whose caller went away leave their slots, and waiting requests join:
+//! each one's prompt is prefilled in its length bucket straight into its
+//! slot. Each slot keeps its own position, sampling settings, seed and stop
+//! tokens, so a request's tokens are the same whichever requests share its
+//! batch. Adapters are registered by name (parsed and checked once), kept
+//! parsed in a host LRU of `max_cpu_loras`, read from disk beyond that, and
+//! uploaded into a free or least recently used table entry that no running
+//! request holds, by one donated update program.
+//!
+//! Callers talk to it through a [`BatcherHandle`] (cheap to clone, usable
+//! from any thread or async task): [`BatcherHandle::submit`] returns a
+//! channel of [`Event`]s; dropping it cancels the request.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+
+use hlo_ir::{DType, Literal};
+use hlo_models::adapter::Adapter;
+use hlo_models::llama::{
+    adapter_table_types, base_parameter_types, cache_types, lora_parameter_types, partition_rules,
+    projections, slot_decode_step, slot_prefill_step, table_update_step, AdapterTables,
+    LlamaConfig, LoraSelect,
+};
+use hlo_models::roles::{Role, Step};
+use hlo_partitioner::PartitionSpec;
+use hlo_runtime::{DeviceArray, HostArray, Lru, Mode, Program};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::backend::{Backend, BackendOptions};
+use crate::error::{EngineError, Result};
+use crate::generator::{cache_spec, program_shardings, Sampling};
+use crate::model::Model;
+
+/// How many requests, adapters and tokens a batcher holds.
+#[derive(Clone, Debug)]
+pub struct BatcherOptions {
+    /// Decode slots: requests generating at once.
+    pub max_batch_size: usize,
+    /// Adapters resident in the device tables at once.
+    pub max_loras: usize,
+    /// Parsed adapters kept on the host.
+    pub max_cpu_loras: usize,
+    /// The largest adapter rank the tables hold.
+    pub max_lora_rank: i64,
+    /// Prompt plus completion, in tokens: each slot's cache length.
+    pub max_model_len: i64,
+    /// Requests waiting for a slot before [`BatcherHandle::submit`] refuses
+    /// more.
+    pub max_queue: usize,
+    /// How rows read their adapter entries; None picks by rows: a gather
+    /// for one or two rows, the one-hot contraction above (the faster of
+    /// the two at each size, BENCHMARKS.md).
+    pub select: Option<LoraSelect>,
+    pub dtype: DType,
+}
+
+/// One completion to generate.
+#[derive(Clone, Debug)]
+pub struct GenerationRequest {
+    pub prompt: Vec<u32>,
+    /// A registered adapter's name; None for the base model.
+    pub adapter: Option<String>,
+    pub max_tokens: usize,
+    pub sampling: Sampling,
+    /// Tokens that end the completion (included in it, as the model's EOS).
+    pub stop_ids: Vec<u32>,
+}
+
+/// Why a completion ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token.
+    Stop,
+    /// `max_tokens` tokens.
+    Length,
+}
+
+/// What a request's channel receives: tokens as they are sampled, then
+/// `Finished` or `Failed`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Token(u32),
+    Finished(FinishReason),
+    Failed(String),
+}
+
+/// Why a request was not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the queue is full ({0} requests waiting); retry later")]
+    QueueFull(usize),
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    #[error("adapter `{0}` is not loaded")]
+    UnknownAdapter(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Counters of a running batcher (read by `/metrics`).
+#[derive(Debug, Default)]
+pub struct BatcherStats {
+    pub queued: AtomicUsize,
+    pub running: AtomicUsize,
+    /// A request's adapter was already in the device tables.
+    pub adapter_hits: AtomicU64,
+    /// It was not, and was uploaded (a load).
+    pub adapter_misses: AtomicU64,
+    pub adapter_loads: AtomicU64,
+    /// A resident adapter replaced to make room.
+    pub adapter_evictions: AtomicU64,
+    /// Parsed adapters found on the host, and read from disk again.
+    pub adapter_host_hits: AtomicU64,
+    pub adapter_host_misses: AtomicU64,
+    pub prefills: AtomicU64,
+    pub decode_steps: AtomicU64,
+    /// Requests whose caller went away before they finished.
+    pub cancelled: AtomicU64,
+}
+
+/// A registered adapter: where it is read from, and an id that changes
+/// when the name is registered again.
+#[derive(Clone, Debug)]
+struct Registered {
+    id: u64,
+    path: PathBuf,
+}
+
+/// What the handle and the batcher thread share.
+struct Shared {
+    config: LlamaConfig,
+    options: BatcherOptions,
+    stats: BatcherStats,
+    registry: Mutex<HashMap<String, Registered>>,
+    host: Mutex<Lru<u64, Arc<Adapter>>>,
+    next_id: AtomicU64,
+}
+
+impl Shared {
+    /// Reads and checks the adapter at `path` for serving.
+    fn parse(&self, path: &Path) -> Result<Adapter> {
+        let adapter = Adapter::load(path, &self.config)?;
+        if !adapter.lora.modules_to_save.is_empty() {
+            return Err(EngineError::Setting(format!(
+                "adapter {}: modules_to_save {:?} replace whole base weights, which requests sharing a batch cannot each have; merge it (hlo-train merge) and serve the merged model",
+                path.display(),
+                adapter.lora.modules_to_save
+            )));
+        }
+        // lora_a is [in, rank].
+        let rank = lora_parameter_types(&self.config, &adapter.lora)
+            .iter()
+            .filter(|(n, _)| n.ends_with(".lora_a"))
+            .map(|(_, t)| t.dims[1])
+            .max()
+            .unwrap_or(0);
+        if rank > self.options.max_lora_rank {
+            return Err(EngineError::Setting(format!(
+                "adapter {} has rank {rank}, above --max-lora-rank {}",
+                path.display(),
+                self.options.max_lora_rank
+            )));
+        }
+        Ok(adapter)
+    }
+
+    /// The parsed adapter `r`: from the host cache, else from disk.
+    fn adapter(&self, r: &Registered) -> Result<Arc<Adapter>> {
+        if let Some(a) = self.host().get(&r.id) {
+            self.stats.adapter_host_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(a.clone());
+        }
+        self.stats
+            .adapter_host_misses
+            .fetch_add(1, Ordering::Relaxed);
+        let a = Arc::new(self.parse(&r.path)?);
+        self.host().insert(r.id, a.clone());
+        Ok(a)
+    }
+
+    fn host(&self) -> std::sync::MutexGuard<'_, Lru<u64, Arc<Adapter>>> {
+        self.host.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn registry(&self) -> std::sync::MutexGuard<'_, HashMap<String, Registered>> {
+        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+enum Command {
+    Submit(Pending),
+    Shutdown,
+}
+
+struct Pending {
+    request: GenerationRequest,
+    adapter: Option<Registered>,
+    events: UnboundedSender<Event>,
+}
+
+/// A request in a slot.
+struct Active {
+    request: GenerationRequest,
+    events: UnboundedSender<Event>,
+    /// The adapter table entry it reads (0: none).
+    entry: usize,
+    /// Where its next input token goes in its cache.
+    position: i64,
+    last: u32,
+    generated: usize,
+    seed: u32,
+}
+
+/// A table entry holding an adapter.
+struct Entry {
+    adapter_id: u64,
+    used: u64,
+}
+
+/// The handle through which servers and tests drive a [`Batcher`].
+#[derive(Clone)]
+pub struct BatcherHandle {
+    commands: mpsc::Sender<Command>,
+    shared: Arc<Shared>,
+    thread: Arc<Mutex<Option<std::thread::JoinHandle<()>>>>,
+}
+
+impl BatcherHandle {
+    /// Queues a request; its tokens arrive on the returned channel.
+    /// Dropping the channel cancels it (its slot is freed before the next
+    /// decode step).
+    pub fn submit(
+        &self,
+        request: GenerationRequest,
+    ) -> Result<UnboundedReceiver<Event>, SubmitError> {
+        let s = &self.shared;
+        let len = request.prompt.len() as i64;
+        if request.prompt.is_empty() {
+            return Err(SubmitError::Invalid("the prompt is empty".into()));
+        }
+        if let Some(&bad) = request
+            .prompt
+            .iter()
+            .find(|&&t| t as i64 >= s.config.vocab_size)
+        {
+            return Err(SubmitError::Invalid(format!(
+                "token id {bad} is outside the vocabulary (size {})",
+                s.config.vocab_size
+            )));
+        }
+        if request.max_tokens == 0 {
+            return Err(SubmitError::Invalid("max_tokens must be at least 1".into()));
+        }
+        if len + request.max_tokens as i64 > s.options.max_model_len {
+            return Err(SubmitError::Invalid(format!(
+                "the prompt ({len} tokens) plus max_tokens ({}) exceed the maximum model length {}",
+                request.max_tokens, s.options.max_model_len
+            )));
+        }
+        let adapter = match &request.adapter {
+            None => None,
+            Some(name) => Some(
+                s.registry()
+                    .get(name)
+                    .cloned()
+                    .ok_or_else(|| SubmitError::UnknownAdapter(name.clone()))?,
+            ),
+        };
+        // Counted before it is sent, so the queue never overshoots.
+        let queued = s.stats.queued.fetch_add(1, Ordering::SeqCst);
+        if queued >= s.options.max_queue {
+            s.stats.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::QueueFull(queued));
+        }
+        let (events, rx) = unbounded_channel();
+        self.commands
+            .send(Command::Submit(Pending {
+                request,
+                adapter,
+                events,
+            }))
+            .map_err(|_| {
+                s.stats.queued.fetch_sub(1, Ordering::SeqCst);
+                SubmitError::ShuttingDown
+            })?;
+        Ok(rx)
+    }
+
+    /// Registers adapter `name` from the PEFT folder `path`, after reading
+    /// and checking it (same base shapes, rank at most `max_lora_rank`,
+    /// nothing that replaces base weights). A name already registered is
+    /// refused.
+    pub fn load_adapter(&self, name: &str, path: &Path) -> Result<()> {
+        let s = &self.shared;
+        if s.registry().contains_key(name) {
+            return Err(EngineError::Setting(format!(
+                "adapter `{name}` is already loaded; unload it first"
+            )));
+        }
+        let adapter = Arc::new(s.parse(path)?);
+        let id = s.next_id.fetch_add(1, Ordering::SeqCst);
+        let mut registry = s.registry();
+        if registry.contains_key(name) {
+            return Err(EngineError::Setting(format!(
+                "adapter `{name}` is already loaded; unload it first"
+            )));
+        }
+        registry.insert(
+            name.to_string(),
+            Registered {
+                id,
+                path: path.to_path_buf(),
+            },
+        );
+        s.host().insert(id, adapter);
+        Ok(())
+    }
+
+    /// Forgets adapter `name`; requests already running with it finish.
+    /// False if it was not registered.
+    pub fn unload_adapter(&self, name: &str) -> bool {
+        let removed = self.shared.registry().remove(name);
+        if let Some(r) = &removed {
+            self.shared.host().remove(&r.id);
+        }
+        removed.is_some()
+    }
+
+    /// The registered adapters' names, sorted.
+    pub fn adapters(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.shared.registry().keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    pub fn stats(&self) -> &BatcherStats {
+        &self.shared.stats
+    }
+
+    pub fn options(&self) -> &BatcherOptions {
+        &self.shared.options
+    }
+
+    pub fn config(&self) -> &LlamaConfig {
+        &self.shared.config
+    }
+
+    /// Stops taking requests, lets every queued and running one finish,
+    /// and waits for the batcher's thread to end.
+    pub fn shutdown(&self) {
+        let _ = self.commands.send(Command::Shutdown);
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The batcher: spawn it with [`Batcher::spawn`].
+pub struct Batcher {
+    shared: Arc<Shared>,
+    backend: Backend,
+    weights: Vec<DeviceArray>,
+    tables: Vec<DeviceArray>,
+    caches: Vec<DeviceArray>,
+    tables_shape: AdapterTables,
+    /// Decode programs by rows: powers of two below the slot count, and
+    /// the slot count.
+    decode: HashMap<i64, Program>,
+    update: Program,
+    prefill: HashMap<i64, Program>,
+    slots: Vec<Option<Active>>,
+    entries: Vec<Option<Entry>>,
+    waiting: VecDeque<Pending>,
+    tick: u64,
+    commands: mpsc::Receiver<Command>,
+    draining: bool,
+}
+
+/// The tables as a program of `rows` rows reads them: `select`, else by
+/// rows (see [`BatcherOptions::select`]).
+fn tables_for(shape: &AdapterTables, select: Option<LoraSelect>, rows: i64) -> AdapterTables {
+    AdapterTables {
+        select: select.unwrap_or(if rows <= 2 {
+            LoraSelect::Gather
+        } else {
+            LoraSelect::OneHot
+        }),
+        ..*shape
+    }
+}
+
+/// The row counts decode programs are compiled for: powers of two from 2
+/// below `slots`, and `slots`. Not 1: XLA's CPU backend runs a one-row
+/// product as a single-threaded matrix-vector loop, slower than two rows
+/// (BENCHMARKS.md).
+pub fn decode_buckets(slots: i64) -> Vec<i64> {
+    let mut out: Vec<i64> = (1..)
+        .map(|k| 1i64 << k)
+        .take_while(|&r| r < slots)
+        .collect();
+    out.push(slots);
+    out
+}
+
+/// The prefill bucket of a prompt: a power of two from 16, at most the
+/// cache's length.
+pub fn prefill_bucket(len: usize, max_len: i64) -> i64 {
+    (len.next_power_of_two().max(16) as i64).min(max_len)
+}
+
+impl Batcher {
+    /// Starts a batcher for `model` on a backend opened with `backend`:
+    /// uploads the weights, builds the caches and tables, compiles the
+    /// decode and table-update programs, and registers `adapters` (name,
+    /// folder). Returns once it is ready, or with the first error.
+    pub fn spawn(
+        backend: BackendOptions,
+        model: Model,
+        options: BatcherOptions,
+        adapters: &[(String, PathBuf)],
+        seed: u64,
+    ) -> Result<BatcherHandle> {
+        if options.max_batch_size == 0 || options.max_loras == 0 || options.max_lora_rank < 1 {
+            return Err(EngineError::Setting(
+                "--max-batch-size, --max-loras and --max-lora-rank must be at least 1".into(),
+            ));
+        }
+        if options.max_model_len < 2 {
+            return Err(EngineError::Setting(
+                "--max-model-len must be at least 2".into(),
+            ));
+        }
+        let shared = Arc::new(Shared {
+            config: model.config.clone(),
+            options: options.clone(),
+            stats: BatcherStats::default(),
+            registry: Mutex::new(HashMap::new()),
+            host: Mutex::new(Lru::new(options.max_cpu_loras.max(1))),
+            next_id: AtomicU64::new(1),
+        });
+        let (commands, rx) = mpsc::channel();
+        let handle = BatcherHandle {
+            commands,
+            shared: shared.clone(),
+            thread: Arc::new(Mutex::new(None)),
+        };
+        for (name, path) in adapters {
+            handle.load_adapter(name, path)?;
+        }
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("batcher".into())
+            .spawn(
+                move || match Batcher::new(backend, &model, shared, rx, seed) {
+                    Ok(mut b) => {
+                        let _ = ready_tx.send(Ok(()));
+                        b.run();
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                },
+            )
+            .map_err(|e| EngineError::Setting(format!("cannot start the batcher: {e}")))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => {
+                *handle.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
+                Ok(handle)
+            }
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => Err(EngineError::Setting(
+                "the batcher stopped while starting".into(),
+            )),
+        }
+    }
+
+    fn new(
+        backend: BackendOptions,
+        model: &Model,
+        shared: Arc<Shared>,
+        commands: mpsc::Receiver<Command>,
+        seed: u64,
+    ) -> Result<Batcher> {
+        let backend = Backend::open(&backend)?;
+        model.check_weights()?;
+        let config = &shared.config;
+        let o = &shared.options;
+        let dtype = o.dtype;
+        let tables_shape = AdapterTables {
+            entries: o.max_loras as i64 + 1,
+            max_rank: o.max_lora_rank,
+            select: LoraSelect::Gather,
+        };
+        let mesh = backend.mesh().clone();
+        let rules = partition_rules();
+        let mut weights = Vec::new();
+        for (name, ty) in base_parameter_types(config, dtype) {
+            let spec = rules.spec_for(&name, ty.rank());
+            spec.validate(&mesh, &ty.dims, &name)?;
+            let lit = model.weight(&name, dtype, seed)?;
+            weights.push(backend.place(&HostArray::from(lit), &spec)?);
+        }
+        let tables = adapter_table_types(config, &tables_shape)
+            .into_iter()
+            .map(|(_, ty)| backend.replicate(&HostArray::from(Literal::splat(ty, 0.0))))
+            .collect::<Result<Vec<_>>>()?;
+        let spec = cache_spec(&mesh, config);
+        let slots = o.max_batch_size as i64;
+        let caches = cache_types(config, slots, o.max_model_len, dtype)
+            .into_iter()
+            .map(|(_, ty)| backend.place(&HostArray::from(Literal::splat(ty, 0.0)), &spec))
+            .collect::<Result<Vec<_>>>()?;
+        let mut decode = HashMap::new();
+        for rows in decode_buckets(slots) {
+            let tables = tables_for(&tables_shape, o.select, rows);
+            let step = slot_decode_step(config, dtype, slots, rows, o.max_model_len, &tables)?;
+            decode.insert(rows, Self::compile_with(&backend, &weights, &spec, step)?);
+        }
+        let mut b = Batcher {
+            decode,
+            update: Self::compile_with(
+                &backend,
+                &weights,
+                &spec,
+                table_update_step(config, &tables_shape)?,
+            )?,
+            backend,
+            weights,
+            tables,
+            caches,
+            tables_shape,
+            prefill: HashMap::new(),
+            slots: (0..o.max_batch_size).map(|_| None).collect(),
+            entries: (0..o.max_loras).map(|_| None).collect(),
+            waiting: VecDeque::new(),
+            tick: 0,
+            commands,
+            draining: false,
+            shared: shared.clone(),
+        };
+        // The smallest prefill bucket is compiled now: the first request
+        // pays no compilation for a short prompt.
+        b.prefill_program(16.min(o.max_model_len))?;
+        Ok(b)
+    }
+
+    /// Compiles a serving program: weights laid out as uploaded, caches by
+    /// `cache`, tables and per-call inputs replicated.
+    fn compile_with(
+        backend: &Backend,
+        weights: &[DeviceArray],
+        cache: &PartitionSpec,
+        step: Step,
+    ) -> Result<Program> {
+        let step = step.with_function(hlo_ir::simplify(&step.function));
+        let shardings = program_shardings(backend.mesh(), &step, |k| match step.inputs[k].role {
+            Role::Weight => weights[k].sharding().spec.clone(),
+            Role::KvCache => cache.clone(),
+            _ => PartitionSpec::replicated(),
+        });
+        Ok(Program::compile(
+            backend.client(),
+            &step.function,
+            shardings,
+            &step.donated,
+            Mode::Jit,
+            backend.devices(),
+        )?)
+    }
+
+    fn prefill_program(&mut self, bucket: i64) -> Result<&Program> {
+        if !self.prefill.contains_key(&bucket) {
+            let o = &self.shared.options;
+            let step = slot_prefill_step(
+                &self.shared.config,
+                o.dtype,
+                o.max_batch_size as i64,
+                o.max_model_len,
+                bucket,
+                &tables_for(&self.tables_shape, o.select, 1),
+            )?;
+            let cache = cache_spec(self.backend.mesh(), &self.shared.config);
+            let program = Self::compile_with(&self.backend, &self.weights, &cache, step)?;
+            self.prefill.insert(bucket, program);
+        }
+        Ok(&self.prefill[&bucket])
+    }
+
+    /// The loop: take commands, admit waiting requests, decode one step.
+    fn run(&mut self) {
+        loop {
+            let busy = self.slots.iter().any(Option::is_some) || !self.waiting.is_empty();
+            if !busy {
+                if self.draining {
+                    return;
+                }
+                match self.commands.recv() {
+                    Ok(c) => self.command(c),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(c) = self.commands.try_recv() {
+                self.command(c);
+            }
+            self.drop_cancelled();
+            self.admit();
+            if self.slots.iter().any(Option::is_some) {
+                if let Err(e) = self.decode_step() {
+                    self.fail_all(&e.to_string());
+                }
+            }
+            self.publish();
+        }
+    }
+
+    fn command(&mut self, c: Command) {
+        match c {
+            Command::Submit(p) => {
+                if self.draining {
+                    self.shared.stats.queued.fetch_sub(1, Ordering::SeqCst);
+                    let _ = p
+                        .events
+                        .send(Event::Failed("the server is shutting down".into()));
+                } else {
+                    self.waiting.push_back(p);
+                }
+            }
+            Command::Shutdown => self.draining = true,
+        }
+    }
+
+    fn publish(&self) {
+        let s = &self.shared.stats;
+        s.running.store(
+            self.slots.iter().filter(|a| a.is_some()).count(),
+            Ordering::SeqCst,
+        );
+    }
+
+    /// Frees the slots (and drops the waiting requests) whose caller went
+    /// away.
+    fn drop_cancelled(&mut self) {
+        let stats = &self.shared.stats;
+        for slot in &mut self.slots {
+            if slot.as_ref().is_some_and(|a| a.events.is_closed()) {
+                *slot = None;
+                stats.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let before = self.waiting.len();
+        self.waiting.retain(|p| !p.events.is_closed());
+        let gone = before - self.waiting.len();
+        stats.queued.fetch_sub(gone, Ordering::SeqCst);
+        stats.cancelled.fetch_add(gone as u64, Ordering::Relaxed);
+    }
+
+    fn fail_all(&mut self, message: &str) {
+        for slot in &mut self.slots {
+            if let Some(a) = slot.take() {
+                let _ = a.events.send(Event::Failed(message.to_string()));
+            }
+        }
+    }
+
+    /// Entries held by running requests.
+    fn held(&self) -> Vec<bool> {
+        let mut held = vec![false; self.entries.len()];
+        for a in self.slots.iter().flatten() {
+            if a.entry > 0 {
+                held[a.entry - 1] = true;
+            }
+        }
+        held
+    }
+
+    /// The table entry of `adapter` if it is resident, else one it can be
+    /// loaded into now (free, else the least recently used one not held),
+    /// with whether it must be loaded. None when every entry is held.
+    fn entry_for(&self, adapter: &Registered) -> Option<(usize, bool)> {
+        if let Some(k) = self
+            .entries
+            .iter()
+            .position(|e| e.as_ref().is_some_and(|e| e.adapter_id == adapter.id))
+        {
+            return Some((k + 1, false));
+        }
+        if let Some(k) = self.entries.iter().position(Option::is_none) {
+            return Some((k + 1, true));
+        }
+        let held = self.held();
+        self.entries
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| !held[*k])
+            .min_by_key(|(_, e)| e.as_ref().map_or(0, |e| e.used))
+            .map(|(k, _)| (k + 1, true))
+    }
+
+    /// Writes `adapter` into table entry `entry` (1-based).
+    fn load_entry(&mut self, entry: usize, adapter: &Registered) -> Result<()> {
+        let parsed = self.shared.adapter(adapter)?;
+        let config = &self.shared.config;
+        let r = self.tables_shape.max_rank;
+        let mut inputs: Vec<DeviceArray> = Vec::new();
+        let entry_arr = self.backend.replicate(&HostArray::scalar(entry as i32))?;
+        for (module, _) in projections(config) {
+            let (din, dout) = config
+                .projection_dims(module.rsplit('.').next().unwrap_or_default())
+                .ok_or_else(|| EngineError::Setting(format!("unknown projection {module}")))?;
+            let mut a_new = vec![0f32; (din * r) as usize];
+            let mut b_new = vec![0f32; (r * dout) as usize];
+            let mut scale = 0f32;
+            if let (Some(la), Some(lb)) = (
+                parsed.get(&format!("{module}.lora_a")),
+                parsed.get(&format!("{module}.lora_b")),
+            ) {
+                // A [in, rank] into [in, r]; B [rank, out] into [r, out].
+                let rank = la.ty.dims[1] as usize;
+                for (k, v) in la.to_f64s().iter().enumerate() {
+                    a_new[(k / rank) * r as usize + k % rank] = *v as f32;
+                }
+                for (k, v) in lb.to_f64s().iter().enumerate() {
+                    b_new[k] = *v as f32;
+                }
+                scale = parsed.lora.scale_of(&module) as f32;
+            }
+            inputs.push(
+                self.backend
+                    .replicate(&HostArray::new(&[din, r], &a_new)?)?,
+            );
+            inputs.push(
+                self.backend
+                    .replicate(&HostArray::new(&[r, dout], &b_new)?)?,
+            );
+            inputs.push(self.backend.replicate(&HostArray::scalar(scale))?);
+        }
+        let mut args: Vec<&DeviceArray> = self.tables.iter().collect();
+        args.push(&entry_arr);
+        args.extend(inputs.iter());
+        self.tables = self.update.run(&args)?;
+        self.tick += 1;
+        let stats = &self.shared.stats;
+        if self.entries[entry - 1].is_some() {
+            stats.adapter_evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        stats.adapter_loads.fetch_add(1, Ordering::Relaxed);
+        self.entries[entry - 1] = Some(Entry {
+            adapter_id: adapter.id,
+            used: self.tick,
+        });
+        Ok(())
+    }
+
+    /// Moves waiting requests into free slots, prefilling each.
+    fn admit(&mut self) {
+        while let Some(slot) = self.slots.iter().position(Option::is_none) {
+            // The first waiting request whose adapter can be placed now.
+            let Some(k) = self.waiting.iter().position(|p| match &p.adapter {
+                None => true,
+                Some(a) => self.entry_for(a).is_some(),
+            }) else {
+                return;
+            };
+            let Some(p) = self.waiting.remove(k) else {
+                return;
+            };
+            self.shared.stats.queued.fetch_sub(1, Ordering::SeqCst);
+            if let Err(e) = self.start(slot, &p) {
+                let _ = p.events.send(Event::Failed(e.to_string()));
+            }
+        }
+    }
+
+    /// Places `p`'s adapter, prefills its prompt into `slot` and sends its
+    /// first token.
+    fn start(&mut self, slot: usize, p: &Pending) -> Result<()> {
+        let shared = self.shared.clone();
+        let stats = &shared.stats;
+        let entry = match &p.adapter {
+            None => 0,
+            Some(a) => {
+                let (entry, load) = self
+                    .entry_for(a)
+                    .ok_or_else(|| EngineError::Setting("no adapter entry is free".into()))?;
+                if load {
+                    stats.adapter_misses.fetch_add(1, Ordering::Relaxed);
+                    self.load_entry(entry, a)?;
+                } else {
+                    stats.adapter_hits.fetch_add(1, Ordering::Relaxed);
+                }
+                self.tick += 1;
+                if let Some(e) = &mut self.entries[entry - 1] {
+                    e.used = self.tick;
+                }
+                entry
+            }
+        };
+        let r = &p.request;
+        let len = r.prompt.len();
+        let bucket = prefill_bucket(len, self.shared.options.max_model_len);
+        let mut ids = vec![0i32; bucket as usize];
+        for (k, &t) in r.prompt.iter().enumerate() {
+            ids[k] = t as i32;
+        }
+        let seed = fold_seed(r.sampling.seed);
+        let place = |h: HostArray| self.backend.replicate(&h);
+        let controls = [
+            place(HostArray::new(&[1, bucket], &ids)?)?,
+            place(HostArray::scalar(len as i32))?,
+            place(HostArray::scalar(slot as i32))?,
+            place(HostArray::new(&[1], &[entry as i32])?)?,
+            place(HostArray::new(&[1], &[r.sampling.temperature() as f32])?)?,
+            place(HostArray::new(
+                &[1],
+                &[r.sampling.top_k.unwrap_or(0) as i32],
+            )?)?,
+            place(HostArray::new(
+                &[1],
+                &[r.sampling.top_p.unwrap_or(1.0) as f32],
+            )?)?,
+            place(HostArray::new(&[1], &[seed])?)?,
+        ];
+        self.prefill_program(bucket)?;
+        let program = &self.prefill[&bucket];
+        let mut args: Vec<&DeviceArray> = self.weights.iter().collect();
+        args.extend(self.tables.iter());
+        args.extend(self.caches.iter());
+        args.extend(controls.iter());
+        let mut out = program.run(&args)?;
+        self.caches = out.split_off(1);
+        let next: Vec<i32> = out[0].gather()?.to_vec()?;
+        stats.prefills.fetch_add(1, Ordering::Relaxed);
+        let token = next[0] as u32;
+        let mut active = Active {
+            request: p.request.clone(),
+            events: p.events.clone(),
+            entry,
+            position: len as i64,
+            last: token,
+            generated: 0,
+            seed,
+        };
+        if !Self::emit(&mut active, token) {
+            self.slots[slot] = Some(active);
+        }
+        Ok(())
+    }
+
+    /// Sends `token`; true when the request is finished (and told so).
+    fn emit(a: &mut Active, token: u32) -> bool {
+        a.generated += 1;
+        a.last = token;
+        let _ = a.events.send(Event::Token(token));
+        let reason = if a.request.stop_ids.contains(&token) {
+            Some(FinishReason::Stop)
+        } else if a.generated >= a.request.max_tokens {
+            Some(FinishReason::Length)
+        } else {
+            None
+        };
+        match reason {
+            Some(r) => {
+                let _ = a.events.send(Event::Finished(r));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// One token for every running request, with the smallest decode
+    /// program whose rows hold every running slot (new requests take the
+    /// lowest free slot, so running ones gather at the front).
+    fn decode_step(&mut self) -> Result<()> {
+        let last = self.slots.iter().rposition(Option::is_some).unwrap_or(0) as i64;
+        let n = decode_buckets(self.slots.len() as i64)
+            .into_iter()
+            .find(|&r| r > last)
+            .unwrap_or(self.slots.len() as i64) as usize;
+        let (mut ids, mut pos, mut entry) = (vec![0i32; n], vec![0i32; n], vec![0i32; n]);
+        let (mut temp, mut top_k, mut top_p, mut seed) =
+            (vec![0f32; n], vec![0i32; n], vec![1f32; n], vec![0u32; n]);
+        for (k, a) in self.slots.iter().take(n).enumerate() {
+            if let Some(a) = a {
+                ids[k] = a.last as i32;
+                pos[k] = a.position as i32;
+                entry[k] = a.entry as i32;
+                temp[k] = a.request.sampling.temperature() as f32;
+                top_k[k] = a.request.sampling.top_k.unwrap_or(0) as i32;
+                top_p[k] = a.request.sampling.top_p.unwrap_or(1.0) as f32;
+                seed[k] = a.seed;
+            }
+        }
+        let rows = [n as i64];
+        let place = |h: HostArray| self.backend.replicate(&h);
+        let controls = [
+            place(HostArray::new(&rows, &ids)?)?,
+            place(HostArray::new(&rows, &pos)?)?,
+            place(HostArray::new(&rows, &entry)?)?,
+            place(HostArray::new(&rows, &temp)?)?,
+            place(HostArray::new(&rows, &top_k)?)?,
+            place(HostArray::new(&rows, &top_p)?)?,
+            place(HostArray::new(&rows, &seed)?)?,
+        ];
+        let mut args: Vec<&DeviceArray> = self.weights.iter().collect();
+        args.extend(self.tables.iter());
+        args.extend(self.caches.iter());
+        args.extend(controls.iter());
+        let mut out = self.decode[&(n as i64)].run(&args)?;
+        self.caches = out.split_off(1);
+        let next: Vec<i32> = out[0].gather()?.to_vec()?;
+        self.shared
+            .stats
+            .decode_steps
+            .fetch_add(1, Ordering::Relaxed);
+        for (k, slot) in self.slots.iter_mut().take(n).enumerate() {
+            if let Some(a) = slot {
+                a.position += 1;
+                if Self::emit(a, next[k] as u32) {
+                    *slot = None;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A request's 64-bit seed as the sampler's 32-bit one.
+fn fold_seed(seed: u64) -> u32 {
+    (seed ^ (seed >> 32)) as u32
+}
+
+/// A seed for a request that gives none: from the clock and a counter.
+pub fn fresh_seed() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let mut h = hlo_ir::rng::Fnv1a::new();
+    h.update(&t.to_le_bytes());
+    h.update(&n.to_le_bytes());
+    h.finish()
+}

@@ -1,0 +1,201 @@
+//! `hlo-train serve`: opens the model, starts the engine's [`Batcher`]
+//! with the adapters given, and runs the OpenAI-compatible server of
+//! `hlo-serve` until SIGTERM.
+
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use hlo_engine::data::ChatTemplate;
+use hlo_engine::models::llama::LoraSelect;
+use hlo_engine::partitioner::Mesh;
+use hlo_engine::{Batcher, BatcherOptions};
+use hlo_serve::ServerConfig;
+
+use crate::args::{open_model, DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LoraSelectArg {
+    Auto,
+    Gather,
+    OneHot,
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    #[command(flatten)]
+    pub dtype: DtypeArgs,
+
+    #[command(flatten)]
+    pub tokenizer: TokenizerArgs,
+
+    #[command(flatten)]
+    pub plugin: PluginArgs,
+
+    /// Device mesh for the weights (`dp=1,fsdp=2,mp=2`; default one device,
+    /// or dp=1,fsdp=N,mp=1 over --devices).
+    #[arg(long)]
+    pub mesh: Option<Mesh>,
+
+    /// The name clients give as `model` for the base model (default: the
+    /// checkpoint folder's name, or the preset's).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+
+    /// An adapter to serve, `NAME=DIR` (a PEFT folder); repeat for more.
+    #[arg(long, value_parser = adapter_arg)]
+    pub adapter: Vec<(String, PathBuf)>,
+
+    /// The chat template's folder (holding tokenizer_config.json), instead
+    /// of the checkpoint's.
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
+
+    /// The address to listen on (0.0.0.0: every interface).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: IpAddr,
+
+    /// The port to listen on; 0 picks a free one (printed when listening).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+
+    /// Requests generating at once (decode slots).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_batch_size: u32,
+
+    /// Adapters resident in device memory at once.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_loras: u32,
+
+    /// Parsed adapters kept in host memory (more are read from disk again).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_cpu_loras: u32,
+
+    /// The largest adapter rank served.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_lora_rank: u32,
+
+    /// Prompt plus completion, in tokens (default: the model's positions,
+    /// at most 2048).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(2..))]
+    pub max_model_len: Option<u32>,
+
+    /// Requests waiting for a slot before more are answered 429.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_queue: u32,
+
+    /// Require `Authorization: Bearer KEY` on /v1/ requests.
+    #[arg(long, env = "HLO_TRAIN_API_KEY")]
+    pub api_key: Option<String>,
+
+    /// How each request's adapter is read from the tables: a gather by
+    /// index, a one-hot contraction over the entries, or auto (a gather for
+    /// one or two running requests, the contraction above: the faster at
+    /// each size, BENCHMARKS.md).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub lora_select: LoraSelectArg,
+
+    /// Seed for random weights (presets and --config).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+fn adapter_arg(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, dir)) if !name.is_empty() && !dir.is_empty() => {
+            Ok((name.to_string(), PathBuf::from(dir)))
+        }
+        _ => Err(format!("expected NAME=DIR, got `{s}`")),
+    }
+}
+
+pub fn run(args: &ServeArgs) -> Result<()> {
+    let model = open_model(&args.model, &args.tokenizer)?;
+    let config = model.config.clone();
+    let tokenizer = model.tokenizer(args.tokenizer.tokenizer.as_deref())?;
+    let template_dir = match (&args.chat_template, &model.checkpoint) {
+        (Some(d), _) => Some(d.clone()),
+        (None, Some(c)) => Some(c.dir.clone()),
+        (None, None) => None,
+    };
+    // A checkpoint without a template serves completions only; a template
+    // asked for by flag must load.
+    let chat_template = match template_dir {
+        Some(d) if args.chat_template.is_some() => Some(ChatTemplate::from_dir(&d)?),
+        Some(d) => ChatTemplate::from_dir(&d).ok(),
+        None => None,
+    };
+    let model_name = match &args.served_model_name {
+        Some(n) => n.clone(),
+        None => match &model.checkpoint {
+            Some(c) => std::fs::canonicalize(&c.dir)
+                .unwrap_or_else(|_| c.dir.clone())
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| model.name.clone()),
+            None => model.name.clone(),
+        },
+    };
+    for (name, _) in &args.adapter {
+        if *name == model_name {
+            bail!("--adapter {name}: the name is the base model's (--served-model-name)");
+        }
+    }
+    let max_model_len = match args.max_model_len {
+        Some(n) if i64::from(n) > config.max_position_embeddings => bail!(
+            "--max-model-len {n} is above the model's {} positions",
+            config.max_position_embeddings
+        ),
+        Some(n) => i64::from(n),
+        None => config.max_position_embeddings.min(2048),
+    };
+    let eos_ids = model.generation_eos_ids()?;
+    let options = BatcherOptions {
+        max_batch_size: args.max_batch_size as usize,
+        max_loras: args.max_loras as usize,
+        max_cpu_loras: args.max_cpu_loras as usize,
+        max_lora_rank: i64::from(args.max_lora_rank),
+        max_model_len,
+        max_queue: args.max_queue as usize,
+        select: match args.lora_select {
+            LoraSelectArg::Auto => None,
+            LoraSelectArg::Gather => Some(LoraSelect::Gather),
+            LoraSelectArg::OneHot => Some(LoraSelect::OneHot),
+        },
+        dtype: args.dtype.dtype(args.plugin.is_cpu()),
+    };
+    let backend = args.plugin.backend(args.mesh.as_ref());
+    let batcher = Batcher::spawn(backend, model, options, &args.adapter, args.seed)
+        .context("cannot start serving")?;
+    let server = ServerConfig {
+        model_name: model_name.clone(),
+        api_key: args.api_key.clone(),
+        eos_ids,
+        tokenizer,
+        chat_template,
+    };
+    let adapters = batcher.adapters();
+    hlo_serve::run(
+        batcher,
+        server,
+        SocketAddr::new(args.host, args.port),
+        |addr| {
+            println!(
+                "serving {model_name} (adapters: {}) on http://{addr}",
+                if adapters.is_empty() {
+                    "none".to_string()
+                } else {
+                    adapters.join(", ")
+                }
+            );
+            let _ = std::io::stdout().flush();
+        },
+    )?;
+    eprintln!("stopped: every request finished");
+    Ok(())
+}

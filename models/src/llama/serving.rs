@@ -1,0 +1,466 @@
+//! Serving many requests and many LoRA adapters with one base model: the
+//! programs of continuous batching (Orca) with stacked adapter tables
+//! (S-LoRA, Punica).
+//!
+//! The KV cache has one *slot* per running request (`[slots, kv_heads,
+//! max_len, head_dim]` per layer). A request joins by a prefill program that
+//! runs its prompt (batch 1, padded on the right to a length bucket),
+//! writes its keys and values into its slot of the donated caches, and
+//! samples its first token; then every running request advances one token
+//! per decode program, each slot at its own position. Every adapter lives in
+//! device-resident tables, one per projection (`lora_tables.<module>.a`
+//! `[entries, in, max_rank]`, `.b` `[entries, max_rank, out]`, `.scale`
+//! `[entries]`); entry 0 is all zero (the base model), an adapter of lower
+//! rank is zero-padded (which adds exact zeros), a module it does not target
+//! is zero. Each row picks its entry by index, so one batch mixes adapters
+//! of different ranks and targets, and loading an adapter is one donated
+//! update program. A row's tokens depend only on its own inputs: sampling
+//! noise is a hash of the request's seed and token count.
+
+use hlo_ir::ops::DotGeneral;
+use hlo_ir::{iota, scope, DType, Outputs, Tensor, TensorType, TraceError};
+
+use super::decode::{hashed_uniform, llama, sample_rows, step_of, with_caches};
+use super::model::{grouped_attention, linear, rotate_half};
+use super::{base_parameter_types, rms_norm, Llama, LlamaConfig, Params, DEFAULT_TARGETS};
+use crate::roles::{Role, Step};
+
+/// How each row's adapter entry is picked from a table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LoraSelect {
+    /// `table.take(index)`: each row's A and B gathered, then two batched
+    /// products per row.
+    Gather,
+    /// A contraction over the entries: every entry's `x·A`, weighted by the
+    /// row's one-hot, contracted over (entry, rank) with every entry's B
+    /// (BENCHMARKS.md compares the two).
+    OneHot,
+}
+
+/// The shape of the adapter tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AdapterTables {
+    /// Adapters resident at once, plus entry 0 (the base model).
+    pub entries: i64,
+    /// The largest rank an entry holds.
+    pub max_rank: i64,
+    pub select: LoraSelect,
+}
+
+/// Every projection of every layer, as (module path, short name).
+pub fn projections(config: &LlamaConfig) -> Vec<(String, &'static str)> {
+    (0..config.num_hidden_layers)
+        .flat_map(|l| {
+            DEFAULT_TARGETS.iter().map(move |short| {
+                let group = if ["q_proj", "k_proj", "v_proj", "o_proj"].contains(short) {
+                    "self_attn"
+                } else {
+                    "mlp"
+                };
+                (format!("model.layers.{l}.{group}.{short}"), *short)
+            })
+        })
+        .collect()
+}
+
+/// The table names of a projection: `lora_tables.<module>.{a,b,scale}`.
+pub fn table_names(module: &str) -> [String; 3] {
+    ["a", "b", "scale"].map(|t| format!("lora_tables.{module}.{t}"))
+}
+
+/// The adapter tables (f32) of every projection: see the module's docs.
+pub fn adapter_table_types(config: &LlamaConfig, t: &AdapterTables) -> Vec<(String, TensorType)> {
+    let mut out = Vec::new();
+    for (module, short) in projections(config) {
+        let (din, dout) = config.projection_dims(short).expect("a known projection");
+        let [a, b, scale] = table_names(&module);
+        out.push((a, TensorType::new(DType::F32, [t.entries, din, t.max_rank])));
+        out.push((
+            b,
+            TensorType::new(DType::F32, [t.entries, t.max_rank, dout]),
+        ));
+        out.push((scale, TensorType::new(DType::F32, [t.entries])));
+    }
+    out
+}
+
+/// `x · W_iᵀ`-style batched product of `x: [rows, t, k]` with each row's
+/// matrix `m: [rows, k, n]`.
+fn row_matmul(x: Tensor, m: Tensor) -> Tensor {
+    x.dot_general(
+        m,
+        DotGeneral {
+            lhs_batch: vec![0],
+            rhs_batch: vec![0],
+            lhs_contracting: vec![2],
+            rhs_contracting: vec![1],
+            precision: None,
+            preferred_element_type: None,
+        },
+    )
+}
+
+/// What the layers of a serving program share: the weights and tables,
+/// each row's adapter entry, and how the tables are read.
+struct Serving<'a> {
+    model: Llama<'a>,
+    p: &'a Params<'a>,
+    adapter_ids: Tensor,
+    select: LoraSelect,
+}
+
+impl Serving<'_> {
+    /// A projection with each row's adapter: `x·Wᵀ + scale·(x·A)·B` as
+    /// PEFT computes it (the branch in f32), A, B and scale of the row's
+    /// entry.
+    fn proj(&self, module: &str, short: &str, x: Tensor) -> Tensor {
+        scope(short, || {
+            let y = linear(x, self.p.get(&format!("{module}.weight")));
+            let [a, b, scale] = table_names(module).map(|n| self.p.get(&n));
+            let x = x.cast(DType::F32);
+            let (rows, t) = (x.dims()[0], x.dims()[1]);
+            let delta = match self.select {
+                LoraSelect::Gather => {
+                    let pick = |table: Tensor| table.take(self.adapter_ids, 0);
+                    let delta = row_matmul(row_matmul(x, pick(a)), pick(b));
+                    let dims = delta.dims();
+                    delta * pick(scale).broadcast_in_dim(&dims, &[0])
+                }
+                LoraSelect::OneHot => {
+                    // Every entry's x·A ([rows, t, entries, rank]), kept for
+                    // the row's entry by its one-hot weight, contracted over
+                    // (entry, rank) with every entry's B: the tables are
+                    // read once, nothing is built per row. Other entries add
+                    // exact zeros.
+                    let entries = a.dims()[0];
+                    let one_hot = iota(TensorType::new(DType::I32, [rows, entries]), 1)
+                        .eq(self.adapter_ids.broadcast_in_dim(&[rows, entries], &[0]))
+                        .cast(DType::F32);
+                    let contract = |lhs: Vec<i64>, rhs: Vec<i64>| DotGeneral {
+                        lhs_batch: vec![],
+                        rhs_batch: vec![],
+                        lhs_contracting: lhs,
+                        rhs_contracting: rhs,
+                        precision: None,
+                        preferred_element_type: None,
+                    };
+                    let xa = x.dot_general(a, contract(vec![2], vec![1]));
+                    let dims = xa.dims();
+                    let xa = xa * one_hot.broadcast_in_dim(&dims, &[0, 2]);
+                    let delta = xa.dot_general(b, contract(vec![2, 3], vec![0, 1]));
+                    let row_scale =
+                        (one_hot * scale.broadcast_in_dim(&[rows, entries], &[1])).sum(&[1]);
+                    let dims = delta.dims();
+                    delta * row_scale.broadcast_in_dim(&dims, &[0])
+                }
+            };
+            debug_assert_eq!(delta.dims()[..2], [rows, t]);
+            y + delta.cast(y.dtype())
+        })
+    }
+
+    /// Hidden states `[rows, t, hidden]` after the last norm, for
+    /// `input_ids: [rows, t]` at `positions: [rows, t]`; `attend(layer, q,
+    /// k, v)` is each layer's attention (and cache update).
+    fn hidden(
+        &self,
+        input_ids: Tensor,
+        positions: Tensor,
+        dtype: DType,
+        mut attend: impl FnMut(i64, Tensor, Tensor, Tensor) -> Tensor,
+    ) -> Tensor {
+        let c = self.model.config;
+        let p = self.p;
+        let (b, t) = (input_ids.dims()[0], input_ids.dims()[1]);
+        let mut h = scope("model.embed_tokens", || {
+            p.get("model.embed_tokens.weight")
+                .cast(dtype)
+                .take(input_ids, 0)
+        });
+        let (cos, sin) = scope("model.rotary_emb", || {
+            self.model.rotary_at(positions, dtype)
+        });
+        let rope = |y: Tensor| {
+            let dims = y.dims();
+            y * cos.broadcast_in_dim(&dims, &[0, 2, 3])
+                + rotate_half(y) * sin.broadcast_in_dim(&dims, &[0, 2, 3])
+        };
+        let heads = |y: Tensor, n: i64| y.reshape(&[b, t, n, c.head_dim]).transpose(&[0, 2, 1, 3]);
+        for l in 0..c.num_hidden_layers {
+            let prefix = format!("model.layers.{l}");
+            h = scope(&prefix, || {
+                self.model.layer_with_mlp(
+                    p,
+                    &prefix,
+                    h,
+                    |x| {
+                        let a = format!("{prefix}.self_attn");
+                        let q = heads(
+                            self.proj(&format!("{a}.q_proj"), "q_proj", x),
+                            c.num_attention_heads,
+                        );
+                        let k = heads(
+                            self.proj(&format!("{a}.k_proj"), "k_proj", x),
+                            c.num_key_value_heads,
+                        );
+                        let v = heads(
+                            self.proj(&format!("{a}.v_proj"), "v_proj", x),
+                            c.num_key_value_heads,
+                        );
+                        let out = attend(l, rope(q), rope(k), v);
+                        self.proj(&format!("{a}.o_proj"), "o_proj", out)
+                    },
+                    |x| {
+                        let m = format!("{prefix}.mlp");
+                        let gate = self.proj(&format!("{m}.gate_proj"), "gate_proj", x);
+                        let up = self.proj(&format!("{m}.up_proj"), "up_proj", x);
+                        self.proj(
+                            &format!("{m}.down_proj"),
+                            "down_proj",
+                            gate * gate.logistic() * up,
+                        )
+                    },
+                )
+            });
+        }
+        scope("model.norm", || {
+            rms_norm(h, p.get("model.norm.weight"), c.rms_norm_eps)
+        })
+    }
+
+    /// Logits `[rows, vocab]` (f32) of hidden states `[rows, hidden]`.
+    fn logits(&self, h: Tensor) -> Tensor {
+        let head = if self.model.config.tie_word_embeddings {
+            "model.embed_tokens.weight"
+        } else {
+            "lm_head.weight"
+        };
+        scope("lm_head", || linear(h, self.p.get(head)).cast(DType::F32))
+    }
+}
+
+/// The inputs every serving program starts with: weights and tables
+/// (read only), then the caches (donated).
+fn common_inputs(
+    config: &LlamaConfig,
+    dtype: DType,
+    slots: i64,
+    max_len: i64,
+    tables: &AdapterTables,
+) -> Vec<(String, TensorType, Role)> {
+    let mut inputs: Vec<(String, TensorType, Role)> = base_parameter_types(config, dtype)
+        .into_iter()
+        .map(|(n, t)| (n, t, Role::Weight))
+        .collect();
+    inputs.extend(
+        adapter_table_types(config, tables)
+            .into_iter()
+            .map(|(n, t)| (n, t, Role::AdapterTable)),
+    );
+    inputs.extend(
+        super::cache_types(config, slots, max_len, dtype)
+            .into_iter()
+            .map(|(n, t)| (n, t, Role::KvCache)),
+    );
+    inputs
+}
+
+/// Per-row sampling inputs: `temperature` (f32), `top_k` (i32), `top_p`
+/// (f32), `seed` (u32), each `[rows]`.
+fn sampling_inputs(rows: i64) -> [(String, TensorType, Role); 4] {
+    [
+        ("temperature", DType::F32),
+        ("top_k", DType::I32),
+        ("top_p", DType::F32),
+        ("seed", DType::U32),
+    ]
+    .map(|(n, d)| (n.to_string(), TensorType::new(d, [rows]), Role::Control))
+}
+
+/// The prefill program of one request: its prompt `input_ids: [1, bucket]`
+/// (right-padded; `length []` real tokens) runs causally from position 0
+/// with adapter entry `adapter_ids: [1]`; its keys and values are written
+/// into slot `slot []` of the caches (positions `0..bucket`; those past the
+/// prompt are never read before decoding overwrites them), and its first
+/// token is sampled (noise counter `length`). Outputs: `next [1]`, the
+/// caches.
+pub fn slot_prefill_step(
+    config: &LlamaConfig,
+    dtype: DType,
+    slots: i64,
+    max_len: i64,
+    bucket: i64,
+    tables: &AdapterTables,
+) -> Result<Step, TraceError> {
+    let mut inputs = common_inputs(config, dtype, slots, max_len, tables);
+    for (n, ty) in [
+        ("input_ids", TensorType::new(DType::I32, [1, bucket])),
+        ("length", TensorType::scalar(DType::I32)),
+        ("slot", TensorType::scalar(DType::I32)),
+        ("adapter_ids", TensorType::new(DType::I32, [1])),
+    ] {
+        inputs.push((n.to_string(), ty, Role::Control));
+    }
+    inputs.extend(sampling_inputs(1));
+    let select = tables.select;
+    step_of("llama_prefill_slot", inputs, |i| {
+        let p = Params(i);
+        let s = Serving {
+            model: llama(config),
+            p: &p,
+            adapter_ids: i["adapter_ids"],
+            select,
+        };
+        let positions = iota(TensorType::new(DType::I32, [1, bucket]), 1);
+        let rows = iota(TensorType::new(DType::I32, [bucket, bucket]), 0);
+        let cols = iota(TensorType::new(DType::I32, [bucket, bucket]), 1);
+        let causal = cols.le(rows);
+        let zero = i["length"].scalar_like(0.0);
+        let mut caches = Vec::new();
+        let h = s.hidden(i["input_ids"], positions, dtype, |l, q, k, v| {
+            for (name, new) in [("k", k), ("v", v)] {
+                let name = format!("cache.layers.{l}.{name}");
+                let cache = i[name.as_str()];
+                let updated = cache
+                    .dynamic_update_slice(new.cast(cache.dtype()), &[i["slot"], zero, zero, zero]);
+                caches.push((name, updated));
+            }
+            grouped_attention(q, k, v, causal, &[3, 4])
+        });
+        let hidden = config.hidden_size;
+        let last = h
+            .dynamic_slice(&[zero, i["length"] - 1.0, zero], &[1, 1, hidden])
+            .reshape(&[1, hidden]);
+        let logits = s.logits(last);
+        let uniform = hashed_uniform(
+            i["seed"],
+            i["length"].broadcast_in_dim(&[1], &[]),
+            config.vocab_size,
+        );
+        let next = scope("sample", || {
+            sample_rows(logits, i["temperature"], i["top_k"], i["top_p"], uniform)
+        });
+        with_caches(Outputs::new().add("next", next), caches)
+    })
+}
+
+/// The decode program of the first `rows` slots (those that run; a free
+/// slot among them computes too and its token is ignored): `input_ids:
+/// [rows]` (each slot's last token) at `positions: [rows]` (where it goes in
+/// the slot's cache) with adapter entries `adapter_ids: [rows]`; each slot
+/// attends to its cache up to its position and samples its next token
+/// (noise counter `position + 1`). Outputs: `next [rows]`, the caches (the
+/// other slots' rows unchanged). Fewer rows read less of the cache: the
+/// batcher picks the smallest program that covers its running slots.
+pub fn slot_decode_step(
+    config: &LlamaConfig,
+    dtype: DType,
+    slots: i64,
+    rows: i64,
+    max_len: i64,
+    tables: &AdapterTables,
+) -> Result<Step, TraceError> {
+    let mut inputs = common_inputs(config, dtype, slots, max_len, tables);
+    for n in ["input_ids", "positions", "adapter_ids"] {
+        inputs.push((
+            n.to_string(),
+            TensorType::new(DType::I32, [rows]),
+            Role::Control,
+        ));
+    }
+    inputs.extend(sampling_inputs(rows));
+    let select = tables.select;
+    let c = config;
+    step_of("llama_decode_slots", inputs, |i| {
+        let p = Params(i);
+        let s = Serving {
+            model: llama(config),
+            p: &p,
+            adapter_ids: i["adapter_ids"],
+            select,
+        };
+        let pos = i["positions"];
+        let keys = iota(TensorType::new(DType::I32, [rows, 1, max_len]), 2);
+        let visible = keys.le(pos.broadcast_in_dim(&[rows, 1, max_len], &[0]));
+        let shape = [rows, c.num_key_value_heads, max_len, c.head_dim];
+        let here =
+            iota(TensorType::new(DType::I32, shape), 2).eq(pos.broadcast_in_dim(&shape, &[0]));
+        let zero = pos.scalar_like(0.0);
+        let mut caches = Vec::new();
+        let h = s.hidden(
+            i["input_ids"].reshape(&[rows, 1]),
+            pos.reshape(&[rows, 1]),
+            dtype,
+            |l, q, k, v| {
+                let mut kv = Vec::new();
+                for (name, new) in [("k", k), ("v", v)] {
+                    let name = format!("cache.layers.{l}.{name}");
+                    let cache = i[name.as_str()];
+                    let mine = if rows == slots {
+                        cache
+                    } else {
+                        cache.slice(&[0, 0, 0, 0], &shape)
+                    };
+                    // Each slot writes at its own position: a select, not
+                    // one dynamic_update_slice for all.
+                    let new = new
+                        .cast(cache.dtype())
+                        .reshape(&[rows, c.num_key_value_heads, c.head_dim])
+                        .broadcast_in_dim(&shape, &[0, 1, 3]);
+                    let updated = here.where_(new, mine);
+                    kv.push(updated.cast(dtype));
+                    let whole = if rows == slots {
+                        updated
+                    } else {
+                        cache.dynamic_update_slice(updated, &[zero, zero, zero, zero])
+                    };
+                    caches.push((name, whole));
+                }
+                grouped_attention(q, kv[0], kv[1], visible, &[0, 3, 4])
+            },
+        );
+        let logits = s.logits(h.reshape(&[rows, c.hidden_size]));
+        let uniform = hashed_uniform(i["seed"], pos + 1.0, c.vocab_size);
+        let next = scope("sample", || {
+            sample_rows(logits, i["temperature"], i["top_k"], i["top_p"], uniform)
+        });
+        with_caches(Outputs::new().add("next", next), caches)
+    })
+}
+
+/// The program that writes one adapter into entry `entry []` of every
+/// table (donated): inputs are the tables, then `entry`, then per table
+/// the new entry (`<table>.new`: A `[in, max_rank]`, B `[max_rank, out]`,
+/// scale `[]`). Outputs: the tables.
+pub fn table_update_step(config: &LlamaConfig, tables: &AdapterTables) -> Result<Step, TraceError> {
+    let types = adapter_table_types(config, tables);
+    let mut inputs: Vec<(String, TensorType, Role)> = types
+        .iter()
+        .map(|(n, t)| (n.clone(), t.clone(), Role::AdapterTable))
+        .collect();
+    inputs.push((
+        "entry".into(),
+        TensorType::scalar(DType::I32),
+        Role::Control,
+    ));
+    for (n, t) in &types {
+        inputs.push((
+            format!("{n}.new"),
+            TensorType::new(t.dtype, t.dims[1..].to_vec()),
+            Role::Control,
+        ));
+    }
+    step_of("lora_tables_update", inputs, |i| {
+        let mut out = Outputs::new();
+        for (n, t) in &types {
+            let mut dims = vec![1];
+            dims.extend(&t.dims[1..]);
+            let new = i[format!("{n}.new").as_str()].reshape(&dims);
+            let zero = i["entry"].scalar_like(0.0);
+            let mut starts = vec![i["entry"]];
+            starts.extend(std::iter::repeat_n(zero, dims.len() - 1));
+            out = out.add(n, i[n.as_str()].dynamic_update_slice(new, &starts));
+        }
+        out
+    })
+}

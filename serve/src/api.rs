@@ -1,0 +1,284 @@
+//! The OpenAI (and vLLM) request bodies, read strictly: a parameter that
+//! would change the result and is not honoured is refused by name, never
+//! ignored.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::ApiError;
+
+/// `prompt`: a text, texts, token ids, or lists of token ids.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    Text(String),
+    Texts(Vec<String>),
+    Ids(Vec<u32>),
+    IdLists(Vec<Vec<u32>>),
+}
+
+/// `stop`: one string or several.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopInput {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// What completions and chat completions share.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Common {
+    pub model: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopInput>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<i64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub logit_bias: Option<Value>,
+    pub user: Option<String>,
+    /// vLLM's: keep generating past the model's end-of-sequence tokens.
+    #[serde(default)]
+    pub ignore_eos: bool,
+    /// vLLM's: also return each choice's token ids (`token_ids`).
+    #[serde(default)]
+    pub return_token_ids: bool,
+}
+
+/// `POST /v1/completions`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct CompletionRequest {
+    #[serde(flatten)]
+    pub common: Common,
+    pub prompt: PromptInput,
+    pub echo: Option<bool>,
+    pub logprobs: Option<Value>,
+    pub best_of: Option<i64>,
+    pub suffix: Option<String>,
+}
+
+/// A chat message's `content`: a text, or parts of which only text ones
+/// are read.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct Part {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: Content,
+    pub name: Option<String>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ChatRequest {
+    #[serde(flatten)]
+    pub common: Common,
+    pub messages: Vec<ChatMessage>,
+    pub max_completion_tokens: Option<i64>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
+}
+
+/// `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdapterRequest {
+    pub lora_name: String,
+    pub lora_path: Option<String>,
+    /// vLLM's; reloading in place is not offered.
+    pub load_inplace: Option<bool>,
+}
+
+const COMMON: [&str; 16] = [
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "user",
+    "ignore_eos",
+    "return_token_ids",
+];
+
+/// Parses a JSON body whose keys are `COMMON` plus `own`; an unknown key
+/// is refused by name.
+pub fn parse<T: for<'de> Deserialize<'de>>(body: &[u8], own: &[&str]) -> Result<T, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad(format!("the body is not valid JSON: {e}"), None))?;
+    let Value::Object(map) = &value else {
+        return Err(ApiError::bad("the body must be a JSON object", None));
+    };
+    for key in map.keys() {
+        if !COMMON.contains(&key.as_str()) && !own.contains(&key.as_str()) {
+            return Err(ApiError::bad(
+                format!("unsupported parameter `{key}`"),
+                Some(key),
+            ));
+        }
+    }
+    serde_json::from_value(value).map_err(|e| ApiError::bad(format!("invalid request: {e}"), None))
+}
+
+pub const COMPLETION_KEYS: [&str; 5] = ["prompt", "echo", "logprobs", "best_of", "suffix"];
+pub const CHAT_KEYS: [&str; 4] = [
+    "messages",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+];
+
+/// Refuses `param` when `set` (a setting the server does not compute).
+fn refuse(set: bool, param: &str, why: &str) -> Result<(), ApiError> {
+    if set {
+        Err(ApiError::bad(
+            format!("`{param}` is not supported: {why}"),
+            Some(param),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+impl Common {
+    /// Checks every value; refuses what is not computed.
+    pub fn check(&self) -> Result<(), ApiError> {
+        if let Some(t) = self.temperature {
+            if !(t.is_finite() && t >= 0.0) {
+                return Err(ApiError::bad(
+                    format!("temperature must be a number >= 0, got {t}"),
+                    Some("temperature"),
+                ));
+            }
+        }
+        if let Some(p) = self.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(ApiError::bad(
+                    format!("top_p must be in (0, 1], got {p}"),
+                    Some("top_p"),
+                ));
+            }
+        }
+        if let Some(k) = self.top_k {
+            if k < -1 {
+                return Err(ApiError::bad(
+                    format!("top_k must be -1 (all), 0 (all) or positive, got {k}"),
+                    Some("top_k"),
+                ));
+            }
+        }
+        if let Some(m) = self.max_tokens {
+            if m < 1 {
+                return Err(ApiError::bad(
+                    format!("max_tokens must be at least 1, got {m}"),
+                    Some("max_tokens"),
+                ));
+            }
+        }
+        refuse(self.n.is_some_and(|n| n != 1), "n", "one choice per prompt")?;
+        refuse(
+            self.presence_penalty.is_some_and(|p| p != 0.0),
+            "presence_penalty",
+            "penalties are not applied",
+        )?;
+        refuse(
+            self.frequency_penalty.is_some_and(|p| p != 0.0),
+            "frequency_penalty",
+            "penalties are not applied",
+        )?;
+        refuse(
+            self.logit_bias
+                .as_ref()
+                .is_some_and(|b| !b.is_null() && b.as_object().is_none_or(|o| !o.is_empty())),
+            "logit_bias",
+            "biases are not applied",
+        )?;
+        Ok(())
+    }
+
+    /// The stop strings.
+    pub fn stops(&self) -> Vec<String> {
+        match &self.stop {
+            None => Vec::new(),
+            Some(StopInput::One(s)) => vec![s.clone()],
+            Some(StopInput::Many(v)) => v.clone(),
+        }
+    }
+}
+
+impl CompletionRequest {
+    pub fn check(&self) -> Result<(), ApiError> {
+        self.common.check()?;
+        refuse(self.echo == Some(true), "echo", "the prompt is not echoed")?;
+        refuse(
+            self.logprobs.as_ref().is_some_and(|v| !v.is_null()),
+            "logprobs",
+            "log-probabilities are not returned",
+        )?;
+        refuse(
+            self.best_of.is_some_and(|b| b != 1),
+            "best_of",
+            "one choice per prompt",
+        )?;
+        refuse(self.suffix.is_some(), "suffix", "insertion is not offered")
+    }
+}
+
+impl ChatRequest {
+    pub fn check(&self) -> Result<(), ApiError> {
+        self.common.check()?;
+        if let Some(m) = self.max_completion_tokens {
+            if m < 1 {
+                return Err(ApiError::bad(
+                    format!("max_completion_tokens must be at least 1, got {m}"),
+                    Some("max_completion_tokens"),
+                ));
+            }
+        }
+        refuse(
+            self.logprobs == Some(true),
+            "logprobs",
+            "log-probabilities are not returned",
+        )?;
+        refuse(
+            self.top_logprobs.is_some(),
+            "top_logprobs",
+            "log-probabilities are not returned",
+        )?;
+        if self.messages.is_empty() {
+            return Err(ApiError::bad("messages is empty", Some("messages")));
+        }
+        Ok(())
+    }
+}

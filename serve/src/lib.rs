@@ -1,0 +1,698 @@
+//! `hlo-serve`: an OpenAI-compatible HTTP server (tokio + axum) over the
+//! engine's continuous [`Batcher`](hlo_engine::Batcher), serving one base
+//! model and many LoRA adapters in one batch.
+//!
+//! It owns the HTTP side: routes (`/v1/models`, `/v1/completions`,
+//! `/v1/chat/completions`, vLLM's `/v1/load_lora_adapter` and
+//! `/v1/unload_lora_adapter`, `/health`, `/metrics`), reading requests
+//! strictly ([`api`]), OpenAI error objects, prompts encoded with the
+//! tokenizer's special tokens, text that follows the prompt's text and is
+//! streamed only as whole characters ([`text`]), stop strings, server-sent
+//! events, Prometheus metrics ([`metrics`]), the API key and a graceful
+//! stop on SIGTERM. It does not batch, schedule or run programs (the
+//! engine does) and parses no command line (the `hlo-train` CLI does).
+
+pub mod api;
+pub mod error;
+pub mod metrics;
+pub mod text;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use hlo_engine::batcher::fresh_seed;
+use hlo_engine::data::{ChatTemplate, Message, Tokenizer};
+use hlo_engine::{BatcherHandle, Event, FinishReason, GenerationRequest, Sampling, SubmitError};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::api::{AdapterRequest, ChatRequest, Common, CompletionRequest, PromptInput};
+pub use crate::error::{ApiError, ServeError};
+use crate::metrics::Metrics;
+use crate::text::TextStream;
+
+/// What the server needs besides the batcher.
+pub struct ServerConfig {
+    /// The name clients use for the base model.
+    pub model_name: String,
+    /// Requests to `/v1/...` must carry `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// The model's end-of-sequence tokens.
+    pub eos_ids: Vec<u32>,
+    pub tokenizer: Option<Tokenizer>,
+    pub chat_template: Option<ChatTemplate>,
+}
+
+struct AppState {
+    batcher: BatcherHandle,
+    config: ServerConfig,
+    tokenizer: Option<Arc<Tokenizer>>,
+    metrics: Metrics,
+    requests: AtomicU64,
+    started: u64,
+}
+
+type Shared = Arc<AppState>;
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The router of every endpoint, over `batcher`.
+pub fn router(batcher: BatcherHandle, mut config: ServerConfig) -> Router {
+    let tokenizer = config.tokenizer.take().map(Arc::new);
+    let state = Arc::new(AppState {
+        batcher,
+        config,
+        tokenizer,
+        metrics: Metrics::default(),
+        requests: AtomicU64::new(0),
+        started: now(),
+    });
+    Router::new()
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/metrics", get(metrics))
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/load_lora_adapter", post(load_adapter))
+        .route("/v1/unload_lora_adapter", post(unload_adapter))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint", None) })
+        .with_state(state)
+}
+
+/// Serves on `addr` until SIGTERM or Ctrl-C, then stops taking
+/// connections, lets in-flight requests finish, stops the batcher and
+/// returns. `ready` is called with the address bound (port 0 picks one).
+pub fn run(
+    batcher: BatcherHandle,
+    config: ServerConfig,
+    addr: SocketAddr,
+    ready: impl FnOnce(SocketAddr),
+) -> Result<(), ServeError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let app = router(batcher.clone(), config);
+    let result = runtime.block_on(async move {
+        let listener =
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|cause| ServeError::Bind {
+                    addr: addr.to_string(),
+                    cause,
+                })?;
+        ready(listener.local_addr()?);
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stop_signal())
+            .await?;
+        Ok(())
+    });
+    batcher.shutdown();
+    result
+}
+
+async fn stop_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+impl AppState {
+    fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let Some(key) = &self.config.api_key else {
+            return Ok(());
+        };
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given == Some(key.as_str()) {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "missing or wrong API key (Authorization: Bearer <key>)",
+                None,
+            ))
+        }
+    }
+
+    /// The adapter `model` names: None for the base model.
+    fn adapter(&self, model: Option<&str>) -> Result<Option<String>, ApiError> {
+        match model {
+            None => Ok(None),
+            Some(m) if m == self.config.model_name => Ok(None),
+            Some(m) if self.batcher.adapters().iter().any(|a| a == m) => Ok(Some(m.to_string())),
+            Some(m) => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("the model `{m}` does not exist"),
+                Some("model"),
+            )),
+        }
+    }
+
+    fn tokenizer(&self) -> Result<&Tokenizer, ApiError> {
+        self.tokenizer.as_deref().ok_or_else(|| {
+            ApiError::bad(
+                "this model has no tokenizer: send the prompt as token ids",
+                Some("prompt"),
+            )
+        })
+    }
+}
+
+async fn metrics(State(s): State<Shared>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics.render(s.batcher.stats()),
+    )
+        .into_response()
+}
+
+async fn models(State(s): State<Shared>, headers: HeaderMap) -> Response {
+    if let Err(e) = s.authorize(&headers) {
+        return e.into_response();
+    }
+    let base = &s.config.model_name;
+    let mut data = vec![json!({
+        "id": base, "object": "model", "created": s.started, "owned_by": "hlo-train",
+        "root": base, "parent": null,
+        "max_model_len": s.batcher.options().max_model_len,
+    })];
+    for a in s.batcher.adapters() {
+        data.push(json!({
+            "id": a, "object": "model", "created": s.started, "owned_by": "hlo-train",
+            "root": a, "parent": base,
+        }));
+    }
+    Json(json!({"object": "list", "data": data})).into_response()
+}
+
+async fn load_adapter(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    let result = async {
+        s.authorize(&headers)?;
+        let r: AdapterRequest = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad(format!("invalid request: {e}"), None))?;
+        if r.load_inplace == Some(true) {
+            return Err(ApiError::bad(
+                "`load_inplace` is not supported: unload the adapter, then load it",
+                Some("load_inplace"),
+            ));
+        }
+        let path = r
+            .lora_path
+            .ok_or_else(|| ApiError::bad("lora_path is required", Some("lora_path")))?;
+        if r.lora_name.is_empty() || r.lora_name == s.config.model_name {
+            return Err(ApiError::bad(
+                format!("`{}` cannot name an adapter", r.lora_name),
+                Some("lora_name"),
+            ));
+        }
+        let batcher = s.batcher.clone();
+        let name = r.lora_name.clone();
+        tokio::task::spawn_blocking(move || {
+            batcher.load_adapter(&name, std::path::Path::new(&path))
+        })
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), None))?
+        .map_err(|e| ApiError::bad(e.to_string(), Some("lora_path")))?;
+        Ok(format!(
+            "Success: LoRA adapter '{}' added successfully.",
+            r.lora_name
+        ))
+    }
+    .await;
+    respond_text(&s, "", result)
+}
+
+async fn unload_adapter(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    let result = async {
+        s.authorize(&headers)?;
+        let r: AdapterRequest = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad(format!("invalid request: {e}"), None))?;
+        if s.batcher.unload_adapter(&r.lora_name) {
+            Ok(format!(
+                "Success: LoRA adapter '{}' removed successfully.",
+                r.lora_name
+            ))
+        } else {
+            Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("the adapter `{}` is not loaded", r.lora_name),
+                Some("lora_name"),
+            ))
+        }
+    }
+    .await;
+    respond_text(&s, "", result)
+}
+
+fn respond_text(s: &AppState, model: &str, result: Result<String, ApiError>) -> Response {
+    match result {
+        Ok(text) => {
+            s.metrics.request(model, 200);
+            text.into_response()
+        }
+        Err(e) => {
+            s.metrics.request(model, e.status.as_u16());
+            e.into_response()
+        }
+    }
+}
+
+/// One prompt's completion in progress.
+struct Job {
+    rx: UnboundedReceiver<Event>,
+    text: TextStream,
+    prompt_tokens: usize,
+    finish: Option<&'static str>,
+    /// When the request arrived (time to first token counts from here).
+    arrived: Instant,
+}
+
+/// What a request asks for, checked, with its prompts encoded.
+struct Plan {
+    model: String,
+    adapter: Option<String>,
+    prompts: Vec<Vec<u32>>,
+    common: Common,
+    max_tokens: Option<i64>,
+    chat: bool,
+    arrived: Instant,
+}
+
+impl AppState {
+    /// Submits every prompt of `plan`; the first refusal is the answer.
+    fn submit(&self, plan: &Plan) -> Result<Vec<Job>, ApiError> {
+        let c = &plan.common;
+        let max_len = self.batcher.options().max_model_len;
+        let sampling = Sampling {
+            temperature: Some(c.temperature.unwrap_or(1.0)),
+            top_k: c.top_k.filter(|&k| k > 0).map(|k| k as u32),
+            top_p: c.top_p,
+            seed: c.seed.map_or_else(fresh_seed, |s| s as u64),
+        };
+        let stop_ids = if c.ignore_eos {
+            Vec::new()
+        } else {
+            self.config.eos_ids.clone()
+        };
+        let mut jobs = Vec::new();
+        for prompt in &plan.prompts {
+            let len = prompt.len() as i64;
+            // OpenAI's defaults: 16 tokens for a completion, the rest of
+            // the context for a chat reply.
+            let max_tokens = plan
+                .max_tokens
+                .unwrap_or(if plan.chat { max_len - len } else { 16 });
+            if len + max_tokens > max_len {
+                return Err(ApiError::bad(
+                    format!(
+                        "this model's maximum context length is {max_len} tokens; the request asks for {} ({len} in the prompt, {max_tokens} to generate)",
+                        len + max_tokens
+                    ),
+                    Some(if len >= max_len { "prompt" } else { "max_tokens" }),
+                ));
+            }
+            let rx = self
+                .batcher
+                .submit(GenerationRequest {
+                    prompt: prompt.clone(),
+                    adapter: plan.adapter.clone(),
+                    max_tokens: max_tokens as usize,
+                    sampling: sampling.clone(),
+                    stop_ids: stop_ids.clone(),
+                })
+                .map_err(|e| match e {
+                    SubmitError::QueueFull(_) => {
+                        ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string(), None)
+                    }
+                    SubmitError::ShuttingDown => {
+                        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), None)
+                    }
+                    SubmitError::UnknownAdapter(_) => {
+                        ApiError::new(StatusCode::NOT_FOUND, e.to_string(), Some("model"))
+                    }
+                    SubmitError::Invalid(m) => ApiError::bad(m, Some("prompt")),
+                })?;
+            jobs.push(Job {
+                rx,
+                text: TextStream::new(self.tokenizer.clone(), prompt, c.stops()),
+                prompt_tokens: prompt.len(),
+                finish: None,
+                arrived: plan.arrived,
+            });
+        }
+        Ok(jobs)
+    }
+
+    /// Runs `job` to its end, handing `emit` each token with the text it
+    /// releases (often nothing: held back), then the rest of the text with
+    /// no token (false from `emit`: the client is gone, stop). Records
+    /// latencies.
+    async fn drive(
+        &self,
+        job: &mut Job,
+        mut emit: impl FnMut(&str, Option<u32>) -> bool,
+    ) -> Result<(), String> {
+        let mut last: Option<Instant> = None;
+        loop {
+            match job.rx.recv().await {
+                Some(Event::Token(t)) => {
+                    let at = Instant::now();
+                    match last {
+                        None => self
+                            .metrics
+                            .time_to_first_token(at.duration_since(job.arrived).as_secs_f64()),
+                        Some(l) => self
+                            .metrics
+                            .inter_token_latency(at.duration_since(l).as_secs_f64()),
+                    }
+                    last = Some(at);
+                    let piece = job.text.push(t);
+                    if !emit(&piece, Some(t)) {
+                        return Err("the client went away".into());
+                    }
+                    if job.text.stopped() {
+                        // Dropping the channel frees the slot.
+                        job.rx.close();
+                        job.finish = Some("stop");
+                        return Ok(());
+                    }
+                }
+                Some(Event::Finished(reason)) => {
+                    let piece = job.text.finish();
+                    emit(&piece, None);
+                    job.finish = Some(match reason {
+                        FinishReason::Stop => "stop",
+                        FinishReason::Length => "length",
+                    });
+                    return Ok(());
+                }
+                Some(Event::Failed(m)) => return Err(m),
+                None => return Err("the batcher stopped".into()),
+            }
+        }
+    }
+}
+
+async fn completions(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    let arrived = Instant::now();
+    let plan = (|| {
+        s.authorize(&headers)?;
+        let r: CompletionRequest = api::parse(&body, &api::COMPLETION_KEYS)?;
+        r.check()?;
+        let adapter = s.adapter(r.common.model.as_deref())?;
+        let prompts: Vec<Vec<u32>> = match &r.prompt {
+            PromptInput::Text(t) => vec![encode(&s, t)?],
+            PromptInput::Texts(ts) => ts.iter().map(|t| encode(&s, t)).collect::<Result<_, _>>()?,
+            PromptInput::Ids(ids) => vec![ids.clone()],
+            PromptInput::IdLists(l) => l.clone(),
+        };
+        if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
+            return Err(ApiError::bad("the prompt is empty", Some("prompt")));
+        }
+        Ok(Plan {
+            model: r
+                .common
+                .model
+                .clone()
+                .unwrap_or(s.config.model_name.clone()),
+            adapter,
+            prompts,
+            max_tokens: r.common.max_tokens,
+            common: r.common,
+            chat: false,
+            arrived,
+        })
+    })();
+    answer(s, plan).await
+}
+
+fn encode(s: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
+    s.tokenizer()?
+        .encode(text, true)
+        .map_err(|e| ApiError::bad(e.to_string(), Some("prompt")))
+}
+
+async fn chat_completions(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    let arrived = Instant::now();
+    let plan = (|| {
+        s.authorize(&headers)?;
+        let r: ChatRequest = api::parse(&body, &api::CHAT_KEYS)?;
+        r.check()?;
+        let adapter = s.adapter(r.common.model.as_deref())?;
+        let template = s.config.chat_template.as_ref().ok_or_else(|| {
+            ApiError::bad(
+                "this model has no chat template (tokenizer_config.json's chat_template; --chat-template DIR)",
+                Some("messages"),
+            )
+        })?;
+        let mut messages = Vec::new();
+        for m in &r.messages {
+            let content = match &m.content {
+                api::Content::Text(t) => t.clone(),
+                api::Content::Parts(parts) => {
+                    let mut text = String::new();
+                    for p in parts {
+                        if p.kind != "text" {
+                            return Err(ApiError::bad(
+                                format!("content parts of type `{}` are not supported", p.kind),
+                                Some("messages"),
+                            ));
+                        }
+                        text.push_str(p.text.as_deref().unwrap_or_default());
+                    }
+                    text
+                }
+            };
+            if m.name.is_some() {
+                return Err(ApiError::bad(
+                    "a message's `name` is not supported: chat templates here do not read it",
+                    Some("messages"),
+                ));
+            }
+            messages.push(Message::new(&m.role, &content));
+        }
+        let rendered = template
+            .render(&messages, true)
+            .map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?;
+        // A rendered template carries its own BOS.
+        let ids = s
+            .tokenizer()?
+            .encode(&rendered, false)
+            .map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?;
+        if ids.is_empty() {
+            return Err(ApiError::bad(
+                "the conversation renders to nothing",
+                Some("messages"),
+            ));
+        }
+        Ok(Plan {
+            model: r
+                .common
+                .model
+                .clone()
+                .unwrap_or(s.config.model_name.clone()),
+            adapter,
+            prompts: vec![ids],
+            max_tokens: r.max_completion_tokens.or(r.common.max_tokens),
+            common: r.common,
+            chat: true,
+            arrived,
+        })
+    })();
+    answer(s, plan).await
+}
+
+/// Runs a checked request and answers it, whole or streamed.
+async fn answer(s: Shared, plan: Result<Plan, ApiError>) -> Response {
+    let plan = match plan {
+        Ok(p) => p,
+        Err(e) => {
+            s.metrics.request("", e.status.as_u16());
+            return e.into_response();
+        }
+    };
+    let jobs = match s.submit(&plan) {
+        Ok(j) => j,
+        Err(e) => {
+            s.metrics.request(&plan.model, e.status.as_u16());
+            return e.into_response();
+        }
+    };
+    let n = s.requests.fetch_add(1, Ordering::Relaxed);
+    let id = format!("{}-{n}", if plan.chat { "chatcmpl" } else { "cmpl" });
+    if plan.common.stream {
+        return stream(s, plan, jobs, id);
+    }
+    let mut jobs = jobs;
+    let mut choices = Vec::new();
+    for (index, job) in jobs.iter_mut().enumerate() {
+        let mut text = String::new();
+        if let Err(m) = s
+            .drive(job, |piece, _| {
+                text.push_str(piece);
+                true
+            })
+            .await
+        {
+            let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m, None);
+            s.metrics.request(&plan.model, 500);
+            return e.into_response();
+        }
+        let mut choice = if plan.chat {
+            json!({"index": index, "message": {"role": "assistant", "content": text},
+                   "logprobs": null, "finish_reason": job.finish})
+        } else {
+            json!({"index": index, "text": text, "logprobs": null, "finish_reason": job.finish})
+        };
+        if plan.common.return_token_ids {
+            choice["token_ids"] = json!(job.text.tokens());
+        }
+        choices.push(choice);
+    }
+    let usage = usage(&s, &plan, &jobs);
+    s.metrics.request(&plan.model, 200);
+    Json(json!({
+        "id": id,
+        "object": if plan.chat { "chat.completion" } else { "text_completion" },
+        "created": now(),
+        "model": plan.model,
+        "choices": choices,
+        "usage": usage,
+    }))
+    .into_response()
+}
+
+/// Token counts (and the metrics' token counters).
+fn usage(s: &AppState, plan: &Plan, jobs: &[Job]) -> Value {
+    let prompt: usize = jobs.iter().map(|j| j.prompt_tokens).sum();
+    let completion: usize = jobs.iter().map(|j| j.text.tokens().len()).sum();
+    s.metrics.tokens(&plan.model, prompt, completion);
+    json!({"prompt_tokens": prompt, "completion_tokens": completion,
+           "total_tokens": prompt + completion})
+}
+
+/// Server-sent events: a chunk per piece of text, a last chunk per choice
+/// with its finish reason, usage if asked, then `data: [DONE]`.
+fn stream(s: Shared, plan: Plan, mut jobs: Vec<Job>, id: String) -> Response {
+    let (tx, rx) = unbounded_channel::<Bytes>();
+    let created = now();
+    let object = if plan.chat {
+        "chat.completion.chunk"
+    } else {
+        "text_completion"
+    };
+    let send = |tx: &UnboundedSender<Bytes>, v: Value| -> bool {
+        tx.send(Bytes::from(format!("data: {v}\n\n"))).is_ok()
+    };
+    let model = plan.model.clone();
+    let chunk = move |choices: Value| -> Value {
+        json!({"id": id, "object": object, "created": created, "model": model, "choices": choices})
+    };
+    tokio::spawn(async move {
+        s.metrics.request(&plan.model, 200);
+        for (index, job) in jobs.iter_mut().enumerate() {
+            // A chunk per piece of text; with `return_token_ids`, one per
+            // token too, carrying it.
+            let with_ids = plan.common.return_token_ids;
+            let piece = |text: &str, token: Option<u32>| -> Option<Value> {
+                if text.is_empty() && !(with_ids && token.is_some()) {
+                    return None;
+                }
+                let mut c = if plan.chat {
+                    json!({"index": index, "delta": {"content": text}, "logprobs": null, "finish_reason": null})
+                } else {
+                    json!({"index": index, "text": text, "logprobs": null, "finish_reason": null})
+                };
+                if let (true, Some(t)) = (with_ids, token) {
+                    c["token_ids"] = json!([t]);
+                }
+                Some(json!([c]))
+            };
+            if plan.chat
+                && !send(
+                    &tx,
+                    chunk(
+                        json!([{"index": index, "delta": {"role": "assistant", "content": ""},
+                                  "logprobs": null, "finish_reason": null}]),
+                    ),
+                )
+            {
+                return;
+            }
+            let result = s
+                .drive(job, |text, token| match piece(text, token) {
+                    Some(p) => send(&tx, chunk(p)),
+                    None => true,
+                })
+                .await;
+            if let Err(m) = result {
+                let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m, None);
+                send(&tx, e.body());
+                let _ = tx.send(Bytes::from("data: [DONE]\n\n"));
+                return;
+            }
+            let last = if plan.chat {
+                json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": job.finish})
+            } else {
+                json!({"index": index, "text": "", "logprobs": null, "finish_reason": job.finish})
+            };
+            if !send(&tx, chunk(json!([last]))) {
+                return;
+            }
+        }
+        let usage = usage(&s, &plan, &jobs);
+        if plan
+            .common
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage)
+        {
+            let mut c = chunk(json!([]));
+            c["usage"] = usage;
+            send(&tx, c);
+        }
+        let _ = tx.send(Bytes::from("data: [DONE]\n\n"));
+    });
+    let body = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<Bytes, Infallible>(b), rx))
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}

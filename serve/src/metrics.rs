@@ -1,0 +1,224 @@
+//! The server's counters and latency histograms, written in Prometheus'
+//! text format by `GET /metrics`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+
+use hlo_engine::BatcherStats;
+
+/// Upper bounds (seconds) of the latency histograms' buckets.
+const BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+#[derive(Default)]
+struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+impl Histogram {
+    fn observe(&mut self, seconds: f64) {
+        for (k, le) in BUCKETS.iter().enumerate() {
+            if seconds <= *le {
+                self.counts[k] += 1;
+            }
+        }
+        self.count += 1;
+        self.sum += seconds;
+    }
+
+    fn write(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (k, le) in BUCKETS.iter().enumerate() {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {}", self.counts[k]);
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum {}", self.sum);
+        let _ = writeln!(out, "{name}_count {}", self.count);
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    /// (model, status) → requests.
+    requests: BTreeMap<(String, u16), u64>,
+    /// model → (prompt, completion) tokens.
+    tokens: BTreeMap<String, (u64, u64)>,
+    ttft: Histogram,
+    itl: Histogram,
+}
+
+/// What `/metrics` reports besides the batcher's own counters.
+#[derive(Default)]
+pub struct Metrics {
+    inner: Mutex<Inner>,
+}
+
+/// A label value with `\`, `"` and newlines escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+impl Metrics {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn request(&self, model: &str, status: u16) {
+        *self
+            .lock()
+            .requests
+            .entry((model.to_string(), status))
+            .or_default() += 1;
+    }
+
+    pub fn tokens(&self, model: &str, prompt: usize, completion: usize) {
+        let mut inner = self.lock();
+        let t = inner.tokens.entry(model.to_string()).or_default();
+        t.0 += prompt as u64;
+        t.1 += completion as u64;
+    }
+
+    pub fn time_to_first_token(&self, seconds: f64) {
+        self.lock().ttft.observe(seconds);
+    }
+
+    pub fn inter_token_latency(&self, seconds: f64) {
+        self.lock().itl.observe(seconds);
+    }
+
+    /// Everything in Prometheus' text format (version 0.0.4).
+    pub fn render(&self, batcher: &BatcherStats) -> String {
+        let inner = self.lock();
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# HELP hlo_train_requests_total Requests answered, by model and HTTP status.\n# TYPE hlo_train_requests_total counter"
+        );
+        for ((model, status), n) in &inner.requests {
+            let _ = writeln!(
+                out,
+                "hlo_train_requests_total{{model=\"{}\",status=\"{status}\"}} {n}",
+                label(model)
+            );
+        }
+        for (which, help, pick) in [
+            (
+                "prompt",
+                "Prompt tokens of the requests served.",
+                (|t: &(u64, u64)| t.0) as fn(&(u64, u64)) -> u64,
+            ),
+            ("completion", "Tokens generated.", |t: &(u64, u64)| t.1),
+        ] {
+            let name = format!("hlo_train_{which}_tokens_total");
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (model, t) in &inner.tokens {
+                let _ = writeln!(out, "{name}{{model=\"{}\"}} {}", label(model), pick(t));
+            }
+        }
+        let gauges = [
+            (
+                "hlo_train_queue_depth",
+                "Requests waiting for a decode slot.",
+                batcher.queued.load(Ordering::Relaxed) as u64,
+            ),
+            (
+                "hlo_train_running_slots",
+                "Decode slots generating.",
+                batcher.running.load(Ordering::Relaxed) as u64,
+            ),
+        ];
+        for (name, help, v) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+        let counters = [
+            (
+                "hlo_train_adapter_cache_hits_total",
+                "Requests whose adapter was resident in the device tables.",
+                &batcher.adapter_hits,
+            ),
+            (
+                "hlo_train_adapter_cache_misses_total",
+                "Requests whose adapter had to be loaded into the device tables.",
+                &batcher.adapter_misses,
+            ),
+            (
+                "hlo_train_adapter_loads_total",
+                "Adapters written into a device table entry.",
+                &batcher.adapter_loads,
+            ),
+            (
+                "hlo_train_adapter_evictions_total",
+                "Resident adapters replaced to make room.",
+                &batcher.adapter_evictions,
+            ),
+            (
+                "hlo_train_adapter_host_hits_total",
+                "Adapter loads served from the host cache of parsed adapters.",
+                &batcher.adapter_host_hits,
+            ),
+            (
+                "hlo_train_adapter_host_misses_total",
+                "Adapter loads that read the adapter from disk.",
+                &batcher.adapter_host_misses,
+            ),
+            (
+                "hlo_train_prefills_total",
+                "Prompts prefilled.",
+                &batcher.prefills,
+            ),
+            (
+                "hlo_train_decode_steps_total",
+                "Decode steps run (one token for every running request).",
+                &batcher.decode_steps,
+            ),
+            (
+                "hlo_train_cancelled_total",
+                "Requests whose client went away before they finished.",
+                &batcher.cancelled,
+            ),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                v.load(Ordering::Relaxed)
+            );
+        }
+        inner.ttft.write(
+            &mut out,
+            "hlo_train_time_to_first_token_seconds",
+            "Seconds from a request's arrival to its first token.",
+        );
+        inner.itl.write(
+            &mut out,
+            "hlo_train_inter_token_latency_seconds",
+            "Seconds between consecutive tokens of a request.",
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histograms_are_cumulative_and_labels_escaped() {
+        let m = Metrics::default();
+        m.time_to_first_token(0.003);
+        m.time_to_first_token(0.2);
+        m.request("a\"b", 200);
+        let text = m.render(&BatcherStats::default());
+        assert!(text.contains("hlo_train_time_to_first_token_seconds_bucket{le=\"0.005\"} 1"));
+        assert!(text.contains("hlo_train_time_to_first_token_seconds_bucket{le=\"0.25\"} 2"));
+        assert!(text.contains("hlo_train_time_to_first_token_seconds_count 2"));
+        assert!(text.contains("hlo_train_requests_total{model=\"a\\\"b\",status=\"200\"} 1"));
+    }
+}
