@@ -11,6 +11,7 @@ on SIGTERM. Installs `openai` into .plugins/python when it is missing.
     python3 scripts/serve_openai_check.py target/debug/hlo-train
 """
 
+import importlib
 import json
 import os
 import signal
@@ -25,14 +26,19 @@ FIXTURE = os.path.join(ROOT, "tests", "fixtures", "llama", "gqa_llama3")
 
 
 def import_openai():
+    os.makedirs(SITE, exist_ok=True)
     sys.path.insert(0, SITE)
     try:
         import openai  # noqa: F401
     except ImportError:
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--target", SITE, "openai>=1.40"],
+            [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+             "--no-warn-conflicts", "--target", SITE, "openai>=1.40"],
             check=True,
+            env=dict(os.environ, PIP_ROOT_USER_ACTION="ignore"),
         )
+        # The folder's listing was cached empty by the failed import.
+        importlib.invalidate_caches()
     import openai
 
     return openai

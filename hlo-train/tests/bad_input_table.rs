@@ -112,6 +112,14 @@ fn bad_input_table() {
     };
     let not_plugin = jsonl("not_a_plugin.so", "just text");
     let old_plugin = old_api_plugin(&root);
+    let serve = |extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = ["serve", "--port", "0", "--checkpoint"]
+            .map(String::from)
+            .to_vec();
+        v.push(fixture("gqa_llama3").to_str().unwrap().into());
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
     let cases: Vec<(&str, Vec<String>)> = vec![
         ("checkpoint folder missing", gen(format!("{r}/nowhere"))),
         (
@@ -295,6 +303,18 @@ fn bad_input_table() {
         (
             "--resume from a folder without a checkpoint",
             train(&["--resume", &r]),
+        ),
+        (
+            "serve: --adapter without NAME=",
+            serve(&["--adapter", "my-adapter"]),
+        ),
+        (
+            "serve: an adapter folder that is missing",
+            serve(&["--adapter", &format!("support={r}/no-adapter")]),
+        ),
+        (
+            "serve: --max-model-len above the model's positions",
+            serve(&["--max-model-len", "4096"]),
         ),
     ];
     let mut rows = vec![
