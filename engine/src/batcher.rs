@@ -400,9 +400,9 @@ fn tables_for(shape: &AdapterTables, select: Option<LoraSelect>, rows: i64) -> A
 }
 
 /// The row counts decode programs are compiled for: powers of two from 2
-/// below `slots`, and `slots`. Not 1: XLA's CPU backend runs a one-row
-/// product as a single-threaded matrix-vector loop, slower than two rows
-/// (BENCHMARKS.md).
+/// below `slots`, and `slots`. Not 1: on the CPU plugin a one-row decode
+/// program ran 3× slower than a two-row one (BENCHMARKS.md; the cause
+/// inside XLA is not known).
 pub fn decode_buckets(slots: i64) -> Vec<i64> {
     let mut out: Vec<i64> = (1..)
         .map(|k| 1i64 << k)
