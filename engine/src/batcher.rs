@@ -84,11 +84,12 @@ pub enum FinishReason {
     Length,
 }
 
-/// What a request's channel receives: tokens as they are sampled, then
+/// What a request's channel receives: tokens as they are sampled (with
+/// when: a reader that falls behind still times them right), then
 /// `Finished` or `Failed`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    Token(u32),
+    Token { id: u32, at: std::time::Instant },
     Finished(FinishReason),
     Failed(String),
 }
@@ -863,7 +864,10 @@ impl Batcher {
     fn emit(a: &mut Active, token: u32) -> bool {
         a.generated += 1;
         a.last = token;
-        let _ = a.events.send(Event::Token(token));
+        let _ = a.events.send(Event::Token {
+            id: token,
+            at: std::time::Instant::now(),
+        });
         let reason = if a.request.stop_ids.contains(&token) {
             Some(FinishReason::Stop)
         } else if a.generated >= a.request.max_tokens {

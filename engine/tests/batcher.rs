@@ -79,7 +79,7 @@ fn run_all(b: &BatcherHandle, requests: Vec<GenerationRequest>) -> Vec<Vec<u32>>
             let mut out = Vec::new();
             loop {
                 match rx.blocking_recv() {
-                    Some(Event::Token(t)) => out.push(t),
+                    Some(Event::Token { id, .. }) => out.push(id),
                     Some(Event::Finished(r)) => {
                         assert_eq!(r, FinishReason::Length);
                         return out;

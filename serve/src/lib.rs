@@ -386,8 +386,7 @@ impl AppState {
         let mut last: Option<Instant> = None;
         loop {
             match job.rx.recv().await {
-                Some(Event::Token(t)) => {
-                    let at = Instant::now();
+                Some(Event::Token { id: t, at }) => {
                     match last {
                         None => self
                             .metrics
