@@ -37,8 +37,9 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::backend::{Backend, BackendOptions};
 use crate::error::{EngineError, Result};
-use crate::generator::{cache_spec, program_shardings, Sampling};
+use crate::generator::{cache_spec, prompt_bucket, Sampling};
 use crate::model::Model;
+use crate::pipeline::ShardedStep;
 
 /// How many requests, adapters and tokens a batcher holds.
 #[derive(Clone, Debug)]
@@ -351,10 +352,6 @@ impl BatcherHandle {
         &self.shared.options
     }
 
-    pub fn config(&self) -> &LlamaConfig {
-        &self.shared.config
-    }
-
     /// Stops taking requests, lets every queued and running one finish,
     /// and waits for the batcher's thread to end.
     pub fn shutdown(&self) {
@@ -413,10 +410,10 @@ pub fn decode_buckets(slots: i64) -> Vec<i64> {
     out
 }
 
-/// The prefill bucket of a prompt: a power of two from 16, at most the
-/// cache's length.
+/// The prefill bucket of a prompt: the generator's prompt bucket, at most
+/// the cache's length.
 pub fn prefill_bucket(len: usize, max_len: i64) -> i64 {
-    (len.next_power_of_two().max(16) as i64).min(max_len)
+    prompt_bucket(len).min(max_len)
 }
 
 impl Batcher {
@@ -566,20 +563,13 @@ impl Batcher {
         cache: &PartitionSpec,
         step: Step,
     ) -> Result<Program> {
-        let step = step.with_function(hlo_ir::simplify(&step.function));
-        let shardings = program_shardings(backend.mesh(), &step, |k| match step.inputs[k].role {
-            Role::Weight => weights[k].sharding().spec.clone(),
-            Role::KvCache => cache.clone(),
-            _ => PartitionSpec::replicated(),
-        });
-        Ok(Program::compile(
-            backend.client(),
-            &step.function,
-            shardings,
-            &step.donated,
-            Mode::Jit,
-            backend.devices(),
-        )?)
+        let sharded =
+            ShardedStep::with_layout(&step, backend.mesh(), |k| match step.inputs[k].role {
+                Role::Weight => weights[k].sharding().spec.clone(),
+                Role::KvCache => cache.clone(),
+                _ => PartitionSpec::replicated(),
+            });
+        sharded.compile(backend, Mode::Jit)
     }
 
     fn prefill_program(&mut self, bucket: i64) -> Result<&Program> {
@@ -717,10 +707,8 @@ impl Batcher {
         let r = self.tables_shape.max_rank;
         let mut inputs: Vec<DeviceArray> = Vec::new();
         let entry_arr = self.backend.replicate(&HostArray::scalar(entry as i32))?;
-        for (module, _) in projections(config) {
-            let (din, dout) = config
-                .projection_dims(module.rsplit('.').next().unwrap_or_default())
-                .ok_or_else(|| EngineError::Setting(format!("unknown projection {module}")))?;
+        for (module, short) in projections(config) {
+            let (din, dout) = config.projection_dims(short).expect("a known projection");
             let mut a_new = vec![0f32; (din * r) as usize];
             let mut b_new = vec![0f32; (r * dout) as usize];
             let mut scale = 0f32;

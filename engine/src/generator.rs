@@ -15,11 +15,12 @@ use hlo_models::llama::{
     LlamaConfig, LoraConfig,
 };
 use hlo_models::roles::{Role, Step};
-use hlo_partitioner::{FunctionShardings, PartitionSpec};
+use hlo_partitioner::PartitionSpec;
 use hlo_runtime::{DeviceArray, Eager, EagerStats, HostArray, Mode, Program};
 
 use crate::backend::Backend;
 use crate::error::Result;
+use crate::pipeline::ShardedStep;
 
 /// How the next token is chosen (on the device; see
 /// [`hlo_models::llama::sample_tokens`]).
@@ -69,30 +70,6 @@ pub struct Timings {
     /// in the steps).
     pub programs: usize,
     pub compile_s: f64,
-}
-
-/// The layouts of `step`'s inputs (`input(k)`) and outputs: state returned
-/// updated keeps its input's layout, other outputs are replicated.
-pub(crate) fn program_shardings(
-    mesh: &hlo_partitioner::Mesh,
-    step: &Step,
-    input: impl Fn(usize) -> PartitionSpec,
-) -> FunctionShardings {
-    let f = &step.function;
-    let inputs: Vec<PartitionSpec> = (0..f.inputs.len()).map(input).collect();
-    let outputs = f
-        .outputs
-        .iter()
-        .map(|o| match f.inputs.iter().position(|b| b.name == o.name) {
-            Some(k) => inputs[k].clone(),
-            None => PartitionSpec::replicated(),
-        })
-        .collect();
-    FunctionShardings {
-        mesh: mesh.clone(),
-        inputs,
-        outputs,
-    }
 }
 
 /// The layout of a KV cache `[batch, kv_heads, len, head_dim]`: heads over
@@ -203,35 +180,25 @@ impl Generator {
         self.timings.borrow().clone()
     }
 
-    /// Every input's and output's layout in a generation program: weights
-    /// by the rules, caches by the cache layout, the rest replicated.
-    fn shardings(&self, step: &Step) -> FunctionShardings {
-        let f = &step.function;
-        program_shardings(self.backend.mesh(), step, |k| match step.inputs[k].role {
-            Role::Weight => self.params[self.param_index[&f.inputs[k].name]]
-                .sharding()
-                .spec
-                .clone(),
-            Role::KvCache => self.cache_spec.clone(),
-            _ => PartitionSpec::replicated(),
-        })
-    }
-
+    /// Compiles a generation program: weights laid out as placed, caches
+    /// by the cache layout, the rest replicated.
     fn compile(&self, step: Step) -> Result<Compiled> {
         let started = Instant::now();
-        let step = step.with_function(hlo_ir::simplify(&step.function));
-        let shardings = self.shardings(&step);
+        let f = &step.function;
+        let sharded =
+            ShardedStep::with_layout(&step, self.backend.mesh(), |k| match step.inputs[k].role {
+                Role::Weight => self.params[self.param_index[&f.inputs[k].name]]
+                    .sharding()
+                    .spec
+                    .clone(),
+                Role::KvCache => self.cache_spec.clone(),
+                _ => PartitionSpec::replicated(),
+            });
         let program = match &self.eager {
-            Some(e) => Program::eager_with(&step.function, shardings, e)?,
-            None => Program::compile(
-                self.backend.client(),
-                &step.function,
-                shardings,
-                &step.donated,
-                self.mode,
-                self.backend.devices(),
-            )?,
+            Some(e) => Program::eager_with(sharded.function(), sharded.shardings.clone(), e)?,
+            None => sharded.compile(&self.backend, self.mode)?,
         };
+        let step = &sharded.step;
         self.compile_s
             .set(self.compile_s.get() + started.elapsed().as_secs_f64());
         let weights = (0..step.inputs.len())

@@ -41,6 +41,38 @@ impl ShardedStep {
         })
     }
 
+    /// `step`, simplified once, with input `k` laid out as `input(k)`:
+    /// state returned updated keeps its input's layout, other outputs are
+    /// replicated. For generation programs, whose weights are laid out as
+    /// already placed and whose caches split over heads.
+    pub fn with_layout(
+        step: &Step,
+        mesh: &Mesh,
+        input: impl Fn(usize) -> PartitionSpec,
+    ) -> ShardedStep {
+        let step = step.with_function(hlo_ir::simplify(&step.function));
+        let f = &step.function;
+        let inputs: Vec<PartitionSpec> = (0..f.inputs.len()).map(input).collect();
+        let outputs = f
+            .outputs
+            .iter()
+            .map(|o| match f.inputs.iter().position(|b| b.name == o.name) {
+                Some(k) => inputs[k].clone(),
+                None => PartitionSpec::replicated(),
+            })
+            .collect();
+        let shardings = FunctionShardings {
+            mesh: mesh.clone(),
+            inputs,
+            outputs,
+        };
+        ShardedStep {
+            step,
+            shardings,
+            annotated: true,
+        }
+    }
+
     /// `step` simplified, every input and output on one device (or
     /// replicated): for printing a program without a mesh.
     pub fn unsharded(step: &Step) -> ShardedStep {

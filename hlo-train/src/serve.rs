@@ -8,7 +8,6 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use hlo_engine::data::ChatTemplate;
 use hlo_engine::models::llama::LoraSelect;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::{Batcher, BatcherOptions};
@@ -118,18 +117,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let model = open_model(&args.model, &args.tokenizer)?;
     let config = model.config.clone();
     let tokenizer = model.tokenizer(args.tokenizer.tokenizer.as_deref())?;
-    let template_dir = match (&args.chat_template, &model.checkpoint) {
-        (Some(d), _) => Some(d.clone()),
-        (None, Some(c)) => Some(c.dir.clone()),
-        (None, None) => None,
-    };
-    // A checkpoint without a template serves completions only; a template
-    // asked for by flag must load.
-    let chat_template = match template_dir {
-        Some(d) if args.chat_template.is_some() => Some(ChatTemplate::from_dir(&d)?),
-        Some(d) => ChatTemplate::from_dir(&d).ok(),
-        None => None,
-    };
+    // A checkpoint without a template serves completions only.
+    let chat_template = model.chat_template(args.chat_template.as_deref())?;
     let model_name = match &args.served_model_name {
         Some(n) => n.clone(),
         None => match &model.checkpoint {

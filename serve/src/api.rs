@@ -2,6 +2,7 @@
 //! would change the result and is not honoured is refused by name, never
 //! ignored.
 
+use hlo_engine::data::Message;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -90,6 +91,36 @@ pub struct ChatMessage {
     pub role: String,
     pub content: Content,
     pub name: Option<String>,
+}
+
+impl ChatMessage {
+    /// The message for the chat template: its text parts joined; other
+    /// parts, and `name`, refused.
+    pub fn message(&self) -> Result<Message, ApiError> {
+        let content = match &self.content {
+            Content::Text(t) => t.clone(),
+            Content::Parts(parts) => {
+                let mut text = String::new();
+                for p in parts {
+                    if p.kind != "text" {
+                        return Err(ApiError::bad(
+                            format!("content parts of type `{}` are not supported", p.kind),
+                            Some("messages"),
+                        ));
+                    }
+                    text.push_str(p.text.as_deref().unwrap_or_default());
+                }
+                text
+            }
+        };
+        if self.name.is_some() {
+            return Err(ApiError::bad(
+                "a message's `name` is not supported: chat templates here do not read it",
+                Some("messages"),
+            ));
+        }
+        Ok(Message::new(&self.role, &content))
+    }
 }
 
 /// `POST /v1/chat/completions`.

@@ -30,7 +30,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use hlo_engine::batcher::fresh_seed;
-use hlo_engine::data::{ChatTemplate, Message, Tokenizer};
+use hlo_engine::data::{ChatTemplate, Prompt, Tokenizer};
 use hlo_engine::{BatcherHandle, Event, FinishReason, GenerationRequest, Sampling, SubmitError};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -310,6 +310,23 @@ struct Plan {
 }
 
 impl AppState {
+    /// The plan of a checked request, prompts to come: its `model` names
+    /// the base model (also when absent) or an adapter.
+    fn plan(&self, common: Common, chat: bool, arrived: Instant) -> Result<Plan, ApiError> {
+        Ok(Plan {
+            adapter: self.adapter(common.model.as_deref())?,
+            model: common
+                .model
+                .clone()
+                .unwrap_or(self.config.model_name.clone()),
+            prompts: Vec::new(),
+            max_tokens: common.max_tokens,
+            common,
+            chat,
+            arrived,
+        })
+    }
+
     /// Submits every prompt of `plan`; the first refusal is the answer.
     fn submit(&self, plan: &Plan) -> Result<Vec<Job>, ApiError> {
         let c = &plan.common;
@@ -429,37 +446,24 @@ async fn completions(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -
         s.authorize(&headers)?;
         let r: CompletionRequest = api::parse(&body, &api::COMPLETION_KEYS)?;
         r.check()?;
-        let adapter = s.adapter(r.common.model.as_deref())?;
-        let prompts: Vec<Vec<u32>> = match &r.prompt {
-            PromptInput::Text(t) => vec![encode(&s, t)?],
-            PromptInput::Texts(ts) => ts.iter().map(|t| encode(&s, t)).collect::<Result<_, _>>()?,
+        let mut plan = s.plan(r.common, false, arrived)?;
+        let text = |t: &String| -> Result<Vec<u32>, ApiError> {
+            Prompt::Text(t.clone())
+                .encode(Some(s.tokenizer()?), None)
+                .map_err(|e| ApiError::bad(e.to_string(), Some("prompt")))
+        };
+        plan.prompts = match &r.prompt {
+            PromptInput::Text(t) => vec![text(t)?],
+            PromptInput::Texts(ts) => ts.iter().map(text).collect::<Result<_, _>>()?,
             PromptInput::Ids(ids) => vec![ids.clone()],
             PromptInput::IdLists(l) => l.clone(),
         };
-        if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
+        if plan.prompts.is_empty() || plan.prompts.iter().any(Vec::is_empty) {
             return Err(ApiError::bad("the prompt is empty", Some("prompt")));
         }
-        Ok(Plan {
-            model: r
-                .common
-                .model
-                .clone()
-                .unwrap_or(s.config.model_name.clone()),
-            adapter,
-            prompts,
-            max_tokens: r.common.max_tokens,
-            common: r.common,
-            chat: false,
-            arrived,
-        })
+        Ok(plan)
     })();
     answer(s, plan).await
-}
-
-fn encode(s: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
-    s.tokenizer()?
-        .encode(text, true)
-        .map_err(|e| ApiError::bad(e.to_string(), Some("prompt")))
 }
 
 async fn chat_completions(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
@@ -468,46 +472,22 @@ async fn chat_completions(State(s): State<Shared>, headers: HeaderMap, body: Byt
         s.authorize(&headers)?;
         let r: ChatRequest = api::parse(&body, &api::CHAT_KEYS)?;
         r.check()?;
-        let adapter = s.adapter(r.common.model.as_deref())?;
+        let mut plan = s.plan(r.common, true, arrived)?;
+        plan.max_tokens = r.max_completion_tokens.or(plan.max_tokens);
         let template = s.config.chat_template.as_ref().ok_or_else(|| {
             ApiError::bad(
                 "this model has no chat template (tokenizer_config.json's chat_template; --chat-template DIR)",
                 Some("messages"),
             )
         })?;
-        let mut messages = Vec::new();
-        for m in &r.messages {
-            let content = match &m.content {
-                api::Content::Text(t) => t.clone(),
-                api::Content::Parts(parts) => {
-                    let mut text = String::new();
-                    for p in parts {
-                        if p.kind != "text" {
-                            return Err(ApiError::bad(
-                                format!("content parts of type `{}` are not supported", p.kind),
-                                Some("messages"),
-                            ));
-                        }
-                        text.push_str(p.text.as_deref().unwrap_or_default());
-                    }
-                    text
-                }
-            };
-            if m.name.is_some() {
-                return Err(ApiError::bad(
-                    "a message's `name` is not supported: chat templates here do not read it",
-                    Some("messages"),
-                ));
-            }
-            messages.push(Message::new(&m.role, &content));
-        }
-        let rendered = template
-            .render(&messages, true)
-            .map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?;
+        let messages = r
+            .messages
+            .iter()
+            .map(api::ChatMessage::message)
+            .collect::<Result<Vec<_>, _>>()?;
         // A rendered template carries its own BOS.
-        let ids = s
-            .tokenizer()?
-            .encode(&rendered, false)
+        let ids = Prompt::Messages(messages)
+            .encode(Some(s.tokenizer()?), Some(template))
             .map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?;
         if ids.is_empty() {
             return Err(ApiError::bad(
@@ -515,19 +495,8 @@ async fn chat_completions(State(s): State<Shared>, headers: HeaderMap, body: Byt
                 Some("messages"),
             ));
         }
-        Ok(Plan {
-            model: r
-                .common
-                .model
-                .clone()
-                .unwrap_or(s.config.model_name.clone()),
-            adapter,
-            prompts: vec![ids],
-            max_tokens: r.max_completion_tokens.or(r.common.max_tokens),
-            common: r.common,
-            chat: true,
-            arrived,
-        })
+        plan.prompts = vec![ids];
+        Ok(plan)
     })();
     answer(s, plan).await
 }

@@ -9,7 +9,7 @@
 
 use hlo_ir::{full, iota, scope, trace, DType, Outputs, Tensor, TensorType, TraceError};
 
-use super::model::{grouped_attention, linear, rotate_half};
+use super::model::{apply_rotary, grouped_attention};
 use super::{
     base_parameter_types, lora_parameter_types, rms_norm, Llama, LlamaConfig, LoraConfig, Params,
 };
@@ -77,12 +77,7 @@ impl Llama<'_> {
             h = scope(&prefix, || {
                 self.layer_with(p, &prefix, h, |x| {
                     let a = format!("{prefix}.self_attn");
-                    let rope = |y: Tensor| {
-                        let dims = y.dims();
-                        y * cos.broadcast_in_dim(&dims, &[0, 2, 3])
-                            + rotate_half(y) * sin.broadcast_in_dim(&dims, &[0, 2, 3])
-                    };
-                    let (q, k, v) = self.qkv(p, &a, x, rope);
+                    let (q, k, v) = self.qkv(p, &a, x, |y| apply_rotary(y, cos, sin, &[0, 2, 3]));
                     let (kname, vname) =
                         (format!("cache.layers.{l}.k"), format!("cache.layers.{l}.v"));
                     let (kc, vc) = (p.get(&kname), p.get(&vname));
@@ -103,12 +98,7 @@ impl Llama<'_> {
         let last = scope("model.norm", || {
             rms_norm(last, p.get("model.norm.weight"), c.rms_norm_eps)
         });
-        let head = if c.tie_word_embeddings {
-            "model.embed_tokens.weight"
-        } else {
-            "lm_head.weight"
-        };
-        let logits = scope("lm_head", || linear(last, p.get(head)).cast(DType::F32));
+        let logits = self.lm_head(p, last).cast(DType::F32);
         (logits, caches)
     }
 }

@@ -120,6 +120,13 @@ pub fn rms_norm(x: Tensor, weight: Tensor, eps: f64) -> Tensor {
     weight.cast(dtype) * normed.cast(dtype)
 }
 
+/// The rotary embedding on `y` (`[b, heads, t, head_dim]`): `y·cos +
+/// rotate_half(y)·sin`, `cos` and `sin` broadcast `along` `y`'s dimensions.
+pub(super) fn apply_rotary(y: Tensor, cos: Tensor, sin: Tensor, along: &[i64]) -> Tensor {
+    let d = y.dims();
+    y * cos.broadcast_in_dim(&d, along) + rotate_half(y) * sin.broadcast_in_dim(&d, along)
+}
+
 /// `cat(-x2, x1)` of the two halves of the last dimension.
 pub(super) fn rotate_half(x: Tensor) -> Tensor {
     let d = x.dims();
@@ -211,22 +218,28 @@ impl Llama<'_> {
         x: Tensor,
         rope: impl Fn(Tensor) -> Tensor,
     ) -> (Tensor, Tensor, Tensor) {
+        self.qkv_with(prefix, x, rope, &|m, short, x| self.proj(p, m, short, x))
+    }
+
+    /// [`Llama::qkv`] with `proj(module, short, x)` as each projection.
+    pub(super) fn qkv_with(
+        &self,
+        prefix: &str,
+        x: Tensor,
+        rope: impl Fn(Tensor) -> Tensor,
+        proj: &dyn Fn(&str, &str, Tensor) -> Tensor,
+    ) -> (Tensor, Tensor, Tensor) {
         let c = self.config;
         let dims = x.dims();
         let (b, t) = (dims[0], dims[1]);
-        let heads = |y: Tensor, n: i64| y.reshape(&[b, t, n, c.head_dim]).transpose(&[0, 2, 1, 3]);
-        let q = heads(
-            self.proj(p, &format!("{prefix}.q_proj"), "q_proj", x),
-            c.num_attention_heads,
-        );
-        let k = heads(
-            self.proj(p, &format!("{prefix}.k_proj"), "k_proj", x),
-            c.num_key_value_heads,
-        );
-        let v = heads(
-            self.proj(p, &format!("{prefix}.v_proj"), "v_proj", x),
-            c.num_key_value_heads,
-        );
+        let heads = |short: &str, n: i64| {
+            proj(&format!("{prefix}.{short}"), short, x)
+                .reshape(&[b, t, n, c.head_dim])
+                .transpose(&[0, 2, 1, 3])
+        };
+        let q = heads("q_proj", c.num_attention_heads);
+        let k = heads("k_proj", c.num_key_value_heads);
+        let v = heads("v_proj", c.num_key_value_heads);
         (rope(q), rope(k), v)
     }
 
@@ -242,11 +255,7 @@ impl Llama<'_> {
         visible: Option<Tensor>,
     ) -> Tensor {
         let along: &[i64] = if cos.rank() == 3 { &[0, 2, 3] } else { &[2, 3] };
-        let rope = |t: Tensor| {
-            let d = t.dims();
-            t * cos.broadcast_in_dim(&d, along) + rotate_half(t) * sin.broadcast_in_dim(&d, along)
-        };
-        let (q, k, v) = self.qkv(p, prefix, x, rope);
+        let (q, k, v) = self.qkv(p, prefix, x, |y| apply_rotary(y, cos, sin, along));
         let out = match visible {
             Some(visible) => grouped_attention(q, k, v, visible, &[0, 3, 4]),
             None => {
@@ -260,10 +269,19 @@ impl Llama<'_> {
     }
 
     pub(super) fn mlp(&self, p: &Params, prefix: &str, x: Tensor) -> Tensor {
-        let gate = self.proj(p, &format!("{prefix}.gate_proj"), "gate_proj", x);
-        let up = self.proj(p, &format!("{prefix}.up_proj"), "up_proj", x);
-        self.proj(
-            p,
+        self.mlp_with(prefix, x, &|m, short, x| self.proj(p, m, short, x))
+    }
+
+    /// [`Llama::mlp`] with `proj(module, short, x)` as each projection.
+    pub(super) fn mlp_with(
+        &self,
+        prefix: &str,
+        x: Tensor,
+        proj: &dyn Fn(&str, &str, Tensor) -> Tensor,
+    ) -> Tensor {
+        let gate = proj(&format!("{prefix}.gate_proj"), "gate_proj", x);
+        let up = proj(&format!("{prefix}.up_proj"), "up_proj", x);
+        proj(
             &format!("{prefix}.down_proj"),
             "down_proj",
             gate * gate.logistic() * up,
@@ -422,7 +440,13 @@ impl Llama<'_> {
         let h = scope("model.norm", || {
             rms_norm(h, p.get("model.norm.weight"), c.rms_norm_eps)
         });
-        let head = if c.tie_word_embeddings {
+        self.lm_head(p, h)
+    }
+
+    /// The LM head on `h` (`[.., hidden]`), in `h`'s dtype: the embeddings'
+    /// transpose when they are tied.
+    pub(super) fn lm_head(&self, p: &Params, h: Tensor) -> Tensor {
+        let head = if self.config.tie_word_embeddings {
             "model.embed_tokens.weight"
         } else {
             "lm_head.weight"

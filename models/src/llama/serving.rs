@@ -21,7 +21,7 @@ use hlo_ir::ops::DotGeneral;
 use hlo_ir::{iota, scope, DType, Outputs, Tensor, TensorType, TraceError};
 
 use super::decode::{hashed_uniform, llama, sample_rows, step_of, with_caches};
-use super::model::{grouped_attention, linear, rotate_half};
+use super::model::{apply_rotary, grouped_attention, linear};
 use super::{base_parameter_types, rms_norm, Llama, LlamaConfig, Params, DEFAULT_TARGETS};
 use crate::roles::{Role, Step};
 
@@ -171,7 +171,6 @@ impl Serving<'_> {
     ) -> Tensor {
         let c = self.model.config;
         let p = self.p;
-        let (b, t) = (input_ids.dims()[0], input_ids.dims()[1]);
         let mut h = scope("model.embed_tokens", || {
             p.get("model.embed_tokens.weight")
                 .cast(dtype)
@@ -180,12 +179,8 @@ impl Serving<'_> {
         let (cos, sin) = scope("model.rotary_emb", || {
             self.model.rotary_at(positions, dtype)
         });
-        let rope = |y: Tensor| {
-            let dims = y.dims();
-            y * cos.broadcast_in_dim(&dims, &[0, 2, 3])
-                + rotate_half(y) * sin.broadcast_in_dim(&dims, &[0, 2, 3])
-        };
-        let heads = |y: Tensor, n: i64| y.reshape(&[b, t, n, c.head_dim]).transpose(&[0, 2, 1, 3]);
+        let rope = |y: Tensor| apply_rotary(y, cos, sin, &[0, 2, 3]);
+        let proj = |module: &str, short: &str, x: Tensor| self.proj(module, short, x);
         for l in 0..c.num_hidden_layers {
             let prefix = format!("model.layers.{l}");
             h = scope(&prefix, || {
@@ -195,31 +190,10 @@ impl Serving<'_> {
                     h,
                     |x| {
                         let a = format!("{prefix}.self_attn");
-                        let q = heads(
-                            self.proj(&format!("{a}.q_proj"), "q_proj", x),
-                            c.num_attention_heads,
-                        );
-                        let k = heads(
-                            self.proj(&format!("{a}.k_proj"), "k_proj", x),
-                            c.num_key_value_heads,
-                        );
-                        let v = heads(
-                            self.proj(&format!("{a}.v_proj"), "v_proj", x),
-                            c.num_key_value_heads,
-                        );
-                        let out = attend(l, rope(q), rope(k), v);
-                        self.proj(&format!("{a}.o_proj"), "o_proj", out)
+                        let (q, k, v) = self.model.qkv_with(&a, x, rope, &proj);
+                        proj(&format!("{a}.o_proj"), "o_proj", attend(l, q, k, v))
                     },
-                    |x| {
-                        let m = format!("{prefix}.mlp");
-                        let gate = self.proj(&format!("{m}.gate_proj"), "gate_proj", x);
-                        let up = self.proj(&format!("{m}.up_proj"), "up_proj", x);
-                        self.proj(
-                            &format!("{m}.down_proj"),
-                            "down_proj",
-                            gate * gate.logistic() * up,
-                        )
-                    },
+                    |x| self.model.mlp_with(&format!("{prefix}.mlp"), x, &proj),
                 )
             });
         }
@@ -230,12 +204,7 @@ impl Serving<'_> {
 
     /// Logits `[rows, vocab]` (f32) of hidden states `[rows, hidden]`.
     fn logits(&self, h: Tensor) -> Tensor {
-        let head = if self.model.config.tie_word_embeddings {
-            "model.embed_tokens.weight"
-        } else {
-            "lm_head.weight"
-        };
-        scope("lm_head", || linear(h, self.p.get(head)).cast(DType::F32))
+        self.model.lm_head(self.p, h).cast(DType::F32)
     }
 }
 
