@@ -28,7 +28,7 @@ import sys
 import torch
 from safetensors.torch import save_file
 
-from fixture_steps import contiguous, finish, step
+from fixture_steps import contiguous, finish, step, train_steps
 
 torch.manual_seed(0)
 OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "fixtures")
@@ -115,39 +115,6 @@ def build_models():
         print(f"{name}: max |logit| {base.abs().max():.3f}, adapter changes logits by {(adapted - base).abs().max():.3f}")
         if i == 0:
             train_steps(peft_model, ids, d)
-
-
-def train_steps(peft_model, ids, d):
-    """One SGD and one AdamW step of the adapter on HF's causal-LM loss."""
-    start = {n: p.detach().clone() for n, p in peft_model.named_parameters() if p.requires_grad}
-    out = {}
-    for opt_name in ["sgd", "adamw"]:
-        with torch.no_grad():
-            for n, p in peft_model.named_parameters():
-                if n in start:
-                    p.copy_(start[n])
-        params = [p for n, p in peft_model.named_parameters() if p.requires_grad]
-        if opt_name == "sgd":
-            opt = torch.optim.SGD(params, lr=0.05)
-        else:
-            opt = torch.optim.AdamW(params, lr=1e-3)  # PyTorch defaults otherwise
-        peft_model.train()
-        opt.zero_grad()
-        loss = peft_model(input_ids=ids, labels=ids.long()).loss
-        loss.backward()
-        out[f"{opt_name}.loss"] = loss.detach().reshape(())
-        opt.step()
-        for n, p in peft_model.named_parameters():
-            if n in start:
-                # PEFT's saved key: without the adapter name.
-                out[f"{opt_name}.{n.replace('.default', '')}"] = p.detach().clone()
-    peft_model.eval()
-    with torch.no_grad():
-        for n, p in peft_model.named_parameters():
-            if n in start:
-                p.copy_(start[n])
-    save_file(contiguous(out), os.path.join(d, "train_step.safetensors"))
-    print("train steps: sgd loss", float(out["sgd.loss"]), "adamw loss", float(out["adamw.loss"]))
 
 
 @step("tokenizer")

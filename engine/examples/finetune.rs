@@ -2,7 +2,7 @@
 //! capitals: `cat=` → `CAT`) through the public `hlo-engine` API alone:
 //! `cargo run --release --example finetune`.
 use hlo_engine::data::{demo_examples, tokenizer::BYTE_EOS, Loader, Tokenizer};
-use hlo_engine::models::llama::{LoraConfig, DEFAULT_TARGETS};
+use hlo_engine::models::decoder::{LoraConfig, DEFAULT_TARGETS};
 use hlo_engine::models::train::{Schedule, TrainConfig};
 use hlo_engine::{ir::DType, Backend, BackendOptions, EngineError, Hooks, Model, ModelSource};
 use hlo_engine::{Session, SessionOptions, StepReport, StopFlag, Trainer, TrainerOptions};

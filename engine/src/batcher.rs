@@ -1,6 +1,6 @@
 //! Continuous batching of many requests over many LoRA adapters, with one
 //! base model on the devices (the programs are
-//! [`hlo_models::llama::slot_decode_step`] and its siblings).
+//! [`hlo_models::decoder::slot_decode_step`] and its siblings).
 //!
 //! A [`Batcher`] runs on its own thread and owns the devices' state: the
 //! weights, the KV cache of `max_batch_size` slots and the adapter tables of
@@ -25,10 +25,10 @@ use std::sync::{mpsc, Arc, Mutex};
 
 use hlo_ir::{DType, Literal};
 use hlo_models::adapter::Adapter;
-use hlo_models::llama::{
+use hlo_models::decoder::{
     adapter_table_types, base_parameter_types, cache_types, lora_parameter_types, partition_rules,
-    projections, slot_decode_step, slot_prefill_step, table_update_step, AdapterTables,
-    LlamaConfig, LoraSelect,
+    projections, slot_decode_step, slot_prefill_step, table_update_step, AdapterTables, LoraSelect,
+    ModelConfig,
 };
 use hlo_models::roles::{Role, Step};
 use hlo_partitioner::PartitionSpec;
@@ -139,7 +139,7 @@ struct Registered {
 
 /// What the handle and the batcher thread share.
 struct Shared {
-    config: LlamaConfig,
+    config: ModelConfig,
     options: BatcherOptions,
     stats: BatcherStats,
     registry: Mutex<HashMap<String, Registered>>,

@@ -10,9 +10,9 @@ use std::time::Instant;
 
 use hlo_ir::{DType, Literal, TensorType};
 use hlo_models::adapter::Adapter;
-use hlo_models::llama::{
+use hlo_models::decoder::{
     base_parameter_types, decode_step, forward_step, lora_parameter_types, partition_rules,
-    LlamaConfig, LoraConfig,
+    LoraConfig, ModelConfig,
 };
 use hlo_models::roles::{Role, Step};
 use hlo_partitioner::PartitionSpec;
@@ -23,7 +23,7 @@ use crate::error::Result;
 use crate::pipeline::ShardedStep;
 
 /// How the next token is chosen (on the device; see
-/// [`hlo_models::llama::sample_tokens`]).
+/// [`hlo_models::decoder::sample_tokens`]).
 #[derive(Clone, Debug, Default)]
 pub struct Sampling {
     /// None (with no top-k or top-p): greedy. 0 is greedy too.
@@ -74,7 +74,7 @@ pub struct Timings {
 
 /// The layout of a KV cache `[batch, kv_heads, len, head_dim]`: heads over
 /// `mp` where they divide, else whole.
-pub(crate) fn cache_spec(mesh: &hlo_partitioner::Mesh, config: &LlamaConfig) -> PartitionSpec {
+pub(crate) fn cache_spec(mesh: &hlo_partitioner::Mesh, config: &ModelConfig) -> PartitionSpec {
     let mp = mesh.axis_size("mp").unwrap_or(1);
     if mp > 1 && config.num_key_value_heads % mp == 0 {
         PartitionSpec::new(&[&[], &["mp"]])
@@ -94,7 +94,7 @@ struct Compiled {
 /// Completes prompts with a model (and an adapter, applied unmerged).
 pub struct Generator {
     backend: Backend,
-    config: LlamaConfig,
+    config: ModelConfig,
     lora: Option<LoraConfig>,
     dtype: DType,
     mode: Mode,
@@ -119,7 +119,7 @@ impl Generator {
     /// rules, the KV cache split over heads by `mp`.
     pub fn new(
         backend: &Backend,
-        config: &LlamaConfig,
+        config: &ModelConfig,
         dtype: DType,
         adapter: Option<&Adapter>,
         mode: Mode,

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use hlo_data::{ChatTemplate, Tokenizer};
 use hlo_ir::{DType, Literal, TensorType};
 use hlo_models::checkpoint::Checkpoint;
-use hlo_models::llama::{init_tensor, is_stacked, stack_literals, unstacked_names, LlamaConfig};
+use hlo_models::decoder::{init_tensor, is_stacked, stack_literals, unstacked_names, ModelConfig};
 
 use crate::error::{EngineError, Result};
 
@@ -27,7 +27,7 @@ const MAX_RANDOM_PARAMETERS: i64 = 2_000_000_000;
 
 /// A model's configuration and the source of its weights.
 pub struct Model {
-    pub config: LlamaConfig,
+    pub config: ModelConfig,
     pub checkpoint: Option<Checkpoint>,
     /// How the user named it (preset, file or folder).
     pub name: String,
@@ -52,14 +52,14 @@ impl Model {
                 }
             }
             ModelSource::Config(path) => Model {
-                config: LlamaConfig::from_file(path)?,
+                config: ModelConfig::from_file(path)?,
                 checkpoint: None,
                 name: path.display().to_string(),
                 tokenizer_file: None,
                 source: source.clone(),
             },
             ModelSource::Preset(name) => Model {
-                config: LlamaConfig::preset(name)?,
+                config: ModelConfig::preset(name)?,
                 checkpoint: None,
                 name: name.clone(),
                 tokenizer_file: None,

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use hlo_models::llama::{partition_rules, LlamaConfig};
+use hlo_models::decoder::{partition_rules, ModelConfig};
 use hlo_models::roles::Role;
 use hlo_models::train::{train_step, TrainConfig};
 use hlo_partitioner::{Mesh, PartitionSpec};
@@ -35,7 +35,7 @@ pub struct MemoryPlan {
 
 /// Plans the train step of `config` under `tc` on `mesh`.
 pub fn plan(
-    config: &LlamaConfig,
+    config: &ModelConfig,
     tc: &TrainConfig,
     mesh: &Mesh,
 ) -> Result<(ShardedStep, MemoryPlan)> {

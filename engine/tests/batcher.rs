@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use hlo_engine::ir::{DType, Literal, TensorType};
 use hlo_engine::models::adapter::Adapter;
-use hlo_engine::models::llama::{LoraConfig, LoraSelect};
+use hlo_engine::models::decoder::{LoraConfig, LoraSelect};
 use hlo_engine::{
     Backend, BackendOptions, Batcher, BatcherHandle, BatcherOptions, Event, FinishReason,
     GenerationRequest, Generator, Mode, Model, ModelSource, Sampling,

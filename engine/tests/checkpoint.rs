@@ -4,7 +4,7 @@
 
 use hlo_engine::checkpoint::{self, RunSettings, RunState};
 use hlo_engine::ir::Literal;
-use hlo_engine::models::llama::{LoraConfig, DEFAULT_TARGETS};
+use hlo_engine::models::decoder::{LoraConfig, DEFAULT_TARGETS};
 use hlo_engine::models::train::TrainConfig;
 use hlo_engine::{
     Backend, BackendOptions, EngineError, Model, ModelSource, Session, SessionOptions,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Args, ValueEnum};
 use hlo_engine::ir::DType;
-use hlo_engine::models::llama::{LlamaConfig, LoraConfig};
+use hlo_engine::models::decoder::{LoraConfig, ModelConfig};
 use hlo_engine::models::train::{Optimizer, Schedule, TrainConfig};
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::runtime::{PluginKind, PluginSpec};
@@ -314,7 +314,7 @@ impl StepArgs {
     pub fn train_config(
         &self,
         optim: &OptimArgs,
-        config: &LlamaConfig,
+        config: &ModelConfig,
         dtype: DType,
         mesh: &Mesh,
         steps: i64,

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
+use hlo_engine::models::decoder::{forward_step, partition_rules};
 use hlo_engine::models::io::write_atomic;
-use hlo_engine::models::llama::{forward_step, partition_rules};
 use hlo_engine::models::train::train_step;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::{Backend, Mode, Model, ShardedStep};

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use hlo_engine::models::llama::LoraSelect;
+use hlo_engine::models::decoder::LoraSelect;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::{Batcher, BatcherOptions};
 use hlo_serve::ServerConfig;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use common::{expected, fixture, hlo_train, ok, scratch};
 use hlo_engine::ir::{DType, Literal, TensorType};
 use hlo_engine::models::adapter::Adapter;
-use hlo_engine::models::llama::{LlamaConfig, LoraConfig};
+use hlo_engine::models::decoder::{LoraConfig, ModelConfig};
 use serde_json::{json, Value};
 
 /// A running server, killed when dropped.
@@ -145,7 +145,7 @@ fn gqa() -> PathBuf {
 }
 
 /// A random PEFT adapter for `config` (rank, alpha, targets), B not zero.
-fn random_adapter(dir: &Path, config: &LlamaConfig, rank: i64, targets: &[&str], seed: u64) {
+fn random_adapter(dir: &Path, config: &ModelConfig, rank: i64, targets: &[&str], seed: u64) {
     let lora = LoraConfig::new(rank, 2.0 * rank as f64, targets, false).unwrap();
     let mut a = Adapter::init(config, &lora, seed);
     let mut rng = hlo_engine::ir::rng::Rng::new(seed + 1);
@@ -186,7 +186,7 @@ fn generate_ids(adapter: Option<&Path>, prompt: &str, n: usize) -> Vec<u64> {
 #[test]
 fn adapters_served_together_answer_as_generate_and_peft() {
     let dir = scratch("serve", "adapters");
-    let config = LlamaConfig::from_file(&gqa().join("config.json")).unwrap();
+    let config = ModelConfig::from_file(&gqa().join("config.json")).unwrap();
     let qv = dir.join("qv");
     random_adapter(&qv, &config, 2, &["q_proj", "v_proj"], 5);
     let mlp = dir.join("mlp");
@@ -499,7 +499,7 @@ fn bad_input_gets_its_status_and_the_server_keeps_answering() {
     )
     .unwrap();
     let other_base = dir.join("other_base");
-    let tiny = LlamaConfig::preset("tiny").unwrap();
+    let tiny = ModelConfig::preset("tiny").unwrap();
     random_adapter(&other_base, &tiny, 2, &["q_proj"], 1);
     for (what, path) in [
         ("missing", dir.join("missing")),

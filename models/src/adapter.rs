@@ -16,8 +16,8 @@ use std::path::Path;
 use hlo_ir::{DType, Literal, TensorType};
 use serde_json::{json, Map, Value};
 
+use crate::decoder::{lora_parameter_types, LoraConfig, ModelConfig, MODULES_TO_SAVE};
 use crate::io::{write_atomic, write_safetensors};
-use crate::llama::{lora_parameter_types, LlamaConfig, LoraConfig, MODULES_TO_SAVE};
 use crate::ModelError;
 
 /// A LoRA adapter in hlo-train's layout: `<module>.lora_a` `[in, r]` and
@@ -83,8 +83,8 @@ const DESCRIPTIVE: [&str; 21] = [
     "megatron_core",
     "qalora_group_size",
     "lora_dropout",
-    // Llama's projections have no biases, so biases trained or not are
-    // the same.
+    // Trained biases are refused where they are stored (`Adapter::load`);
+    // a model without biases trains none.
     "bias",
     "r",
     "lora_alpha",
@@ -99,7 +99,7 @@ impl Adapter {
     /// A fresh adapter initialised as PEFT does: A uniform in ±1/sqrt(in)
     /// (kaiming-uniform with a = sqrt(5)), B zero. (Modules to save start
     /// from the base weights; `Adapter::init` makes LoRA tensors only.)
-    pub fn init(config: &LlamaConfig, lora: &LoraConfig, seed: u64) -> Adapter {
+    pub fn init(config: &ModelConfig, lora: &LoraConfig, seed: u64) -> Adapter {
         let mut rng = hlo_ir::rng::Rng::new(seed);
         let tensors = lora_parameter_types(config, lora)
             .into_iter()
@@ -175,7 +175,7 @@ impl Adapter {
                 .filter_map(|t| t.as_str().map(str::to_string))
                 .collect(),
             // PEFT's shorthand for every linear layer but the head.
-            Some(Value::String(s)) if s == "all-linear" => crate::llama::DEFAULT_TARGETS
+            Some(Value::String(s)) if s == "all-linear" => crate::decoder::DEFAULT_TARGETS
                 .iter()
                 .map(|t| t.to_string())
                 .collect(),
@@ -231,7 +231,7 @@ impl Adapter {
     }
 
     /// Reads a PEFT adapter folder for a model of `config`.
-    pub fn load(dir: &Path, config: &LlamaConfig) -> Result<Adapter, ModelError> {
+    pub fn load(dir: &Path, config: &ModelConfig) -> Result<Adapter, ModelError> {
         let bad = |message: String| ModelError::Adapter {
             dir: dir.display().to_string(),
             message,
@@ -250,6 +250,13 @@ impl Adapter {
                 .into_iter()
                 .map(|t| (t.name.clone(), t))
                 .collect();
+        // PEFT's `bias = "all"` or `"lora_only"` saves the biases it
+        // trained (Qwen2's q/k/v), which would replace the base's.
+        if let Some(key) = stored.keys().filter(|k| k.ends_with(".bias")).min() {
+            return Err(bad(format!(
+                "unsupported: the adapter holds trained biases (`{key}`, PEFT's bias = \"all\" or \"lora_only\"); hlo-train trains and loads LoRA with bias = \"none\""
+            )));
+        }
         let mut tensors = Vec::new();
         for (name, ty) in lora_parameter_types(config, &lora) {
             let (key, _) = peft_key(&name);

@@ -10,7 +10,7 @@ use hlo_ir::{DType, Literal, TensorType};
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype as StDtype, SafeTensors};
 
-use crate::llama::LlamaConfig;
+use crate::decoder::ModelConfig;
 use crate::ModelError;
 
 /// Where one tensor lies in a safetensors file.
@@ -41,7 +41,7 @@ struct Entry {
 /// An opened HF model folder.
 pub struct Checkpoint {
     pub dir: PathBuf,
-    pub config: LlamaConfig,
+    pub config: ModelConfig,
     files: Vec<(PathBuf, Mmap)>,
     tensors: BTreeMap<String, Entry>,
 }
@@ -99,7 +99,7 @@ impl Checkpoint {
         if !dir.is_dir() {
             return Err(ModelError::MissingFolder(dir.to_path_buf()));
         }
-        let config = LlamaConfig::from_file(&dir.join("config.json"))?;
+        let config = ModelConfig::from_file(&dir.join("config.json"))?;
         let index = dir.join("model.safetensors.index.json");
         let names: Vec<String> = if index.is_file() {
             let text = std::fs::read_to_string(&index).map_err(ModelError::io("read", &index))?;

@@ -68,20 +68,22 @@ impl ModelError {
 /// Why a model configuration is refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("not a Llama config.json: {0}")]
+    #[error("not a model config.json: {0}")]
     NotJson(serde_json::Error),
+    #[error("not a model config.json: not a JSON object")]
+    NotAnObject,
     /// A setting whose computation hlo-train does not implement.
     #[error("unsupported: {0}")]
     Unsupported(String),
-    #[error("llama3 rope scaling lacks `{0}`")]
-    MissingRopeField(String),
+    #[error("{rope_type} rope scaling lacks `{field}`")]
+    MissingRopeField { rope_type: String, field: String },
     #[error("{field} must be positive, got {value}")]
     NotPositive { field: &'static str, value: i64 },
     #[error("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")]
     HeadsNotMultiple { heads: i64, kv_heads: i64 },
     #[error("head_dim {0} is odd (rotary embeddings rotate pairs)")]
     OddHeadDim(i64),
-    #[error("unknown model preset `{0}` (tiny, llama3.2-1b, llama3.2-3b, llama3.1-8b, llama3.1-70b, llama3.1-405b)")]
+    #[error("unknown model preset `{0}` (one of {presets})", presets = crate::decoder::PRESETS.join(", "))]
     UnknownPreset(String),
 }
 

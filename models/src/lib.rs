@@ -12,10 +12,10 @@
 //! `hlo-engine`), and it does not read training data (`hlo-data`).
 //!
 //! ```
-//! use hlo_models::llama::{LlamaConfig, LoraConfig};
+//! use hlo_models::decoder::{ModelConfig, LoraConfig};
 //! use hlo_models::roles::Role;
 //! use hlo_models::train::{train_step, Optimizer, Schedule, TrainConfig};
-//! let config = LlamaConfig::preset("tiny").unwrap();
+//! let config = ModelConfig::preset("tiny").unwrap();
 //! let tc = TrainConfig::new(hlo_ir::DType::F32, 2, 16)
 //!     .with_lora(Some(LoraConfig::new(4, 8.0, &["q_proj", "v_proj"], false).unwrap()));
 //! let step = train_step(&config, &tc).unwrap();
@@ -25,9 +25,9 @@
 
 pub mod adapter;
 pub mod checkpoint;
+pub mod decoder;
 mod error;
 pub mod io;
-pub mod llama;
 pub mod loss;
 pub mod mlp;
 pub mod roles;

@@ -4,9 +4,9 @@
 
 use hlo_ir::{call, full, scan, scope, trace, value_and_grad, DType, Outputs, Tensor, TensorType};
 
-use crate::llama::{
-    base_parameter_types, is_stacked, lora_parameter_types, stack_types, Llama, LlamaConfig,
-    LoraConfig, Params,
+use crate::decoder::{
+    base_parameter_types, is_stacked, lora_parameter_types, stack_types, Decoder, LoraConfig,
+    ModelConfig, Params,
 };
 use crate::loss::{masked_cross_entropy, masked_cross_entropy_sum};
 use crate::roles::{BatchField, Moment, Role, Step, StepInput};
@@ -73,7 +73,7 @@ pub struct TrainConfig {
     pub batch_axes: Vec<String>,
     /// Run the layers as one scan over stacked parameters.
     pub scan_layers: bool,
-    /// Rematerialize each layer in the backward pass (see [`Llama`]).
+    /// Rematerialize each layer in the backward pass (see [`Decoder`]).
     pub remat_layers: bool,
     /// Micro-batches per step (`batch` rows each): the step scans over
     /// them, summing losses and gradients, and normalises by the tokens of
@@ -81,7 +81,7 @@ pub struct TrainConfig {
     /// K·B. The batch inputs are then `[K, batch, seq]`.
     pub grad_accum: i64,
     /// Rows hold several samples (`positions` and `segment_ids` inputs,
-    /// see [`Llama::forward_packed`]).
+    /// see [`Decoder::forward_packed`]).
     pub packing: bool,
 }
 
@@ -163,7 +163,7 @@ type LossInputs = (
     Vec<(String, TensorType)>,
 );
 
-fn loss_inputs(config: &LlamaConfig, tc: &TrainConfig) -> Result<LossInputs, ModelError> {
+fn loss_inputs(config: &ModelConfig, tc: &TrainConfig) -> Result<LossInputs, ModelError> {
     if let (true, Some(l)) = (tc.scan_layers, &tc.lora) {
         l.check_uniform(config.num_hidden_layers)?;
     }
@@ -242,7 +242,7 @@ fn role_of(tc: &TrainConfig) -> impl Fn(&str) -> StepInput + '_ {
 }
 
 /// The logits of the batch in `i`, packed or not.
-fn logits_of(model: &Llama, i: &hlo_ir::Inputs, tc: &TrainConfig) -> Tensor {
+fn logits_of(model: &Decoder, i: &hlo_ir::Inputs, tc: &TrainConfig) -> Tensor {
     if tc.packing {
         model.forward_packed(
             &Params(i),
@@ -256,8 +256,8 @@ fn logits_of(model: &Llama, i: &hlo_ir::Inputs, tc: &TrainConfig) -> Tensor {
     }
 }
 
-fn model<'a>(config: &'a LlamaConfig, tc: &'a TrainConfig) -> Llama<'a> {
-    Llama {
+fn model<'a>(config: &'a ModelConfig, tc: &'a TrainConfig) -> Decoder<'a> {
+    Decoder {
         config,
         lora: tc.lora.as_ref(),
         batch_axes: tc.batch_axes.clone(),
@@ -269,7 +269,7 @@ fn model<'a>(config: &'a LlamaConfig, tc: &'a TrainConfig) -> Llama<'a> {
 /// The eval step: the summed masked cross-entropy of a batch and its
 /// number of counted tokens (`loss_sum`, `tokens`), no gradients. Its
 /// inputs are the train step's weights, LoRA tensors and batch, by name.
-pub fn eval_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
+pub fn eval_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
     let (_, _, inputs) = loss_inputs(config, tc)?;
     let model = model(config, tc);
     let function = trace("llama_eval", &inputs, |i| {
@@ -292,7 +292,7 @@ pub fn eval_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<Step, ModelEr
 /// counter; outputs `loss`, `grad_norm`, `lr`, then the updated trainable
 /// parameters, optimizer state and counter under their input names
 /// (donated).
-pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
+pub fn train_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
     let (base, lora_params, loss_inputs) = loss_inputs(config, tc)?;
     // LoRA trains the adapters and the modules it saves whole.
     let trainable: Vec<(String, TensorType)> = match &tc.lora {
@@ -469,22 +469,33 @@ pub fn train_step(config: &LlamaConfig, tc: &TrainConfig) -> Result<Step, ModelE
 }
 
 /// FLOPs of one step, for MFU, as MaxText and LLM Foundry count them:
-/// per token, matmuls cost 2 per weight forward, attention `4·L·s·(heads·head_dim)`
-/// forward; a full finetuning step is 3× forward; a LoRA step skips the
-/// frozen weights' gradients (2× forward for them) and adds 6 per LoRA weight.
-pub fn step_flops(config: &LlamaConfig, tc: &TrainConfig) -> f64 {
+/// per token, matmuls cost 2 per weight forward, attention `4·s·(heads·head_dim)`
+/// forward per layer (`s` the keys a query sees: the sequence, or the
+/// window in sliding layers); a full finetuning step is 3× forward; a LoRA
+/// step skips the frozen weights' gradients (2× forward for them) and adds
+/// 6 per LoRA weight.
+pub fn step_flops(config: &ModelConfig, tc: &TrainConfig) -> f64 {
     let tokens = (tc.batch * tc.grad_accum.max(1) * tc.seq) as f64;
     let c = config;
     let embed = (c.vocab_size * c.hidden_size) as f64;
-    // Matmul weights: everything but the embedding lookup and the RMSNorm
-    // scales (a tied head still multiplies).
-    let norms = ((2 * c.num_hidden_layers + 1) * c.hidden_size) as f64;
-    let mut matmul = c.parameter_count() as f64 - embed - norms;
+    // Matmul weights: everything but the embedding lookup, the norms'
+    // scales and the biases (a tied head still multiplies).
+    let elementwise: i64 = c
+        .parameter_shapes()
+        .iter()
+        .filter(|(n, s)| s.len() == 1 && (n.ends_with("norm.weight") || n.ends_with(".bias")))
+        .map(|(_, s)| s[0])
+        .sum();
+    let mut matmul = (c.parameter_count() - elementwise) as f64 - embed;
     if c.tie_word_embeddings {
         matmul += embed;
     }
-    let attention =
-        4.0 * (c.num_hidden_layers * tc.seq * c.num_attention_heads * c.head_dim) as f64;
+    let keys: i64 = c
+        .layer_types
+        .iter()
+        .map(|&kind| c.window_of(kind).map_or(tc.seq, |w| w.min(tc.seq)))
+        .sum();
+    let attention = 4.0 * (keys * c.num_attention_heads * c.head_dim) as f64;
     let forward = 2.0 * matmul + attention;
     match &tc.lora {
         None => 3.0 * forward * tokens,

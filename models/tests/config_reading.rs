@@ -4,7 +4,7 @@
 //! `rope_parameters` whole; the theta is the chosen spelling's own, else the
 //! top-level `rope_theta`, else 10000.
 
-use hlo_models::llama::LlamaConfig;
+use hlo_models::decoder::{LayerType, ModelConfig};
 use serde_json::{json, Value};
 
 const LLAMA3: [(&str, f64); 4] = [
@@ -35,7 +35,9 @@ fn inv_freq(extra: Value) -> Vec<f64> {
     for (k, v) in extra.as_object().unwrap() {
         c[k] = v.clone();
     }
-    LlamaConfig::from_json(&c.to_string()).unwrap().inv_freq()
+    ModelConfig::from_json(&c.to_string())
+        .unwrap()
+        .inv_freq(LayerType::Full)
 }
 
 /// transformers' inv_freq for these configs (head_dim 8).

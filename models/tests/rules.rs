@@ -1,6 +1,6 @@
 //! The Llama partition rules give the recipe's table; LoRA targets read as a set.
 
-use hlo_models::llama::partition_rules;
+use hlo_models::decoder::partition_rules;
 use hlo_partitioner::PartitionSpec;
 
 fn p(dims: &[&[&str]]) -> PartitionSpec {
@@ -47,7 +47,7 @@ fn default_llama_rules_follow_the_recipe_table() {
 
 #[test]
 fn a_repeated_lora_target_counts_once() {
-    let l =
-        hlo_models::llama::LoraConfig::new(4, 8.0, &["q_proj", "v_proj", "q_proj"], false).unwrap();
+    let l = hlo_models::decoder::LoraConfig::new(4, 8.0, &["q_proj", "v_proj", "q_proj"], false)
+        .unwrap();
     assert_eq!(l.target_modules, ["q_proj", "v_proj"]);
 }

@@ -3,13 +3,13 @@
 
 use hlo_e2e::{new_client, RandomLiteral, Rng};
 use hlo_ir::{DType, Literal};
-use hlo_models::llama::partition_rules;
-use hlo_models::llama::{LlamaConfig, LoraConfig, DEFAULT_TARGETS};
+use hlo_models::decoder::partition_rules;
+use hlo_models::decoder::{LoraConfig, ModelConfig, DEFAULT_TARGETS};
 use hlo_models::train::{train_step, Optimizer, Schedule, TrainConfig};
 use hlo_partitioner::{FunctionShardings, Mesh, Sharding};
 use hlo_runtime::{DeviceArray, Eager, HostArray, ShardedFunction};
 
-fn step_inputs(f: &hlo_ir::Function, config: &LlamaConfig) -> Vec<Literal> {
+fn step_inputs(f: &hlo_ir::Function, config: &ModelConfig) -> Vec<Literal> {
     let mut rng = Rng::from_state(7);
     f.inputs
         .iter()
@@ -29,7 +29,7 @@ fn step_inputs(f: &hlo_ir::Function, config: &LlamaConfig) -> Vec<Literal> {
 
 fn run_both(mesh: &str) {
     let client = new_client(4);
-    let config = LlamaConfig::preset("tiny").unwrap();
+    let config = ModelConfig::preset("tiny").unwrap();
     let mesh: Mesh = mesh.parse().unwrap();
     let tc = TrainConfig {
         dtype: DType::F32,

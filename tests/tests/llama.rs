@@ -8,8 +8,8 @@ use hlo_e2e::client;
 use hlo_ir::{DType, Literal};
 use hlo_models::adapter::Adapter;
 use hlo_models::checkpoint::Checkpoint;
+use hlo_models::decoder::{forward_function, LoraConfig};
 use hlo_models::io::read_safetensors;
-use hlo_models::llama::{forward_function, LoraConfig};
 use hlo_runtime::{CompiledFunction, HostArray};
 
 const MODELS: [&str; 3] = ["gqa_llama3", "mha_tied", "head_dim"];

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use hlo_data::tokenizer::Tokenizer;
 use hlo_ir::{DType, Op};
 use hlo_models::adapter::Adapter;
+use hlo_models::decoder::{forward_function, LoraConfig, ModelConfig, DEFAULT_TARGETS};
 use hlo_models::io::read_safetensors;
-use hlo_models::llama::{forward_function, LlamaConfig, LoraConfig, DEFAULT_TARGETS};
 use serde_json::Value;
 
 fn fixtures() -> PathBuf {
@@ -56,24 +56,24 @@ fn preset_parameter_counts_equal_hf() {
     .unwrap();
     for (name, count) in counts.as_object().unwrap() {
         assert_eq!(
-            LlamaConfig::preset(name).unwrap().parameter_count(),
+            ModelConfig::preset(name).unwrap().parameter_count(),
             count.as_i64().unwrap(),
             "{name}"
         );
     }
     assert_eq!(
-        LlamaConfig::preset("llama3.1-405b")
+        ModelConfig::preset("llama3.1-405b")
             .unwrap()
             .parameter_count(),
         405_853_388_800
     );
-    assert!(LlamaConfig::preset("llama9").is_err());
+    assert!(ModelConfig::preset("llama9").is_err());
 }
 
 #[test]
 fn the_405b_graph_builds_from_abstract_shapes() {
     // Speed is a benchmark matter; here: it builds, with every layer.
-    let c = LlamaConfig::preset("llama3.1-405b").unwrap();
+    let c = ModelConfig::preset("llama3.1-405b").unwrap();
     let lora = LoraConfig::new(8, 16.0, &DEFAULT_TARGETS, false).unwrap();
     let f = forward_function(&c, DType::BF16, 1, 16, Some(&lora)).unwrap();
     assert_eq!(f.inputs.len(), c.parameter_shapes().len() + 126 * 7 * 2 + 1);
@@ -82,8 +82,9 @@ fn the_405b_graph_builds_from_abstract_shapes() {
         .iter()
         .filter(|n| matches!(n.op, Op::DotGeneral(_)))
         .count();
-    // 7 projections + 7·2 LoRA products + 2 attention products per layer, and the head.
-    assert_eq!(dots, 126 * (7 + 14 + 2) + 1 + 1);
+    // 7 projections + 7·2 LoRA products + 2 attention products per layer,
+    // and the head (the rotary angles are a broadcast product).
+    assert_eq!(dots, 126 * (7 + 14 + 2) + 1);
 }
 
 #[test]
@@ -95,29 +96,29 @@ fn configs_in_both_transformers_spellings() {
         "original_max_position_embeddings": 8192, "rope_type": "llama3"}, "max_position_embeddings": 131072,
         "tie_word_embeddings": false, "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]}"#;
     assert_eq!(
-        LlamaConfig::from_json(v4).unwrap(),
-        LlamaConfig::preset("llama3.1-8b").unwrap()
+        ModelConfig::from_json(v4).unwrap(),
+        ModelConfig::preset("llama3.1-8b").unwrap()
     );
     // transformers 5: rope_parameters with rope_theta inside (the fixtures).
-    let c = LlamaConfig::from_file(&fixtures().join("llama/gqa_llama3/config.json")).unwrap();
-    assert_eq!(c.rope_theta, 500000.0);
-    assert!(c.rope_scaling.is_some());
+    let c = ModelConfig::from_file(&fixtures().join("llama/gqa_llama3/config.json")).unwrap();
+    assert_eq!(c.rope.theta, 500000.0);
+    assert!(c.rope.scaling.is_some());
     for (bad, why) in [
-        (r#"{"vocab_size": 8}"#, "not a Llama config.json"),
+        (r#"{"vocab_size": 8}"#, "not a model config.json"),
         (
             &v4.replace("\"llama3\"", "\"yarn\""),
             "unsupported: rope type `yarn`",
         ),
         (
-            &v4.replace("\"llama\"", "\"mistral\""),
-            "unsupported: model_type `mistral`",
+            &v4.replace("\"llama\"", "\"mixtral\""),
+            "unsupported: model_type `mixtral` (hlo-train runs LlamaForCausalLM, Qwen2ForCausalLM",
         ),
         (
             &v4.replace("\"num_key_value_heads\": 8", "\"num_key_value_heads\": 5"),
             "not a multiple",
         ),
     ] {
-        let err = LlamaConfig::from_json(bad).unwrap_err().to_string();
+        let err = ModelConfig::from_json(bad).unwrap_err().to_string();
         assert!(err.contains(why), "{err}");
     }
 }
@@ -126,7 +127,7 @@ fn configs_in_both_transformers_spellings() {
 fn adapters_round_trip_in_peft_layout() {
     for name in ["gqa_llama3", "mha_tied", "head_dim"] {
         let dir = fixtures().join("llama").join(name);
-        let config = LlamaConfig::from_file(&dir.join("config.json")).unwrap();
+        let config = ModelConfig::from_file(&dir.join("config.json")).unwrap();
         let a = Adapter::load(&dir.join("adapter"), &config).unwrap();
         assert_eq!(a.lora.rank, 4);
         assert_eq!(a.lora.use_rslora, name == "mha_tied");
@@ -151,7 +152,7 @@ fn adapters_round_trip_in_peft_layout() {
 
 #[test]
 fn fresh_adapters_are_initialised_as_peft_does() {
-    let c = LlamaConfig::preset("tiny").unwrap();
+    let c = ModelConfig::preset("tiny").unwrap();
     let lora = LoraConfig::new(8, 16.0, &["q_proj", "v_proj"], false).unwrap();
     let a = Adapter::init(&c, &lora, 0);
     assert_eq!(a.tensors.len(), 2 * 2 * 2);

@@ -4,13 +4,13 @@
 
 use hlo_e2e::{client, RandomLiteral, Rng};
 use hlo_ir::{trace, DType, Outputs, TensorType};
-use hlo_models::llama::{base_parameter_types, Llama, LlamaConfig, Params};
+use hlo_models::decoder::{base_parameter_types, Decoder, ModelConfig, Params};
 use hlo_runtime::{CompiledFunction, HostArray};
 
 #[test]
 fn a_packed_row_gives_each_sample_its_own_logits() {
-    let config = LlamaConfig::preset("tiny").unwrap();
-    let model = Llama {
+    let config = ModelConfig::preset("tiny").unwrap();
+    let model = Decoder {
         config: &config,
         lora: None,
         batch_axes: vec![],

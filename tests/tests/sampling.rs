@@ -5,7 +5,7 @@
 
 use hlo_e2e::{client, Rng};
 use hlo_ir::{trace, DType, Literal, TensorType};
-use hlo_models::llama::{hashed_uniform, sample_rows, sample_tokens};
+use hlo_models::decoder::{hashed_uniform, sample_rows, sample_tokens};
 use hlo_runtime::{CompiledFunction, HostArray};
 
 struct Sampler {

@@ -138,9 +138,9 @@ fn mlp_train_step_shardings_2_2_2() {
 /// the layout report of its inputs and outputs, and the lines of the
 /// StableHLO (Shardy) and HLO (GSPMD) text that carry a sharding.
 fn llama_step_annotations(mesh: &str) -> String {
-    use hlo_models::llama::{LlamaConfig, LoraConfig, DEFAULT_TARGETS};
+    use hlo_models::decoder::{LoraConfig, ModelConfig, DEFAULT_TARGETS};
     use hlo_models::train::{train_step, Optimizer, Schedule, TrainConfig};
-    let config = LlamaConfig::preset("tiny").unwrap();
+    let config = ModelConfig::preset("tiny").unwrap();
     let mesh: hlo_partitioner::Mesh = mesh.parse().unwrap();
     let tc = TrainConfig {
         dtype: DType::F32,
@@ -162,7 +162,7 @@ fn llama_step_annotations(mesh: &str) -> String {
     let s = hlo_partitioner::FunctionShardings::from_rules(
         &f,
         &mesh,
-        &hlo_models::llama::partition_rules(),
+        &hlo_models::decoder::partition_rules(),
     )
     .unwrap();
     let mut out = s.report(&f);
@@ -208,8 +208,10 @@ fn tiny_llama_train_step_shardings_2_2_2() {
 /// `hlo-train dump-hlo --what forward --batch 2 --seq 8` for the tiny preset,
 /// as compiled (simplified), in both formats.
 fn tiny_forward() -> hlo_ir::Function {
-    let config = hlo_models::llama::LlamaConfig::preset("tiny").unwrap();
-    hlo_ir::simplify(&hlo_models::llama::forward_function(&config, DType::F32, 2, 8, None).unwrap())
+    let config = hlo_models::decoder::ModelConfig::preset("tiny").unwrap();
+    hlo_ir::simplify(
+        &hlo_models::decoder::forward_function(&config, DType::F32, 2, 8, None).unwrap(),
+    )
 }
 
 #[test]

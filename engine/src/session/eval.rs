@@ -4,7 +4,7 @@
 
 use hlo_data::Batch;
 use hlo_models::adapter::Adapter;
-use hlo_models::llama::partition_rules;
+use hlo_models::decoder::partition_rules;
 use hlo_models::roles::{BatchField, Role};
 use hlo_models::train::{eval_step, TrainConfig};
 use hlo_runtime::{DeviceArray, HostArray, Mode, Program};

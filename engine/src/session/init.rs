@@ -4,7 +4,7 @@
 
 use hlo_ir::{full, iota, trace, DType, Literal, Tensor, TensorType};
 use hlo_models::adapter::Adapter;
-use hlo_models::llama::{initializer, is_stacked, stack_literals, unstacked_names, Init};
+use hlo_models::decoder::{initializer, is_stacked, stack_literals, unstacked_names, Init};
 use hlo_models::roles::Role;
 use hlo_partitioner::FunctionShardings;
 use hlo_runtime::{DeviceArray, HostArray, Mode, Program};

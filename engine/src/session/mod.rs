@@ -20,7 +20,7 @@ use std::time::Instant;
 use hlo_data::Batch;
 use hlo_ir::Literal;
 use hlo_models::adapter::Adapter;
-use hlo_models::llama::{is_stacked, partition_rules, unstack_literal, unstacked_names};
+use hlo_models::decoder::{is_stacked, partition_rules, unstack_literal, unstacked_names};
 use hlo_models::roles::{BatchField, Role, Step};
 use hlo_models::train::{batch_fields, step_flops, train_step, TrainConfig};
 use hlo_runtime::{

@@ -1,17 +1,20 @@
-//! How Llama's tensors are laid out over a `(dp, fsdp, mp)` mesh: the
+//! How a decoder's tensors are laid out over a `(dp, fsdp, mp)` mesh: the
 //! partition rules of the recipe hlo-train grew from, for HF names and
-//! layouts (`nn.Linear` weights are `[out, in]`).
+//! layouts (`nn.Linear` weights are `[out, in]`), shared by every family.
 
 use hlo_partitioner::{PartitionSpec, Rules};
 
-/// Kernels and embeddings over `fsdp` and `mp`, norms replicated, `lora_a`
+/// Kernels and embeddings over `fsdp` and `mp`, norms (Qwen3's and Gemma
+/// 3's per-head q/k norms, Gemma's sandwich norms too) replicated, `lora_a`
 /// `("fsdp", "mp")`, `lora_b` `("mp", "fsdp")`, token batches `(("dp",
-/// "fsdp"), None)`. Stacked layer parameters carry a leading layer axis
-/// these rules do not mention (see `Step::leading_axis_names`).
+/// "fsdp"), None)`. Qwen2's q/k/v biases are split over `mp` as their
+/// kernels' output features are, so each device adds its own heads'
+/// biases. Stacked layer parameters carry a leading layer axis these rules
+/// do not mention (see `Step::leading_axis_names`).
 ///
 /// ```
 /// use hlo_partitioner::PartitionSpec;
-/// let rules = hlo_models::llama::partition_rules();
+/// let rules = hlo_models::decoder::partition_rules();
 /// assert_eq!(
 ///     rules.spec_for("model.layers.0.self_attn.q_proj.lora_a", 2),
 ///     PartitionSpec::new(&[&["fsdp"], &["mp"]])
@@ -29,11 +32,12 @@ pub fn partition_rules() -> Rules {
             p(&[&["mp"], &["fsdp"]]),
         ),
         (r"(o_proj|down_proj)\.weight$", p(&[&["fsdp"], &["mp"]])),
+        (r"(q_proj|k_proj|v_proj)\.bias$", p(&[&["mp"]])),
         (r"norm\.weight$", PartitionSpec::replicated()),
         (
             r"^(input_ids|labels|loss_mask|positions|segment_ids)$",
             p(&[&["dp", "fsdp"], &[]]),
         ),
     ])
-    .expect("the Llama rules compile")
+    .expect("the decoder rules compile")
 }

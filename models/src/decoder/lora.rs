@@ -20,7 +20,7 @@ pub const DEFAULT_TARGETS: [&str; 7] = [
 /// A LoRA configuration: `y = x·Wᵀ + scale·(x·A)·B` on each target module.
 ///
 /// ```
-/// let l = hlo_models::llama::LoraConfig::new(8, 16.0, &["q_proj", "v_proj"], false).unwrap();
+/// let l = hlo_models::decoder::LoraConfig::new(8, 16.0, &["q_proj", "v_proj"], false).unwrap();
 /// assert_eq!(l.scale(), 2.0);
 /// assert!(l.targets("v_proj") && !l.targets("o_proj"));
 /// ```
@@ -154,7 +154,7 @@ impl LoraConfig {
     /// with rsLoRA, with its own rank and alpha.
     ///
     /// ```
-    /// use hlo_models::llama::LoraConfig;
+    /// use hlo_models::decoder::LoraConfig;
     /// let l = LoraConfig::new(4, 8.0, &["q_proj", "v_proj"], false).unwrap()
     ///     .with_patterns(vec![("q_proj".into(), 8)], vec![("v_proj".into(), 32.0)]).unwrap();
     /// assert_eq!(l.scale_of("model.layers.0.self_attn.q_proj"), 1.0);

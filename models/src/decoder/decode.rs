@@ -9,16 +9,14 @@
 
 use hlo_ir::{full, iota, scope, trace, DType, Outputs, Tensor, TensorType, TraceError};
 
-use super::model::{apply_rotary, grouped_attention};
-use super::{
-    base_parameter_types, lora_parameter_types, rms_norm, Llama, LlamaConfig, LoraConfig, Params,
-};
+use super::model::apply_rotary;
+use super::{base_parameter_types, lora_parameter_types, Decoder, LoraConfig, ModelConfig, Params};
 use crate::roles::{Role, Step, StepInput};
 
 /// The cache tensors of every layer: `cache.layers.<l>.k` and `.v`, each
 /// `[batch, kv_heads, max_len, head_dim]` in `dtype`.
 pub fn cache_types(
-    config: &LlamaConfig,
+    config: &ModelConfig,
     batch: i64,
     max_len: i64,
     dtype: DType,
@@ -37,11 +35,14 @@ pub fn cache_types(
         .collect()
 }
 
-impl Llama<'_> {
+impl Decoder<'_> {
     /// Logits of the last new token of each row, `[batch, vocab]` (f32),
     /// and the updated caches, for `input_ids: [batch, T]` written at cache
     /// slots `cur..cur + T`; `offsets: [batch]` is each row's count of
     /// left padding. The caches are read from `p` (see [`cache_types`]).
+    /// Sliding layers see only the last `sliding_window` slots; the cache
+    /// keeps every slot (a slot's distance to the query is its distance in
+    /// positions, as the padding is all on the left).
     pub fn forward_cached(
         &self,
         p: &Params,
@@ -54,50 +55,60 @@ impl Llama<'_> {
         let d = input_ids.dims();
         let (b, t) = (d[0], d[1]);
         let max_len = p.get("cache.layers.0.k").dims()[2];
-        let mut h = scope("model.embed_tokens", || {
-            p.get("model.embed_tokens.weight")
-                .cast(dtype)
-                .take(input_ids, 0)
-        });
+        let mut h = self.embed(p, input_ids, dtype);
         // Slot of each new token, and its position within its own row.
         let slot =
             iota(TensorType::new(DType::I32, [b, t]), 1) + cur.broadcast_in_dim(&[b, t], &[]);
         let position = slot - offsets.broadcast_in_dim(&[b, t], &[0]);
-        let (cos, sin) = scope("model.rotary_emb", || self.rotary_at(position, dtype));
+        let rotary = scope("model.rotary_emb", || self.rotary_at(position, dtype));
         // Key slot j is visible to the new token at slot s of row r when
-        // offsets[r] <= j <= s.
-        let keys = iota(TensorType::new(DType::I32, [b, t, max_len]), 2);
-        let visible = keys
-            .ge(offsets.broadcast_in_dim(&[b, t, max_len], &[0]))
-            .and(keys.le(slot.broadcast_in_dim(&[b, t, max_len], &[0, 1])));
+        // offsets[r] <= j <= s (and, in sliding layers, j > s - window).
+        let shape = [b, t, max_len];
+        let keys = iota(TensorType::new(DType::I32, shape), 2);
+        let queries = slot.broadcast_in_dim(&shape, &[0, 1]);
+        let causal = keys
+            .ge(offsets.broadcast_in_dim(&shape, &[0]))
+            .and(keys.le(queries));
+        let visible = self.visibility(causal, keys, queries);
         let zero = full(TensorType::scalar(DType::I32), 0.0);
         let mut caches = Vec::new();
+        let proj = |m: &str, short: &str, x: Tensor| self.proj(p, m, short, x);
         for l in 0..c.num_hidden_layers {
             let prefix = format!("model.layers.{l}");
+            let kind = c.layer_types[l as usize];
+            let (cos, sin) = rotary.of(kind);
             h = scope(&prefix, || {
-                self.layer_with(p, &prefix, h, |x| {
-                    let a = format!("{prefix}.self_attn");
-                    let (q, k, v) = self.qkv(p, &a, x, |y| apply_rotary(y, cos, sin, &[0, 2, 3]));
-                    let (kname, vname) =
-                        (format!("cache.layers.{l}.k"), format!("cache.layers.{l}.v"));
-                    let (kc, vc) = (p.get(&kname), p.get(&vname));
-                    let kc = kc.dynamic_update_slice(k.cast(kc.dtype()), &[zero, zero, cur, zero]);
-                    let vc = vc.dynamic_update_slice(v.cast(vc.dtype()), &[zero, zero, cur, zero]);
-                    caches.push((kname, kc));
-                    caches.push((vname, vc));
-                    let out =
-                        grouped_attention(q, kc.cast(dtype), vc.cast(dtype), visible, &[0, 3, 4]);
-                    self.proj(p, &format!("{a}.o_proj"), "o_proj", out)
-                })
+                self.layer_with_mlp(
+                    p,
+                    &prefix,
+                    h,
+                    |x| {
+                        let a = format!("{prefix}.self_attn");
+                        let rope = |y| apply_rotary(y, cos, sin, &[0, 2, 3]);
+                        let (q, k, v) = self.qkv_with(p, &a, x, rope, &proj);
+                        let (kname, vname) =
+                            (format!("cache.layers.{l}.k"), format!("cache.layers.{l}.v"));
+                        let (kc, vc) = (p.get(&kname), p.get(&vname));
+                        let at = [zero, zero, cur, zero];
+                        let kc = kc.dynamic_update_slice(k.cast(kc.dtype()), &at);
+                        let vc = vc.dynamic_update_slice(v.cast(vc.dtype()), &at);
+                        caches.push((kname, kc));
+                        caches.push((vname, vc));
+                        let out = self.attend(
+                            (q, kc.cast(dtype), vc.cast(dtype)),
+                            (visible.of(kind), &[0, 3, 4]),
+                        );
+                        proj(&format!("{a}.o_proj"), "o_proj", out)
+                    },
+                    |x| self.mlp_with(&format!("{prefix}.mlp"), x, &proj),
+                )
             });
         }
         // Only the last token's logits are needed to pick the next one.
         let last = h
             .slice(&[0, t - 1, 0], &[b, t, c.hidden_size])
             .reshape(&[b, c.hidden_size]);
-        let last = scope("model.norm", || {
-            rms_norm(last, p.get("model.norm.weight"), c.rms_norm_eps)
-        });
+        let last = scope("model.norm", || self.norm(p, "model.norm", last));
         let logits = self.lm_head(p, last).cast(DType::F32);
         (logits, caches)
     }
@@ -232,7 +243,7 @@ pub fn argmax(x: Tensor) -> Tensor {
 /// the caches and the rng state are updated in place (donated), the rest
 /// are per-call inputs.
 pub fn decode_step(
-    config: &LlamaConfig,
+    config: &ModelConfig,
     dtype: DType,
     batch: i64,
     new: i64,
@@ -266,9 +277,9 @@ pub fn decode_step(
         TensorType::new(DType::U64, [2]),
         Role::RngState,
     ));
-    let model = Llama {
+    let model = Decoder {
         lora,
-        ..llama(config)
+        ..decoder(config)
     };
     step_of("llama_decode", inputs, |i| {
         let (logits, caches) =
@@ -282,8 +293,8 @@ pub fn decode_step(
 }
 
 /// A generation model (no batch axes, layers unrolled, no remat).
-pub(super) fn llama(config: &LlamaConfig) -> Llama<'_> {
-    Llama {
+pub(super) fn decoder(config: &ModelConfig) -> Decoder<'_> {
+    Decoder {
         config,
         lora: None,
         batch_axes: Vec::new(),

@@ -1,16 +1,24 @@
-//! Llama 3.x as HF transformers' `LlamaForCausalLM`, with PEFT LoRA.
+//! The decoder-only models hlo-train runs, as HF transformers computes
+//! them: Llama 3.x (`LlamaForCausalLM`) and the families that differ from
+//! it in a few named places (Qwen2/2.5, Qwen3, Mistral, Gemma 3 text; see
+//! [`Family`] and the fields of [`ModelConfig`]), with PEFT LoRA.
 
 mod config;
 mod decode;
 mod lora;
 mod model;
+mod presets;
 mod rules;
 mod serving;
 
-pub use config::{Llama3Scaling, LlamaConfig};
+pub use config::{
+    Activation, Family, LayerType, Llama3Scaling, ModelConfig, NormStyle, Rope, RopeScaling,
+    FAMILIES,
+};
 pub use decode::{argmax, cache_types, decode_step, hashed_uniform, sample_rows, sample_tokens};
 pub use lora::{LoraConfig, DEFAULT_TARGETS, MODULES_TO_SAVE};
-pub use model::{is_stacked, rms_norm, Llama, Params};
+pub use model::{is_stacked, rms_norm, Decoder, Params};
+pub use presets::PRESETS;
 pub use rules::partition_rules;
 pub use serving::{
     adapter_table_types, projections, slot_decode_step, slot_prefill_step, table_names,
@@ -22,7 +30,7 @@ use crate::roles::{BatchField, Role, Step, StepInput};
 use hlo_ir::{trace, DType, Function, Literal, Outputs, TensorType, TraceError};
 
 /// Base parameters: (HF name, type in `dtype`).
-pub fn base_parameter_types(config: &LlamaConfig, dtype: DType) -> Vec<(String, TensorType)> {
+pub fn base_parameter_types(config: &ModelConfig, dtype: DType) -> Vec<(String, TensorType)> {
     config
         .parameter_shapes()
         .into_iter()
@@ -88,7 +96,7 @@ pub fn unstack_literal(stacked: &Literal) -> Vec<Literal> {
 }
 
 /// LoRA parameters (f32): `<module>.lora_a` `[in, r]`, `<module>.lora_b` `[r, out]`.
-pub fn lora_parameter_types(config: &LlamaConfig, lora: &LoraConfig) -> Vec<(String, TensorType)> {
+pub fn lora_parameter_types(config: &ModelConfig, lora: &LoraConfig) -> Vec<(String, TensorType)> {
     let mut out = Vec::new();
     for l in 0..config.num_hidden_layers {
         for short in DEFAULT_TARGETS {
@@ -123,13 +131,13 @@ pub fn lora_parameter_types(config: &LlamaConfig, lora: &LoraConfig) -> Vec<(Str
 /// `logits` `[batch, seq, vocab]` in `dtype`.
 ///
 /// ```
-/// use hlo_models::llama::{forward_function, LlamaConfig};
-/// let c = LlamaConfig::preset("tiny").unwrap();
+/// use hlo_models::decoder::{forward_function, ModelConfig};
+/// let c = ModelConfig::preset("tiny").unwrap();
 /// let f = forward_function(&c, hlo_ir::DType::F32, 2, 8, None).unwrap();
 /// assert_eq!(f.output_types()[0].dims, vec![2, 8, c.vocab_size]);
 /// ```
 pub fn forward_function(
-    config: &LlamaConfig,
+    config: &ModelConfig,
     dtype: DType,
     batch: i64,
     seq: i64,
@@ -142,7 +150,7 @@ pub fn forward_function(
 /// scan over stacked parameters (see [`stack_types`]): every parameter a
 /// weight, `input_ids` the batch.
 pub fn forward_step(
-    config: &LlamaConfig,
+    config: &ModelConfig,
     dtype: DType,
     batch: i64,
     seq: i64,
@@ -158,7 +166,7 @@ pub fn forward_step(
     }
     let ids = BatchField::InputIds.name();
     inputs.push((ids.into(), TensorType::new(DType::I32, [batch, seq])));
-    let model = Llama {
+    let model = Decoder {
         config,
         lora,
         batch_axes: Vec::new(),
@@ -194,20 +202,26 @@ pub enum Init {
     },
 }
 
-/// How parameter `name` of type `ty` starts: RMSNorm scales 1, kernels and
-/// embeddings normal(0, `initializer_range`), `lora_a` uniform in
-/// ±1/sqrt(in) (PEFT's kaiming-uniform with a = sqrt(5)), `lora_b` zero.
+/// How parameter `name` of type `ty` starts: RMSNorm scales 1 (Gemma's
+/// `1 + w` norms 0), biases 0, kernels and embeddings normal(0,
+/// `initializer_range`), `lora_a` uniform in ±1/sqrt(in) (PEFT's
+/// kaiming-uniform with a = sqrt(5)), `lora_b` zero.
 ///
 /// ```
-/// use hlo_models::llama::{initializer, Init, LlamaConfig};
+/// use hlo_models::decoder::{initializer, Init, ModelConfig};
 /// use hlo_ir::{DType, TensorType};
-/// let c = LlamaConfig::preset("tiny").unwrap();
+/// let c = ModelConfig::preset("tiny").unwrap();
 /// let t = TensorType::new(DType::F32, [64, 8]);
 /// assert_eq!(initializer(&c, "model.layers.0.mlp.up_proj.lora_a", &t), Init::Uniform { bound: 0.125 });
 /// ```
-pub fn initializer(config: &LlamaConfig, name: &str, ty: &TensorType) -> Init {
+pub fn initializer(config: &ModelConfig, name: &str, ty: &TensorType) -> Init {
     if name.ends_with("norm.weight") {
-        Init::Ones
+        match config.norm_style {
+            NormStyle::Llama => Init::Ones,
+            NormStyle::Gemma => Init::Zeros,
+        }
+    } else if name.ends_with(".bias") {
+        Init::Zeros
     } else if name.ends_with(".lora_a") {
         // [in, r], or [layers, in, r] stacked.
         let fan_in = ty.dims[ty.rank().saturating_sub(2)] as f64;
@@ -226,7 +240,7 @@ pub fn initializer(config: &LlamaConfig, name: &str, ty: &TensorType) -> Init {
 /// One random parameter as HF initialises it (see [`initializer`]),
 /// seeded by `seed` and the tensor's name so any tensor can be made on its
 /// own.
-pub fn init_tensor(config: &LlamaConfig, name: &str, ty: TensorType, seed: u64) -> Literal {
+pub fn init_tensor(config: &ModelConfig, name: &str, ty: TensorType, seed: u64) -> Literal {
     let mut rng = hlo_ir::rng::Rng::new(seed ^ hlo_ir::rng::fnv1a(name.as_bytes()));
     let n = ty.element_count();
     let values: Vec<f64> = match initializer(config, name, &ty) {
@@ -239,7 +253,7 @@ pub fn init_tensor(config: &LlamaConfig, name: &str, ty: TensorType, seed: u64) 
 }
 
 /// Every random base weight of a (small) model: see [`init_tensor`].
-pub fn init_base(config: &LlamaConfig, dtype: DType, seed: u64) -> Vec<(String, Literal)> {
+pub fn init_base(config: &ModelConfig, dtype: DType, seed: u64) -> Vec<(String, Literal)> {
     base_parameter_types(config, dtype)
         .into_iter()
         .map(|(name, ty)| {

@@ -20,9 +20,9 @@
 use hlo_ir::ops::DotGeneral;
 use hlo_ir::{iota, scope, DType, Outputs, Tensor, TensorType, TraceError};
 
-use super::decode::{hashed_uniform, llama, sample_rows, step_of, with_caches};
-use super::model::{apply_rotary, grouped_attention, linear};
-use super::{base_parameter_types, rms_norm, Llama, LlamaConfig, Params, DEFAULT_TARGETS};
+use super::decode::{decoder, hashed_uniform, sample_rows, step_of, with_caches};
+use super::model::apply_rotary;
+use super::{base_parameter_types, Decoder, ModelConfig, Params, DEFAULT_TARGETS};
 use crate::roles::{Role, Step};
 
 /// How each row's adapter entry is picked from a table.
@@ -48,7 +48,7 @@ pub struct AdapterTables {
 }
 
 /// Every projection of every layer, as (module path, short name).
-pub fn projections(config: &LlamaConfig) -> Vec<(String, &'static str)> {
+pub fn projections(config: &ModelConfig) -> Vec<(String, &'static str)> {
     (0..config.num_hidden_layers)
         .flat_map(|l| {
             DEFAULT_TARGETS.iter().map(move |short| {
@@ -69,7 +69,7 @@ pub fn table_names(module: &str) -> [String; 3] {
 }
 
 /// The adapter tables (f32) of every projection: see the module's docs.
-pub fn adapter_table_types(config: &LlamaConfig, t: &AdapterTables) -> Vec<(String, TensorType)> {
+pub fn adapter_table_types(config: &ModelConfig, t: &AdapterTables) -> Vec<(String, TensorType)> {
     let mut out = Vec::new();
     for (module, short) in projections(config) {
         let (din, dout) = config.projection_dims(short).expect("a known projection");
@@ -103,7 +103,7 @@ fn row_matmul(x: Tensor, m: Tensor) -> Tensor {
 /// What the layers of a serving program share: the weights and tables,
 /// each row's adapter entry, and how the tables are read.
 struct Serving<'a> {
-    model: Llama<'a>,
+    model: Decoder<'a>,
     p: &'a Params<'a>,
     adapter_ids: Tensor,
     select: LoraSelect,
@@ -115,7 +115,7 @@ impl Serving<'_> {
     /// entry.
     fn proj(&self, module: &str, short: &str, x: Tensor) -> Tensor {
         scope(short, || {
-            let y = linear(x, self.p.get(&format!("{module}.weight")));
+            let y = self.model.base_proj(self.p, module, short, x);
             let [a, b, scale] = table_names(module).map(|n| self.p.get(&n));
             let x = x.cast(DType::F32);
             let (rows, t) = (x.dims()[0], x.dims()[1]);
@@ -160,29 +160,26 @@ impl Serving<'_> {
     }
 
     /// Hidden states `[rows, t, hidden]` after the last norm, for
-    /// `input_ids: [rows, t]` at `positions: [rows, t]`; `attend(layer, q,
-    /// k, v)` is each layer's attention (and cache update).
+    /// `input_ids: [rows, t]` at `positions: [rows, t]`; `attend(layer,
+    /// (q, k, v))` is each layer's attention (and cache update).
     fn hidden(
         &self,
         input_ids: Tensor,
         positions: Tensor,
         dtype: DType,
-        mut attend: impl FnMut(i64, Tensor, Tensor, Tensor) -> Tensor,
+        mut attend: impl FnMut(i64, (Tensor, Tensor, Tensor)) -> Tensor,
     ) -> Tensor {
         let c = self.model.config;
         let p = self.p;
-        let mut h = scope("model.embed_tokens", || {
-            p.get("model.embed_tokens.weight")
-                .cast(dtype)
-                .take(input_ids, 0)
-        });
-        let (cos, sin) = scope("model.rotary_emb", || {
+        let mut h = self.model.embed(p, input_ids, dtype);
+        let rotary = scope("model.rotary_emb", || {
             self.model.rotary_at(positions, dtype)
         });
-        let rope = |y: Tensor| apply_rotary(y, cos, sin, &[0, 2, 3]);
         let proj = |module: &str, short: &str, x: Tensor| self.proj(module, short, x);
         for l in 0..c.num_hidden_layers {
             let prefix = format!("model.layers.{l}");
+            let (cos, sin) = rotary.of(c.layer_types[l as usize]);
+            let rope = |y: Tensor| apply_rotary(y, cos, sin, &[0, 2, 3]);
             h = scope(&prefix, || {
                 self.model.layer_with_mlp(
                     p,
@@ -190,16 +187,14 @@ impl Serving<'_> {
                     h,
                     |x| {
                         let a = format!("{prefix}.self_attn");
-                        let (q, k, v) = self.model.qkv_with(&a, x, rope, &proj);
-                        proj(&format!("{a}.o_proj"), "o_proj", attend(l, q, k, v))
+                        let qkv = self.model.qkv_with(p, &a, x, rope, &proj);
+                        proj(&format!("{a}.o_proj"), "o_proj", attend(l, qkv))
                     },
                     |x| self.model.mlp_with(&format!("{prefix}.mlp"), x, &proj),
                 )
             });
         }
-        scope("model.norm", || {
-            rms_norm(h, p.get("model.norm.weight"), c.rms_norm_eps)
-        })
+        scope("model.norm", || self.model.norm(p, "model.norm", h))
     }
 
     /// Logits `[rows, vocab]` (f32) of hidden states `[rows, hidden]`.
@@ -211,7 +206,7 @@ impl Serving<'_> {
 /// The inputs every serving program starts with: weights and tables
 /// (read only), then the caches (donated).
 fn common_inputs(
-    config: &LlamaConfig,
+    config: &ModelConfig,
     dtype: DType,
     slots: i64,
     max_len: i64,
@@ -254,7 +249,7 @@ fn sampling_inputs(rows: i64) -> [(String, TensorType, Role); 4] {
 /// token is sampled (noise counter `length`). Outputs: `next [1]`, the
 /// caches.
 pub fn slot_prefill_step(
-    config: &LlamaConfig,
+    config: &ModelConfig,
     dtype: DType,
     slots: i64,
     max_len: i64,
@@ -275,7 +270,7 @@ pub fn slot_prefill_step(
     step_of("llama_prefill_slot", inputs, |i| {
         let p = Params(i);
         let s = Serving {
-            model: llama(config),
+            model: decoder(config),
             p: &p,
             adapter_ids: i["adapter_ids"],
             select,
@@ -283,10 +278,10 @@ pub fn slot_prefill_step(
         let positions = iota(TensorType::new(DType::I32, [1, bucket]), 1);
         let rows = iota(TensorType::new(DType::I32, [bucket, bucket]), 0);
         let cols = iota(TensorType::new(DType::I32, [bucket, bucket]), 1);
-        let causal = cols.le(rows);
+        let visible = s.model.visibility(cols.le(rows), cols, rows);
         let zero = i["length"].scalar_like(0.0);
         let mut caches = Vec::new();
-        let h = s.hidden(i["input_ids"], positions, dtype, |l, q, k, v| {
+        let h = s.hidden(i["input_ids"], positions, dtype, |l, (q, k, v)| {
             for (name, new) in [("k", k), ("v", v)] {
                 let name = format!("cache.layers.{l}.{name}");
                 let cache = i[name.as_str()];
@@ -294,7 +289,8 @@ pub fn slot_prefill_step(
                     .dynamic_update_slice(new.cast(cache.dtype()), &[i["slot"], zero, zero, zero]);
                 caches.push((name, updated));
             }
-            grouped_attention(q, k, v, causal, &[3, 4])
+            let kind = config.layer_types[l as usize];
+            s.model.attend((q, k, v), (visible.of(kind), &[3, 4]))
         });
         let hidden = config.hidden_size;
         let last = h
@@ -322,7 +318,7 @@ pub fn slot_prefill_step(
 /// other slots' rows unchanged). Fewer rows read less of the cache: the
 /// batcher picks the smallest program that covers its running slots.
 pub fn slot_decode_step(
-    config: &LlamaConfig,
+    config: &ModelConfig,
     dtype: DType,
     slots: i64,
     rows: i64,
@@ -343,14 +339,15 @@ pub fn slot_decode_step(
     step_of("llama_decode_slots", inputs, |i| {
         let p = Params(i);
         let s = Serving {
-            model: llama(config),
+            model: decoder(config),
             p: &p,
             adapter_ids: i["adapter_ids"],
             select,
         };
         let pos = i["positions"];
         let keys = iota(TensorType::new(DType::I32, [rows, 1, max_len]), 2);
-        let visible = keys.le(pos.broadcast_in_dim(&[rows, 1, max_len], &[0]));
+        let queries = pos.broadcast_in_dim(&[rows, 1, max_len], &[0]);
+        let visible = s.model.visibility(keys.le(queries), keys, queries);
         let shape = [rows, c.num_key_value_heads, max_len, c.head_dim];
         let here =
             iota(TensorType::new(DType::I32, shape), 2).eq(pos.broadcast_in_dim(&shape, &[0]));
@@ -360,7 +357,7 @@ pub fn slot_decode_step(
             i["input_ids"].reshape(&[rows, 1]),
             pos.reshape(&[rows, 1]),
             dtype,
-            |l, q, k, v| {
+            |l, (q, k, v)| {
                 let mut kv = Vec::new();
                 for (name, new) in [("k", k), ("v", v)] {
                     let name = format!("cache.layers.{l}.{name}");
@@ -385,7 +382,9 @@ pub fn slot_decode_step(
                     };
                     caches.push((name, whole));
                 }
-                grouped_attention(q, kv[0], kv[1], visible, &[0, 3, 4])
+                let kind = c.layer_types[l as usize];
+                s.model
+                    .attend((q, kv[0], kv[1]), (visible.of(kind), &[0, 3, 4]))
             },
         );
         let logits = s.logits(h.reshape(&[rows, c.hidden_size]));
@@ -401,7 +400,7 @@ pub fn slot_decode_step(
 /// table (donated): inputs are the tables, then `entry`, then per table
 /// the new entry (`<table>.new`: A `[in, max_rank]`, B `[max_rank, out]`,
 /// scale `[]`). Outputs: the tables.
-pub fn table_update_step(config: &LlamaConfig, tables: &AdapterTables) -> Result<Step, TraceError> {
+pub fn table_update_step(config: &ModelConfig, tables: &AdapterTables) -> Result<Step, TraceError> {
     let types = adapter_table_types(config, tables);
     let mut inputs: Vec<(String, TensorType, Role)> = types
         .iter()

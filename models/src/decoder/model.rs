@@ -1,0 +1,616 @@
+//! The decoder in the tracing DSL, as HF transformers computes
+//! `LlamaForCausalLM` and the families that differ from it in a few named
+//! places (each a field of [`ModelConfig`], each marked here with the
+//! family that needs it), with optional LoRA adapters as PEFT computes
+//! them.
+//!
+//! Parameters are inputs named as in HF checkpoints
+//! (`model.layers.3.self_attn.q_proj.weight`, `[out, in]` like
+//! `nn.Linear`); adapters are `<module>.lora_a` (`[in, r]`) and
+//! `<module>.lora_b` (`[r, out]`), transposed from PEFT's `lora_A.weight`
+//! (`[r, in]`) and `lora_B.weight` (`[out, r]`) when read and written. Scope
+//! names follow the module tree (`model.layers.3.self_attn.q_proj`).
+
+use hlo_ir::ops::DotGeneral;
+use hlo_ir::{checkpoint, constant, iota, scan, scope, DType, Inputs, Literal, Tensor, TensorType};
+
+use super::config::{Activation, LayerType, ModelConfig, NormStyle};
+use super::lora::LoraConfig;
+
+/// What a forward pass needs besides the parameters.
+pub struct Decoder<'a> {
+    pub config: &'a ModelConfig,
+    pub lora: Option<&'a LoraConfig>,
+    /// Mesh axes the batch is split over. When set, LoRA's `x·A` is
+    /// constrained to that layout: without it XLA's SPMD partitioner
+    /// miscomputes `x·W + (x·A)·B` on some meshes (README, "Known XLA issues").
+    pub batch_axes: Vec<String>,
+    /// Run the layers as one scan over stacked parameters.
+    pub scan_layers: bool,
+    /// Recompute each layer's forward in the backward pass instead of
+    /// keeping its activations (only the layer inputs are kept). A scan's
+    /// gradient already works this way.
+    pub remat_layers: bool,
+}
+
+/// Parameters by name: the traced inputs.
+pub struct Params<'a>(pub &'a Inputs);
+
+impl Params<'_> {
+    fn names(&self) -> impl Iterator<Item = &str> {
+        self.0.names().iter().map(String::as_str)
+    }
+
+    pub(super) fn get(&self, name: &str) -> Tensor {
+        self.0[name]
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.0.get(name).is_some()
+    }
+}
+
+/// One value per layer type: a layer of type `k` uses `of(k)`. Where the
+/// types do not differ in it (one rotary embedding, no window), both are
+/// the same tensor.
+#[derive(Clone, Copy)]
+pub(super) struct PerLayerType<T> {
+    pub full: T,
+    pub sliding: T,
+}
+
+impl<T: Copy> PerLayerType<T> {
+    pub fn of(&self, kind: LayerType) -> T {
+        match kind {
+            LayerType::Full => self.full,
+            LayerType::Sliding => self.sliding,
+        }
+    }
+}
+
+/// `x · Wᵀ (+ b)` for an `nn.Linear` weight `[out, in]`; bf16 and f16
+/// products accumulate in f32, add the bias, and round once.
+pub(super) fn linear(x: Tensor, w: Tensor, bias: Option<Tensor>) -> Tensor {
+    let dtype = x.dtype();
+    let wide = matches!(dtype, DType::BF16 | DType::F16);
+    let y = x.dot_general(
+        w.cast(dtype),
+        DotGeneral {
+            lhs_batch: vec![],
+            rhs_batch: vec![],
+            lhs_contracting: vec![x.rank() as i64 - 1],
+            rhs_contracting: vec![1],
+            precision: None,
+            preferred_element_type: wide.then_some(DType::F32),
+        },
+    );
+    let y = match bias {
+        Some(b) => {
+            let d = y.dims();
+            y + b
+                .cast(y.dtype())
+                .broadcast_in_dim(&d, &[d.len() as i64 - 1])
+        }
+        None => y,
+    };
+    y.cast(dtype)
+}
+
+/// `softmax(scale·q·kᵀ)·v` over the keys `visible` marks, for `q: [b,
+/// heads, tq, d]` and `k`, `v: [b, kv_heads, tk, d]`: query heads are
+/// grouped by their K/V head in one `dot_general` (no repeat_kv copies),
+/// the softmax in f32. `visible` is boolean and broadcasts into `[b,
+/// kv_heads, groups, tq, tk]` along `visible_dims`. Returns `[b, tq,
+/// heads·d]`.
+pub(super) fn grouped_attention(
+    (q, k, v): (Tensor, Tensor, Tensor),
+    (visible, visible_dims): (Tensor, &[i64]),
+    scale: f64,
+) -> Tensor {
+    let (qd, kd) = (q.dims(), k.dims());
+    let (b, nh, tq, hd) = (qd[0], qd[1], qd[2], qd[3]);
+    let (nkv, tk) = (kd[1], kd[2]);
+    let dtype = q.dtype();
+    let wide = matches!(dtype, DType::BF16 | DType::F16).then_some(DType::F32);
+    let batched = |lhs_contracting: i64, rhs_contracting: i64| DotGeneral {
+        lhs_batch: vec![0, 1],
+        rhs_batch: vec![0, 1],
+        lhs_contracting: vec![lhs_contracting],
+        rhs_contracting: vec![rhs_contracting],
+        precision: None,
+        preferred_element_type: wide,
+    };
+    let shape = [b, nkv, nh / nkv, tq, tk];
+    let scores = q
+        .reshape(&[b, nkv, nh / nkv, tq, hd])
+        .dot_general(k, batched(4, 3));
+    let scores = (scores.cast(dtype) * scale).cast(DType::F32);
+    let scores = visible
+        .broadcast_in_dim(&shape, visible_dims)
+        .where_(scores, scores.scalar_like(f32::MIN as f64));
+    let probs = scores.softmax(4).cast(dtype);
+    probs
+        .dot_general(v, batched(4, 2))
+        .cast(dtype)
+        .reshape(&[b, nh, tq, hd])
+        .transpose(&[0, 2, 1, 3])
+        .reshape(&[b, tq, nh * hd])
+}
+
+/// HF's RMSNorm over the last dimension: `LlamaRMSNorm` normalises in f32
+/// and scales in the input dtype; `Gemma3RMSNorm` scales by `1 + w` in f32
+/// and rounds once.
+pub fn rms_norm(x: Tensor, weight: Tensor, eps: f64, style: NormStyle) -> Tensor {
+    let dtype = x.dtype();
+    let dims = x.dims();
+    let last = dims.len() as i64 - 1;
+    let xf = x.cast(DType::F32);
+    let var = (xf * xf).mean(&[last]);
+    let keep: Vec<i64> = (0..last).collect();
+    let normed = xf * (var + eps).rsqrt().broadcast_in_dim(&dims, &keep);
+    let along = |w: Tensor| w.broadcast_in_dim(&dims, &[last]);
+    match style {
+        NormStyle::Llama => along(weight.cast(dtype)) * normed.cast(dtype),
+        NormStyle::Gemma => (normed * along(weight.cast(DType::F32) + 1.0)).cast(dtype),
+    }
+}
+
+/// The rotary embedding on `y` (`[b, heads, t, head_dim]`): `y·cos +
+/// rotate_half(y)·sin`, `cos` and `sin` broadcast `along` `y`'s dimensions.
+pub(super) fn apply_rotary(y: Tensor, cos: Tensor, sin: Tensor, along: &[i64]) -> Tensor {
+    let d = y.dims();
+    y * cos.broadcast_in_dim(&d, along) + rotate_half(y) * sin.broadcast_in_dim(&d, along)
+}
+
+/// `cat(-x2, x1)` of the two halves of the last dimension.
+pub(super) fn rotate_half(x: Tensor) -> Tensor {
+    let d = x.dims();
+    let r = d.len();
+    let half = d[r - 1] / 2;
+    let mut mid = d.clone();
+    mid[r - 1] = half;
+    let zeros = vec![0; r];
+    let mut start2 = zeros.clone();
+    start2[r - 1] = half;
+    let x1 = x.slice(&zeros, &mid);
+    let x2 = x.slice(&start2, &d);
+    Tensor::concat(&[-x2, x1], r as i64 - 1)
+}
+
+/// A module's path as PEFT names it: a scanned layer's (`layer.…`, every
+/// layer alike, which the step checks) read as layer 0's.
+fn layer_path(module: &str) -> String {
+    match module.strip_prefix("layer.") {
+        Some(rest) => format!("model.layers.0.{rest}"),
+        None => module.to_string(),
+    }
+}
+
+/// The scan input that tells a scanned layer its type (1: sliding).
+const LAYER_IS_SLIDING: &str = "layer_is_sliding";
+
+impl Decoder<'_> {
+    /// The frozen projection at `module` (`x·Wᵀ`, plus its bias where the
+    /// family has one: Qwen2's q/k/v).
+    pub(super) fn base_proj(&self, p: &Params, module: &str, short: &str, x: Tensor) -> Tensor {
+        let biased = self.config.qkv_bias && matches!(short, "q_proj" | "k_proj" | "v_proj");
+        let bias = biased.then(|| p.get(&format!("{module}.bias")));
+        linear(x, p.get(&format!("{module}.weight")), bias)
+    }
+
+    /// A projection by module path (`model.layers.3.self_attn.q_proj`), with
+    /// its LoRA branch if the module is targeted.
+    pub(super) fn proj(&self, p: &Params, module: &str, short: &str, x: Tensor) -> Tensor {
+        scope(short, || {
+            let y = self.base_proj(p, module, short, x);
+            match self.lora {
+                Some(l) if l.targets(short) && p.has(&format!("{module}.lora_a")) => {
+                    let (a, b) = (
+                        p.get(&format!("{module}.lora_a")),
+                        p.get(&format!("{module}.lora_b")),
+                    );
+                    // PEFT runs the branch in the adapter's dtype; never forms A·B.
+                    let mut xa = x.cast(a.dtype()).matmul(a);
+                    if !self.batch_axes.is_empty() {
+                        let mut dims = vec![Vec::new(); xa.rank()];
+                        dims[0] = self.batch_axes.clone();
+                        xa = xa.with_sharding_constraint(dims);
+                    }
+                    let delta = xa.matmul(b) * l.scale_of(&layer_path(module));
+                    y + delta.cast(y.dtype())
+                }
+                _ => y,
+            }
+        })
+    }
+
+    /// An RMSNorm of the family's style with weight `{name}.weight`.
+    pub(super) fn norm(&self, p: &Params, name: &str, x: Tensor) -> Tensor {
+        let c = self.config;
+        rms_norm(
+            x,
+            p.get(&format!("{name}.weight")),
+            c.rms_norm_eps,
+            c.norm_style,
+        )
+    }
+
+    /// The token embeddings of `input_ids` (Gemma 3: times √hidden_size,
+    /// rounded to `dtype` as HF holds it).
+    pub(super) fn embed(&self, p: &Params, input_ids: Tensor, dtype: DType) -> Tensor {
+        scope("model.embed_tokens", || {
+            let h = p
+                .get("model.embed_tokens.weight")
+                .cast(dtype)
+                .take(input_ids, 0);
+            if self.config.scale_embeddings {
+                h * (self.config.hidden_size as f64).sqrt()
+            } else {
+                h
+            }
+        })
+    }
+
+    /// `cos`/`sin` of the rotary angles at `positions` (`[b, t]` integers,
+    /// or `[t]`), `[.., head_dim]`, for each layer type's rotary embedding
+    /// (Gemma 3's local layers have their own base).
+    pub(super) fn rotary_at(
+        &self,
+        positions: Tensor,
+        dtype: DType,
+    ) -> PerLayerType<(Tensor, Tensor)> {
+        let c = self.config;
+        let tables = |kind: LayerType| {
+            let mut dims = positions.dims();
+            let half = c.head_dim / 2;
+            let inv = constant(Literal::from_f64s(
+                TensorType::new(DType::F32, [half]),
+                &c.inv_freq(kind),
+            ));
+            let rank = dims.len() as i64;
+            dims.push(half);
+            let keep: Vec<i64> = (0..rank).collect();
+            let angles = positions.cast(DType::F32).broadcast_in_dim(&dims, &keep)
+                * inv.broadcast_in_dim(&dims, &[rank]);
+            let emb = Tensor::concat(&[angles, angles], rank);
+            (emb.cos().cast(dtype), emb.sin().cast(dtype))
+        };
+        let full = tables(LayerType::Full);
+        PerLayerType {
+            full,
+            sliding: if c.sliding_rope.is_some() {
+                tables(LayerType::Sliding)
+            } else {
+                full
+            },
+        }
+    }
+
+    /// Which keys each query sees in each layer type: `causal` (boolean)
+    /// for full attention, and for sliding layers also `keys > queries −
+    /// window` (HF's `sliding_window_overlay`); `keys` and `queries` are
+    /// the key and query positions, shaped as `causal`.
+    pub(super) fn visibility(
+        &self,
+        causal: Tensor,
+        keys: Tensor,
+        queries: Tensor,
+    ) -> PerLayerType<Tensor> {
+        let sliding = match self.config.sliding_window {
+            Some(w) if self.config.has_sliding_layers() => causal.and(keys.gt(queries - w as f64)),
+            _ => causal,
+        };
+        PerLayerType {
+            full: causal,
+            sliding,
+        }
+    }
+
+    /// [`grouped_attention`] with the family's score scale.
+    pub(super) fn attend(
+        &self,
+        qkv: (Tensor, Tensor, Tensor),
+        visible: (Tensor, &[i64]),
+    ) -> Tensor {
+        grouped_attention(qkv, visible, self.config.attention_scale())
+    }
+
+    /// The projected query, key and value heads of `x: [b, t, hidden]`,
+    /// `[b, heads, t, head_dim]`, with `rope` applied to queries and keys
+    /// (Qwen3, Gemma 3: after each head's RMSNorm), `proj(module, short,
+    /// x)` as each projection.
+    pub(super) fn qkv_with(
+        &self,
+        p: &Params,
+        prefix: &str,
+        x: Tensor,
+        rope: impl Fn(Tensor) -> Tensor,
+        proj: &dyn Fn(&str, &str, Tensor) -> Tensor,
+    ) -> (Tensor, Tensor, Tensor) {
+        let c = self.config;
+        let dims = x.dims();
+        let (b, t) = (dims[0], dims[1]);
+        let heads = |short: &str, n: i64| {
+            let y = proj(&format!("{prefix}.{short}"), short, x).reshape(&[b, t, n, c.head_dim]);
+            let y = match short {
+                "q_proj" | "k_proj" if c.qk_norm => {
+                    let norm = if short == "q_proj" {
+                        "q_norm"
+                    } else {
+                        "k_norm"
+                    };
+                    scope(norm, || self.norm(p, &format!("{prefix}.{norm}"), y))
+                }
+                _ => y,
+            };
+            y.transpose(&[0, 2, 1, 3])
+        };
+        let q = heads("q_proj", c.num_attention_heads);
+        let k = heads("k_proj", c.num_key_value_heads);
+        let v = heads("v_proj", c.num_key_value_heads);
+        (rope(q), rope(k), v)
+    }
+
+    /// Causal grouped-query attention of `x: [b, s, hidden]`; `cos`/`sin`
+    /// are `[s, head_dim]`, or `[b, s, head_dim]` for packed rows, and
+    /// `visible` says which keys each query sees.
+    fn attention(
+        &self,
+        p: &Params,
+        prefix: &str,
+        x: Tensor,
+        (cos, sin): (Tensor, Tensor),
+        visible: (Tensor, &[i64]),
+    ) -> Tensor {
+        let along: &[i64] = if cos.rank() == 3 { &[0, 2, 3] } else { &[2, 3] };
+        let proj = |m: &str, short: &str, x: Tensor| self.proj(p, m, short, x);
+        let qkv = self.qkv_with(p, prefix, x, |y| apply_rotary(y, cos, sin, along), &proj);
+        let out = self.attend(qkv, visible);
+        self.proj(p, &format!("{prefix}.o_proj"), "o_proj", out)
+    }
+
+    /// The gated MLP: `down(act(gate(x)) · up(x))`, SiLU (SwiGLU) or
+    /// Gemma 3's tanh-approximated GELU, `proj(module, short, x)` as each
+    /// projection.
+    pub(super) fn mlp_with(
+        &self,
+        prefix: &str,
+        x: Tensor,
+        proj: &dyn Fn(&str, &str, Tensor) -> Tensor,
+    ) -> Tensor {
+        let gate = proj(&format!("{prefix}.gate_proj"), "gate_proj", x);
+        let up = proj(&format!("{prefix}.up_proj"), "up_proj", x);
+        let act = match self.config.hidden_act {
+            Activation::Silu => gate * gate.logistic(),
+            Activation::GeluTanh => {
+                // PyTorch evaluates it in f32 and rounds once.
+                let g = gate.cast(DType::F32);
+                let inner = (g + g * g * g * 0.044715) * (2.0 / std::f64::consts::PI).sqrt();
+                (g * 0.5 * ((inner.tanh()) + 1.0)).cast(gate.dtype())
+            }
+        };
+        proj(&format!("{prefix}.down_proj"), "down_proj", act * up)
+    }
+
+    /// A decoder layer around an attention block `attention(x)` and an MLP
+    /// block `mlp(x)`: the norms and residuals. Llama normalises each
+    /// block's input (`input_layernorm`, `post_attention_layernorm`);
+    /// Gemma 3 also each block's output ("sandwich" norms:
+    /// `post_attention_layernorm` on the attention's output,
+    /// `pre_feedforward_layernorm` and `post_feedforward_layernorm` around
+    /// the MLP).
+    pub(super) fn layer_with_mlp(
+        &self,
+        p: &Params,
+        prefix: &str,
+        h: Tensor,
+        attention: impl FnOnce(Tensor) -> Tensor,
+        mlp: impl FnOnce(Tensor) -> Tensor,
+    ) -> Tensor {
+        let norm =
+            |name: &str, x: Tensor| scope(name, || self.norm(p, &format!("{prefix}.{name}"), x));
+        let x = norm("input_layernorm", h);
+        let a = scope("self_attn", || attention(x));
+        if self.config.sandwich_norms {
+            let h = h + norm("post_attention_layernorm", a);
+            let x = norm("pre_feedforward_layernorm", h);
+            let m = scope("mlp", || mlp(x));
+            h + norm("post_feedforward_layernorm", m)
+        } else {
+            let h = h + a;
+            let x = norm("post_attention_layernorm", h);
+            h + scope("mlp", || mlp(x))
+        }
+    }
+
+    /// One decoder layer of the training forward pass on `h`; its
+    /// parameters are `{prefix}.<name>` in `p`.
+    fn layer(
+        &self,
+        p: &Params,
+        prefix: &str,
+        h: Tensor,
+        rotary: (Tensor, Tensor),
+        visible: (Tensor, &[i64]),
+    ) -> Tensor {
+        let proj = |m: &str, short: &str, x: Tensor| self.proj(p, m, short, x);
+        self.layer_with_mlp(
+            p,
+            prefix,
+            h,
+            |x| self.attention(p, &format!("{prefix}.self_attn"), x, rotary, visible),
+            |x| self.mlp_with(&format!("{prefix}.mlp"), x, &proj),
+        )
+    }
+
+    /// Logits `[b, s, vocab]` for `input_ids: [b, s]` (integers). With
+    /// `scan_layers`, the layers' parameters are stacked
+    /// (`model.layers.self_attn.q_proj.weight` `[layers, out, in]`) and the
+    /// layers run as one scan, so the program does not grow with depth.
+    pub fn forward(&self, p: &Params, input_ids: Tensor, dtype: DType) -> Tensor {
+        self.forward_with(p, input_ids, None, dtype)
+    }
+
+    /// [`Decoder::forward`] over packed rows: several samples per row, told
+    /// apart by `segment_ids: [b, s]`; a token attends only to earlier
+    /// tokens of its own segment, and `positions: [b, s]` (restarting at 0
+    /// in each segment) place it for the rotary embedding, so each sample
+    /// sees exactly what it would alone.
+    pub fn forward_packed(
+        &self,
+        p: &Params,
+        input_ids: Tensor,
+        positions: Tensor,
+        segment_ids: Tensor,
+        dtype: DType,
+    ) -> Tensor {
+        self.forward_with(p, input_ids, Some((positions, segment_ids)), dtype)
+    }
+
+    fn forward_with(
+        &self,
+        p: &Params,
+        input_ids: Tensor,
+        packed: Option<(Tensor, Tensor)>,
+        dtype: DType,
+    ) -> Tensor {
+        let c = self.config;
+        let (b, s) = (input_ids.dims()[0], input_ids.dims()[1]);
+        let mut h = self.embed(p, input_ids, dtype);
+        let rotary = scope("model.rotary_emb", || match packed {
+            None => self.rotary_at(iota(TensorType::new(DType::I32, [s]), 0), dtype),
+            Some((positions, _)) => self.rotary_at(positions, dtype),
+        });
+        // Which keys each query sees (HF builds these masks before the
+        // layers): earlier tokens, of its own sample when rows are packed,
+        // and within the window in sliding layers.
+        let (visible, visible_dims): (PerLayerType<Tensor>, &[i64]) =
+            scope("model.causal_mask", || {
+                let rows = iota(TensorType::new(DType::I32, [s, s]), 0);
+                let cols = iota(TensorType::new(DType::I32, [s, s]), 1);
+                match packed {
+                    None => (self.visibility(cols.le(rows), cols, rows), &[3, 4][..]),
+                    Some((_, segments)) => {
+                        let sq = [b, s, s];
+                        let same = segments
+                            .broadcast_in_dim(&sq, &[0, 1])
+                            .eq(segments.broadcast_in_dim(&sq, &[0, 2]));
+                        let (rows, cols) = (
+                            rows.broadcast_in_dim(&sq, &[1, 2]),
+                            cols.broadcast_in_dim(&sq, &[1, 2]),
+                        );
+                        (
+                            self.visibility(same.and(cols.le(rows)), cols, rows),
+                            &[0, 3, 4][..],
+                        )
+                    }
+                }
+            });
+        if self.scan_layers {
+            let stacked: Vec<String> = p
+                .names()
+                .filter(|n| is_stacked(n))
+                .map(str::to_string)
+                .collect();
+            let mut xs: Vec<(String, Tensor)> = stacked
+                .iter()
+                .map(|n| (format!("layer.{}", &n["model.layers.".len()..]), p.get(n)))
+                .collect();
+            // Gemma 3's local and global layers differ in their mask and
+            // rotary base: each scanned layer picks its own by a flag.
+            let mixed = c.mixed_layer_types();
+            if mixed {
+                let flags: Vec<f64> = c
+                    .layer_types
+                    .iter()
+                    .map(|t| f64::from(u8::from(*t == LayerType::Sliding)))
+                    .collect();
+                let ty = TensorType::new(DType::I32, [c.num_hidden_layers]);
+                xs.push((
+                    LAYER_IS_SLIDING.into(),
+                    constant(Literal::from_f64s(ty, &flags)),
+                ));
+            }
+            let xs_ref: Vec<(&str, Tensor)> = xs.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+            // The full layers' (or, unmixed, every layer's), then with
+            // mixed types the sliding layers' under `<name>.sliding`.
+            let kind = if mixed {
+                LayerType::Full
+            } else {
+                c.layer_types[0]
+            };
+            let mut consts = vec![
+                ("cos", rotary.of(kind).0),
+                ("sin", rotary.of(kind).1),
+                ("visible", visible.of(kind)),
+            ];
+            if mixed {
+                consts.extend([
+                    ("cos.sliding", rotary.sliding.0),
+                    ("sin.sliding", rotary.sliding.1),
+                    ("visible.sliding", visible.sliding),
+                ]);
+            }
+            let (carry, _) = scope("model.layers", || {
+                scan(&[("h", h)], &xs_ref, &consts, |l| {
+                    let lp = Params(l);
+                    let pick = |name: &str| match l.get(LAYER_IS_SLIDING) {
+                        Some(flag) => {
+                            let (full, sliding) = (l[name], l[format!("{name}.sliding").as_str()]);
+                            let on = flag
+                                .eq(flag.scalar_like(1.0))
+                                .broadcast_in_dim(&full.dims(), &[]);
+                            on.where_(sliding, full)
+                        }
+                        None => l[name],
+                    };
+                    let rotary = (pick("cos"), pick("sin"));
+                    let visible = (pick("visible"), visible_dims);
+                    (
+                        vec![self.layer(&lp, "layer", l["h"], rotary, visible)],
+                        vec![],
+                    )
+                })
+            });
+            h = carry[0];
+        } else {
+            for l in 0..c.num_hidden_layers {
+                let prefix = format!("model.layers.{l}");
+                let kind = c.layer_types[l as usize];
+                let (rotary, visible) = (rotary.of(kind), (visible.of(kind), visible_dims));
+                let layer = || self.layer(p, &prefix, h, rotary, visible);
+                h = if self.remat_layers {
+                    checkpoint(&prefix, layer)
+                } else {
+                    scope(&prefix, layer)
+                };
+            }
+        }
+        let h = scope("model.norm", || self.norm(p, "model.norm", h));
+        self.lm_head(p, h)
+    }
+
+    /// The LM head on `h` (`[.., hidden]`), in `h`'s dtype: the embeddings'
+    /// transpose when they are tied; soft-capped where the config says.
+    pub(super) fn lm_head(&self, p: &Params, h: Tensor) -> Tensor {
+        let head = if self.config.tie_word_embeddings {
+            "model.embed_tokens.weight"
+        } else {
+            "lm_head.weight"
+        };
+        scope("lm_head", || {
+            let logits = linear(h, p.get(head), None);
+            match self.config.final_logit_softcapping {
+                Some(cap) => (logits / cap).tanh() * cap,
+                None => logits,
+            }
+        })
+    }
+}
+
+/// True for a stacked layer parameter (`model.layers.<name>`, no layer
+/// index), also under a prefix (`opt.m.model.layers.<name>`).
+pub fn is_stacked(name: &str) -> bool {
+    name.split_once("model.layers.")
+        .is_some_and(|(_, rest)| !rest.starts_with(|c: char| c.is_ascii_digit()))
+}

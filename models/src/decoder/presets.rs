@@ -1,0 +1,217 @@
+//! Named presets: the exact HF configs of the models people finetune
+//! (their `config.json` on the Hub, base models), and `tiny`. Parameter
+//! counts equal HF's (`tests/fixtures/llama/param_counts.json`, counted
+//! by transformers on the meta device).
+
+use super::config::{
+    Activation, Family, LayerType, Llama3Scaling, ModelConfig, NormStyle, Rope, RopeScaling,
+};
+use crate::ConfigError;
+
+/// Every preset name, in the order `--help` and errors list them.
+pub const PRESETS: [&str; 13] = [
+    "tiny",
+    "llama3.2-1b",
+    "llama3.2-3b",
+    "llama3.1-8b",
+    "llama3.1-70b",
+    "llama3.1-405b",
+    "qwen2.5-0.5b",
+    "qwen2.5-7b",
+    "qwen3-0.6b",
+    "qwen3-8b",
+    "mistral-7b",
+    "gemma3-270m",
+    "gemma3-1b",
+];
+
+/// The sizes every family names alike.
+struct Sizes {
+    vocab: i64,
+    hidden: i64,
+    intermediate: i64,
+    layers: i64,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+}
+
+/// A Llama-shaped config of `family`'s defaults; the family's
+/// differences are set by the caller.
+fn base(family: Family, s: Sizes, rope: Rope, eps: f64, tied: bool) -> ModelConfig {
+    ModelConfig {
+        family,
+        vocab_size: s.vocab,
+        hidden_size: s.hidden,
+        intermediate_size: s.intermediate,
+        num_hidden_layers: s.layers,
+        num_attention_heads: s.heads,
+        num_key_value_heads: s.kv_heads,
+        head_dim: s.head_dim,
+        rms_norm_eps: eps,
+        rope,
+        sliding_rope: None,
+        max_position_embeddings: 131072,
+        tie_word_embeddings: tied,
+        bos_token_id: None,
+        eos_token_ids: Vec::new(),
+        initializer_range: 0.02,
+        qkv_bias: false,
+        qk_norm: false,
+        layer_types: vec![LayerType::Full; s.layers as usize],
+        sliding_window: None,
+        hidden_act: Activation::Silu,
+        norm_style: NormStyle::Llama,
+        scale_embeddings: false,
+        sandwich_norms: false,
+        query_pre_attn_scalar: None,
+        final_logit_softcapping: None,
+    }
+}
+
+fn sizes(
+    vocab: i64,
+    hidden: i64,
+    intermediate: i64,
+    layers: i64,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+) -> Sizes {
+    Sizes {
+        vocab,
+        hidden,
+        intermediate,
+        layers,
+        heads,
+        kv_heads,
+        head_dim,
+    }
+}
+
+fn llama(s: Sizes, tied: bool, factor: f64) -> ModelConfig {
+    let rope = Rope {
+        theta: 500000.0,
+        scaling: Some(RopeScaling::Llama3(Llama3Scaling {
+            factor,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192.0,
+        })),
+    };
+    ModelConfig {
+        bos_token_id: Some(128000),
+        eos_token_ids: vec![128001, 128008, 128009],
+        ..base(Family::Llama, s, rope, 1e-5, tied)
+    }
+}
+
+/// Qwen2.5 base models: q/k/v biases, theta 1e6, no sliding window
+/// (`use_sliding_window: false`).
+fn qwen2(s: Sizes, tied: bool, max_positions: i64) -> ModelConfig {
+    ModelConfig {
+        max_position_embeddings: max_positions,
+        bos_token_id: Some(151643),
+        eos_token_ids: vec![151643],
+        qkv_bias: true,
+        ..base(Family::Qwen2, s, Rope::new(1e6), 1e-6, tied)
+    }
+}
+
+/// Qwen3 (dense): q/k norms, head_dim 128 whatever the width.
+fn qwen3(s: Sizes, tied: bool) -> ModelConfig {
+    ModelConfig {
+        max_position_embeddings: 40960,
+        bos_token_id: Some(151643),
+        eos_token_ids: vec![151645],
+        qk_norm: true,
+        ..base(Family::Qwen3, s, Rope::new(1e6), 1e-6, tied)
+    }
+}
+
+/// Gemma 3 text: five local (sliding, window 512, theta 1e4) layers to
+/// one global (theta 1e6), and the rest of Gemma's differences.
+fn gemma3(s: Sizes) -> ModelConfig {
+    let layers = s.layers;
+    ModelConfig {
+        max_position_embeddings: 32768,
+        bos_token_id: Some(2),
+        eos_token_ids: vec![1],
+        sliding_rope: Some(Rope::new(10000.0)),
+        qk_norm: true,
+        layer_types: (0..layers)
+            .map(|i| {
+                if (i + 1) % 6 != 0 {
+                    LayerType::Sliding
+                } else {
+                    LayerType::Full
+                }
+            })
+            .collect(),
+        sliding_window: Some(512),
+        hidden_act: Activation::GeluTanh,
+        norm_style: NormStyle::Gemma,
+        scale_embeddings: true,
+        sandwich_norms: true,
+        query_pre_attn_scalar: Some(256.0),
+        ..base(Family::Gemma3, s, Rope::new(1e6), 1e-6, true)
+    }
+}
+
+impl ModelConfig {
+    /// A preset by name (see [`PRESETS`]): `tiny` or the exact HF config
+    /// of Llama 3.2 1B/3B, 3.1 8B/70B/405B, Qwen2.5 0.5B/7B, Qwen3
+    /// 0.6B/8B, Mistral 7B v0.3, Gemma 3 270M/1B.
+    ///
+    /// ```
+    /// let q = hlo_models::decoder::ModelConfig::preset("qwen2.5-0.5b").unwrap();
+    /// assert_eq!(q.parameter_count(), 494_032_768);
+    /// ```
+    pub fn preset(name: &str) -> Result<ModelConfig, ConfigError> {
+        Ok(match name {
+            // The vocabulary of hlo-data's byte-level tokenizer: 256 bytes,
+            // BOS 256, EOS 257, padded to 264 (hlo-engine tests that they
+            // agree).
+            "tiny" => ModelConfig {
+                max_position_embeddings: 512,
+                bos_token_id: Some(256),
+                eos_token_ids: vec![257],
+                // 1/sqrt(hidden): a random tiny model whose frozen head can
+                // still express confident predictions, so LoRA can learn.
+                initializer_range: 0.125,
+                ..base(
+                    Family::Llama,
+                    sizes(264, 64, 128, 2, 4, 2, 16),
+                    Rope::new(10000.0),
+                    1e-5,
+                    false,
+                )
+            },
+            "llama3.2-1b" => llama(sizes(128256, 2048, 8192, 16, 32, 8, 64), true, 32.0),
+            "llama3.2-3b" => llama(sizes(128256, 3072, 8192, 28, 24, 8, 128), true, 32.0),
+            "llama3.1-8b" => llama(sizes(128256, 4096, 14336, 32, 32, 8, 128), false, 8.0),
+            "llama3.1-70b" => llama(sizes(128256, 8192, 28672, 80, 64, 8, 128), false, 8.0),
+            "llama3.1-405b" => llama(sizes(128256, 16384, 53248, 126, 128, 8, 128), false, 8.0),
+            "qwen2.5-0.5b" => qwen2(sizes(151936, 896, 4864, 24, 14, 2, 64), true, 32768),
+            "qwen2.5-7b" => qwen2(sizes(152064, 3584, 18944, 28, 28, 4, 128), false, 131072),
+            "qwen3-0.6b" => qwen3(sizes(151936, 1024, 3072, 28, 16, 8, 128), true),
+            "qwen3-8b" => qwen3(sizes(151936, 4096, 12288, 36, 32, 8, 128), false),
+            // v0.3: the 32768 vocabulary, theta 1e6, no sliding window.
+            "mistral-7b" => ModelConfig {
+                max_position_embeddings: 32768,
+                bos_token_id: Some(1),
+                eos_token_ids: vec![2],
+                ..base(
+                    Family::Mistral,
+                    sizes(32768, 4096, 14336, 32, 32, 8, 128),
+                    Rope::new(1e6),
+                    1e-5,
+                    false,
+                )
+            },
+            "gemma3-270m" => gemma3(sizes(262144, 640, 2048, 18, 4, 1, 256)),
+            "gemma3-1b" => gemma3(sizes(262144, 1152, 6912, 26, 4, 1, 256)),
+            other => return Err(ConfigError::UnknownPreset(other.to_string())),
+        })
+    }
+}

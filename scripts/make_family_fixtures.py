@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""Build the Qwen2, Qwen3, Mistral and Gemma 3 fixtures the Rust tests
+compare with (the sibling of make_llama_fixtures.py).
+
+Run by hand (not by CI) where HF transformers, PEFT, tokenizers, safetensors
+and PyTorch are installed; it needs no GPU and no network:
+
+    python3 scripts/make_family_fixtures.py [FIXTURES_DIR]
+
+FIXTURES_DIR defaults to tests/fixtures. It writes, for each family:
+  families/<name>/config.json, model.safetensors, generation_config.json
+                                   a tiny random model of odd sizes, every
+                                   weight non-trivial (biases, norms, q/k
+                                   norms), sliding windows shorter than the
+                                   prompts
+  families/<name>/adapter/         a PEFT LoRA adapter on all projections, B != 0
+  families/<name>/expected.safetensors
+                                   input_ids [4, 11], logits without and with
+                                   the adapter (f32), greedy tokens (HF
+                                   generate, KV cache) from a 7-token prompt
+  families/<name>/train_step.safetensors
+                                   one SGD and one AdamW step of the adapter
+                                   (PyTorch + PEFT) on the four rows
+  families/param_counts.json       parameter counts of the presets' Hub
+                                   configs (transformers, meta device)
+  chat/families.json               the chat templates in chat/<model>/
+                                   (copied from the models' Hub repos)
+                                   rendered by transformers'
+                                   apply_chat_template on fixture
+                                   conversations
+Everything is seeded; the files are small enough to commit.
+"""
+
+import json
+import os
+import sys
+
+import torch
+from safetensors.torch import save_file
+
+from fixture_steps import finish, step, train_steps
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "tests", "fixtures")
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+COMMON = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0, attn_implementation="eager")
+
+# Sizes are odd (not powers of two, head_dim apart from hidden/heads) but
+# even where a 2x2x2 mesh splits them.
+MODELS = {
+    # Qwen2.5 shape: q/k/v biases, theta 1e6, tied; Qwen2's own sliding
+    # window switched on from layer 1 (max_window_layers), window 4.
+    "qwen2": ("Qwen2", dict(
+        vocab_size=136, hidden_size=48, intermediate_size=88, num_hidden_layers=3,
+        num_attention_heads=6, num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=1e6,
+        max_position_embeddings=64, tie_word_embeddings=True, use_sliding_window=True,
+        sliding_window=4, max_window_layers=1,
+    )),
+    # Qwen3: q/k norms, head_dim 12 (hidden/heads would be 10), untied.
+    "qwen3": ("Qwen3", dict(
+        vocab_size=120, hidden_size=40, intermediate_size=72, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=12, rms_norm_eps=1e-6,
+        rope_theta=1e6, max_position_embeddings=64, tie_word_embeddings=False,
+        attention_bias=False,
+    )),
+    # Mistral: every layer sliding, window 5.
+    "mistral": ("Mistral", dict(
+        vocab_size=104, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=1e6,
+        max_position_embeddings=64, tie_word_embeddings=False, sliding_window=5,
+    )),
+    # Gemma 3 text: local/global layers (own rope bases, window 4), linear
+    # rope scaling on the global ones, q/k norms, head_dim 16 (not 12),
+    # query_pre_attn_scalar 20, the final logits soft-capped, tied. The
+    # attention cap is set too: transformers' Gemma 3 keeps it in its
+    # config but never applies it, and the test shows we do the same.
+    "gemma3": ("Gemma3", dict(
+        vocab_size=144, hidden_size=48, intermediate_size=72, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+        max_position_embeddings=64, sliding_window=4,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        rope_theta=1e6, rope_local_base_freq=1e4, rope_scaling={"rope_type": "linear", "factor": 2.0},
+        query_pre_attn_scalar=20, attn_logit_softcapping=4.0, final_logit_softcapping=8.0,
+        hidden_activation="gelu_pytorch_tanh",
+    )),
+}
+
+# The presets' architectures as their Hub config.json files give them
+# (base models): Qwen/Qwen2.5-0.5B, Qwen/Qwen2.5-7B, Qwen/Qwen3-0.6B,
+# Qwen/Qwen3-8B, mistralai/Mistral-7B-v0.3, google/gemma-3-270m,
+# google/gemma-3-1b-pt.
+PRESETS = {
+    "qwen2.5-0.5b": ("Qwen2", dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                  num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True)),
+    "qwen2.5-7b": ("Qwen2", dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                                num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False)),
+    "qwen3-0.6b": ("Qwen3", dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                                num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)),
+    "qwen3-8b": ("Qwen3", dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                              num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False)),
+    "mistral-7b": ("Mistral", dict(vocab_size=32768, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                  num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False,
+                                  sliding_window=None)),
+    "gemma3-270m": ("Gemma3", dict(vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+                                  num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512)),
+    "gemma3-1b": ("Gemma3", dict(vocab_size=262144, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+                                num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512)),
+}
+
+
+def classes(family):
+    import transformers
+    config = "Gemma3TextConfig" if family == "Gemma3" else f"{family}Config"
+    return getattr(transformers, config), getattr(transformers, f"{family}ForCausalLM")
+
+
+@step("models")
+def build_models():
+    from peft import LoraConfig, get_peft_model
+    for i, (name, (family, kw)) in enumerate(MODELS.items()):
+        torch.manual_seed(200 + i)
+        d = os.path.join(OUT, "families", name)
+        os.makedirs(d, exist_ok=True)
+        config_class, model_class = classes(family)
+        config = config_class(**kw, **COMMON)
+        model = model_class(config).eval()
+        gemma = family == "Gemma3"
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if "norm" in n:
+                    # Gemma's norms scale by 1 + w: the same 0.5..1.5 span.
+                    p.uniform_(-0.5, 0.5) if gemma else p.uniform_(0.5, 1.5)
+                else:  # kernels, embeddings and biases; larger than HF's init
+                    p.normal_(0.0, 0.2)
+        model.save_pretrained(d, safe_serialization=True)
+        ids = torch.randint(0, kw["vocab_size"], (4, 11))
+        with torch.no_grad():
+            base = model(input_ids=ids).logits.float()
+        # Plain greedy decoding, no stop token, beyond every window.
+        model.generation_config.eos_token_id = None
+        model.generation_config.pad_token_id = 0
+        prompt = ids[:1, :7]
+        with torch.no_grad():
+            greedy = model.generate(prompt, max_new_tokens=24, do_sample=False)
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0, bias="none",
+                          task_type="CAUSAL_LM", use_rslora=(name == "qwen3"))
+        peft_model = get_peft_model(model, lora)
+        with torch.no_grad():
+            for n, p in peft_model.named_parameters():
+                if "lora_" in n:
+                    p.normal_(0.0, 0.1)
+        peft_model.eval()
+        with torch.no_grad():
+            adapted = peft_model(input_ids=ids).logits.float()
+            greedy_adapter = peft_model.generate(input_ids=prompt, max_new_tokens=24, do_sample=False)
+        peft_model.save_pretrained(os.path.join(d, "adapter"))
+        os.remove(os.path.join(d, "adapter", "README.md"))  # PEFT's model card
+        save_file({"input_ids": ids.to(torch.int32), "logits": base, "logits_adapter": adapted,
+                   "greedy": greedy.to(torch.int32), "greedy_adapter": greedy_adapter.to(torch.int32)},
+                  os.path.join(d, "expected.safetensors"))
+        print(f"{name}: max |logit| {base.abs().max():.3f}, adapter changes logits by "
+              f"{(adapted - base).abs().max():.3f}")
+        train_steps(peft_model, ids, d)
+
+
+@step("param_counts")
+def param_counts():
+    counts = {}
+    for name, (family, kw) in PRESETS.items():
+        config_class, model_class = classes(family)
+        with torch.device("meta"):
+            m = model_class(config_class(**kw))
+        counts[name] = sum(p.numel() for p in m.parameters())
+        print(name, counts[name])
+    os.makedirs(os.path.join(OUT, "families"), exist_ok=True)
+    with open(os.path.join(OUT, "families", "param_counts.json"), "w") as f:
+        json.dump(counts, f, indent=1)
+
+
+# The chat templates of chat/<model>/ (chat_template.jinja and the special
+# tokens of tokenizer_config.json) and the conversations they render.
+CHAT_MODELS = ["qwen2.5", "qwen3", "gemma3", "mistral-v0.3"]
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is 2+2?"}],
+    [{"role": "system", "content": "Answer briefly."},
+     {"role": "user", "content": " hi "},
+     {"role": "assistant", "content": "Hello!"},
+     {"role": "user", "content": "Bye"}],
+    [{"role": "user", "content": "multi\nline"}, {"role": "assistant", "content": "ok"}],
+]
+
+
+@step("chat")
+def chat_templates():
+    from transformers import PreTrainedTokenizerFast
+    cases = []
+    for name in CHAT_MODELS:
+        d = os.path.join(OUT, "chat", name)
+        config = json.load(open(os.path.join(d, "tokenizer_config.json")))
+        template = open(os.path.join(d, "chat_template.jinja")).read()
+        special = {k: config[k] for k in ["bos_token", "eos_token"] if config.get(k)}
+        tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(OUT, "tokenizer", "tokenizer.json"), **special)
+        tok.chat_template = template
+        for messages in CONVERSATIONS:
+            for gen in (True, False):
+                case = {"template": name, "messages": messages, "add_generation_prompt": gen}
+                try:
+                    case["text"] = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+                except Exception as e:  # a template that refuses the conversation
+                    case["error"] = str(e)
+                cases.append(case)
+    with open(os.path.join(OUT, "chat", "families.json"), "w") as f:
+        json.dump(cases, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    print("chat:", len(cases), "renderings")
+
+
+if __name__ == "__main__":
+    import peft
+    import transformers
+    print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__)
+    build_models()
+    param_counts()
+    chat_templates()
+    finish()
