@@ -23,6 +23,9 @@ FIXTURES_DIR defaults to tests/fixtures. It writes, for each family:
                                    (PyTorch + PEFT) on the four rows
   families/param_counts.json       parameter counts of the presets' Hub
                                    configs (transformers, meta device)
+  families/config_cases.json       config.json variants (absent fields,
+                                   older spellings) as transformers
+                                   resolves them
   chat/families.json               the chat templates in chat/<model>/
                                    (copied from the models' Hub repos)
                                    rendered by transformers'
@@ -177,6 +180,53 @@ def param_counts():
         json.dump(counts, f, indent=1)
 
 
+# config.json variants (absent fields, older spellings) and how
+# transformers resolves them: what hlo-train must read the same way.
+SMALL = dict(vocab_size=64, hidden_size=64, intermediate_size=48, num_hidden_layers=4, num_attention_heads=32)
+CONFIG_CASES = [
+    ("mistral, no sliding_window key", "mistral", dict(SMALL)),
+    ("mistral, sliding_window null", "mistral", dict(SMALL, sliding_window=None)),
+    ("mistral v0.1 style", "mistral", dict(SMALL, num_key_value_heads=2, sliding_window=4096, rope_theta=1e4)),
+    ("qwen2, window off", "qwen2", dict(SMALL, use_sliding_window=False, sliding_window=32768, max_window_layers=2)),
+    ("qwen2, window on", "qwen2", dict(SMALL, use_sliding_window=True, sliding_window=16, max_window_layers=2)),
+    ("qwen2, window on, no max_window_layers", "qwen2", dict(SMALL, use_sliding_window=True, sliding_window=16)),
+    ("qwen3, no head_dim", "qwen3", dict(SMALL)),
+    ("qwen3, rope_scaling linear", "qwen3", dict(SMALL, head_dim=8, rope_scaling={"rope_type": "linear", "factor": 4.0})),
+    ("gemma3, hub spelling", "gemma3_text", dict(SMALL, head_dim=8, num_key_value_heads=2, rope_theta=1000000,
+                                                  rope_local_base_freq=10000, rope_scaling=None, sliding_window=512,
+                                                  sliding_window_pattern=6, query_pre_attn_scalar=8)),
+    ("gemma3, pattern 2, linear rope", "gemma3_text", dict(SMALL, head_dim=8, sliding_window_pattern=2,
+                                                            rope_scaling={"rope_type": "linear", "factor": 8.0})),
+    ("gemma3, defaults", "gemma3_text", dict(SMALL)),
+]
+
+
+@step("config_cases")
+def config_cases():
+    from transformers import AutoConfig
+    out = []
+    for name, model_type, fields in CONFIG_CASES:
+        c = AutoConfig.for_model(model_type, **fields)
+        layer_types = getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        rope = c.rope_parameters
+        by_type = rope if "full_attention" in rope else {t: rope for t in set(layer_types)}
+        ropes = {t: {"rope_theta": float(p["rope_theta"]), "rope_type": p["rope_type"], "factor": p.get("factor")}
+                 for t, p in by_type.items()}
+        window = getattr(c, "sliding_window", None)
+        if model_type == "mistral":  # no layer_types: every layer sliding when there is a window
+            layer_types = ["sliding_attention" if window else "full_attention"] * c.num_hidden_layers
+        out.append({"name": name, "config": dict(fields, model_type=model_type), "resolved": {
+            "layer_types": layer_types, "sliding_window": window if "sliding_attention" in layer_types else None,
+            "head_dim": head_dim, "num_key_value_heads": c.num_key_value_heads,
+            "tie_word_embeddings": c.tie_word_embeddings, "rope": ropes,
+            "query_pre_attn_scalar": getattr(c, "query_pre_attn_scalar", None)}})
+    with open(os.path.join(OUT, "families", "config_cases.json"), "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+    print("config cases:", len(out))
+
+
 # The chat templates of chat/<model>/ (chat_template.jinja and the special
 # tokens of tokenizer_config.json) and the conversations they render.
 CHAT_MODELS = ["qwen2.5", "qwen3", "gemma3", "mistral-v0.3"]
@@ -221,5 +271,6 @@ if __name__ == "__main__":
     print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__)
     build_models()
     param_counts()
+    config_cases()
     chat_templates()
     finish()

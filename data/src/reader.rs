@@ -206,59 +206,18 @@ impl Reader<'_> {
     /// conversation up to it with and without the reply), each piece
     /// tokenized on its own. A reply is learned up to and including its
     /// first end-of-turn token; what the template puts after that token
-    /// (a separator, say) is not learned.
+    /// (a separator, say) is not learned. Templates that render an earlier
+    /// turn differently once later turns follow are cut by
+    /// [`Reader::marked_pieces`] instead.
     fn chat_example(&self, messages: &[Message], chat: &ChatData) -> Result<Example, String> {
         if messages.is_empty() {
             return Err("messages is empty".into());
         }
         let tokenizer = self.tokenizer()?;
-        let render = |upto: usize, generation: bool| {
-            chat.template
-                .render(&messages[..upto], generation)
-                .map_err(|e| e.to_string())
+        let pieces = match Self::prefix_pieces(messages, chat)? {
+            Some(pieces) => pieces,
+            None => self.marked_pieces(messages, chat)?,
         };
-        // The text before reply `i`: the conversation so far with the
-        // generation prompt; for a reply that opens the conversation,
-        // where a marker put in its place lands.
-        let before_reply = |i: usize| -> Result<String, String> {
-            match render(i, true) {
-                Ok(text) if i > 0 => Ok(text),
-                first => {
-                    let mut marked = messages[..=i].to_vec();
-                    marked[i].content = REPLY_MARK.into();
-                    let text = chat
-                        .template
-                        .render(&marked, false)
-                        .map_err(|e| e.to_string())?;
-                    match text.find(REPLY_MARK) {
-                        Some(at) => Ok(text[..at].to_string()),
-                        None => first.map_err(|e| {
-                            format!("the chat template cannot render the text before a reply: {e}")
-                        }),
-                    }
-                }
-            }
-        };
-        // (text, is a reply), in order.
-        let mut pieces: Vec<(String, bool)> = Vec::new();
-        let mut done = String::new();
-        let mut cut = |text: String, reply: bool, pieces: &mut Vec<(String, bool)>| {
-            let rest = text.strip_prefix(done.as_str()).ok_or(
-                "the chat template does not render a conversation's prefix as a prefix of it",
-            )?;
-            if !rest.is_empty() {
-                pieces.push((rest.to_string(), reply));
-            }
-            done = text;
-            Ok::<(), String>(())
-        };
-        for (i, m) in messages.iter().enumerate() {
-            if m.role == "assistant" {
-                cut(before_reply(i)?, false, &mut pieces)?;
-                cut(render(i + 1, false)?, true, &mut pieces)?;
-            }
-        }
-        cut(render(messages.len(), false)?, false, &mut pieces)?;
         if !pieces.iter().any(|p| p.1) {
             return Err("no assistant turn to learn from".into());
         }
@@ -290,6 +249,135 @@ impl Reader<'_> {
             target.extend(after.iter().map(|_| chat.train_on_inputs));
         }
         Ok(Example { ids, target })
+    }
+
+    /// The pieces of a conversation (text, is a reply) cut by rendering it
+    /// up to each reply with the generation prompt and with the reply;
+    /// None when the template does not render a conversation's prefix as
+    /// a prefix of it.
+    fn prefix_pieces(
+        messages: &[Message],
+        chat: &ChatData,
+    ) -> Result<Option<Vec<(String, bool)>>, String> {
+        let render = |upto: usize, generation: bool| {
+            chat.template
+                .render(&messages[..upto], generation)
+                .map_err(|e| e.to_string())
+        };
+        // The text before reply `i`: the conversation so far with the
+        // generation prompt; for a reply that opens the conversation,
+        // where a marker put in its place lands.
+        let before_reply = |i: usize| -> Result<String, String> {
+            match render(i, true) {
+                Ok(text) if i > 0 => Ok(text),
+                first => {
+                    let mut marked = messages[..=i].to_vec();
+                    marked[i].content = REPLY_MARK.into();
+                    let text = chat
+                        .template
+                        .render(&marked, false)
+                        .map_err(|e| e.to_string())?;
+                    match text.find(REPLY_MARK) {
+                        Some(at) => Ok(text[..at].to_string()),
+                        None => first.map_err(|e| {
+                            format!("the chat template cannot render the text before a reply: {e}")
+                        }),
+                    }
+                }
+            }
+        };
+        let mut pieces: Vec<(String, bool)> = Vec::new();
+        let mut done = String::new();
+        // Appends what `text` adds to the text so far; false when it does
+        // not extend it.
+        let mut cut = |text: String, reply: bool, pieces: &mut Vec<(String, bool)>| {
+            let Some(rest) = text.strip_prefix(done.as_str()) else {
+                return false;
+            };
+            if !rest.is_empty() {
+                pieces.push((rest.to_string(), reply));
+            }
+            done = text;
+            true
+        };
+        for (i, m) in messages.iter().enumerate() {
+            if m.role == "assistant"
+                && !(cut(before_reply(i)?, false, &mut pieces)
+                    && cut(render(i + 1, false)?, true, &mut pieces))
+            {
+                return Ok(None);
+            }
+        }
+        Ok(cut(render(messages.len(), false)?, false, &mut pieces).then_some(pieces))
+    }
+
+    /// The pieces of a conversation whose template renders an earlier
+    /// turn differently once later turns follow (Qwen3 drops earlier
+    /// replies' reasoning; Mistral v0.3 puts the system prompt in the last
+    /// user turn only): the whole conversation rendered once, as
+    /// `apply_chat_template` renders it, and each reply found where that
+    /// text and the text with the reply replaced by a marker differ. A
+    /// reply piece runs from there through the first end-of-turn token
+    /// after it (or ends with the reply, so an EOS is appended).
+    fn marked_pieces(
+        &self,
+        messages: &[Message],
+        chat: &ChatData,
+    ) -> Result<Vec<(String, bool)>, String> {
+        let render = |m: &[Message]| chat.template.render(m, false).map_err(|e| e.to_string());
+        let text = render(messages)?;
+        let tokenizer = self.tokenizer()?;
+        let stops: Vec<String> = chat
+            .stop
+            .iter()
+            .filter_map(|&id| tokenizer.decode_with_special(&[id]).ok())
+            .filter(|s| !s.is_empty())
+            .collect();
+        // Each reply's span: the first and last characters where the text
+        // and the text with the reply replaced by a marker differ.
+        let mut spans = Vec::new();
+        for (i, m) in messages.iter().enumerate() {
+            if m.role != "assistant" {
+                continue;
+            }
+            let mut marked = messages.to_vec();
+            marked[i].content = REPLY_MARK.into();
+            let other = render(&marked)?;
+            let start = text
+                .char_indices()
+                .zip(other.chars())
+                .find(|((_, a), b)| a != b)
+                .map_or(text.len().min(other.len()), |((at, _), _)| at);
+            let common_end: usize = text
+                .chars()
+                .rev()
+                .zip(other.chars().rev())
+                .take_while(|(a, b)| a == b)
+                .map(|(a, _)| a.len_utf8())
+                .sum();
+            spans.push((start, (text.len() - common_end).max(start)));
+        }
+        if spans.windows(2).any(|w| w[1].0 < w[0].1) {
+            return Err("the chat template renders replies out of order".into());
+        }
+        let mut pieces = Vec::new();
+        let mut cursor = 0;
+        for (k, &(start, end)) in spans.iter().enumerate() {
+            // Through the first end-of-turn token after the reply, before
+            // the next one.
+            let next = spans.get(k + 1).map_or(text.len(), |s| s.0);
+            let tail = stops
+                .iter()
+                .filter_map(|s| text[end..next].find(s.as_str()).map(|at| at + s.len()))
+                .min()
+                .unwrap_or(0);
+            pieces.push((text[cursor..start].to_string(), false));
+            pieces.push((text[start..end + tail].to_string(), true));
+            cursor = end + tail;
+        }
+        pieces.push((text[cursor..].to_string(), false));
+        pieces.retain(|(t, _)| !t.is_empty());
+        Ok(pieces)
     }
 
     /// Reads a JSONL file, a line at a time; a bad line is an error naming

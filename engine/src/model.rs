@@ -16,7 +16,7 @@ use crate::error::{EngineError, Result};
 pub enum ModelSource {
     /// A named preset (`tiny`, `llama3.2-1b`, ...), random weights.
     Preset(String),
-    /// Any HF Llama `config.json`, random weights.
+    /// An HF `config.json` of a supported family, random weights.
     Config(PathBuf),
     /// An HF model folder: `config.json` and safetensors.
     Checkpoint(PathBuf),

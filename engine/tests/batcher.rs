@@ -262,3 +262,49 @@ fn on_a_mesh_the_batcher_answers_as_on_one_device() {
         generator_tokens(Some(&peft), &want, &greedy)[0]
     );
 }
+
+/// Fixture `name` of `tests/fixtures/families`.
+fn family(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/families")
+        .join(name)
+}
+
+#[test]
+fn each_family_serves_hfs_greedy_tokens_in_one_batch() {
+    // Qwen2's biases, Qwen3's head norms, Mistral's window, Gemma's local
+    // and global layers: the serving programs (a bucketed prefill per
+    // request, one decode step for every slot) against HF's `generate`,
+    // base and adapter requests sharing the batch.
+    for name in ["qwen2", "qwen3", "mistral", "gemma3"] {
+        let dir = family(name);
+        let expected =
+            hlo_engine::models::io::read_safetensors(&dir.join("expected.safetensors")).unwrap();
+        let tokens = |key: &str| -> Vec<u32> {
+            let t = &expected.iter().find(|(k, _)| k == key).unwrap().1;
+            t.to_i128s().iter().map(|&x| x as u32).collect()
+        };
+        let (base, adapted) = (tokens("greedy"), tokens("greedy_adapter"));
+        let m = Model::open(&ModelSource::Checkpoint(dir.clone())).unwrap();
+        let b = Batcher::spawn(
+            BackendOptions::cpu(),
+            m,
+            options(3, 1, LoraSelect::Gather),
+            &[("peft".into(), dir.join("adapter"))],
+            0,
+        )
+        .unwrap();
+        let greedy = Sampling::default();
+        let got = run_all(
+            &b,
+            vec![
+                request(&adapted[..7], Some("peft"), 24, greedy.clone()),
+                request(&[3, 1, 4, 1, 5], None, 6, greedy.clone()),
+                request(&base[..7], None, 24, greedy.clone()),
+            ],
+        );
+        assert_eq!(got[0], adapted[7..], "{name} + adapter");
+        assert_eq!(got[2], base[7..], "{name}");
+        b.shutdown();
+    }
+}

@@ -50,8 +50,10 @@ pub enum DTypeArg {
 /// `--model`, `--checkpoint`, `--config`: which model.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// Model preset (random weights): tiny, llama3.2-1b, llama3.2-3b,
-    /// llama3.1-8b, llama3.1-70b, llama3.1-405b.
+    /// Model preset (random weights; the exact HF config): tiny,
+    /// llama3.2-1b, llama3.2-3b, llama3.1-8b, llama3.1-70b, llama3.1-405b,
+    /// qwen2.5-0.5b, qwen2.5-7b, qwen3-0.6b, qwen3-8b, mistral-7b,
+    /// gemma3-270m, gemma3-1b.
     #[arg(long, default_value = "tiny")]
     pub model: String,
 
@@ -59,7 +61,8 @@ pub struct ModelArgs {
     #[arg(long, conflicts_with = "config")]
     pub checkpoint: Option<PathBuf>,
 
-    /// Random weights from any HF Llama config.json.
+    /// Random weights from an HF config.json of a supported family (Llama,
+    /// Qwen2/2.5, Qwen3, Mistral, Gemma 3 text).
     #[arg(long)]
     pub config: Option<PathBuf>,
 }
@@ -167,7 +170,7 @@ pub enum RematArg {
 pub struct StepArgs {
     /// Run the decoder layers as one scan over stacked parameters, so the
     /// program and its compile time do not grow with depth (auto: for
-    /// models of 32 layers or more).
+    /// models of 24 layers or more).
     #[arg(long, value_enum, default_value = "auto")]
     pub scan_layers: Toggle,
 
@@ -359,7 +362,7 @@ impl StepArgs {
             scan_layers: match self.scan_layers {
                 Toggle::On => true,
                 Toggle::Off => false,
-                Toggle::Auto => config.num_hidden_layers >= 32,
+                Toggle::Auto => config.num_hidden_layers >= 24,
             },
             remat_layers: self.remat == RematArg::Layers,
             grad_accum: self.grad_accum,

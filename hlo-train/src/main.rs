@@ -47,9 +47,9 @@ pub(crate) enum Command {
     /// Write the program hlo-train compiles (train step or forward pass) as
     /// StableHLO and/or HLO text, from abstract shapes.
     DumpHlo(Box<dump_hlo::DumpHloArgs>),
-    /// Finetune a Llama model (LoRA by default), one compiled step over the mesh.
+    /// Finetune a model (LoRA by default), one compiled step over the mesh.
     Train(Box<train::TrainArgs>),
-    /// Complete a prompt with a Llama model (and PEFT adapters).
+    /// Complete a prompt with a model (and PEFT adapters).
     Generate(Box<generate::GenerateArgs>),
     /// The masked mean loss and perplexity of a model (and adapter) on
     /// JSONL data: what `train` reports as eval_loss.

@@ -209,11 +209,15 @@ fn bad_input_table() {
             )),
         ),
         (
-            "config names an unsupported architecture",
+            "config names an unsupported architecture (an MoE)",
             gen(ckpt(
                 "arch",
                 None,
-                Some(fixture_config.replace("LlamaForCausalLM", "MistralForCausalLM")),
+                Some(
+                    fixture_config
+                        .replace("LlamaForCausalLM", "MixtralForCausalLM")
+                        .replace("\"model_type\": \"llama\"", "\"model_type\": \"mixtral\""),
+                ),
             )),
         ),
         (
@@ -338,7 +342,10 @@ fn bad_input_table() {
         assert_eq!(walk(&root), before, "{what}: files were left behind");
         let shown = err.replace(&r, "DIR").replace('|', "\\|");
         let command = args[0].clone();
-        rows.push(format!("| {what} | `{command}` | `{shown}` |"));
+        // A message quoting names in backticks needs a double-backtick span.
+        let fence = if shown.contains('`') { "`` " } else { "`" };
+        let close: String = fence.chars().rev().collect();
+        rows.push(format!("| {what} | `{command}` | {fence}{shown}{close} |"));
     }
     let table = rows.join("\n") + "\n";
     let readme_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");

@@ -602,3 +602,49 @@ fn a_full_queue_is_429_a_client_that_leaves_frees_its_slot_and_sigterm_finishes_
     let code = server.child.wait().unwrap();
     assert_eq!(code.code(), Some(0));
 }
+
+#[test]
+fn each_family_is_served_as_hf_generates() {
+    for name in ["qwen2", "qwen3", "mistral", "gemma3"] {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/families")
+            .join(name);
+        let adapter = format!("peft={}", dir.join("adapter").display());
+        let server = Server::start(&[
+            "--checkpoint",
+            dir.to_str().unwrap(),
+            "--served-model-name",
+            "base",
+            "--adapter",
+            &adapter,
+            "--max-batch-size",
+            "2",
+        ]);
+        let expected =
+            hlo_engine::models::io::read_safetensors(&dir.join("expected.safetensors")).unwrap();
+        let want = |key: &str| ids_of(&expected.iter().find(|(k, _)| k == key).unwrap().1);
+        let addr = server.addr.clone();
+        let answers: Vec<Vec<u64>> = std::thread::scope(|s| {
+            [("base", want("greedy")), ("peft", want("greedy_adapter"))]
+                .map(|(model, hf)| {
+                    let addr = addr.clone();
+                    s.spawn(move || {
+                        let body = json!({"model": model, "prompt": &hf[..7], "max_tokens": 24,
+                                          "temperature": 0, "ignore_eos": true,
+                                          "return_token_ids": true});
+                        let (status, text) =
+                            http(&addr, "POST", "/v1/completions", &body.to_string(), &[]);
+                        assert_eq!(status, 200, "{name} {model}: {text}");
+                        let v: Value = serde_json::from_str(&text).unwrap();
+                        let got = ids(&v["choices"][0]["token_ids"]);
+                        assert_eq!(got, hf[7..], "{name} {model}: HF's greedy tokens");
+                        got
+                    })
+                })
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .collect()
+        });
+        assert_eq!(answers.len(), 2);
+    }
+}

@@ -1,6 +1,8 @@
-//! `hlo-models` owns what the programs are, with no device in sight: Llama
-//! 3.x written in the tracing DSL as HF transformers defines it
-//! ([`llama`]), with its partition rules and initialisers; LoRA as PEFT
+//! `hlo-models` owns what the programs are, with no device in sight: the
+//! decoder of every family hlo-train runs (Llama 3.x, Qwen2/2.5, Qwen3,
+//! Mistral, Gemma 3 text) written in the tracing DSL as HF transformers
+//! defines them ([`decoder`]), with presets, partition rules and
+//! initialisers; LoRA as PEFT
 //! defines it; the train, eval, forward and decode steps as traced
 //! functions whose inputs carry typed [`roles`] (weight, trainable,
 //! optimizer state of X, batch field, step counter, cache); losses,

@@ -116,3 +116,133 @@ fn conflicting_rope_spellings_read_as_transformers_reads_them() {
         assert_freqs(&inv_freq(extra), &want, case);
     }
 }
+
+/// The families' `config.json` variants of `tests/fixtures/families/
+/// config_cases.json` (absent fields, older spellings) resolved as
+/// transformers 5.17 resolves them (`scripts/make_family_fixtures.py`).
+#[test]
+fn family_configs_read_as_transformers_reads_them() {
+    use hlo_models::decoder::RopeScaling;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/families/config_cases.json");
+    let cases: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert!(cases.len() >= 10);
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let c = ModelConfig::from_json(&case["config"].to_string())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let want = &case["resolved"];
+        let types: Vec<&str> = c.layer_types.iter().map(|t| t.name()).collect();
+        assert_eq!(json!(types), want["layer_types"], "{name}");
+        assert_eq!(json!(c.sliding_window), want["sliding_window"], "{name}");
+        assert_eq!(json!(c.head_dim), want["head_dim"], "{name}");
+        assert_eq!(
+            json!(c.num_key_value_heads),
+            want["num_key_value_heads"],
+            "{name}"
+        );
+        assert_eq!(
+            json!(c.tie_word_embeddings),
+            want["tie_word_embeddings"],
+            "{name}"
+        );
+        assert_eq!(
+            c.query_pre_attn_scalar,
+            want["query_pre_attn_scalar"].as_f64(),
+            "{name}"
+        );
+        for (kind, rope) in want["rope"].as_object().unwrap() {
+            let kind = match kind.as_str() {
+                "full_attention" => LayerType::Full,
+                _ => LayerType::Sliding,
+            };
+            let ours = c.rope_of(kind);
+            assert_eq!(ours.theta, rope["rope_theta"].as_f64().unwrap(), "{name}");
+            let (rope_type, factor) = match &ours.scaling {
+                None => ("default", None),
+                Some(RopeScaling::Linear { factor }) => ("linear", Some(*factor)),
+                Some(RopeScaling::Llama3(s)) => ("llama3", Some(s.factor)),
+            };
+            assert_eq!(rope_type, rope["rope_type"], "{name}");
+            assert_eq!(factor, rope["factor"].as_f64(), "{name}");
+        }
+    }
+}
+
+#[test]
+fn unsupported_architectures_and_settings_are_refused_naming_what_runs() {
+    let small = json!({
+        "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    });
+    let with = |extra: Value| {
+        let mut c = small.clone();
+        for (k, v) in extra.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        ModelConfig::from_json(&c.to_string())
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    };
+    let runs = "(hlo-train runs LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Gemma3ForCausalLM)";
+    for (extra, why) in [
+        (
+            json!({"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"]}),
+            format!("unsupported: model_type `qwen3_moe` {runs}"),
+        ),
+        (
+            json!({"model_type": "mixtral"}),
+            format!("unsupported: model_type `mixtral` {runs}"),
+        ),
+        (
+            json!({"architectures": ["MixtralForCausalLM"]}),
+            format!("unsupported: architectures [\"MixtralForCausalLM\"] {runs}"),
+        ),
+        // Gemma 3's multimodal checkpoints (4B and up).
+        (
+            json!({"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"]}),
+            format!("unsupported: model_type `gemma3` {runs}"),
+        ),
+        (
+            json!({"model_type": "qwen2", "architectures": ["Qwen2ForSequenceClassification"]}),
+            "unsupported: architectures [\"Qwen2ForSequenceClassification\"] for model_type `qwen2`".into(),
+        ),
+        (
+            json!({"model_type": "qwen3", "attention_bias": true}),
+            "unsupported: attention_bias = true".into(),
+        ),
+        (
+            json!({"model_type": "gemma3_text", "use_bidirectional_attention": true}),
+            "unsupported: use_bidirectional_attention = true".into(),
+        ),
+        (
+            json!({"model_type": "gemma3_text", "hidden_activation": "gelu"}),
+            "unsupported: hidden_activation `gelu` (only gelu_pytorch_tanh)".into(),
+        ),
+        (
+            json!({"model_type": "qwen2", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}),
+            "unsupported: rope type `yarn` (only default, linear and llama3)".into(),
+        ),
+        (
+            json!({"model_type": "qwen2", "layer_types": ["full_attention"]}),
+            "unsupported: layer_types has 1 entries for num_hidden_layers = 2".into(),
+        ),
+        (
+            json!({"model_type": "qwen3", "layer_types": ["full_attention", "sliding_attention"]}),
+            "unsupported: sliding_attention layers without a sliding_window".into(),
+        ),
+        (
+            json!({"model_type": "gemma3_text", "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}),
+            "unsupported: rope_parameters not keyed by layer type".into(),
+        ),
+        (
+            json!({"model_type": "mistral", "sliding_window": 0}),
+            "unsupported: sliding_window = 0".into(),
+        ),
+    ] {
+        let err = with(extra.clone());
+        assert!(err.starts_with(&why), "{extra}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}

@@ -34,6 +34,28 @@ fn templates_render_as_jinja2_does() {
     }
 }
 
+/// The Qwen2.5, Qwen3, Gemma 3 and Mistral v0.3 templates (as their Hub
+/// repos ship them, in `chat_template.jinja`) render the fixture
+/// conversations as transformers' `apply_chat_template` does
+/// (`scripts/make_family_fixtures.py`).
+#[test]
+fn family_templates_render_as_transformers_apply_chat_template() {
+    let cases: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("families.json")).unwrap())
+            .unwrap();
+    let cases = cases.as_array().unwrap();
+    assert_eq!(cases.len(), 24);
+    for case in cases {
+        let dir = fixtures().join(case["template"].as_str().unwrap());
+        let template = ChatTemplate::from_dir(&dir).unwrap();
+        let messages: Vec<Message> = serde_json::from_value(case["messages"].clone()).unwrap();
+        let got = template
+            .render(&messages, case["add_generation_prompt"].as_bool().unwrap())
+            .unwrap();
+        assert_eq!(got, case["text"].as_str().unwrap(), "{case}");
+    }
+}
+
 #[test]
 fn a_folder_without_a_template_is_a_clear_error() {
     let dir = std::env::temp_dir().join(format!("hlo-chat-{}", std::process::id()));
@@ -104,6 +126,115 @@ mod training_data {
         }
         .parse_line(&line.to_string())
         .unwrap()
+    }
+
+    /// Each family's template: the reply is learned up to and including
+    /// its end-of-turn token (a special token of the tokenizer), nothing
+    /// the user wrote is.
+    #[test]
+    fn family_templates_mark_each_reply() {
+        // The fixture BPE tokenizer with the families' turn tokens added.
+        let mut json: Value = serde_json::from_str(
+            &std::fs::read_to_string(
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tokenizer/tokenizer.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let specials = [
+            "<|im_start|>",
+            "<|im_end|>",
+            "<start_of_turn>",
+            "<end_of_turn>",
+            "<bos>",
+            "<s>",
+            "</s>",
+        ];
+        let added = json["added_tokens"].as_array_mut().unwrap();
+        let first = 1000;
+        for (k, t) in specials.iter().enumerate() {
+            added.push(
+                serde_json::json!({"id": first + k, "content": t, "single_word": false,
+                "lstrip": false, "rstrip": false, "normalized": false, "special": true}),
+            );
+        }
+        let dir = std::env::temp_dir().join(format!("hlo-chat-families-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("tokenizer.json"), json.to_string()).unwrap();
+        let t = Tokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
+        let id = |s: &str| match t.encode(s, false).unwrap()[..] {
+            [one] => one,
+            ref many => panic!("{s} is {many:?}, not one token"),
+        };
+        let line = serde_json::json!({"messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hello there"},
+            {"role": "assistant", "content": "hi"},
+        ]});
+        for (name, end, reply) in [
+            ("qwen2.5", "<|im_end|>", "hi<|im_end|>"),
+            ("qwen3", "<|im_end|>", "<think>\n\n</think>\n\nhi<|im_end|>"),
+            ("gemma3", "<end_of_turn>", "hi<end_of_turn>"),
+            // Mistral's template puts the system prompt into the last user
+            // turn only, so a reply's conversation is cut from the whole
+            // rendering (without it, as `apply_chat_template` renders it).
+            ("mistral-v0.3", "</s>", "hi</s>"),
+        ] {
+            let template = ChatTemplate::from_dir(&fixtures().join(name)).unwrap();
+            let chat = ChatData {
+                template: &template,
+                stop: vec![id(end)],
+                train_on_inputs: false,
+            };
+            let reader = Reader {
+                tokenizer: Some(&t),
+                eos: Some(id(end)),
+                vocab: 2000,
+                chat: Some(&chat),
+                max_tokens: None,
+            };
+            let e = reader.parse_line(&line.to_string()).unwrap();
+            assert_eq!(
+                t.decode_with_special(&learned(&e)).unwrap(),
+                reply,
+                "{name}"
+            );
+            assert_eq!(*learned(&e).last().unwrap(), id(end), "{name}");
+        }
+        // Qwen3 renders an earlier reply without its reasoning block once
+        // a later question follows: the replies are cut from the whole
+        // conversation as `apply_chat_template` renders it.
+        let template = ChatTemplate::from_dir(&fixtures().join("qwen3")).unwrap();
+        let end = id("<|im_end|>");
+        let chat = ChatData {
+            template: &template,
+            stop: vec![end],
+            train_on_inputs: false,
+        };
+        let reader = Reader {
+            tokenizer: Some(&t),
+            eos: Some(end),
+            vocab: 2000,
+            chat: Some(&chat),
+            max_tokens: None,
+        };
+        let turns = [
+            ("user", "a"),
+            ("assistant", "b"),
+            ("user", "c"),
+            ("assistant", "d"),
+        ];
+        let messages: Vec<Message> = turns.iter().map(|(r, c)| Message::new(r, c)).collect();
+        let line = serde_json::json!({ "messages": messages });
+        let e = reader.parse_line(&line.to_string()).unwrap();
+        let whole = template.render(&messages, false).unwrap();
+        assert_eq!(t.decode_with_special(&e.ids).unwrap(), whole);
+        assert!(!whole.contains("<think>\n\n</think>\n\nb"), "{whole}");
+        assert_eq!(
+            t.decode_with_special(&learned(&e)).unwrap(),
+            "b<|im_end|>d<|im_end|>"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     /// A template that writes a separator after each end-of-turn token.

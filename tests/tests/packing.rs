@@ -1,6 +1,7 @@
 //! Packed rows (several samples per sequence, with segment ids and
 //! restarting positions) give each sample exactly the logits and the loss it
-//! gets alone.
+//! gets alone: for Llama, and with sliding windows (Mistral's, Qwen2's and
+//! Gemma's local layers), where the window and the segment both apply.
 
 use hlo_e2e::{client, RandomLiteral, Rng};
 use hlo_ir::{trace, DType, Outputs, TensorType};
@@ -9,7 +10,22 @@ use hlo_runtime::{CompiledFunction, HostArray};
 
 #[test]
 fn a_packed_row_gives_each_sample_its_own_logits() {
-    let config = ModelConfig::preset("tiny").unwrap();
+    let family = |name: &str| {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/families");
+        ModelConfig::from_file(&dir.join(name).join("config.json")).unwrap()
+    };
+    for config in [
+        ModelConfig::preset("tiny").unwrap(),
+        family("mistral"),
+        family("qwen2"),
+        family("gemma3"),
+    ] {
+        packed_row_gives_each_sample_its_own_logits(&config);
+    }
+}
+
+fn packed_row_gives_each_sample_its_own_logits(config: &ModelConfig) {
+    let config = config.clone();
     let model = Decoder {
         config: &config,
         lora: None,
@@ -53,13 +69,17 @@ fn a_packed_row_gives_each_sample_its_own_logits() {
             }
         })
         .collect();
-    let samples: Vec<Vec<i32>> = vec![
+    // Longer than every window (4 or 5), in the vocabulary.
+    let v = config.vocab_size as usize;
+    let samples: Vec<Vec<i32>> = [
         vec![3, 17, 99, 4, 250],
         vec![1, 2, 3, 4, 5, 6, 7],
         vec![200, 13, 13],
-    ];
+    ]
+    .into_iter()
+    .map(|s| s.into_iter().map(|t| t % v as i32).collect())
+    .collect();
     let seq = 16usize;
-    let v = config.vocab_size as usize;
     // The packed row: samples back to back, then padding (segment 0).
     let (mut ids, mut pos, mut seg) = (vec![0i32; seq], vec![0i32; seq], vec![0i32; seq]);
     let mut at = 0;
@@ -88,7 +108,11 @@ fn a_packed_row_gives_each_sample_its_own_logits() {
             .zip(&alone)
             .map(|(a, b)| (a - b).abs())
             .fold(0.0, f64::max);
-        assert!(d < 1e-5, "sample at {off}: logits differ by {d}");
+        assert!(
+            d < 1e-5,
+            "{:?}: sample at {off}: logits differ by {d}",
+            config.family
+        );
         // The per-sample loss (mean next-token cross-entropy, in f64 on the
         // host) is the same packed and alone.
         let (lp, la) = (sample_loss(got, s, v), sample_loss(&alone, s, v));

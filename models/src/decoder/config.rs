@@ -518,6 +518,8 @@ impl ModelConfig {
         if sliding_window.is_none() && layer_types.contains(&LayerType::Sliding) {
             return unsupported("sliding_attention layers without a sliding_window".into());
         }
+        // A window no layer uses (Qwen2's below max_window_layers) is none.
+        let sliding_window = sliding_window.filter(|_| layer_types.contains(&LayerType::Sliding));
         // Rotary embeddings. Gemma 3 keeps one per layer type: global
         // layers `rope_theta` (with a legacy `rope_scaling` merged in),
         // local ones `rope_local_base_freq`; v5 writes them as
@@ -575,9 +577,12 @@ impl ModelConfig {
             intermediate_size: raw.intermediate_size,
             num_hidden_layers: layers,
             num_attention_heads: heads,
+            // Absent, each family's config class default.
             num_key_value_heads: raw.num_key_value_heads.unwrap_or(match family {
+                Llama => heads,
+                Qwen2 | Qwen3 => 32,
+                Mistral => 8,
                 Gemma3 => 4,
-                _ => heads,
             }),
             head_dim: raw.head_dim.unwrap_or(match family {
                 Qwen3 => 128,
