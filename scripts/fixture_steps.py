@@ -1,7 +1,8 @@
 """What the fixture scripts share: steps that record their failure and go
 on (so one run reports every broken fixture), a state dict copied into
-plain contiguous tensors (as safetensors writes them), and one SGD and one
-AdamW step of a PEFT adapter as PyTorch takes them."""
+plain contiguous tensors (as safetensors writes them), a model's expected
+outputs with and without a PEFT adapter, and one SGD and one AdamW step
+of the adapter as PyTorch takes them."""
 
 import os
 
@@ -72,3 +73,41 @@ def train_steps(peft_model, ids, d):
                 p.copy_(start[n])
     save_file(contiguous(out), os.path.join(d, "train_step.safetensors"))
     print("  train steps: sgd loss", float(out["sgd.loss"]), "adamw loss", float(out["adamw.loss"]))
+
+
+def adapter_fixture(model, ids, prompt_len, max_new, lora, d):
+    """HF's logits of `ids` and greedy tokens of `ids[:1, :prompt_len]`
+    (`max_new` of them, no stop token) from `model` (already saved in `d`),
+    then the same with a PEFT adapter of `lora` whose A and B are drawn
+    from N(0, 0.1) (so B != 0): the adapter written to d/adapter, the
+    tensors to d/expected.safetensors. Returns the PEFT model."""
+    import torch
+    from peft import get_peft_model
+    from safetensors.torch import save_file
+
+    with torch.no_grad():
+        base = model(input_ids=ids).logits.float()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    prompt = ids[:1, :prompt_len]
+    with torch.no_grad():
+        greedy = model.generate(prompt, max_new_tokens=max_new, do_sample=False)
+    peft_model = get_peft_model(model, lora)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_" in n:
+                p.normal_(0.0, 0.1)
+    peft_model.eval()
+    with torch.no_grad():
+        adapted = peft_model(input_ids=ids).logits.float()
+        greedy_adapter = peft_model.generate(input_ids=prompt, max_new_tokens=max_new, do_sample=False)
+    peft_model.save_pretrained(os.path.join(d, "adapter"))
+    card = os.path.join(d, "adapter", "README.md")  # PEFT's model card
+    if os.path.exists(card):
+        os.remove(card)
+    save_file({"input_ids": ids.to(torch.int32), "logits": base, "logits_adapter": adapted,
+               "greedy": greedy.to(torch.int32), "greedy_adapter": greedy_adapter.to(torch.int32)},
+              os.path.join(d, "expected.safetensors"))
+    print(f"{os.path.basename(d)}: max |logit| {base.abs().max():.3f}, adapter changes logits by "
+          f"{(adapted - base).abs().max():.3f}")
+    return peft_model

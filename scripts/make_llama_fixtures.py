@@ -26,9 +26,8 @@ import os
 import sys
 
 import torch
-from safetensors.torch import save_file
 
-from fixture_steps import contiguous, finish, step, train_steps
+from fixture_steps import adapter_fixture, finish, step, train_steps
 
 torch.manual_seed(0)
 OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "fixtures")
@@ -73,7 +72,7 @@ PRESETS = {
 @step("models")
 def build_models():
     from transformers import LlamaConfig, LlamaForCausalLM
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig
     for i, (name, kw) in enumerate(MODELS.items()):
         torch.manual_seed(100 + i)
         d = os.path.join(OUT, "llama", name)
@@ -89,30 +88,9 @@ def build_models():
                     p.uniform_(0.5, 1.5)
         model.save_pretrained(d, safe_serialization=True)
         ids = torch.randint(0, kw["vocab_size"], (2, 9))
-        with torch.no_grad():
-            base = model(input_ids=ids).logits.float()
-        # Plain greedy decoding, no stop token.
-        model.generation_config.eos_token_id = None
-        model.generation_config.pad_token_id = 0
-        prompt = ids[:1, :5]
-        with torch.no_grad():
-            greedy = model.generate(prompt, max_new_tokens=32, do_sample=False)
         lora = LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0, bias="none",
                           task_type="CAUSAL_LM", use_rslora=(name == "mha_tied"))
-        peft_model = get_peft_model(model, lora)
-        with torch.no_grad():
-            for n, p in peft_model.named_parameters():
-                if "lora_" in n:
-                    p.normal_(0.0, 0.1)
-        peft_model.eval()
-        with torch.no_grad():
-            adapted = peft_model(input_ids=ids).logits.float()
-            greedy_adapter = peft_model.generate(input_ids=prompt, max_new_tokens=32, do_sample=False)
-        peft_model.save_pretrained(os.path.join(d, "adapter"))
-        save_file({"input_ids": ids.to(torch.int32), "logits": base, "logits_adapter": adapted,
-                   "greedy": greedy.to(torch.int32), "greedy_adapter": greedy_adapter.to(torch.int32)},
-                  os.path.join(d, "expected.safetensors"))
-        print(f"{name}: max |logit| {base.abs().max():.3f}, adapter changes logits by {(adapted - base).abs().max():.3f}")
+        peft_model = adapter_fixture(model, ids, 5, 32, lora, d)
         if i == 0:
             train_steps(peft_model, ids, d)
 

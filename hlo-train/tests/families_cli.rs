@@ -9,159 +9,31 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::*;
 
-use hlo_engine::ir::Literal;
-use hlo_engine::models::io::read_safetensors;
-
 const FAMILIES: [&str; 4] = ["qwen2", "qwen3", "mistral", "gemma3"];
-
-fn family(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/families")
-        .join(name)
-}
-
-fn tensor(name: &str, file: &str, key: &str) -> Literal {
-    read_safetensors(&family(name).join(file))
-        .unwrap()
-        .into_iter()
-        .find(|(k, _)| k == key)
-        .unwrap_or_else(|| panic!("{name}/{file}: no `{key}`"))
-        .1
-}
-
-/// The fixture's rows of input ids as `{"input_ids"}` JSONL in `dir`.
-fn rows(name: &str, dir: &Path) -> (PathBuf, i64, i64) {
-    let ids = tensor(name, "expected.safetensors", "input_ids");
-    let (b, s) = (ids.ty.dims[0], ids.ty.dims[1]);
-    let lines: Vec<String> = ids
-        .to_i128s()
-        .chunks(s as usize)
-        .map(|r| serde_json::json!({ "input_ids": r }).to_string())
-        .collect();
-    let path = dir.join(format!("{name}.jsonl"));
-    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
-    (path, b, s)
-}
 
 #[test]
 fn greedy_tokens_equal_hf_generate() {
     for name in FAMILIES {
-        for (adapter, key) in [(false, "greedy"), (true, "greedy_adapter")] {
-            let want = ids(&tensor(name, "expected.safetensors", key));
-            let dir = family(name);
-            let adapter_dir = dir.join("adapter");
-            let prompt = want[..7].join(",");
-            let mut args = vec![
-                "generate",
-                "--checkpoint",
-                dir.to_str().unwrap(),
-                "--prompt-ids",
-                &prompt,
-                "--max-new-tokens",
-                "24",
-                "--ignore-eos",
-                "--greedy",
-            ];
-            if adapter {
-                args.extend(["--adapter", adapter_dir.to_str().unwrap()]);
-            }
-            let got = ok(&hlo_train(&args));
-            assert_eq!(got.trim(), want[7..].join(","), "{name} {key}");
+        let dir = family(name);
+        for (adapter, key) in [
+            (None, "greedy"),
+            (Some(dir.join("adapter")), "greedy_adapter"),
+        ] {
+            let want = ids(&fixture_tensor(&dir, "expected.safetensors", key));
+            let got = greedy_ids(&dir, adapter.as_deref(), &want[..7].join(","), 24);
+            let got: Vec<String> = got.iter().map(u64::to_string).collect();
+            assert_eq!(got, want[7..], "{name} {key}");
         }
     }
 }
 
-/// One step of `opt` from the fixture's adapter on its rows with `extra`
-/// flags: the first loss and the trained adapter equal PyTorch+PEFT's.
+/// One step of `opt` from the fixture's adapter: see [`step_equals_pytorch`].
 fn one_step_equals_peft(name: &str, opt: &str, extra: &[&str]) {
-    let tag = format!("{name}_{opt}_{}", extra.join("_").replace(['=', ','], "-"));
-    let dir = scratch("families", &tag);
-    let (data, batch, seq) = rows(name, &dir);
-    let (out, metrics) = (dir.join("out"), dir.join("m.jsonl"));
-    let lr = if opt == "sgd" { "0.05" } else { "1e-3" };
-    let (batch, seq) = (batch.to_string(), seq.to_string());
-    let (checkpoint, adapter) = (family(name), family(name).join("adapter"));
-    let mut args = vec![
-        "train",
-        "--checkpoint",
-        checkpoint.to_str().unwrap(),
-        "--init-adapter",
-        adapter.to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-        "--batch",
-        &batch,
-        "--seq",
-        &seq,
-        "--steps",
-        "1",
-        "--optimizer",
-        opt,
-        "--lr",
-        lr,
-        "--clip-norm",
-        "0",
-        "--dtype",
-        "f32",
-        "--out",
-        out.to_str().unwrap(),
-        "--metrics",
-        metrics.to_str().unwrap(),
-    ];
-    args.extend(extra);
-    ok(&hlo_train(&args));
-    let want_loss = tensor(name, "train_step.safetensors", &format!("{opt}.loss")).to_f64s()[0];
-    let loss = losses(&metrics)[0];
-    assert!(
-        (loss - want_loss).abs() < 1e-6,
-        "{tag}: loss {loss}, PyTorch {want_loss}"
-    );
-    let ours = read_safetensors(&out.join("adapter_model.safetensors")).unwrap();
-    assert_eq!(
-        ours.len(),
-        2 * 7 * {
-            let c: serde_json::Value = serde_json::from_str(
-                &std::fs::read_to_string(family(name).join("config.json")).unwrap(),
-            )
-            .unwrap();
-            c["num_hidden_layers"].as_u64().unwrap() as usize
-        }
-    );
-    let start = read_safetensors(&adapter.join("adapter_model.safetensors")).unwrap();
-    let (mut worst, mut ill_conditioned) = (0.0f64, 0);
-    for (key, t) in ours {
-        let theirs = tensor(name, "train_step.safetensors", &format!("{opt}.{key}")).to_f64s();
-        // PyTorch's gradient, from its SGD step (lr 0.05) off the same start.
-        let p0 = &start.iter().find(|(k, _)| *k == key).unwrap().1.to_f64s();
-        let sgd = tensor(name, "train_step.safetensors", &format!("sgd.{key}")).to_f64s();
-        for (i, (ours, theirs)) in t.to_f64s().into_iter().zip(theirs).enumerate() {
-            let g = (p0[i] - sgd[i]) / 0.05;
-            // AdamW's first step moves a parameter by lr·g/(|g| + 1e-8):
-            // where the gradient nearly cancels, f32 rounding of g (~1e-8,
-            // reduction order) becomes ~1e-6 of the update.
-            let tol = if opt == "adamw" && g.abs() < 1e-5 {
-                ill_conditioned += 1;
-                1e-5
-            } else {
-                worst = worst.max((ours - theirs).abs());
-                1e-6
-            };
-            let d = (ours - theirs).abs();
-            assert!(
-                d < tol,
-                "{tag} {key}[{i}]: differs from PyTorch+PEFT by {d:e} (gradient {g:e})"
-            );
-        }
-    }
-    println!(
-        "{tag}: loss differs by {:e}, parameters by {worst:e} ({ill_conditioned} with |g| < 1e-5 held to 1e-5)",
-        (loss - want_loss).abs()
-    );
-    std::fs::remove_dir_all(dir).unwrap();
+    std::fs::remove_dir_all(step_equals_pytorch(&family(name), opt, extra)).unwrap();
 }
 
 #[test]
@@ -199,10 +71,10 @@ fn scanned_layers_train_as_pytorch_peft_does() {
 fn merged_adapters_give_the_adapters_logits() {
     let tmp = scratch("families", "merge");
     for name in FAMILIES {
-        let input = tensor(name, "expected.safetensors", "input_ids");
+        let input = fixture_tensor(&family(name), "expected.safetensors", "input_ids");
         let row: Vec<String> = ids(&input)[..input.ty.dims[1] as usize].to_vec();
         let prompt = row.join(",");
-        let all = tensor(name, "expected.safetensors", "logits_adapter").to_f64s();
+        let all = fixture_tensor(&family(name), "expected.safetensors", "logits_adapter").to_f64s();
         let want = &all[..all.len() / input.ty.dims[0] as usize];
         let with_adapter = dump_logits(
             &family(name),

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{expected, fixture, hlo_train, ok, scratch};
+use common::{expected, family, fixture, fixture_tensor, greedy_ids, scratch};
 use hlo_engine::ir::{DType, Literal, TensorType};
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::decoder::{LoraConfig, ModelConfig};
@@ -161,26 +161,7 @@ fn random_adapter(dir: &Path, config: &ModelConfig, rank: i64, targets: &[&str],
 }
 
 fn generate_ids(adapter: Option<&Path>, prompt: &str, n: usize) -> Vec<u64> {
-    let n = n.to_string();
-    let mut args = vec![
-        "generate",
-        "--checkpoint",
-        gqa().to_str().unwrap().to_string().leak(),
-        "--prompt-ids",
-        prompt,
-        "--max-new-tokens",
-        n.as_str(),
-        "--ignore-eos",
-        "--greedy",
-    ];
-    if let Some(a) = adapter {
-        args.extend(["--adapter", a.to_str().unwrap().to_string().leak()]);
-    }
-    ok(&hlo_train(&args))
-        .trim()
-        .split(',')
-        .map(|t| t.parse().unwrap())
-        .collect()
+    greedy_ids(&gqa(), adapter, prompt, n)
 }
 
 #[test]
@@ -606,9 +587,7 @@ fn a_full_queue_is_429_a_client_that_leaves_frees_its_slot_and_sigterm_finishes_
 #[test]
 fn each_family_is_served_as_hf_generates() {
     for name in ["qwen2", "qwen3", "mistral", "gemma3"] {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../tests/fixtures/families")
-            .join(name);
+        let dir = family(name);
         let adapter = format!("peft={}", dir.join("adapter").display());
         let server = Server::start(&[
             "--checkpoint",
@@ -620,9 +599,7 @@ fn each_family_is_served_as_hf_generates() {
             "--max-batch-size",
             "2",
         ]);
-        let expected =
-            hlo_engine::models::io::read_safetensors(&dir.join("expected.safetensors")).unwrap();
-        let want = |key: &str| ids_of(&expected.iter().find(|(k, _)| k == key).unwrap().1);
+        let want = |key: &str| ids_of(&fixture_tensor(&dir, "expected.safetensors", key));
         let addr = server.addr.clone();
         let answers: Vec<Vec<u64>> = std::thread::scope(|s| {
             [("base", want("greedy")), ("peft", want("greedy_adapter"))]

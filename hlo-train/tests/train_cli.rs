@@ -12,63 +12,27 @@ fn one_step_from_a_peft_adapter_equals_pytorch_peft() {
     let dir = scratch("train", "onestep");
     let data = fixture_rows(&dir);
     let want = read_safetensors(&fixture("gqa_llama3").join("train_step.safetensors")).unwrap();
-    for (opt, lr) in [("sgd", "0.05"), ("adamw", "1e-3")] {
-        let out = dir.join(opt);
-        let metrics = dir.join(format!("{opt}.jsonl"));
-        let init = fixture("gqa_llama3").join("adapter");
-        ok(&step_from_adapter(
-            &init,
-            &data,
-            &[
-                "--optimizer",
-                opt,
-                "--lr",
-                lr,
-                "--clip-norm",
-                "0",
-                "--out",
-                out.to_str().unwrap(),
-                "--metrics",
-                metrics.to_str().unwrap(),
-                "--eval-data",
-                data.to_str().unwrap(),
-            ],
-        ));
+    for opt in ["sgd", "adamw"] {
+        let run = step_equals_pytorch(
+            &fixture("gqa_llama3"),
+            opt,
+            &["--eval-data", data.to_str().unwrap()],
+        );
+        // The eval step on the same rows before training: PyTorch's loss too.
         let loss = want
             .iter()
             .find(|(k, _)| k == &format!("{opt}.loss"))
             .unwrap()
             .1
             .to_f64s()[0];
-        let first = losses(&metrics)[0];
-        assert!(
-            (first - loss).abs() < 1e-5,
-            "{opt}: first loss {first}, PyTorch {loss}"
-        );
-        // The eval step on the same rows before training: PyTorch's loss too.
-        let eval = metric(&metrics, "eval_loss");
+        let eval = metric(&run.join("m.jsonl"), "eval_loss");
         assert_eq!(eval[0].0, 0);
         assert!(
             (eval[0].1 - loss).abs() < 1e-5,
             "{opt}: eval {eval:?}, PyTorch {loss}"
         );
         assert_eq!(eval.last().unwrap().0, 1);
-        let ours = read_safetensors(&out.join("adapter_model.safetensors")).unwrap();
-        assert_eq!(ours.len(), 28);
-        for (key, t) in ours {
-            let theirs = &want
-                .iter()
-                .find(|(k, _)| k == &format!("{opt}.{key}"))
-                .unwrap_or_else(|| panic!("{key}"))
-                .1;
-            let d = t
-                .to_f64s()
-                .iter()
-                .zip(theirs.to_f64s())
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f64::max);
-            assert!(d < 1e-4, "{opt} {key}: differs by {d}");
-        }
+        std::fs::remove_dir_all(run).unwrap();
     }
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -275,3 +275,70 @@ pub fn check_grads(
     }
     g
 }
+
+/// Folder `path` under `tests/fixtures` (`llama/gqa_llama3`, `families/gemma3`).
+pub fn fixture_dir(path: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(path)
+}
+
+/// Tensor `key` of fixture folder `dir`'s `expected.safetensors`.
+pub fn expected_tensor(dir: &std::path::Path, key: &str) -> Literal {
+    hlo_models::io::read_safetensors(&dir.join("expected.safetensors"))
+        .unwrap()
+        .into_iter()
+        .find(|(k, _)| k == key)
+        .unwrap_or_else(|| panic!("{key} in {}'s fixture", dir.display()))
+        .1
+}
+
+/// The largest absolute difference between two equally long slices.
+pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+}
+
+/// The logits (as f64) of the HF fixture model in `dir` on its input ids,
+/// computed in `dtype` on the CPU plugin: with its PEFT adapter if
+/// `adapter`, with its layers as one scan over stacked weights if `scan`.
+pub fn fixture_logits(dir: &std::path::Path, dtype: DType, adapter: bool, scan: bool) -> Vec<f64> {
+    use hlo_models::decoder::{forward_step, is_stacked, stack_literals, unstacked_names};
+    let ckpt = hlo_models::checkpoint::Checkpoint::open(dir).unwrap();
+    let c = &ckpt.config;
+    let ids = expected_tensor(dir, "input_ids");
+    let (b, s) = (ids.ty.dims[0], ids.ty.dims[1]);
+    let adapter =
+        adapter.then(|| hlo_models::adapter::Adapter::load(&dir.join("adapter"), c).unwrap());
+    let lora = adapter.as_ref().map(|a| &a.lora);
+    let f = forward_step(c, dtype, b, s, lora, scan).unwrap().function;
+    let read = |n: &str| match adapter.as_ref().and_then(|a| a.get(n)) {
+        Some(t) => t.clone(),
+        None => ckpt.read(n, dtype).unwrap(),
+    };
+    let inputs: Vec<HostArray> = f
+        .inputs
+        .iter()
+        .map(|binding| {
+            HostArray::from(if binding.name == "input_ids" {
+                ids.clone()
+            } else if scan && is_stacked(&binding.name) {
+                let parts: Vec<Literal> = unstacked_names(&binding.name, c.num_hidden_layers)
+                    .iter()
+                    .map(|n| read(n))
+                    .collect();
+                stack_literals(&parts)
+            } else {
+                read(&binding.name)
+            })
+        })
+        .collect();
+    CompiledFunction::new(client(), &f)
+        .unwrap()
+        .run(&inputs)
+        .unwrap()[0]
+        .to_f64_vec()
+}

@@ -6,82 +6,25 @@
 //! layers as one scan give the same logits; the presets' parameter counts
 //! equal HF's.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use hlo_e2e::client;
+use hlo_e2e::{expected_tensor, fixture_dir, fixture_logits, max_abs_diff};
 use hlo_ir::{DType, Literal};
-use hlo_models::adapter::Adapter;
-use hlo_models::checkpoint::Checkpoint;
-use hlo_models::decoder::{
-    forward_function, forward_step, stack_literals, unstacked_names, Family, LayerType, LoraConfig,
-    ModelConfig,
-};
-use hlo_models::io::read_safetensors;
-use hlo_runtime::{CompiledFunction, HostArray};
+use hlo_models::decoder::{forward_function, Family, LayerType, ModelConfig};
 
 const FAMILIES: [&str; 4] = ["qwen2", "qwen3", "mistral", "gemma3"];
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/families")
-        .join(name)
+    fixture_dir(&format!("families/{name}"))
 }
 
 fn expected(name: &str, key: &str) -> Literal {
-    read_safetensors(&fixture(name).join("expected.safetensors"))
-        .unwrap()
-        .into_iter()
-        .find(|(k, _)| k == key)
-        .unwrap_or_else(|| panic!("{key} in {name}'s fixture"))
-        .1
+    expected_tensor(&fixture(name), key)
 }
 
-/// The fixture model `name` run on its input ids in f32 (with its adapter
-/// if `adapter`, its layers as one scan if `scan`): the logits as f64.
+/// The fixture model `name` in f32 on its input ids.
 fn our_logits(name: &str, adapter: bool, scan: bool) -> Vec<f64> {
-    let ckpt = Checkpoint::open(&fixture(name)).unwrap();
-    let c = &ckpt.config;
-    let ids = expected(name, "input_ids");
-    let (b, s) = (ids.ty.dims[0], ids.ty.dims[1]);
-    let adapter = adapter.then(|| Adapter::load(&fixture(name).join("adapter"), c).unwrap());
-    let lora: Option<&LoraConfig> = adapter.as_ref().map(|a| &a.lora);
-    let f = forward_step(c, DType::F32, b, s, lora, scan)
-        .unwrap()
-        .function;
-    let read = |n: &str| match adapter.as_ref().and_then(|a| a.get(n)) {
-        Some(t) => t.clone(),
-        None => ckpt.read(n, DType::F32).unwrap(),
-    };
-    let inputs: Vec<HostArray> = f
-        .inputs
-        .iter()
-        .map(|binding| {
-            HostArray::from(if binding.name == "input_ids" {
-                ids.clone()
-            } else if scan && hlo_models::decoder::is_stacked(&binding.name) {
-                let parts: Vec<Literal> = unstacked_names(&binding.name, c.num_hidden_layers)
-                    .iter()
-                    .map(|n| read(n))
-                    .collect();
-                stack_literals(&parts)
-            } else {
-                read(&binding.name)
-            })
-        })
-        .collect();
-    let out = CompiledFunction::new(client(), &f)
-        .unwrap()
-        .run(&inputs)
-        .unwrap();
-    out[0].to_f64_vec()
-}
-
-fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f64::max)
+    fixture_logits(&fixture(name), DType::F32, adapter, scan)
 }
 
 #[test]
@@ -167,7 +110,7 @@ fn the_forward_function_names_its_inputs_as_hf_does() {
 
 #[test]
 fn preset_parameter_counts_equal_hf() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/families/param_counts.json");
+    let path = fixture_dir("families/param_counts.json");
     let counts: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     assert_eq!(counts.as_object().unwrap().len(), 7);

@@ -2,67 +2,24 @@
 //! `scripts/make_llama_fixtures.py` with transformers 5.17 and PEFT 0.21)
 //! with and without a PEFT adapter, on the CPU plugin.
 
-use std::path::{Path, PathBuf};
-
-use hlo_e2e::client;
+use hlo_e2e::{expected_tensor, fixture_dir, fixture_logits, max_abs_diff};
 use hlo_ir::{DType, Literal};
-use hlo_models::adapter::Adapter;
-use hlo_models::checkpoint::Checkpoint;
-use hlo_models::decoder::{forward_function, LoraConfig};
-use hlo_models::io::read_safetensors;
-use hlo_runtime::{CompiledFunction, HostArray};
 
 const MODELS: [&str; 3] = ["gqa_llama3", "mha_tied", "head_dim"];
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/llama")
-        .join(name)
-}
-
 fn expected(name: &str, key: &str) -> Literal {
-    read_safetensors(&fixture(name).join("expected.safetensors"))
-        .unwrap()
-        .into_iter()
-        .find(|(k, _)| k == key)
-        .unwrap_or_else(|| panic!("{key} in {name}'s fixture"))
-        .1
+    expected_tensor(&fixture_dir(&format!("llama/{name}")), key)
 }
 
 /// Runs the fixture model `name` in `dtype` (with its adapter if `adapter`)
 /// on the fixture's input ids; returns the logits as f64.
 fn our_logits(name: &str, dtype: DType, adapter: bool) -> Vec<f64> {
-    let ckpt = Checkpoint::open(&fixture(name)).unwrap();
-    let ids = expected(name, "input_ids");
-    let (b, s) = (ids.ty.dims[0], ids.ty.dims[1]);
-    let adapter =
-        adapter.then(|| Adapter::load(&fixture(name).join("adapter"), &ckpt.config).unwrap());
-    let lora: Option<&LoraConfig> = adapter.as_ref().map(|a| &a.lora);
-    let f = forward_function(&ckpt.config, dtype, b, s, lora).unwrap();
-    let mut inputs = Vec::new();
-    for binding in &f.inputs {
-        let lit = if binding.name == "input_ids" {
-            ids.clone()
-        } else if let Some(a) = adapter.as_ref().and_then(|a| a.get(&binding.name)) {
-            a.clone()
-        } else {
-            ckpt.read(&binding.name, dtype).unwrap()
-        };
-        inputs.push(HostArray::from(lit));
-    }
-    let out = CompiledFunction::new(client(), &f)
-        .unwrap()
-        .run(&inputs)
-        .unwrap();
-    out[0].to_f64_vec()
-}
-
-fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f64::max)
+    fixture_logits(
+        &fixture_dir(&format!("llama/{name}")),
+        dtype,
+        adapter,
+        false,
+    )
 }
 
 #[test]

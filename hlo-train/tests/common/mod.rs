@@ -191,3 +191,142 @@ pub fn step_from_adapter(init: &Path, data: &Path, extra: &[&str]) -> Output {
     args.extend(extra);
     hlo_train(&args)
 }
+
+/// The model family fixture `name` (tests/fixtures/families/NAME).
+pub fn family(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/families")
+        .join(name)
+}
+
+/// Tensor `key` of the safetensors file `file` in fixture folder `dir`.
+pub fn fixture_tensor(dir: &Path, file: &str, key: &str) -> Literal {
+    read_safetensors(&dir.join(file))
+        .unwrap()
+        .into_iter()
+        .find(|(k, _)| k == key)
+        .unwrap_or_else(|| panic!("{}/{file}: no `{key}`", dir.display()))
+        .1
+}
+
+/// The ids `generate --greedy --ignore-eos` prints for `n` new tokens
+/// after `prompt` (ids, comma-separated) with the model in `dir` (and
+/// `adapter`).
+pub fn greedy_ids(dir: &Path, adapter: Option<&Path>, prompt: &str, n: usize) -> Vec<u64> {
+    let n = n.to_string();
+    let dir = dir.to_str().unwrap();
+    let mut args = vec![
+        "generate",
+        "--checkpoint",
+        dir,
+        "--prompt-ids",
+        prompt,
+        "--max-new-tokens",
+        &n,
+        "--ignore-eos",
+        "--greedy",
+    ];
+    let adapter = adapter.map(|a| a.to_str().unwrap().to_string());
+    if let Some(a) = &adapter {
+        args.extend(["--adapter", a]);
+    }
+    ok(&hlo_train(&args))
+        .trim()
+        .split(',')
+        .map(|t| t.parse().unwrap())
+        .collect()
+}
+
+/// One `opt` step (`sgd` at lr 0.05 or `adamw` at 1e-3, no clipping, f32)
+/// of the fixture model in `dir` from its adapter on its rows of input ids,
+/// with `extra` flags: the first loss equals PyTorch's to 1e-6 and every
+/// tensor of the trained adapter PyTorch+PEFT's to 1e-6 (`dir`'s
+/// `train_step.safetensors`). An AdamW parameter whose gradient nearly
+/// cancels (|g| < 1e-5; PyTorch's g from its SGD step) is held to 1e-5:
+/// AdamW's first step moves it by lr·g/(|g| + 1e-8), which turns f32
+/// rounding of g (~1e-8) into ~1e-6. Returns the run's scratch folder
+/// (its metrics file is `m.jsonl`) for further checks; the caller removes it.
+pub fn step_equals_pytorch(dir: &Path, opt: &str, extra: &[&str]) -> PathBuf {
+    let name = dir.file_name().unwrap().to_str().unwrap();
+    let tag = format!(
+        "{name}_{opt}_{}",
+        extra.join("_").replace(['=', ',', '/'], "-")
+    );
+    let scratch_dir = scratch("step", &tag);
+    let ids = fixture_tensor(dir, "expected.safetensors", "input_ids");
+    let (batch, seq) = (ids.ty.dims[0].to_string(), ids.ty.dims[1].to_string());
+    let lines: Vec<String> = ids
+        .to_i128s()
+        .chunks(ids.ty.dims[1] as usize)
+        .map(|r| serde_json::json!({ "input_ids": r }).to_string())
+        .collect();
+    let data = scratch_dir.join("rows.jsonl");
+    std::fs::write(&data, lines.join("\n") + "\n").unwrap();
+    let (out, metrics) = (scratch_dir.join("out"), scratch_dir.join("m.jsonl"));
+    let adapter = dir.join("adapter");
+    let lr = if opt == "sgd" { "0.05" } else { "1e-3" };
+    let mut args = vec![
+        "train",
+        "--checkpoint",
+        dir.to_str().unwrap(),
+        "--init-adapter",
+        adapter.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--batch",
+        &batch,
+        "--seq",
+        &seq,
+        "--steps",
+        "1",
+        "--optimizer",
+        opt,
+        "--lr",
+        lr,
+        "--clip-norm",
+        "0",
+        "--dtype",
+        "f32",
+        "--out",
+        out.to_str().unwrap(),
+        "--metrics",
+        metrics.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    ok(&hlo_train(&args));
+    let want = |key: &str| fixture_tensor(dir, "train_step.safetensors", key).to_f64s();
+    let (loss, want_loss) = (losses(&metrics)[0], want(&format!("{opt}.loss"))[0]);
+    assert!(
+        (loss - want_loss).abs() < 1e-6,
+        "{tag}: loss {loss}, PyTorch {want_loss}"
+    );
+    let ours = read_safetensors(&out.join("adapter_model.safetensors")).unwrap();
+    let start = read_safetensors(&adapter.join("adapter_model.safetensors")).unwrap();
+    assert_eq!(ours.len(), start.len(), "{tag}: the adapter's tensors");
+    let (mut worst, mut ill_conditioned) = (0.0f64, 0);
+    for (key, t) in ours {
+        let theirs = want(&format!("{opt}.{key}"));
+        let p0 = start.iter().find(|(k, _)| *k == key).unwrap().1.to_f64s();
+        let sgd = want(&format!("sgd.{key}"));
+        for (i, (ours, theirs)) in t.to_f64s().into_iter().zip(theirs).enumerate() {
+            let g = (p0[i] - sgd[i]) / 0.05;
+            let d = (ours - theirs).abs();
+            let tol = if opt == "adamw" && g.abs() < 1e-5 {
+                ill_conditioned += 1;
+                1e-5
+            } else {
+                worst = worst.max(d);
+                1e-6
+            };
+            assert!(
+                d < tol,
+                "{tag} {key}[{i}]: differs from PyTorch+PEFT by {d:e} (gradient {g:e})"
+            );
+        }
+    }
+    println!(
+        "{tag}: loss differs by {:e}, parameters by {worst:e} ({ill_conditioned} with |g| < 1e-5 held to 1e-5)",
+        (loss - want_loss).abs()
+    );
+    scratch_dir
+}
