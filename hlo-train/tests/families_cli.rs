@@ -9,8 +9,6 @@
 
 mod common;
 
-use std::path::Path;
-
 use common::*;
 
 const FAMILIES: [&str; 4] = ["qwen2", "qwen3", "mistral", "gemma3"];
@@ -71,37 +69,7 @@ fn scanned_layers_train_as_pytorch_peft_does() {
 fn merged_adapters_give_the_adapters_logits() {
     let tmp = scratch("families", "merge");
     for name in FAMILIES {
-        let input = fixture_tensor(&family(name), "expected.safetensors", "input_ids");
-        let row: Vec<String> = ids(&input)[..input.ty.dims[1] as usize].to_vec();
-        let prompt = row.join(",");
-        let all = fixture_tensor(&family(name), "expected.safetensors", "logits_adapter").to_f64s();
-        let want = &all[..all.len() / input.ty.dims[0] as usize];
-        let with_adapter = dump_logits(
-            &family(name),
-            Some(&family(name).join("adapter")),
-            &prompt,
-            &tmp.join("a.safetensors"),
-        );
-        assert!(max_diff(&with_adapter, want) < 1e-5, "{name}");
-        let merged = tmp.join(name);
-        ok(&hlo_train(&[
-            "merge",
-            "--checkpoint",
-            family(name).to_str().unwrap(),
-            "--adapter",
-            family(name).join("adapter").to_str().unwrap(),
-            "--out",
-            merged.to_str().unwrap(),
-        ]));
-        // The merged folder is the family's: its config kept.
-        let model_type = |dir: &Path| {
-            let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
-            serde_json::from_str::<serde_json::Value>(&text).unwrap()["model_type"].clone()
-        };
-        assert_eq!(model_type(&merged), model_type(&family(name)), "{name}");
-        let got = dump_logits(&merged, None, &prompt, &tmp.join("m.safetensors"));
-        let d = max_diff(&got, want);
-        assert!(d < 1e-5, "{name} merged: logits differ by {d}");
+        assert_merge_gives_adapter_logits(&family(name), &tmp, 1e-5);
     }
     std::fs::remove_dir_all(tmp).unwrap();
 }

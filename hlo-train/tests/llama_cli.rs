@@ -32,41 +32,7 @@ fn greedy_tokens_equal_hf_generate() {
 fn dumped_prompt_logits_and_merged_weights_equal_hf() {
     let tmp = scratch("llama", "merge");
     for name in MODELS {
-        let input = expected(name, "input_ids");
-        let row: Vec<String> = ids(&input)[..input.ty.dims[1] as usize].to_vec();
-        let prompt = row.join(",");
-        let n = expected(name, "logits").to_f64s().len() / 2; // first sequence
-        let want = &expected(name, "logits_adapter").to_f64s()[..n];
-        let got = dump_logits(
-            &fixture(name),
-            Some(&fixture(name).join("adapter")),
-            &prompt,
-            &tmp.join("l.safetensors"),
-        );
-        let d = got
-            .iter()
-            .zip(want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f64::max);
-        assert!(d < 1e-4, "{name}: prompt logits differ by {d}");
-        // Folding the adapter in gives the same logits without it.
-        let merged = tmp.join(name);
-        ok(&hlo_train(&[
-            "merge",
-            "--checkpoint",
-            fixture(name).to_str().unwrap(),
-            "--adapter",
-            fixture(name).join("adapter").to_str().unwrap(),
-            "--out",
-            merged.to_str().unwrap(),
-        ]));
-        let got = dump_logits(&merged, None, &prompt, &tmp.join("m.safetensors"));
-        let d = got
-            .iter()
-            .zip(want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f64::max);
-        assert!(d < 1e-4, "{name} merged: logits differ by {d}");
+        assert_merge_gives_adapter_logits(&fixture(name), &tmp, 1e-4);
     }
     std::fs::remove_dir_all(tmp).unwrap();
 }

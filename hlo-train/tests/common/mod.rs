@@ -330,3 +330,38 @@ pub fn step_equals_pytorch(dir: &Path, opt: &str, extra: &[&str]) -> PathBuf {
     );
     scratch_dir
 }
+
+/// The fixture model in `dir` with its adapter gives HF's (PEFT's) prompt
+/// logits of its first row of input ids through `generate --dump-logits`,
+/// and so does `merge` of the adapter without it, within `tol`; the
+/// merged folder keeps the model's config. Scratch files go in `tmp`.
+pub fn assert_merge_gives_adapter_logits(dir: &Path, tmp: &Path, tol: f64) {
+    let name = dir.file_name().unwrap().to_str().unwrap();
+    let input = fixture_tensor(dir, "expected.safetensors", "input_ids");
+    let prompt = ids(&input)[..input.ty.dims[1] as usize].join(",");
+    let all = fixture_tensor(dir, "expected.safetensors", "logits_adapter").to_f64s();
+    let want = &all[..all.len() / input.ty.dims[0] as usize];
+    let adapter = dir.join("adapter");
+    let got = dump_logits(dir, Some(&adapter), &prompt, &tmp.join("a.safetensors"));
+    let d = max_diff(&got, want);
+    assert!(d < tol, "{name}: prompt logits differ by {d}");
+    // Folding the adapter in gives the same logits without it.
+    let merged = tmp.join(name);
+    ok(&hlo_train(&[
+        "merge",
+        "--checkpoint",
+        dir.to_str().unwrap(),
+        "--adapter",
+        adapter.to_str().unwrap(),
+        "--out",
+        merged.to_str().unwrap(),
+    ]));
+    let model_type = |d: &Path| {
+        let text = std::fs::read_to_string(d.join("config.json")).unwrap();
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["model_type"].clone()
+    };
+    assert_eq!(model_type(&merged), model_type(dir), "{name}");
+    let got = dump_logits(&merged, None, &prompt, &tmp.join("m.safetensors"));
+    let d = max_diff(&got, want);
+    assert!(d < tol, "{name} merged: logits differ by {d}");
+}
