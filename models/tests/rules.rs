@@ -1,4 +1,5 @@
-//! The Llama partition rules give the recipe's table; LoRA targets read as a set.
+//! The decoder's partition rules give the recipe's table (and place the
+//! families' biases and norms); LoRA targets read as a set.
 
 use hlo_models::decoder::partition_rules;
 use hlo_partitioner::PartitionSpec;
@@ -38,6 +39,18 @@ fn default_llama_rules_follow_the_recipe_table() {
             PartitionSpec::replicated(),
         ),
         ("model.norm.weight", PartitionSpec::replicated()),
+        // Qwen2's biases follow their kernels' output features.
+        ("model.layers.3.self_attn.q_proj.bias", p(&[&["mp"]])),
+        ("model.layers.3.self_attn.v_proj.bias", p(&[&["mp"]])),
+        // Qwen3's and Gemma's head norms, Gemma's sandwich norms.
+        (
+            "model.layers.3.self_attn.k_norm.weight",
+            PartitionSpec::replicated(),
+        ),
+        (
+            "model.layers.3.pre_feedforward_layernorm.weight",
+            PartitionSpec::replicated(),
+        ),
         ("input_ids", p(&[&["dp", "fsdp"], &[]])),
     ];
     for (name, want) in cases {
