@@ -5,6 +5,7 @@
 
 mod config;
 mod decode;
+mod hf_config;
 mod lora;
 mod model;
 mod presets;

@@ -296,9 +296,10 @@ impl Decoder<'_> {
         keys: Tensor,
         queries: Tensor,
     ) -> PerLayerType<Tensor> {
+        // (A config has a window only when some layer slides.)
         let sliding = match self.config.sliding_window {
-            Some(w) if self.config.has_sliding_layers() => causal.and(keys.gt(queries - w as f64)),
-            _ => causal,
+            Some(w) => causal.and(keys.gt(queries - w as f64)),
+            None => causal,
         };
         PerLayerType {
             full: causal,

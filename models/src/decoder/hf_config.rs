@@ -1,0 +1,563 @@
+//! HF `config.json` in and out, for every family: read as transformers
+//! 5.17 reads it (transformers 4 and 5 spellings; an absent field takes the
+//! family's config class default), every setting that changes the
+//! computation honoured or refused; written so transformers reads the same
+//! model back.
+
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::config::{
+    Activation, Family, LayerType, Llama3Scaling, ModelConfig, NormStyle, Rope, RopeScaling,
+    FAMILIES,
+};
+use crate::{ConfigError, ModelError};
+
+/// What hlo-train runs, for error messages.
+fn supported() -> String {
+    let names: Vec<&str> = FAMILIES.iter().map(|f| f.architecture()).collect();
+    format!("hlo-train runs {}", names.join(", "))
+}
+
+/// The fields of `config.json` that every family shares; the rest are
+/// read per family from the JSON object (`resolve`).
+#[derive(Deserialize)]
+struct RawConfig {
+    vocab_size: i64,
+    hidden_size: i64,
+    intermediate_size: i64,
+    num_hidden_layers: i64,
+    num_attention_heads: i64,
+    num_key_value_heads: Option<i64>,
+    head_dim: Option<i64>,
+    #[serde(default = "default_eps")]
+    rms_norm_eps: f64,
+    #[serde(default = "default_max_positions")]
+    max_position_embeddings: i64,
+    tie_word_embeddings: Option<bool>,
+    bos_token_id: Option<Value>,
+    eos_token_id: Option<Value>,
+    #[serde(default = "default_init")]
+    initializer_range: f64,
+}
+
+fn default_init() -> f64 {
+    0.02
+}
+
+fn default_eps() -> f64 {
+    1e-6
+}
+
+fn default_max_positions() -> i64 {
+    2048
+}
+
+fn ids(v: &Option<Value>) -> Vec<i64> {
+    match v {
+        Some(Value::Number(n)) => n.as_i64().into_iter().collect(),
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_i64).collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn unsupported<T>(what: String) -> Result<T, ConfigError> {
+    Err(ConfigError::Unsupported(what))
+}
+
+/// The family a config describes, by `model_type`, else by
+/// `architectures`, else Llama (configs written before `model_type`).
+fn family_of(obj: &Map<String, Value>) -> Result<Family, ConfigError> {
+    let architectures: Vec<&str> = match obj.get("architectures") {
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    };
+    let family = match obj.get("model_type").and_then(Value::as_str) {
+        Some(t) => Family::from_model_type(t).ok_or_else(|| {
+            ConfigError::Unsupported(format!("model_type `{t}` ({})", supported()))
+        })?,
+        None => match architectures.first() {
+            Some(a) => Family::from_architecture(a).ok_or_else(|| {
+                ConfigError::Unsupported(format!(
+                    "architectures {architectures:?} ({})",
+                    supported()
+                ))
+            })?,
+            None => Family::Llama,
+        },
+    };
+    if !architectures.is_empty() && !architectures.contains(&family.architecture()) {
+        return unsupported(format!(
+            "architectures {architectures:?} for model_type `{}` ({})",
+            family.model_type(),
+            supported()
+        ));
+    }
+    Ok(family)
+}
+
+/// A `rope_parameters`/`rope_scaling` object as a [`Rope`], its theta
+/// defaulting to `theta`.
+fn rope_from(r: Option<&Value>, theta: f64) -> Result<Rope, ConfigError> {
+    let theta = r
+        .and_then(|r| r.get("rope_theta"))
+        .and_then(Value::as_f64)
+        .unwrap_or(theta);
+    let rope_type = r
+        .and_then(|r| r.get("rope_type").or_else(|| r.get("type")))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let get = |k: &str| {
+        r.and_then(|r| r.get(k))
+            .and_then(Value::as_f64)
+            .ok_or_else(|| ConfigError::MissingRopeField {
+                rope_type: rope_type.to_string(),
+                field: k.to_string(),
+            })
+    };
+    if let Some(f) = r
+        .and_then(|r| r.get("partial_rotary_factor"))
+        .and_then(Value::as_f64)
+    {
+        if f != 1.0 {
+            return unsupported(format!("partial_rotary_factor = {f}"));
+        }
+    }
+    let scaling = match rope_type {
+        "default" => None,
+        "linear" => Some(RopeScaling::Linear {
+            factor: get("factor")?,
+        }),
+        "llama3" => Some(RopeScaling::Llama3(Llama3Scaling {
+            factor: get("factor")?,
+            low_freq_factor: get("low_freq_factor")?,
+            high_freq_factor: get("high_freq_factor")?,
+            original_max_position_embeddings: get("original_max_position_embeddings")?,
+        })),
+        other => {
+            return unsupported(format!(
+                "rope type `{other}` (only default, linear and llama3)"
+            ))
+        }
+    };
+    Ok(Rope { theta, scaling })
+}
+
+/// `key` of `obj` when present and not null.
+fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    obj.get(key).filter(|v| !v.is_null())
+}
+
+fn f64_field(obj: &Map<String, Value>, key: &str) -> Result<Option<f64>, ConfigError> {
+    field(obj, key)
+        .map(|v| {
+            v.as_f64()
+                .ok_or_else(|| ConfigError::Unsupported(format!("{key} = {v} (not a number)")))
+        })
+        .transpose()
+}
+
+fn bool_field(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ConfigError> {
+    field(obj, key)
+        .map(|v| {
+            v.as_bool()
+                .ok_or_else(|| ConfigError::Unsupported(format!("{key} = {v} (not true or false)")))
+        })
+        .transpose()
+}
+
+/// `sliding_window`: absent means HF's class default (4096), null none.
+fn window(obj: &Map<String, Value>) -> Result<Option<i64>, ConfigError> {
+    match obj.get("sliding_window") {
+        None => Ok(Some(4096)),
+        Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_i64()
+            .filter(|w| *w > 0)
+            .map(Some)
+            .ok_or_else(|| ConfigError::Unsupported(format!("sliding_window = {v}"))),
+    }
+}
+
+/// `layer_types` as written, checked against the depth.
+fn written_layer_types(
+    obj: &Map<String, Value>,
+    layers: i64,
+) -> Result<Option<Vec<LayerType>>, ConfigError> {
+    let Some(v) = field(obj, "layer_types") else {
+        return Ok(None);
+    };
+    let list = v
+        .as_array()
+        .ok_or_else(|| ConfigError::Unsupported(format!("layer_types = {v}")))?;
+    if list.len() as i64 != layers {
+        return unsupported(format!(
+            "layer_types has {} entries for num_hidden_layers = {layers}",
+            list.len()
+        ));
+    }
+    list.iter()
+        .map(|t| match t.as_str() {
+            Some("full_attention") => Ok(LayerType::Full),
+            Some("sliding_attention") => Ok(LayerType::Sliding),
+            _ => unsupported(format!(
+                "layer type {t} (only full_attention and sliding_attention)"
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+impl ModelConfig {
+    /// Parses HF `config.json` text of any supported family.
+    pub fn from_json(text: &str) -> Result<ModelConfig, ConfigError> {
+        let value: Value = serde_json::from_str(text).map_err(ConfigError::NotJson)?;
+        let obj = value.as_object().ok_or(ConfigError::NotAnObject)?;
+        let family = family_of(obj)?;
+        let raw: RawConfig = serde_json::from_value(value.clone()).map_err(ConfigError::NotJson)?;
+        let c = Self::resolve(family, obj, raw)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Reads `config.json` from a file.
+    pub fn from_file(path: &Path) -> Result<ModelConfig, ModelError> {
+        let text = std::fs::read_to_string(path).map_err(ModelError::io("read", path))?;
+        ModelConfig::from_json(&text).map_err(|problem| ModelError::Config {
+            path: Some(path.to_path_buf()),
+            problem,
+        })
+    }
+
+    /// The family's reading of `obj`: its defaults (HF's config class
+    /// defaults where a field is absent) and every setting that changes
+    /// the computation honoured or refused.
+    fn resolve(
+        family: Family,
+        obj: &Map<String, Value>,
+        raw: RawConfig,
+    ) -> Result<ModelConfig, ConfigError> {
+        use Family::*;
+        let heads = raw.num_attention_heads;
+        let layers = raw.num_hidden_layers;
+        // Activation: Gemma 3 reads `hidden_activation`, the others `hidden_act`.
+        let hidden_act = if family == Gemma3 {
+            match field(obj, "hidden_activation").and_then(Value::as_str) {
+                None | Some("gelu_pytorch_tanh") => Activation::GeluTanh,
+                Some(a) => {
+                    return unsupported(format!("hidden_activation `{a}` (only gelu_pytorch_tanh)"))
+                }
+            }
+        } else {
+            match field(obj, "hidden_act").and_then(Value::as_str) {
+                None | Some("silu") => Activation::Silu,
+                Some(a) => return unsupported(format!("hidden_act `{a}` (only silu)")),
+            }
+        };
+        // Biases: Qwen2's q/k/v always; Mistral none; `attention_bias`
+        // (q/k/v/o) where the family reads it is not implemented.
+        if matches!(family, Llama | Qwen3 | Gemma3)
+            && bool_field(obj, "attention_bias")? == Some(true)
+        {
+            return unsupported("attention_bias = true".into());
+        }
+        if family == Llama {
+            if bool_field(obj, "mlp_bias")? == Some(true) {
+                return unsupported("mlp_bias = true".into());
+            }
+            if let Some(tp) = field(obj, "pretraining_tp").and_then(Value::as_i64) {
+                if tp != 1 {
+                    return unsupported(format!("pretraining_tp = {tp}"));
+                }
+            }
+        }
+        if family == Gemma3 && bool_field(obj, "use_bidirectional_attention")? == Some(true) {
+            return unsupported(
+                "use_bidirectional_attention = true (only causal attention)".into(),
+            );
+        }
+        // Sliding windows and which layers use them.
+        let (sliding_window, layer_types) = match family {
+            Llama => (None, vec![LayerType::Full; layers as usize]),
+            Mistral => {
+                let w = window(obj)?;
+                let kind = if w.is_some() {
+                    LayerType::Sliding
+                } else {
+                    LayerType::Full
+                };
+                (w, vec![kind; layers as usize])
+            }
+            Qwen2 | Qwen3 => {
+                let on = bool_field(obj, "use_sliding_window")?.unwrap_or(false);
+                let w = if on { window(obj)? } else { None };
+                let from = field(obj, "max_window_layers")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(28);
+                let types = match written_layer_types(obj, layers)? {
+                    Some(t) => t,
+                    None => (0..layers)
+                        .map(|i| {
+                            if w.is_some() && i >= from {
+                                LayerType::Sliding
+                            } else {
+                                LayerType::Full
+                            }
+                        })
+                        .collect(),
+                };
+                (w, types)
+            }
+            Gemma3 => {
+                let w = window(obj)?;
+                let types = match written_layer_types(obj, layers)? {
+                    Some(t) => t,
+                    None => {
+                        let pattern = field(obj, "sliding_window_pattern")
+                            .and_then(Value::as_i64)
+                            .unwrap_or(6);
+                        if pattern < 1 {
+                            return unsupported(format!("sliding_window_pattern = {pattern}"));
+                        }
+                        (0..layers)
+                            .map(|i| {
+                                if (i + 1) % pattern != 0 {
+                                    LayerType::Sliding
+                                } else {
+                                    LayerType::Full
+                                }
+                            })
+                            .collect()
+                    }
+                };
+                (w, types)
+            }
+        };
+        if sliding_window.is_none() && layer_types.contains(&LayerType::Sliding) {
+            return unsupported("sliding_attention layers without a sliding_window".into());
+        }
+        // A window no layer uses (Qwen2's below max_window_layers) is none.
+        let sliding_window = sliding_window.filter(|_| layer_types.contains(&LayerType::Sliding));
+        // Rotary embeddings. Gemma 3 keeps one per layer type: global
+        // layers `rope_theta` (with a legacy `rope_scaling` merged in),
+        // local ones `rope_local_base_freq`; v5 writes them as
+        // `rope_parameters` keyed by layer type.
+        let (rope, sliding_rope) = if family == Gemma3 {
+            let params = field(obj, "rope_parameters");
+            let keyed = |t: LayerType| {
+                params
+                    .and_then(|p| p.get(t.name()))
+                    .filter(|v| !v.is_null())
+            };
+            if params
+                .is_some_and(|p| keyed(LayerType::Full).is_none() && p.get("rope_type").is_some())
+            {
+                return unsupported(
+                    "rope_parameters not keyed by layer type for gemma3_text".into(),
+                );
+            }
+            let mut global = keyed(LayerType::Full)
+                .cloned()
+                .unwrap_or_else(|| serde_json::json!({}));
+            if let (Some(Value::Object(s)), Some(g)) =
+                (field(obj, "rope_scaling"), global.as_object_mut())
+            {
+                for (k, v) in s {
+                    g.insert(k.clone(), v.clone());
+                }
+            }
+            let theta = f64_field(obj, "rope_theta")?.unwrap_or(1e6);
+            let local_theta = f64_field(obj, "rope_local_base_freq")?.unwrap_or(1e4);
+            (
+                rope_from(Some(&global), theta)?,
+                Some(rope_from(keyed(LayerType::Sliding), local_theta)?),
+            )
+        } else {
+            // As transformers 5 reads them: a legacy `rope_scaling` (when
+            // not null) replaces `rope_parameters` whole; the theta is the
+            // chosen one's own, else the top-level `rope_theta`, else
+            // 10000 (checked against transformers 5.17 by
+            // scripts/make_peft_variant_fixtures.py --probe-config).
+            let r = field(obj, "rope_scaling").or_else(|| field(obj, "rope_parameters"));
+            let theta = f64_field(obj, "rope_theta")?.unwrap_or(10000.0);
+            (rope_from(r, theta)?, None)
+        };
+        if let Some(f) = f64_field(obj, "partial_rotary_factor")? {
+            if f != 1.0 {
+                return unsupported(format!("partial_rotary_factor = {f}"));
+            }
+        }
+        let gemma = family == Gemma3;
+        Ok(ModelConfig {
+            family,
+            vocab_size: raw.vocab_size,
+            hidden_size: raw.hidden_size,
+            intermediate_size: raw.intermediate_size,
+            num_hidden_layers: layers,
+            num_attention_heads: heads,
+            // Absent, each family's config class default.
+            num_key_value_heads: raw.num_key_value_heads.unwrap_or(match family {
+                Llama => heads,
+                Qwen2 | Qwen3 => 32,
+                Mistral => 8,
+                Gemma3 => 4,
+            }),
+            head_dim: raw.head_dim.unwrap_or(match family {
+                Qwen3 => 128,
+                Gemma3 => 256,
+                _ if heads > 0 => raw.hidden_size / heads,
+                _ => 0,
+            }),
+            rms_norm_eps: raw.rms_norm_eps,
+            rope,
+            sliding_rope,
+            max_position_embeddings: raw.max_position_embeddings,
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(gemma),
+            bos_token_id: ids(&raw.bos_token_id).first().copied(),
+            eos_token_ids: ids(&raw.eos_token_id),
+            initializer_range: raw.initializer_range,
+            qkv_bias: family == Qwen2,
+            qk_norm: matches!(family, Qwen3 | Gemma3),
+            layer_types,
+            sliding_window,
+            hidden_act,
+            norm_style: if gemma {
+                NormStyle::Gemma
+            } else {
+                NormStyle::Llama
+            },
+            scale_embeddings: gemma,
+            sandwich_norms: gemma,
+            query_pre_attn_scalar: if gemma {
+                Some(f64_field(obj, "query_pre_attn_scalar")?.unwrap_or(256.0))
+            } else {
+                None
+            },
+            // `attn_logit_softcapping` is read by transformers' Gemma 3
+            // config but never applied (Gemma 3 replaced Gemma 2's score
+            // capping with the q/k norms), so it changes nothing here either.
+            final_logit_softcapping: if gemma {
+                f64_field(obj, "final_logit_softcapping")?
+            } else {
+                None
+            },
+        })
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        for (name, v) in [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+        ] {
+            if v < 1 {
+                return Err(ConfigError::NotPositive {
+                    field: name,
+                    value: v,
+                });
+            }
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return Err(ConfigError::HeadsNotMultiple {
+                heads: self.num_attention_heads,
+                kv_heads: self.num_key_value_heads,
+            });
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(ConfigError::OddHeadDim(self.head_dim));
+        }
+        for (name, v) in [
+            ("query_pre_attn_scalar", self.query_pre_attn_scalar),
+            ("final_logit_softcapping", self.final_logit_softcapping),
+        ] {
+            if let Some(v) = v.filter(|v| !(v.is_finite() && *v > 0.0)) {
+                return Err(ConfigError::Unsupported(format!("{name} = {v}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// The config as HF `config.json` for its family (transformers 4
+    /// spellings, which 5 reads too).
+    pub fn to_json(&self) -> String {
+        let rope_json = |r: &Rope| match &r.scaling {
+            None => Value::Null,
+            Some(RopeScaling::Linear { factor }) => serde_json::json!({
+                "rope_type": "linear",
+                "factor": factor,
+            }),
+            Some(RopeScaling::Llama3(s)) => serde_json::json!({
+                "rope_type": "llama3",
+                "factor": s.factor,
+                "low_freq_factor": s.low_freq_factor,
+                "high_freq_factor": s.high_freq_factor,
+                "original_max_position_embeddings": s.original_max_position_embeddings,
+            }),
+        };
+        let f = self.family;
+        let mut v = serde_json::json!({
+            "architectures": [f.architecture()],
+            "model_type": f.model_type(),
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope.theta,
+            "rope_scaling": rope_json(&self.rope),
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_ids,
+            "initializer_range": self.initializer_range,
+        });
+        let o = v.as_object_mut().expect("an object");
+        let mut set = |k: &str, x: Value| {
+            o.insert(k.to_string(), x);
+        };
+        let types: Vec<&str> = self.layer_types.iter().map(|t| t.name()).collect();
+        match f {
+            Family::Llama => {
+                set("hidden_act", "silu".into());
+                set("attention_bias", false.into());
+                set("mlp_bias", false.into());
+            }
+            Family::Mistral => {
+                set("hidden_act", "silu".into());
+                set("sliding_window", self.sliding_window.into());
+            }
+            Family::Qwen2 | Family::Qwen3 => {
+                set("hidden_act", "silu".into());
+                set("use_sliding_window", self.sliding_window.is_some().into());
+                set("sliding_window", self.sliding_window.into());
+                set("layer_types", types.into());
+                if f == Family::Qwen3 {
+                    set("attention_bias", false.into());
+                }
+            }
+            Family::Gemma3 => {
+                set("hidden_activation", "gelu_pytorch_tanh".into());
+                set("attention_bias", false.into());
+                set("sliding_window", self.sliding_window.into());
+                set("layer_types", types.into());
+                let local = self.sliding_rope.as_ref().map_or(10000.0, |r| r.theta);
+                set("rope_local_base_freq", local.into());
+                set("query_pre_attn_scalar", self.query_pre_attn_scalar.into());
+                set(
+                    "final_logit_softcapping",
+                    self.final_logit_softcapping.into(),
+                );
+            }
+        }
+        serde_json::to_string_pretty(&v).expect("JSON values serialise")
+    }
+}
