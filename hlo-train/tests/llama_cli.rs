@@ -21,7 +21,7 @@ fn greedy_tokens_equal_hf_generate() {
             (Some(dir.join("adapter")), "greedy_adapter"),
         ] {
             let want = ids(&expected(name, key));
-            let got = greedy_ids(&dir, adapter.as_deref(), &want[..5].join(","), 32);
+            let got = greedy_ids(&dir, adapter.as_deref(), &want[..5].join(","), 32, &[]);
             let got: Vec<String> = got.iter().map(u64::to_string).collect();
             assert_eq!(got, want[5..], "{name} {key}");
         }

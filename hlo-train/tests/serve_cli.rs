@@ -161,7 +161,7 @@ fn random_adapter(dir: &Path, config: &ModelConfig, rank: i64, targets: &[&str],
 }
 
 fn generate_ids(adapter: Option<&Path>, prompt: &str, n: usize) -> Vec<u64> {
-    greedy_ids(&gqa(), adapter, prompt, n)
+    greedy_ids(&gqa(), adapter, prompt, n, &[])
 }
 
 #[test]

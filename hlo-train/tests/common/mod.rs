@@ -211,8 +211,14 @@ pub fn fixture_tensor(dir: &Path, file: &str, key: &str) -> Literal {
 
 /// The ids `generate --greedy --ignore-eos` prints for `n` new tokens
 /// after `prompt` (ids, comma-separated) with the model in `dir` (and
-/// `adapter`).
-pub fn greedy_ids(dir: &Path, adapter: Option<&Path>, prompt: &str, n: usize) -> Vec<u64> {
+/// `adapter`), with `extra` flags.
+pub fn greedy_ids(
+    dir: &Path,
+    adapter: Option<&Path>,
+    prompt: &str,
+    n: usize,
+    extra: &[&str],
+) -> Vec<u64> {
     let n = n.to_string();
     let dir = dir.to_str().unwrap();
     let mut args = vec![
@@ -230,6 +236,7 @@ pub fn greedy_ids(dir: &Path, adapter: Option<&Path>, prompt: &str, n: usize) ->
     if let Some(a) = &adapter {
         args.extend(["--adapter", a]);
     }
+    args.extend(extra);
     ok(&hlo_train(&args))
         .trim()
         .split(',')
