@@ -11,8 +11,6 @@ mod common;
 
 use common::*;
 
-use hlo_engine::models::io::read_safetensors;
-
 const FAMILIES: [&str; 4] = ["qwen2", "qwen3", "mistral", "gemma3"];
 
 /// On one device and on a 1×2×4 mesh of 8 virtual devices (weights by the
@@ -22,17 +20,8 @@ const MESHES: [&[&str]; 2] = [&[], &["--mesh", "dp=1,fsdp=2,mp=4", "--dtype", "f
 #[test]
 fn greedy_tokens_equal_hf_generate() {
     for name in FAMILIES {
-        let dir = family(name);
-        for (adapter, key) in [
-            (None, "greedy"),
-            (Some(dir.join("adapter")), "greedy_adapter"),
-        ] {
-            let want = ids(&fixture_tensor(&dir, "expected.safetensors", key));
-            for mesh in MESHES {
-                let got = greedy_ids(&dir, adapter.as_deref(), &want[..7].join(","), 24, mesh);
-                let got: Vec<String> = got.iter().map(u64::to_string).collect();
-                assert_eq!(got, want[7..], "{name} {key} {mesh:?}");
-            }
+        for mesh in MESHES {
+            assert_greedy_equals_hf(&family(name), 7, 24, mesh);
         }
     }
 }
@@ -49,24 +38,7 @@ fn f32_prompt_logits_on_eight_devices_equal_hf() {
             (None, "logits"),
             (Some(dir.join("adapter")), "logits_adapter"),
         ] {
-            let mut args = vec![
-                "generate",
-                "--checkpoint",
-                dir.to_str().unwrap(),
-                "--prompt-ids",
-                &prompt,
-                "--max-new-tokens",
-                "1",
-                "--dump-logits",
-                out.to_str().unwrap(),
-            ];
-            args.extend(MESHES[1]);
-            let adapter = adapter.map(|a| a.to_str().unwrap().to_string());
-            if let Some(a) = &adapter {
-                args.extend(["--adapter", a]);
-            }
-            ok(&hlo_train(&args));
-            let got = read_safetensors(&out).unwrap()[0].1.to_f64s();
+            let got = dump_logits(&dir, adapter.as_deref(), &prompt, &out, MESHES[1]);
             let all = fixture_tensor(&dir, "expected.safetensors", key).to_f64s();
             let want = &all[..got.len()];
             let d = max_diff(&got, want);

@@ -15,16 +15,7 @@ const MODELS: [&str; 3] = ["gqa_llama3", "mha_tied", "head_dim"];
 #[test]
 fn greedy_tokens_equal_hf_generate() {
     for name in MODELS {
-        let dir = fixture(name);
-        for (adapter, key) in [
-            (None, "greedy"),
-            (Some(dir.join("adapter")), "greedy_adapter"),
-        ] {
-            let want = ids(&expected(name, key));
-            let got = greedy_ids(&dir, adapter.as_deref(), &want[..5].join(","), 32, &[]);
-            let got: Vec<String> = got.iter().map(u64::to_string).collect();
-            assert_eq!(got, want[5..], "{name} {key}");
-        }
+        assert_greedy_equals_hf(&fixture(name), 5, 32, &[]);
     }
 }
 

@@ -40,6 +40,7 @@ fn logits(model: &Path, adapter: Option<&Path>, dir: &Path) -> Vec<f64> {
                 adapter,
                 prompt,
                 &dir.join(format!("logits{k}.safetensors")),
+                &[],
             )
         })
         .collect()
@@ -54,15 +55,7 @@ fn logits_and_merge_equal_peft(name: &str) {
     let d = max_diff(&got, &variant_expected(name, "logits_adapter").to_f64s());
     assert!(d < 2e-5, "{name}: adapter logits differ from PEFT's by {d}");
     let merged = dir.join("merged");
-    ok(&hlo_train(&[
-        "merge",
-        "--checkpoint",
-        base.to_str().unwrap(),
-        "--adapter",
-        adapter.to_str().unwrap(),
-        "--out",
-        merged.to_str().unwrap(),
-    ]));
+    ok(&merge(&base, &adapter, &merged));
     let got = logits(&merged, None, &dir);
     let d = max_diff(&got, &variant_expected(name, "merged_logits").to_f64s());
     assert!(d < 2e-5, "{name}: merged logits differ from PEFT's by {d}");
@@ -171,17 +164,10 @@ fn settings_hlo_train_does_not_compute_are_refused() {
             err.contains(&format!("unsupported: {setting}")),
             "{name}: {err}"
         );
-        let err = one_line_error(&hlo_train(&[
-            "merge",
-            "--checkpoint",
-            base.to_str().unwrap(),
-            "--adapter",
-            adapter.to_str().unwrap(),
-            "--out",
-            "/tmp/hlo-train-never-written",
-        ]));
+        let never = Path::new("/tmp/hlo-train-never-written");
+        let err = one_line_error(&merge(&base, &adapter, never));
         assert!(err.contains("unsupported"), "{name}: {err}");
-        assert!(!Path::new("/tmp/hlo-train-never-written").exists());
+        assert!(!never.exists());
     }
     // Training from an adapter trained with dropout would differ from
     // PEFT (hlo-train trains without dropout): refused, saying what to do.

@@ -336,15 +336,8 @@ fn merge_removes_what_a_killed_merge_left() {
     std::fs::create_dir_all(&out).unwrap();
     let stale = out.join(".model.safetensors.tmp-999999999");
     std::fs::write(&stale, vec![0u8; 1024]).unwrap();
-    ok(&hlo_train(&[
-        "merge",
-        "--checkpoint",
-        fixture("gqa_llama3").to_str().unwrap(),
-        "--adapter",
-        fixture("gqa_llama3").join("adapter").to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]));
+    let model = fixture("gqa_llama3");
+    ok(&merge(&model, &model.join("adapter"), &out));
     assert!(!stale.exists());
     assert!(out.join("model.safetensors").is_file());
     std::fs::remove_dir_all(dir).unwrap();

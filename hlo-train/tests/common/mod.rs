@@ -120,8 +120,15 @@ pub const DEMO: [&str; 14] = [
 ];
 
 /// The prompt logits `generate --dump-logits` writes for `prompt` (ids,
-/// comma-separated) with the model in `dir` (and `adapter`).
-pub fn dump_logits(dir: &Path, adapter: Option<&Path>, prompt: &str, out: &Path) -> Vec<f64> {
+/// comma-separated) with the model in `dir` (and `adapter`), with `extra`
+/// flags.
+pub fn dump_logits(
+    dir: &Path,
+    adapter: Option<&Path>,
+    prompt: &str,
+    out: &Path,
+    extra: &[&str],
+) -> Vec<f64> {
     let mut args = vec![
         "generate",
         "--checkpoint",
@@ -136,6 +143,7 @@ pub fn dump_logits(dir: &Path, adapter: Option<&Path>, prompt: &str, out: &Path)
     if let Some(a) = adapter {
         args.extend(["--adapter", a.to_str().unwrap()]);
     }
+    args.extend(extra);
     ok(&hlo_train(&args));
     let t = read_safetensors(out).unwrap();
     assert_eq!(t[0].0, "logits");
@@ -172,7 +180,19 @@ pub fn copy_model(name: &str, to: &Path) -> PathBuf {
 /// `train` for one step of the fixture model's two rows from adapter
 /// `init` (`--batch 2 --seq 9 --steps 1`), with `extra` flags.
 pub fn step_from_adapter(init: &Path, data: &Path, extra: &[&str]) -> Output {
-    let checkpoint = fixture("gqa_llama3");
+    train_from_adapter(&fixture("gqa_llama3"), init, data, (2, 9), extra)
+}
+
+/// `train` for one step of the model in `checkpoint` from adapter `init`
+/// on `data` in rows of `(batch, seq)`, with `extra` flags.
+pub fn train_from_adapter(
+    checkpoint: &Path,
+    init: &Path,
+    data: &Path,
+    (batch, seq): (i64, i64),
+    extra: &[&str],
+) -> Output {
+    let (batch, seq) = (batch.to_string(), seq.to_string());
     let mut args = vec![
         "train",
         "--checkpoint",
@@ -182,14 +202,27 @@ pub fn step_from_adapter(init: &Path, data: &Path, extra: &[&str]) -> Output {
         "--data",
         data.to_str().unwrap(),
         "--batch",
-        "2",
+        &batch,
         "--seq",
-        "9",
+        &seq,
         "--steps",
         "1",
     ];
     args.extend(extra);
     hlo_train(&args)
+}
+
+/// `merge` of `adapter` into the model in `checkpoint`, written to `out`.
+pub fn merge(checkpoint: &Path, adapter: &Path, out: &Path) -> Output {
+    hlo_train(&[
+        "merge",
+        "--checkpoint",
+        checkpoint.to_str().unwrap(),
+        "--adapter",
+        adapter.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ])
 }
 
 /// The model family fixture `name` (tests/fixtures/families/NAME).
@@ -261,7 +294,6 @@ pub fn step_equals_pytorch(dir: &Path, opt: &str, extra: &[&str]) -> PathBuf {
     );
     let scratch_dir = scratch("step", &tag);
     let ids = fixture_tensor(dir, "expected.safetensors", "input_ids");
-    let (batch, seq) = (ids.ty.dims[0].to_string(), ids.ty.dims[1].to_string());
     let lines: Vec<String> = ids
         .to_i128s()
         .chunks(ids.ty.dims[1] as usize)
@@ -273,19 +305,6 @@ pub fn step_equals_pytorch(dir: &Path, opt: &str, extra: &[&str]) -> PathBuf {
     let adapter = dir.join("adapter");
     let lr = if opt == "sgd" { "0.05" } else { "1e-3" };
     let mut args = vec![
-        "train",
-        "--checkpoint",
-        dir.to_str().unwrap(),
-        "--init-adapter",
-        adapter.to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-        "--batch",
-        &batch,
-        "--seq",
-        &seq,
-        "--steps",
-        "1",
         "--optimizer",
         opt,
         "--lr",
@@ -300,7 +319,8 @@ pub fn step_equals_pytorch(dir: &Path, opt: &str, extra: &[&str]) -> PathBuf {
         metrics.to_str().unwrap(),
     ];
     args.extend(extra);
-    ok(&hlo_train(&args));
+    let shape = (ids.ty.dims[0], ids.ty.dims[1]);
+    ok(&train_from_adapter(dir, &adapter, &data, shape, &args));
     let want = |key: &str| fixture_tensor(dir, "train_step.safetensors", key).to_f64s();
     let (loss, want_loss) = (losses(&metrics)[0], want(&format!("{opt}.loss"))[0]);
     assert!(
@@ -349,26 +369,40 @@ pub fn assert_merge_gives_adapter_logits(dir: &Path, tmp: &Path, tol: f64) {
     let all = fixture_tensor(dir, "expected.safetensors", "logits_adapter").to_f64s();
     let want = &all[..all.len() / input.ty.dims[0] as usize];
     let adapter = dir.join("adapter");
-    let got = dump_logits(dir, Some(&adapter), &prompt, &tmp.join("a.safetensors"));
+    let got = dump_logits(
+        dir,
+        Some(&adapter),
+        &prompt,
+        &tmp.join("a.safetensors"),
+        &[],
+    );
     let d = max_diff(&got, want);
     assert!(d < tol, "{name}: prompt logits differ by {d}");
     // Folding the adapter in gives the same logits without it.
     let merged = tmp.join(name);
-    ok(&hlo_train(&[
-        "merge",
-        "--checkpoint",
-        dir.to_str().unwrap(),
-        "--adapter",
-        adapter.to_str().unwrap(),
-        "--out",
-        merged.to_str().unwrap(),
-    ]));
+    ok(&merge(dir, &adapter, &merged));
     let model_type = |d: &Path| {
         let text = std::fs::read_to_string(d.join("config.json")).unwrap();
         serde_json::from_str::<serde_json::Value>(&text).unwrap()["model_type"].clone()
     };
     assert_eq!(model_type(&merged), model_type(dir), "{name}");
-    let got = dump_logits(&merged, None, &prompt, &tmp.join("m.safetensors"));
+    let got = dump_logits(&merged, None, &prompt, &tmp.join("m.safetensors"), &[]);
     let d = max_diff(&got, want);
     assert!(d < tol, "{name} merged: logits differ by {d}");
+}
+
+/// `generate --greedy` of the fixture model in `dir`, with `extra` flags,
+/// gives HF's greedy tokens (`greedy`, and `greedy_adapter` with its PEFT
+/// adapter): `new` tokens after the first `prompt_len` of them.
+pub fn assert_greedy_equals_hf(dir: &Path, prompt_len: usize, new: usize, extra: &[&str]) {
+    for (adapter, key) in [
+        (None, "greedy"),
+        (Some(dir.join("adapter")), "greedy_adapter"),
+    ] {
+        let want = ids(&fixture_tensor(dir, "expected.safetensors", key));
+        let prompt = want[..prompt_len].join(",");
+        let got = greedy_ids(dir, adapter.as_deref(), &prompt, new, extra);
+        let got: Vec<String> = got.iter().map(u64::to_string).collect();
+        assert_eq!(got, want[prompt_len..], "{} {key} {extra:?}", dir.display());
+    }
 }

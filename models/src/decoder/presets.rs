@@ -25,29 +25,23 @@ pub const PRESETS: [&str; 13] = [
     "gemma3-1b",
 ];
 
-/// The sizes every family names alike.
-struct Sizes {
-    vocab: i64,
-    hidden: i64,
-    intermediate: i64,
-    layers: i64,
-    heads: i64,
-    kv_heads: i64,
-    head_dim: i64,
-}
+/// The sizes every family names alike: (vocab, hidden, intermediate,
+/// layers, heads, K/V heads, head_dim).
+type Sizes = (i64, i64, i64, i64, i64, i64, i64);
 
 /// A Llama-shaped config of `family`'s defaults; the family's
 /// differences are set by the caller.
-fn base(family: Family, s: Sizes, rope: Rope, eps: f64, tied: bool) -> ModelConfig {
+fn base(family: Family, sizes: Sizes, rope: Rope, eps: f64, tied: bool) -> ModelConfig {
+    let (vocab, hidden, intermediate, layers, heads, kv_heads, head_dim) = sizes;
     ModelConfig {
         family,
-        vocab_size: s.vocab,
-        hidden_size: s.hidden,
-        intermediate_size: s.intermediate,
-        num_hidden_layers: s.layers,
-        num_attention_heads: s.heads,
-        num_key_value_heads: s.kv_heads,
-        head_dim: s.head_dim,
+        vocab_size: vocab,
+        hidden_size: hidden,
+        intermediate_size: intermediate,
+        num_hidden_layers: layers,
+        num_attention_heads: heads,
+        num_key_value_heads: kv_heads,
+        head_dim,
         rms_norm_eps: eps,
         rope,
         sliding_rope: None,
@@ -58,7 +52,7 @@ fn base(family: Family, s: Sizes, rope: Rope, eps: f64, tied: bool) -> ModelConf
         initializer_range: 0.02,
         qkv_bias: false,
         qk_norm: false,
-        layer_types: vec![LayerType::Full; s.layers as usize],
+        layer_types: vec![LayerType::Full; layers as usize],
         sliding_window: None,
         hidden_act: Activation::Silu,
         norm_style: NormStyle::Llama,
@@ -66,26 +60,6 @@ fn base(family: Family, s: Sizes, rope: Rope, eps: f64, tied: bool) -> ModelConf
         sandwich_norms: false,
         query_pre_attn_scalar: None,
         final_logit_softcapping: None,
-    }
-}
-
-fn sizes(
-    vocab: i64,
-    hidden: i64,
-    intermediate: i64,
-    layers: i64,
-    heads: i64,
-    kv_heads: i64,
-    head_dim: i64,
-) -> Sizes {
-    Sizes {
-        vocab,
-        hidden,
-        intermediate,
-        layers,
-        heads,
-        kv_heads,
-        head_dim,
     }
 }
 
@@ -132,7 +106,7 @@ fn qwen3(s: Sizes, tied: bool) -> ModelConfig {
 /// Gemma 3 text: five local (sliding, window 512, theta 1e4) layers to
 /// one global (theta 1e6), and the rest of Gemma's differences.
 fn gemma3(s: Sizes) -> ModelConfig {
-    let layers = s.layers;
+    let (_, _, _, layers, _, _, _) = s;
     ModelConfig {
         max_position_embeddings: 32768,
         bos_token_id: Some(2),
@@ -181,21 +155,21 @@ impl ModelConfig {
                 initializer_range: 0.125,
                 ..base(
                     Family::Llama,
-                    sizes(264, 64, 128, 2, 4, 2, 16),
+                    (264, 64, 128, 2, 4, 2, 16),
                     Rope::new(10000.0),
                     1e-5,
                     false,
                 )
             },
-            "llama3.2-1b" => llama(sizes(128256, 2048, 8192, 16, 32, 8, 64), true, 32.0),
-            "llama3.2-3b" => llama(sizes(128256, 3072, 8192, 28, 24, 8, 128), true, 32.0),
-            "llama3.1-8b" => llama(sizes(128256, 4096, 14336, 32, 32, 8, 128), false, 8.0),
-            "llama3.1-70b" => llama(sizes(128256, 8192, 28672, 80, 64, 8, 128), false, 8.0),
-            "llama3.1-405b" => llama(sizes(128256, 16384, 53248, 126, 128, 8, 128), false, 8.0),
-            "qwen2.5-0.5b" => qwen2(sizes(151936, 896, 4864, 24, 14, 2, 64), true, 32768),
-            "qwen2.5-7b" => qwen2(sizes(152064, 3584, 18944, 28, 28, 4, 128), false, 131072),
-            "qwen3-0.6b" => qwen3(sizes(151936, 1024, 3072, 28, 16, 8, 128), true),
-            "qwen3-8b" => qwen3(sizes(151936, 4096, 12288, 36, 32, 8, 128), false),
+            "llama3.2-1b" => llama((128256, 2048, 8192, 16, 32, 8, 64), true, 32.0),
+            "llama3.2-3b" => llama((128256, 3072, 8192, 28, 24, 8, 128), true, 32.0),
+            "llama3.1-8b" => llama((128256, 4096, 14336, 32, 32, 8, 128), false, 8.0),
+            "llama3.1-70b" => llama((128256, 8192, 28672, 80, 64, 8, 128), false, 8.0),
+            "llama3.1-405b" => llama((128256, 16384, 53248, 126, 128, 8, 128), false, 8.0),
+            "qwen2.5-0.5b" => qwen2((151936, 896, 4864, 24, 14, 2, 64), true, 32768),
+            "qwen2.5-7b" => qwen2((152064, 3584, 18944, 28, 28, 4, 128), false, 131072),
+            "qwen3-0.6b" => qwen3((151936, 1024, 3072, 28, 16, 8, 128), true),
+            "qwen3-8b" => qwen3((151936, 4096, 12288, 36, 32, 8, 128), false),
             // v0.3: the 32768 vocabulary, theta 1e6, no sliding window.
             "mistral-7b" => ModelConfig {
                 max_position_embeddings: 32768,
@@ -203,14 +177,14 @@ impl ModelConfig {
                 eos_token_ids: vec![2],
                 ..base(
                     Family::Mistral,
-                    sizes(32768, 4096, 14336, 32, 32, 8, 128),
+                    (32768, 4096, 14336, 32, 32, 8, 128),
                     Rope::new(1e6),
                     1e-5,
                     false,
                 )
             },
-            "gemma3-270m" => gemma3(sizes(262144, 640, 2048, 18, 4, 1, 256)),
-            "gemma3-1b" => gemma3(sizes(262144, 1152, 6912, 26, 4, 1, 256)),
+            "gemma3-270m" => gemma3((262144, 640, 2048, 18, 4, 1, 256)),
+            "gemma3-1b" => gemma3((262144, 1152, 6912, 26, 4, 1, 256)),
             other => return Err(ConfigError::UnknownPreset(other.to_string())),
         })
     }
