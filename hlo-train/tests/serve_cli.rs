@@ -520,9 +520,22 @@ fn bad_input_gets_its_status_and_the_server_keeps_answering() {
 
 #[test]
 fn a_full_queue_is_429_a_client_that_leaves_frees_its_slot_and_sigterm_finishes_in_flight_work() {
+    // A random model of the byte vocabulary (text prompts work) slow enough
+    // that the 500-token stream below outlasts the client's steps before it
+    // hangs up even on a loaded machine (about 10 ms a token; `tiny` takes
+    // about 1 ms, which raced).
+    let dir = scratch("serve", "queue");
+    let config = dir.join("config.json");
+    let slow = json!({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": 264, "hidden_size": 512, "intermediate_size": 1024,
+        "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "max_position_embeddings": 1024, "tie_word_embeddings": false,
+        "bos_token_id": 256, "eos_token_id": 257});
+    std::fs::write(&config, slow.to_string()).unwrap();
     let server = Server::start(&[
-        "--model",
-        "tiny",
+        "--config",
+        config.to_str().unwrap(),
         "--max-batch-size",
         "1",
         "--max-queue",
@@ -582,6 +595,7 @@ fn a_full_queue_is_429_a_client_that_leaves_frees_its_slot_and_sigterm_finishes_
     assert_eq!(v["usage"]["completion_tokens"], 200);
     let code = server.child.wait().unwrap();
     assert_eq!(code.code(), Some(0));
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
