@@ -6,6 +6,7 @@
 //! leaves the previous one (or its `.old` copy) readable; temporaries a
 //! killed process left behind are removed by the next run.
 
+use hlo_models::attention::AttentionKind;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -88,6 +89,16 @@ impl RunSettings {
         s.set("dtype", c.dtype.to_string());
         s.set("scan-layers", if c.scan_layers { "on" } else { "off" });
         s.set("remat", if c.remat_layers { "layers" } else { "none" });
+        match c.attention {
+            AttentionKind::Naive => s.set("attention", "naive"),
+            AttentionKind::Blockwise { block } => {
+                s.set("attention", "blockwise");
+                s.set("attention-block", block);
+            }
+        }
+        if let Some(chunk) = c.loss_chunk {
+            s.set("loss-chunk", chunk);
+        }
         s
     }
 

@@ -3,14 +3,17 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use hlo_engine::ir::DType;
+use hlo_engine::models::attention::{default_block, AttentionKind};
 use hlo_engine::models::decoder::{LoraConfig, ModelConfig};
+use hlo_engine::models::loss::default_loss_chunk;
 use hlo_engine::models::train::{Optimizer, Schedule, TrainConfig};
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::runtime::{PluginKind, PluginSpec};
 use hlo_engine::{BackendOptions, DataSpec, Model, ModelSource};
+use serde_json::json;
 
 /// `--plugin` and `--devices`.
 #[derive(Args, Clone, Debug)]
@@ -159,6 +162,13 @@ pub enum Toggle {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AttentionArg {
+    Auto,
+    Naive,
+    Blockwise,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum RematArg {
     None,
     Layers,
@@ -179,6 +189,27 @@ pub struct StepArgs {
     /// forward of compute). A scan over layers always works this way.
     #[arg(long, value_enum, default_value = "none")]
     pub remat: RematArg,
+
+    /// How attention is computed: `naive` holds every head's [seq, seq]
+    /// scores; `blockwise` (FlashAttention's algorithm) one block of them
+    /// at a time, memory linear in --seq; auto: blockwise from 256
+    /// tokens, where it is also the faster on the CPU.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub attention: AttentionArg,
+
+    /// Queries and keys per block of blockwise attention, dividing --seq
+    /// (default: seq/8 within 64..=256, or the largest divisor of --seq
+    /// below that); implies blockwise under --attention auto.
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+    pub attention_block: Option<i64>,
+
+    /// Positions of each row whose logits the loss computes at a time
+    /// (dividing --seq), so [tokens, vocab] logits are never all held
+    /// (default: whole rows while one device's rows x seq x vocab f32
+    /// logits stay under 256 MiB, else the largest divisor of --seq that
+    /// keeps a chunk under it).
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+    pub loss_chunk: Option<i64>,
 
     /// Micro-batches of --batch rows per optimizer step; the update is that
     /// of one batch of K·batch rows (the loss normalised by all of their
@@ -368,6 +399,45 @@ impl StepArgs {
             grad_accum: self.grad_accum,
             // `auto` is decided by `train` from the data.
             packing: self.packing == Toggle::On,
+            attention: self.attention_kind()?,
+            loss_chunk: Some(match self.loss_chunk {
+                Some(c) if self.seq % c != 0 => {
+                    bail!("--loss-chunk {c} does not divide --seq {}", self.seq)
+                }
+                Some(c) => c,
+                // The rows one device holds decide what its logits take.
+                None => {
+                    let shards: i64 = ["dp", "fsdp"]
+                        .iter()
+                        .filter_map(|a| mesh.axis_size(a))
+                        .product();
+                    default_loss_chunk(
+                        (self.batch / shards.max(1)).max(1),
+                        self.seq,
+                        config.vocab_size,
+                    )
+                }
+            }),
+        })
+    }
+
+    /// The attention these flags choose for rows of --seq tokens.
+    pub fn attention_kind(&self) -> Result<AttentionKind> {
+        let seq = self.seq;
+        let block = match self.attention_block {
+            Some(b) if seq % b != 0 => bail!("--attention-block {b} does not divide --seq {seq}"),
+            Some(b) => b,
+            None => default_block(seq),
+        };
+        Ok(match (self.attention, self.attention_block) {
+            (AttentionArg::Naive, Some(_)) => {
+                bail!("--attention-block sets the blocks of --attention blockwise, not naive")
+            }
+            (AttentionArg::Naive, None) => AttentionKind::Naive,
+            (AttentionArg::Blockwise, _) | (AttentionArg::Auto, Some(_)) => {
+                AttentionKind::Blockwise { block }
+            }
+            (AttentionArg::Auto, None) => AttentionKind::auto(seq),
         })
     }
 }
@@ -401,5 +471,14 @@ pub fn printable(text: &str, ids: &[u32]) -> String {
         format!("token ids [{}] (not valid text)", ids.join(", "))
     } else {
         format!("\"{}\"", text.escape_debug())
+    }
+}
+
+/// The attention of a step as JSON: `{"kind": "naive"}` or `{"kind":
+/// "blockwise", "block": 512}`.
+pub fn attention_json(tc: &TrainConfig) -> serde_json::Value {
+    match tc.attention {
+        AttentionKind::Naive => json!({"kind": "naive"}),
+        AttentionKind::Blockwise { block } => json!({"kind": "blockwise", "block": block}),
     }
 }

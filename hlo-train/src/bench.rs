@@ -63,6 +63,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         None,
     )?;
     let name = model.name.clone();
+    let vocab = model.config.vocab_size;
     let mut session = Session::new(
         backend,
         model,
@@ -87,6 +88,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "batch": tc.batch,
             "seq": tc.seq,
             "scan_layers": tc.scan_layers,
+            "attention": crate::args::attention_json(&tc),
+            "loss_chunk": tc.loss_chunk_for(vocab),
             "tokens_per_s": r.tokens_per_s,
             "step_time_s": r.step_time_s,
             "mfu": r.mfu,
@@ -99,9 +102,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         println!("{v}");
     } else {
         println!(
-            "{name} {mode} on {mesh} ({device}): batch {} × seq {}: median step {:.2} ms over {} steps, {:.0} tokens/s, MFU {:.1}%, compile {:.1}s, peak memory {} per device",
+            "{name} {mode} on {mesh} ({device}): batch {} × seq {}, {}: median step {:.2} ms over {} steps, {:.0} tokens/s, MFU {:.1}%, compile {:.1}s, peak memory {} per device",
             tc.batch,
             tc.seq,
+            tc.long_context_summary(vocab),
             r.step_time_s * 1e3,
             r.step_times.len(),
             r.tokens_per_s,

@@ -9,6 +9,7 @@ use std::io::Write;
 use anyhow::Result;
 use hlo_engine::data::Tokenizer;
 use hlo_engine::models::adapter::Adapter;
+use hlo_engine::models::attention::AttentionKind;
 use hlo_engine::{EvalReport, Generator, Hooks, Mode, Sampling, Session, StepReport, TracedValue};
 
 use crate::args::printable;
@@ -177,9 +178,14 @@ pub fn print_header(
     } else {
         c.rows() as f64
     };
+    // Said only when the step departs from the plain forms.
+    let long = match (c.attention, c.loss_chunk_for(model.config.vocab_size)) {
+        (AttentionKind::Naive, chunk) if chunk >= c.seq => String::new(),
+        _ => format!("; {}", c.long_context_summary(model.config.vocab_size)),
+    };
     let remaining = (args.steps - session.steps_done()).max(0) as f64;
     println!(
-        "training {} ({} parameters, {}) on {} ({}): {trained}; batch {} × seq {}{accum}; {}",
+        "training {} ({} parameters, {}) on {} ({}): {trained}; batch {} × seq {}{accum}{long}; {}",
         model.name,
         model.config.parameter_count(),
         c.dtype,

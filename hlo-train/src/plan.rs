@@ -129,6 +129,9 @@ pub fn run(args: &PlanArgs) -> Result<()> {
             "model": model.name,
             "mesh": mesh.to_string(),
             "dtype": dtype.to_string(),
+            "seq": tc.seq,
+            "attention": crate::args::attention_json(&tc),
+            "loss_chunk": tc.loss_chunk_for(config.vocab_size),
             "per_device": {
                 "weights_bytes": p.weights_bytes,
                 "lora_bytes": p.lora_bytes,
@@ -160,7 +163,7 @@ pub fn run(args: &PlanArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "plan: {} ({} parameters, {dtype}), {} step, batch {} × seq {}, mesh {mesh}{}",
+        "plan: {} ({} parameters, {dtype}), {} step, batch {} × seq {}, mesh {mesh}{}, {}",
         model.name,
         config.parameter_count(),
         if tc.lora.is_some() { "LoRA" } else { "full" },
@@ -170,7 +173,8 @@ pub fn run(args: &PlanArgs) -> Result<()> {
             ", layers scanned (rematerialized per layer)"
         } else {
             ""
-        }
+        },
+        tc.long_context_summary(config.vocab_size)
     );
     println!("per device:");
     println!("  weights            {:>12}", gb(p.weights_bytes));

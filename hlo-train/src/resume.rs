@@ -19,7 +19,7 @@ use crate::train::TrainArgs;
 
 /// The settings that are flags of `train`, by long name. (A setting that
 /// names a file is compared by the file's identity too: `*-fingerprint`.)
-pub const FLAG_SETTINGS: [&str; 28] = [
+pub const FLAG_SETTINGS: [&str; 31] = [
     "model",
     "config",
     "checkpoint",
@@ -48,6 +48,9 @@ pub const FLAG_SETTINGS: [&str; 28] = [
     "clip-norm",
     "scan-layers",
     "remat",
+    "attention",
+    "attention-block",
+    "loss-chunk",
 ];
 
 /// Flags that pick the model; one given replaces all saved ones.
@@ -72,6 +75,10 @@ pub fn effective_argv(
             continue;
         };
         if given.contains(&id(flag)) || (model_given && MODEL_FLAGS.contains(&flag)) {
+            continue;
+        }
+        // A block size belongs to the attention it was saved with.
+        if flag == "attention-block" && given.contains("attention") {
             continue;
         }
         match value {

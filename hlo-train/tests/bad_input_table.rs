@@ -305,6 +305,18 @@ fn bad_input_table() {
             vec!["bench".into(), "--batch".into(), "0".into()],
         ),
         (
+            "--attention-block that does not divide --seq",
+            train(&["--attention-block", "3"]),
+        ),
+        (
+            "--attention-block with --attention naive",
+            train(&["--attention", "naive", "--attention-block", "4"]),
+        ),
+        (
+            "--loss-chunk that does not divide --seq",
+            train(&["--loss-chunk", "5"]),
+        ),
+        (
             "--resume from a folder without a checkpoint",
             train(&["--resume", &r]),
         ),

@@ -88,6 +88,39 @@ fn scanned_layers_train_as_pytorch_peft_does() {
 }
 
 #[test]
+fn blockwise_attention_and_a_chunked_loss_train_as_pytorch_peft_does() {
+    // Blocks of one token (every window and the diagonal cut blocks) and
+    // one position of each row per loss chunk; then Gemma scanned on a
+    // mesh with one block of the whole row.
+    let blocks = [
+        "--attention",
+        "blockwise",
+        "--attention-block",
+        "1",
+        "--loss-chunk",
+        "1",
+    ];
+    for name in FAMILIES {
+        one_step_equals_peft(name, "sgd", &blocks);
+    }
+    let llama = fixture("gqa_llama3");
+    let blocks_of_3 = ["--attention-block", "3", "--loss-chunk", "3"];
+    std::fs::remove_dir_all(step_equals_pytorch(&llama, "sgd", &blocks_of_3)).unwrap();
+    one_step_equals_peft(
+        "gemma3",
+        "adamw",
+        &[
+            "--attention",
+            "blockwise",
+            "--scan-layers",
+            "on",
+            "--mesh",
+            "dp=2,fsdp=2,mp=2",
+        ],
+    );
+}
+
+#[test]
 fn merged_adapters_give_the_adapters_logits() {
     let tmp = scratch("families", "merge");
     for name in FAMILIES {

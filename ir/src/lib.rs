@@ -42,9 +42,10 @@ pub use graph::{Binding, Function, Node, SubFunction, ValueDef, ValueId, ValueIn
 pub use interpret::{interpret, InterpretError};
 pub use literal::{round_to, wrap_to, Literal};
 pub use op::{Lowering, Op, OpRule, Region, Spelling, Vjp};
-pub use passes::{cse, dce, fold_constants, lower_scans, simplify};
+pub use passes::{cse, dce, expand, fold_constants, inline_custom_vjps, lower_scans, simplify};
 pub use tensor::{
-    broadcast_shapes, constant, fori_loop, full, iota, optimization_barrier, scan, while_loop,
+    broadcast_shapes, constant, custom_vjp, fori_loop, full, iota, optimization_barrier, scan,
+    while_loop,
 };
 pub use trace::{call, checkpoint, scope, trace, Inputs, Outputs, Tensor, TraceError};
 pub use types::TensorType;

@@ -193,6 +193,8 @@ op_set! {
     While(While),
     /// A loop of fixed length over stacked inputs (layers).
     Scan(Scan),
+    /// A computation with its own backward rule.
+    CustomVjp(CustomVjp),
     /// The identity, through which no gradient flows.
     StopGradient(StopGradient),
     /// The identity on several values, which XLA may not look through

@@ -1,6 +1,7 @@
 //! Graph passes: dead-code elimination, common-subexpression elimination,
 //! folding of small constant expressions ([`simplify`] runs all three), and
-//! the rewriting of scans into while loops that printing needs
+//! the rewritings that printing needs ([`expand`]): custom-VJP calls
+//! inlined ([`inline_custom_vjps`]) and scans into while loops
 //! ([`lower_scans`]). Each returns a new, verified function with the same
 //! inputs and outputs.
 
@@ -196,32 +197,22 @@ pub fn simplify(f: &Function) -> Function {
     dce(&cse(&fold_constants(f, 64)))
 }
 
-/// Rewrites every `scan` (also inside loop bodies and other scans) into a
-/// `while` over dynamic slices and dynamic updates, as JAX lowers scans. A
-/// scan's rule lowers to [`crate::Lowering::Expanded`] by this pass: the
-/// printers of `hlo-lowering` run it first.
-pub fn lower_scans(f: &Function) -> Function {
-    if !has_scan(f) {
-        return f.clone();
-    }
+/// What the printers run first: every op whose rule lowers to
+/// [`crate::Lowering::Expanded`] rewritten into ops they print.
+pub fn expand(f: &Function) -> Function {
+    lower_scans(&inline_custom_vjps(f))
+}
+
+/// `f` retraced with `special` given the first say on each node (as
+/// [`crate::trace::replay_with`]): what the rewriting passes share.
+fn rewrite(f: &Function, special: &crate::trace::Special, what: &str) -> Function {
     let inputs: Vec<(String, crate::TensorType)> = f
         .inputs
         .iter()
         .map(|b| (b.name.clone(), f.ty(b.value).clone()))
         .collect();
     crate::trace(&f.name, &inputs, |i| {
-        let vals = crate::trace::replay_with(f, i.tensors(), &|node, operands| match &node.op {
-            Op::Scan(s) => Some(expand_scan(s, operands)),
-            Op::While(w) if has_scan(&w.cond) || has_scan(&w.body) => Some(crate::trace::apply(
-                Op::While(crate::ops::While {
-                    cond: lower_scans(&w.cond).into(),
-                    body: lower_scans(&w.body).into(),
-                }),
-                operands,
-                operands.len(),
-            )),
-            _ => None,
-        });
+        let vals = crate::trace::replay_with(f, i.tensors(), special);
         let mut out = crate::Outputs::new();
         for b in &f.outputs {
             out = out.add(
@@ -231,7 +222,71 @@ pub fn lower_scans(f: &Function) -> Function {
         }
         out
     })
-    .expect("a valid scan lowers to a valid loop")
+    .unwrap_or_else(|e| panic!("{what} gave an invalid function: {e}"))
+}
+
+/// Replaces every `custom_vjp` (also inside loop and scan bodies) by its
+/// forward function's ops: the backward rule matters only to autodiff,
+/// which has run by the time a program is printed.
+pub fn inline_custom_vjps(f: &Function) -> Function {
+    if !has_custom_vjp(f) {
+        return f.clone();
+    }
+    let special = |node: &crate::Node, operands: &[crate::Tensor]| match &node.op {
+        Op::CustomVjp(c) => Some(crate::call(&inline_custom_vjps(&c.forward), operands)),
+        Op::Scan(s) if has_custom_vjp(&s.body) => Some(crate::trace::apply(
+            Op::Scan(crate::ops::Scan {
+                body: inline_custom_vjps(&s.body).into(),
+                ..s.clone()
+            }),
+            operands,
+            node.results.len(),
+        )),
+        Op::While(w) if has_custom_vjp(&w.cond) || has_custom_vjp(&w.body) => {
+            Some(crate::trace::apply(
+                Op::While(crate::ops::While {
+                    cond: inline_custom_vjps(&w.cond).into(),
+                    body: inline_custom_vjps(&w.body).into(),
+                }),
+                operands,
+                operands.len(),
+            ))
+        }
+        _ => None,
+    };
+    rewrite(f, &special, "inlining a custom_vjp")
+}
+
+fn has_custom_vjp(f: &Function) -> bool {
+    f.nodes.iter().any(|n| match &n.op {
+        Op::CustomVjp(_) => true,
+        Op::Scan(s) => has_custom_vjp(&s.body),
+        Op::While(w) => has_custom_vjp(&w.cond) || has_custom_vjp(&w.body),
+        _ => false,
+    })
+}
+
+/// Rewrites every `scan` (also inside loop bodies and other scans) into a
+/// `while` over dynamic slices and dynamic updates, as JAX lowers scans. A
+/// scan's rule lowers to [`crate::Lowering::Expanded`] by this pass: the
+/// printers of `hlo-lowering` run it first.
+pub fn lower_scans(f: &Function) -> Function {
+    if !has_scan(f) {
+        return f.clone();
+    }
+    let special = |node: &crate::Node, operands: &[crate::Tensor]| match &node.op {
+        Op::Scan(s) => Some(expand_scan(s, operands)),
+        Op::While(w) if has_scan(&w.cond) || has_scan(&w.body) => Some(crate::trace::apply(
+            Op::While(crate::ops::While {
+                cond: lower_scans(&w.cond).into(),
+                body: lower_scans(&w.body).into(),
+            }),
+            operands,
+            operands.len(),
+        )),
+        _ => None,
+    };
+    rewrite(f, &special, "lowering a scan")
 }
 
 fn has_scan(f: &Function) -> bool {

@@ -676,3 +676,102 @@ pub(crate) fn scan_with(
         }
     }
 }
+
+/// `jax.custom_vjp`: the outputs of `forward` on `operands`, whose
+/// gradient autodiff takes from `backward` instead of differentiating
+/// `forward`'s ops.
+///
+/// `forward` receives the operands by name and returns `(outputs,
+/// residuals)`: the residuals are kept for the backward pass and never
+/// seen by the caller. `backward` receives the operands by their names,
+/// the outputs as `output.K`, the residuals as `residual.K` and the
+/// outputs' cotangents as `cotangent.K`, and returns one cotangent per
+/// operand (`None`: zero; always `None` for an integer operand). Like a
+/// loop body, each may use only its inputs.
+///
+/// ```
+/// use hlo_ir::{custom_vjp, interpret, trace, value_and_grad, DType, Literal, TensorType};
+/// let t = TensorType::scalar(DType::F64);
+/// // exp(x), whose backward reuses the forward's result.
+/// let f = trace("exp", &[("x", t.clone())], |i| {
+///     let y = custom_vjp(
+///         &[("x", i["x"])],
+///         |i| (vec![i["x"].exp()], vec![]),
+///         |i| vec![Some(i["cotangent.0"] * i["output.0"])],
+///     );
+///     vec![("loss", y[0])]
+/// })
+/// .unwrap();
+/// let g = value_and_grad(&f, "loss", &["x"]).unwrap();
+/// let out = interpret(&g, &[Literal::from_f64s(t, &[1.0])]).unwrap();
+/// assert_eq!(out[1].to_f64s(), vec![std::f64::consts::E]);
+/// ```
+pub fn custom_vjp(
+    operands: &[(&str, Tensor)],
+    forward: impl FnOnce(&crate::Inputs) -> (Vec<Tensor>, Vec<Tensor>),
+    backward: impl FnOnce(&crate::Inputs) -> Vec<Option<Tensor>>,
+) -> Vec<Tensor> {
+    let scope = with_current(|b| b.scope_name());
+    let args: Vec<Tensor> = operands.iter().map(|(_, t)| *t).collect();
+    let inputs: Vec<(String, TensorType)> = operands
+        .iter()
+        .map(|(n, t)| (n.to_string(), t.ty()))
+        .collect();
+    let mut num_outputs = 0;
+    let traced = (|| {
+        let fwd = trace(&format!("{scope}.forward"), &inputs, |i| {
+            let (outputs, residuals) = forward(i);
+            num_outputs = outputs.len();
+            let mut out = crate::Outputs::new();
+            for (k, t) in outputs.iter().enumerate() {
+                out = out.add(format!("output.{k}"), *t);
+            }
+            for (k, t) in residuals.iter().enumerate() {
+                out = out.add(format!("residual.{k}"), *t);
+            }
+            out
+        })?;
+        let mut bwd_inputs = inputs.clone();
+        let results = fwd.output_types();
+        for (k, t) in results.iter().enumerate() {
+            let name = if k < num_outputs {
+                format!("output.{k}")
+            } else {
+                format!("residual.{}", k - num_outputs)
+            };
+            bwd_inputs.push((name, t.clone()));
+        }
+        for (k, t) in results[..num_outputs].iter().enumerate() {
+            bwd_inputs.push((format!("cotangent.{k}"), t.clone()));
+        }
+        let bwd = trace(&format!("{scope}.backward"), &bwd_inputs, |i| {
+            let grads = backward(i);
+            let mut out = crate::Outputs::new();
+            for (k, ((name, ty), g)) in inputs.iter().zip(grads).enumerate() {
+                if ty.dtype.is_float() {
+                    out = out.add(
+                        format!("grad.{k}.{name}"),
+                        g.unwrap_or_else(|| full(ty.clone(), 0.0)),
+                    );
+                }
+            }
+            out
+        })?;
+        Ok::<_, crate::TraceError>((fwd, bwd))
+    })();
+    match traced {
+        Ok((fwd, bwd)) => {
+            let n = fwd.outputs.len();
+            let op = Op::CustomVjp(CustomVjp {
+                forward: fwd.into(),
+                backward: bwd.into(),
+                num_outputs,
+            });
+            apply(op, &args, n)[..num_outputs].to_vec()
+        }
+        Err(e) => {
+            let t = fail("custom_vjp", &args, format!("{e}"));
+            vec![t; num_outputs.max(1)]
+        }
+    }
+}

@@ -281,13 +281,13 @@ fn mark_root(lines: &str, name: &str) -> String {
 /// assert!(text.contains("add(f32[2]{0} %Arg_0.1, f32[2]{0} %Arg_0.1)"));
 /// ```
 pub fn to_hlo_text(f: &Function) -> String {
-    print(&hlo_ir::lower_scans(f), None)
+    print(&hlo_ir::expand(f), None)
 }
 
 /// `f` with GSPMD `sharding={...}` on parameters, the result tuple and
 /// sharding constraints.
 pub fn to_hlo_text_sharded(f: &Function, shardings: &FunctionShardings) -> String {
-    print(&hlo_ir::lower_scans(f), Some(shardings))
+    print(&hlo_ir::expand(f), Some(shardings))
 }
 
 fn print(f: &Function, shardings: Option<&FunctionShardings>) -> String {

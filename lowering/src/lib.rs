@@ -4,8 +4,8 @@
 //! for PJRT compilation, and HLO text (`HloModule`, `ENTRY`,
 //! `metadata={op_name=...}`) for dumps and review. How each op lowers comes
 //! from its rule in `hlo-ir` ([`hlo_ir::Lowering`]: its spelling, nothing
-//! for an identity, a sharding constraint, or a rewrite by a pass such as
-//! `lower_scans`, which the printers run first); this crate writes module
+//! for an identity, a sharding constraint, or a rewrite by the passes of
+//! `hlo_ir::expand`, which the printers run first); this crate writes module
 //! structure, value names, types, regions, locations and shardings. Output
 //! is deterministic: the same function prints byte-identical text.
 //!

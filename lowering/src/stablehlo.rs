@@ -214,8 +214,8 @@ pub fn to_stablehlo_with(
     shardings: Option<&FunctionShardings>,
     donated: &[(usize, usize)],
 ) -> String {
-    // Scans are written as while loops.
-    print(&hlo_ir::lower_scans(f), shardings, donated)
+    // Scans are written as while loops, custom-VJP calls as their forward.
+    print(&hlo_ir::expand(f), shardings, donated)
 }
 
 fn print(

@@ -45,6 +45,13 @@ pub enum ModelError {
     UnwritableDType(DType),
     #[error("building the gradient: {0}")]
     Gradient(hlo_ir::AutodiffError),
+    /// A block or chunk size that does not divide the sequence.
+    #[error("the {what} ({size}) must divide the sequence ({seq})")]
+    NotDividingSeq {
+        what: &'static str,
+        size: i64,
+        seq: i64,
+    },
     #[error(transparent)]
     Trace(#[from] hlo_ir::TraceError),
     #[error(transparent)]

@@ -6,7 +6,8 @@
 //! defines it; the train, eval, forward and decode steps as traced
 //! functions whose inputs carry typed [`roles`] (weight, trainable,
 //! optimizer state of X, batch field, step counter, cache); losses,
-//! optimizers and schedules ([`train`], [`loss`]); safetensors checkpoints (HF in,
+//! optimizers and schedules ([`train`], [`loss`]); attention in the naive
+//! and the blockwise (FlashAttention) form ([`attention`]); safetensors checkpoints (HF in,
 //! [`checkpoint`]) and PEFT adapters in and out ([`adapter`]); and a small
 //! example MLP ([`mlp`]).
 //!
@@ -26,6 +27,7 @@
 //! ```
 
 pub mod adapter;
+pub mod attention;
 pub mod checkpoint;
 pub mod decoder;
 mod error;

@@ -4,11 +4,12 @@
 
 use hlo_ir::{call, full, scan, scope, trace, value_and_grad, DType, Outputs, Tensor, TensorType};
 
+use crate::attention::AttentionKind;
 use crate::decoder::{
     base_parameter_types, is_stacked, lora_parameter_types, stack_types, Decoder, LoraConfig,
     ModelConfig, Params,
 };
-use crate::loss::{masked_cross_entropy, masked_cross_entropy_sum};
+use crate::loss::{chunked_cross_entropy_sum, default_loss_chunk, masked_cross_entropy_sum, mean};
 use crate::roles::{BatchField, Moment, Role, Step, StepInput};
 use crate::ModelError;
 
@@ -83,6 +84,13 @@ pub struct TrainConfig {
     /// Rows hold several samples (`positions` and `segment_ids` inputs,
     /// see [`Decoder::forward_packed`]).
     pub packing: bool,
+    /// How attention is computed ([`AttentionKind::auto`] by default).
+    pub attention: AttentionKind,
+    /// Positions of each row whose logits the loss computes at a time
+    /// (dividing `seq`); `None`: [`default_loss_chunk`] of the shapes on
+    /// one device (a caller that splits the batch passes its rows per
+    /// device to it instead).
+    pub loss_chunk: Option<i64>,
 }
 
 impl TrainConfig {
@@ -105,6 +113,8 @@ impl TrainConfig {
             remat_layers: false,
             grad_accum: 1,
             packing: false,
+            attention: AttentionKind::auto(seq),
+            loss_chunk: None,
         }
     }
 
@@ -123,6 +133,28 @@ impl TrainConfig {
     pub fn with_optimizer(mut self, optimizer: Optimizer) -> TrainConfig {
         self.optimizer = optimizer;
         self
+    }
+
+    /// Positions per chunk of the loss for a vocabulary of `vocab`.
+    pub fn loss_chunk_for(&self, vocab: i64) -> i64 {
+        self.loss_chunk
+            .unwrap_or_else(|| default_loss_chunk(self.batch, self.seq, vocab))
+    }
+
+    /// How the step holds attention and the loss, for progress and plan
+    /// lines: `naive attention, whole-row loss` or `blockwise attention
+    /// (blocks of 512), loss in chunks of 1024 positions`.
+    pub fn long_context_summary(&self, vocab: i64) -> String {
+        let attention = match self.attention {
+            AttentionKind::Naive => "naive attention".to_string(),
+            AttentionKind::Blockwise { block } => {
+                format!("blockwise attention (blocks of {block})")
+            }
+        };
+        match self.loss_chunk_for(vocab) {
+            c if c >= self.seq => format!("{attention}, whole-row loss"),
+            c => format!("{attention}, loss in chunks of {c} positions"),
+        }
     }
 
     /// Rows of a step: micro-batches × batch.
@@ -166,6 +198,20 @@ type LossInputs = (
 fn loss_inputs(config: &ModelConfig, tc: &TrainConfig) -> Result<LossInputs, ModelError> {
     if let (true, Some(l)) = (tc.scan_layers, &tc.lora) {
         l.check_uniform(config.num_hidden_layers)?;
+    }
+    let blocks = match tc.attention {
+        AttentionKind::Blockwise { block } => Some(("attention block", block)),
+        AttentionKind::Naive => None,
+    };
+    let chunk = ("loss chunk", tc.loss_chunk_for(config.vocab_size));
+    for (what, size) in blocks.into_iter().chain([chunk]) {
+        if size < 1 || tc.seq % size != 0 {
+            return Err(ModelError::NotDividingSeq {
+                what,
+                size,
+                seq: tc.seq,
+            });
+        }
     }
     let stack = |t: Vec<(String, TensorType)>| {
         if tc.scan_layers {
@@ -241,19 +287,29 @@ fn role_of(tc: &TrainConfig) -> impl Fn(&str) -> StepInput + '_ {
     }
 }
 
-/// The logits of the batch in `i`, packed or not.
-fn logits_of(model: &Decoder, i: &hlo_ir::Inputs, tc: &TrainConfig) -> Tensor {
-    if tc.packing {
-        model.forward_packed(
-            &Params(i),
-            i["input_ids"],
-            i["positions"],
-            i["segment_ids"],
-            tc.dtype,
-        )
-    } else {
-        model.forward(&Params(i), i["input_ids"], tc.dtype)
+/// The summed masked cross-entropy of the batch in `i` (packed or not)
+/// and its token count: the LM head and the loss a chunk of positions at a
+/// time when the chunk is shorter than a row.
+fn loss_sum_of(model: &Decoder, i: &hlo_ir::Inputs, tc: &TrainConfig) -> (Tensor, Tensor) {
+    let packed = tc.packing.then(|| (i["positions"], i["segment_ids"]));
+    let h = model.last_hidden(&Params(i), i["input_ids"], packed, tc.dtype);
+    let chunk = tc.loss_chunk_for(model.config.vocab_size);
+    let (ids, mask) = (i["input_ids"], i["loss_mask"]);
+    if chunk >= tc.seq {
+        let logits = model.lm_head(&Params(i), h);
+        return scope("loss", || masked_cross_entropy_sum(logits, ids, mask));
     }
+    let head = model.lm_head_name();
+    scope("loss", || {
+        chunked_cross_entropy_sum(
+            h,
+            &[(head, i[head])],
+            |c, h| model.logits(c[head], h),
+            ids,
+            mask,
+            chunk,
+        )
+    })
 }
 
 fn model<'a>(config: &'a ModelConfig, tc: &'a TrainConfig) -> Decoder<'a> {
@@ -263,6 +319,7 @@ fn model<'a>(config: &'a ModelConfig, tc: &'a TrainConfig) -> Decoder<'a> {
         batch_axes: tc.batch_axes.clone(),
         scan_layers: tc.scan_layers,
         remat_layers: tc.remat_layers,
+        attention: tc.attention,
     }
 }
 
@@ -273,10 +330,7 @@ pub fn eval_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelEr
     let (_, _, inputs) = loss_inputs(config, tc)?;
     let model = model(config, tc);
     let function = trace("llama_eval", &inputs, |i| {
-        let logits = logits_of(&model, i, tc);
-        let (sum, count) = scope("loss", || {
-            masked_cross_entropy_sum(logits, i["input_ids"], i["loss_mask"])
-        });
+        let (sum, count) = loss_sum_of(&model, i, tc);
         Outputs::new().add("loss_sum", sum).add("tokens", count)
     })?;
     // One micro-batch at a time: no accumulation axis.
@@ -305,13 +359,7 @@ pub fn train_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelE
     };
     let model = model(config, tc);
     let loss_fn = trace("llama_loss", &loss_inputs, |i| {
-        let logits = logits_of(&model, i, tc);
-        Outputs::new().add(
-            "loss",
-            scope("loss", || {
-                masked_cross_entropy(logits, i["input_ids"], i["loss_mask"])
-            }),
-        )
+        Outputs::new().add("loss", mean(loss_sum_of(&model, i, tc)))
     })?;
     let names: Vec<&str> = trainable.iter().map(|(n, _)| n.as_str()).collect();
     let grads = value_and_grad(&loss_fn, "loss", &names)?;
@@ -320,10 +368,7 @@ pub fn train_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelE
     let accum = tc.grad_accum.max(1);
     let micro = if accum > 1 {
         let sum_fn = trace("llama_loss_sum", &loss_inputs, |i| {
-            let logits = logits_of(&model, i, tc);
-            let (sum, count) = scope("loss", || {
-                masked_cross_entropy_sum(logits, i["input_ids"], i["loss_mask"])
-            });
+            let (sum, count) = loss_sum_of(&model, i, tc);
             Outputs::new().add("loss_sum", sum).add("tokens", count)
         })?;
         Some(value_and_grad(&sum_fn, "loss_sum", &names)?)

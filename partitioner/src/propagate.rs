@@ -143,7 +143,8 @@ pub fn propagate(
         | Op::Scatter(_)
         | Op::RngBitGenerator(_)
         | Op::While(_)
-        | Op::Scan(_) => results
+        | Op::Scan(_)
+        | Op::CustomVjp(_) => results
             .iter()
             .map(|_| PartitionSpec::replicated())
             .collect(),

@@ -729,3 +729,114 @@ fn scan_forward_and_gradients() {
         },
     );
 }
+
+/// `x·w` through `custom_vjp` with a hand-written backward that reads a
+/// residual (`w` transposed), an integer operand (a row mask) that gets
+/// no cotangent, and softplus of the product as a second output.
+fn masked_product(x: Tensor, w: Tensor, keep: Tensor) -> Vec<Tensor> {
+    hlo_ir::custom_vjp(
+        &[("x", x), ("w", w), ("keep", keep)],
+        |i| {
+            let on = i["keep"].ne(i["keep"].scalar_like(0.0));
+            let y = i["x"].matmul(i["w"]);
+            let on = on.broadcast_in_dim(&y.dims(), &[0]);
+            let y = on.where_(y, y.scalar_like(0.0));
+            let soft = (y.exp() + 1.0).log();
+            (vec![y, soft], vec![i["w"].transpose(&[1, 0])])
+        },
+        |i| {
+            let y = i["output.0"];
+            let on = i["keep"]
+                .ne(i["keep"].scalar_like(0.0))
+                .broadcast_in_dim(&y.dims(), &[0]);
+            // d softplus(y) = logistic(y); both outputs flow back through y.
+            let gy = i["cotangent.0"] + i["cotangent.1"] * y.logistic();
+            let gy = on.where_(gy, gy.scalar_like(0.0));
+            vec![
+                Some(gy.matmul(i["residual.0"])),
+                Some(i["x"].transpose(&[1, 0]).matmul(gy)),
+                None,
+            ]
+        },
+    )
+}
+
+#[test]
+fn custom_vjp_backward_gives_the_gradients() {
+    let keep = TensorType::new(DType::I32, [3]);
+    let body = |i: &hlo_ir::Inputs| {
+        let keep = hlo_ir::constant(Literal::from_f64s(
+            TensorType::new(DType::I32, [3]),
+            &[1.0, 0.0, 1.0],
+        ));
+        masked_product(i["x"], i["w"], keep)
+    };
+    check_grads(
+        "custom_vjp",
+        &[
+            arg("x", F64, &[3, 4], -1.0, 1.0),
+            arg("w", F64, &[4, 2], -1.0, 1.0),
+        ],
+        &["x", "w"],
+        RTOL,
+        body,
+    );
+    // Inside a scan body (a layer's attention is one), also by differences.
+    check_grads(
+        "custom_vjp_in_scan",
+        &[
+            arg("x", F64, &[3, 4], -1.0, 1.0),
+            arg("w", F64, &[2, 4, 4], -0.7, 0.7),
+        ],
+        &["x", "w"],
+        RTOL,
+        |i| {
+            let (carry, _) = hlo_ir::scan(&[("h", i["x"])], &[("w", i["w"])], &[], |l| {
+                let keep = hlo_ir::constant(Literal::from_f64s(
+                    TensorType::new(DType::I32, [3]),
+                    &[1.0, 1.0, 0.0],
+                ));
+                let out = masked_product(l["h"], l["w"], keep);
+                (vec![out[1].tanh()], vec![])
+            });
+            vec![carry[0]]
+        },
+    );
+    // An integer operand is accepted and gets no gradient.
+    let f = trace(
+        "int_operand",
+        &[("x", TensorType::new(F64, [3, 4])), ("keep", keep)],
+        |i| {
+            let w = full(TensorType::new(F64, [4, 2]), 0.5);
+            let out = masked_product(i["x"], w, i["keep"]);
+            vec![("loss", out[1].sum(&[0, 1]))]
+        },
+    )
+    .unwrap();
+    assert!(value_and_grad(&f, "loss", &["keep"]).is_err());
+    value_and_grad(&f, "loss", &["x"]).unwrap();
+}
+
+#[test]
+fn custom_vjp_uses_its_rule_not_the_forward_ops() {
+    // A straight-through estimator: floor forward, identity backward.
+    // Differentiating floor's ops would give zero.
+    let t = TensorType::new(F64, [3]);
+    let f = trace("ste", &[("x", t.clone())], |i| {
+        let y = hlo_ir::custom_vjp(
+            &[("x", i["x"])],
+            |i| (vec![i["x"].floor()], vec![]),
+            |i| vec![Some(i["cotangent.0"] * 3.0)],
+        );
+        vec![("loss", y[0].sum(&[0]))]
+    })
+    .unwrap();
+    let g = value_and_grad(&f, "loss", &["x"]).unwrap();
+    let x = Literal::from_f64s(t, &[0.5, 1.7, -2.2]);
+    let out = check_against_reference(&g, &[x], 1.0);
+    assert_eq!(out[0].to_f64s(), vec![-2.0]);
+    assert_eq!(out[1].to_f64s(), vec![3.0, 3.0, 3.0]);
+    // The printed program holds the forward only.
+    let text = hlo_lowering::to_hlo_text(&g);
+    assert!(text.contains("floor("), "{text}");
+}

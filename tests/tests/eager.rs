@@ -3,6 +3,7 @@
 
 use hlo_e2e::{new_client, RandomLiteral, Rng};
 use hlo_ir::{DType, Literal};
+use hlo_models::attention::AttentionKind;
 use hlo_models::decoder::partition_rules;
 use hlo_models::decoder::{LoraConfig, ModelConfig, DEFAULT_TARGETS};
 use hlo_models::train::{train_step, Optimizer, Schedule, TrainConfig};
@@ -28,6 +29,10 @@ fn step_inputs(f: &hlo_ir::Function, config: &ModelConfig) -> Vec<Literal> {
 }
 
 fn run_both(mesh: &str) {
+    run_both_with(mesh, AttentionKind::Naive, None);
+}
+
+fn run_both_with(mesh: &str, attention: AttentionKind, loss_chunk: Option<i64>) {
     let client = new_client(4);
     let config = ModelConfig::preset("tiny").unwrap();
     let mesh: Mesh = mesh.parse().unwrap();
@@ -49,6 +54,8 @@ fn run_both(mesh: &str) {
         remat_layers: false,
         grad_accum: 1,
         packing: false,
+        attention,
+        loss_chunk,
     };
     let step = train_step(&config, &tc).unwrap();
     let f = hlo_ir::simplify(&step.function);
@@ -138,4 +145,15 @@ fn eager_equals_jit_on_one_device() {
 #[test]
 fn eager_equals_jit_on_a_1_4_1_mesh() {
     run_both("dp=1,fsdp=4,mp=1");
+}
+
+#[test]
+fn eager_equals_jit_with_blockwise_attention_and_a_chunked_loss() {
+    // Both run their loops (custom-VJP attention, the loss's scan) as one
+    // op each in eager mode.
+    run_both_with(
+        "dp=1,fsdp=2,mp=2",
+        AttentionKind::Blockwise { block: 4 },
+        Some(4),
+    );
 }

@@ -5,6 +5,7 @@
 
 use hlo_e2e::{client, RandomLiteral, Rng};
 use hlo_ir::{trace, DType, Outputs, TensorType};
+use hlo_models::attention::AttentionKind;
 use hlo_models::decoder::{base_parameter_types, Decoder, ModelConfig, Params};
 use hlo_runtime::{CompiledFunction, HostArray};
 
@@ -20,19 +21,26 @@ fn a_packed_row_gives_each_sample_its_own_logits() {
         family("qwen2"),
         family("gemma3"),
     ] {
-        packed_row_gives_each_sample_its_own_logits(&config);
+        packed_row_gives_each_sample_its_own_logits(&config, AttentionKind::Naive);
+        // Blockwise, in blocks of 4 of the 16 positions: sample
+        // boundaries inside blocks, blocks outside the window skipped.
+        let blocks = AttentionKind::Blockwise { block: 4 };
+        packed_row_gives_each_sample_its_own_logits(&config, blocks);
     }
 }
 
-fn packed_row_gives_each_sample_its_own_logits(config: &ModelConfig) {
+fn packed_row_gives_each_sample_its_own_logits(config: &ModelConfig, attention: AttentionKind) {
     let config = config.clone();
-    let model = Decoder {
+    let model = |attention| Decoder {
         config: &config,
         lora: None,
         batch_axes: vec![],
         scan_layers: false,
         remat_layers: false,
+        attention,
     };
+    // The packed row in `attention`, each sample alone (short) naive.
+    let (packed_model, alone_model) = (model(attention), model(AttentionKind::Naive));
     let params = base_parameter_types(&config, DType::F32);
     let build = |seq: i64, packed: bool| {
         let mut inputs = params.clone();
@@ -43,7 +51,7 @@ fn packed_row_gives_each_sample_its_own_logits(config: &ModelConfig) {
         }
         let f = trace("f", &inputs, |i| {
             let logits = if packed {
-                model.forward_packed(
+                packed_model.forward_packed(
                     &Params(i),
                     i["input_ids"],
                     i["positions"],
@@ -51,7 +59,7 @@ fn packed_row_gives_each_sample_its_own_logits(config: &ModelConfig) {
                     DType::F32,
                 )
             } else {
-                model.forward(&Params(i), i["input_ids"], DType::F32)
+                alone_model.forward(&Params(i), i["input_ids"], DType::F32)
             };
             Outputs::new().add("logits", logits)
         })

@@ -156,6 +156,8 @@ fn llama_step_annotations(mesh: &str) -> String {
         remat_layers: false,
         grad_accum: 1,
         packing: false,
+        attention: hlo_models::attention::AttentionKind::Naive,
+        loss_chunk: None,
     };
     let step = train_step(&config, &tc).unwrap();
     let f = hlo_ir::simplify(&step.function);

@@ -7,6 +7,7 @@
 //! its first real token. The same traced program serves prefill (`T` new
 //! tokens from slot 0) and decode (`T = 1`), each compiled once per shape.
 
+use crate::attention::AttentionKind;
 use hlo_ir::{full, iota, scope, trace, DType, Outputs, Tensor, TensorType, TraceError};
 
 use super::model::apply_rotary;
@@ -300,6 +301,7 @@ pub(super) fn decoder(config: &ModelConfig) -> Decoder<'_> {
         batch_axes: Vec::new(),
         scan_layers: false,
         remat_layers: false,
+        attention: AttentionKind::Naive,
     }
 }
 

@@ -173,6 +173,7 @@ pub fn forward_step(
         batch_axes: Vec::new(),
         scan_layers,
         remat_layers: false,
+        attention: crate::attention::AttentionKind::Naive,
     };
     let f = trace("llama_forward", &inputs, |i| {
         let logits = model.forward(&Params(i), i[ids], dtype);

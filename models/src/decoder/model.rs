@@ -14,6 +14,8 @@
 use hlo_ir::ops::DotGeneral;
 use hlo_ir::{checkpoint, constant, iota, scan, scope, DType, Inputs, Literal, Tensor, TensorType};
 
+use crate::attention::{blockwise_attention, grouped_attention, AttentionKind, MaskSpec};
+
 use super::config::{Activation, LayerType, ModelConfig, NormStyle};
 use super::lora::LoraConfig;
 
@@ -31,6 +33,18 @@ pub struct Decoder<'a> {
     /// keeping its activations (only the layer inputs are kept). A scan's
     /// gradient already works this way.
     pub remat_layers: bool,
+    /// How the forward pass computes attention (the decode and serving
+    /// steps, whose queries are few, always use the naive form).
+    pub attention: AttentionKind,
+}
+
+/// Which keys each query of a training forward pass sees, in the form its
+/// attention needs: a boolean matrix broadcast into the scores along
+/// `dims` (naive), or described (blockwise).
+#[derive(Clone, Copy)]
+pub(super) enum Visible<'a> {
+    Dense(Tensor, &'a [i64]),
+    Described(MaskSpec),
 }
 
 /// Parameters by name: the traced inputs.
@@ -94,47 +108,6 @@ pub(super) fn linear(x: Tensor, w: Tensor, bias: Option<Tensor>) -> Tensor {
         None => y,
     };
     y.cast(dtype)
-}
-
-/// `softmax(scale·q·kᵀ)·v` over the keys `visible` marks, for `q: [b,
-/// heads, tq, d]` and `k`, `v: [b, kv_heads, tk, d]`: query heads are
-/// grouped by their K/V head in one `dot_general` (no repeat_kv copies),
-/// the softmax in f32. `visible` is boolean and broadcasts into `[b,
-/// kv_heads, groups, tq, tk]` along `visible_dims`. Returns `[b, tq,
-/// heads·d]`.
-pub(super) fn grouped_attention(
-    (q, k, v): (Tensor, Tensor, Tensor),
-    (visible, visible_dims): (Tensor, &[i64]),
-    scale: f64,
-) -> Tensor {
-    let (qd, kd) = (q.dims(), k.dims());
-    let (b, nh, tq, hd) = (qd[0], qd[1], qd[2], qd[3]);
-    let (nkv, tk) = (kd[1], kd[2]);
-    let dtype = q.dtype();
-    let wide = matches!(dtype, DType::BF16 | DType::F16).then_some(DType::F32);
-    let batched = |lhs_contracting: i64, rhs_contracting: i64| DotGeneral {
-        lhs_batch: vec![0, 1],
-        rhs_batch: vec![0, 1],
-        lhs_contracting: vec![lhs_contracting],
-        rhs_contracting: vec![rhs_contracting],
-        precision: None,
-        preferred_element_type: wide,
-    };
-    let shape = [b, nkv, nh / nkv, tq, tk];
-    let scores = q
-        .reshape(&[b, nkv, nh / nkv, tq, hd])
-        .dot_general(k, batched(4, 3));
-    let scores = (scores.cast(dtype) * scale).cast(DType::F32);
-    let scores = visible
-        .broadcast_in_dim(&shape, visible_dims)
-        .where_(scores, scores.scalar_like(f32::MIN as f64));
-    let probs = scores.softmax(4).cast(dtype);
-    probs
-        .dot_general(v, batched(4, 2))
-        .cast(dtype)
-        .reshape(&[b, nh, tq, hd])
-        .transpose(&[0, 2, 1, 3])
-        .reshape(&[b, tq, nh * hd])
 }
 
 /// HF's RMSNorm over the last dimension: `LlamaRMSNorm` normalises in f32
@@ -361,12 +334,20 @@ impl Decoder<'_> {
         prefix: &str,
         x: Tensor,
         (cos, sin): (Tensor, Tensor),
-        visible: (Tensor, &[i64]),
+        visible: Visible,
     ) -> Tensor {
         let along: &[i64] = if cos.rank() == 3 { &[0, 2, 3] } else { &[2, 3] };
         let proj = |m: &str, short: &str, x: Tensor| self.proj(p, m, short, x);
         let qkv = self.qkv_with(p, prefix, x, |y| apply_rotary(y, cos, sin, along), &proj);
-        let out = self.attend(qkv, visible);
+        let out = match (visible, self.attention) {
+            (Visible::Described(mask), AttentionKind::Blockwise { block }) => {
+                blockwise_attention(qkv, mask, self.config.attention_scale(), block)
+            }
+            (Visible::Dense(m, dims), _) => self.attend(qkv, (m, dims)),
+            (Visible::Described(_), AttentionKind::Naive) => {
+                unreachable!("masks are described only for the blockwise form")
+            }
+        };
         self.proj(p, &format!("{prefix}.o_proj"), "o_proj", out)
     }
 
@@ -432,7 +413,7 @@ impl Decoder<'_> {
         prefix: &str,
         h: Tensor,
         rotary: (Tensor, Tensor),
-        visible: (Tensor, &[i64]),
+        visible: Visible,
     ) -> Tensor {
         let proj = |m: &str, short: &str, x: Tensor| self.proj(p, m, short, x);
         self.layer_with_mlp(
@@ -475,6 +456,20 @@ impl Decoder<'_> {
         packed: Option<(Tensor, Tensor)>,
         dtype: DType,
     ) -> Tensor {
+        let h = self.last_hidden(p, input_ids, packed, dtype);
+        self.lm_head(p, h)
+    }
+
+    /// The final norm's output `[b, s, hidden]`: what the LM head reads
+    /// (the loss may apply it a chunk at a time). `packed` is
+    /// `(positions, segment_ids)` as [`Decoder::forward_packed`] takes them.
+    pub fn last_hidden(
+        &self,
+        p: &Params,
+        input_ids: Tensor,
+        packed: Option<(Tensor, Tensor)>,
+        dtype: DType,
+    ) -> Tensor {
         let c = self.config;
         let (b, s) = (input_ids.dims()[0], input_ids.dims()[1]);
         let mut h = self.embed(p, input_ids, dtype);
@@ -485,28 +480,9 @@ impl Decoder<'_> {
         // Which keys each query sees (HF builds these masks before the
         // layers): earlier tokens, of its own sample when rows are packed,
         // and within the window in sliding layers.
-        let (visible, visible_dims): (PerLayerType<Tensor>, &[i64]) =
-            scope("model.causal_mask", || {
-                let rows = iota(TensorType::new(DType::I32, [s, s]), 0);
-                let cols = iota(TensorType::new(DType::I32, [s, s]), 1);
-                match packed {
-                    None => (self.visibility(cols.le(rows), cols, rows), &[3, 4][..]),
-                    Some((_, segments)) => {
-                        let sq = [b, s, s];
-                        let same = segments
-                            .broadcast_in_dim(&sq, &[0, 1])
-                            .eq(segments.broadcast_in_dim(&sq, &[0, 2]));
-                        let (rows, cols) = (
-                            rows.broadcast_in_dim(&sq, &[1, 2]),
-                            cols.broadcast_in_dim(&sq, &[1, 2]),
-                        );
-                        (
-                            self.visibility(same.and(cols.le(rows)), cols, rows),
-                            &[0, 3, 4][..],
-                        )
-                    }
-                }
-            });
+        let visible = scope("model.causal_mask", || {
+            self.masks(b, s, packed.map(|(_, segments)| segments))
+        });
         if self.scan_layers {
             let stacked: Vec<String> = p
                 .names()
@@ -540,18 +516,42 @@ impl Decoder<'_> {
             } else {
                 c.layer_types[0]
             };
-            let mut consts = vec![
-                ("cos", rotary.of(kind).0),
-                ("sin", rotary.of(kind).1),
-                ("visible", visible.of(kind)),
-            ];
+            let mut consts = vec![("cos", rotary.of(kind).0), ("sin", rotary.of(kind).1)];
             if mixed {
                 consts.extend([
                     ("cos.sliding", rotary.sliding.0),
                     ("sin.sliding", rotary.sliding.1),
-                    ("visible.sliding", visible.sliding),
                 ]);
             }
+            // The mask: a matrix per layer type; or described, the
+            // window as a scalar per layer type (with mixed types, the
+            // whole sequence for full layers) and the segments.
+            let (described, dims) = match (visible.of(kind), visible.sliding) {
+                (Visible::Dense(m, dims), Visible::Dense(sliding, _)) => {
+                    consts.push(("visible", m));
+                    if mixed {
+                        consts.push(("visible.sliding", sliding));
+                    }
+                    (None, dims)
+                }
+                (Visible::Described(mask), Visible::Described(sliding)) => {
+                    let whole = TensorType::scalar(DType::I32);
+                    match (mask.window, mixed) {
+                        (Some(w), _) => consts.push(("window", w)),
+                        (None, true) => consts
+                            .push(("window", constant(Literal::from_f64s(whole, &[s as f64])))),
+                        (None, false) => {}
+                    }
+                    if let (true, Some(w)) = (mixed, sliding.window) {
+                        consts.push(("window.sliding", w));
+                    }
+                    if let Some(segments) = mask.segments {
+                        consts.push(("segments", segments));
+                    }
+                    (Some(mask), &[][..])
+                }
+                _ => unreachable!("every layer type's mask has one form"),
+            };
             let (carry, _) = scope("model.layers", || {
                 scan(&[("h", h)], &xs_ref, &consts, |l| {
                     let lp = Params(l);
@@ -566,7 +566,16 @@ impl Decoder<'_> {
                         None => l[name],
                     };
                     let rotary = (pick("cos"), pick("sin"));
-                    let visible = (pick("visible"), visible_dims);
+                    let visible = match described {
+                        None => Visible::Dense(pick("visible"), dims),
+                        // Mixed types share one range of key blocks (the
+                        // full layers'); the window masks within it.
+                        Some(mask) => Visible::Described(MaskSpec {
+                            window: l.get("window").map(|_| pick("window")),
+                            skip_outside: if mixed { None } else { mask.skip_outside },
+                            segments: l.get("segments"),
+                        }),
+                    };
                     (
                         vec![self.layer(&lp, "layer", l["h"], rotary, visible)],
                         vec![],
@@ -578,7 +587,7 @@ impl Decoder<'_> {
             for l in 0..c.num_hidden_layers {
                 let prefix = format!("model.layers.{l}");
                 let kind = c.layer_types[l as usize];
-                let (rotary, visible) = (rotary.of(kind), (visible.of(kind), visible_dims));
+                let (rotary, visible) = (rotary.of(kind), visible.of(kind));
                 let layer = || self.layer(p, &prefix, h, rotary, visible);
                 h = if self.remat_layers {
                     checkpoint(&prefix, layer)
@@ -587,20 +596,75 @@ impl Decoder<'_> {
                 };
             }
         }
-        let h = scope("model.norm", || self.norm(p, "model.norm", h));
-        self.lm_head(p, h)
+        scope("model.norm", || self.norm(p, "model.norm", h))
+    }
+
+    /// Each layer type's mask for `b` rows of `s` tokens (`segments`: of
+    /// packed rows), in the form [`Decoder::attention`] computes with.
+    fn masks(&self, b: i64, s: i64, segments: Option<Tensor>) -> PerLayerType<Visible<'static>> {
+        if let AttentionKind::Blockwise { .. } = self.attention {
+            let window = self.config.sliding_window;
+            let described = |w: Option<i64>| {
+                Visible::Described(MaskSpec {
+                    window: w.map(|w| {
+                        constant(Literal::from_f64s(
+                            TensorType::scalar(DType::I32),
+                            &[w as f64],
+                        ))
+                    }),
+                    skip_outside: w,
+                    segments,
+                })
+            };
+            return PerLayerType {
+                full: described(None),
+                sliding: described(window),
+            };
+        }
+        let rows = iota(TensorType::new(DType::I32, [s, s]), 0);
+        let cols = iota(TensorType::new(DType::I32, [s, s]), 1);
+        let dense = |m: PerLayerType<Tensor>, dims: &'static [i64]| PerLayerType {
+            full: Visible::Dense(m.full, dims),
+            sliding: Visible::Dense(m.sliding, dims),
+        };
+        match segments {
+            None => dense(self.visibility(cols.le(rows), cols, rows), &[3, 4]),
+            Some(segments) => {
+                let sq = [b, s, s];
+                let same = segments
+                    .broadcast_in_dim(&sq, &[0, 1])
+                    .eq(segments.broadcast_in_dim(&sq, &[0, 2]));
+                let (rows, cols) = (
+                    rows.broadcast_in_dim(&sq, &[1, 2]),
+                    cols.broadcast_in_dim(&sq, &[1, 2]),
+                );
+                dense(
+                    self.visibility(same.and(cols.le(rows)), cols, rows),
+                    &[0, 3, 4],
+                )
+            }
+        }
     }
 
     /// The LM head on `h` (`[.., hidden]`), in `h`'s dtype: the embeddings'
     /// transpose when they are tied; soft-capped where the config says.
-    pub(super) fn lm_head(&self, p: &Params, h: Tensor) -> Tensor {
-        let head = if self.config.tie_word_embeddings {
+    pub(crate) fn lm_head(&self, p: &Params, h: Tensor) -> Tensor {
+        self.logits(p.get(self.lm_head_name()), h)
+    }
+
+    /// The LM head's weight (`[vocab, hidden]`): the embeddings when tied.
+    pub(crate) fn lm_head_name(&self) -> &'static str {
+        if self.config.tie_word_embeddings {
             "model.embed_tokens.weight"
         } else {
             "lm_head.weight"
-        };
+        }
+    }
+
+    /// [`Decoder::lm_head`] with its weight given.
+    pub(crate) fn logits(&self, weight: Tensor, h: Tensor) -> Tensor {
         scope("lm_head", || {
-            let logits = linear(h, p.get(head), None);
+            let logits = linear(h, weight, None);
             match self.config.final_logit_softcapping {
                 Some(cap) => (logits / cap).tanh() * cap,
                 None => logits,
