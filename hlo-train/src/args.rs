@@ -369,6 +369,24 @@ impl StepArgs {
         } else {
             Vec::new()
         };
+        let loss_chunk = match self.loss_chunk {
+            Some(c) if self.seq % c != 0 => {
+                bail!("--loss-chunk {c} does not divide --seq {}", self.seq)
+            }
+            Some(c) => c,
+            // The rows one device holds decide what its logits take.
+            None => {
+                let shards: i64 = batch_axes
+                    .iter()
+                    .filter_map(|a| mesh.axis_size(a))
+                    .product();
+                default_loss_chunk(
+                    (self.batch / shards.max(1)).max(1),
+                    self.seq,
+                    config.vocab_size,
+                )
+            }
+        };
         Ok(TrainConfig {
             dtype,
             batch: self.batch,
@@ -400,24 +418,7 @@ impl StepArgs {
             // `auto` is decided by `train` from the data.
             packing: self.packing == Toggle::On,
             attention: self.attention_kind()?,
-            loss_chunk: Some(match self.loss_chunk {
-                Some(c) if self.seq % c != 0 => {
-                    bail!("--loss-chunk {c} does not divide --seq {}", self.seq)
-                }
-                Some(c) => c,
-                // The rows one device holds decide what its logits take.
-                None => {
-                    let shards: i64 = ["dp", "fsdp"]
-                        .iter()
-                        .filter_map(|a| mesh.axis_size(a))
-                        .product();
-                    default_loss_chunk(
-                        (self.batch / shards.max(1)).max(1),
-                        self.seq,
-                        config.vocab_size,
-                    )
-                }
-            }),
+            loss_chunk: Some(loss_chunk),
         })
     }
 

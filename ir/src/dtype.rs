@@ -110,6 +110,16 @@ impl DType {
         matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
     }
 
+    /// What sums, softmaxes and losses over values of this type are
+    /// computed in: f32, or f64 for f64 (which finite-difference checks
+    /// need).
+    pub const fn accumulator(self) -> DType {
+        match self {
+            DType::F64 => DType::F64,
+            _ => DType::F32,
+        }
+    }
+
     pub const fn is_integer(self) -> bool {
         matches!(
             self,

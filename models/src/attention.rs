@@ -148,11 +148,7 @@ pub fn blockwise_attention(
         d,
         block,
         dtype: q.dtype(),
-        acc: if q.dtype() == DType::F64 {
-            DType::F64
-        } else {
-            DType::F32
-        },
+        acc: q.dtype().accumulator(),
         scale,
         skip_outside: mask.skip_outside,
     };
@@ -196,8 +192,8 @@ struct Shape {
     d: i64,
     block: i64,
     dtype: DType,
-    /// What scores, sums and gradients accumulate in: f32 (f64 for f64
-    /// inputs, which finite-difference checks need).
+    /// What scores, sums and gradients accumulate in
+    /// ([`DType::accumulator`]).
     acc: DType,
     scale: f64,
     skip_outside: Option<i64>,

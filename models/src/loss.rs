@@ -27,7 +27,7 @@ pub fn masked_cross_entropy_sum(
     input_ids: Tensor,
     loss_mask: Tensor,
 ) -> (Tensor, Tensor) {
-    let mask = loss_mask.cast(wide(logits.dtype()));
+    let mask = loss_mask.cast(logits.dtype().accumulator());
     let total = token_losses_sum(logits, next_token_labels(input_ids), mask);
     let all: Vec<i64> = (0..mask.rank() as i64).collect();
     (total, mask.sum(&all))
@@ -64,7 +64,7 @@ pub fn chunked_cross_entropy_sum(
         perm.extend((3..dims.len() as i64).collect::<Vec<_>>());
         x.reshape(&dims).transpose(&perm)
     };
-    let mask = loss_mask.cast(wide(h.dtype()));
+    let mask = loss_mask.cast(h.dtype().accumulator());
     let zero = full(TensorType::scalar(mask.dtype()), 0.0);
     let (carry, _) = scan(
         &[("total", zero)],
@@ -90,16 +90,6 @@ fn next_token_labels(input_ids: Tensor) -> Tensor {
     let (b, s) = (d[0], d[1]);
     let next = input_ids.slice(&[0, 1], &[b, s]);
     Tensor::concat(&[next, full(TensorType::new(DType::I32, [b, 1]), 0.0)], 1)
-}
-
-/// What the loss is computed in: f32, or f64 for f64 inputs (which
-/// finite-difference checks need).
-fn wide(dtype: DType) -> DType {
-    if dtype == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
-    }
 }
 
 /// `sum(mask · (logsumexp(logits) − logit[label]))` in f32 (f64), for

@@ -40,11 +40,11 @@ pub struct Decoder<'a> {
 
 /// Which keys each query of a training forward pass sees, in the form its
 /// attention needs: a boolean matrix broadcast into the scores along
-/// `dims` (naive), or described (blockwise).
+/// `dims` (naive), or described, with the block size (blockwise).
 #[derive(Clone, Copy)]
-pub(super) enum Visible<'a> {
-    Dense(Tensor, &'a [i64]),
-    Described(MaskSpec),
+pub(super) enum Visible {
+    Dense(Tensor, &'static [i64]),
+    Blockwise(MaskSpec, i64),
 }
 
 /// Parameters by name: the traced inputs.
@@ -339,14 +339,11 @@ impl Decoder<'_> {
         let along: &[i64] = if cos.rank() == 3 { &[0, 2, 3] } else { &[2, 3] };
         let proj = |m: &str, short: &str, x: Tensor| self.proj(p, m, short, x);
         let qkv = self.qkv_with(p, prefix, x, |y| apply_rotary(y, cos, sin, along), &proj);
-        let out = match (visible, self.attention) {
-            (Visible::Described(mask), AttentionKind::Blockwise { block }) => {
+        let out = match visible {
+            Visible::Blockwise(mask, block) => {
                 blockwise_attention(qkv, mask, self.config.attention_scale(), block)
             }
-            (Visible::Dense(m, dims), _) => self.attend(qkv, (m, dims)),
-            (Visible::Described(_), AttentionKind::Naive) => {
-                unreachable!("masks are described only for the blockwise form")
-            }
+            Visible::Dense(m, dims) => self.attend(qkv, (m, dims)),
         };
         self.proj(p, &format!("{prefix}.o_proj"), "o_proj", out)
     }
@@ -430,7 +427,7 @@ impl Decoder<'_> {
     /// (`model.layers.self_attn.q_proj.weight` `[layers, out, in]`) and the
     /// layers run as one scan, so the program does not grow with depth.
     pub fn forward(&self, p: &Params, input_ids: Tensor, dtype: DType) -> Tensor {
-        self.forward_with(p, input_ids, None, dtype)
+        self.lm_head(p, self.last_hidden(p, input_ids, None, dtype))
     }
 
     /// [`Decoder::forward`] over packed rows: several samples per row, told
@@ -446,18 +443,8 @@ impl Decoder<'_> {
         segment_ids: Tensor,
         dtype: DType,
     ) -> Tensor {
-        self.forward_with(p, input_ids, Some((positions, segment_ids)), dtype)
-    }
-
-    fn forward_with(
-        &self,
-        p: &Params,
-        input_ids: Tensor,
-        packed: Option<(Tensor, Tensor)>,
-        dtype: DType,
-    ) -> Tensor {
-        let h = self.last_hidden(p, input_ids, packed, dtype);
-        self.lm_head(p, h)
+        let packed = Some((positions, segment_ids));
+        self.lm_head(p, self.last_hidden(p, input_ids, packed, dtype))
     }
 
     /// The final norm's output `[b, s, hidden]`: what the LM head reads
@@ -523,35 +510,8 @@ impl Decoder<'_> {
                     ("sin.sliding", rotary.sliding.1),
                 ]);
             }
-            // The mask: a matrix per layer type; or described, the
-            // window as a scalar per layer type (with mixed types, the
-            // whole sequence for full layers) and the segments.
-            let (described, dims) = match (visible.of(kind), visible.sliding) {
-                (Visible::Dense(m, dims), Visible::Dense(sliding, _)) => {
-                    consts.push(("visible", m));
-                    if mixed {
-                        consts.push(("visible.sliding", sliding));
-                    }
-                    (None, dims)
-                }
-                (Visible::Described(mask), Visible::Described(sliding)) => {
-                    let whole = TensorType::scalar(DType::I32);
-                    match (mask.window, mixed) {
-                        (Some(w), _) => consts.push(("window", w)),
-                        (None, true) => consts
-                            .push(("window", constant(Literal::from_f64s(whole, &[s as f64])))),
-                        (None, false) => {}
-                    }
-                    if let (true, Some(w)) = (mixed, sliding.window) {
-                        consts.push(("window.sliding", w));
-                    }
-                    if let Some(segments) = mask.segments {
-                        consts.push(("segments", segments));
-                    }
-                    (Some(mask), &[][..])
-                }
-                _ => unreachable!("every layer type's mask has one form"),
-            };
+            consts.extend(mask_consts(visible, kind, mixed, s));
+            let template = visible.of(kind);
             let (carry, _) = scope("model.layers", || {
                 scan(&[("h", h)], &xs_ref, &consts, |l| {
                     let lp = Params(l);
@@ -566,15 +526,18 @@ impl Decoder<'_> {
                         None => l[name],
                     };
                     let rotary = (pick("cos"), pick("sin"));
-                    let visible = match described {
-                        None => Visible::Dense(pick("visible"), dims),
+                    let visible = match template {
+                        Visible::Dense(_, dims) => Visible::Dense(pick("visible"), dims),
                         // Mixed types share one range of key blocks (the
                         // full layers'); the window masks within it.
-                        Some(mask) => Visible::Described(MaskSpec {
-                            window: l.get("window").map(|_| pick("window")),
-                            skip_outside: if mixed { None } else { mask.skip_outside },
-                            segments: l.get("segments"),
-                        }),
+                        Visible::Blockwise(mask, block) => Visible::Blockwise(
+                            MaskSpec {
+                                window: l.get("window").map(|_| pick("window")),
+                                skip_outside: if mixed { None } else { mask.skip_outside },
+                                segments: l.get("segments"),
+                            },
+                            block,
+                        ),
                     };
                     (
                         vec![self.layer(&lp, "layer", l["h"], rotary, visible)],
@@ -601,20 +564,23 @@ impl Decoder<'_> {
 
     /// Each layer type's mask for `b` rows of `s` tokens (`segments`: of
     /// packed rows), in the form [`Decoder::attention`] computes with.
-    fn masks(&self, b: i64, s: i64, segments: Option<Tensor>) -> PerLayerType<Visible<'static>> {
-        if let AttentionKind::Blockwise { .. } = self.attention {
+    fn masks(&self, b: i64, s: i64, segments: Option<Tensor>) -> PerLayerType<Visible> {
+        if let AttentionKind::Blockwise { block } = self.attention {
             let window = self.config.sliding_window;
             let described = |w: Option<i64>| {
-                Visible::Described(MaskSpec {
-                    window: w.map(|w| {
-                        constant(Literal::from_f64s(
-                            TensorType::scalar(DType::I32),
-                            &[w as f64],
-                        ))
-                    }),
-                    skip_outside: w,
-                    segments,
-                })
+                Visible::Blockwise(
+                    MaskSpec {
+                        window: w.map(|w| {
+                            constant(Literal::from_f64s(
+                                TensorType::scalar(DType::I32),
+                                &[w as f64],
+                            ))
+                        }),
+                        skip_outside: w,
+                        segments,
+                    },
+                    block,
+                )
             };
             return PerLayerType {
                 full: described(None),
@@ -671,6 +637,47 @@ impl Decoder<'_> {
             }
         })
     }
+}
+
+/// The consts a scan over layers passes for their masks: each type's
+/// matrix (`visible`, with mixed types the sliding layers' as
+/// `visible.sliding`), or described: the window as a scalar (`window`,
+/// with mixed types the whole sequence for full layers and
+/// `window.sliding`) and the segments.
+fn mask_consts(
+    visible: PerLayerType<Visible>,
+    kind: LayerType,
+    mixed: bool,
+    s: i64,
+) -> Vec<(&'static str, Tensor)> {
+    let mut consts = Vec::new();
+    match (visible.of(kind), visible.sliding) {
+        (Visible::Dense(m, _), Visible::Dense(sliding, _)) => {
+            consts.push(("visible", m));
+            if mixed {
+                consts.push(("visible.sliding", sliding));
+            }
+        }
+        (Visible::Blockwise(mask, _), Visible::Blockwise(sliding, _)) => {
+            let whole = || {
+                constant(Literal::from_f64s(
+                    TensorType::scalar(DType::I32),
+                    &[s as f64],
+                ))
+            };
+            if let Some(w) = mask.window.or_else(|| mixed.then(whole)) {
+                consts.push(("window", w));
+            }
+            if let (true, Some(w)) = (mixed, sliding.window) {
+                consts.push(("window.sliding", w));
+            }
+            if let Some(segments) = mask.segments {
+                consts.push(("segments", segments));
+            }
+        }
+        _ => unreachable!("`masks` gives every layer type's mask one form"),
+    }
+    consts
 }
 
 /// True for a stacked layer parameter (`model.layers.<name>`, no layer

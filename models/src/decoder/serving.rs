@@ -109,7 +109,18 @@ struct Serving<'a> {
     select: LoraSelect,
 }
 
-impl Serving<'_> {
+impl<'a> Serving<'a> {
+    /// The serving layers of `config` on the weights and tables in `p`,
+    /// each row's adapter entry its `adapter_ids` input.
+    fn new(config: &'a ModelConfig, p: &'a Params<'a>, select: LoraSelect) -> Serving<'a> {
+        Serving {
+            model: decoder(config),
+            p,
+            adapter_ids: p.get("adapter_ids"),
+            select,
+        }
+    }
+
     /// A projection with each row's adapter: `x·Wᵀ + scale·(x·A)·B` as
     /// PEFT computes it (the branch in f32), A, B and scale of the row's
     /// entry.
@@ -269,12 +280,7 @@ pub fn slot_prefill_step(
     let select = tables.select;
     step_of("llama_prefill_slot", inputs, |i| {
         let p = Params(i);
-        let s = Serving {
-            model: decoder(config),
-            p: &p,
-            adapter_ids: i["adapter_ids"],
-            select,
-        };
+        let s = Serving::new(config, &p, select);
         let positions = iota(TensorType::new(DType::I32, [1, bucket]), 1);
         let rows = iota(TensorType::new(DType::I32, [bucket, bucket]), 0);
         let cols = iota(TensorType::new(DType::I32, [bucket, bucket]), 1);
@@ -338,12 +344,7 @@ pub fn slot_decode_step(
     let c = config;
     step_of("llama_decode_slots", inputs, |i| {
         let p = Params(i);
-        let s = Serving {
-            model: decoder(config),
-            p: &p,
-            adapter_ids: i["adapter_ids"],
-            select,
-        };
+        let s = Serving::new(config, &p, select);
         let pos = i["positions"];
         let keys = iota(TensorType::new(DType::I32, [rows, 1, max_len]), 2);
         let queries = pos.broadcast_in_dim(&[rows, 1, max_len], &[0]);
