@@ -23,12 +23,14 @@ demo: setup build
 		--schedule cosine --warmup 50 --lora-rank 16 --lora-alpha 32 --log-every 250 \
 		--out demo-out --overwrite --metrics demo-out/metrics.jsonl
 
-# Every test, the server through the official `openai` Python client
-# (installed into .plugins/python once), then the Rust API example (a LoRA
-# finetune whose loss must fall).
+# Every test, the server through the official `openai` Python client and
+# a run's event files through the `tensorboard` package (both installed
+# into .plugins/python once), then the Rust API example (a LoRA finetune
+# whose loss must fall).
 test: setup lint
 	$(CARGO) test --workspace --locked
 	$(PYTHON) scripts/serve_openai_check.py target/debug/hlo-train
+	$(PYTHON) scripts/tensorboard_check.py target/debug/hlo-train
 	$(CARGO) run --release --locked --example finetune
 
 lint:

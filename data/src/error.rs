@@ -24,6 +24,19 @@ pub enum DataError {
         line: usize,
         message: String,
     },
+    /// One row of a Parquet data file is unusable.
+    #[error("{}: row {row}: {message}", path.display())]
+    Row {
+        path: PathBuf,
+        row: usize,
+        message: String,
+    },
+    /// A file that should be Parquet cannot be read as Parquet.
+    #[error("{}: not a readable Parquet file: {message}", path.display())]
+    Parquet { path: PathBuf, message: String },
+    /// A data folder with no data files in it.
+    #[error("{} holds no *.parquet or *.jsonl files", path.display())]
+    NoDataFiles { path: PathBuf },
     /// A data file holds no examples.
     #[error("{} has no examples", path.display())]
     Empty { path: PathBuf },

@@ -32,5 +32,8 @@ pub use chat::{ChatTemplate, Message};
 pub use error::DataError;
 pub use loader::{eval_batches, Batch, Loader};
 pub use prompts::{read_prompts, Prompt, PromptLine};
-pub use reader::{demo_examples, parse_line, stats, ChatData, DataStats, Example, Reader};
+pub use reader::{
+    alpaca_prompt, data_files, demo_examples, is_parquet, parse_line, stats, ChatData, DataStats,
+    Example, Reader,
+};
 pub use tokenizer::Tokenizer;

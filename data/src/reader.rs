@@ -124,7 +124,40 @@ impl Reader<'_> {
     /// Parses one JSONL line.
     pub fn parse_line(&self, line: &str) -> Result<Example, String> {
         let v: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
-        let obj = v.as_object().ok_or("not a JSON object")?;
+        self.parse_row(&v)
+    }
+
+    /// Reads one row (a JSONL line's object, or a Parquet row as JSON):
+    /// the four shapes of [`Reader`], plus alpaca rows (`instruction`,
+    /// `input`, `output`: read as the prompt and completion of
+    /// [`alpaca_prompt`]) and sharegpt rows (`conversations` of `{"from",
+    /// "value"}`: read as `messages`).
+    pub fn parse_row(&self, row: &Value) -> Result<Example, String> {
+        // A null field is an absent one: a table of rows of several shapes
+        // (a Parquet file `datasets` made from mixed JSONL) has a column
+        // for every field, null where a row lacks it.
+        let without_nulls;
+        let row = match row.as_object() {
+            Some(obj) if obj.values().any(Value::is_null) => {
+                without_nulls = Value::Object(
+                    obj.iter()
+                        .filter(|(_, v)| !v.is_null())
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect(),
+                );
+                &without_nulls
+            }
+            _ => row,
+        };
+        let converted;
+        let row = match common_shape(row)? {
+            Some(v) => {
+                converted = v;
+                &converted
+            }
+            None => row,
+        };
+        let obj = row.as_object().ok_or("not a JSON object")?;
         let limit = self.char_limit();
         let with_eos = |mut ids: Vec<u32>| {
             if let Some(e) = self.eos {
@@ -185,7 +218,7 @@ impl Reader<'_> {
             }
         } else {
             return Err(
-                "expected {\"text\"}, {\"prompt\", \"completion\"}, {\"messages\"} or {\"input_ids\"}"
+                "expected {\"text\"}, {\"prompt\", \"completion\"}, {\"messages\"}, {\"input_ids\"}, alpaca's {\"instruction\", \"output\"} or sharegpt's {\"conversations\"}"
                     .into(),
             );
         };
@@ -380,6 +413,57 @@ impl Reader<'_> {
         Ok(pieces)
     }
 
+    /// Reads a data file or a folder of them: `.parquet` files as Parquet
+    /// (the shards `datasets` exports), anything else as JSONL; a folder's
+    /// `*.parquet` and `*.jsonl` files in name order (`train-00000-of-00002`
+    /// before `train-00001-of-00002`).
+    pub fn read_path(&self, path: &Path) -> Result<Vec<Example>, DataError> {
+        let files = data_files(path)?;
+        let mut out = Vec::new();
+        for file in &files {
+            out.extend(if is_parquet(file) {
+                self.read_parquet(file)?
+            } else {
+                self.read_jsonl(file)?
+            });
+        }
+        Ok(out)
+    }
+
+    /// Reads a Parquet file a row group at a time (a file larger than
+    /// memory is read in bounded memory: only its examples, cut to the row
+    /// length, are kept). Columns are the JSONL fields; a bad row is an
+    /// error naming the file and row (counted from 1).
+    pub fn read_parquet(&self, path: &Path) -> Result<Vec<Example>, DataError> {
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        let file = std::fs::File::open(path).map_err(|cause| DataError::Read {
+            path: path.to_path_buf(),
+            cause,
+        })?;
+        let not_parquet = |cause: parquet::errors::ParquetError| DataError::Parquet {
+            path: path.to_path_buf(),
+            message: cause.to_string(),
+        };
+        let reader = SerializedFileReader::new(file).map_err(not_parquet)?;
+        let rows = reader.get_row_iter(None).map_err(not_parquet)?;
+        let mut out = Vec::new();
+        for (i, row) in rows.enumerate() {
+            let bad = |message: String| DataError::Row {
+                path: path.to_path_buf(),
+                row: i + 1,
+                message,
+            };
+            let row = row.map_err(|e| bad(format!("cannot read: {e}")))?;
+            out.push(self.parse_row(&row.to_json_value()).map_err(bad)?);
+        }
+        if out.is_empty() {
+            return Err(DataError::Empty {
+                path: path.to_path_buf(),
+            });
+        }
+        Ok(out)
+    }
+
     /// Reads a JSONL file, a line at a time; a bad line is an error naming
     /// the file and line.
     pub fn read_jsonl(&self, path: &Path) -> Result<Vec<Example>, DataError> {
@@ -412,6 +496,126 @@ impl Reader<'_> {
         }
         Ok(out)
     }
+}
+
+/// Whether `path` names a Parquet file (by its extension).
+pub fn is_parquet(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("parquet"))
+}
+
+/// The files a data path stands for: itself, or a folder's `*.parquet`
+/// and `*.jsonl` files in name order (an error when it has none).
+pub fn data_files(path: &Path) -> Result<Vec<std::path::PathBuf>, DataError> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let read = |cause| DataError::Read {
+        path: path.to_path_buf(),
+        cause,
+    };
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(path).map_err(read)? {
+        let p = entry.map_err(read)?.path();
+        let data = p
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("parquet") || e.eq_ignore_ascii_case("jsonl"));
+        if data && p.is_file() {
+            files.push(p);
+        }
+    }
+    if files.is_empty() {
+        return Err(DataError::NoDataFiles {
+            path: path.to_path_buf(),
+        });
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// The prompt of an alpaca row, as Stanford Alpaca trained on it (the
+/// completion is the `output`, then EOS). An empty or missing `input`
+/// takes the shorter form.
+pub fn alpaca_prompt(instruction: &str, input: &str) -> String {
+    if input.is_empty() {
+        format!(
+            "Below is an instruction that describes a task. Write a response that appropriately completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:"
+        )
+    } else {
+        format!(
+            "Below is an instruction that describes a task, paired with an input that provides further context. Write a response that appropriately completes the request.\n\n### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:"
+        )
+    }
+}
+
+/// An alpaca or sharegpt row in the reader's own shapes (`{"prompt",
+/// "completion"}`, `{"messages"}`); None for any other row. The shapes of
+/// [`Reader`] come first: a row with `messages`, `input_ids` or `prompt`
+/// is read as that. An alpaca row is read as alpaca even when it also
+/// has `text` (tatsu-lab/alpaca has both), so only the output is learned.
+fn common_shape(row: &Value) -> Result<Option<Value>, String> {
+    let Some(obj) = row.as_object() else {
+        return Ok(None);
+    };
+    if ["messages", "input_ids", "prompt"]
+        .iter()
+        .any(|k| obj.contains_key(*k))
+    {
+        return Ok(None);
+    }
+    if let Some(turns) = obj.get("conversations") {
+        let turns = turns.as_array().ok_or("conversations is not a list")?;
+        let messages = turns
+            .iter()
+            .enumerate()
+            .map(|(i, turn)| sharegpt_message(i, turn))
+            .collect::<Result<Vec<Value>, String>>()?;
+        return Ok(Some(serde_json::json!({ "messages": messages })));
+    }
+    if let (Some(instruction), Some(output)) = (obj.get("instruction"), obj.get("output")) {
+        let text = |v: &Value, what: &str| {
+            v.as_str()
+                .map(str::to_string)
+                .ok_or(format!("{what} is not a string"))
+        };
+        let input = match obj.get("input") {
+            None => String::new(),
+            Some(v) => text(v, "input")?,
+        };
+        return Ok(Some(serde_json::json!({
+            "prompt": alpaca_prompt(&text(instruction, "instruction")?, &input),
+            "completion": text(output, "output")?,
+        })));
+    }
+    Ok(None)
+}
+
+/// One sharegpt turn as a chat message: `from` system, human (or user),
+/// gpt (or assistant).
+fn sharegpt_message(i: usize, turn: &Value) -> Result<Value, String> {
+    let field = |key: &str| {
+        turn.get(key)
+            .and_then(Value::as_str)
+            .ok_or(format!("conversations[{i}] has no string `{key}`"))
+    };
+    // A per-turn weight changes what is learned; it is not read, so it
+    // is refused rather than ignored.
+    if turn.get("weight").is_some_and(|w| !w.is_null()) {
+        return Err(format!(
+            "conversations[{i}] sets `weight`, which hlo-train does not read (the learned turns are the assistant's; --train-on-inputs learns all)"
+        ));
+    }
+    let role = match field("from")? {
+        "system" => "system",
+        "human" | "user" => "user",
+        "gpt" | "assistant" => "assistant",
+        other => {
+            return Err(format!(
+                "conversations[{i}] is from `{other}`; sharegpt turns are from system, human or gpt"
+            ))
+        }
+    };
+    Ok(serde_json::json!({"role": role, "content": field("value")?}))
 }
 
 /// A list of token ids.

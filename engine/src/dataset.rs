@@ -1,10 +1,10 @@
-//! A model's training data: JSONL read with the model's tokenizer and chat
+//! A model's training data: JSONL or Parquet files (or folders of them) read with the model's tokenizer and chat
 //! template (or the bundled demo task), its statistics for a row length,
 //! and its identity for resuming.
 
 use std::path::{Path, PathBuf};
 
-use hlo_data::{demo_examples, stats, ChatData, DataStats, Example, Reader};
+use hlo_data::{data_files, demo_examples, stats, ChatData, DataStats, Example, Reader};
 
 use crate::checkpoint::file_fingerprint;
 use crate::error::{EngineError, Result};
@@ -13,7 +13,8 @@ use crate::model::Model;
 /// Which data, read how.
 #[derive(Clone, Debug)]
 pub struct DataSpec {
-    /// A JSONL file; None: the bundled demo task.
+    /// A JSONL or Parquet file, or a folder of them; None: the bundled
+    /// demo task.
     pub path: Option<PathBuf>,
     /// The folder whose chat template renders `{"messages"}` lines
     /// (default: the checkpoint's).
@@ -22,6 +23,24 @@ pub struct DataSpec {
     pub train_on_inputs: bool,
     /// The row length: text beyond what it can use is not tokenized.
     pub seq: usize,
+}
+
+/// The identity of a data file, or of a folder's data files (their
+/// names and contents, in the order they are read).
+fn data_fingerprint(path: &Path) -> Result<String> {
+    if !path.is_dir() {
+        return file_fingerprint(path);
+    }
+    let mut parts = Vec::new();
+    for file in data_files(path)? {
+        let name = file.file_name().map(|n| n.to_string_lossy().into_owned());
+        parts.push(format!(
+            "{}={}",
+            name.unwrap_or_default(),
+            file_fingerprint(&file)?
+        ));
+    }
+    Ok(parts.join(","))
 }
 
 /// Examples the demo task draws for training, and for holding out.
@@ -88,7 +107,7 @@ impl Dataset {
                     chat: chat.as_ref(),
                     max_tokens: Some(spec.seq),
                 };
-                (reader.read_jsonl(path)?, file_fingerprint(path)?)
+                (reader.read_path(path)?, data_fingerprint(path)?)
             }
             None => {
                 let t = tokenizer.as_ref().ok_or_else(|| {

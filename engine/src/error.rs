@@ -20,6 +20,8 @@ pub enum EngineError {
     Sharding(#[from] hlo_partitioner::ShardingError),
     #[error(transparent)]
     Trace(#[from] hlo_ir::TraceError),
+    #[error(transparent)]
+    Hub(#[from] crate::hub::HubError),
 
     /// `devices` was asked for explicitly and the mesh spans another count.
     #[error("the mesh {mesh} spans {mesh_devices} devices but {devices} were asked for (--devices); give a mesh whose sizes multiply to {devices}, or leave one of them out")]

@@ -15,6 +15,12 @@
 //!   [`Batcher`]: continuous batching of many requests over many LoRA
 //!   adapters in one batch (what `serve` runs on).
 //! - [`plan`], [`bench`] and [`flops`]: memory plans, timing, MFU.
+//! - [`hub`]: Hugging Face Hub ids in place of paths, found in the HF
+//!   cache or downloaded into it (`hf-hub` draws a download's progress on
+//!   a terminal, as `huggingface_hub` does, unless
+//!   `HF_HUB_DISABLE_PROGRESS_BARS` is set).
+//! - [`tensorboard`] and [`plot`]: a run's scalars as TensorBoard event
+//!   files, and its loss curves as an SVG chart.
 //!
 //! It does not parse flags, print or draw progress (the `hlo-train` CLI
 //! does, through [`Hooks`]), and it builds no model (`hlo-models`) or op
@@ -30,10 +36,13 @@ pub mod dataset;
 mod error;
 pub mod flops;
 pub mod generator;
+pub mod hub;
 pub mod model;
 pub mod pipeline;
 pub mod plan;
+pub mod plot;
 pub mod session;
+pub mod tensorboard;
 pub mod trainer;
 
 pub use backend::{Backend, BackendOptions};

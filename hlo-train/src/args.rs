@@ -1,10 +1,11 @@
 //! Flag groups several commands share, and what they turn into for the
 //! engine: which plugin and devices, which model, which step.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
+use hlo_engine::hub::{self, HubFiles};
 use hlo_engine::ir::DType;
 use hlo_engine::models::attention::{default_block, AttentionKind};
 use hlo_engine::models::decoder::{LoraConfig, ModelConfig};
@@ -50,6 +51,45 @@ pub enum DTypeArg {
     Bf16,
 }
 
+/// A path flag that also takes a Hugging Face hub id
+/// `ORG/NAME[@REVISION]`: a path that exists is itself; an id is its
+/// snapshot in the HF cache, downloaded there when missing (never with
+/// `HF_HUB_OFFLINE=1`).
+fn hub_path(s: &str, files: HubFiles) -> Result<PathBuf, String> {
+    hub::resolve(Path::new(s), files).map_err(|e| e.to_string())
+}
+
+/// `--checkpoint`: an HF model folder or hub id.
+pub fn hub_model(s: &str) -> Result<PathBuf, String> {
+    hub_path(s, HubFiles::Model)
+}
+
+/// `--adapter`, `--init-adapter`: a PEFT adapter folder or hub id.
+pub fn hub_adapter(s: &str) -> Result<PathBuf, String> {
+    hub_path(s, HubFiles::Adapter)
+}
+
+/// `--tokenizer`: a tokenizer.json, or a hub id (its tokenizer.json).
+pub fn hub_tokenizer(s: &str) -> Result<PathBuf, String> {
+    hub_path(s, HubFiles::Tokenizer)
+}
+
+/// `--chat-template`: a folder with tokenizer_config.json, or a hub id.
+pub fn hub_chat_template(s: &str) -> Result<PathBuf, String> {
+    hub_path(s, HubFiles::ChatTemplate)
+}
+
+/// `--recipe`: the command's flags from a YAML file (expanded into flags
+/// before parsing, by `recipe::expand`).
+#[derive(Args, Clone, Debug)]
+pub struct RecipeArgs {
+    /// A YAML file of settings, one key per flag (`lora_rank: 8` or
+    /// `lora-rank: 8`); flags on the command line win over its keys.
+    /// `train --out DIR` writes the run's own as DIR/recipe.yaml.
+    #[arg(long)]
+    pub recipe: Option<PathBuf>,
+}
+
 /// `--model`, `--checkpoint`, `--config`: which model.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
@@ -60,8 +100,10 @@ pub struct ModelArgs {
     #[arg(long, default_value = "tiny")]
     pub model: String,
 
-    /// HF model folder: config.json + *.safetensors (+ index).
-    #[arg(long, conflicts_with = "config")]
+    /// HF model folder: config.json + *.safetensors (+ index); or a hub
+    /// id ORG/NAME[@REVISION], read from the HF cache (downloaded there
+    /// when missing).
+    #[arg(long, conflicts_with = "config", value_parser = hub_model)]
     pub checkpoint: Option<PathBuf>,
 
     /// Random weights from an HF config.json of a supported family (Llama,
@@ -127,8 +169,9 @@ impl DtypeArgs {
 /// `--tokenizer`.
 #[derive(Args, Clone, Debug)]
 pub struct TokenizerArgs {
-    /// HF tokenizer.json (default: the checkpoint's; byte-level for tiny).
-    #[arg(long)]
+    /// HF tokenizer.json (default: the checkpoint's; byte-level for
+    /// tiny); or a hub id (its tokenizer.json).
+    #[arg(long, value_parser = hub_tokenizer)]
     pub tokenizer: Option<PathBuf>,
 }
 

@@ -14,6 +14,9 @@ use crate::args::{gb, DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs};
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     #[command(flatten)]
+    pub recipe: crate::args::RecipeArgs,
+
+    #[command(flatten)]
     pub model: ModelArgs,
 
     #[command(flatten)]

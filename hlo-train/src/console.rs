@@ -1,7 +1,7 @@
 //! What a training run shows: its header, the demo's generations before
 //! and after, a progress bar with moving averages and an ETA, a log line
-//! every few steps, eval and value-trace lines, and the metrics file (one
-//! JSON object per step or evaluation).
+//! every few steps, eval and value-trace lines, the metrics file (one
+//! JSON object per step or evaluation) and TensorBoard's event files.
 
 use std::fs::File;
 use std::io::Write;
@@ -10,6 +10,8 @@ use anyhow::Result;
 use hlo_engine::data::Tokenizer;
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::attention::AttentionKind;
+use hlo_engine::plot::LossCurves;
+use hlo_engine::tensorboard::EventWriter;
 use hlo_engine::{EvalReport, Generator, Hooks, Mode, Sampling, Session, StepReport, TracedValue};
 
 use crate::args::printable;
@@ -20,11 +22,16 @@ use serde_json::json;
 /// Steps the progress figures average over.
 pub const SMOOTHING_WINDOW: usize = 20;
 
-/// What the console and the metrics file show of a run.
+/// What the console, the metrics file and TensorBoard show of a run.
 pub struct Console {
     pub bar: ProgressBar,
     pub metrics: Option<File>,
+    /// `--tensorboard`: the run's scalars as event files.
+    pub tensorboard: Option<EventWriter>,
     pub log_every: i64,
+    /// This session's losses, for the loss plot of a run without a
+    /// metrics file.
+    pub curves: LossCurves,
 }
 
 impl Console {
@@ -33,6 +40,22 @@ impl Console {
             writeln!(m, "{line}").map_err(|e| {
                 hlo_engine::EngineError::Setting(format!("cannot write the metrics file: {e}"))
             })?;
+        }
+        Ok(())
+    }
+
+    /// Scalars for TensorBoard at `step`; written out every `flush`.
+    fn scalars(
+        &mut self,
+        step: i64,
+        values: &[(&str, f64)],
+        flush: bool,
+    ) -> hlo_engine::Result<()> {
+        if let Some(tb) = self.tensorboard.as_mut() {
+            tb.add_scalars(step, values)?;
+            if flush {
+                tb.flush()?;
+            }
         }
         Ok(())
     }
@@ -52,7 +75,19 @@ impl Hooks for Console {
             "tokens_per_s": r.tokens_per_s, "step_time_s": r.step_time_s, "mfu": r.mfu,
             "targets": r.targets, "elapsed_s": r.elapsed_s,
         }))?;
-        if r.step % self.log_every == 0 || r.step == r.steps {
+        let log = r.step % self.log_every == 0 || r.step == r.steps;
+        self.curves.train.push((r.step, r.loss));
+        let mut scalars = vec![
+            ("train/loss", r.loss),
+            ("train/lr", r.lr),
+            ("train/grad_norm", r.grad_norm),
+            ("train/tokens_per_s", r.tokens_per_s),
+        ];
+        if let Some(mfu) = r.mfu {
+            scalars.push(("train/mfu", mfu));
+        }
+        self.scalars(r.step, &scalars, log)?;
+        if log {
             // The window's average: one step's own figure jumps with the
             // machine's other work.
             let mfu = r.mfu.unwrap_or(f64::NAN) * r.smoothed_tokens_per_s / r.tokens_per_s;
@@ -85,6 +120,12 @@ impl Hooks for Console {
             )
         });
         self.bar.set_message(format!("eval_loss {:.4}", r.loss));
+        self.curves.eval.push((e.step, r.loss));
+        self.scalars(
+            e.step,
+            &[("eval/loss", r.loss), ("eval/perplexity", r.perplexity())],
+            true,
+        )?;
         self.metric(json!({
             "step": e.step, "eval_loss": r.loss, "eval_perplexity": r.perplexity(),
             "eval_tokens": r.tokens,

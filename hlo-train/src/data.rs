@@ -22,7 +22,8 @@ pub struct DataArgs {
     #[command(flatten)]
     pub chat: ChatArgs,
 
-    /// JSONL data (default: the bundled demo task).
+    /// Data: a JSONL or Parquet file, or a folder of their shards
+    /// (default: the bundled demo task).
     #[arg(long)]
     pub data: Option<PathBuf>,
 

@@ -36,11 +36,12 @@ pub struct EvalArgs {
     #[arg(long)]
     pub mesh: Option<Mesh>,
 
-    /// A PEFT adapter folder, applied unmerged.
-    #[arg(long)]
+    /// A PEFT adapter folder or hub id, applied unmerged.
+    #[arg(long, value_parser = crate::args::hub_adapter)]
     pub adapter: Option<PathBuf>,
 
-    /// JSONL data, in any format `train` reads.
+    /// Data (JSONL or Parquet files, or a folder of shards), in any
+    /// format `train` reads.
     #[arg(long)]
     pub data: PathBuf,
 

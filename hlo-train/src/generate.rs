@@ -29,8 +29,9 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub plugin: PluginArgs,
 
-    /// A PEFT adapter folder; give it several times to compare completions.
-    #[arg(long)]
+    /// A PEFT adapter folder or hub id; give it several times to compare
+    /// completions.
+    #[arg(long, value_parser = crate::args::hub_adapter)]
     pub adapter: Vec<PathBuf>,
 
     /// The prompt text (with `--chat`, the user's message).
@@ -57,8 +58,8 @@ pub struct GenerateArgs {
     pub chat: bool,
 
     /// The chat template's folder (holding `tokenizer_config.json`),
-    /// instead of the checkpoint's.
-    #[arg(long)]
+    /// instead of the checkpoint's; or a hub id.
+    #[arg(long, value_parser = crate::args::hub_chat_template)]
     pub chat_template: Option<PathBuf>,
 
     /// Device mesh for the weights (`dp=1,fsdp=2,mp=2`; default one

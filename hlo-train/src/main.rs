@@ -16,6 +16,8 @@ mod eval;
 mod generate;
 mod merge;
 mod plan;
+mod plot;
+mod recipe;
 mod resume;
 mod serve;
 mod train;
@@ -52,7 +54,7 @@ pub(crate) enum Command {
     /// Complete a prompt with a model (and PEFT adapters).
     Generate(Box<generate::GenerateArgs>),
     /// The masked mean loss and perplexity of a model (and adapter) on
-    /// JSONL data: what `train` reports as eval_loss.
+    /// data: what `train` reports as eval_loss.
     Eval(Box<eval::EvalArgs>),
     /// Show training data as the model will see it (learned tokens
     /// marked) and what it holds: samples, tokens, learned tokens, cuts.
@@ -63,6 +65,8 @@ pub(crate) enum Command {
     Bench(Box<bench::BenchArgs>),
     /// What the train step needs in each device's memory, and whether it fits.
     Plan(Box<plan::PlanArgs>),
+    /// Draw the train and eval loss of a metrics file as an SVG chart.
+    Plot(plot::PlotArgs),
     /// Serve a model and many LoRA adapters over an OpenAI-compatible HTTP
     /// API, all requests in one continuous batch.
     Serve(Box<serve::ServeArgs>),
@@ -137,6 +141,14 @@ fn main() -> ExitCode {
         std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "3");
     }
     let argv: Vec<OsString> = std::env::args_os().collect();
+    // A recipe's settings become flags before anything is parsed.
+    let argv = match recipe::expand(&argv) {
+        Ok(argv) => argv,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&format!("{e:#}")));
+            return ExitCode::from(2);
+        }
+    };
     let parsed = Cli::command()
         .try_get_matches_from(&argv)
         .and_then(|m| Cli::from_arg_matches(&m).map(|cli| (cli, m)));
@@ -179,6 +191,7 @@ fn main() -> ExitCode {
         }
         Command::Merge(args) => merge::run(&args),
         Command::Plan(args) => plan::run(&args),
+        Command::Plot(args) => plot::run(&args),
         Command::Bench(args) => bench::run(&args),
     };
     match result {

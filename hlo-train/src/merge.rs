@@ -11,11 +11,11 @@ use hlo_engine::models::io::{copy_side_files, write_atomic, write_safetensors};
 
 #[derive(Args, Debug)]
 pub struct MergeArgs {
-    /// HF model folder of the base model.
-    #[arg(long)]
+    /// HF model folder (or hub id) of the base model.
+    #[arg(long, value_parser = crate::args::hub_model)]
     pub checkpoint: PathBuf,
-    /// PEFT adapter folder.
-    #[arg(long)]
+    /// PEFT adapter folder or hub id.
+    #[arg(long, value_parser = crate::args::hub_adapter)]
     pub adapter: PathBuf,
     /// Output folder (config.json, model.safetensors, tokenizer files).
     #[arg(long)]

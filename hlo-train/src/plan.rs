@@ -59,6 +59,9 @@ fn host_memory() -> u64 {
 #[derive(Args, Debug)]
 pub struct PlanArgs {
     #[command(flatten)]
+    pub recipe: crate::args::RecipeArgs,
+
+    #[command(flatten)]
     pub model: ModelArgs,
 
     #[command(flatten)]

@@ -25,6 +25,9 @@ pub enum LoraSelectArg {
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     #[command(flatten)]
+    pub recipe: crate::args::RecipeArgs,
+
+    #[command(flatten)]
     pub model: ModelArgs,
 
     #[command(flatten)]
@@ -46,13 +49,14 @@ pub struct ServeArgs {
     #[arg(long)]
     pub served_model_name: Option<String>,
 
-    /// An adapter to serve, `NAME=DIR` (a PEFT folder); repeat for more.
+    /// An adapter to serve, `NAME=DIR` (a PEFT folder or hub id); repeat
+    /// for more.
     #[arg(long, value_parser = adapter_arg)]
     pub adapter: Vec<(String, PathBuf)>,
 
     /// The chat template's folder (holding tokenizer_config.json), instead
-    /// of the checkpoint's.
-    #[arg(long)]
+    /// of the checkpoint's; or a hub id.
+    #[arg(long, value_parser = crate::args::hub_chat_template)]
     pub chat_template: Option<PathBuf>,
 
     /// The address to listen on (0.0.0.0: every interface).
@@ -107,7 +111,7 @@ pub struct ServeArgs {
 fn adapter_arg(s: &str) -> Result<(String, PathBuf), String> {
     match s.split_once('=') {
         Some((name, dir)) if !name.is_empty() && !dir.is_empty() => {
-            Ok((name.to_string(), PathBuf::from(dir)))
+            Ok((name.to_string(), crate::args::hub_adapter(dir)?))
         }
         _ => Err(format!("expected NAME=DIR, got `{s}`")),
     }

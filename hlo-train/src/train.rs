@@ -12,7 +12,10 @@ use clap::Args;
 use hlo_engine::checkpoint::{self, RunSettings, Saved};
 use hlo_engine::data::{eval_batches, Loader};
 use hlo_engine::models::adapter::Adapter;
+use hlo_engine::models::io::write_atomic;
 use hlo_engine::partitioner::Mesh;
+use hlo_engine::plot::{loss_svg, LossCurves};
+use hlo_engine::tensorboard::EventWriter;
 use hlo_engine::{
     flops, Backend, Dataset, Mode, Session, SessionOptions, StopFlag, Trainer, TrainerOptions,
 };
@@ -24,10 +27,13 @@ use crate::args::{
 };
 use crate::console::{demo_show, print_header, Console, SMOOTHING_WINDOW};
 use crate::dump_hlo::{self, Format};
-use crate::resume;
+use crate::{recipe, resume};
 
 #[derive(Args, Clone, Debug)]
 pub struct TrainArgs {
+    #[command(flatten)]
+    pub recipe: crate::args::RecipeArgs,
+
     #[command(flatten)]
     pub model: ModelArgs,
 
@@ -68,11 +74,13 @@ pub struct TrainArgs {
     #[arg(long, requires = "eager")]
     pub trace_values: Option<String>,
 
-    /// Start LoRA from this PEFT adapter folder.
-    #[arg(long, conflicts_with = "full")]
+    /// Start LoRA from this PEFT adapter folder (or hub id).
+    #[arg(long, conflicts_with = "full", value_parser = crate::args::hub_adapter)]
     pub init_adapter: Option<PathBuf>,
 
-    /// JSONL training data (default: the bundled demo task).
+    /// Training data: a JSONL or Parquet file, or a folder of their shards;
+    /// rows of text, prompt/completion, messages, input_ids, alpaca or
+    /// sharegpt (default: the bundled demo task).
     #[arg(long)]
     pub data: Option<PathBuf>,
 
@@ -108,11 +116,17 @@ pub struct TrainArgs {
     #[arg(long)]
     pub metrics: Option<PathBuf>,
 
+    /// Write TensorBoard event files here: train/loss, train/lr,
+    /// train/grad_norm, train/tokens_per_s, train/mfu, eval/loss and
+    /// eval/perplexity by step (`tensorboard --logdir DIR`).
+    #[arg(long)]
+    pub tensorboard: Option<PathBuf>,
+
     /// Write the compiled step as StableHLO and HLO text here.
     #[arg(long)]
     pub dump_hlo: Option<PathBuf>,
 
-    /// Held-out JSONL data (same formats as --data): its masked mean loss
+    /// Held-out data (same formats as --data): its masked mean loss
     /// and perplexity are computed every --eval-every steps (the demo task
     /// holds out a fresh draw of itself).
     #[arg(long)]
@@ -147,15 +161,33 @@ fn metrics_file(path: &Path, append: bool) -> Result<File> {
         .with_context(|| format!("cannot create {}", path.display()))
 }
 
+/// Writes the run's effective recipe to `out/recipe.yaml`: the flags of
+/// `argv` with the run's resolved settings and mesh.
+fn write_recipe(out: &Path, argv: &[OsString], settings: &RunSettings, mesh: &Mesh) -> Result<()> {
+    let mut resolved: Vec<(String, serde_json::Value)> = settings
+        .0
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    resolved.push(("mesh".into(), mesh.to_string().into()));
+    resolved.push(("devices".into(), mesh.size().into()));
+    let text = recipe::effective(argv, &resolved)?;
+    let path = out.join("recipe.yaml");
+    let tmp = out.join(".recipe.yaml.tmp");
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
 pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Result<()> {
     // A resumed run takes every setting it was saved with.
-    let (args, saved): (TrainArgs, Option<Saved>) = match &args.resume {
+    let (args, saved, argv): (TrainArgs, Option<Saved>, Vec<OsString>) = match &args.resume {
         Some(dir) => {
             let saved = checkpoint::load(dir)?;
             let argv = resume::effective_argv(argv, given, &saved.state.settings);
-            (resume::parse(&argv)?, Some(saved))
+            (resume::parse(&argv)?, Some(saved), argv)
         }
-        None => (args, None),
+        None => (args, None, argv.to_vec()),
     };
     let out = args.out.clone().or_else(|| args.resume.clone());
     if let Some(out) = &out {
@@ -249,6 +281,9 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
             dir,
         ))?;
     }
+    if let Some(out) = &out {
+        write_recipe(out, &argv, &settings, backend.mesh())?;
+    }
     let mode = if args.eager { Mode::Eager } else { Mode::Jit };
     let mut session = Session::new(
         backend,
@@ -293,10 +328,16 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
+    let tensorboard = match &args.tensorboard {
+        Some(dir) => Some(EventWriter::create(dir)?),
+        None => None,
+    };
     let mut console = Console {
         bar,
         metrics,
+        tensorboard,
         log_every: args.log_every,
+        curves: LossCurves::default(),
     };
     let eval = held_out
         .map(|e| eval_batches(&e.examples, seq, args.step.batch as usize))
@@ -329,6 +370,21 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
         result?
     };
     console.bar.finish_and_clear();
+    if let Some(tb) = console.tensorboard.as_mut() {
+        tb.flush()?;
+    }
+    if let Some(out) = &out {
+        // The whole run's curves: the metrics file holds the steps before
+        // a resume too.
+        let curves = match &args.metrics {
+            Some(m) => LossCurves::read_metrics(m)?,
+            None => std::mem::take(&mut console.curves),
+        };
+        if !curves.is_empty() {
+            let title = format!("{}: loss", session.model().name);
+            write_atomic(&out.join("loss.svg"), loss_svg(&curves, &title).as_bytes())?;
+        }
+    }
     if summary.interrupted {
         match &out {
             Some(out) => println!(

@@ -321,6 +321,40 @@ fn bad_input_table() {
             train(&["--resume", &r]),
         ),
         (
+            "a hub id that is not in the HF cache (HF_HUB_OFFLINE=1)",
+            train(&["--checkpoint", "meta-llama/No-Such-Model@main"]),
+        ),
+        (
+            "a recipe key that is no flag",
+            train(&[
+                "--recipe",
+                &jsonl("bad-recipe.yaml", "lora_rank: 4\nlora_rnak: 8\n"),
+            ]),
+        ),
+        (
+            "a Parquet row of no known shape",
+            train(&["--data", &{
+                let p = root.join("rows.parquet");
+                std::fs::copy(
+                    Path::new(env!("CARGO_MANIFEST_DIR"))
+                        .join("../tests/fixtures/data/bad_row.parquet"),
+                    &p,
+                )
+                .unwrap();
+                p.to_str().unwrap().to_string()
+            }]),
+        ),
+        (
+            "a sharegpt turn from an unknown role",
+            train(&[
+                "--data",
+                &jsonl(
+                    "sharegpt.jsonl",
+                    "{\"conversations\": [{\"from\": \"tool\", \"value\": \"x\"}]}\n",
+                ),
+            ]),
+        ),
+        (
             "serve: --adapter without NAME=",
             serve(&["--adapter", "my-adapter"]),
         ),
@@ -342,6 +376,8 @@ fn bad_input_table() {
         let out = Command::new(env!("CARGO_BIN_EXE_hlo-train"))
             .args(args)
             .env_remove("HLO_TRAIN_PLUGIN")
+            .env("HF_HUB_OFFLINE", "1")
+            .env("HF_HUB_CACHE", root.join("hf-cache"))
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr).trim_end().to_string();

@@ -9,11 +9,12 @@ use hlo_engine::models::io::read_safetensors;
 use std::process::{Command, Output};
 
 /// Runs `hlo-train` with `args` (the plugin from flags only, never from
-/// the environment).
+/// the environment; hub ids from the HF cache only, never the network).
 pub fn hlo_train(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hlo-train"))
         .args(args)
         .env_remove("HLO_TRAIN_PLUGIN")
+        .env("HF_HUB_OFFLINE", "1")
         .output()
         .expect("run hlo-train")
 }

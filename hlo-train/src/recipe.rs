@@ -1,0 +1,367 @@
+//! `--recipe FILE.yaml`: a run's flags kept as a YAML file, as axolotl,
+//! torchtune and LLM Foundry keep theirs. Every flag of `train`, `bench`,
+//! `plan` and `serve` is a key (`lora_rank` or `lora-rank`); a flag given
+//! on the command line wins over its key. The recipe is turned into flags
+//! before the command line is parsed, so a recipe's values are checked
+//! exactly as flags are.
+//!
+//! A key no recipe command knows is an error naming it and the file; a key
+//! of another recipe command is left to that command (a train recipe can
+//! be planned, and `steps` does not change a plan). `train --out DIR`
+//! writes the run's effective `recipe.yaml` there: every setting, defaults
+//! resolved, which reproduces the run's losses.
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use clap::{ArgAction, CommandFactory};
+use serde_json::Value;
+
+/// The commands that take `--recipe`.
+pub const RECIPE_COMMANDS: [&str; 4] = ["train", "bench", "plan", "serve"];
+
+/// Flags of which the command line's one replaces the recipe's others.
+const EXCLUSIVE: [&[&str]; 2] = [&["model", "config", "checkpoint"], &["jit", "eager"]];
+
+/// Flags a written recipe leaves out: where the run's outputs go (the new
+/// run names its own), and clap's own.
+const NOT_RECORDED: [&str; 10] = [
+    "recipe",
+    "out",
+    "overwrite",
+    "resume",
+    "metrics",
+    "tensorboard",
+    "dump-hlo",
+    "trace-values",
+    "help",
+    "version",
+];
+
+/// The long flag of a recipe key: `lora_rank` and `lora-rank` are
+/// `--lora-rank`.
+fn flag_of(key: &str) -> String {
+    key.replace('_', "-")
+}
+
+/// The long flags the command line gives (`--flag` or `--flag=value`).
+fn given_flags(args: &[OsString]) -> BTreeSet<String> {
+    args.iter()
+        .filter_map(|a| a.to_str())
+        .take_while(|a| *a != "--")
+        .filter_map(|a| a.strip_prefix("--"))
+        .map(|a| a.split('=').next().unwrap_or(a).to_string())
+        .collect()
+}
+
+/// The value of `--recipe` in `args`, if any.
+fn recipe_path(args: &[OsString]) -> Option<OsString> {
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let Some(s) = a.to_str() else { continue };
+        if s == "--" {
+            return None;
+        }
+        if s == "--recipe" {
+            return it.next().cloned();
+        }
+        if let Some(v) = s.strip_prefix("--recipe=") {
+            return Some(v.into());
+        }
+    }
+    None
+}
+
+/// A recipe file's keys and values, in file order.
+pub fn read(path: &Path) -> Result<Vec<(String, Value)>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read recipe {}", path.display()))?;
+    let value: serde_norway::Value = serde_norway::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("recipe {}: not YAML: {e}", path.display()))?;
+    let mapping = match value {
+        serde_norway::Value::Null => return Ok(Vec::new()),
+        serde_norway::Value::Mapping(m) => m,
+        _ => bail!(
+            "recipe {}: expected a mapping of settings (`lora_rank: 8`)",
+            path.display()
+        ),
+    };
+    let mut out = Vec::new();
+    for (k, v) in mapping {
+        let Some(key) = k.as_str() else {
+            bail!("recipe {}: a key is not a string: {k:?}", path.display());
+        };
+        let v: Value = serde_json::to_value(&v)
+            .with_context(|| format!("recipe {}: key `{key}`", path.display()))?;
+        out.push((key.to_string(), v));
+    }
+    Ok(out)
+}
+
+/// `argv` (`hlo-train COMMAND ...`) with the settings of its `--recipe`
+/// put in as flags before the command line's own (which win); `argv`
+/// itself when there is no recipe.
+pub fn expand(argv: &[OsString]) -> Result<Vec<OsString>> {
+    let Some(command) = argv.get(1).and_then(|c| c.to_str()) else {
+        return Ok(argv.to_vec());
+    };
+    if !RECIPE_COMMANDS.contains(&command) {
+        return Ok(argv.to_vec());
+    }
+    let Some(path) = recipe_path(&argv[2..]) else {
+        return Ok(argv.to_vec());
+    };
+    let path = Path::new(&path);
+    let cli = crate::Cli::command();
+    let known_elsewhere: BTreeSet<String> = RECIPE_COMMANDS
+        .iter()
+        .filter_map(|c| cli.find_subcommand(c))
+        .flat_map(|c| c.get_arguments().filter_map(|a| a.get_long()))
+        .map(str::to_string)
+        .collect();
+    let Some(sub) = cli.find_subcommand(command) else {
+        return Ok(argv.to_vec());
+    };
+    let mut given = given_flags(&argv[2..]);
+    for group in EXCLUSIVE {
+        if group.iter().any(|f| given.contains(*f)) {
+            given.extend(group.iter().map(|f| f.to_string()));
+        }
+    }
+    let mut flags: Vec<OsString> = Vec::new();
+    for (key, value) in read(path)? {
+        let flag = flag_of(&key);
+        let arg = sub
+            .get_arguments()
+            .find(|a| a.get_long() == Some(flag.as_str()));
+        let Some(arg) = arg.filter(|_| !["help", "version"].contains(&flag.as_str())) else {
+            if known_elsewhere.contains(&flag) && !["help", "version"].contains(&flag.as_str()) {
+                continue; // another command's setting
+            }
+            bail!(
+                "recipe {}: unknown key `{key}` (no command of {} has --{flag})",
+                path.display(),
+                RECIPE_COMMANDS.join(", ")
+            );
+        };
+        if flag == "recipe" {
+            bail!(
+                "recipe {}: `recipe` cannot be set in a recipe",
+                path.display()
+            );
+        }
+        if given.contains(&flag) {
+            continue;
+        }
+        let bad = |what: &str| anyhow::anyhow!("recipe {}: key `{key}` {what}", path.display());
+        let switch = matches!(arg.get_action(), ArgAction::SetTrue);
+        // YAML's true/false for an on/off setting (`packing: true`).
+        let on_off = arg
+            .get_possible_values()
+            .iter()
+            .any(|p| p.get_name() == "on");
+        let scalar = |v: &Value| -> Result<String> {
+            match v {
+                Value::String(s) => Ok(s.clone()),
+                Value::Number(n) => Ok(n.to_string()),
+                Value::Bool(b) if on_off => Ok(if *b { "on" } else { "off" }.into()),
+                Value::Bool(b) => Ok(b.to_string()),
+                _ => Err(bad("must be a number, a string, or a list of them")),
+            }
+        };
+        match (&value, switch) {
+            (Value::Null, _) => {}
+            (Value::Bool(true), true) => flags.push(format!("--{flag}").into()),
+            (Value::Bool(false), true) => {}
+            (_, true) => return Err(bad("is a switch: true or false")),
+            (Value::Array(items), false) => {
+                if matches!(arg.get_action(), ArgAction::Append) {
+                    for item in items {
+                        flags.extend([format!("--{flag}").into(), scalar(item)?.into()]);
+                    }
+                } else {
+                    let parts = items.iter().map(scalar).collect::<Result<Vec<_>>>()?;
+                    flags.extend([format!("--{flag}").into(), parts.join(",").into()]);
+                }
+            }
+            (v, false) => flags.extend([format!("--{flag}").into(), scalar(v)?.into()]),
+        }
+    }
+    let mut out: Vec<OsString> = argv[..2].to_vec();
+    out.extend(flags);
+    out.extend(argv[2..].iter().cloned());
+    Ok(out)
+}
+
+/// The effective recipe of `hlo-train train` run with `argv`: every flag
+/// of `train` but where its outputs go, with `resolved` values (the
+/// run's settings: defaults decided, paths absolute) replacing the
+/// flags'. Keys are written as flags are named, `_` for `-`.
+pub fn effective(argv: &[OsString], resolved: &[(String, Value)]) -> Result<String> {
+    let cli = crate::Cli::command();
+    let matches = cli
+        .clone()
+        .try_get_matches_from(argv)
+        .map_err(|e| anyhow::anyhow!("{}", crate::usage_error(&e)))?;
+    let (Some(sub), Some(train)) = (
+        matches.subcommand_matches("train"),
+        cli.find_subcommand("train"),
+    ) else {
+        bail!("not a train command");
+    };
+    let resolved_keys: BTreeSet<&str> = resolved.iter().map(|(k, _)| k.as_str()).collect();
+    let model_flag = EXCLUSIVE[0]
+        .iter()
+        .find(|f| resolved_keys.contains(**f))
+        .copied();
+    let mut text = String::from(
+        "# hlo-train train recipe: every setting of the run, defaults resolved.\n\
+         # Run it again with: hlo-train train --recipe recipe.yaml --out NEW_DIR\n",
+    );
+    for arg in train.get_arguments() {
+        let Some(flag) = arg.get_long() else { continue };
+        if NOT_RECORDED.contains(&flag) {
+            continue;
+        }
+        // One way of naming the model: the one the run used.
+        if EXCLUSIVE[0].contains(&flag) && model_flag.is_some_and(|m| m != flag) {
+            continue;
+        }
+        let value = match resolved.iter().find(|(k, _)| k == flag) {
+            Some((_, v)) => v.clone(),
+            None => {
+                let id = arg.get_id().as_str();
+                if matches!(arg.get_action(), ArgAction::SetTrue) {
+                    Value::Bool(sub.get_flag(id))
+                } else {
+                    match sub.get_raw(id) {
+                        Some(raw) => {
+                            let parts: Vec<String> =
+                                raw.map(|v| v.to_string_lossy().into_owned()).collect();
+                            Value::String(parts.join(","))
+                        }
+                        None => Value::Null,
+                    }
+                }
+            }
+        };
+        text.push_str(&format!(
+            "{}: {}\n",
+            flag.replace('-', "_"),
+            yaml_scalar(&value)
+        ));
+    }
+    Ok(text)
+}
+
+/// A YAML scalar: numbers and booleans as they are; a string plain when
+/// YAML reads it back as the same flag value (a word, a path, a whole
+/// number), else quoted as JSON quotes it (a valid YAML double-quoted
+/// scalar).
+fn yaml_scalar(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => {
+            let word = s.starts_with(|c: char| c.is_ascii_alphabetic() || c == '/')
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_./,=-".contains(c));
+            let special = matches!(
+                s.to_ascii_lowercase().as_str(),
+                "null" | "true" | "false" | "yes" | "no" | "on" | "off" | "y" | "n"
+            );
+            if (word && !special) || s.parse::<i64>().is_ok() {
+                s.clone()
+            } else {
+                v.to_string()
+            }
+        }
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(s: &str) -> Vec<OsString> {
+        s.split_whitespace().map(OsString::from).collect()
+    }
+
+    /// The expanded command line of `s`, as strings.
+    fn expanded(s: &str) -> Vec<String> {
+        expand(&argv(s))
+            .unwrap()
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    fn recipe(name: &str, text: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("hlo-recipe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn keys_become_flags_before_the_command_lines_own() {
+        let r = recipe(
+            "a.yaml",
+            "lora_rank: 4\nlora-alpha: 8.5\npacking: true\nfull: false\nlora_targets: [q_proj, v_proj]\nlr: 2.0e-3\nsteps: 7\n",
+        );
+        let got = expanded(&format!(
+            "hlo-train train --recipe {} --lora-rank 16",
+            r.display()
+        ));
+        let want = format!(
+            "hlo-train train --lora-alpha 8.5 --packing on --lora-targets q_proj,v_proj --lr 0.002 --steps 7 --recipe {} --lora-rank 16",
+            r.display()
+        );
+        assert_eq!(got.join(" "), want);
+        // plan takes a train recipe: `steps` and `lr` are train's alone.
+        let plan = expanded(&format!("hlo-train plan --recipe {}", r.display()));
+        assert!(!plan.contains(&"--steps".to_string()), "{plan:?}");
+        assert!(plan.contains(&"--lora-rank".to_string()), "{plan:?}");
+    }
+
+    #[test]
+    fn a_model_flag_replaces_the_recipes_model() {
+        let r = recipe("m.yaml", "checkpoint: /x\nseq: 32\n");
+        let got = expanded(&format!(
+            "hlo-train train --recipe {} --model tiny",
+            r.display()
+        ));
+        assert!(!got.contains(&"--checkpoint".to_string()), "{got:?}");
+        assert!(got.contains(&"--seq".to_string()), "{got:?}");
+    }
+
+    #[test]
+    fn bad_recipes_are_one_line_naming_the_key_and_file() {
+        for (text, want) in [
+            ("lora_rnak: 4\n", "unknown key `lora_rnak`"),
+            ("full: 3\n", "key `full` is a switch"),
+            ("seq: {a: 1}\n", "key `seq` must be a number"),
+            ("- a\n- b\n", "expected a mapping"),
+            ("recipe: x.yaml\n", "`recipe` cannot be set"),
+            ("seq: [1, 2\n", "not YAML"),
+        ] {
+            let r = recipe("bad.yaml", text);
+            let err = expand(&argv(&format!("hlo-train train --recipe {}", r.display())))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{text:?}: {err}");
+            assert!(err.contains("bad.yaml"), "{err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+        let err = expand(&argv("hlo-train train --recipe /nonexistent/r.yaml")).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("cannot read recipe /nonexistent/r.yaml"),
+            "{err:#}"
+        );
+    }
+}

@@ -1,0 +1,154 @@
+//! The data formats of the ecosystem read as their equivalents: Parquet
+//! (single files and folders of shards, as HF `datasets` exports them)
+//! as the same rows in JSONL, alpaca rows as Stanford Alpaca's prompt and
+//! completion, sharegpt rows as chat messages. The fixtures are made by
+//! `scripts/make_data_fixtures.py` with `datasets` and pyarrow; the
+//! equivalent rows are written there from the formats' own definitions.
+
+use std::path::{Path, PathBuf};
+
+use hlo_data::chat::ChatTemplate;
+use hlo_data::tokenizer::{Tokenizer, BYTE_EOS, BYTE_VOCAB};
+use hlo_data::{ChatData, Example, Reader};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/data")
+        .join(name)
+}
+
+/// Reads `name` with the byte tokenizer and the llama-style fixture
+/// template (replies end at the byte EOS).
+fn read(name: &str) -> Result<Vec<Example>, String> {
+    let template = ChatTemplate::from_dir(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/chat/llama_style"),
+    )
+    .unwrap();
+    let chat = ChatData {
+        template: &template,
+        stop: vec![BYTE_EOS],
+        train_on_inputs: false,
+    };
+    let t = Tokenizer::bytes();
+    Reader {
+        tokenizer: Some(&t),
+        eos: Some(BYTE_EOS),
+        vocab: BYTE_VOCAB,
+        chat: Some(&chat),
+        max_tokens: Some(4096),
+    }
+    .read_path(&fixture(name))
+    .map_err(|e| e.to_string())
+}
+
+#[test]
+fn parquet_rows_read_as_the_same_rows_in_jsonl() {
+    for (jsonl, parquet) in [
+        ("rows.jsonl", "rows.parquet"),
+        ("ids.jsonl", "ids.parquet"),
+        ("alpaca.jsonl", "alpaca.parquet"),
+        ("sharegpt.jsonl", "sharegpt.parquet"),
+    ] {
+        let want = read(jsonl).unwrap();
+        assert!(want.len() >= 2, "{jsonl}");
+        assert_eq!(read(parquet).unwrap(), want, "{parquet}");
+    }
+    // The mixed file holds text rows (every token learned) and
+    // prompt/completion rows (the completion only): nulls are absent fields.
+    let rows = read("rows.parquet").unwrap();
+    assert_eq!(rows.len(), 24);
+    assert!(rows[0].target[1..].iter().all(|&t| t));
+    assert!(!rows[1].target[1]);
+}
+
+#[test]
+fn a_folder_of_shards_reads_as_the_whole_file() {
+    let whole = read("rows.parquet").unwrap();
+    assert_eq!(read("shards").unwrap(), whole);
+    let files = hlo_data::data_files(&fixture("shards")).unwrap();
+    let names: Vec<_> = files
+        .iter()
+        .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "train-00000-of-00002.parquet",
+            "train-00001-of-00002.parquet"
+        ]
+    );
+}
+
+#[test]
+fn alpaca_rows_are_stanford_alpacas_prompt_and_completion() {
+    let alpaca = read("alpaca.jsonl").unwrap();
+    assert_eq!(alpaca, read("alpaca_as_prompt_completion.jsonl").unwrap());
+    // Only the output (and its EOS) is learned.
+    let learned: Vec<u8> = alpaca[0]
+        .ids
+        .iter()
+        .zip(&alpaca[0].target)
+        .filter(|(_, &t)| t)
+        .map(|(&id, _)| id as u8)
+        .collect();
+    assert_eq!(&learned[..3], b"CAT");
+    assert_eq!(learned.len(), 4);
+}
+
+#[test]
+fn sharegpt_rows_are_their_chat_messages() {
+    let sharegpt = read("sharegpt.jsonl").unwrap();
+    assert_eq!(sharegpt, read("sharegpt_as_messages.jsonl").unwrap());
+    assert!(sharegpt[0].target.iter().any(|&t| t));
+}
+
+#[test]
+fn bad_rows_and_files_are_errors_naming_them() {
+    let err = read("bad_row.parquet").unwrap_err();
+    assert!(
+        err.contains("bad_row.parquet: row 3: expected"),
+        "unexpected error: {err}"
+    );
+    let dir = std::env::temp_dir().join(format!("hlo-data-formats-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // JSONL under a Parquet name.
+    let fake = dir.join("fake.parquet");
+    std::fs::copy(fixture("rows.jsonl"), &fake).unwrap();
+    let t = Tokenizer::bytes();
+    let reader = Reader {
+        tokenizer: Some(&t),
+        eos: Some(BYTE_EOS),
+        vocab: BYTE_VOCAB,
+        chat: None,
+        max_tokens: None,
+    };
+    let err = reader.read_path(&fake).unwrap_err().to_string();
+    assert!(
+        err.contains("fake.parquet: not a readable Parquet file"),
+        "{err}"
+    );
+    // A folder without data files.
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let err = reader.read_path(&empty).unwrap_err().to_string();
+    assert!(err.contains("holds no *.parquet or *.jsonl files"), "{err}");
+    // sharegpt turns from other roles, and per-turn weights, are refused.
+    for (row, want) in [
+        (
+            r#"{"conversations": [{"from": "tool", "value": "x"}]}"#,
+            "conversations[0] is from `tool`",
+        ),
+        (
+            r#"{"conversations": [{"from": "gpt", "value": "x", "weight": 0}]}"#,
+            "conversations[0] sets `weight`",
+        ),
+        (
+            r#"{"instruction": "a", "input": 3, "output": "b"}"#,
+            "input is not a string",
+        ),
+    ] {
+        let err = reader.parse_line(row).unwrap_err();
+        assert!(err.contains(want), "{row}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
