@@ -44,7 +44,8 @@ impl Console {
         Ok(())
     }
 
-    /// Scalars for TensorBoard at `step`; written out every `flush`.
+    /// Scalars for TensorBoard at `step`, written through to the file
+    /// when `flush` (each log line and evaluation).
     fn scalars(
         &mut self,
         step: i64,
