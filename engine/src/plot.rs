@@ -103,8 +103,16 @@ pub fn write_loss_svg(metrics: &Path, out: &Path, title: &str) -> Result<()> {
             metrics.display()
         )));
     }
-    hlo_models::io::write_atomic(out, loss_svg(&curves, title).as_bytes())?;
-    Ok(())
+    curves.write_svg(out, title)
+}
+
+impl LossCurves {
+    /// Writes these curves' chart to `out` through a temporary file
+    /// renamed over it.
+    pub fn write_svg(&self, out: &Path, title: &str) -> Result<()> {
+        hlo_models::io::write_atomic(out, loss_svg(self, title).as_bytes())?;
+        Ok(())
+    }
 }
 
 const WIDTH: f64 = 800.0;

@@ -75,7 +75,7 @@ fn recipe_path(args: &[OsString]) -> Option<OsString> {
 }
 
 /// A recipe file's keys and values, in file order.
-pub fn read(path: &Path) -> Result<Vec<(String, Value)>> {
+fn read(path: &Path) -> Result<Vec<(String, Value)>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read recipe {}", path.display()))?;
     let value: serde_norway::Value = serde_norway::from_str(&text)
@@ -115,10 +115,16 @@ pub fn expand(argv: &[OsString]) -> Result<Vec<OsString>> {
     };
     let path = Path::new(&path);
     let cli = crate::Cli::command();
+    // clap's own --help and --version are no settings.
+    let setting = |a: &&clap::Arg| !matches!(a.get_long(), None | Some("help" | "version"));
     let known_elsewhere: BTreeSet<String> = RECIPE_COMMANDS
         .iter()
         .filter_map(|c| cli.find_subcommand(c))
-        .flat_map(|c| c.get_arguments().filter_map(|a| a.get_long()))
+        .flat_map(|c| {
+            c.get_arguments()
+                .filter(setting)
+                .filter_map(|a| a.get_long())
+        })
         .map(str::to_string)
         .collect();
     let Some(sub) = cli.find_subcommand(command) else {
@@ -135,9 +141,10 @@ pub fn expand(argv: &[OsString]) -> Result<Vec<OsString>> {
         let flag = flag_of(&key);
         let arg = sub
             .get_arguments()
+            .filter(setting)
             .find(|a| a.get_long() == Some(flag.as_str()));
-        let Some(arg) = arg.filter(|_| !["help", "version"].contains(&flag.as_str())) else {
-            if known_elsewhere.contains(&flag) && !["help", "version"].contains(&flag.as_str()) {
+        let Some(arg) = arg else {
+            if known_elsewhere.contains(&flag) {
                 continue; // another command's setting
             }
             bail!(

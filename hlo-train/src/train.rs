@@ -12,9 +12,8 @@ use clap::Args;
 use hlo_engine::checkpoint::{self, RunSettings, Saved};
 use hlo_engine::data::{eval_batches, Loader};
 use hlo_engine::models::adapter::Adapter;
-use hlo_engine::models::io::write_atomic;
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::plot::{loss_svg, LossCurves};
+use hlo_engine::plot::LossCurves;
 use hlo_engine::tensorboard::EventWriter;
 use hlo_engine::{
     flops, Backend, Dataset, Mode, Session, SessionOptions, StopFlag, Trainer, TrainerOptions,
@@ -382,7 +381,7 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
         };
         if !curves.is_empty() {
             let title = format!("{}: loss", session.model().name);
-            write_atomic(&out.join("loss.svg"), loss_svg(&curves, &title).as_bytes())?;
+            curves.write_svg(&out.join("loss.svg"), &title)?;
         }
     }
     if summary.interrupted {

@@ -373,13 +373,8 @@ fn bad_input_table() {
     ];
     for (what, args) in &cases {
         let before: Vec<_> = walk(&root);
-        let out = Command::new(env!("CARGO_BIN_EXE_hlo-train"))
-            .args(args)
-            .env_remove("HLO_TRAIN_PLUGIN")
-            .env("HF_HUB_OFFLINE", "1")
-            .env("HF_HUB_CACHE", root.join("hf-cache"))
-            .output()
-            .unwrap();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = hlo_train_env(&args, &[("HF_HUB_CACHE", &root.join("hf-cache"))]);
         let err = String::from_utf8_lossy(&out.stderr).trim_end().to_string();
         assert_eq!(out.status.code(), Some(2), "{what}: {err}");
         assert!(
@@ -389,7 +384,7 @@ fn bad_input_table() {
         assert_eq!(err.lines().count(), 1, "{what}: {err}");
         assert_eq!(walk(&root), before, "{what}: files were left behind");
         let shown = err.replace(&r, "DIR").replace('|', "\\|");
-        let command = args[0].clone();
+        let command = args[0];
         // A message quoting names in backticks needs a double-backtick span.
         let fence = if shown.contains('`') { "`` " } else { "`" };
         let close: String = fence.chars().rev().collect();

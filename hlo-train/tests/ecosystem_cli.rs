@@ -165,14 +165,7 @@ fn parquet_data_and_folders_of_shards_train_as_the_same_jsonl() {
 
 /// `hlo-train ARGS` with the HF cache at `cache`, offline.
 fn with_cache(cache: &Path, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_hlo-train"))
-        .args(args)
-        .env_remove("HLO_TRAIN_PLUGIN")
-        .env_remove("HF_HOME")
-        .env("HF_HUB_CACHE", cache)
-        .env("HF_HUB_OFFLINE", "1")
-        .output()
-        .unwrap()
+    hlo_train_env(args, &[("HF_HUB_CACHE", cache)])
 }
 
 /// `repo` laid out in an HF cache as `huggingface_hub` lays it out:

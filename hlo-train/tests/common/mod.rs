@@ -11,10 +11,16 @@ use std::process::{Command, Output};
 /// Runs `hlo-train` with `args` (the plugin from flags only, never from
 /// the environment; hub ids from the HF cache only, never the network).
 pub fn hlo_train(args: &[&str]) -> Output {
+    hlo_train_env(args, &[])
+}
+
+/// [`hlo_train`] with environment variables set (`HF_HUB_CACHE`, say).
+pub fn hlo_train_env(args: &[&str], env: &[(&str, &Path)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hlo-train"))
         .args(args)
         .env_remove("HLO_TRAIN_PLUGIN")
         .env("HF_HUB_OFFLINE", "1")
+        .envs(env.iter().copied())
         .output()
         .expect("run hlo-train")
 }
