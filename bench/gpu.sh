@@ -114,6 +114,24 @@ done
 # plugin runs the blockwise form like every other plugin (README, "Long
 # context").
 
+echo "== 8. several processes (issue 24): two processes on this GPU meet through our key-value store; the CUDA plugin exchanges its topology over our callbacks"
+# Both processes drive the one GPU (no LOCAL_RANK), so each should list 2
+# global devices, 1 of them addressable. The plugin preallocates GPU memory
+# per client, so the second client may run short: that shows in the line.
+PORT=$((20000 + RANDOM % 20000))
+for k in 0 1; do
+  "$BIN/hlo-train" devices --plugin cuda --json --num-processes 2 --process-id $k \
+    --coordinator 127.0.0.1:$PORT --init-timeout 120 >"$OUT/devices-p$k.json" 2>"$OUT/devices-p$k.err" &
+done
+wait
+for k in 0 1; do
+  if [ -s "$OUT/devices-p$k.json" ]; then
+    summary+=("process $k of 2 on one GPU: $(python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print("process_index", d["process_index"], "of", d["num_processes"], "|", len(d["devices"]), "devices,", sum(x["addressable"] for x in d["devices"]), "addressable, ids", [x["id"] for x in d["devices"]])' "$OUT/devices-p$k.json")")
+  else
+    summary+=("process $k of 2 on one GPU: FAILED: $(tail -c 300 "$OUT/devices-p$k.err")")
+  fi
+done
+
 echo
 echo "== summary"
 printf '%s\n' "${summary[@]}"

@@ -2,12 +2,16 @@
 //! chosen once from the plugin, an optional device count and an optional
 //! mesh, by the same rules for every command.
 
+use std::sync::Arc;
+
 use hlo_partitioner::{Mesh, PartitionSpec, Sharding};
 use hlo_runtime::{
-    Client, ClientOptions, Device, DeviceArray, HostArray, Plugin, PluginKind, PluginSpec,
+    Client, ClientOptions, Device, DeviceArray, HostArray, OptionValue, Plugin, PluginKind,
+    PluginSpec,
 };
 
 use crate::error::{EngineError, Result};
+use crate::processes::{Launch, ProcessGroup};
 
 /// What a run asks of the devices.
 #[derive(Clone, Debug)]
@@ -20,6 +24,8 @@ pub struct BackendOptions {
     /// The device mesh; default `dp=1,fsdp=N,mp=1` over `devices` (one
     /// device when neither is given).
     pub mesh: Option<Mesh>,
+    /// This process's place in a run of several (None: one process).
+    pub launch: Option<Launch>,
 }
 
 impl BackendOptions {
@@ -29,6 +35,7 @@ impl BackendOptions {
             plugin: PluginSpec::Cpu,
             devices: None,
             mesh: None,
+            launch: None,
         }
     }
 
@@ -75,6 +82,8 @@ pub struct Backend {
     kind: PluginKind,
     /// How many devices the plugin offers in all.
     available: usize,
+    /// The other processes of the run, when there are any.
+    group: Option<Arc<ProcessGroup>>,
 }
 
 impl Backend {
@@ -83,7 +92,86 @@ impl Backend {
     /// first `mesh.size()` devices are used.
     pub fn open(options: &BackendOptions) -> Result<Backend> {
         let mesh = options.mesh_or(None)?;
-        Self::open_for(&options.plugin, mesh)
+        match &options.launch {
+            None => Self::open_for(&options.plugin, mesh),
+            Some(launch) => {
+                refuse_cpu_across_processes(&options.plugin, launch, "a program")?;
+                Self::open_across(&options.plugin, mesh, launch)
+            }
+        }
+    }
+
+    /// This process's client and devices, for listing them: a process of
+    /// several first meets the others (on any plugin, since nothing runs
+    /// across them); the CPU plugin's devices then get the ids
+    /// `2048 · process + i`.
+    pub fn open_devices(options: &BackendOptions) -> Result<Backend> {
+        let Some(launch) = &options.launch else {
+            return Self::open(options);
+        };
+        if options.plugin.kind() != PluginKind::Cpu {
+            return Self::open_across(&options.plugin, options.mesh_or(None)?, launch);
+        }
+        let mesh = options.mesh_or(None)?;
+        let group = ProcessGroup::join(launch)?;
+        let loaded = Plugin::load(&options.plugin.resolve()?)?;
+        let mut client_options = ClientOptions::cpu(mesh.size());
+        client_options.options.push((
+            "process_id".into(),
+            OptionValue::Int64(i64::from(launch.process_id)),
+        ));
+        let client = Client::new(&loaded, &client_options)?;
+        let all = client.addressable_devices()?;
+        let plugin = format!("{} ({})", options.plugin, launch.describe());
+        Self::on_first_devices(client, PluginKind::Cpu, mesh, all, plugin, Some(group))
+    }
+
+    /// A GPU plugin's client as one node of several: it learns the others'
+    /// devices through the group's key-value store; the mesh is laid over
+    /// all processes' devices, process by process.
+    fn open_across(plugin: &PluginSpec, mesh: Mesh, launch: &Launch) -> Result<Backend> {
+        let kind = plugin.kind();
+        let loaded = Plugin::load(&plugin.resolve()?)?;
+        let group = ProcessGroup::join(launch)?;
+        let client = Client::with_kv(&loaded, &node_options(launch), group.kv().clone())?;
+        let mut all = client.devices()?;
+        let mut keyed = Vec::with_capacity(all.len());
+        for d in all.drain(..) {
+            keyed.push(((d.process_index()?, d.id()?), d));
+        }
+        keyed.sort_by_key(|(k, _)| *k);
+        let all: Vec<Device> = keyed.into_iter().map(|(_, d)| d).collect();
+        let plugin = format!("{plugin} ({})", launch.describe());
+        Self::on_first_devices(client, kind, mesh, all, plugin, Some(group))
+    }
+
+    /// The client with the first `mesh.size()` of `all`, or how many are
+    /// missing.
+    fn on_first_devices(
+        client: Client,
+        kind: PluginKind,
+        mesh: Mesh,
+        all: Vec<Device>,
+        plugin: String,
+        group: Option<Arc<ProcessGroup>>,
+    ) -> Result<Backend> {
+        if (all.len() as i64) < mesh.size() {
+            return Err(EngineError::TooFewDevices {
+                what: format!("the mesh {mesh}"),
+                needs: mesh.size(),
+                has: all.len(),
+                plugin,
+            });
+        }
+        let devices = all[..mesh.size() as usize].to_vec();
+        Ok(Backend {
+            client,
+            mesh,
+            devices,
+            kind,
+            available: all.len(),
+            group,
+        })
     }
 
     /// [`Backend::open`] for a mesh already chosen.
@@ -97,22 +185,7 @@ impl Backend {
         };
         let client = Client::new(&loaded, &client_options)?;
         let all = client.addressable_devices()?;
-        if (all.len() as i64) < mesh.size() {
-            return Err(EngineError::TooFewDevices {
-                what: format!("the mesh {mesh}"),
-                needs: mesh.size(),
-                has: all.len(),
-                plugin: plugin.to_string(),
-            });
-        }
-        let devices = all[..mesh.size() as usize].to_vec();
-        Ok(Backend {
-            client,
-            mesh,
-            devices,
-            kind,
-            available: all.len(),
-        })
+        Self::on_first_devices(client, kind, mesh, all, plugin.to_string(), None)
     }
 
     /// The same client with only the mesh's first device (a one-device
@@ -124,7 +197,13 @@ impl Backend {
             devices: self.devices[..1].to_vec(),
             kind: self.kind,
             available: self.available,
+            group: self.group.clone(),
         }
+    }
+
+    /// The run's other processes (None: this is the only one).
+    pub fn group(&self) -> Option<&Arc<ProcessGroup>> {
+        self.group.as_ref()
     }
 
     pub fn client(&self) -> &Client {
@@ -192,4 +271,55 @@ impl Backend {
     pub fn replicate(&self, host: &HostArray) -> Result<DeviceArray> {
         self.place(host, &PartitionSpec::replicated())
     }
+}
+
+/// What a GPU plugin is told about its node: `node_id`/`num_nodes`, and
+/// `visible_devices` when each process drives one GPU.
+///
+/// ```
+/// use hlo_engine::backend::node_options;
+/// use hlo_engine::processes::{Launch, LaunchSource};
+/// let launch = Launch {
+///     num_processes: 16, process_id: 9, local_id: Some(1), local_processes: Some(8),
+///     coordinator: "node-a:29500".into(), init_timeout: std::time::Duration::from_secs(300),
+///     source: LaunchSource::Torchrun,
+/// };
+/// let opts = node_options(&launch).options;
+/// assert_eq!(opts[0], ("node_id".to_string(), hlo_engine::runtime::OptionValue::Int64(9)));
+/// assert_eq!(opts[2].1, hlo_engine::runtime::OptionValue::Int64List(vec![1]));
+/// ```
+pub fn node_options(launch: &Launch) -> ClientOptions {
+    let mut options = vec![
+        (
+            "node_id".to_string(),
+            OptionValue::Int64(i64::from(launch.process_id)),
+        ),
+        (
+            "num_nodes".to_string(),
+            OptionValue::Int64(i64::from(launch.num_processes)),
+        ),
+    ];
+    if let Some(gpu) = launch.visible_device() {
+        options.push((
+            "visible_devices".to_string(),
+            OptionValue::Int64List(vec![i64::from(gpu)]),
+        ));
+    }
+    ClientOptions { options }
+}
+
+/// The CPU plugin has no collectives between processes: a program over
+/// several is refused before anyone waits for anyone.
+pub fn refuse_cpu_across_processes(
+    plugin: &PluginSpec,
+    launch: &Launch,
+    command: &str,
+) -> Result<()> {
+    if plugin.kind() == PluginKind::Cpu && launch.num_processes > 1 {
+        return Err(EngineError::CpuAcrossProcesses {
+            command: command.to_string(),
+            num_processes: launch.num_processes,
+        });
+    }
+    Ok(())
 }

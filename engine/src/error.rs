@@ -23,6 +23,21 @@ pub enum EngineError {
     #[error(transparent)]
     Hub(#[from] crate::hub::HubError),
 
+    #[error(transparent)]
+    Launch(#[from] crate::processes::LaunchError),
+    /// Meeting the other processes failed: one never arrived, one left, or
+    /// the coordinator could not be reached or served.
+    #[error("{launch}: {cause}")]
+    Rendezvous {
+        launch: String,
+        // Not `source`: the message already carries it, once.
+        cause: hlo_runtime::KvError,
+    },
+    /// A program across processes on a plugin without collectives between
+    /// them.
+    #[error("{command} across {num_processes} processes needs collectives between processes, which the CPU plugin does not have; run one process (more devices: --devices N)")]
+    CpuAcrossProcesses { command: String, num_processes: u32 },
+
     /// `devices` was asked for explicitly and the mesh spans another count.
     #[error("the mesh {mesh} spans {mesh_devices} devices but {devices} were asked for (--devices); give a mesh whose sizes multiply to {devices}, or leave one of them out")]
     MeshDevices {

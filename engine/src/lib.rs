@@ -14,11 +14,16 @@
 //! - [`Generator`]: generation with a KV cache and on-device sampling;
 //!   [`Batcher`]: continuous batching of many requests over many LoRA
 //!   adapters in one batch (what `serve` runs on).
-//! - [`plan`], [`bench`] and [`flops`]: memory plans, timing, MFU.
+//! - [`plan`], [`bench`] and [`flops`]: memory plans, timing, MFU;
+//!   [`comm`]: what a step sends between devices per mesh axis, within or
+//!   across nodes.
 //! - [`hub`]: Hugging Face Hub ids in place of paths, found in the HF
 //!   cache or downloaded into it (`hf-hub` draws a download's progress on
 //!   a terminal, as `huggingface_hub` does, unless
 //!   `HF_HUB_DISABLE_PROGRESS_BARS` is set).
+//! - [`processes`]: one run over several processes — who this process is
+//!   (flags, SLURM, torchrun variables) and the rendezvous through process
+//!   0's key-value service that the GPU plugins exchange topology over.
 //! - [`tensorboard`] and [`plot`]: a run's scalars as TensorBoard event
 //!   files, and its loss curves as an SVG chart.
 //!
@@ -32,6 +37,7 @@ pub mod backend;
 pub mod batcher;
 pub mod bench;
 pub mod checkpoint;
+pub mod comm;
 pub mod dataset;
 mod error;
 pub mod flops;
@@ -41,6 +47,7 @@ pub mod model;
 pub mod pipeline;
 pub mod plan;
 pub mod plot;
+pub mod processes;
 pub mod session;
 pub mod tensorboard;
 pub mod trainer;

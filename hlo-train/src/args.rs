@@ -2,9 +2,11 @@
 //! engine: which plugin and devices, which model, which step.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
+use hlo_engine::backend::refuse_cpu_across_processes;
 use hlo_engine::hub::{self, HubFiles};
 use hlo_engine::ir::DType;
 use hlo_engine::models::attention::{default_block, AttentionKind};
@@ -12,6 +14,7 @@ use hlo_engine::models::decoder::{LoraConfig, ModelConfig};
 use hlo_engine::models::loss::default_loss_chunk;
 use hlo_engine::models::train::{Optimizer, Schedule, TrainConfig};
 use hlo_engine::partitioner::Mesh;
+use hlo_engine::processes::{Launch, LaunchFlags};
 use hlo_engine::runtime::{PluginKind, PluginSpec};
 use hlo_engine::{BackendOptions, DataSpec, Model, ModelSource};
 use serde_json::json;
@@ -28,16 +31,86 @@ pub struct PluginArgs {
     /// both are given (default: the mesh's size, else 1).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub devices: Option<u32>,
+
+    #[command(flatten)]
+    pub processes: ProcessArgs,
+}
+
+/// `--num-processes`, `--process-id`, `--coordinator`, `--init-timeout`:
+/// one run over several processes (each flag over SLURM's or torchrun's
+/// variables).
+#[derive(Args, Clone, Debug, Default)]
+pub struct ProcessArgs {
+    /// Processes in the run (default: SLURM_NTASKS under srun, WORLD_SIZE
+    /// under torchrun, else 1). `--devices` and the mesh then count the
+    /// devices of all of them.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub num_processes: Option<u32>,
+
+    /// This process's index, 0 to N-1 (default: SLURM_PROCID or RANK).
+    #[arg(long)]
+    pub process_id: Option<u32>,
+
+    /// HOST:PORT where process 0 serves the rendezvous (default: the first
+    /// host of SLURM_STEP_NODELIST on port 61440 + SLURM_JOB_ID mod 4096,
+    /// or MASTER_ADDR:MASTER_PORT).
+    #[arg(long)]
+    pub coordinator: Option<String>,
+
+    /// Seconds to wait for every process to arrive, and for any one reply
+    /// of another process.
+    #[arg(long, default_value_t = 300.0, value_parser = positive_seconds)]
+    pub init_timeout: f64,
+}
+
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x.is_finite() && x <= 86_400.0 => Ok(x),
+        _ => Err("expected seconds, more than 0 and at most 86400".into()),
+    }
+}
+
+impl ProcessArgs {
+    /// This process's launch, from these flags and the environment (None:
+    /// a run of one).
+    pub fn launch(&self) -> Result<Option<Launch>> {
+        let flags = LaunchFlags {
+            num_processes: self.num_processes,
+            process_id: self.process_id,
+            coordinator: self.coordinator.clone(),
+            init_timeout: Some(Duration::from_secs_f64(self.init_timeout)),
+        };
+        Ok(Launch::resolve(&flags, |k| std::env::var(k).ok())?)
+    }
 }
 
 impl PluginArgs {
-    /// The engine's options for these flags and `mesh`.
+    /// The engine's options for these flags and `mesh`. The launch was
+    /// checked up front (`check_launch`), so it is read again here.
     pub fn backend(&self, mesh: Option<&Mesh>) -> BackendOptions {
         BackendOptions {
             plugin: self.plugin.clone(),
             devices: self.devices,
             mesh: mesh.cloned(),
+            launch: self.processes.launch().ok().flatten(),
         }
+    }
+
+    /// Refuses, before anything loads or waits, a `command` across
+    /// processes where it cannot run: on the CPU plugin (no collectives
+    /// between processes), and for now anywhere but `devices`.
+    pub fn check_launch(&self, command: &str) -> Result<()> {
+        let Some(launch) = self.processes.launch()? else {
+            return Ok(());
+        };
+        if command == "devices" {
+            return Ok(());
+        }
+        refuse_cpu_across_processes(&self.plugin, &launch, command)?;
+        bail!(
+            "{command} across {} processes is not in this build: the rendezvous and the plugins' multi-node clients are (see `hlo-train devices`), running programs over several processes' devices is not yet",
+            launch.num_processes
+        )
     }
 
     pub fn is_cpu(&self) -> bool {

@@ -19,7 +19,7 @@ pub struct DevicesArgs {
 }
 
 pub fn run(args: &DevicesArgs) -> Result<()> {
-    let backend = Backend::open(&args.plugin.backend(None))?;
+    let backend = Backend::open_devices(&args.plugin.backend(None))?;
     let client = backend.client();
     let plugin = client.plugin();
     let (major, minor) = plugin.api_version();
@@ -46,12 +46,38 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
         .iter()
         .map(|(k, v)| (k.clone(), Value::String(v.to_string())))
         .collect();
+    // Several processes: each shows its own devices and, gathered through
+    // the rendezvous, how many every process has.
+    let (process_index, num_processes, per_process) = match backend.group() {
+        None => (client.process_index()?, 1, vec![devices.len()]),
+        Some(group) => {
+            // A GPU plugin lists every process's devices; count our own.
+            let mine = (client.addressable_devices()?.len() as u64).to_le_bytes();
+            let all = group.all_gather("devices", &mine)?;
+            let counts = all
+                .iter()
+                .map(|v| match <[u8; 8]>::try_from(v.as_slice()) {
+                    Ok(b) => Ok(u64::from_le_bytes(b) as usize),
+                    Err(_) => Err(anyhow::anyhow!(
+                        "a process sent a device count of {} bytes",
+                        v.len()
+                    )),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            // Process 0 serves the rendezvous until every process is done.
+            group.finish()?;
+            (group.process_id() as i32, group.num_processes(), counts)
+        }
+    };
     let report = json!({
         "plugin": plugin.path().display().to_string(),
         "platform": client.platform_name()?,
         "platform_version": client.platform_version()?,
         "api_version": format!("{major}.{minor}"),
         "attributes": attributes,
+        "process_index": process_index,
+        "num_processes": num_processes,
+        "devices_per_process": per_process,
         "devices": devices,
     });
     if args.json {
@@ -73,6 +99,16 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
     println!("PJRT API          {major}.{minor}");
     for (k, v) in plugin.attributes() {
         println!("  {k:<26} {v}");
+    }
+    if num_processes > 1 {
+        println!(
+            "process           {process_index} of {num_processes} (devices per process: {})",
+            per_process
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
     println!("devices           {}", devices.len());
     for d in &devices {

@@ -164,6 +164,22 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // A run over several processes that cannot be is refused by every
+    // process before any of them loads anything or waits for the others.
+    let launch = match &cli.command {
+        Command::Devices(a) => a.plugin.check_launch("devices"),
+        Command::DumpHlo(a) => a.plugin.check_launch("dump-hlo"),
+        Command::Train(a) => a.plugin.check_launch("train"),
+        Command::Generate(a) => a.plugin.check_launch("generate"),
+        Command::Eval(a) => a.plugin.check_launch("eval"),
+        Command::Bench(a) => a.plugin.check_launch("bench"),
+        Command::Serve(a) => a.plugin.check_launch("serve"),
+        Command::Data(_) | Command::Merge(_) | Command::Plan(_) | Command::Plot(_) => Ok(()),
+    };
+    if let Err(e) = launch {
+        eprintln!("error: {}", one_line(&format!("{e:#}")));
+        return ExitCode::from(2);
+    }
     let result = match cli.command {
         Command::Devices(args) => devices::run(&args),
         Command::DumpHlo(args) => dump_hlo::run(&args),

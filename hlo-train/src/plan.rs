@@ -4,6 +4,9 @@
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
+use hlo_engine::comm::{axis_span, interconnect, place, step_traffic, PlacedTransfer, Span};
+use hlo_engine::flops::datasheet_tflops;
+use hlo_engine::models::train::step_flops;
 use hlo_engine::partitioner::{draw_sharding, Mesh};
 use hlo_engine::plan::{layout_groups, plan, LayoutGroup};
 use hlo_engine::{BackendOptions, Model};
@@ -41,6 +44,17 @@ impl Target {
             Target::H100 => 80_000_000_000,
             Target::H200 => 141_000_000_000,
             Target::Cpu => host_memory(),
+        }
+    }
+
+    /// The device kind, as the FLOP and link tables name it.
+    fn kind(self) -> &'static str {
+        match self {
+            Target::Mi300x => "MI300X",
+            Target::Mi250 => "MI250",
+            Target::H100 => "H100",
+            Target::H200 => "H200",
+            Target::Cpu => "cpu",
         }
     }
 }
@@ -84,6 +98,14 @@ pub struct PlanArgs {
     #[arg(long, value_enum, default_value = "mi300x")]
     pub target: Target,
 
+    /// Nodes the mesh's devices are spread over, as many on each (process
+    /// p holding devices p·L to p·L+L-1, the mesh laid over them in
+    /// row-major order): the communication table then says which axes
+    /// cross nodes. Counting processes as nodes, one per GPU makes every
+    /// axis cross. The memory plan is per device and does not change.
+    #[arg(long, visible_alias = "num-processes", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub nodes: u32,
+
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -104,6 +126,13 @@ pub fn run(args: &PlanArgs) -> Result<()> {
         ..BackendOptions::cpu()
     };
     let mesh = options.mesh_or(Some(&Mesh::new(&[("dp", 1), ("fsdp", 8), ("mp", 1)])?))?;
+    let nodes = i64::from(args.nodes);
+    if mesh.size() % nodes != 0 {
+        bail!(
+            "--nodes {nodes} does not divide the mesh {mesh}'s {} devices: each node must hold as many",
+            mesh.size()
+        );
+    }
     let dtype = args.dtype.dtype(args.target == Target::Cpu);
     // The optimizer's numbers do not change what a step holds.
     let tc = args
@@ -122,6 +151,7 @@ pub fn run(args: &PlanArgs) -> Result<()> {
         bail!("cannot read the host's memory size from /proc/meminfo");
     }
     let fits = p.total_bytes <= capacity;
+    let comm = Communication::new(config, &tc, &mesh, nodes, args.target);
     let layouts = if args.show_sharding {
         layout_groups(&step)
     } else {
@@ -145,6 +175,41 @@ pub fn run(args: &PlanArgs) -> Result<()> {
             "device_memory_bytes": capacity,
             "fits": fits,
             "compile_s": p.compile_s,
+            "nodes": nodes,
+            "devices_per_node": comm.per_node,
+            "axes": comm.axes.iter().map(|(axis, size, span)| {
+                let (crossing, groups) = match *span {
+                    Span::Partly { crossing, groups } => (Some(crossing), Some(groups)),
+                    _ => (None, None),
+                };
+                json!({
+                    "axis": axis,
+                    "size": size,
+                    "nodes": span.key(),
+                    "groups_across": crossing,
+                    "groups": groups,
+                })
+            }).collect::<Vec<_>>(),
+            "communication": comm.rows.iter().map(|r| {
+                let t = &r.transfer;
+                json!({
+                    "axis": t.axis,
+                    "size": t.axis_size,
+                    "collective": t.collective.to_string(),
+                    "what": t.what,
+                    "count": t.count,
+                    "bytes_per_device": t.bytes_per_device.round() as u64,
+                    "nodes": r.span.key(),
+                    "link_gb_per_s": r.link_gbs,
+                    "estimated_ms": r.ms,
+                })
+            }).collect::<Vec<_>>(),
+            "communication_total": {
+                "bytes_per_device": comm.total_bytes().round() as u64,
+                "estimated_ms": comm.total_ms(),
+                "compute_ms": comm.compute_ms,
+                "peak_tflops": comm.peak_tflops,
+            },
         });
         if args.show_sharding {
             v["layouts"] = layouts
@@ -205,10 +270,138 @@ pub fn run(args: &PlanArgs) -> Result<()> {
         },
         p.compile_s
     );
+    comm.print();
     for g in &layouts {
         print_layout(&mesh, g);
     }
     Ok(())
+}
+
+/// A step's collectives placed on the nodes, and its compute time at the
+/// target's peak to weigh them against.
+struct Communication {
+    nodes: i64,
+    per_node: i64,
+    /// Each mesh axis: name, size, where its groups lie.
+    axes: Vec<(String, i64, Span)>,
+    rows: Vec<PlacedTransfer>,
+    /// Whether the target has link figures.
+    links: bool,
+    kind: &'static str,
+    dtype: String,
+    /// Datasheet peak of one device for the step's dtype, and the step's
+    /// FLOPs over the mesh at it (None: no figure for the target).
+    peak_tflops: Option<f64>,
+    compute_ms: Option<f64>,
+}
+
+impl Communication {
+    fn new(
+        config: &hlo_engine::models::decoder::ModelConfig,
+        tc: &hlo_engine::models::train::TrainConfig,
+        mesh: &Mesh,
+        nodes: i64,
+        target: Target,
+    ) -> Communication {
+        let per_node = mesh.size() / nodes;
+        let axes = mesh
+            .axes()
+            .iter()
+            .enumerate()
+            .map(|(i, (name, size))| (name.clone(), *size, axis_span(mesh, i, per_node)))
+            .collect();
+        let net = interconnect(target.kind());
+        let rows = place(&step_traffic(config, tc, mesh), mesh, nodes, net);
+        let peak_tflops = datasheet_tflops(target.kind(), tc.dtype);
+        let compute_ms =
+            peak_tflops.map(|p| step_flops(config, tc) / mesh.size() as f64 / (p * 1e12) * 1e3);
+        Communication {
+            nodes,
+            per_node,
+            axes,
+            rows,
+            links: net.is_some(),
+            kind: target.kind(),
+            dtype: tc.dtype.to_string(),
+            peak_tflops,
+            compute_ms,
+        }
+    }
+
+    fn total_bytes(&self) -> f64 {
+        self.rows.iter().map(|r| r.transfer.bytes_per_device).sum()
+    }
+
+    /// The rows' times added (None without link figures).
+    fn total_ms(&self) -> Option<f64> {
+        if !self.links {
+            return None;
+        }
+        self.rows.iter().map(|r| r.ms).sum()
+    }
+
+    fn print(&self) {
+        // Axes of one device have no groups to place.
+        let axes: Vec<String> = self
+            .axes
+            .iter()
+            .filter(|(_, size, _)| *size > 1)
+            .map(|(a, size, span)| format!("{a}={size} {span}"))
+            .collect();
+        println!(
+            "communication per step, per device ({} node{} × {} device{}{}{}):",
+            self.nodes,
+            if self.nodes == 1 { "" } else { "s" },
+            self.per_node,
+            if self.per_node == 1 { "" } else { "s" },
+            if axes.is_empty() { "" } else { "; " },
+            axes.join(", ")
+        );
+        if self.rows.is_empty() {
+            println!("  none: no mesh axis of more than one device moves anything");
+            return;
+        }
+        // Three significant figures or so, whatever the scale.
+        let ms = |v: Option<f64>| match v {
+            None => "n/a".to_string(),
+            Some(m) if m >= 100.0 => format!("{m:.0}"),
+            Some(m) if m >= 1.0 => format!("{m:.2}"),
+            Some(m) => format!("{m:.4}"),
+        };
+        println!(
+            "  {:<5} {:>4}  {:<14} {:>12}  {:<16} {:>9} {:>10}  what",
+            "axis", "size", "collective", "bytes", "nodes", "link GB/s", "est. ms"
+        );
+        for r in &self.rows {
+            let t = &r.transfer;
+            println!(
+                "  {:<5} {:>4}  {:<14} {:>12}  {:<16} {:>9} {:>10}  {} ({}×)",
+                t.axis,
+                t.axis_size,
+                t.collective.to_string(),
+                gb(t.bytes_per_device.round() as u64),
+                r.span.to_string(),
+                r.link_gbs.map_or("n/a".to_string(), |g| format!("{g:.1}")),
+                ms(r.ms),
+                t.what,
+                t.count
+            );
+        }
+        let against = match (self.compute_ms, self.peak_tflops) {
+            (Some(c), Some(p)) => format!(
+                ", against {} ms of compute (the step's FLOPs at the {}'s {} peak, {p:.0} TFLOP/s)",
+                ms(Some(c)),
+                self.kind,
+                self.dtype
+            ),
+            _ => String::new(),
+        };
+        println!(
+            "  total {} per device: {} ms at the links' peak{against}",
+            gb(self.total_bytes().round() as u64),
+            ms(self.total_ms())
+        );
+    }
 }
 
 /// Shows a layout: spec, shapes, bytes, the tensors sharing it, and a

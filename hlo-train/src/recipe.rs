@@ -27,8 +27,13 @@ const EXCLUSIVE: [&[&str]; 2] = [&["model", "config", "checkpoint"], &["jit", "e
 
 /// Flags a written recipe leaves out: where the run's outputs go (the new
 /// run names its own), and clap's own.
-const NOT_RECORDED: [&str; 10] = [
+const NOT_RECORDED: [&str; 14] = [
     "recipe",
+    // How this process was launched is not part of the run's recipe.
+    "num-processes",
+    "process-id",
+    "coordinator",
+    "init-timeout",
     "out",
     "overwrite",
     "resume",

@@ -355,6 +355,37 @@ fn bad_input_table() {
             ]),
         ),
         (
+            "train across processes on the CPU plugin",
+            train(&[
+                "--num-processes",
+                "2",
+                "--process-id",
+                "0",
+                "--coordinator",
+                "127.0.0.1:1",
+            ]),
+        ),
+        (
+            "--num-processes without --coordinator",
+            train(&["--num-processes", "2", "--process-id", "1"]),
+        ),
+        (
+            "a process whose coordinator never answers",
+            [
+                "devices",
+                "--num-processes",
+                "2",
+                "--process-id",
+                "1",
+                "--coordinator",
+                "127.0.0.1:1",
+                "--init-timeout",
+                "0.5",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ),
+        (
             "serve: --adapter without NAME=",
             serve(&["--adapter", "my-adapter"]),
         ),

@@ -10,6 +10,8 @@ use crate::error::{Error, Result};
 use crate::executable::LoadedExecutable;
 use crate::ffi::{self, Args, Slot};
 use crate::host::HostArray;
+use crate::kv_callbacks;
+use crate::kv_store::KvClient;
 use crate::plugin::{lossy, read_named_values, Api, AttrValue, Plugin};
 
 /// A value of a client create option.
@@ -19,6 +21,8 @@ pub enum OptionValue {
     Bool(bool),
     Float(f32),
     String(String),
+    /// `visible_devices` and the like.
+    Int64List(Vec<i64>),
 }
 
 /// Options passed to `PJRT_Client_Create`.
@@ -45,6 +49,9 @@ pub(crate) struct ClientInner {
     pub(crate) api: Arc<Api>,
     pub(crate) raw: *mut ffi::PJRT_Client,
     plugin: Plugin,
+    /// The key-value store the plugin calls back into; dropped only after
+    /// the PJRT client is destroyed (fields drop after `Drop::drop`).
+    _kv: Option<Arc<KvClient>>,
 }
 
 // SAFETY: PJRT clients are thread-safe.
@@ -104,6 +111,22 @@ impl fmt::Debug for Client {
 impl Client {
     /// Creates a client of `plugin` with create `options`.
     pub fn new(plugin: &Plugin, options: &ClientOptions) -> Result<Client> {
+        Self::create(plugin, options, None)
+    }
+
+    /// Creates a client of one process of several: the plugin reaches the
+    /// others' through `kv` (its `kv_get`/`kv_try_get`/`kv_put` callbacks,
+    /// kept alive as long as the client). `options` carry what the plugin
+    /// needs to know (`node_id`/`num_nodes` for the GPU plugins).
+    pub fn with_kv(plugin: &Plugin, options: &ClientOptions, kv: Arc<KvClient>) -> Result<Client> {
+        Self::create(plugin, options, Some(kv))
+    }
+
+    fn create(
+        plugin: &Plugin,
+        options: &ClientOptions,
+        kv: Option<Arc<KvClient>>,
+    ) -> Result<Client> {
         let api = plugin.api.clone();
         // The named values point into `names`/`strings`, which outlive the call.
         let names: Vec<&str> = options.options.iter().map(|(k, _)| k.as_str()).collect();
@@ -135,6 +158,13 @@ impl Client {
                         },
                         s.len(),
                     ),
+                    OptionValue::Int64List(v) => (
+                        ffi::PJRT_NamedValue_kInt64List,
+                        ffi::PJRT_NamedValue_Value {
+                            int64_array_value: v.as_ptr(),
+                        },
+                        v.len(),
+                    ),
                 };
                 ffi::PJRT_NamedValue {
                     struct_size: std::mem::size_of::<ffi::PJRT_NamedValue>(),
@@ -150,6 +180,16 @@ impl Client {
         let mut a = ffi::PJRT_Client_Create_Args::new();
         a.create_options = values.as_ptr();
         a.num_options = values.len();
+        if let Some(kv) = &kv {
+            let user = kv_callbacks::user_arg(kv);
+            a.kv_get_callback = kv_callbacks::kv_get as ffi::PJRT_KeyValueGetCallback as *mut _;
+            a.kv_get_user_arg = user;
+            a.kv_try_get_callback =
+                kv_callbacks::kv_try_get as ffi::PJRT_KeyValueTryGetCallback as *mut _;
+            a.kv_try_get_user_arg = user;
+            a.kv_put_callback = kv_callbacks::kv_put as ffi::PJRT_KeyValuePutCallback as *mut _;
+            a.kv_put_user_arg = user;
+        }
         // SAFETY: `values` and the strings it points to live across the call.
         unsafe { api.call(Slot::PJRT_Client_Create, &mut a)? };
         if a.client.is_null() {
@@ -162,6 +202,7 @@ impl Client {
                 api,
                 raw: a.client,
                 plugin: plugin.clone(),
+                _kv: kv,
             }),
             cache: Default::default(),
         })
@@ -246,8 +287,29 @@ impl Client {
                 options.num_replicas, options.num_partitions
             )));
         }
+        if let Some(ids) = &options.device_assignment {
+            // Every process compiles the same assignment over all devices;
+            // an id the client does not know would be a CHECK failure.
+            let known = self
+                .devices()?
+                .iter()
+                .map(|d| d.id().map(i64::from))
+                .collect::<Result<std::collections::BTreeSet<_>>>()?;
+            let distinct: std::collections::BTreeSet<_> = ids.iter().collect();
+            if ids.len() as i64 != options.num_partitions || distinct.len() != ids.len() {
+                return Err(Error::InvalidArgument(format!(
+                    "a device assignment needs {} distinct devices, one per partition, got {ids:?}",
+                    options.num_partitions
+                )));
+            }
+            if let Some(id) = ids.iter().find(|id| !known.contains(id)) {
+                return Err(Error::InvalidArgument(format!(
+                    "the device assignment names device {id}, which this client does not have (it has {known:?})"
+                )));
+            }
+        }
         let devices = self.addressable_devices()?;
-        if options.num_partitions as usize > devices.len() {
+        if options.device_assignment.is_none() && options.num_partitions as usize > devices.len() {
             return Err(Error::InvalidArgument(format!(
                 "the program is partitioned over {} devices but the client has {}",
                 options.num_partitions,

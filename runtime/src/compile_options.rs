@@ -24,6 +24,10 @@ pub struct CompileOptions {
     pub use_spmd_partitioning: bool,
     /// Read Shardy (`sdy`) annotations rather than GSPMD `mhlo.sharding`.
     pub use_shardy_partitioner: bool,
+    /// The global device id that runs each partition, when the program must
+    /// run on given devices (several processes: every process compiles the
+    /// same assignment over all of them). None: the client's first devices.
+    pub device_assignment: Option<Vec<i64>>,
 }
 
 impl Default for CompileOptions {
@@ -33,6 +37,7 @@ impl Default for CompileOptions {
             num_partitions: 1,
             use_spmd_partitioning: false,
             use_shardy_partitioner: false,
+            device_assignment: None,
         }
     }
 }
@@ -45,6 +50,21 @@ impl CompileOptions {
             num_partitions,
             use_spmd_partitioning: true,
             use_shardy_partitioner: true,
+            device_assignment: None,
+        }
+    }
+
+    /// [`CompileOptions::spmd`] over the devices with these global ids,
+    /// partition `i` on `device_ids[i]`.
+    ///
+    /// ```
+    /// let opts = hlo_runtime::CompileOptions::spmd_on(&[0, 1, 2048, 2049]);
+    /// assert_eq!(opts.num_partitions, 4);
+    /// ```
+    pub fn spmd_on(device_ids: &[i64]) -> Self {
+        CompileOptions {
+            device_assignment: Some(device_ids.to_vec()),
+            ..Self::spmd(device_ids.len() as i64)
         }
     }
 
@@ -56,6 +76,20 @@ impl CompileOptions {
         put_int64(&mut build, 4, self.num_replicas);
         put_int64(&mut build, 5, self.num_partitions);
         put_bool(&mut build, 6, self.use_spmd_partitioning);
+        if let Some(ids) = &self.device_assignment {
+            // DeviceAssignmentProto: replica_count (1), computation_count
+            // (2), one ComputationDevice (3) per partition holding its one
+            // replica's device id (1).
+            let mut assignment = Vec::new();
+            put_int64(&mut assignment, 1, self.num_replicas);
+            put_int64(&mut assignment, 2, ids.len() as i64);
+            for &id in ids {
+                let mut device = Vec::new();
+                put_int64(&mut device, 1, id);
+                put_bytes(&mut assignment, 3, &device);
+            }
+            put_bytes(&mut build, 9, &assignment);
+        }
         put_bool(&mut build, 19, self.use_shardy_partitioner);
         // CompileOptionsProto
         let mut out = Vec::new();
@@ -125,5 +159,26 @@ mod tests {
         ]);
         want.extend([0x20, 0x01, 0x28, 0x08, 0x30, 0x01, 0x98, 0x01, 0x01]);
         assert_eq!(bytes, want);
+    }
+
+    #[test]
+    fn a_device_assignment_is_field_9_with_one_computation_per_partition() {
+        let bytes = CompileOptions::spmd_on(&[0, 2048]).encode();
+        let plain = CompileOptions::spmd(2).encode();
+        // By hand: field 9 (tag 0x4a) of length 13: replica_count=1 (08 01),
+        // computation_count=2 (10 02), then two ComputationDevices (1a ..)
+        // holding replica_device_ids 0 (08 00) and 2048 (08 80 10).
+        let assignment = [
+            0x4a, 13, 0x08, 0x01, 0x10, 0x02, 0x1a, 0x02, 0x08, 0x00, 0x1a, 0x03, 0x08, 0x80, 0x10,
+        ];
+        // Same fields as without it, plus the assignment after field 6.
+        assert_eq!(bytes.len(), plain.len() + assignment.len());
+        assert_eq!(bytes[1] as usize, plain[1] as usize + assignment.len());
+        let at = bytes
+            .windows(assignment.len())
+            .position(|w| w == assignment)
+            .expect("the assignment is in the build options");
+        assert_eq!(&bytes[2..at], &plain[2..at]);
+        assert_eq!(&bytes[at + assignment.len()..], &plain[at..]);
     }
 }

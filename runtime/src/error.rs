@@ -93,6 +93,10 @@ pub enum Error {
     #[error(transparent)]
     Sharding(#[from] hlo_partitioner::ShardingError),
 
+    /// Rendezvous with the other processes of the run failed.
+    #[error(transparent)]
+    Kv(#[from] crate::kv_store::KvError),
+
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }

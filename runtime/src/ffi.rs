@@ -175,6 +175,67 @@ macro_rules! pjrt_args {
 pub type PJRT_Event_OnReadyCallback =
     unsafe extern "C" fn(error: *mut PJRT_Error, user_arg: *mut c_void);
 
+/// `PJRT_CallbackError`: the plugin's maker of a `PJRT_Error`, handed to
+/// our key-value callbacks so they can fail (the message is copied).
+pub type PJRT_CallbackError =
+    unsafe extern "C" fn(code: u32, message: *const c_char, message_size: usize) -> *mut PJRT_Error;
+
+/// Frees a value our get callbacks returned; the plugin calls it after
+/// copying the value.
+pub type PJRT_KeyValueGetCallback_ValueDeleter = unsafe extern "C" fn(value: *mut c_char);
+
+/// `PJRT_KeyValueGetCallback_Args`: a blocking get, `timeout_in_ms` long.
+#[repr(C)]
+pub struct PJRT_KeyValueGetCallback_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub key: *const c_char,
+    pub key_size: usize,
+    pub timeout_in_ms: i32,
+    pub callback_error: *const Option<PJRT_CallbackError>,
+    pub user_arg: *mut c_void,
+    pub value: *mut c_char,
+    pub value_size: usize,
+    pub value_deleter_callback: Option<PJRT_KeyValueGetCallback_ValueDeleter>,
+}
+const _: () = assert!(size_of::<PJRT_KeyValueGetCallback_Args>() == 80);
+
+/// `PJRT_KeyValueTryGetCallback_Args`: a get that answers NOT_FOUND at once.
+#[repr(C)]
+pub struct PJRT_KeyValueTryGetCallback_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub key: *const c_char,
+    pub key_size: usize,
+    pub callback_error: *const Option<PJRT_CallbackError>,
+    pub user_arg: *mut c_void,
+    pub value: *mut c_char,
+    pub value_size: usize,
+    pub value_deleter_callback: Option<PJRT_KeyValueGetCallback_ValueDeleter>,
+}
+const _: () = assert!(size_of::<PJRT_KeyValueTryGetCallback_Args>() == 72);
+
+/// `PJRT_KeyValuePutCallback_Args`: `value` lives only for the call.
+#[repr(C)]
+pub struct PJRT_KeyValuePutCallback_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub key: *const c_char,
+    pub key_size: usize,
+    pub value: *const c_char,
+    pub value_size: usize,
+    pub callback_error: *const Option<PJRT_CallbackError>,
+    pub user_arg: *mut c_void,
+}
+const _: () = assert!(size_of::<PJRT_KeyValuePutCallback_Args>() == 64);
+
+pub type PJRT_KeyValueGetCallback =
+    unsafe extern "C" fn(args: *mut PJRT_KeyValueGetCallback_Args) -> *mut PJRT_Error;
+pub type PJRT_KeyValueTryGetCallback =
+    unsafe extern "C" fn(args: *mut PJRT_KeyValueTryGetCallback_Args) -> *mut PJRT_Error;
+pub type PJRT_KeyValuePutCallback =
+    unsafe extern "C" fn(args: *mut PJRT_KeyValuePutCallback_Args) -> *mut PJRT_Error;
+
 /// `PJRT_Buffer_Type`.
 pub type PJRT_Buffer_Type = u32;
 pub const PJRT_Buffer_Type_PRED: PJRT_Buffer_Type = 1;

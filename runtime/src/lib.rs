@@ -4,7 +4,10 @@
 //! compile options, compilation of StableHLO text with a bounded compile
 //! cache, arrays sharded over a mesh, and [`Program`]: a traced function
 //! run SPMD over the mesh's devices as one executable (JIT) or op by op
-//! (eager), behind one `run`.
+//! (eager), behind one `run`. For runs over several processes it owns the
+//! key-value service process 0 serves ([`KvServer`], [`KvClient`]) and the
+//! PJRT key-value callbacks a multi-node plugin reaches it through
+//! ([`Client::with_kv`]).
 //!
 //! It does not know what a model is, nor how a step is traced, laid out or
 //! driven (`hlo-models`, `hlo-engine`): it lowers a given function with
@@ -39,6 +42,8 @@ mod executable;
 mod ffi;
 mod host;
 mod jit;
+mod kv_callbacks;
+mod kv_store;
 mod lru;
 mod plugin;
 mod program;
@@ -54,6 +59,7 @@ pub use error::{Error, ErrorCode, Result};
 pub use executable::{CompiledMemoryStats, LoadedExecutable};
 pub use host::{element_count, Element, HostArray};
 pub use jit::{CompiledFunction, Jit, COMPILE_CACHE_CAPACITY};
+pub use kv_store::{KvClient, KvError, KvServer, MAX_VALUE_BYTES};
 pub use lru::Lru;
 pub use plugin::{AttrValue, Plugin, MIN_API_VERSION};
 pub use program::{Mode, Program};

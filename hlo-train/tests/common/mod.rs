@@ -9,7 +9,8 @@ use hlo_engine::models::io::read_safetensors;
 use std::process::{Command, Output};
 
 /// Runs `hlo-train` with `args` (the plugin from flags only, never from
-/// the environment; hub ids from the HF cache only, never the network).
+/// the environment; hub ids from the HF cache only, never the network; one
+/// process, whatever launched the tests).
 pub fn hlo_train(args: &[&str]) -> Output {
     hlo_train_env(args, &[])
 }
@@ -19,6 +20,9 @@ pub fn hlo_train_env(args: &[&str], env: &[(&str, &Path)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hlo-train"))
         .args(args)
         .env_remove("HLO_TRAIN_PLUGIN")
+        // Tests run as one process even inside a SLURM or torchrun job.
+        .env_remove("SLURM_JOB_ID")
+        .env_remove("WORLD_SIZE")
         .env("HF_HUB_OFFLINE", "1")
         .envs(env.iter().copied())
         .output()

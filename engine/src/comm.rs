@@ -1,0 +1,577 @@
+//! What one train step sends between devices: a model of its collectives
+//! per device and per mesh axis, which axes' groups cross nodes, and a
+//! time at the interconnect's documented peak.
+//!
+//! The mesh is `(dp, fsdp, mp)` over the partition rules of
+//! [`hlo_models::decoder::partition_rules`]:
+//!
+//! - `fsdp` splits the batch and the weights: each weight is all-gathered
+//!   before use, once in the forward pass and again in the backward pass,
+//!   and the trained parameters' gradients are reduce-scattered back to
+//!   their shards.
+//! - `mp` splits each projection Megatron-style (q/k/v/gate/up by output,
+//!   o/down by input): the hidden state is all-reduced after attention and
+//!   after the MLP in the forward pass, twice more in the backward pass,
+//!   and twice more again where the backward pass recomputes the layer (a
+//!   scan over layers, or `remat_layers`); plus the embedding lookup
+//!   (vocabulary split) forward and the LM head's input gradient backward.
+//! - `dp` replicates the weights: the trained gradients are all-reduced.
+//!
+//! Bytes are those of ring collectives: for a group of `n`, an all-gather
+//! or reduce-scatter of a tensor of `T` bytes sends (and receives)
+//! `(n-1)/n·T` per device, an all-reduce `2(n-1)/n·T`. With gradient
+//! accumulation every micro-batch runs the forward and backward passes, so
+//! gathers, activations and (the accumulator being laid out as the
+//! parameters) gradient reductions happen once per micro-batch.
+//!
+//! This is the schedule of ZeRO-3/FSDP and Megatron; XLA's SPMD partitioner
+//! picks its own per op, so the compiled program can differ. Its CPU
+//! compile (after-optimization HLO) of the Llama 3.1 8B recipe (fsdp=8,
+//! scanned) gathers each layer weight and LoRA tensor exactly twice, but
+//! not the embedding table (rows are looked up per shard): 96.6% of the
+//! weight bytes here. With few tokens a step (the 405B recipe's 1,024) it
+//! gathers o/down_proj's inputs instead of their weights in the forward
+//! pass: 82%. Unrolled without remat it gathers weights once and all-reduces
+//! activation gradients in the backward pass instead. Under mp, the LoRA
+//! rules split the rank over mp, and XLA also gathers hidden states and
+//! all-reduces LoRA outputs: about 2.7× the Megatron bytes for the 405B
+//! recipe over mp=8. Small collectives (the loss's per-token reductions,
+//! the gradient norm) are left out.
+
+use hlo_ir::DType;
+use hlo_models::decoder::{
+    base_parameter_types, lora_parameter_types, partition_rules, ModelConfig,
+};
+use hlo_models::train::TrainConfig;
+use hlo_partitioner::Mesh;
+
+/// A collective operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Collective {
+    AllGather,
+    ReduceScatter,
+    AllReduce,
+}
+
+impl std::fmt::Display for Collective {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Collective::AllGather => "all-gather",
+            Collective::ReduceScatter => "reduce-scatter",
+            Collective::AllReduce => "all-reduce",
+        })
+    }
+}
+
+/// One kind of traffic of a step over one mesh axis.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Transfer {
+    pub axis: String,
+    /// Devices in each of the axis's groups.
+    pub axis_size: i64,
+    pub collective: Collective,
+    /// What moves (`frozen weights, forward + backward`).
+    pub what: String,
+    /// Collectives of this kind per step (per tensor, per pass).
+    pub count: u64,
+    /// Bytes each device sends (and receives) per step.
+    pub bytes_per_device: f64,
+}
+
+/// Bytes per device of a ring collective over `n` devices: all-gather and
+/// reduce-scatter move `(n-1)/n` of the whole tensor (`whole_bytes`), an
+/// all-reduce twice that.
+pub fn ring_bytes(collective: Collective, n: i64, whole_bytes: f64) -> f64 {
+    if n <= 1 {
+        return 0.0;
+    }
+    let share = (n - 1) as f64 / n as f64 * whole_bytes;
+    match collective {
+        Collective::AllGather | Collective::ReduceScatter => share,
+        Collective::AllReduce => 2.0 * share,
+    }
+}
+
+/// A tensor as the step holds it: its bytes on one device and which of
+/// the batch axes split it.
+struct Held {
+    shard_bytes: f64,
+    over_fsdp: bool,
+}
+
+fn held(name: &str, dims: &[i64], dtype: DType, mesh: &Mesh) -> Held {
+    let spec = partition_rules().spec_for(name, dims.len());
+    let block: i64 = spec.shard_shape(mesh, dims).iter().product();
+    Held {
+        shard_bytes: (block as f64) * dtype.size_in_bytes() as f64,
+        over_fsdp: spec.0.iter().flatten().any(|a| a == "fsdp"),
+    }
+}
+
+/// The collectives of one train step of `config` under `tc` on `mesh`, per
+/// device, largest first; axes of size 1 and kinds of traffic that do not
+/// occur are left out.
+pub fn step_traffic(config: &ModelConfig, tc: &TrainConfig, mesh: &Mesh) -> Vec<Transfer> {
+    let size = |a: &str| mesh.axis_size(a).unwrap_or(1);
+    let (dp, fsdp, mp) = (size("dp"), size("fsdp"), size("mp"));
+    let micro = tc.grad_accum.max(1) as u64;
+    let base = base_parameter_types(config, tc.dtype);
+    let lora = tc
+        .lora
+        .as_ref()
+        .map(|l| lora_parameter_types(config, l))
+        .unwrap_or_default();
+    let trained = |name: &str| match &tc.lora {
+        None => true,
+        Some(l) => l.saves_weight(name),
+    };
+    let mut out = Vec::new();
+    let mut push = |axis: &str, n: i64, c: Collective, what: String, count: u64, bytes: f64| {
+        if n > 1 && count > 0 && bytes > 0.0 {
+            out.push(Transfer {
+                axis: axis.into(),
+                axis_size: n,
+                collective: c,
+                what,
+                count,
+                bytes_per_device: bytes,
+            });
+        }
+    };
+
+    // fsdp: every weight split over fsdp is gathered in the forward pass
+    // and again in the backward one (the scanned backward recomputes a
+    // layer and takes its gradient from one gather), except the embedding
+    // table: its lookup has no input gradient to take.
+    let gather = |list: &[(String, hlo_ir::TensorType)]| {
+        let (mut bytes, mut count) = (0.0, 0u64);
+        for (name, ty) in list {
+            let h = held(name, &ty.dims, ty.dtype, mesh);
+            if !h.over_fsdp {
+                continue;
+            }
+            let embed = name == "model.embed_tokens.weight";
+            let passes = if embed && !config.tie_word_embeddings {
+                1
+            } else {
+                2
+            };
+            let whole = h.shard_bytes * fsdp as f64;
+            bytes += passes as f64 * ring_bytes(Collective::AllGather, fsdp, whole);
+            count += passes;
+        }
+        (bytes * micro as f64, count * micro)
+    };
+    let (wb, wc) = gather(&base);
+    let weights = if tc.lora.is_some() {
+        "frozen weights, forward + backward"
+    } else {
+        "weights, forward + backward"
+    };
+    let (lb, lc) = gather(&lora);
+
+    // Gradients of what is trained: summed over the batch shards, reduced
+    // to each parameter's own layout (scattered over fsdp where the
+    // parameter is split over it, else all-reduced), then over dp.
+    let (mut rs, mut rs_n, mut ar_f, mut ar_f_n, mut ar_d, mut ar_d_n) =
+        (0.0, 0u64, 0.0, 0u64, 0.0, 0u64);
+    let trained_list = base.iter().filter(|(n, _)| trained(n)).chain(lora.iter());
+    for (name, ty) in trained_list {
+        let h = held(name, &ty.dims, ty.dtype, mesh);
+        if h.over_fsdp {
+            rs += ring_bytes(Collective::ReduceScatter, fsdp, h.shard_bytes * fsdp as f64);
+            rs_n += 1;
+        } else {
+            ar_f += ring_bytes(Collective::AllReduce, fsdp, h.shard_bytes);
+            ar_f_n += 1;
+        }
+        ar_d += ring_bytes(Collective::AllReduce, dp, h.shard_bytes);
+        ar_d_n += 1;
+    }
+    let grads = if tc.lora.is_some() {
+        "LoRA gradients"
+    } else {
+        "weight gradients"
+    };
+    let m = micro as f64;
+
+    // mp: the hidden state of one device's rows, all-reduced.
+    let rows = tc.batch as f64 / (dp * fsdp) as f64;
+    let hidden = rows * tc.seq as f64 * config.hidden_size as f64 * tc.dtype.size_in_bytes() as f64;
+    let recompute = tc.scan_layers || tc.remat_layers;
+    let per_layer = if recompute { 6 } else { 4 };
+    let act_n = (per_layer * config.num_hidden_layers as u64 + 2) * micro;
+    let act = act_n as f64 * ring_bytes(Collective::AllReduce, mp, hidden);
+    let act_what = format!(
+        "hidden states: per layer 2 forward{}, 2 backward; embedding, LM head",
+        if recompute { ", 2 recomputed" } else { "" }
+    );
+
+    push("fsdp", fsdp, Collective::AllGather, weights.into(), wc, wb);
+    push(
+        "fsdp",
+        fsdp,
+        Collective::AllGather,
+        "LoRA A/B, forward + backward".into(),
+        lc,
+        lb,
+    );
+    push(
+        "fsdp",
+        fsdp,
+        Collective::ReduceScatter,
+        grads.into(),
+        rs_n * micro,
+        rs * m,
+    );
+    push(
+        "fsdp",
+        fsdp,
+        Collective::AllReduce,
+        format!("{grads} of replicated tensors"),
+        ar_f_n * micro,
+        ar_f * m,
+    );
+    push("mp", mp, Collective::AllReduce, act_what, act_n, act);
+    push(
+        "dp",
+        dp,
+        Collective::AllReduce,
+        grads.into(),
+        ar_d_n * micro,
+        ar_d * m,
+    );
+    out
+}
+
+/// Where an axis's groups lie relative to the nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Span {
+    /// Every group within one node.
+    Within,
+    /// Every group over several nodes.
+    Across,
+    /// Some groups over several nodes (the mesh does not align with the
+    /// nodes): `crossing` of `groups`.
+    Partly { crossing: i64, groups: i64 },
+}
+
+impl Span {
+    /// Whether any group crosses nodes (so the slow link sets the pace).
+    pub fn crosses(self) -> bool {
+        self != Span::Within
+    }
+
+    /// `within`, `across` or `partly` (for JSON).
+    pub fn key(self) -> &'static str {
+        match self {
+            Span::Within => "within",
+            Span::Across => "across",
+            Span::Partly { .. } => "partly",
+        }
+    }
+}
+
+impl std::fmt::Display for Span {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Span::Within => f.write_str("within"),
+            Span::Across => f.write_str("across"),
+            Span::Partly { crossing, groups } => write!(f, "across ({crossing} of {groups})"),
+        }
+    }
+}
+
+/// Where the groups of axis `axis` (an index into the mesh's axes) lie
+/// when devices are numbered process-major, `devices_per_node` to a node
+/// (process `p` holds devices `p·L .. p·L+L-1`), and the mesh is laid over
+/// them in row-major order: a group crosses nodes iff its members' nodes
+/// differ. `devices_per_node` < 1 counts as 1.
+pub fn axis_span(mesh: &Mesh, axis: usize, devices_per_node: i64) -> Span {
+    let axes = mesh.axes();
+    let Some(&(_, n)) = axes.get(axis) else {
+        return Span::Within;
+    };
+    let per_node = devices_per_node.max(1);
+    // Row-major: neighbours along `axis` are `stride` device numbers apart.
+    let stride: i64 = axes[axis + 1..].iter().map(|(_, s)| s).product();
+    let (mut groups, mut crossing) = (0i64, 0i64);
+    for d in 0..mesh.size() {
+        // Each group once, from its member of coordinate 0 on the axis.
+        if (d / stride) % n != 0 {
+            continue;
+        }
+        groups += 1;
+        let node = d / per_node;
+        if (1..n).any(|j| (d + j * stride) / per_node != node) {
+            crossing += 1;
+        }
+    }
+    match crossing {
+        0 => Span::Within,
+        c if c == groups => Span::Across,
+        c => Span::Partly {
+            crossing: c,
+            groups,
+        },
+    }
+}
+
+/// A device's links, per direction, in GB/s (10⁹ bytes a second).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Interconnect {
+    /// To the other devices of its node, all links together.
+    pub within_node_gbs: f64,
+    /// To other nodes: the device's share of the node's NICs.
+    pub across_nodes_gbs: f64,
+}
+
+impl Interconnect {
+    /// The bandwidth of the slowest link a group spanning `span` uses.
+    pub fn link_gbs(self, span: Span) -> f64 {
+        if span.crosses() {
+            self.across_nodes_gbs
+        } else {
+            self.within_node_gbs
+        }
+    }
+}
+
+/// Documented peak link rates of a device kind (matched as
+/// [`crate::flops::datasheet_tflops`] matches, by name), None for kinds
+/// without a table entry (CPUs).
+///
+/// - `MI300X`: 7 AMD Infinity Fabric links of 128 GB/s bidirectional (64
+///   GB/s each way) to the 7 other GPUs of a node, 448 GB/s each way in
+///   all (AMD Instinct MI300X data sheet: "Infinity Fabric Links 7, Peak
+///   Infinity Fabric Link Bandwidth 128 GB/s"). A single ring uses one
+///   link each way; RCCL spreads a collective over several rings.
+/// - `H100`, `H200` (SXM): NVLink 900 GB/s bidirectional, 450 GB/s each
+///   way (NVIDIA H100 and H200 Tensor Core GPU data sheets).
+/// - `MI250` (one GCD): a ring over a node's 8 GCDs (4 OAM packages)
+///   takes single xGMI links between packages, 50 GB/s each way (AMD
+///   CDNA 2 white paper: 25 GT/s × 16 bit links; the two GCDs of a package
+///   share 4 links, 200 GB/s each way); across nodes one 200 Gb/s NIC per
+///   package (the OLCF Frontier user guide's node: four HPE Slingshot
+///   NICs, 25 GB/s each), 12.5 GB/s per GCD.
+/// - Across nodes for MI300X, H100 and H200: one 400 Gb/s NIC per GPU
+///   (InfiniBand NDR or 400 GbE RoCE, as in NVIDIA DGX H100/H200 and AMD
+///   MI300X platforms' eight-NIC nodes), 50 GB/s each way.
+pub fn interconnect(kind: &str) -> Option<Interconnect> {
+    let k = kind.to_uppercase();
+    let table = [
+        ("MI300X", 448.0, 50.0),
+        ("H100", 450.0, 50.0),
+        ("H200", 450.0, 50.0),
+        ("MI250", 50.0, 12.5),
+    ];
+    table
+        .iter()
+        .find(|(name, _, _)| k.contains(name))
+        .map(|&(_, within, across)| Interconnect {
+            within_node_gbs: within,
+            across_nodes_gbs: across,
+        })
+}
+
+/// A [`Transfer`] placed on the nodes: its span and, with an interconnect,
+/// the link it is paced by and its time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlacedTransfer {
+    pub transfer: Transfer,
+    pub span: Span,
+    /// GB/s of the slowest link the axis uses (None: no figures).
+    pub link_gbs: Option<f64>,
+    /// Bytes over the link's rate, in milliseconds.
+    pub ms: Option<f64>,
+}
+
+/// Places `transfers` on a mesh of `nodes` nodes (`mesh.size()` must be a
+/// multiple of `nodes`; the caller checks) with `net`'s links.
+pub fn place(
+    transfers: &[Transfer],
+    mesh: &Mesh,
+    nodes: i64,
+    net: Option<Interconnect>,
+) -> Vec<PlacedTransfer> {
+    let per_node = mesh.size() / nodes.max(1);
+    transfers
+        .iter()
+        .map(|t| {
+            let span = mesh
+                .axis_index(&t.axis)
+                .map_or(Span::Within, |i| axis_span(mesh, i, per_node));
+            let link_gbs = net.map(|n| n.link_gbs(span));
+            PlacedTransfer {
+                transfer: t.clone(),
+                span,
+                link_gbs,
+                ms: link_gbs.map(|g| t.bytes_per_device / (g * 1e9) * 1e3),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hlo_models::decoder::LoraConfig;
+
+    /// Two layers of round sizes: hidden 64, MLP 128, 4 heads of 16 (2 kv
+    /// heads), vocabulary 256, untied head.
+    fn config() -> ModelConfig {
+        let mut c = ModelConfig::preset("tiny").unwrap();
+        c.vocab_size = 256;
+        c
+    }
+
+    fn mesh(text: &str) -> Mesh {
+        text.parse().unwrap()
+    }
+
+    fn find<'a>(t: &'a [Transfer], axis: &str, c: Collective, what: &str) -> &'a Transfer {
+        t.iter()
+            .find(|x| x.axis == axis && x.collective == c && x.what.starts_with(what))
+            .unwrap_or_else(|| panic!("no {axis} {c} {what} in {t:?}"))
+    }
+
+    /// Per layer (in, out): q 64→64, k/v 64→32, o 64→64, gate/up 64→128,
+    /// down 128→64.
+    const LAYER_WEIGHTS: f64 = (64 * 64 + 2 * 64 * 32 + 64 * 64 + 2 * 64 * 128 + 128 * 64) as f64;
+
+    #[test]
+    fn lora_over_fsdp_gathers_weights_twice_and_scatters_lora_gradients() {
+        let c = config();
+        let lora = LoraConfig::new(8, 16.0, &["q_proj", "v_proj"], false).unwrap();
+        let mut tc = TrainConfig::new(DType::BF16, 8, 16).with_lora(Some(lora));
+        tc.scan_layers = true;
+        let t = step_traffic(&c, &tc, &mesh("dp=1,fsdp=4,mp=1"));
+        // Layers: 2 × 36,864 elements, 2 bytes, gathered twice; embedding
+        // (256 × 64) once, LM head twice; each device receives 3/4.
+        let whole = 2.0 * (2.0 * 2.0 * LAYER_WEIGHTS + 256.0 * 64.0 * 3.0);
+        let w = find(&t, "fsdp", Collective::AllGather, "frozen");
+        assert_eq!(w.bytes_per_device, 0.75 * whole);
+        assert_eq!(w.count, 2 * 2 * 7 + 3);
+        // LoRA (f32): q A 64×8, B 8×64; v A 64×8, B 8×32, per layer.
+        let lora_whole = 4.0 * 2.0 * (64.0 * 8.0 + 8.0 * 64.0 + 64.0 * 8.0 + 8.0 * 32.0);
+        let l = find(&t, "fsdp", Collective::AllGather, "LoRA");
+        assert_eq!(l.bytes_per_device, 0.75 * 2.0 * lora_whole);
+        let g = find(&t, "fsdp", Collective::ReduceScatter, "LoRA");
+        assert_eq!(g.bytes_per_device, 0.75 * lora_whole);
+        assert_eq!(g.count, 8);
+        // No other axis moves anything.
+        assert_eq!(t.len(), 3, "{t:?}");
+    }
+
+    #[test]
+    fn mp_all_reduces_hidden_states_and_dp_all_reduces_gradients() {
+        let c = config();
+        let lora = LoraConfig::new(8, 16.0, &["q_proj"], false).unwrap();
+        let tc = TrainConfig::new(DType::F32, 8, 16).with_lora(Some(lora));
+        // Unrolled, no remat: 4 per layer + embedding + head = 10.
+        let t = step_traffic(&c, &tc, &mesh("dp=2,fsdp=1,mp=2"));
+        let a = find(&t, "mp", Collective::AllReduce, "hidden");
+        // 4 rows per dp group × 16 tokens × 64 × 4 bytes; 2·(1/2) each.
+        assert_eq!(a.count, 10);
+        assert_eq!(a.bytes_per_device, 10.0 * (4.0 * 16.0 * 64.0 * 4.0));
+        // Scanned: 2 more per layer.
+        let mut scanned = tc.clone();
+        scanned.scan_layers = true;
+        let t2 = step_traffic(&c, &scanned, &mesh("dp=2,fsdp=1,mp=2"));
+        assert_eq!(find(&t2, "mp", Collective::AllReduce, "hidden").count, 14);
+        // dp: q's LoRA split over mp: A 64×(8/2), B (8/2)×64, f32, per
+        // layer; all-reduced over 2: 2·(1/2) of the shard.
+        let d = find(&t, "dp", Collective::AllReduce, "LoRA");
+        assert_eq!(d.bytes_per_device, 2.0 * 4.0 * (64.0 * 4.0 + 4.0 * 64.0));
+        assert_eq!(d.count, 4);
+    }
+
+    #[test]
+    fn full_finetuning_reduces_every_weight_and_accumulation_repeats_it() {
+        let c = config();
+        let mut tc = TrainConfig::new(DType::BF16, 8, 16);
+        tc.grad_accum = 3;
+        let t = step_traffic(&c, &tc, &mesh("dp=1,fsdp=2,mp=1"));
+        // Split weights: layers + embedding + head, bf16, scattered 1/2.
+        let split = 2.0 * (2.0 * LAYER_WEIGHTS + 2.0 * 256.0 * 64.0);
+        let g = find(&t, "fsdp", Collective::ReduceScatter, "weight");
+        assert_eq!(g.bytes_per_device, 3.0 * 0.5 * split);
+        // Norms (replicated): 2 per layer + the final one, all-reduced.
+        let norms = 2.0 * (5.0 * 64.0);
+        let n = find(&t, "fsdp", Collective::AllReduce, "weight");
+        assert_eq!(n.bytes_per_device, 3.0 * 2.0 * 0.5 * norms);
+        assert_eq!(n.count, 3 * 5);
+        assert!(t.iter().all(|x| x.what != "LoRA A/B, forward + backward"));
+    }
+
+    #[test]
+    fn one_device_moves_nothing() {
+        let tc = TrainConfig::new(DType::F32, 8, 16);
+        assert!(step_traffic(&config(), &tc, &Mesh::single()).is_empty());
+    }
+
+    #[test]
+    fn axes_cross_nodes_by_their_members_nodes() {
+        let span = |m: &str, axis: usize, per_node: i64| axis_span(&mesh(m), axis, per_node);
+        // 2 nodes of 4: fsdp's groups are 4 consecutive devices, dp's
+        // pairs 4 apart.
+        assert_eq!(span("dp=2,fsdp=4,mp=1", 0, 4), Span::Across);
+        assert_eq!(span("dp=2,fsdp=4,mp=1", 1, 4), Span::Within);
+        assert_eq!(span("dp=2,fsdp=4,mp=1", 2, 4), Span::Within);
+        // One node: nothing crosses.
+        assert_eq!(span("dp=2,fsdp=4,mp=1", 0, 8), Span::Within);
+        // fsdp=16 over 2 nodes of 8 crosses; mp=8 inside them does not.
+        assert_eq!(span("dp=1,fsdp=16,mp=1", 1, 8), Span::Across);
+        assert_eq!(span("dp=2,fsdp=1,mp=8", 2, 8), Span::Within);
+        assert_eq!(span("dp=2,fsdp=1,mp=8", 0, 8), Span::Across);
+        // fsdp=4 × mp=4 on nodes of 8: mp within, fsdp's groups (stride
+        // 4) span 2 nodes each.
+        assert_eq!(span("dp=1,fsdp=4,mp=4", 2, 8), Span::Within);
+        assert_eq!(span("dp=1,fsdp=4,mp=4", 1, 8), Span::Across);
+        // Nodes of 6 under mp=4: of the groups 0-3, 4-7 and 8-11 only the
+        // middle one crosses; fsdp's groups (0, 4, 8 ...) all do.
+        assert_eq!(
+            span("dp=1,fsdp=3,mp=4", 2, 6),
+            Span::Partly {
+                crossing: 1,
+                groups: 3
+            }
+        );
+        assert_eq!(span("dp=1,fsdp=3,mp=4", 1, 6), Span::Across);
+        // A node per device: every axis of size > 1 crosses, size 1 not.
+        assert_eq!(span("dp=2,fsdp=2,mp=2", 1, 1), Span::Across);
+        assert_eq!(span("dp=1,fsdp=8,mp=1", 0, 1), Span::Within);
+    }
+
+    #[test]
+    fn placed_times_use_the_slowest_link() {
+        let c = config();
+        let lora = LoraConfig::new(8, 16.0, &["q_proj"], false).unwrap();
+        let tc = TrainConfig::new(DType::BF16, 8, 16).with_lora(Some(lora));
+        let m = mesh("dp=2,fsdp=4,mp=1");
+        let t = step_traffic(&c, &tc, &m);
+        let net = interconnect("MI300X").unwrap();
+        let placed = place(&t, &m, 2, Some(net));
+        for p in &placed {
+            let (span, gbs) = if p.transfer.axis == "dp" {
+                (Span::Across, 50.0)
+            } else {
+                (Span::Within, 448.0)
+            };
+            assert_eq!((p.span, p.link_gbs), (span, Some(gbs)), "{p:?}");
+            let ms = p.transfer.bytes_per_device / (gbs * 1e9) * 1e3;
+            assert_eq!(p.ms, Some(ms));
+        }
+        assert!(placed.iter().any(|p| p.transfer.axis == "dp"));
+        assert_eq!(interconnect("cpu"), None);
+        assert_eq!(
+            interconnect("NVIDIA H100 80GB HBM3")
+                .unwrap()
+                .within_node_gbs,
+            450.0
+        );
+        assert!(place(&t, &m, 1, None)
+            .iter()
+            .all(|p| p.ms.is_none() && p.span == Span::Within));
+    }
+}
