@@ -134,13 +134,9 @@ impl Backend {
         let loaded = Plugin::load(&plugin.resolve()?)?;
         let group = ProcessGroup::join(launch)?;
         let client = Client::with_kv(&loaded, &node_options(launch), group.kv().clone())?;
-        let mut all = client.devices()?;
-        let mut keyed = Vec::with_capacity(all.len());
-        for d in all.drain(..) {
-            keyed.push(((d.process_index()?, d.id()?), d));
-        }
-        keyed.sort_by_key(|(k, _)| *k);
-        let all: Vec<Device> = keyed.into_iter().map(|(_, d)| d).collect();
+        // The order compiled programs assign partitions in (runtime's
+        // `spmd_options`): the mesh takes the first devices of it.
+        let all = client.devices_in_process_order()?;
         let plugin = format!("{plugin} ({})", launch.describe());
         Self::on_first_devices(client, kind, mesh, all, plugin, Some(group))
     }
@@ -204,6 +200,12 @@ impl Backend {
     /// The run's other processes (None: this is the only one).
     pub fn group(&self) -> Option<&Arc<ProcessGroup>> {
         self.group.as_ref()
+    }
+
+    /// Whether this process prints and writes for the run (process 0, or
+    /// the only one).
+    pub fn is_main(&self) -> bool {
+        self.group.as_ref().is_none_or(|g| g.is_main())
     }
 
     pub fn client(&self) -> &Client {

@@ -232,11 +232,16 @@ pub fn holds_run(dir: &Path) -> bool {
 /// Writes the session's state into `out`: the adapter (PEFT) or an HF
 /// model folder, and `train_state/`. Refuses (writing nothing) when a
 /// trained tensor is not finite.
+/// Across processes every process gathers (a collective program) and only
+/// process 0 writes.
 pub fn save(out: &Path, session: &Session, state: &RunState) -> Result<()> {
-    std::fs::create_dir_all(out).map_err(EngineError::io("create", out))?;
     // Gathered once: the trained part is what the adapter or model holds.
     let tensors = session.checkpoint_tensors()?;
     check_finite(&tensors, &format!("step {}", state.step))?;
+    if !session.backend().is_main() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(out).map_err(EngineError::io("create", out))?;
     let trained = session.trained_part(&tensors);
     match &session.config().lora {
         Some(lora) => Adapter {

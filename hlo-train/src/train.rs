@@ -16,7 +16,8 @@ use hlo_engine::partitioner::Mesh;
 use hlo_engine::plot::LossCurves;
 use hlo_engine::tensorboard::EventWriter;
 use hlo_engine::{
-    flops, Backend, Dataset, Mode, Session, SessionOptions, StopFlag, Trainer, TrainerOptions,
+    flops, Backend, Dataset, Mode, Quiet, Session, SessionOptions, StopFlag, Trainer,
+    TrainerOptions,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -189,7 +190,11 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
         None => (args, None, argv.to_vec()),
     };
     let out = args.out.clone().or_else(|| args.resume.clone());
-    if let Some(out) = &out {
+    // Across processes, process 0 prints and writes; the others compute
+    // alongside it (every gather is a program they all run).
+    let launch = args.plugin.processes.launch()?;
+    let main = launch.as_ref().is_none_or(|l| l.process_id == 0);
+    if let Some(out) = out.as_ref().filter(|_| main) {
         let canonical = |p: &Path| std::fs::canonicalize(p).ok();
         let continuing = args
             .resume
@@ -280,7 +285,7 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
             dir,
         ))?;
     }
-    if let Some(out) = &out {
+    if let Some(out) = out.as_ref().filter(|_| main) {
         write_recipe(out, &argv, &settings, backend.mesh())?;
     }
     let mode = if args.eager { Mode::Eager } else { Mode::Jit };
@@ -300,11 +305,14 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
         session.restore(&saved.tensors)?;
         loader.cursor = saved.state.data_cursor;
     }
-    if let Some(dir) = &args.dump_hlo {
+    if let Some(dir) = args.dump_hlo.as_ref().filter(|_| main) {
         dump_hlo::write_texts(dir, "train_step", session.sharded_step(), Format::Both)?;
     }
-    // The demo shows the adapter's completions before and after training.
-    let demo_tokenizer = tokenizer.as_ref().filter(|_| demo && !args.step.full);
+    // The demo shows the adapter's completions before and after training,
+    // in one process (generation is not built across processes).
+    let demo_tokenizer = tokenizer
+        .as_ref()
+        .filter(|_| demo && !args.step.full && launch.is_none());
     if let Some(t) = demo_tokenizer {
         demo_show(
             "before",
@@ -316,18 +324,24 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
     }
 
     let peak = flops::peak_flops(session.backend(), dtype, args.peak_tflops)?;
-    let metrics = match &args.metrics {
+    let metrics = match args.metrics.as_ref().filter(|_| main) {
         Some(p) => Some(metrics_file(p, saved.is_some())?),
         None => None,
     };
-    print_header(&args, &session, &stats, loader.len(), unpacked_fill)?;
-    let bar = ProgressBar::new(args.steps as u64);
+    if main {
+        print_header(&args, &session, &stats, loader.len(), unpacked_fill)?;
+    }
+    let bar = if main {
+        ProgressBar::new(args.steps as u64)
+    } else {
+        ProgressBar::hidden()
+    };
     bar.set_position(session.steps_done() as u64);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let tensorboard = match &args.tensorboard {
+    let tensorboard = match args.tensorboard.as_ref().filter(|_| main) {
         Some(dir) => Some(EventWriter::create(dir)?),
         None => None,
     };
@@ -362,7 +376,11 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
             },
             StopFlag::on_signals(),
         )?;
-        let result = trainer.run(&mut console);
+        let result = if main {
+            trainer.run(&mut console)
+        } else {
+            trainer.run(&mut Quiet)
+        };
         if result.is_err() {
             console.bar.abandon();
         }
@@ -371,6 +389,13 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
     console.bar.finish_and_clear();
     if let Some(tb) = console.tensorboard.as_mut() {
         tb.flush()?;
+    }
+    // Process 0 serves the rendezvous until every process is done.
+    if let Some(group) = session.backend().group() {
+        group.finish()?;
+    }
+    if !main {
+        return Ok(());
     }
     if let Some(out) = &out {
         // The whole run's curves: the metrics file holds the steps before

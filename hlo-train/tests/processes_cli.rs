@@ -278,6 +278,24 @@ fn training_across_processes_on_the_cpu_is_refused_by_every_process() {
     ]);
     let out = finish(vec![spawn(&strings(&["bench", "--steps", "1"]), &env)]).remove(0);
     assert!(one_line_error(&out).contains("bench across 2 processes"));
+    // On a GPU plugin, commands other than train and devices do not run
+    // across processes yet: refused before the plugin loads.
+    let out = finish(vec![spawn(
+        &strings(&[
+            "bench",
+            "--plugin",
+            "cuda",
+            "--num-processes",
+            "2",
+            "--process-id",
+            "0",
+            "--coordinator",
+            &coordinator,
+        ]),
+        &[],
+    )])
+    .remove(0);
+    assert!(one_line_error(&out).contains("bench across 2 processes is not in this build"));
     // Settings that make no launch are one line too.
     let out = finish(vec![spawn(
         &strings(&["devices", "--num-processes", "2", "--process-id", "0"]),

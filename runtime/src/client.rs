@@ -278,6 +278,23 @@ impl Client {
         self.inner.wrap_devices(ptr, n)
     }
 
+    /// Every device of the run (all processes' for a multi-node client),
+    /// process by process, by id within a process: the order meshes are
+    /// laid over.
+    pub fn devices_in_process_order(&self) -> Result<Vec<Device>> {
+        let mut keyed = Vec::new();
+        for d in self.devices()? {
+            keyed.push(((d.process_index()?, d.id()?), d));
+        }
+        keyed.sort_by_key(|(k, _)| *k);
+        Ok(keyed.into_iter().map(|(_, d)| d).collect())
+    }
+
+    /// Whether some of the client's devices belong to other processes.
+    pub fn spans_processes(&self) -> Result<bool> {
+        Ok(self.devices()?.len() > self.addressable_devices()?.len())
+    }
+
     /// Compiles StableHLO (MLIR text or bytecode) with `options`.
     pub fn compile(&self, mlir: &str, options: &CompileOptions) -> Result<LoadedExecutable> {
         if options.num_replicas != 1 || options.num_partitions < 1 {

@@ -90,6 +90,14 @@ impl Eager {
     /// An executor over `mesh`, whose devices are `devices` (mesh order).
     pub fn new(client: &Client, mesh: Mesh, devices: Vec<Device>) -> Result<Eager> {
         mesh.check_devices(devices.len())?;
+        // Op by op, every process would have to issue every one-op program
+        // in lockstep with the others; only whole programs run across
+        // processes.
+        if client.spans_processes()? {
+            return Err(Error::InvalidArgument(
+                "eager mode runs on one process's devices; across processes use --jit".into(),
+            ));
+        }
         Ok(Eager {
             client: client.clone(),
             mesh,

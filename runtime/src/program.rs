@@ -21,7 +21,7 @@ pub enum Mode {
 }
 
 enum Executor {
-    Jit(ShardedFunction),
+    Jit(Box<ShardedFunction>),
     Eager(Eager),
 }
 
@@ -63,12 +63,17 @@ impl Program {
     ) -> Result<Program> {
         match mode {
             Mode::Jit => {
-                let exe =
-                    ShardedFunction::with_donation(client, function, shardings.clone(), donated)?;
+                let exe = ShardedFunction::with_devices(
+                    client,
+                    function,
+                    shardings.clone(),
+                    donated,
+                    devices,
+                )?;
                 Ok(Program {
                     function: function.clone(),
                     shardings,
-                    executor: Executor::Jit(exe),
+                    executor: Executor::Jit(Box::new(exe)),
                 })
             }
             Mode::Eager => {

@@ -1,8 +1,11 @@
 //! Arrays laid out over a mesh, and programs run SPMD over all its devices.
 //!
-//! Device `d` of a mesh is partition `d` of the program and the `d`-th
-//! device of the executable (XLA's default assignment), so a
-//! [`DeviceArray`] keeps one buffer per mesh device in that order.
+//! Device `d` of a mesh is partition `d` of the program. In one process
+//! that is the `d`-th device of the executable (XLA's default assignment)
+//! and a [`DeviceArray`] keeps one buffer per mesh device in that order.
+//! When the mesh spans processes, the program is compiled with the
+//! explicit assignment of the run's devices in process order, and each
+//! process holds, feeds and reads only the blocks of its own devices.
 
 use std::sync::Arc;
 
@@ -78,12 +81,20 @@ fn copy_block(
 pub struct DeviceArray {
     ty: TensorType,
     sharding: Sharding,
+    /// This process's blocks, at mesh positions `positions` (ascending;
+    /// every position when the mesh lies in one process).
     buffers: Vec<Buffer>,
+    positions: Vec<usize>,
+    client: Client,
+    /// The mesh's devices (every process's), for the programs that move
+    /// this array.
+    devices: Vec<Device>,
 }
 
 impl DeviceArray {
     /// Splits `host` by `sharding` and copies each device only its block.
-    /// `devices` are the mesh's devices in mesh order.
+    /// `devices` are the mesh's devices in mesh order; those of other
+    /// processes are skipped (each process places its own).
     pub fn shard(
         client: &Client,
         host: &HostArray,
@@ -98,7 +109,12 @@ impl DeviceArray {
         let elem = ty.dtype.size_in_bytes();
         let n: i64 = block.iter().product();
         let mut buffers = Vec::with_capacity(devices.len());
+        let mut positions = Vec::with_capacity(devices.len());
         for (d, device) in devices.iter().enumerate() {
+            if !device.is_addressable()? {
+                continue;
+            }
+            positions.push(d);
             let at = spec.shard_offset(mesh, &ty.dims, d as i64);
             let mut bytes = vec![0u8; n as usize * elem];
             copy_block(
@@ -118,18 +134,37 @@ impl DeviceArray {
             ty,
             sharding: sharding.clone(),
             buffers,
+            positions,
+            client: client.clone(),
+            devices: devices.to_vec(),
         })
     }
 
     /// Assembles the global array on the host (one read per distinct block).
+    /// When other processes hold some blocks, a program first replicates
+    /// the array on every device (XLA's collectives move them), so every
+    /// process of the run must gather the same arrays in the same order.
     pub fn gather(&self) -> Result<HostArray> {
         let (mesh, spec) = (&self.sharding.mesh, &self.sharding.spec);
         let dims = &self.ty.dims;
+        let held: std::collections::HashSet<Vec<i64>> = self
+            .positions
+            .iter()
+            .map(|&d| spec.shard_offset(mesh, dims, d as i64))
+            .collect();
+        let all: std::collections::HashSet<Vec<i64>> = (0..mesh.size())
+            .map(|d| spec.shard_offset(mesh, dims, d))
+            .collect();
+        if held.len() < all.len() {
+            return self
+                .reshard(&self.client, &PartitionSpec::replicated())?
+                .gather();
+        }
         let block = spec.shard_shape(mesh, dims);
         let elem = self.ty.dtype.size_in_bytes();
         let mut out = vec![0u8; self.ty.size_in_bytes()];
         let mut done = std::collections::HashSet::new();
-        for (d, buffer) in self.buffers.iter().enumerate() {
+        for (&d, buffer) in self.positions.iter().zip(&self.buffers) {
             let at = spec.shard_offset(mesh, dims, d as i64);
             if !done.insert(at.clone()) {
                 continue; // a replica of a block already read
@@ -163,9 +198,23 @@ impl DeviceArray {
         self.buffers.iter().map(Buffer::ready_time).collect()
     }
 
-    /// One buffer per mesh device, in mesh order.
+    /// This process's buffers, in mesh order: one per mesh device when
+    /// the mesh lies in one process.
     pub fn buffers(&self) -> &[Buffer] {
         &self.buffers
+    }
+
+    /// The mesh positions of [`DeviceArray::buffers`].
+    pub fn positions(&self) -> &[usize] {
+        &self.positions
+    }
+
+    /// The buffer at mesh position `d`, if this process holds it.
+    fn buffer_at(&self, d: usize) -> Option<&Buffer> {
+        self.positions
+            .binary_search(&d)
+            .ok()
+            .map(|i| &self.buffers[i])
     }
 
     /// The same values under `target`: an identity program whose input and
@@ -181,7 +230,7 @@ impl DeviceArray {
             inputs: vec![self.sharding.spec.clone()],
             outputs: vec![target.clone()],
         };
-        let exe = ShardedFunction::new(client, &f, shardings)?;
+        let exe = ShardedFunction::with_devices(client, &f, shardings, &[], &self.devices)?;
         Ok(exe.run(&[self])?.remove(0))
     }
 }
@@ -193,6 +242,40 @@ pub struct ShardedFunction {
     shardings: FunctionShardings,
     stablehlo: String,
     executable: Arc<LoadedExecutable>,
+    /// The mesh position of each of the executable's (this process's)
+    /// devices, in its execution order.
+    positions: Vec<usize>,
+    /// The mesh's devices in mesh order (every process's).
+    devices: Vec<Device>,
+}
+
+/// The compile options for a program over `devices` (the mesh's, in mesh
+/// order; None: the client's first `n`), and its explicit assignment when
+/// one is needed: XLA's default assignment puts partition `d` on the
+/// client's `d`-th addressable device, which fits a mesh over those devices
+/// in that order; a mesh over other devices, another order, or other
+/// processes' devices (every process compiling the same assignment of
+/// global ids) is assigned explicitly.
+fn spmd_options(
+    client: &Client,
+    n: i64,
+    devices: Option<&[Device]>,
+) -> Result<(CompileOptions, Option<Vec<i64>>)> {
+    let ids_of =
+        |ds: &[Device]| -> Result<Vec<i64>> { ds.iter().map(|d| d.id().map(i64::from)).collect() };
+    let ids = match devices {
+        Some(d) => ids_of(d)?,
+        None if client.spans_processes()? => {
+            let all = client.devices_in_process_order()?;
+            ids_of(&all[..all.len().min(n as usize)])?
+        }
+        None => return Ok((CompileOptions::spmd(n), None)),
+    };
+    let local = client.addressable_devices()?;
+    if ids_of(&local[..local.len().min(n as usize)])? == ids {
+        return Ok((CompileOptions::spmd(n), None));
+    }
+    Ok((CompileOptions::spmd_on(&ids), Some(ids)))
 }
 
 impl ShardedFunction {
@@ -210,6 +293,29 @@ impl ShardedFunction {
         f: &Function,
         shardings: FunctionShardings,
         donated: &[(usize, usize)],
+    ) -> Result<Self> {
+        Self::compile(client, f, shardings, donated, None)
+    }
+
+    /// [`ShardedFunction::with_donation`] over the mesh's `devices` (in
+    /// mesh order), which may include other processes' devices.
+    pub fn with_devices(
+        client: &Client,
+        f: &Function,
+        shardings: FunctionShardings,
+        donated: &[(usize, usize)],
+        devices: &[Device],
+    ) -> Result<Self> {
+        shardings.mesh.check_devices(devices.len())?;
+        Self::compile(client, f, shardings, donated, Some(devices))
+    }
+
+    fn compile(
+        client: &Client,
+        f: &Function,
+        shardings: FunctionShardings,
+        donated: &[(usize, usize)],
+        devices: Option<&[Device]>,
     ) -> Result<Self> {
         let function = f.clone();
         let n = shardings.mesh.size();
@@ -232,13 +338,40 @@ impl ShardedFunction {
             spec.validate(&shardings.mesh, &function.ty(b.value).dims, &b.name)?;
         }
         let stablehlo = hlo_lowering::to_stablehlo_with(&function, Some(&shardings), donated);
-        let executable = client.compile_cached(&stablehlo, &CompileOptions::spmd(n))?;
+        let (options, assignment) = spmd_options(client, n, devices)?;
+        let executable = client.compile_cached(&stablehlo, &options)?;
+        let devices = match devices {
+            Some(d) => d.to_vec(),
+            None if assignment.is_some() => client
+                .devices_in_process_order()?
+                .into_iter()
+                .take(n as usize)
+                .collect(),
+            None => executable.devices().to_vec(),
+        };
+        let positions = match assignment {
+            None => (0..executable.devices().len()).collect(),
+            Some(ids) => executable
+                .devices()
+                .iter()
+                .map(|d| {
+                    let id = i64::from(d.id()?);
+                    ids.iter().position(|&x| x == id).ok_or_else(|| {
+                        Error::InvalidArgument(format!(
+                            "the executable runs on device {id}, which its assignment {ids:?} lacks"
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?,
+        };
         Ok(ShardedFunction {
             client: client.clone(),
             function,
             shardings,
             stablehlo,
             executable,
+            positions,
+            devices,
         })
     }
 
@@ -258,9 +391,10 @@ impl ShardedFunction {
         &self.executable
     }
 
-    /// The mesh's devices, in mesh order.
+    /// The mesh's devices, in mesh order (other processes' too, when the
+    /// mesh spans processes).
     pub fn devices(&self) -> &[Device] {
-        self.executable.devices()
+        &self.devices
     }
 
     /// The sharding input `i` must have.
@@ -290,20 +424,41 @@ impl ShardedFunction {
                 )));
             }
         }
-        let devices = self.devices().len();
-        let args: Vec<Vec<&Buffer>> = (0..devices)
-            .map(|d| inputs.iter().map(|a| &a.buffers[d]).collect())
-            .collect();
+        let devices = self.positions.len();
+        let args: Vec<Vec<&Buffer>> = self
+            .positions
+            .iter()
+            .map(|&d| {
+                inputs
+                    .iter()
+                    .zip(&f.inputs)
+                    .map(|(a, b)| {
+                        a.buffer_at(d).ok_or_else(|| {
+                            Error::InvalidArgument(format!(
+                                "input `{}` has no block on this process's device at mesh position {d}",
+                                b.name
+                            ))
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<_>>()?;
         let outputs = self.executable.execute(&args)?;
-        // outputs[device][k] → one DeviceArray per output k.
+        // outputs[device][k] → one DeviceArray per output k, its blocks in
+        // mesh order.
+        let mut order: Vec<usize> = (0..devices).collect();
+        order.sort_by_key(|&i| self.positions[i]);
+        let mut outputs: Vec<Option<Vec<Buffer>>> = outputs.into_iter().map(Some).collect();
         let mut per_output: Vec<Vec<Buffer>> = (0..f.outputs.len())
             .map(|_| Vec::with_capacity(devices))
             .collect();
-        for device_outputs in outputs {
+        for &i in &order {
+            let device_outputs = outputs[i].take().unwrap_or_default();
             for (k, b) in device_outputs.into_iter().enumerate() {
                 per_output[k].push(b);
             }
         }
+        let positions: Vec<usize> = order.iter().map(|&i| self.positions[i]).collect();
         Ok(per_output
             .into_iter()
             .zip(&f.outputs)
@@ -312,6 +467,9 @@ impl ShardedFunction {
                 ty: f.ty(b.value).clone(),
                 sharding: Sharding::new(self.shardings.mesh.clone(), spec.clone()),
                 buffers,
+                positions: positions.clone(),
+                client: self.client.clone(),
+                devices: self.devices.clone(),
             })
             .collect())
     }
