@@ -216,13 +216,18 @@ fn write_request(
     head.extend_from_slice(&(key.len() as u32).to_be_bytes());
     head.extend_from_slice(key.as_bytes());
     head.extend_from_slice(&(value.len() as u64).to_be_bytes());
-    // Small values go out in one write; large ones are not copied.
-    if value.len() <= 1 << 16 {
-        head.extend_from_slice(value);
+    write_with_payload(w, head, value)
+}
+
+/// Writes `head` then `payload`: a small payload in the same write, a large
+/// one not copied.
+fn write_with_payload(w: &mut impl Write, mut head: Vec<u8>, payload: &[u8]) -> io::Result<()> {
+    if payload.len() <= 1 << 16 {
+        head.extend_from_slice(payload);
         w.write_all(&head)
     } else {
         w.write_all(&head)?;
-        w.write_all(value)
+        w.write_all(payload)
     }
 }
 
@@ -302,13 +307,7 @@ fn write_response(w: &mut impl Write, status: u8, payload: &[u8]) -> io::Result<
     let mut head = Vec::with_capacity(9 + payload.len().min(1 << 16));
     head.push(status);
     head.extend_from_slice(&(payload.len() as u64).to_be_bytes());
-    if payload.len() <= 1 << 16 {
-        head.extend_from_slice(payload);
-        w.write_all(&head)
-    } else {
-        w.write_all(&head)?;
-        w.write_all(payload)
-    }
+    write_with_payload(w, head, payload)
 }
 
 /// Reads a response, skipping heartbeats.
