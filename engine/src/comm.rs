@@ -354,6 +354,8 @@ impl Interconnect {
 ///   share 4 links, 200 GB/s each way); across nodes one 200 Gb/s NIC per
 ///   package (the OLCF Frontier user guide's node: four HPE Slingshot
 ///   NICs, 25 GB/s each), 12.5 GB/s per GCD.
+/// - `RTX 4090`: no NVLink; PCIe 4.0 x16, 32 GB/s each way, and across
+///   nodes a 100 Gb/s NIC, 12.5 GB/s.
 /// - Across nodes for MI300X, H100 and H200: one 400 Gb/s NIC per GPU
 ///   (InfiniBand NDR or 400 GbE RoCE, as in NVIDIA DGX H100/H200 and AMD
 ///   MI300X platforms' eight-NIC nodes), 50 GB/s each way.
@@ -364,6 +366,7 @@ pub fn interconnect(kind: &str) -> Option<Interconnect> {
         ("H100", 450.0, 50.0),
         ("H200", 450.0, 50.0),
         ("MI250", 50.0, 12.5),
+        ("RTX 4090", 32.0, 12.5),
     ];
     table
         .iter()

@@ -25,6 +25,8 @@ pub fn datasheet_tflops(kind: &str, dtype: DType) -> Option<f64> {
         ("MI300X", 1307.4),
         ("MI250", 362.1),
         ("A100", 312.0),
+        // Dense BF16 with FP32 accumulation (NVIDIA Ada Lovelace white paper).
+        ("RTX 4090", 165.2),
     ];
     let k = kind.to_uppercase();
     let v = bf16

@@ -8,6 +8,7 @@ use hlo_data::{ChatTemplate, Tokenizer};
 use hlo_ir::{DType, Literal, TensorType};
 use hlo_models::checkpoint::Checkpoint;
 use hlo_models::decoder::{init_tensor, is_stacked, stack_literals, unstacked_names, ModelConfig};
+use hlo_models::nf4::{self, Nf4Tensor};
 
 use crate::error::{EngineError, Result};
 
@@ -175,6 +176,10 @@ impl Model {
     /// (seeded by `seed` and the name) for presets and configs. A stacked
     /// name (scan over layers) gives every layer's tensor, stacked. Weights
     /// are made one at a time so the host never holds the whole model.
+    ///
+    /// With NF4 quantization a layer projection's weight is its codes and
+    /// `<weight>.absmax` its block scales (whatever `dtype`), quantized
+    /// here from the full-precision tensor, one tensor at a time.
     pub fn weight(&self, name: &str, dtype: DType, seed: u64) -> Result<Literal> {
         if is_stacked(name) {
             let parts = unstacked_names(name, self.config.num_hidden_layers)
@@ -183,26 +188,47 @@ impl Model {
                 .collect::<Result<Vec<_>>>()?;
             return Ok(stack_literals(&parts));
         }
-        match &self.checkpoint {
-            Some(c) => Ok(c.read(name, dtype)?),
-            None => {
-                let shape = self
-                    .config
-                    .parameter_shapes()
-                    .into_iter()
-                    .find(|(n, _)| n == name)
-                    .map(|(_, s)| s)
-                    .ok_or_else(|| {
-                        EngineError::Setting(format!("the model has no weight `{name}`"))
-                    })?;
-                Ok(init_tensor(
-                    &self.config,
-                    name,
-                    TensorType::new(dtype, shape),
-                    seed,
-                ))
+        if self.config.quantization.is_some() {
+            let scales = name.strip_suffix(nf4::ABSMAX_SUFFIX);
+            let weight = scales.unwrap_or(name);
+            if nf4::is_quantized(weight) {
+                let q = self.nf4_weight(weight, seed)?;
+                return Ok(match scales {
+                    Some(_) => q.absmax_literal(),
+                    None => q.codes_literal(),
+                });
             }
         }
+        match &self.checkpoint {
+            Some(c) => Ok(c.read(name, dtype)?),
+            None => self.random(name, dtype, seed),
+        }
+    }
+
+    /// Base weight `name` made as HF initialises it, seeded by `seed`.
+    fn random(&self, name: &str, dtype: DType, seed: u64) -> Result<Literal> {
+        let shape = self
+            .config
+            .parameter_shape(name)
+            .ok_or_else(|| EngineError::Setting(format!("the model has no weight `{name}`")))?;
+        Ok(init_tensor(
+            &self.config,
+            name,
+            TensorType::new(dtype, shape),
+            seed,
+        ))
+    }
+
+    /// A layer projection in NF4: as a bitsandbytes checkpoint stores it,
+    /// else quantized from its f32 values.
+    fn nf4_weight(&self, name: &str, seed: u64) -> Result<Nf4Tensor> {
+        let full = match &self.checkpoint {
+            Some(c) if c.is_prequantized(name) => return Ok(c.read_nf4(name)?),
+            Some(c) => c.read(name, DType::F32)?,
+            None => self.random(name, DType::F32, seed)?,
+        };
+        let double = self.config.quantization.is_some_and(|q| q.double_quant);
+        Ok(Nf4Tensor::from_literal(&full, double))
     }
 
     /// The tokenizer: `path`, else the checkpoint's `tokenizer.json`, else

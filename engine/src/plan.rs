@@ -6,7 +6,9 @@
 
 use std::time::Instant;
 
+use hlo_ir::DType;
 use hlo_models::decoder::{partition_rules, ModelConfig};
+use hlo_models::nf4;
 use hlo_models::roles::Role;
 use hlo_models::train::{train_step, TrainConfig};
 use hlo_partitioner::{Mesh, PartitionSpec};
@@ -21,6 +23,11 @@ use crate::pipeline::ShardedStep;
 pub struct MemoryPlan {
     /// Frozen (or, finetuning fully, trained) base weights.
     pub weights_bytes: u64,
+    /// The part of `weights_bytes` held in NF4 (codes and block scales).
+    pub nf4_bytes: u64,
+    /// The largest projection one device dequantizes (in the compute
+    /// dtype) just before its matmul: a temporary within XLA's.
+    pub dequantized_bytes: u64,
     /// LoRA parameters.
     pub lora_bytes: u64,
     /// Optimizer moments.
@@ -41,8 +48,24 @@ pub fn plan(
 ) -> Result<(ShardedStep, MemoryPlan)> {
     let step = ShardedStep::new(&train_step(config, tc)?, mesh, &partition_rules())?;
     let (mut weights, mut lora, mut optimizer) = (0u64, 0u64, 0u64);
+    let (mut nf4_bytes, mut dequantized) = (0u64, 0u64);
+    let f = step.function();
     for (k, input) in step.step.inputs.iter().enumerate() {
         let bytes = step.input_bytes_per_device(k);
+        let codes = f.ty(f.inputs[k].value).dtype == DType::U8;
+        if codes || f.inputs[k].name.ends_with(nf4::ABSMAX_SUFFIX) {
+            nf4_bytes += bytes;
+        }
+        if codes {
+            // Two values a byte, one layer of a stack at a time.
+            let layers = if input.leading_axis {
+                config.num_hidden_layers as u64
+            } else {
+                1
+            };
+            let values = 2 * bytes / layers;
+            dequantized = dequantized.max(values * tc.dtype.size_in_bytes() as u64);
+        }
         match input.role {
             Role::OptimizerState { .. } => optimizer += bytes,
             Role::Trainable if tc.lora.is_some() => lora += bytes,
@@ -62,6 +85,8 @@ pub fn plan(
         step,
         MemoryPlan {
             weights_bytes: weights,
+            nf4_bytes,
+            dequantized_bytes: dequantized,
             lora_bytes: lora,
             optimizer_bytes: optimizer,
             xla,

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use hlo_engine::backend::refuse_cpu_across_processes;
 use hlo_engine::hub::{self, HubFiles};
@@ -12,6 +12,7 @@ use hlo_engine::ir::DType;
 use hlo_engine::models::attention::{default_block, AttentionKind};
 use hlo_engine::models::decoder::{LoraConfig, ModelConfig};
 use hlo_engine::models::loss::default_loss_chunk;
+use hlo_engine::models::nf4::Nf4Config;
 use hlo_engine::models::train::{Optimizer, Schedule, TrainConfig};
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::processes::{Launch, LaunchFlags};
@@ -221,6 +222,66 @@ pub fn open_model(model: &ModelArgs, tokenizer: &TokenizerArgs) -> Result<Model>
     Ok(Model::open(&model.source())?.with_tokenizer_file(tokenizer.tokenizer.clone()))
 }
 
+/// `--quantize` and `--double-quant`: the base projections in NF4 (QLoRA).
+#[derive(Args, Clone, Debug, Default)]
+pub struct QuantizeArgs {
+    /// Store every q/k/v/o/gate/up/down projection in 4-bit NormalFloat
+    /// (bitsandbytes' NF4, blocks of 64), quantized on load and
+    /// dequantized inside the step; embeddings, norms and the LM head
+    /// stay in --dtype. A checkpoint saved in bitsandbytes 4-bit NF4 is
+    /// read as it is, with or without this flag.
+    #[arg(long, value_enum)]
+    pub quantize: Option<QuantizeArg>,
+
+    /// With --quantize nf4: quantize the block scales again in 8 bits, as
+    /// bitsandbytes' bnb_4bit_use_double_quant (held dequantized on the
+    /// devices).
+    #[arg(long, requires = "quantize")]
+    pub double_quant: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum QuantizeArg {
+    Nf4,
+}
+
+impl QuantizeArgs {
+    /// `model` with its projections in NF4 when asked (refused where a
+    /// projection's rows are not whole blocks).
+    pub fn apply(&self, mut model: Model) -> Result<Model> {
+        model.config = self.config(&model.config, &model.name)?;
+        Ok(model)
+    }
+
+    /// `config` (of the model called `name`) as these flags leave it: a
+    /// bitsandbytes checkpoint read as it is stored, a full-precision one
+    /// quantized when asked.
+    pub fn config(&self, config: &ModelConfig, name: &str) -> Result<ModelConfig> {
+        match (config.quantization, self.quantize) {
+            (Some(stored), Some(_)) if stored.double_quant != self.double_quant => bail!(
+                "{name} is stored in NF4 {} double quantization; {} cannot change that",
+                if stored.double_quant {
+                    "with"
+                } else {
+                    "without"
+                },
+                if self.double_quant {
+                    "--double-quant"
+                } else {
+                    "--quantize nf4 without --double-quant"
+                }
+            ),
+            (None, Some(QuantizeArg::Nf4)) => Ok(config
+                .clone()
+                .with_nf4(Nf4Config {
+                    double_quant: self.double_quant,
+                })
+                .with_context(|| format!("--quantize nf4 for {name}"))?),
+            _ => Ok(config.clone()),
+        }
+    }
+}
+
 /// `--dtype`.
 #[derive(Args, Clone, Debug)]
 pub struct DtypeArgs {
@@ -299,7 +360,9 @@ pub enum RematArg {
 pub struct StepArgs {
     /// Run the decoder layers as one scan over stacked parameters, so the
     /// program and its compile time do not grow with depth (auto: for
-    /// models of 24 layers or more).
+    /// models of 24 layers or more, and NF4 bases, whose layers then
+    /// dequantize their weights again in the backward pass instead of
+    /// keeping them).
     #[arg(long, value_enum, default_value = "auto")]
     pub scan_layers: Toggle,
 
@@ -530,7 +593,9 @@ impl StepArgs {
             scan_layers: match self.scan_layers {
                 Toggle::On => true,
                 Toggle::Off => false,
-                Toggle::Auto => config.num_hidden_layers >= 24,
+                // Unrolled, XLA keeps every dequantized NF4 weight from
+                // the forward pass for the backward: no memory saved.
+                Toggle::Auto => config.num_hidden_layers >= 24 || config.quantization.is_some(),
             },
             remat_layers: self.remat == RematArg::Layers,
             grad_accum: self.grad_accum,

@@ -20,6 +20,9 @@ pub struct BenchArgs {
     pub model: ModelArgs,
 
     #[command(flatten)]
+    pub quantize: crate::args::QuantizeArgs,
+
+    #[command(flatten)]
     pub dtype: DtypeArgs,
 
     #[command(flatten)]
@@ -54,7 +57,7 @@ pub struct BenchArgs {
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
-    let model = Model::open(&args.model.source())?;
+    let model = args.quantize.apply(Model::open(&args.model.source())?)?;
     let backend = Backend::open(&args.plugin.backend(args.mesh.as_ref()))?;
     let dtype = args.dtype.dtype(args.plugin.is_cpu());
     let tc = args.step.train_config(

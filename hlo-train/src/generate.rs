@@ -21,6 +21,9 @@ pub struct GenerateArgs {
     pub model: ModelArgs,
 
     #[command(flatten)]
+    pub quantize: crate::args::QuantizeArgs,
+
+    #[command(flatten)]
     pub dtype: DtypeArgs,
 
     #[command(flatten)]
@@ -126,7 +129,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             bail!("--top-p must be in (0, 1], got {p}");
         }
     }
-    let model = Model::open(&args.model.source())?;
+    let model = args.quantize.apply(Model::open(&args.model.source())?)?;
     let config = &model.config;
     let tokenizer = model.tokenizer(args.tokenizer.tokenizer.as_deref())?;
     let chat = if args.chat || args.chat_template.is_some() {

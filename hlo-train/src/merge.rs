@@ -1,13 +1,18 @@
 //! `hlo-train merge`: fold a LoRA adapter into the base weights (on the
-//! host, in f64, one tensor at a time) and write an HF model folder.
+//! host, in f64, one tensor at a time) and write an HF model folder. A
+//! QLoRA adapter's base projections (NF4: a bitsandbytes checkpoint, or
+//! `--quantize nf4`) are dequantized, the adapter added, and written in
+//! bf16, as PEFT merges into a 4-bit base.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use hlo_engine::ir::{DType, Literal, TensorType};
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::checkpoint::Checkpoint;
 use hlo_engine::models::io::{copy_side_files, write_atomic, write_safetensors};
+use hlo_engine::models::nf4::{self, Nf4Tensor};
 
 #[derive(Args, Debug)]
 pub struct MergeArgs {
@@ -20,10 +25,16 @@ pub struct MergeArgs {
     /// Output folder (config.json, model.safetensors, tokenizer files).
     #[arg(long)]
     pub out: PathBuf,
+
+    #[command(flatten)]
+    pub quantize: crate::args::QuantizeArgs,
 }
 
 pub fn run(args: &MergeArgs) -> Result<()> {
-    let ckpt = Checkpoint::open(&args.checkpoint)?;
+    let mut ckpt = Checkpoint::open(&args.checkpoint)?;
+    // The base the adapter was trained on: NF4 when stored so or asked for.
+    let name = args.checkpoint.display().to_string();
+    ckpt.config = args.quantize.config(&ckpt.config, &name)?;
     let adapter = Adapter::load(&args.adapter, &ckpt.config)?;
     if args.out.exists() && args.out.canonicalize()? == args.checkpoint.canonicalize()? {
         bail!("--out must differ from --checkpoint");
@@ -34,16 +45,42 @@ pub fn run(args: &MergeArgs) -> Result<()> {
     hlo_engine::checkpoint::remove_stale_temporaries(&args.out);
     let scale = adapter.lora.scale();
     let mut tensors = Vec::new();
+    let nf4 = ckpt.config.quantization;
     for (name, _) in ckpt.config.parameter_shapes() {
-        let dtype = ckpt.dtype(&name).context("checked on open")?;
-        let w = ckpt.read(&name, dtype)?;
-        let merged = adapter.merge(&name, &w);
+        let merged = match nf4.filter(|_| nf4::is_quantized(&name)) {
+            // The NF4 base dequantized (in f32), the adapter added, bf16.
+            Some(q) => {
+                let base = if ckpt.is_prequantized(&name) {
+                    ckpt.read_nf4(&name)?
+                } else {
+                    Nf4Tensor::from_literal(&ckpt.read(&name, DType::F32)?, q.double_quant)
+                };
+                let dims: Vec<i64> = base.shape.iter().map(|&d| d as i64).collect();
+                let values: Vec<f64> = base.dequantize().iter().map(|&v| f64::from(v)).collect();
+                let w = Literal::from_f64s(TensorType::new(DType::F32, dims.clone()), &values);
+                let sum = adapter.merge(&name, &w).to_f64s();
+                Literal::from_f64s(TensorType::new(DType::BF16, dims), &sum)
+            }
+            None => {
+                let dtype = ckpt.dtype(&name).context("checked on open")?;
+                adapter.merge(&name, &ckpt.read(&name, dtype)?)
+            }
+        };
         tensors.push((name, merged));
     }
     write_safetensors(&args.out.join("model.safetensors"), &tensors)?;
     let config = args.checkpoint.join("config.json");
-    let bytes =
+    let mut bytes =
         std::fs::read(&config).with_context(|| format!("cannot read {}", config.display()))?;
+    if nf4.is_some() {
+        // The merged weights are plain: HF must not load them as 4-bit.
+        let mut json: serde_json::Value = serde_json::from_slice(&bytes)
+            .with_context(|| format!("{} is not JSON", config.display()))?;
+        if let Some(o) = json.as_object_mut() {
+            o.remove("quantization_config");
+        }
+        bytes = serde_json::to_string_pretty(&json)?.into_bytes();
+    }
     write_atomic(&args.out.join("config.json"), &bytes)?;
     copy_side_files(&args.checkpoint, &args.out)?;
     eprintln!(

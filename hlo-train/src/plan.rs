@@ -20,6 +20,8 @@ pub enum Target {
     Mi250,
     H100,
     H200,
+    // A 24 GB consumer card (GeForce RTX 4090).
+    Rtx4090,
     Cpu,
 }
 
@@ -30,6 +32,7 @@ impl std::fmt::Display for Target {
             Target::Mi250 => "MI250 (one GCD)",
             Target::H100 => "H100",
             Target::H200 => "H200",
+            Target::Rtx4090 => "RTX 4090",
             Target::Cpu => "this host",
         })
     }
@@ -43,6 +46,7 @@ impl Target {
             Target::Mi250 => 64_000_000_000, // per GCD
             Target::H100 => 80_000_000_000,
             Target::H200 => 141_000_000_000,
+            Target::Rtx4090 => 24_000_000_000,
             Target::Cpu => host_memory(),
         }
     }
@@ -54,6 +58,7 @@ impl Target {
             Target::Mi250 => "MI250",
             Target::H100 => "H100",
             Target::H200 => "H200",
+            Target::Rtx4090 => "RTX 4090",
             Target::Cpu => "cpu",
         }
     }
@@ -77,6 +82,9 @@ pub struct PlanArgs {
 
     #[command(flatten)]
     pub model: ModelArgs,
+
+    #[command(flatten)]
+    pub quantize: crate::args::QuantizeArgs,
 
     #[command(flatten)]
     pub dtype: DtypeArgs,
@@ -118,14 +126,21 @@ pub struct PlanArgs {
 }
 
 pub fn run(args: &PlanArgs) -> Result<()> {
-    let model = Model::open(&args.model.source())?;
+    let model = args.quantize.apply(Model::open(&args.model.source())?)?;
     let config = &model.config;
     let options = BackendOptions {
         devices: args.devices,
         mesh: args.mesh.clone(),
         ..BackendOptions::cpu()
     };
-    let mesh = options.mesh_or(Some(&Mesh::new(&[("dp", 1), ("fsdp", 8), ("mp", 1)])?))?;
+    // The recipe's node of 8 devices over fsdp, or fewer when the batch
+    // has fewer rows than that to split (batch 1: one device).
+    let default_fsdp = gcd(args.step.batch.max(1), 8);
+    let mesh = options.mesh_or(Some(&Mesh::new(&[
+        ("dp", 1),
+        ("fsdp", default_fsdp),
+        ("mp", 1),
+    ])?))?;
     let nodes = i64::from(args.nodes);
     if mesh.size() % nodes != 0 {
         bail!(
@@ -167,6 +182,8 @@ pub fn run(args: &PlanArgs) -> Result<()> {
             "loss_chunk": tc.loss_chunk_for(config.vocab_size),
             "per_device": {
                 "weights_bytes": p.weights_bytes,
+                "nf4_weights_bytes": p.nf4_bytes,
+                "dequantized_bytes": p.dequantized_bytes,
                 "lora_bytes": p.lora_bytes,
                 "optimizer_bytes": p.optimizer_bytes,
                 "xla": {"argument_bytes": arg, "output_bytes": out, "alias_bytes": alias, "temp_bytes": temp},
@@ -231,9 +248,14 @@ pub fn run(args: &PlanArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "plan: {} ({} parameters, {dtype}), {} step, batch {} × seq {}, mesh {mesh}{}, {}",
+        "plan: {} ({} parameters, {dtype}{}), {} step, batch {} × seq {}, mesh {mesh}{}, {}",
         model.name,
         config.parameter_count(),
+        match config.quantization {
+            Some(q) if q.double_quant => ", projections in NF4 with double quantization",
+            Some(_) => ", projections in NF4",
+            None => "",
+        },
         if tc.lora.is_some() { "LoRA" } else { "full" },
         tc.batch,
         tc.seq,
@@ -246,6 +268,13 @@ pub fn run(args: &PlanArgs) -> Result<()> {
     );
     println!("per device:");
     println!("  weights            {:>12}", gb(p.weights_bytes));
+    if p.nf4_bytes > 0 {
+        println!(
+            "    of which NF4     {:>12}  (codes and block scales; the largest projection dequantized before its matmul: {} in {dtype}, within the temporaries)",
+            gb(p.nf4_bytes),
+            gb(p.dequantized_bytes)
+        );
+    }
     println!("  LoRA parameters    {:>12}", gb(p.lora_bytes));
     println!("  optimizer state    {:>12}", gb(p.optimizer_bytes));
     println!("  XLA arguments      {:>12}", gb(arg));
@@ -433,5 +462,13 @@ fn print_layout(mesh: &Mesh, g: &LayoutGroup) {
         hlo_engine::partitioner::PartitionSpec(g.spec.0.iter().skip(skip).cloned().collect());
     if g.shape.len() > skip {
         print!("{}", draw_sharding(mesh, &spec, &g.shape[skip..]));
+    }
+}
+
+fn gcd(a: i64, b: i64) -> i64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
     }
 }

@@ -19,10 +19,12 @@ use crate::train::TrainArgs;
 
 /// The settings that are flags of `train`, by long name. (A setting that
 /// names a file is compared by the file's identity too: `*-fingerprint`.)
-pub const FLAG_SETTINGS: [&str; 31] = [
+pub const FLAG_SETTINGS: [&str; 33] = [
     "model",
     "config",
     "checkpoint",
+    "quantize",
+    "double-quant",
     "dtype",
     "tokenizer",
     "init-adapter",
@@ -213,6 +215,11 @@ pub fn cli_settings(args: &TrainArgs, model: &Model, data: &Dataset) -> Result<R
         ModelSource::Checkpoint(p) => s.set("checkpoint", absolute(p)),
     }
     s.set("model-fingerprint", model.fingerprint()?);
+    // The base as the run holds it (a bitsandbytes checkpoint's own NF4 too).
+    if let Some(q) = model.config.quantization {
+        s.set("quantize", "nf4");
+        s.set("double-quant", q.double_quant);
+    }
     for (key, path) in [
         ("tokenizer", &args.tokenizer.tokenizer),
         ("init-adapter", &args.init_adapter),

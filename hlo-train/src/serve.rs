@@ -31,6 +31,9 @@ pub struct ServeArgs {
     pub model: ModelArgs,
 
     #[command(flatten)]
+    pub quantize: crate::args::QuantizeArgs,
+
+    #[command(flatten)]
     pub dtype: DtypeArgs,
 
     #[command(flatten)]
@@ -118,7 +121,9 @@ fn adapter_arg(s: &str) -> Result<(String, PathBuf), String> {
 }
 
 pub fn run(args: &ServeArgs) -> Result<()> {
-    let model = open_model(&args.model, &args.tokenizer)?;
+    let model = args
+        .quantize
+        .apply(open_model(&args.model, &args.tokenizer)?)?;
     let config = model.config.clone();
     let tokenizer = model.tokenizer(args.tokenizer.tokenizer.as_deref())?;
     // A checkpoint without a template serves completions only.

@@ -38,6 +38,9 @@ pub struct TrainArgs {
     pub model: ModelArgs,
 
     #[command(flatten)]
+    pub quantize: crate::args::QuantizeArgs,
+
+    #[command(flatten)]
     pub dtype: DtypeArgs,
 
     #[command(flatten)]
@@ -218,7 +221,12 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
         ),
         None => None,
     };
-    let model = open_model(&args.model, &args.tokenizer)?;
+    let model = args
+        .quantize
+        .apply(open_model(&args.model, &args.tokenizer)?)?;
+    if args.step.full && model.config.quantization.is_some() {
+        bail!("--full trains every weight, and NF4 weights are frozen: finetune a LoRA adapter on the quantized base (QLoRA), or drop --quantize");
+    }
     model.check_weights()?;
     let config = model.config.clone();
     let tokenizer = model.tokenizer(None)?;

@@ -221,6 +221,27 @@ fn bad_input_table() {
             )),
         ),
         (
+            "--quantize nf4 where a projection's rows are not whole blocks of 64",
+            {
+                let mut a = gen(ckpt("blocks", None, None));
+                a.extend(["--quantize".into(), "nf4".into()]);
+                a
+            },
+        ),
+        (
+            "a config quantized other than as bitsandbytes 4-bit NF4",
+            gen(ckpt(
+                "fp4",
+                None,
+                Some(fixture_config.replacen(
+                    '{',
+                    r#"{"quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "fp4"},"#,
+                    1,
+                )),
+            )),
+        ),
+        ("--full with --quantize nf4", train(&["--full", "--quantize", "nf4"])),
+        (
             "prompt token id outside the vocabulary",
             vec![
                 "generate".into(),

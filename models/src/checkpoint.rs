@@ -11,7 +11,14 @@ use memmap2::Mmap;
 use safetensors::tensor::{Dtype as StDtype, SafeTensors};
 
 use crate::decoder::ModelConfig;
+use crate::nf4::{self, Nf4Tensor};
 use crate::ModelError;
+
+/// What a packed weight's quant state says beyond what is checked.
+struct Nf4State {
+    /// Set when the absmax are quantized again.
+    nested_offset: Option<f32>,
+}
 
 /// Where one tensor lies in a safetensors file.
 pub struct StoredTensor {
@@ -54,6 +61,8 @@ pub(crate) fn st_dtype(d: StDtype) -> Option<DType> {
         StDtype::F64 => DType::F64,
         StDtype::I32 => DType::I32,
         StDtype::I64 => DType::I64,
+        // bitsandbytes' packed 4-bit weights and 8-bit scales.
+        StDtype::U8 => DType::U8,
         _ => return None,
     })
 }
@@ -186,6 +195,10 @@ impl Checkpoint {
                     file: self.dir.display().to_string(),
                     message: format!("tensor `{name}` is missing (config.json needs it)"),
                 })?;
+            if self.is_prequantized(&name) {
+                self.nf4_state(&name, &shape)?;
+                continue;
+            }
             if e.tensor.shape != shape {
                 return Err(ModelError::Checkpoint {
                     file: here(e),
@@ -233,8 +246,160 @@ impl Checkpoint {
         self.files.iter().map(|(p, _)| p.clone()).collect()
     }
 
-    /// Reads one tensor, converted to `dtype`.
+    /// Whether weight `name` is stored in bitsandbytes' packed 4-bit form.
+    pub fn is_prequantized(&self, name: &str) -> bool {
+        self.config.quantization.is_some()
+            && nf4::is_quantized(name)
+            && self.dtype(name) == Some(DType::U8)
+    }
+
+    /// The stored tensor `name`, or one line naming it.
+    fn entry(&self, name: &str) -> Result<&Entry, ModelError> {
+        self.tensors
+            .get(name)
+            .ok_or_else(|| ModelError::Checkpoint {
+                file: self.dir.display().to_string(),
+                message: format!("tensor `{name}` is missing"),
+            })
+    }
+
+    /// The quant state bitsandbytes stores beside a packed weight
+    /// (`<name>.quant_state.bitsandbytes__nf4`, JSON bytes), checked
+    /// against the weight's `shape` and against what this reader
+    /// computes: NF4 in blocks of 64, absmax in blocks of 256 when nested.
+    fn nf4_state(&self, name: &str, shape: &[i64]) -> Result<Nf4State, ModelError> {
+        let key = format!("{name}.quant_state.bitsandbytes__nf4");
+        let e = self.entry(&key)?;
+        let bad = |message: String| ModelError::Checkpoint {
+            file: self.files[e.file].0.display().to_string(),
+            message: format!("`{name}`: {message}"),
+        };
+        let bytes = &self.files[e.file].1[e.tensor.start..e.tensor.end];
+        let state: serde_json::Value = serde_json::from_slice(bytes)
+            .map_err(|err| bad(format!("its quant state is not JSON: {err}")))?;
+        let text = |k: &str| state.get(k).and_then(|v| v.as_str());
+        let int = |k: &str| state.get(k).and_then(|v| v.as_i64());
+        if text("quant_type") != Some("nf4") {
+            return Err(bad(format!(
+                "quant_type {:?} (only nf4)",
+                text("quant_type").unwrap_or("(none)")
+            )));
+        }
+        if int("blocksize") != Some(nf4::BLOCK_SIZE as i64) {
+            return Err(bad(format!(
+                "blocksize {:?} (only {})",
+                state.get("blocksize"),
+                nf4::BLOCK_SIZE
+            )));
+        }
+        let stored: Option<Vec<i64>> = state
+            .get("shape")
+            .and_then(|v| v.as_array())
+            .map(|a| a.iter().filter_map(|d| d.as_i64()).collect());
+        if stored.as_deref() != Some(shape) {
+            return Err(bad(format!(
+                "quantized shape {stored:?}, config.json implies {shape:?}"
+            )));
+        }
+        let nested = state.get("nested_offset").and_then(|v| v.as_f64());
+        if nested.is_some() && int("nested_blocksize") != Some(nf4::ABSMAX_BLOCK_SIZE as i64) {
+            return Err(bad(format!(
+                "nested_blocksize {:?} (only {})",
+                state.get("nested_blocksize"),
+                nf4::ABSMAX_BLOCK_SIZE
+            )));
+        }
+        let n: i64 = shape.iter().product();
+        let blocks = (n + nf4::BLOCK_SIZE as i64 - 1) / nf4::BLOCK_SIZE as i64;
+        let size = |key: String, want: i64, dtype: DType| -> Result<(), ModelError> {
+            let e = self.entry(&key)?;
+            let got: i64 = e.tensor.shape.iter().product();
+            if got != want || e.tensor.dtype != dtype {
+                return Err(bad(format!(
+                    "`{key}` is {} {:?}; {want} values of {dtype} expected",
+                    e.tensor.dtype, e.tensor.shape
+                )));
+            }
+            Ok(())
+        };
+        size(name.to_string(), (n + 1) / 2, DType::U8)?;
+        size(
+            format!("{name}.quant_map"),
+            nf4::NF4_LEVELS.len() as i64,
+            DType::F32,
+        )?;
+        match nested {
+            None => size(format!("{name}.absmax"), blocks, DType::F32)?,
+            Some(_) => {
+                size(format!("{name}.absmax"), blocks, DType::U8)?;
+                let groups =
+                    (blocks + nf4::ABSMAX_BLOCK_SIZE as i64 - 1) / nf4::ABSMAX_BLOCK_SIZE as i64;
+                size(format!("{name}.nested_absmax"), groups, DType::F32)?;
+                size(format!("{name}.nested_quant_map"), 256, DType::F32)?;
+            }
+        }
+        // A code book other than NF4's would change every weight.
+        let map = self.read(&format!("{name}.quant_map"), DType::F32)?;
+        let levels: Vec<u8> = nf4::NF4_LEVELS
+            .iter()
+            .flat_map(|l| l.to_le_bytes())
+            .collect();
+        if map.bytes != levels {
+            return Err(bad("its quant_map is not the NF4 code book".into()));
+        }
+        Ok(Nf4State {
+            nested_offset: nested.map(|o| o as f32),
+        })
+    }
+
+    /// A weight stored in bitsandbytes' 4-bit NF4 form, as it is stored:
+    /// the packed codes, and the absmax (plain, or quantized again with
+    /// its nested absmax, code book and offset).
+    pub fn read_nf4(&self, name: &str) -> Result<Nf4Tensor, ModelError> {
+        let shape = self
+            .config
+            .parameter_shape(name)
+            .ok_or_else(|| ModelError::Checkpoint {
+                file: self.dir.display().to_string(),
+                message: format!("`{name}` is no weight of the model"),
+            })?;
+        let state = self.nf4_state(name, &shape)?;
+        let f32s = |key: String| -> Result<Vec<f32>, ModelError> {
+            let lit = self.read(&key, DType::F32)?;
+            Ok(lit
+                .bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect())
+        };
+        let raw =
+            |key: String| -> Result<Vec<u8>, ModelError> { Ok(self.read(&key, DType::U8)?.bytes) };
+        let absmax = match state.nested_offset {
+            None => nf4::Absmax::Plain(f32s(format!("{name}.absmax"))?),
+            Some(offset) => nf4::Absmax::Double(nf4::DoubleQuant {
+                codes: raw(format!("{name}.absmax"))?,
+                offset,
+                absmax2: f32s(format!("{name}.nested_absmax"))?,
+                code: f32s(format!("{name}.nested_quant_map"))?,
+                blocksize: nf4::ABSMAX_BLOCK_SIZE,
+            }),
+        };
+        Ok(Nf4Tensor {
+            shape: shape.iter().map(|&d| d as usize).collect(),
+            codes: raw(name.to_string())?,
+            absmax,
+        })
+    }
+
+    /// Reads one tensor, converted to `dtype` (a weight stored in 4-bit
+    /// NF4, dequantized).
     pub fn read(&self, name: &str, dtype: DType) -> Result<Literal, ModelError> {
+        if dtype != DType::U8 && self.is_prequantized(name) {
+            let q = self.read_nf4(name)?;
+            let values: Vec<f64> = q.dequantize().iter().map(|&v| f64::from(v)).collect();
+            let dims: Vec<i64> = q.shape.iter().map(|&d| d as i64).collect();
+            return Ok(Literal::from_f64s(TensorType::new(dtype, dims), &values));
+        }
         let e = self
             .tensors
             .get(name)

@@ -62,6 +62,7 @@ pub fn write_safetensors(
         hlo_ir::DType::F64 => Ok(Dtype::F64),
         hlo_ir::DType::I32 => Ok(Dtype::I32),
         hlo_ir::DType::I64 => Ok(Dtype::I64),
+        hlo_ir::DType::U8 => Ok(Dtype::U8),
         other => Err(ModelError::UnwritableDType(other)),
     };
     let views = tensors

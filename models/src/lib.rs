@@ -8,8 +8,10 @@
 //! optimizer state of X, batch field, step counter, cache); losses,
 //! optimizers and schedules ([`train`], [`loss`]); attention in the naive
 //! and the blockwise (FlashAttention) form ([`attention`]); safetensors checkpoints (HF in,
-//! [`checkpoint`]) and PEFT adapters in and out ([`adapter`]); and a small
-//! example MLP ([`mlp`]).
+//! bitsandbytes 4-bit too, [`checkpoint`]) and PEFT adapters in and out
+//! ([`adapter`]); QLoRA's NF4 base weights, quantized as bitsandbytes
+//! does and dequantized inside the steps ([`nf4`]); and a small example
+//! MLP ([`mlp`]).
 //!
 //! It does not compile or run anything (that is `hlo-runtime`, driven by
 //! `hlo-engine`), and it does not read training data (`hlo-data`).
@@ -34,6 +36,7 @@ mod error;
 pub mod io;
 pub mod loss;
 pub mod mlp;
+pub mod nf4;
 pub mod roles;
 pub mod train;
 

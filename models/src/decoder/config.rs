@@ -7,6 +7,8 @@
 //! `modeling_gemma3.py`); each difference is a field of [`ModelConfig`],
 //! so the decoder reads one field where a family departs from Llama.
 
+use crate::ConfigError;
+
 /// The model families hlo-train runs, by HF architecture.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Family {
@@ -184,6 +186,9 @@ pub struct ModelConfig {
     pub query_pre_attn_scalar: Option<f64>,
     /// Logits become `c·tanh(logits / c)`.
     pub final_logit_softcapping: Option<f64>,
+    /// The base projections in NF4 (QLoRA), dequantized just before each
+    /// matmul; None: in the compute dtype.
+    pub quantization: Option<crate::nf4::Nf4Config>,
 }
 
 impl ModelConfig {
@@ -248,6 +253,40 @@ impl ModelConfig {
             out.push(("lm_head.weight".to_string(), vec![self.vocab_size, h]));
         }
         out
+    }
+
+    /// This config with its base projections stored in NF4 (QLoRA).
+    /// Refused when a projection's input features are not a multiple of
+    /// 64, so that every block of 64 lies in one row (true of every
+    /// released model).
+    pub fn with_nf4(mut self, nf4: crate::nf4::Nf4Config) -> Result<ModelConfig, ConfigError> {
+        self.quantization = Some(nf4);
+        self.check_quantization()?;
+        Ok(self)
+    }
+
+    pub(super) fn check_quantization(&self) -> Result<(), ConfigError> {
+        if self.quantization.is_none() {
+            return Ok(());
+        }
+        for m in crate::nf4::QUANTIZED_MODULES {
+            let (din, _) = self.projection_dims(m).expect("a known projection");
+            if din % crate::nf4::BLOCK_SIZE as i64 != 0 {
+                return Err(ConfigError::Unsupported(format!(
+                    "NF4 quantization needs each projection's input features to be a multiple of {}; {m} has {din}",
+                    crate::nf4::BLOCK_SIZE
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The shape of base parameter `name` (HF's name), if the model has it.
+    pub fn parameter_shape(&self, name: &str) -> Option<Vec<i64>> {
+        self.parameter_shapes()
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, s)| s)
     }
 
     /// Number of base parameters (HF's count).

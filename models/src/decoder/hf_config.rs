@@ -13,6 +13,7 @@ use super::config::{
     Activation, Family, LayerType, Llama3Scaling, ModelConfig, NormStyle, Rope, RopeScaling,
     FAMILIES,
 };
+use crate::nf4::Nf4Config;
 use crate::{ConfigError, ModelError};
 
 /// What hlo-train runs, for error messages.
@@ -208,6 +209,55 @@ fn written_layer_types(
         })
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
+}
+
+/// `quantization_config` as transformers writes it for a model quantized
+/// by bitsandbytes: 4-bit NF4 of every layer projection is read (with or
+/// without double quantization); any other quantization is refused.
+fn quantization(obj: &Map<String, Value>) -> Result<Option<Nf4Config>, ConfigError> {
+    let Some(q) = field(obj, "quantization_config") else {
+        return Ok(None);
+    };
+    let q = q
+        .as_object()
+        .ok_or_else(|| ConfigError::Unsupported(format!("quantization_config = {q}")))?;
+    let text = |key: &str| field(q, key).and_then(Value::as_str);
+    let method = text("quant_method").unwrap_or("(none)");
+    if method != "bitsandbytes" {
+        return unsupported(format!(
+            "quantization_config.quant_method `{method}` (only bitsandbytes 4-bit NF4)"
+        ));
+    }
+    if bool_field(q, "load_in_8bit")? == Some(true) || bool_field(q, "load_in_4bit")? != Some(true)
+    {
+        return unsupported("bitsandbytes quantization other than load_in_4bit".into());
+    }
+    match text("bnb_4bit_quant_type") {
+        Some("nf4") => {}
+        t => {
+            return unsupported(format!(
+                "bnb_4bit_quant_type {} (only nf4)",
+                t.unwrap_or("(absent: fp4)")
+            ))
+        }
+    }
+    if let Some(storage) = text("bnb_4bit_quant_storage").filter(|s| *s != "uint8") {
+        return unsupported(format!("bnb_4bit_quant_storage `{storage}` (only uint8)"));
+    }
+    // Modules left in full precision: the LM head is never quantized here.
+    if let Some(skip) = field(q, "llm_int8_skip_modules") {
+        let listed: Vec<&str> = skip
+            .as_array()
+            .map_or(Vec::new(), |a| a.iter().filter_map(Value::as_str).collect());
+        if !skip.is_array() || listed.iter().any(|m| *m != "lm_head") {
+            return unsupported(format!(
+                "llm_int8_skip_modules = {skip} (only lm_head may be left unquantized)"
+            ));
+        }
+    }
+    Ok(Some(Nf4Config {
+        double_quant: bool_field(q, "bnb_4bit_use_double_quant")?.unwrap_or(false),
+    }))
 }
 
 impl ModelConfig {
@@ -443,10 +493,12 @@ impl ModelConfig {
             } else {
                 None
             },
+            quantization: quantization(obj)?,
         })
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        self.check_quantization()?;
         for (name, v) in [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),

@@ -26,17 +26,31 @@ pub use serving::{
     table_update_step, AdapterTables, LoraSelect,
 };
 
+use crate::nf4;
 use crate::roles::{BatchField, Role, Step, StepInput};
 
 use hlo_ir::{trace, DType, Function, Literal, Outputs, TensorType, TraceError};
 
-/// Base parameters: (HF name, type in `dtype`).
+/// Base parameters: (HF name, type in `dtype`). With NF4 quantization
+/// each layer projection's weight is its codes (`u8`), followed by its
+/// block scales (`<name>.absmax`, f32): see [`crate::nf4::stored_types`].
 pub fn base_parameter_types(config: &ModelConfig, dtype: DType) -> Vec<(String, TensorType)> {
-    config
-        .parameter_shapes()
-        .into_iter()
-        .map(|(n, s)| (n, TensorType::new(dtype, s)))
-        .collect()
+    let mut out = Vec::new();
+    for (name, shape) in config.parameter_shapes() {
+        let stored = config
+            .quantization
+            .filter(|_| nf4::is_quantized(&name))
+            .and_then(|_| nf4::stored_types(&shape));
+        match stored {
+            Some((codes, absmax)) => {
+                let scales = format!("{name}{}", nf4::ABSMAX_SUFFIX);
+                out.push((name, codes));
+                out.push((scales, absmax));
+            }
+            None => out.push((name, TensorType::new(dtype, shape))),
+        }
+    }
+    out
 }
 
 /// Layer parameters stacked per kind (`model.layers.<name>` `[layers, ...]`),

@@ -168,7 +168,14 @@ impl Decoder<'_> {
     pub(super) fn base_proj(&self, p: &Params, module: &str, short: &str, x: Tensor) -> Tensor {
         let biased = self.config.qkv_bias && matches!(short, "q_proj" | "k_proj" | "v_proj");
         let bias = biased.then(|| p.get(&format!("{module}.bias")));
-        linear(x, p.get(&format!("{module}.weight")), bias)
+        let mut w = p.get(&format!("{module}.weight"));
+        if w.dtype() == DType::U8 {
+            // NF4 codes: dequantized here, next to their only use, so XLA
+            // fuses the dequantization into the matmul's operand.
+            let absmax = p.get(&format!("{module}.weight{}", crate::nf4::ABSMAX_SUFFIX));
+            w = crate::nf4::dequantize(w, absmax, x.dtype());
+        }
+        linear(x, w, bias)
     }
 
     /// A projection by module path (`model.layers.3.self_attn.q_proj`), with

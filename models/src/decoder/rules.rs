@@ -27,11 +27,16 @@ pub fn partition_rules() -> Rules {
         (r"lm_head\.weight$", p(&[&["mp"], &["fsdp"]])),
         (r"lora_a$", p(&[&["fsdp"], &["mp"]])),
         (r"lora_b$", p(&[&["mp"], &["fsdp"]])),
+        // NF4 codes and block scales (`.weight.absmax`) as the weights
+        // they replace: rows of whole blocks keep the layout's meaning.
         (
-            r"(q_proj|k_proj|v_proj|gate_proj|up_proj)\.weight$",
+            r"(q_proj|k_proj|v_proj|gate_proj|up_proj)\.weight(\.absmax)?$",
             p(&[&["mp"], &["fsdp"]]),
         ),
-        (r"(o_proj|down_proj)\.weight$", p(&[&["fsdp"], &["mp"]])),
+        (
+            r"(o_proj|down_proj)\.weight(\.absmax)?$",
+            p(&[&["fsdp"], &["mp"]]),
+        ),
         (r"(q_proj|k_proj|v_proj)\.bias$", p(&[&["mp"]])),
         (r"norm\.weight$", PartitionSpec::replicated()),
         (
