@@ -188,14 +188,21 @@ impl Model {
                 .collect::<Result<Vec<_>>>()?;
             return Ok(stack_literals(&parts));
         }
-        if self.config.quantization.is_some() {
+        if let Some(q) = self.config.quantization {
             let scales = name.strip_suffix(nf4::ABSMAX_SUFFIX);
             let weight = scales.unwrap_or(name);
             if nf4::is_quantized(weight) {
-                let q = self.nf4_weight(weight, seed)?;
-                return Ok(match scales {
-                    Some(_) => q.absmax_literal(),
-                    None => q.codes_literal(),
+                let stored = self
+                    .checkpoint
+                    .as_ref()
+                    .is_some_and(|c| c.is_prequantized(weight));
+                return Ok(match (scales, stored) {
+                    (Some(_), true) => self.nf4_weight(weight, seed)?.absmax_literal(),
+                    // The scales alone need no codes.
+                    (Some(_), false) => {
+                        nf4::absmax_of(&self.full_weight(weight, seed)?, q.double_quant)
+                    }
+                    (None, _) => self.nf4_weight(weight, seed)?.codes_literal(),
                 });
             }
         }
@@ -222,13 +229,26 @@ impl Model {
     /// A layer projection in NF4: as a bitsandbytes checkpoint stores it,
     /// else quantized from its f32 values.
     fn nf4_weight(&self, name: &str, seed: u64) -> Result<Nf4Tensor> {
-        let full = match &self.checkpoint {
-            Some(c) if c.is_prequantized(name) => return Ok(c.read_nf4(name)?),
-            Some(c) => c.read(name, DType::F32)?,
-            None => self.random(name, DType::F32, seed)?,
-        };
+        if let Some(c) = self.checkpoint.as_ref().filter(|c| c.is_prequantized(name)) {
+            return Ok(c.read_nf4(name)?);
+        }
         let double = self.config.quantization.is_some_and(|q| q.double_quant);
-        Ok(Nf4Tensor::from_literal(&full, double))
+        Ok(Nf4Tensor::from_literal(
+            &self.full_weight(name, seed)?,
+            double,
+        ))
+    }
+
+    /// A weight before quantization, as stored (no f64 copy of it) or
+    /// made in f32.
+    fn full_weight(&self, name: &str, seed: u64) -> Result<Literal> {
+        match &self.checkpoint {
+            Some(c) => {
+                let dtype = c.dtype(name).unwrap_or(DType::F32);
+                Ok(c.read(name, dtype)?)
+            }
+            None => self.random(name, DType::F32, seed),
+        }
     }
 
     /// The tokenizer: `path`, else the checkpoint's `tokenizer.json`, else

@@ -53,7 +53,8 @@ pub fn run(args: &MergeArgs) -> Result<()> {
                 let base = if ckpt.is_prequantized(&name) {
                     ckpt.read_nf4(&name)?
                 } else {
-                    Nf4Tensor::from_literal(&ckpt.read(&name, DType::F32)?, q.double_quant)
+                    let dtype = ckpt.dtype(&name).context("checked on open")?;
+                    Nf4Tensor::from_literal(&ckpt.read(&name, dtype)?, q.double_quant)
                 };
                 let dims: Vec<i64> = base.shape.iter().map(|&d| d as i64).collect();
                 let values: Vec<f64> = base.dequantize().iter().map(|&v| f64::from(v)).collect();

@@ -92,8 +92,8 @@ pub struct PlanArgs {
     #[command(flatten)]
     pub step: StepArgs,
 
-    /// Device mesh (default dp=1,fsdp=8,mp=1, or dp=1,fsdp=N,mp=1 over
-    /// --devices).
+    /// Device mesh (default dp=1,fsdp=8,mp=1, on fewer devices when the
+    /// batch's rows do not split over 8; dp=1,fsdp=N,mp=1 over --devices).
     #[arg(long)]
     pub mesh: Option<Mesh>,
 

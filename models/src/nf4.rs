@@ -151,18 +151,73 @@ fn quantize_nf4(values: &[f32]) -> (Vec<u8>, Vec<f32>) {
     let mut codes = Vec::with_capacity(values.len());
     let mut absmax = Vec::with_capacity(values.len().div_ceil(BLOCK_SIZE));
     for block in values.chunks(BLOCK_SIZE) {
-        let m = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let scale = m.max(1e-38);
+        let (scale, stored) = block_scale(block);
         let partial = block.len() < BLOCK_SIZE;
         let inverse = 1.0 / scale;
         codes.extend(block.iter().map(|&x| {
             let s = if partial { x / scale } else { x * inverse };
             code_of(&thresholds, s.clamp(-1.0, 1.0))
         }));
-        // bitsandbytes keeps the floor for a partial block only.
-        absmax.push(if partial { scale } else { m });
+        absmax.push(stored);
     }
     (codes, absmax)
+}
+
+/// A block's scale (its largest magnitude, floored at 1e-38) and the
+/// absmax bitsandbytes stores for it (the floor kept for a partial block
+/// only).
+fn block_scale(block: &[f32]) -> (f32, f32) {
+    let m = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let scale = m.max(1e-38);
+    (scale, if block.len() < BLOCK_SIZE { scale } else { m })
+}
+
+/// A float literal's values in f32 (bf16 and f16 widen exactly).
+fn f32_values(lit: &Literal) -> Vec<f32> {
+    let pairs = || lit.bytes.chunks_exact(2).map(|b| [b[0], b[1]]);
+    match lit.ty.dtype {
+        DType::F32 => lit
+            .bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        DType::BF16 => pairs()
+            .map(|b| half::bf16::from_le_bytes(b).to_f32())
+            .collect(),
+        DType::F16 => pairs()
+            .map(|b| half::f16::from_le_bytes(b).to_f32())
+            .collect(),
+        _ => lit.to_f64s().iter().map(|&v| v as f32).collect(),
+    }
+}
+
+/// Block scales as the compiled steps take them, `f32 [.., rows, cols /
+/// 64]` for a weight of `shape`.
+fn scales_literal(shape: &[usize], scales: &[f32]) -> Literal {
+    let mut dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    if let Some(last) = dims.last_mut() {
+        *last = (*last + BLOCK_SIZE as i64 - 1) / BLOCK_SIZE as i64;
+    }
+    Literal {
+        ty: TensorType::new(DType::F32, dims),
+        bytes: scales.iter().flat_map(|a| a.to_le_bytes()).collect(),
+    }
+}
+
+/// The block scales of the float weight `lit` as [`Nf4Tensor::absmax_literal`]
+/// gives them, without finding every value's code.
+pub fn absmax_of(lit: &Literal, double: bool) -> Literal {
+    let absmax: Vec<f32> = f32_values(lit)
+        .chunks(BLOCK_SIZE)
+        .map(|b| block_scale(b).1)
+        .collect();
+    let absmax = if double {
+        DoubleQuant::new(&absmax, mean(&absmax)).absmax()
+    } else {
+        absmax
+    };
+    let shape: Vec<usize> = lit.ty.dims.iter().map(|&d| d as usize).collect();
+    scales_literal(&shape, &absmax)
 }
 
 /// bitsandbytes' signed dynamic 8-bit map (`create_dynamic_map(signed=True)`):
@@ -307,16 +362,10 @@ impl Nf4Tensor {
 }
 
 impl Nf4Tensor {
-    /// Quantizes an f32 literal (the caller converts other dtypes).
+    /// Quantizes a float literal (f32, or bf16 and f16 widened exactly).
     pub fn from_literal(lit: &Literal, double: bool) -> Nf4Tensor {
-        debug_assert_eq!(lit.ty.dtype, DType::F32);
-        let values: Vec<f32> = lit
-            .bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
         let shape: Vec<usize> = lit.ty.dims.iter().map(|&d| d as usize).collect();
-        Nf4Tensor::quantize(&values, &shape, double)
+        Nf4Tensor::quantize(&f32_values(lit), &shape, double)
     }
 
     /// The codes as the compiled steps take them, `u8 [.., rows, cols / 2]`
@@ -336,18 +385,7 @@ impl Nf4Tensor {
     /// cols / 64]` (doubly quantized ones dequantized, as bitsandbytes does
     /// before it dequantizes the weight).
     pub fn absmax_literal(&self) -> Literal {
-        let mut dims: Vec<i64> = self.shape.iter().map(|&d| d as i64).collect();
-        if let Some(last) = dims.last_mut() {
-            *last = (*last + BLOCK_SIZE as i64 - 1) / BLOCK_SIZE as i64;
-        }
-        Literal {
-            ty: TensorType::new(DType::F32, dims),
-            bytes: self
-                .block_absmax()
-                .iter()
-                .flat_map(|a| a.to_le_bytes())
-                .collect(),
-        }
+        scales_literal(&self.shape, &self.block_absmax())
     }
 }
 
@@ -472,6 +510,22 @@ mod tests {
         assert_eq!((d.codes.len(), d.absmax2.len()), (300, 2));
         for (a, b) in plain.block_absmax().iter().zip(double.block_absmax()) {
             assert!((a - b).abs() < 0.01 * a, "{a} {b}");
+        }
+    }
+
+    #[test]
+    fn scales_alone_and_bf16_weights_give_what_quantizing_gives() {
+        let w = values(3 * 128, 5);
+        let ty = TensorType::new(DType::BF16, [3, 128]);
+        let f64s: Vec<f64> = w.iter().map(|&v| f64::from(v)).collect();
+        let lit = Literal::from_f64s(ty, &f64s);
+        let widened: Vec<f32> = lit.to_f64s().iter().map(|&v| v as f32).collect();
+        for double in [false, true] {
+            let q = Nf4Tensor::from_literal(&lit, double);
+            assert_eq!(q, Nf4Tensor::quantize(&widened, &[3, 128], double));
+            assert_eq!(absmax_of(&lit, double), q.absmax_literal());
+            assert_eq!(q.absmax_literal().ty.dims, vec![3, 2]);
+            assert_eq!(q.codes_literal().ty.dims, vec![3, 64]);
         }
     }
 
