@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use hlo_engine::ir::{DType, Literal, TensorType};
+use hlo_engine::ir::{DType, Literal};
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::checkpoint::Checkpoint;
 use hlo_engine::models::io::{copy_side_files, write_atomic, write_safetensors};
@@ -56,11 +56,8 @@ pub fn run(args: &MergeArgs) -> Result<()> {
                     let dtype = ckpt.dtype(&name).context("checked on open")?;
                     Nf4Tensor::from_literal(&ckpt.read(&name, dtype)?, q.double_quant)
                 };
-                let dims: Vec<i64> = base.shape.iter().map(|&d| d as i64).collect();
-                let values: Vec<f64> = base.dequantize().iter().map(|&v| f64::from(v)).collect();
-                let w = Literal::from_f64s(TensorType::new(DType::F32, dims.clone()), &values);
-                let sum = adapter.merge(&name, &w).to_f64s();
-                Literal::from_f64s(TensorType::new(DType::BF16, dims), &sum)
+                let merged = adapter.merge(&name, &base.dequantized_literal(DType::F32));
+                Literal::from_f64s(merged.ty.with_dtype(DType::BF16), &merged.to_f64s())
             }
             None => {
                 let dtype = ckpt.dtype(&name).context("checked on open")?;

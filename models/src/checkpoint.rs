@@ -365,12 +365,7 @@ impl Checkpoint {
             })?;
         let state = self.nf4_state(name, &shape)?;
         let f32s = |key: String| -> Result<Vec<f32>, ModelError> {
-            let lit = self.read(&key, DType::F32)?;
-            Ok(lit
-                .bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect())
+            Ok(nf4::f32_values(&self.read(&key, DType::F32)?))
         };
         let raw =
             |key: String| -> Result<Vec<u8>, ModelError> { Ok(self.read(&key, DType::U8)?.bytes) };
@@ -395,18 +390,9 @@ impl Checkpoint {
     /// NF4, dequantized).
     pub fn read(&self, name: &str, dtype: DType) -> Result<Literal, ModelError> {
         if dtype != DType::U8 && self.is_prequantized(name) {
-            let q = self.read_nf4(name)?;
-            let values: Vec<f64> = q.dequantize().iter().map(|&v| f64::from(v)).collect();
-            let dims: Vec<i64> = q.shape.iter().map(|&d| d as i64).collect();
-            return Ok(Literal::from_f64s(TensorType::new(dtype, dims), &values));
+            return Ok(self.read_nf4(name)?.dequantized_literal(dtype));
         }
-        let e = self
-            .tensors
-            .get(name)
-            .ok_or_else(|| ModelError::Checkpoint {
-                file: self.dir.display().to_string(),
-                message: format!("tensor `{name}` is missing"),
-            })?;
+        let e = self.entry(name)?;
         let stored = e.tensor.literal(&self.files[e.file].1);
         Ok(if e.tensor.dtype == dtype {
             stored

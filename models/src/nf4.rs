@@ -173,7 +173,7 @@ fn block_scale(block: &[f32]) -> (f32, f32) {
 }
 
 /// A float literal's values in f32 (bf16 and f16 widen exactly).
-fn f32_values(lit: &Literal) -> Vec<f32> {
+pub(crate) fn f32_values(lit: &Literal) -> Vec<f32> {
     let pairs = || lit.bytes.chunks_exact(2).map(|b| [b[0], b[1]]);
     match lit.ty.dtype {
         DType::F32 => lit
@@ -358,6 +358,14 @@ impl Nf4Tensor {
             .enumerate()
             .map(|(i, &c)| NF4_LEVELS[c as usize] * absmax[i / BLOCK_SIZE])
             .collect()
+    }
+
+    /// [`Nf4Tensor::dequantize`] as a literal of the weight's shape in
+    /// `dtype`.
+    pub fn dequantized_literal(&self, dtype: DType) -> Literal {
+        let values: Vec<f64> = self.dequantize().iter().map(|&v| f64::from(v)).collect();
+        let dims: Vec<i64> = self.shape.iter().map(|&d| d as i64).collect();
+        Literal::from_f64s(TensorType::new(dtype, dims), &values)
     }
 }
 
