@@ -17,15 +17,22 @@ STEPS=${STEPS:-12}
 mkdir -p "$OUT"
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-1}
 summary=()
+# Each line also goes to $OUT/summary.txt as soon as it is known, so a run
+# cut off at its time limit still brings back what it measured.
+: >"$OUT/summary.txt"
+note() { summary+=("$1"); printf '%s\n' "$1" >>"$OUT/summary.txt"; }
 F=tests/fixtures/llama
 
+step1() {
 echo "== 1. devices"
 if "$BIN/hlo-train" devices --plugin cuda --json >"$OUT/devices.json"; then
-  summary+=("devices: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["platform"], "API", d["api_version"], len(d["devices"]), "x", d["devices"][0]["kind"])' "$OUT/devices.json")")
+  note "devices: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["platform"], "API", d["api_version"], len(d["devices"]), "x", d["devices"][0]["kind"])' "$OUT/devices.json")"
 else
-  summary+=("devices: FAILED")
+  note "devices: FAILED"
 fi
+}
 
+step2() {
 echo "== 2. correctness: fixture logits (f32) and one SGD step from a PEFT adapter, against HF/PEFT"
 python3 - "$F" <<'PY' >"$OUT/rows.txt"
 import sys, torch
@@ -44,7 +51,7 @@ for m in gqa_llama3 mha_tied head_dim; do
 from safetensors.torch import load_file
 a = load_file('$OUT/$m.safetensors')['logits']; b = load_file('$F/$m/expected.safetensors')['logits_adapter'][0]
 print(f'{(a - b).abs().max().item():.2e}')" 2>&1)
-  summary+=("logits $m + adapter, f32 on GPU vs HF: max abs diff $d")
+  note "logits $m + adapter, f32 on GPU vs HF: max abs diff $d"
 done
 "$BIN/hlo-train" train --plugin cuda --dtype f32 --checkpoint "$F/gqa_llama3" --init-adapter "$F/gqa_llama3/adapter" \
     --data "$OUT/rows.jsonl" --batch 2 --seq 9 --steps 1 --optimizer sgd --lr 0.05 --clip-norm 0 --out "$OUT/step" >/dev/null
@@ -52,8 +59,10 @@ d=$(python3 -c "
 from safetensors.torch import load_file
 ours = load_file('$OUT/step/adapter_model.safetensors'); want = load_file('$F/gqa_llama3/train_step.safetensors')
 print(f'{max((ours[k] - want[\"sgd.\" + k]).abs().max().item() for k in ours):.2e}')" 2>&1)
-summary+=("one SGD step (f32) on GPU vs PyTorch+PEFT: max abs diff of the adapter $d")
+note "one SGD step (f32) on GPU vs PyTorch+PEFT: max abs diff of the adapter $d"
+}
 
+step3() {
 echo "== 3. train step: Llama 3.2 1B shapes, random bf16 weights, LoRA r=16 on all projections, AdamW"
 python3 -c "
 import json, random
@@ -70,50 +79,62 @@ import json, statistics
 rows = [json.loads(l) for l in open('$OUT/1b.jsonl')][2:]
 t = statistics.median(r['step_time_s'] for r in rows)
 print(f'batch $1 x seq $2: median step {t*1e3:.1f} ms, {$1*$2/t:.0f} tokens/s, MFU {statistics.median(r[\"mfu\"] for r in rows)*100:.1f}%')")
-  summary+=("hlo-train 1B LoRA $line")
+  note "hlo-train 1B LoRA $line"
 done
+}
 
+step4() {
 echo "== 4. the peer: PyTorch + PEFT, same shapes, bf16 base, f32 LoRA, AdamW, SDPA attention"
 python3 bench/peft_lora_step.py 1b 8 1024 "$STEPS" | tee "$OUT/torch.txt"
-while read -r l; do summary+=("$l"); done <"$OUT/torch.txt"
+while read -r l; do note "$l"; done <"$OUT/torch.txt"
+}
 
+step5() {
 echo "== 5. hlo-train bench (weights made on the GPU): Llama 3.2 1B and Llama 3.1 8B, bf16, LoRA r=16"
 for spec in "llama3.2-1b 8 1024" "llama3.1-8b 4 1024"; do
   set -- $spec
   if "$BIN/hlo-train" bench --plugin cuda --model "$1" --dtype bf16 --lora-rank 16 --lora-alpha 32 \
       --batch "$2" --seq "$3" --steps 10 --json >"$OUT/bench-$1.json"; then
-    summary+=("hlo-train bench $1 batch $2 x seq $3: $(python3 -c 'import json, sys; v = json.load(open(sys.argv[1])); print("median step %.1f ms, %.0f tokens/s, MFU %.1f%%, compile %.1f s, peak %.1f GiB" % (v["step_time_s"] * 1e3, v["tokens_per_s"], v["mfu"] * 100, v["compile_s"], v["peak_bytes"] / 2**30))' "$OUT/bench-$1.json")")
+    note "hlo-train bench $1 batch $2 x seq $3: $(python3 -c 'import json, sys; v = json.load(open(sys.argv[1])); print("median step %.1f ms, %.0f tokens/s, MFU %.1f%%, compile %.1f s, peak %.1f GiB" % (v["step_time_s"] * 1e3, v["tokens_per_s"], v["mfu"] * 100, v["compile_s"], v["peak_bytes"] / 2**30))' "$OUT/bench-$1.json")"
   else
-    summary+=("hlo-train bench $1: FAILED")
+    note "hlo-train bench $1: FAILED"
   fi
 done
+}
 
+step6() {
 echo "== 6. the peer for 8B: PyTorch + PEFT, Llama 3.1 8B shapes, batch 4 x seq 1024"
 python3 bench/peft_lora_step.py 8b 4 1024 "$STEPS" | tee "$OUT/torch8b.txt"
-while read -r l; do summary+=("$l"); done <"$OUT/torch8b.txt"
+while read -r l; do note "$l"; done <"$OUT/torch8b.txt"
+}
 
+step7() {
 echo "== 7. long context (issue 22): Llama 3.1 8B LoRA r=16, batch 1, blockwise attention and chunked loss (auto), against PyTorch+PEFT with SDPA (flash) attention"
-for seq in 4096 16384; do
+for seq in ${LONG_SEQS:-4096 16384}; do
   if "$BIN/hlo-train" bench --plugin cuda --model llama3.1-8b --dtype bf16 --lora-rank 16 --lora-alpha 32 \
       --batch 1 --seq "$seq" --steps 10 --json >"$OUT/bench-8b-$seq.json"; then
-    summary+=("hlo-train bench llama3.1-8b batch 1 x seq $seq: $(python3 -c 'import json, sys; v = json.load(open(sys.argv[1])); print("%s, median step %.1f ms, %.0f tokens/s, MFU %.1f%%, peak %.1f GiB" % (v["attention"], v["step_time_s"] * 1e3, v["tokens_per_s"], v["mfu"] * 100, v["peak_bytes"] / 2**30))' "$OUT/bench-8b-$seq.json")")
+    note "hlo-train bench llama3.1-8b batch 1 x seq $seq: $(python3 -c 'import json, sys; v = json.load(open(sys.argv[1])); print("%s, median step %.1f ms, %.0f tokens/s, MFU %.1f%%, peak %.1f GiB" % (v["attention"], v["step_time_s"] * 1e3, v["tokens_per_s"], v["mfu"] * 100, v["peak_bytes"] / 2**30))' "$OUT/bench-8b-$seq.json")"
   else
-    summary+=("hlo-train bench llama3.1-8b seq $seq: FAILED")
+    note "hlo-train bench llama3.1-8b seq $seq: FAILED"
   fi
-  # The naive form where it still fits, for the comparison.
-  if "$BIN/hlo-train" bench --plugin cuda --model llama3.1-8b --dtype bf16 --lora-rank 16 --lora-alpha 32 \
+  # The naive form where it still fits (NAIVE_SEQS), for the comparison.
+  if [[ " ${NAIVE_SEQS:-4096} " != *" $seq "* ]]; then
+    :
+  elif "$BIN/hlo-train" bench --plugin cuda --model llama3.1-8b --dtype bf16 --lora-rank 16 --lora-alpha 32 \
       --batch 1 --seq "$seq" --steps 10 --attention naive --json >"$OUT/bench-8b-naive-$seq.json"; then
-    summary+=("  same, --attention naive: $(python3 -c 'import json, sys; v = json.load(open(sys.argv[1])); print("median step %.1f ms, MFU %.1f%%, peak %.1f GiB" % (v["step_time_s"] * 1e3, v["mfu"] * 100, v["peak_bytes"] / 2**30))' "$OUT/bench-8b-naive-$seq.json")")
+    note "  same, --attention naive: $(python3 -c 'import json, sys; v = json.load(open(sys.argv[1])); print("median step %.1f ms, MFU %.1f%%, peak %.1f GiB" % (v["step_time_s"] * 1e3, v["mfu"] * 100, v["peak_bytes"] / 2**30))' "$OUT/bench-8b-naive-$seq.json")"
   else
-    summary+=("  same, --attention naive: FAILED (out of memory is expected at 16384)")
+    note "  same, --attention naive: FAILED (out of memory is expected at 16384)"
   fi
   python3 bench/peft_lora_step.py 8b 1 "$seq" "$STEPS" | tee "$OUT/torch8b-$seq.txt"
-  while read -r l; do summary+=("$l"); done <"$OUT/torch8b-$seq.txt"
+  while read -r l; do note "$l"; done <"$OUT/torch8b-$seq.txt"
 done
 # cuDNN fused attention (XLA's custom call) is not built yet: the CUDA
 # plugin runs the blockwise form like every other plugin (README, "Long
 # context").
+}
 
+step8() {
 echo "== 8. several processes (issue 24): two processes on this GPU meet through our key-value store; the CUDA plugin exchanges its topology over our callbacks"
 # Both processes drive the one GPU (no LOCAL_RANK), so each should list 2
 # global devices, 1 of them addressable. The plugin preallocates GPU memory
@@ -126,10 +147,59 @@ done
 wait
 for k in 0 1; do
   if [ -s "$OUT/devices-p$k.json" ]; then
-    summary+=("process $k of 2 on one GPU: $(python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print("process_index", d["process_index"], "of", d["num_processes"], "|", len(d["devices"]), "devices,", sum(x["addressable"] for x in d["devices"]), "addressable, ids", [x["id"] for x in d["devices"]])' "$OUT/devices-p$k.json")")
+    note "process $k of 2 on one GPU: $(python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print("process_index", d["process_index"], "of", d["num_processes"], "|", len(d["devices"]), "devices,", sum(x["addressable"] for x in d["devices"]), "addressable, ids", [x["id"] for x in d["devices"]])' "$OUT/devices-p$k.json")"
   else
-    summary+=("process $k of 2 on one GPU: FAILED: $(tail -c 300 "$OUT/devices-p$k.err")")
+    note "process $k of 2 on one GPU: FAILED: $(tail -c 300 "$OUT/devices-p$k.err")"
   fi
+done
+}
+
+healthy() {
+  python3 -c 'import sys, urllib.request; urllib.request.urlopen("http://127.0.0.1:%s/health" % sys.argv[1], timeout=2)' "$1" 2>/dev/null
+}
+
+step9() {
+echo "== 9. serve: Llama 3.2 1B shapes (random bf16 weights), 32 slots, 8 rank-8 adapters; streamed greedy completions through the openai client"
+# The openai client is not on such a machine: carry its wheels in .whl
+# (the device tool's README says how) and install them into /tmp/site.
+if ! python3 -c 'import openai' 2>/dev/null; then
+  [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 bench/serve_load.py make-adapters --config bench/configs/llama-1b.json --count 8 --rank 8 \
+    --targets q_proj,k_proj,v_proj,o_proj --out "$OUT/adapters" >/dev/null
+local port=$((20000 + RANDOM % 20000)) adapters=() k
+for k in 0 1 2 3 4 5 6 7; do adapters+=(--adapter "a$k=$OUT/adapters/a000$k"); done
+"$BIN/hlo-train" serve --plugin cuda --model llama3.2-1b --dtype bf16 --served-model-name base \
+    --max-batch-size 32 --max-model-len 512 --max-lora-rank 8 --max-loras 8 --port "$port" \
+    "${adapters[@]}" >"$OUT/serve.log" 2>&1 &
+local pid=$!
+for k in $(seq 1 240); do
+  healthy "$port" && break
+  kill -0 $pid 2>/dev/null || break
+  sleep 1
+done
+if ! healthy "$port"; then
+  note "serve 1B: FAILED to start: $(tail -c 300 "$OUT/serve.log")"
+  return
+fi
+note "serve 1B: ready ${k} s after start (weights made on the host, programs compiled)"
+for models in base a0 a0,a1,a2,a3,a4,a5,a6,a7; do
+  python3 bench/serve_load.py run --url "http://127.0.0.1:$port" --models "$models" \
+      --concurrency "${SERVE_CONCURRENCY:-1,16,32}" --requests 16 --prompt-len 32 --max-tokens 64 \
+      --vocab 128000 >"$OUT/serve-$models.jsonl" 2>>"$OUT/serve.log"
+  while read -r l; do
+    note "serve 1B models=$models: $(python3 -c 'import json, sys; r = json.loads(sys.argv[1]); print("c=%s %.1f tok/s, %s errors, TTFT p50 %s ms, ITL p50/p99 %s/%s ms" % (r.get("concurrency"), r.get("output_tokens_per_s", 0), r.get("errors"), r.get("ttft_p50_ms"), r.get("itl_p50_ms"), r.get("itl_p99_ms")))' "$l")"
+  done <"$OUT/serve-$models.jsonl"
+done
+kill -TERM $pid; wait $pid
+note "serve 1B: SIGTERM exit code $?"
+}
+
+# STEPS_TO_RUN: which steps, in which order (GPU time is scarce: the most
+# wanted first, so a run cut off at its limit loses the least).
+for n in ${STEPS_TO_RUN:-1 2 3 4 5 6 7 8 9}; do
+  "step$n"
 done
 
 echo

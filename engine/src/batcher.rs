@@ -62,6 +62,11 @@ pub struct BatcherOptions {
     /// the two at each size, BENCHMARKS.md).
     pub select: Option<LoraSelect>,
     pub dtype: DType,
+    /// Test hook: a request whose prompt holds this token makes the
+    /// scheduling thread panic, so tests can see what a server does when
+    /// its batcher dies (`hlo-train serve` reads it from
+    /// `HLO_TRAIN_TEST_FAIL_ON_TOKEN`). None in service.
+    pub fail_on_token: Option<u32>,
 }
 
 /// One completion to generate.
@@ -104,8 +109,12 @@ pub enum SubmitError {
     ShuttingDown,
     #[error("adapter `{0}` is not loaded")]
     UnknownAdapter(String),
-    #[error("{0}")]
-    Invalid(String),
+    /// A field of the request is out of range; the field's name and why.
+    #[error("{1}")]
+    Invalid(&'static str, String),
+    /// The scheduling thread died: the server is not ready.
+    #[error("the batcher failed ({0}); the server must be restarted")]
+    Failed(String),
 }
 
 /// Counters of a running batcher (read by `/metrics`).
@@ -129,12 +138,22 @@ pub struct BatcherStats {
     pub cancelled: AtomicU64,
 }
 
-/// A registered adapter: where it is read from, and an id that changes
-/// when the name is registered again.
+/// A registered adapter: where it is read from, an id that changes when
+/// the name is registered again, and the base model it declares.
 #[derive(Clone, Debug)]
 struct Registered {
     id: u64,
     path: PathBuf,
+    declared_base: Option<String>,
+}
+
+/// A registered adapter as `/v1/models` shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdapterInfo {
+    pub name: String,
+    pub path: PathBuf,
+    /// Its `base_model_name_or_path`, when it names one.
+    pub declared_base: Option<String>,
 }
 
 /// What the handle and the batcher thread share.
@@ -145,6 +164,10 @@ struct Shared {
     registry: Mutex<HashMap<String, Registered>>,
     host: Mutex<Lru<u64, Arc<Adapter>>>,
     next_id: AtomicU64,
+    /// The names the served model answers to, for adapters' declared bases.
+    base_names: Vec<String>,
+    /// Why the scheduling thread died, once it has.
+    failure: Mutex<Option<String>>,
 }
 
 impl Shared {
@@ -187,6 +210,13 @@ impl Shared {
         let a = Arc::new(self.parse(&r.path)?);
         self.host().insert(r.id, a.clone());
         Ok(a)
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn host(&self) -> std::sync::MutexGuard<'_, Lru<u64, Arc<Adapter>>> {
@@ -245,29 +275,10 @@ impl BatcherHandle {
         request: GenerationRequest,
     ) -> Result<UnboundedReceiver<Event>, SubmitError> {
         let s = &self.shared;
-        let len = request.prompt.len() as i64;
-        if request.prompt.is_empty() {
-            return Err(SubmitError::Invalid("the prompt is empty".into()));
+        if let Some(why) = s.failure() {
+            return Err(SubmitError::Failed(why));
         }
-        if let Some(&bad) = request
-            .prompt
-            .iter()
-            .find(|&&t| t as i64 >= s.config.vocab_size)
-        {
-            return Err(SubmitError::Invalid(format!(
-                "token id {bad} is outside the vocabulary (size {})",
-                s.config.vocab_size
-            )));
-        }
-        if request.max_tokens == 0 {
-            return Err(SubmitError::Invalid("max_tokens must be at least 1".into()));
-        }
-        if len + request.max_tokens as i64 > s.options.max_model_len {
-            return Err(SubmitError::Invalid(format!(
-                "the prompt ({len} tokens) plus max_tokens ({}) exceed the maximum model length {}",
-                request.max_tokens, s.options.max_model_len
-            )));
-        }
+        check_request(&request, &s.config, s.options.max_model_len)?;
         let adapter = match &request.adapter {
             None => None,
             Some(name) => Some(
@@ -298,10 +309,12 @@ impl BatcherHandle {
     }
 
     /// Registers adapter `name` from the PEFT folder `path`, after reading
-    /// and checking it (same base shapes, rank at most `max_lora_rank`,
-    /// nothing that replaces base weights). A name already registered is
-    /// refused.
-    pub fn load_adapter(&self, name: &str, path: &Path) -> Result<()> {
+    /// and checking it (same base shapes, floating finite weights, rank at
+    /// most `max_lora_rank`, nothing that replaces base weights, and a
+    /// declared base of the served architecture where that base's config
+    /// can be read here). A name already registered is refused. Returns
+    /// the base the adapter declares, if any.
+    pub fn load_adapter(&self, name: &str, path: &Path) -> Result<Option<String>> {
         let s = &self.shared;
         if s.registry().contains_key(name) {
             return Err(EngineError::Setting(format!(
@@ -309,6 +322,10 @@ impl BatcherHandle {
             )));
         }
         let adapter = Arc::new(s.parse(path)?);
+        let declared_base = Adapter::declared_base(path);
+        if let Some(base) = &declared_base {
+            check_declared_base(path, base, &s.base_names, &s.config)?;
+        }
         let id = s.next_id.fetch_add(1, Ordering::SeqCst);
         let mut registry = s.registry();
         if registry.contains_key(name) {
@@ -321,10 +338,11 @@ impl BatcherHandle {
             Registered {
                 id,
                 path: path.to_path_buf(),
+                declared_base: declared_base.clone(),
             },
         );
         s.host().insert(id, adapter);
-        Ok(())
+        Ok(declared_base)
     }
 
     /// Forgets adapter `name`; requests already running with it finish.
@@ -344,8 +362,30 @@ impl BatcherHandle {
         names
     }
 
+    /// The registered adapters with where they came from, sorted by name.
+    pub fn adapter_infos(&self) -> Vec<AdapterInfo> {
+        let mut out: Vec<AdapterInfo> = self
+            .shared
+            .registry()
+            .iter()
+            .map(|(name, r)| AdapterInfo {
+                name: name.clone(),
+                path: r.path.clone(),
+                declared_base: r.declared_base.clone(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
     pub fn stats(&self) -> &BatcherStats {
         &self.shared.stats
+    }
+
+    /// Why the scheduling thread died, if it has: every request it held
+    /// was failed, and new ones are refused ([`SubmitError::Failed`]).
+    pub fn failure(&self) -> Option<String> {
+        self.shared.failure()
     }
 
     pub fn options(&self) -> &BatcherOptions {
@@ -445,6 +485,8 @@ impl Batcher {
             registry: Mutex::new(HashMap::new()),
             host: Mutex::new(Lru::new(options.max_cpu_loras.max(1))),
             next_id: AtomicU64::new(1),
+            base_names: base_names(&model),
+            failure: Mutex::new(None),
         });
         let (commands, rx) = mpsc::channel();
         let handle = BatcherHandle {
@@ -462,7 +504,17 @@ impl Batcher {
                 move || match Batcher::new(backend, &model, shared, rx, seed) {
                     Ok(mut b) => {
                         let _ = ready_tx.send(Ok(()));
-                        b.run();
+                        // A failure (or a bug's panic) must not leave a
+                        // server whose requests hang: every request held
+                        // is failed, and the handle reports the failure.
+                        let why = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                            || b.run(),
+                        )) {
+                            Ok(Ok(())) => return,
+                            Ok(Err(e)) => e.to_string(),
+                            Err(panic) => panic_message(panic.as_ref()),
+                        };
+                        b.die(&why);
                     }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -591,30 +643,60 @@ impl Batcher {
     }
 
     /// The loop: take commands, admit waiting requests, decode one step.
-    fn run(&mut self) {
+    /// An error here is the devices' (a program that failed, its donated
+    /// state lost): it ends the loop, see [`Batcher::die`].
+    fn run(&mut self) -> Result<()> {
         loop {
             let busy = self.slots.iter().any(Option::is_some) || !self.waiting.is_empty();
             if !busy {
                 if self.draining {
-                    return;
+                    return Ok(());
                 }
                 match self.commands.recv() {
                     Ok(c) => self.command(c),
-                    Err(_) => return,
+                    Err(_) => return Ok(()),
                 }
             }
             while let Ok(c) = self.commands.try_recv() {
                 self.command(c);
             }
             self.drop_cancelled();
-            self.admit();
+            self.admit()?;
             if self.slots.iter().any(Option::is_some) {
-                if let Err(e) = self.decode_step() {
-                    self.fail_all(&e.to_string());
-                }
+                self.decode_step()?;
             }
             self.publish();
         }
+    }
+
+    /// After the loop failed with `why`: records it (the handle refuses
+    /// new requests and `/health` turns 503), fails every running and
+    /// waiting request, and then every request still sent before the
+    /// handles saw the failure.
+    fn die(&mut self, why: &str) {
+        *self
+            .shared
+            .failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(why.to_string());
+        let message = format!("the batcher failed: {why}");
+        for slot in &mut self.slots {
+            if let Some(a) = slot.take() {
+                let _ = a.events.send(Event::Failed(message.clone()));
+            }
+        }
+        let stats = &self.shared.stats;
+        for p in self.waiting.drain(..) {
+            stats.queued.fetch_sub(1, Ordering::SeqCst);
+            let _ = p.events.send(Event::Failed(message.clone()));
+        }
+        while let Ok(c) = self.commands.try_recv() {
+            if let Command::Submit(p) = c {
+                stats.queued.fetch_sub(1, Ordering::SeqCst);
+                let _ = p.events.send(Event::Failed(message.clone()));
+            }
+        }
+        self.publish();
     }
 
     fn command(&mut self, c: Command) {
@@ -658,14 +740,6 @@ impl Batcher {
         stats.cancelled.fetch_add(gone as u64, Ordering::Relaxed);
     }
 
-    fn fail_all(&mut self, message: &str) {
-        for slot in &mut self.slots {
-            if let Some(a) = slot.take() {
-                let _ = a.events.send(Event::Failed(message.to_string()));
-            }
-        }
-    }
-
     /// Entries held by running requests.
     fn held(&self) -> Vec<bool> {
         let mut held = vec![false; self.entries.len()];
@@ -700,9 +774,10 @@ impl Batcher {
             .map(|(k, _)| (k + 1, true))
     }
 
-    /// Writes `adapter` into table entry `entry` (1-based).
-    fn load_entry(&mut self, entry: usize, adapter: &Registered) -> Result<()> {
-        let parsed = self.shared.adapter(adapter)?;
+    /// Writes `adapter` (read as `parsed`) into table entry `entry`
+    /// (1-based), every part of the entry: what the entry held before
+    /// leaves no trace.
+    fn load_entry(&mut self, entry: usize, adapter: &Registered, parsed: &Adapter) -> Result<()> {
         let config = &self.shared.config;
         let r = self.tables_shape.max_rank;
         let mut inputs: Vec<DeviceArray> = Vec::new();
@@ -753,40 +828,57 @@ impl Batcher {
         Ok(())
     }
 
-    /// Moves waiting requests into free slots, prefilling each.
-    fn admit(&mut self) {
+    /// Moves waiting requests into free slots, prefilling each. A request
+    /// whose adapter can no longer be read fails alone; a device error is
+    /// returned.
+    fn admit(&mut self) -> Result<()> {
         while let Some(slot) = self.slots.iter().position(Option::is_none) {
             // The first waiting request whose adapter can be placed now.
             let Some(k) = self.waiting.iter().position(|p| match &p.adapter {
                 None => true,
                 Some(a) => self.entry_for(a).is_some(),
             }) else {
-                return;
+                return Ok(());
             };
+            if let Some(t) = self.shared.options.fail_on_token {
+                if self.waiting[k].request.prompt.contains(&t) {
+                    panic!("test hook: a prompt holds token {t} (HLO_TRAIN_TEST_FAIL_ON_TOKEN)");
+                }
+            }
             let Some(p) = self.waiting.remove(k) else {
-                return;
+                return Ok(());
             };
             self.shared.stats.queued.fetch_sub(1, Ordering::SeqCst);
-            if let Err(e) = self.start(slot, &p) {
-                let _ = p.events.send(Event::Failed(e.to_string()));
-            }
+            // Read from the host before anything runs on the devices: a
+            // file gone since it was registered fails this request only.
+            let parsed = match &p.adapter {
+                None => None,
+                Some(a) => match self.shared.adapter(a) {
+                    Ok(parsed) => Some(parsed),
+                    Err(e) => {
+                        let _ = p.events.send(Event::Failed(e.to_string()));
+                        continue;
+                    }
+                },
+            };
+            self.start(slot, &p, parsed.as_deref())?;
         }
+        Ok(())
     }
 
-    /// Places `p`'s adapter, prefills its prompt into `slot` and sends its
-    /// first token.
-    fn start(&mut self, slot: usize, p: &Pending) -> Result<()> {
+    /// Places `p`'s adapter (`parsed`), prefills its prompt into `slot`
+    /// and sends its first token.
+    fn start(&mut self, slot: usize, p: &Pending, parsed: Option<&Adapter>) -> Result<()> {
         let shared = self.shared.clone();
         let stats = &shared.stats;
-        let entry = match &p.adapter {
-            None => 0,
-            Some(a) => {
+        let entry = match (&p.adapter, parsed) {
+            (Some(a), Some(parsed)) => {
                 let (entry, load) = self
                     .entry_for(a)
                     .ok_or_else(|| EngineError::Setting("no adapter entry is free".into()))?;
                 if load {
                     stats.adapter_misses.fetch_add(1, Ordering::Relaxed);
-                    self.load_entry(entry, a)?;
+                    self.load_entry(entry, a, parsed)?;
                 } else {
                     stats.adapter_hits.fetch_add(1, Ordering::Relaxed);
                 }
@@ -796,6 +888,7 @@ impl Batcher {
                 }
                 entry
             }
+            _ => 0,
         };
         let r = &p.request;
         let len = r.prompt.len();
@@ -812,10 +905,7 @@ impl Batcher {
             place(HostArray::scalar(slot as i32))?,
             place(HostArray::new(&[1], &[entry as i32])?)?,
             place(HostArray::new(&[1], &[r.sampling.temperature() as f32])?)?,
-            place(HostArray::new(
-                &[1],
-                &[r.sampling.top_k.unwrap_or(0) as i32],
-            )?)?,
+            place(HostArray::new(&[1], &[self.top_k(&r.sampling)])?)?,
             place(HostArray::new(
                 &[1],
                 &[r.sampling.top_p.unwrap_or(1.0) as f32],
@@ -832,7 +922,9 @@ impl Batcher {
         self.caches = out.split_off(1);
         let next: Vec<i32> = out[0].gather()?.to_vec()?;
         stats.prefills.fetch_add(1, Ordering::Relaxed);
-        let token = next[0] as u32;
+        let Some(token) = Self::token(self.shared.config.vocab_size, next[0], &p.events) else {
+            return Ok(());
+        };
         let mut active = Active {
             request: p.request.clone(),
             events: p.events.clone(),
@@ -846,6 +938,30 @@ impl Batcher {
             self.slots[slot] = Some(active);
         }
         Ok(())
+    }
+
+    /// The sampler's top-k for a request: 0 (all) or at most the
+    /// vocabulary, which fits the program's i32.
+    fn top_k(&self, sampling: &Sampling) -> i32 {
+        let vocab = self.shared.config.vocab_size;
+        sampling.top_k.map_or(0, |k| {
+            i32::try_from(i64::from(k).min(vocab)).unwrap_or(i32::MAX)
+        })
+    }
+
+    /// The token a program gave a request, or None after telling the
+    /// request that its logits were not finite (the programs' -1, or any
+    /// id outside the `vocab`).
+    fn token(vocab: i64, next: i32, events: &UnboundedSender<Event>) -> Option<u32> {
+        match u32::try_from(next) {
+            Ok(t) if i64::from(t) < vocab => Some(t),
+            _ => {
+                let _ = events.send(Event::Failed(
+                    "this request's logits are NaN or infinite (its adapter or prompt overflows); no token was sampled".into(),
+                ));
+                None
+            }
+        }
     }
 
     /// Sends `token`; true when the request is finished (and told so).
@@ -881,7 +997,9 @@ impl Batcher {
             .into_iter()
             .find(|&r| r > last)
             .unwrap_or(self.slots.len() as i64) as usize;
-        let (mut ids, mut pos, mut entry) = (vec![0i32; n], vec![0i32; n], vec![0i32; n]);
+        // A free row writes nothing: its position is past the cache.
+        let free = i32::try_from(self.shared.options.max_model_len).unwrap_or(i32::MAX);
+        let (mut ids, mut pos, mut entry) = (vec![0i32; n], vec![free; n], vec![0i32; n]);
         let (mut temp, mut top_k, mut top_p, mut seed) =
             (vec![0f32; n], vec![0i32; n], vec![1f32; n], vec![0u32; n]);
         for (k, a) in self.slots.iter().take(n).enumerate() {
@@ -890,7 +1008,7 @@ impl Batcher {
                 pos[k] = a.position as i32;
                 entry[k] = a.entry as i32;
                 temp[k] = a.request.sampling.temperature() as f32;
-                top_k[k] = a.request.sampling.top_k.unwrap_or(0) as i32;
+                top_k[k] = self.top_k(&a.request.sampling);
                 top_p[k] = a.request.sampling.top_p.unwrap_or(1.0) as f32;
                 seed[k] = a.seed;
             }
@@ -917,16 +1035,180 @@ impl Batcher {
             .stats
             .decode_steps
             .fetch_add(1, Ordering::Relaxed);
-        for (k, slot) in self.slots.iter_mut().take(n).enumerate() {
-            if let Some(a) = slot {
-                a.position += 1;
-                if Self::emit(a, next[k] as u32) {
-                    *slot = None;
+        let vocab = self.shared.config.vocab_size;
+        for (slot, &next) in self.slots.iter_mut().zip(&next) {
+            let Some(a) = slot else { continue };
+            let finished = match Self::token(vocab, next, &a.events) {
+                None => true,
+                Some(t) => {
+                    a.position += 1;
+                    Self::emit(a, t)
                 }
+            };
+            if finished {
+                *slot = None;
             }
         }
         Ok(())
     }
+}
+
+/// Checks a request against the model and the cache in exact arithmetic:
+/// a prompt of known tokens that leaves room for at least one generated
+/// token, and `max_tokens` that fits what is left.
+fn check_request(
+    request: &GenerationRequest,
+    config: &ModelConfig,
+    max_model_len: i64,
+) -> Result<(), SubmitError> {
+    let len = request.prompt.len();
+    if len == 0 {
+        return Err(SubmitError::Invalid("prompt", "the prompt is empty".into()));
+    }
+    if let Some(&bad) = request
+        .prompt
+        .iter()
+        .find(|&&t| i64::from(t) >= config.vocab_size)
+    {
+        return Err(SubmitError::Invalid(
+            "prompt",
+            format!(
+                "token id {bad} is outside the vocabulary (size {})",
+                config.vocab_size
+            ),
+        ));
+    }
+    let max_len = usize::try_from(max_model_len).unwrap_or(usize::MAX);
+    if len >= max_len {
+        return Err(SubmitError::Invalid(
+            "prompt",
+            format!(
+                "the prompt has {len} tokens; this model's maximum context length is {max_len}, which must also hold at least one generated token"
+            ),
+        ));
+    }
+    if request.max_tokens == 0 {
+        return Err(SubmitError::Invalid(
+            "max_tokens",
+            "max_tokens must be at least 1".into(),
+        ));
+    }
+    if len
+        .checked_add(request.max_tokens)
+        .is_none_or(|total| total > max_len)
+    {
+        return Err(SubmitError::Invalid(
+            "max_tokens",
+            format!(
+                "this model's maximum context length is {max_len} tokens; the prompt has {len} and max_tokens is {}: at most {} can be generated",
+                request.max_tokens,
+                max_len - len
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The names a served model answers to, as an adapter's
+/// `base_model_name_or_path` may give them: how the user named it, its
+/// folder (resolved), and the hub id of a hub cache snapshot
+/// (`.../models--ORG--NAME/snapshots/REV`).
+fn base_names(model: &Model) -> Vec<String> {
+    let mut names = vec![model.name.clone()];
+    if let Some(c) = &model.checkpoint {
+        let dir = std::fs::canonicalize(&c.dir).unwrap_or_else(|_| c.dir.clone());
+        names.push(dir.display().to_string());
+        let parts: Vec<String> = dir
+            .components()
+            .map(|p| p.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        if let [.., repo, snapshots, _] = parts.as_slice() {
+            if let (Some(id), "snapshots") = (repo.strip_prefix("models--"), snapshots.as_str()) {
+                names.push(id.replacen("--", "/", 1));
+            }
+        }
+    }
+    names
+}
+
+/// Refuses an adapter (`dir`) whose declared base is not the served model
+/// (`served`, `config`) when that base's `config.json` can be read here
+/// (a folder, or a hub id in the local cache: nothing is downloaded) and
+/// describes another architecture or other shapes. A base that cannot be
+/// read is accepted: its shapes were checked against the served model's.
+fn check_declared_base(
+    dir: &Path,
+    declared: &str,
+    served: &[String],
+    config: &ModelConfig,
+) -> Result<()> {
+    let same_path =
+        |p: &Path| std::fs::canonicalize(p).is_ok_and(|p| served.iter().any(|s| Path::new(s) == p));
+    if served.iter().any(|s| s == declared) || same_path(Path::new(declared)) {
+        return Ok(());
+    }
+    let env = crate::hub::HubEnv {
+        offline: true,
+        ..crate::hub::HubEnv::from_env()
+    };
+    let Ok(folder) =
+        crate::hub::resolve_with(Path::new(declared), crate::hub::HubFiles::Model, &env)
+    else {
+        return Ok(());
+    };
+    let file = folder.join("config.json");
+    if !file.is_file() || same_path(&folder) {
+        return Ok(());
+    }
+    let refuse = |why: String| {
+        EngineError::Setting(format!(
+            "adapter {}: it was trained for {declared}, {why}; it would compute something else on the served model",
+            dir.display()
+        ))
+    };
+    let theirs = ModelConfig::from_file(&file).map_err(|e| {
+        refuse(format!(
+            "whose config.json is not a served architecture ({e})"
+        ))
+    })?;
+    let shape = |c: &ModelConfig| {
+        (
+            c.family.model_type(),
+            [
+                c.vocab_size,
+                c.hidden_size,
+                c.intermediate_size,
+                c.num_hidden_layers,
+                c.num_attention_heads,
+                c.num_key_value_heads,
+                c.head_dim,
+            ],
+        )
+    };
+    let (ours, base) = (shape(config), shape(&theirs));
+    if ours.0 != base.0 {
+        return Err(refuse(format!(
+            "a {} model, and the served model is {}",
+            base.0, ours.0
+        )));
+    }
+    if ours.1 != base.1 {
+        return Err(refuse(format!(
+            "whose shapes (vocabulary, hidden, intermediate, layers, heads, key/value heads, head size) are {:?}, the served model's {:?}",
+            base.1, ours.1
+        )));
+    }
+    Ok(())
+}
+
+/// What a panic said, for the failure it causes.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into());
+    format!("the scheduling thread panicked: {text}")
 }
 
 /// A request's 64-bit seed as the sampler's 32-bit one.

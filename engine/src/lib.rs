@@ -54,8 +54,8 @@ pub mod trainer;
 
 pub use backend::{Backend, BackendOptions};
 pub use batcher::{
-    Batcher, BatcherHandle, BatcherOptions, BatcherStats, Event, FinishReason, GenerationRequest,
-    SubmitError,
+    AdapterInfo, Batcher, BatcherHandle, BatcherOptions, BatcherStats, Event, FinishReason,
+    GenerationRequest, SubmitError,
 };
 pub use dataset::{DataSpec, Dataset};
 pub use error::{EngineError, Result};

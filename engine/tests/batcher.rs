@@ -53,6 +53,7 @@ fn options(slots: usize, loras: usize, select: LoraSelect) -> BatcherOptions {
         max_queue: 64,
         select: Some(select),
         dtype: DType::F32,
+        fail_on_token: None,
     }
 }
 

@@ -166,6 +166,10 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             LoraSelectArg::OneHot => Some(LoraSelect::OneHot),
         },
         dtype: args.dtype.dtype(args.plugin.is_cpu()),
+        fail_on_token: match std::env::var("HLO_TRAIN_TEST_FAIL_ON_TOKEN") {
+            Ok(t) => Some(t.parse().context("HLO_TRAIN_TEST_FAIL_ON_TOKEN")?),
+            Err(_) => None,
+        },
     };
     let backend = args.plugin.backend(args.mesh.as_ref());
     let batcher = Batcher::spawn(backend, model, options, &args.adapter, args.seed)

@@ -160,6 +160,10 @@ fn random_adapter(dir: &Path, config: &ModelConfig, rank: i64, targets: &[&str],
     a.save(dir, None).unwrap();
 }
 
+fn gqa_config() -> ModelConfig {
+    ModelConfig::from_file(&gqa().join("config.json")).unwrap()
+}
+
 fn generate_ids(adapter: Option<&Path>, prompt: &str, n: usize) -> Vec<u64> {
     greedy_ids(&gqa(), adapter, prompt, n, &[])
 }
@@ -446,6 +450,38 @@ fn bad_input_gets_its_status_and_the_server_keeps_answering() {
             r#"{"model": "nope", "prompt": [1]}"#.into(),
             404,
         ),
+        // Numbers past what the server computes with: refused by name,
+        // never wrapped or cut.
+        (
+            "max_tokens i64::MAX",
+            format!(r#"{{"prompt": [1, 2], "max_tokens": {}}}"#, i64::MAX),
+            400,
+        ),
+        (
+            "max_tokens past u64",
+            r#"{"prompt": [1, 2], "max_tokens": 18446744073709551616}"#.into(),
+            400,
+        ),
+        (
+            "top_k 2^32 + 1",
+            r#"{"prompt": [1, 2], "top_k": 4294967297}"#.into(),
+            400,
+        ),
+        (
+            "temperature past f32",
+            r#"{"prompt": [1, 2], "temperature": 1e300}"#.into(),
+            400,
+        ),
+        (
+            "seventeen stop strings",
+            format!(r#"{{"prompt": [1, 2], "stop": {:?}}}"#, vec!["x"; 17]),
+            400,
+        ),
+        (
+            "a 2 kB stop string",
+            format!(r#"{{"prompt": [1, 2], "stop": "{}"}}"#, "y".repeat(2048)),
+            400,
+        ),
     ];
     for (what, body, status) in &cases {
         let auth = *what != "no key";
@@ -482,9 +518,18 @@ fn bad_input_gets_its_status_and_the_server_keeps_answering() {
     let other_base = dir.join("other_base");
     let tiny = ModelConfig::preset("tiny").unwrap();
     random_adapter(&other_base, &tiny, 2, &["q_proj"], 1);
+    // NaN in one weight of an otherwise good adapter.
+    let nan = dir.join("nan");
+    let mut a = Adapter::load(&gqa().join("adapter"), &gqa_config()).unwrap();
+    let (_, t) = &mut a.tensors[0];
+    let mut v = t.to_f64s();
+    v[3] = f64::NAN;
+    *t = Literal::from_f64s(t.ty.clone(), &v);
+    a.save(&nan, None).unwrap();
     for (what, path) in [
         ("missing", dir.join("missing")),
         ("corrupt", corrupt),
+        ("NaN weights", nan),
         ("rank above --max-lora-rank", gqa().join("variant_patterns")),
         ("another base model", other_base),
         ("modules_to_save", gqa().join("variant_lm_head")),
@@ -638,4 +683,114 @@ fn each_family_is_served_as_hf_generates() {
         });
         assert_eq!(answers.len(), 2);
     }
+}
+
+#[test]
+fn a_chat_longer_than_the_context_is_400_and_the_next_request_is_served() {
+    // Without max_tokens a chat reply may take the rest of the context;
+    // a conversation that leaves none once panicked the batcher.
+    let template = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/chat/llama_style");
+    let server = Server::start(&[
+        "--model",
+        "tiny",
+        "--max-model-len",
+        "256",
+        "--chat-template",
+        template.to_str().unwrap(),
+    ]);
+    let short = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+        "temperature": 0, "return_token_ids": true});
+    let (status, before) = server.post("/v1/chat/completions", &short);
+    assert_eq!(status, 200, "{before}");
+    // "Hi" renders to about 200 tokens with this template's system text.
+    let long = json!({"messages": [{"role": "user", "content": "x".repeat(300)}]});
+    let (status, v) = server.post("/v1/chat/completions", &long);
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "messages", "{v}");
+    let mut huge = short.clone();
+    huge["max_completion_tokens"] = json!(i64::MAX);
+    let (status, v) = server.post("/v1/chat/completions", &huge);
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "max_completion_tokens", "{v}");
+    let (status, after) = server.post("/v1/chat/completions", &short);
+    assert_eq!(status, 200, "{after}");
+    assert_eq!(
+        after["choices"][0]["token_ids"],
+        before["choices"][0]["token_ids"]
+    );
+    assert_eq!(server.request("GET", "/health", "", &[]).0, 200);
+}
+
+#[test]
+fn a_failed_batcher_makes_health_503_and_the_server_exit_non_zero() {
+    // The test hook makes the scheduling thread panic on a prompt holding
+    // token 77, as a bug would.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hlo-train"))
+        .args(["serve", "--port", "0", "--model", "tiny"])
+        .env("HLO_TRAIN_TEST_FAIL_ON_TOKEN", "77")
+        .env_remove("HLO_TRAIN_PLUGIN")
+        .env_remove("HLO_TRAIN_API_KEY")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start hlo-train serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .expect("listening")
+        .trim()
+        .to_string();
+    let server = Server { child, addr };
+    let (status, v) = server.post(
+        "/v1/completions",
+        &json!({"prompt": [1, 2, 3], "max_tokens": 3, "temperature": 0}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(server.request("GET", "/health", "", &[]).0, 200);
+    let (status, v) = server.post(
+        "/v1/completions",
+        &json!({"prompt": [1, 77, 3], "max_tokens": 3}),
+    );
+    assert_eq!(status, 500, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("batcher failed"),
+        "{v}"
+    );
+    // Not ready from now on, then gone.
+    let (status, text) = server.request("GET", "/health", "", &[]);
+    assert_eq!(status, 503, "{text}");
+    let (status, _) = server.post(
+        "/v1/completions",
+        &json!({"prompt": [1, 2], "max_tokens": 2}),
+    );
+    assert_eq!(status, 503);
+    let mut server = server;
+    let started = Instant::now();
+    let code = loop {
+        if let Some(code) = server.child.try_wait().unwrap() {
+            break code;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the server did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(code.code(), Some(2), "{code:?}");
+    let mut err = String::new();
+    server
+        .child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(err.contains("batcher failed"), "{err}");
 }

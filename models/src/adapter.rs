@@ -221,6 +221,20 @@ impl Adapter {
         .map_err(|e| bad(e.to_string()))
     }
 
+    /// The base model an adapter folder names (`base_model_name_or_path`
+    /// of its `adapter_config.json`), when it names one.
+    pub fn declared_base(dir: &Path) -> Option<String> {
+        std::fs::read_to_string(dir.join("adapter_config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|v| {
+                v.get("base_model_name_or_path")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
+            .filter(|s| !s.is_empty())
+    }
+
     /// The `lora_dropout` an adapter was trained with (0 when unset).
     pub fn dropout(dir: &Path) -> f64 {
         std::fs::read_to_string(dir.join("adapter_config.json"))
@@ -263,6 +277,22 @@ impl Adapter {
             let t = stored
                 .get(&key)
                 .ok_or_else(|| bad(format!("tensor `{key}` is missing")))?;
+            // PEFT keeps LoRA weights in a floating dtype; integers would
+            // be a quantized or foreign file, not weights to widen.
+            if !t.dtype.is_float() {
+                return Err(bad(format!(
+                    "tensor `{key}` is {:?}; LoRA weights must be floating point (F32, BF16, F16 or F64)",
+                    t.dtype
+                )));
+            }
+            if let Some(module) = name.strip_suffix(".lora_a") {
+                let scale = lora.scale_of(module);
+                if !(scale as f32).is_finite() {
+                    return Err(bad(format!(
+                        "the scale of `{module}` (lora_alpha / r) is {scale}, not a finite f32"
+                    )));
+                }
+            }
             let want: Vec<i64> = ty.dims.iter().rev().copied().collect(); // PEFT stores the transpose
             if t.shape != want {
                 return Err(bad(format!(
@@ -274,6 +304,14 @@ impl Adapter {
                 TensorType::new(DType::F32, t.shape.clone()),
                 &t.literal(&map).to_f64s(),
             );
+            // Checked as f32 (what is computed with): an F64 value past
+            // f32's range is as unusable as a NaN.
+            let bad_values = lit.non_finite_count();
+            if bad_values > 0 {
+                return Err(bad(format!(
+                    "tensor `{key}` holds {bad_values} values that are NaN or infinite (in f32)"
+                )));
+            }
             tensors.push((name, transpose(&lit)));
         }
         let shapes: HashMap<String, Vec<i64>> = config.parameter_shapes().into_iter().collect();
@@ -292,7 +330,13 @@ impl Adapter {
                     shapes.get(weight)
                 )));
             }
-            tensors.push((weight.to_string(), t.literal(&map)));
+            let lit = t.literal(&map);
+            if !t.dtype.is_float() || lit.non_finite_count() > 0 {
+                return Err(bad(format!(
+                    "tensor `{key}` (modules_to_save) must be floating point with finite values"
+                )));
+            }
+            tensors.push((weight.to_string(), lit));
         }
         Ok(Adapter { lora, tensors })
     }

@@ -202,13 +202,21 @@ fn refuse(set: bool, param: &str, why: &str) -> Result<(), ApiError> {
     }
 }
 
+/// Stop strings a request may give, and the longest one (in bytes): each
+/// is searched for in the text after every token.
+pub const MAX_STOPS: usize = 16;
+pub const MAX_STOP_BYTES: usize = 1024;
+
 impl Common {
-    /// Checks every value; refuses what is not computed.
+    /// Checks every value in exact arithmetic (a number the server would
+    /// have to narrow is refused, never cast); refuses what is not
+    /// computed.
     pub fn check(&self) -> Result<(), ApiError> {
         if let Some(t) = self.temperature {
-            if !(t.is_finite() && t >= 0.0) {
+            // The sampler divides by it in f32.
+            if !(t >= 0.0 && (t as f32).is_finite()) {
                 return Err(ApiError::bad(
-                    format!("temperature must be a number >= 0, got {t}"),
+                    format!("temperature must be a number >= 0 (and below 3.4e38), got {t}"),
                     Some("temperature"),
                 ));
             }
@@ -222,9 +230,12 @@ impl Common {
             }
         }
         if let Some(k) = self.top_k {
-            if k < -1 {
+            if k < -1 || i32::try_from(k).is_err() {
                 return Err(ApiError::bad(
-                    format!("top_k must be -1 (all), 0 (all) or positive, got {k}"),
+                    format!(
+                        "top_k must be -1 (all), 0 (all) or a positive count up to {}, got {k}",
+                        i32::MAX
+                    ),
                     Some("top_k"),
                 ));
             }
@@ -236,6 +247,25 @@ impl Common {
                     Some("max_tokens"),
                 ));
             }
+        }
+        let stops = self.stops();
+        if stops.len() > MAX_STOPS {
+            return Err(ApiError::bad(
+                format!(
+                    "stop holds {} strings; at most {MAX_STOPS} are taken",
+                    stops.len()
+                ),
+                Some("stop"),
+            ));
+        }
+        if let Some(long) = stops.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+            return Err(ApiError::bad(
+                format!(
+                    "a stop string is {} bytes long; at most {MAX_STOP_BYTES} are taken",
+                    long.len()
+                ),
+                Some("stop"),
+            ));
         }
         refuse(self.n.is_some_and(|n| n != 1), "n", "one choice per prompt")?;
         refuse(
@@ -256,6 +286,19 @@ impl Common {
             "biases are not applied",
         )?;
         Ok(())
+    }
+
+    /// The sampler's top-k: None for all (-1 or 0). Checked first.
+    pub fn top_k(&self) -> Option<u32> {
+        self.top_k
+            .filter(|&k| k > 0)
+            .and_then(|k| u32::try_from(k).ok())
+    }
+
+    /// The request's seed as the sampler's 64 bits: the same bits for a
+    /// negative one (a bijection, so distinct seeds draw differently).
+    pub fn seed(&self) -> Option<u64> {
+        self.seed.map(i64::cast_unsigned)
     }
 
     /// The stop strings.

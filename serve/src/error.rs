@@ -63,4 +63,8 @@ pub enum ServeError {
     Bind { addr: String, cause: std::io::Error },
     #[error("the server stopped: {0}")]
     Io(#[from] std::io::Error),
+    /// The batcher died; the process should end non-zero so that a
+    /// supervisor restarts it.
+    #[error("the server stopped because its batcher failed: {0}")]
+    BatcherFailed(String),
 }

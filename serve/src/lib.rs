@@ -81,7 +81,7 @@ pub fn router(batcher: BatcherHandle, mut config: ServerConfig) -> Router {
         started: now(),
     });
     Router::new()
-        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
@@ -92,9 +92,16 @@ pub fn router(batcher: BatcherHandle, mut config: ServerConfig) -> Router {
         .with_state(state)
 }
 
+/// How long a server whose batcher failed keeps answering (`/health` 503,
+/// requests 503) before it exits, so that probes see why.
+const FAILED_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Serves on `addr` until SIGTERM or Ctrl-C, then stops taking
 /// connections, lets in-flight requests finish, stops the batcher and
 /// returns. `ready` is called with the address bound (port 0 picks one).
+/// If the batcher fails, the server answers 503 for [`FAILED_GRACE`],
+/// then stops and returns [`ServeError::BatcherFailed`]: a server that
+/// cannot generate must not look alive.
 pub fn run(
     batcher: BatcherHandle,
     config: ServerConfig,
@@ -106,7 +113,8 @@ pub fn run(
         .enable_all()
         .build()?;
     let app = router(batcher.clone(), config);
-    let result = runtime.block_on(async move {
+    let watched = batcher.clone();
+    let result: Result<(), ServeError> = runtime.block_on(async move {
         let listener =
             tokio::net::TcpListener::bind(addr)
                 .await
@@ -115,13 +123,28 @@ pub fn run(
                     cause,
                 })?;
         ready(listener.local_addr()?);
+        let failed = async move {
+            while watched.failure().is_none() {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            tokio::time::sleep(FAILED_GRACE).await;
+        };
         axum::serve(listener, app)
-            .with_graceful_shutdown(stop_signal())
+            .with_graceful_shutdown(async move {
+                tokio::select! {
+                    _ = stop_signal() => {},
+                    _ = failed => {},
+                }
+            })
             .await?;
         Ok(())
     });
     batcher.shutdown();
-    result
+    result?;
+    match batcher.failure() {
+        Some(why) => Err(ServeError::BatcherFailed(why)),
+        None => Ok(()),
+    }
 }
 
 async fn stop_signal() {
@@ -189,6 +212,19 @@ impl AppState {
     }
 }
 
+/// 200 while the batcher runs; 503 with the reason once it has failed.
+async fn health(State(s): State<Shared>) -> Response {
+    match s.batcher.failure() {
+        None => StatusCode::OK.into_response(),
+        Some(why) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the batcher failed: {why}"),
+            None,
+        )
+        .into_response(),
+    }
+}
+
 async fn metrics(State(s): State<Shared>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -207,10 +243,13 @@ async fn models(State(s): State<Shared>, headers: HeaderMap) -> Response {
         "root": base, "parent": null,
         "max_model_len": s.batcher.options().max_model_len,
     })];
-    for a in s.batcher.adapters() {
+    // As vLLM: an adapter's root is its folder, its parent the base it
+    // is served on; and the base it declares it was trained for.
+    for a in s.batcher.adapter_infos() {
         data.push(json!({
-            "id": a, "object": "model", "created": s.started, "owned_by": "hlo-train",
-            "root": a, "parent": base,
+            "id": a.name, "object": "model", "created": s.started, "owned_by": "hlo-train",
+            "root": a.path.display().to_string(), "parent": base,
+            "base_model_name_or_path": a.declared_base,
         }));
     }
     Json(json!({"object": "list", "data": data})).into_response()
@@ -238,12 +277,17 @@ async fn load_adapter(State(s): State<Shared>, headers: HeaderMap, body: Bytes) 
         }
         let batcher = s.batcher.clone();
         let name = r.lora_name.clone();
-        tokio::task::spawn_blocking(move || {
+        let declared = tokio::task::spawn_blocking(move || {
             batcher.load_adapter(&name, std::path::Path::new(&path))
         })
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), None))?
         .map_err(|e| ApiError::bad(e.to_string(), Some("lora_path")))?;
+        eprintln!(
+            "loaded adapter {} (declared base: {})",
+            r.lora_name,
+            declared.as_deref().unwrap_or("none")
+        );
         Ok(format!(
             "Success: LoRA adapter '{}' added successfully.",
             r.lora_name
@@ -305,6 +349,8 @@ struct Plan {
     prompts: Vec<Vec<u32>>,
     common: Common,
     max_tokens: Option<i64>,
+    /// The field `max_tokens` came from, for errors.
+    max_tokens_field: &'static str,
     chat: bool,
     arrived: Instant,
 }
@@ -321,6 +367,7 @@ impl AppState {
                 .unwrap_or(self.config.model_name.clone()),
             prompts: Vec::new(),
             max_tokens: common.max_tokens,
+            max_tokens_field: "max_tokens",
             common,
             chat,
             arrived,
@@ -333,9 +380,9 @@ impl AppState {
         let max_len = self.batcher.options().max_model_len;
         let sampling = Sampling {
             temperature: Some(c.temperature.unwrap_or(1.0)),
-            top_k: c.top_k.filter(|&k| k > 0).map(|k| k as u32),
+            top_k: c.top_k(),
             top_p: c.top_p,
-            seed: c.seed.map_or_else(fresh_seed, |s| s as u64),
+            seed: c.seed().unwrap_or_else(fresh_seed),
         };
         let stop_ids = if c.ignore_eos {
             Vec::new()
@@ -343,20 +390,33 @@ impl AppState {
             self.config.eos_ids.clone()
         };
         let mut jobs = Vec::new();
+        let field_name = plan.max_tokens_field;
         for prompt in &plan.prompts {
-            let len = prompt.len() as i64;
-            // OpenAI's defaults: 16 tokens for a completion, the rest of
-            // the context for a chat reply.
-            let max_tokens = plan
-                .max_tokens
-                .unwrap_or(if plan.chat { max_len - len } else { 16 });
-            if len + max_tokens > max_len {
+            let len = prompt.len();
+            let room = usize::try_from(max_len)
+                .unwrap_or(usize::MAX)
+                .saturating_sub(len);
+            if room == 0 {
                 return Err(ApiError::bad(
                     format!(
-                        "this model's maximum context length is {max_len} tokens; the request asks for {} ({len} in the prompt, {max_tokens} to generate)",
-                        len + max_tokens
+                        "this model's maximum context length is {max_len} tokens, and the prompt has {len}: no room is left to generate"
                     ),
-                    Some(if len >= max_len { "prompt" } else { "max_tokens" }),
+                    Some(if plan.chat { "messages" } else { "prompt" }),
+                ));
+            }
+            // OpenAI's defaults: 16 tokens for a completion, the rest of
+            // the context for a chat reply. Checked >= 1 already.
+            let max_tokens = match plan.max_tokens {
+                Some(m) => usize::try_from(m).unwrap_or(usize::MAX),
+                None if plan.chat => room,
+                None => 16.min(room),
+            };
+            if max_tokens > room {
+                return Err(ApiError::bad(
+                    format!(
+                        "this model's maximum context length is {max_len} tokens; the prompt has {len}, so {field_name} can be at most {room}, got {max_tokens}"
+                    ),
+                    Some(field_name),
                 ));
             }
             let rx = self
@@ -364,7 +424,7 @@ impl AppState {
                 .submit(GenerationRequest {
                     prompt: prompt.clone(),
                     adapter: plan.adapter.clone(),
-                    max_tokens: max_tokens as usize,
+                    max_tokens,
                     sampling: sampling.clone(),
                     stop_ids: stop_ids.clone(),
                 })
@@ -372,13 +432,20 @@ impl AppState {
                     SubmitError::QueueFull(_) => {
                         ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string(), None)
                     }
-                    SubmitError::ShuttingDown => {
+                    SubmitError::ShuttingDown | SubmitError::Failed(_) => {
                         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), None)
                     }
                     SubmitError::UnknownAdapter(_) => {
                         ApiError::new(StatusCode::NOT_FOUND, e.to_string(), Some("model"))
                     }
-                    SubmitError::Invalid(m) => ApiError::bad(m, Some("prompt")),
+                    SubmitError::Invalid(field, m) => ApiError::bad(
+                        m,
+                        Some(if field == "max_tokens" {
+                            field_name
+                        } else {
+                            field
+                        }),
+                    ),
                 })?;
             jobs.push(Job {
                 rx,
@@ -473,7 +540,10 @@ async fn chat_completions(State(s): State<Shared>, headers: HeaderMap, body: Byt
         let r: ChatRequest = api::parse(&body, &api::CHAT_KEYS)?;
         r.check()?;
         let mut plan = s.plan(r.common, true, arrived)?;
-        plan.max_tokens = r.max_completion_tokens.or(plan.max_tokens);
+        if r.max_completion_tokens.is_some() {
+            plan.max_tokens = r.max_completion_tokens;
+            plan.max_tokens_field = "max_completion_tokens";
+        }
         let template = s.config.chat_template.as_ref().ok_or_else(|| {
             ApiError::bad(
                 "this model has no chat template (tokenizer_config.json's chat_template; --chat-template DIR)",

@@ -139,14 +139,16 @@ impl<'a> Serving<'a> {
                 }
                 LoraSelect::OneHot => {
                     // Every entry's x·A ([rows, t, entries, rank]), kept for
-                    // the row's entry by its one-hot weight, contracted over
-                    // (entry, rank) with every entry's B: the tables are
-                    // read once, nothing is built per row. Other entries add
-                    // exact zeros.
+                    // the row's entry by a select on its one-hot, contracted
+                    // over (entry, rank) with every entry's B: the tables
+                    // are read once, nothing is built per row. Other entries
+                    // add exact zeros. A select, not a product with the
+                    // one-hot: another entry's x·A may overflow to inf
+                    // (0 · inf is NaN), and no row may read what another
+                    // entry computes.
                     let entries = a.dims()[0];
                     let one_hot = iota(TensorType::new(DType::I32, [rows, entries]), 1)
-                        .eq(self.adapter_ids.broadcast_in_dim(&[rows, entries], &[0]))
-                        .cast(DType::F32);
+                        .eq(self.adapter_ids.broadcast_in_dim(&[rows, entries], &[0]));
                     let contract = |lhs: Vec<i64>, rhs: Vec<i64>| DotGeneral {
                         lhs_batch: vec![],
                         rhs_batch: vec![],
@@ -157,10 +159,12 @@ impl<'a> Serving<'a> {
                     };
                     let xa = x.dot_general(a, contract(vec![2], vec![1]));
                     let dims = xa.dims();
-                    let xa = xa * one_hot.broadcast_in_dim(&dims, &[0, 2]);
+                    let xa = one_hot
+                        .broadcast_in_dim(&dims, &[0, 2])
+                        .where_(xa, xa.scalar_like(0.0));
                     let delta = xa.dot_general(b, contract(vec![2, 3], vec![0, 1]));
-                    let row_scale =
-                        (one_hot * scale.broadcast_in_dim(&[rows, entries], &[1])).sum(&[1]);
+                    let scales = scale.broadcast_in_dim(&[rows, entries], &[1]);
+                    let row_scale = one_hot.where_(scales, scales.scalar_like(0.0)).sum(&[1]);
                     let dims = delta.dims();
                     delta * row_scale.broadcast_in_dim(&dims, &[0])
                 }
@@ -255,10 +259,11 @@ fn sampling_inputs(rows: i64) -> [(String, TensorType, Role); 4] {
 /// The prefill program of one request: its prompt `input_ids: [1, bucket]`
 /// (right-padded; `length []` real tokens) runs causally from position 0
 /// with adapter entry `adapter_ids: [1]`; its keys and values are written
-/// into slot `slot []` of the caches (positions `0..bucket`; those past the
-/// prompt are never read before decoding overwrites them), and its first
-/// token is sampled (noise counter `length`). Outputs: `next [1]`, the
-/// caches.
+/// into slot `slot []` of the caches, and the rest of the slot's row is
+/// zeroed, so nothing the slot's last request computed (NaN included) is
+/// left where attention could meet it; its first token is sampled (noise
+/// counter `length`). Outputs: `next [1]` (-1 where the logits are not
+/// finite, see [`finite_or_flag`]), the caches.
 pub fn slot_prefill_step(
     config: &ModelConfig,
     dtype: DType,
@@ -291,8 +296,14 @@ pub fn slot_prefill_step(
             for (name, new) in [("k", k), ("v", v)] {
                 let name = format!("cache.layers.{l}.{name}");
                 let cache = i[name.as_str()];
-                let updated = cache
-                    .dynamic_update_slice(new.cast(cache.dtype()), &[i["slot"], zero, zero, zero]);
+                let new = new.cast(cache.dtype());
+                let row = new.pad(
+                    new.scalar_like(0.0),
+                    &[0, 0, 0, 0],
+                    &[0, 0, max_len - bucket, 0],
+                    &[0, 0, 0, 0],
+                );
+                let updated = cache.dynamic_update_slice(row, &[i["slot"], zero, zero, zero]);
                 caches.push((name, updated));
             }
             let kind = config.layer_types[l as usize];
@@ -309,20 +320,23 @@ pub fn slot_prefill_step(
             config.vocab_size,
         );
         let next = scope("sample", || {
-            sample_rows(logits, i["temperature"], i["top_k"], i["top_p"], uniform)
+            let next = sample_rows(logits, i["temperature"], i["top_k"], i["top_p"], uniform);
+            finite_or_flag(logits, next)
         });
         with_caches(Outputs::new().add("next", next), caches)
     })
 }
 
 /// The decode program of the first `rows` slots (those that run; a free
-/// slot among them computes too and its token is ignored): `input_ids:
-/// [rows]` (each slot's last token) at `positions: [rows]` (where it goes in
-/// the slot's cache) with adapter entries `adapter_ids: [rows]`; each slot
-/// attends to its cache up to its position and samples its next token
-/// (noise counter `position + 1`). Outputs: `next [rows]`, the caches (the
-/// other slots' rows unchanged). Fewer rows read less of the cache: the
-/// batcher picks the smallest program that covers its running slots.
+/// slot among them computes too and its token is ignored; given position
+/// `max_len` it writes nothing): `input_ids: [rows]` (each slot's last
+/// token) at `positions: [rows]` (where it goes in the slot's cache) with
+/// adapter entries `adapter_ids: [rows]`; each slot attends to its cache up
+/// to its position and samples its next token (noise counter `position +
+/// 1`). Outputs: `next [rows]` (-1 for a row whose logits are not finite),
+/// the caches (the other slots' rows unchanged). Fewer rows read less of
+/// the cache: the batcher picks the smallest program that covers its
+/// running slots.
 pub fn slot_decode_step(
     config: &ModelConfig,
     dtype: DType,
@@ -391,10 +405,21 @@ pub fn slot_decode_step(
         let logits = s.logits(h.reshape(&[rows, c.hidden_size]));
         let uniform = hashed_uniform(i["seed"], pos + 1.0, c.vocab_size);
         let next = scope("sample", || {
-            sample_rows(logits, i["temperature"], i["top_k"], i["top_p"], uniform)
+            let next = sample_rows(logits, i["temperature"], i["top_k"], i["top_p"], uniform);
+            finite_or_flag(logits, next)
         });
         with_caches(Outputs::new().add("next", next), caches)
     })
+}
+
+/// `next` where a row's logits are all finite, else -1: a request whose
+/// adapter or prompt overflows is told so instead of getting the token an
+/// argmax over NaN happens to give.
+pub fn finite_or_flag(logits: Tensor, next: Tensor) -> Tensor {
+    let finite = logits.is_finite().cast(DType::I32).min(&[1]);
+    finite
+        .eq(finite.scalar_like(1.0))
+        .where_(next, next.scalar_like(-1.0))
 }
 
 /// The program that writes one adapter into entry `entry []` of every
