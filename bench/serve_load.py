@@ -11,6 +11,12 @@ Subcommands:
                  own /metrics
   soak           many requests at one concurrency: errors, and the server's
                  resident memory before, during and after
+  arrivals       running streams while a burst of long prompts arrives: the
+                 streams' inter-token latency (p50, p99, largest gap), with
+                 and without the burst
+  prefix         requests sharing a long prompt prefix (a system prompt):
+                 time to first token, and the prompt tokens the server
+                 computed and reused (/metrics)
 
 Every request streams with `return_token_ids`, so each token is one chunk
 and latencies are per token. `--models a,b,c` spreads requests uniformly
@@ -235,6 +241,117 @@ def soak(args):
     asyncio.run(main())
 
 
+# arrivals / prefix ---------------------------------------------------------
+
+async def stream_gaps(client, model, prompt, max_tokens, gaps, started):
+    """A streamed greedy completion; appends (time, gap) per token after
+    the first; sets started (an asyncio.Event) once it has its 8th."""
+    last, n = None, 0
+    stream = await client.completions.create(
+        model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+        extra_body={"ignore_eos": True, "return_token_ids": True})
+    async for chunk in stream:
+        if not chunk.choices:
+            continue
+        now = time.perf_counter()
+        if last is not None:
+            gaps.append((now, now - last))
+        last, n = now, n + 1
+        if n == 8:
+            started.set()
+
+
+def arrivals(args):
+    client = client_for(args)
+    rng = random.Random(0)
+
+    def ids(n):
+        return [rng.randrange(3, args.vocab) for _ in range(n)]
+
+    async def once(burst):
+        gaps = []
+        flags = [asyncio.Event() for _ in range(args.streams)]
+        running = [asyncio.create_task(stream_gaps(client, args.model, ids(16), args.stream_tokens, gaps, f))
+                   for f in flags]
+        await asyncio.gather(*(f.wait() for f in flags))
+        out = {}
+        if burst:
+            rec = {"ttft": [], "itl": [], "tokens": 0, "done": 0, "errors": 0}
+            t_burst = time.perf_counter()
+            await asyncio.gather(*(one(client, args.model, ids(args.arrival_prompt), args.arrival_tokens, rec)
+                                   for _ in range(args.arrivals)))
+            t_done = time.perf_counter()
+            out["burst_s"] = round(t_done - t_burst, 2)
+            out["arrivals_ttft_p50_ms"] = round(1000 * pct(rec["ttft"], 50), 1)
+            out["arrival_errors"] = rec["errors"]
+        await asyncio.gather(*running)
+        values = [g for _, g in gaps]
+        out.update({"itl_p50_ms": round(1000 * pct(values, 50), 1),
+                    "itl_p99_ms": round(1000 * pct(values, 99), 1),
+                    "itl_max_ms": round(1000 * max(values), 1), "gaps": len(values)})
+        if burst:
+            during = [g for t, g in gaps if t_burst <= t <= t_done]
+            out["itl_p50_during_burst_ms"] = round(1000 * pct(during, 50), 1)
+            out["itl_max_during_burst_ms"] = round(1000 * max(during), 1) if during else None
+        return out
+
+    async def main():
+        rec = {"ttft": [], "itl": [], "tokens": 0, "done": 0, "errors": 0}
+        await one(client, args.model, ids(args.arrival_prompt), 2, rec)  # compiles the buckets
+        for _ in range(args.repeat):
+            for burst in (False, True):
+                before = metrics(args.url)
+                r = await once(burst)
+                after = metrics(args.url)
+                r["burst"] = burst
+                key = "hlo_train_prefill_chunks_total"  # absent before chunked prefill
+                r["prefill_chunks"] = int(after.get(key, 0) - before.get(key, 0))
+                print(json.dumps(r), flush=True)
+
+    asyncio.run(main())
+
+
+def prefix(args):
+    client = client_for(args)
+    rng = random.Random(1)
+    shared = [rng.randrange(3, args.vocab) for _ in range(args.prefix_len)]
+    suffixes = [[rng.randrange(3, args.vocab) for _ in range(args.suffix_len)] for _ in range(args.suffixes)]
+
+    async def main():
+        # Warm-up with an unrelated prompt of the same length: compiles the
+        # buckets, shares nothing.
+        rec = {"ttft": [], "itl": [], "tokens": 0, "done": 0, "errors": 0}
+        warm = [rng.randrange(3, args.vocab) for _ in range(args.prefix_len + args.suffix_len)]
+        await one(client, args.model, warm, 2, rec)
+        before = metrics(args.url)
+        rec = {"ttft": [], "itl": [], "tokens": 0, "done": 0, "errors": 0}
+        queue = list(range(args.requests))
+
+        async def worker():
+            while queue:
+                k = queue.pop(0)
+                await one(client, args.model, shared + suffixes[k % len(suffixes)], args.max_tokens, rec)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+        wall = time.perf_counter() - t0
+        after = metrics(args.url)
+
+        def delta(k):  # counters absent from older servers count 0
+            return int(after.get(k, 0) - before.get(k, 0))
+
+        print(json.dumps({
+            "requests": args.requests, "concurrency": args.concurrency, "errors": rec["errors"],
+            "wall_s": round(wall, 2),
+            "ttft_p50_ms": round(1000 * pct(rec["ttft"], 50), 1),
+            "ttft_p99_ms": round(1000 * pct(rec["ttft"], 99), 1),
+            "prompt_tokens_computed": delta("hlo_train_prompt_tokens_computed_total"),
+            "prompt_tokens_reused": delta("hlo_train_prompt_tokens_reused_total"),
+        }), flush=True)
+
+    asyncio.run(main())
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -264,8 +381,31 @@ def main():
             r.add_argument("--requests", type=int, default=2000)
             r.add_argument("--batch", type=int, default=250, help="requests between memory samples")
             r.add_argument("--pid", type=int, required=True, help="the server's process id")
+    a = sub.add_parser("arrivals")
+    a.add_argument("--url", default="http://127.0.0.1:8000")
+    a.add_argument("--api-key")
+    a.add_argument("--model", required=True)
+    a.add_argument("--vocab", type=int, default=32000)
+    a.add_argument("--streams", type=int, default=8)
+    a.add_argument("--stream-tokens", type=int, default=256)
+    a.add_argument("--arrivals", type=int, default=8)
+    a.add_argument("--arrival-prompt", type=int, default=200)
+    a.add_argument("--arrival-tokens", type=int, default=8)
+    a.add_argument("--repeat", type=int, default=2, help="runs without and with the burst, interleaved")
+    x = sub.add_parser("prefix")
+    x.add_argument("--url", default="http://127.0.0.1:8000")
+    x.add_argument("--api-key")
+    x.add_argument("--model", required=True)
+    x.add_argument("--vocab", type=int, default=32000)
+    x.add_argument("--prefix-len", type=int, default=192)
+    x.add_argument("--suffix-len", type=int, default=16)
+    x.add_argument("--suffixes", type=int, default=8)
+    x.add_argument("--requests", type=int, default=32)
+    x.add_argument("--concurrency", type=int, default=8)
+    x.add_argument("--max-tokens", type=int, default=8)
     args = p.parse_args()
-    {"make-adapters": make_adapters, "register": register, "run": run, "soak": soak}[args.cmd](args)
+    {"make-adapters": make_adapters, "register": register, "run": run, "soak": soak,
+     "arrivals": arrivals, "prefix": prefix}[args.cmd](args)
 
 
 if __name__ == "__main__":

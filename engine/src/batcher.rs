@@ -5,9 +5,12 @@
 //! A [`Batcher`] runs on its own thread and owns the devices' state: the
 //! weights, the KV cache of `max_batch_size` slots and the adapter tables of
 //! `max_loras` entries. Between two decode steps, requests that finished or
-//! whose caller went away leave their slots, and waiting requests join:
-//! each one's prompt is prefilled in its length bucket straight into its
-//! slot. Each slot keeps its own position, sampling settings, seed and stop
+//! whose caller went away leave their slots, and waiting requests join.
+//! Each step computes at most `max_num_batched_tokens` tokens: a decode
+//! token per running request, and chunks of joining prompts in what is
+//! left (a long prompt takes several steps, several short ones share one),
+//! each chunk prefilled straight into its slot; a prompt prefix another
+//! slot holds under the same adapter is copied rather than computed. Each slot keeps its own position, sampling settings, seed and stop
 //! tokens, so a request's tokens are the same whichever requests share its
 //! batch. Adapters are registered by name (parsed and checked once), kept
 //! parsed in a host LRU of `max_cpu_loras`, read from disk beyond that, and
@@ -27,8 +30,8 @@ use hlo_ir::{DType, Literal};
 use hlo_models::adapter::Adapter;
 use hlo_models::decoder::{
     adapter_table_types, base_parameter_types, cache_types, lora_parameter_types, partition_rules,
-    projections, slot_decode_step, slot_prefill_step, table_update_step, AdapterTables, LoraSelect,
-    ModelConfig,
+    projections, slot_decode_step, slot_prefill_step, slot_read_step, slot_write_step,
+    table_update_step, AdapterTables, LoraSelect, ModelConfig,
 };
 use hlo_models::roles::{Role, Step};
 use hlo_partitioner::PartitionSpec;
@@ -62,6 +65,16 @@ pub struct BatcherOptions {
     /// the two at each size, BENCHMARKS.md).
     pub select: Option<LoraSelect>,
     pub dtype: DType,
+    /// Tokens one engine step computes at most: a decode token per running
+    /// request plus chunks of joining prompts (vLLM's
+    /// `max_num_batched_tokens`). A prompt longer than what is left is
+    /// prefilled over several steps, so arrivals never stall running
+    /// streams for more than one budget's worth of work; a step always
+    /// runs at least one 16-token chunk.
+    pub max_num_batched_tokens: usize,
+    /// Reuse the keys and values of a prompt prefix another slot holds
+    /// (same tokens, same adapter) instead of computing them again.
+    pub prefix_caching: bool,
     /// Test hook: a request whose prompt holds this token makes the
     /// scheduling thread panic, so tests can see what a server does when
     /// its batcher dies (`hlo-train serve` reads it from
@@ -132,7 +145,13 @@ pub struct BatcherStats {
     /// Parsed adapters found on the host, and read from disk again.
     pub adapter_host_hits: AtomicU64,
     pub adapter_host_misses: AtomicU64,
+    /// Prompts prefilled, and the chunks (program runs) that took.
     pub prefills: AtomicU64,
+    pub prefill_chunks: AtomicU64,
+    /// Prompt tokens computed, and prompt tokens whose keys and values were
+    /// reused from another request's (prefix caching).
+    pub prompt_tokens_computed: AtomicU64,
+    pub prompt_tokens_reused: AtomicU64,
     pub decode_steps: AtomicU64,
     /// Requests whose caller went away before they finished.
     pub cancelled: AtomicU64,
@@ -239,17 +258,38 @@ struct Pending {
     events: UnboundedSender<Event>,
 }
 
-/// A request in a slot.
+/// A request in a slot: its prompt being prefilled, chunk by chunk, then
+/// decoding.
 struct Active {
     request: GenerationRequest,
     events: UnboundedSender<Event>,
     /// The adapter table entry it reads (0: none).
     entry: usize,
+    /// Prompt tokens whose keys and values are in the slot; below the
+    /// prompt's length while it is being prefilled.
+    prefilled: usize,
     /// Where its next input token goes in its cache.
     position: i64,
     last: u32,
     generated: usize,
     seed: u32,
+    /// When it took its slot: prefills go first come, first served.
+    admitted: u64,
+}
+
+impl Active {
+    fn decoding(&self) -> bool {
+        self.prefilled == self.request.prompt.len()
+    }
+}
+
+/// What a slot's cache row holds, for prefix reuse: the keys and values of
+/// `tokens` (from position 0) under adapter registration `adapter` (0: the
+/// base model). Kept after its request leaves, until the slot is taken.
+#[derive(Clone, Debug, Default)]
+struct Held {
+    adapter: u64,
+    tokens: Vec<u32>,
 }
 
 /// A table entry holding an adapter.
@@ -416,7 +456,11 @@ pub struct Batcher {
     decode: HashMap<i64, Program>,
     update: Program,
     prefill: HashMap<i64, Program>,
+    /// A prefix read from one slot, and written into another.
+    read: Program,
+    write: Program,
     slots: Vec<Option<Active>>,
+    held: Vec<Held>,
     entries: Vec<Option<Entry>>,
     waiting: VecDeque<Pending>,
     tick: u64,
@@ -579,6 +623,18 @@ impl Batcher {
             let step = slot_decode_step(config, dtype, slots, rows, o.max_model_len, &tables)?;
             decode.insert(rows, Self::compile_with(&backend, &weights, &spec, step)?);
         }
+        let read = Self::compile_with(
+            &backend,
+            &[],
+            &spec,
+            slot_read_step(config, dtype, slots, o.max_model_len)?,
+        )?;
+        let write = Self::compile_with(
+            &backend,
+            &[],
+            &spec,
+            slot_write_step(config, dtype, slots, o.max_model_len)?,
+        )?;
         let mut b = Batcher {
             decode,
             update: Self::compile_with(
@@ -593,6 +649,9 @@ impl Batcher {
             caches,
             tables_shape,
             prefill: HashMap::new(),
+            read,
+            write,
+            held: vec![Held::default(); o.max_batch_size],
             slots: (0..o.max_batch_size).map(|_| None).collect(),
             entries: (0..o.max_loras).map(|_| None).collect(),
             waiting: VecDeque::new(),
@@ -601,9 +660,14 @@ impl Batcher {
             draining: false,
             shared: shared.clone(),
         };
-        // The smallest prefill bucket is compiled now: the first request
-        // pays no compilation for a short prompt.
-        b.prefill_program(16.min(o.max_model_len))?;
+        // Every chunk bucket the budget allows is compiled now: no request
+        // pays a compilation, and no running stream waits for one.
+        let most = 1usize << o.max_num_batched_tokens.max(16).ilog2();
+        let mut chunk = 16;
+        while chunk <= most {
+            b.prefill_program(prefill_bucket(chunk, o.max_model_len))?;
+            chunk *= 2;
+        }
         Ok(b)
     }
 
@@ -661,8 +725,8 @@ impl Batcher {
                 self.command(c);
             }
             self.drop_cancelled();
-            self.admit()?;
-            if self.slots.iter().any(Option::is_some) {
+            self.prefill()?;
+            if self.slots.iter().flatten().any(Active::decoding) {
                 self.decode_step()?;
             }
             self.publish();
@@ -828,17 +892,56 @@ impl Batcher {
         Ok(())
     }
 
-    /// Moves waiting requests into free slots, prefilling each. A request
-    /// whose adapter can no longer be read fails alone; a device error is
-    /// returned.
-    fn admit(&mut self) -> Result<()> {
-        while let Some(slot) = self.slots.iter().position(Option::is_none) {
-            // The first waiting request whose adapter can be placed now.
+    /// The prompt work of one engine step, within the token budget left
+    /// by the decode rows: chunks of the prompts already in slots (first
+    /// come, first served), then waiting requests moved into free slots
+    /// and prefilled as far as the budget goes. A request whose adapter
+    /// can no longer be read fails alone; a device error is returned.
+    fn prefill(&mut self) -> Result<()> {
+        let o = &self.shared.options;
+        let decoding = self.slots.iter().flatten().filter(|a| a.decoding()).count();
+        let mut budget = o.max_num_batched_tokens.saturating_sub(decoding).max(16);
+        let mut started: Vec<(u64, usize)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(k, a)| {
+                a.as_ref()
+                    .filter(|a| !a.decoding())
+                    .map(|a| (a.admitted, k))
+            })
+            .collect();
+        started.sort_unstable();
+        for (_, slot) in started {
+            if budget < 16 {
+                return Ok(());
+            }
+            budget = self.prefill_slot(slot, budget)?;
+        }
+        while budget >= 16 {
+            let Some(slot) = self.admit()? else {
+                return Ok(());
+            };
+            budget = self.prefill_slot(slot, budget)?;
+        }
+        Ok(())
+    }
+
+    /// Moves the first waiting request whose adapter can be placed into a
+    /// free slot: the slot holding the longest prefix of its prompt under
+    /// its adapter, else the lowest free one (which then starts from the
+    /// longest such prefix any slot holds, copied). Returns the slot, or
+    /// None when no slot is free or no request can be placed.
+    fn admit(&mut self) -> Result<Option<usize>> {
+        loop {
+            let Some(free) = self.slots.iter().position(Option::is_none) else {
+                return Ok(None);
+            };
             let Some(k) = self.waiting.iter().position(|p| match &p.adapter {
                 None => true,
                 Some(a) => self.entry_for(a).is_some(),
             }) else {
-                return Ok(());
+                return Ok(None);
             };
             if let Some(t) = self.shared.options.fail_on_token {
                 if self.waiting[k].request.prompt.contains(&t) {
@@ -846,7 +949,7 @@ impl Batcher {
                 }
             }
             let Some(p) = self.waiting.remove(k) else {
-                return Ok(());
+                return Ok(None);
             };
             self.shared.stats.queued.fetch_sub(1, Ordering::SeqCst);
             // Read from the host before anything runs on the devices: a
@@ -861,83 +964,196 @@ impl Batcher {
                     }
                 },
             };
-            self.start(slot, &p, parsed.as_deref())?;
+            let owner = p.adapter.as_ref().map_or(0, |a| a.id);
+            let (source, reused) = self.longest_prefix(owner, &p.request.prompt);
+            let slot = match source {
+                Some(s) if self.slots[s].is_none() => s,
+                _ => free,
+            };
+            let entry = self.place_adapter(&p, parsed.as_deref())?;
+            match source {
+                Some(src) if src != slot && reused > 0 => self.copy_prefix(src, slot, reused)?,
+                _ => {}
+            }
+            self.held[slot] = Held {
+                adapter: owner,
+                tokens: p.request.prompt[..reused].to_vec(),
+            };
+            let stats = &self.shared.stats;
+            stats
+                .prompt_tokens_reused
+                .fetch_add(reused as u64, Ordering::Relaxed);
+            self.tick += 1;
+            let seed = fold_seed(p.request.sampling.seed);
+            self.slots[slot] = Some(Active {
+                request: p.request,
+                events: p.events,
+                entry,
+                prefilled: reused,
+                position: reused as i64,
+                last: 0,
+                generated: 0,
+                seed,
+                admitted: self.tick,
+            });
+            return Ok(Some(slot));
         }
+    }
+
+    /// The slot whose cache holds the longest prefix of `prompt` under
+    /// adapter registration `owner` (0: the base model), and its length,
+    /// at most all but the last prompt token (whose logits must be
+    /// computed). (None, 0) without prefix caching or a match.
+    fn longest_prefix(&self, owner: u64, prompt: &[u32]) -> (Option<usize>, usize) {
+        if !self.shared.options.prefix_caching {
+            return (None, 0);
+        }
+        let most = prompt.len() - 1;
+        let mut best = (None, 0);
+        for (k, held) in self.held.iter().enumerate() {
+            if held.adapter != owner {
+                continue;
+            }
+            let n = held
+                .tokens
+                .iter()
+                .zip(prompt)
+                .take_while(|(a, b)| a == b)
+                .count()
+                .min(most);
+            // Ties go to a free slot, which needs no copy.
+            if n > best.1 || (n == best.1 && n > 0 && self.slots[k].is_none()) {
+                best = (Some(k), n);
+            }
+        }
+        best
+    }
+
+    /// Starts slot `dst` from the first `length` positions of slot `src`
+    /// (zeros after them).
+    fn copy_prefix(&mut self, src: usize, dst: usize, length: usize) -> Result<()> {
+        let place = |v: usize| self.backend.replicate(&HostArray::scalar(v as i32));
+        let (src, dst, length) = (place(src)?, place(dst)?, place(length)?);
+        let mut args: Vec<&DeviceArray> = self.caches.iter().collect();
+        args.extend([&src, &length]);
+        let rows = self.read.run(&args)?;
+        let mut args: Vec<&DeviceArray> = self.caches.iter().collect();
+        args.extend(rows.iter());
+        args.push(&dst);
+        self.caches = self.write.run(&args)?;
         Ok(())
     }
 
-    /// Places `p`'s adapter (`parsed`), prefills its prompt into `slot`
-    /// and sends its first token.
-    fn start(&mut self, slot: usize, p: &Pending, parsed: Option<&Adapter>) -> Result<()> {
+    /// The table entry of `p`'s adapter (`parsed`), uploaded if it is not
+    /// resident; 0 for the base model.
+    fn place_adapter(&mut self, p: &Pending, parsed: Option<&Adapter>) -> Result<usize> {
+        let (Some(a), Some(parsed)) = (&p.adapter, parsed) else {
+            return Ok(0);
+        };
         let shared = self.shared.clone();
         let stats = &shared.stats;
-        let entry = match (&p.adapter, parsed) {
-            (Some(a), Some(parsed)) => {
-                let (entry, load) = self
-                    .entry_for(a)
-                    .ok_or_else(|| EngineError::Setting("no adapter entry is free".into()))?;
-                if load {
-                    stats.adapter_misses.fetch_add(1, Ordering::Relaxed);
-                    self.load_entry(entry, a, parsed)?;
-                } else {
-                    stats.adapter_hits.fetch_add(1, Ordering::Relaxed);
-                }
-                self.tick += 1;
-                if let Some(e) = &mut self.entries[entry - 1] {
-                    e.used = self.tick;
-                }
-                entry
+        let (entry, load) = self
+            .entry_for(a)
+            .ok_or_else(|| EngineError::Setting("no adapter entry is free".into()))?;
+        if load {
+            stats.adapter_misses.fetch_add(1, Ordering::Relaxed);
+            self.load_entry(entry, a, parsed)?;
+        } else {
+            stats.adapter_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        self.tick += 1;
+        if let Some(e) = &mut self.entries[entry - 1] {
+            e.used = self.tick;
+        }
+        Ok(entry)
+    }
+
+    /// Prefills chunks of `slot`'s prompt while `budget` tokens last (at
+    /// least one chunk); returns what is left. The last chunk samples the
+    /// first token: the request then decodes, or has finished.
+    fn prefill_slot(&mut self, slot: usize, mut budget: usize) -> Result<usize> {
+        let max_len = self.shared.options.max_model_len;
+        let vocab = self.shared.config.vocab_size;
+        // Chunks are powers of two (a few programs serve every length), at
+        // most the largest that fits the budget.
+        let most = 1usize << budget.max(16).ilog2();
+        loop {
+            let Some(a) = &self.slots[slot] else {
+                return Ok(budget);
+            };
+            let r = &a.request;
+            let len = r.prompt.len();
+            let prefilled = a.prefilled;
+            let n = (len - prefilled).min(most);
+            let bucket = prefill_bucket(n, max_len);
+            // A chunk that would pass the cache's end starts earlier,
+            // computing again a few positions it already holds.
+            let start = prefilled.min(usize::try_from(max_len - bucket).unwrap_or(0));
+            let end = prefilled + n;
+            let held = r.prompt[..end].to_vec();
+            let mut ids = vec![0i32; bucket as usize];
+            for (k, &t) in r.prompt[start..end].iter().enumerate() {
+                ids[k] = t as i32;
             }
-            _ => 0,
-        };
-        let r = &p.request;
-        let len = r.prompt.len();
-        let bucket = prefill_bucket(len, self.shared.options.max_model_len);
-        let mut ids = vec![0i32; bucket as usize];
-        for (k, &t) in r.prompt.iter().enumerate() {
-            ids[k] = t as i32;
+            let place = |h: HostArray| self.backend.replicate(&h);
+            let controls = [
+                place(HostArray::new(&[1, bucket], &ids)?)?,
+                place(HostArray::scalar(start as i32))?,
+                place(HostArray::scalar((end - start) as i32))?,
+                place(HostArray::scalar(slot as i32))?,
+                place(HostArray::new(&[1], &[a.entry as i32])?)?,
+                place(HostArray::new(&[1], &[r.sampling.temperature() as f32])?)?,
+                place(HostArray::new(&[1], &[self.top_k(&r.sampling)])?)?,
+                place(HostArray::new(
+                    &[1],
+                    &[r.sampling.top_p.unwrap_or(1.0) as f32],
+                )?)?,
+                place(HostArray::new(&[1], &[a.seed])?)?,
+            ];
+            self.prefill_program(bucket)?;
+            let program = &self.prefill[&bucket];
+            let mut args: Vec<&DeviceArray> = self.weights.iter().collect();
+            args.extend(self.tables.iter());
+            args.extend(self.caches.iter());
+            args.extend(controls.iter());
+            let mut out = program.run(&args)?;
+            self.caches = out.split_off(1);
+            let stats = &self.shared.stats;
+            stats.prefill_chunks.fetch_add(1, Ordering::Relaxed);
+            stats
+                .prompt_tokens_computed
+                .fetch_add(n as u64, Ordering::Relaxed);
+            budget = budget.saturating_sub(bucket as usize);
+            self.held[slot].tokens = held;
+            let Some(a) = &mut self.slots[slot] else {
+                return Ok(budget);
+            };
+            a.prefilled = end;
+            if end < len {
+                if budget < 16 {
+                    return Ok(budget);
+                }
+                continue;
+            }
+            // The prompt is in: its first token.
+            let next: Vec<i32> = out[0].gather()?.to_vec()?;
+            stats.prefills.fetch_add(1, Ordering::Relaxed);
+            let finished = match Self::token(vocab, next[0], &a.events) {
+                None => {
+                    // What it computed is not a prefix worth reusing.
+                    self.held[slot] = Held::default();
+                    true
+                }
+                Some(token) => {
+                    a.position = len as i64;
+                    Self::emit(a, token)
+                }
+            };
+            if finished {
+                self.slots[slot] = None;
+            }
+            return Ok(budget);
         }
-        let seed = fold_seed(r.sampling.seed);
-        let place = |h: HostArray| self.backend.replicate(&h);
-        let controls = [
-            place(HostArray::new(&[1, bucket], &ids)?)?,
-            place(HostArray::scalar(len as i32))?,
-            place(HostArray::scalar(slot as i32))?,
-            place(HostArray::new(&[1], &[entry as i32])?)?,
-            place(HostArray::new(&[1], &[r.sampling.temperature() as f32])?)?,
-            place(HostArray::new(&[1], &[self.top_k(&r.sampling)])?)?,
-            place(HostArray::new(
-                &[1],
-                &[r.sampling.top_p.unwrap_or(1.0) as f32],
-            )?)?,
-            place(HostArray::new(&[1], &[seed])?)?,
-        ];
-        self.prefill_program(bucket)?;
-        let program = &self.prefill[&bucket];
-        let mut args: Vec<&DeviceArray> = self.weights.iter().collect();
-        args.extend(self.tables.iter());
-        args.extend(self.caches.iter());
-        args.extend(controls.iter());
-        let mut out = program.run(&args)?;
-        self.caches = out.split_off(1);
-        let next: Vec<i32> = out[0].gather()?.to_vec()?;
-        stats.prefills.fetch_add(1, Ordering::Relaxed);
-        let Some(token) = Self::token(self.shared.config.vocab_size, next[0], &p.events) else {
-            return Ok(());
-        };
-        let mut active = Active {
-            request: p.request.clone(),
-            events: p.events.clone(),
-            entry,
-            position: len as i64,
-            last: token,
-            generated: 0,
-            seed,
-        };
-        if !Self::emit(&mut active, token) {
-            self.slots[slot] = Some(active);
-        }
-        Ok(())
     }
 
     /// The sampler's top-k for a request: 0 (all) or at most the
@@ -992,7 +1208,14 @@ impl Batcher {
     /// program whose rows hold every running slot (new requests take the
     /// lowest free slot, so running ones gather at the front).
     fn decode_step(&mut self) -> Result<()> {
-        let last = self.slots.iter().rposition(Option::is_some).unwrap_or(0) as i64;
+        // Rows of the decoding slots only: a free slot, or one whose prompt
+        // is still being prefilled, gets position max_len and writes
+        // nothing.
+        let last = self
+            .slots
+            .iter()
+            .rposition(|a| a.as_ref().is_some_and(Active::decoding))
+            .unwrap_or(0) as i64;
         let n = decode_buckets(self.slots.len() as i64)
             .into_iter()
             .find(|&r| r > last)
@@ -1003,7 +1226,7 @@ impl Batcher {
         let (mut temp, mut top_k, mut top_p, mut seed) =
             (vec![0f32; n], vec![0i32; n], vec![1f32; n], vec![0u32; n]);
         for (k, a) in self.slots.iter().take(n).enumerate() {
-            if let Some(a) = a {
+            if let Some(a) = a.as_ref().filter(|a| a.decoding()) {
                 ids[k] = a.last as i32;
                 pos[k] = a.position as i32;
                 entry[k] = a.entry as i32;
@@ -1036,11 +1259,17 @@ impl Batcher {
             .decode_steps
             .fetch_add(1, Ordering::Relaxed);
         let vocab = self.shared.config.vocab_size;
-        for (slot, &next) in self.slots.iter_mut().zip(&next) {
-            let Some(a) = slot else { continue };
+        for ((slot, held), &next) in self.slots.iter_mut().zip(&mut self.held).zip(&next) {
+            let Some(a) = slot.as_mut().filter(|a| a.decoding()) else {
+                continue;
+            };
             let finished = match Self::token(vocab, next, &a.events) {
-                None => true,
+                None => {
+                    *held = Held::default();
+                    true
+                }
                 Some(t) => {
+                    held.tokens.push(a.last);
                     a.position += 1;
                     Self::emit(a, t)
                 }

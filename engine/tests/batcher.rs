@@ -53,6 +53,8 @@ fn options(slots: usize, loras: usize, select: LoraSelect) -> BatcherOptions {
         max_queue: 64,
         select: Some(select),
         dtype: DType::F32,
+        max_num_batched_tokens: 256,
+        prefix_caching: true,
         fail_on_token: None,
     }
 }
@@ -306,6 +308,91 @@ fn each_family_serves_hfs_greedy_tokens_in_one_batch() {
         );
         assert_eq!(got[0], adapted[7..], "{name} + adapter");
         assert_eq!(got[2], base[7..], "{name}");
+        b.shutdown();
+    }
+}
+
+#[test]
+fn chunked_and_prefix_reusing_prefills_give_the_generators_tokens() {
+    // A 16-token budget prefills every longer prompt over several steps
+    // (while others decode), and a 60-token cache makes the last chunk of
+    // the longest prompt start early, computing again positions it holds.
+    let peft = fixture().join("adapter");
+    let common: Vec<u32> = (0..30).map(|t| (7 * t + 3) % 120 + 1).collect();
+    let with = |tail: &[u32]| -> Vec<u32> { common.iter().chain(tail).copied().collect() };
+    let long: Vec<u32> = (0..50).map(|t| (5 * t + 1) % 127 + 1).collect();
+    let work: Vec<(Vec<u32>, Option<&str>, usize)> = vec![
+        (with(&[9, 4]), None, 6),
+        (long.clone(), None, 8),
+        (with(&[11]), None, 7),
+        (with(&[9, 4, 2, 2]), Some("peft"), 5),
+        (vec![1, 5, 9], None, 9),
+        (with(&[12, 13, 14]), Some("peft"), 6),
+        (long[..40].to_vec(), None, 4),
+    ];
+    let greedy = Sampling::default();
+    let expected: Vec<Vec<u32>> = work
+        .iter()
+        .map(|(p, a, n)| {
+            let dir = a.map(|_| peft.as_path());
+            generator_tokens(dir, &[(p.as_slice(), *n)], &greedy).remove(0)
+        })
+        .collect();
+    for prefix_caching in [true, false] {
+        let mut o = options(3, 1, LoraSelect::Gather);
+        o.max_model_len = 60;
+        o.max_num_batched_tokens = 16;
+        o.prefix_caching = prefix_caching;
+        let b = Batcher::spawn(
+            BackendOptions::cpu(),
+            model(),
+            o,
+            &[("peft".into(), peft.clone())],
+            0,
+        )
+        .unwrap();
+        let requests = |range: std::ops::Range<usize>| -> Vec<GenerationRequest> {
+            work[range]
+                .iter()
+                .map(|(p, a, n)| request(p, *a, *n, greedy.clone()))
+                .collect()
+        };
+        // All at once, then again one at a time, in an order where each
+        // finds the prefix the one before left in its (free) slot.
+        let together = run_all(&b, requests(0..work.len()));
+        let order = [0, 2, 3, 5, 1, 6, 4];
+        let alone: Vec<Vec<u32>> = order
+            .iter()
+            .flat_map(|&k| run_all(&b, requests(k..k + 1)))
+            .collect();
+        for (k, want) in expected.iter().enumerate() {
+            assert_eq!(
+                &together[k], want,
+                "prefix caching {prefix_caching}: request {k}"
+            );
+        }
+        for (got, &k) in alone.iter().zip(&order) {
+            assert_eq!(
+                got, &expected[k],
+                "prefix caching {prefix_caching}: alone {k}"
+            );
+        }
+        let s = b.stats();
+        let reused = s
+            .prompt_tokens_reused
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let chunks = s.prefill_chunks.load(std::sync::atomic::Ordering::Relaxed);
+        let prompts = s.prefills.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(prompts, 2 * work.len() as u64);
+        assert!(chunks > prompts, "{chunks} chunks for {prompts} prompts");
+        if prefix_caching {
+            // Alone, at least: the 30 shared tokens for the second base
+            // request and for the second adapter one (not from the base
+            // request before it), and 39 of the long prompt's 40.
+            assert!(reused >= 30 + 30 + 39, "{reused} tokens reused");
+        } else {
+            assert_eq!(reused, 0);
+        }
         b.shutdown();
     }
 }

@@ -71,6 +71,8 @@ fn options(slots: usize, loras: usize, select: Option<LoraSelect>) -> BatcherOpt
         max_queue: 256,
         select,
         dtype: DType::F32,
+        max_num_batched_tokens: 256,
+        prefix_caching: true,
         fail_on_token: None,
     }
 }

@@ -106,6 +106,20 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub lora_select: LoraSelectArg,
 
+    /// Tokens one engine step computes at most: a decode token per running
+    /// request plus chunks of joining prompts, so arrivals never stall
+    /// running streams for more than this much work (vLLM's
+    /// --max-num-batched-tokens). At least 16. Smaller: shorter stalls
+    /// of running streams, longer waits for the first token of a burst
+    /// (BENCHMARKS.md).
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(16..))]
+    pub max_num_batched_tokens: u32,
+
+    /// Compute every prompt whole, even where another request already
+    /// holds the keys and values of its prefix (same tokens, same adapter).
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+
     /// Seed for random weights (presets and --config).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -166,6 +180,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             LoraSelectArg::OneHot => Some(LoraSelect::OneHot),
         },
         dtype: args.dtype.dtype(args.plugin.is_cpu()),
+        max_num_batched_tokens: args.max_num_batched_tokens as usize,
+        prefix_caching: !args.no_prefix_caching,
         fail_on_token: match std::env::var("HLO_TRAIN_TEST_FAIL_ON_TOKEN") {
             Ok(t) => Some(t.parse().context("HLO_TRAIN_TEST_FAIL_ON_TOKEN")?),
             Err(_) => None,

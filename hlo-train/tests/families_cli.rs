@@ -42,9 +42,15 @@ fn f32_prompt_logits_on_eight_devices_equal_hf() {
             let all = fixture_tensor(&dir, "expected.safetensors", key).to_f64s();
             let want = &all[..got.len()];
             let d = max_diff(&got, want);
+            // f32 rounding, relative to the logits' size (up to ~6 here):
+            // the 8 devices sum their partial products in another order
+            // than HF, and XLA's CPU code differs between machines (one
+            // passed 1e-5, another gave 1.27e-5 for qwen2's adapter logits
+            // every run, about 18 f32 ulps at that size).
+            let scale = want.iter().fold(1f64, |m, x| m.max(x.abs()));
             assert!(
-                d < 1e-5,
-                "{name} {key} on 8 devices: logits differ by {d:e}"
+                d < 4e-6 * scale,
+                "{name} {key} on 8 devices: logits differ by {d:e} (largest logit {scale})"
             );
         }
     }

@@ -174,6 +174,21 @@ impl Metrics {
                 &batcher.prefills,
             ),
             (
+                "hlo_train_prefill_chunks_total",
+                "Prefill program runs (a prompt longer than the step's token budget takes several).",
+                &batcher.prefill_chunks,
+            ),
+            (
+                "hlo_train_prompt_tokens_computed_total",
+                "Prompt tokens whose keys and values were computed.",
+                &batcher.prompt_tokens_computed,
+            ),
+            (
+                "hlo_train_prompt_tokens_reused_total",
+                "Prompt tokens whose keys and values were reused from another request's (prefix caching).",
+                &batcher.prompt_tokens_reused,
+            ),
+            (
                 "hlo_train_decode_steps_total",
                 "Decode steps run (one token for every running request).",
                 &batcher.decode_steps,
