@@ -10,7 +10,8 @@
 //! token per running request, and chunks of joining prompts in what is
 //! left (a long prompt takes several steps, several short ones share one),
 //! each chunk prefilled straight into its slot; a prompt prefix another
-//! slot holds under the same adapter is copied rather than computed. Each slot keeps its own position, sampling settings, seed and stop
+//! slot holds under the same adapter is copied rather than computed. Each
+//! slot keeps its own position, sampling settings, seed and stop
 //! tokens, so a request's tokens are the same whichever requests share its
 //! batch. Adapters are registered by name (parsed and checked once), kept
 //! parsed in a host LRU of `max_cpu_loras`, read from disk beyond that, and
