@@ -1091,7 +1091,8 @@ impl Batcher {
             // computing again a few positions it already holds.
             let start = prefilled.min(usize::try_from(max_len - bucket).unwrap_or(0));
             let end = prefilled + n;
-            let held = r.prompt[..end].to_vec();
+            // The slot holds prompt[..prefilled]; this chunk adds the rest.
+            let fresh = r.prompt[prefilled..end].to_vec();
             let mut ids = vec![0i32; bucket as usize];
             for (k, &t) in r.prompt[start..end].iter().enumerate() {
                 ids[k] = t as i32;
@@ -1125,7 +1126,7 @@ impl Batcher {
                 .prompt_tokens_computed
                 .fetch_add(n as u64, Ordering::Relaxed);
             budget = budget.saturating_sub(bucket as usize);
-            self.held[slot].tokens = held;
+            self.held[slot].tokens.extend(fresh);
             let Some(a) = &mut self.slots[slot] else {
                 return Ok(budget);
             };

@@ -240,12 +240,22 @@ fn common_inputs(
             .into_iter()
             .map(|(n, t)| (n, t, Role::AdapterTable)),
     );
-    inputs.extend(
-        super::cache_types(config, slots, max_len, dtype)
-            .into_iter()
-            .map(|(n, t)| (n, t, Role::KvCache)),
-    );
+    inputs.extend(cache_inputs(config, dtype, slots, max_len));
     inputs
+}
+
+/// The caches as program inputs (`Role::KvCache`: donated where the
+/// program returns them).
+fn cache_inputs(
+    config: &ModelConfig,
+    dtype: DType,
+    slots: i64,
+    max_len: i64,
+) -> Vec<(String, TensorType, Role)> {
+    super::cache_types(config, slots, max_len, dtype)
+        .into_iter()
+        .map(|(n, t)| (n, t, Role::KvCache))
+        .collect()
 }
 
 /// Per-row sampling inputs: `temperature` (f32), `top_k` (i32), `top_p`
@@ -362,11 +372,8 @@ pub fn slot_read_step(
     slots: i64,
     max_len: i64,
 ) -> Result<Step, TraceError> {
-    let caches = super::cache_types(config, slots, max_len, dtype);
-    let mut inputs: Vec<(String, TensorType, Role)> = caches
-        .iter()
-        .map(|(n, t)| (n.clone(), t.clone(), Role::KvCache))
-        .collect();
+    let mut inputs = cache_inputs(config, dtype, slots, max_len);
+    let caches: Vec<String> = inputs.iter().map(|(n, _, _)| n.clone()).collect();
     for n in ["src", "length"] {
         inputs.push((n.to_string(), TensorType::scalar(DType::I32), Role::Control));
     }
@@ -376,7 +383,7 @@ pub fn slot_read_step(
         let shared = at.lt(i["length"].broadcast_in_dim(&row, &[]));
         let zero = i["length"].scalar_like(0.0);
         let mut out = Outputs::new();
-        for (n, _) in &caches {
+        for n in &caches {
             let src = i[n.as_str()].dynamic_slice(&[i["src"], zero, zero, zero], &row);
             out = out.add(format!("row.{n}"), shared.where_(src, src.scalar_like(0.0)));
         }
@@ -393,13 +400,10 @@ pub fn slot_write_step(
     slots: i64,
     max_len: i64,
 ) -> Result<Step, TraceError> {
-    let caches = super::cache_types(config, slots, max_len, dtype);
     let row = [1, config.num_key_value_heads, max_len, config.head_dim];
-    let mut inputs: Vec<(String, TensorType, Role)> = caches
-        .iter()
-        .map(|(n, t)| (n.clone(), t.clone(), Role::KvCache))
-        .collect();
-    for (n, _) in &caches {
+    let mut inputs = cache_inputs(config, dtype, slots, max_len);
+    let caches: Vec<String> = inputs.iter().map(|(n, _, _)| n.clone()).collect();
+    for n in &caches {
         inputs.push((
             format!("row.{n}"),
             TensorType::new(dtype, row),
@@ -410,7 +414,7 @@ pub fn slot_write_step(
     step_of("kv_prefix_write", inputs, |i| {
         let zero = i["dst"].scalar_like(0.0);
         let mut out = Outputs::new();
-        for (n, _) in &caches {
+        for n in &caches {
             let written = i[n.as_str()].dynamic_update_slice(
                 i[format!("row.{n}").as_str()],
                 &[i["dst"], zero, zero, zero],
