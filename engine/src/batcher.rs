@@ -1,15 +1,15 @@
 //! Continuous batching of many requests over many LoRA adapters, with one
 //! base model on the devices (the programs are
-//! [`hlo_models::decoder::slot_decode_step`] and its siblings).
+//! [`hlo_models::decoder::slot_step`] and its siblings).
 //!
 //! A [`Batcher`] runs on its own thread and owns the devices' state: the
 //! weights, the KV cache of `max_batch_size` slots and the adapter tables of
 //! `max_loras` entries. Between two decode steps, requests that finished or
 //! whose caller went away leave their slots, and waiting requests join.
-//! Each step computes at most `max_num_batched_tokens` tokens: a decode
-//! token per running request, and chunks of joining prompts in what is
-//! left (a long prompt takes several steps, several short ones share one),
-//! each chunk prefilled straight into its slot; a prompt prefix another
+//! Each step is one program of at most `max_num_batched_tokens` tokens: a
+//! decode token per running request, and a chunk of a joining prompt in
+//! what is left (a long prompt takes several steps), prefilled straight
+//! into its slot; the weights are read once a step. A prompt prefix another
 //! slot holds under the same adapter is copied rather than computed. Each
 //! slot keeps its own position, sampling settings, seed and stop
 //! tokens, so a request's tokens are the same whichever requests share its
@@ -24,15 +24,15 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use hlo_ir::{DType, Literal};
 use hlo_models::adapter::Adapter;
 use hlo_models::decoder::{
     adapter_table_types, base_parameter_types, cache_types, lora_parameter_types, partition_rules,
-    projections, slot_decode_step, slot_prefill_step, slot_read_step, slot_write_step,
-    table_update_step, AdapterTables, LoraSelect, ModelConfig,
+    projections, slot_read_step, slot_step, slot_write_step, table_update_step, AdapterTables,
+    LoraSelect, ModelConfig,
 };
 use hlo_models::roles::{Role, Step};
 use hlo_partitioner::PartitionSpec;
@@ -66,13 +66,21 @@ pub struct BatcherOptions {
     /// the two at each size, BENCHMARKS.md).
     pub select: Option<LoraSelect>,
     pub dtype: DType,
-    /// Tokens one engine step computes at most: a decode token per running
-    /// request plus chunks of joining prompts (vLLM's
-    /// `max_num_batched_tokens`). A prompt longer than what is left is
-    /// prefilled over several steps, so arrivals never stall running
-    /// streams for more than one budget's worth of work; a step always
-    /// runs at least one 16-token chunk.
+    /// The token budget of an engine step (vLLM's
+    /// `max_num_batched_tokens`): a step with no running request prefills
+    /// a prompt chunk of up to this many tokens; one with running requests
+    /// computes their decode tokens and a chunk of a joining prompt of
+    /// half the budget (16 tokens when the prompt's rest fits them). A
+    /// longer prompt is prefilled over several steps, so arrivals never
+    /// stall running streams for more than one chunk's work.
     pub max_num_batched_tokens: usize,
+    /// Compile the programs of steps that run decode rows and a prompt
+    /// chunk together on a second thread once the batcher is ready, which
+    /// it then is sooner (each program takes seconds to compile); until
+    /// one is compiled, such a step runs its chunk and its decode rows as
+    /// two programs. Off: every program is compiled before the batcher is
+    /// ready.
+    pub background_compile: bool,
     /// Reuse the keys and values of a prompt prefix another slot holds
     /// (same tokens, same adapter) instead of computing them again.
     pub prefix_caching: bool,
@@ -154,6 +162,9 @@ pub struct BatcherStats {
     pub prompt_tokens_computed: AtomicU64,
     pub prompt_tokens_reused: AtomicU64,
     pub decode_steps: AtomicU64,
+    /// Step programs still being compiled (see
+    /// [`BatcherOptions::background_compile`]).
+    pub programs_pending: AtomicUsize,
     /// Requests whose caller went away before they finished.
     pub cancelled: AtomicU64,
 }
@@ -447,16 +458,19 @@ impl BatcherHandle {
 /// The batcher: spawn it with [`Batcher::spawn`].
 pub struct Batcher {
     shared: Arc<Shared>,
-    backend: Backend,
+    backend: Arc<Backend>,
     weights: Vec<DeviceArray>,
     tables: Vec<DeviceArray>,
     caches: Vec<DeviceArray>,
     tables_shape: AdapterTables,
-    /// Decode programs by rows: powers of two below the slot count, and
-    /// the slot count.
-    decode: HashMap<i64, Program>,
+    /// The step programs by (decode rows, chunk tokens): see
+    /// [`step_shapes`].
+    steps: HashMap<(i64, i64), Program>,
+    /// Step programs compiled on the compiler thread, as they come.
+    compiled: Option<mpsc::Receiver<Result<StepProgram>>>,
+    /// Tells the compiler thread to stop (the batcher has ended).
+    stop_compiling: Arc<AtomicBool>,
     update: Program,
-    prefill: HashMap<i64, Program>,
     /// A prefix read from one slot, and written into another.
     read: Program,
     write: Program,
@@ -499,6 +513,90 @@ pub fn decode_buckets(slots: i64) -> Vec<i64> {
 /// the cache's length.
 pub fn prefill_bucket(len: usize, max_len: i64) -> i64 {
     prompt_bucket(len).min(max_len)
+}
+
+/// The chunk a step with decode rows carries, unless the prompt's rest
+/// fits 16 tokens: half the token budget (a power of two, at least 16).
+/// Two chunk sizes, not every bucket, for steps with decode rows: each
+/// (rows, chunk) pair is a program compiled at start (BENCHMARKS.md).
+pub fn mixed_chunk(options: &BatcherOptions) -> usize {
+    1usize << (options.max_num_batched_tokens / 2).max(16).ilog2()
+}
+
+/// The (decode rows, chunk tokens) of every step program a batcher with
+/// `options` compiles: decode alone ([`decode_buckets`] rows); a chunk
+/// alone (powers of two from 16 to the token budget); and decode rows
+/// with a chunk of 16 or [`mixed_chunk`] tokens. Chunks are at most the
+/// cache's length.
+pub fn step_shapes(options: &BatcherOptions) -> Vec<(i64, i64)> {
+    let bucket = |chunk: usize| prefill_bucket(chunk, options.max_model_len);
+    let most = 1usize << options.max_num_batched_tokens.max(16).ilog2();
+    let mut shapes: Vec<(i64, i64)> = Vec::new();
+    let mut add = |shape| {
+        if !shapes.contains(&shape) {
+            shapes.push(shape);
+        }
+    };
+    let mut chunk = 16;
+    while chunk <= most {
+        add((0, bucket(chunk)));
+        chunk *= 2;
+    }
+    for rows in decode_buckets(options.max_batch_size as i64) {
+        add((rows, 0));
+        add((rows, bucket(16)));
+        add((rows, bucket(mixed_chunk(options))));
+    }
+    shapes
+}
+
+/// A chunk of a prompt in a step: tokens `start..end` of the prompt of the
+/// request in `slot`, padded to `bucket` (the slot holds the prompt up to
+/// at least `start`).
+#[derive(Clone, Copy, Debug)]
+struct Chunk {
+    slot: usize,
+    start: usize,
+    end: usize,
+    bucket: i64,
+}
+
+/// A step program and its (decode rows, chunk tokens).
+type StepProgram = ((i64, i64), Program);
+
+/// What compiles a step program, on the batcher's thread or on its own.
+#[derive(Clone)]
+struct StepCompiler {
+    backend: Arc<Backend>,
+    config: ModelConfig,
+    options: BatcherOptions,
+    tables: AdapterTables,
+    /// The weights' layouts, as uploaded.
+    weights: Vec<PartitionSpec>,
+    cache: PartitionSpec,
+}
+
+impl StepCompiler {
+    /// The step program of `rows` decode rows and a `chunk`-token chunk.
+    fn program(&self, (rows, chunk): (i64, i64)) -> Result<Program> {
+        let o = &self.options;
+        let step = slot_step(
+            &self.config,
+            o.dtype,
+            o.max_batch_size as i64,
+            o.max_model_len,
+            rows,
+            chunk,
+            &tables_for(&self.tables, o.select, rows + chunk),
+        )?;
+        Batcher::compile_with(&self.backend, &self.weights, &self.cache, step)
+    }
+}
+
+impl Drop for Batcher {
+    fn drop(&mut self) {
+        self.stop_compiling.store(true, Ordering::SeqCst);
+    }
 }
 
 impl Batcher {
@@ -618,12 +716,50 @@ impl Batcher {
             .into_iter()
             .map(|(_, ty)| backend.place(&HostArray::from(Literal::splat(ty, 0.0)), &spec))
             .collect::<Result<Vec<_>>>()?;
-        let mut decode = HashMap::new();
-        for rows in decode_buckets(slots) {
-            let tables = tables_for(&tables_shape, o.select, rows);
-            let step = slot_decode_step(config, dtype, slots, rows, o.max_model_len, &tables)?;
-            decode.insert(rows, Self::compile_with(&backend, &weights, &spec, step)?);
+        // Every program a step can need is compiled before the first
+        // request (none pays a compilation, no running stream waits for
+        // one); those of steps with decode rows and a chunk maybe later,
+        // on a second thread, since they have fallbacks.
+        let backend = Arc::new(backend);
+        let (now, later): (Vec<_>, Vec<_>) = step_shapes(o)
+            .into_iter()
+            .partition(|&(rows, chunk)| !o.background_compile || rows == 0 || chunk == 0);
+        let compile = StepCompiler {
+            backend: backend.clone(),
+            config: config.clone(),
+            options: o.clone(),
+            tables: tables_shape,
+            weights: weights.iter().map(|w| w.sharding().spec.clone()).collect(),
+            cache: spec.clone(),
+        };
+        let mut steps = HashMap::new();
+        for shape in now {
+            steps.insert(shape, compile.program(shape)?);
         }
+        let stop_compiling = Arc::new(AtomicBool::new(false));
+        let compiled = (!later.is_empty()).then(|| {
+            let (tx, rx) = mpsc::channel();
+            let stop = stop_compiling.clone();
+            let compile = compile.clone();
+            shared
+                .stats
+                .programs_pending
+                .store(later.len(), Ordering::SeqCst);
+            let _ = std::thread::Builder::new()
+                .name("step-compiler".into())
+                .spawn(move || {
+                    for shape in later {
+                        if stop.load(Ordering::SeqCst) {
+                            return;
+                        }
+                        let program = compile.program(shape).map(|p| (shape, p));
+                        if tx.send(program).is_err() {
+                            return;
+                        }
+                    }
+                });
+            rx
+        });
         let read = Self::compile_with(
             &backend,
             &[],
@@ -636,11 +772,13 @@ impl Batcher {
             &spec,
             slot_write_step(config, dtype, slots, o.max_model_len)?,
         )?;
-        let mut b = Batcher {
-            decode,
+        Ok(Batcher {
+            steps,
+            compiled,
+            stop_compiling,
             update: Self::compile_with(
                 &backend,
-                &weights,
+                &compile.weights,
                 &spec,
                 table_update_step(config, &tables_shape)?,
             )?,
@@ -649,7 +787,6 @@ impl Batcher {
             tables,
             caches,
             tables_shape,
-            prefill: HashMap::new(),
             read,
             write,
             held: vec![Held::default(); o.max_batch_size],
@@ -660,51 +797,24 @@ impl Batcher {
             commands,
             draining: false,
             shared: shared.clone(),
-        };
-        // Every chunk bucket the budget allows is compiled now: no request
-        // pays a compilation, and no running stream waits for one.
-        let most = 1usize << o.max_num_batched_tokens.max(16).ilog2();
-        let mut chunk = 16;
-        while chunk <= most {
-            b.prefill_program(prefill_bucket(chunk, o.max_model_len))?;
-            chunk *= 2;
-        }
-        Ok(b)
+        })
     }
 
     /// Compiles a serving program: weights laid out as uploaded, caches by
     /// `cache`, tables and per-call inputs replicated.
     fn compile_with(
         backend: &Backend,
-        weights: &[DeviceArray],
+        weights: &[PartitionSpec],
         cache: &PartitionSpec,
         step: Step,
     ) -> Result<Program> {
         let sharded =
             ShardedStep::with_layout(&step, backend.mesh(), |k| match step.inputs[k].role {
-                Role::Weight => weights[k].sharding().spec.clone(),
+                Role::Weight => weights[k].clone(),
                 Role::KvCache => cache.clone(),
                 _ => PartitionSpec::replicated(),
             });
         sharded.compile(backend, Mode::Jit)
-    }
-
-    fn prefill_program(&mut self, bucket: i64) -> Result<&Program> {
-        if !self.prefill.contains_key(&bucket) {
-            let o = &self.shared.options;
-            let step = slot_prefill_step(
-                &self.shared.config,
-                o.dtype,
-                o.max_batch_size as i64,
-                o.max_model_len,
-                bucket,
-                &tables_for(&self.tables_shape, o.select, 1),
-            )?;
-            let cache = cache_spec(self.backend.mesh(), &self.shared.config);
-            let program = Self::compile_with(&self.backend, &self.weights, &cache, step)?;
-            self.prefill.insert(bucket, program);
-        }
-        Ok(&self.prefill[&bucket])
     }
 
     /// The loop: take commands, admit waiting requests, decode one step.
@@ -726,12 +836,25 @@ impl Batcher {
                 self.command(c);
             }
             self.drop_cancelled();
-            self.prefill()?;
-            if self.slots.iter().flatten().any(Active::decoding) {
-                self.decode_step()?;
-            }
+            self.receive_programs()?;
+            self.step()?;
             self.publish();
         }
+    }
+
+    /// Takes the step programs the compiler thread has finished. One
+    /// that failed to compile fails the batcher, as it would have at start.
+    fn receive_programs(&mut self) -> Result<()> {
+        let Some(compiled) = &self.compiled else {
+            return Ok(());
+        };
+        let pending = &self.shared.stats.programs_pending;
+        while let Ok(program) = compiled.try_recv() {
+            pending.fetch_sub(1, Ordering::SeqCst);
+            let (shape, program) = program?;
+            self.steps.insert(shape, program);
+        }
+        Ok(())
     }
 
     /// After the loop failed with `why`: records it (the handle refuses
@@ -893,16 +1016,18 @@ impl Batcher {
         Ok(())
     }
 
-    /// The prompt work of one engine step, within the token budget left
-    /// by the decode rows: chunks of the prompts already in slots (first
-    /// come, first served), then waiting requests moved into free slots
-    /// and prefilled as far as the budget goes. A request whose adapter
-    /// can no longer be read fails alone; a device error is returned.
-    fn prefill(&mut self) -> Result<()> {
-        let o = &self.shared.options;
-        let decoding = self.slots.iter().flatten().filter(|a| a.decoding()).count();
-        let mut budget = o.max_num_batched_tokens.saturating_sub(decoding).max(16);
-        let mut started: Vec<(u64, usize)> = self
+    /// One engine step, one program: a decode token for every running
+    /// request, and one chunk of a joining prompt in the token budget the
+    /// decode rows leave (the oldest prompt still being prefilled, else a
+    /// waiting request moved into a free slot). The chunk's last token
+    /// samples the request's first token when its prompt is in. A request
+    /// whose adapter can no longer be read fails alone; a device error is
+    /// returned.
+    fn step(&mut self) -> Result<()> {
+        let shared = self.shared.clone();
+        let o = &shared.options;
+        let (max_len, budget) = (o.max_model_len, o.max_num_batched_tokens);
+        let prefilling = self
             .slots
             .iter()
             .enumerate()
@@ -911,19 +1036,201 @@ impl Batcher {
                     .filter(|a| !a.decoding())
                     .map(|a| (a.admitted, k))
             })
-            .collect();
-        started.sort_unstable();
-        for (_, slot) in started {
-            if budget < 16 {
-                return Ok(());
-            }
-            budget = self.prefill_slot(slot, budget)?;
-        }
-        while budget >= 16 {
-            let Some(slot) = self.admit()? else {
-                return Ok(());
+            .min()
+            .map(|(_, k)| k);
+        let chunk_slot = match prefilling {
+            Some(k) => Some(k),
+            None => self.admit()?,
+        };
+        let rows = self.decode_rows();
+        // The chunk: alone, a power of two up to the budget; beside decode
+        // rows, 16 tokens or the mixed chunk (see `step_shapes`).
+        let most = if rows == 0 {
+            1usize << budget.max(16).ilog2()
+        } else {
+            mixed_chunk(o)
+        };
+        let chunk = chunk_slot.and_then(|slot| {
+            let a = self.slots[slot].as_ref()?;
+            let len = a.request.prompt.len();
+            let n = (len - a.prefilled).min(most);
+            let bucket = if rows == 0 || n <= 16 {
+                prefill_bucket(n, max_len)
+            } else {
+                prefill_bucket(most, max_len)
             };
-            budget = self.prefill_slot(slot, budget)?;
+            // A chunk that would pass the cache's end starts earlier,
+            // computing again a few positions it already holds.
+            let start = a
+                .prefilled
+                .min(usize::try_from(max_len - bucket).unwrap_or(0));
+            Some(Chunk {
+                slot,
+                start,
+                end: a.prefilled + n,
+                bucket,
+            })
+        });
+        match chunk {
+            None if rows == 0 => Ok(()),
+            // Not compiled yet (see `BatcherOptions::background_compile`):
+            // the chunk, then the decode rows, as two programs.
+            Some(c) if rows > 0 && !self.steps.contains_key(&(rows as i64, c.bucket)) => {
+                self.run_step(0, Some(c))?;
+                match self.decode_rows() {
+                    0 => Ok(()),
+                    rows => self.run_step(rows, None),
+                }
+            }
+            chunk => self.run_step(rows, chunk),
+        }
+    }
+
+    /// The smallest decode row count covering every decoding slot (new
+    /// requests take the lowest free slot, so running ones gather at the
+    /// front); 0 when none decodes.
+    fn decode_rows(&self) -> usize {
+        match self
+            .slots
+            .iter()
+            .rposition(|a| a.as_ref().is_some_and(Active::decoding))
+        {
+            None => 0,
+            Some(last) => decode_buckets(self.slots.len() as i64)
+                .into_iter()
+                .find(|&r| r > last as i64)
+                .unwrap_or(self.slots.len() as i64) as usize,
+        }
+    }
+
+    /// Runs the step program of `rows` decode rows and `chunk`, and hands
+    /// out what it sampled.
+    fn run_step(&mut self, rows: usize, chunk: Option<Chunk>) -> Result<()> {
+        let max_len = self.shared.options.max_model_len;
+        let bucket = chunk.map_or(0, |c| c.bucket);
+        // A free row, or one whose prompt is still being prefilled, gets
+        // position max_len: it writes nothing.
+        let free = i32::try_from(max_len).unwrap_or(i32::MAX);
+        let mut ids = Vec::with_capacity(rows + bucket as usize);
+        let (mut pos, mut entry) = (vec![free; rows], Vec::new());
+        let (mut temp, mut top_k, mut top_p, mut seed) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut sampling = |a: Option<&Active>, entry: &mut Vec<i32>| {
+            let s = a.map(|a| &a.request.sampling);
+            entry.push(a.map_or(0, |a| a.entry as i32));
+            temp.push(s.map_or(0.0, |s| s.temperature() as f32));
+            top_k.push(s.map_or(0, |s| self.top_k(s)));
+            top_p.push(s.and_then(|s| s.top_p).unwrap_or(1.0) as f32);
+            seed.push(a.map_or(0, |a| a.seed));
+        };
+        for (k, a) in self.slots.iter().take(rows).enumerate() {
+            let a = a.as_ref().filter(|a| a.decoding());
+            ids.push(a.map_or(0, |a| a.last as i32));
+            if let Some(a) = a {
+                pos[k] = a.position as i32;
+            }
+            sampling(a, &mut entry);
+        }
+        let place = |h: HostArray| self.backend.replicate(&h);
+        let mut controls = Vec::new();
+        if let Some(Chunk {
+            slot,
+            start,
+            end,
+            bucket,
+        }) = chunk
+        {
+            let a = self.slots[slot].as_ref();
+            let prompt = a.map_or(&[][..], |a| &a.request.prompt[start..end]);
+            ids.extend(prompt.iter().map(|&t| t as i32));
+            ids.resize(rows + bucket as usize, 0);
+            sampling(a, &mut entry);
+            controls.push(place(HostArray::new(&[ids.len() as i64], &ids)?)?);
+            if rows > 0 {
+                controls.push(place(HostArray::new(&[rows as i64], &pos)?)?);
+            }
+            for v in [start, end - start, slot] {
+                controls.push(place(HostArray::scalar(v as i32))?);
+            }
+        } else {
+            controls.push(place(HostArray::new(&[rows as i64], &ids)?)?);
+            controls.push(place(HostArray::new(&[rows as i64], &pos)?)?);
+        }
+        let outs = [entry.len() as i64];
+        controls.push(place(HostArray::new(&outs, &entry)?)?);
+        controls.push(place(HostArray::new(&outs, &temp)?)?);
+        controls.push(place(HostArray::new(&outs, &top_k)?)?);
+        controls.push(place(HostArray::new(&outs, &top_p)?)?);
+        controls.push(place(HostArray::new(&outs, &seed)?)?);
+        let program = self.steps.get(&(rows as i64, bucket)).ok_or_else(|| {
+            EngineError::Setting(format!(
+                "no serving program for {rows} decode rows and a {bucket}-token chunk"
+            ))
+        })?;
+        let mut args: Vec<&DeviceArray> = self.weights.iter().collect();
+        args.extend(self.tables.iter());
+        args.extend(self.caches.iter());
+        args.extend(controls.iter());
+        let mut out = program.run(&args)?;
+        self.caches = out.split_off(1);
+        let next: Vec<i32> = out[0].gather()?.to_vec()?;
+        let stats = &self.shared.stats;
+        let vocab = self.shared.config.vocab_size;
+        if rows > 0 {
+            stats.decode_steps.fetch_add(1, Ordering::Relaxed);
+        }
+        for ((slot, held), &next) in self.slots.iter_mut().zip(&mut self.held).zip(&next[..rows]) {
+            let Some(a) = slot.as_mut().filter(|a| a.decoding()) else {
+                continue;
+            };
+            let finished = match Self::token(vocab, next, &a.events) {
+                None => {
+                    *held = Held::default();
+                    true
+                }
+                Some(t) => {
+                    held.tokens.push(a.last);
+                    a.position += 1;
+                    Self::emit(a, t)
+                }
+            };
+            if finished {
+                *slot = None;
+            }
+        }
+        let Some(Chunk { slot, end, .. }) = chunk else {
+            return Ok(());
+        };
+        stats.prefill_chunks.fetch_add(1, Ordering::Relaxed);
+        let Some(a) = &mut self.slots[slot] else {
+            return Ok(());
+        };
+        let computed = end - a.prefilled;
+        stats
+            .prompt_tokens_computed
+            .fetch_add(computed as u64, Ordering::Relaxed);
+        self.held[slot]
+            .tokens
+            .extend_from_slice(&a.request.prompt[a.prefilled..end]);
+        a.prefilled = end;
+        if end < a.request.prompt.len() {
+            return Ok(());
+        }
+        // The prompt is in: its first token.
+        stats.prefills.fetch_add(1, Ordering::Relaxed);
+        let finished = match Self::token(vocab, next[rows], &a.events) {
+            None => {
+                // What it computed is not a prefix worth reusing.
+                self.held[slot] = Held::default();
+                true
+            }
+            Some(token) => {
+                a.position = end as i64;
+                Self::emit(a, token)
+            }
+        };
+        if finished {
+            self.slots[slot] = None;
         }
         Ok(())
     }
@@ -1069,95 +1376,6 @@ impl Batcher {
         Ok(entry)
     }
 
-    /// Prefills chunks of `slot`'s prompt while `budget` tokens last (at
-    /// least one chunk); returns what is left. The last chunk samples the
-    /// first token: the request then decodes, or has finished.
-    fn prefill_slot(&mut self, slot: usize, mut budget: usize) -> Result<usize> {
-        let max_len = self.shared.options.max_model_len;
-        let vocab = self.shared.config.vocab_size;
-        // Chunks are powers of two (a few programs serve every length), at
-        // most the largest that fits the budget.
-        let most = 1usize << budget.max(16).ilog2();
-        loop {
-            let Some(a) = &self.slots[slot] else {
-                return Ok(budget);
-            };
-            let r = &a.request;
-            let len = r.prompt.len();
-            let prefilled = a.prefilled;
-            let n = (len - prefilled).min(most);
-            let bucket = prefill_bucket(n, max_len);
-            // A chunk that would pass the cache's end starts earlier,
-            // computing again a few positions it already holds.
-            let start = prefilled.min(usize::try_from(max_len - bucket).unwrap_or(0));
-            let end = prefilled + n;
-            // The slot holds prompt[..prefilled]; this chunk adds the rest.
-            let fresh = r.prompt[prefilled..end].to_vec();
-            let mut ids = vec![0i32; bucket as usize];
-            for (k, &t) in r.prompt[start..end].iter().enumerate() {
-                ids[k] = t as i32;
-            }
-            let place = |h: HostArray| self.backend.replicate(&h);
-            let controls = [
-                place(HostArray::new(&[1, bucket], &ids)?)?,
-                place(HostArray::scalar(start as i32))?,
-                place(HostArray::scalar((end - start) as i32))?,
-                place(HostArray::scalar(slot as i32))?,
-                place(HostArray::new(&[1], &[a.entry as i32])?)?,
-                place(HostArray::new(&[1], &[r.sampling.temperature() as f32])?)?,
-                place(HostArray::new(&[1], &[self.top_k(&r.sampling)])?)?,
-                place(HostArray::new(
-                    &[1],
-                    &[r.sampling.top_p.unwrap_or(1.0) as f32],
-                )?)?,
-                place(HostArray::new(&[1], &[a.seed])?)?,
-            ];
-            self.prefill_program(bucket)?;
-            let program = &self.prefill[&bucket];
-            let mut args: Vec<&DeviceArray> = self.weights.iter().collect();
-            args.extend(self.tables.iter());
-            args.extend(self.caches.iter());
-            args.extend(controls.iter());
-            let mut out = program.run(&args)?;
-            self.caches = out.split_off(1);
-            let stats = &self.shared.stats;
-            stats.prefill_chunks.fetch_add(1, Ordering::Relaxed);
-            stats
-                .prompt_tokens_computed
-                .fetch_add(n as u64, Ordering::Relaxed);
-            budget = budget.saturating_sub(bucket as usize);
-            self.held[slot].tokens.extend(fresh);
-            let Some(a) = &mut self.slots[slot] else {
-                return Ok(budget);
-            };
-            a.prefilled = end;
-            if end < len {
-                if budget < 16 {
-                    return Ok(budget);
-                }
-                continue;
-            }
-            // The prompt is in: its first token.
-            let next: Vec<i32> = out[0].gather()?.to_vec()?;
-            stats.prefills.fetch_add(1, Ordering::Relaxed);
-            let finished = match Self::token(vocab, next[0], &a.events) {
-                None => {
-                    // What it computed is not a prefix worth reusing.
-                    self.held[slot] = Held::default();
-                    true
-                }
-                Some(token) => {
-                    a.position = len as i64;
-                    Self::emit(a, token)
-                }
-            };
-            if finished {
-                self.slots[slot] = None;
-            }
-            return Ok(budget);
-        }
-    }
-
     /// The sampler's top-k for a request: 0 (all) or at most the
     /// vocabulary, which fits the program's i32.
     fn top_k(&self, sampling: &Sampling) -> i32 {
@@ -1204,83 +1422,6 @@ impl Batcher {
             }
             None => false,
         }
-    }
-
-    /// One token for every running request, with the smallest decode
-    /// program whose rows hold every running slot (new requests take the
-    /// lowest free slot, so running ones gather at the front).
-    fn decode_step(&mut self) -> Result<()> {
-        // Rows of the decoding slots only: a free slot, or one whose prompt
-        // is still being prefilled, gets position max_len and writes
-        // nothing.
-        let last = self
-            .slots
-            .iter()
-            .rposition(|a| a.as_ref().is_some_and(Active::decoding))
-            .unwrap_or(0) as i64;
-        let n = decode_buckets(self.slots.len() as i64)
-            .into_iter()
-            .find(|&r| r > last)
-            .unwrap_or(self.slots.len() as i64) as usize;
-        // A free row writes nothing: its position is past the cache.
-        let free = i32::try_from(self.shared.options.max_model_len).unwrap_or(i32::MAX);
-        let (mut ids, mut pos, mut entry) = (vec![0i32; n], vec![free; n], vec![0i32; n]);
-        let (mut temp, mut top_k, mut top_p, mut seed) =
-            (vec![0f32; n], vec![0i32; n], vec![1f32; n], vec![0u32; n]);
-        for (k, a) in self.slots.iter().take(n).enumerate() {
-            if let Some(a) = a.as_ref().filter(|a| a.decoding()) {
-                ids[k] = a.last as i32;
-                pos[k] = a.position as i32;
-                entry[k] = a.entry as i32;
-                temp[k] = a.request.sampling.temperature() as f32;
-                top_k[k] = self.top_k(&a.request.sampling);
-                top_p[k] = a.request.sampling.top_p.unwrap_or(1.0) as f32;
-                seed[k] = a.seed;
-            }
-        }
-        let rows = [n as i64];
-        let place = |h: HostArray| self.backend.replicate(&h);
-        let controls = [
-            place(HostArray::new(&rows, &ids)?)?,
-            place(HostArray::new(&rows, &pos)?)?,
-            place(HostArray::new(&rows, &entry)?)?,
-            place(HostArray::new(&rows, &temp)?)?,
-            place(HostArray::new(&rows, &top_k)?)?,
-            place(HostArray::new(&rows, &top_p)?)?,
-            place(HostArray::new(&rows, &seed)?)?,
-        ];
-        let mut args: Vec<&DeviceArray> = self.weights.iter().collect();
-        args.extend(self.tables.iter());
-        args.extend(self.caches.iter());
-        args.extend(controls.iter());
-        let mut out = self.decode[&(n as i64)].run(&args)?;
-        self.caches = out.split_off(1);
-        let next: Vec<i32> = out[0].gather()?.to_vec()?;
-        self.shared
-            .stats
-            .decode_steps
-            .fetch_add(1, Ordering::Relaxed);
-        let vocab = self.shared.config.vocab_size;
-        for ((slot, held), &next) in self.slots.iter_mut().zip(&mut self.held).zip(&next) {
-            let Some(a) = slot.as_mut().filter(|a| a.decoding()) else {
-                continue;
-            };
-            let finished = match Self::token(vocab, next, &a.events) {
-                None => {
-                    *held = Held::default();
-                    true
-                }
-                Some(t) => {
-                    held.tokens.push(a.last);
-                    a.position += 1;
-                    Self::emit(a, t)
-                }
-            };
-            if finished {
-                *slot = None;
-            }
-        }
-        Ok(())
     }
 }
 

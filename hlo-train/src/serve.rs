@@ -106,12 +106,13 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub lora_select: LoraSelectArg,
 
-    /// Tokens one engine step computes at most: a decode token per running
-    /// request plus chunks of joining prompts, so arrivals never stall
-    /// running streams for more than this much work (vLLM's
-    /// --max-num-batched-tokens). At least 16. Smaller: shorter stalls
-    /// of running streams, longer waits for the first token of a burst
-    /// (BENCHMARKS.md).
+    /// The token budget of an engine step (vLLM's
+    /// --max-num-batched-tokens): each step runs the running requests'
+    /// decode tokens and a chunk of a joining prompt of half the budget
+    /// (the whole budget when nothing runs), in one program, so arrivals
+    /// never stall running streams for more than one chunk's work. At
+    /// least 16. Smaller: shorter stalls of running streams, longer waits
+    /// for the first token of a burst (BENCHMARKS.md).
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(16..))]
     pub max_num_batched_tokens: u32,
 
@@ -181,6 +182,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         },
         dtype: args.dtype.dtype(args.plugin.is_cpu()),
         max_num_batched_tokens: args.max_num_batched_tokens as usize,
+        background_compile: true,
         prefix_caching: !args.no_prefix_caching,
         fail_on_token: match std::env::var("HLO_TRAIN_TEST_FAIL_ON_TOKEN") {
             Ok(t) => Some(t.parse().context("HLO_TRAIN_TEST_FAIL_ON_TOKEN")?),

@@ -133,6 +133,11 @@ impl Metrics {
                 "Decode slots generating.",
                 batcher.running.load(Ordering::Relaxed) as u64,
             ),
+            (
+                "hlo_train_step_programs_pending",
+                "Programs of steps mixing decode rows and a prompt chunk still being compiled after start (until then such a step runs as two programs).",
+                batcher.programs_pending.load(Ordering::Relaxed) as u64,
+            ),
         ];
         for (name, help, v) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
@@ -175,7 +180,7 @@ impl Metrics {
             ),
             (
                 "hlo_train_prefill_chunks_total",
-                "Prefill program runs (a prompt longer than the step's token budget takes several).",
+                "Prompt chunks prefilled (a prompt longer than a step's chunk takes several).",
                 &batcher.prefill_chunks,
             ),
             (

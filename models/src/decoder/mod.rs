@@ -22,8 +22,8 @@ pub use model::{is_stacked, rms_norm, Decoder, Params};
 pub use presets::PRESETS;
 pub use rules::partition_rules;
 pub use serving::{
-    adapter_table_types, projections, slot_decode_step, slot_prefill_step, slot_read_step,
-    slot_write_step, table_names, table_update_step, AdapterTables, LoraSelect,
+    adapter_table_types, projections, slot_read_step, slot_step, slot_write_step, table_names,
+    table_update_step, AdapterTables, LoraSelect,
 };
 
 use crate::nf4;

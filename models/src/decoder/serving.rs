@@ -3,15 +3,15 @@
 //! (S-LoRA, Punica).
 //!
 //! The KV cache has one *slot* per running request (`[slots, kv_heads,
-//! max_len, head_dim]` per layer). A request joins by prefill programs that
-//! run its prompt in chunks (batch 1, each padded on the right to a length
-//! bucket, attending to what the slot already holds), write their keys and
-//! values into its slot of the donated caches, and sample its first token
-//! from the last chunk; a prompt prefix another slot holds (same tokens,
-//! same adapter) is copied instead of computed ([`slot_read_step`],
-//! [`slot_write_step`]). Then
-//! every running request advances one token per decode program, each slot
-//! at its own position. Every adapter lives in
+//! max_len, head_dim]` per layer). Each engine step is one program
+//! ([`slot_step`]): every running request advances one token (a decode row,
+//! each slot at its own position), and one chunk of a joining request's
+//! prompt (padded on the right to a length bucket, attending to what its
+//! slot already holds) is written into its slot, all through the same
+//! projections, so the weights are read once a step. A prompt's last chunk
+//! samples its first token; a prompt prefix another slot holds (same
+//! tokens, same adapter) is copied instead of computed ([`slot_read_step`],
+//! [`slot_write_step`]). Every adapter lives in
 //! device-resident tables, one per projection (`lora_tables.<module>.a`
 //! `[entries, in, max_rank]`, `.b` `[entries, max_rank, out]`, `.scale`
 //! `[entries]`); entry 0 is all zero (the base model), an adapter of lower
@@ -115,12 +115,17 @@ struct Serving<'a> {
 
 impl<'a> Serving<'a> {
     /// The serving layers of `config` on the weights and tables in `p`,
-    /// each row's adapter entry its `adapter_ids` input.
-    fn new(config: &'a ModelConfig, p: &'a Params<'a>, select: LoraSelect) -> Serving<'a> {
+    /// each row's adapter entry in `adapter_ids` (`[rows]`).
+    fn new(
+        config: &'a ModelConfig,
+        p: &'a Params<'a>,
+        select: LoraSelect,
+        adapter_ids: Tensor,
+    ) -> Serving<'a> {
         Serving {
             model: decoder(config),
             p,
-            adapter_ids: p.get("adapter_ids"),
+            adapter_ids,
             select,
         }
     }
@@ -270,86 +275,218 @@ fn sampling_inputs(rows: i64) -> [(String, TensorType, Role); 4] {
     .map(|(n, d)| (n.to_string(), TensorType::new(d, [rows]), Role::Control))
 }
 
-/// The prefill program of one chunk of one request's prompt: `input_ids:
-/// [1, chunk]` (right-padded; `length []` real tokens) at positions `start
-/// []` onwards of slot `slot []`, with adapter entry `adapter_ids: [1]`.
-/// The chunk's keys and values are written at `start..start + chunk` (the
-/// caller keeps that inside the cache; padding's are overwritten before
-/// they are read), with NaN and infinities as 0 ([`finite_or_zero`]); its
-/// queries attend, causally, to the slot's row as written: the prompt's
-/// first `start` positions (earlier chunks, or a prefix copied from another
-/// slot by [`slot_read_step`] and [`slot_write_step`]) and the chunk.
-/// Positions after the chunk may hold what the slot's last request left:
-/// they are masked out of attention, and since no cache ever holds a
-/// non-finite value their weight of exactly 0 adds exactly 0. The first
-/// token is sampled from the last real token (noise counter `start +
-/// length`, the prompt's length when this is its last chunk). Outputs:
-/// `next [1]` (-1 where the logits are not finite, see [`finite_or_flag`];
-/// meaningful only for a prompt's last chunk), the caches. A short prompt
-/// is one chunk from `start` 0.
-pub fn slot_prefill_step(
+/// The program of one engine step: `rows` decode rows (0 for none) and one
+/// chunk of `chunk` prompt tokens (0 for none), run together so that the
+/// weights are read once a step however the step's tokens are split
+/// (vLLM's mixed batch). The step's tokens go through the projections and
+/// the MLPs as one batch of `rows + chunk` tokens; only attention is done
+/// apart, the rows against their slots and the chunk against its slot.
+///
+/// Inputs after the weights, tables and caches (donated):
+/// - `input_ids: [rows + chunk]`: each decode row's last token, then the
+///   chunk (right-padded; `length []` real tokens);
+/// - decode rows (when `rows > 0`): `positions: [rows]`, where each row's
+///   token goes in its slot's cache. The rows are the first `rows` slots;
+///   a free one, or one whose prompt is still being prefilled, is given
+///   position `max_len` and writes nothing; its token is ignored;
+/// - the chunk (when `chunk > 0`): `start []`, `length []` and `slot []`:
+///   its tokens are positions `start..start + chunk` of slot `slot` (the
+///   caller keeps that inside the cache; padding's keys and values are
+///   overwritten before they are read);
+/// - `adapter_ids` and the sampling inputs, one per row and then one for
+///   the chunk: `[rows + (chunk > 0)]`.
+///
+/// Keys and values are written into the caches with NaN and infinities as
+/// 0 ([`finite_or_zero`]). Each decode row attends to its slot up to its
+/// position; the chunk's queries attend, causally, to its slot as written:
+/// the prompt's first `start` positions (earlier chunks, or a prefix copied
+/// from another slot by [`slot_read_step`] and [`slot_write_step`]) and the
+/// chunk. Positions after a query may hold what the slot's last request
+/// left: they are masked out, and since no cache ever holds a non-finite
+/// value their weight of exactly 0 adds exactly 0. Each row samples its
+/// next token (noise counter `position + 1`), the chunk its last real
+/// token's (counter `start + length`: the prompt's length when this is its
+/// last chunk). Outputs: `next [rows + (chunk > 0)]` (-1 where the logits
+/// are not finite, see [`finite_or_flag`]; the chunk's is meaningful only
+/// for a prompt's last chunk), the caches (other slots' rows unchanged).
+/// Fewer rows read less of the cache: the batcher picks the smallest row
+/// count that covers its decoding slots.
+pub fn slot_step(
     config: &ModelConfig,
     dtype: DType,
     slots: i64,
     max_len: i64,
+    rows: i64,
     chunk: i64,
     tables: &AdapterTables,
 ) -> Result<Step, TraceError> {
-    let mut inputs = common_inputs(config, dtype, slots, max_len, tables);
-    for (n, ty) in [
-        ("input_ids", TensorType::new(DType::I32, [1, chunk])),
-        ("start", TensorType::scalar(DType::I32)),
-        ("length", TensorType::scalar(DType::I32)),
-        ("slot", TensorType::scalar(DType::I32)),
-        ("adapter_ids", TensorType::new(DType::I32, [1])),
-    ] {
-        inputs.push((n.to_string(), ty, Role::Control));
-    }
-    inputs.extend(sampling_inputs(1));
-    let select = tables.select;
     let c = config;
-    step_of("llama_prefill_slot", inputs, |i| {
-        let p = Params(i);
-        let s = Serving::new(config, &p, select);
-        let (start, length) = (i["start"], i["length"]);
-        let positions = iota(TensorType::new(DType::I32, [1, chunk]), 1)
-            + start.broadcast_in_dim(&[1, chunk], &[]);
-        let keys = iota(TensorType::new(DType::I32, [chunk, max_len]), 1);
-        let queries = iota(TensorType::new(DType::I32, [chunk, max_len]), 0)
-            + start.broadcast_in_dim(&[chunk, max_len], &[]);
-        let visible = s.model.visibility(keys.le(queries), keys, queries);
-        let row = [1, c.num_key_value_heads, max_len, c.head_dim];
-        let zero = start.scalar_like(0.0);
-        let mut caches = Vec::new();
-        let h = s.hidden(i["input_ids"], positions, dtype, |l, (q, k, v)| {
-            let mut kv = Vec::new();
-            for (name, new) in [("k", k), ("v", v)] {
-                let name = format!("cache.layers.{l}.{name}");
-                let cache = i[name.as_str()];
-                // Written in place (the cache is donated and this is its
-                // only use), then the slot's row read back from the result.
-                let updated = cache.dynamic_update_slice(
-                    finite_or_zero(new.cast(cache.dtype())),
-                    &[i["slot"], zero, start, zero],
-                );
-                let mine = updated.dynamic_slice(&[i["slot"], zero, zero, zero], &row);
-                kv.push(mine.cast(dtype));
-                caches.push((name, updated));
-            }
-            let kind = config.layer_types[l as usize];
-            s.model
-                .attend((q, kv[0], kv[1]), (visible.of(kind), &[3, 4]))
+    if rows < 0 || rows > slots || chunk < 0 || chunk > max_len || rows + chunk == 0 {
+        return Err(TraceError {
+            op: "slot_step".into(),
+            scope: String::new(),
+            operands: vec![],
+            message: format!(
+                "{rows} decode rows of {slots} slots and a {chunk}-token chunk of a {max_len}-position cache"
+            ),
         });
-        let hidden = config.hidden_size;
-        let last = h
-            .dynamic_slice(&[zero, length - 1.0, zero], &[1, 1, hidden])
-            .reshape(&[1, hidden]);
-        let logits = s.logits(last);
-        let uniform = hashed_uniform(
-            i["seed"],
-            (start + length).broadcast_in_dim(&[1], &[]),
-            config.vocab_size,
+    }
+    let n = rows + chunk;
+    let outs = rows + i64::from(chunk > 0);
+    let mut inputs = common_inputs(config, dtype, slots, max_len, tables);
+    let mut control = vec![("input_ids", TensorType::new(DType::I32, [n]))];
+    if rows > 0 {
+        control.push(("positions", TensorType::new(DType::I32, [rows])));
+    }
+    if chunk > 0 {
+        for name in ["start", "length", "slot"] {
+            control.push((name, TensorType::scalar(DType::I32)));
+        }
+    }
+    control.push(("adapter_ids", TensorType::new(DType::I32, [outs])));
+    for (name, ty) in control {
+        inputs.push((name.to_string(), ty, Role::Control));
+    }
+    inputs.extend(sampling_inputs(outs));
+    let select = tables.select;
+    let name = match (rows, chunk) {
+        (_, 0) => "llama_decode_slots",
+        (0, _) => "llama_prefill_slot",
+        _ => "llama_step_slots",
+    };
+    step_of(name, inputs, |i| {
+        let p = Params(i);
+        let zero = i["input_ids"].scalar_like(0.0).reshape(&[]);
+        let chunk_range = || iota(TensorType::new(DType::I32, [chunk]), 0);
+        // Per token: position and adapter entry (the chunk's for each of
+        // its tokens).
+        let mut positions = Vec::new();
+        let mut entries = Vec::new();
+        let ids = i["adapter_ids"];
+        if rows > 0 {
+            positions.push(i["positions"]);
+            entries.push(ids.slice(&[0], &[rows]));
+        }
+        if chunk > 0 {
+            positions.push(chunk_range() + i["start"].broadcast_in_dim(&[chunk], &[]));
+            entries.push(
+                ids.slice(&[rows], &[outs])
+                    .reshape(&[])
+                    .broadcast_in_dim(&[chunk], &[]),
+            );
+        }
+        let s = Serving::new(config, &p, select, Tensor::concat(&entries, 0));
+        // Decode rows see their slot up to their position; the chunk's
+        // queries see its slot up to their own.
+        let decode_visible = (rows > 0).then(|| {
+            let keys = iota(TensorType::new(DType::I32, [rows, 1, max_len]), 2);
+            let queries = i["positions"].broadcast_in_dim(&[rows, 1, max_len], &[0]);
+            s.model.visibility(keys.le(queries), keys, queries)
+        });
+        let chunk_visible = (chunk > 0).then(|| {
+            let keys = iota(TensorType::new(DType::I32, [chunk, max_len]), 1);
+            let queries = iota(TensorType::new(DType::I32, [chunk, max_len]), 0)
+                + i["start"].broadcast_in_dim(&[chunk, max_len], &[]);
+            s.model.visibility(keys.le(queries), keys, queries)
+        });
+        let kv_heads = c.num_key_value_heads;
+        let shape = [rows, kv_heads, max_len, c.head_dim];
+        let here = (rows > 0).then(|| {
+            iota(TensorType::new(DType::I32, shape), 2)
+                .eq(i["positions"].broadcast_in_dim(&shape, &[0]))
+        });
+        let row = [1, kv_heads, max_len, c.head_dim];
+        let mut caches = Vec::new();
+        let h = s.hidden(
+            i["input_ids"].reshape(&[n, 1]),
+            Tensor::concat(&positions, 0).reshape(&[n, 1]),
+            dtype,
+            |l, (q, k, v)| {
+                // q: [n, heads, 1, d]; k, v: [n, kv_heads, 1, d].
+                let split = |x: Tensor| {
+                    let d = x.dims();
+                    let decode = (rows > 0).then(|| x.slice(&[0, 0, 0, 0], &[rows, d[1], 1, d[3]]));
+                    let prompt = (chunk > 0).then(|| {
+                        x.slice(&[rows, 0, 0, 0], &[n, d[1], 1, d[3]])
+                            .transpose(&[2, 1, 0, 3])
+                    });
+                    (decode, prompt)
+                };
+                let ((q_d, q_c), (k_d, k_c), (v_d, v_c)) = (split(q), split(k), split(v));
+                let (mut decode_kv, mut chunk_kv) = (Vec::new(), Vec::new());
+                for (short, new_d, new_c) in [("k", k_d, k_c), ("v", v_d, v_c)] {
+                    let name = format!("cache.layers.{l}.{short}");
+                    let mut cache = i[name.as_str()];
+                    // The chunk is written in place (the cache is donated),
+                    // at its slot and start.
+                    if let Some(new) = new_c {
+                        cache = cache.dynamic_update_slice(
+                            finite_or_zero(new.cast(cache.dtype())),
+                            &[i["slot"], zero, i["start"], zero],
+                        );
+                    }
+                    // Each decode row writes at its own position: a select,
+                    // not one dynamic_update_slice for all.
+                    if let (Some(new), Some(here)) = (new_d, here) {
+                        let mine = if rows == slots {
+                            cache
+                        } else {
+                            cache.slice(&[0, 0, 0, 0], &shape)
+                        };
+                        let new = finite_or_zero(new.cast(cache.dtype()))
+                            .reshape(&[rows, kv_heads, c.head_dim])
+                            .broadcast_in_dim(&shape, &[0, 1, 3]);
+                        let updated = here.where_(new, mine);
+                        decode_kv.push(updated.cast(dtype));
+                        cache = if rows == slots {
+                            updated
+                        } else {
+                            cache.dynamic_update_slice(updated, &[zero, zero, zero, zero])
+                        };
+                    }
+                    // The chunk's slot read back from the written cache
+                    // (reading it from the operand would cost a copy of
+                    // the whole cache).
+                    if chunk > 0 {
+                        let mine = cache.dynamic_slice(&[i["slot"], zero, zero, zero], &row);
+                        chunk_kv.push(mine.cast(dtype));
+                    }
+                    caches.push((name, cache));
+                }
+                let kind = c.layer_types[l as usize];
+                let mut out = Vec::new();
+                if let (Some(q), Some(visible)) = (q_d, &decode_visible) {
+                    out.push(s.model.attend(
+                        (q, decode_kv[0], decode_kv[1]),
+                        (visible.of(kind), &[0, 3, 4]),
+                    ));
+                }
+                if let (Some(q), Some(visible)) = (q_c, &chunk_visible) {
+                    let a = s
+                        .model
+                        .attend((q, chunk_kv[0], chunk_kv[1]), (visible.of(kind), &[3, 4]));
+                    // [1, chunk, heads·d] → [chunk, 1, heads·d]
+                    out.push(a.reshape(&[chunk, 1, a.dims()[2]]));
+                }
+                Tensor::concat(&out, 0)
+            },
         );
+        let hidden = c.hidden_size;
+        let h = h.reshape(&[n, hidden]);
+        // The rows' hidden states, then the chunk's last real token's.
+        let mut last = Vec::new();
+        let mut counters = Vec::new();
+        if rows > 0 {
+            last.push(h.slice(&[0, 0], &[rows, hidden]));
+            counters.push(i["positions"] + 1.0);
+        }
+        if chunk > 0 {
+            let (start, length) = (i["start"], i["length"]);
+            last.push(h.dynamic_slice(&[length - 1.0 + rows as f64, zero], &[1, hidden]));
+            counters.push((start + length).broadcast_in_dim(&[1], &[]));
+        }
+        let logits = s.logits(Tensor::concat(&last, 0));
+        let uniform = hashed_uniform(i["seed"], Tensor::concat(&counters, 0), c.vocab_size);
         let next = scope("sample", || {
             let next = sample_rows(logits, i["temperature"], i["top_k"], i["top_p"], uniform);
             finite_or_flag(logits, next)
@@ -422,91 +559,6 @@ pub fn slot_write_step(
             out = out.add(n, written);
         }
         out
-    })
-}
-
-/// The decode program of the first `rows` slots (those that run; a free
-/// slot among them computes too and its token is ignored; given position
-/// `max_len` it writes nothing; what it writes is finite, see
-/// [`finite_or_zero`]): `input_ids: [rows]` (each slot's last
-/// token) at `positions: [rows]` (where it goes in the slot's cache) with
-/// adapter entries `adapter_ids: [rows]`; each slot attends to its cache up
-/// to its position and samples its next token (noise counter `position +
-/// 1`). Outputs: `next [rows]` (-1 for a row whose logits are not finite),
-/// the caches (the other slots' rows unchanged). Fewer rows read less of
-/// the cache: the batcher picks the smallest program that covers its
-/// running slots.
-pub fn slot_decode_step(
-    config: &ModelConfig,
-    dtype: DType,
-    slots: i64,
-    rows: i64,
-    max_len: i64,
-    tables: &AdapterTables,
-) -> Result<Step, TraceError> {
-    let mut inputs = common_inputs(config, dtype, slots, max_len, tables);
-    for n in ["input_ids", "positions", "adapter_ids"] {
-        inputs.push((
-            n.to_string(),
-            TensorType::new(DType::I32, [rows]),
-            Role::Control,
-        ));
-    }
-    inputs.extend(sampling_inputs(rows));
-    let select = tables.select;
-    let c = config;
-    step_of("llama_decode_slots", inputs, |i| {
-        let p = Params(i);
-        let s = Serving::new(config, &p, select);
-        let pos = i["positions"];
-        let keys = iota(TensorType::new(DType::I32, [rows, 1, max_len]), 2);
-        let queries = pos.broadcast_in_dim(&[rows, 1, max_len], &[0]);
-        let visible = s.model.visibility(keys.le(queries), keys, queries);
-        let shape = [rows, c.num_key_value_heads, max_len, c.head_dim];
-        let here =
-            iota(TensorType::new(DType::I32, shape), 2).eq(pos.broadcast_in_dim(&shape, &[0]));
-        let zero = pos.scalar_like(0.0);
-        let mut caches = Vec::new();
-        let h = s.hidden(
-            i["input_ids"].reshape(&[rows, 1]),
-            pos.reshape(&[rows, 1]),
-            dtype,
-            |l, (q, k, v)| {
-                let mut kv = Vec::new();
-                for (name, new) in [("k", k), ("v", v)] {
-                    let name = format!("cache.layers.{l}.{name}");
-                    let cache = i[name.as_str()];
-                    let mine = if rows == slots {
-                        cache
-                    } else {
-                        cache.slice(&[0, 0, 0, 0], &shape)
-                    };
-                    // Each slot writes at its own position: a select, not
-                    // one dynamic_update_slice for all.
-                    let new = finite_or_zero(new.cast(cache.dtype()))
-                        .reshape(&[rows, c.num_key_value_heads, c.head_dim])
-                        .broadcast_in_dim(&shape, &[0, 1, 3]);
-                    let updated = here.where_(new, mine);
-                    kv.push(updated.cast(dtype));
-                    let whole = if rows == slots {
-                        updated
-                    } else {
-                        cache.dynamic_update_slice(updated, &[zero, zero, zero, zero])
-                    };
-                    caches.push((name, whole));
-                }
-                let kind = c.layer_types[l as usize];
-                s.model
-                    .attend((q, kv[0], kv[1]), (visible.of(kind), &[0, 3, 4]))
-            },
-        );
-        let logits = s.logits(h.reshape(&[rows, c.hidden_size]));
-        let uniform = hashed_uniform(i["seed"], pos + 1.0, c.vocab_size);
-        let next = scope("sample", || {
-            let next = sample_rows(logits, i["temperature"], i["top_k"], i["top_p"], uniform);
-            finite_or_flag(logits, next)
-        });
-        with_caches(Outputs::new().add("next", next), caches)
     })
 }
 
