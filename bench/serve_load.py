@@ -19,7 +19,13 @@ Subcommands:
                  computed and reused (/metrics)
 
 Every request streams with `return_token_ids`, so each token is one chunk
-and latencies are per token. `--models a,b,c` spreads requests uniformly
+and latencies are per token. `run --llama-server` targets llama.cpp's
+`llama-server` instead (bench/llama_cpp.sh): it streams one chunk per token
+without token ids, so each chunk counts one token (the final chunk's
+`usage` gives the total); model `aN` becomes the request field
+`"lora": [{"id": N, "scale": S}]` (adapter N of its `--lora` files, the
+others 0), `base` every adapter at 0; the comparison with the server's
+/metrics is skipped. `--models a,b,c` spreads requests uniformly
 (round robin) over those models. Needs `openai` (pip install openai), e.g.
 `PYTHONPATH=.plugins/python`, which scripts/serve_openai_check.py installs.
 
@@ -129,18 +135,44 @@ def register(args):
 
 # run / soak ------------------------------------------------------------------
 
-async def one(client, model, prompt, max_tokens, rec):
+def llama_lora(model, scale):
+    """llama-server's per-request `lora` field for model `aN` (adapter N at
+    scale, every other one 0) or `base` (all 0: adapter 0 named at scale 0,
+    which sets every adapter the request leaves out to 0 as well)."""
+    if model == "base":
+        return [{"id": 0, "scale": 0.0}]
+    digits = model.lstrip("a")
+    if not model.startswith("a") or not digits.isdigit():
+        raise SystemExit("--llama-server: model names are base or aN (adapter N), not %r" % model)
+    return [{"id": int(digits), "scale": scale}]
+
+
+async def one(client, model, prompt, max_tokens, rec, llama=None):
+    """One streamed greedy completion. llama: None for hlo-train serve, else
+    the lora scale for llama-server (see llama_lora)."""
     started = time.perf_counter()
     last, tokens = None, 0
+    if llama is None:
+        extra = {"ignore_eos": True, "return_token_ids": True}
+    else:
+        extra = {"ignore_eos": True, "lora": llama_lora(model, llama)}
     try:
         stream = await client.completions.create(
             model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
-            extra_body={"ignore_eos": True, "return_token_ids": True})
+            extra_body=extra)
+        usage = None
         async for chunk in stream:
+            if llama is not None and getattr(chunk, "usage", None):
+                usage = chunk.usage.completion_tokens
             if not chunk.choices:
                 continue
             c = chunk.choices[0]
-            ids = getattr(c, "token_ids", None) or (c.model_extra or {}).get("token_ids")
+            if llama is not None:
+                # One chunk per generated token; the last one (finish_reason
+                # set, empty text) carries only the usage.
+                ids = [None] if c.finish_reason is None else None
+            else:
+                ids = getattr(c, "token_ids", None) or (c.model_extra or {}).get("token_ids")
             if not ids:
                 continue
             now = time.perf_counter()
@@ -150,6 +182,9 @@ async def one(client, model, prompt, max_tokens, rec):
                 rec["itl"].append(now - last)
             last = now
             tokens += len(ids)
+        if usage is not None and usage != tokens:
+            rec["count_mismatches"] = rec.get("count_mismatches", 0) + 1
+            tokens = usage
         rec["tokens"] += tokens
         rec["done"] += 1
     except Exception as e:  # counted, and the first few shown
@@ -167,12 +202,13 @@ async def level(args, client, models, concurrency, requests):
     async def worker():
         while queue:
             k = queue.pop(0)
-            await one(client, models[k % len(models)], prompts[k], args.max_tokens, rec)
+            await one(client, models[k % len(models)], prompts[k], args.max_tokens, rec,
+                      getattr(args, "llama_lora_scale", None) if getattr(args, "llama_server", False) else None)
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - started
-    return {
+    out = {
         "concurrency": concurrency, "requests": requests, "models": len(models),
         "errors": rec["errors"], "wall_s": round(wall, 2),
         "requests_per_s": round(rec["done"] / wall, 3),
@@ -183,12 +219,21 @@ async def level(args, client, models, concurrency, requests):
         "itl_p99_ms": round(1000 * pct(rec["itl"], 99), 1),
         "ttft_mean_ms": round(1000 * statistics.mean(rec["ttft"]), 1) if rec["ttft"] else None,
     }
+    if "count_mismatches" in rec:  # llama-server: chunks counted against its usage
+        out["chunk_count_mismatches"] = rec["count_mismatches"]
+    return out
 
 
 def client_for(args):
     import openai
+    kw = {}
+    if getattr(args, "llama_server", False):
+        # llama-server closes the connection after each streamed response
+        # without saying so (no `Connection: close`): a pooled connection
+        # taken again fails now and then. A new connection per request.
+        kw["default_headers"] = {"Connection": "close"}
     return openai.AsyncOpenAI(base_url=args.url + "/v1", api_key=args.api_key or "unused",
-                              timeout=600, max_retries=0)
+                              timeout=600, max_retries=0, **kw)
 
 
 def run(args):
@@ -199,6 +244,11 @@ def run(args):
         # Warm-up: compiles every prefill bucket the run uses.
         await level(args, client, models, 1, 1)
         for c in [int(x) for x in args.concurrency.split(",")]:
+            if args.llama_server:  # its /metrics (with --metrics) has other names
+                r = await level(args, client, models, c, max(args.requests, 2 * c))
+                r["server"] = "llama-server"
+                print(json.dumps(r), flush=True)
+                continue
             before = metrics(args.url)
             r = await level(args, client, models, c, max(args.requests, 2 * c))
             after = metrics(args.url)
@@ -376,6 +426,13 @@ def main():
         if name == "run":
             r.add_argument("--concurrency", default="1,8,32,64")
             r.add_argument("--requests", type=int, default=32)
+            r.add_argument("--llama-server", "--llama-lora", action="store_true",
+                           help="the target is llama.cpp's llama-server: model aN -> request field "
+                                "lora=[{id: N, scale}], base -> every adapter 0; tokens counted one "
+                                "per chunk; no /metrics comparison")
+            r.add_argument("--llama-lora-scale", type=float, default=1.0,
+                           help="with --llama-server: the scale of the request's adapter (1.0: the "
+                                "adapter's own lora_alpha / r, as PEFT and hlo-train apply it)")
         else:
             r.add_argument("--concurrency", type=int, default=16)
             r.add_argument("--requests", type=int, default=2000)

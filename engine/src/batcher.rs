@@ -69,8 +69,8 @@ pub struct BatcherOptions {
     /// The token budget of an engine step (vLLM's
     /// `max_num_batched_tokens`): a step with no running request prefills
     /// a prompt chunk of up to this many tokens; one with running requests
-    /// computes their decode tokens and a chunk of a joining prompt of
-    /// half the budget (16 tokens when the prompt's rest fits them). A
+    /// computes their decode tokens and a chunk of a joining prompt of up
+    /// to half the budget. A
     /// longer prompt is prefilled over several steps, so arrivals never
     /// stall running streams for more than one chunk's work.
     pub max_num_batched_tokens: usize,
@@ -470,6 +470,7 @@ pub struct Batcher {
     compiled: Option<mpsc::Receiver<Result<StepProgram>>>,
     /// Tells the compiler thread to stop (the batcher has ended).
     stop_compiling: Arc<AtomicBool>,
+    compiler: Option<std::thread::JoinHandle<()>>,
     update: Program,
     /// A prefix read from one slot, and written into another.
     read: Program,
@@ -515,10 +516,8 @@ pub fn prefill_bucket(len: usize, max_len: i64) -> i64 {
     prompt_bucket(len).min(max_len)
 }
 
-/// The chunk a step with decode rows carries, unless the prompt's rest
-/// fits 16 tokens: half the token budget (a power of two, at least 16).
-/// Two chunk sizes, not every bucket, for steps with decode rows: each
-/// (rows, chunk) pair is a program compiled at start (BENCHMARKS.md).
+/// The largest chunk a step with decode rows carries: half the token
+/// budget (a power of two, at least 16).
 pub fn mixed_chunk(options: &BatcherOptions) -> usize {
     1usize << (options.max_num_batched_tokens / 2).max(16).ilog2()
 }
@@ -526,10 +525,12 @@ pub fn mixed_chunk(options: &BatcherOptions) -> usize {
 /// The (decode rows, chunk tokens) of every step program a batcher with
 /// `options` compiles: decode alone ([`decode_buckets`] rows); a chunk
 /// alone (powers of two from 16 to the token budget); and decode rows
-/// with a chunk of 16 or [`mixed_chunk`] tokens. Chunks are at most the
-/// cache's length.
+/// with a chunk (powers of two from 16 to [`mixed_chunk`]). Chunks are at
+/// most the cache's length.
 pub fn step_shapes(options: &BatcherOptions) -> Vec<(i64, i64)> {
-    let bucket = |chunk: usize| prefill_bucket(chunk, options.max_model_len);
+    let chunks = |most: usize| {
+        (4..=most.max(16).ilog2()).map(|k| prefill_bucket(1 << k, options.max_model_len))
+    };
     let most = 1usize << options.max_num_batched_tokens.max(16).ilog2();
     let mut shapes: Vec<(i64, i64)> = Vec::new();
     let mut add = |shape| {
@@ -537,15 +538,10 @@ pub fn step_shapes(options: &BatcherOptions) -> Vec<(i64, i64)> {
             shapes.push(shape);
         }
     };
-    let mut chunk = 16;
-    while chunk <= most {
-        add((0, bucket(chunk)));
-        chunk *= 2;
-    }
+    chunks(most).for_each(|c| add((0, c)));
     for rows in decode_buckets(options.max_batch_size as i64) {
         add((rows, 0));
-        add((rows, bucket(16)));
-        add((rows, bucket(mixed_chunk(options))));
+        chunks(mixed_chunk(options)).for_each(|c| add((rows, c)));
     }
     shapes
 }
@@ -594,8 +590,14 @@ impl StepCompiler {
 }
 
 impl Drop for Batcher {
+    /// Stops the compiler thread and waits for the compilation it is in: a
+    /// process that exits while XLA compiles on another thread can crash
+    /// in XLA's own teardown.
     fn drop(&mut self) {
         self.stop_compiling.store(true, Ordering::SeqCst);
+        if let Some(compiler) = self.compiler.take() {
+            let _ = compiler.join();
+        }
     }
 }
 
@@ -737,29 +739,6 @@ impl Batcher {
             steps.insert(shape, compile.program(shape)?);
         }
         let stop_compiling = Arc::new(AtomicBool::new(false));
-        let compiled = (!later.is_empty()).then(|| {
-            let (tx, rx) = mpsc::channel();
-            let stop = stop_compiling.clone();
-            let compile = compile.clone();
-            shared
-                .stats
-                .programs_pending
-                .store(later.len(), Ordering::SeqCst);
-            let _ = std::thread::Builder::new()
-                .name("step-compiler".into())
-                .spawn(move || {
-                    for shape in later {
-                        if stop.load(Ordering::SeqCst) {
-                            return;
-                        }
-                        let program = compile.program(shape).map(|p| (shape, p));
-                        if tx.send(program).is_err() {
-                            return;
-                        }
-                    }
-                });
-            rx
-        });
         let read = Self::compile_with(
             &backend,
             &[],
@@ -772,16 +751,52 @@ impl Batcher {
             &spec,
             slot_write_step(config, dtype, slots, o.max_model_len)?,
         )?;
-        Ok(Batcher {
+        let update = Self::compile_with(
+            &backend,
+            &compile.weights,
+            &spec,
+            table_update_step(config, &tables_shape)?,
+        )?;
+        // Started last: nothing below returns early without the
+        // batcher, whose drop stops and joins it.
+        let (compiled, compiler) = if later.is_empty() {
+            (None, None)
+        } else {
+            let (tx, rx) = mpsc::channel();
+            let stop = stop_compiling.clone();
+            let compile = compile.clone();
+            let shared = shared.clone();
+            shared
+                .stats
+                .programs_pending
+                .store(later.len(), Ordering::SeqCst);
+            let compiler = std::thread::Builder::new()
+                .name("step-compiler".into())
+                .spawn(move || {
+                    for shape in later {
+                        if stop.load(Ordering::SeqCst) {
+                            return;
+                        }
+                        let program = compile.program(shape).map(|p| (shape, p));
+                        if tx.send(program).is_err() {
+                            return;
+                        }
+                        // Taken by the batcher before its next step.
+                        shared.stats.programs_pending.fetch_sub(1, Ordering::SeqCst);
+                    }
+                })
+                .map_err(|e| {
+                    EngineError::Setting(format!("cannot start the compiler thread: {e}"))
+                })?;
+            (Some(rx), Some(compiler))
+        };
+        let shapes: Vec<(i64, i64)> = steps.keys().copied().collect();
+        let mut b = Batcher {
             steps,
             compiled,
             stop_compiling,
-            update: Self::compile_with(
-                &backend,
-                &compile.weights,
-                &spec,
-                table_update_step(config, &tables_shape)?,
-            )?,
+            compiler,
+            update,
             backend,
             weights,
             tables,
@@ -797,7 +812,61 @@ impl Batcher {
             commands,
             draining: false,
             shared: shared.clone(),
-        })
+        };
+        for shape in shapes {
+            b.warm_up(shape)?;
+        }
+        Ok(b)
+    }
+
+    /// Runs step program `(rows, chunk)` once on inputs that change nothing
+    /// a request can read, so that no request pays its first run (on the
+    /// CPU plugin a program's first run took up to 0.5 s more than the
+    /// next ones): every decode row is free (position `max_len`, writes
+    /// nothing), and the chunk goes at the end of a slot no request
+    /// reaches and whose held prefix ends before it. Skipped when every
+    /// slot reaches that far.
+    fn warm_up(&mut self, (rows, chunk): (i64, i64)) -> Result<()> {
+        let max_len = self.shared.options.max_model_len;
+        let start = max_len - chunk;
+        let reach = |k: usize| {
+            let used = self.slots[k]
+                .as_ref()
+                .map_or(0, |a| (a.position as usize).max(a.prefilled));
+            used.max(self.held[k].tokens.len())
+        };
+        let slot = match chunk {
+            0 => 0,
+            _ => match (0..self.slots.len()).find(|&k| reach(k) as i64 <= start) {
+                Some(k) => k,
+                None => return Ok(()),
+            },
+        };
+        let outs = rows + i64::from(chunk > 0);
+        let place = |h: HostArray| self.backend.replicate(&h);
+        let int = |n: i64, v: i32| place(HostArray::new(&[n], &vec![v; n as usize])?);
+        let free = i32::try_from(max_len).unwrap_or(i32::MAX);
+        let mut controls = vec![int(rows + chunk, 0)?];
+        if rows > 0 {
+            controls.push(int(rows, free)?);
+        }
+        if chunk > 0 {
+            for v in [start, 1, slot as i64] {
+                controls.push(place(HostArray::scalar(v as i32))?);
+            }
+        }
+        controls.push(int(outs, 0)?);
+        controls.push(place(HostArray::new(&[outs], &vec![0f32; outs as usize])?)?);
+        controls.push(int(outs, 0)?);
+        controls.push(place(HostArray::new(&[outs], &vec![1f32; outs as usize])?)?);
+        controls.push(place(HostArray::new(&[outs], &vec![0u32; outs as usize])?)?);
+        let mut args: Vec<&DeviceArray> = self.weights.iter().collect();
+        args.extend(self.tables.iter());
+        args.extend(self.caches.iter());
+        args.extend(controls.iter());
+        let mut out = self.steps[&(rows, chunk)].run(&args)?;
+        self.caches = out.split_off(1);
+        Ok(())
     }
 
     /// Compiles a serving program: weights laid out as uploaded, caches by
@@ -848,11 +917,14 @@ impl Batcher {
         let Some(compiled) = &self.compiled else {
             return Ok(());
         };
-        let pending = &self.shared.stats.programs_pending;
+        let mut fresh = Vec::new();
         while let Ok(program) = compiled.try_recv() {
-            pending.fetch_sub(1, Ordering::SeqCst);
             let (shape, program) = program?;
             self.steps.insert(shape, program);
+            fresh.push(shape);
+        }
+        for shape in fresh {
+            self.warm_up(shape)?;
         }
         Ok(())
     }
@@ -1043,8 +1115,8 @@ impl Batcher {
             None => self.admit()?,
         };
         let rows = self.decode_rows();
-        // The chunk: alone, a power of two up to the budget; beside decode
-        // rows, 16 tokens or the mixed chunk (see `step_shapes`).
+        // The chunk: a power of two up to the budget alone, up to half of
+        // it beside decode rows (see `step_shapes`).
         let most = if rows == 0 {
             1usize << budget.max(16).ilog2()
         } else {
@@ -1054,11 +1126,7 @@ impl Batcher {
             let a = self.slots[slot].as_ref()?;
             let len = a.request.prompt.len();
             let n = (len - a.prefilled).min(most);
-            let bucket = if rows == 0 || n <= 16 {
-                prefill_bucket(n, max_len)
-            } else {
-                prefill_bucket(most, max_len)
-            };
+            let bucket = prefill_bucket(n, max_len);
             // A chunk that would pass the cache's end starts earlier,
             // computing again a few positions it already holds.
             let start = a

@@ -57,7 +57,7 @@ fn options(slots: usize, loras: usize, select: LoraSelect) -> BatcherOptions {
         max_queue: 64,
         select: Some(select),
         dtype: DType::F32,
-        max_num_batched_tokens: 256,
+        max_num_batched_tokens: 64,
         // Every program before the first request: the tests see the steps
         // that mix decode rows and a chunk, not their fallback.
         background_compile: false,
@@ -321,9 +321,10 @@ fn each_family_serves_hfs_greedy_tokens_in_one_batch() {
 
 #[test]
 fn chunked_and_prefix_reusing_prefills_give_the_generators_tokens() {
-    // A 16-token budget prefills every longer prompt over several steps
-    // (while others decode), and a 60-token cache makes the last chunk of
-    // the longest prompt start early, computing again positions it holds.
+    // A 64-token budget (chunks of 16 or 32 tokens beside decode rows)
+    // prefills the longer prompts over several steps while others decode,
+    // and a 60-token cache makes the last chunk of the longest prompt start
+    // early, computing again positions it holds.
     let peft = fixture().join("adapter");
     let common: Vec<u32> = (0..30).map(|t| (7 * t + 3) % 120 + 1).collect();
     let with = |tail: &[u32]| -> Vec<u32> { common.iter().chain(tail).copied().collect() };
@@ -345,11 +346,15 @@ fn chunked_and_prefix_reusing_prefills_give_the_generators_tokens() {
             generator_tokens(dir, &[(p.as_slice(), *n)], &greedy).remove(0)
         })
         .collect();
-    for prefix_caching in [true, false] {
+    // Third: the programs of steps with decode rows and a chunk compiled
+    // while requests run, which meanwhile take the two-program fallback,
+    // and each program's warm-up run lands between their steps.
+    for (prefix_caching, background_compile) in [(true, false), (false, false), (true, true)] {
         let mut o = options(3, 1, LoraSelect::Gather);
         o.max_model_len = 60;
-        o.max_num_batched_tokens = 16;
+        o.max_num_batched_tokens = 64;
         o.prefix_caching = prefix_caching;
+        o.background_compile = background_compile;
         let b = Batcher::spawn(
             BackendOptions::cpu(),
             model(),

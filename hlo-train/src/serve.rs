@@ -108,7 +108,7 @@ pub struct ServeArgs {
 
     /// The token budget of an engine step (vLLM's
     /// --max-num-batched-tokens): each step runs the running requests'
-    /// decode tokens and a chunk of a joining prompt of half the budget
+    /// decode tokens and a chunk of a joining prompt of up to half the budget
     /// (the whole budget when nothing runs), in one program, so arrivals
     /// never stall running streams for more than one chunk's work. At
     /// least 16. Smaller: shorter stalls of running streams, longer waits

@@ -566,16 +566,17 @@ fn bad_input_gets_its_status_and_the_server_keeps_answering() {
 #[test]
 fn a_full_queue_is_429_a_client_that_leaves_frees_its_slot_and_sigterm_finishes_in_flight_work() {
     // A random model of the byte vocabulary (text prompts work) slow enough
-    // that the 500-token stream below outlasts the client's steps before it
-    // hangs up even on a loaded machine (about 10 ms a token; `tiny` takes
-    // about 1 ms, which raced).
+    // that the 8000-token stream below outlasts the client's steps before it
+    // hangs up even on a loaded machine (10–20 ms a token; `tiny` takes
+    // about 1 ms, which raced; 500 tokens raced too while the servers of
+    // the tests beside it compiled their step programs).
     let dir = scratch("serve", "queue");
     let config = dir.join("config.json");
     let slow = json!({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "vocab_size": 264, "hidden_size": 512, "intermediate_size": 1024,
         "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
         "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-        "max_position_embeddings": 1024, "tie_word_embeddings": false,
+        "max_position_embeddings": 8192, "tie_word_embeddings": false,
         "bos_token_id": 256, "eos_token_id": 257});
     std::fs::write(&config, slow.to_string()).unwrap();
     let server = Server::start(&[
@@ -585,8 +586,10 @@ fn a_full_queue_is_429_a_client_that_leaves_frees_its_slot_and_sigterm_finishes_
         "1",
         "--max-queue",
         "1",
+        "--max-model-len",
+        "8192",
     ]);
-    let long = json!({"prompt": "a", "max_tokens": 500, "temperature": 0, "ignore_eos": true, "stream": true});
+    let long = json!({"prompt": "a", "max_tokens": 8000, "temperature": 0, "ignore_eos": true, "stream": true});
     // A streaming client that reads one chunk and hangs up.
     let mut s = TcpStream::connect(&server.addr).unwrap();
     let body = long.to_string();
@@ -612,11 +615,11 @@ fn a_full_queue_is_429_a_client_that_leaves_frees_its_slot_and_sigterm_finishes_
     let (status, text) = server.post("/v1/completions", &json!({"prompt": "c", "max_tokens": 5}));
     assert_eq!(status, 429, "{text}");
     drop(s);
-    // The slot is freed without generating the other ~500 tokens.
+    // The slot is freed without generating the other ~8000 tokens.
     let (status, _) = queued.join().unwrap();
     assert_eq!(status, 200);
     assert!(server.metric("hlo_train_cancelled_total") >= 1.0);
-    assert!(server.metric("hlo_train_decode_steps_total") < 500.0);
+    assert!(server.metric("hlo_train_decode_steps_total") < 8000.0);
 
     // SIGTERM with a request in flight: it completes, then exit code 0.
     let addr = server.addr.clone();
