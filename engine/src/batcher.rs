@@ -1089,9 +1089,10 @@ impl Batcher {
     }
 
     /// One engine step, one program: a decode token for every running
-    /// request, and one chunk of a joining prompt in the token budget the
-    /// decode rows leave (the oldest prompt still being prefilled, else a
-    /// waiting request moved into a free slot). The chunk's last token
+    /// request, and one chunk of a joining prompt of up to half the token
+    /// budget, the whole budget when nothing decodes (the oldest prompt
+    /// still being prefilled, else a waiting request moved into a free
+    /// slot). The chunk's last token
     /// samples the request's first token when its prompt is in. A request
     /// whose adapter can no longer be read fails alone; a device error is
     /// returned.
