@@ -860,13 +860,26 @@ impl Batcher {
         controls.push(int(outs, 0)?);
         controls.push(place(HostArray::new(&[outs], &vec![1f32; outs as usize])?)?);
         controls.push(place(HostArray::new(&[outs], &vec![0u32; outs as usize])?)?);
+        self.run_program((rows, chunk), &controls)?;
+        Ok(())
+    }
+
+    /// Runs step program `shape` on the weights, tables, caches (replaced
+    /// by the ones it returns) and `controls`; returns its `next`.
+    fn run_program(&mut self, shape: (i64, i64), controls: &[DeviceArray]) -> Result<DeviceArray> {
+        let program = self.steps.get(&shape).ok_or_else(|| {
+            EngineError::Setting(format!(
+                "no serving program for {} decode rows and a {}-token chunk",
+                shape.0, shape.1
+            ))
+        })?;
         let mut args: Vec<&DeviceArray> = self.weights.iter().collect();
         args.extend(self.tables.iter());
         args.extend(self.caches.iter());
         args.extend(controls.iter());
-        let mut out = self.steps[&(rows, chunk)].run(&args)?;
+        let mut out = program.run(&args)?;
         self.caches = out.split_off(1);
-        Ok(())
+        Ok(out.remove(0))
     }
 
     /// Compiles a serving program: weights laid out as uploaded, caches by
@@ -1231,18 +1244,10 @@ impl Batcher {
         controls.push(place(HostArray::new(&outs, &top_k)?)?);
         controls.push(place(HostArray::new(&outs, &top_p)?)?);
         controls.push(place(HostArray::new(&outs, &seed)?)?);
-        let program = self.steps.get(&(rows as i64, bucket)).ok_or_else(|| {
-            EngineError::Setting(format!(
-                "no serving program for {rows} decode rows and a {bucket}-token chunk"
-            ))
-        })?;
-        let mut args: Vec<&DeviceArray> = self.weights.iter().collect();
-        args.extend(self.tables.iter());
-        args.extend(self.caches.iter());
-        args.extend(controls.iter());
-        let mut out = program.run(&args)?;
-        self.caches = out.split_off(1);
-        let next: Vec<i32> = out[0].gather()?.to_vec()?;
+        let next: Vec<i32> = self
+            .run_program((rows as i64, bucket), &controls)?
+            .gather()?
+            .to_vec()?;
         let stats = &self.shared.stats;
         let vocab = self.shared.config.vocab_size;
         if rows > 0 {
