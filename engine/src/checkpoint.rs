@@ -183,10 +183,9 @@ pub fn check_finite(tensors: &[(String, Literal)], what: &str) -> Result<()> {
 /// Temporaries a killed run left there are removed.
 pub fn prepare_out(out: &Path) -> Result<()> {
     if out.exists() && !out.is_dir() {
-        return Err(EngineError::Setting(format!(
-            "--out {} is a file, not a folder",
-            out.display()
-        )));
+        return Err(EngineError::OutIsFile {
+            out: out.to_path_buf(),
+        });
     }
     std::fs::create_dir_all(out).map_err(EngineError::io("create", out))?;
     let probe = out.join(format!(".hlo-train-probe-{}", std::process::id()));

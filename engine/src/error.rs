@@ -63,6 +63,46 @@ pub enum EngineError {
     /// A setting out of its range, or settings that contradict each other.
     #[error("{0}")]
     Setting(String),
+    /// A block or chunk size that does not divide the row length.
+    #[error("--{setting} {value} does not divide --seq {seq}")]
+    NotDividing {
+        setting: &'static str,
+        value: i64,
+        seq: i64,
+    },
+    #[error("--attention-block sets the blocks of --attention blockwise, not naive")]
+    BlockOfNaiveAttention,
+    /// A bitsandbytes NF4 checkpoint asked to change its double
+    /// quantization.
+    #[error("{model} is stored in NF4 {} double quantization; {} cannot change that", if *.stored_double_quant { "with" } else { "without" }, if *.stored_double_quant { "--quantize nf4 without --double-quant" } else { "--double-quant" })]
+    Nf4Stored {
+        model: String,
+        stored_double_quant: bool,
+    },
+    /// A base that cannot be quantized to NF4.
+    #[error("--quantize nf4 for {model}: {cause}")]
+    Quantize {
+        model: String,
+        cause: hlo_models::ConfigError,
+    },
+    /// Full finetuning asked of an NF4 base.
+    #[error("--full trains every weight, and NF4 weights are frozen: finetune a LoRA adapter on the quantized base (QLoRA), or drop --quantize")]
+    FullOfNf4,
+    /// An output folder that holds another run.
+    #[error("--out {} holds a run already: continue it with --resume {}, or pass --overwrite to replace it", out.display(), out.display())]
+    OutHoldsRun { out: PathBuf },
+    /// An output path that is a file.
+    #[error("--out {} is a file, not a folder", out.display())]
+    OutIsFile { out: PathBuf },
+    /// Saving every N steps with nowhere to save.
+    #[error("--save-every needs --out")]
+    SaveEveryNeedsOut,
+    /// [`crate::Run::train`] called again on a run that has trained.
+    #[error("this run has trained already: build a new Run (resuming its output folder) to train further")]
+    RunFinished,
+    /// An adapter to start from that trains with dropout.
+    #[error("--init-adapter {}: its adapter_config.json sets lora_dropout {dropout}, and hlo-train trains without dropout (the result would differ from PEFT's); set it to 0 to start from this adapter", dir.display())]
+    AdapterDropout { dir: PathBuf, dropout: f64 },
     /// Random weights for a model too large to make on the host.
     #[error("{model} has {parameters} parameters: random weights that large are not built on the host; pass --checkpoint")]
     TooLargeForRandomWeights { model: String, parameters: i64 },

@@ -7,10 +7,16 @@
 //! - [`ShardedStep`]: the one pipeline — a traced step simplified once,
 //!   laid out by its family's partition rules, then printed, planned or
 //!   compiled.
+//! - [`Run`]: a training run as one object, built from a typed
+//!   [`RunSpec`] (model, data, [`Objective`], step, optimizer, mesh, eval,
+//!   checkpointing, output): it resumes or refuses an output folder,
+//!   decides every `auto` ([`spec`]: packing, scan, loss chunk,
+//!   attention, batch axes), saves and restores its settings, reports on
+//!   process 0 only and finishes the process group.
 //! - [`Session`]: the train step compiled for a mesh with its state on the
 //!   devices; [`Trainer`]: the loop (evaluation, honest step times,
-//!   checkpoints, signals) reporting through [`Hooks`]; [`checkpoint`]:
-//!   saving and resuming.
+//!   checkpoints, signals) reporting through [`Hooks`] (several compose as
+//!   a [`HookList`]); [`checkpoint`]: saving and resuming.
 //! - [`Generator`]: generation with a KV cache and on-device sampling;
 //!   [`Batcher`]: continuous batching of many requests over many LoRA
 //!   adapters in one batch (what `serve` runs on).
@@ -42,13 +48,17 @@ pub mod dataset;
 mod error;
 pub mod flops;
 pub mod generator;
+pub mod hooks;
 pub mod hub;
 pub mod model;
 pub mod pipeline;
 pub mod plan;
 pub mod plot;
 pub mod processes;
+pub mod run;
+pub mod run_spec;
 pub mod session;
+pub mod spec;
 pub mod tensorboard;
 pub mod trainer;
 
@@ -60,13 +70,16 @@ pub use batcher::{
 pub use dataset::{DataSpec, Dataset};
 pub use error::{EngineError, Result};
 pub use generator::{Generator, Sampling, Timings};
+pub use hooks::{
+    EvalReport, HookList, Hooks, Quiet, RunStart, StepReport, TracedValue, TrainSummary,
+};
 pub use model::{Model, ModelSource};
 pub use pipeline::ShardedStep;
+pub use run::Run;
+pub use run_spec::{Chosen, DataSource, EvalSpec, Objective, OutputSpec, RunSpec};
 pub use session::{EvalResult, Evaluator, Session, SessionOptions, Weights};
-pub use trainer::{
-    EvalReport, Hooks, Quiet, StepReport, StopFlag, TracedValue, TrainSummary, Trainer,
-    TrainerOptions,
-};
+pub use spec::{OptimSpec, StepSpec, Toggle};
+pub use trainer::{StopFlag, Trainer, TrainerOptions};
 
 pub use hlo_data as data;
 pub use hlo_ir as ir;

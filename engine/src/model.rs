@@ -23,6 +23,36 @@ pub enum ModelSource {
     Checkpoint(PathBuf),
 }
 
+/// `config` (of the model called `name`) with its projections in NF4 when
+/// `nf4` asks (QLoRA): a full-precision base is quantized on load, a
+/// bitsandbytes NF4 checkpoint is read as it is stored (and `nf4` must
+/// then agree with its double quantization). Refused where a projection's
+/// rows are not whole blocks.
+pub fn quantized_config(
+    config: &ModelConfig,
+    name: &str,
+    nf4: Option<nf4::Nf4Config>,
+) -> Result<ModelConfig> {
+    match (config.quantization, nf4) {
+        (Some(stored), Some(asked)) if stored.double_quant != asked.double_quant => {
+            Err(EngineError::Nf4Stored {
+                model: name.to_string(),
+                stored_double_quant: stored.double_quant,
+            })
+        }
+        (None, Some(asked)) => {
+            config
+                .clone()
+                .with_nf4(asked)
+                .map_err(|cause| EngineError::Quantize {
+                    model: name.to_string(),
+                    cause,
+                })
+        }
+        _ => Ok(config.clone()),
+    }
+}
+
 /// Random weights are made on the host only below this size.
 const MAX_RANDOM_PARAMETERS: i64 = 2_000_000_000;
 
@@ -74,6 +104,13 @@ impl Model {
     pub fn with_tokenizer_file(mut self, path: Option<PathBuf>) -> Model {
         self.tokenizer_file = path;
         self
+    }
+
+    /// The same model with its projections in NF4 when `nf4` asks (QLoRA;
+    /// see [`quantized_config`]).
+    pub fn quantized(mut self, nf4: Option<nf4::Nf4Config>) -> Result<Model> {
+        self.config = quantized_config(&self.config, &self.name, nf4)?;
+        Ok(self)
     }
 
     pub fn source(&self) -> &ModelSource {

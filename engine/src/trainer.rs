@@ -18,7 +18,8 @@ use regex::Regex;
 
 use crate::checkpoint::{self, RunSettings, RunState};
 use crate::error::{EngineError, Result};
-use crate::session::{scalar, EvalResult, Launched, PlacedBatch, Session};
+use crate::hooks::{EvalReport, Hooks, StepReport, TracedValue, TrainSummary};
+use crate::session::{scalar, Launched, PlacedBatch, Session};
 
 /// Set when the run should stop after the step in flight (and save).
 #[derive(Clone, Debug, Default)]
@@ -92,94 +93,6 @@ impl TrainerOptions {
     }
 }
 
-/// One finished step's figures.
-#[derive(Clone, Debug, PartialEq)]
-pub struct StepReport {
-    pub step: i64,
-    /// The step count the run ends at.
-    pub steps: i64,
-    pub loss: f64,
-    pub lr: f64,
-    pub grad_norm: f64,
-    /// The time this step took on the devices: from when they started it
-    /// (its launch, or the previous step's end if later) to its end.
-    pub step_time_s: f64,
-    /// Tokens processed (padding included) over `step_time_s`.
-    pub tokens_per_s: f64,
-    /// Model FLOPs over the devices' peak in that time (when the peak is
-    /// known).
-    pub mfu: Option<f64>,
-    /// Tokens whose prediction counted in the loss.
-    pub targets: usize,
-    /// Tokens/s over the last steps (the moving window).
-    pub smoothed_tokens_per_s: f64,
-    /// Seconds to the last step at the window's pace.
-    pub eta_s: f64,
-    /// Wall-clock seconds since the loop started, when these figures
-    /// were read (a clock independent of the devices' reports).
-    pub elapsed_s: f64,
-}
-
-/// A held-out evaluation.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct EvalReport {
-    pub step: i64,
-    pub steps: i64,
-    pub result: EvalResult,
-}
-
-/// Statistics of one value made in eager mode (`--trace-values`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct TracedValue {
-    pub scope: String,
-    pub op: String,
-    /// The value's type (`f32[2,16,64]`).
-    pub ty: String,
-    pub min: f64,
-    pub max: f64,
-    pub mean: f64,
-    pub non_finite: usize,
-}
-
-/// What the caller does with the loop's events: print, draw progress,
-/// write metrics. Every method has a do-nothing default.
-pub trait Hooks {
-    fn on_step(&mut self, _report: &StepReport) -> Result<()> {
-        Ok(())
-    }
-    fn on_eval(&mut self, _report: &EvalReport) -> Result<()> {
-        Ok(())
-    }
-    /// A checkpoint of step `step` was written to `out`.
-    fn on_save(&mut self, _step: i64, _out: &std::path::Path) -> Result<()> {
-        Ok(())
-    }
-    fn on_traced_value(&mut self, _value: &TracedValue) {}
-}
-
-/// Hooks that do nothing.
-pub struct Quiet;
-impl Hooks for Quiet {}
-
-/// How a run went.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct TrainSummary {
-    /// Steps run by this call.
-    pub steps_run: i64,
-    /// The step count reached.
-    pub step: i64,
-    pub first_loss: Option<f64>,
-    pub last_loss: Option<f64>,
-    /// Stopped early by the stop flag.
-    pub interrupted: bool,
-    /// Mean share of the row slots holding real tokens.
-    pub fill: Option<f64>,
-    /// Saved to `out` at the end (or at the interruption).
-    pub saved: bool,
-    /// Wall-clock seconds of the loop.
-    pub wall_s: f64,
-}
-
 /// The loop: a session, its data, and when to evaluate and save.
 pub struct Trainer<'a> {
     session: &'a mut Session,
@@ -203,9 +116,7 @@ impl<'a> Trainer<'a> {
         stop: StopFlag,
     ) -> Result<Trainer<'a>> {
         if options.save_every > 0 && options.out.is_none() {
-            return Err(EngineError::Setting(
-                "saving every N steps needs an output folder".into(),
-            ));
+            return Err(EngineError::SaveEveryNeedsOut);
         }
         if !eval_batches.is_empty() && !session.has_eval() {
             return Err(EngineError::Setting(

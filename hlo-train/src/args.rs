@@ -4,19 +4,22 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use hlo_engine::backend::refuse_cpu_across_processes;
 use hlo_engine::hub::{self, HubFiles};
 use hlo_engine::ir::DType;
-use hlo_engine::models::attention::{default_block, AttentionKind};
+use hlo_engine::model::quantized_config;
+use hlo_engine::models::attention::AttentionKind;
 use hlo_engine::models::decoder::{LoraConfig, ModelConfig};
-use hlo_engine::models::loss::default_loss_chunk;
 use hlo_engine::models::nf4::Nf4Config;
-use hlo_engine::models::train::{Optimizer, Schedule, TrainConfig};
+use hlo_engine::models::train::TrainConfig;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::processes::{Launch, LaunchFlags};
 use hlo_engine::runtime::{PluginKind, PluginSpec};
+use hlo_engine::spec::{
+    AttentionChoice, LoraSpec, OptimSpec, OptimizerKind, ScheduleKind, StepSpec,
+};
 use hlo_engine::{BackendOptions, DataSpec, Model, ModelSource};
 use serde_json::json;
 
@@ -248,37 +251,22 @@ pub enum QuantizeArg {
 impl QuantizeArgs {
     /// `model` with its projections in NF4 when asked (refused where a
     /// projection's rows are not whole blocks).
-    pub fn apply(&self, mut model: Model) -> Result<Model> {
-        model.config = self.config(&model.config, &model.name)?;
-        Ok(model)
+    pub fn apply(&self, model: Model) -> Result<Model> {
+        Ok(model.quantized(self.nf4())?)
+    }
+
+    /// The NF4 settings these flags ask for.
+    pub fn nf4(&self) -> Option<Nf4Config> {
+        self.quantize.map(|QuantizeArg::Nf4| Nf4Config {
+            double_quant: self.double_quant,
+        })
     }
 
     /// `config` (of the model called `name`) as these flags leave it: a
     /// bitsandbytes checkpoint read as it is stored, a full-precision one
     /// quantized when asked.
     pub fn config(&self, config: &ModelConfig, name: &str) -> Result<ModelConfig> {
-        match (config.quantization, self.quantize) {
-            (Some(stored), Some(_)) if stored.double_quant != self.double_quant => bail!(
-                "{name} is stored in NF4 {} double quantization; {} cannot change that",
-                if stored.double_quant {
-                    "with"
-                } else {
-                    "without"
-                },
-                if self.double_quant {
-                    "--double-quant"
-                } else {
-                    "--quantize nf4 without --double-quant"
-                }
-            ),
-            (None, Some(QuantizeArg::Nf4)) => Ok(config
-                .clone()
-                .with_nf4(Nf4Config {
-                    double_quant: self.double_quant,
-                })
-                .with_context(|| format!("--quantize nf4 for {name}"))?),
-            _ => Ok(config.clone()),
-        }
+        Ok(quantized_config(config, name, self.nf4())?)
     }
 }
 
@@ -510,23 +498,40 @@ impl Default for OptimArgs {
 }
 
 impl StepArgs {
-    /// The LoRA settings of these flags (None with `--full`).
-    pub fn lora(&self) -> Result<Option<LoraConfig>> {
-        if self.full {
-            return Ok(None);
+    /// The engine's step settings of these flags (LoRA's from the flags,
+    /// none with `--full`).
+    pub fn spec(&self) -> StepSpec {
+        StepSpec {
+            batch: self.batch,
+            seq: self.seq,
+            grad_accum: self.grad_accum,
+            packing: self.packing.into(),
+            scan_layers: self.scan_layers.into(),
+            remat_layers: self.remat == RematArg::Layers,
+            attention: match self.attention {
+                AttentionArg::Auto => AttentionChoice::Auto,
+                AttentionArg::Naive => AttentionChoice::Naive,
+                AttentionArg::Blockwise => AttentionChoice::Blockwise,
+            },
+            attention_block: self.attention_block,
+            loss_chunk: self.loss_chunk,
+            lora: (!self.full).then(|| LoraSpec {
+                rank: self.lora_rank,
+                alpha: self.lora_alpha,
+                targets: self
+                    .lora_targets
+                    .split(',')
+                    .map(|t| t.trim().to_string())
+                    .collect(),
+                use_rslora: self.use_rslora,
+            }),
         }
-        let targets: Vec<&str> = self.lora_targets.split(',').map(str::trim).collect();
-        Ok(Some(LoraConfig::new(
-            self.lora_rank,
-            self.lora_alpha,
-            &targets,
-            self.use_rslora,
-        )?))
     }
 
-    /// The traced step's configuration for `config` over `mesh`; `lora`
-    /// overrides the LoRA flags (an adapter's own settings). `steps` is
-    /// the run's length, where the cosine schedule ends.
+    /// The traced step's configuration for `config` over `mesh`
+    /// ([`StepSpec::train_config`]); `lora` overrides the LoRA flags (an
+    /// adapter's own settings). `steps` is the run's length, where the
+    /// cosine schedule ends.
     pub fn train_config(
         &self,
         optim: &OptimArgs,
@@ -536,94 +541,43 @@ impl StepArgs {
         steps: i64,
         lora: Option<LoraConfig>,
     ) -> Result<TrainConfig> {
-        let lora = match (self.full, lora) {
-            (true, _) => None,
-            (false, Some(l)) => Some(l),
-            (false, None) => self.lora()?,
-        };
-        // The batch axes, for the LoRA branch's layout constraint.
-        let batch_axes: Vec<String> = if mesh.size() > 1 {
-            ["dp", "fsdp"]
-                .iter()
-                .filter(|a| mesh.axis_index(a).is_some())
-                .map(|a| a.to_string())
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let loss_chunk = match self.loss_chunk {
-            Some(c) if self.seq % c != 0 => {
-                bail!("--loss-chunk {c} does not divide --seq {}", self.seq)
-            }
-            Some(c) => c,
-            // The rows one device holds decide what its logits take.
-            None => {
-                let shards: i64 = batch_axes
-                    .iter()
-                    .filter_map(|a| mesh.axis_size(a))
-                    .product();
-                default_loss_chunk(
-                    (self.batch / shards.max(1)).max(1),
-                    self.seq,
-                    config.vocab_size,
-                )
-            }
-        };
-        Ok(TrainConfig {
-            dtype,
-            batch: self.batch,
-            seq: self.seq,
-            lr: optim.lr,
-            optimizer: match self.optimizer {
-                OptimizerArg::Adamw => Optimizer::adamw(optim.weight_decay),
-                OptimizerArg::Sgd => Optimizer::Sgd,
-            },
-            schedule: match optim.schedule {
-                ScheduleArg::Constant => Schedule::Constant {
-                    warmup: optim.warmup,
-                },
-                ScheduleArg::Cosine => Schedule::Cosine {
-                    warmup: optim.warmup,
-                    total: steps,
-                },
-            },
-            clip_norm: (optim.clip_norm > 0.0).then_some(optim.clip_norm),
-            lora,
-            batch_axes,
-            scan_layers: match self.scan_layers {
-                Toggle::On => true,
-                Toggle::Off => false,
-                // Unrolled, XLA keeps every dequantized NF4 weight from
-                // the forward pass for the backward: no memory saved.
-                Toggle::Auto => config.num_hidden_layers >= 24 || config.quantization.is_some(),
-            },
-            remat_layers: self.remat == RematArg::Layers,
-            grad_accum: self.grad_accum,
-            // `auto` is decided by `train` from the data.
-            packing: self.packing == Toggle::On,
-            attention: self.attention_kind()?,
-            loss_chunk: Some(loss_chunk),
-        })
+        let mut tc =
+            self.spec()
+                .train_config(&optim.spec(self.optimizer), config, dtype, mesh, steps)?;
+        if let (Some(l), false) = (lora, self.full) {
+            tc.lora = Some(l);
+        }
+        Ok(tc)
     }
+}
 
-    /// The attention these flags choose for rows of --seq tokens.
-    pub fn attention_kind(&self) -> Result<AttentionKind> {
-        let seq = self.seq;
-        let block = match self.attention_block {
-            Some(b) if seq % b != 0 => bail!("--attention-block {b} does not divide --seq {seq}"),
-            Some(b) => b,
-            None => default_block(seq),
-        };
-        Ok(match (self.attention, self.attention_block) {
-            (AttentionArg::Naive, Some(_)) => {
-                bail!("--attention-block sets the blocks of --attention blockwise, not naive")
-            }
-            (AttentionArg::Naive, None) => AttentionKind::Naive,
-            (AttentionArg::Blockwise, _) | (AttentionArg::Auto, Some(_)) => {
-                AttentionKind::Blockwise { block }
-            }
-            (AttentionArg::Auto, None) => AttentionKind::auto(seq),
-        })
+impl From<Toggle> for hlo_engine::Toggle {
+    fn from(t: Toggle) -> hlo_engine::Toggle {
+        match t {
+            Toggle::On => hlo_engine::Toggle::On,
+            Toggle::Off => hlo_engine::Toggle::Off,
+            Toggle::Auto => hlo_engine::Toggle::Auto,
+        }
+    }
+}
+
+impl OptimArgs {
+    /// The engine's optimizer settings of these flags and `--optimizer`.
+    pub fn spec(&self, optimizer: OptimizerArg) -> OptimSpec {
+        OptimSpec {
+            optimizer: match optimizer {
+                OptimizerArg::Adamw => OptimizerKind::AdamW,
+                OptimizerArg::Sgd => OptimizerKind::Sgd,
+            },
+            weight_decay: self.weight_decay,
+            lr: self.lr,
+            warmup: self.warmup,
+            schedule: match self.schedule {
+                ScheduleArg::Constant => ScheduleKind::Constant,
+                ScheduleArg::Cosine => ScheduleKind::Cosine,
+            },
+            clip_norm: self.clip_norm,
+        }
     }
 }
 
@@ -666,4 +620,15 @@ pub fn attention_json(tc: &TrainConfig) -> serde_json::Value {
         AttentionKind::Naive => json!({"kind": "naive"}),
         AttentionKind::Blockwise { block } => json!({"kind": "blockwise", "block": block}),
     }
+}
+
+/// A usage error (bad flag, bad value) as one line.
+pub fn usage_error(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let message: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.trim().is_empty() && !l.starts_with("Usage:"))
+        .map(str::trim)
+        .collect();
+    format!("{} (see --help)", message.join(" "))
 }

@@ -1,68 +1,41 @@
-//! What a training run shows: its header, the demo's generations before
-//! and after, a progress bar with moving averages and an ETA, a log line
-//! every few steps, eval and value-trace lines, the metrics file (one
-//! JSON object per step or evaluation) and TensorBoard's event files.
-
-use std::fs::File;
-use std::io::Write;
+//! What a training run shows on the terminal: its header, the demo's
+//! generations before and after, a progress bar with moving averages and
+//! an ETA, a log line every few steps, eval and value-trace lines. (What
+//! it writes to files is `outputs`.)
 
 use anyhow::Result;
 use hlo_engine::data::Tokenizer;
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::attention::AttentionKind;
-use hlo_engine::plot::LossCurves;
-use hlo_engine::tensorboard::EventWriter;
-use hlo_engine::{EvalReport, Generator, Hooks, Mode, Sampling, Session, StepReport, TracedValue};
+use hlo_engine::{
+    EvalReport, Generator, Hooks, Mode, Run, Sampling, Session, StepReport, TracedValue,
+    TrainSummary,
+};
+use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::args::printable;
-use crate::train::TrainArgs;
-use indicatif::ProgressBar;
-use serde_json::json;
 
-/// Steps the progress figures average over.
-pub const SMOOTHING_WINDOW: usize = 20;
-
-/// What the console, the metrics file and TensorBoard show of a run.
-pub struct Console {
+/// The progress bar, a log line every `log_every` steps, eval lines and
+/// `--trace-values` lines.
+pub struct Progress {
     pub bar: ProgressBar,
-    pub metrics: Option<File>,
-    /// `--tensorboard`: the run's scalars as event files.
-    pub tensorboard: Option<EventWriter>,
     pub log_every: i64,
-    /// This session's losses, for the loss plot of a run without a
-    /// metrics file.
-    pub curves: LossCurves,
 }
 
-impl Console {
-    fn metric(&mut self, line: serde_json::Value) -> hlo_engine::Result<()> {
-        if let Some(m) = self.metrics.as_mut() {
-            writeln!(m, "{line}").map_err(|e| {
-                hlo_engine::EngineError::Setting(format!("cannot write the metrics file: {e}"))
-            })?;
-        }
-        Ok(())
-    }
-
-    /// Scalars for TensorBoard at `step`, written through to the file
-    /// when `flush` (each log line and evaluation).
-    fn scalars(
-        &mut self,
-        step: i64,
-        values: &[(&str, f64)],
-        flush: bool,
-    ) -> hlo_engine::Result<()> {
-        if let Some(tb) = self.tensorboard.as_mut() {
-            tb.add_scalars(step, values)?;
-            if flush {
-                tb.flush()?;
-            }
-        }
-        Ok(())
+impl Progress {
+    /// A bar over the run's `steps`, at `step` (a resumed run's).
+    pub fn new(steps: i64, step: i64, log_every: i64) -> Progress {
+        let bar = ProgressBar::new(steps as u64);
+        bar.set_position(step as u64);
+        bar.set_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        Progress { bar, log_every }
     }
 }
 
-impl Hooks for Console {
+impl Hooks for Progress {
     fn on_step(&mut self, r: &StepReport) -> hlo_engine::Result<()> {
         self.bar.set_position(r.step as u64);
         self.bar.set_message(format!(
@@ -71,24 +44,7 @@ impl Hooks for Console {
             r.smoothed_tokens_per_s,
             duration(r.eta_s)
         ));
-        self.metric(json!({
-            "step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
-            "tokens_per_s": r.tokens_per_s, "step_time_s": r.step_time_s, "mfu": r.mfu,
-            "targets": r.targets, "elapsed_s": r.elapsed_s,
-        }))?;
-        let log = r.step % self.log_every == 0 || r.step == r.steps;
-        self.curves.train.push((r.step, r.loss));
-        let mut scalars = vec![
-            ("train/loss", r.loss),
-            ("train/lr", r.lr),
-            ("train/grad_norm", r.grad_norm),
-            ("train/tokens_per_s", r.tokens_per_s),
-        ];
-        if let Some(mfu) = r.mfu {
-            scalars.push(("train/mfu", mfu));
-        }
-        self.scalars(r.step, &scalars, log)?;
-        if log {
+        if r.step % self.log_every == 0 || r.step == r.steps {
             // The window's average: one step's own figure jumps with the
             // machine's other work.
             let mfu = r.mfu.unwrap_or(f64::NAN) * r.smoothed_tokens_per_s / r.tokens_per_s;
@@ -121,16 +77,7 @@ impl Hooks for Console {
             )
         });
         self.bar.set_message(format!("eval_loss {:.4}", r.loss));
-        self.curves.eval.push((e.step, r.loss));
-        self.scalars(
-            e.step,
-            &[("eval/loss", r.loss), ("eval/perplexity", r.perplexity())],
-            true,
-        )?;
-        self.metric(json!({
-            "step": e.step, "eval_loss": r.loss, "eval_perplexity": r.perplexity(),
-            "eval_tokens": r.tokens,
-        }))
+        Ok(())
     }
 
     fn on_traced_value(&mut self, v: &TracedValue) {
@@ -140,6 +87,11 @@ impl Hooks for Console {
                 v.scope, v.op, v.ty, v.min, v.max, v.mean, v.non_finite
             )
         });
+    }
+
+    fn on_end(&mut self, _summary: &TrainSummary) -> hlo_engine::Result<()> {
+        self.bar.finish_and_clear();
+        Ok(())
     }
 }
 
@@ -189,13 +141,13 @@ pub fn demo_show(
 
 /// The run's header: model, devices, what is trained, the data and how
 /// many epochs the steps make.
-pub fn print_header(
-    args: &TrainArgs,
-    session: &Session,
-    stats: &hlo_engine::data::DataStats,
-    learning: usize,
-    unpacked_fill: f64,
-) -> Result<()> {
+pub fn print_header(run: &Run) -> Result<()> {
+    let session = run.session();
+    let (stats, learning, unpacked_fill) = (
+        run.data_stats(),
+        run.learning_samples(),
+        run.unpacked_fill(),
+    );
     let c = session.config();
     let model = session.model();
     let trained = match &c.lora {
@@ -225,7 +177,7 @@ pub fn print_header(
         (AttentionKind::Naive, chunk) if chunk >= c.seq => String::new(),
         _ => format!("; {}", c.long_context_summary(model.config.vocab_size)),
     };
-    let remaining = (args.steps - session.steps_done()).max(0) as f64;
+    let remaining = (run.spec().steps - session.steps_done()).max(0) as f64;
     println!(
         "training {} ({} parameters, {}) on {} ({}): {trained}; batch {} × seq {}{accum}{long}; {}",
         model.name,

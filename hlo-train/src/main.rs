@@ -15,10 +15,10 @@ mod dump_hlo;
 mod eval;
 mod generate;
 mod merge;
+mod outputs;
 mod plan;
 mod plot;
 mod recipe;
-mod resume;
 mod serve;
 mod train;
 
@@ -142,7 +142,7 @@ fn main() -> ExitCode {
     }
     let argv: Vec<OsString> = std::env::args_os().collect();
     // A recipe's settings become flags before anything is parsed.
-    let argv = match recipe::expand(&argv) {
+    let argv = match recipe::expand(&argv, &Cli::command()) {
         Ok(argv) => argv,
         Err(e) => {
             eprintln!("error: {}", one_line(&format!("{e:#}")));
@@ -160,7 +160,7 @@ fn main() -> ExitCode {
                 let _ = e.print();
                 return ExitCode::SUCCESS;
             }
-            eprintln!("{}", usage_error(&e));
+            eprintln!("{}", args::usage_error(&e));
             return ExitCode::from(2);
         }
     };
@@ -217,17 +217,6 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
-}
-
-/// A usage error (bad flag, bad value) as one line.
-pub(crate) fn usage_error(e: &clap::Error) -> String {
-    let text = e.render().to_string();
-    let message: Vec<&str> = text
-        .lines()
-        .take_while(|l| !l.trim().is_empty() && !l.starts_with("Usage:"))
-        .map(str::trim)
-        .collect();
-    format!("{} (see --help)", message.join(" "))
 }
 
 /// Joins a multi-line message (an MLIR diagnostic, say) into one line.

@@ -16,7 +16,7 @@ use std::ffi::OsString;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use clap::{ArgAction, CommandFactory};
+use clap::ArgAction;
 use serde_json::Value;
 
 /// The commands that take `--recipe`.
@@ -105,10 +105,10 @@ fn read(path: &Path) -> Result<Vec<(String, Value)>> {
     Ok(out)
 }
 
-/// `argv` (`hlo-train COMMAND ...`) with the settings of its `--recipe`
-/// put in as flags before the command line's own (which win); `argv`
-/// itself when there is no recipe.
-pub fn expand(argv: &[OsString]) -> Result<Vec<OsString>> {
+/// `argv` (`hlo-train COMMAND ...`, whose flags `cli` defines) with the
+/// settings of its `--recipe` put in as flags before the command line's
+/// own (which win); `argv` itself when there is no recipe.
+pub fn expand(argv: &[OsString], cli: &clap::Command) -> Result<Vec<OsString>> {
     let Some(command) = argv.get(1).and_then(|c| c.to_str()) else {
         return Ok(argv.to_vec());
     };
@@ -119,7 +119,6 @@ pub fn expand(argv: &[OsString]) -> Result<Vec<OsString>> {
         return Ok(argv.to_vec());
     };
     let path = Path::new(&path);
-    let cli = crate::Cli::command();
     // clap's own --help and --version are no settings.
     let setting = |a: &&clap::Arg| !matches!(a.get_long(), None | Some("help" | "version"));
     let known_elsewhere: BTreeSet<String> = RECIPE_COMMANDS
@@ -207,22 +206,16 @@ pub fn expand(argv: &[OsString]) -> Result<Vec<OsString>> {
     Ok(out)
 }
 
-/// The effective recipe of `hlo-train train` run with `argv`: every flag
-/// of `train` but where its outputs go, with `resolved` values (the
-/// run's settings: defaults decided, paths absolute) replacing the
-/// flags'. Keys are written as flags are named, `_` for `-`.
-pub fn effective(argv: &[OsString], resolved: &[(String, Value)]) -> Result<String> {
-    let cli = crate::Cli::command();
-    let matches = cli
-        .clone()
-        .try_get_matches_from(argv)
-        .map_err(|e| anyhow::anyhow!("{}", crate::usage_error(&e)))?;
-    let (Some(sub), Some(train)) = (
-        matches.subcommand_matches("train"),
-        cli.find_subcommand("train"),
-    ) else {
-        bail!("not a train command");
-    };
+/// The effective recipe of a `train` run whose flags (`train`, the
+/// subcommand) were read as `sub`: every flag but where its outputs go,
+/// with `resolved` values (the run's settings: defaults decided, paths
+/// absolute) replacing the flags'. Keys are written as flags are named,
+/// `_` for `-`.
+pub fn effective(
+    train: &clap::Command,
+    sub: &clap::ArgMatches,
+    resolved: &[(String, Value)],
+) -> String {
     let resolved_keys: BTreeSet<&str> = resolved.iter().map(|(k, _)| k.as_str()).collect();
     let model_flag = EXCLUSIVE[0]
         .iter()
@@ -265,7 +258,7 @@ pub fn effective(argv: &[OsString], resolved: &[(String, Value)]) -> Result<Stri
             yaml_scalar(&value)
         ));
     }
-    Ok(text)
+    text
 }
 
 /// A YAML scalar: numbers and booleans as they are; a string plain when
@@ -298,6 +291,7 @@ fn yaml_scalar(v: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::CommandFactory;
 
     fn argv(s: &str) -> Vec<OsString> {
         s.split_whitespace().map(OsString::from).collect()
@@ -305,7 +299,7 @@ mod tests {
 
     /// The expanded command line of `s`, as strings.
     fn expanded(s: &str) -> Vec<String> {
-        expand(&argv(s))
+        expand(&argv(s), &crate::Cli::command())
             .unwrap()
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
@@ -363,14 +357,21 @@ mod tests {
             ("seq: [1, 2\n", "not YAML"),
         ] {
             let r = recipe("bad.yaml", text);
-            let err = expand(&argv(&format!("hlo-train train --recipe {}", r.display())))
-                .unwrap_err()
-                .to_string();
+            let err = expand(
+                &argv(&format!("hlo-train train --recipe {}", r.display())),
+                &crate::Cli::command(),
+            )
+            .unwrap_err()
+            .to_string();
             assert!(err.contains(want), "{text:?}: {err}");
             assert!(err.contains("bad.yaml"), "{err}");
             assert!(!err.contains('\n'), "{err}");
         }
-        let err = expand(&argv("hlo-train train --recipe /nonexistent/r.yaml")).unwrap_err();
+        let err = expand(
+            &argv("hlo-train train --recipe /nonexistent/r.yaml"),
+            &crate::Cli::command(),
+        )
+        .unwrap_err();
         assert!(
             format!("{err:#}").contains("cannot read recipe /nonexistent/r.yaml"),
             "{err:#}"

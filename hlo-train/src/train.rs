@@ -4,30 +4,25 @@
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
-use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
-use clap::Args;
-use hlo_engine::checkpoint::{self, RunSettings, Saved};
-use hlo_engine::data::{eval_batches, Loader};
-use hlo_engine::models::adapter::Adapter;
+use anyhow::Result;
+use clap::{Args, ValueEnum};
+use hlo_engine::ir::DType;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::plot::LossCurves;
 use hlo_engine::tensorboard::EventWriter;
 use hlo_engine::{
-    flops, Backend, Dataset, Mode, Quiet, Session, SessionOptions, StopFlag, Trainer,
-    TrainerOptions,
+    Chosen, DataSource, EvalSpec, HookList, Mode, Objective, OutputSpec, Run, RunSpec, StopFlag,
+    TrainSummary,
 };
-use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::args::{
-    open_model, ChatArgs, DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs, Toggle,
-    TokenizerArgs,
+    ChatArgs, DTypeArg, DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs, TokenizerArgs,
 };
-use crate::console::{demo_show, print_header, Console, SMOOTHING_WINDOW};
+use crate::console::{demo_show, print_header, Progress};
 use crate::dump_hlo::{self, Format};
-use crate::{recipe, resume};
+use crate::outputs::{LossChart, MetricsFile, RecipeFile, TensorBoard};
 
 #[derive(Args, Clone, Debug)]
 pub struct TrainArgs {
@@ -51,6 +46,11 @@ pub struct TrainArgs {
 
     #[command(flatten)]
     pub plugin: PluginArgs,
+
+    /// What the run's loss is: sft, the causal-LM loss on the data's
+    /// learned tokens (supervised finetuning).
+    #[arg(long, value_enum, default_value = "sft")]
+    pub objective: ObjectiveArg,
 
     #[command(flatten)]
     pub step: StepArgs,
@@ -149,276 +149,148 @@ pub struct TrainArgs {
     pub peak_tflops: Option<f64>,
 }
 
-/// Opens `path` for the metrics: appended to when `append`.
-fn metrics_file(path: &Path, append: bool) -> Result<File> {
-    if let Some(parent) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("cannot create {}", parent.display()))?;
-    }
-    std::fs::OpenOptions::new()
-        .create(true)
-        .write(true)
-        .append(append)
-        .truncate(!append)
-        .open(path)
-        .with_context(|| format!("cannot create {}", path.display()))
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ObjectiveArg {
+    Sft,
 }
 
-/// Writes the run's effective recipe to `out/recipe.yaml`: the flags of
-/// `argv` with the run's resolved settings and mesh.
-fn write_recipe(out: &Path, argv: &[OsString], settings: &RunSettings, mesh: &Mesh) -> Result<()> {
-    let mut resolved: Vec<(String, serde_json::Value)> = settings
-        .0
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    resolved.push(("mesh".into(), mesh.to_string().into()));
-    resolved.push(("devices".into(), mesh.size().into()));
-    let text = recipe::effective(argv, &resolved)?;
-    let path = out.join("recipe.yaml");
-    let tmp = out.join(".recipe.yaml.tmp");
-    std::fs::write(&tmp, text)
-        .and_then(|()| std::fs::rename(&tmp, &path))
-        .with_context(|| format!("cannot write {}", path.display()))
+/// The engine's run of these flags; `given` (clap ids) are the settings
+/// the command line chose, which a resumed run must agree with.
+fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> Result<RunSpec> {
+    let quantize = args.quantize.nf4();
+    Ok(RunSpec {
+        model: args.model.source(),
+        tokenizer: args.tokenizer.tokenizer.clone(),
+        quantize,
+        dtype: args.dtype.dtype.map(|d| match d {
+            DTypeArg::F32 => DType::F32,
+            DTypeArg::Bf16 => DType::BF16,
+        }),
+        data: DataSource {
+            path: args.data.clone(),
+            chat_template: args.chat.chat_template.clone(),
+            train_on_inputs: args.chat.train_on_inputs,
+        },
+        objective: match args.objective {
+            ObjectiveArg::Sft => Objective::Sft,
+        },
+        step: args.step.spec(),
+        init_adapter: args.init_adapter.clone(),
+        optim: args.optim.spec(args.step.optimizer),
+        steps: args.steps,
+        seed: args.seed,
+        backend: args.plugin.backend(args.mesh.as_ref()),
+        mode: if args.eager { Mode::Eager } else { Mode::Jit },
+        eval: EvalSpec {
+            data: args.eval_data.clone(),
+            // 0: with every log line.
+            every: if args.eval_every > 0 {
+                args.eval_every
+            } else {
+                args.log_every
+            },
+        },
+        output: OutputSpec {
+            out: args.out.clone(),
+            overwrite: args.overwrite,
+            save_every: args.save_every,
+            resume: args.resume.clone(),
+        },
+        trace_values: args.trace_values.clone(),
+        peak_tflops: args.peak_tflops,
+        chosen: Chosen::Only(given.iter().map(|id| id.replace('_', "-")).collect()),
+    })
+}
+
+/// What the run shows and writes, on process 0: progress, the metrics
+/// file, TensorBoard, the loss chart and the recipe.
+fn hooks(args: &TrainArgs, run: &Run, argv: &[OsString]) -> Result<(HookList, Progress)> {
+    let mut hooks = HookList::default();
+    let progress = Progress::new(run.spec().steps, run.session().steps_done(), args.log_every);
+    hooks.add(
+        "progress",
+        Progress {
+            bar: progress.bar.clone(),
+            log_every: args.log_every,
+        },
+    );
+    if let Some(path) = &args.metrics {
+        hooks.add("metrics", MetricsFile::open(path, run.resumed())?);
+    }
+    if let Some(dir) = &args.tensorboard {
+        let writer = EventWriter::create(dir)?;
+        let log_every = args.log_every;
+        hooks.add("tensorboard", TensorBoard { writer, log_every });
+    }
+    if let Some(out) = run.out() {
+        hooks.add(
+            "loss-chart",
+            LossChart {
+                out: out.to_path_buf(),
+                metrics: args.metrics.clone(),
+                title: format!("{}: loss", run.session().model().name),
+                curves: LossCurves::default(),
+            },
+        );
+        let command = TrainArgs::augment_args(clap::Command::new("train"));
+        hooks.add("recipe", RecipeFile::new(command, argv)?);
+    }
+    Ok((hooks, progress))
 }
 
 pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Result<()> {
-    // A resumed run takes every setting it was saved with.
-    let (args, saved, argv): (TrainArgs, Option<Saved>, Vec<OsString>) = match &args.resume {
-        Some(dir) => {
-            let saved = checkpoint::load(dir)?;
-            let argv = resume::effective_argv(argv, given, &saved.state.settings);
-            (resume::parse(&argv)?, Some(saved), argv)
-        }
-        None => (args, None, argv.to_vec()),
-    };
-    let out = args.out.clone().or_else(|| args.resume.clone());
-    // Across processes, process 0 prints and writes; the others compute
-    // alongside it (every gather is a program they all run).
-    let launch = args.plugin.processes.launch()?;
-    let main = launch.as_ref().is_none_or(|l| l.process_id == 0);
-    if let Some(out) = out.as_ref().filter(|_| main) {
-        let canonical = |p: &Path| std::fs::canonicalize(p).ok();
-        let continuing = args
-            .resume
-            .as_deref()
-            .is_some_and(|r| canonical(r).is_some() && canonical(r) == canonical(out));
-        if checkpoint::holds_run(out) && !continuing && !args.overwrite {
-            bail!(
-                "--out {} holds a run already: continue it with --resume {}, or pass --overwrite to replace it",
-                out.display(),
-                out.display()
-            );
-        }
-        checkpoint::prepare_out(out)?;
-    }
-    if args.save_every > 0 && out.is_none() {
-        bail!("--save-every needs --out");
-    }
-    let trace_values = match &args.trace_values {
-        Some(r) => Some(
-            regex::Regex::new(r).with_context(|| format!("--trace-values `{r}` is not a regex"))?,
-        ),
-        None => None,
-    };
-    let model = args
-        .quantize
-        .apply(open_model(&args.model, &args.tokenizer)?)?;
-    if args.step.full && model.config.quantization.is_some() {
-        bail!("--full trains every weight, and NF4 weights are frozen: finetune a LoRA adapter on the quantized base (QLoRA), or drop --quantize");
-    }
-    model.check_weights()?;
-    let config = model.config.clone();
-    let tokenizer = model.tokenizer(None)?;
-    let seq = args.step.seq as usize;
-    let spec = args.chat.spec(args.data.clone(), args.step.seq);
-    let data = Dataset::read(&model, &spec, args.seed)?;
-    let held_out = Dataset::held_out(&model, &spec, args.eval_data.as_deref(), args.seed)?;
-    let demo = args.data.is_none();
-
-    let backend = Backend::open(&args.plugin.backend(args.mesh.as_ref()))?;
-    let dtype = args.dtype.dtype(args.plugin.is_cpu());
-    // LoRA settings: a resumed run's own adapter, else --init-adapter's,
-    // else the flags.
-    let init_adapter = match &args.init_adapter {
-        Some(dir) if saved.is_none() => {
-            let dropout = Adapter::dropout(dir);
-            if dropout > 0.0 {
-                bail!(
-                    "--init-adapter {}: its adapter_config.json sets lora_dropout {dropout}, and hlo-train trains without dropout (the result would differ from PEFT's); set it to 0 to start from this adapter",
-                    dir.display()
-                );
-            }
-            Some(Adapter::load(dir, &config)?)
-        }
-        _ => None,
-    };
-    let lora_flags = ["lora_rank", "lora_alpha", "lora_targets", "use_rslora"];
-    let lora_given = lora_flags.iter().any(|f| given.contains(*f));
-    let adapter_lora = match (&saved, &args.resume, &init_adapter) {
-        (Some(_), Some(dir), _) if !args.step.full && !lora_given => {
-            Some(Adapter::read_config(dir)?)
-        }
-        (_, _, Some(a)) => Some(a.lora.clone()),
-        _ => None,
-    };
-    let mut tc = args.step.train_config(
-        &args.optim,
-        &config,
-        dtype,
-        backend.mesh(),
-        args.steps,
-        adapter_lora,
-    )?;
-    let stats = data.stats;
-    let fingerprint_data = resume::cli_settings(&args, &model, &data)?;
-    // Samples with nothing to learn within a row are left out.
-    let examples = data.learning(seq)?;
-    // A step takes --grad-accum micro-batches of --batch rows.
-    let mut loader = Loader::new(examples, seq, tc.rows() as usize, args.seed);
-    // Packing: on request, or (auto) when samples fill at most half a row.
-    let unpacked_fill = loader.mean_len().min(seq as f64) / seq as f64;
-    if args.step.packing == Toggle::Auto {
-        tc.packing = unpacked_fill <= 0.5;
-    }
-    loader = loader.packed(tc.packing);
-    let mut settings = RunSettings::of_config(&tc, args.seed);
-    settings.extend(&fingerprint_data);
-    if let (Some(saved), Some(dir)) = (&saved, &args.resume) {
-        resume::refuse(&resume::differences(
-            &saved.state.settings,
-            &settings,
-            given,
-            saved.state.step,
-            dir,
-        ))?;
-    }
-    if let Some(out) = out.as_ref().filter(|_| main) {
-        write_recipe(out, &argv, &settings, backend.mesh())?;
-    }
-    let mode = if args.eager { Mode::Eager } else { Mode::Jit };
-    let mut session = Session::new(
-        backend,
-        model,
-        tc.clone(),
-        SessionOptions {
-            mode,
-            seed: args.seed,
-            init_adapter,
-            eval: held_out.is_some(),
-            ..SessionOptions::default()
-        },
-    )?;
-    if let Some(saved) = &saved {
-        session.restore(&saved.tensors)?;
-        loader.cursor = saved.state.data_cursor;
-    }
+    let mut run = Run::new(spec(&args, given)?)?.with_stop(StopFlag::on_signals());
+    let main = run.is_main();
     if let Some(dir) = args.dump_hlo.as_ref().filter(|_| main) {
-        dump_hlo::write_texts(dir, "train_step", session.sharded_step(), Format::Both)?;
+        dump_hlo::write_texts(
+            dir,
+            "train_step",
+            run.session().sharded_step(),
+            Format::Both,
+        )?;
     }
     // The demo shows the adapter's completions before and after training,
     // in one process (generation is not built across processes).
-    let demo_tokenizer = tokenizer
-        .as_ref()
-        .filter(|_| demo && !args.step.full && launch.is_none());
-    if let Some(t) = demo_tokenizer {
-        demo_show(
-            "before",
-            &session,
-            t,
-            session.adapter()?.as_ref(),
-            args.seed,
-        )?;
-    }
-
-    let peak = flops::peak_flops(session.backend(), dtype, args.peak_tflops)?;
-    let metrics = match args.metrics.as_ref().filter(|_| main) {
-        Some(p) => Some(metrics_file(p, saved.is_some())?),
-        None => None,
-    };
-    if main {
-        print_header(&args, &session, &stats, loader.len(), unpacked_fill)?;
-    }
-    let bar = if main {
-        ProgressBar::new(args.steps as u64)
-    } else {
-        ProgressBar::hidden()
-    };
-    bar.set_position(session.steps_done() as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    let tensorboard = match args.tensorboard.as_ref().filter(|_| main) {
-        Some(dir) => Some(EventWriter::create(dir)?),
-        None => None,
-    };
-    let mut console = Console {
-        bar,
-        metrics,
-        tensorboard,
-        log_every: args.log_every,
-        curves: LossCurves::default(),
-    };
-    let eval = held_out
-        .map(|e| eval_batches(&e.examples, seq, args.step.batch as usize))
-        .unwrap_or_default();
-    let summary = {
-        let mut trainer = Trainer::new(
-            &mut session,
-            loader,
-            eval,
-            TrainerOptions {
-                steps: args.steps,
-                eval_every: if args.eval_every > 0 {
-                    args.eval_every
-                } else {
-                    args.log_every
-                },
-                save_every: args.save_every,
-                out: out.clone(),
-                settings: fingerprint_data,
-                trace_values,
-                peak_flops: Some(peak),
-                smoothing_window: SMOOTHING_WINDOW,
-            },
-            StopFlag::on_signals(),
-        )?;
-        let result = if main {
-            trainer.run(&mut console)
-        } else {
-            trainer.run(&mut Quiet)
-        };
-        if result.is_err() {
-            console.bar.abandon();
+    let spec = run.spec();
+    let demo = main
+        && spec.data.path.is_none()
+        && spec.step.lora.is_some()
+        && spec.backend.launch.is_none();
+    let show = |label: &str, run: &Run| -> Result<()> {
+        match run.tokenizer().filter(|_| demo) {
+            Some(t) => {
+                let session = run.session();
+                demo_show(
+                    label,
+                    session,
+                    t,
+                    session.adapter()?.as_ref(),
+                    run.spec().seed,
+                )
+            }
+            None => Ok(()),
         }
-        result?
     };
-    console.bar.finish_and_clear();
-    if let Some(tb) = console.tensorboard.as_mut() {
-        tb.flush()?;
-    }
-    // Process 0 serves the rendezvous until every process is done.
-    if let Some(group) = session.backend().group() {
-        group.finish()?;
-    }
+    show("before", &run)?;
     if !main {
+        run.train(&mut hlo_engine::Quiet)?;
         return Ok(());
     }
-    if let Some(out) = &out {
-        // The whole run's curves: the metrics file holds the steps before
-        // a resume too.
-        let curves = match &args.metrics {
-            Some(m) => LossCurves::read_metrics(m)?,
-            None => std::mem::take(&mut console.curves),
-        };
-        if !curves.is_empty() {
-            let title = format!("{}: loss", session.model().name);
-            curves.write_svg(&out.join("loss.svg"), &title)?;
-        }
-    }
+    print_header(&run)?;
+    let (mut hooks, progress) = hooks(&args, &run, argv)?;
+    let summary = run
+        .train(&mut hooks)
+        .inspect_err(|_| progress.bar.abandon())?;
+    print_summary(&run, &summary);
+    show("after", &run)
+}
+
+/// The lines after a run: where it was saved, how the loss went, packing,
+/// memory.
+fn print_summary(run: &Run, summary: &TrainSummary) {
+    let session = run.session();
     if summary.interrupted {
-        match &out {
+        match run.out() {
             Some(out) => println!(
                 "stopped by a signal after step {}; saved to {} (continue with --resume {})",
                 summary.step,
@@ -430,12 +302,12 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
                 summary.step
             ),
         }
-        return Ok(());
+        return;
     }
-    if let Some(out) = &out {
+    if let Some(out) = run.out() {
         println!(
             "saved {} and train_state/ (step {}) to {}",
-            if args.step.full {
+            if run.spec().step.lora.is_none() {
                 "an HF model folder"
             } else {
                 "the PEFT adapter"
@@ -456,12 +328,22 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
     if let Some(fill) = summary.fill {
         println!(
             "packing {}: {:.1}% of the slots hold real tokens ({:.1}% unpacked)",
-            if tc.packing { "on" } else { "off" },
+            if session.config().packing {
+                "on"
+            } else {
+                "off"
+            },
             100.0 * fill,
-            100.0 * unpacked_fill
+            100.0 * run.unpacked_fill()
         );
     }
-    if let Some(m) = session.compiled_memory_stats()? {
+    print_step_stats(run);
+}
+
+/// The compiled step's memory, or the eager op cache's figures.
+fn print_step_stats(run: &Run) {
+    let session = run.session();
+    if let Ok(Some(m)) = session.compiled_memory_stats() {
         println!(
             "jit: compiled memory per device: arguments {:.1} MB, outputs {:.1} MB (aliased {:.1} MB), temporaries {:.1} MB",
             m.argument_size_in_bytes as f64 / 1e6,
@@ -481,8 +363,4 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
             s.intermediate_bytes as f64 / 1e6
         );
     }
-    if let Some(t) = demo_tokenizer {
-        demo_show("after", &session, t, session.adapter()?.as_ref(), args.seed)?;
-    }
-    Ok(())
 }

@@ -1,0 +1,403 @@
+//! [`Run`]: a training run as one object. Built from a [`RunSpec`], it
+//! takes a saved run's settings back when resuming, refuses an output
+//! folder that holds another run, reads the data, decides every `auto`
+//! (packing from the data; scan, loss chunk, attention and batch axes from
+//! the model and mesh, [`StepSpec::train_config`]), compiles the session
+//! and restores its state; [`Run::train`] then runs the loop, reporting
+//! through [`Hooks`] on process 0 only, and finishes the process group.
+//! Every front end (the CLI, `engine/examples/finetune.rs`, the training
+//! methods to come) goes through it, so each gets the same policy once.
+//!
+//! ```no_run
+//! use hlo_engine::{Quiet, Run, RunSpec};
+//! // `hlo-train train --steps 20 --out run` ...
+//! let spec = RunSpec { steps: 20, ..RunSpec::default() };
+//! let mut spec = spec;
+//! spec.output.out = Some("run".into());
+//! Run::new(spec)?.train(&mut Quiet)?;
+//! // ... then `hlo-train train --resume run --steps 40`.
+//! let mut again = RunSpec::resume("run");
+//! again.steps = 40;
+//! again.chosen = hlo_engine::run_spec::Chosen::Only(["steps".to_string()].into());
+//! Run::new(again)?.train(&mut Quiet)?;
+//! # Ok::<(), hlo_engine::EngineError>(())
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use hlo_data::{eval_batches, Batch, DataStats, Loader, Tokenizer};
+use hlo_ir::DType;
+use hlo_models::adapter::Adapter;
+use hlo_models::train::TrainConfig;
+use hlo_runtime::PluginKind;
+use regex::Regex;
+
+use crate::backend::Backend;
+use crate::checkpoint::{self, RunSettings, Saved};
+use crate::dataset::{DataSpec, Dataset};
+use crate::error::{EngineError, Result};
+use crate::flops;
+use crate::hooks::{Hooks, Quiet, RunStart, TrainSummary};
+use crate::model::{Model, ModelSource};
+use crate::run_spec::{differences, RunSpec};
+use crate::session::{Session, SessionOptions};
+use crate::spec::{auto_packing, Toggle};
+use crate::trainer::{StopFlag, Trainer, TrainerOptions};
+
+/// A run resolved and compiled, ready to train.
+pub struct Run {
+    spec: RunSpec,
+    session: Session,
+    loader: Option<Loader>,
+    eval: Vec<Batch>,
+    /// What `train_state/` records: the session's settings and the run's
+    /// identities.
+    settings: RunSettings,
+    identities: RunSettings,
+    stats: DataStats,
+    learning: usize,
+    unpacked_fill: f64,
+    main: bool,
+    out: Option<PathBuf>,
+    resumed: bool,
+    trace_values: Option<Regex>,
+    tokenizer: Option<Tokenizer>,
+    stop: StopFlag,
+}
+
+/// Whether this process writes and reports (process 0, or the only one).
+fn is_main(spec: &RunSpec) -> bool {
+    spec.backend
+        .launch
+        .as_ref()
+        .is_none_or(|l| l.process_id == 0)
+}
+
+/// Refuses an `out` that holds another run (unless replacing it, or it
+/// is the run being resumed), and prepares it.
+fn guard_out(spec: &RunSpec, out: &Path) -> Result<()> {
+    let canonical = |p: &Path| std::fs::canonicalize(p).ok();
+    let continuing = spec
+        .output
+        .resume
+        .as_deref()
+        .is_some_and(|r| canonical(r).is_some() && canonical(r) == canonical(out));
+    if checkpoint::holds_run(out) && !continuing && !spec.output.overwrite {
+        return Err(EngineError::OutHoldsRun {
+            out: out.to_path_buf(),
+        });
+    }
+    checkpoint::prepare_out(out)
+}
+
+/// An absolute path, for what a run records.
+fn absolute(p: &Path) -> String {
+    std::fs::canonicalize(p)
+        .unwrap_or_else(|_| p.to_path_buf())
+        .display()
+        .to_string()
+}
+
+/// The settings a run records beyond the session's own: which model,
+/// tokenizer, adapter and data (with their identities), the objective and
+/// the run's length.
+fn identities(spec: &RunSpec, model: &Model, data: &Dataset) -> Result<RunSettings> {
+    let mut s = RunSettings::default();
+    match model.source() {
+        ModelSource::Preset(name) => s.set("model", name.as_str()),
+        ModelSource::Config(p) => s.set("config", absolute(p)),
+        ModelSource::Checkpoint(p) => s.set("checkpoint", absolute(p)),
+    }
+    s.set("model-fingerprint", model.fingerprint()?);
+    // The base as the run holds it (a bitsandbytes checkpoint's own NF4 too).
+    if let Some(q) = model.config.quantization {
+        s.set("quantize", "nf4");
+        s.set("double-quant", q.double_quant);
+    }
+    for (key, path) in [
+        ("tokenizer", &spec.tokenizer),
+        ("init-adapter", &spec.init_adapter),
+        ("data", &spec.data.path),
+        ("chat-template", &spec.data.chat_template),
+    ] {
+        if let Some(p) = path {
+            s.set(key, absolute(p));
+        }
+    }
+    s.set("data-fingerprint", data.fingerprint.as_str());
+    s.set("train-on-inputs", spec.data.train_on_inputs);
+    s.set("objective", spec.objective.name());
+    s.set("steps", spec.steps);
+    Ok(s)
+}
+
+/// The adapter to start from (`init_adapter`, not when resuming: the
+/// saved state holds the adapter then), refused when it trains with
+/// dropout.
+fn init_adapter(spec: &RunSpec, model: &Model, resumed: bool) -> Result<Option<Adapter>> {
+    let Some(dir) = spec.init_adapter.as_ref().filter(|_| !resumed) else {
+        return Ok(None);
+    };
+    let dropout = Adapter::dropout(dir);
+    if dropout > 0.0 {
+        return Err(EngineError::AdapterDropout {
+            dir: dir.clone(),
+            dropout,
+        });
+    }
+    Ok(Some(Adapter::load(dir, &model.config)?))
+}
+
+/// The traced step of `spec` over `backend`'s mesh: LoRA settings from a
+/// resumed run's own adapter (unless chosen anew), else the adapter it
+/// starts from, else the spec's.
+fn train_config(
+    spec: &RunSpec,
+    model: &Model,
+    backend: &Backend,
+    dtype: DType,
+    init: Option<&Adapter>,
+    resumed: bool,
+) -> Result<TrainConfig> {
+    let mut tc = spec.step.train_config(
+        &spec.optim,
+        &model.config,
+        dtype,
+        backend.mesh(),
+        spec.steps,
+    )?;
+    if tc.lora.is_none() {
+        return Ok(tc);
+    }
+    let lora_chosen = ["lora-rank", "lora-alpha", "lora-targets", "use-rslora"]
+        .iter()
+        .any(|k| spec.chosen.contains(k));
+    match (&spec.output.resume, init) {
+        (Some(dir), _) if resumed && !lora_chosen => tc.lora = Some(Adapter::read_config(dir)?),
+        (_, Some(a)) => tc.lora = Some(a.lora.clone()),
+        _ => {}
+    }
+    Ok(tc)
+}
+
+impl Run {
+    /// Resolves `spec` (resuming its saved run if it names one), reads
+    /// the data, compiles the step and places (or restores) its state.
+    pub fn new(mut spec: RunSpec) -> Result<Run> {
+        let saved: Option<Saved> = match &spec.output.resume {
+            Some(dir) => {
+                let saved = checkpoint::load(dir)?;
+                spec.merge_saved(&saved.state.settings)?;
+                Some(saved)
+            }
+            None => None,
+        };
+        let resumed = saved.is_some();
+        let out = spec
+            .output
+            .out
+            .clone()
+            .or_else(|| spec.output.resume.clone());
+        let main = is_main(&spec);
+        if let Some(out) = out.as_ref().filter(|_| main) {
+            guard_out(&spec, out)?;
+        }
+        if spec.output.save_every > 0 && out.is_none() {
+            return Err(EngineError::SaveEveryNeedsOut);
+        }
+        let trace_values = match &spec.trace_values {
+            Some(r) => Some(Regex::new(r).map_err(|cause| EngineError::Regex {
+                what: "--trace-values",
+                pattern: r.clone(),
+                cause,
+            })?),
+            None => None,
+        };
+        let model = Model::open(&spec.model)?
+            .with_tokenizer_file(spec.tokenizer.clone())
+            .quantized(spec.quantize)?;
+        if spec.step.lora.is_none() && model.config.quantization.is_some() {
+            return Err(EngineError::FullOfNf4);
+        }
+        model.check_weights()?;
+        let tokenizer = model.tokenizer(None)?;
+        let seq = spec.step.seq as usize;
+        let data_spec = DataSpec {
+            path: spec.data.path.clone(),
+            chat_template: spec.data.chat_template.clone(),
+            train_on_inputs: spec.data.train_on_inputs,
+            seq,
+        };
+        let data = Dataset::read(&model, &data_spec, spec.seed)?;
+        let held_out = Dataset::held_out(&model, &data_spec, spec.eval.data.as_deref(), spec.seed)?;
+        let backend = Backend::open(&spec.backend)?;
+        let dtype = spec.dtype.unwrap_or(match spec.backend.plugin.kind() {
+            PluginKind::Cpu => DType::F32,
+            _ => DType::BF16,
+        });
+        let init = init_adapter(&spec, &model, resumed)?;
+        let mut tc = train_config(&spec, &model, &backend, dtype, init.as_ref(), resumed)?;
+        let stats = data.stats;
+        let identities = identities(&spec, &model, &data)?;
+        // Samples with nothing to learn within a row are left out.
+        let examples = data.learning(seq)?;
+        let learning = examples.len();
+        // A step takes `grad_accum` micro-batches of `batch` rows.
+        let loader = Loader::new(examples, seq, tc.rows() as usize, spec.seed);
+        let unpacked_fill = loader.mean_len().min(seq as f64) / seq as f64;
+        if spec.step.packing == Toggle::Auto {
+            tc.packing = auto_packing(unpacked_fill);
+        }
+        let mut loader = loader.packed(tc.packing);
+        let mut settings = RunSettings::of_config(&tc, spec.seed);
+        settings.extend(&identities);
+        if let (Some(saved), Some(dir)) = (&saved, &spec.output.resume) {
+            let found = differences(
+                &saved.state.settings,
+                &settings,
+                &spec.chosen,
+                saved.state.step,
+                dir,
+            );
+            if !found.is_empty() {
+                return Err(EngineError::Resume(format!(
+                    "{} (a resumed run keeps the settings it was saved with)",
+                    found.join("; ")
+                )));
+            }
+        }
+        let mut session = Session::new(
+            backend,
+            model,
+            tc,
+            SessionOptions {
+                mode: spec.mode,
+                seed: spec.seed,
+                init_adapter: init,
+                eval: held_out.is_some(),
+                ..SessionOptions::default()
+            },
+        )?;
+        if let Some(saved) = &saved {
+            session.restore(&saved.tensors)?;
+            loader.cursor = saved.state.data_cursor;
+        }
+        let eval = held_out
+            .map(|e| eval_batches(&e.examples, seq, spec.step.batch as usize))
+            .unwrap_or_default();
+        Ok(Run {
+            spec,
+            session,
+            loader: Some(loader),
+            eval,
+            settings,
+            identities,
+            stats,
+            learning,
+            unpacked_fill,
+            main,
+            out,
+            resumed,
+            trace_values,
+            tokenizer,
+            stop: StopFlag::default(),
+        })
+    }
+
+    /// Stops the run when `stop` is set (after the step in flight, saving
+    /// to `out`): `StopFlag::on_signals()` for SIGINT and SIGTERM.
+    pub fn with_stop(mut self, stop: StopFlag) -> Run {
+        self.stop = stop;
+        self
+    }
+
+    /// Trains to the spec's step count (or until stopped), evaluating and
+    /// saving as it says; `hooks` hear the run on process 0 (the other
+    /// processes compute alongside, silently). Then waits for every
+    /// process of the run to finish.
+    pub fn train(&mut self, hooks: &mut dyn Hooks) -> Result<TrainSummary> {
+        let mut quiet = Quiet;
+        let hooks: &mut dyn Hooks = if self.main { hooks } else { &mut quiet };
+        let loader = self.loader.take().ok_or(EngineError::RunFinished)?;
+        let dtype = self.session.config().dtype;
+        let peak = flops::peak_flops(self.session.backend(), dtype, self.spec.peak_tflops)?;
+        hooks.on_start(&RunStart {
+            settings: self.settings.clone(),
+            mesh: self.session.backend().mesh().clone(),
+            out: self.out.clone(),
+            step: self.session.steps_done(),
+            steps: self.spec.steps,
+            resumed: self.resumed,
+        })?;
+        let options = TrainerOptions {
+            steps: self.spec.steps,
+            eval_every: self.spec.eval.every,
+            save_every: self.spec.output.save_every,
+            out: self.out.clone(),
+            settings: self.identities.clone(),
+            trace_values: self.trace_values.clone(),
+            peak_flops: Some(peak),
+            smoothing_window: 20,
+        };
+        let eval = std::mem::take(&mut self.eval);
+        let summary = Trainer::new(&mut self.session, loader, eval, options, self.stop.clone())?
+            .run(hooks)?;
+        // Process 0 serves the rendezvous until every process is done.
+        if let Some(group) = self.session.backend().group() {
+            group.finish()?;
+        }
+        hooks.on_end(&summary)?;
+        Ok(summary)
+    }
+
+    /// The spec as resolved: a resumed run's with its saved settings.
+    pub fn spec(&self) -> &RunSpec {
+        &self.spec
+    }
+
+    /// The compiled step and its state (the trained adapter after
+    /// [`Run::train`]).
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// Every setting the run's result depends on, resolved.
+    pub fn settings(&self) -> &RunSettings {
+        &self.settings
+    }
+
+    /// What the training data holds.
+    pub fn data_stats(&self) -> &DataStats {
+        &self.stats
+    }
+
+    /// Samples that teach something within a row.
+    pub fn learning_samples(&self) -> usize {
+        self.learning
+    }
+
+    /// The mean share of a row the samples fill unpacked.
+    pub fn unpacked_fill(&self) -> f64 {
+        self.unpacked_fill
+    }
+
+    /// The model's tokenizer, if it has one.
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+
+    /// Where the run saves.
+    pub fn out(&self) -> Option<&Path> {
+        self.out.as_deref()
+    }
+
+    /// Whether this process writes and reports.
+    pub fn is_main(&self) -> bool {
+        self.main
+    }
+
+    /// Whether the run continues a saved one.
+    pub fn resumed(&self) -> bool {
+        self.resumed
+    }
+}

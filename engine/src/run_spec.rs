@@ -1,0 +1,527 @@
+//! [`RunSpec`]: everything a training run is — model, data, objective,
+//! step, optimizer and schedule, mesh, evaluation, checkpointing and
+//! output — as typed settings, and how a resumed run takes the settings it
+//! was saved with.
+//!
+//! Settings are recorded by name ([`SETTINGS`]: the names of `hlo-train
+//! train`'s flags, so a recipe, a saved state and an error message speak
+//! one vocabulary). A resumed run takes every saved setting its caller did
+//! not choose ([`Chosen`]); one it chose must equal the saved one, every
+//! difference listed at once. `steps` may extend a constant schedule; a
+//! cosine schedule ends where it was planned to.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use hlo_ir::DType;
+use hlo_models::nf4::Nf4Config;
+use hlo_runtime::Mode;
+use serde_json::Value;
+
+use crate::backend::BackendOptions;
+use crate::checkpoint::RunSettings;
+use crate::error::{EngineError, Result};
+use crate::model::ModelSource;
+use crate::spec::{AttentionChoice, OptimSpec, OptimizerKind, ScheduleKind, StepSpec, Toggle};
+
+/// What the run's loss is, with the batch fields it reads and the metrics
+/// it reports. Today one: the next methods (preference optimisation,
+/// online RL) are new variants, not new runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Objective {
+    /// Supervised finetuning: the causal-LM loss, the masked mean
+    /// cross-entropy of each learned token given the ones before it, over
+    /// rows of `input_ids` with per-token target flags (packed rows also
+    /// carry positions and segment ids). Reports `loss`.
+    #[default]
+    Sft,
+}
+
+impl Objective {
+    /// The setting's value (`sft`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Objective::Sft => "sft",
+        }
+    }
+
+    /// The metrics a step of this objective reports, besides the learning
+    /// rate, gradient norm and speed every step has.
+    pub fn metrics(self) -> &'static [&'static str] {
+        match self {
+            Objective::Sft => &["loss"],
+        }
+    }
+}
+
+impl fmt::Display for Objective {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Objective {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Objective, String> {
+        match s {
+            "sft" => Ok(Objective::Sft),
+            _ => Err(format!("`{s}` is not an objective (sft)")),
+        }
+    }
+}
+
+/// The training data.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DataSource {
+    /// A JSONL or Parquet file, or a folder of them; None: the bundled
+    /// demo task.
+    pub path: Option<PathBuf>,
+    /// The folder whose chat template renders `{"messages"}` rows
+    /// (default: the checkpoint's).
+    pub chat_template: Option<PathBuf>,
+    /// Learn every token of a conversation, not only the replies.
+    pub train_on_inputs: bool,
+}
+
+/// Held-out evaluation.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EvalSpec {
+    /// Held-out data, read as the training data (None: the demo task holds
+    /// out a fresh draw of itself; a data file has no held-out set).
+    pub data: Option<PathBuf>,
+    /// Steps between evaluations (0: before the first and after the last
+    /// only).
+    pub every: i64,
+}
+
+/// Where the run saves, and whether it continues a saved one.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OutputSpec {
+    /// The adapter (or an HF folder when finetuning fully) and
+    /// `train_state/` go here (default with `resume`: that folder).
+    pub out: Option<PathBuf>,
+    /// Replace a run `out` holds already.
+    pub overwrite: bool,
+    /// Also save every N steps (0: at the end, or when stopped).
+    pub save_every: i64,
+    /// Continue the run saved in this folder.
+    pub resume: Option<PathBuf>,
+}
+
+/// Which settings the caller chose; on resume the others take the saved
+/// values.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Chosen {
+    /// Every setting (a spec built in code): each must equal the saved.
+    #[default]
+    All,
+    /// These, by [`SETTINGS`] name (a command line's flags).
+    Only(BTreeSet<String>),
+}
+
+impl Chosen {
+    pub fn contains(&self, setting: &str) -> bool {
+        match self {
+            Chosen::All => true,
+            Chosen::Only(set) => set.contains(setting),
+        }
+    }
+}
+
+/// A training run, before anything is resolved. [`RunSpec::default`] is
+/// `hlo-train train` without flags: LoRA r=8 on the tiny preset's demo
+/// task, on one CPU device.
+#[derive(Clone, Debug)]
+pub struct RunSpec {
+    pub model: ModelSource,
+    /// A `tokenizer.json` in place of the checkpoint's.
+    pub tokenizer: Option<PathBuf>,
+    /// The base's projections in NF4 (QLoRA).
+    pub quantize: Option<Nf4Config>,
+    /// The base's dtype (None: f32 on the CPU plugin, bf16 elsewhere).
+    pub dtype: Option<DType>,
+    pub data: DataSource,
+    pub objective: Objective,
+    pub step: StepSpec,
+    /// Start LoRA from this PEFT adapter folder.
+    pub init_adapter: Option<PathBuf>,
+    pub optim: OptimSpec,
+    /// The step count the run ends at (a resumed run counts its saved
+    /// steps).
+    pub steps: i64,
+    /// Seed of data order, adapter init and random weights.
+    pub seed: u64,
+    /// Plugin, devices, mesh and this process's place in a launch.
+    pub backend: BackendOptions,
+    pub mode: Mode,
+    pub eval: EvalSpec,
+    pub output: OutputSpec,
+    /// Eager mode: report every value of scopes matching this regex in the
+    /// first step, and stop at the first non-finite one.
+    pub trace_values: Option<String>,
+    /// The devices' peak TFLOP/s for MFU (None: the hardware table's,
+    /// measured for CPUs).
+    pub peak_tflops: Option<f64>,
+    pub chosen: Chosen,
+}
+
+impl Default for RunSpec {
+    fn default() -> RunSpec {
+        RunSpec {
+            model: ModelSource::Preset("tiny".into()),
+            tokenizer: None,
+            quantize: None,
+            dtype: None,
+            data: DataSource::default(),
+            objective: Objective::Sft,
+            step: StepSpec::default(),
+            init_adapter: None,
+            optim: OptimSpec::default(),
+            steps: 100,
+            seed: 0,
+            backend: BackendOptions::cpu(),
+            mode: Mode::Jit,
+            eval: EvalSpec::default(),
+            output: OutputSpec::default(),
+            trace_values: None,
+            peak_tflops: None,
+            chosen: Chosen::All,
+        }
+    }
+}
+
+/// The settings a run records and a resumed run takes back, by name.
+/// (A setting that names a file is compared by the file's identity too:
+/// `model-fingerprint`, `data-fingerprint`.)
+pub const SETTINGS: [&str; 34] = [
+    "model",
+    "config",
+    "checkpoint",
+    "quantize",
+    "double-quant",
+    "dtype",
+    "tokenizer",
+    "init-adapter",
+    "data",
+    "chat-template",
+    "train-on-inputs",
+    "objective",
+    "seed",
+    "steps",
+    "batch",
+    "seq",
+    "grad-accum",
+    "packing",
+    "full",
+    "lora-rank",
+    "lora-alpha",
+    "lora-targets",
+    "use-rslora",
+    "optimizer",
+    "weight-decay",
+    "lr",
+    "warmup",
+    "schedule",
+    "clip-norm",
+    "scan-layers",
+    "remat",
+    "attention",
+    "attention-block",
+    "loss-chunk",
+];
+
+/// Settings that pick the model; one chosen replaces all saved ones.
+const MODEL_SETTINGS: [&str; 3] = ["model", "config", "checkpoint"];
+
+/// A saved setting of the wrong kind.
+fn unreadable(key: &str, value: &Value) -> EngineError {
+    EngineError::Resume(format!(
+        "the saved setting `{key}` is {value}, which this build cannot read"
+    ))
+}
+
+impl RunSpec {
+    /// Continues the run saved in `dir` with every setting it was saved
+    /// with (the caller may then change where it ends: `steps`).
+    pub fn resume(dir: impl Into<PathBuf>) -> RunSpec {
+        RunSpec {
+            output: OutputSpec {
+                resume: Some(dir.into()),
+                ..OutputSpec::default()
+            },
+            chosen: Chosen::Only(BTreeSet::new()),
+            ..RunSpec::default()
+        }
+    }
+
+    /// Takes every saved setting the caller did not choose.
+    pub fn merge_saved(&mut self, saved: &RunSettings) -> Result<()> {
+        let model_chosen = MODEL_SETTINGS.iter().any(|k| self.chosen.contains(k));
+        for key in SETTINGS {
+            let Some(value) = saved.get(key) else {
+                continue;
+            };
+            if self.chosen.contains(key) || (model_chosen && MODEL_SETTINGS.contains(&key)) {
+                continue;
+            }
+            // A block size belongs to the attention it was saved with.
+            if key == "attention-block" && self.chosen.contains("attention") {
+                continue;
+            }
+            self.set(key, value)?;
+        }
+        Ok(())
+    }
+
+    /// Sets the setting `key` to a saved `value`.
+    fn set(&mut self, key: &str, value: &Value) -> Result<()> {
+        let bad = || unreadable(key, value);
+        let text = || value.as_str().ok_or_else(bad);
+        let int = || value.as_i64().ok_or_else(bad);
+        let num = || value.as_f64().ok_or_else(bad);
+        let flag = || value.as_bool().ok_or_else(bad);
+        let path = || -> Result<Option<PathBuf>> {
+            match value {
+                Value::Null => Ok(None),
+                v => Ok(Some(PathBuf::from(v.as_str().ok_or_else(bad)?))),
+            }
+        };
+        let toggle = || text()?.parse::<Toggle>().map_err(|_| bad());
+        match key {
+            "model" => self.model = ModelSource::Preset(text()?.to_string()),
+            "config" => self.model = ModelSource::Config(path()?.ok_or_else(bad)?),
+            "checkpoint" => self.model = ModelSource::Checkpoint(path()?.ok_or_else(bad)?),
+            "quantize" => {
+                if text()? != "nf4" {
+                    return Err(bad());
+                }
+                self.quantize.get_or_insert(Nf4Config {
+                    double_quant: false,
+                });
+            }
+            "double-quant" => {
+                if let Some(q) = self.quantize.as_mut() {
+                    q.double_quant = flag()?;
+                }
+            }
+            "dtype" => self.dtype = Some(text()?.parse().map_err(|_| bad())?),
+            "tokenizer" => self.tokenizer = path()?,
+            "init-adapter" => self.init_adapter = path()?,
+            "data" => self.data.path = path()?,
+            "chat-template" => self.data.chat_template = path()?,
+            "train-on-inputs" => self.data.train_on_inputs = flag()?,
+            "objective" => self.objective = text()?.parse().map_err(|_| bad())?,
+            "seed" => self.seed = value.as_u64().ok_or_else(bad)?,
+            "steps" => self.steps = int()?,
+            "batch" => self.step.batch = int()?,
+            "seq" => self.step.seq = int()?,
+            "grad-accum" => self.step.grad_accum = int()?,
+            "packing" => self.step.packing = toggle()?,
+            "full" => {
+                self.step.lora = match flag()? {
+                    true => None,
+                    false => Some(self.step.lora.clone().unwrap_or_default()),
+                }
+            }
+            "lora-rank" | "lora-alpha" | "lora-targets" | "use-rslora" => {
+                if let Some(l) = self.step.lora.as_mut() {
+                    match key {
+                        "lora-rank" => l.rank = int()?,
+                        "lora-alpha" => l.alpha = num()?,
+                        "lora-targets" => {
+                            l.targets = text()?.split(',').map(|t| t.trim().to_string()).collect()
+                        }
+                        _ => l.use_rslora = flag()?,
+                    }
+                }
+            }
+            "optimizer" => {
+                self.optim.optimizer = match text()? {
+                    "adamw" => OptimizerKind::AdamW,
+                    "sgd" => OptimizerKind::Sgd,
+                    _ => return Err(bad()),
+                }
+            }
+            "weight-decay" => self.optim.weight_decay = num()?,
+            "lr" => self.optim.lr = num()?,
+            "warmup" => self.optim.warmup = int()?,
+            "schedule" => {
+                self.optim.schedule = match text()? {
+                    "constant" => ScheduleKind::Constant,
+                    "cosine" => ScheduleKind::Cosine,
+                    _ => return Err(bad()),
+                }
+            }
+            "clip-norm" => self.optim.clip_norm = num()?,
+            "scan-layers" => self.step.scan_layers = toggle()?,
+            "remat" => {
+                self.step.remat_layers = match text()? {
+                    "layers" => true,
+                    "none" => false,
+                    _ => return Err(bad()),
+                }
+            }
+            "attention" => {
+                self.step.attention = match text()? {
+                    "naive" => AttentionChoice::Naive,
+                    "blockwise" => AttentionChoice::Blockwise,
+                    "auto" => AttentionChoice::Auto,
+                    _ => return Err(bad()),
+                }
+            }
+            "attention-block" => self.step.attention_block = Some(int()?),
+            "loss-chunk" => self.step.loss_chunk = Some(int()?),
+            _ => return Err(bad()),
+        }
+        Ok(())
+    }
+}
+
+/// Every chosen setting of `now` that differs from the `saved` run's,
+/// and every identity that changed, as one line each (`saved_step`: the
+/// saved run's step; `dir`: its folder, named in the advice).
+pub fn differences(
+    saved: &RunSettings,
+    now: &RunSettings,
+    chosen: &Chosen,
+    saved_step: i64,
+    dir: &Path,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let show = |v: Option<&Value>| match v {
+        None | Some(Value::Null) => "(none)".to_string(),
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => v.to_string(),
+    };
+    for (key, what) in [
+        (
+            "model-fingerprint",
+            "the base model (its config.json or weight files)",
+        ),
+        ("data-fingerprint", "the training data"),
+    ] {
+        if let (Some(a), Some(b)) = (saved.get(key), now.get(key)) {
+            if a != b {
+                out.push(format!("{what} changed since the run was saved"));
+            }
+        }
+    }
+    let cosine = saved.get("schedule") == Some(&Value::from("cosine"));
+    for key in SETTINGS {
+        if !chosen.contains(key) {
+            continue;
+        }
+        let (a, b) = (saved.get(key), now.get(key));
+        // A moved model or data file is the same if its identity is.
+        let moved_same = match key {
+            "model" | "config" | "checkpoint" => {
+                saved.get("model-fingerprint") == now.get("model-fingerprint")
+            }
+            "data" => saved.get("data-fingerprint") == now.get("data-fingerprint"),
+            _ => false,
+        };
+        // Runs saved before objectives were recorded were all SFT.
+        let unrecorded = key == "objective" && a.is_none();
+        if a == b || moved_same || unrecorded {
+            continue;
+        }
+        if key == "steps" && !cosine {
+            continue; // a constant schedule may be extended
+        }
+        if key == "steps" {
+            out.push(format!(
+                "the run's cosine schedule ends at step {}, --steps {} would reshape it (continue without --steps, or start a new run from this adapter with --init-adapter {})",
+                show(a),
+                show(b),
+                dir.display()
+            ));
+            continue;
+        }
+        out.push(format!(
+            "--{key} was {} when the run was saved, this run has {}",
+            show(a),
+            show(b)
+        ));
+    }
+    if let Some(steps) = now.get("steps").and_then(Value::as_i64) {
+        if steps <= saved_step {
+            out.push(if chosen.contains("steps") {
+                format!("the run is at step {saved_step} already, --steps {steps} leaves nothing to train")
+            } else if cosine {
+                format!(
+                    "the run finished its cosine schedule at step {saved_step}: start a new run from it with --init-adapter {}",
+                    dir.display()
+                )
+            } else {
+                format!("the run reached its last step ({saved_step}): give a larger --steps to train further")
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::LoraSpec;
+
+    fn settings(pairs: &[(&str, Value)]) -> RunSettings {
+        let mut s = RunSettings::default();
+        for (k, v) in pairs {
+            s.set(k, v.clone());
+        }
+        s
+    }
+
+    #[test]
+    fn a_resumed_spec_takes_every_saved_setting_it_did_not_choose() {
+        let saved = settings(&[
+            ("checkpoint", "/m".into()),
+            ("lr", 0.5.into()),
+            ("lora-rank", 4.into()),
+            ("full", false.into()),
+            ("schedule", "cosine".into()),
+            ("packing", "on".into()),
+            ("attention", "blockwise".into()),
+            ("attention-block", 32.into()),
+        ]);
+        let mut spec = RunSpec::resume("/run");
+        spec.chosen = Chosen::Only(["lora-rank".to_string()].into());
+        spec.step.lora = Some(LoraSpec {
+            rank: 16,
+            ..LoraSpec::default()
+        });
+        spec.merge_saved(&saved).unwrap();
+        assert_eq!(spec.model, ModelSource::Checkpoint("/m".into()));
+        assert_eq!(spec.optim.lr, 0.5);
+        assert_eq!(spec.optim.schedule, ScheduleKind::Cosine);
+        assert_eq!(spec.step.packing, Toggle::On);
+        assert_eq!(spec.step.attention_block, Some(32));
+        // Chosen: kept (and compared by `differences`).
+        assert_eq!(spec.step.lora.map(|l| l.rank), Some(16));
+    }
+
+    #[test]
+    fn a_setting_of_the_wrong_kind_is_refused_naming_it() {
+        let mut spec = RunSpec::resume("/run");
+        let err = spec
+            .merge_saved(&settings(&[("lr", "fast".into())]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`lr`"), "{err}");
+    }
+
+    #[test]
+    fn differences_list_each_chosen_change_and_allow_a_longer_constant_run() {
+        let saved = settings(&[("lr", 0.5.into()), ("steps", 10.into())]);
+        let now = settings(&[("lr", 0.25.into()), ("steps", 20.into())]);
+        let chosen = Chosen::Only(["lr".to_string(), "steps".to_string()].into());
+        let d = differences(&saved, &now, &chosen, 10, Path::new("/run"));
+        assert_eq!(
+            d,
+            ["--lr was 0.5 when the run was saved, this run has 0.25"]
+        );
+    }
+}

@@ -1,0 +1,317 @@
+//! The settings that shape a train step, typed, and how each `auto` among
+//! them is decided: layers scanned or not, the axes that split the batch,
+//! the loss chunk, the attention, packing. Every command that builds a
+//! train step (`train`, `bench`, `plan`, `dump-hlo`) resolves it here, so
+//! the same flags give the same step everywhere.
+
+use std::fmt;
+use std::str::FromStr;
+
+use hlo_ir::DType;
+use hlo_models::attention::{default_block, AttentionKind};
+use hlo_models::decoder::{LoraConfig, ModelConfig, DEFAULT_TARGETS};
+use hlo_models::loss::default_loss_chunk;
+use hlo_models::train::{Optimizer, Schedule, TrainConfig};
+use hlo_partitioner::Mesh;
+
+use crate::error::{EngineError, Result};
+
+/// On, off, or decided by the run (`auto`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Toggle {
+    On,
+    Off,
+    #[default]
+    Auto,
+}
+
+impl Toggle {
+    /// `auto` decided as `auto`.
+    pub fn or(self, auto: bool) -> bool {
+        match self {
+            Toggle::On => true,
+            Toggle::Off => false,
+            Toggle::Auto => auto,
+        }
+    }
+}
+
+impl fmt::Display for Toggle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Toggle::On => "on",
+            Toggle::Off => "off",
+            Toggle::Auto => "auto",
+        })
+    }
+}
+
+impl FromStr for Toggle {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Toggle, String> {
+        match s {
+            "on" => Ok(Toggle::On),
+            "off" => Ok(Toggle::Off),
+            "auto" => Ok(Toggle::Auto),
+            _ => Err(format!("`{s}` is not on, off or auto")),
+        }
+    }
+}
+
+/// How attention is computed (`auto`: [`AttentionKind::auto`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttentionChoice {
+    #[default]
+    Auto,
+    Naive,
+    Blockwise,
+}
+
+/// The optimizer's kind; its numbers are [`OptimSpec`]'s.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OptimizerKind {
+    #[default]
+    AdamW,
+    Sgd,
+}
+
+/// The learning-rate schedule after warmup.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ScheduleKind {
+    #[default]
+    Constant,
+    /// Cosine decay to zero at the run's last step.
+    Cosine,
+}
+
+/// LoRA's settings as given (checked when the step is resolved).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoraSpec {
+    pub rank: i64,
+    pub alpha: f64,
+    pub targets: Vec<String>,
+    pub use_rslora: bool,
+}
+
+impl Default for LoraSpec {
+    /// r=8, alpha=16 on every projection (the recipe's).
+    fn default() -> LoraSpec {
+        LoraSpec {
+            rank: 8,
+            alpha: 16.0,
+            targets: DEFAULT_TARGETS.iter().map(|t| t.to_string()).collect(),
+            use_rslora: false,
+        }
+    }
+}
+
+impl LoraSpec {
+    /// The checked configuration.
+    pub fn config(&self) -> Result<LoraConfig> {
+        let targets: Vec<&str> = self.targets.iter().map(|t| t.trim()).collect();
+        Ok(LoraConfig::new(
+            self.rank,
+            self.alpha,
+            &targets,
+            self.use_rslora,
+        )?)
+    }
+}
+
+/// What the traced step holds and computes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepSpec {
+    /// Rows per micro-batch.
+    pub batch: i64,
+    /// Tokens per row.
+    pub seq: i64,
+    /// Micro-batches per optimizer step.
+    pub grad_accum: i64,
+    /// Several samples per row (`auto`: when samples average at most half
+    /// a row, decided from the data).
+    pub packing: Toggle,
+    /// The layers as one scan (`auto`: from 24 layers, and for NF4 bases).
+    pub scan_layers: Toggle,
+    /// Keep only each layer's input for the backward pass.
+    pub remat_layers: bool,
+    pub attention: AttentionChoice,
+    /// Blockwise attention's block (implies blockwise under `auto`).
+    pub attention_block: Option<i64>,
+    /// Positions whose logits the loss computes at a time (None: from the
+    /// rows one device holds, [`default_loss_chunk`]).
+    pub loss_chunk: Option<i64>,
+    /// LoRA adapters, or every weight when None (full finetuning).
+    pub lora: Option<LoraSpec>,
+}
+
+impl Default for StepSpec {
+    /// `hlo-train train`'s defaults: batch 8 × seq 128, LoRA r=8.
+    fn default() -> StepSpec {
+        StepSpec {
+            batch: 8,
+            seq: 128,
+            grad_accum: 1,
+            packing: Toggle::Auto,
+            scan_layers: Toggle::Auto,
+            remat_layers: false,
+            attention: AttentionChoice::Auto,
+            attention_block: None,
+            loss_chunk: None,
+            lora: Some(LoraSpec::default()),
+        }
+    }
+}
+
+/// The optimizer's and schedule's numbers (constants of the program).
+#[derive(Clone, Debug, PartialEq)]
+pub struct OptimSpec {
+    pub optimizer: OptimizerKind,
+    /// AdamW's decoupled weight decay.
+    pub weight_decay: f64,
+    /// The peak learning rate.
+    pub lr: f64,
+    /// Linear warmup steps.
+    pub warmup: i64,
+    pub schedule: ScheduleKind,
+    /// The global gradient norm's clip (0: none).
+    pub clip_norm: f64,
+}
+
+impl Default for OptimSpec {
+    /// PyTorch's AdamW defaults, lr 2e-4, constant, clip 1.
+    fn default() -> OptimSpec {
+        OptimSpec {
+            optimizer: OptimizerKind::AdamW,
+            weight_decay: 0.01,
+            lr: 2e-4,
+            warmup: 0,
+            schedule: ScheduleKind::Constant,
+            clip_norm: 1.0,
+        }
+    }
+}
+
+impl StepSpec {
+    /// The attention these settings choose for rows of `seq` tokens.
+    pub fn attention_kind(&self) -> Result<AttentionKind> {
+        let seq = self.seq;
+        let block = match self.attention_block {
+            Some(b) if seq % b != 0 => {
+                return Err(EngineError::NotDividing {
+                    setting: "attention-block",
+                    value: b,
+                    seq,
+                })
+            }
+            Some(b) => b,
+            None => default_block(seq),
+        };
+        Ok(match (self.attention, self.attention_block) {
+            (AttentionChoice::Naive, Some(_)) => return Err(EngineError::BlockOfNaiveAttention),
+            (AttentionChoice::Naive, None) => AttentionKind::Naive,
+            (AttentionChoice::Blockwise, _) | (AttentionChoice::Auto, Some(_)) => {
+                AttentionKind::Blockwise { block }
+            }
+            (AttentionChoice::Auto, None) => AttentionKind::auto(seq),
+        })
+    }
+
+    /// The mesh axes that split the batch (for the LoRA branch's layout).
+    pub fn batch_axes(mesh: &Mesh) -> Vec<String> {
+        if mesh.size() == 1 {
+            return Vec::new();
+        }
+        ["dp", "fsdp"]
+            .iter()
+            .filter(|a| mesh.axis_index(a).is_some())
+            .map(|a| a.to_string())
+            .collect()
+    }
+
+    /// The traced step of these settings for `config` in `dtype` over
+    /// `mesh`, every `auto` decided but packing (which the data decides:
+    /// off here unless `On`). `steps` is where a cosine schedule ends.
+    ///
+    /// ```
+    /// use hlo_engine::spec::{OptimSpec, StepSpec};
+    /// use hlo_engine::models::decoder::ModelConfig;
+    /// let config = ModelConfig::preset("tiny").unwrap();
+    /// let mesh = "dp=1,fsdp=2,mp=1".parse().unwrap();
+    /// let tc = StepSpec::default()
+    ///     .train_config(&OptimSpec::default(), &config, hlo_engine::ir::DType::F32, &mesh, 100)
+    ///     .unwrap();
+    /// assert_eq!(tc.batch_axes, ["dp", "fsdp"]);
+    /// assert!(!tc.scan_layers); // 2 layers: unrolled
+    /// ```
+    pub fn train_config(
+        &self,
+        optim: &OptimSpec,
+        config: &ModelConfig,
+        dtype: DType,
+        mesh: &Mesh,
+        steps: i64,
+    ) -> Result<TrainConfig> {
+        let lora = self.lora.as_ref().map(LoraSpec::config).transpose()?;
+        let batch_axes = StepSpec::batch_axes(mesh);
+        let loss_chunk = match self.loss_chunk {
+            Some(c) if self.seq % c != 0 => {
+                return Err(EngineError::NotDividing {
+                    setting: "loss-chunk",
+                    value: c,
+                    seq: self.seq,
+                })
+            }
+            Some(c) => c,
+            // The rows one device holds decide what its logits take.
+            None => {
+                let shards: i64 = batch_axes
+                    .iter()
+                    .filter_map(|a| mesh.axis_size(a))
+                    .product();
+                default_loss_chunk(
+                    (self.batch / shards.max(1)).max(1),
+                    self.seq,
+                    config.vocab_size,
+                )
+            }
+        };
+        Ok(TrainConfig {
+            dtype,
+            batch: self.batch,
+            seq: self.seq,
+            lr: optim.lr,
+            optimizer: match optim.optimizer {
+                OptimizerKind::AdamW => Optimizer::adamw(optim.weight_decay),
+                OptimizerKind::Sgd => Optimizer::Sgd,
+            },
+            schedule: match optim.schedule {
+                ScheduleKind::Constant => Schedule::Constant {
+                    warmup: optim.warmup,
+                },
+                ScheduleKind::Cosine => Schedule::Cosine {
+                    warmup: optim.warmup,
+                    total: steps,
+                },
+            },
+            clip_norm: (optim.clip_norm > 0.0).then_some(optim.clip_norm),
+            lora,
+            batch_axes,
+            // Unrolled, XLA keeps every dequantized NF4 weight from the
+            // forward pass for the backward: no memory saved.
+            scan_layers: self
+                .scan_layers
+                .or(config.num_hidden_layers >= 24 || config.quantization.is_some()),
+            remat_layers: self.remat_layers,
+            grad_accum: self.grad_accum,
+            packing: self.packing == Toggle::On,
+            attention: self.attention_kind()?,
+            loss_chunk: Some(loss_chunk),
+        })
+    }
+}
+
+/// Packing under `auto`: on when the samples fill at most half a row
+/// unpacked (`unpacked_fill`, their mean share of a row).
+pub fn auto_packing(unpacked_fill: f64) -> bool {
+    unpacked_fill <= 0.5
+}

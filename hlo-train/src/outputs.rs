@@ -1,0 +1,190 @@
+//! What a training run writes besides its checkpoints, one hook each: the
+//! metrics file (one JSON object per step or evaluation), TensorBoard's
+//! event files, the loss chart (`loss.svg` in the output folder) and the
+//! run's effective `recipe.yaml`.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use hlo_engine::plot::LossCurves;
+use hlo_engine::tensorboard::EventWriter;
+use hlo_engine::{EngineError, EvalReport, Hooks, RunStart, StepReport, TrainSummary};
+use serde_json::json;
+
+use crate::recipe;
+
+/// A write that failed, as the engine reports one.
+fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> EngineError {
+    let path = path.to_path_buf();
+    move |cause| EngineError::Io {
+        action,
+        path,
+        cause,
+    }
+}
+
+/// `--metrics FILE`: a JSON object per step and per evaluation; a
+/// resumed run appends.
+pub struct MetricsFile {
+    path: PathBuf,
+    file: File,
+}
+
+impl MetricsFile {
+    /// Opens `path` (its folder made if needed), appended to when `append`.
+    pub fn open(path: &Path, append: bool) -> hlo_engine::Result<MetricsFile> {
+        if let Some(parent) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(io("create", parent))?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(path)
+            .map_err(io("create", path))?;
+        Ok(MetricsFile {
+            path: path.to_path_buf(),
+            file,
+        })
+    }
+
+    fn line(&mut self, line: serde_json::Value) -> hlo_engine::Result<()> {
+        writeln!(self.file, "{line}").map_err(io("write", &self.path))
+    }
+}
+
+impl Hooks for MetricsFile {
+    fn on_step(&mut self, r: &StepReport) -> hlo_engine::Result<()> {
+        self.line(json!({
+            "step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
+            "tokens_per_s": r.tokens_per_s, "step_time_s": r.step_time_s, "mfu": r.mfu,
+            "targets": r.targets, "elapsed_s": r.elapsed_s,
+        }))
+    }
+
+    fn on_eval(&mut self, e: &EvalReport) -> hlo_engine::Result<()> {
+        let r = e.result;
+        self.line(json!({
+            "step": e.step, "eval_loss": r.loss, "eval_perplexity": r.perplexity(),
+            "eval_tokens": r.tokens,
+        }))
+    }
+}
+
+/// `--tensorboard DIR`: the run's scalars as event files, written through
+/// at every log line and evaluation.
+pub struct TensorBoard {
+    pub writer: EventWriter,
+    pub log_every: i64,
+}
+
+impl Hooks for TensorBoard {
+    fn on_step(&mut self, r: &StepReport) -> hlo_engine::Result<()> {
+        let mut scalars = vec![
+            ("train/loss", r.loss),
+            ("train/lr", r.lr),
+            ("train/grad_norm", r.grad_norm),
+            ("train/tokens_per_s", r.tokens_per_s),
+        ];
+        if let Some(mfu) = r.mfu {
+            scalars.push(("train/mfu", mfu));
+        }
+        self.writer.add_scalars(r.step, &scalars)?;
+        if r.step % self.log_every == 0 || r.step == r.steps {
+            self.writer.flush()?;
+        }
+        Ok(())
+    }
+
+    fn on_eval(&mut self, e: &EvalReport) -> hlo_engine::Result<()> {
+        let r = e.result;
+        self.writer.add_scalars(
+            e.step,
+            &[("eval/loss", r.loss), ("eval/perplexity", r.perplexity())],
+        )?;
+        self.writer.flush()
+    }
+
+    fn on_end(&mut self, _summary: &TrainSummary) -> hlo_engine::Result<()> {
+        self.writer.flush()
+    }
+}
+
+/// `out/loss.svg`: the train and eval loss over the whole run (the
+/// metrics file's, which holds the steps before a resume too; else this
+/// session's).
+pub struct LossChart {
+    pub out: PathBuf,
+    pub metrics: Option<PathBuf>,
+    pub title: String,
+    pub curves: LossCurves,
+}
+
+impl Hooks for LossChart {
+    fn on_step(&mut self, r: &StepReport) -> hlo_engine::Result<()> {
+        self.curves.train.push((r.step, r.loss));
+        Ok(())
+    }
+
+    fn on_eval(&mut self, e: &EvalReport) -> hlo_engine::Result<()> {
+        self.curves.eval.push((e.step, e.result.loss));
+        Ok(())
+    }
+
+    fn on_end(&mut self, _summary: &TrainSummary) -> hlo_engine::Result<()> {
+        let curves = match &self.metrics {
+            Some(m) => LossCurves::read_metrics(m)?,
+            None => std::mem::take(&mut self.curves),
+        };
+        if !curves.is_empty() {
+            curves.write_svg(&self.out.join("loss.svg"), &self.title)?;
+        }
+        Ok(())
+    }
+}
+
+/// `out/recipe.yaml`: the run's flags with its resolved settings and mesh,
+/// written when the run starts.
+pub struct RecipeFile {
+    /// `train`'s flags.
+    pub command: clap::Command,
+    /// The command line's `train` flags as read.
+    pub matches: clap::ArgMatches,
+}
+
+impl RecipeFile {
+    /// The recipe of `argv` (`hlo-train train ...`), read with `command`
+    /// (`train`'s flags).
+    pub fn new(command: clap::Command, argv: &[OsString]) -> anyhow::Result<RecipeFile> {
+        let matches = command
+            .clone()
+            .try_get_matches_from(argv.iter().skip(1))
+            .map_err(|e| anyhow::anyhow!("{}", crate::args::usage_error(&e)))?;
+        Ok(RecipeFile { command, matches })
+    }
+}
+
+impl Hooks for RecipeFile {
+    fn on_start(&mut self, start: &RunStart) -> hlo_engine::Result<()> {
+        let Some(out) = &start.out else {
+            return Ok(());
+        };
+        let mut resolved: Vec<(String, serde_json::Value)> = start
+            .settings
+            .0
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        resolved.push(("mesh".into(), start.mesh.to_string().into()));
+        resolved.push(("devices".into(), start.mesh.size().into()));
+        let text = recipe::effective(&self.command, &self.matches, &resolved);
+        let path = out.join("recipe.yaml");
+        let tmp = out.join(".recipe.yaml.tmp");
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(io("write", &path))
+    }
+}
