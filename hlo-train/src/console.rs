@@ -10,9 +10,10 @@ use anyhow::Result;
 use hlo_engine::data::Tokenizer;
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::attention::AttentionKind;
-use hlo_engine::plot::LossCurves;
-use hlo_engine::tensorboard::EventWriter;
-use hlo_engine::{EvalReport, Generator, Hooks, Mode, Sampling, Session, StepReport, TracedValue};
+use hlo_engine::{
+    EngineError, EvalReport, Generator, Hooks, Mode, Sampling, Session, StepReport, TracedValue,
+};
+use hlo_report::{EventWriter, LossCurves, ReportError};
 
 use crate::args::printable;
 use crate::train::TrainArgs;
@@ -53,12 +54,30 @@ impl Console {
         flush: bool,
     ) -> hlo_engine::Result<()> {
         if let Some(tb) = self.tensorboard.as_mut() {
-            tb.add_scalars(step, values)?;
+            tb.add_scalars(step, values).map_err(engine_error)?;
             if flush {
-                tb.flush()?;
+                tb.flush().map_err(engine_error)?;
             }
         }
         Ok(())
+    }
+}
+
+/// A report error where a hook must return the engine's: the trainer stops
+/// with it as with any other. Event files only fail to be written, which
+/// is the engine's `Io`; the rest keep their message.
+fn engine_error(e: ReportError) -> EngineError {
+    match e {
+        ReportError::Io {
+            action,
+            path,
+            cause,
+        } => EngineError::Io {
+            action,
+            path,
+            cause,
+        },
+        other => EngineError::Setting(other.to_string()),
     }
 }
 

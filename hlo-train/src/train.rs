@@ -13,12 +13,11 @@ use hlo_engine::checkpoint::{self, RunSettings, Saved};
 use hlo_engine::data::{eval_batches, Loader};
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::plot::LossCurves;
-use hlo_engine::tensorboard::EventWriter;
 use hlo_engine::{
     flops, Backend, Dataset, Mode, Quiet, Session, SessionOptions, StopFlag, Trainer,
     TrainerOptions,
 };
+use hlo_report::{EventWriter, LossCurves};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::args::{
