@@ -97,6 +97,9 @@ pub enum EngineError {
     /// Saving every N steps with nowhere to save.
     #[error("--save-every needs --out")]
     SaveEveryNeedsOut,
+    /// A caller's hook failed (a report file could not be written, say).
+    #[error(transparent)]
+    Hook(Box<dyn std::error::Error + Send + Sync>),
     /// [`crate::Run::train`] called again on a run that has trained.
     #[error("this run has trained already: build a new Run (resuming its output folder) to train further")]
     RunFinished,

@@ -30,14 +30,14 @@
 //! - [`processes`]: one run over several processes — who this process is
 //!   (flags, SLURM, torchrun variables) and the rendezvous through process
 //!   0's key-value service that the GPU plugins exchange topology over.
-//! - [`tensorboard`] and [`plot`]: a run's scalars as TensorBoard event
-//!   files, and its loss curves as an SVG chart.
 //!
 //! It does not parse flags, print or draw progress (the `hlo-train` CLI
-//! does, through [`Hooks`]), and it builds no model (`hlo-models`) or op
-//! (`hlo-ir`). The crates below are re-exported so a Rust user needs this
-//! one dependency; `engine/examples/finetune.rs` finetunes the tiny model
-//! with LoRA through this API alone.
+//! does, through [`Hooks`]), write a run's report (the metrics read back,
+//! the loss chart, TensorBoard event files: `hlo-report`), and it builds
+//! no model (`hlo-models`) or op (`hlo-ir`). The crates below are
+//! re-exported so a Rust user needs this one dependency;
+//! `engine/examples/finetune.rs` finetunes the tiny model with LoRA
+//! through this API alone.
 
 pub mod backend;
 pub mod batcher;
@@ -53,13 +53,11 @@ pub mod hub;
 pub mod model;
 pub mod pipeline;
 pub mod plan;
-pub mod plot;
 pub mod processes;
 pub mod run;
 pub mod run_spec;
 pub mod session;
 pub mod spec;
-pub mod tensorboard;
 pub mod trainer;
 
 pub use backend::{Backend, BackendOptions};

@@ -1,6 +1,7 @@
 //! `hlo-train`, the command line (the contract is `docs/cli.md`). Each
-//! command parses its flags, calls `hlo-engine` (`serve` also `hlo-serve`),
-//! and prints: no command builds shardings or executables itself.
+//! command parses its flags, calls `hlo-engine` (`serve` also `hlo-serve`;
+//! `train` and `plot` write a run's report through `hlo-report`), and
+//! prints: no command builds shardings or executables itself.
 //!
 //! Errors are printed as one line (the whole `anyhow` chain joined by `: `,
 //! a multi-line plugin message joined by `; `) with exit code 2; nothing here

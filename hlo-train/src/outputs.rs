@@ -8,12 +8,16 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use hlo_engine::plot::LossCurves;
-use hlo_engine::tensorboard::EventWriter;
 use hlo_engine::{EngineError, EvalReport, Hooks, RunStart, StepReport, TrainSummary};
+use hlo_report::{EventWriter, LossCurves, ReportError};
 use serde_json::json;
 
 use crate::recipe;
+
+/// A report file's error, as a hook reports one.
+fn report(e: ReportError) -> EngineError {
+    EngineError::Hook(Box::new(e))
+}
 
 /// A write that failed, as the engine reports one.
 fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> EngineError {
@@ -92,24 +96,26 @@ impl Hooks for TensorBoard {
         if let Some(mfu) = r.mfu {
             scalars.push(("train/mfu", mfu));
         }
-        self.writer.add_scalars(r.step, &scalars)?;
+        self.writer.add_scalars(r.step, &scalars).map_err(report)?;
         if r.step % self.log_every == 0 || r.step == r.steps {
-            self.writer.flush()?;
+            self.writer.flush().map_err(report)?;
         }
         Ok(())
     }
 
     fn on_eval(&mut self, e: &EvalReport) -> hlo_engine::Result<()> {
         let r = e.result;
-        self.writer.add_scalars(
-            e.step,
-            &[("eval/loss", r.loss), ("eval/perplexity", r.perplexity())],
-        )?;
-        self.writer.flush()
+        self.writer
+            .add_scalars(
+                e.step,
+                &[("eval/loss", r.loss), ("eval/perplexity", r.perplexity())],
+            )
+            .map_err(report)?;
+        self.writer.flush().map_err(report)
     }
 
     fn on_end(&mut self, _summary: &TrainSummary) -> hlo_engine::Result<()> {
-        self.writer.flush()
+        self.writer.flush().map_err(report)
     }
 }
 
@@ -136,11 +142,13 @@ impl Hooks for LossChart {
 
     fn on_end(&mut self, _summary: &TrainSummary) -> hlo_engine::Result<()> {
         let curves = match &self.metrics {
-            Some(m) => LossCurves::read_metrics(m)?,
+            Some(m) => LossCurves::read_metrics(m).map_err(report)?,
             None => std::mem::take(&mut self.curves),
         };
         if !curves.is_empty() {
-            curves.write_svg(&self.out.join("loss.svg"), &self.title)?;
+            curves
+                .write_svg(&self.out.join("loss.svg"), &self.title)
+                .map_err(report)?;
         }
         Ok(())
     }

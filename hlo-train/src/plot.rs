@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
-use hlo_engine::plot::write_loss_svg;
+use hlo_report::write_loss_svg;
 
 #[derive(Args, Debug)]
 pub struct PlotArgs {

@@ -10,12 +10,11 @@ use anyhow::Result;
 use clap::{Args, ValueEnum};
 use hlo_engine::ir::DType;
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::plot::LossCurves;
-use hlo_engine::tensorboard::EventWriter;
 use hlo_engine::{
     Chosen, DataSource, EvalSpec, HookList, Mode, Objective, OutputSpec, Run, RunSpec, StopFlag,
     TrainSummary,
 };
+use hlo_report::{EventWriter, LossCurves};
 
 use crate::args::{
     ChatArgs, DTypeArg, DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs, TokenizerArgs,

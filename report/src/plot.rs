@@ -4,104 +4,20 @@
 //! resume. The SVG is written as text; no plotting library is needed to
 //! make it or to view it.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use serde_json::Value;
-
-use crate::error::{EngineError, Result};
-
-/// Train and eval loss by step, each sorted by step with one value a step.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct LossCurves {
-    /// `(step, loss)` of training steps.
-    pub train: Vec<(i64, f64)>,
-    /// `(step, eval_loss)` of evaluations.
-    pub eval: Vec<(i64, f64)>,
-}
-
-impl LossCurves {
-    /// Reads hlo-train's metrics file (JSON Lines): an object with numeric
-    /// `step` and `loss` is a train point, one with `step` and `eval_loss`
-    /// an eval point; other objects and blank lines are skipped. A step
-    /// seen again (a resumed run appends to the file) takes the later
-    /// value.
-    pub fn read_metrics(path: &Path) -> Result<LossCurves> {
-        let text = std::fs::read_to_string(path).map_err(EngineError::io("read", path))?;
-        parse_metrics(&text, path)
-    }
-
-    /// Whether neither curve has a point.
-    pub fn is_empty(&self) -> bool {
-        self.train.is_empty() && self.eval.is_empty()
-    }
-}
-
-/// The curves of a metrics file's text; `path` names it in errors.
-fn parse_metrics(text: &str, path: &Path) -> Result<LossCurves> {
-    let mut train = BTreeMap::new();
-    let mut eval = BTreeMap::new();
-    for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
-        let bad = |detail: String| {
-            EngineError::Setting(format!(
-                "{}: line {}: not a JSON object: {detail}",
-                path.display(),
-                i + 1
-            ))
-        };
-        let object = match serde_json::from_str::<Value>(line) {
-            Ok(Value::Object(o)) => o,
-            Ok(_) => return Err(bad(snippet(line))),
-            Err(e) => return Err(bad(e.to_string())),
-        };
-        let Some(step) = object.get("step").and_then(integer) else {
-            continue;
-        };
-        if let Some(loss) = object.get("loss").and_then(Value::as_f64) {
-            train.insert(step, loss);
-        }
-        if let Some(loss) = object.get("eval_loss").and_then(Value::as_f64) {
-            eval.insert(step, loss);
-        }
-    }
-    Ok(LossCurves {
-        train: train.into_iter().collect(),
-        eval: eval.into_iter().collect(),
-    })
-}
-
-/// A step written as an integer, or as a float with no fraction.
-fn integer(v: &Value) -> Option<i64> {
-    v.as_i64().or_else(|| {
-        v.as_f64()
-            .filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15)
-            .map(|f| f as i64)
-    })
-}
-
-/// The start of a line, for an error message.
-fn snippet(line: &str) -> String {
-    const MAX: usize = 60;
-    match line.char_indices().nth(MAX) {
-        Some((cut, _)) => format!("{}...", &line[..cut]),
-        None => line.to_string(),
-    }
-}
+use crate::error::{ReportError, Result};
+use crate::metrics::LossCurves;
 
 /// Writes the loss chart of the metrics file `metrics` to `out`, through a
 /// temporary file renamed over `out` so no reader sees half a chart.
 pub fn write_loss_svg(metrics: &Path, out: &Path, title: &str) -> Result<()> {
     let curves = LossCurves::read_metrics(metrics)?;
     if curves.is_empty() {
-        return Err(EngineError::Setting(format!(
-            "{} holds no loss values (no line with a numeric \"step\" and \"loss\" or \"eval_loss\"); nothing to plot",
-            metrics.display()
-        )));
+        return Err(ReportError::NoLossValues {
+            path: metrics.to_path_buf(),
+        });
     }
     curves.write_svg(out, title)
 }
@@ -110,8 +26,7 @@ impl LossCurves {
     /// Writes these curves' chart to `out` through a temporary file
     /// renamed over it.
     pub fn write_svg(&self, out: &Path, title: &str) -> Result<()> {
-        hlo_models::io::write_atomic(out, loss_svg(self, title).as_bytes())?;
-        Ok(())
+        crate::fs::write_atomic(out, loss_svg(self, title).as_bytes())
     }
 }
 
@@ -462,72 +377,17 @@ pub fn loss_svg(curves: &LossCurves, title: &str) -> String {
 mod tests {
     use super::*;
 
-    /// A fresh folder of the test's own.
-    fn temp_dir(test: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("hlo-plot-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
-
-    #[test]
-    fn reads_train_and_eval_points() {
-        let dir = temp_dir("read");
-        let path = dir.join("metrics.jsonl");
-        std::fs::write(
-            &path,
-            concat!(
-                r#"{"step":1,"loss":3.5,"lr":0.001,"mfu":null}"#,
-                "\n\n",
-                r#"{"step":2,"loss":3.25}"#,
-                "\n",
-                r#"{"step":2,"eval_loss":3.4,"eval_perplexity":29.96}"#,
-                "\n   \n",
-                r#"{"event":"start","step":"x","loss":1}"#,
-                "\n",
-                r#"{"step":3,"loss":null}"#,
-                "\n",
-                // A resume from step 1 appends steps 2 and 3 again.
-                r#"{"step":2,"loss":3.0}"#,
-                "\n",
-                r#"{"step":3,"loss":2.75}"#,
-                "\n",
-                r#"{"step":4.0,"eval_loss":2.5}"#,
-                "\n",
-            ),
-        )
-        .unwrap();
-        let c = LossCurves::read_metrics(&path).unwrap();
-        assert_eq!(c.train, vec![(1, 3.5), (2, 3.0), (3, 2.75)]);
-        assert_eq!(c.eval, vec![(2, 3.4), (4, 2.5)]);
-        assert!(!c.is_empty());
-        assert!(LossCurves::default().is_empty());
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn a_bad_line_names_file_and_line() {
-        let path = Path::new("/runs/m.jsonl");
-        let err = parse_metrics("{\"step\":1,\"loss\":2}\n\n[1, 2]\n", path).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "/runs/m.jsonl: line 3: not a JSON object: [1, 2]"
-        );
-        let err = parse_metrics("{\"step\":1}\n{\"step\": 2, loss\n", path).unwrap_err();
-        let text = err.to_string();
-        assert!(
-            text.starts_with("/runs/m.jsonl: line 2: not a JSON object: key must be a string"),
-            "{text}"
-        );
-    }
-
     #[test]
     fn an_empty_metrics_file_is_an_error_and_no_file_is_written() {
-        let dir = temp_dir("empty");
+        let dir = crate::temp_dir("empty");
         let metrics = dir.join("empty.jsonl");
         std::fs::write(&metrics, "{\"step\":1,\"lr\":0.1}\n").unwrap();
         let out = dir.join("empty.svg");
         let err = write_loss_svg(&metrics, &out, "t").unwrap_err();
+        assert!(
+            matches!(&err, ReportError::NoLossValues { path } if *path == metrics),
+            "{err:?}"
+        );
         assert!(
             err.to_string()
                 .starts_with(&format!("{} holds no loss values", metrics.display())),
@@ -708,7 +568,7 @@ mod tests {
 
     #[test]
     fn write_loss_svg_writes_the_chart() {
-        let dir = temp_dir("write");
+        let dir = crate::temp_dir("write");
         let metrics = dir.join("run.jsonl");
         std::fs::write(
             &metrics,

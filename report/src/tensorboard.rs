@@ -12,7 +12,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::error::{EngineError, Result};
+use crate::error::{ReportError, Result};
 
 /// Writes one run's scalars to a new event file in a folder.
 pub struct EventWriter {
@@ -25,7 +25,7 @@ impl EventWriter {
     /// `events.out.tfevents.{unix_seconds}.{hostname}.{pid}.hlo-train`,
     /// starting with the record that names the format.
     pub fn create(dir: &Path) -> Result<EventWriter> {
-        std::fs::create_dir_all(dir).map_err(EngineError::io("create", dir))?;
+        std::fs::create_dir_all(dir).map_err(ReportError::io("create", dir))?;
         let seconds = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -49,7 +49,7 @@ impl EventWriter {
             match File::options().write(true).create_new(true).open(&path) {
                 Ok(f) => break (f, path),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
-                Err(e) => return Err(EngineError::io("create", &path)(e)),
+                Err(e) => return Err(ReportError::io("create", &path)(e)),
             }
         };
         let mut writer = EventWriter {
@@ -87,7 +87,7 @@ impl EventWriter {
     pub fn flush(&mut self) -> Result<()> {
         self.out
             .flush()
-            .map_err(EngineError::io("write", &self.path))
+            .map_err(ReportError::io("write", &self.path))
     }
 
     /// Appends one TFRecord holding `data`.
@@ -100,7 +100,7 @@ impl EventWriter {
         framed.extend_from_slice(&masked_crc32c(data).to_le_bytes());
         self.out
             .write_all(&framed)
-            .map_err(EngineError::io("write", &self.path))
+            .map_err(ReportError::io("write", &self.path))
     }
 }
 
@@ -356,8 +356,7 @@ mod tests {
 
     #[test]
     fn written_file_reads_back() {
-        let dir = std::env::temp_dir().join(format!("hlo-tb-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = crate::temp_dir("tb");
         let before = wall_time();
         let path = {
             let mut w = EventWriter::create(&dir.join("tb")).unwrap();
