@@ -24,14 +24,14 @@ pub enum EngineError {
     Hub(#[from] crate::hub::HubError),
 
     #[error(transparent)]
-    Launch(#[from] crate::processes::LaunchError),
+    Launch(#[from] hlo_rendezvous::LaunchError),
     /// Meeting the other processes failed: one never arrived, one left, or
     /// the coordinator could not be reached or served.
     #[error("{launch}: {cause}")]
     Rendezvous {
         launch: String,
         // Not `source`: the message already carries it, once.
-        cause: hlo_runtime::KvError,
+        cause: hlo_rendezvous::KvError,
     },
     /// A program across processes on a plugin without collectives between
     /// them.

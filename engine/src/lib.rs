@@ -27,9 +27,10 @@
 //!   cache or downloaded into it (`hf-hub` draws a download's progress on
 //!   a terminal, as `huggingface_hub` does, unless
 //!   `HF_HUB_DISABLE_PROGRESS_BARS` is set).
-//! - [`processes`]: one run over several processes — who this process is
-//!   (flags, SLURM, torchrun variables) and the rendezvous through process
-//!   0's key-value service that the GPU plugins exchange topology over.
+//! - [`processes`]: one run over several processes — the rendezvous
+//!   ([`processes::ProcessGroup`]) through process 0's key-value service,
+//!   which the GPU plugins exchange topology over. Who a process is and
+//!   the service itself are `hlo-rendezvous`'s ([`rendezvous`]).
 //!
 //! It does not parse flags, print or draw progress (the `hlo-train` CLI
 //! does, through [`Hooks`]), write a run's report (the metrics read back,
@@ -83,5 +84,6 @@ pub use hlo_data as data;
 pub use hlo_ir as ir;
 pub use hlo_models as models;
 pub use hlo_partitioner as partitioner;
+pub use hlo_rendezvous as rendezvous;
 pub use hlo_runtime as runtime;
 pub use hlo_runtime::Mode;

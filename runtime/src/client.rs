@@ -4,6 +4,8 @@ use std::ffi::c_char;
 use std::fmt;
 use std::sync::Arc;
 
+use hlo_rendezvous::KvClient;
+
 use crate::buffer::Buffer;
 use crate::compile_options::CompileOptions;
 use crate::error::{Error, Result};
@@ -11,7 +13,6 @@ use crate::executable::LoadedExecutable;
 use crate::ffi::{self, Args, Slot};
 use crate::host::HostArray;
 use crate::kv_callbacks;
-use crate::kv_store::KvClient;
 use crate::plugin::{lossy, read_named_values, Api, AttrValue, Plugin};
 
 /// A value of a client create option.

@@ -95,7 +95,7 @@ pub enum Error {
 
     /// Rendezvous with the other processes of the run failed.
     #[error(transparent)]
-    Kv(#[from] crate::kv_store::KvError),
+    Kv(#[from] hlo_rendezvous::KvError),
 
     #[error(transparent)]
     Io(#[from] std::io::Error),

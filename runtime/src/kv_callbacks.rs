@@ -10,11 +10,12 @@ use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
+use hlo_rendezvous::{KvClient, KvError};
+
 use crate::ffi::{
     PJRT_CallbackError, PJRT_Error, PJRT_KeyValueGetCallback_Args, PJRT_KeyValuePutCallback_Args,
     PJRT_KeyValueTryGetCallback_Args,
 };
-use crate::kv_store::{KvClient, KvError};
 
 /// The plugin's keys live under this prefix, apart from ours.
 pub(crate) const PJRT_KEY_PREFIX: &str = "pjrt/";
@@ -181,7 +182,7 @@ pub(crate) fn user_arg(kv: &std::sync::Arc<KvClient>) -> *mut c_void {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv_store::KvServer;
+    use hlo_rendezvous::KvServer;
     use std::sync::{Arc, Mutex};
 
     /// What our stand-in for the plugin's `callback_error` was asked to make.

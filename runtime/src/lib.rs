@@ -5,14 +5,15 @@
 //! cache, arrays sharded over a mesh, and [`Program`]: a traced function
 //! run SPMD over the mesh's devices as one executable (JIT) or op by op
 //! (eager), behind one `run`. For runs over several processes it owns the
-//! key-value service process 0 serves ([`KvServer`], [`KvClient`]) and the
-//! PJRT key-value callbacks a multi-node plugin reaches it through
-//! ([`Client::with_kv`]).
+//! PJRT key-value callbacks through which a multi-node plugin reaches the
+//! other processes ([`Client::with_kv`], over an
+//! [`hlo_rendezvous::KvClient`]).
 //!
 //! It does not know what a model is, nor how a step is traced, laid out or
 //! driven (`hlo-models`, `hlo-engine`): it lowers a given function with
 //! given shardings (through `hlo-lowering`), compiles it and runs it on
-//! device arrays.
+//! device arrays. It serves nothing over the network and parses no launch:
+//! the key-value service and who a process is belong to `hlo-rendezvous`.
 //!
 //! ```no_run
 //! use hlo_runtime::{Client, ClientOptions, CompileOptions, HostArray, Plugin, PluginSpec};
@@ -43,7 +44,6 @@ mod ffi;
 mod host;
 mod jit;
 mod kv_callbacks;
-mod kv_store;
 mod lru;
 mod plugin;
 mod program;
@@ -59,7 +59,6 @@ pub use error::{Error, ErrorCode, Result};
 pub use executable::{CompiledMemoryStats, LoadedExecutable};
 pub use host::{element_count, Element, HostArray};
 pub use jit::{CompiledFunction, Jit, COMPILE_CACHE_CAPACITY};
-pub use kv_store::{KvClient, KvError, KvServer, MAX_VALUE_BYTES};
 pub use lru::Lru;
 pub use plugin::{AttrValue, Plugin, MIN_API_VERSION};
 pub use program::{Mode, Program};

@@ -7,7 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hlo_runtime::{Client, ClientOptions, KvClient, KvServer, OptionValue, Plugin, PluginSpec};
+use hlo_rendezvous::{KvClient, KvServer};
+use hlo_runtime::{Client, ClientOptions, OptionValue, Plugin, PluginSpec};
 
 fn cpu_plugin() -> Plugin {
     if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {

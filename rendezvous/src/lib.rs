@@ -1,0 +1,27 @@
+//! `hlo-rendezvous` owns how the processes of one run find each other, with
+//! std and nothing else:
+//!
+//! - [`launch`]: who this process is — its index, the process count and
+//!   process 0's address — from `--num-processes/--process-id/--coordinator`,
+//!   else torchrun-style variables (`WORLD_SIZE`, `RANK`, `MASTER_ADDR`, ...),
+//!   else SLURM's (`SLURM_NTASKS`, `SLURM_PROCID`, the node list).
+//! - [`kv`]: the small TCP key-value service process 0 serves
+//!   ([`KvServer`]) and every process holds a [`KvClient`] of: set, blocking
+//!   get, try-get, barriers, a shutdown that waits for all, and a watch
+//!   that fails at once when a peer dies.
+//!
+//! It knows no PJRT, device or plugin: `hlo-runtime` hands a [`KvClient`]
+//! to a plugin through PJRT's key-value callbacks, and `hlo-engine` joins
+//! the processes of a run (its `processes::ProcessGroup`) and decides what
+//! they exchange.
+
+#![warn(missing_docs)]
+
+pub mod kv;
+pub mod launch;
+
+pub use kv::{KvClient, KvError, KvServer, MAX_VALUE_BYTES};
+pub use launch::{
+    first_slurm_host, slurm_tasks_on_node, Launch, LaunchError, LaunchFlags, LaunchSource,
+    DEFAULT_INIT_TIMEOUT, SLURM_PORT_BASE,
+};
