@@ -206,11 +206,10 @@ impl Shared {
     fn parse(&self, path: &Path) -> Result<Adapter> {
         let adapter = Adapter::load(path, &self.config)?;
         if !adapter.lora.modules_to_save.is_empty() {
-            return Err(EngineError::Setting(format!(
-                "adapter {}: modules_to_save {:?} replace whole base weights, which requests sharing a batch cannot each have; merge it (hlo-train merge) and serve the merged model",
-                path.display(),
-                adapter.lora.modules_to_save
-            )));
+            return Err(EngineError::AdapterModulesToSave {
+                dir: path.to_path_buf(),
+                modules: adapter.lora.modules_to_save.clone(),
+            });
         }
         // lora_a is [in, rank].
         let rank = lora_parameter_types(&self.config, &adapter.lora)
@@ -220,11 +219,11 @@ impl Shared {
             .max()
             .unwrap_or(0);
         if rank > self.options.max_lora_rank {
-            return Err(EngineError::Setting(format!(
-                "adapter {} has rank {rank}, above --max-lora-rank {}",
-                path.display(),
-                self.options.max_lora_rank
-            )));
+            return Err(EngineError::AdapterRankAbove {
+                dir: path.to_path_buf(),
+                rank,
+                max: self.options.max_lora_rank,
+            });
         }
         Ok(adapter)
     }
@@ -369,9 +368,9 @@ impl BatcherHandle {
     pub fn load_adapter(&self, name: &str, path: &Path) -> Result<Option<String>> {
         let s = &self.shared;
         if s.registry().contains_key(name) {
-            return Err(EngineError::Setting(format!(
-                "adapter `{name}` is already loaded; unload it first"
-            )));
+            return Err(EngineError::AdapterLoaded {
+                name: name.to_string(),
+            });
         }
         let adapter = Arc::new(s.parse(path)?);
         let declared_base = Adapter::declared_base(path);
@@ -381,9 +380,9 @@ impl BatcherHandle {
         let id = s.next_id.fetch_add(1, Ordering::SeqCst);
         let mut registry = s.registry();
         if registry.contains_key(name) {
-            return Err(EngineError::Setting(format!(
-                "adapter `{name}` is already loaded; unload it first"
-            )));
+            return Err(EngineError::AdapterLoaded {
+                name: name.to_string(),
+            });
         }
         registry.insert(
             name.to_string(),
@@ -614,13 +613,13 @@ impl Batcher {
         seed: u64,
     ) -> Result<BatcherHandle> {
         if options.max_batch_size == 0 || options.max_loras == 0 || options.max_lora_rank < 1 {
-            return Err(EngineError::Setting(
-                "--max-batch-size, --max-loras and --max-lora-rank must be at least 1".into(),
+            return Err(EngineError::ServingLimits(
+                "--max-batch-size, --max-loras and --max-lora-rank must be at least 1",
             ));
         }
         if options.max_model_len < 2 {
-            return Err(EngineError::Setting(
-                "--max-model-len must be at least 2".into(),
+            return Err(EngineError::ServingLimits(
+                "--max-model-len must be at least 2",
             ));
         }
         let shared = Arc::new(Shared {
@@ -666,7 +665,10 @@ impl Batcher {
                     }
                 },
             )
-            .map_err(|e| EngineError::Setting(format!("cannot start the batcher: {e}")))?;
+            .map_err(|cause| EngineError::Thread {
+                what: "the batcher",
+                cause,
+            })?;
         match ready_rx.recv() {
             Ok(Ok(())) => {
                 *handle.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
@@ -676,9 +678,7 @@ impl Batcher {
                 let _ = thread.join();
                 Err(e)
             }
-            Err(_) => Err(EngineError::Setting(
-                "the batcher stopped while starting".into(),
-            )),
+            Err(_) => Err(EngineError::BatcherStopped),
         }
     }
 
@@ -785,8 +785,9 @@ impl Batcher {
                         shared.stats.programs_pending.fetch_sub(1, Ordering::SeqCst);
                     }
                 })
-                .map_err(|e| {
-                    EngineError::Setting(format!("cannot start the compiler thread: {e}"))
+                .map_err(|cause| EngineError::Thread {
+                    what: "the compiler thread",
+                    cause,
                 })?;
             (Some(rx), Some(compiler))
         };
@@ -868,7 +869,7 @@ impl Batcher {
     /// by the ones it returns) and `controls`; returns its `next`.
     fn run_program(&mut self, shape: (i64, i64), controls: &[DeviceArray]) -> Result<DeviceArray> {
         let program = self.steps.get(&shape).ok_or_else(|| {
-            EngineError::Setting(format!(
+            EngineError::Internal(format!(
                 "no serving program for {} decode rows and a {}-token chunk",
                 shape.0, shape.1
             ))
@@ -1436,7 +1437,7 @@ impl Batcher {
         let stats = &shared.stats;
         let (entry, load) = self
             .entry_for(a)
-            .ok_or_else(|| EngineError::Setting("no adapter entry is free".into()))?;
+            .ok_or_else(|| EngineError::Internal("no adapter entry is free".into()))?;
         if load {
             stats.adapter_misses.fetch_add(1, Ordering::Relaxed);
             self.load_entry(entry, a, parsed)?;
@@ -1606,11 +1607,10 @@ fn check_declared_base(
     if !file.is_file() || same_path(&folder) {
         return Ok(());
     }
-    let refuse = |why: String| {
-        EngineError::Setting(format!(
-            "adapter {}: it was trained for {declared}, {why}; it would compute something else on the served model",
-            dir.display()
-        ))
+    let refuse = |why: String| EngineError::AdapterBase {
+        dir: dir.to_path_buf(),
+        declared: declared.to_string(),
+        why,
     };
     let theirs = ModelConfig::from_file(&file).map_err(|e| {
         refuse(format!(

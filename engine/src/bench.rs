@@ -69,9 +69,7 @@ pub fn bench(
         loss = scalar(&launched.loss)?;
     }
     if !loss.is_finite() {
-        return Err(EngineError::Setting(format!(
-            "the benchmark's loss is {loss}: the step is numerically broken for this configuration"
-        )));
+        return Err(EngineError::BenchLoss { loss });
     }
     let mut sorted = times.clone();
     sorted.sort_by(f64::total_cmp);

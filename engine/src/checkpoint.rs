@@ -259,8 +259,10 @@ pub fn save(out: &Path, session: &Session, state: &RunState) -> Result<()> {
         checksum: Some(file_fingerprint(&weights)?),
         ..state.clone()
     };
-    let json = serde_json::to_string_pretty(&state)
-        .map_err(|e| EngineError::Setting(format!("cannot encode state.json: {e}")))?;
+    let json = serde_json::to_string_pretty(&state).map_err(|cause| EngineError::Json {
+        path: fresh.join("state.json"),
+        cause,
+    })?;
     write_atomic(&fresh.join("state.json"), json.as_bytes())?;
     let current = out.join("train_state");
     let old = out.join("train_state.old");

@@ -110,11 +110,7 @@ impl Dataset {
                 (reader.read_path(path)?, data_fingerprint(path)?)
             }
             None => {
-                let t = tokenizer.as_ref().ok_or_else(|| {
-                    EngineError::Setting(
-                        "the demo data needs a tokenizer: pass --data or --tokenizer".into(),
-                    )
-                })?;
+                let t = tokenizer.as_ref().ok_or(EngineError::DemoNeedsTokenizer)?;
                 (demo_examples(t, eos, demo, seed), "demo".to_string())
             }
         };
@@ -130,18 +126,17 @@ impl Dataset {
     /// learned token); an error when none does.
     pub fn learning(self, seq: usize) -> Result<Vec<Example>> {
         if self.stats.no_signal == self.stats.samples {
-            let shortest = self
+            let earliest = self
                 .examples
                 .iter()
                 .filter_map(|e| e.target.iter().skip(1).position(|&t| t))
                 .min()
-                .map_or(String::new(), |k| {
-                    format!(" (the earliest learned token is at position {})", k + 1)
-                });
-            return Err(EngineError::Setting(format!(
-                "none of the {} samples has a learned token within a row of {seq} tokens{shortest}: their prompts fill the row; use a longer --seq",
-                self.stats.samples
-            )));
+                .map(|k| k + 1);
+            return Err(EngineError::NothingToLearn {
+                samples: self.stats.samples,
+                seq,
+                earliest,
+            });
         }
         Ok(self
             .examples

@@ -60,9 +60,79 @@ pub enum EngineError {
         path: PathBuf,
         cause: std::io::Error,
     },
-    /// A setting out of its range, or settings that contradict each other.
+    /// The peak FLOP/s given for MFU is not a positive number.
+    #[error("the peak TFLOP/s must be a positive number, got {0}")]
+    PeakTflops(f64),
+    /// Serving limits out of range.
     #[error("{0}")]
-    Setting(String),
+    ServingLimits(&'static str),
+    /// A thread of ours could not be started.
+    #[error("cannot start {what}: {cause}")]
+    Thread {
+        what: &'static str,
+        cause: std::io::Error,
+    },
+    /// The batcher's thread ended before it was ready.
+    #[error("the batcher stopped while starting")]
+    BatcherStopped,
+    /// An adapter with `modules_to_save`, which a shared batch cannot serve.
+    #[error("adapter {}: modules_to_save {modules:?} replace whole base weights, which requests sharing a batch cannot each have; merge it (hlo-train merge) and serve the merged model", dir.display())]
+    AdapterModulesToSave { dir: PathBuf, modules: Vec<String> },
+    /// An adapter of a larger rank than the serving tables hold.
+    #[error("adapter {} has rank {rank}, above --max-lora-rank {max}", dir.display())]
+    AdapterRankAbove { dir: PathBuf, rank: i64, max: i64 },
+    /// An adapter name that is taken.
+    #[error("adapter `{name}` is already loaded; unload it first")]
+    AdapterLoaded { name: String },
+    /// An adapter trained for another base than the served one.
+    #[error("adapter {}: it was trained for {declared}, {why}; it would compute something else on the served model", dir.display())]
+    AdapterBase {
+        dir: PathBuf,
+        declared: String,
+        why: String,
+    },
+    /// An adapter without a tensor the step needs.
+    #[error("the adapter has no `{tensor}`")]
+    AdapterLacks { tensor: String },
+    /// A benchmark whose loss is not finite.
+    #[error(
+        "the benchmark's loss is {loss}: the step is numerically broken for this configuration"
+    )]
+    BenchLoss { loss: f64 },
+    /// The demo task with a model without a tokenizer.
+    #[error("the demo data needs a tokenizer: pass --data or --tokenizer")]
+    DemoNeedsTokenizer,
+    /// Data of which no sample has a learned token within a row.
+    #[error("none of the {samples} samples has a learned token within a row of {seq} tokens{}: their prompts fill the row; use a longer --seq", earliest.map_or(String::new(), |k| format!(" (the earliest learned token is at position {k})")))]
+    NothingToLearn {
+        samples: usize,
+        seq: usize,
+        earliest: Option<usize>,
+    },
+    /// A weight name the model does not have.
+    #[error("the model has no weight `{name}`")]
+    NoWeight { name: String },
+    /// A JSON file that could not be read or written.
+    #[error("{}: not JSON: {cause}", path.display())]
+    Json {
+        path: PathBuf,
+        cause: serde_json::Error,
+    },
+    /// A `generation_config.json` whose `eos_token_id` is not ids.
+    #[error("{}: eos_token_id is not an id or a list of ids", path.display())]
+    EosIds { path: PathBuf },
+    /// Evaluation asked of a session compiled without its eval step.
+    #[error("held-out data needs a session built with an eval step")]
+    NoEvalStep,
+    /// Value tracing outside eager mode.
+    #[error("tracing values needs eager mode")]
+    TraceNeedsEager,
+    /// A coordinator address process 0 cannot serve on.
+    #[error("{0}")]
+    Coordinator(String),
+    /// A broken invariant of ours (a bug, not the input).
+    #[error("internal error: {0}")]
+    Internal(String),
     /// A block or chunk size that does not divide the row length.
     #[error("--{setting} {value} does not divide --seq {seq}")]
     NotDividing {

@@ -84,11 +84,7 @@ pub fn measure_tflops(client: &Client) -> Result<f64> {
 pub fn peak_flops(backend: &Backend, dtype: DType, per_device_tflops: Option<f64>) -> Result<f64> {
     let tflops = match per_device_tflops {
         Some(p) if p.is_finite() && p > 0.0 => p,
-        Some(p) => {
-            return Err(EngineError::Setting(format!(
-                "the peak TFLOP/s must be a positive number, got {p}"
-            )))
-        }
+        Some(p) => return Err(EngineError::PeakTflops(p)),
         None => match datasheet_tflops(&backend.devices()[0].kind()?, dtype) {
             Some(p) => p,
             None => measure_tflops(backend.client())?,

@@ -254,7 +254,9 @@ impl Model {
         let shape = self
             .config
             .parameter_shape(name)
-            .ok_or_else(|| EngineError::Setting(format!("the model has no weight `{name}`")))?;
+            .ok_or_else(|| EngineError::NoWeight {
+                name: name.to_string(),
+            })?;
         Ok(init_tensor(
             &self.config,
             name,
@@ -329,8 +331,11 @@ impl Model {
             return Ok(self.eos_ids());
         }
         let text = std::fs::read_to_string(&path).map_err(EngineError::io("read", &path))?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| EngineError::Setting(format!("{}: not JSON: {e}", path.display())))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|cause| EngineError::Json {
+                path: path.clone(),
+                cause,
+            })?;
         let ids = |x: &serde_json::Value| -> Option<Vec<u32>> {
             match x {
                 serde_json::Value::Number(n) => n.as_u64().map(|i| vec![i as u32]),
@@ -342,12 +347,7 @@ impl Model {
         };
         Ok(match v.get("eos_token_id") {
             None | Some(serde_json::Value::Null) => self.eos_ids(),
-            Some(x) => ids(x).ok_or_else(|| {
-                EngineError::Setting(format!(
-                    "{}: eos_token_id is not an id or a list of ids",
-                    path.display()
-                ))
-            })?,
+            Some(x) => ids(x).ok_or_else(|| EngineError::EosIds { path: path.clone() })?,
         })
     }
 

@@ -82,7 +82,7 @@ impl ProcessGroup {
             cause,
         };
         let server = if launch.process_id == 0 {
-            let bind = bind_address(&launch.coordinator).map_err(EngineError::Setting)?;
+            let bind = bind_address(&launch.coordinator).map_err(EngineError::Coordinator)?;
             Some(KvServer::start(bind, launch.num_processes).map_err(fail)?)
         } else {
             None
@@ -112,7 +112,10 @@ impl ProcessGroup {
                     std::process::exit(2);
                 }
             })
-            .map_err(|e| EngineError::Setting(format!("cannot start the peer watcher: {e}")))?;
+            .map_err(|cause| EngineError::Thread {
+                what: "the peer watcher",
+                cause,
+            })?;
         Ok(group)
     }
 

@@ -119,14 +119,10 @@ impl<'a> Trainer<'a> {
             return Err(EngineError::SaveEveryNeedsOut);
         }
         if !eval_batches.is_empty() && !session.has_eval() {
-            return Err(EngineError::Setting(
-                "held-out data needs a session built with an eval step".into(),
-            ));
+            return Err(EngineError::NoEvalStep);
         }
         if options.trace_values.is_some() && session.mode() != Mode::Eager {
-            return Err(EngineError::Setting(
-                "tracing values needs eager mode".into(),
-            ));
+            return Err(EngineError::TraceNeedsEager);
         }
         Ok(Trainer {
             session,

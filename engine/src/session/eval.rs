@@ -70,7 +70,7 @@ impl EvalProgram {
                     .position(|t| t.name == b.name)
                     .map(EvalSource::State)
                     .ok_or_else(|| {
-                        EngineError::Setting(format!(
+                        EngineError::Internal(format!(
                             "the eval step's input `{}` is not a train step input",
                             b.name
                         ))
@@ -125,10 +125,7 @@ impl Session {
     /// `batch` rows, not accumulated): the exact masked mean over every
     /// counted token.
     pub fn evaluate(&self, batches: &[Batch]) -> Result<EvalResult> {
-        let eval = self
-            .eval
-            .as_ref()
-            .ok_or_else(|| EngineError::Setting("the session has no eval step".into()))?;
+        let eval = self.eval.as_ref().ok_or(EngineError::NoEvalStep)?;
         let c = &self.config;
         eval.run(&self.backend, [c.batch, c.seq], batches, |k| {
             self.state[k].as_ref().expect("weights are set")
@@ -188,10 +185,9 @@ impl Evaluator {
                 }
                 (_, Some(t)) => t.clone(),
                 (Role::Trainable, None) if adapter.is_some() => {
-                    return Err(EngineError::Setting(format!(
-                        "the adapter has no `{}`",
-                        b.name
-                    )))
+                    return Err(EngineError::AdapterLacks {
+                        tensor: b.name.clone(),
+                    })
                 }
                 _ => model.weight(&b.name, dtype, 0)?,
             };

@@ -40,15 +40,15 @@ impl Session {
                 Role::OptimizerState { .. } => Literal::splat(ty, 0.0),
                 Role::Trainable if lora.is_some() => {
                     let a = adapter.expect("an adapter for a LoRA session");
-                    adapter_tensor(a, &b.name, layers).ok_or_else(|| {
-                        EngineError::Setting(format!("the adapter has no `{}`", b.name))
+                    adapter_tensor(a, &b.name, layers).ok_or_else(|| EngineError::AdapterLacks {
+                        tensor: b.name.clone(),
                     })?
                 }
                 Role::Trainable | Role::Weight => {
                     self.model.weight(&b.name, self.config.dtype, self.seed)?
                 }
                 other => {
-                    return Err(EngineError::Setting(format!(
+                    return Err(EngineError::Internal(format!(
                         "a train step has no {other:?} input"
                     )))
                 }
@@ -67,7 +67,7 @@ impl Session {
                     .into_iter()
                     .map(|h| {
                         h.join().unwrap_or_else(|_| {
-                            Err(EngineError::Setting("making a weight failed".into()))
+                            Err(EngineError::Internal("making a weight panicked".into()))
                         })
                     })
                     .collect()
