@@ -11,15 +11,11 @@
 //! ```no_run
 //! use hlo_engine::{Quiet, Run, RunSpec};
 //! // `hlo-train train --steps 20 --out run` ...
-//! let spec = RunSpec { steps: 20, ..RunSpec::default() };
-//! let mut spec = spec;
+//! let mut spec = RunSpec { steps: 20, ..RunSpec::default() };
 //! spec.output.out = Some("run".into());
 //! Run::new(spec)?.train(&mut Quiet)?;
 //! // ... then `hlo-train train --resume run --steps 40`.
-//! let mut again = RunSpec::resume("run");
-//! again.steps = 40;
-//! again.chosen = hlo_engine::run_spec::Chosen::Only(["steps".to_string()].into());
-//! Run::new(again)?.train(&mut Quiet)?;
+//! Run::new(RunSpec::resume("run").with_steps(40))?.train(&mut Quiet)?;
 //! # Ok::<(), hlo_engine::EngineError>(())
 //! ```
 

@@ -256,6 +256,16 @@ impl RunSpec {
         }
     }
 
+    /// The same spec ending at `steps`, chosen (so a resumed run takes it
+    /// over the saved step count: a constant schedule may be extended).
+    pub fn with_steps(mut self, steps: i64) -> RunSpec {
+        self.steps = steps;
+        if let Chosen::Only(set) = &mut self.chosen {
+            set.insert("steps".to_string());
+        }
+        self
+    }
+
     /// Takes every saved setting the caller did not choose.
     pub fn merge_saved(&mut self, saved: &RunSettings) -> Result<()> {
         let model_chosen = MODEL_SETTINGS.iter().any(|k| self.chosen.contains(k));
@@ -501,6 +511,17 @@ mod tests {
         assert_eq!(spec.step.attention_block, Some(32));
         // Chosen: kept (and compared by `differences`).
         assert_eq!(spec.step.lora.map(|l| l.rank), Some(16));
+    }
+
+    #[test]
+    fn a_resumed_spec_keeps_the_steps_it_chose() {
+        let saved = settings(&[("steps", 10.into()), ("seed", 3.into())]);
+        let mut spec = RunSpec::resume("/run").with_steps(30);
+        spec.merge_saved(&saved).unwrap();
+        assert_eq!((spec.steps, spec.seed), (30, 3));
+        let mut spec = RunSpec::resume("/run");
+        spec.merge_saved(&saved).unwrap();
+        assert_eq!(spec.steps, 10);
     }
 
     #[test]
