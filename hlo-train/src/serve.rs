@@ -121,6 +121,12 @@ pub struct ServeArgs {
     #[arg(long)]
     pub no_prefix_caching: bool,
 
+    /// Seconds a stream may send nothing (a wait for a slot, a long
+    /// prefill) before a keep-alive comment goes out, so that proxies and
+    /// clients with idle timeouts keep it open.
+    #[arg(long, default_value_t = hlo_serve::DEFAULT_SSE_KEEP_ALIVE.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub sse_keep_alive: u64,
+
     /// Seed for random weights (presets and --config).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -198,6 +204,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         eos_ids,
         tokenizer,
         chat_template,
+        sse_keep_alive: std::time::Duration::from_secs(args.sse_keep_alive),
     };
     let adapters = batcher.adapters();
     hlo_serve::run(

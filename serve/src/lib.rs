@@ -21,11 +21,12 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -50,7 +51,16 @@ pub struct ServerConfig {
     pub eos_ids: Vec<u32>,
     pub tokenizer: Option<Tokenizer>,
     pub chat_template: Option<ChatTemplate>,
+    /// How long a stream may send nothing before a keep-alive comment
+    /// (`:`) goes out, so that proxies and clients with idle timeouts keep
+    /// it open through a wait for a slot or a long prefill
+    /// ([`DEFAULT_SSE_KEEP_ALIVE`] in service).
+    pub sse_keep_alive: Duration,
 }
+
+/// Keep-alive interval of streams when none is chosen: shorter than the
+/// idle timeouts of common proxies (nginx and most load balancers: 60 s).
+pub const DEFAULT_SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 struct AppState {
     batcher: BatcherHandle,
@@ -89,6 +99,13 @@ pub fn router(batcher: BatcherHandle, mut config: ServerConfig) -> Router {
         .route("/v1/load_lora_adapter", post(load_adapter))
         .route("/v1/unload_lora_adapter", post(unload_adapter))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint", None) })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "this endpoint does not take that method",
+                None,
+            )
+        })
         .with_state(state)
 }
 
@@ -188,6 +205,33 @@ impl AppState {
         }
     }
 
+    /// A body declared as anything but JSON is refused (415) rather than
+    /// read as JSON regardless; one with no `Content-Type` is read as JSON,
+    /// as FastAPI (vLLM) reads it.
+    fn json_body(headers: &HeaderMap) -> Result<(), ApiError> {
+        let Some(value) = headers.get(header::CONTENT_TYPE) else {
+            return Ok(());
+        };
+        let given = String::from_utf8_lossy(value.as_bytes());
+        let mime = given
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase();
+        let json = mime == "application/json"
+            || (mime.starts_with("application/") && mime.ends_with("+json"));
+        if json {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!("the body must be JSON (Content-Type: application/json), got `{given}`"),
+                None,
+            ))
+        }
+    }
+
     /// The adapter `model` names: None for the base model.
     fn adapter(&self, model: Option<&str>) -> Result<Option<String>, ApiError> {
         match model {
@@ -258,6 +302,7 @@ async fn models(State(s): State<Shared>, headers: HeaderMap) -> Response {
 async fn load_adapter(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
     let result = async {
         s.authorize(&headers)?;
+        AppState::json_body(&headers)?;
         let r: AdapterRequest = serde_json::from_slice(&body)
             .map_err(|e| ApiError::bad(format!("invalid request: {e}"), None))?;
         if r.load_inplace == Some(true) {
@@ -300,6 +345,7 @@ async fn load_adapter(State(s): State<Shared>, headers: HeaderMap, body: Bytes) 
 async fn unload_adapter(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
     let result = async {
         s.authorize(&headers)?;
+        AppState::json_body(&headers)?;
         let r: AdapterRequest = serde_json::from_slice(&body)
             .map_err(|e| ApiError::bad(format!("invalid request: {e}"), None))?;
         if s.batcher.unload_adapter(&r.lora_name) {
@@ -511,6 +557,7 @@ async fn completions(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -
     let arrived = Instant::now();
     let plan = (|| {
         s.authorize(&headers)?;
+        AppState::json_body(&headers)?;
         let r: CompletionRequest = api::parse(&body, &api::COMPLETION_KEYS)?;
         r.check()?;
         let mut plan = s.plan(r.common, false, arrived)?;
@@ -537,6 +584,7 @@ async fn chat_completions(State(s): State<Shared>, headers: HeaderMap, body: Byt
     let arrived = Instant::now();
     let plan = (|| {
         s.authorize(&headers)?;
+        AppState::json_body(&headers)?;
         let r: ChatRequest = api::parse(&body, &api::CHAT_KEYS)?;
         r.check()?;
         let mut plan = s.plan(r.common, true, arrived)?;
@@ -640,18 +688,24 @@ fn usage(s: &AppState, plan: &Plan, jobs: &[Job]) -> Value {
            "total_tokens": prompt + completion})
 }
 
-/// Server-sent events: a chunk per piece of text, a last chunk per choice
-/// with its finish reason, usage if asked, then `data: [DONE]`.
+/// Server-sent events through axum's [`Sse`]: a chunk per piece of text,
+/// a last chunk per choice with its finish reason, usage if asked, then
+/// `data: [DONE]`; between them a keep-alive comment whenever nothing was
+/// sent for `sse_keep_alive`. A task generates into a channel whose other
+/// end the response body holds: a client that goes away drops the body,
+/// the task sees its channel closed and ends, and dropping its jobs'
+/// receivers cancels them in the batcher.
 fn stream(s: Shared, plan: Plan, mut jobs: Vec<Job>, id: String) -> Response {
-    let (tx, rx) = unbounded_channel::<Bytes>();
+    let (tx, rx) = unbounded_channel::<SseEvent>();
+    let keep_alive = KeepAlive::new().interval(s.config.sse_keep_alive);
     let created = now();
     let object = if plan.chat {
         "chat.completion.chunk"
     } else {
         "text_completion"
     };
-    let send = |tx: &UnboundedSender<Bytes>, v: Value| -> bool {
-        tx.send(Bytes::from(format!("data: {v}\n\n"))).is_ok()
+    let send = |tx: &UnboundedSender<SseEvent>, v: Value| -> bool {
+        tx.send(SseEvent::default().data(v.to_string())).is_ok()
     };
     let model = plan.model.clone();
     let chunk = move |choices: Value| -> Value {
@@ -688,16 +742,19 @@ fn stream(s: Shared, plan: Plan, mut jobs: Vec<Job>, id: String) -> Response {
             {
                 return;
             }
-            let result = s
-                .drive(job, |text, token| match piece(text, token) {
+            let result = tokio::select! {
+                r = s.drive(job, |text, token| match piece(text, token) {
                     Some(p) => send(&tx, chunk(p)),
                     None => true,
-                })
-                .await;
+                }) => r,
+                // A client gone while nothing is due (waiting for a slot,
+                // a long prefill) is seen now, not at the next token.
+                () = tx.closed() => return,
+            };
             if let Err(m) = result {
                 let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m, None);
                 send(&tx, e.body());
-                let _ = tx.send(Bytes::from("data: [DONE]\n\n"));
+                let _ = tx.send(SseEvent::default().data("[DONE]"));
                 return;
             }
             let last = if plan.chat {
@@ -720,17 +777,10 @@ fn stream(s: Shared, plan: Plan, mut jobs: Vec<Job>, id: String) -> Response {
             c["usage"] = usage;
             send(&tx, c);
         }
-        let _ = tx.send(Bytes::from("data: [DONE]\n\n"));
+        let _ = tx.send(SseEvent::default().data("[DONE]"));
     });
-    let body = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<Bytes, Infallible>(b), rx))
+    let events = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|e| (Ok::<SseEvent, Infallible>(e), rx))
     });
-    (
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(body),
-    )
-        .into_response()
+    Sse::new(events).keep_alive(keep_alive).into_response()
 }
