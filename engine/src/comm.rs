@@ -45,6 +45,8 @@ use hlo_models::decoder::{
 use hlo_models::train::TrainConfig;
 use hlo_partitioner::Mesh;
 
+use crate::hardware::Interconnect;
+
 /// A collective operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Collective {
@@ -317,66 +319,6 @@ pub fn axis_span(mesh: &Mesh, axis: usize, devices_per_node: i64) -> Span {
     }
 }
 
-/// A device's links, per direction, in GB/s (10⁹ bytes a second).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Interconnect {
-    /// To the other devices of its node, all links together.
-    pub within_node_gbs: f64,
-    /// To other nodes: the device's share of the node's NICs.
-    pub across_nodes_gbs: f64,
-}
-
-impl Interconnect {
-    /// The bandwidth of the slowest link a group spanning `span` uses.
-    pub fn link_gbs(self, span: Span) -> f64 {
-        if span.crosses() {
-            self.across_nodes_gbs
-        } else {
-            self.within_node_gbs
-        }
-    }
-}
-
-/// Documented peak link rates of a device kind (matched as
-/// [`crate::flops::datasheet_tflops`] matches, by name), None for kinds
-/// without a table entry (CPUs).
-///
-/// - `MI300X`: 7 AMD Infinity Fabric links of 128 GB/s bidirectional (64
-///   GB/s each way) to the 7 other GPUs of a node, 448 GB/s each way in
-///   all (AMD Instinct MI300X data sheet: "Infinity Fabric Links 7, Peak
-///   Infinity Fabric Link Bandwidth 128 GB/s"). A single ring uses one
-///   link each way; RCCL spreads a collective over several rings.
-/// - `H100`, `H200` (SXM): NVLink 900 GB/s bidirectional, 450 GB/s each
-///   way (NVIDIA H100 and H200 Tensor Core GPU data sheets).
-/// - `MI250` (one GCD): a ring over a node's 8 GCDs (4 OAM packages)
-///   takes single xGMI links between packages, 50 GB/s each way (AMD
-///   CDNA 2 white paper: 25 GT/s × 16 bit links; the two GCDs of a package
-///   share 4 links, 200 GB/s each way); across nodes one 200 Gb/s NIC per
-///   package (the OLCF Frontier user guide's node: four HPE Slingshot
-///   NICs, 25 GB/s each), 12.5 GB/s per GCD.
-/// - `RTX 4090`: no NVLink; PCIe 4.0 x16, 32 GB/s each way, and across
-///   nodes a 100 Gb/s NIC, 12.5 GB/s.
-/// - Across nodes for MI300X, H100 and H200: one 400 Gb/s NIC per GPU
-///   (InfiniBand NDR or 400 GbE RoCE, as in NVIDIA DGX H100/H200 and AMD
-///   MI300X platforms' eight-NIC nodes), 50 GB/s each way.
-pub fn interconnect(kind: &str) -> Option<Interconnect> {
-    let k = kind.to_uppercase();
-    let table = [
-        ("MI300X", 448.0, 50.0),
-        ("H100", 450.0, 50.0),
-        ("H200", 450.0, 50.0),
-        ("MI250", 50.0, 12.5),
-        ("RTX 4090", 32.0, 12.5),
-    ];
-    table
-        .iter()
-        .find(|(name, _, _)| k.contains(name))
-        .map(|&(_, within, across)| Interconnect {
-            within_node_gbs: within,
-            across_nodes_gbs: across,
-        })
-}
-
 /// A [`Transfer`] placed on the nodes: its span and, with an interconnect,
 /// the link it is paced by and its time.
 #[derive(Clone, Debug, PartialEq)]
@@ -404,7 +346,7 @@ pub fn place(
             let span = mesh
                 .axis_index(&t.axis)
                 .map_or(Span::Within, |i| axis_span(mesh, i, per_node));
-            let link_gbs = net.map(|n| n.link_gbs(span));
+            let link_gbs = net.map(|n| n.link_gbs(span.crosses()));
             PlacedTransfer {
                 transfer: t.clone(),
                 span,
@@ -413,6 +355,60 @@ pub fn place(
             }
         })
         .collect()
+}
+
+/// One train step's communication laid on the nodes: where each mesh
+/// axis's groups lie, and each kind of traffic with its link and time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepCommunication {
+    pub nodes: i64,
+    pub devices_per_node: i64,
+    /// Each mesh axis: name, size, where its groups lie.
+    pub axes: Vec<(String, i64, Span)>,
+    /// [`step_traffic`]'s rows, placed.
+    pub rows: Vec<PlacedTransfer>,
+    /// The links the times are at (None: no figures for the device).
+    pub links: Option<Interconnect>,
+}
+
+impl StepCommunication {
+    /// The step of `config` under `tc` on `mesh` over `nodes` nodes
+    /// (`mesh.size()` must be a multiple of `nodes`; the caller checks),
+    /// timed at `links` when given.
+    pub fn new(
+        config: &ModelConfig,
+        tc: &TrainConfig,
+        mesh: &Mesh,
+        nodes: i64,
+        links: Option<Interconnect>,
+    ) -> StepCommunication {
+        let devices_per_node = mesh.size() / nodes.max(1);
+        let axes = mesh
+            .axes()
+            .iter()
+            .enumerate()
+            .map(|(i, (name, size))| (name.clone(), *size, axis_span(mesh, i, devices_per_node)))
+            .collect();
+        let rows = place(&step_traffic(config, tc, mesh), mesh, nodes, links);
+        StepCommunication {
+            nodes,
+            devices_per_node,
+            axes,
+            rows,
+            links,
+        }
+    }
+
+    /// Bytes each device sends per step, every row together.
+    pub fn total_bytes(&self) -> f64 {
+        self.rows.iter().map(|r| r.transfer.bytes_per_device).sum()
+    }
+
+    /// The rows' times added (None without link figures).
+    pub fn total_ms(&self) -> Option<f64> {
+        self.links?;
+        self.rows.iter().map(|r| r.ms).sum()
+    }
 }
 
 #[cfg(test)]
@@ -553,7 +549,7 @@ mod tests {
         let tc = TrainConfig::new(DType::BF16, 8, 16).with_lora(Some(lora));
         let m = mesh("dp=2,fsdp=4,mp=1");
         let t = step_traffic(&c, &tc, &m);
-        let net = interconnect("MI300X").unwrap();
+        let net = crate::hardware::Kind::Mi300x.device().links().unwrap();
         let placed = place(&t, &m, 2, Some(net));
         for p in &placed {
             let (span, gbs) = if p.transfer.axis == "dp" {
@@ -566,15 +562,33 @@ mod tests {
             assert_eq!(p.ms, Some(ms));
         }
         assert!(placed.iter().any(|p| p.transfer.axis == "dp"));
-        assert_eq!(interconnect("cpu"), None);
-        assert_eq!(
-            interconnect("NVIDIA H100 80GB HBM3")
-                .unwrap()
-                .within_node_gbs,
-            450.0
-        );
         assert!(place(&t, &m, 1, None)
             .iter()
             .all(|p| p.ms.is_none() && p.span == Span::Within));
+    }
+
+    #[test]
+    fn a_step_on_two_nodes_adds_its_rows() {
+        let c = config();
+        let lora = LoraConfig::new(8, 16.0, &["q_proj"], false).unwrap();
+        let tc = TrainConfig::new(DType::BF16, 8, 16).with_lora(Some(lora));
+        let m = mesh("dp=2,fsdp=4,mp=1");
+        let net = crate::hardware::Kind::H100.device().links();
+        let s = StepCommunication::new(&c, &tc, &m, 2, net);
+        assert_eq!((s.nodes, s.devices_per_node), (2, 4));
+        let spans: Vec<Span> = s.axes.iter().map(|(_, _, span)| *span).collect();
+        assert_eq!(spans, [Span::Across, Span::Within, Span::Within]);
+        assert_eq!(s.rows, place(&step_traffic(&c, &tc, &m), &m, 2, net));
+        let bytes: f64 = s.rows.iter().map(|r| r.transfer.bytes_per_device).sum();
+        assert_eq!(s.total_bytes(), bytes);
+        let ms: f64 = s.rows.iter().map(|r| r.ms.unwrap()).sum();
+        assert_eq!(s.total_ms(), Some(ms));
+        // No links, no times; nothing to move, zero.
+        assert_eq!(
+            StepCommunication::new(&c, &tc, &m, 2, None).total_ms(),
+            None
+        );
+        let one = StepCommunication::new(&c, &tc, &Mesh::single(), 1, net);
+        assert_eq!((one.total_bytes(), one.total_ms()), (0.0, Some(0.0)));
     }
 }

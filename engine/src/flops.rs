@@ -1,5 +1,6 @@
-//! The devices' peak rate, for MFU: a datasheet table by device kind, or
-//! for CPUs a measurement (a chain of large f32 matmuls).
+//! The devices' peak rate, for MFU: the data sheet's figure from the
+//! [`crate::hardware`] table, or for CPUs (and kinds the table lacks) a
+//! measurement (a chain of large f32 matmuls).
 
 use std::time::Instant;
 
@@ -9,32 +10,7 @@ use hlo_runtime::{Client, HostArray, Mode, Program};
 
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
-
-/// Dense peak TFLOP/s of one device by kind (bf16 datasheet figures; half
-/// for f32), None when the kind is not in the table.
-///
-/// ```
-/// use hlo_engine::flops::datasheet_tflops;
-/// assert_eq!(datasheet_tflops("NVIDIA H100 80GB HBM3", hlo_ir::DType::BF16), Some(989.0));
-/// assert_eq!(datasheet_tflops("cpu", hlo_ir::DType::F32), None);
-/// ```
-pub fn datasheet_tflops(kind: &str, dtype: DType) -> Option<f64> {
-    let bf16 = [
-        ("H100", 989.0),
-        ("H200", 989.0),
-        ("MI300X", 1307.4),
-        ("MI250", 362.1),
-        ("A100", 312.0),
-        // Dense BF16 with FP32 accumulation (NVIDIA Ada Lovelace white paper).
-        ("RTX 4090", 165.2),
-    ];
-    let k = kind.to_uppercase();
-    let v = bf16
-        .iter()
-        .find(|(name, _)| k.contains(name))
-        .map(|(_, v)| *v)?;
-    Some(if dtype == DType::F32 { v / 2.0 } else { v })
-}
+use crate::hardware;
 
 /// Measures one device's f32 matmul TFLOP/s: the best of four runs of a
 /// chain of 1024³ products, large enough to reach the kernels' steady
@@ -79,13 +55,15 @@ pub fn measure_tflops(client: &Client) -> Result<f64> {
 }
 
 /// The mesh's peak FLOP/s for `dtype`: `per_device_tflops` if given, else
-/// the datasheet figure of the first device's kind, else a measurement;
-/// times the mesh's size.
+/// the data sheet's figure for the first device's kind
+/// ([`hardware::lookup`]), else a measurement; times the mesh's size.
 pub fn peak_flops(backend: &Backend, dtype: DType, per_device_tflops: Option<f64>) -> Result<f64> {
     let tflops = match per_device_tflops {
         Some(p) if p.is_finite() && p > 0.0 => p,
         Some(p) => return Err(EngineError::PeakTflops(p)),
-        None => match datasheet_tflops(&backend.devices()[0].kind()?, dtype) {
+        None => match hardware::lookup(&backend.devices()[0].kind()?)
+            .and_then(|d| d.peak_tflops(dtype))
+        {
             Some(p) => p,
             None => measure_tflops(backend.client())?,
         },

@@ -22,7 +22,8 @@
 //!   adapters in one batch (what `serve` runs on).
 //! - [`plan`], [`bench`] and [`flops`]: memory plans, timing, MFU;
 //!   [`comm`]: what a step sends between devices per mesh axis, within or
-//!   across nodes.
+//!   across nodes; [`hardware`]: the one table of device kinds (peak,
+//!   memory, links) they all read.
 //! - [`hub`]: Hugging Face Hub ids in place of paths, found in the HF
 //!   cache or downloaded into it (`hf-hub` draws a download's progress on
 //!   a terminal, as `huggingface_hub` does, unless
@@ -49,6 +50,7 @@ pub mod dataset;
 mod error;
 pub mod flops;
 pub mod generator;
+pub mod hardware;
 pub mod hooks;
 pub mod hub;
 pub mod model;

@@ -10,13 +10,67 @@ use hlo_ir::DType;
 use hlo_models::decoder::{partition_rules, ModelConfig};
 use hlo_models::nf4;
 use hlo_models::roles::Role;
-use hlo_models::train::{train_step, TrainConfig};
+use hlo_models::train::{step_flops, train_step, TrainConfig};
 use hlo_partitioner::{Mesh, PartitionSpec};
 use hlo_runtime::{CompiledMemoryStats, Mode, PluginSpec};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, BackendOptions};
 use crate::error::Result;
+use crate::hardware::Device;
 use crate::pipeline::ShardedStep;
+
+/// Devices of the node a plan is for when no mesh is given: the recipes'
+/// node of 8 GPUs.
+pub const NODE_DEVICES: i64 = 8;
+
+/// The mesh a plan lays the step over: `options`' mesh or device count
+/// ([`BackendOptions::mesh_or`]), else one node of [`NODE_DEVICES`]
+/// devices over fsdp, or fewer when the batch has fewer rows than that to
+/// split (`gcd(batch, 8)`; batch 1: one device).
+///
+/// ```
+/// use hlo_engine::{plan::plan_mesh, BackendOptions};
+/// let o = BackendOptions::cpu();
+/// assert_eq!(plan_mesh(&o, 16).unwrap().to_string(), "dp=1,fsdp=8,mp=1");
+/// assert_eq!(plan_mesh(&o, 12).unwrap().to_string(), "dp=1,fsdp=4,mp=1");
+/// ```
+pub fn plan_mesh(options: &BackendOptions, batch: i64) -> Result<Mesh> {
+    let fsdp = gcd(batch.max(1), NODE_DEVICES);
+    let default = Mesh::new(&[("dp", 1), ("fsdp", fsdp), ("mp", 1)])?;
+    options.mesh_or(Some(&default))
+}
+
+fn gcd(a: i64, b: i64) -> i64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// A train step's compute time at a device's data sheet peak.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ComputeEstimate {
+    /// Dense peak of one device for the step's dtype.
+    pub peak_tflops: f64,
+    /// The step's FLOPs ([`step_flops`]), shared evenly over the mesh's
+    /// devices, at that peak.
+    pub ms: f64,
+}
+
+/// The compute time of the step of `config` under `tc` on `mesh` of
+/// `device`s, None when the table has no peak for it (the host's is
+/// measured, not planned).
+pub fn compute_estimate(
+    config: &ModelConfig,
+    tc: &TrainConfig,
+    mesh: &Mesh,
+    device: &Device,
+) -> Option<ComputeEstimate> {
+    let peak_tflops = device.peak_tflops(tc.dtype)?;
+    let ms = step_flops(config, tc) / mesh.size() as f64 / (peak_tflops * 1e12) * 1e3;
+    Some(ComputeEstimate { peak_tflops, ms })
+}
 
 /// Bytes per device.
 #[derive(Clone, Debug, PartialEq)]
@@ -153,4 +207,44 @@ pub fn layout_groups(step: &ShardedStep) -> Vec<LayoutGroup> {
             .cmp(&(a.bytes_per_device * a.tensors.len() as u64))
     });
     groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hardware::Kind;
+
+    #[test]
+    fn the_default_mesh_is_a_node_over_fsdp_or_what_the_batch_splits_over() {
+        let o = BackendOptions::cpu();
+        let fsdp = |batch: i64| plan_mesh(&o, batch).unwrap().to_string();
+        assert_eq!(fsdp(8), "dp=1,fsdp=8,mp=1");
+        assert_eq!(fsdp(24), "dp=1,fsdp=8,mp=1");
+        assert_eq!(fsdp(6), "dp=1,fsdp=2,mp=1");
+        assert_eq!(fsdp(3), "dp=1,fsdp=1,mp=1");
+        assert_eq!(fsdp(0), "dp=1,fsdp=1,mp=1");
+        // A device count or a mesh wins over the default.
+        let mut o = BackendOptions::cpu();
+        o.devices = Some(4);
+        assert_eq!(plan_mesh(&o, 8).unwrap().to_string(), "dp=1,fsdp=4,mp=1");
+        o.mesh = Some("dp=2,fsdp=2,mp=1".parse().unwrap());
+        assert_eq!(plan_mesh(&o, 8).unwrap().to_string(), "dp=2,fsdp=2,mp=1");
+        o.devices = Some(8);
+        assert!(plan_mesh(&o, 8).is_err());
+    }
+
+    #[test]
+    fn compute_time_is_the_step_flops_per_device_at_the_peak() {
+        let config = ModelConfig::preset("tiny").unwrap();
+        let tc = TrainConfig::new(DType::BF16, 8, 16);
+        let mesh: Mesh = "dp=1,fsdp=4,mp=1".parse().unwrap();
+        let e = compute_estimate(&config, &tc, &mesh, Kind::H100.device()).unwrap();
+        assert_eq!(e.peak_tflops, 989.0);
+        let ms = step_flops(&config, &tc) / 4.0 / 989e12 * 1e3;
+        assert!((e.ms - ms).abs() <= 1e-12 * ms, "{} vs {ms}", e.ms);
+        assert_eq!(
+            compute_estimate(&config, &tc, &mesh, Kind::Host.device()),
+            None
+        );
+    }
 }

@@ -2,16 +2,18 @@
 //! [`Generator`] to complete them (with adapters, unmerged), and prints the
 //! completions.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use clap::Args;
-use hlo_engine::data::{read_prompts, ChatTemplate, Prompt};
+use hlo_engine::data::{read_prompts, ChatTemplate, Prompt, Tokenizer};
 use hlo_engine::ir::{DType, Literal, TensorType};
 use hlo_engine::models::adapter::Adapter;
+use hlo_engine::models::decoder::ModelConfig;
 use hlo_engine::models::io::write_safetensors;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::{Backend, Generator, Mode, Model, Sampling, Timings};
+use serde_json::Value;
 
 use crate::args::{parse_ids, DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};
 
@@ -119,69 +121,13 @@ pub struct GenerateArgs {
 }
 
 pub fn run(args: &GenerateArgs) -> Result<()> {
-    if let Some(t) = args.temperature {
-        if !(t.is_finite() && t >= 0.0) {
-            bail!("--temperature must be a non-negative number, got {t}");
-        }
-    }
-    if let Some(p) = args.top_p {
-        if !(p > 0.0 && p <= 1.0) {
-            bail!("--top-p must be in (0, 1], got {p}");
-        }
-    }
+    check_sampling(args)?;
     let model = args.quantize.apply(Model::open(&args.model.source())?)?;
     let config = &model.config;
     let tokenizer = model.tokenizer(args.tokenizer.tokenizer.as_deref())?;
-    let chat = if args.chat || args.chat_template.is_some() {
-        let dir = match (&args.chat_template, &model.checkpoint, &args.tokenizer.tokenizer) {
-            (Some(d), _, _) => d.clone(),
-            (None, Some(c), _) => c.dir.clone(),
-            (None, None, Some(t)) => t.parent().map(PathBuf::from).unwrap_or_default(),
-            _ => bail!("--chat needs a checkpoint or --tokenizer with a tokenizer_config.json, or --chat-template DIR"),
-        };
-        Some(ChatTemplate::from_dir(&dir)?)
-    } else {
-        None
-    };
-    // (what to echo back, token ids) for every prompt.
-    let mut requests: Vec<(serde_json::Value, Vec<u32>)> = Vec::new();
-    match (&args.prompt, &args.prompt_ids, &args.prompts) {
-        (_, Some(ids), _) => requests.push((serde_json::Value::Null, parse_ids(ids)?)),
-        (Some(text), None, _) => requests.push((
-            serde_json::Value::Null,
-            Prompt::Text(text.clone()).encode(tokenizer.as_ref(), chat.as_ref())?,
-        )),
-        (None, None, Some(path)) => {
-            for p in read_prompts(path)? {
-                let ids = p
-                    .prompt
-                    .encode(tokenizer.as_ref(), chat.as_ref())
-                    .map_err(|e| anyhow::anyhow!("{}:{}: {e}", path.display(), p.number))?;
-                requests.push((p.line, ids));
-            }
-        }
-        (None, None, None) => bail!("give --prompt, --prompt-ids or --prompts"),
-    }
-    for (_, prompt) in &requests {
-        if prompt.is_empty() {
-            bail!("a prompt is empty");
-        }
-        if let Some(&bad) = prompt.iter().find(|&&t| t as i64 >= config.vocab_size) {
-            bail!(
-                "token id {bad} is outside the vocabulary (size {})",
-                config.vocab_size
-            );
-        }
-        let window = prompt.len() as i64 + args.max_new_tokens as i64;
-        if window > config.max_position_embeddings {
-            bail!(
-                "prompt ({}) + --max-new-tokens ({}) exceed the model's {} positions",
-                prompt.len(),
-                args.max_new_tokens,
-                config.max_position_embeddings
-            );
-        }
-    }
+    let chat = chat_template(args, &model)?;
+    let requests = read_requests(args, tokenizer.as_ref(), chat.as_ref())?;
+    check_prompts(&requests, config, args.max_new_tokens)?;
     let backend = Backend::open(&args.plugin.backend(args.mesh.as_ref()))?;
     let dtype = args.dtype.dtype(args.plugin.is_cpu());
     model.check_weights()?;
@@ -201,11 +147,16 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     if let Some(stop) = &args.stop {
         eos.extend(parse_ids(stop)?);
     }
-    let sampling = Sampling {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        seed: args.seed,
+    let out = Completions {
+        args,
+        tokenizer: tokenizer.as_ref(),
+        sampling: Sampling {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            seed: args.seed,
+        },
+        eos,
     };
     let mode = if args.eager { Mode::Eager } else { Mode::Jit };
     for (k, adapter) in adapters.iter().enumerate() {
@@ -214,53 +165,190 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         })?;
         if k == 0 {
             if let Some(path) = &args.dump_logits {
-                let prompt = &requests[0].1;
-                let logits = generator.prompt_logits(prompt)?;
-                let lit = Literal::from_f64s(
-                    TensorType::new(DType::F32, [prompt.len() as i64, config.vocab_size]),
-                    &logits,
-                );
-                write_safetensors(path, &[("logits".to_string(), lit)])?;
+                dump_logits(&generator, &requests[0].1, config.vocab_size, path)?;
             }
         }
-        let show = |ids: &[u32]| -> Result<String> {
-            Ok(match (&args.prompt_ids, &tokenizer) {
-                (None, Some(t)) => t.decode(ids)?,
-                _ => ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
-            })
-        };
         if args.prompts.is_some() {
-            for chunk in requests.chunks(args.batch_size as usize) {
-                let prompts: Vec<Vec<u32>> = chunk.iter().map(|(_, p)| p.clone()).collect();
-                let outs = generator.complete_batch(
-                    &prompts,
-                    args.max_new_tokens as usize,
-                    &sampling,
-                    &eos,
-                )?;
-                for ((line, _), out) in chunk.iter().zip(outs) {
-                    let mut v = line.clone();
-                    v["completion"] = show(&out)?.into();
-                    v["completion_ids"] = out.into();
-                    if let Some(dir) = args.adapter.get(k) {
-                        v["adapter"] = dir.display().to_string().into();
-                    }
-                    println!("{v}");
-                }
-                if args.stats {
-                    eprintln!("{}", timings_json(&generator.timings()));
-                }
-            }
-            continue;
+            out.complete_file(&generator, &requests, args.adapter.get(k))?;
+        } else {
+            // Several adapters: each completion under its adapter's name.
+            let header = args.adapter.get(k).filter(|_| adapters.len() > 1);
+            out.complete_one(&generator, &requests[0].1, header)?;
         }
+    }
+    Ok(())
+}
+
+/// Refuses sampling settings outside their range.
+fn check_sampling(args: &GenerateArgs) -> Result<()> {
+    if let Some(t) = args.temperature {
+        if !(t.is_finite() && t >= 0.0) {
+            bail!("--temperature must be a non-negative number, got {t}");
+        }
+    }
+    if let Some(p) = args.top_p {
+        if !(p > 0.0 && p <= 1.0) {
+            bail!("--top-p must be in (0, 1], got {p}");
+        }
+    }
+    Ok(())
+}
+
+/// The chat template with `--chat` or `--chat-template`: the given
+/// folder's, else the checkpoint's, else the one beside `--tokenizer`.
+fn chat_template(args: &GenerateArgs, model: &Model) -> Result<Option<ChatTemplate>> {
+    if !args.chat && args.chat_template.is_none() {
+        return Ok(None);
+    }
+    let dir = match (&args.chat_template, &model.checkpoint, &args.tokenizer.tokenizer) {
+        (Some(d), _, _) => d.clone(),
+        (None, Some(c), _) => c.dir.clone(),
+        (None, None, Some(t)) => t.parent().map(PathBuf::from).unwrap_or_default(),
+        _ => bail!("--chat needs a checkpoint or --tokenizer with a tokenizer_config.json, or --chat-template DIR"),
+    };
+    Ok(Some(ChatTemplate::from_dir(&dir)?))
+}
+
+/// (what to echo back, token ids) for every prompt: `--prompt-ids`,
+/// `--prompt` or each line of `--prompts`.
+fn read_requests(
+    args: &GenerateArgs,
+    tokenizer: Option<&Tokenizer>,
+    chat: Option<&ChatTemplate>,
+) -> Result<Vec<(Value, Vec<u32>)>> {
+    let mut requests = Vec::new();
+    match (&args.prompt, &args.prompt_ids, &args.prompts) {
+        (_, Some(ids), _) => requests.push((Value::Null, parse_ids(ids)?)),
+        (Some(text), None, _) => requests.push((
+            Value::Null,
+            Prompt::Text(text.clone()).encode(tokenizer, chat)?,
+        )),
+        (None, None, Some(path)) => {
+            for p in read_prompts(path)? {
+                let ids = p
+                    .prompt
+                    .encode(tokenizer, chat)
+                    .map_err(|e| anyhow::anyhow!("{}:{}: {e}", path.display(), p.number))?;
+                requests.push((p.line, ids));
+            }
+        }
+        (None, None, None) => bail!("give --prompt, --prompt-ids or --prompts"),
+    }
+    Ok(requests)
+}
+
+/// Refuses an empty prompt, a token outside the vocabulary, or a prompt
+/// that with `max_new_tokens` more exceeds the model's positions.
+fn check_prompts(
+    requests: &[(Value, Vec<u32>)],
+    config: &ModelConfig,
+    max_new_tokens: u32,
+) -> Result<()> {
+    for (_, prompt) in requests {
+        if prompt.is_empty() {
+            bail!("a prompt is empty");
+        }
+        if let Some(&bad) = prompt.iter().find(|&&t| t as i64 >= config.vocab_size) {
+            bail!(
+                "token id {bad} is outside the vocabulary (size {})",
+                config.vocab_size
+            );
+        }
+        let window = prompt.len() as i64 + max_new_tokens as i64;
+        if window > config.max_position_embeddings {
+            bail!(
+                "prompt ({}) + --max-new-tokens ({}) exceed the model's {} positions",
+                prompt.len(),
+                max_new_tokens,
+                config.max_position_embeddings
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Writes the prompt's logits `[prompt_len, vocab]` as tensor `logits`.
+fn dump_logits(generator: &Generator, prompt: &[u32], vocab: i64, path: &Path) -> Result<()> {
+    let logits = generator.prompt_logits(prompt)?;
+    let lit = Literal::from_f64s(
+        TensorType::new(DType::F32, [prompt.len() as i64, vocab]),
+        &logits,
+    );
+    write_safetensors(path, &[("logits".to_string(), lit)])?;
+    Ok(())
+}
+
+/// How completions are made and printed, the same for every adapter.
+struct Completions<'a> {
+    args: &'a GenerateArgs,
+    tokenizer: Option<&'a Tokenizer>,
+    sampling: Sampling,
+    /// Token ids that end a completion.
+    eos: Vec<u32>,
+}
+
+impl Completions<'_> {
+    /// A completion as text, or as ids when the prompt was ids or there is
+    /// no tokenizer.
+    fn show(&self, ids: &[u32]) -> Result<String> {
+        Ok(match (&self.args.prompt_ids, self.tokenizer) {
+            (None, Some(t)) => t.decode(ids)?,
+            _ => ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+        })
+    }
+
+    /// `--prompts`: completes them `--batch-size` at a time and prints a
+    /// JSON line each (the prompt's line with the completion and, when
+    /// given, the adapter).
+    fn complete_file(
+        &self,
+        generator: &Generator,
+        requests: &[(Value, Vec<u32>)],
+        adapter: Option<&PathBuf>,
+    ) -> Result<()> {
+        let args = self.args;
+        for chunk in requests.chunks(args.batch_size as usize) {
+            let prompts: Vec<Vec<u32>> = chunk.iter().map(|(_, p)| p.clone()).collect();
+            let outs = generator.complete_batch(
+                &prompts,
+                args.max_new_tokens as usize,
+                &self.sampling,
+                &self.eos,
+            )?;
+            for ((line, _), out) in chunk.iter().zip(outs) {
+                let mut v = line.clone();
+                v["completion"] = self.show(&out)?.into();
+                v["completion_ids"] = out.into();
+                if let Some(dir) = adapter {
+                    v["adapter"] = dir.display().to_string().into();
+                }
+                println!("{v}");
+            }
+            if args.stats {
+                eprintln!("{}", timings_json(&generator.timings()));
+            }
+        }
+        Ok(())
+    }
+
+    /// One prompt: prints its completion, under `== ADAPTER` when a
+    /// header is given (with `--stats` the timings, and eager's op cache
+    /// figures, on stderr).
+    fn complete_one(
+        &self,
+        generator: &Generator,
+        prompt: &[u32],
+        header: Option<&PathBuf>,
+    ) -> Result<()> {
+        let args = self.args;
         let completion = generator.complete(
-            &requests[0].1,
+            prompt,
             args.max_new_tokens as usize,
-            &sampling,
-            &eos,
+            &self.sampling,
+            &self.eos,
         )?;
-        if adapters.len() > 1 {
-            println!("== {}", args.adapter[k].display());
+        if let Some(adapter) = header {
+            println!("== {}", adapter.display());
         }
         if args.stats {
             eprintln!("{}", timings_json(&generator.timings()));
@@ -273,9 +361,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
                 s.peak_live_bytes as f64 / 1e6
             );
         }
-        println!("{}", show(&completion)?);
+        println!("{}", self.show(&completion)?);
+        Ok(())
     }
-    Ok(())
 }
 
 /// `prefill_tokens_per_s`, `decode_tokens_per_s` (median step) and the

@@ -258,9 +258,9 @@ impl Adapter {
             )));
         }
         let path = dir.join("adapter_model.safetensors");
-        let map = crate::io::mmap(&path)?;
-        let stored: HashMap<String, crate::checkpoint::StoredTensor> =
-            crate::checkpoint::index_file(&path, &map)?
+        let map = crate::safetensors_file::mmap(&path)?;
+        let stored: HashMap<String, crate::safetensors_file::StoredTensor> =
+            crate::safetensors_file::index_file(&path, &map)?
                 .into_iter()
                 .map(|t| (t.name.clone(), t))
                 .collect();

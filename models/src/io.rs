@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use crate::ModelError;
+use crate::{safetensors_file, ModelError};
 
 /// Writes `bytes` to `path` through a temporary file in the same folder,
 /// synced and then renamed over `path`.
@@ -28,20 +28,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
     result.map_err(ModelError::io("write", path))
 }
 
-/// A read-only mapping of `path`, for reading safetensors without copying
-/// the whole file.
-pub(crate) fn mmap(path: &Path) -> Result<memmap2::Mmap, ModelError> {
-    let file = std::fs::File::open(path).map_err(ModelError::io("open", path))?;
-    // SAFETY: the file is opened read-only; a concurrent writer would be a
-    // user error that at worst yields wrong values, which validation and
-    // tests catch, not memory unsafety in safe code that copies bytes out.
-    unsafe { memmap2::Mmap::map(&file) }.map_err(ModelError::io("map", path))
-}
-
 /// Every tensor of a safetensors file (validated, copied out), in file order.
 pub fn read_safetensors(path: &Path) -> Result<Vec<(String, hlo_ir::Literal)>, ModelError> {
-    let map = mmap(path)?;
-    let mut entries = crate::checkpoint::index_file(path, &map)?;
+    let map = safetensors_file::mmap(path)?;
+    let mut entries = safetensors_file::index_file(path, &map)?;
     entries.sort_by_key(|e| e.start);
     Ok(entries
         .into_iter()

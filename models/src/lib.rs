@@ -37,7 +37,9 @@ pub mod io;
 pub mod loss;
 pub mod mlp;
 pub mod nf4;
+mod projections;
 pub mod roles;
+mod safetensors_file;
 pub mod train;
 
 pub use error::{ConfigError, LoraError, ModelError};

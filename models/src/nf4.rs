@@ -63,7 +63,7 @@ pub struct Nf4Config {
 /// The projections stored in NF4, as bitsandbytes converts HF's models:
 /// every `nn.Linear` of the layers (the same seven modules LoRA targets by
 /// default); not the embeddings, norms or the LM head.
-pub const QUANTIZED_MODULES: [&str; 7] = crate::decoder::DEFAULT_TARGETS;
+pub const QUANTIZED_MODULES: [&str; 7] = crate::projections::LAYER_PROJECTIONS;
 
 /// The suffix of a quantized weight's block scales
 /// (`model.layers.0.self_attn.q_proj.weight.absmax`, as bitsandbytes names

@@ -6,16 +6,9 @@ use regex::Regex;
 
 use crate::LoraError;
 
-/// The projections PEFT targets by default in hlo-train.
-pub const DEFAULT_TARGETS: [&str; 7] = [
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-];
+/// The projections PEFT targets by default in hlo-train: every linear
+/// projection of a layer.
+pub const DEFAULT_TARGETS: [&str; 7] = crate::projections::LAYER_PROJECTIONS;
 
 /// A LoRA configuration: `y = x·Wᵀ + scale·(x·A)·B` on each target module.
 ///

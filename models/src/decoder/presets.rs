@@ -186,7 +186,12 @@ impl ModelConfig {
             },
             "gemma3-270m" => gemma3((262144, 640, 2048, 18, 4, 1, 256)),
             "gemma3-1b" => gemma3((262144, 1152, 6912, 26, 4, 1, 256)),
-            other => return Err(ConfigError::UnknownPreset(other.to_string())),
+            other => {
+                return Err(ConfigError::UnknownPreset {
+                    name: other.to_string(),
+                    known: PRESETS.join(", "),
+                })
+            }
         })
     }
 }
