@@ -176,16 +176,16 @@ pub const DEVICES: [Device; 7] = [
         label: "MI250 (one GCD)",
         target: "mi250",
         pjrt: &["MI250"],
-        // AMD Instinct MI250 data sheet: 362.1 TFLOPS bf16 (the figure of
-        // the whole package, its two GCDs together), 128 GB HBM2e, 64 GB
-        // per GCD. A ring over a node's 8 GCDs (4 OAM packages) takes
+        // AMD Instinct MI250 data sheet: 362.1 TFLOPS bf16 for the whole
+        // package, its two GCDs together, so 181.05 per GCD (what PJRT
+        // calls a device); 128 GB HBM2e, 64 GB per GCD. A ring over a node's 8 GCDs (4 OAM packages) takes
         // single xGMI links between packages, 50 GB/s each way (AMD CDNA 2
         // white paper: 25 GT/s × 16 bit links; the two GCDs of a package
         // share 4 links, 200 GB/s each way); across nodes one 200 Gb/s NIC
         // per package (the OLCF Frontier user guide's node: four HPE
         // Slingshot NICs, 25 GB/s each), 12.5 GB/s per GCD.
         figures: Figures::Datasheet(Datasheet {
-            bf16_tflops: 362.1,
+            bf16_tflops: 181.05,
             memory_bytes: 64 * GB,
             links: Interconnect {
                 within_node_gbs: 50.0,
@@ -376,7 +376,7 @@ mod tests {
     fn figures_are_the_data_sheets() {
         let peak = |k: Kind| k.device().peak_tflops(DType::BF16);
         assert_eq!(peak(Kind::Mi300x), Some(1307.4));
-        assert_eq!(peak(Kind::Mi250Gcd), Some(362.1));
+        assert_eq!(peak(Kind::Mi250Gcd), Some(181.05));
         assert_eq!(peak(Kind::A100), Some(312.0));
         assert_eq!(Kind::Rtx4090.device().peak_tflops(DType::F32), Some(82.6));
         let mem = |k: Kind| k.device().memory_bytes();

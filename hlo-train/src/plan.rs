@@ -25,6 +25,7 @@ pub enum Target {
     Mi250,
     H100,
     H200,
+    A100,
     // A 24 GB consumer card (GeForce RTX 4090).
     Rtx4090,
     Cpu,
@@ -38,6 +39,7 @@ impl Target {
             Target::Mi250 => Kind::Mi250Gcd,
             Target::H100 => Kind::H100,
             Target::H200 => Kind::H200,
+            Target::A100 => Kind::A100,
             Target::Rtx4090 => Kind::Rtx4090,
             Target::Cpu => Kind::Host,
         }
