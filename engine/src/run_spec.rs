@@ -17,6 +17,7 @@ use std::str::FromStr;
 
 use hlo_ir::DType;
 use hlo_models::nf4::Nf4Config;
+use hlo_models::roles::BatchField;
 use hlo_runtime::Mode;
 use serde_json::Value;
 
@@ -44,6 +45,20 @@ impl Objective {
     pub fn name(self) -> &'static str {
         match self {
             Objective::Sft => "sft",
+        }
+    }
+
+    /// The batch fields a step of this objective reads, by row (`packed`:
+    /// several samples a row).
+    pub fn batch_fields(self, packed: bool) -> Vec<BatchField> {
+        match self {
+            Objective::Sft if packed => vec![
+                BatchField::InputIds,
+                BatchField::LossMask,
+                BatchField::Positions,
+                BatchField::SegmentIds,
+            ],
+            Objective::Sft => vec![BatchField::InputIds, BatchField::LossMask],
         }
     }
 
@@ -522,6 +537,37 @@ mod tests {
         let mut spec = RunSpec::resume("/run");
         spec.merge_saved(&saved).unwrap();
         assert_eq!(spec.steps, 10);
+    }
+
+    #[test]
+    fn an_objectives_batch_fields_are_its_traced_steps() {
+        let config = hlo_models::decoder::ModelConfig::preset("tiny").unwrap();
+        let mesh = "dp=1,fsdp=1,mp=1".parse().unwrap();
+        for packed in [false, true] {
+            let step = StepSpec {
+                batch: 2,
+                seq: 16,
+                packing: if packed { Toggle::On } else { Toggle::Off },
+                ..StepSpec::default()
+            };
+            let tc = step
+                .train_config(&OptimSpec::default(), &config, DType::F32, &mesh, 10)
+                .unwrap();
+            let traced = hlo_models::train::train_step(&config, &tc).unwrap();
+            let fields: Vec<BatchField> = traced
+                .inputs
+                .iter()
+                .filter_map(|i| match i.role {
+                    hlo_models::roles::Role::Batch(f) => Some(f),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(
+                fields,
+                Objective::Sft.batch_fields(packed),
+                "packed {packed}"
+            );
+        }
     }
 
     #[test]
