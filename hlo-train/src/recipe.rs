@@ -98,11 +98,34 @@ fn read(path: &Path) -> Result<Vec<(String, Value)>> {
         let Some(key) = k.as_str() else {
             bail!("recipe {}: a key is not a string: {k:?}", path.display());
         };
+        // JSON has no infinity or NaN: converted, they would become null,
+        // which reads as "not set" and leaves the flag's default.
+        if let Some(x) = non_finite(&v) {
+            bail!(
+                "recipe {}: key `{key}` is {x}, not a finite number",
+                path.display()
+            );
+        }
         let v: Value = serde_json::to_value(&v)
             .with_context(|| format!("recipe {}: key `{key}`", path.display()))?;
         out.push((key.to_string(), v));
     }
     Ok(out)
+}
+
+/// The first non-finite number in `v` (a scalar or a list), as YAML
+/// spells it.
+fn non_finite(v: &serde_norway::Value) -> Option<&'static str> {
+    match v {
+        serde_norway::Value::Number(n) => match n.as_f64() {
+            Some(x) if x.is_nan() => Some(".nan"),
+            Some(x) if x == f64::INFINITY => Some(".inf"),
+            Some(x) if x == f64::NEG_INFINITY => Some("-.inf"),
+            _ => None,
+        },
+        serde_norway::Value::Sequence(items) => items.iter().find_map(non_finite),
+        _ => None,
+    }
 }
 
 /// `argv` (`hlo-train COMMAND ...`, whose flags `cli` defines) with the
@@ -141,8 +164,16 @@ pub fn expand(argv: &[OsString], cli: &clap::Command) -> Result<Vec<OsString>> {
         }
     }
     let mut flags: Vec<OsString> = Vec::new();
+    // The key each flag came from: `lora_rank` and `lora-rank` are one.
+    let mut seen: std::collections::BTreeMap<String, String> = Default::default();
     for (key, value) in read(path)? {
         let flag = flag_of(&key);
+        if let Some(first) = seen.insert(flag.clone(), key.clone()) {
+            bail!(
+                "recipe {}: keys `{first}` and `{key}` both set --{flag}; keep one",
+                path.display()
+            );
+        }
         let arg = sub
             .get_arguments()
             .filter(setting)
@@ -243,8 +274,10 @@ pub fn effective(
                 } else {
                     match sub.get_raw(id) {
                         Some(raw) => {
-                            let parts: Vec<String> =
-                                raw.map(|v| v.to_string_lossy().into_owned()).collect();
+                            let parts: Vec<String> = raw
+                                .map(|v| v.to_string_lossy().into_owned())
+                                .map(|v| absolute(flag, v))
+                                .collect();
                             Value::String(parts.join(","))
                         }
                         None => Value::Null,
@@ -259,6 +292,19 @@ pub fn effective(
         ));
     }
     text
+}
+
+/// Flags whose value may name a file or folder: written absolute when it
+/// does, so the recipe runs from any folder (its own run folder too).
+const PATH_FLAGS: [&str; 2] = ["eval-data", "plugin"];
+
+/// `value` of `flag` as an absolute path when it names an existing file or
+/// folder (`--plugin cpu` stays a word).
+fn absolute(flag: &str, value: String) -> String {
+    if !PATH_FLAGS.contains(&flag) || !Path::new(&value).exists() {
+        return value;
+    }
+    std::fs::canonicalize(&value).map_or(value, |p| p.display().to_string())
 }
 
 /// A YAML scalar: numbers and booleans as they are; a string plain when
@@ -347,6 +393,25 @@ mod tests {
     }
 
     #[test]
+    fn a_written_recipe_names_its_files_by_absolute_path() {
+        use clap::Args;
+        // A path relative to the test's folder (the crate's): one that
+        // exists, so it must come out absolute.
+        let train = crate::train::TrainArgs::augment_args(clap::Command::new("train"));
+        let sub = train
+            .clone()
+            .try_get_matches_from(["train", "--eval-data", "Cargo.toml"])
+            .unwrap();
+        let text = effective(&train, &sub, &[]);
+        let want = std::fs::canonicalize("Cargo.toml").unwrap();
+        assert!(
+            text.contains(&format!("eval_data: {}\n", want.display())),
+            "{text}"
+        );
+        assert!(text.contains("plugin: cpu\n"), "{text}");
+    }
+
+    #[test]
     fn bad_recipes_are_one_line_naming_the_key_and_file() {
         for (text, want) in [
             ("lora_rnak: 4\n", "unknown key `lora_rnak`"),
@@ -355,6 +420,17 @@ mod tests {
             ("- a\n- b\n", "expected a mapping"),
             ("recipe: x.yaml\n", "`recipe` cannot be set"),
             ("seq: [1, 2\n", "not YAML"),
+            ("lr: .inf\n", "key `lr` is .inf, not a finite number"),
+            ("lr: -.inf\n", "key `lr` is -.inf"),
+            ("lr: .nan\n", "key `lr` is .nan"),
+            (
+                "lora_targets: [q_proj, .inf]\n",
+                "key `lora_targets` is .inf",
+            ),
+            (
+                "lora_rank: 4\nlora-rank: 8\n",
+                "keys `lora_rank` and `lora-rank` both set --lora-rank",
+            ),
         ] {
             let r = recipe("bad.yaml", text);
             let err = expand(

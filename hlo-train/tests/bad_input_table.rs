@@ -353,6 +353,17 @@ fn bad_input_table() {
             ]),
         ),
         (
+            "a recipe number that is not finite",
+            train(&["--recipe", &jsonl("inf-recipe.yaml", "lr: .inf\n")]),
+        ),
+        (
+            "a recipe key given in both spellings",
+            train(&[
+                "--recipe",
+                &jsonl("twice-recipe.yaml", "lora_rank: 4\nlora-rank: 8\n"),
+            ]),
+        ),
+        (
             "a Parquet row of no known shape",
             train(&["--data", &{
                 let p = root.join("rows.parquet");
