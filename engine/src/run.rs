@@ -94,6 +94,15 @@ fn absolute(p: &Path) -> String {
         .to_string()
 }
 
+/// An absolute path for `p`, which may not exist yet (a metrics file).
+fn absolute_new(p: &Path) -> Result<String> {
+    if p.exists() {
+        return Ok(absolute(p));
+    }
+    let cwd = std::env::current_dir().map_err(EngineError::io("read", "the working folder"))?;
+    Ok(cwd.join(p).display().to_string())
+}
+
 /// The settings a run records beyond the session's own: which model,
 /// tokenizer, adapter and data (with their identities), the objective and
 /// the run's length.
@@ -121,6 +130,19 @@ fn identities(spec: &RunSpec, model: &Model, data: &Dataset) -> Result<RunSettin
         }
     }
     s.set("data-fingerprint", data.fingerprint.as_str());
+    // What it writes, to write the same on resume.
+    for (key, path) in [
+        ("eval-data", &spec.eval.data),
+        ("metrics", &spec.report.metrics),
+        ("tensorboard", &spec.report.tensorboard),
+    ] {
+        if let Some(p) = path {
+            s.set(key, absolute_new(p)?);
+        }
+    }
+    s.set("eval-every", spec.eval.every);
+    s.set("save-every", spec.output.save_every);
+    s.set("log-every", spec.report.log_every);
     s.set("train-on-inputs", spec.data.train_on_inputs);
     s.set("objective", spec.objective.name());
     s.set("steps", spec.steps);

@@ -125,6 +125,30 @@ pub struct OutputSpec {
     pub resume: Option<PathBuf>,
 }
 
+/// What the run reports, for the front end that writes it (the engine
+/// reports through hooks; it only keeps these with the run, so a resumed
+/// run writes where and as often as it did).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReportSpec {
+    /// A file of one JSON object per step and evaluation (appended to on
+    /// resume).
+    pub metrics: Option<PathBuf>,
+    /// A folder of TensorBoard event files.
+    pub tensorboard: Option<PathBuf>,
+    /// Steps between log lines.
+    pub log_every: i64,
+}
+
+impl Default for ReportSpec {
+    fn default() -> ReportSpec {
+        ReportSpec {
+            metrics: None,
+            tensorboard: None,
+            log_every: 10,
+        }
+    }
+}
+
 /// Which settings the caller chose; on resume the others take the saved
 /// values.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -173,6 +197,7 @@ pub struct RunSpec {
     pub mode: Mode,
     pub eval: EvalSpec,
     pub output: OutputSpec,
+    pub report: ReportSpec,
     /// Eager mode: report every value of scopes matching this regex in the
     /// first step, and stop at the first non-finite one.
     pub trace_values: Option<String>,
@@ -200,6 +225,7 @@ impl Default for RunSpec {
             mode: Mode::Jit,
             eval: EvalSpec::default(),
             output: OutputSpec::default(),
+            report: ReportSpec::default(),
             trace_values: None,
             peak_tflops: None,
             chosen: Chosen::All,
@@ -247,6 +273,18 @@ pub const SETTINGS: [&str; 34] = [
     "loss-chunk",
 ];
 
+/// What shapes what a run writes, not what it computes: saved with the
+/// run and taken back on resume like [`SETTINGS`], but one chosen anew
+/// simply replaces the saved one (never a difference).
+pub const OUTPUT_SETTINGS: [&str; 6] = [
+    "eval-data",
+    "eval-every",
+    "save-every",
+    "metrics",
+    "tensorboard",
+    "log-every",
+];
+
 /// Settings that pick the model; one chosen replaces all saved ones.
 const MODEL_SETTINGS: [&str; 3] = ["model", "config", "checkpoint"];
 
@@ -284,7 +322,7 @@ impl RunSpec {
     /// Takes every saved setting the caller did not choose.
     pub fn merge_saved(&mut self, saved: &RunSettings) -> Result<()> {
         let model_chosen = MODEL_SETTINGS.iter().any(|k| self.chosen.contains(k));
-        for key in SETTINGS {
+        for key in SETTINGS.into_iter().chain(OUTPUT_SETTINGS) {
             let Some(value) = saved.get(key) else {
                 continue;
             };
@@ -398,6 +436,12 @@ impl RunSpec {
             }
             "attention-block" => self.step.attention_block = Some(int()?),
             "loss-chunk" => self.step.loss_chunk = Some(int()?),
+            "eval-data" => self.eval.data = path()?,
+            "eval-every" => self.eval.every = int()?,
+            "save-every" => self.output.save_every = int()?,
+            "metrics" => self.report.metrics = path()?,
+            "tensorboard" => self.report.tensorboard = path()?,
+            "log-every" => self.report.log_every = int()?,
             _ => return Err(bad()),
         }
         Ok(())
@@ -568,6 +612,27 @@ mod tests {
                 "packed {packed}"
             );
         }
+    }
+
+    #[test]
+    fn what_a_run_writes_comes_back_unless_chosen_anew() {
+        let saved = settings(&[
+            ("metrics", "/run/m.jsonl".into()),
+            ("eval-data", "/data/held.jsonl".into()),
+            ("eval-every", 5.into()),
+            ("log-every", 5.into()),
+        ]);
+        let mut spec = RunSpec::resume("/run");
+        spec.chosen = Chosen::Only(["log-every".to_string()].into());
+        spec.report.log_every = 2;
+        spec.merge_saved(&saved).unwrap();
+        assert_eq!(spec.report.metrics, Some("/run/m.jsonl".into()));
+        assert_eq!(spec.eval.data, Some("/data/held.jsonl".into()));
+        assert_eq!((spec.eval.every, spec.report.log_every), (5, 2));
+        // Chosen anew: not a difference.
+        let now = settings(&[("log-every", 2.into())]);
+        let d = differences(&saved, &now, &spec.chosen, 0, Path::new("/run"));
+        assert!(d.iter().all(|l| !l.contains("log-every")), "{d:?}");
     }
 
     #[test]

@@ -11,8 +11,8 @@ use clap::{Args, ValueEnum};
 use hlo_engine::ir::DType;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::{
-    Chosen, DataSource, EvalSpec, HookList, Mode, Objective, OutputSpec, Run, RunSpec, StopFlag,
-    TrainSummary,
+    Chosen, DataSource, EvalSpec, HookList, Mode, Objective, OutputSpec, ReportSpec, Run, RunSpec,
+    StopFlag, TrainSummary,
 };
 use hlo_report::{EventWriter, LossCurves};
 
@@ -109,7 +109,8 @@ pub struct TrainArgs {
 
     /// Continue the run saved in this folder with every setting it was
     /// saved with (a flag given again must agree; --steps may extend a
-    /// constant schedule).
+    /// constant schedule; --metrics, --tensorboard, --eval-data,
+    /// --eval-every, --log-every and --save-every replace the saved ones).
     #[arg(long)]
     pub resume: Option<PathBuf>,
 
@@ -195,6 +196,11 @@ fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> Result<RunSpec> {
             save_every: args.save_every,
             resume: args.resume.clone(),
         },
+        report: ReportSpec {
+            metrics: args.metrics.clone(),
+            tensorboard: args.tensorboard.clone(),
+            log_every: args.log_every,
+        },
         trace_values: args.trace_values.clone(),
         peak_tflops: args.peak_tflops,
         chosen: Chosen::Only(given.iter().map(|id| id.replace('_', "-")).collect()),
@@ -202,23 +208,25 @@ fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> Result<RunSpec> {
 }
 
 /// What the run shows and writes, on process 0: progress, the metrics
-/// file, TensorBoard, the loss chart and the recipe.
-fn hooks(args: &TrainArgs, run: &Run, argv: &[OsString]) -> Result<(HookList, Progress)> {
+/// file, TensorBoard, the loss chart and the recipe (a resumed run's as it
+/// was saved, unless given anew).
+fn hooks(run: &Run, argv: &[OsString]) -> Result<(HookList, Progress)> {
+    let report = &run.spec().report;
+    let log_every = report.log_every;
     let mut hooks = HookList::default();
-    let progress = Progress::new(run.spec().steps, run.session().steps_done(), args.log_every);
+    let progress = Progress::new(run.spec().steps, run.session().steps_done(), log_every);
     hooks.add(
         "progress",
         Progress {
             bar: progress.bar.clone(),
-            log_every: args.log_every,
+            log_every,
         },
     );
-    if let Some(path) = &args.metrics {
+    if let Some(path) = &report.metrics {
         hooks.add("metrics", MetricsFile::open(path, run.resumed())?);
     }
-    if let Some(dir) = &args.tensorboard {
+    if let Some(dir) = &report.tensorboard {
         let writer = EventWriter::create(dir)?;
-        let log_every = args.log_every;
         hooks.add("tensorboard", TensorBoard { writer, log_every });
     }
     if let Some(out) = run.out() {
@@ -226,7 +234,7 @@ fn hooks(args: &TrainArgs, run: &Run, argv: &[OsString]) -> Result<(HookList, Pr
             "loss-chart",
             LossChart {
                 out: out.to_path_buf(),
-                metrics: args.metrics.clone(),
+                metrics: report.metrics.clone(),
                 title: format!("{}: loss", run.session().model().name),
                 curves: LossCurves::default(),
             },
@@ -276,7 +284,7 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
         return Ok(());
     }
     print_header(&run)?;
-    let (mut hooks, progress) = hooks(&args, &run, argv)?;
+    let (mut hooks, progress) = hooks(&run, argv)?;
     let summary = run
         .train(&mut hooks)
         .inspect_err(|_| progress.bar.abandon())?;

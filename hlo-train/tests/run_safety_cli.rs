@@ -342,3 +342,66 @@ fn merge_removes_what_a_killed_merge_left() {
     assert!(out.join("model.safetensors").is_file());
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn a_resume_alone_keeps_the_metrics_eval_tensorboard_and_cadences() {
+    let dir = scratch("safety", "resume-alone");
+    let out = dir.join("run");
+    let (metrics, tb, held) = (dir.join("m.jsonl"), dir.join("tb"), dir.join("held.jsonl"));
+    std::fs::write(&held, "{\"text\": \"cat=CAT\"}\n{\"text\": \"dog=DOG\"}\n").unwrap();
+    let p = |p: &Path| p.to_str().unwrap().to_string();
+    let first = [
+        "--out",
+        &p(&out),
+        "--metrics",
+        &p(&metrics),
+        "--tensorboard",
+        &p(&tb),
+        "--eval-data",
+        &p(&held),
+        "--eval-every",
+        "2",
+        "--log-every",
+        "2",
+    ];
+    ok(&run(&tiny("4", &first)));
+    // Only how far to go: everything else comes back from the folder.
+    ok(&hlo_train(&["train", "--resume", &p(&out), "--steps", "8"]));
+    let steps: Vec<u64> = metric(&metrics, "loss").iter().map(|s| s.0).collect();
+    assert_eq!(steps, (1..=8).collect::<Vec<u64>>());
+    let evals: Vec<u64> = metric(&metrics, "eval_loss").iter().map(|s| s.0).collect();
+    for step in [2, 4, 6, 8] {
+        assert!(evals.contains(&step), "no eval at step {step}: {evals:?}");
+    }
+    // Two runs' event files in the one folder.
+    let events = std::fs::read_dir(&tb).unwrap().count();
+    assert!(events >= 2, "{events} event files");
+    let recipe = std::fs::read_to_string(out.join("recipe.yaml")).unwrap();
+    let held_abs = std::fs::canonicalize(&held).unwrap();
+    assert!(
+        recipe.contains(&format!("eval_data: {}\n", held_abs.display())),
+        "{recipe}"
+    );
+    assert!(recipe.contains("eval_every: 2\n"), "{recipe}");
+    assert!(recipe.contains("log_every: 2\n"), "{recipe}");
+    // A flag given again replaces the saved one.
+    let other = dir.join("other.jsonl");
+    ok(&hlo_train(&[
+        "train",
+        "--resume",
+        &p(&out),
+        "--steps",
+        "9",
+        "--metrics",
+        &p(&other),
+    ]));
+    assert_eq!(
+        metric(&other, "loss")
+            .iter()
+            .map(|s| s.0)
+            .collect::<Vec<_>>(),
+        [9]
+    );
+    assert_eq!(metric(&metrics, "loss").len(), 8);
+    std::fs::remove_dir_all(dir).unwrap();
+}
