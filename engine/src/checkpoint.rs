@@ -299,6 +299,28 @@ fn state_dir(dir: &Path) -> Result<PathBuf> {
         })
 }
 
+/// The settings of the run saved in `dir` (only its `state.json` is read),
+/// or None when `dir` holds no run: what a command reading the run's
+/// adapter takes its defaults from.
+pub fn saved_settings(dir: &Path) -> Result<Option<RunSettings>> {
+    let Ok(state_dir) = state_dir(dir) else {
+        return Ok(None);
+    };
+    let path = state_dir.join("state.json");
+    let text = std::fs::read_to_string(&path).map_err(EngineError::io("read", &path))?;
+    let raw: Value = serde_json::from_str(&text).map_err(|cause| EngineError::Json {
+        path: path.clone(),
+        cause,
+    })?;
+    Ok(raw.get("settings").map(|s| {
+        RunSettings(
+            s.as_object()
+                .map(|m| m.clone().into_iter().collect())
+                .unwrap_or_default(),
+        )
+    }))
+}
+
 /// Reads and checks the run saved in `dir`: the checksum, the step and
 /// cursor, the step counter tensor, and that every tensor is finite.
 pub fn load(dir: &Path) -> Result<Saved> {

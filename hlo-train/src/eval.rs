@@ -6,8 +6,10 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
+use hlo_engine::checkpoint::saved_settings;
 use hlo_engine::data::eval_batches;
 use hlo_engine::models::adapter::Adapter;
+use hlo_engine::models::nf4::Nf4Config;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::{Backend, Dataset, Evaluator};
 use serde_json::json;
@@ -18,6 +20,9 @@ use crate::args::{open_model, ChatArgs, DtypeArgs, ModelArgs, PluginArgs, Tokeni
 pub struct EvalArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+
+    #[command(flatten)]
+    pub quantize: crate::args::QuantizeArgs,
 
     #[command(flatten)]
     pub dtype: DtypeArgs,
@@ -58,8 +63,29 @@ pub struct EvalArgs {
     pub json: bool,
 }
 
+/// The NF4 base to score on: `--quantize`'s, else that of the run whose
+/// adapter `--adapter` names (a QLoRA run's adapter is scored on the NF4
+/// base it was trained on, as its own held-out loss was).
+fn nf4(args: &EvalArgs) -> Result<Option<Nf4Config>> {
+    if args.quantize.quantize.is_some() {
+        return Ok(args.quantize.nf4());
+    }
+    let Some(saved) = args
+        .adapter
+        .as_deref()
+        .map(saved_settings)
+        .transpose()?
+        .flatten()
+    else {
+        return Ok(None);
+    };
+    let nf4 = saved.get("quantize").and_then(|q| q.as_str()) == Some("nf4");
+    let double_quant = saved.get("double-quant").and_then(|d| d.as_bool()) == Some(true);
+    Ok(nf4.then_some(Nf4Config { double_quant }))
+}
+
 pub fn run(args: &EvalArgs) -> Result<()> {
-    let model = open_model(&args.model, &args.tokenizer)?;
+    let model = open_model(&args.model, &args.tokenizer)?.quantized(nf4(args)?)?;
     let adapter = match &args.adapter {
         Some(dir) => Some(Adapter::load(dir, &model.config)?),
         None => None,

@@ -239,3 +239,77 @@ fn greedy_tokens_on_the_nf4_base_equal_hf_generate() {
         assert_eq!(got, want[5..], "bnb 4-bit {key}");
     }
 }
+
+#[test]
+fn eval_with_quantize_gives_the_qlora_runs_own_eval_loss() {
+    let dir = scratch("qlora", "eval");
+    let (out, data, metrics) = (dir.join("run"), dir.join("rows.jsonl"), dir.join("m.jsonl"));
+    let rows: Vec<String> = (0..6)
+        .map(|r| {
+            let ids: Vec<String> = (0..12)
+                .map(|t| ((r * 31 + t * 7) % 128).to_string())
+                .collect();
+            format!("{{\"input_ids\": [{}]}}", ids.join(", "))
+        })
+        .collect();
+    std::fs::write(&data, rows.join("\n") + "\n").unwrap();
+    let (ckpt, out_s) = (qlora("llama"), out.to_str().unwrap().to_string());
+    let (data_s, metrics_s) = (data.to_str().unwrap(), metrics.to_str().unwrap());
+    let common = [
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--seq",
+        "16",
+        "--batch",
+        "2",
+    ];
+    let mut train = vec!["train", "--quantize", "nf4", "--steps", "3", "--lr", "1e-2"];
+    train.extend(common);
+    train.extend(["--data", data_s, "--eval-data", data_s, "--out", &out_s]);
+    train.extend(["--metrics", metrics_s]);
+    ok(&hlo_train(&train));
+    let (step, want) = *metric(&metrics, "eval_loss").last().unwrap();
+    assert_eq!(step, 3);
+    let eval = |quantize: bool| -> f64 {
+        let mut a = vec!["eval", "--adapter", &out_s, "--data", data_s, "--json"];
+        a.extend(common);
+        if quantize {
+            a.extend(["--quantize", "nf4"]);
+        }
+        let o = hlo_train(&a);
+        ok(&o);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["eval_loss"].as_f64().unwrap()
+    };
+    let got = eval(true);
+    assert!(
+        (got - want).abs() < 1e-5,
+        "eval {got} against the run's {want}"
+    );
+    // Without it, the base the run beside the adapter was trained on.
+    let default = eval(false);
+    assert!(
+        (default - want).abs() < 1e-5,
+        "eval {default} against {want}"
+    );
+    // An adapter without its run: the f32 base, another number.
+    let bare = dir.join("bare");
+    std::fs::create_dir_all(&bare).unwrap();
+    for f in ["adapter_config.json", "adapter_model.safetensors"] {
+        std::fs::copy(out.join(f), bare.join(f)).unwrap();
+    }
+    let mut a = vec![
+        "eval",
+        "--adapter",
+        bare.to_str().unwrap(),
+        "--data",
+        data_s,
+    ];
+    a.extend(common);
+    a.push("--json");
+    let o = hlo_train(&a);
+    ok(&o);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!((v["eval_loss"].as_f64().unwrap() - want).abs() > 1e-4);
+    std::fs::remove_dir_all(dir).unwrap();
+}
