@@ -6,7 +6,9 @@ loads the event files with TensorBoard's own EventAccumulator and checks
 them against the metrics file: every tag is there, each train and eval
 value at each step is the metrics file's value as a 32-bit float, and the
 step sets are equal. It also parses `loss.svg` as XML and finds the train
-curve in it. Installs `tensorboard` (without its server's dependencies)
+curve in it. A second run into the same `--tensorboard` folder must be a
+second run for TensorBoard's EventMultiplexer, not more values of the
+first. Installs `tensorboard` (without its server's dependencies)
 into .plugins/python when it is missing.
 
     python3 scripts/tensorboard_check.py target/debug/hlo-train
@@ -175,13 +177,29 @@ def check(metrics_path, tb_dir, svg_path):
                len(lines.get("train", [])), len(lines.get("eval", []))))
 
 
-def run_training(binary, tmp):
+def two_runs(tb_dir):
+    """The runs TensorBoard's EventMultiplexer finds under `tb_dir`: two,
+    each with its own steps."""
+    from tensorboard.backend.event_processing import event_multiplexer as em
+    mux = em.EventMultiplexer()
+    mux.AddRunsFromDirectory(tb_dir)
+    mux.Reload()
+    runs = sorted(mux.Runs())
+    if runs != ["run", "second"]:
+        raise CheckError("runs under %s: %r, expected ['run', 'second']" % (tb_dir, runs))
+    steps = {r: [e.step for e in mux.Scalars(r, "train/loss")] for r in runs}
+    if steps["run"] != list(range(1, 31)) or steps["second"] != list(range(1, 11)):
+        raise CheckError("train/loss steps per run: %r" % steps)
+    return "tensorboard: two runs in one folder are two runs (30 and 10 steps): ok"
+
+
+def run_training(binary, tmp, name="run", steps="30"):
     cmd = [
-        binary, "train", "--steps", "30", "--batch", "4", "--seq", "16", "--lr", "2e-3",
+        binary, "train", "--steps", steps, "--batch", "4", "--seq", "16", "--lr", "2e-3",
         "--log-every", "10", "--eval-every", "10",
-        "--metrics", os.path.join(tmp, "metrics.jsonl"),
+        "--metrics", os.path.join(tmp, name + ".jsonl"),
         "--tensorboard", os.path.join(tmp, "tb"),
-        "--out", os.path.join(tmp, "run"),
+        "--out", os.path.join(tmp, name),
     ]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if p.returncode != 0:
@@ -202,8 +220,11 @@ def main():
         tmp = tempfile.mkdtemp(prefix="hlo-tb-check-")
         try:
             run_training(binary, tmp)
-            print(check(os.path.join(tmp, "metrics.jsonl"), os.path.join(tmp, "tb"),
+            # Each run writes into a folder of its own, named as its --out.
+            print(check(os.path.join(tmp, "run.jsonl"), os.path.join(tmp, "tb", "run"),
                         os.path.join(tmp, "run", "loss.svg")))
+            run_training(binary, tmp, name="second", steps="10")
+            print(two_runs(os.path.join(tmp, "tb")))
         except CheckError:
             print("the run's files are kept in %s" % tmp, file=sys.stderr)
             raise

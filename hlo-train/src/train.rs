@@ -119,9 +119,10 @@ pub struct TrainArgs {
     #[arg(long)]
     pub metrics: Option<PathBuf>,
 
-    /// Write TensorBoard event files here: train/loss, train/lr,
-    /// train/grad_norm, train/tokens_per_s, train/mfu, eval/loss and
-    /// eval/perplexity by step (`tensorboard --logdir DIR`).
+    /// Write TensorBoard event files under this folder, in a folder of the
+    /// run's own (named as --out is, else by its start time): train/loss,
+    /// train/lr, train/grad_norm, train/tokens_per_s, train/mfu, eval/loss
+    /// and eval/perplexity by step (`tensorboard --logdir DIR`).
     #[arg(long)]
     pub tensorboard: Option<PathBuf>,
 
@@ -207,6 +208,20 @@ fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> Result<RunSpec> {
     })
 }
 
+/// The run's name for TensorBoard: its `--out` folder's name, else when it
+/// started (and which process ran it).
+fn run_name(out: Option<&std::path::Path>) -> String {
+    match out.and_then(|o| o.file_name()) {
+        Some(name) => name.to_string_lossy().into_owned(),
+        None => {
+            let seconds = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            format!("run-{seconds}-{}", std::process::id())
+        }
+    }
+}
+
 /// What the run shows and writes, on process 0: progress, the metrics
 /// file, TensorBoard, the loss chart and the recipe (a resumed run's as it
 /// was saved, unless given anew).
@@ -226,7 +241,11 @@ fn hooks(run: &Run, argv: &[OsString]) -> Result<(HookList, Progress)> {
         hooks.add("metrics", MetricsFile::open(path, run.resumed())?);
     }
     if let Some(dir) = &report.tensorboard {
-        let writer = EventWriter::create(dir)?;
+        // Each run its own folder, as TensorBoard lists runs (a resumed
+        // run continues its own).
+        let dir = dir.join(run_name(run.out()));
+        let writer = EventWriter::create(&dir)?;
+        println!("tensorboard: this run writes {}", dir.display());
         hooks.add("tensorboard", TensorBoard { writer, log_every });
     }
     if let Some(out) = run.out() {

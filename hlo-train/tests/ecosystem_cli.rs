@@ -324,8 +324,9 @@ fn tensorboard_events_and_the_loss_plot_are_written() {
     ];
     args.extend(FLAGS);
     ok(&hlo_train(&args));
-    // One event file, named as TensorBoard's writers name theirs.
-    let events: Vec<_> = std::fs::read_dir(&tb)
+    // One event file in the run's own folder (named as `--out` is),
+    // named as TensorBoard's writers name theirs.
+    let events: Vec<_> = std::fs::read_dir(tb.join("out"))
         .unwrap()
         .map(|e| e.unwrap().path())
         .collect();

@@ -373,8 +373,8 @@ fn a_resume_alone_keeps_the_metrics_eval_tensorboard_and_cadences() {
     for step in [2, 4, 6, 8] {
         assert!(evals.contains(&step), "no eval at step {step}: {evals:?}");
     }
-    // Two runs' event files in the one folder.
-    let events = std::fs::read_dir(&tb).unwrap().count();
+    // The resumed run continues in the run's own folder: a second file.
+    let events = std::fs::read_dir(tb.join("run")).unwrap().count();
     assert!(events >= 2, "{events} event files");
     let recipe = std::fs::read_to_string(out.join("recipe.yaml")).unwrap();
     let held_abs = std::fs::canonicalize(&held).unwrap();
