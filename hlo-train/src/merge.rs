@@ -1,8 +1,10 @@
 //! `hlo-train merge`: fold a LoRA adapter into the base weights (on the
 //! host, in f64, one tensor at a time) and write an HF model folder. A
 //! QLoRA adapter's base projections (NF4: a bitsandbytes checkpoint, or
-//! `--quantize nf4`) are dequantized, the adapter added, and written in
-//! bf16, as PEFT merges into a 4-bit base.
+//! `--quantize nf4`) are dequantized, the adapter added, and rounded to
+//! bf16, as PEFT merges into a 4-bit base; every tensor is then written in
+//! the base's own dtype (f32 or bf16, which hold those values exactly),
+//! the one config.json names.
 
 use std::path::PathBuf;
 
@@ -46,6 +48,14 @@ pub fn run(args: &MergeArgs) -> Result<()> {
     let scale = adapter.lora.scale();
     let mut tensors = Vec::new();
     let nf4 = ckpt.config.quantization;
+    // The dtype of what is not quantized (the embeddings'): every tensor is
+    // written in it, so config.json's dtype describes them all. The merged
+    // projections are rounded to bf16 as PEFT's are; f32 and bf16 hold
+    // those values exactly. A base in another dtype is written in bf16.
+    let out_dtype = match nf4.and_then(|_| ckpt.dtype("model.embed_tokens.weight")) {
+        Some(stored @ (DType::F32 | DType::BF16)) => stored,
+        _ => DType::BF16,
+    };
     for (name, _) in ckpt.config.parameter_shapes() {
         let merged = match nf4.filter(|_| nf4::is_quantized(&name)) {
             // The NF4 base dequantized (in f32), the adapter added, bf16.
@@ -57,11 +67,18 @@ pub fn run(args: &MergeArgs) -> Result<()> {
                     Nf4Tensor::from_literal(&ckpt.read(&name, dtype)?, q.double_quant)
                 };
                 let merged = adapter.merge(&name, &base.dequantized_literal(DType::F32));
-                Literal::from_f64s(merged.ty.with_dtype(DType::BF16), &merged.to_f64s())
+                let bf16 = Literal::from_f64s(merged.ty.with_dtype(DType::BF16), &merged.to_f64s());
+                Literal::from_f64s(merged.ty.with_dtype(out_dtype), &bf16.to_f64s())
             }
             None => {
                 let dtype = ckpt.dtype(&name).context("checked on open")?;
-                adapter.merge(&name, &ckpt.read(&name, dtype)?)
+                let merged = adapter.merge(&name, &ckpt.read(&name, dtype)?);
+                match nf4 {
+                    Some(_) if merged.ty.dtype != out_dtype => {
+                        Literal::from_f64s(merged.ty.with_dtype(out_dtype), &merged.to_f64s())
+                    }
+                    _ => merged,
+                }
             }
         };
         tensors.push((name, merged));
@@ -76,6 +93,17 @@ pub fn run(args: &MergeArgs) -> Result<()> {
             .with_context(|| format!("{} is not JSON", config.display()))?;
         if let Some(o) = json.as_object_mut() {
             o.remove("quantization_config");
+            // transformers 4 reads `torch_dtype`, 5 writes `dtype`.
+            let name = if out_dtype == DType::F32 {
+                "float32"
+            } else {
+                "bfloat16"
+            };
+            for key in ["torch_dtype", "dtype"] {
+                if o.contains_key(key) || key == "dtype" {
+                    o.insert(key.to_string(), name.into());
+                }
+            }
         }
         bytes = serde_json::to_string_pretty(&json)?.into_bytes();
     }

@@ -158,10 +158,24 @@ fn merging_a_qlora_adapter_writes_the_dequantized_base_plus_the_adapter_in_bf16(
     let q = "model.layers.1.self_attn.q_proj.weight";
     let weight =
         |t: &[(String, hlo_engine::ir::Literal)]| t.iter().find(|(n, _)| n == q).unwrap().1.clone();
-    assert_eq!(weight(&a).ty.dtype, hlo_engine::ir::DType::BF16);
     assert_eq!(weight(&a).bytes, weight(&b).bytes, "the same NF4 base");
-    let config = std::fs::read_to_string(stored.join("config.json")).unwrap();
-    assert!(!config.contains("quantization_config"), "{config}");
+    // The merged projections hold bf16 values, as PEFT's, written (like
+    // every tensor) in the dtype config.json names: the base's f32.
+    let w = weight(&a);
+    let rounded = hlo_engine::ir::Literal::from_f64s(
+        w.ty.with_dtype(hlo_engine::ir::DType::BF16),
+        &w.to_f64s(),
+    );
+    assert_eq!(rounded.to_f64s(), w.to_f64s(), "bf16 values");
+    for (dir, tensors) in [(&on_load, &a), (&stored, &b)] {
+        let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+        assert!(!config.contains("quantization_config"), "{config}");
+        let json: serde_json::Value = serde_json::from_str(&config).unwrap();
+        assert_eq!(json["dtype"], "float32", "{config}");
+        for (name, t) in tensors.iter() {
+            assert_eq!(t.ty.dtype, hlo_engine::ir::DType::F32, "{name}");
+        }
+    }
     // The merged model (bf16 projections, run in f32) gives the adapter's
     // logits on the NF4 base to within the rounding of its weights to bf16.
     let out = tmp.join("logits.safetensors");
