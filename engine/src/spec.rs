@@ -315,3 +315,23 @@ impl StepSpec {
 pub fn auto_packing(unpacked_fill: f64) -> bool {
     unpacked_fill <= 0.5
 }
+
+/// The epochs `steps` steps of `rows` rows of `seq` tokens take of
+/// `learning` samples: a step takes its rows' worth, or packed, about as
+/// many samples as fill 90% of its tokens (`unpacked_fill`: their mean
+/// share of a row). What `train` prints and `data` reports.
+pub fn epochs(
+    steps: i64,
+    rows: i64,
+    seq: i64,
+    packing: bool,
+    unpacked_fill: f64,
+    learning: usize,
+) -> f64 {
+    let per_step = if packing {
+        rows as f64 * seq as f64 * 0.9 / (unpacked_fill * seq as f64).max(1.0)
+    } else {
+        rows as f64
+    };
+    steps.max(0) as f64 * per_step / learning.max(1) as f64
+}

@@ -165,19 +165,20 @@ pub fn print_header(run: &Run) -> Result<()> {
     } else {
         String::new()
     };
-    // Samples a step takes: its rows, or with packing about as many as
-    // fit in them.
-    let per_step = if c.packing {
-        c.rows() as f64 * c.seq as f64 * 0.9 / (unpacked_fill * c.seq as f64).max(1.0)
-    } else {
-        c.rows() as f64
-    };
     // Said only when the step departs from the plain forms.
     let long = match (c.attention, c.loss_chunk_for(model.config.vocab_size)) {
         (AttentionKind::Naive, chunk) if chunk >= c.seq => String::new(),
         _ => format!("; {}", c.long_context_summary(model.config.vocab_size)),
     };
-    let remaining = (run.spec().steps - session.steps_done()).max(0) as f64;
+    let remaining = (run.spec().steps - session.steps_done()).max(0);
+    let epochs = hlo_engine::spec::epochs(
+        remaining,
+        c.rows(),
+        c.seq,
+        c.packing,
+        unpacked_fill,
+        learning,
+    );
     println!(
         "training {} ({} parameters, {}) on {} ({}): {trained}; batch {} × seq {}{accum}{long}; {}",
         model.name,
@@ -212,7 +213,7 @@ pub fn print_header(run: &Run) -> Result<()> {
             String::new()
         },
         if c.packing { "about " } else { "" },
-        remaining * per_step / learning.max(1) as f64,
+        epochs,
         remaining
     );
     Ok(())

@@ -1,15 +1,18 @@
 //! `hlo-train data`: training data as the model will see it — the first
 //! samples with their learned tokens marked ⟦like this⟧ — and what the
 //! data holds for a row length: samples, tokens, learned tokens, samples
-//! cut, samples with nothing to learn, epochs per run.
+//! cut, samples with nothing to learn, and the epochs a run takes, packed
+//! or not, as `train` with the same flags computes them.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use hlo_engine::data::Loader;
+use hlo_engine::spec::{auto_packing, epochs};
 use hlo_engine::Dataset;
 
-use crate::args::{open_model, ChatArgs, ModelArgs, TokenizerArgs};
+use crate::args::{open_model, ChatArgs, ModelArgs, Toggle, TokenizerArgs};
 
 #[derive(Args, Debug)]
 pub struct DataArgs {
@@ -35,6 +38,15 @@ pub struct DataArgs {
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
     pub batch: i64,
 
+    /// Micro-batches of --batch rows per optimizer step, as `train`'s.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i64).range(1..=4096))]
+    pub grad_accum: i64,
+
+    /// Pack several samples into each row, as `train --packing` (auto:
+    /// when samples average at most half of --seq).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub packing: Toggle,
+
     /// Steps, as for `train` (for the epoch count).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..))]
     pub steps: i64,
@@ -53,6 +65,10 @@ pub fn run(args: &DataArgs) -> Result<()> {
     let seq = args.seq as usize;
     let spec = args.chat.spec(args.data.clone(), args.seq);
     let data = Dataset::read(&model, &spec, args.seed)?;
+    // Data that teaches nothing: the line `train` refuses it with.
+    if data.stats.no_signal == data.stats.samples {
+        return Ok(data.learning(seq).map(|_| ())?);
+    }
     let tokenizer = model
         .tokenizer(None)?
         .context("showing samples needs a tokenizer: pass --checkpoint or --tokenizer")?;
@@ -92,7 +108,6 @@ pub fn run(args: &DataArgs) -> Result<()> {
         println!("  {line}");
     }
     let s = data.stats;
-    let useful = s.samples - s.no_signal;
     println!(
         "{} samples, {} tokens, {} learned within --seq {}; {} cut to --seq; {} with no learned token within --seq{}",
         s.samples,
@@ -107,11 +122,25 @@ pub fn run(args: &DataArgs) -> Result<()> {
             ""
         }
     );
+    // What `train` with these flags does: the samples that teach, packed
+    // or not as it decides.
+    let examples = data.learning(seq)?;
+    let useful = examples.len();
+    let rows = args.batch * args.grad_accum;
+    let loader = Loader::new(examples, seq, rows as usize, args.seed);
+    let fill = loader.mean_len().min(seq as f64) / seq as f64;
+    let packing = match args.packing {
+        Toggle::On => true,
+        Toggle::Off => false,
+        Toggle::Auto => auto_packing(fill),
+    };
     println!(
-        "{} steps of {} rows take {:.2} epochs of the {useful} samples that teach something (unpacked)",
+        "{} steps of {rows} rows take {}{:.2} epochs of the {useful} samples that teach something (packing {}: samples fill {:.1}% of a row unpacked)",
         args.steps,
-        args.batch,
-        (args.steps * args.batch) as f64 / useful.max(1) as f64
+        if packing { "about " } else { "" },
+        epochs(args.steps, rows, args.seq, packing, fill, useful),
+        if packing { "on" } else { "off" },
+        100.0 * fill
     );
     Ok(())
 }

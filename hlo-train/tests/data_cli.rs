@@ -32,6 +32,9 @@ fn data_that_teaches_nothing_is_refused_and_partly_useless_data_reported() {
             && err.contains("use a longer --seq"),
         "{err}"
     );
+    // `data` refuses it with the same line.
+    let seen = one_line_error(&hlo_train(&["data", "--data", &data, "--seq", "16"]));
+    assert_eq!(seen, err);
     // Half of them: trained, the rest counted and left out.
     let mixed = format!("{lines}{{\"prompt\": \"a=\", \"completion\": \"A\"}}\n{{\"prompt\": \"b=\", \"completion\": \"B\"}}\n");
     let data = write(&dir, "mixed.jsonl", &mixed);
@@ -247,6 +250,41 @@ fn a_full_finetune_leaves_a_complete_hf_folder() {
             std::fs::read(base.join(f)).unwrap(),
             "{f}"
         );
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// The number before " epochs" in `text`.
+fn epochs(text: &str) -> String {
+    let at = text
+        .find(" epochs")
+        .unwrap_or_else(|| panic!("no epochs in {text}"));
+    text[..at].rsplit(' ').next().unwrap().to_string()
+}
+
+#[test]
+fn data_reports_the_epochs_train_takes_packed_or_not() {
+    let dir = scratch("data", "epochs");
+    let lines: String = (0..40)
+        .map(|i| format!("{{\"prompt\": \"w{i}=\", \"completion\": \"W{i}\"}}\n"))
+        .collect();
+    let data = write(&dir, "short.jsonl", &lines);
+    // Short samples: `auto` packs them; then forced off; and with grad-accum.
+    for extra in [&[][..], &["--packing", "off"], &["--grad-accum", "2"]] {
+        let mut flags = vec!["--data", data.as_str(), "--seq", "32", "--batch", "2"];
+        flags.extend(["--steps", "3"]);
+        flags.extend(extra);
+        let train = ok(&hlo_train(&[&["train"][..], &flags].concat()));
+        let shown = ok(&hlo_train(&[&["data"][..], &flags].concat()));
+        let header = train.lines().find(|l| l.starts_with("data: ")).unwrap();
+        let report = shown.lines().find(|l| l.contains("epochs")).unwrap();
+        assert_eq!(
+            epochs(header),
+            epochs(report),
+            "{extra:?}: {header} | {report}"
+        );
+        let packed = !extra.contains(&"off");
+        assert_eq!(report.contains("packing on"), packed, "{report}");
     }
     std::fs::remove_dir_all(dir).unwrap();
 }
