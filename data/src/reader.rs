@@ -158,6 +158,23 @@ impl Reader<'_> {
             None => row,
         };
         let obj = row.as_object().ok_or("not a JSON object")?;
+        // Two shapes in one row: which one is meant cannot be guessed.
+        let has = |k: &str| obj.get(k).is_some_and(|v| !v.is_null());
+        let shapes: Vec<&str> = [
+            ("text", has("text")),
+            ("prompt/completion", has("prompt") || has("completion")),
+            ("messages", has("messages")),
+        ]
+        .iter()
+        .filter(|(_, h)| *h)
+        .map(|(s, _)| *s)
+        .collect();
+        if shapes.len() > 1 && !has("input_ids") {
+            return Err(format!(
+                "holds both {} and {}: a row is one shape (drop the other column)",
+                shapes[0], shapes[1]
+            ));
+        }
         let limit = self.char_limit();
         let with_eos = |mut ids: Vec<u32>| {
             if let Some(e) = self.eos {
@@ -454,6 +471,11 @@ impl Reader<'_> {
                 message,
             };
             let row = row.map_err(|e| bad(format!("cannot read: {e}")))?;
+            if let Some(column) = binary_column(&row) {
+                return Err(bad(format!(
+                    "column `{column}` is binary (bytes with no string type), not text: write it as a string column"
+                )));
+            }
             out.push(self.parse_row(&row.to_json_value()).map_err(bad)?);
         }
         if out.is_empty() {
@@ -618,15 +640,37 @@ fn sharegpt_message(i: usize, turn: &Value) -> Result<Value, String> {
     Ok(serde_json::json!({"role": role, "content": field("value")?}))
 }
 
-/// A list of token ids.
+/// The first column of a Parquet row (or of a row nested in it) holding
+/// raw bytes: JSON would carry them as base64, which no one means to
+/// train on.
+fn binary_column(row: &parquet::record::Row) -> Option<String> {
+    use parquet::record::Field;
+    fn binary(f: &Field) -> bool {
+        match f {
+            Field::Bytes(_) => true,
+            Field::Group(row) => binary_column(row).is_some(),
+            Field::ListInternal(list) => list.elements().iter().any(binary),
+            Field::MapInternal(map) => map.entries().iter().any(|(k, v)| binary(k) || binary(v)),
+            _ => false,
+        }
+    }
+    row.get_column_iter()
+        .find(|(_, f)| binary(f))
+        .map(|(name, _)| name.clone())
+}
+
+/// A list of token ids; one that is not, named with its position.
 fn id_list(v: &Value, what: &str) -> Result<Vec<u32>, String> {
     v.as_array()
         .ok_or(format!("{what} is not a list"))?
         .iter()
-        .map(|t| {
-            t.as_u64()
-                .and_then(|t| u32::try_from(t).ok())
-                .ok_or(format!("{what} holds a non-integer"))
+        .enumerate()
+        .map(|(i, t)| match (t.as_u64(), t.as_i64()) {
+            (Some(id), _) => u32::try_from(id).map_err(|_| {
+                format!("{what}[{i}] is {id}, beyond any vocabulary (token ids are 32-bit)")
+            }),
+            (None, Some(id)) => Err(format!("{what}[{i}] is {id}: a token id is not negative")),
+            _ => Err(format!("{what}[{i}] is {t}, not a token id")),
         })
         .collect()
 }

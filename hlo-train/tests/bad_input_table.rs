@@ -364,6 +364,23 @@ fn bad_input_table() {
             ]),
         ),
         (
+            "a row holding two shapes (text and prompt/completion)",
+            train(&[
+                "--data",
+                &jsonl(
+                    "two-shapes.jsonl",
+                    "{\"text\": \"a\", \"prompt\": \"b\", \"completion\": \"c\"}\n",
+                ),
+            ]),
+        ),
+        (
+            "a negative token id",
+            train(&[
+                "--data",
+                &jsonl("negative-id.jsonl", "{\"input_ids\": [5, -1, 7]}\n"),
+            ]),
+        ),
+        (
             "a Parquet row of no known shape",
             train(&["--data", &{
                 let p = root.join("rows.parquet");

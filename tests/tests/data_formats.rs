@@ -146,9 +146,79 @@ fn bad_rows_and_files_are_errors_naming_them() {
             r#"{"instruction": "a", "input": 3, "output": "b"}"#,
             "input is not a string",
         ),
+        // One row, two shapes: which is meant cannot be guessed.
+        (
+            r#"{"text": "a", "prompt": "b", "completion": "c"}"#,
+            "holds both text and prompt/completion",
+        ),
+        (
+            r#"{"text": "a", "messages": [{"role": "user", "content": "b"}]}"#,
+            "holds both text and messages",
+        ),
+        // Ids out of range, named as such (and where).
+        (
+            r#"{"input_ids": [5, -1]}"#,
+            "input_ids[1] is -1: a token id is not negative",
+        ),
+        (
+            r#"{"input_ids": [4294967297, 5]}"#,
+            "input_ids[0] is 4294967297, beyond any vocabulary",
+        ),
+        (
+            r#"{"input_ids": [5, 1.5]}"#,
+            "input_ids[1] is 1.5, not a token id",
+        ),
     ] {
         let err = reader.parse_line(row).unwrap_err();
         assert!(err.contains(want), "{row}: {err}");
     }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Writes a Parquet file of one column `text` stored as plain bytes (no
+/// string type), as a writer that forgets the UTF-8 annotation leaves it.
+fn binary_text_parquet(path: &Path) {
+    use parquet::data_type::{ByteArray, ByteArrayType};
+    use parquet::file::properties::WriterProperties;
+    use parquet::file::writer::SerializedFileWriter;
+    use parquet::schema::parser::parse_message_type;
+    let schema = parse_message_type("message rows { required binary text; }").unwrap();
+    let file = std::fs::File::create(path).unwrap();
+    let props = std::sync::Arc::new(WriterProperties::builder().build());
+    let mut writer = SerializedFileWriter::new(file, schema.into(), props).unwrap();
+    let mut group = writer.next_row_group().unwrap();
+    let mut column = group.next_column().unwrap().unwrap();
+    let values = [
+        ByteArray::from("cat=CAT"),
+        ByteArray::from(vec![0xffu8, 0xfe]),
+    ];
+    column
+        .typed::<ByteArrayType>()
+        .write_batch(&values, None, None)
+        .unwrap();
+    column.close().unwrap();
+    group.close().unwrap();
+    writer.close().unwrap();
+}
+
+#[test]
+fn a_binary_parquet_column_is_refused_naming_it_and_the_row() {
+    let dir = std::env::temp_dir().join(format!("hlo-data-binary-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("binary.parquet");
+    binary_text_parquet(&path);
+    let t = Tokenizer::bytes();
+    let reader = Reader {
+        tokenizer: Some(&t),
+        eos: Some(BYTE_EOS),
+        vocab: BYTE_VOCAB,
+        chat: None,
+        max_tokens: None,
+    };
+    let err = reader.read_path(&path).unwrap_err().to_string();
+    assert!(
+        err.contains("binary.parquet: row 1: column `text` is binary"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
