@@ -48,8 +48,9 @@ impl fmt::Debug for ProcessGroup {
     }
 }
 
-/// Where process 0 listens: loopback for a loopback coordinator (tests,
-/// one node), else every interface on the coordinator's port.
+/// Where process 0 listens: the coordinator's own address and nothing
+/// else (loopback for a loopback coordinator: tests, one node), so the
+/// service is not offered on interfaces the other processes do not use.
 fn bind_address(coordinator: &str) -> std::result::Result<SocketAddr, String> {
     let (host, port) = coordinator
         .rsplit_once(':')
@@ -57,17 +58,20 @@ fn bind_address(coordinator: &str) -> std::result::Result<SocketAddr, String> {
     let port: u16 = port
         .parse()
         .map_err(|_| format!("{coordinator} has no valid port"))?;
-    let loopback = host == "localhost"
-        || coordinator
-            .to_socket_addrs()
-            .map(|mut a| a.all(|a| a.ip().is_loopback()))
-            .unwrap_or(false);
-    let ip = if loopback {
-        Ipv4Addr::LOCALHOST
-    } else {
-        Ipv4Addr::UNSPECIFIED
-    };
-    Ok(SocketAddr::from((ip, port)))
+    if host == "localhost" {
+        return Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+    }
+    let addrs: Vec<SocketAddr> = coordinator
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve the coordinator {coordinator}: {e}"))?
+        .collect();
+    // IPv4 first: what the other processes' clients connect to.
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("the coordinator {coordinator} resolves to no address"))
 }
 
 impl ProcessGroup {
@@ -177,7 +181,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn process_zero_binds_loopback_for_a_loopback_coordinator() {
+    fn process_zero_binds_the_coordinators_address_only() {
         assert_eq!(
             bind_address("127.0.0.1:5000").unwrap(),
             "127.0.0.1:5000".parse().unwrap()
@@ -186,9 +190,11 @@ mod tests {
             bind_address("localhost:5000").unwrap(),
             "127.0.0.1:5000".parse().unwrap()
         );
+        // Elsewhere: that address alone, never every interface.
         assert_eq!(
             bind_address("10.1.2.3:5000").unwrap(),
-            "0.0.0.0:5000".parse().unwrap()
+            "10.1.2.3:5000".parse().unwrap()
         );
+        assert!(bind_address("10.1.2.3").is_err());
     }
 }
