@@ -283,7 +283,15 @@ impl Launch {
             })
         };
         let num_processes = parse_u32("WORLD_SIZE", &need("WORLD_SIZE")?)?;
-        if num_processes <= 1 {
+        // A launcher that says no processes is wrong, not a run of one.
+        if num_processes == 0 {
+            return Err(LaunchError::BadValue {
+                name: "WORLD_SIZE".into(),
+                value: "0".into(),
+                reason: "a run has at least one process".into(),
+            });
+        }
+        if num_processes == 1 {
             return Ok(Self::alone(LaunchSource::Torchrun));
         }
         let process_id = parse_u32("RANK", &need("RANK")?)?;
@@ -430,6 +438,23 @@ mod tests {
         assert_eq!(slurm_tasks_on_node("8(x2),4", 2), Some(4));
         assert_eq!(slurm_tasks_on_node("8(x2),4", 3), None);
         assert_eq!(slurm_tasks_on_node("1", 0), Some(1));
+    }
+
+    #[test]
+    fn a_world_of_no_processes_is_refused() {
+        let env = env_of(&[("WORLD_SIZE", "0"), ("RANK", "0")]);
+        let err = Launch::resolve(&LaunchFlags::default(), &env)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("WORLD_SIZE") && err.contains("at least one"),
+            "{err}"
+        );
+        let one = env_of(&[("WORLD_SIZE", "1"), ("RANK", "0")]);
+        assert_eq!(
+            Launch::resolve(&LaunchFlags::default(), &one).unwrap(),
+            None
+        );
     }
 
     #[test]
