@@ -111,7 +111,9 @@ fn labels_bom_and_crlf_are_read_as_hf_reads_them() {
 #[test]
 fn an_enormous_line_is_cut_before_it_is_tokenized() {
     let dir = scratch("data", "huge");
-    let line = serde_json::json!({"prompt": "x".repeat(50_000_000), "completion": "Y"}).to_string();
+    // Text: every token learned, so the cut sample still teaches (data
+    // that teaches nothing is refused).
+    let line = serde_json::json!({"text": "x".repeat(50_000_000)}).to_string();
     let data = write(&dir, "huge.jsonl", &format!("{line}\n"));
     let tokenizer =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizer/tokenizer.json");

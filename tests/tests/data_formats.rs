@@ -115,13 +115,7 @@ fn bad_rows_and_files_are_errors_naming_them() {
     let fake = dir.join("fake.parquet");
     std::fs::copy(fixture("rows.jsonl"), &fake).unwrap();
     let t = Tokenizer::bytes();
-    let reader = Reader {
-        tokenizer: Some(&t),
-        eos: Some(BYTE_EOS),
-        vocab: BYTE_VOCAB,
-        chat: None,
-        max_tokens: None,
-    };
+    let reader = byte_reader(&t);
     let err = reader.read_path(&fake).unwrap_err().to_string();
     assert!(
         err.contains("fake.parquet: not a readable Parquet file"),
@@ -175,6 +169,17 @@ fn bad_rows_and_files_are_errors_naming_them() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A reader of byte-tokenized rows, with no chat template or cut.
+fn byte_reader(t: &Tokenizer) -> Reader<'_> {
+    Reader {
+        tokenizer: Some(t),
+        eos: Some(BYTE_EOS),
+        vocab: BYTE_VOCAB,
+        chat: None,
+        max_tokens: None,
+    }
+}
+
 /// Writes a Parquet file of one column `text` stored as plain bytes (no
 /// string type), as a writer that forgets the UTF-8 annotation leaves it.
 fn binary_text_parquet(path: &Path) {
@@ -208,13 +213,7 @@ fn a_binary_parquet_column_is_refused_naming_it_and_the_row() {
     let path = dir.join("binary.parquet");
     binary_text_parquet(&path);
     let t = Tokenizer::bytes();
-    let reader = Reader {
-        tokenizer: Some(&t),
-        eos: Some(BYTE_EOS),
-        vocab: BYTE_VOCAB,
-        chat: None,
-        max_tokens: None,
-    };
+    let reader = byte_reader(&t);
     let err = reader.read_path(&path).unwrap_err().to_string();
     assert!(
         err.contains("binary.parquet: row 1: column `text` is binary"),
