@@ -15,6 +15,7 @@ use hlo_engine::{
     StopFlag, TrainSummary,
 };
 use hlo_report::{EventWriter, LossCurves};
+use indicatif::ProgressBar;
 
 use crate::args::{
     ChatArgs, DTypeArg, DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs, TokenizerArgs,
@@ -157,9 +158,9 @@ pub enum ObjectiveArg {
 
 /// The engine's run of these flags; `given` (clap ids) are the settings
 /// the command line chose, which a resumed run must agree with.
-fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> Result<RunSpec> {
+fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
     let quantize = args.quantize.nf4();
-    Ok(RunSpec {
+    RunSpec {
         model: args.model.source(),
         tokenizer: args.tokenizer.tokenizer.clone(),
         quantize,
@@ -205,7 +206,7 @@ fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> Result<RunSpec> {
         trace_values: args.trace_values.clone(),
         peak_tflops: args.peak_tflops,
         chosen: Chosen::Only(given.iter().map(|id| id.replace('_', "-")).collect()),
-    })
+    }
 }
 
 /// The run's name for TensorBoard: its `--out` folder's name, else when it
@@ -225,18 +226,14 @@ fn run_name(out: Option<&std::path::Path>) -> String {
 /// What the run shows and writes, on process 0: progress, the metrics
 /// file, TensorBoard, the loss chart and the recipe (a resumed run's as it
 /// was saved, unless given anew).
-fn hooks(run: &Run, argv: &[OsString]) -> Result<(HookList, Progress)> {
+/// Also returns the progress bar, to abandon when the run fails.
+fn hooks(run: &Run, argv: &[OsString]) -> Result<(HookList, ProgressBar)> {
     let report = &run.spec().report;
     let log_every = report.log_every;
     let mut hooks = HookList::default();
     let progress = Progress::new(run.spec().steps, run.session().steps_done(), log_every);
-    hooks.add(
-        "progress",
-        Progress {
-            bar: progress.bar.clone(),
-            log_every,
-        },
-    );
+    let bar = progress.bar.clone();
+    hooks.add("progress", progress);
     if let Some(path) = &report.metrics {
         hooks.add("metrics", MetricsFile::open(path, run.resumed())?);
     }
@@ -261,11 +258,11 @@ fn hooks(run: &Run, argv: &[OsString]) -> Result<(HookList, Progress)> {
         let command = TrainArgs::augment_args(clap::Command::new("train"));
         hooks.add("recipe", RecipeFile::new(command, argv)?);
     }
-    Ok((hooks, progress))
+    Ok((hooks, bar))
 }
 
 pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Result<()> {
-    let mut run = Run::new(spec(&args, given)?)?.with_stop(StopFlag::on_signals());
+    let mut run = Run::new(spec(&args, given))?.with_stop(StopFlag::on_signals());
     let main = run.is_main();
     if let Some(dir) = args.dump_hlo.as_ref().filter(|_| main) {
         dump_hlo::write_texts(
@@ -303,10 +300,8 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
         return Ok(());
     }
     print_header(&run)?;
-    let (mut hooks, progress) = hooks(&run, argv)?;
-    let summary = run
-        .train(&mut hooks)
-        .inspect_err(|_| progress.bar.abandon())?;
+    let (mut hooks, bar) = hooks(&run, argv)?;
+    let summary = run.train(&mut hooks).inspect_err(|_| bar.abandon())?;
     print_summary(&run, &summary);
     show("after", &run)
 }
