@@ -309,6 +309,23 @@ impl RunSpec {
         }
     }
 
+    /// The settings of the run saved in `dir` (a run folder, or the
+    /// adapter folder holding its `train_state/`), None when `dir` holds no
+    /// saved run: what a command that reads the run's adapter (`eval`,
+    /// `generate`, `serve`, `merge`) computes with where its own flags
+    /// are silent, so it scores and completes as the run did.
+    pub fn saved_in(dir: &Path) -> Result<Option<RunSpec>> {
+        let Some(saved) = crate::checkpoint::saved_settings(dir)? else {
+            return Ok(None);
+        };
+        let mut spec = RunSpec {
+            chosen: Chosen::Only(BTreeSet::new()),
+            ..RunSpec::default()
+        };
+        spec.merge_saved(&saved)?;
+        Ok(Some(spec))
+    }
+
     /// The same spec ending at `steps`, chosen (so a resumed run takes it
     /// over the saved step count: a constant schedule may be extended).
     pub fn with_steps(mut self, steps: i64) -> RunSpec {

@@ -9,7 +9,6 @@ use clap::{Args, ValueEnum};
 use hlo_engine::backend::refuse_cpu_across_processes;
 use hlo_engine::hub::{self, HubFiles};
 use hlo_engine::ir::DType;
-use hlo_engine::model::quantized_config;
 use hlo_engine::models::attention::AttentionKind;
 use hlo_engine::models::decoder::{LoraConfig, ModelConfig};
 use hlo_engine::models::nf4::Nf4Config;
@@ -165,7 +164,8 @@ pub fn hub_chat_template(s: &str) -> Result<PathBuf, String> {
 pub struct RecipeArgs {
     /// A YAML file of settings, one key per flag (`lora_rank: 8` or
     /// `lora-rank: 8`); flags on the command line win over its keys.
-    /// `train --out DIR` writes the run's own as DIR/recipe.yaml.
+    /// `train --out DIR` writes the run's own as DIR/recipe.yaml, which
+    /// `--recipe DIR` reads.
     #[arg(long)]
     pub recipe: Option<PathBuf>,
 }
@@ -176,9 +176,9 @@ pub struct ModelArgs {
     /// Model preset (random weights; the exact HF config): tiny,
     /// llama3.2-1b, llama3.2-3b, llama3.1-8b, llama3.1-70b, llama3.1-405b,
     /// qwen2.5-0.5b, qwen2.5-7b, qwen3-0.6b, qwen3-8b, mistral-7b,
-    /// gemma3-270m, gemma3-1b.
-    #[arg(long, default_value = "tiny")]
-    pub model: String,
+    /// gemma3-270m, gemma3-1b (default: tiny).
+    #[arg(long)]
+    pub model: Option<String>,
 
     /// HF model folder: config.json + *.safetensors (+ index); or a hub
     /// id ORG/NAME[@REVISION], read from the HF cache (downloaded there
@@ -261,13 +261,6 @@ impl QuantizeArgs {
             double_quant: self.double_quant,
         })
     }
-
-    /// `config` (of the model called `name`) as these flags leave it: a
-    /// bitsandbytes checkpoint read as it is stored, a full-precision one
-    /// quantized when asked.
-    pub fn config(&self, config: &ModelConfig, name: &str) -> Result<ModelConfig> {
-        Ok(quantized_config(config, name, self.nf4())?)
-    }
 }
 
 /// `--dtype`.
@@ -305,7 +298,9 @@ impl ModelArgs {
         match (&self.checkpoint, &self.config) {
             (Some(dir), _) => ModelSource::Checkpoint(dir.clone()),
             (None, Some(path)) => ModelSource::Config(path.clone()),
-            (None, None) => ModelSource::Preset(self.model.clone()),
+            (None, None) => {
+                ModelSource::Preset(self.model.clone().unwrap_or_else(|| "tiny".into()))
+            }
         }
     }
 }

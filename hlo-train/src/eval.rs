@@ -6,15 +6,14 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
-use hlo_engine::checkpoint::saved_settings;
 use hlo_engine::data::eval_batches;
 use hlo_engine::models::adapter::Adapter;
-use hlo_engine::models::nf4::Nf4Config;
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::{Backend, Dataset, Evaluator};
+use hlo_engine::{Backend, Dataset, Evaluator, Model};
 use serde_json::json;
 
-use crate::args::{open_model, ChatArgs, DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};
+use crate::args::{ChatArgs, DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};
+use crate::saved_run::{attention_for, AdapterRuns, AttentionArgs};
 
 #[derive(Args, Debug)]
 pub struct EvalArgs {
@@ -36,12 +35,17 @@ pub struct EvalArgs {
     #[command(flatten)]
     pub plugin: PluginArgs,
 
+    #[command(flatten)]
+    pub attention: AttentionArgs,
+
     /// Device mesh for the weights (default dp=1,fsdp=N,mp=1 over
     /// --devices).
     #[arg(long)]
     pub mesh: Option<Mesh>,
 
-    /// A PEFT adapter folder or hub id, applied unmerged.
+    /// A PEFT adapter folder or hub id, applied unmerged. A run folder
+    /// (with `train_state/`) also gives the base, tokenizer, NF4, dtype
+    /// and attention its run used, where their flags are not given.
     #[arg(long, value_parser = crate::args::hub_adapter)]
     pub adapter: Option<PathBuf>,
 
@@ -63,29 +67,17 @@ pub struct EvalArgs {
     pub json: bool,
 }
 
-/// The NF4 base to score on: `--quantize`'s, else that of the run whose
-/// adapter `--adapter` names (a QLoRA run's adapter is scored on the NF4
-/// base it was trained on, as its own held-out loss was).
-fn nf4(args: &EvalArgs) -> Result<Option<Nf4Config>> {
-    if args.quantize.quantize.is_some() {
-        return Ok(args.quantize.nf4());
-    }
-    let Some(saved) = args
-        .adapter
-        .as_deref()
-        .map(saved_settings)
-        .transpose()?
-        .flatten()
-    else {
-        return Ok(None);
-    };
-    let nf4 = saved.get("quantize").and_then(|q| q.as_str()) == Some("nf4");
-    let double_quant = saved.get("double-quant").and_then(|d| d.as_bool()) == Some(true);
-    Ok(nf4.then_some(Nf4Config { double_quant }))
-}
-
 pub fn run(args: &EvalArgs) -> Result<()> {
-    let model = open_model(&args.model, &args.tokenizer)?.quantized(nf4(args)?)?;
+    // Whatever the flags leave open is as the adapter's run computed it
+    // (a QLoRA run's adapter is scored on its NF4 base, as its own
+    // held-out loss was).
+    let runs = AdapterRuns::read(args.adapter.as_deref())?;
+    let model = Model::open(&args.model.source_for(&runs)?)?
+        .with_tokenizer_file(args.tokenizer.tokenizer_for(&runs)?)
+        .quantized(args.quantize.nf4_for(&runs)?)?;
+    let dtype = args.dtype.dtype_for(args.plugin.is_cpu(), &runs)?;
+    let attention = attention_for(args.attention.spec(), args.seq, &runs)?;
+    runs.announce("eval");
     let adapter = match &args.adapter {
         Some(dir) => Some(Adapter::load(dir, &model.config)?),
         None => None,
@@ -94,13 +86,12 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     let spec = args.chat.spec(Some(args.data.clone()), args.seq);
     let data = Dataset::read(&model, &spec, 0)?;
     let backend = Backend::open(&args.plugin.backend(args.mesh.as_ref()))?;
-    let dtype = args.dtype.dtype(args.plugin.is_cpu());
     let evaluator = Evaluator::new(
         backend,
         &model,
         dtype,
-        args.batch,
-        args.seq,
+        (args.batch, args.seq),
+        attention,
         adapter.as_ref(),
     )?;
     let batches = eval_batches(&data.examples, seq, args.batch as usize);

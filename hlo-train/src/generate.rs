@@ -16,6 +16,7 @@ use hlo_engine::{Backend, Generator, Mode, Model, Sampling, Timings};
 use serde_json::Value;
 
 use crate::args::{parse_ids, DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};
+use crate::saved_run::AdapterRuns;
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
@@ -35,7 +36,9 @@ pub struct GenerateArgs {
     pub plugin: PluginArgs,
 
     /// A PEFT adapter folder or hub id; give it several times to compare
-    /// completions.
+    /// completions. A run folder (with `train_state/`) also gives the
+    /// base, tokenizer, NF4 and dtype its run used, where their flags are
+    /// not given.
     #[arg(long, value_parser = crate::args::hub_adapter)]
     pub adapter: Vec<PathBuf>,
 
@@ -122,14 +125,18 @@ pub struct GenerateArgs {
 
 pub fn run(args: &GenerateArgs) -> Result<()> {
     check_sampling(args)?;
-    let model = args.quantize.apply(Model::open(&args.model.source())?)?;
+    // What the flags leave open is as the adapters' run computed it.
+    let runs = AdapterRuns::read(args.adapter.iter().map(PathBuf::as_path))?;
+    let model =
+        Model::open(&args.model.source_for(&runs)?)?.quantized(args.quantize.nf4_for(&runs)?)?;
     let config = &model.config;
-    let tokenizer = model.tokenizer(args.tokenizer.tokenizer.as_deref())?;
+    let tokenizer = model.tokenizer(args.tokenizer.tokenizer_for(&runs)?.as_deref())?;
+    let dtype = args.dtype.dtype_for(args.plugin.is_cpu(), &runs)?;
+    runs.announce("generate");
     let chat = chat_template(args, &model)?;
     let requests = read_requests(args, tokenizer.as_ref(), chat.as_ref())?;
     check_prompts(&requests, config, args.max_new_tokens)?;
     let backend = Backend::open(&args.plugin.backend(args.mesh.as_ref()))?;
-    let dtype = args.dtype.dtype(args.plugin.is_cpu());
     model.check_weights()?;
     let adapters: Vec<Option<Adapter>> = if args.adapter.is_empty() {
         vec![None]

@@ -20,6 +20,7 @@ mod outputs;
 mod plan;
 mod plot;
 mod recipe;
+mod saved_run;
 mod serve;
 mod train;
 

@@ -11,17 +11,24 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use hlo_engine::ir::{DType, Literal};
+use hlo_engine::model::quantized_config;
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::checkpoint::Checkpoint;
 use hlo_engine::models::io::{copy_side_files, write_atomic, write_safetensors};
 use hlo_engine::models::nf4::{self, Nf4Tensor};
+use hlo_engine::ModelSource;
+
+use crate::args::ModelArgs;
+use crate::saved_run::AdapterRuns;
 
 #[derive(Args, Debug)]
 pub struct MergeArgs {
-    /// HF model folder (or hub id) of the base model.
+    /// HF model folder (or hub id) of the base model (default: the
+    /// checkpoint the adapter's run trained on).
     #[arg(long, value_parser = crate::args::hub_model)]
-    pub checkpoint: PathBuf,
-    /// PEFT adapter folder or hub id.
+    pub checkpoint: Option<PathBuf>,
+    /// PEFT adapter folder or hub id. A run folder (with `train_state/`)
+    /// also gives its base and NF4 where their flags are not given.
     #[arg(long, value_parser = crate::args::hub_adapter)]
     pub adapter: PathBuf,
     /// Output folder (config.json, model.safetensors, tokenizer files).
@@ -32,13 +39,45 @@ pub struct MergeArgs {
     pub quantize: crate::args::QuantizeArgs,
 }
 
+/// `--checkpoint`, else the checkpoint of the adapter's run.
+fn base(args: &MergeArgs, runs: &AdapterRuns) -> Result<PathBuf> {
+    if let Some(dir) = &args.checkpoint {
+        return Ok(dir.clone());
+    }
+    if runs.is_empty() {
+        bail!(
+            "--checkpoint is needed: the base model's folder (or hub id) to merge {} into",
+            args.adapter.display()
+        );
+    }
+    let model = ModelArgs {
+        model: None,
+        checkpoint: None,
+        config: None,
+    };
+    match model.source_for(runs)? {
+        ModelSource::Checkpoint(dir) => Ok(dir),
+        ModelSource::Preset(name) => bail!(
+            "--checkpoint is needed: the adapter's run trained on the {name} preset, whose random weights are not saved"
+        ),
+        ModelSource::Config(path) => bail!(
+            "--checkpoint is needed: the adapter's run trained on random weights from {}",
+            path.display()
+        ),
+    }
+}
+
 pub fn run(args: &MergeArgs) -> Result<()> {
-    let mut ckpt = Checkpoint::open(&args.checkpoint)?;
-    // The base the adapter was trained on: NF4 when stored so or asked for.
-    let name = args.checkpoint.display().to_string();
-    ckpt.config = args.quantize.config(&ckpt.config, &name)?;
+    let runs = AdapterRuns::read([args.adapter.as_path()])?;
+    let checkpoint = base(args, &runs)?;
+    let mut ckpt = Checkpoint::open(&checkpoint)?;
+    // The base the adapter was trained on: NF4 when stored so, asked for,
+    // or as the adapter's run held it.
+    let name = checkpoint.display().to_string();
+    ckpt.config = quantized_config(&ckpt.config, &name, args.quantize.nf4_for(&runs)?)?;
+    runs.announce("merge");
     let adapter = Adapter::load(&args.adapter, &ckpt.config)?;
-    if args.out.exists() && args.out.canonicalize()? == args.checkpoint.canonicalize()? {
+    if args.out.exists() && args.out.canonicalize()? == checkpoint.canonicalize()? {
         bail!("--out must differ from --checkpoint");
     }
     std::fs::create_dir_all(&args.out)
@@ -84,7 +123,7 @@ pub fn run(args: &MergeArgs) -> Result<()> {
         tensors.push((name, merged));
     }
     write_safetensors(&args.out.join("model.safetensors"), &tensors)?;
-    let config = args.checkpoint.join("config.json");
+    let config = checkpoint.join("config.json");
     let mut bytes =
         std::fs::read(&config).with_context(|| format!("cannot read {}", config.display()))?;
     if nf4.is_some() {
@@ -108,7 +147,7 @@ pub fn run(args: &MergeArgs) -> Result<()> {
         bytes = serde_json::to_string_pretty(&json)?.into_bytes();
     }
     write_atomic(&args.out.join("config.json"), &bytes)?;
-    copy_side_files(&args.checkpoint, &args.out)?;
+    copy_side_files(&checkpoint, &args.out)?;
     eprintln!(
         "wrote {} ({} tensors, adapter folded in with scale {scale})",
         args.out.display(),

@@ -79,8 +79,16 @@ fn recipe_path(args: &[OsString]) -> Option<OsString> {
     None
 }
 
-/// A recipe file's keys and values, in file order.
+/// A recipe file's keys and values, in file order. A folder is a run's:
+/// its `recipe.yaml` (so `plan --recipe RUN` plans the step RUN took).
 fn read(path: &Path) -> Result<Vec<(String, Value)>> {
+    let file;
+    let path = if path.is_dir() {
+        file = path.join("recipe.yaml");
+        file.as_path()
+    } else {
+        path
+    };
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read recipe {}", path.display()))?;
     let value: serde_norway::Value = serde_norway::from_str(&text)

@@ -10,10 +10,11 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use hlo_engine::models::decoder::LoraSelect;
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::{Batcher, BatcherOptions};
+use hlo_engine::{Batcher, BatcherOptions, Model};
 use hlo_serve::ServerConfig;
 
-use crate::args::{open_model, DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};
+use crate::args::{DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};
+use crate::saved_run::AdapterRuns;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LoraSelectArg {
@@ -53,7 +54,9 @@ pub struct ServeArgs {
     pub served_model_name: Option<String>,
 
     /// An adapter to serve, `NAME=DIR` (a PEFT folder or hub id); repeat
-    /// for more.
+    /// for more. Run folders (with `train_state/`) also give the base,
+    /// tokenizer, NF4 and dtype their runs used, where their flags are not
+    /// given.
     #[arg(long, value_parser = adapter_arg)]
     pub adapter: Vec<(String, PathBuf)>,
 
@@ -142,11 +145,16 @@ fn adapter_arg(s: &str) -> Result<(String, PathBuf), String> {
 }
 
 pub fn run(args: &ServeArgs) -> Result<()> {
-    let model = args
-        .quantize
-        .apply(open_model(&args.model, &args.tokenizer)?)?;
+    // What the flags leave open is as the adapters' run computed it.
+    let runs = AdapterRuns::read(args.adapter.iter().map(|(_, dir)| dir.as_path()))?;
+    let tokenizer_file = args.tokenizer.tokenizer_for(&runs)?;
+    let model = Model::open(&args.model.source_for(&runs)?)?
+        .with_tokenizer_file(tokenizer_file.clone())
+        .quantized(args.quantize.nf4_for(&runs)?)?;
+    let dtype = args.dtype.dtype_for(args.plugin.is_cpu(), &runs)?;
+    runs.announce("serve");
     let config = model.config.clone();
-    let tokenizer = model.tokenizer(args.tokenizer.tokenizer.as_deref())?;
+    let tokenizer = model.tokenizer(tokenizer_file.as_deref())?;
     // A checkpoint without a template serves completions only.
     let chat_template = model.chat_template(args.chat_template.as_deref())?;
     let model_name = match &args.served_model_name {
@@ -186,7 +194,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             LoraSelectArg::Gather => Some(LoraSelect::Gather),
             LoraSelectArg::OneHot => Some(LoraSelect::OneHot),
         },
-        dtype: args.dtype.dtype(args.plugin.is_cpu()),
+        dtype,
         max_num_batched_tokens: args.max_num_batched_tokens as usize,
         background_compile: true,
         prefix_caching: !args.no_prefix_caching,

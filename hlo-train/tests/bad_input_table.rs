@@ -41,6 +41,17 @@ fn with_header(edit: impl Fn(&mut Value)) -> Vec<u8> {
     out
 }
 
+/// A PEFT adapter folder (the QLoRA fixture's) with no run beside it.
+fn adapter_without_run(root: &Path) -> String {
+    let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/qlora/llama/adapter");
+    let to = root.join("adapter");
+    std::fs::create_dir_all(&to).unwrap();
+    for f in ["adapter_config.json", "adapter_model.safetensors"] {
+        std::fs::copy(from.join(f), to.join(f)).unwrap();
+    }
+    to.to_str().unwrap().to_string()
+}
+
 /// The fixture's safetensors with raw header bytes.
 fn raw_header(header: &[u8]) -> Vec<u8> {
     let mut out = (header.len() as u64).to_le_bytes().to_vec();
@@ -441,6 +452,18 @@ fn bad_input_table() {
         (
             "serve: an adapter folder that is missing",
             serve(&["--adapter", &format!("support={r}/no-adapter")]),
+        ),
+        (
+            "merge: no --checkpoint, and an adapter without its run",
+            [
+                "merge",
+                "--adapter",
+                &adapter_without_run(&root),
+                "--out",
+                &format!("{r}/merged"),
+            ]
+            .map(String::from)
+            .to_vec(),
         ),
         (
             "serve: --max-model-len above the model's positions",

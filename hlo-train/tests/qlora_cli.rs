@@ -254,8 +254,16 @@ fn greedy_tokens_on_the_nf4_base_equal_hf_generate() {
     }
 }
 
+/// What eval prints for `args` (with --json).
+fn eval_loss(args: &[&str]) -> f64 {
+    let mut a = vec!["eval", "--json"];
+    a.extend(args);
+    let v: serde_json::Value = serde_json::from_str(&ok(&hlo_train(&a))).unwrap();
+    v["eval_loss"].as_f64().unwrap()
+}
+
 #[test]
-fn eval_with_quantize_gives_the_qlora_runs_own_eval_loss() {
+fn a_qlora_runs_adapter_is_read_with_its_runs_settings_by_eval_generate_and_merge() {
     let dir = scratch("qlora", "eval");
     let (out, data, metrics) = (dir.join("run"), dir.join("rows.jsonl"), dir.join("m.jsonl"));
     let rows: Vec<String> = (0..6)
@@ -269,61 +277,100 @@ fn eval_with_quantize_gives_the_qlora_runs_own_eval_loss() {
     std::fs::write(&data, rows.join("\n") + "\n").unwrap();
     let (ckpt, out_s) = (qlora("llama"), out.to_str().unwrap().to_string());
     let (data_s, metrics_s) = (data.to_str().unwrap(), metrics.to_str().unwrap());
-    let common = [
-        "--checkpoint",
-        ckpt.to_str().unwrap(),
-        "--seq",
-        "16",
-        "--batch",
-        "2",
-    ];
+    let ckpt_s = ckpt.to_str().unwrap();
+    let shape = ["--seq", "16", "--batch", "2"];
     let mut train = vec!["train", "--quantize", "nf4", "--steps", "3", "--lr", "1e-2"];
-    train.extend(common);
+    train.extend(["--checkpoint", ckpt_s]);
+    train.extend(shape);
     train.extend(["--data", data_s, "--eval-data", data_s, "--out", &out_s]);
     train.extend(["--metrics", metrics_s]);
     ok(&hlo_train(&train));
     let (step, want) = *metric(&metrics, "eval_loss").last().unwrap();
     assert_eq!(step, 3);
-    let eval = |quantize: bool| -> f64 {
-        let mut a = vec!["eval", "--adapter", &out_s, "--data", data_s, "--json"];
-        a.extend(common);
-        if quantize {
-            a.extend(["--quantize", "nf4"]);
-        }
-        let o = hlo_train(&a);
-        ok(&o);
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        v["eval_loss"].as_f64().unwrap()
-    };
-    let got = eval(true);
+    let mut given = vec!["--adapter", &out_s, "--data", data_s];
+    given.extend(shape);
+    let mut flags = given.clone();
+    flags.extend(["--checkpoint", ckpt_s, "--quantize", "nf4"]);
+    let got = eval_loss(&flags);
     assert!(
         (got - want).abs() < 1e-5,
         "eval {got} against the run's {want}"
     );
-    // Without it, the base the run beside the adapter was trained on.
-    let default = eval(false);
+    // Without them, the base (checkpoint and NF4) the run beside the
+    // adapter was trained on, said on stderr.
+    let default = eval_loss(&given);
     assert!(
         (default - want).abs() < 1e-5,
         "eval {default} against {want}"
     );
+    let mut a = vec!["eval"];
+    a.extend(&given);
+    let e = stderr(&hlo_train(&a));
+    assert!(
+        e.contains("--quantize nf4") && e.contains("qlora/llama"),
+        "{e}"
+    );
+
+    // generate: the same greedy tokens as with the flags repeated.
+    let generate = |extra: &[&str]| {
+        let mut a = vec!["generate", "--adapter", &out_s, "--prompt-ids", "1,5,9,13"];
+        a.extend(["--max-new-tokens", "6"]);
+        a.extend(extra);
+        ok(&hlo_train(&a))
+    };
+    assert_eq!(
+        generate(&[]),
+        generate(&["--checkpoint", ckpt_s, "--quantize", "nf4"])
+    );
+    // merge: the run's checkpoint and NF4, byte for byte.
+    let (m1, m2) = (dir.join("m1"), dir.join("m2"));
+    ok(&hlo_train(&[
+        "merge",
+        "--adapter",
+        &out_s,
+        "--out",
+        m1.to_str().unwrap(),
+    ]));
+    let mut a = vec!["merge", "--adapter", &out_s, "--out", m2.to_str().unwrap()];
+    a.extend(["--checkpoint", ckpt_s, "--quantize", "nf4"]);
+    ok(&hlo_train(&a));
+    for f in ["model.safetensors", "config.json"] {
+        assert_eq!(
+            std::fs::read(m1.join(f)).unwrap(),
+            std::fs::read(m2.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    // plan: the run's step from its recipe (NF4 base, rows of 16).
+    let plan: serde_json::Value =
+        serde_json::from_str(&ok(&hlo_train(&["plan", "--recipe", &out_s, "--json"]))).unwrap();
+    assert_eq!(plan["seq"], 16, "{plan}");
+    assert!(
+        plan["per_device"]["nf4_weights_bytes"].as_u64().unwrap() > 0,
+        "{plan}"
+    );
+    // Adapters of runs that differ in a setting not given are refused.
+    let other = dir.join("other");
+    let mut a = vec!["train", "--steps", "1", "--checkpoint", ckpt_s];
+    a.extend(shape);
+    a.extend(["--data", data_s, "--out", other.to_str().unwrap()]);
+    ok(&hlo_train(&a));
+    let mut a = vec!["generate", "--adapter", &out_s, "--adapter"];
+    a.extend([other.to_str().unwrap(), "--prompt-ids", "1,5"]);
+    let line = one_line_error(&hlo_train(&a));
+    assert!(line.contains("differ in --quantize"), "{line}");
+    a.extend(["--quantize", "nf4"]);
+    ok(&hlo_train(&a));
+
     // An adapter without its run: the f32 base, another number.
     let bare = dir.join("bare");
     std::fs::create_dir_all(&bare).unwrap();
     for f in ["adapter_config.json", "adapter_model.safetensors"] {
         std::fs::copy(out.join(f), bare.join(f)).unwrap();
     }
-    let mut a = vec![
-        "eval",
-        "--adapter",
-        bare.to_str().unwrap(),
-        "--data",
-        data_s,
-    ];
-    a.extend(common);
-    a.push("--json");
-    let o = hlo_train(&a);
-    ok(&o);
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert!((v["eval_loss"].as_f64().unwrap() - want).abs() > 1e-4);
+    let mut a = vec!["--adapter", bare.to_str().unwrap(), "--data", data_s];
+    a.extend(["--checkpoint", ckpt_s]);
+    a.extend(shape);
+    assert!((eval_loss(&a) - want).abs() > 1e-4);
     std::fs::remove_dir_all(dir).unwrap();
 }

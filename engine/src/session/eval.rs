@@ -4,6 +4,7 @@
 
 use hlo_data::Batch;
 use hlo_models::adapter::Adapter;
+use hlo_models::attention::AttentionKind;
 use hlo_models::decoder::partition_rules;
 use hlo_models::roles::{BatchField, Role};
 use hlo_models::train::{eval_step, TrainConfig};
@@ -144,17 +145,20 @@ pub struct Evaluator {
 
 impl Evaluator {
     /// Compiles the eval step of `model` (with `adapter`, unmerged) for
-    /// batches of `batch` rows of `seq` tokens and places the weights.
+    /// batches of `batch` rows of `seq` tokens, attention computed as
+    /// `attention`, and places the weights.
     pub fn new(
         backend: Backend,
         model: &Model,
         dtype: hlo_ir::DType,
-        batch: i64,
-        seq: i64,
+        (batch, seq): (i64, i64),
+        attention: AttentionKind,
         adapter: Option<&Adapter>,
     ) -> Result<Evaluator> {
         model.check_weights()?;
-        let config = TrainConfig::new(dtype, batch, seq).with_lora(adapter.map(|a| a.lora.clone()));
+        let mut config =
+            TrainConfig::new(dtype, batch, seq).with_lora(adapter.map(|a| a.lora.clone()));
+        config.attention = attention;
         let traced = eval_step(&model.config, &config)?;
         let laid = ShardedStep::new(&traced, backend.mesh(), &partition_rules())?;
         let program = EvalProgram {

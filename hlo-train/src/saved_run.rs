@@ -1,0 +1,235 @@
+//! The run behind an adapter: a run folder holds its adapter and its
+//! `train_state/`, whose settings say how the run computed (base model,
+//! tokenizer, NF4, dtype, attention). The commands that read an adapter
+//! (`eval`, `generate`, `serve`, `merge`) take those where their own flags
+//! are silent, so `eval --adapter RUN` scores what the run's own held-out
+//! loss scored, and say on stderr what they took.
+
+use std::cell::RefCell;
+use std::fmt::Debug;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+use clap::Args;
+use hlo_engine::ir::DType;
+use hlo_engine::models::attention::AttentionKind;
+use hlo_engine::models::nf4::Nf4Config;
+use hlo_engine::spec::{AttentionChoice, StepSpec};
+use hlo_engine::{ModelSource, RunSpec};
+
+use crate::args::{AttentionArg, DtypeArgs, ModelArgs, QuantizeArgs, TokenizerArgs};
+
+/// The saved runs of the adapters a command reads (those without a
+/// `train_state/` have none), and the settings taken from them so far.
+pub struct AdapterRuns {
+    runs: Vec<(PathBuf, RunSpec)>,
+    taken: RefCell<Vec<String>>,
+}
+
+impl AdapterRuns {
+    /// Reads the saved run, if any, beside each of `adapters`.
+    pub fn read<'a>(adapters: impl IntoIterator<Item = &'a Path>) -> Result<AdapterRuns> {
+        let mut runs = Vec::new();
+        for dir in adapters {
+            if let Some(spec) = RunSpec::saved_in(dir)? {
+                runs.push((dir.to_path_buf(), spec));
+            }
+        }
+        Ok(AdapterRuns {
+            runs,
+            taken: RefCell::new(Vec::new()),
+        })
+    }
+
+    /// No adapter has a saved run.
+    pub fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    /// The runs' `setting`, read by `get`: None without a run; refused
+    /// when two adapters' runs differ in it (the caller's flag decides).
+    fn agreed<T: PartialEq + Debug>(
+        &self,
+        setting: &str,
+        get: impl Fn(&RunSpec) -> T,
+        show: impl Fn(&T) -> String,
+    ) -> Result<Option<T>> {
+        let Some((first_dir, first)) = self.runs.first() else {
+            return Ok(None);
+        };
+        let value = get(first);
+        let label = |v: &T| match show(v) {
+            t if t.is_empty() => "none".to_string(),
+            t => t,
+        };
+        for (dir, spec) in &self.runs[1..] {
+            let other = get(spec);
+            if other != value {
+                bail!(
+                    "the adapters' runs differ in --{setting}: {} in {}, {} in {}; give --{setting} to choose",
+                    label(&value),
+                    first_dir.display(),
+                    label(&other),
+                    dir.display()
+                );
+            }
+        }
+        // Nothing to say of a setting the run left at its default.
+        let shown = show(&value);
+        if !shown.is_empty() {
+            self.taken.borrow_mut().push(format!("--{setting} {shown}"));
+        }
+        Ok(Some(value))
+    }
+
+    /// One line on stderr naming every setting taken from the runs.
+    pub fn announce(&self, command: &str) {
+        let taken = self.taken.borrow();
+        if let (Some((dir, _)), false) = (self.runs.first(), taken.is_empty()) {
+            eprintln!(
+                "{command}: as the run in {} computed: {}",
+                dir.display(),
+                taken.join(" ")
+            );
+        }
+    }
+}
+
+impl ModelArgs {
+    /// The model these flags name, else the adapters' run's base, else
+    /// the tiny preset.
+    pub fn source_for(&self, runs: &AdapterRuns) -> Result<ModelSource> {
+        if self.model.is_some() || self.checkpoint.is_some() || self.config.is_some() {
+            return Ok(self.source());
+        }
+        let setting = |s: &RunSpec| match &s.model {
+            ModelSource::Preset(_) => "model",
+            ModelSource::Config(_) => "config",
+            ModelSource::Checkpoint(_) => "checkpoint",
+        };
+        // Named by the flag that chooses it (every run of one kind agrees on
+        // the kind or the values differ anyway).
+        let kind = runs.runs.first().map_or("model", |(_, s)| setting(s));
+        Ok(runs
+            .agreed(kind, |s| s.model.clone(), show_source)?
+            .unwrap_or_else(|| self.source()))
+    }
+}
+
+fn show_source(s: &ModelSource) -> String {
+    match s {
+        ModelSource::Preset(name) => name.clone(),
+        ModelSource::Config(p) | ModelSource::Checkpoint(p) => p.display().to_string(),
+    }
+}
+
+impl TokenizerArgs {
+    /// `--tokenizer`, else the run's.
+    pub fn tokenizer_for(&self, runs: &AdapterRuns) -> Result<Option<PathBuf>> {
+        if self.tokenizer.is_some() {
+            return Ok(self.tokenizer.clone());
+        }
+        let tokenizer = runs.agreed(
+            "tokenizer",
+            |s| s.tokenizer.clone(),
+            |t| {
+                t.as_ref()
+                    .map_or(String::new(), |p| p.display().to_string())
+            },
+        )?;
+        Ok(tokenizer.flatten())
+    }
+}
+
+impl QuantizeArgs {
+    /// `--quantize`'s NF4, else the base as the run held it.
+    pub fn nf4_for(&self, runs: &AdapterRuns) -> Result<Option<Nf4Config>> {
+        if self.quantize.is_some() {
+            return Ok(self.nf4());
+        }
+        let show = |q: &Option<Nf4Config>| match q {
+            Some(Nf4Config { double_quant: true }) => "nf4 --double-quant".to_string(),
+            Some(_) => "nf4".to_string(),
+            None => String::new(),
+        };
+        Ok(runs.agreed("quantize", |s| s.quantize, show)?.flatten())
+    }
+}
+
+impl DtypeArgs {
+    /// `--dtype`, else the run's, else by plugin (f32 on the CPU).
+    pub fn dtype_for(&self, cpu: bool, runs: &AdapterRuns) -> Result<DType> {
+        if self.dtype.is_some() {
+            return Ok(self.dtype(cpu));
+        }
+        let show = |d: &Option<DType>| d.map_or(String::new(), |d| d.to_string());
+        Ok(runs
+            .agreed("dtype", |s| s.dtype, show)?
+            .flatten()
+            .unwrap_or_else(|| self.dtype(cpu)))
+    }
+}
+
+/// `--attention` and `--attention-block` of a command that reads a run's
+/// adapter (`eval`): unset, they are the run's.
+#[derive(Args, Clone, Debug)]
+pub struct AttentionArgs {
+    /// How attention is computed: `naive`, `blockwise` (memory linear in
+    /// --seq) or auto (blockwise from 256 tokens). Default: the adapter's
+    /// run's, else auto.
+    #[arg(long, value_enum)]
+    pub attention: Option<AttentionArg>,
+
+    /// Queries and keys per block of blockwise attention, dividing --seq;
+    /// implies blockwise under --attention auto.
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+    pub attention_block: Option<i64>,
+}
+
+impl AttentionArgs {
+    /// The step settings these flags choose, None when neither is given.
+    pub fn spec(&self) -> Option<StepSpec> {
+        if self.attention.is_none() && self.attention_block.is_none() {
+            return None;
+        }
+        Some(StepSpec {
+            attention: match self.attention {
+                None | Some(AttentionArg::Auto) => AttentionChoice::Auto,
+                Some(AttentionArg::Naive) => AttentionChoice::Naive,
+                Some(AttentionArg::Blockwise) => AttentionChoice::Blockwise,
+            },
+            attention_block: self.attention_block,
+            ..StepSpec::default()
+        })
+    }
+}
+
+/// The attention of rows of `seq` tokens: `flag`'s when given, else as the
+/// run chose it (its form and block), else the default for `seq`.
+pub fn attention_for(
+    flag: Option<StepSpec>,
+    seq: i64,
+    runs: &AdapterRuns,
+) -> Result<AttentionKind> {
+    let step = match flag {
+        Some(step) => step,
+        None => {
+            let chosen = runs.agreed(
+                "attention",
+                |s| (s.step.attention, s.step.attention_block),
+                |(a, b)| match b {
+                    Some(b) => format!("{a:?} --attention-block {b}").to_lowercase(),
+                    None => format!("{a:?}").to_lowercase(),
+                },
+            )?;
+            let mut step = StepSpec::default();
+            if let Some((attention, block)) = chosen {
+                step.attention = attention;
+                step.attention_block = block;
+            }
+            step
+        }
+    };
+    let step = StepSpec { seq, ..step };
+    Ok(step.attention_kind()?)
+}
