@@ -130,8 +130,8 @@ for seq in ${LONG_SEQS:-4096 16384}; do
   while read -r l; do note "$l"; done <"$OUT/torch8b-$seq.txt"
 done
 # cuDNN fused attention (XLA's custom call) is not built yet: the CUDA
-# plugin runs the blockwise form like every other plugin (README, "Long
-# context").
+# plugin runs the blockwise form like every other plugin (docs/training.md, "Long
+# sequences").
 }
 
 step8() {

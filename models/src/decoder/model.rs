@@ -25,7 +25,7 @@ pub struct Decoder<'a> {
     pub lora: Option<&'a LoraConfig>,
     /// Mesh axes the batch is split over. When set, LoRA's `x·A` is
     /// constrained to that layout: without it XLA's SPMD partitioner
-    /// miscomputes `x·W + (x·A)·B` on some meshes (README, "Known XLA issues").
+    /// miscomputes `x·W + (x·A)·B` on some meshes (docs/internals.md, "Known XLA issues").
     pub batch_axes: Vec<String>,
     /// Run the layers as one scan over stacked parameters.
     pub scan_layers: bool,
