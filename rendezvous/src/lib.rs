@@ -19,9 +19,11 @@
 
 pub mod kv;
 pub mod launch;
+pub mod token;
 
-pub use kv::{KvClient, KvError, KvServer, MAX_VALUE_BYTES};
+pub use kv::{KvClient, KvError, KvServer, ServerOptions, MAX_STORED_BYTES, MAX_VALUE_BYTES};
 pub use launch::{
     first_slurm_host, slurm_tasks_on_node, Launch, LaunchError, LaunchFlags, LaunchSource,
     DEFAULT_INIT_TIMEOUT, SLURM_PORT_BASE,
 };
+pub use token::{EmptyToken, RunToken, RUN_TOKEN_ENV};

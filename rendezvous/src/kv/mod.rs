@@ -50,5 +50,5 @@ mod wire;
 
 pub use client::KvClient;
 pub use error::KvError;
-pub use server::KvServer;
-pub use wire::MAX_VALUE_BYTES;
+pub use server::{KvServer, ServerOptions};
+pub use wire::{MAX_STORED_BYTES, MAX_VALUE_BYTES};
