@@ -27,13 +27,15 @@ const EXCLUSIVE: [&[&str]; 2] = [&["model", "config", "checkpoint"], &["jit", "e
 
 /// Flags a written recipe leaves out: where the run's outputs go (the new
 /// run names its own), and clap's own.
-const NOT_RECORDED: [&str; 14] = [
+const NOT_RECORDED: [&str; 15] = [
     "recipe",
     // How this process was launched is not part of the run's recipe.
     "num-processes",
     "process-id",
     "coordinator",
     "init-timeout",
+    // A secret: never written to a file.
+    "run-token",
     "out",
     "overwrite",
     "resume",
@@ -191,6 +193,13 @@ pub fn expand(argv: &[OsString], cli: &clap::Command) -> Result<Vec<OsString>> {
         if flag == "recipe" {
             bail!(
                 "recipe {}: `recipe` cannot be set in a recipe",
+                path.display()
+            );
+        }
+        // Recipes are shared and committed; a secret does not belong there.
+        if flag == "run-token" {
+            bail!(
+                "recipe {}: key `{key}`: a run token is a secret and is not read from a recipe; set HLO_TRAIN_RUN_TOKEN",
                 path.display()
             );
         }
