@@ -418,6 +418,17 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("plugin: cpu\n"), "{text}");
+        // A run token is a secret: never written, whether from the flag or
+        // the environment.
+        let sub = train
+            .clone()
+            .try_get_matches_from(["train", "--run-token", "hunter2"])
+            .unwrap();
+        let text = effective(&train, &sub, &[]);
+        assert!(
+            !text.contains("hunter2") && !text.contains("run_token"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -428,6 +439,10 @@ mod tests {
             ("seq: {a: 1}\n", "key `seq` must be a number"),
             ("- a\n- b\n", "expected a mapping"),
             ("recipe: x.yaml\n", "`recipe` cannot be set"),
+            (
+                "run_token: hunter2\n",
+                "key `run_token`: a run token is a secret and is not read from a recipe",
+            ),
             ("seq: [1, 2\n", "not YAML"),
             ("lr: .inf\n", "key `lr` is .inf, not a finite number"),
             ("lr: -.inf\n", "key `lr` is -.inf"),
