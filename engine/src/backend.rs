@@ -284,7 +284,7 @@ impl Backend {
 /// let launch = Launch {
 ///     num_processes: 16, process_id: 9, local_id: Some(1), local_processes: Some(8),
 ///     coordinator: "node-a:29500".into(), init_timeout: std::time::Duration::from_secs(300),
-///     source: LaunchSource::Torchrun,
+///     source: LaunchSource::Torchrun, run_token: None,
 /// };
 /// let opts = node_options(&launch).options;
 /// assert_eq!(opts[0], ("node_id".to_string(), hlo_engine::runtime::OptionValue::Int64(9)));

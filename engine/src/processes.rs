@@ -25,11 +25,11 @@ use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 
-use hlo_rendezvous::{KvClient, KvError, KvServer};
+use hlo_rendezvous::{KvClient, KvError, KvServer, ServerOptions};
 
 use crate::error::{EngineError, Result};
 
-pub use hlo_rendezvous::{Launch, LaunchError, LaunchFlags, LaunchSource};
+pub use hlo_rendezvous::{Launch, LaunchError, LaunchFlags, LaunchSource, RunToken};
 
 /// The live group: the key-value service's client (and, in process 0, the
 /// service), alive for the whole run.
@@ -77,7 +77,9 @@ fn bind_address(coordinator: &str) -> std::result::Result<SocketAddr, String> {
 impl ProcessGroup {
     /// Meets the other processes: process 0 starts the service on the
     /// coordinator's port, every process connects and waits at a barrier
-    /// until all have, within the launch's timeout. Then a thread watches
+    /// until all have, within the launch's timeout. With a run token, every
+    /// connection proves it first, so a process without it can neither take
+    /// an id nor touch a key. Then a thread watches
     /// the others: a peer that dies ends this process with one line naming
     /// it (a blocked collective could not notice by itself).
     pub fn join(launch: &Launch) -> Result<Arc<ProcessGroup>> {
@@ -87,15 +89,20 @@ impl ProcessGroup {
         };
         let server = if launch.process_id == 0 {
             let bind = bind_address(&launch.coordinator).map_err(EngineError::Coordinator)?;
-            Some(KvServer::start(bind, launch.num_processes).map_err(fail)?)
+            let options = ServerOptions {
+                run_token: launch.run_token.clone(),
+                ..ServerOptions::default()
+            };
+            Some(KvServer::start_with(bind, launch.num_processes, options).map_err(fail)?)
         } else {
             None
         };
-        let kv = KvClient::connect(
+        let kv = KvClient::connect_with_token(
             &launch.coordinator,
             launch.process_id,
             launch.num_processes,
             launch.init_timeout,
+            launch.run_token.clone(),
         )
         .map_err(fail)?;
         kv.barrier("join", launch.init_timeout).map_err(fail)?;

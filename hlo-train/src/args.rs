@@ -14,7 +14,7 @@ use hlo_engine::models::decoder::{LoraConfig, ModelConfig};
 use hlo_engine::models::nf4::Nf4Config;
 use hlo_engine::models::train::TrainConfig;
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::processes::{Launch, LaunchFlags};
+use hlo_engine::processes::{Launch, LaunchFlags, RunToken};
 use hlo_engine::runtime::{PluginKind, PluginSpec};
 use hlo_engine::spec::{
     AttentionChoice, LoraSpec, OptimSpec, OptimizerKind, ScheduleKind, StepSpec,
@@ -39,9 +39,9 @@ pub struct PluginArgs {
     pub processes: ProcessArgs,
 }
 
-/// `--num-processes`, `--process-id`, `--coordinator`, `--init-timeout`:
-/// one run over several processes (each flag over SLURM's or torchrun's
-/// variables).
+/// `--num-processes`, `--process-id`, `--coordinator`, `--init-timeout`,
+/// `--run-token`: one run over several processes (each flag over SLURM's or
+/// torchrun's variables).
 #[derive(Args, Clone, Debug, Default)]
 pub struct ProcessArgs {
     /// Processes in the run (default: SLURM_NTASKS under srun, WORLD_SIZE
@@ -64,6 +64,19 @@ pub struct ProcessArgs {
     /// of another process.
     #[arg(long, default_value_t = 300.0, value_parser = positive_seconds)]
     pub init_timeout: f64,
+
+    /// Secret every process must prove it holds before it joins the run
+    /// (never sent, never printed; default: HLO_TRAIN_RUN_TOKEN, the safer
+    /// place, since a flag shows in the process list). Give every process
+    /// the same one.
+    #[arg(long, value_name = "TOKEN", value_parser = run_token)]
+    pub run_token: Option<RunToken>,
+}
+
+/// `--run-token`'s value; the message never repeats it (it can only be
+/// empty here anyway).
+fn run_token(s: &str) -> Result<RunToken, String> {
+    RunToken::new(s).map_err(|e| e.to_string())
 }
 
 fn positive_seconds(s: &str) -> Result<f64, String> {
@@ -82,6 +95,7 @@ impl ProcessArgs {
             process_id: self.process_id,
             coordinator: self.coordinator.clone(),
             init_timeout: Some(Duration::from_secs_f64(self.init_timeout)),
+            run_token: self.run_token.clone(),
         };
         Ok(Launch::resolve(&flags, |k| std::env::var(k).ok())?)
     }

@@ -27,13 +27,15 @@ const EXCLUSIVE: [&[&str]; 2] = [&["model", "config", "checkpoint"], &["jit", "e
 
 /// Flags a written recipe leaves out: where the run's outputs go (the new
 /// run names its own), and clap's own.
-const NOT_RECORDED: [&str; 14] = [
+const NOT_RECORDED: [&str; 15] = [
     "recipe",
     // How this process was launched is not part of the run's recipe.
     "num-processes",
     "process-id",
     "coordinator",
     "init-timeout",
+    // A secret: never written to a file.
+    "run-token",
     "out",
     "overwrite",
     "resume",
@@ -199,6 +201,13 @@ pub fn expand(argv: &[OsString], cli: &clap::Command) -> Result<Vec<OsString>> {
         if flag == "recipe" {
             bail!(
                 "recipe {}: `recipe` cannot be set in a recipe",
+                path.display()
+            );
+        }
+        // Recipes are shared and committed; a secret does not belong there.
+        if flag == "run-token" {
+            bail!(
+                "recipe {}: key `{key}`: a run token is a secret and is not read from a recipe; set HLO_TRAIN_RUN_TOKEN",
                 path.display()
             );
         }
@@ -417,6 +426,17 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("plugin: cpu\n"), "{text}");
+        // A run token is a secret: never written, whether from the flag or
+        // the environment.
+        let sub = train
+            .clone()
+            .try_get_matches_from(["train", "--run-token", "hunter2"])
+            .unwrap();
+        let text = effective(&train, &sub, &[]);
+        assert!(
+            !text.contains("hunter2") && !text.contains("run_token"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -427,6 +447,10 @@ mod tests {
             ("seq: {a: 1}\n", "key `seq` must be a number"),
             ("- a\n- b\n", "expected a mapping"),
             ("recipe: x.yaml\n", "`recipe` cannot be set"),
+            (
+                "run_token: hunter2\n",
+                "key `run_token`: a run token is a secret and is not read from a recipe",
+            ),
             ("seq: [1, 2\n", "not YAML"),
             ("lr: .inf\n", "key `lr` is .inf, not a finite number"),
             ("lr: -.inf\n", "key `lr` is -.inf"),

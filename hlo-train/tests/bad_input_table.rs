@@ -470,14 +470,84 @@ fn bad_input_table() {
             serve(&["--max-model-len", "4096"]),
         ),
     ];
+    // Launches that only the environment makes bad, and run tokens that do
+    // not fit a coordinator's (one served here, requiring its own token).
+    let guarded = hlo_engine::rendezvous::KvServer::start_with(
+        "127.0.0.1:0".parse().unwrap(),
+        2,
+        hlo_engine::rendezvous::ServerOptions {
+            run_token: Some(hlo_engine::rendezvous::RunToken::new("process-0s-secret").unwrap()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let guarded_at = guarded.local_addr().to_string();
+    let process_1 = |extra: &[&str]| {
+        let mut a: Vec<String> = [
+            "devices",
+            "--num-processes",
+            "2",
+            "--process-id",
+            "1",
+            "--coordinator",
+            &guarded_at,
+        ]
+        .map(String::from)
+        .to_vec();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let torchrun = |rank: &str| {
+        vec![
+            ("WORLD_SIZE", rank_world(rank).1),
+            ("RANK", rank_world(rank).0),
+            ("MASTER_ADDR", "127.0.0.1".to_string()),
+            ("MASTER_PORT", "1".to_string()),
+        ]
+    };
+    let env_cases: Vec<(&str, Vec<String>, Vars)> = vec![
+        (
+            "RANK outside WORLD_SIZE",
+            vec!["devices".into()],
+            torchrun("5/2"),
+        ),
+        (
+            "RANK that is not a whole number",
+            vec!["devices".into()],
+            torchrun("-1/2"),
+        ),
+        (
+            "an empty HLO_TRAIN_RUN_TOKEN",
+            process_1(&[]),
+            vec![("HLO_TRAIN_RUN_TOKEN", String::new())],
+        ),
+        (
+            "no run token where process 0 requires one",
+            process_1(&[]),
+            vec![],
+        ),
+        (
+            "a run token other than process 0's",
+            process_1(&["--run-token", "a-wrong-guess"]),
+            vec![],
+        ),
+    ];
+    let cases = cases
+        .into_iter()
+        .map(|(what, args)| (what, args, Vec::new()))
+        .chain(env_cases);
     let mut rows = vec![
         "| bad input | command | message (exit code 2) |".to_string(),
         "|---|---|---|".to_string(),
     ];
-    for (what, args) in &cases {
+    for (what, args, env) in cases {
         let before: Vec<_> = walk(&root);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = hlo_train_env(&args, &[("HF_HUB_CACHE", &root.join("hf-cache"))]);
+        let cache = root.join("hf-cache");
+        let mut vars: Vec<(&str, &Path)> = vec![("HF_HUB_CACHE", &cache)];
+        // A variable's value as the `&Path` (an `OsStr`) the helper takes.
+        vars.extend(env.iter().map(|(k, v)| (*k, Path::new(v))));
+        let out = hlo_train_env(&args, &vars);
         let err = String::from_utf8_lossy(&out.stderr).trim_end().to_string();
         assert_eq!(out.status.code(), Some(2), "{what}: {err}");
         assert!(
@@ -485,8 +555,14 @@ fn bad_input_table() {
             "{what}: {err}"
         );
         assert_eq!(err.lines().count(), 1, "{what}: {err}");
+        for secret in ["a-wrong-guess", "process-0s-secret"] {
+            assert!(!err.contains(secret), "{what}: a run token was printed");
+        }
         assert_eq!(walk(&root), before, "{what}: files were left behind");
-        let shown = err.replace(&r, "DIR").replace('|', "\\|");
+        let shown = err
+            .replace(&r, "DIR")
+            .replace(&guarded_at, "127.0.0.1:PORT")
+            .replace('|', "\\|");
         let command = args[0];
         // A message quoting names in backticks needs a double-backtick span.
         let fence = if shown.contains('`') { "`` " } else { "`" };
@@ -517,6 +593,15 @@ fn bad_input_table() {
             "the README's bad-input table is stale: run HLO_TRAIN_UPDATE_README=1 cargo test -p hlo-train --test bad_input_table"
         );
     }
+}
+
+/// Environment variables a case sets.
+type Vars = Vec<(&'static str, String)>;
+
+/// `"5/2"`: RANK 5 of WORLD_SIZE 2.
+fn rank_world(spec: &str) -> (String, String) {
+    let (rank, world) = spec.split_once('/').unwrap();
+    (rank.to_string(), world.to_string())
 }
 
 /// Every file under `dir`, sorted.

@@ -1,15 +1,17 @@
 //! Several `hlo-train` processes meeting on loopback, as they do across
 //! nodes: by flags, by SLURM's variables and by torchrun's; a process
-//! alone, a peer that dies, and the CPU plugin's refusal to train across
-//! processes.
+//! alone, a peer that dies, a stranger without the run token, counts that
+//! differ, and the CPU plugin's refusal to train across processes.
 
 mod common;
 
-use std::net::TcpListener;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::one_line_error;
+use hlo_engine::rendezvous::{KvClient, KvError};
 use serde_json::Value;
 
 /// A loopback port nothing listens on now.
@@ -46,6 +48,7 @@ fn spawn(args: &[String], env: &[(String, String)]) -> Child {
         "MASTER_ADDR",
         "MASTER_PORT",
         "TORCHELASTIC_USE_AGENT_STORE",
+        "HLO_TRAIN_RUN_TOKEN",
     ] {
         c.env_remove(v);
     }
@@ -303,4 +306,98 @@ fn training_across_processes_on_the_cpu_is_refused_by_every_process() {
     )])
     .remove(0);
     assert!(one_line_error(&out).contains("needs --coordinator HOST:PORT"));
+}
+
+/// Waits (bounded) until something listens on `addr`.
+fn until_listening(addr: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "process 0 never served {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_stranger_holding_a_process_id_without_the_run_token_does_not_stop_the_run() {
+    let coordinator = format!("127.0.0.1:{}", free_port());
+    let token = vars(&[("HLO_TRAIN_RUN_TOKEN", "run-35-secret".into())]);
+    let args = |k: usize| {
+        strings(&[
+            "devices",
+            "--json",
+            "--num-processes",
+            "2",
+            "--process-id",
+            &k.to_string(),
+            "--coordinator",
+            &coordinator,
+            "--init-timeout",
+            "30",
+        ])
+    };
+    let t0 = Instant::now();
+    let p0 = spawn(&args(0), &token);
+    until_listening(&coordinator);
+    // A stranger that speaks the protocol but holds no token claims
+    // process 1, and is told it needs one...
+    let err = KvClient::connect(&coordinator, 1, 2, Duration::from_secs(5)).unwrap_err();
+    assert!(matches!(err, KvError::TokenRequired { .. }), "{err}");
+    // ...and one that just writes a hello for process 1 and holds its
+    // connection open is closed unheard.
+    let mut raw = TcpStream::connect(&coordinator).expect("connect");
+    raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut hello = vec![1u8, 0, 0, 0, 1];
+    hello.extend_from_slice(&u64::MAX.to_be_bytes());
+    hello.extend_from_slice(&0u32.to_be_bytes());
+    hello.extend_from_slice(&8u64.to_be_bytes());
+    hello.extend_from_slice(b"HKV2");
+    hello.extend_from_slice(&2u32.to_be_bytes());
+    let _ = raw.write_all(&hello);
+    let mut rest = Vec::new();
+    let _ = raw.read_to_end(&mut rest);
+    // The real process 1 then joins, and both finish normally.
+    let p1 = spawn(&args(1), &token);
+    let outs = finish(vec![p0, p1]);
+    check_reports(&outs, 1);
+    assert!(t0.elapsed() < Duration::from_secs(25), "{:?}", t0.elapsed());
+    for out in &outs {
+        let all = [&out.stdout[..], &out.stderr[..]].concat();
+        assert!(
+            !String::from_utf8_lossy(&all).contains("run-35-secret"),
+            "the run token was printed"
+        );
+    }
+    drop(raw);
+}
+
+#[test]
+fn process_counts_that_differ_end_both_processes_at_once_naming_both() {
+    let coordinator = format!("127.0.0.1:{}", free_port());
+    let args = |k: usize, n: usize| {
+        strings(&[
+            "devices",
+            "--num-processes",
+            &n.to_string(),
+            "--process-id",
+            &k.to_string(),
+            "--coordinator",
+            &coordinator,
+            "--init-timeout",
+            "60",
+        ])
+    };
+    let t0 = Instant::now();
+    let p0 = spawn(&args(0, 2), &[]);
+    until_listening(&coordinator);
+    let p1 = spawn(&args(1, 3), &[]);
+    let outs = finish(vec![p0, p1]);
+    // Far within the 60 s either would otherwise wait.
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    for (k, out) in outs.iter().enumerate() {
+        let line = one_line_error(out);
+        assert!(
+            line.contains("process 1 was started for 3 processes but process 0 runs 2"),
+            "process {k}: {line}"
+        );
+    }
 }

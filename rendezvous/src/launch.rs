@@ -21,6 +21,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::token::{RunToken, RUN_TOKEN_ENV};
+
 /// How long processes wait for one another by default.
 pub const DEFAULT_INIT_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -40,6 +42,9 @@ pub struct LaunchFlags {
     pub coordinator: Option<String>,
     /// `--init-timeout`: how long processes wait for one another.
     pub init_timeout: Option<Duration>,
+    /// `--run-token`: the secret every process proves it holds before it
+    /// joins (over `HLO_TRAIN_RUN_TOKEN`).
+    pub run_token: Option<RunToken>,
 }
 
 /// Where the process count came from, for messages.
@@ -83,6 +88,10 @@ pub struct Launch {
     pub init_timeout: Duration,
     /// Where the process count came from.
     pub source: LaunchSource,
+    /// The run token every process must prove it holds (`--run-token`,
+    /// else `HLO_TRAIN_RUN_TOKEN`); `None`: the rendezvous admits any
+    /// process that reaches it.
+    pub run_token: Option<RunToken>,
 }
 
 /// A launch that cannot be made sense of.
@@ -107,7 +116,23 @@ fn parse_u32(name: &str, value: &str) -> Result<u32, LaunchError> {
     value.trim().parse().map_err(|_| LaunchError::BadValue {
         name: name.into(),
         value: value.into(),
-        reason: "not a whole number".into(),
+        reason: "not a whole number (0 or more)".into(),
+    })
+}
+
+/// `id` (of variable `name`) within a count of `n` (of variable `count`).
+fn check_index(name: &str, id: u32, count: &str, n: u32) -> Result<(), LaunchError> {
+    if id < n {
+        return Ok(());
+    }
+    Err(LaunchError::BadValue {
+        name: name.into(),
+        value: id.to_string(),
+        reason: if n == 1 {
+            format!("{count}=1 has only process 0")
+        } else {
+            format!("{count}={n} numbers the processes 0 to {}", n - 1)
+        },
     })
 }
 
@@ -244,8 +269,13 @@ impl Launch {
             }
         };
         if process_id >= num_processes {
+            let name = match (flags.process_id, env_fits) {
+                (None, Some(l)) if l.source == LaunchSource::Torchrun => "RANK",
+                (None, Some(_)) => "SLURM_PROCID",
+                _ => "--process-id",
+            };
             return Err(LaunchError::BadValue {
-                name: "process id".into(),
+                name: name.into(),
                 value: process_id.to_string(),
                 reason: format!(
                     "a run of {num_processes} processes numbers them 0 to {}",
@@ -265,6 +295,19 @@ impl Launch {
                 )))
             }
         };
+        let run_token = match &flags.run_token {
+            Some(t) => Some(t.clone()),
+            None => env(RUN_TOKEN_ENV)
+                .map(|text| {
+                    // The message must not show the token: it is empty here.
+                    RunToken::new(text).map_err(|e| LaunchError::BadValue {
+                        name: RUN_TOKEN_ENV.into(),
+                        value: String::new(),
+                        reason: format!("{e}; unset it, or set it to the run's secret"),
+                    })
+                })
+                .transpose()?,
+        };
         Ok(Some(Launch {
             num_processes,
             process_id,
@@ -273,6 +316,7 @@ impl Launch {
             coordinator,
             init_timeout: flags.init_timeout.unwrap_or(DEFAULT_INIT_TIMEOUT),
             source,
+            run_token,
         }))
     }
 
@@ -292,9 +336,26 @@ impl Launch {
             });
         }
         if num_processes == 1 {
+            // A rank that a world of one cannot have is a launcher's mistake.
+            if let Some(rank) = env_u32(env, "RANK")? {
+                check_index("RANK", rank, "WORLD_SIZE", 1)?;
+            }
             return Ok(Self::alone(LaunchSource::Torchrun));
         }
         let process_id = parse_u32("RANK", &need("RANK")?)?;
+        check_index("RANK", process_id, "WORLD_SIZE", num_processes)?;
+        let local_id = env_u32(env, "LOCAL_RANK")?;
+        let local_processes = env_u32(env, "LOCAL_WORLD_SIZE")?;
+        if local_processes == Some(0) {
+            return Err(LaunchError::BadValue {
+                name: "LOCAL_WORLD_SIZE".into(),
+                value: "0".into(),
+                reason: "a node has at least one process".into(),
+            });
+        }
+        if let (Some(local), Some(n)) = (local_id, local_processes) {
+            check_index("LOCAL_RANK", local, "LOCAL_WORLD_SIZE", n)?;
+        }
         let addr = need("MASTER_ADDR")?;
         let port_text = need("MASTER_PORT")?;
         let mut port: u16 = port_text
@@ -319,11 +380,12 @@ impl Launch {
         Ok(Launch {
             num_processes,
             process_id,
-            local_id: env_u32(env, "LOCAL_RANK")?,
-            local_processes: env_u32(env, "LOCAL_WORLD_SIZE")?,
+            local_id,
+            local_processes,
             coordinator,
             init_timeout: DEFAULT_INIT_TIMEOUT,
             source: LaunchSource::Torchrun,
+            run_token: None,
         })
     }
 
@@ -340,6 +402,7 @@ impl Launch {
                 "SLURM_NTASKS is set but SLURM_PROCID is not (run under srun)".into(),
             )
         })?;
+        check_index("SLURM_PROCID", process_id, "SLURM_NTASKS", num_processes)?;
         let job = env("SLURM_JOB_ID").unwrap_or_default();
         let job_id = parse_u32("SLURM_JOB_ID", job.split('_').next().unwrap_or(&job))?;
         let nodelist = [
@@ -373,6 +436,7 @@ impl Launch {
             coordinator: format!("{host}:{port}"),
             init_timeout: DEFAULT_INIT_TIMEOUT,
             source: LaunchSource::Slurm,
+            run_token: None,
         })
     }
 
@@ -386,6 +450,7 @@ impl Launch {
             coordinator: String::new(),
             init_timeout: DEFAULT_INIT_TIMEOUT,
             source,
+            run_token: None,
         }
     }
 
@@ -469,6 +534,7 @@ mod tests {
             process_id: Some(2),
             coordinator: Some("10.0.0.1:1234".into()),
             init_timeout: Some(Duration::from_secs(9)),
+            run_token: None,
         };
         let l = Launch::resolve(&flags, &none).unwrap().unwrap();
         assert_eq!(
@@ -636,6 +702,119 @@ mod tests {
             env_of(&[("SLURM_JOB_ID", "1"), ("SLURM_NTASKS", "two")]),
         )
         .unwrap_err();
-        assert_eq!(e.to_string(), "SLURM_NTASKS=\"two\": not a whole number");
+        assert_eq!(
+            e.to_string(),
+            "SLURM_NTASKS=\"two\": not a whole number (0 or more)"
+        );
+    }
+
+    #[test]
+    fn ranks_outside_the_world_are_one_line_each() {
+        let torchrun = |rank: &str, world: &str| {
+            env_of(&[
+                ("WORLD_SIZE", world),
+                ("RANK", rank),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", "29500"),
+            ])
+        };
+        let cases = [
+            (
+                torchrun("5", "2"),
+                "RANK=\"5\": WORLD_SIZE=2 numbers the processes 0 to 1",
+            ),
+            (
+                torchrun("2", "2"),
+                "RANK=\"2\": WORLD_SIZE=2 numbers the processes 0 to 1",
+            ),
+            (
+                torchrun("-1", "2"),
+                "RANK=\"-1\": not a whole number (0 or more)",
+            ),
+            (
+                torchrun("one", "2"),
+                "RANK=\"one\": not a whole number (0 or more)",
+            ),
+            (
+                torchrun("0", "-2"),
+                "WORLD_SIZE=\"-2\": not a whole number (0 or more)",
+            ),
+            (
+                torchrun("3", "1"),
+                "RANK=\"3\": WORLD_SIZE=1 has only process 0",
+            ),
+            (
+                env_of(&[
+                    ("WORLD_SIZE", "4"),
+                    ("RANK", "1"),
+                    ("LOCAL_RANK", "2"),
+                    ("LOCAL_WORLD_SIZE", "2"),
+                    ("MASTER_ADDR", "h"),
+                    ("MASTER_PORT", "1"),
+                ]),
+                "LOCAL_RANK=\"2\": LOCAL_WORLD_SIZE=2 numbers the processes 0 to 1",
+            ),
+            (
+                env_of(&[
+                    ("SLURM_JOB_ID", "9"),
+                    ("SLURM_NTASKS", "2"),
+                    ("SLURM_PROCID", "7"),
+                    ("SLURM_STEP_NODELIST", "n1"),
+                ]),
+                "SLURM_PROCID=\"7\": SLURM_NTASKS=2 numbers the processes 0 to 1",
+            ),
+        ];
+        for (env, want) in cases {
+            let e = Launch::resolve(&LaunchFlags::default(), env).unwrap_err();
+            assert_eq!(e.to_string(), want);
+        }
+        // A flag's id out of range names the flag.
+        let e = Launch::resolve(
+            &LaunchFlags {
+                num_processes: Some(3),
+                process_id: Some(3),
+                coordinator: Some("h:1".into()),
+                ..Default::default()
+            },
+            env_of(&[]),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--process-id=\"3\": a run of 3 processes numbers them 0 to 2"
+        );
+    }
+
+    #[test]
+    fn the_run_token_comes_from_the_flag_then_the_environment() {
+        let flags = LaunchFlags {
+            num_processes: Some(2),
+            process_id: Some(0),
+            coordinator: Some("h:1".into()),
+            ..Default::default()
+        };
+        let env = env_of(&[("HLO_TRAIN_RUN_TOKEN", "from-env")]);
+        let l = Launch::resolve(&flags, &env).unwrap().unwrap();
+        assert_eq!(l.run_token, Some(RunToken::new("from-env").unwrap()));
+        let with_flag = LaunchFlags {
+            run_token: Some(RunToken::new("from-flag").unwrap()),
+            ..flags.clone()
+        };
+        let l = Launch::resolve(&with_flag, &env).unwrap().unwrap();
+        assert_eq!(l.run_token, Some(RunToken::new("from-flag").unwrap()));
+        // Never shown, not even by Debug.
+        assert!(!format!("{l:?}").contains("from-flag"), "{l:?}");
+        assert_eq!(
+            Launch::resolve(&flags, env_of(&[]))
+                .unwrap()
+                .unwrap()
+                .run_token,
+            None
+        );
+        let e = Launch::resolve(&flags, env_of(&[("HLO_TRAIN_RUN_TOKEN", "")])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "HLO_TRAIN_RUN_TOKEN=\"\": a run token must not be empty; unset it, or set it to the run's secret"
+        );
     }
 }

@@ -23,6 +23,7 @@ pub fn hlo_train_env(args: &[&str], env: &[(&str, &Path)]) -> Output {
         // Tests run as one process even inside a SLURM or torchrun job.
         .env_remove("SLURM_JOB_ID")
         .env_remove("WORLD_SIZE")
+        .env_remove("HLO_TRAIN_RUN_TOKEN")
         .env("HF_HUB_OFFLINE", "1")
         .envs(env.iter().copied())
         .output()

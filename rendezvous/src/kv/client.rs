@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use super::error::KvError;
 use super::wire::{
-    check_sizes, one_u32, op, read_response, status, u32s_from_bytes, wire_ms, write_request,
-    ReadError, MAGIC, NO_TIMEOUT,
+    check_sizes, one_u32, op, read_greeting, read_response, status, two_u64, u32s_from_bytes,
+    wire_ms, write_auth, write_request, ReadError, MAGIC, NO_TIMEOUT,
 };
+use crate::token::{self, RunToken, CLIENT_LABEL, PROOF_BYTES, SERVER_LABEL};
 
 /// A client that hears nothing for this long (no heartbeat either) takes the
 /// coordinator for dead.
@@ -38,6 +39,8 @@ pub struct KvClient {
     num_processes: u32,
     /// Held open only so that the server sees it close when we go.
     membership: TcpStream,
+    /// Proved on every connection this client opens.
+    token: Option<RunToken>,
     idle: Mutex<Vec<TcpStream>>,
     /// Our shutdown succeeded: the coordinator going away is then expected.
     finished: AtomicBool,
@@ -51,6 +54,79 @@ impl fmt::Debug for KvClient {
             .field("num_processes", &self.num_processes)
             .finish_non_exhaustive()
     }
+}
+
+/// How a handshake failed: a connection that may be tried again, or an
+/// answer that will not change.
+enum Handshake {
+    Io(io::Error),
+    Fatal(KvError),
+}
+
+impl From<io::Error> for Handshake {
+    fn from(e: io::Error) -> Self {
+        Handshake::Io(e)
+    }
+}
+
+/// A new connection's opening: reads the server's greeting, proves this
+/// process's run token for its nonce (or says it has none), and checks the
+/// server's proof in turn. The token itself is never sent.
+fn handshake(
+    s: &mut TcpStream,
+    token: Option<&RunToken>,
+    coordinator: &str,
+) -> Result<(), Handshake> {
+    let addr = coordinator.to_owned();
+    let (needs_token, server_nonce) = match read_greeting(s) {
+        Ok(greeting) => greeting,
+        Err(ReadError::Protocol(msg)) => {
+            return Err(Handshake::Fatal(KvError::Protocol(format!(
+                "{coordinator}: {msg}"
+            ))))
+        }
+        Err(ReadError::Eof) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
+        Err(ReadError::Io(e)) => return Err(e.into()),
+    };
+    let proof = match (token, needs_token) {
+        (None, false) => None,
+        (None, true) => return Err(Handshake::Fatal(KvError::TokenRequired { addr })),
+        (Some(_), false) => return Err(Handshake::Fatal(KvError::TokenUnexpected { addr })),
+        (Some(t), true) => {
+            let nonce = token::nonce().map_err(|e| Handshake::Fatal(e.into()))?;
+            Some((nonce, t.proof(CLIENT_LABEL, &server_nonce, &nonce)))
+        }
+    };
+    write_auth(s, proof.as_ref())?;
+    let (st, payload) = match read_response(s) {
+        Ok(answer) => answer,
+        Err(ReadError::Protocol(msg)) => return Err(Handshake::Fatal(KvError::Protocol(msg))),
+        Err(ReadError::Eof) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
+        Err(ReadError::Io(e)) => return Err(e.into()),
+    };
+    match st {
+        status::OK => {}
+        status::AUTH_FAILED => return Err(Handshake::Fatal(KvError::TokenMismatch { addr })),
+        status::PROTOCOL => {
+            return Err(Handshake::Fatal(KvError::Protocol(
+                String::from_utf8_lossy(&payload).into_owned(),
+            )))
+        }
+        other => {
+            return Err(Handshake::Fatal(KvError::Protocol(format!(
+                "greeting answered with {other}"
+            ))))
+        }
+    }
+    // Mutual: a server that cannot prove the token is not this run's.
+    if let (Some(t), Some((nonce, _))) = (token, proof) {
+        let proved = <&[u8; PROOF_BYTES]>::try_from(payload.as_slice())
+            .is_ok_and(|p| t.verify(SERVER_LABEL, &server_nonce, &nonce, p));
+        if !proved {
+            return Err(Handshake::Fatal(KvError::ServerUnproven { addr }));
+        }
+    }
+    Ok(())
 }
 
 /// One attempt: resolve (DNS may not be ready yet either) and connect.
@@ -72,13 +148,29 @@ impl KvClient {
     /// start after the others.
     ///
     /// Errors: [`KvError::Unreachable`] if the coordinator did not answer in
-    /// time; [`KvError::Refused`] if the id is out of range, already taken by a
-    /// live process, or the coordinator runs another number of processes.
+    /// time; [`KvError::Refused`] if the id is out of range or already taken
+    /// by a live process; [`KvError::CountMismatch`] if the coordinator runs
+    /// another number of processes; [`KvError::TokenRequired`] if it requires
+    /// a run token (see [`KvClient::connect_with_token`]).
     pub fn connect(
         coordinator: &str,
         process_id: u32,
         num_processes: u32,
         timeout: Duration,
+    ) -> Result<KvClient, KvError> {
+        Self::connect_with_token(coordinator, process_id, num_processes, timeout, None)
+    }
+
+    /// [`KvClient::connect`], proving `token` on every connection (and
+    /// checking that the coordinator holds it too). Further errors:
+    /// [`KvError::TokenMismatch`], [`KvError::TokenUnexpected`] (the
+    /// coordinator takes no token), [`KvError::ServerUnproven`].
+    pub fn connect_with_token(
+        coordinator: &str,
+        process_id: u32,
+        num_processes: u32,
+        timeout: Duration,
+        token: Option<RunToken>,
     ) -> Result<KvClient, KvError> {
         if process_id >= num_processes {
             return Err(KvError::Refused {
@@ -101,6 +193,7 @@ impl KvClient {
                 coordinator,
                 left.clamp(Duration::from_millis(10), Duration::from_secs(1)),
             )
+            .map_err(Handshake::Io)
             .and_then(|mut s| {
                 let _ = s.set_nodelay(true);
                 // The server answers a hello at once, but give a slow
@@ -110,6 +203,7 @@ impl KvClient {
                     .max(Duration::from_secs(1));
                 s.set_read_timeout(Some(wait))?;
                 s.set_write_timeout(Some(wait))?;
+                handshake(&mut s, token.as_ref(), coordinator)?;
                 let mut hello = MAGIC.to_vec();
                 hello.extend_from_slice(&num_processes.to_be_bytes());
                 write_request(&mut s, op::HELLO, process_id, NO_TIMEOUT, "", &hello)?;
@@ -117,11 +211,12 @@ impl KvClient {
             });
             match attempt {
                 Ok(s) => break s,
-                Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                Err(Handshake::Fatal(e)) => return Err(e),
+                Err(Handshake::Io(e)) if e.kind() == io::ErrorKind::InvalidInput => {
                     // A malformed address does not get better with retries.
                     return Err(unreachable(e.to_string()));
                 }
-                Err(e) => {
+                Err(Handshake::Io(e)) => {
                     let left = timeout.saturating_sub(start.elapsed());
                     if left.is_zero() {
                         return Err(unreachable(e.to_string()));
@@ -143,6 +238,7 @@ impl KvClient {
                     reason: String::from_utf8_lossy(&payload).into_owned(),
                 })
             }
+            status::COUNT_MISMATCH => return Err(count_mismatch(&payload)?),
             status::PROTOCOL => {
                 return Err(KvError::Protocol(
                     String::from_utf8_lossy(&payload).into_owned(),
@@ -159,6 +255,7 @@ impl KvClient {
             process_id,
             num_processes,
             membership: stream,
+            token,
             idle: Mutex::new(Vec::new()),
             finished: AtomicBool::new(false),
         })
@@ -177,9 +274,21 @@ impl KvClient {
     /// Sets `key` to `value` (any bytes, empty allowed, up to 1 GiB). A
     /// repeated key overwrites: the last set wins, and gets already woken by
     /// an earlier set keep the value they got.
+    ///
+    /// Fails with [`KvError::Full`] when the service would then hold more
+    /// than its byte cap ([`crate::kv::MAX_STORED_BYTES`] by default).
     pub fn set(&self, key: &str, value: &[u8]) -> Result<(), KvError> {
         check_sizes(key, value)?;
         let (st, payload) = self.request(op::SET, NO_TIMEOUT, key, value)?;
+        if st == status::FULL {
+            let (stored, limit) = two_u64(&payload)?;
+            return Err(KvError::Full {
+                key: key.to_owned(),
+                bytes: (key.len() + value.len()) as u64,
+                stored,
+                limit,
+            });
+        }
         self.expect_ok(st, payload).map(drop)
     }
 
@@ -273,6 +382,7 @@ impl KvClient {
             status::PEER_LOST => Err(KvError::PeerLost {
                 process: one_u32(&payload)?,
             }),
+            status::COUNT_MISMATCH => Err(count_mismatch(&payload)?),
             status::PROTOCOL => Err(KvError::Protocol(
                 String::from_utf8_lossy(&payload).into_owned(),
             )),
@@ -321,14 +431,32 @@ impl KvClient {
         if let Some(conn) = pooled {
             return Ok(conn);
         }
-        let conn =
+        let mut conn =
             TcpStream::connect_timeout(&self.addr, CONNECT_TIMEOUT).map_err(|_| self.lost())?;
         conn.set_nodelay(true)?;
         // The server sends heartbeats while a request waits, so silence this
         // long means it is gone, whatever the request's own timeout.
         conn.set_read_timeout(Some(CLIENT_IO_TIMEOUT))?;
         conn.set_write_timeout(Some(CLIENT_IO_TIMEOUT))?;
-        Ok(conn)
+        match handshake(&mut conn, self.token.as_ref(), &self.coordinator) {
+            Ok(()) => Ok(conn),
+            Err(Handshake::Io(_)) => Err(self.lost()),
+            Err(Handshake::Fatal(e)) => Err(e),
+        }
+    }
+}
+
+/// The error of a `COUNT_MISMATCH` answer: the process, its count, ours.
+fn count_mismatch(payload: &[u8]) -> Result<KvError, KvError> {
+    match u32s_from_bytes(payload)?.as_slice() {
+        &[process, theirs, ours] => Ok(KvError::CountMismatch {
+            process,
+            theirs,
+            ours,
+        }),
+        _ => Err(KvError::Protocol(
+            "a count mismatch without its counts".into(),
+        )),
     }
 }
 

@@ -78,6 +78,67 @@ pub enum KvError {
         addr: String,
     },
 
+    /// Process 0 requires a run token and this process has none.
+    #[error("the rendezvous at {addr} requires a run token (HLO_TRAIN_RUN_TOKEN) and this process has none")]
+    TokenRequired {
+        /// The coordinator's `HOST:PORT`.
+        addr: String,
+    },
+
+    /// This process has a run token and process 0 was started without one.
+    #[error("this process has a run token but the rendezvous at {addr} takes none (process 0 was started without HLO_TRAIN_RUN_TOKEN)")]
+    TokenUnexpected {
+        /// The coordinator's `HOST:PORT`.
+        addr: String,
+    },
+
+    /// Process 0 refused this process's proof of the run token.
+    #[error(
+        "this process's run token differs from process 0's (the rendezvous at {addr} refused it)"
+    )]
+    TokenMismatch {
+        /// The coordinator's `HOST:PORT`.
+        addr: String,
+    },
+
+    /// What answered at the coordinator's address could not prove that it
+    /// holds the run token.
+    #[error("the rendezvous at {addr} could not prove it holds this run's token (is another run serving there?)")]
+    ServerUnproven {
+        /// The coordinator's `HOST:PORT`.
+        addr: String,
+    },
+
+    /// A process was started for another process count than process 0's;
+    /// every process of the run is told, at once.
+    #[error("process {process} was started for {theirs} processes but process 0 runs {ours}; start every process with the same count")]
+    CountMismatch {
+        /// The process that announced the other count.
+        process: u32,
+        /// The count it was started for.
+        theirs: u32,
+        /// Process 0's count.
+        ours: u32,
+    },
+
+    /// A set that would take the service over the bytes it may hold.
+    #[error(
+        "cannot store key `{key}` ({}): the rendezvous already holds {} of at most {}",
+        size(*.bytes),
+        size(*.stored),
+        size(*.limit)
+    )]
+    Full {
+        /// The key refused.
+        key: String,
+        /// Its key and value bytes.
+        bytes: u64,
+        /// What the service holds now.
+        stored: u64,
+        /// The most it holds.
+        limit: u64,
+    },
+
     /// A frame that does not follow the wire format, or a key or value over
     /// its limit.
     #[error("malformed coordination message: {0}")]
@@ -94,6 +155,21 @@ fn secs(d: &Duration) -> String {
     } else {
         format!("{:.1} s", d.as_secs_f64())
     }
+}
+
+/// "512 B", "3.0 KiB", "256.0 MiB".
+fn size(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut x = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while x >= 1024.0 && unit + 1 < UNITS.len() {
+        x /= 1024.0;
+        unit += 1;
+    }
+    format!("{x:.1} {}", UNITS[unit])
 }
 
 /// "process 3", "processes 1, 3".

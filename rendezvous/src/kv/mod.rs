@@ -33,13 +33,41 @@
 //! dead coordinator ([`KvError::CoordinatorLost`]) whatever the request's
 //! timeout.
 //!
-//! Wire format (big-endian): a request is `op: u8, process: u32,
-//! timeout_ms: u64 (u64::MAX = none), key_len: u32, key, value_len: u64,
-//! value`; a response is `status: u8` followed, unless it is a heartbeat, by
-//! `payload_len: u64, payload`.
+//! A run token ([`crate::RunToken`], [`KvServer::start_with`],
+//! [`KvClient::connect_with_token`]) guards every connection: nothing on one
+//! is heard before the client has proved it holds the token, so a process
+//! without it can neither take a process id nor touch a key. The server also
+//! caps the bytes it holds ([`MAX_STORED_BYTES`] by default), and a process
+//! started for another process count fails every process's waits at once
+//! ([`KvError::CountMismatch`]).
+//!
+//! Wire format (big-endian). Every connection opens with a handshake:
+//!
+//! 1. server: `magic "HKV2", needs_token: u8, server_nonce: [u8; 32]`
+//!    (a fresh nonce from `/dev/urandom`; zeros without a token);
+//! 2. client: `magic "HKV2", has_token: u8, client_nonce: [u8; 32],
+//!    proof: [u8; 32]`, the proof being HMAC-SHA256(token, "hlo-train
+//!    rendezvous: client proof" ‖ server_nonce ‖ client_nonce) (zeros without
+//!    a token). A client whose token presence differs from the greeting's
+//!    stops there with [`KvError::TokenRequired`] or
+//!    [`KvError::TokenUnexpected`];
+//! 3. server: a response (below), `OK` with the server's proof
+//!    HMAC-SHA256(token, "hlo-train rendezvous: server proof" ‖ server_nonce
+//!    ‖ client_nonce) (empty without a token), which the client checks
+//!    ([`KvError::ServerUnproven`]), or `AUTH_FAILED`, after which the server
+//!    closes the connection ([`KvError::TokenMismatch`]). The server compares
+//!    proofs in constant time, and gives a connection 10 s to answer.
+//!
+//! The token itself never crosses the wire; the labels keep one side's
+//! proof from passing for the other's, and the nonces keep a recorded proof
+//! from passing on another connection. Then requests follow: a request is
+//! `op: u8, process: u32, timeout_ms: u64 (u64::MAX = none), key_len: u32,
+//! key, value_len: u64, value`; a response is `status: u8` followed, unless
+//! it is a heartbeat, by `payload_len: u64, payload`.
 //!
 //! The modules split along that design: `wire` (frames and their limits),
-//! `server` and `client` (each side, over `wire`), `error`.
+//! `server` and `client` (each side, over `wire`), `error`; the token's
+//! proofs are `crate::token`'s.
 
 mod client;
 mod error;
@@ -50,5 +78,5 @@ mod wire;
 
 pub use client::KvClient;
 pub use error::KvError;
-pub use server::KvServer;
-pub use wire::MAX_VALUE_BYTES;
+pub use server::{KvServer, ServerOptions};
+pub use wire::{MAX_STORED_BYTES, MAX_VALUE_BYTES};

@@ -12,8 +12,10 @@ use std::time::{Duration, Instant};
 
 use super::error::KvError;
 use super::wire::{
-    op, read_request, status, u32s_to_bytes, write_response, ReadError, Request, MAGIC, NO_TIMEOUT,
+    op, read_auth, read_request, status, u32s_to_bytes, u64s_to_bytes, write_greeting,
+    write_response, ReadError, Request, MAGIC, MAX_STORED_BYTES, NO_TIMEOUT,
 };
+use crate::token::{self, RunToken, CLIENT_LABEL, PROOF_BYTES, SERVER_LABEL};
 
 /// How often the server tells a waiting client that it is still there.
 const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -21,6 +23,30 @@ const HEARTBEAT: Duration = Duration::from_secs(1);
 const SERVER_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a dropped server waits for the last `shutdown` answers to go out.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a new connection has to answer the greeting, so that a
+/// stranger that connects and says nothing does not hold a thread for ever.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How a [`KvServer`] is set up beyond its address and process count.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// The run token every connection must prove it holds before it may
+    /// register a process or touch a key. `None`: any client that speaks
+    /// the protocol is served (a trusted network).
+    pub run_token: Option<RunToken>,
+    /// The most bytes, keys and values together, held at once; a set
+    /// beyond it is refused with [`KvError::Full`].
+    pub max_stored_bytes: u64,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            run_token: None,
+            max_stored_bytes: MAX_STORED_BYTES,
+        }
+    }
+}
 
 /// Process 0's service. Dropping it stops the listener thread and closes every
 /// connection, so that clients still waiting see [`KvError::CoordinatorLost`].
@@ -32,6 +58,8 @@ pub struct KvServer {
 
 struct Shared {
     num_processes: u32,
+    token: Option<RunToken>,
+    max_stored_bytes: u64,
     state: Mutex<State>,
     changed: Condvar,
     /// Every open connection, so that drop can close them (their threads are
@@ -63,6 +91,8 @@ struct Barrier {
 #[derive(Default)]
 struct State {
     values: HashMap<String, Arc<Vec<u8>>>,
+    /// Bytes of the keys and values in `values`.
+    stored: u64,
     /// Waiting gets by key; a set hands its value to each of them once.
     waiters: HashMap<String, Vec<u64>>,
     /// Values handed to waiters that have not picked them up yet.
@@ -72,6 +102,9 @@ struct State {
     members: Vec<Member>,
     /// The first process lost; it is the one every failure names.
     first_lost: Option<u32>,
+    /// The first process that announced another process count, and that
+    /// count: the run cannot start, and every wait fails naming both.
+    mismatch: Option<(u32, u32)>,
     stopping: bool,
 }
 
@@ -86,6 +119,16 @@ impl State {
             .filter(|(_, m)| !m.done)
             .map(|(id, _)| id)
             .collect()
+    }
+
+    /// The answer every wait gets once the run cannot go on (`n`: the
+    /// run's process count), if it cannot.
+    fn failure(&self, n: u32) -> Option<(u8, Vec<u8>)> {
+        if let Some((p, theirs)) = self.mismatch {
+            return Some((status::COUNT_MISMATCH, u32s_to_bytes(&[p, theirs, n])));
+        }
+        self.first_lost
+            .map(|p| (status::PEER_LOST, p.to_be_bytes().to_vec()))
     }
 
     fn remove_waiter(&mut self, key: &str, id: u64) {
@@ -118,8 +161,19 @@ impl Shared {
 
 impl KvServer {
     /// Binds `bind` (port 0 = any free port; see [`KvServer::local_addr`]) for
-    /// a run of `num_processes` processes, and serves it on threads of its own.
+    /// a run of `num_processes` processes, and serves it on threads of its own,
+    /// with no run token and the default byte cap.
     pub fn start(bind: SocketAddr, num_processes: u32) -> Result<KvServer, KvError> {
+        Self::start_with(bind, num_processes, ServerOptions::default())
+    }
+
+    /// [`KvServer::start`] with `options`: a run token every connection must
+    /// prove, and the byte cap.
+    pub fn start_with(
+        bind: SocketAddr,
+        num_processes: u32,
+        options: ServerOptions,
+    ) -> Result<KvServer, KvError> {
         if num_processes == 0 {
             return Err(KvError::Refused {
                 reason: "a run needs at least one process".into(),
@@ -127,8 +181,14 @@ impl KvServer {
         }
         let listener = TcpListener::bind(bind)?;
         let addr = listener.local_addr()?;
+        if options.run_token.is_some() {
+            // Fail here, not on each connection, if there is no randomness.
+            token::nonce()?;
+        }
         let shared = Arc::new(Shared {
             num_processes,
+            token: options.run_token,
+            max_stored_bytes: options.max_stored_bytes,
             state: Mutex::new(State {
                 members: vec![Member::default(); num_processes as usize],
                 ..State::default()
@@ -254,6 +314,10 @@ fn serve_connection(shared: &Shared, stream: TcpStream) {
     };
     let mut reader = BufReader::new(read_half);
     let mut out = stream;
+    if !admit(shared, &mut reader, &mut out) {
+        let _ = out.shutdown(Shutdown::Both);
+        return;
+    }
     loop {
         let req = match read_request(&mut reader) {
             Ok(req) => req,
@@ -270,10 +334,10 @@ fn serve_connection(shared: &Shared, stream: TcpStream) {
             return;
         }
         let answered = match req.op {
-            op::SET => {
-                set(shared, req.key, req.value);
-                write_response(&mut out, status::OK, &[])
-            }
+            op::SET => match set(shared, req.key, req.value) {
+                Ok(()) => write_response(&mut out, status::OK, &[]),
+                Err(full) => write_response(&mut out, status::FULL, &u64s_to_bytes(&full)),
+            },
             op::TRY_GET => {
                 let value = shared.lock().values.get(&req.key).cloned();
                 match value {
@@ -294,6 +358,56 @@ fn serve_connection(shared: &Shared, stream: TcpStream) {
     }
 }
 
+/// Greets a new connection and checks its answer: with a run token, a
+/// proof of it for this connection's nonce, answered with the server's own
+/// proof; without, an answer that claims no token. False: it proved
+/// nothing (or is gone), and must be closed before it is heard.
+fn admit(shared: &Shared, reader: &mut BufReader<TcpStream>, out: &mut TcpStream) -> bool {
+    let nonce = match &shared.token {
+        Some(_) => match token::nonce() {
+            Ok(n) => n,
+            Err(_) => return false,
+        },
+        None => [0; PROOF_BYTES],
+    };
+    if write_greeting(out, shared.token.is_some(), &nonce).is_err()
+        || reader
+            .get_ref()
+            .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+            .is_err()
+    {
+        return false;
+    }
+    let proof = match read_auth(reader) {
+        Ok(proof) => proof,
+        Err(ReadError::Protocol(msg)) => {
+            let _ = write_response(out, status::PROTOCOL, msg.as_bytes());
+            return false;
+        }
+        Err(ReadError::Eof | ReadError::Io(_)) => return false,
+    };
+    let answer = match (&shared.token, proof) {
+        (None, None) => Some(Vec::new()),
+        (Some(token), Some((client_nonce, mac)))
+            if token.verify(CLIENT_LABEL, &nonce, &client_nonce, &mac) =>
+        {
+            Some(token.proof(SERVER_LABEL, &nonce, &client_nonce).to_vec())
+        }
+        // A wrong proof, none where one is needed, or one where none is.
+        _ => None,
+    };
+    match answer {
+        Some(server_proof) => {
+            write_response(out, status::OK, &server_proof).is_ok()
+                && reader.get_ref().set_read_timeout(None).is_ok()
+        }
+        None => {
+            let _ = write_response(out, status::AUTH_FAILED, &[]);
+            false
+        }
+    }
+}
+
 /// Registers a process, then holds its membership connection until it closes.
 fn hello(shared: &Shared, req: &Request, mut reader: BufReader<TcpStream>, mut out: TcpStream) {
     let n = shared.num_processes;
@@ -303,13 +417,21 @@ fn hello(shared: &Shared, req: &Request, mut reader: BufReader<TcpStream>, mut o
         return;
     }
     let their_n = u32::from_be_bytes([req.value[4], req.value[5], req.value[6], req.value[7]]);
+    if their_n != n {
+        // The run cannot start: fail every process's waits at once, ours
+        // included, rather than let them wait out their timeouts.
+        shared.lock().mismatch.get_or_insert((p, their_n));
+        shared.changed.notify_all();
+        let _ = write_response(
+            &mut out,
+            status::COUNT_MISMATCH,
+            &u32s_to_bytes(&[p, their_n, n]),
+        );
+        return;
+    }
     let refusal = {
         let mut state = shared.lock();
-        if their_n != n {
-            Some(format!(
-                "it runs {n} processes, but process {p} was started for {their_n}"
-            ))
-        } else if p >= n {
+        if p >= n {
             Some(format!(
                 "process id {p} is out of range for a run of {n} processes"
             ))
@@ -356,10 +478,21 @@ fn hello(shared: &Shared, req: &Request, mut reader: BufReader<TcpStream>, mut o
     shared.changed.notify_all();
 }
 
-fn set(shared: &Shared, key: String, value: Vec<u8>) {
+/// Stores `value` under `key`; `Err([held, cap])` if that would take the
+/// service over its byte cap.
+fn set(shared: &Shared, key: String, value: Vec<u8>) -> Result<(), [u64; 2]> {
     let value = Arc::new(value);
     {
         let mut state = shared.lock();
+        let old = state
+            .values
+            .get(&key)
+            .map_or(0, |v| (key.len() + v.len()) as u64);
+        let after = state.stored - old + (key.len() + value.len()) as u64;
+        if after > shared.max_stored_bytes {
+            return Err([state.stored, shared.max_stored_bytes]);
+        }
+        state.stored = after;
         // Hand the value to the gets waiting now, once each, so a later set
         // of the same key neither wakes them again nor changes what they see.
         if let Some(ids) = state.waiters.remove(&key) {
@@ -370,6 +503,7 @@ fn set(shared: &Shared, key: String, value: Vec<u8>) {
         state.values.insert(key, value);
     }
     shared.changed.notify_all();
+    Ok(())
 }
 
 /// Waits, under the state lock, until `step` has an answer. `step` gets the
@@ -423,11 +557,12 @@ fn not_answered() -> io::Error {
 }
 
 fn get(shared: &Shared, out: &mut TcpStream, req: &Request) -> io::Result<()> {
+    let n = shared.num_processes;
     let waiter = {
         let mut state = shared.lock();
-        if let Some(p) = state.first_lost {
+        if let Some((st, payload)) = state.failure(n) {
             drop(state);
-            return write_response(out, status::PEER_LOST, &p.to_be_bytes());
+            return write_response(out, st, &payload);
         }
         if let Some(v) = state.values.get(&req.key).cloned() {
             drop(state);
@@ -447,9 +582,9 @@ fn get(shared: &Shared, out: &mut TcpStream, req: &Request) -> io::Result<()> {
             if let Some(v) = state.delivered.remove(&waiter) {
                 return Some(Ok(v));
             }
-            if let Some(p) = state.first_lost {
+            if let Some(failed) = state.failure(n) {
                 state.remove_waiter(key, waiter);
-                return Some(Err((status::PEER_LOST, p.to_be_bytes().to_vec())));
+                return Some(Err(failed));
             }
             if expired {
                 state.remove_waiter(key, waiter);
@@ -474,9 +609,9 @@ fn barrier(shared: &Shared, out: &mut TcpStream, req: &Request) -> io::Result<()
     }
     let generation = {
         let mut state = shared.lock();
-        if let Some(p) = state.first_lost {
+        if let Some((st, payload)) = state.failure(n) {
             drop(state);
-            return write_response(out, status::PEER_LOST, &p.to_be_bytes());
+            return write_response(out, st, &payload);
         }
         let b = state.barriers.entry(req.key.clone()).or_default();
         let generation = b.generation;
@@ -503,8 +638,8 @@ fn barrier(shared: &Shared, out: &mut TcpStream, req: &Request) -> io::Result<()
                 return Some((status::OK, Vec::new()));
             }
             let missing: Vec<u32> = (0..n).filter(|id| !b.arrived.contains(id)).collect();
-            if let Some(p) = state.first_lost {
-                return Some((status::PEER_LOST, p.to_be_bytes().to_vec()));
+            if let Some(failed) = state.failure(n) {
+                return Some(failed);
             }
             expired.then(|| (status::BARRIER_TIMEOUT, u32s_to_bytes(&missing)))
         },
@@ -525,11 +660,12 @@ fn shutdown(shared: &Shared, out: &mut TcpStream, req: &Request) -> io::Result<(
         );
         return write_response(out, status::PROTOCOL, msg.as_bytes());
     }
+    let n = shared.num_processes;
     {
         let mut state = shared.lock();
-        if let Some(lost) = state.first_lost {
+        if let Some((st, payload)) = state.failure(n) {
             drop(state);
-            return write_response(out, status::PEER_LOST, &lost.to_be_bytes());
+            return write_response(out, st, &payload);
         }
         state.members[p as usize].done = true;
     }
@@ -542,8 +678,8 @@ fn shutdown(shared: &Shared, out: &mut TcpStream, req: &Request) -> io::Result<(
             if state.all_done() {
                 return Some((status::OK, Vec::new()));
             }
-            if let Some(lost) = state.first_lost {
-                return Some((status::PEER_LOST, lost.to_be_bytes().to_vec()));
+            if let Some(failed) = state.failure(n) {
+                return Some(failed);
             }
             expired.then(|| (status::BARRIER_TIMEOUT, u32s_to_bytes(&state.not_done())))
         },
@@ -561,13 +697,14 @@ fn shutdown(shared: &Shared, out: &mut TcpStream, req: &Request) -> io::Result<(
 }
 
 fn watch(shared: &Shared, out: &mut TcpStream) -> io::Result<()> {
+    let n = shared.num_processes;
     let answer = wait_for(
         shared,
         out,
         NO_TIMEOUT,
         |state, _| {
-            if let Some(p) = state.first_lost {
-                return Some((status::PEER_LOST, p.to_be_bytes().to_vec()));
+            if let Some(failed) = state.failure(n) {
+                return Some(failed);
             }
             state.all_done().then(|| (status::OK, Vec::new()))
         },
@@ -584,6 +721,7 @@ impl fmt::Debug for KvServer {
         f.debug_struct("KvServer")
             .field("addr", &self.addr)
             .field("num_processes", &self.shared.num_processes)
+            .field("run_token", &self.shared.token.is_some())
             .finish_non_exhaustive()
     }
 }

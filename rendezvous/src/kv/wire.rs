@@ -5,14 +5,21 @@ use std::io::{self, Read, Write};
 use std::time::Duration;
 
 use super::error::KvError;
+use crate::token::PROOF_BYTES;
 
 /// The largest value `set` accepts.
 pub const MAX_VALUE_BYTES: u64 = 1 << 30;
+/// The most the service holds at once, keys and values together, by
+/// default: far above what a run exchanges (topologies, NCCL ids, small
+/// all-gathers), and a bound on what a runaway or hostile peer can make
+/// process 0 keep in memory.
+pub const MAX_STORED_BYTES: u64 = 256 << 20;
 /// The longest key (in UTF-8 bytes).
 const MAX_KEY_BYTES: u32 = 1 << 20;
-/// Sent with `hello`, so that something else listening on the port is not
-/// taken for a coordinator (and a future format change is caught).
-pub(super) const MAGIC: [u8; 4] = *b"HKV1";
+/// Opens the server's greeting and the client's answer to it, and is sent
+/// with `hello`, so that something else listening on the port is not taken
+/// for a coordinator (and a format change is caught).
+pub(super) const MAGIC: [u8; 4] = *b"HKV2";
 /// No timeout, on the wire.
 pub(super) const NO_TIMEOUT: u64 = u64::MAX;
 
@@ -37,6 +44,20 @@ pub(super) mod status {
     pub const REFUSED: u8 = 5;
     pub const PROTOCOL: u8 = 6;
     pub const HEARTBEAT: u8 = 7;
+    /// Another process count than the coordinator's (payload: the
+    /// process, its count, the coordinator's count).
+    pub const COUNT_MISMATCH: u8 = 8;
+    /// A set that would take the service over its byte cap (payload: the
+    /// bytes held, the cap).
+    pub const FULL: u8 = 9;
+    /// The client's proof of the run token is wrong (or it has a token and
+    /// the server none).
+    pub const AUTH_FAILED: u8 = 10;
+}
+
+/// Whether `s` is an answer code other than a heartbeat.
+fn is_answer(s: u8) -> bool {
+    matches!(s, status::OK..=status::PROTOCOL | status::COUNT_MISMATCH..=status::AUTH_FAILED)
 }
 
 /// A timeout as sent on the wire: whole milliseconds, rounded up so that a
@@ -185,7 +206,7 @@ pub(super) fn read_response(r: &mut impl Read) -> Result<(u8, Vec<u8>), ReadErro
         };
         match status {
             status::HEARTBEAT => continue,
-            status::OK..=status::PROTOCOL => {}
+            s if is_answer(s) => {}
             other => return Err(ReadError::Protocol(format!("unknown response {other}"))),
         }
         let len = read_u64(r)?;
@@ -193,6 +214,96 @@ pub(super) fn read_response(r: &mut impl Read) -> Result<(u8, Vec<u8>), ReadErro
             return Err(ReadError::Protocol(format!("response of {len} bytes")));
         }
         return Ok((status, read_bytes(r, len)?));
+    }
+}
+
+/// The server's first frame on every connection: `MAGIC`, whether a run
+/// token is required (`u8`), a nonce (zeros without a token).
+pub(super) const GREETING_BYTES: usize = 4 + 1 + PROOF_BYTES;
+/// The client's answer: `MAGIC`, whether it proves a token (`u8`), its
+/// nonce and its proof (zeros without a token).
+pub(super) const AUTH_BYTES: usize = 4 + 1 + 2 * PROOF_BYTES;
+
+/// A client's nonce and proof.
+pub(super) type Proof = ([u8; PROOF_BYTES], [u8; PROOF_BYTES]);
+
+pub(super) fn write_greeting(
+    w: &mut impl Write,
+    needs_token: bool,
+    nonce: &[u8; PROOF_BYTES],
+) -> io::Result<()> {
+    let mut frame = Vec::with_capacity(GREETING_BYTES);
+    frame.extend_from_slice(&MAGIC);
+    frame.push(u8::from(needs_token));
+    frame.extend_from_slice(nonce);
+    w.write_all(&frame)
+}
+
+/// Whether the server needs a token, and its nonce.
+pub(super) fn read_greeting(r: &mut impl Read) -> Result<(bool, [u8; PROOF_BYTES]), ReadError> {
+    let mut frame = [0u8; GREETING_BYTES];
+    r.read_exact(&mut frame)?;
+    let needs_token = match (frame[..4] == MAGIC, frame[4]) {
+        (true, 0) => false,
+        (true, 1) => true,
+        _ => return Err(ReadError::Protocol("not a hlo-train rendezvous".into())),
+    };
+    let mut nonce = [0u8; PROOF_BYTES];
+    nonce.copy_from_slice(&frame[5..]);
+    Ok((needs_token, nonce))
+}
+
+pub(super) fn write_auth(w: &mut impl Write, proof: Option<&Proof>) -> io::Result<()> {
+    let mut frame = Vec::with_capacity(AUTH_BYTES);
+    frame.extend_from_slice(&MAGIC);
+    frame.push(u8::from(proof.is_some()));
+    let zeros = [0u8; PROOF_BYTES];
+    let (nonce, mac) = proof.map_or((&zeros, &zeros), |(n, m)| (n, m));
+    frame.extend_from_slice(nonce);
+    frame.extend_from_slice(mac);
+    w.write_all(&frame)
+}
+
+/// The client's nonce and proof, if it sent one.
+pub(super) fn read_auth(r: &mut impl Read) -> Result<Option<Proof>, ReadError> {
+    let mut frame = [0u8; AUTH_BYTES];
+    // The head first, so that a stranger's other bytes are refused at once
+    // rather than waited for.
+    r.read_exact(&mut frame[..5])?;
+    let has_proof = match (frame[..4] == MAGIC, frame[4]) {
+        (true, 0) => false,
+        (true, 1) => true,
+        _ => return Err(ReadError::Protocol("not a hlo-train kv client".into())),
+    };
+    r.read_exact(&mut frame[5..])?;
+    if !has_proof {
+        return Ok(None);
+    }
+    let mut nonce = [0u8; PROOF_BYTES];
+    let mut mac = [0u8; PROOF_BYTES];
+    nonce.copy_from_slice(&frame[5..5 + PROOF_BYTES]);
+    mac.copy_from_slice(&frame[5 + PROOF_BYTES..]);
+    Ok(Some((nonce, mac)))
+}
+
+/// `u64`s as sent in a payload.
+pub(super) fn u64s_to_bytes(xs: &[u64]) -> Vec<u8> {
+    xs.iter().flat_map(|x| x.to_be_bytes()).collect()
+}
+
+/// The two `u64`s of a payload.
+pub(super) fn two_u64(b: &[u8]) -> Result<(u64, u64), KvError> {
+    match b.len() {
+        16 => {
+            let mut x = [0u8; 8];
+            let mut y = [0u8; 8];
+            x.copy_from_slice(&b[..8]);
+            y.copy_from_slice(&b[8..]);
+            Ok((u64::from_be_bytes(x), u64::from_be_bytes(y)))
+        }
+        n => Err(KvError::Protocol(format!(
+            "expected two counts, got {n} bytes"
+        ))),
     }
 }
 
