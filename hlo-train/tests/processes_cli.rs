@@ -104,26 +104,30 @@ fn check_reports(outs: &[Output], devices_each: usize) {
     }
 }
 
+/// `devices` as process `k` of `n` meeting at `coordinator`, waiting up
+/// to `timeout` seconds for the others.
+fn devices_process(k: usize, n: usize, coordinator: &str, timeout: &str) -> Vec<String> {
+    strings(&[
+        "devices",
+        "--num-processes",
+        &n.to_string(),
+        "--process-id",
+        &k.to_string(),
+        "--coordinator",
+        coordinator,
+        "--init-timeout",
+        timeout,
+    ])
+}
+
 #[test]
 fn two_and_four_processes_meet_by_flags() {
     for (n, devices) in [(2usize, 1usize), (4, 2)] {
         let coordinator = format!("127.0.0.1:{}", free_port());
         let children: Vec<Child> = (0..n)
             .map(|k| {
-                let args = strings(&[
-                    "devices",
-                    "--json",
-                    "--devices",
-                    &devices.to_string(),
-                    "--num-processes",
-                    &n.to_string(),
-                    "--process-id",
-                    &k.to_string(),
-                    "--coordinator",
-                    &coordinator,
-                    "--init-timeout",
-                    "60",
-                ]);
+                let mut args = devices_process(k, n, &coordinator, "60");
+                args.extend(strings(&["--json", "--devices", &devices.to_string()]));
                 spawn(&args, &[])
             })
             .collect();
@@ -217,19 +221,7 @@ fn a_process_alone_gives_up_within_the_init_timeout_with_one_line() {
 #[test]
 fn a_peer_that_dies_ends_the_others_with_one_line_naming_it() {
     let coordinator = format!("127.0.0.1:{}", free_port());
-    let args = |k: usize| {
-        strings(&[
-            "devices",
-            "--num-processes",
-            "3",
-            "--process-id",
-            &k.to_string(),
-            "--coordinator",
-            &coordinator,
-            "--init-timeout",
-            "60",
-        ])
-    };
+    let args = |k: usize| devices_process(k, 3, &coordinator, "60");
     // Processes 0 and 1 wait for process 2, which never comes; process 1
     // dies while they wait.
     let p0 = spawn(&args(0), &[]);
@@ -322,18 +314,9 @@ fn a_stranger_holding_a_process_id_without_the_run_token_does_not_stop_the_run()
     let coordinator = format!("127.0.0.1:{}", free_port());
     let token = vars(&[("HLO_TRAIN_RUN_TOKEN", "run-35-secret".into())]);
     let args = |k: usize| {
-        strings(&[
-            "devices",
-            "--json",
-            "--num-processes",
-            "2",
-            "--process-id",
-            &k.to_string(),
-            "--coordinator",
-            &coordinator,
-            "--init-timeout",
-            "30",
-        ])
+        let mut a = devices_process(k, 2, &coordinator, "30");
+        a.push("--json".into());
+        a
     };
     let t0 = Instant::now();
     let p0 = spawn(&args(0), &token);
@@ -373,19 +356,7 @@ fn a_stranger_holding_a_process_id_without_the_run_token_does_not_stop_the_run()
 #[test]
 fn process_counts_that_differ_end_both_processes_at_once_naming_both() {
     let coordinator = format!("127.0.0.1:{}", free_port());
-    let args = |k: usize, n: usize| {
-        strings(&[
-            "devices",
-            "--num-processes",
-            &n.to_string(),
-            "--process-id",
-            &k.to_string(),
-            "--coordinator",
-            &coordinator,
-            "--init-timeout",
-            "60",
-        ])
-    };
+    let args = |k: usize, n: usize| devices_process(k, n, &coordinator, "60");
     let t0 = Instant::now();
     let p0 = spawn(&args(0, 2), &[]);
     until_listening(&coordinator);
