@@ -31,10 +31,15 @@ cache = {}
 def total(model, mesh, batch, seq):
     key = (model, mesh, batch, seq)
     if key not in cache:
-        out = subprocess.run(
+        # Exit 1: planned, and does not fit (the search for settings that
+        # would is skipped).
+        run = subprocess.run(
             [BIN, "plan", "--model", model, "--dtype", "bf16", "--batch", str(batch),
-             "--seq", str(seq), "--mesh", mesh, "--json"],
-            check=True, capture_output=True, text=True).stdout
+             "--seq", str(seq), "--mesh", mesh, "--json", "--no-suggestions"],
+            capture_output=True, text=True)
+        if run.returncode not in (0, 1):
+            sys.exit(f"plan failed: {run.stderr}")
+        out = run.stdout
         cache[key] = json.loads(out)["per_device"]["total_bytes"]
         print(f"  {model} {mesh} batch {batch} seq {seq}: {cache[key] / 1e9:.2f} GB",
               file=sys.stderr)

@@ -3,6 +3,8 @@
 //! over the mesh, compiled on the CPU plugin with as many virtual devices,
 //! and XLA's compiled memory figures are read beside the per-device shares
 //! of weights, adapters and optimizer state counted from the layouts.
+//! A step that does not fit a device's memory gets the nearest settings
+//! that do, each planned the same way ([`nearest_fits`]).
 
 use std::time::Instant;
 
@@ -14,39 +16,12 @@ use hlo_models::train::{step_flops, train_step, TrainConfig};
 use hlo_partitioner::{Mesh, PartitionSpec};
 use hlo_runtime::{CompiledMemoryStats, Mode, PluginSpec};
 
-use crate::backend::{Backend, BackendOptions};
+use crate::backend::Backend;
 use crate::error::Result;
 use crate::hardware::Device;
+use crate::model::quantized_config;
 use crate::pipeline::ShardedStep;
-
-/// Devices of the node a plan is for when no mesh is given: the recipes'
-/// node of 8 GPUs.
-pub const NODE_DEVICES: i64 = 8;
-
-/// The mesh a plan lays the step over: `options`' mesh or device count
-/// ([`BackendOptions::mesh_or`]), else one node of [`NODE_DEVICES`]
-/// devices over fsdp, or fewer when the batch has fewer rows than that to
-/// split (`gcd(batch, 8)`; batch 1: one device).
-///
-/// ```
-/// use hlo_engine::{plan::plan_mesh, BackendOptions};
-/// let o = BackendOptions::cpu();
-/// assert_eq!(plan_mesh(&o, 16).unwrap().to_string(), "dp=1,fsdp=8,mp=1");
-/// assert_eq!(plan_mesh(&o, 12).unwrap().to_string(), "dp=1,fsdp=4,mp=1");
-/// ```
-pub fn plan_mesh(options: &BackendOptions, batch: i64) -> Result<Mesh> {
-    let fsdp = gcd(batch.max(1), NODE_DEVICES);
-    let default = Mesh::new(&[("dp", 1), ("fsdp", fsdp), ("mp", 1)])?;
-    options.mesh_or(Some(&default))
-}
-
-fn gcd(a: i64, b: i64) -> i64 {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
-}
+use crate::spec::{OptimSpec, StepSpec};
 
 /// A train step's compute time at a device's data sheet peak.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -150,6 +125,260 @@ pub fn plan(
     ))
 }
 
+/// A train step as `plan` compiles it, before its `auto`s are decided:
+/// the search for settings that fit changes these and plans again.
+#[derive(Clone, Debug)]
+pub struct StepToPlan {
+    pub config: ModelConfig,
+    /// How the model is named (in a quantization's errors).
+    pub name: String,
+    pub spec: StepSpec,
+    pub optim: OptimSpec,
+    pub dtype: DType,
+    pub mesh: Mesh,
+    /// The run's length: where a cosine schedule ends (no bytes change).
+    pub steps: i64,
+}
+
+impl StepToPlan {
+    /// The traced step's configuration ([`StepSpec::train_config`]).
+    pub fn train_config(&self) -> Result<TrainConfig> {
+        self.spec.train_config(
+            &self.optim,
+            &self.config,
+            self.dtype,
+            &self.mesh,
+            self.steps,
+        )
+    }
+
+    /// Plans the step ([`plan`]).
+    pub fn plan(&self) -> Result<MemoryPlan> {
+        Ok(plan(&self.config, &self.train_config()?, &self.mesh)?.1)
+    }
+}
+
+/// Devices the search for a mesh that fits goes up to (more when the mesh
+/// already has more: eight times its size).
+pub const MAX_SEARCH_DEVICES: i64 = 64;
+
+/// One change to a step that does not fit, as [`nearest_fits`] tries it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Change {
+    /// Fewer rows per micro-batch, and as many more micro-batches as keep
+    /// the rows (and tokens) of an optimizer step (`--batch`,
+    /// `--grad-accum`).
+    Batch { batch: i64, grad_accum: i64 },
+    /// Shorter rows (`--seq`).
+    Seq(i64),
+    /// Each decoder layer recomputed in the backward pass (`--remat
+    /// layers`).
+    RematLayers,
+    /// The base projections in NF4 (`--quantize nf4`).
+    Nf4,
+    /// More devices, fsdp multiplied. Where the batch's rows do not split
+    /// over them it grows to the next multiple of the rows the mesh
+    /// splits it into, with fewer micro-batches where that keeps the rows
+    /// of an optimizer step.
+    Devices {
+        mesh: Mesh,
+        batch: i64,
+        grad_accum: i64,
+    },
+}
+
+impl Change {
+    /// `step` with this change.
+    pub fn apply(&self, step: &StepToPlan) -> Result<StepToPlan> {
+        let mut s = step.clone();
+        match self {
+            Change::Batch { batch, grad_accum } => {
+                (s.spec.batch, s.spec.grad_accum) = (*batch, *grad_accum);
+            }
+            Change::Seq(seq) => s.spec.seq = *seq,
+            Change::RematLayers => s.spec.remat_layers = true,
+            Change::Nf4 => {
+                let nf4 = nf4::Nf4Config {
+                    double_quant: false,
+                };
+                s.config = quantized_config(&s.config, &s.name, Some(nf4))?;
+            }
+            Change::Devices {
+                mesh,
+                batch,
+                grad_accum,
+            } => {
+                s.mesh = mesh.clone();
+                (s.spec.batch, s.spec.grad_accum) = (*batch, *grad_accum);
+            }
+        }
+        Ok(s)
+    }
+}
+
+/// A change whose step fits, as planned.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fit {
+    pub change: Change,
+    /// The changed step's bytes per device.
+    pub total_bytes: u64,
+}
+
+/// For a step that does not fit `capacity` bytes per device, the nearest
+/// settings that do, each compiled and kept only if its plan fits: the
+/// largest batch (more micro-batches keeping the rows of a step), the
+/// longest rows (to within an eighth), per-layer rematerialization, NF4
+/// projections (a LoRA step of a full-precision base), and the fewest
+/// devices over fsdp up to [`MAX_SEARCH_DEVICES`]. Bisection bounds the
+/// compiles: about 15 at most, a handful in most cases. `progress` hears
+/// of each plan as it ends (a failed one counts as not fitting).
+pub fn nearest_fits(
+    step: &StepToPlan,
+    capacity: u64,
+    progress: &mut dyn FnMut(&Change, &Result<MemoryPlan>),
+) -> Result<Vec<Fit>> {
+    let tc = step.train_config()?;
+    let mut search = Search {
+        step,
+        capacity,
+        progress,
+    };
+    let mut fits = Vec::new();
+    fits.extend(search.first_fitting(&batch_changes(step)));
+    fits.extend(search.first_fitting(&seq_changes(step)));
+    if !tc.scan_layers && !step.spec.remat_layers {
+        fits.extend(search.first_fitting(&[Change::RematLayers]));
+    }
+    if step.config.quantization.is_none() && step.spec.lora.is_some() {
+        fits.extend(search.first_fitting(&[Change::Nf4]));
+    }
+    // Linear, not bisection: the smaller meshes compile faster, and the
+    // fewest devices are the likeliest answer.
+    for change in device_changes(step) {
+        if let Some(fit) = search.fits(&change) {
+            fits.push(fit);
+            break;
+        }
+    }
+    Ok(fits)
+}
+
+struct Search<'a> {
+    step: &'a StepToPlan,
+    capacity: u64,
+    progress: &'a mut dyn FnMut(&Change, &Result<MemoryPlan>),
+}
+
+impl Search<'_> {
+    /// Plans `change`: Some when it fits.
+    fn fits(&mut self, change: &Change) -> Option<Fit> {
+        let planned = change.apply(self.step).and_then(|s| s.plan());
+        (self.progress)(change, &planned);
+        let total_bytes = planned.ok()?.total_bytes;
+        (total_bytes <= self.capacity).then(|| Fit {
+            change: change.clone(),
+            total_bytes,
+        })
+    }
+
+    /// The first of `changes` that fits, by bisection: they are ordered
+    /// so that each needs no more memory than the one before.
+    fn first_fitting(&mut self, changes: &[Change]) -> Option<Fit> {
+        let (mut lo, mut hi, mut best) = (0, changes.len(), None);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match self.fits(&changes[mid]) {
+                Some(fit) => (best, hi) = (Some(fit), mid),
+                None => lo = mid + 1,
+            }
+        }
+        best
+    }
+}
+
+/// Rows a mesh splits each micro-batch into.
+fn batch_shards(mesh: &Mesh) -> i64 {
+    StepSpec::batch_axes(mesh)
+        .iter()
+        .filter_map(|a| mesh.axis_size(a))
+        .product::<i64>()
+        .max(1)
+}
+
+/// Micro-batches a step may take (`--grad-accum`'s range).
+const MAX_GRAD_ACCUM: i64 = 4096;
+
+/// Smaller batches that divide the rows of an optimizer step and split
+/// over the mesh, largest first.
+fn batch_changes(step: &StepToPlan) -> Vec<Change> {
+    let (batch, shards) = (step.spec.batch, batch_shards(&step.mesh));
+    let rows = batch * step.spec.grad_accum;
+    (1..batch)
+        .rev()
+        .filter(|b| batch % b == 0 && b % shards == 0 && rows / b <= MAX_GRAD_ACCUM)
+        .map(|b| Change::Batch {
+            batch: b,
+            grad_accum: rows / b,
+        })
+        .collect()
+}
+
+/// Shorter rows, longest first: seven eighths of them down to a half in
+/// eighths, then halving down to 2 tokens; only lengths the step's own
+/// settings allow (an explicit attention block or loss chunk divides
+/// them).
+fn seq_changes(step: &StepToPlan) -> Vec<Change> {
+    let seq = step.spec.seq;
+    let mut lengths: Vec<i64> = (4..8).rev().map(|k| seq * k / 8).collect();
+    let mut s = seq / 4;
+    while s >= 2 {
+        lengths.push(s);
+        s /= 2;
+    }
+    lengths.retain(|&s| s >= 2 && s < seq);
+    lengths.dedup();
+    lengths
+        .into_iter()
+        .map(Change::Seq)
+        .filter(|c| c.apply(step).and_then(|s| s.train_config()).is_ok())
+        .collect()
+}
+
+/// Meshes of 2, 4, 8… times the devices over fsdp, up to
+/// [`MAX_SEARCH_DEVICES`] (or 8 times the mesh's size when larger).
+fn device_changes(step: &StepToPlan) -> Vec<Change> {
+    let mesh = &step.mesh;
+    let Some(fsdp) = mesh.axis_size("fsdp") else {
+        return Vec::new();
+    };
+    let most = MAX_SEARCH_DEVICES.max(8 * mesh.size()).min(4096);
+    let rows = step.spec.batch * step.spec.grad_accum;
+    let mut changes = Vec::new();
+    let mut k = 2;
+    while mesh.size() * k <= most {
+        let axes: Vec<(&str, i64)> = mesh
+            .axes()
+            .iter()
+            .map(|(a, n)| (a.as_str(), if a == "fsdp" { fsdp * k } else { *n }))
+            .collect();
+        let Ok(bigger) = Mesh::new(&axes) else { break };
+        let shards = batch_shards(&bigger);
+        let batch = (step.spec.batch + shards - 1) / shards * shards;
+        let grad_accum = if rows % batch == 0 {
+            rows / batch
+        } else {
+            step.spec.grad_accum
+        };
+        changes.push(Change::Devices {
+            mesh: bigger,
+            batch,
+            grad_accum,
+        });
+        k *= 2;
+    }
+    changes
+}
+
 /// One distinct layout of a step's state: every tensor of one shape and
 /// dtype laid out by one spec.
 #[derive(Clone, Debug, PartialEq)]
@@ -214,23 +443,88 @@ mod tests {
     use super::*;
     use crate::hardware::Kind;
 
+    fn tiny_step(batch: i64, seq: i64, mesh: &str) -> StepToPlan {
+        StepToPlan {
+            config: ModelConfig::preset("tiny").unwrap(),
+            name: "tiny".into(),
+            spec: StepSpec {
+                batch,
+                seq,
+                ..StepSpec::default()
+            },
+            optim: OptimSpec::default(),
+            dtype: DType::BF16,
+            mesh: mesh.parse().unwrap(),
+            steps: 100,
+        }
+    }
+
     #[test]
-    fn the_default_mesh_is_a_node_over_fsdp_or_what_the_batch_splits_over() {
-        let o = BackendOptions::cpu();
-        let fsdp = |batch: i64| plan_mesh(&o, batch).unwrap().to_string();
-        assert_eq!(fsdp(8), "dp=1,fsdp=8,mp=1");
-        assert_eq!(fsdp(24), "dp=1,fsdp=8,mp=1");
-        assert_eq!(fsdp(6), "dp=1,fsdp=2,mp=1");
-        assert_eq!(fsdp(3), "dp=1,fsdp=1,mp=1");
-        assert_eq!(fsdp(0), "dp=1,fsdp=1,mp=1");
-        // A device count or a mesh wins over the default.
-        let mut o = BackendOptions::cpu();
-        o.devices = Some(4);
-        assert_eq!(plan_mesh(&o, 8).unwrap().to_string(), "dp=1,fsdp=4,mp=1");
-        o.mesh = Some("dp=2,fsdp=2,mp=1".parse().unwrap());
-        assert_eq!(plan_mesh(&o, 8).unwrap().to_string(), "dp=2,fsdp=2,mp=1");
-        o.devices = Some(8);
-        assert!(plan_mesh(&o, 8).is_err());
+    fn smaller_batches_keep_the_rows_of_a_step_and_split_over_the_mesh() {
+        let step = tiny_step(8, 16, "dp=1,fsdp=1,mp=1");
+        let batches = |s: &StepToPlan| -> Vec<(i64, i64)> {
+            batch_changes(s)
+                .into_iter()
+                .map(|c| match c {
+                    Change::Batch { batch, grad_accum } => (batch, grad_accum),
+                    c => panic!("{c:?}"),
+                })
+                .collect()
+        };
+        assert_eq!(batches(&step), [(4, 2), (2, 4), (1, 8)]);
+        // Over fsdp=2 each micro-batch still needs its two rows.
+        let mut step = tiny_step(12, 16, "dp=1,fsdp=2,mp=1");
+        step.spec.grad_accum = 2;
+        assert_eq!(batches(&step), [(6, 4), (4, 6), (2, 12)]);
+        assert!(batches(&tiny_step(1, 16, "dp=1,fsdp=1,mp=1")).is_empty());
+    }
+
+    #[test]
+    fn shorter_rows_go_down_by_eighths_then_halves_within_the_settings() {
+        let seqs = |s: &StepToPlan| -> Vec<i64> {
+            seq_changes(s)
+                .into_iter()
+                .map(|c| match c {
+                    Change::Seq(s) => s,
+                    c => panic!("{c:?}"),
+                })
+                .collect()
+        };
+        let step = tiny_step(8, 64, "dp=1,fsdp=1,mp=1");
+        assert_eq!(seqs(&step), [56, 48, 40, 32, 16, 8, 4, 2]);
+        // An explicit loss chunk of 8 must divide the row.
+        let mut chunked = step.clone();
+        chunked.spec.loss_chunk = Some(8);
+        assert_eq!(seqs(&chunked), [56, 48, 40, 32, 16, 8]);
+        assert!(seqs(&tiny_step(8, 2, "dp=1,fsdp=1,mp=1")).is_empty());
+    }
+
+    #[test]
+    fn more_devices_double_fsdp_and_give_each_a_row() {
+        let meshes = |s: &StepToPlan| -> Vec<(String, i64, i64)> {
+            device_changes(s)
+                .into_iter()
+                .map(|c| match c {
+                    Change::Devices {
+                        mesh,
+                        batch,
+                        grad_accum,
+                    } => (mesh.to_string(), batch, grad_accum),
+                    c => panic!("{c:?}"),
+                })
+                .collect()
+        };
+        let got = meshes(&tiny_step(8, 16, "dp=1,fsdp=1,mp=1"));
+        assert_eq!(got.len(), 6, "2 to 64 devices: {got:?}");
+        assert_eq!(got[0], ("dp=1,fsdp=2,mp=1".into(), 8, 1));
+        // 16 devices for 8 rows: 16 rows, the step's rows grown.
+        assert_eq!(got[3], ("dp=1,fsdp=16,mp=1".into(), 16, 1));
+        // Batch 1 of 4 micro-batches: 2 rows of 2 micro-batches.
+        let mut step = tiny_step(1, 16, "dp=2,fsdp=1,mp=2");
+        step.spec.grad_accum = 4;
+        let got = meshes(&step);
+        assert_eq!(got[0], ("dp=2,fsdp=2,mp=2".into(), 4, 1));
+        assert_eq!(got.last().unwrap().0, "dp=2,fsdp=16,mp=2");
     }
 
     #[test]

@@ -208,7 +208,11 @@ fn main() -> ExitCode {
             train::run(*args, &given, &argv)
         }
         Command::Merge(args) => merge::run(&args),
-        Command::Plan(args) => plan::run(&args),
+        // A step that does not fit exits 1, its report printed.
+        Command::Plan(args) => match plan::run(&args) {
+            Ok(false) => return ExitCode::from(1),
+            other => other.map(|_| ()),
+        },
         Command::Plot(args) => plot::run(&args),
         Command::Bench(args) => bench::run(&args),
     };

@@ -11,7 +11,8 @@ use hlo_engine::ir::DType;
 use hlo_engine::models::train::TrainConfig;
 use hlo_engine::partitioner::{draw_sharding, Mesh};
 use hlo_engine::plan::{
-    compute_estimate, layout_groups, plan, plan_mesh, ComputeEstimate, LayoutGroup, MemoryPlan,
+    compute_estimate, layout_groups, nearest_fits, plan, Change, ComputeEstimate, Fit, LayoutGroup,
+    MemoryPlan, StepToPlan,
 };
 use hlo_engine::{BackendOptions, Model};
 use serde_json::{json, Value};
@@ -70,8 +71,8 @@ pub struct PlanArgs {
     #[command(flatten)]
     pub step: StepArgs,
 
-    /// Device mesh (default dp=1,fsdp=8,mp=1, on fewer devices when the
-    /// batch's rows do not split over 8; dp=1,fsdp=N,mp=1 over --devices).
+    /// Device mesh (default: dp=1,fsdp=N,mp=1 over --devices; one device
+    /// of the target without either).
     #[arg(long)]
     pub mesh: Option<Mesh>,
 
@@ -83,6 +84,18 @@ pub struct PlanArgs {
     /// The device the step is for.
     #[arg(long, value_enum, default_value = "mi300x")]
     pub target: Target,
+
+    /// Plan for devices of this many GB (10^9 bytes) instead of the
+    /// target's own memory: a card of another size, or room left for
+    /// something else.
+    #[arg(long, value_name = "GB", value_parser = device_memory)]
+    pub device_memory: Option<f64>,
+
+    /// When the step does not fit, skip the search for the nearest
+    /// settings that do (each is compiled: seconds to minutes); it still
+    /// exits 1.
+    #[arg(long)]
+    pub no_suggestions: bool,
 
     /// Nodes the mesh's devices are spread over, as many on each (process
     /// p holding devices p·L to p·L+L-1, the mesh laid over them in
@@ -103,7 +116,17 @@ pub struct PlanArgs {
     pub show_sharding: bool,
 }
 
-pub fn run(args: &PlanArgs) -> Result<()> {
+/// GB of one device's memory: a finite number above 0, at most a million.
+fn device_memory(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(gb) if gb > 0.0 && gb <= 1e6 => Ok(gb),
+        _ => Err("expected GB of memory, more than 0 and at most 1000000".into()),
+    }
+}
+
+/// Plans the step and prints it; Ok(false) when it does not fit (the
+/// nearest settings that do printed too), which exits 1.
+pub fn run(args: &PlanArgs) -> Result<bool> {
     let model = args.quantize.apply(Model::open(&args.model.source())?)?;
     let config = &model.config;
     let options = BackendOptions {
@@ -111,7 +134,7 @@ pub fn run(args: &PlanArgs) -> Result<()> {
         mesh: args.mesh.clone(),
         ..BackendOptions::cpu()
     };
-    let mesh = plan_mesh(&options, args.step.batch)?;
+    let mesh = options.mesh_or(None)?;
     let nodes = i64::from(args.nodes);
     if mesh.size() % nodes != 0 {
         bail!(
@@ -119,15 +142,25 @@ pub fn run(args: &PlanArgs) -> Result<()> {
             mesh.size()
         );
     }
-    let dtype = args.dtype.dtype(args.target == Target::Cpu);
-    // The optimizer's numbers do not change what a step holds.
-    let tc = args
-        .step
-        .train_config(&OptimArgs::default(), config, dtype, &mesh, 1000, None)?;
+    let to_plan = StepToPlan {
+        config: config.clone(),
+        name: model.name.clone(),
+        spec: args.step.spec(),
+        // The optimizer's numbers do not change what a step holds.
+        optim: OptimArgs::default().spec(args.step.optimizer),
+        dtype: args.dtype.dtype(args.target == Target::Cpu),
+        mesh: mesh.clone(),
+        steps: 1000,
+    };
+    let tc = to_plan.train_config()?;
     let (step, memory) = plan(config, &tc, &mesh)?;
     let device = args.target.device();
-    let Some(capacity) = device.memory_bytes() else {
-        bail!("cannot read the host's memory size from /proc/meminfo");
+    let capacity = match args.device_memory {
+        Some(gb) => (gb * 1e9) as u64,
+        None => match device.memory_bytes() {
+            Some(bytes) => bytes,
+            None => bail!("cannot read the host's memory size from /proc/meminfo"),
+        },
     };
     let report = Report {
         model: &model,
@@ -140,16 +173,121 @@ pub fn run(args: &PlanArgs) -> Result<()> {
         },
         tc,
         mesh,
-        dtype,
+        dtype: to_plan.dtype,
         memory,
         capacity,
         target: args.target,
+        args,
     };
+    let fits = report.fits();
     if args.json {
-        print_json(&report, args.show_sharding)
+        let suggestions = if fits {
+            Vec::new()
+        } else {
+            search(&report, &to_plan)?
+        };
+        print_json(&report, &suggestions)?;
     } else {
         print_text(&report);
-        Ok(())
+        if !fits {
+            let suggestions = search(&report, &to_plan)?;
+            print_suggestions(&report, &suggestions);
+        }
+    }
+    Ok(fits)
+}
+
+/// The nearest settings that fit (none with `--no-suggestions`), each
+/// plan's outcome on stderr as it ends.
+fn search(r: &Report, to_plan: &StepToPlan) -> Result<Vec<Fit>> {
+    if r.args.no_suggestions {
+        return Ok(Vec::new());
+    }
+    eprintln!("does not fit: planning nearby settings (each compiled)");
+    let t0 = std::time::Instant::now();
+    let mut plans = 0;
+    let mut progress = |change: &Change, planned: &hlo_engine::Result<MemoryPlan>| {
+        plans += 1;
+        let outcome = match planned {
+            Ok(p) if p.total_bytes <= r.capacity => format!("{}, fits", gb(p.total_bytes)),
+            Ok(p) => format!("{}, does not fit", gb(p.total_bytes)),
+            Err(e) => format!("cannot be planned: {e}"),
+        };
+        eprintln!(
+            "  {}: {outcome} ({:.1}s)",
+            flags(change, r.args),
+            t0.elapsed().as_secs_f64()
+        );
+    };
+    let fits = nearest_fits(to_plan, r.capacity, &mut progress)?;
+    eprintln!(
+        "planned {plans} settings in {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(fits)
+}
+
+/// A change as the flags that make it, to paste over the command's own.
+fn flags(change: &Change, args: &PlanArgs) -> String {
+    match change {
+        Change::Batch { batch, grad_accum } => format!("--batch {batch} --grad-accum {grad_accum}"),
+        Change::Seq(seq) => format!("--seq {seq}"),
+        Change::RematLayers => "--remat layers".into(),
+        Change::Nf4 => "--quantize nf4".into(),
+        Change::Devices {
+            mesh,
+            batch,
+            grad_accum,
+        } => {
+            // The flags that named the devices name them again.
+            let mut f = Vec::new();
+            if args.mesh.is_some() {
+                f.push(format!("--mesh {mesh}"));
+            }
+            if args.mesh.is_none() || args.devices.is_some() {
+                f.push(format!("--devices {}", mesh.size()));
+            }
+            if *batch != args.step.batch {
+                f.push(format!("--batch {batch}"));
+            }
+            if *grad_accum != args.step.grad_accum {
+                f.push(format!("--grad-accum {grad_accum}"));
+            }
+            f.join(" ")
+        }
+    }
+}
+
+/// Where the plan is for, in words: `one H100`, `each of 8 H100`.
+fn where_planned(r: &Report) -> String {
+    match r.mesh.size() {
+        1 => format!("one {}", r.target),
+        n => format!("each of {n} {}", r.target),
+    }
+}
+
+/// The settings that fit, one a line, or that none does.
+fn print_suggestions(r: &Report, fits: &[Fit]) {
+    println!(
+        "does NOT fit on {} ({} of {}).",
+        where_planned(r),
+        gb(r.memory.total_bytes),
+        gb(r.capacity)
+    );
+    if r.args.no_suggestions {
+        return;
+    }
+    if fits.is_empty() {
+        println!("None of the nearby settings fits either (each planned, where it applies: smaller batches, shorter rows, --remat layers, --quantize nf4, up to {} devices).", hlo_engine::plan::MAX_SEARCH_DEVICES.max(8 * r.mesh.size()));
+        return;
+    }
+    println!("Nearest settings that fit (each planned):");
+    for f in fits {
+        println!(
+            "  {:<40} {:>12}",
+            flags(&f.change, r.args),
+            gb(f.total_bytes)
+        );
     }
 }
 
@@ -168,6 +306,7 @@ struct Report<'a> {
     compute: Option<ComputeEstimate>,
     /// With `--show-sharding`: each distinct layout of the state.
     layouts: Vec<LayoutGroup>,
+    args: &'a PlanArgs,
 }
 
 impl Report<'_> {
@@ -187,8 +326,9 @@ impl Report<'_> {
     }
 }
 
-/// The report as one JSON object (`layouts` only with `--show-sharding`).
-fn print_json(r: &Report, show_sharding: bool) -> Result<()> {
+/// The report as one JSON object (`layouts` only with `--show-sharding`),
+/// with the settings that fit when the step does not.
+fn print_json(r: &Report, suggestions: &[Fit]) -> Result<()> {
     let (config, tc, p, comm) = (&r.model.config, &r.tc, &r.memory, &r.comm);
     let (arg, out, alias, temp) = r.xla();
     let mut v = json!({
@@ -209,6 +349,10 @@ fn print_json(r: &Report, show_sharding: bool) -> Result<()> {
         },
         "device_memory_bytes": r.capacity,
         "fits": r.fits(),
+        "suggestions": suggestions.iter().map(|f| json!({
+            "flags": flags(&f.change, r.args),
+            "total_bytes": f.total_bytes,
+        })).collect::<Vec<_>>(),
         "compile_s": p.compile_s,
         "nodes": comm.nodes,
         "devices_per_node": comm.devices_per_node,
@@ -246,7 +390,7 @@ fn print_json(r: &Report, show_sharding: bool) -> Result<()> {
             "peak_tflops": r.compute.map(|c| c.peak_tflops),
         },
     });
-    if show_sharding {
+    if r.args.show_sharding {
         v["layouts"] = r.layouts.iter().map(layout_json).collect();
     }
     println!("{}", serde_json::to_string_pretty(&v)?);
@@ -289,6 +433,12 @@ fn print_text(r: &Report) {
         },
         tc.long_context_summary(config.vocab_size)
     );
+    if r.args.mesh.is_none() && r.args.devices.is_none() {
+        println!(
+            "planned for one {} (no --mesh or --devices given); --devices N plans N",
+            r.target
+        );
+    }
     let (arg, out, alias, temp) = r.xla();
     println!("per device:");
     println!("  weights            {:>12}", gb(p.weights_bytes));
@@ -309,9 +459,14 @@ fn print_text(r: &Report) {
     );
     println!("  XLA temporaries    {:>12}", gb(temp));
     println!(
-        "  total              {:>12}  of {} on {}: {}",
+        "  total              {:>12}  of {}{} on {}: {}",
         gb(p.total_bytes),
         gb(r.capacity),
+        if r.args.device_memory.is_some() {
+            " (--device-memory)"
+        } else {
+            ""
+        },
         r.target,
         if r.fits() { "fits" } else { "does NOT fit" }
     );

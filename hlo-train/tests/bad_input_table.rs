@@ -309,6 +309,10 @@ fn bad_input_table() {
                 "dp=1,fsdp=2,mp=1".into(),
             ],
         ),
+        (
+            "plan: device memory of 0 GB",
+            vec!["plan".into(), "--device-memory".into(), "0".into()],
+        ),
         ("mesh with an unknown axis", train(&["--mesh", "dp=1,tp=2"])),
         (
             "plugin missing",

@@ -1,0 +1,131 @@
+//! `hlo-train plan` answers for the devices the user names: one device of
+//! the target unless `--mesh` or `--devices` says otherwise, and a step
+//! that does not fit exits 1 with the nearest settings that do, each of
+//! which plans as fitting when run.
+
+mod common;
+
+use common::*;
+
+use serde_json::Value;
+
+/// The tiny step both tests plan: 3.6 MB on one device.
+const STEP: [(&str, &str); 3] = [("--batch", "8"), ("--seq", "32"), ("--target", "h100")];
+
+/// `plan` with `STEP`'s flags, each replaced by `changes`' where they
+/// name it, then the other changes.
+fn plan_args(changes: &[(String, String)], extra: &[&str]) -> Vec<String> {
+    let mut flags: Vec<(String, String)> = STEP
+        .iter()
+        .map(|(f, v)| (f.to_string(), v.to_string()))
+        .collect();
+    for (flag, value) in changes {
+        match flags.iter_mut().find(|(f, _)| f == flag) {
+            Some(kept) => kept.1 = value.clone(),
+            None => flags.push((flag.clone(), value.clone())),
+        }
+    }
+    let mut args = vec!["plan".to_string()];
+    for (f, v) in flags {
+        args.extend([f, v]);
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+fn run(args: &[String]) -> std::process::Output {
+    hlo_train(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// `--batch 4 --grad-accum 2` as flag and value pairs.
+fn pairs(flags: &str) -> Vec<(String, String)> {
+    let words: Vec<&str> = flags.split_whitespace().collect();
+    words
+        .chunks(2)
+        .map(|p| {
+            assert_eq!(p.len(), 2, "a flag without a value in `{flags}`");
+            (p[0].to_string(), p[1].to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn without_a_mesh_the_plan_is_for_one_device_of_the_target() {
+    // Not fitting, without the search: the report, then what does not fit.
+    let out = run(&plan_args(
+        &[],
+        &["--device-memory", "0.003", "--no-suggestions"],
+    ));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "mesh dp=1,fsdp=1,mp=1",
+        "planned for one H100 (no --mesh or --devices given); --devices N plans N",
+        "of 3.00 MB (--device-memory) on H100: does NOT fit",
+        "does NOT fit on one H100 (3.58 MB of 3.00 MB).",
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+    assert!(!text.contains("Nearest settings"), "{text}");
+    // Without --target: one device of the default target.
+    let text = ok(&hlo_train(&["plan", "--batch", "8", "--seq", "32"]));
+    assert!(
+        text.contains("planned for one MI300X (no --mesh or --devices given)"),
+        "{text}"
+    );
+    // --devices plans that many, unremarked.
+    let text = ok(&run(&plan_args(&[], &["--devices", "2"])));
+    assert!(
+        text.contains("mesh dp=1,fsdp=2,mp=1") && !text.contains("planned for one"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_step_that_does_not_fit_exits_1_with_settings_that_fit() {
+    // 3.6 MB in 3 MB.
+    let out = run(&plan_args(&[], &["--device-memory", "0.003", "--json"]));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["fits"], false);
+    assert_eq!(v["mesh"], "dp=1,fsdp=1,mp=1");
+    assert_eq!(v["device_memory_bytes"], 3_000_000);
+    let suggestions = v["suggestions"].as_array().expect("a suggestions array");
+    let flags: Vec<&str> = suggestions
+        .iter()
+        .map(|s| s["flags"].as_str().unwrap())
+        .collect();
+    assert!(flags.len() >= 4, "{v}");
+    for want in [
+        "--batch 4 --grad-accum 2",
+        "--remat layers",
+        "--quantize nf4",
+    ] {
+        assert!(flags.contains(&want), "{want} in {flags:?}");
+    }
+    assert!(flags.iter().any(|f| f.starts_with("--seq ")), "{flags:?}");
+    assert!(
+        flags.iter().any(|f| f.starts_with("--devices ")),
+        "{flags:?}"
+    );
+    for s in suggestions {
+        assert!(s["total_bytes"].as_u64().unwrap() <= 3_000_000, "{s}");
+    }
+    // Each suggestion, run, fits with the bytes the search planned.
+    let runs: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = suggestions
+            .iter()
+            .map(|s| {
+                let f = s["flags"].as_str().unwrap();
+                let args = plan_args(&pairs(f), &["--device-memory", "0.003", "--json"]);
+                scope.spawn(move || run(&args))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (s, out) in suggestions.iter().zip(&runs) {
+        let again: Value = serde_json::from_str(&ok(out)).unwrap();
+        assert_eq!(again["fits"], true, "{s}: {again}");
+        assert_eq!(again["per_device"]["total_bytes"], s["total_bytes"], "{s}");
+    }
+}
