@@ -5,8 +5,8 @@ up to the model's 131,072-token context) with `hlo-train plan --json`,
 whose total per device is compared with 80 GB (H100) and 192 GB (MI300X).
 LoRA rank 8 on all projections, bf16, AdamW, layers scanned, attention and
 loss chunking on `auto`. One row per device (batch 1 on one device, batch 8
-over fsdp=8). Prints a Markdown table; used for the README's planning
-section:
+over fsdp=8). Prints a Markdown table; used for docs/planning.md's
+planning section:
 
     python3 bench/longest_seq.py [path/to/hlo-train]
 """
