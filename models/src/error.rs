@@ -52,6 +52,9 @@ pub enum ModelError {
         size: i64,
         seq: i64,
     },
+    /// A preference batch must hold whole pairs of unpacked rows.
+    #[error("a preference batch holds chosen then rejected rows of whole pairs, unpacked; got {rows} rows{}", if *.packed { ", packed" } else { "" })]
+    PreferenceBatch { rows: i64, packed: bool },
     #[error(transparent)]
     Trace(#[from] hlo_ir::TraceError),
     #[error(transparent)]

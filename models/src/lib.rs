@@ -6,7 +6,8 @@
 //! defines it; the train, eval, forward and decode steps as traced
 //! functions whose inputs carry typed [`roles`] (weight, trainable,
 //! optimizer state of X, batch field, step counter, cache); losses,
-//! optimizers and schedules ([`train`], [`loss`]); attention in the naive
+//! optimizers and schedules ([`train`], [`loss`]); preference losses
+//! (DPO, IPO, SimPO, ORPO as TRL defines them, [`preference`]); attention in the naive
 //! and the blockwise (FlashAttention) form ([`attention`]); safetensors checkpoints (HF in,
 //! bitsandbytes 4-bit too, [`checkpoint`]) and PEFT adapters in and out
 //! ([`adapter`]); QLoRA's NF4 base weights, quantized as bitsandbytes
@@ -37,6 +38,7 @@ pub mod io;
 pub mod loss;
 pub mod mlp;
 pub mod nf4;
+pub mod preference;
 mod projections;
 pub mod roles;
 mod safetensors_file;

@@ -96,10 +96,36 @@ fn next_token_labels(input_ids: Tensor) -> Tensor {
 /// `logits: [.., vocab]` and `labels`, `mask` (of that dtype) of the
 /// leading shape.
 fn token_losses_sum(logits: Tensor, labels: Tensor, mask: Tensor) -> Tensor {
+    let n = mask.dims().iter().product::<i64>();
+    (token_losses(logits, labels, mask.dtype()) * mask.reshape(&[n])).sum(&[0])
+}
+
+/// The log-probabilities of each row's masked next tokens, summed, and
+/// how many there are (`[rows]` each, f32; f64 for f64 logits): what
+/// preference losses compare between a chosen and a rejected completion.
+/// `logits: [rows, s, vocab]`, `input_ids` and `loss_mask: [rows, s]`,
+/// the mask at `t` counting token `t + 1` as in
+/// [`masked_cross_entropy_sum`].
+pub fn masked_logps_per_row(
+    logits: Tensor,
+    input_ids: Tensor,
+    loss_mask: Tensor,
+) -> (Tensor, Tensor) {
+    let d = loss_mask.dims();
+    let mask = loss_mask.cast(logits.dtype().accumulator());
+    let nll = token_losses(logits, next_token_labels(input_ids), mask.dtype());
+    let per_row = (nll.reshape(&d) * mask).sum(&[1]);
+    (-per_row, mask.sum(&[1]))
+}
+
+/// `logsumexp(logits) − logit[label]` of every position, flattened
+/// (`[n]`, in `dtype`), for `logits: [.., vocab]` and `labels` of the
+/// leading shape.
+fn token_losses(logits: Tensor, labels: Tensor, dtype: DType) -> Tensor {
     let d = logits.dims();
     let v = d[d.len() - 1];
     let n: i64 = d[..d.len() - 1].iter().product();
-    let lf = logits.cast(mask.dtype()).reshape(&[n, v]);
+    let lf = logits.cast(dtype).reshape(&[n, v]);
     // The max keeps exp in range; its gradient cancels, so autodiff gets none.
     let m = lf.max(&[1]).stop_gradient();
     let lse = m
@@ -118,7 +144,7 @@ fn token_losses_sum(logits: Tensor, labels: Tensor, mask: Tensor) -> Tensor {
             slice_sizes: vec![1, 1],
         },
     );
-    ((lse - picked) * mask.reshape(&[n])).sum(&[0])
+    lse - picked
 }
 
 /// Positions per chunk of the chunked loss for rows of `seq` tokens,
@@ -133,5 +159,66 @@ pub fn default_loss_chunk(batch: i64, seq: i64, vocab: i64) -> i64 {
         seq
     } else {
         crate::attention::block_dividing(seq, most)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hlo_ir::{interpret, trace, Literal, Outputs};
+
+    /// Deterministic values in about [-2, 2].
+    fn values(n: usize, seed: u64) -> Vec<f64> {
+        (0..n)
+            .map(|k| {
+                let x = (k as u64 + 1).wrapping_mul(6364136223846793005) ^ seed;
+                ((x >> 11) % 4001) as f64 / 1000.0 - 2.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn per_row_logps_are_the_rows_masked_next_token_log_probabilities() {
+        let (rows, s, v) = (3usize, 5usize, 7usize);
+        let logits = values(rows * s * v, 3);
+        let ids: Vec<f64> = (0..rows * s).map(|k| ((k * 5 + 2) % v) as f64).collect();
+        // Row 0 learns 3 tokens, row 1 one, row 2 none.
+        let mask: Vec<f64> = [[0., 1., 1., 1., 0.], [0., 0., 0., 1., 0.], [0.; 5]]
+            .concat()
+            .to_vec();
+        let types = [
+            ("logits", TensorType::new(DType::F64, [3, 5, 7])),
+            ("input_ids", TensorType::new(DType::I32, [3, 5])),
+            ("loss_mask", TensorType::new(DType::F32, [3, 5])),
+        ];
+        let f = trace("logps", &types, |i| {
+            let (sum, count) = masked_logps_per_row(i["logits"], i["input_ids"], i["loss_mask"]);
+            Outputs::new().add("sum", sum).add("count", count)
+        })
+        .unwrap();
+        let out = interpret(
+            &f,
+            &[
+                Literal::from_f64s(types[0].1.clone(), &logits),
+                Literal::from_f64s(types[1].1.clone(), &ids),
+                Literal::from_f64s(types[2].1.clone(), &mask),
+            ],
+        )
+        .unwrap();
+        for r in 0..rows {
+            let (mut want, mut count) = (0.0, 0.0);
+            for t in 0..s - 1 {
+                if mask[r * s + t] == 0.0 {
+                    continue;
+                }
+                let row = &logits[(r * s + t) * v..(r * s + t + 1) * v];
+                let lse = row.iter().map(|x| x.exp()).sum::<f64>().ln();
+                want += row[ids[r * s + t + 1] as usize] - lse;
+                count += 1.0;
+            }
+            let got = out[0].to_f64s()[r];
+            assert!((got - want).abs() < 1e-12, "row {r}: {got} against {want}");
+            assert_eq!(out[1].to_f64s()[r], count);
+        }
     }
 }

@@ -9,7 +9,11 @@ use crate::decoder::{
     base_parameter_types, is_stacked, lora_parameter_types, stack_types, Decoder, LoraConfig,
     ModelConfig, Params,
 };
-use crate::loss::{chunked_cross_entropy_sum, default_loss_chunk, masked_cross_entropy_sum, mean};
+use crate::loss::{
+    chunked_cross_entropy_sum, default_loss_chunk, masked_cross_entropy_sum, masked_logps_per_row,
+    mean,
+};
+use crate::preference::{PairLogps, PreferenceLoss};
 use crate::roles::{BatchField, Moment, Role, Step, StepInput};
 use crate::ModelError;
 
@@ -339,6 +343,59 @@ pub fn eval_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelEr
         ..tc.clone()
     };
     Ok(Step::new(function, role_of(&single)))
+}
+
+/// The preference loss of a batch of pairs as one traced function, of the
+/// train step's inputs by name (weights, LoRA tensors, `input_ids` and
+/// `loss_mask`): rows `0..P` are each pair's prompt and chosen completion,
+/// rows `P..2P` the same prompts and the rejected ones (`tc.batch` = 2P
+/// rows, one forward over both, as TRL concatenates them), the mask on the
+/// completion tokens. Where the loss compares with a reference, it is the
+/// base with the adapter off (a fresh adapter's starting policy, as TRL
+/// chooses it), without gradient. Outputs `loss`, then the metrics by
+/// TRL's names.
+pub fn preference_loss(
+    config: &ModelConfig,
+    tc: &TrainConfig,
+    loss: &PreferenceLoss,
+) -> Result<hlo_ir::Function, ModelError> {
+    if tc.packing || tc.batch % 2 != 0 {
+        return Err(ModelError::PreferenceBatch {
+            rows: tc.batch,
+            packed: tc.packing,
+        });
+    }
+    let (_, _, inputs) = loss_inputs(config, tc)?;
+    let policy = model(config, tc);
+    let reference = Decoder {
+        lora: None,
+        ..model(config, tc)
+    };
+    let pairs = tc.batch / 2;
+    let f = trace("preference_loss", &inputs, |i| {
+        let (ids, mask) = (i["input_ids"], i["loss_mask"]);
+        let logps = |m: &Decoder| {
+            let h = m.last_hidden(&Params(i), ids, None, tc.dtype);
+            let (sum, count) = masked_logps_per_row(m.lm_head(&Params(i), h), ids, mask);
+            PairLogps {
+                chosen: sum.slice(&[0], &[pairs]),
+                rejected: sum.slice(&[pairs], &[2 * pairs]),
+                chosen_tokens: count.slice(&[0], &[pairs]),
+                rejected_tokens: count.slice(&[pairs], &[2 * pairs]),
+            }
+        };
+        let mine = scope("policy", || logps(&policy));
+        let theirs = loss
+            .needs_reference()
+            .then(|| scope("reference", || logps(&reference)));
+        let out = scope("loss", || loss.compute(mine, theirs));
+        let mut o = Outputs::new().add("loss", out.loss);
+        for (name, t) in out.metrics {
+            o = o.add(name, t);
+        }
+        o
+    })?;
+    Ok(f)
 }
 
 /// Builds the step for `config` under `tc`: inputs are the weights, the

@@ -1,0 +1,331 @@
+//! Preference losses over pairs of completions of one prompt, chosen and
+//! rejected, as TRL defines them: DPO (its sigmoid loss) and IPO against a
+//! reference model, SimPO and ORPO without one. Each reads the policy's
+//! per-row log-probabilities of the completion tokens
+//! ([`crate::loss::masked_logps_per_row`]: sums and token counts), and for
+//! DPO and IPO the reference's; the metrics are those TRL logs, by its
+//! names.
+
+use hlo_ir::Tensor;
+
+/// A method's loss, with its settings (TRL's names and defaults).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PreferenceLoss {
+    /// Direct Preference Optimization, the sigmoid loss:
+    /// `−(1−ε)·logσ(β·h) − ε·logσ(−β·h)`, `h` the policy's log-ratio of
+    /// chosen over rejected less the reference's (summed log-probs).
+    Dpo { beta: f64, label_smoothing: f64 },
+    /// IPO: `(h − 1/(2β))²`, `h` as DPO's over per-token mean
+    /// log-probabilities.
+    Ipo { beta: f64 },
+    /// SimPO (no reference): `−(1−ε)·logσ(β·m − γ) − ε·logσ(−(β·m − γ))`,
+    /// `m` the difference of mean log-probabilities, plus `alpha` times
+    /// the chosen completions' negative log-likelihood.
+    Simpo {
+        beta: f64,
+        gamma: f64,
+        label_smoothing: f64,
+        alpha: f64,
+    },
+    /// ORPO (no reference): the chosen completions' negative
+    /// log-likelihood less `beta` times `logσ` of the log odds ratio of
+    /// chosen over rejected (mean log-probabilities `p`, odds
+    /// `p − log(1 − eᵖ)`).
+    Orpo { beta: f64 },
+}
+
+/// Per pair (`[pairs]`, f32): the chosen and the rejected completion's
+/// summed log-probabilities and token counts.
+#[derive(Clone, Copy, Debug)]
+pub struct PairLogps {
+    pub chosen: Tensor,
+    pub rejected: Tensor,
+    pub chosen_tokens: Tensor,
+    pub rejected_tokens: Tensor,
+}
+
+impl PairLogps {
+    /// Per-token means (a completion of no tokens counts as one).
+    fn means(&self) -> (Tensor, Tensor) {
+        let at_least_one = |n: Tensor| n.maximum(n.scalar_like(1.0));
+        (
+            self.chosen / at_least_one(self.chosen_tokens),
+            self.rejected / at_least_one(self.rejected_tokens),
+        )
+    }
+}
+
+/// A step's loss (the mean over its pairs) and the metrics TRL logs with
+/// it, each a scalar.
+pub struct PreferenceOutputs {
+    pub loss: Tensor,
+    pub metrics: Vec<(&'static str, Tensor)>,
+}
+
+/// `log σ(x)`, without overflow: `min(x, 0) − log(1 + e^−|x|)`.
+fn log_sigmoid(x: Tensor) -> Tensor {
+    x.minimum(x.scalar_like(0.0)) - (-x.abs()).exp().log1p()
+}
+
+fn mean(x: Tensor) -> Tensor {
+    x.mean(&[0])
+}
+
+/// The smoothed sigmoid loss of `z` per pair.
+fn sigmoid_loss(z: Tensor, label_smoothing: f64) -> Tensor {
+    -log_sigmoid(z) * (1.0 - label_smoothing) - log_sigmoid(-z) * label_smoothing
+}
+
+impl PreferenceLoss {
+    /// Whether the loss compares with a reference model's log-probs.
+    pub fn needs_reference(&self) -> bool {
+        matches!(
+            self,
+            PreferenceLoss::Dpo { .. } | PreferenceLoss::Ipo { .. }
+        )
+    }
+
+    /// The loss of `policy` (against `reference`'s log-probs, which must be
+    /// given when [`Self::needs_reference`]) and its metrics. The
+    /// reference and every reward carry no gradient.
+    pub fn compute(&self, policy: PairLogps, reference: Option<PairLogps>) -> PreferenceOutputs {
+        let mut metrics = vec![
+            ("logps/chosen", mean(policy.chosen)),
+            ("logps/rejected", mean(policy.rejected)),
+        ];
+        // Rewards: what each completion's log-prob gained, scaled.
+        let (losses, chosen_rewards, rejected_rewards) = match *self {
+            PreferenceLoss::Dpo {
+                beta,
+                label_smoothing,
+            } => {
+                let r = reference.expect("DPO compares with a reference");
+                let (rc, rr) = (r.chosen.stop_gradient(), r.rejected.stop_gradient());
+                let h = (policy.chosen - policy.rejected) - (rc - rr);
+                (
+                    sigmoid_loss(h * beta, label_smoothing),
+                    (policy.chosen - rc) * beta,
+                    (policy.rejected - rr) * beta,
+                )
+            }
+            PreferenceLoss::Ipo { beta } => {
+                let r = reference.expect("IPO compares with a reference");
+                let (pc, pr) = policy.means();
+                let (rc, rr) = r.means();
+                let (rc, rr) = (rc.stop_gradient(), rr.stop_gradient());
+                let h = (pc - pr) - (rc - rr);
+                let d = h - 1.0 / (2.0 * beta);
+                (d * d, (pc - rc) * beta, (pr - rr) * beta)
+            }
+            PreferenceLoss::Simpo {
+                beta,
+                gamma,
+                label_smoothing,
+                alpha,
+            } => {
+                let (pc, pr) = policy.means();
+                let z = (pc - pr) * beta - gamma;
+                let mut losses = sigmoid_loss(z, label_smoothing);
+                if alpha != 0.0 {
+                    losses = losses + nll(&policy) * alpha;
+                }
+                (losses, pc * beta, pr * beta)
+            }
+            PreferenceLoss::Orpo { beta } => {
+                let (pc, pr) = policy.means();
+                // log(1 − eᵖ) for p < 0, as log1p(−eᵖ).
+                let log_odds = (pc - pr) - ((-pc.exp()).log1p() - (-pr.exp()).log1p());
+                let ratio = log_sigmoid(log_odds);
+                metrics.push(("log_odds_ratio", mean(ratio)));
+                metrics.push(("log_odds_chosen", mean(log_odds)));
+                metrics.push(("nll_loss", nll(&policy)));
+                let losses = nll(&policy) - ratio * beta;
+                (losses, pc * beta, pr * beta)
+            }
+        };
+        let (c, r) = (
+            chosen_rewards.stop_gradient(),
+            rejected_rewards.stop_gradient(),
+        );
+        metrics.extend([
+            ("rewards/chosen", mean(c)),
+            ("rewards/rejected", mean(r)),
+            ("rewards/accuracies", mean(c.gt(r).cast(c.dtype()))),
+            ("rewards/margins", mean(c - r)),
+        ]);
+        PreferenceOutputs {
+            loss: mean(losses),
+            metrics,
+        }
+    }
+}
+
+/// The chosen completions' negative log-likelihood: the mean over all
+/// their tokens in the batch, as a causal-LM loss on them.
+fn nll(policy: &PairLogps) -> Tensor {
+    let tokens = policy.chosen_tokens.sum(&[0]);
+    -policy.chosen.sum(&[0]) / tokens.maximum(tokens.scalar_like(1.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hlo_ir::{interpret, trace, DType, Literal, Outputs, TensorType};
+
+    // Three pairs: summed log-probs and token counts, policy and reference.
+    const CHOSEN: [f64; 3] = [-4.0, -9.5, -2.25];
+    const REJECTED: [f64; 3] = [-6.5, -8.0, -7.0];
+    const CHOSEN_TOKENS: [f64; 3] = [2.0, 5.0, 3.0];
+    const REJECTED_TOKENS: [f64; 3] = [4.0, 3.0, 6.0];
+    const REF_CHOSEN: [f64; 3] = [-4.5, -9.0, -3.0];
+    const REF_REJECTED: [f64; 3] = [-6.0, -8.5, -6.0];
+
+    /// The loss and metrics `loss` computes on the pairs above, by name.
+    fn run(loss: PreferenceLoss) -> Vec<(String, f64)> {
+        let ty = TensorType::new(DType::F64, [3]);
+        let names = ["c", "r", "cn", "rn", "rc", "rr"];
+        let types: Vec<(&str, TensorType)> = names.iter().map(|n| (*n, ty.clone())).collect();
+        let mut keys = vec!["loss".to_string()];
+        let f = trace("preference", &types, |i| {
+            let policy = PairLogps {
+                chosen: i["c"],
+                rejected: i["r"],
+                chosen_tokens: i["cn"],
+                rejected_tokens: i["rn"],
+            };
+            let reference = PairLogps {
+                chosen: i["rc"],
+                rejected: i["rr"],
+                ..policy
+            };
+            let out = loss.compute(policy, loss.needs_reference().then_some(reference));
+            let mut o = Outputs::new().add("loss", out.loss);
+            for (name, t) in out.metrics {
+                keys.push(name.to_string());
+                o = o.add(name, t);
+            }
+            o
+        })
+        .unwrap();
+        let lits: Vec<Literal> = [
+            CHOSEN,
+            REJECTED,
+            CHOSEN_TOKENS,
+            REJECTED_TOKENS,
+            REF_CHOSEN,
+            REF_REJECTED,
+        ]
+        .iter()
+        .map(|v| Literal::from_f64s(ty.clone(), v))
+        .collect();
+        let out = interpret(&f, &lits).unwrap();
+        keys.into_iter()
+            .zip(out.iter().map(|l| l.to_f64s()[0]))
+            .collect()
+    }
+
+    fn get(out: &[(String, f64)], key: &str) -> f64 {
+        out.iter().find(|(k, _)| k == key).unwrap().1
+    }
+
+    fn log_sigmoid(x: f64) -> f64 {
+        -(1.0 + (-x).exp()).ln()
+    }
+
+    fn mean(v: impl Iterator<Item = f64>) -> f64 {
+        let v: Vec<f64> = v.collect();
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+
+    fn close(got: f64, want: f64, what: &str) {
+        assert!((got - want).abs() < 1e-12, "{what}: {got} against {want}");
+    }
+
+    /// The rewards metrics of per-pair rewards `c` and `r`.
+    fn check_rewards(out: &[(String, f64)], c: &[f64], r: &[f64]) {
+        close(
+            get(out, "rewards/chosen"),
+            mean(c.iter().copied()),
+            "chosen",
+        );
+        close(
+            get(out, "rewards/rejected"),
+            mean(r.iter().copied()),
+            "rejected",
+        );
+        let acc = mean(c.iter().zip(r).map(|(a, b)| f64::from(u8::from(a > b))));
+        close(get(out, "rewards/accuracies"), acc, "accuracies");
+        let margin = mean(c.iter().zip(r).map(|(a, b)| a - b));
+        close(get(out, "rewards/margins"), margin, "margins");
+        close(get(out, "logps/chosen"), mean(CHOSEN.into_iter()), "logps");
+    }
+
+    #[test]
+    fn dpo_is_the_smoothed_sigmoid_of_the_log_ratio_against_the_reference() {
+        let (beta, eps) = (0.1, 0.2);
+        let out = run(PreferenceLoss::Dpo {
+            beta,
+            label_smoothing: eps,
+        });
+        let h: Vec<f64> = (0..3)
+            .map(|k| (CHOSEN[k] - REJECTED[k]) - (REF_CHOSEN[k] - REF_REJECTED[k]))
+            .collect();
+        let want = mean(
+            h.iter()
+                .map(|h| -(1.0 - eps) * log_sigmoid(beta * h) - eps * log_sigmoid(-beta * h)),
+        );
+        close(get(&out, "loss"), want, "loss");
+        let c: Vec<f64> = (0..3).map(|k| beta * (CHOSEN[k] - REF_CHOSEN[k])).collect();
+        let r: Vec<f64> = (0..3)
+            .map(|k| beta * (REJECTED[k] - REF_REJECTED[k]))
+            .collect();
+        check_rewards(&out, &c, &r);
+    }
+
+    #[test]
+    fn ipo_is_the_squared_distance_of_the_mean_log_ratio_from_half_over_beta() {
+        let beta = 0.5;
+        let out = run(PreferenceLoss::Ipo { beta });
+        let m = |v: [f64; 3], n: [f64; 3], k: usize| v[k] / n[k];
+        let want = mean((0..3).map(|k| {
+            let h = (m(CHOSEN, CHOSEN_TOKENS, k) - m(REJECTED, REJECTED_TOKENS, k))
+                - (m(REF_CHOSEN, CHOSEN_TOKENS, k) - m(REF_REJECTED, REJECTED_TOKENS, k));
+            (h - 1.0 / (2.0 * beta)).powi(2)
+        }));
+        close(get(&out, "loss"), want, "loss");
+    }
+
+    #[test]
+    fn simpo_and_orpo_read_mean_log_probs_and_the_chosen_nll() {
+        let (beta, gamma, alpha) = (2.0, 0.5, 1.0);
+        let out = run(PreferenceLoss::Simpo {
+            beta,
+            gamma,
+            label_smoothing: 0.0,
+            alpha,
+        });
+        let pc: Vec<f64> = (0..3).map(|k| CHOSEN[k] / CHOSEN_TOKENS[k]).collect();
+        let pr: Vec<f64> = (0..3).map(|k| REJECTED[k] / REJECTED_TOKENS[k]).collect();
+        let nll = -CHOSEN.iter().sum::<f64>() / CHOSEN_TOKENS.iter().sum::<f64>();
+        let want = mean((0..3).map(|k| -log_sigmoid(beta * (pc[k] - pr[k]) - gamma))) + alpha * nll;
+        close(get(&out, "loss"), want, "simpo loss");
+        let c: Vec<f64> = pc.iter().map(|p| beta * p).collect();
+        let r: Vec<f64> = pr.iter().map(|p| beta * p).collect();
+        check_rewards(&out, &c, &r);
+
+        let lambda = 0.1;
+        let out = run(PreferenceLoss::Orpo { beta: lambda });
+        let odds = |p: f64| p - (1.0 - p.exp()).ln();
+        let ratio: Vec<f64> = (0..3)
+            .map(|k| log_sigmoid(odds(pc[k]) - odds(pr[k])))
+            .collect();
+        close(get(&out, "nll_loss"), nll, "nll");
+        close(
+            get(&out, "log_odds_ratio"),
+            mean(ratio.iter().copied()),
+            "ratio",
+        );
+        let want = nll - lambda * mean(ratio.iter().copied());
+        close(get(&out, "loss"), want, "orpo loss");
+    }
+}
