@@ -5,8 +5,9 @@
 //! (`{"text"}`, `{"prompt", "completion"}`, `{"messages"}`,
 //! `{"input_ids"}`) and the bundled demo task ([`reader`]), and the
 //! [`Loader`]: rows cut or padded to a length, packed or not, shuffled by a
-//! seed, with a cursor to resume from; and prompt files for generation
-//! ([`prompts`]).
+//! seed, with a cursor to resume from; prompt files for generation
+//! ([`prompts`]); and preference pairs for DPO and its kin, read as TRL
+//! reads them ([`pairs`]).
 //!
 //! It knows no model, device or program: a batch is plain vectors, which
 //! `hlo-engine` places on the devices. Its only workspace dependency is
@@ -24,6 +25,7 @@
 pub mod chat;
 mod error;
 pub mod loader;
+pub mod pairs;
 pub mod prompts;
 pub mod reader;
 pub mod tokenizer;
@@ -31,6 +33,7 @@ pub mod tokenizer;
 pub use chat::{ChatTemplate, Message};
 pub use error::DataError;
 pub use loader::{eval_batches, Batch, Loader};
+pub use pairs::{eos_token_text, first_row, is_preference_data, is_preference_row, PreferencePair};
 pub use prompts::{read_prompts, Prompt, PromptLine};
 pub use reader::{
     alpaca_prompt, data_files, demo_examples, is_parquet, parse_line, stats, ChatData, DataStats,

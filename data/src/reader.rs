@@ -98,7 +98,7 @@ pub fn stats(examples: &[Example], seq: usize) -> DataStats {
 }
 
 /// `text` cut to `limit` characters (at a character boundary).
-fn cut_text(text: &str, limit: Option<usize>) -> &str {
+pub(crate) fn cut_text(text: &str, limit: Option<usize>) -> &str {
     match limit.and_then(|n| text.char_indices().nth(n)) {
         Some((at, _)) => &text[..at],
         None => text,
@@ -111,12 +111,12 @@ const REPLY_MARK: &str = "\u{e000}hlo-train-reply\u{e000}";
 
 impl Reader<'_> {
     /// Characters of a text field worth tokenizing.
-    fn char_limit(&self) -> Option<usize> {
+    pub(crate) fn char_limit(&self) -> Option<usize> {
         self.max_tokens
             .map(|n| n.saturating_mul(CHARS_PER_TOKEN_MARGIN).max(1024))
     }
 
-    fn tokenizer(&self) -> Result<&Tokenizer, String> {
+    pub(crate) fn tokenizer(&self) -> Result<&Tokenizer, String> {
         self.tokenizer
             .ok_or_else(|| "text needs a tokenizer (--tokenizer FILE), or give input_ids".into())
     }
@@ -452,72 +452,117 @@ impl Reader<'_> {
     /// length, are kept). Columns are the JSONL fields; a bad row is an
     /// error naming the file and row (counted from 1).
     pub fn read_parquet(&self, path: &Path) -> Result<Vec<Example>, DataError> {
-        use parquet::file::reader::{FileReader, SerializedFileReader};
-        let file = std::fs::File::open(path).map_err(|cause| DataError::Read {
-            path: path.to_path_buf(),
-            cause,
-        })?;
-        let not_parquet = |cause: parquet::errors::ParquetError| DataError::Parquet {
-            path: path.to_path_buf(),
-            message: cause.to_string(),
-        };
-        let reader = SerializedFileReader::new(file).map_err(not_parquet)?;
-        let rows = reader.get_row_iter(None).map_err(not_parquet)?;
-        let mut out = Vec::new();
-        for (i, row) in rows.enumerate() {
-            let bad = |message: String| DataError::Row {
-                path: path.to_path_buf(),
-                row: i + 1,
-                message,
-            };
-            let row = row.map_err(|e| bad(format!("cannot read: {e}")))?;
-            if let Some(column) = binary_column(&row) {
-                return Err(bad(format!(
-                    "column `{column}` is binary (bytes with no string type), not text: write it as a string column"
-                )));
-            }
-            out.push(self.parse_row(&row.to_json_value()).map_err(bad)?);
-        }
-        if out.is_empty() {
-            return Err(DataError::Empty {
-                path: path.to_path_buf(),
-            });
-        }
-        Ok(out)
+        collect_rows(path, visit_parquet, |row| self.parse_row(row))
     }
 
     /// Reads a JSONL file, a line at a time; a bad line is an error naming
     /// the file and line.
     pub fn read_jsonl(&self, path: &Path) -> Result<Vec<Example>, DataError> {
-        let file = std::fs::File::open(path).map_err(|cause| DataError::Read {
-            path: path.to_path_buf(),
-            cause,
-        })?;
-        let mut out = Vec::new();
-        for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-            let bad = |message: String| DataError::Line {
-                path: path.to_path_buf(),
-                line: i + 1,
-                message,
-            };
-            let line = line.map_err(|e| bad(format!("cannot read: {e}")))?;
-            let line = if i == 0 {
-                line.trim_start_matches('\u{feff}')
-            } else {
-                &line
-            };
-            if line.trim().is_empty() {
-                continue;
-            }
-            out.push(self.parse_line(line).map_err(bad)?);
-        }
-        if out.is_empty() {
-            return Err(DataError::Empty {
-                path: path.to_path_buf(),
-            });
-        }
-        Ok(out)
+        collect_rows(path, visit_jsonl, |row| self.parse_row(row))
     }
+}
+
+/// What each row of a data file is passed to: Ok(false) stops reading;
+/// an error is the row's.
+pub(crate) type RowFn<'a> = dyn FnMut(&Value) -> Result<bool, String> + 'a;
+
+/// A reader of a data file's rows (JSONL, Parquet, or either by name).
+pub(crate) type VisitFn = fn(&Path, &mut RowFn) -> Result<(), DataError>;
+
+/// Reads a data file's rows with `visit` (JSONL or Parquet), each through
+/// `parse`; an error when the file holds none.
+pub(crate) fn collect_rows<T>(
+    path: &Path,
+    visit: VisitFn,
+    parse: impl Fn(&Value) -> Result<T, String>,
+) -> Result<Vec<T>, DataError> {
+    let mut out = Vec::new();
+    visit(path, &mut |row| {
+        out.push(parse(row)?);
+        Ok(true)
+    })?;
+    if out.is_empty() {
+        return Err(DataError::Empty {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(out)
+}
+
+/// Passes each row of a data file, as JSON, to `each` until it returns
+/// false: `.parquet` files as Parquet, anything else as JSONL.
+pub(crate) fn visit_rows(path: &Path, each: &mut RowFn) -> Result<(), DataError> {
+    if is_parquet(path) {
+        visit_parquet(path, each)
+    } else {
+        visit_jsonl(path, each)
+    }
+}
+
+/// Passes each row of a Parquet file (a row group at a time) to `each`
+/// until it returns false; a row that cannot be read, holds a binary
+/// column, or that `each` refuses is an error naming the file and row
+/// (counted from 1).
+pub(crate) fn visit_parquet(path: &Path, each: &mut RowFn) -> Result<(), DataError> {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let file = std::fs::File::open(path).map_err(|cause| DataError::Read {
+        path: path.to_path_buf(),
+        cause,
+    })?;
+    let not_parquet = |cause: parquet::errors::ParquetError| DataError::Parquet {
+        path: path.to_path_buf(),
+        message: cause.to_string(),
+    };
+    let reader = SerializedFileReader::new(file).map_err(not_parquet)?;
+    let rows = reader.get_row_iter(None).map_err(not_parquet)?;
+    for (i, row) in rows.enumerate() {
+        let bad = |message: String| DataError::Row {
+            path: path.to_path_buf(),
+            row: i + 1,
+            message,
+        };
+        let row = row.map_err(|e| bad(format!("cannot read: {e}")))?;
+        if let Some(column) = binary_column(&row) {
+            return Err(bad(format!(
+                "column `{column}` is binary (bytes with no string type), not text: write it as a string column"
+            )));
+        }
+        if !each(&row.to_json_value()).map_err(bad)? {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Passes each line of a JSONL file, parsed, to `each` until it returns
+/// false (a byte-order mark and blank lines are skipped); a line that is
+/// not JSON or that `each` refuses is an error naming the file and line.
+pub(crate) fn visit_jsonl(path: &Path, each: &mut RowFn) -> Result<(), DataError> {
+    let file = std::fs::File::open(path).map_err(|cause| DataError::Read {
+        path: path.to_path_buf(),
+        cause,
+    })?;
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let bad = |message: String| DataError::Line {
+            path: path.to_path_buf(),
+            line: i + 1,
+            message,
+        };
+        let line = line.map_err(|e| bad(format!("cannot read: {e}")))?;
+        let line = if i == 0 {
+            line.trim_start_matches('\u{feff}')
+        } else {
+            &line
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let row: Value = serde_json::from_str(line).map_err(|e| bad(format!("not JSON: {e}")))?;
+        if !each(&row).map_err(bad)? {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// Whether `path` names a Parquet file (by its extension).
@@ -660,7 +705,7 @@ fn binary_column(row: &parquet::record::Row) -> Option<String> {
 }
 
 /// A list of token ids; one that is not, named with its position.
-fn id_list(v: &Value, what: &str) -> Result<Vec<u32>, String> {
+pub(crate) fn id_list(v: &Value, what: &str) -> Result<Vec<u32>, String> {
     v.as_array()
         .ok_or(format!("{what} is not a list"))?
         .iter()
