@@ -8,29 +8,31 @@
 
 use hlo_ir::Tensor;
 
-/// A method's loss, with its settings (TRL's names and defaults).
+/// A method's loss, with its settings (TRL 1.16's names and defaults).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum PreferenceLoss {
-    /// Direct Preference Optimization, the sigmoid loss:
-    /// `−(1−ε)·logσ(β·h) − ε·logσ(−β·h)`, `h` the policy's log-ratio of
-    /// chosen over rejected less the reference's (summed log-probs).
-    Dpo { beta: f64, label_smoothing: f64 },
-    /// IPO: `(h − 1/(2β))²`, `h` as DPO's over per-token mean
-    /// log-probabilities.
+    /// Direct Preference Optimization, TRL's `sigmoid` loss:
+    /// `−logσ(β·h)`, `h` the policy's log-ratio of chosen over rejected
+    /// less the reference's, over summed log-probs. (TRL 1.16 applies no
+    /// label smoothing to this loss.)
+    Dpo { beta: f64 },
+    /// IPO: `(h − 1/(2β))²`, `h` as DPO's with each completion's
+    /// log-ratio divided by its token count.
     Ipo { beta: f64 },
-    /// SimPO (no reference): `−(1−ε)·logσ(β·m − γ) − ε·logσ(−(β·m − γ))`,
-    /// `m` the difference of mean log-probabilities, plus `alpha` times
-    /// the chosen completions' negative log-likelihood.
+    /// SimPO as TRL's `CPOTrainer` computes it (no reference):
+    /// `−(1−ε)·logσ(β·m − γ) − ε·logσ(−(β·m − γ))`, `m` the difference of
+    /// per-token mean log-probs, plus `cpo_alpha` times the chosen
+    /// completions' negative log-likelihood (TRL's default 1.0 makes it
+    /// CPO-SimPO; 0 is the paper's SimPO).
     Simpo {
         beta: f64,
         gamma: f64,
         label_smoothing: f64,
-        alpha: f64,
+        cpo_alpha: f64,
     },
-    /// ORPO (no reference): the chosen completions' negative
-    /// log-likelihood less `beta` times `logσ` of the log odds ratio of
-    /// chosen over rejected (mean log-probabilities `p`, odds
-    /// `p − log(1 − eᵖ)`).
+    /// ORPO (no reference): the chosen rows' negative log-likelihood less
+    /// `beta` (the paper's λ) times `logσ` of the log odds ratio of chosen
+    /// over rejected (per-token mean log-probs `p`, odds `p − log(1 − eᵖ)`).
     Orpo { beta: f64 },
 }
 
@@ -46,7 +48,7 @@ pub struct PairLogps {
 
 impl PairLogps {
     /// Per-token means (a completion of no tokens counts as one).
-    fn means(&self) -> (Tensor, Tensor) {
+    pub fn means(&self) -> (Tensor, Tensor) {
         let at_least_one = |n: Tensor| n.maximum(n.scalar_like(1.0));
         (
             self.chosen / at_least_one(self.chosen_tokens),
@@ -73,7 +75,11 @@ fn mean(x: Tensor) -> Tensor {
 
 /// The smoothed sigmoid loss of `z` per pair.
 fn sigmoid_loss(z: Tensor, label_smoothing: f64) -> Tensor {
-    -log_sigmoid(z) * (1.0 - label_smoothing) - log_sigmoid(-z) * label_smoothing
+    let loss = -log_sigmoid(z);
+    if label_smoothing == 0.0 {
+        return loss;
+    }
+    loss * (1.0 - label_smoothing) - log_sigmoid(-z) * label_smoothing
 }
 
 impl PreferenceLoss {
@@ -85,74 +91,100 @@ impl PreferenceLoss {
         )
     }
 
-    /// The loss of `policy` (against `reference`'s log-probs, which must be
-    /// given when [`Self::needs_reference`]) and its metrics. The
-    /// reference and every reward carry no gradient.
-    pub fn compute(&self, policy: PairLogps, reference: Option<PairLogps>) -> PreferenceOutputs {
-        let mut metrics = vec![
-            ("logps/chosen", mean(policy.chosen)),
-            ("logps/rejected", mean(policy.rejected)),
-        ];
-        // Rewards: what each completion's log-prob gained, scaled.
-        let (losses, chosen_rewards, rejected_rewards) = match *self {
-            PreferenceLoss::Dpo {
-                beta,
-                label_smoothing,
-            } => {
-                let r = reference.expect("DPO compares with a reference");
-                let (rc, rr) = (r.chosen.stop_gradient(), r.rejected.stop_gradient());
-                let h = (policy.chosen - policy.rejected) - (rc - rr);
-                (
-                    sigmoid_loss(h * beta, label_smoothing),
-                    (policy.chosen - rc) * beta,
-                    (policy.rejected - rr) * beta,
-                )
+    /// Whether the loss adds the chosen rows' negative log-likelihood:
+    /// over their completions (SimPO with `cpo_alpha`) or over every
+    /// token but the first (ORPO).
+    pub fn nll(&self) -> Option<NllSpan> {
+        match *self {
+            PreferenceLoss::Simpo { cpo_alpha, .. } if cpo_alpha != 0.0 => {
+                Some(NllSpan::Completion)
             }
-            PreferenceLoss::Ipo { beta } => {
-                let r = reference.expect("IPO compares with a reference");
-                let (pc, pr) = policy.means();
-                let (rc, rr) = r.means();
-                let (rc, rr) = (rc.stop_gradient(), rr.stop_gradient());
-                let h = (pc - pr) - (rc - rr);
-                let d = h - 1.0 / (2.0 * beta);
-                (d * d, (pc - rc) * beta, (pr - rr) * beta)
+            PreferenceLoss::Orpo { .. } => Some(NllSpan::WholeRow),
+            _ => None,
+        }
+    }
+
+    /// The loss of `policy` (against `reference`'s log-probs, which must
+    /// be given when [`Self::needs_reference`]; and the chosen rows'
+    /// pooled negative log-likelihood `nll` where [`Self::nll`] asks for
+    /// it) and its metrics. The reference and every metric carry no
+    /// gradient.
+    pub fn compute(
+        &self,
+        policy: PairLogps,
+        reference: Option<PairLogps>,
+        nll: Option<Tensor>,
+    ) -> PreferenceOutputs {
+        let (pc, pr) = policy.means();
+        let sums = (policy.chosen, policy.rejected);
+        // Rewards: what each completion's log-prob gained, scaled. The
+        // logged log-probs are the ones the loss reads (sums or means).
+        let (losses, (chosen_rewards, rejected_rewards), logged, mut extra) = match *self {
+            PreferenceLoss::Dpo { beta } | PreferenceLoss::Ipo { beta } => {
+                let r = reference.expect("DPO and IPO compare with a reference");
+                let (rc, rr) = (r.chosen.stop_gradient(), r.rejected.stop_gradient());
+                let losses = if let PreferenceLoss::Ipo { .. } = self {
+                    let (mc, mr) = r.means();
+                    let h = (pc - mc.stop_gradient()) - (pr - mr.stop_gradient());
+                    let d = h - 1.0 / (2.0 * beta);
+                    d * d
+                } else {
+                    -log_sigmoid(((policy.chosen - rc) - (policy.rejected - rr)) * beta)
+                };
+                // IPO's rewards too are of the sums, as TRL logs them.
+                let rewards = ((policy.chosen - rc) * beta, (policy.rejected - rr) * beta);
+                (losses, rewards, sums, vec![])
             }
             PreferenceLoss::Simpo {
                 beta,
                 gamma,
                 label_smoothing,
-                alpha,
+                cpo_alpha,
             } => {
-                let (pc, pr) = policy.means();
-                let z = (pc - pr) * beta - gamma;
-                let mut losses = sigmoid_loss(z, label_smoothing);
-                if alpha != 0.0 {
-                    losses = losses + nll(&policy) * alpha;
-                }
-                (losses, pc * beta, pr * beta)
+                let mut losses = sigmoid_loss((pc - pr) * beta - gamma, label_smoothing);
+                let nll = match nll {
+                    Some(n) if cpo_alpha != 0.0 => {
+                        losses = losses + n * cpo_alpha;
+                        n
+                    }
+                    _ => pc.sum(&[0]).scalar_like(0.0),
+                };
+                (
+                    losses,
+                    (pc * beta, pr * beta),
+                    (pc, pr),
+                    vec![("nll_loss", nll)],
+                )
             }
             PreferenceLoss::Orpo { beta } => {
-                let (pc, pr) = policy.means();
+                let nll = nll.expect("ORPO adds the chosen rows' NLL");
                 // log(1 − eᵖ) for p < 0, as log1p(−eᵖ).
                 let log_odds = (pc - pr) - ((-pc.exp()).log1p() - (-pr.exp()).log1p());
                 let ratio = log_sigmoid(log_odds);
-                metrics.push(("log_odds_ratio", mean(ratio)));
-                metrics.push(("log_odds_chosen", mean(log_odds)));
-                metrics.push(("nll_loss", nll(&policy)));
-                let losses = nll(&policy) - ratio * beta;
-                (losses, pc * beta, pr * beta)
+                let extra = vec![
+                    ("nll_loss", nll),
+                    ("log_odds_ratio", mean(ratio)),
+                    ("log_odds_chosen", mean(log_odds)),
+                ];
+                (nll - ratio * beta, (pc * beta, pr * beta), (pc, pr), extra)
             }
         };
         let (c, r) = (
             chosen_rewards.stop_gradient(),
             rejected_rewards.stop_gradient(),
         );
-        metrics.extend([
+        let mut metrics = vec![
             ("rewards/chosen", mean(c)),
             ("rewards/rejected", mean(r)),
             ("rewards/accuracies", mean(c.gt(r).cast(c.dtype()))),
             ("rewards/margins", mean(c - r)),
-        ]);
+            ("logps/chosen", mean(logged.0.stop_gradient())),
+            ("logps/rejected", mean(logged.1.stop_gradient())),
+        ];
+        for (_, t) in extra.iter_mut() {
+            *t = t.stop_gradient();
+        }
+        metrics.extend(extra);
         PreferenceOutputs {
             loss: mean(losses),
             metrics,
@@ -160,11 +192,14 @@ impl PreferenceLoss {
     }
 }
 
-/// The chosen completions' negative log-likelihood: the mean over all
-/// their tokens in the batch, as a causal-LM loss on them.
-fn nll(policy: &PairLogps) -> Tensor {
-    let tokens = policy.chosen_tokens.sum(&[0]);
-    -policy.chosen.sum(&[0]) / tokens.maximum(tokens.scalar_like(1.0))
+/// Which of the chosen rows' tokens a preference loss's negative
+/// log-likelihood counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NllSpan {
+    /// The completion's tokens (the loss mask).
+    Completion,
+    /// Every real token after the first, prompt included.
+    WholeRow,
 }
 
 #[cfg(test)]
@@ -198,7 +233,14 @@ mod tests {
                 rejected: i["rr"],
                 ..policy
             };
-            let out = loss.compute(policy, loss.needs_reference().then_some(reference));
+            // The pooled NLL of the chosen completions, given as the caller
+            // computes it.
+            let nll = -i["c"].sum(&[0]) / i["cn"].sum(&[0]);
+            let out = loss.compute(
+                policy,
+                loss.needs_reference().then_some(reference),
+                loss.nll().map(|_| nll),
+            );
             let mut o = Outputs::new().add("loss", out.loss);
             for (name, t) in out.metrics {
                 keys.push(name.to_string());
@@ -241,8 +283,9 @@ mod tests {
         assert!((got - want).abs() < 1e-12, "{what}: {got} against {want}");
     }
 
-    /// The rewards metrics of per-pair rewards `c` and `r`.
-    fn check_rewards(out: &[(String, f64)], c: &[f64], r: &[f64]) {
+    /// The rewards metrics of per-pair rewards `c` and `r`, and the logged
+    /// chosen log-probs `logps`.
+    fn check_rewards(out: &[(String, f64)], c: &[f64], r: &[f64], logps: &[f64]) {
         close(
             get(out, "rewards/chosen"),
             mean(c.iter().copied()),
@@ -257,29 +300,27 @@ mod tests {
         close(get(out, "rewards/accuracies"), acc, "accuracies");
         let margin = mean(c.iter().zip(r).map(|(a, b)| a - b));
         close(get(out, "rewards/margins"), margin, "margins");
-        close(get(out, "logps/chosen"), mean(CHOSEN.into_iter()), "logps");
+        close(
+            get(out, "logps/chosen"),
+            mean(logps.iter().copied()),
+            "logps",
+        );
     }
 
     #[test]
-    fn dpo_is_the_smoothed_sigmoid_of_the_log_ratio_against_the_reference() {
-        let (beta, eps) = (0.1, 0.2);
-        let out = run(PreferenceLoss::Dpo {
-            beta,
-            label_smoothing: eps,
-        });
+    fn dpo_is_the_sigmoid_loss_of_the_log_ratio_against_the_reference() {
+        let beta = 0.1;
+        let out = run(PreferenceLoss::Dpo { beta });
         let h: Vec<f64> = (0..3)
             .map(|k| (CHOSEN[k] - REJECTED[k]) - (REF_CHOSEN[k] - REF_REJECTED[k]))
             .collect();
-        let want = mean(
-            h.iter()
-                .map(|h| -(1.0 - eps) * log_sigmoid(beta * h) - eps * log_sigmoid(-beta * h)),
-        );
+        let want = mean(h.iter().map(|h| -log_sigmoid(beta * h)));
         close(get(&out, "loss"), want, "loss");
         let c: Vec<f64> = (0..3).map(|k| beta * (CHOSEN[k] - REF_CHOSEN[k])).collect();
         let r: Vec<f64> = (0..3)
             .map(|k| beta * (REJECTED[k] - REF_REJECTED[k]))
             .collect();
-        check_rewards(&out, &c, &r);
+        check_rewards(&out, &c, &r, &CHOSEN);
     }
 
     #[test]
@@ -293,6 +334,12 @@ mod tests {
             (h - 1.0 / (2.0 * beta)).powi(2)
         }));
         close(get(&out, "loss"), want, "loss");
+        // The rewards are of the sums, as TRL logs them.
+        let c: Vec<f64> = (0..3).map(|k| beta * (CHOSEN[k] - REF_CHOSEN[k])).collect();
+        let r: Vec<f64> = (0..3)
+            .map(|k| beta * (REJECTED[k] - REF_REJECTED[k]))
+            .collect();
+        check_rewards(&out, &c, &r, &CHOSEN);
     }
 
     #[test]
@@ -302,7 +349,7 @@ mod tests {
             beta,
             gamma,
             label_smoothing: 0.0,
-            alpha,
+            cpo_alpha: alpha,
         });
         let pc: Vec<f64> = (0..3).map(|k| CHOSEN[k] / CHOSEN_TOKENS[k]).collect();
         let pr: Vec<f64> = (0..3).map(|k| REJECTED[k] / REJECTED_TOKENS[k]).collect();
@@ -311,7 +358,8 @@ mod tests {
         close(get(&out, "loss"), want, "simpo loss");
         let c: Vec<f64> = pc.iter().map(|p| beta * p).collect();
         let r: Vec<f64> = pr.iter().map(|p| beta * p).collect();
-        check_rewards(&out, &c, &r);
+        check_rewards(&out, &c, &r, &pc);
+        close(get(&out, "nll_loss"), nll, "simpo nll");
 
         let lambda = 0.1;
         let out = run(PreferenceLoss::Orpo { beta: lambda });
@@ -327,5 +375,8 @@ mod tests {
         );
         let want = nll - lambda * mean(ratio.iter().copied());
         close(get(&out, "loss"), want, "orpo loss");
+        let c: Vec<f64> = pc.iter().map(|p| lambda * p).collect();
+        let r: Vec<f64> = pr.iter().map(|p| lambda * p).collect();
+        check_rewards(&out, &c, &r, &pc);
     }
 }

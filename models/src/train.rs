@@ -13,7 +13,7 @@ use crate::loss::{
     chunked_cross_entropy_sum, default_loss_chunk, masked_cross_entropy_sum, masked_logps_per_row,
     mean,
 };
-use crate::preference::{PairLogps, PreferenceLoss};
+use crate::preference::{NllSpan, PairLogps, PreferenceLoss};
 use crate::roles::{BatchField, Moment, Role, Step, StepInput};
 use crate::ModelError;
 
@@ -347,13 +347,14 @@ pub fn eval_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelEr
 
 /// The preference loss of a batch of pairs as one traced function, of the
 /// train step's inputs by name (weights, LoRA tensors, `input_ids` and
-/// `loss_mask`): rows `0..P` are each pair's prompt and chosen completion,
-/// rows `P..2P` the same prompts and the rejected ones (`tc.batch` = 2P
-/// rows, one forward over both, as TRL concatenates them), the mask on the
-/// completion tokens. Where the loss compares with a reference, it is the
-/// base with the adapter off (a fresh adapter's starting policy, as TRL
-/// chooses it), without gradient. Outputs `loss`, then the metrics by
-/// TRL's names.
+/// `loss_mask`, and for ORPO `segment_ids`: 1 on each row's real tokens,
+/// 0 on padding): rows `0..P` are each pair's prompt and chosen
+/// completion, rows `P..2P` the same prompts and the rejected ones
+/// (`tc.batch` = 2P rows, right-padded, one forward over both, as TRL
+/// concatenates them), the mask on the completion tokens. Where the loss
+/// compares with a reference, it is the base with the adapter off (a
+/// fresh adapter's starting policy, as TRL chooses it), without gradient.
+/// Outputs `loss`, then the metrics by TRL's names.
 pub fn preference_loss(
     config: &ModelConfig,
     tc: &TrainConfig,
@@ -365,7 +366,12 @@ pub fn preference_loss(
             packed: tc.packing,
         });
     }
-    let (_, _, inputs) = loss_inputs(config, tc)?;
+    let (_, _, mut inputs) = loss_inputs(config, tc)?;
+    let whole_rows = loss.nll() == Some(NllSpan::WholeRow);
+    if whole_rows {
+        let ty = TensorType::new(DType::I32, [tc.batch, tc.seq]);
+        inputs.push((BatchField::SegmentIds.name().into(), ty));
+    }
     let policy = model(config, tc);
     let reference = Decoder {
         lora: None,
@@ -374,28 +380,95 @@ pub fn preference_loss(
     let pairs = tc.batch / 2;
     let f = trace("preference_loss", &inputs, |i| {
         let (ids, mask) = (i["input_ids"], i["loss_mask"]);
-        let logps = |m: &Decoder| {
+        let forward = |m: &Decoder| {
             let h = m.last_hidden(&Params(i), ids, None, tc.dtype);
-            let (sum, count) = masked_logps_per_row(m.lm_head(&Params(i), h), ids, mask);
+            m.lm_head(&Params(i), h).cast(DType::F32)
+        };
+        let pair_logps = |logits: Tensor| {
+            let (sum, count) = masked_logps_per_row(logits, ids, mask);
+            let (half, all) = ([pairs], [2 * pairs]);
             PairLogps {
-                chosen: sum.slice(&[0], &[pairs]),
-                rejected: sum.slice(&[pairs], &[2 * pairs]),
-                chosen_tokens: count.slice(&[0], &[pairs]),
-                rejected_tokens: count.slice(&[pairs], &[2 * pairs]),
+                chosen: sum.slice(&[0], &half),
+                rejected: sum.slice(&half, &all),
+                chosen_tokens: count.slice(&[0], &half),
+                rejected_tokens: count.slice(&half, &all),
             }
         };
-        let mine = scope("policy", || logps(&policy));
+        let logits = scope("policy", || forward(&policy));
+        let mine = pair_logps(logits);
         let theirs = loss
             .needs_reference()
-            .then(|| scope("reference", || logps(&reference)));
-        let out = scope("loss", || loss.compute(mine, theirs));
+            .then(|| scope("reference", || pair_logps(forward(&reference))));
+        let nll = loss.nll().map(|span| {
+            scope("nll", || match span {
+                NllSpan::Completion => {
+                    let n = mine.chosen_tokens.sum(&[0]);
+                    -mine.chosen.sum(&[0]) / n.maximum(n.scalar_like(1.0))
+                }
+                NllSpan::WholeRow => chosen_nll(logits, ids, i["segment_ids"], pairs),
+            })
+        });
+        let out = scope("loss", || loss.compute(mine, theirs, nll));
         let mut o = Outputs::new().add("loss", out.loss);
         for (name, t) in out.metrics {
             o = o.add(name, t);
         }
-        o
+        let (chosen, rejected) = scope("metrics", || logits_means(loss, logits, mask, pairs));
+        o.add("logits/chosen", chosen)
+            .add("logits/rejected", rejected)
     })?;
     Ok(f)
+}
+
+/// The pooled negative log-likelihood of the chosen rows (`0..pairs`) over
+/// every real token after the first (`segment_ids` > 0), as ORPO's.
+fn chosen_nll(logits: Tensor, ids: Tensor, segment_ids: Tensor, pairs: i64) -> Tensor {
+    let d = ids.dims();
+    let s = d[1];
+    let rows = |t: Tensor| t.slice(&[0, 0], &[pairs, s]);
+    // Position t predicts token t + 1: counted when that token is real.
+    let real = segment_ids
+        .gt(segment_ids.scalar_like(0.0))
+        .cast(DType::F32);
+    let next = Tensor::concat(
+        &[
+            real.slice(&[0, 1], &[d[0], s]),
+            full(TensorType::new(DType::F32, [d[0], 1]), 0.0),
+        ],
+        1,
+    );
+    let v = logits.dims()[2];
+    let chosen = logits.slice(&[0, 0, 0], &[pairs, s, v]);
+    let (sum, count) = masked_logps_per_row(chosen, rows(ids), rows(next));
+    let n = count.sum(&[0]);
+    -sum.sum(&[0]) / n.maximum(n.scalar_like(1.0))
+}
+
+/// `logits/chosen` and `logits/rejected` as each TRL trainer logs them:
+/// DPO's and IPO's the mean logit of the positions scoring completion
+/// tokens (token-weighted over the batch); CPO's (SimPO) the mean of the
+/// half's whole logits, padding included; ORPO's the same less each row's
+/// last position.
+fn logits_means(
+    loss: &PreferenceLoss,
+    logits: Tensor,
+    mask: Tensor,
+    pairs: i64,
+) -> (Tensor, Tensor) {
+    let d = logits.dims();
+    let (s, v) = (d[1], d[2]);
+    let over_vocab = logits.stop_gradient().sum(&[2]) / v as f64;
+    let half = |k: i64, t: Tensor, cols: i64| t.slice(&[k * pairs, 0], &[(k + 1) * pairs, cols]);
+    let mean_of = |k: i64| match loss {
+        PreferenceLoss::Dpo { .. } | PreferenceLoss::Ipo { .. } => {
+            let m = half(k, mask.cast(DType::F32), s);
+            let n = m.sum(&[0, 1]);
+            (half(k, over_vocab, s) * m).sum(&[0, 1]) / n.maximum(n.scalar_like(1.0))
+        }
+        PreferenceLoss::Simpo { .. } => half(k, over_vocab, s).mean(&[0, 1]),
+        PreferenceLoss::Orpo { .. } => half(k, over_vocab, s - 1).mean(&[0, 1]),
+    };
+    (mean_of(0), mean_of(1))
 }
 
 /// Builds the step for `config` under `tc`: inputs are the weights, the
