@@ -1,0 +1,752 @@
+#!/usr/bin/env python3
+"""Build the preference-optimisation fixtures (DPO, IPO, SimPO, ORPO) from TRL's
+own trainers, for the Rust tests of issue 36.
+
+Run by hand (not by CI) where TRL, HF transformers, PEFT, datasets, accelerate,
+safetensors and PyTorch are installed (made with torch 2.9.1+cu128 run on CPU, trl 1.16.0,
+transformers 5.24.0, peft 0.21.2, accelerate 1.15.0, datasets 5.2.0,
+tokenizers 0.23.3, safetensors 0.8.0, pyarrow 26.0.1); it needs no GPU and no network:
+
+    python3 scripts/make_preference_fixtures.py
+
+It reads the tiny f32 model tests/fixtures/llama/gqa_llama3 (vocab 128) and
+the BPE tokenizer tests/fixtures/tokenizer/tokenizer.json (vocab 300; its
+byte tokens of printable ASCII have ids 2..95, so the strings below are
+chosen to tokenize to ids < 128 without merges) and writes
+tests/fixtures/preference/ (about 250 KB):
+
+  tokenizer/                 that tokenizer saved by PreTrainedTokenizerFast
+                             with bos_token "<|begin_of_text|>" (id 0) and
+                             eos_token "<|end_of_text|>" (id 1); no pad token,
+                             so every trainer pads with the EOS id 1
+  data.jsonl                 4 string pairs {"prompt","chosen","rejected"}
+                             (no BOS/EOS in the text: TRL adds them)
+  data_ids.jsonl             the same 4 pairs pre-tokenized
+                             {"prompt_ids","chosen_ids","rejected_ids"}: the
+                             ids TRL derives from data.jsonl (BOS first in
+                             prompt_ids, EOS last in each completion), to be
+                             used verbatim (nothing added)
+  adapters/fresh/            PEFT adapter as TRL creates it from peft_config
+                             (seed 42: lora_A kaiming-uniform, lora_B = 0)
+  adapters/init/             random adapter, A and B ~ N(0, 0.1) (the
+                             --init-adapter case)
+  adapters/ref/              another random adapter, N(0, 0.1) (the
+                             --ref-adapter case)
+  expected.json              per case: settings, the loss of step 1 (before
+                             the update), every metric TRL logged for step 1,
+                             and per-pair log-probabilities (hand-computed)
+  expected.safetensors       per case, "<case>.<PEFT key>": the adapter after
+                             the one optimizer step (f32, keys as
+                             adapter_model.safetensors writes them)
+  FORMULAS.md                what TRL 1.16 computes, exactly (the account
+                             below, with the data layout)
+
+Cases are named <method>.<start>.<opt>:
+  method  dpo (DPOTrainer, loss_type ["sigmoid"]), ipo (DPOTrainer,
+          loss_type ["ipo"]), simpo (experimental CPOTrainer,
+          loss_type "simpo", cpo_alpha 1.0 = TRL's default, i.e. with the
+          NLL term), simpo_a0 (same with cpo_alpha 0.0, pure SimPO), orpo
+          (experimental ORPOTrainer). Every other setting at TRL's default:
+          beta 0.1 for all; simpo_gamma 0.5; label_smoothing 0.
+  start   fresh: the trainer wraps the base with peft_config (its reference,
+                 for DPO/IPO, is the base with the adapter disabled);
+          init:  the trainer gets a PeftModel loaded from adapters/init
+                 (DPO/IPO: TRL copies it to a frozen second adapter "ref"
+                 and uses that as the reference);
+          ref:   DPO/IPO only. The policy starts from adapters/fresh (loaded as
+                 a PeftModel), and the reference is adapters/ref. TRL 1.16 has
+                 no option naming a reference adapter; it only creates "ref"
+                 as a copy of the policy's adapter. The script overwrites that
+                 "ref" adapter's tensors with adapters/ref after the trainer
+                 is built, so TRL's own code (use_adapter(model, "ref")) runs
+                 the reference forward with it.
+  opt     sgd:   optim "sgd" (torch.optim.SGD, momentum 0), lr 0.1;
+          adamw: optim "adamw_torch" (torch.optim.AdamW, betas (0.9, 0.999),
+                 eps 1e-8), lr 1e-3;
+          both: weight_decay 0, lr_scheduler "constant", warmup 0,
+          max_grad_norm 0 (clipping OFF; TRL's default is 1.0, i.e. the
+          global L2 norm clipped to 1, as hlo-train's --clip-norm 1),
+          one step (max_steps 1), per_device_train_batch_size 4 (= all 4
+          pairs in one batch), gradient_accumulation_steps 1,
+          train_sampling_strategy "sequential" (file order), seed 42,
+          bf16 False (TRL's default is True!), gradient_checkpointing False
+          (TRL's default is True; it does not change the numbers), CPU, f32.
+LoRA everywhere: r 4, lora_alpha 8 (scale 2), target_modules q_proj and
+v_proj, dropout 0, no bias.
+
+Every case is run twice, from data.jsonl (TRL's real tokenization) and from
+data_ids.jsonl (TRL 1.16 has no pre-tokenized input path for these trainers:
+DPOTrainer._prepare_dataset and CPO/ORPO tokenize_row require strings, so the
+script bypasses them for that run and feeds the ids verbatim); the two must
+give bitwise the same loss, metrics and adapter, else the script fails. Each
+case is then recomputed independently in f64 (plain transformers + PEFT
+forward, the formulas of FORMULAS.md, autograd for the gradient, and the
+first SGD / AdamW step by hand: SGD p - lr*g, AdamW step 1 p - lr*g/(|g|+eps))
+and the largest differences are printed.
+
+Two workarounds, neither touching the numbers: datasets 5.2.0 could not
+fingerprint a pyarrow table here (dill PicklingError on MonthDayNano), so the
+fingerprint is replaced by a hash of the rows and caching is off; and
+CPO/ORPOTrainer get a tokenizer whose pad_token is already EOS (they build
+their collator before defaulting it, and fail otherwise). Two runs give
+byte-identical expected.json and expected.safetensors.
+
+The account of TRL 1.16's formulas is in FORMULAS.md (written by this script,
+from FORMULAS below).
+"""
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+# PEFT writes target_modules from a Python set: fix the hash seed so that
+# adapter_config.json comes out byte-identical on every run.
+if os.environ.get("PYTHONHASHSEED") != "0":
+    os.environ["PYTHONHASHSEED"] = "0"
+    os.execv(sys.executable, [sys.executable] + sys.argv)
+os.environ.setdefault("TQDM_DISABLE", "1")
+os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch
+from safetensors.torch import save_file
+
+
+def _patch_datasets_fingerprint():
+    """datasets 5.2.0 cannot hash a pyarrow table here (dill: "Can't pickle
+    <class 'MonthDayNano'>"), which breaks Dataset.from_list. The fingerprint
+    only names cache files: use a hash of the rows instead, and no cache."""
+    import hashlib
+    import datasets
+    import datasets.arrow_dataset as ad
+    datasets.disable_caching()
+    ad.generate_fingerprint = lambda ds: hashlib.sha256(
+        json.dumps(ds._data.to_pylist(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+_patch_datasets_fingerprint()
+
+from fixture_steps import contiguous, failures, finish, step
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL_DIR = os.path.join(ROOT, "tests", "fixtures", "llama", "gqa_llama3")
+TOKENIZER_JSON = os.path.join(ROOT, "tests", "fixtures", "tokenizer", "tokenizer.json")
+OUT = os.path.join(ROOT, "tests", "fixtures", "preference")
+BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
+
+# Prompts 4-7 tokens with BOS, completions 2-6 tokens with EOS; chosen and
+# rejected of a pair differ in length, so right padding matters. Each prompt
+# ends in punctuation and each completion starts with a letter, so the
+# pre-tokenizer splits at the boundary and no merge crosses it.
+PAIRS = [
+    {"prompt": "XYZ=", "chosen": "ZYX", "rejected": "Q"},
+    {"prompt": "KP=", "chosen": "PK", "rejected": "PKPK?"},
+    {"prompt": "A+B:", "chosen": "B+A", "rejected": "AB"},
+    {"prompt": "QUIET#", "chosen": "W", "rejected": "WON"},
+]
+TARGETS = ["q_proj", "v_proj"]
+SEED = 42
+OPTS = {"sgd": dict(optim="sgd", learning_rate=0.1), "adamw": dict(optim="adamw_torch", learning_rate=1e-3)}
+METHODS = {
+    "dpo": ("dpo", dict(loss_type=["sigmoid"])),
+    "ipo": ("dpo", dict(loss_type=["ipo"])),
+    "simpo": ("cpo", dict(loss_type="simpo")),
+    "simpo_a0": ("cpo", dict(loss_type="simpo", cpo_alpha=0.0)),
+    "orpo": ("orpo", dict()),
+}
+
+FORMULAS = r"""# Preference losses of TRL 1.16.0, exactly
+
+Read from trl 1.16.0's source (trl/trainer/dpo_trainer.py, dpo_config.py,
+base_config.py, trainer/utils.py add_fused_lm_head, kernels/chunked_logprob.py,
+experimental/cpo/cpo_trainer.py + cpo_config.py,
+experimental/orpo/orpo_trainer.py + orpo_config.py, experimental/utils.py)
+with transformers 5.24.0 and peft 0.21.2, and checked numerically by
+scripts/make_preference_fixtures.py (every case recomputed in f64 from these
+formulas). B = pairs in the batch; i indexes pairs.
+
+## 1. Tokenization
+
+### DPOTrainer (dpo, ipo)
+String rows {"prompt","chosen","rejected"} (`_prepare_dataset`):
+1. no "prompt" key: `extract_prompt` splits the longest common prefix of
+   chosen/rejected off as the prompt (for strings: character prefix, moved
+   back one char if the char before the split is a space);
+2. non-conversational rows: the EOS token's TEXT is appended to chosen and to
+   rejected unless the string already ends with it;
+3. `prompt_ids = tok(prompt)`, `pc = tok(prompt + chosen)`,
+   `pr = tok(prompt + rejected)`, each with the tokenizer's default
+   add_special_tokens=True, i.e. the tokenizer's post-processor runs: a BOS
+   is added only if the tokenizer's template adds one (ours does: id 0).
+   Prompt and completion are tokenized TOGETHER, so merges across the
+   boundary can happen;
+4. `n = min(common_prefix_len(prompt_ids, pc), common_prefix_len(prompt_ids, pr))`,
+   `prompt_ids = prompt_ids[:n]`, `chosen_ids = pc[n:]`,
+   `rejected_ids = pr[n:]` (a warning if n < len(prompt_ids));
+5. rows with len(prompt_ids) >= max_length are dropped (keep_start).
+Conversational rows go through the chat template instead (prompt with
+add_generation_prompt=True, prompt+chosen and prompt+rejected without), no EOS
+text added, same common-prefix split.
+Pre-tokenized rows {"prompt_ids","chosen_ids","rejected_ids"}: NOT accepted
+by 1.16's DPOTrainer (`_prepare_dataset` calls extract_prompt, which needs
+"chosen"); the collator below takes such ids verbatim, with nothing added.
+
+### CPOTrainer (simpo) and ORPOTrainer (orpo) -- identical `tokenize_row`
+Strings only (pre-tokenized rows are not accepted):
+1. `maybe_extract_prompt`, `maybe_apply_chat_template` (conversational
+   rows are rendered to strings by the chat template first);
+2. `prompt_ids = tok(prompt, add_special_tokens=False)`;
+   for each answer: `full = tok(prompt + answer, add_special_tokens=False)`,
+   answer ids = `full[len(prompt_ids):]`, moved one token left if the prompt's
+   last token merged with the answer;
+3. BOS (tokenizer.bos_token_id) is prepended to the prompt unless it already
+   starts with it; EOS (tokenizer.eos_token_id) is appended to each answer
+   unless it already ends with it (ids, not text);
+4. if len(prompt) + len(answer) > max_length the ANSWER is cut to
+   max_length - len(prompt) (the prompt is never cut); no max_prompt_length
+   exists in 1.16 (nor in DPOConfig).
+For a tokenizer with a BOS template and no cross-boundary merges (the
+fixture) both trainers give the same ids: prompt_ids = [BOS] + tok(prompt),
+completion_ids = tok(completion) + [EOS].
+
+### Defaults
+max_length 1024 (all three); DPO truncation_mode "keep_start": each
+prompt+completion sequence is cut to its first max_length tokens in the
+collator (the completion mask cut with it). pad token: tokenizer.pad_token,
+else the EOS token (set on the tokenizer by the trainer). ORPOConfig has
+padding_value (None -> pad_token_id).
+
+## 2. Batch layout (all three trainers)
+One forward over 2B rows: rows 0..B-1 are prompt_i + chosen_i, rows B..2B-1
+are prompt_i + rejected_i (same pair order), each RIGHT-padded with the pad
+id to L = the longest of the 2B sequences; attention_mask 1 on real tokens, 0
+on padding. No position_ids are passed (HF derives them 0..L-1 per row). The
+completion mask is 1 on chosen/rejected tokens only (not prompt, not pad).
+DPO: `model(input_ids, attention_mask, labels=input_ids masked to -100 off
+the completion, fused_lm_head=True)`; CPO/ORPO: `model(input_ids,
+attention_mask)`, full logits.
+
+## 3. Sequence log-probabilities
+logp_t = log_softmax(logits[t-1])[ids[t]] for t >= 1 (the logits at position
+t-1 score token t), f32. Over a row's completion tokens C (tokens whose
+completion mask is 1, position >= 1):
+  S = sum_{t in C} logp_t,   N = |C|,   A = S / N.
+- dpo, ipo: policy and reference use S (sum). (DPO's ld_alpha None, no
+  f-divergence: reverse_kl.)
+- simpo (CPO loss_type in {ipo, simpo}): A (average), policy only.
+- orpo: A (average), policy only.
+
+## 4. Losses (then averaged over the B pairs with .mean())
+Let c_i, r_i be the policy's and c0_i, r0_i the reference's values for chosen
+and rejected; beta = 0.1 by default in all three configs.
+- dpo (loss_type "sigmoid"):
+    d_i = (S(c_i) - S(c0_i)) - (S(r_i) - S(r0_i))
+    loss = mean_i[ -logsigmoid(beta * d_i) ]
+  label_smoothing is NOT used by "sigmoid" in 1.16 (only by "robust",
+  "exo_pair", "aot", "aot_unpaired").
+- ipo (loss_type "ipo"): the log-ratios are length-normalised by the
+  completion-token count of each row (completion_mask.sum, clamped >= 1):
+    h_i = (S(c_i) - S(c0_i)) / N(c_i) - (S(r_i) - S(r0_i)) / N(r_i)
+    loss = mean_i[ (h_i - 1 / (2 beta))^2 ]
+  (N counts completion-mask ones; same as the tokens summed unless
+  max_length truncation cut into the completion.)
+- simpo (CPOTrainer loss_type "simpo"; defaults beta 0.1, simpo_gamma 0.5,
+  label_smoothing 0, cpo_alpha 1.0, alpha 0):
+    z_i = A(c_i) - A(r_i) - simpo_gamma / beta
+    L_i = -logsigmoid(beta z_i) (1 - ls) - logsigmoid(-beta z_i) ls
+    nll = CrossEntropy mean over the chosen rows' completion tokens (all
+          chosen completion tokens of the batch pooled: sum of -logp_t over
+          them / their count), computed only if cpo_alpha != 0
+    loss = mean_i L_i + cpo_alpha * nll
+  With TRL's default cpo_alpha 1.0 this is CPO-SimPO, not the SimPO paper's
+  loss; cpo_alpha 0.0 (or loss_type "alphapo") gives pure SimPO.
+- orpo (ORPOConfig beta 0.1 = the paper's lambda):
+    lo_i = (A(c_i) - A(r_i)) - (log1mexp(A(c_i)) - log1mexp(A(r_i))),
+      log1mexp(x) = log(1 - e^x), computed as log1p(-exp(x)) if
+      x < -ln 2 else log(-expm1(x)), in f32;
+    nll = CrossEntropy mean over ALL non-pad tokens of the chosen rows except
+          each row's first (prompt included: labels = input_ids where
+          attention_mask is 1, shifted by one), pooled over the batch;
+    loss = nll - beta * mean_i logsigmoid(lo_i)
+
+## 5. Reference model (DPOTrainer; SimPO and ORPO have none)
+- ref_model None and a peft_config given (fresh adapter): the reference is
+  the same model with all adapters disabled (`model.disable_adapter()`), i.e.
+  the base.
+- ref_model None and the model already a PeftModel (existing adapter): the
+  trainer adds a second adapter "ref" with the same LoraConfig and copies
+  every ".default." parameter into ".ref." (frozen: not active, so not
+  trainable); the reference forward runs with "ref" as the active adapter.
+  (Exception: peft 0.17-0.19 with target_parameters: base instead.)
+- ref_model given: that model (a full second model).
+- precompute_ref_log_probs True: reference S computed once before training
+  (same model choice), then read from the batch.
+- There is no option to name another adapter as the reference.
+The reference forward runs under no_grad, with gradient checkpointing off.
+
+## 6. Logged metrics, step 1 (names as logged; values computed on the
+batch before the optimizer step; means over the B pairs unless said)
+### DPOTrainer (dpo, ipo)
+- loss: as above
+- rewards/chosen = mean_i beta (S(c_i) - S(c0_i));
+  rewards/rejected = mean_i beta (S(r_i) - S(r0_i)) -- SUMS, also for ipo
+  (not the length-normalised values the ipo loss uses)
+- rewards/accuracies = mean_i [chosen reward > rejected reward] (strict)
+- rewards/margins = mean_i (chosen reward - rejected reward)
+- logps/chosen = mean_i S(c_i); logps/rejected = mean_i S(r_i) (policy, sums)
+- logits/chosen = mean over all chosen completion tokens t of the batch
+  (pooled, token-weighted) of mean_v logits[t-1, v] (the mean over the
+  vocabulary of the logits that score token t); logits/rejected likewise
+- entropy = token-weighted mean over ALL completion tokens (chosen and
+  rejected rows) of the entropy of softmax(logits[t-1])
+- mean_token_accuracy = fraction of chosen completion tokens t whose
+  argmax(logits[t-1]) == ids[t] (ties: the first maximal index wins)
+- num_tokens = total attention-mask ones of the batch (both halves, padding
+  excluded), cumulative over steps
+- also learning_rate, epoch and grad_norm (see section 7)
+### CPOTrainer (simpo)
+- loss as above; nll_loss = nll (0.0 when cpo_alpha == 0)
+- rewards/chosen = mean_i beta A(c_i); rewards/rejected = mean_i beta A(r_i)
+  (policy only, averages); rewards/accuracies, rewards/margins from those
+- logps/chosen = mean_i A(c_i); logps/rejected = mean_i A(r_i)
+- logits/chosen = mean of the WHOLE chosen-half logits tensor [B, L, V]:
+  every position (prompt, completion AND right padding, including the last
+  position) and every vocabulary entry; logits/rejected likewise
+### ORPOTrainer (orpo)
+- loss; nll_loss = nll
+- rewards/chosen = mean_i beta A(c_i), rewards/rejected = mean_i beta A(r_i);
+  rewards/accuracies, rewards/margins from those
+- logps/chosen = mean_i A(c_i); logps/rejected = mean_i A(r_i)
+- logits/chosen = mean of the chosen-half logits [B, L-1, V] (all positions
+  but the last, padding included); logits/rejected likewise
+- log_odds_ratio = mean_i logsigmoid(lo_i); log_odds_chosen = mean_i lo_i
+CPO/ORPO metrics pass through f32 tensors (torch.tensor(list).mean()).
+
+## 7. Training-loop defaults worth knowing (TRL 1.16 configs)
+learning_rate 1e-6 (all three); bf16 defaults to True (when fp16 is unset);
+gradient_checkpointing True; logging_steps 10; max_grad_norm 1.0 (from
+TrainingArguments: global-L2 clipping on by default); optim: transformers'
+default (adamw_torch_fused where available, else adamw_torch), betas (0.9,
+0.999), eps 1e-8, weight_decay 0; lr_scheduler "linear", warmup 0;
+disable_dropout True; grad_norm (logged by transformers 5.24 for every
+trainer, also when clipping is off: max_grad_norm 0) is the global L2 norm
+of all trainable gradients before clipping; the train sampler shuffles ("random") unless
+train_sampling_strategy="sequential". DPO's loss is a plain mean per batch
+(loss_is_scaled_for_ga False).
+"""
+
+
+def tokenizer():
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(os.path.join(OUT, "tokenizer"))
+
+
+def base_model(dtype=torch.float32):
+    from transformers import LlamaForCausalLM
+    return LlamaForCausalLM.from_pretrained(MODEL_DIR, attn_implementation="eager", dtype=dtype)
+
+
+def lora_config():
+    from peft import LoraConfig
+    return LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0, bias="none",
+                      task_type="CAUSAL_LM")
+
+
+def save_adapter(peft_model, d):
+    """save_pretrained, less the boilerplate model card (README.md)."""
+    peft_model.save_pretrained(d)
+    card = os.path.join(d, "README.md")
+    if os.path.exists(card):
+        os.remove(card)
+
+
+def adapter_state(model, name="default"):
+    from peft import get_peft_model_state_dict
+    return {k: v.detach().float().clone() for k, v in get_peft_model_state_dict(model, adapter_name=name).items()}
+
+
+def load_adapter(d, trainable=True, dtype=torch.float32):
+    from peft import PeftModel
+    m = base_model(dtype)
+    m.name_or_path = None
+    return PeftModel.from_pretrained(m, d, is_trainable=trainable)
+
+
+# ---------------------------------------------------------------------------
+# Inputs: tokenizer, data, adapters.
+
+@step("inputs")
+def write_inputs():
+    from transformers import PreTrainedTokenizerFast
+    from peft import get_peft_model
+    os.makedirs(OUT, exist_ok=True)
+    tok = PreTrainedTokenizerFast(tokenizer_file=TOKENIZER_JSON, bos_token=BOS, eos_token=EOS)
+    tok.save_pretrained(os.path.join(OUT, "tokenizer"))
+    with open(os.path.join(OUT, "data.jsonl"), "w") as f:
+        for p in PAIRS:
+            f.write(json.dumps(p) + "\n")
+    with open(os.path.join(OUT, "FORMULAS.md"), "w") as f:
+        f.write(FORMULAS)
+    # Random adapters (b) and (c): every LoRA tensor from N(0, 0.1).
+    for name, seed in [("init", 1), ("ref", 2)]:
+        torch.manual_seed(seed)
+        m = base_model()
+        m.name_or_path = None
+        pm = get_peft_model(m, lora_config())
+        with torch.no_grad():
+            for n, p in pm.named_parameters():
+                if "lora_" in n:
+                    p.normal_(0.0, 0.1)
+        save_adapter(pm, os.path.join(OUT, "adapters", name))
+    # The fresh adapter exactly as TRL makes it: set_seed(args.seed), then
+    # get_peft_model(model, peft_config) (checked against the trainers below).
+    from transformers import set_seed
+    m = base_model()
+    m.name_or_path = None
+    set_seed(SEED)
+    pm = get_peft_model(m, lora_config())
+    save_adapter(pm, os.path.join(OUT, "adapters", "fresh"))
+
+
+def tokenized_rows():
+    """The ids DPOTrainer's own _prepare_dataset derives from data.jsonl, and
+    the same from CPO/ORPO's tokenize_row (must agree)."""
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+    tok = tokenizer()
+    with tempfile.TemporaryDirectory() as tmp:
+        args = DPOConfig(output_dir=tmp, report_to="none", bf16=False, use_cpu=True)
+        trainer = DPOTrainer(model=base_model(), args=args, train_dataset=Dataset.from_list(PAIRS),
+                             processing_class=tok, peft_config=lora_config())
+        rows = [{k: list(r[k]) for k in ("prompt_ids", "chosen_ids", "rejected_ids")}
+                for r in trainer.train_dataset]
+    for r in rows:
+        for k in r:
+            assert all(0 <= i < 128 for i in r[k]), ("id outside the model's vocab", r)
+    return rows
+
+
+@step("data_ids")
+def write_ids():
+    rows = tokenized_rows()
+    with open(os.path.join(OUT, "data_ids.jsonl"), "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    for p, r in zip(PAIRS, rows):
+        print(f"  {p} -> {r}")
+
+
+def read_ids():
+    with open(os.path.join(OUT, "data_ids.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+# ---------------------------------------------------------------------------
+# TRL runs.
+
+def trainer_classes():
+    """TRL's trainers, each with (1) the loss of its first compute_loss kept
+    and (2) a pass-through for pre-tokenized rows (1.16 has none)."""
+    from trl import DPOTrainer
+    from trl.experimental.cpo import CPOTrainer
+    from trl.experimental.orpo import ORPOTrainer
+
+    def keep_loss(cls):
+        class Kept(cls):
+            def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+                out = super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                           num_items_in_batch=num_items_in_batch)
+                loss = out[0] if isinstance(out, tuple) else out
+                if not hasattr(self, "first_loss"):
+                    self.first_loss = loss.detach().float().item()
+                    self.first_batch = {k: v.detach().clone() for k, v in inputs.items() if torch.is_tensor(v)}
+                return out
+        return Kept
+
+    class DPO(keep_loss(DPOTrainer)):
+        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+            if "prompt_ids" in dataset.column_names:
+                return dataset  # verbatim: the collator concatenates, nothing added
+            return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
+
+    def ids_row(feature):
+        p, c, r = feature["prompt_ids"], feature["chosen_ids"], feature["rejected_ids"]
+        return {"prompt_input_ids": p, "prompt_attention_mask": [1] * len(p),
+                "chosen_input_ids": p + c, "chosen_attention_mask": [1] * (len(p) + len(c)),
+                "chosen_labels": [-100] * len(p) + c,
+                "rejected_input_ids": p + r, "rejected_attention_mask": [1] * (len(p) + len(r)),
+                "rejected_labels": [-100] * len(p) + r}
+
+    class CPO(keep_loss(CPOTrainer)):
+        def tokenize_row(self, feature, model=None):
+            return ids_row(feature) if "prompt_ids" in feature else super().tokenize_row(feature, model)
+
+    class ORPO(keep_loss(ORPOTrainer)):
+        def tokenize_row(self, feature, model=None):
+            return ids_row(feature) if "prompt_ids" in feature else super().tokenize_row(feature, model)
+
+    return {"dpo": DPO, "cpo": CPO, "orpo": ORPO}
+
+
+def run_trl(method, start, opt, form):
+    """One optimizer step of TRL's trainer. Returns (loss, metrics, initial
+    adapter, adapter after the step, first batch)."""
+    from datasets import Dataset
+    from trl import DPOConfig
+    from trl.experimental.cpo import CPOConfig
+    from trl.experimental.orpo import ORPOConfig
+    kind, method_kw = METHODS[method]
+    cls = trainer_classes()[kind]
+    config_cls = {"dpo": DPOConfig, "cpo": CPOConfig, "orpo": ORPOConfig}[kind]
+    rows = PAIRS if form == "strings" else read_ids()
+    with tempfile.TemporaryDirectory() as tmp:
+        args = config_cls(
+            output_dir=tmp, per_device_train_batch_size=len(rows), gradient_accumulation_steps=1, max_steps=1,
+            lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=0.0,
+            logging_steps=1, save_strategy="no", report_to="none", bf16=False, fp16=False,
+            gradient_checkpointing=False, use_cpu=True, seed=SEED, data_seed=SEED,
+            train_sampling_strategy="sequential", dataloader_num_workers=0, disable_tqdm=True,
+            **OPTS[opt], **method_kw)
+        kw = {}
+        if start == "fresh":
+            model = base_model()
+            model.name_or_path = None
+            kw["peft_config"] = lora_config()
+        else:
+            model = load_adapter(os.path.join(OUT, "adapters", "init" if start == "init" else "fresh"))
+        tok = tokenizer()
+        if kind != "dpo":
+            # CPO/ORPOTrainer build their collator with tokenizer.pad_token_id
+            # BEFORE they default the pad token to EOS, so a tokenizer without
+            # one fails at the first batch ("Padding is enabled, but the
+            # tokenizer is not configured with a padding token"). Set it as
+            # the error asks: the same id (EOS, 1) DPOTrainer pads with.
+            tok.pad_token = tok.eos_token
+        trainer = cls(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok, **kw)
+        pm = trainer.model
+        if kind == "dpo" and start != "fresh":
+            assert "ref" in pm.peft_config, "TRL did not add its 'ref' adapter"
+            for n, p in pm.named_parameters():
+                assert (".ref." not in n) or not p.requires_grad, n
+        if start == "ref":
+            from safetensors.torch import load_file
+            want = load_file(os.path.join(OUT, "adapters", "ref", "adapter_model.safetensors"))
+            loaded = 0
+            with torch.no_grad():
+                for n, p in pm.named_parameters():
+                    if ".ref." in n:
+                        key = n.replace(".ref.", ".")
+                        p.copy_(want[key])
+                        loaded += 1
+            assert loaded == len(want), (loaded, len(want))
+        init = adapter_state(pm)
+        trainer.train()
+        logs = dict(trainer.state.log_history[0])
+        after = adapter_state(pm)
+        return trainer.first_loss, logs, init, after, trainer.first_batch
+
+
+# ---------------------------------------------------------------------------
+# Independent recomputation in f64.
+
+def batch_of(rows, pad_id):
+    seqs = [r["prompt_ids"] + r["chosen_ids"] for r in rows] + [r["prompt_ids"] + r["rejected_ids"] for r in rows]
+    comp = [[0] * len(r["prompt_ids"]) + [1] * len(r["chosen_ids"]) for r in rows] + \
+           [[0] * len(r["prompt_ids"]) + [1] * len(r["rejected_ids"]) for r in rows]
+    L = max(len(s) for s in seqs)
+    ids = torch.tensor([s + [pad_id] * (L - len(s)) for s in seqs])
+    attn = torch.tensor([[1] * len(s) + [0] * (L - len(s)) for s in seqs])
+    cmask = torch.tensor([c + [0] * (L - len(c)) for c in comp])
+    return ids, attn, cmask
+
+
+def f64_model(adapter_dir):
+    """Base in f64 with the adapter from adapter_dir (None: no adapter)."""
+    if adapter_dir is None:
+        return base_model(torch.float64).eval()
+    return load_adapter(adapter_dir, trainable=True, dtype=torch.float64).eval()
+
+
+def per_token(logits, ids):
+    """logp[:, t] for t >= 1 (logits[:, t-1] score ids[:, t]); shape [2B, L-1]."""
+    lp = torch.log_softmax(logits[:, :-1], dim=-1)
+    return lp.gather(-1, ids[:, 1:, None])[..., 0]
+
+
+def hand(method, policy_dir, ref_dir, rows, beta=0.1, gamma=0.5):
+    """Loss, metrics and gradients (by LoRA key) from the formulas, in f64."""
+    import torch.nn.functional as F
+    from peft import get_peft_model_state_dict
+    ids, attn, cmask = batch_of(rows, pad_id=1)
+    B = len(rows)
+    pol = f64_model(policy_dir)
+    for n, p in pol.named_parameters():
+        p.requires_grad_("lora_" in n)
+    logits = pol(input_ids=ids, attention_mask=attn).logits
+    lp = per_token(logits, ids)
+    m = cmask[:, 1:].double()
+    S = (lp * m).sum(1)
+    N = m.sum(1)
+    A = S / N
+    out = {}
+    if method in ("dpo", "ipo"):
+        with torch.no_grad():
+            ref = f64_model(ref_dir)
+            lp0 = per_token(ref(input_ids=ids, attention_mask=attn).logits, ids)
+        S0 = (lp0 * m).sum(1)
+        cr, rr = S[:B] - S0[:B], S[B:] - S0[B:]
+        if method == "dpo":
+            loss = (-F.logsigmoid(beta * (cr - rr))).mean()
+        else:
+            h = cr / N[:B] - rr / N[B:]
+            loss = ((h - 1 / (2 * beta)) ** 2).mean()
+        rc, rj = beta * cr.detach(), beta * rr.detach()
+        logits_d = logits.detach()[:, :-1]
+        mean_v = logits_d.mean(-1)
+        mc, mr = m[:B].bool(), m[B:].bool()
+        probs = torch.softmax(logits_d, -1)
+        ent = -(probs * torch.log_softmax(logits_d, -1)).sum(-1)
+        top1 = logits_d.argmax(-1) == ids[:, 1:]
+        out.update({"logits/chosen": mean_v[:B][mc].mean().item(), "logits/rejected": mean_v[B:][mr].mean().item(),
+                    "entropy": ent[m.bool()].mean().item(),
+                    "mean_token_accuracy": top1[:B][mc].double().mean().item(),
+                    "num_tokens": float(attn.sum())})
+        logps_c, logps_r = S[:B], S[B:]
+        pairs = {"policy_chosen_sum": S[:B], "policy_rejected_sum": S[B:], "ref_chosen_sum": S0[:B],
+                 "ref_rejected_sum": S0[B:], "chosen_tokens": N[:B], "rejected_tokens": N[B:]}
+    else:
+        logits_d = logits.detach()
+        if method in ("simpo", "simpo_a0"):
+            alpha = 1.0 if method == "simpo" else 0.0
+            z = A[:B] - A[B:] - gamma / beta
+            L_i = -F.logsigmoid(beta * z)
+            nll = -(lp[:B] * m[:B]).sum() / m[:B].sum()
+            loss = L_i.mean() + alpha * nll
+            out["nll_loss"] = nll.item() if alpha else 0.0
+            out["logits/chosen"] = logits_d[:B].mean().item()
+            out["logits/rejected"] = logits_d[B:].mean().item()
+        else:  # orpo
+            def log1mexp(x):
+                return torch.log(-torch.expm1(x))
+            lo = (A[:B] - A[B:]) - (log1mexp(A[:B]) - log1mexp(A[B:]))
+            am = attn[:B, 1:].double()
+            nll = -(lp[:B] * am).sum() / am.sum()
+            loss = nll - beta * F.logsigmoid(lo).mean()
+            out.update({"nll_loss": nll.item(), "log_odds_ratio": F.logsigmoid(lo).mean().item(),
+                        "log_odds_chosen": lo.mean().item(),
+                        "logits/chosen": logits_d[:B, :-1].mean().item(),
+                        "logits/rejected": logits_d[B:, :-1].mean().item()})
+        rc, rj = beta * A[:B].detach(), beta * A[B:].detach()
+        logps_c, logps_r = A[:B], A[B:]
+        pairs = {"policy_chosen_avg": A[:B], "policy_rejected_avg": A[B:], "chosen_tokens": N[:B],
+                 "rejected_tokens": N[B:]}
+    out.update({"rewards/chosen": rc.mean().item(), "rewards/rejected": rj.mean().item(),
+                "rewards/accuracies": (rc > rj).double().mean().item(), "rewards/margins": (rc - rj).mean().item(),
+                "logps/chosen": logps_c.mean().item(), "logps/rejected": logps_r.mean().item()})
+    loss.backward()
+    grads = {}
+    named = dict(pol.named_parameters())
+    keys = get_peft_model_state_dict(pol).keys()
+    for k in keys:
+        pname = k.replace(".weight", ".default.weight")
+        grads[k] = named[pname].grad.detach().clone()
+    params = {k: v.detach().clone() for k, v in get_peft_model_state_dict(pol).items()}
+    return loss.item(), out, params, grads, {k: [float(x) for x in v.detach()] for k, v in pairs.items()}
+
+
+# ---------------------------------------------------------------------------
+
+CASES = [(m, s, o) for m in METHODS for s in ("fresh", "init", "ref") for o in OPTS
+         if s != "ref" or m in ("dpo", "ipo")]
+LR = {"sgd": 0.1, "adamw": 1e-3}
+
+
+@step("cases")
+def cases():
+    import peft, trl, transformers
+    expected, tensors = {}, {}
+    worst = {"loss": 0.0, "metrics": 0.0, "adapter": 0.0}
+    fresh_init = None
+    for method, start, opt in CASES:
+        name = f"{method}.{start}.{opt}"
+        loss, logs, init, after, batch = run_trl(method, start, opt, "strings")
+        loss2, logs2, init2, after2, batch2 = run_trl(method, start, opt, "ids")
+        # Strings through TRL's tokenization == the pre-tokenized rows verbatim.
+        assert loss == loss2, (name, loss, loss2)
+        for k in logs:
+            if k not in ("train_runtime", "train_samples_per_second", "train_steps_per_second"):
+                assert logs[k] == logs2.get(k), (name, k, logs[k], logs2.get(k))
+        for k in after:
+            assert torch.equal(after[k], after2[k]) and torch.equal(init[k], init2[k]), (name, k)
+        if start == "fresh":
+            if fresh_init is None:
+                from safetensors.torch import load_file
+                fresh_init = load_file(os.path.join(OUT, "adapters", "fresh", "adapter_model.safetensors"))
+            for k in init:
+                assert torch.equal(init[k], fresh_init[k]), ("TRL's fresh adapter differs from adapters/fresh", k)
+        # Independent f64 recomputation.
+        policy_dir = os.path.join(OUT, "adapters", {"fresh": "fresh", "init": "init", "ref": "fresh"}[start])
+        ref_dir = {"fresh": None, "init": os.path.join(OUT, "adapters", "init"),
+                   "ref": os.path.join(OUT, "adapters", "ref")}[start]
+        h_loss, h_metrics, h_params, h_grads, pairs = hand(method, policy_dir, ref_dir, read_ids())
+        d_loss = abs(h_loss - loss)
+        d_met = max(abs(h_metrics[k] - logs[k]) for k in h_metrics)
+        missing = [k for k in h_metrics if k not in logs]
+        assert not missing, (name, missing)
+        # transformers 5 logs grad_norm (global L2 norm of the trainable
+        # gradients, before any clipping) even with clipping off.
+        g_norm = sum((g ** 2).sum() for g in h_grads.values()).sqrt().item()
+        h_metrics["grad_norm"] = g_norm
+        d_ad = 0.0
+        for k, p0 in h_params.items():
+            g = h_grads[k]
+            want = p0 - LR[opt] * g if opt == "sgd" else p0 - LR[opt] * g / (g.abs() + 1e-8)
+            d_ad = max(d_ad, (want - after[k].double()).abs().max().item())
+        worst = {"loss": max(worst["loss"], d_loss), "metrics": max(worst["metrics"], d_met),
+                 "adapter": max(worst["adapter"], d_ad)}
+        print(f"{name:22s} loss {loss:.7f}  f64 check: |dloss| {d_loss:.1e}  max|dmetric| {d_met:.1e}  "
+              f"max|dadapter| {d_ad:.1e}")
+        kind = METHODS[method][0]
+        settings = {"trainer": {"dpo": "DPOTrainer", "cpo": "CPOTrainer", "orpo": "ORPOTrainer"}[kind],
+                    **{k: v for k, v in METHODS[method][1].items()}, "beta": 0.1,
+                    "start": start, "policy_adapter": f"adapters/{os.path.basename(policy_dir)}",
+                    "reference": ("none" if kind != "dpo" else
+                                  {"fresh": "base (adapter disabled)", "init": "adapters/init (TRL's 'ref' copy)",
+                                   "ref": "adapters/ref (loaded into TRL's 'ref' adapter)"}[start]),
+                    "optim": OPTS[opt]["optim"], "learning_rate": LR[opt], "weight_decay": 0.0,
+                    "max_grad_norm": 0.0, "lr_scheduler_type": "constant", "batch_pairs": 4}
+        if kind == "cpo":
+            settings.update(simpo_gamma=0.5, cpo_alpha=METHODS[method][1].get("cpo_alpha", 1.0), label_smoothing=0.0)
+        metrics = {k: v for k, v in logs.items() if k not in ("loss", "epoch", "step")}
+        expected[name] = {"settings": settings, "loss": loss, "logged_loss": logs.get("loss"), "metrics": metrics,
+                          "pairs_f64": pairs}
+        for k, v in after.items():
+            tensors[f"{name}.{k}"] = v
+    expected["_meta"] = {
+        "versions": {"torch": torch.__version__, "trl": trl.__version__, "transformers": transformers.__version__,
+                     "peft": peft.__version__},
+        "lora": {"r": 4, "lora_alpha": 8, "target_modules": TARGETS, "dropout": 0.0},
+        "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 1,
+        "f64_check_max_abs_diff": worst,
+    }
+    with open(os.path.join(OUT, "expected.json"), "w") as f:
+        json.dump(expected, f, indent=1, sort_keys=True)
+        f.write("\n")
+    save_file(contiguous(tensors), os.path.join(OUT, "expected.safetensors"))
+    print("f64 check, worst over all cases:", worst)
+    assert worst["loss"] < 1e-5 and worst["metrics"] < 1e-5 and worst["adapter"] < 1e-5, worst
+
+
+if __name__ == "__main__":
+    import accelerate, datasets, peft, safetensors, tokenizers, transformers, trl
+    print("torch", torch.__version__, "trl", trl.__version__, "transformers", transformers.__version__, "peft",
+          peft.__version__, "accelerate", accelerate.__version__, "datasets", datasets.__version__, "tokenizers",
+          tokenizers.__version__, "safetensors", safetensors.__version__)
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    write_inputs()
+    write_ids()
+    cases()
+    finish()

@@ -1,0 +1,269 @@
+//! Preference losses against TRL 1.16's own trainers (fixtures made by
+//! `scripts/make_preference_fixtures.py`; formulas in
+//! `tests/fixtures/preference/FORMULAS.md`): on the tiny f32 Llama and
+//! four pre-tokenized pairs, the traced loss of DPO (sigmoid), IPO,
+//! SimPO (CPO-SimPO and `cpo_alpha` 0) and ORPO gives TRL's first-step
+//! loss and logged metrics, and one SGD and one AdamW step of the LoRA
+//! adapter give TRL's adapter after it. Compiled and run on the CPU plugin.
+//!
+//! Here the reference is what `preference_loss` builds: the base with the
+//! adapter off (TRL's for a fresh adapter); DPO and IPO from another
+//! adapter are left to the engine's run.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use hlo_e2e::{client, fixture_dir};
+use hlo_ir::{value_and_grad, DType, Literal, TensorType};
+use hlo_models::adapter::Adapter;
+use hlo_models::checkpoint::Checkpoint;
+use hlo_models::io::read_safetensors;
+use hlo_models::preference::PreferenceLoss;
+use hlo_models::train::{preference_loss, TrainConfig};
+use hlo_runtime::{CompiledFunction, HostArray};
+use serde_json::Value;
+
+fn preference(path: &str) -> PathBuf {
+    fixture_dir("preference").join(path)
+}
+
+/// The fixture's pairs as one batch: rows of prompt + chosen, then of
+/// prompt + rejected, right-padded with the pad id to the longest; the
+/// loss mask on the positions that predict a completion token; segment
+/// ids 1 on real tokens.
+struct Batch {
+    ids: Vec<Vec<u32>>,
+    loss_mask: Vec<Vec<f64>>,
+    segment_ids: Vec<Vec<f64>>,
+    pairs: usize,
+}
+
+fn batch(pad: u32) -> Batch {
+    let text = std::fs::read_to_string(preference("data_ids.jsonl")).unwrap();
+    let pairs: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ids = |v: &Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let mut rows = Vec::new();
+    for side in ["chosen_ids", "rejected_ids"] {
+        for p in &pairs {
+            rows.push((ids(&p["prompt_ids"]), ids(&p[side])));
+        }
+    }
+    let seq = rows.iter().map(|(p, c)| p.len() + c.len()).max().unwrap();
+    let mut b = Batch {
+        ids: Vec::new(),
+        loss_mask: Vec::new(),
+        segment_ids: Vec::new(),
+        pairs: pairs.len(),
+    };
+    for (prompt, completion) in rows {
+        let mut row = prompt.clone();
+        row.extend(&completion);
+        let mut mask = vec![0.0; seq];
+        for t in prompt.len()..row.len() {
+            mask[t - 1] = 1.0;
+        }
+        let mut real = vec![1.0; row.len()];
+        real.resize(seq, 0.0);
+        row.resize(seq, pad);
+        b.ids.push(row);
+        b.loss_mask.push(mask);
+        b.segment_ids.push(real);
+    }
+    b
+}
+
+/// The fixture's `expected.json`.
+fn expected() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(preference("expected.json")).unwrap()).unwrap()
+}
+
+struct Case {
+    name: String,
+    loss: PreferenceLoss,
+    adapter: &'static str,
+    expected: Value,
+}
+
+fn case(name: &str, loss: PreferenceLoss, adapter: &'static str) -> Case {
+    Case {
+        name: name.to_string(),
+        loss,
+        adapter,
+        expected: expected()[name].clone(),
+    }
+}
+
+/// Runs `c`'s loss with gradients on the fixture; checks the loss and the
+/// metrics against TRL's, then the adapter after one SGD (or AdamW) step.
+fn check(c: &Case, sgd: bool) {
+    let base = fixture_dir("llama/gqa_llama3");
+    let ckpt = Checkpoint::open(&base).unwrap();
+    let config = &ckpt.config;
+    let adapter = Adapter::load(&preference(&format!("adapters/{}", c.adapter)), config).unwrap();
+    let pad = expected()["_meta"]["pad_token_id"].as_u64().unwrap() as u32;
+    let data = batch(pad);
+    let (rows, seq) = (data.ids.len() as i64, data.ids[0].len() as i64);
+    assert_eq!(rows, 2 * data.pairs as i64);
+    let tc = TrainConfig::new(DType::F32, rows, seq).with_lora(Some(adapter.lora.clone()));
+    let tc = TrainConfig {
+        scan_layers: false,
+        ..tc
+    };
+    let f = preference_loss(config, &tc, &c.loss).unwrap();
+    let trained: Vec<String> = adapter.tensors.iter().map(|(n, _)| n.clone()).collect();
+    let names: Vec<&str> = trained.iter().map(String::as_str).collect();
+    let g = value_and_grad(&f, "loss", &names).unwrap();
+    let flat = |v: &[Vec<f64>]| v.concat();
+    let inputs: Vec<HostArray> = g
+        .inputs
+        .iter()
+        .map(|b| {
+            let ty = TensorType::new(DType::I32, [rows, seq]);
+            HostArray::from(match b.name.as_str() {
+                "input_ids" => {
+                    let v: Vec<f64> = data.ids.iter().flatten().map(|&x| f64::from(x)).collect();
+                    Literal::from_f64s(ty, &v)
+                }
+                "segment_ids" => Literal::from_f64s(ty, &flat(&data.segment_ids)),
+                "loss_mask" => {
+                    Literal::from_f64s(ty.with_dtype(DType::F32), &flat(&data.loss_mask))
+                }
+                name => match adapter.get(name) {
+                    Some(t) => t.clone(),
+                    None => ckpt.read(name, DType::F32).unwrap(),
+                },
+            })
+        })
+        .collect();
+    let out = CompiledFunction::new(client(), &g)
+        .unwrap()
+        .run(&inputs)
+        .unwrap();
+    let values: BTreeMap<&str, f64> = g
+        .outputs
+        .iter()
+        .zip(&out)
+        .filter(|(b, _)| !b.name.starts_with("grads."))
+        .map(|(b, v)| (b.name.as_str(), v.to_f64_vec()[0]))
+        .collect();
+    let want = &c.expected;
+    let close = |what: &str, got: f64, want: f64| {
+        assert!(
+            (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+            "{}: {what} {got} against TRL's {want}",
+            c.name
+        );
+    };
+    close("loss", values["loss"], want["loss"].as_f64().unwrap());
+    for (name, got) in &values {
+        if *name == "loss" {
+            continue;
+        }
+        // CPO's and ORPO's `logits/*` average padding positions too, whose
+        // logits HF computes under its attention mask: not compared.
+        let padded = name.starts_with("logits/") && !c.loss.needs_reference();
+        let Some(w) = want["metrics"][*name].as_f64() else {
+            panic!("{}: TRL logs no {name}", c.name)
+        };
+        if !padded {
+            close(name, *got, w);
+        }
+    }
+    // The adapter after one step, as TRL's (the gradient's global norm
+    // as it logs it, clipping off).
+    let grads: BTreeMap<&str, Vec<f64>> = g
+        .outputs
+        .iter()
+        .zip(&out)
+        .filter_map(|(b, v)| Some((b.name.strip_prefix("grads.")?, v.to_f64_vec())))
+        .collect();
+    let norm = grads.values().flatten().map(|x| x * x).sum::<f64>().sqrt();
+    close(
+        "grad_norm",
+        norm,
+        want["metrics"]["grad_norm"].as_f64().unwrap(),
+    );
+    let lr = want["settings"]["learning_rate"].as_f64().unwrap();
+    let stepped = Adapter {
+        lora: adapter.lora.clone(),
+        tensors: adapter
+            .tensors
+            .iter()
+            .map(|(n, t)| {
+                let (p, g) = (t.to_f64s(), &grads[n.as_str()]);
+                let v: Vec<f64> = p
+                    .iter()
+                    .zip(g)
+                    .map(|(p, g)| {
+                        if sgd {
+                            p - lr * g
+                        } else {
+                            // AdamW's first step from zero moments (torch's
+                            // defaults, no weight decay): m̂ = g, v̂ = g².
+                            p - lr * g / (g.abs() + 1e-8)
+                        }
+                    })
+                    .collect();
+                (n.clone(), Literal::from_f64s(t.ty.clone(), &v))
+            })
+            .collect(),
+    };
+    let dir = std::env::temp_dir().join(format!(
+        "hlo-e2e-preference-{}-{}",
+        std::process::id(),
+        c.name
+    ));
+    stepped.save(&dir, None).unwrap();
+    let ours = read_safetensors(&dir.join("adapter_model.safetensors")).unwrap();
+    let theirs = read_safetensors(&preference("expected.safetensors")).unwrap();
+    for (key, t) in &ours {
+        let want = &theirs
+            .iter()
+            .find(|(k, _)| *k == format!("{}.{key}", c.name))
+            .unwrap_or_else(|| panic!("{}: {key} in the fixture", c.name))
+            .1;
+        let d = hlo_e2e::max_abs_diff(&t.to_f64s(), &want.to_f64s());
+        assert!(d < 1e-6, "{}: {key} differs from TRL's by {d:e}", c.name);
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+fn each(name: &str, loss: PreferenceLoss, starts: &[&'static str]) {
+    for start in starts {
+        for (optim, sgd) in [("sgd", true), ("adamw", false)] {
+            check(&case(&format!("{name}.{start}.{optim}"), loss, start), sgd);
+        }
+    }
+}
+
+#[test]
+fn dpo_and_ipo_from_a_fresh_adapter_equal_trl() {
+    each("dpo", PreferenceLoss::Dpo { beta: 0.1 }, &["fresh"]);
+    each("ipo", PreferenceLoss::Ipo { beta: 0.1 }, &["fresh"]);
+}
+
+#[test]
+fn simpo_and_orpo_equal_trl_from_a_fresh_and_a_trained_adapter() {
+    let simpo = |cpo_alpha| PreferenceLoss::Simpo {
+        beta: 0.1,
+        gamma: 0.5,
+        label_smoothing: 0.0,
+        cpo_alpha,
+    };
+    each("simpo", simpo(1.0), &["fresh", "init"]);
+    each("simpo_a0", simpo(0.0), &["fresh", "init"]);
+    each(
+        "orpo",
+        PreferenceLoss::Orpo { beta: 0.1 },
+        &["fresh", "init"],
+    );
+}
