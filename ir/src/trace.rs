@@ -284,6 +284,7 @@ pub(crate) fn restore_scope(saved: Vec<String>) {
 }
 
 /// The named inputs of a trace.
+#[derive(Clone)]
 pub struct Inputs {
     names: Vec<String>,
     tensors: Vec<Tensor>,
@@ -311,6 +312,19 @@ impl Inputs {
 
     pub fn names(&self) -> &[String] {
         &self.names
+    }
+
+    /// These inputs with the named ones bound to other tensors: a model
+    /// function called on them reads `overrides` in their place (a
+    /// preference loss's reference reads its own LoRA tensors so).
+    pub fn with_overrides(&self, overrides: &[(String, Tensor)]) -> Inputs {
+        let mut out = self.clone();
+        for (name, t) in overrides {
+            if let Some(i) = out.names.iter().position(|n| n == name) {
+                out.tensors[i] = *t;
+            }
+        }
+        out
     }
 }
 

@@ -36,6 +36,23 @@ pub enum PreferenceLoss {
     Orpo { beta: f64 },
 }
 
+/// The model a preference loss compares the policy with (DPO, IPO), as
+/// TRL chooses it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reference {
+    /// The base with the adapter off: a fresh adapter's starting policy.
+    Base,
+    /// A frozen adapter of the policy's shapes, read from inputs named
+    /// `ref.<LoRA tensor>`: a copy of the adapter training starts from, or
+    /// another one.
+    Adapter,
+}
+
+/// The name of the reference adapter's copy of LoRA tensor `name`.
+pub fn reference_name(name: &str) -> String {
+    format!("ref.{name}")
+}
+
 /// Per pair (`[pairs]`, f32): the chosen and the rejected completion's
 /// summed log-probabilities and token counts.
 #[derive(Clone, Copy, Debug)]

@@ -13,7 +13,7 @@ use crate::loss::{
     chunked_cross_entropy_sum, default_loss_chunk, masked_cross_entropy_sum, masked_logps_per_row,
     mean,
 };
-use crate::preference::{NllSpan, PairLogps, PreferenceLoss};
+use crate::preference::{reference_name, NllSpan, PairLogps, PreferenceLoss, Reference};
 use crate::roles::{BatchField, Moment, Role, Step, StepInput};
 use crate::ModelError;
 
@@ -277,7 +277,9 @@ fn role_of(tc: &TrainConfig) -> impl Fn(&str) -> StepInput + '_ {
             };
             (role, is_stacked(of))
         } else {
-            let lora = name.ends_with(".lora_a") || name.ends_with(".lora_b");
+            // A preference loss's reference adapter is frozen.
+            let lora = !name.starts_with("ref.")
+                && (name.ends_with(".lora_a") || name.ends_with(".lora_b"));
             let saved = tc.lora.as_ref().is_some_and(|l| l.saves_weight(name));
             let trained = lora || saved || tc.lora.is_none();
             let role = if trained {
@@ -352,13 +354,14 @@ pub fn eval_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelEr
 /// completion, rows `P..2P` the same prompts and the rejected ones
 /// (`tc.batch` = 2P rows, right-padded, one forward over both, as TRL
 /// concatenates them), the mask on the completion tokens. Where the loss
-/// compares with a reference, it is the base with the adapter off (a
-/// fresh adapter's starting policy, as TRL chooses it), without gradient.
+/// compares with a reference, it is `reference` (the base with the adapter
+/// off, or a frozen adapter read from `ref.` inputs), without gradient.
 /// Outputs `loss`, then the metrics by TRL's names.
 pub fn preference_loss(
     config: &ModelConfig,
     tc: &TrainConfig,
     loss: &PreferenceLoss,
+    reference: Reference,
 ) -> Result<hlo_ir::Function, ModelError> {
     if tc.packing || tc.batch % 2 != 0 {
         return Err(ModelError::PreferenceBatch {
@@ -366,21 +369,28 @@ pub fn preference_loss(
             packed: tc.packing,
         });
     }
-    let (_, _, mut inputs) = loss_inputs(config, tc)?;
-    let whole_rows = loss.nll() == Some(NllSpan::WholeRow);
-    if whole_rows {
+    let (_, lora_params, mut inputs) = loss_inputs(config, tc)?;
+    if loss.nll() == Some(NllSpan::WholeRow) {
         let ty = TensorType::new(DType::I32, [tc.batch, tc.seq]);
         inputs.push((BatchField::SegmentIds.name().into(), ty));
     }
+    let by_adapter = loss.needs_reference() && reference == Reference::Adapter;
+    if by_adapter {
+        inputs.extend(
+            lora_params
+                .iter()
+                .map(|(n, t)| (reference_name(n), t.clone())),
+        );
+    }
     let policy = model(config, tc);
-    let reference = Decoder {
+    let base = Decoder {
         lora: None,
         ..model(config, tc)
     };
     let pairs = tc.batch / 2;
     let f = trace("preference_loss", &inputs, |i| {
         let (ids, mask) = (i["input_ids"], i["loss_mask"]);
-        let forward = |m: &Decoder| {
+        let forward = |m: &Decoder, i: &hlo_ir::Inputs| {
             let h = m.last_hidden(&Params(i), ids, None, tc.dtype);
             m.lm_head(&Params(i), h).cast(DType::F32)
         };
@@ -394,11 +404,22 @@ pub fn preference_loss(
                 rejected_tokens: count.slice(&half, &all),
             }
         };
-        let logits = scope("policy", || forward(&policy));
+        let logits = scope("policy", || forward(&policy, i));
         let mine = pair_logps(logits);
-        let theirs = loss
-            .needs_reference()
-            .then(|| scope("reference", || pair_logps(forward(&reference))));
+        let theirs = loss.needs_reference().then(|| {
+            scope("reference", || {
+                pair_logps(if by_adapter {
+                    // The policy's form, on the reference's LoRA tensors.
+                    let frozen: Vec<(String, Tensor)> = lora_params
+                        .iter()
+                        .map(|(n, _)| (n.clone(), i[reference_name(n).as_str()]))
+                        .collect();
+                    forward(&policy, &i.with_overrides(&frozen))
+                } else {
+                    forward(&base, i)
+                })
+            })
+        });
         let nll = loss.nll().map(|span| {
             scope("nll", || match span {
                 NllSpan::Completion => {

@@ -6,9 +6,9 @@
 //! loss and logged metrics, and one SGD and one AdamW step of the LoRA
 //! adapter give TRL's adapter after it. Compiled and run on the CPU plugin.
 //!
-//! Here the reference is what `preference_loss` builds: the base with the
-//! adapter off (TRL's for a fresh adapter); DPO and IPO from another
-//! adapter are left to the engine's run.
+//! DPO's and IPO's reference is the base with the adapter off (TRL's for a
+//! fresh adapter), a frozen copy of the adapter training starts from
+//! (TRL's for an existing one), or another adapter.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -18,7 +18,7 @@ use hlo_ir::{value_and_grad, DType, Literal, TensorType};
 use hlo_models::adapter::Adapter;
 use hlo_models::checkpoint::Checkpoint;
 use hlo_models::io::read_safetensors;
-use hlo_models::preference::PreferenceLoss;
+use hlo_models::preference::{reference_name, PreferenceLoss, Reference};
 use hlo_models::train::{preference_loss, TrainConfig};
 use hlo_runtime::{CompiledFunction, HostArray};
 use serde_json::Value;
@@ -89,15 +89,27 @@ fn expected() -> Value {
 struct Case {
     name: String,
     loss: PreferenceLoss,
+    /// The adapter training starts from.
     adapter: &'static str,
+    /// The reference's adapter (None: the base).
+    reference: Option<&'static str>,
     expected: Value,
 }
 
-fn case(name: &str, loss: PreferenceLoss, adapter: &'static str) -> Case {
+/// The case `<method>.<start>.<optimizer>`: TRL's reference for a
+/// fresh adapter is the base, for a trained one a frozen copy of it; the
+/// `ref` cases start fresh against `adapters/ref`.
+fn case(name: &str, loss: PreferenceLoss, start: &'static str) -> Case {
+    let (adapter, reference) = match start {
+        "fresh" => ("fresh", None),
+        "init" => ("init", Some("init")),
+        _ => ("fresh", Some("ref")),
+    };
     Case {
         name: name.to_string(),
         loss,
         adapter,
+        reference: reference.filter(|_| loss.needs_reference()),
         expected: expected()[name].clone(),
     }
 }
@@ -118,7 +130,14 @@ fn check(c: &Case, sgd: bool) {
         scan_layers: false,
         ..tc
     };
-    let f = preference_loss(config, &tc, &c.loss).unwrap();
+    let reference = c
+        .reference
+        .map(|r| Adapter::load(&preference(&format!("adapters/{r}")), config).unwrap());
+    let kind = match reference {
+        Some(_) => Reference::Adapter,
+        None => Reference::Base,
+    };
+    let f = preference_loss(config, &tc, &c.loss, kind).unwrap();
     let trained: Vec<String> = adapter.tensors.iter().map(|(n, _)| n.clone()).collect();
     let names: Vec<&str> = trained.iter().map(String::as_str).collect();
     let g = value_and_grad(&f, "loss", &names).unwrap();
@@ -137,9 +156,15 @@ fn check(c: &Case, sgd: bool) {
                 "loss_mask" => {
                     Literal::from_f64s(ty.with_dtype(DType::F32), &flat(&data.loss_mask))
                 }
-                name => match adapter.get(name) {
-                    Some(t) => t.clone(),
-                    None => ckpt.read(name, DType::F32).unwrap(),
+                name => match (adapter.get(name), &reference) {
+                    (Some(t), _) => t.clone(),
+                    (None, Some(r)) if name.starts_with("ref.") => r
+                        .tensors
+                        .iter()
+                        .find(|(n, _)| reference_name(n) == name)
+                        .map(|(_, t)| t.clone())
+                        .unwrap(),
+                    _ => ckpt.read(name, DType::F32).unwrap(),
                 },
             })
         })
@@ -246,9 +271,10 @@ fn each(name: &str, loss: PreferenceLoss, starts: &[&'static str]) {
 }
 
 #[test]
-fn dpo_and_ipo_from_a_fresh_adapter_equal_trl() {
-    each("dpo", PreferenceLoss::Dpo { beta: 0.1 }, &["fresh"]);
-    each("ipo", PreferenceLoss::Ipo { beta: 0.1 }, &["fresh"]);
+fn dpo_and_ipo_equal_trl_against_the_base_a_copy_of_the_adapter_and_another_adapter() {
+    let starts = ["fresh", "init", "ref"];
+    each("dpo", PreferenceLoss::Dpo { beta: 0.1 }, &starts);
+    each("ipo", PreferenceLoss::Ipo { beta: 0.1 }, &starts);
 }
 
 #[test]
