@@ -261,7 +261,16 @@ pub fn batch_fields(tc: &TrainConfig) -> Vec<BatchField> {
 /// names are this module's own).
 fn role_of(tc: &TrainConfig) -> impl Fn(&str) -> StepInput + '_ {
     move |name: &str| {
-        let batch = batch_fields(tc).into_iter().find(|f| f.name() == name);
+        // Any batch field by name: a preference batch carries segment ids
+        // (its rows' real tokens) unpacked.
+        let batch = [
+            BatchField::InputIds,
+            BatchField::LossMask,
+            BatchField::Positions,
+            BatchField::SegmentIds,
+        ]
+        .into_iter()
+        .find(|f| f.name() == name);
         let (role, leading_axis) = if let Some(field) = batch {
             (Role::Batch(field), tc.grad_accum > 1)
         } else if name == "step" {
@@ -499,33 +508,92 @@ fn logits_means(
 /// (donated).
 pub fn train_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
     let (base, lora_params, loss_inputs) = loss_inputs(config, tc)?;
-    // LoRA trains the adapters and the modules it saves whole.
-    let trainable: Vec<(String, TensorType)> = match &tc.lora {
+    let trainable = trainable_of(tc, &base, &lora_params);
+    let model = model(config, tc);
+    let loss_fn = trace("llama_loss", &loss_inputs, |i| {
+        Outputs::new().add("loss", mean(loss_sum_of(&model, i, tc)))
+    })?;
+    // With accumulation, a micro-step's summed loss, token count and the
+    // gradients of the sum.
+    let micro = if tc.grad_accum > 1 {
+        let sum_fn = trace("llama_loss_sum", &loss_inputs, |i| {
+            let (sum, count) = loss_sum_of(&model, i, tc);
+            Outputs::new().add("loss_sum", sum).add("tokens", count)
+        })?;
+        let names: Vec<&str> = trainable.iter().map(|(n, _)| n.as_str()).collect();
+        Some(value_and_grad(&sum_fn, "loss_sum", &names)?)
+    } else {
+        None
+    };
+    optimizer_step(tc, &loss_fn, micro.as_ref(), loss_inputs, &trainable)
+}
+
+/// The preference train step ([`preference_loss`] under `loss`, against
+/// `reference`, then the same clipping, schedule and optimizer as
+/// [`train_step`]): inputs are the loss's (weights, LoRA tensors, the
+/// pair batch, the reference adapter's `ref.` tensors), the optimizer
+/// state and the step counter; outputs `loss`, `grad_norm`, `lr`, the
+/// loss's metrics by TRL's names, then the updated state. One
+/// micro-batch per step.
+pub fn preference_train_step(
+    config: &ModelConfig,
+    tc: &TrainConfig,
+    loss: &PreferenceLoss,
+    reference: Reference,
+) -> Result<Step, ModelError> {
+    if tc.grad_accum > 1 {
+        return Err(ModelError::PreferenceBatch {
+            rows: tc.rows(),
+            packed: tc.packing,
+        });
+    }
+    let (base, lora_params, _) = loss_inputs(config, tc)?;
+    let trainable = trainable_of(tc, &base, &lora_params);
+    let loss_fn = preference_loss(config, tc, loss, reference)?;
+    let inputs: Vec<(String, TensorType)> = loss_fn
+        .inputs
+        .iter()
+        .map(|b| (b.name.clone(), loss_fn.ty(b.value).clone()))
+        .collect();
+    optimizer_step(tc, &loss_fn, None, inputs, &trainable)
+}
+
+/// What a step trains: LoRA's adapters and the modules it saves whole, or
+/// every base weight.
+fn trainable_of(
+    tc: &TrainConfig,
+    base: &[(String, TensorType)],
+    lora_params: &[(String, TensorType)],
+) -> Vec<(String, TensorType)> {
+    match &tc.lora {
         Some(l) => lora_params
             .iter()
             .cloned()
             .chain(base.iter().filter(|(n, _)| l.saves_weight(n)).cloned())
             .collect(),
-        None => base.clone(),
-    };
-    let model = model(config, tc);
-    let loss_fn = trace("llama_loss", &loss_inputs, |i| {
-        Outputs::new().add("loss", mean(loss_sum_of(&model, i, tc)))
-    })?;
+        None => base.to_vec(),
+    }
+}
+
+/// The step around `loss_fn` (outputs `loss`, then any metrics): its
+/// gradients of `trainable` (summed over micro-batches by `micro`, the
+/// gradients of a summed loss and its token count, when given), global-norm
+/// clipping, the learning rate at the step and the optimizer's update.
+fn optimizer_step(
+    tc: &TrainConfig,
+    loss_fn: &hlo_ir::Function,
+    micro: Option<&hlo_ir::Function>,
+    loss_inputs: Vec<(String, TensorType)>,
+    trainable: &[(String, TensorType)],
+) -> Result<Step, ModelError> {
     let names: Vec<&str> = trainable.iter().map(|(n, _)| n.as_str()).collect();
-    let grads = value_and_grad(&loss_fn, "loss", &names)?;
-    // With accumulation, a micro-step's summed loss, token count and the
-    // gradients of the sum.
+    let grads = value_and_grad(loss_fn, "loss", &names)?;
+    // The loss's own outputs after `loss`: metrics, passed through.
+    let metric_names: Vec<String> = loss_fn.outputs[1..]
+        .iter()
+        .map(|b| b.name.clone())
+        .collect();
     let accum = tc.grad_accum.max(1);
-    let micro = if accum > 1 {
-        let sum_fn = trace("llama_loss_sum", &loss_inputs, |i| {
-            let (sum, count) = loss_sum_of(&model, i, tc);
-            Outputs::new().add("loss_sum", sum).add("tokens", count)
-        })?;
-        Some(value_and_grad(&sum_fn, "loss_sum", &names)?)
-    } else {
-        None
-    };
 
     let adam = matches!(tc.optimizer, Optimizer::AdamW { .. });
     let mut step_inputs = loss_inputs.clone();
@@ -540,7 +608,7 @@ pub fn train_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelE
         }
     }
     if adam {
-        for (n, t) in &trainable {
+        for (n, t) in trainable {
             for kind in ["m", "v"] {
                 step_inputs.push((format!("opt.{kind}.{n}"), t.with_dtype(DType::F32)));
             }
@@ -550,11 +618,12 @@ pub fn train_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelE
     let is_batch = |name: &str| fields.iter().any(|f| f.name() == name);
     step_inputs.push(("step".into(), TensorType::scalar(DType::I32)));
     let function = trace("train_step", &step_inputs, |i| {
-        let (loss, g): (Tensor, Vec<Tensor>) = match &micro {
+        let (loss, metrics, g): (Tensor, Vec<Tensor>, Vec<Tensor>) = match micro {
             None => {
                 let args: Vec<Tensor> = grads.inputs.iter().map(|b| i[b.name.as_str()]).collect();
                 let out = call(&grads, &args);
-                (out[0], out[1..].to_vec())
+                let k = 1 + metric_names.len();
+                (out[0], out[1..k].to_vec(), out[k..].to_vec())
             }
             Some(micro) => scope("grad_accum", || {
                 // Scan over the micro-batches: sum the losses, the token
@@ -597,10 +666,10 @@ pub fn train_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelE
                 let tokens = out[1].maximum(out[1].scalar_like(1.0));
                 let g: Vec<Tensor> = out[2..]
                     .iter()
-                    .zip(&trainable)
+                    .zip(trainable)
                     .map(|(t, (_, ty))| (*t / tokens).cast(ty.dtype))
                     .collect();
-                (out[0] / tokens, g)
+                (out[0] / tokens, Vec::new(), g)
             }),
         };
         let step = i["step"];
@@ -656,6 +725,9 @@ pub fn train_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelE
             .add("loss", loss)
             .add("grad_norm", norm)
             .add("lr", lr);
+        for (n, t) in metric_names.iter().zip(metrics) {
+            o = o.add(n.as_str(), t);
+        }
         for (n, t) in new {
             o = o.add(n, t);
         }

@@ -19,7 +19,7 @@ use hlo_models::adapter::Adapter;
 use hlo_models::checkpoint::Checkpoint;
 use hlo_models::io::read_safetensors;
 use hlo_models::preference::{reference_name, PreferenceLoss, Reference};
-use hlo_models::train::{preference_loss, TrainConfig};
+use hlo_models::train::{preference_loss, preference_train_step, Optimizer, Schedule, TrainConfig};
 use hlo_runtime::{CompiledFunction, HostArray};
 use serde_json::Value;
 
@@ -292,4 +292,134 @@ fn simpo_and_orpo_equal_trl_from_a_fresh_and_a_trained_adapter() {
         PreferenceLoss::Orpo { beta: 0.1 },
         &["fresh", "init"],
     );
+}
+
+/// The whole preference train step (loss, gradients and the optimizer in
+/// one compiled program) gives TRL's adapter after one SGD and one AdamW
+/// step, and its loss and metrics among the outputs.
+#[test]
+fn the_compiled_preference_step_updates_the_adapter_as_trl() {
+    let base = fixture_dir("llama/gqa_llama3");
+    let ckpt = Checkpoint::open(&base).unwrap();
+    let config = &ckpt.config;
+    let pad = expected()["_meta"]["pad_token_id"].as_u64().unwrap() as u32;
+    let data = batch(pad);
+    let (rows, seq) = (data.ids.len() as i64, data.ids[0].len() as i64);
+    let flat = |v: &[Vec<f64>]| v.concat();
+    let cases = [
+        ("dpo.ref", PreferenceLoss::Dpo { beta: 0.1 }),
+        ("orpo.init", PreferenceLoss::Orpo { beta: 0.1 }),
+    ];
+    for (name, loss) in cases {
+        for (optim, optimizer, lr) in [
+            ("sgd", Optimizer::Sgd, 0.1),
+            ("adamw", Optimizer::adamw(0.0), 1e-3),
+        ] {
+            let c = case(
+                &format!("{name}.{optim}"),
+                loss,
+                name.split('.').nth(1).unwrap(),
+            );
+            let adapter =
+                Adapter::load(&preference(&format!("adapters/{}", c.adapter)), config).unwrap();
+            let reference = c
+                .reference
+                .map(|r| Adapter::load(&preference(&format!("adapters/{r}")), config).unwrap());
+            let kind = if reference.is_some() {
+                Reference::Adapter
+            } else {
+                Reference::Base
+            };
+            let tc = TrainConfig {
+                scan_layers: false,
+                clip_norm: None,
+                ..TrainConfig::new(DType::F32, rows, seq)
+                    .with_lora(Some(adapter.lora.clone()))
+                    .with_lr(lr, Schedule::Constant { warmup: 0 })
+                    .with_optimizer(optimizer)
+            };
+            let step = preference_train_step(config, &tc, &c.loss, kind).unwrap();
+            let f = &step.function;
+            let inputs: Vec<HostArray> = f
+                .inputs
+                .iter()
+                .map(|b| {
+                    let ty = f.ty(b.value).clone();
+                    HostArray::from(match b.name.as_str() {
+                        "input_ids" => {
+                            let v: Vec<f64> =
+                                data.ids.iter().flatten().map(|&x| f64::from(x)).collect();
+                            Literal::from_f64s(ty, &v)
+                        }
+                        "segment_ids" => Literal::from_f64s(ty, &flat(&data.segment_ids)),
+                        "loss_mask" => Literal::from_f64s(ty, &flat(&data.loss_mask)),
+                        "step" => Literal::from_f64s(ty, &[0.0]),
+                        n if n.starts_with("opt.") => {
+                            Literal::from_f64s(ty.clone(), &vec![0.0; ty.element_count()])
+                        }
+                        n => match (adapter.get(n), &reference) {
+                            (Some(t), _) => t.clone(),
+                            (None, Some(r)) if n.starts_with("ref.") => r
+                                .tensors
+                                .iter()
+                                .find(|(k, _)| reference_name(k) == n)
+                                .map(|(_, t)| t.clone())
+                                .unwrap(),
+                            _ => ckpt.read(n, DType::F32).unwrap(),
+                        },
+                    })
+                })
+                .collect();
+            let out = CompiledFunction::new(client(), f)
+                .unwrap()
+                .run(&inputs)
+                .unwrap();
+            let output = |n: &str| {
+                let k = f.outputs.iter().position(|b| b.name == n).unwrap();
+                out[k].to_f64_vec()
+            };
+            let want = &c.expected;
+            for key in ["loss", "grad_norm", "rewards/margins", "logps/chosen"] {
+                let w = want["metrics"][key]
+                    .as_f64()
+                    .or(want[key].as_f64())
+                    .unwrap();
+                let got = output(key)[0];
+                assert!(
+                    (got - w).abs() <= 1e-5 * w.abs().max(1.0),
+                    "{}: {key} {got} against {w}",
+                    c.name
+                );
+            }
+            let stepped = Adapter {
+                lora: adapter.lora.clone(),
+                tensors: adapter
+                    .tensors
+                    .iter()
+                    .map(|(n, t)| {
+                        let v = output(n);
+                        (n.clone(), Literal::from_f64s(t.ty.clone(), &v))
+                    })
+                    .collect(),
+            };
+            let dir = std::env::temp_dir().join(format!(
+                "hlo-e2e-preference-step-{}-{}",
+                std::process::id(),
+                c.name
+            ));
+            stepped.save(&dir, None).unwrap();
+            let ours = read_safetensors(&dir.join("adapter_model.safetensors")).unwrap();
+            let theirs = read_safetensors(&preference("expected.safetensors")).unwrap();
+            for (key, t) in &ours {
+                let w = &theirs
+                    .iter()
+                    .find(|(k, _)| *k == format!("{}.{key}", c.name))
+                    .unwrap()
+                    .1;
+                let d = hlo_e2e::max_abs_diff(&t.to_f64s(), &w.to_f64s());
+                assert!(d < 1e-6, "{}: {key} differs from TRL's by {d:e}", c.name);
+            }
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+    }
 }
