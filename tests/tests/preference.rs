@@ -117,149 +117,189 @@ fn case(name: &str, loss: PreferenceLoss, start: &'static str) -> Case {
 /// Runs `c`'s loss with gradients on the fixture; checks the loss and the
 /// metrics against TRL's, then the adapter after one SGD (or AdamW) step.
 fn check(c: &Case, sgd: bool) {
-    let base = fixture_dir("llama/gqa_llama3");
-    let ckpt = Checkpoint::open(&base).unwrap();
-    let config = &ckpt.config;
-    let adapter = Adapter::load(&preference(&format!("adapters/{}", c.adapter)), config).unwrap();
-    let pad = expected()["_meta"]["pad_token_id"].as_u64().unwrap() as u32;
-    let data = batch(pad);
-    let (rows, seq) = (data.ids.len() as i64, data.ids[0].len() as i64);
-    assert_eq!(rows, 2 * data.pairs as i64);
-    let tc = TrainConfig::new(DType::F32, rows, seq).with_lora(Some(adapter.lora.clone()));
+    let setup = Setup::new(c);
+    let (rows, seq) = setup.shape();
     let tc = TrainConfig {
         scan_layers: false,
-        ..tc
+        ..TrainConfig::new(DType::F32, rows, seq).with_lora(Some(setup.adapter.lora.clone()))
     };
-    let reference = c
-        .reference
-        .map(|r| Adapter::load(&preference(&format!("adapters/{r}")), config).unwrap());
-    let kind = match reference {
-        Some(_) => Reference::Adapter,
-        None => Reference::Base,
-    };
-    let f = preference_loss(config, &tc, &c.loss, kind).unwrap();
-    let trained: Vec<String> = adapter.tensors.iter().map(|(n, _)| n.clone()).collect();
-    let names: Vec<&str> = trained.iter().map(String::as_str).collect();
+    let f = preference_loss(&setup.ckpt.config, &tc, &c.loss, setup.kind()).unwrap();
+    let names: Vec<&str> = setup
+        .adapter
+        .tensors
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .collect();
     let g = value_and_grad(&f, "loss", &names).unwrap();
-    let flat = |v: &[Vec<f64>]| v.concat();
-    let inputs: Vec<HostArray> = g
-        .inputs
-        .iter()
-        .map(|b| {
-            let ty = TensorType::new(DType::I32, [rows, seq]);
-            HostArray::from(match b.name.as_str() {
-                "input_ids" => {
-                    let v: Vec<f64> = data.ids.iter().flatten().map(|&x| f64::from(x)).collect();
-                    Literal::from_f64s(ty, &v)
-                }
-                "segment_ids" => Literal::from_f64s(ty, &flat(&data.segment_ids)),
-                "loss_mask" => {
-                    Literal::from_f64s(ty.with_dtype(DType::F32), &flat(&data.loss_mask))
-                }
-                name => match (adapter.get(name), &reference) {
-                    (Some(t), _) => t.clone(),
-                    (None, Some(r)) if name.starts_with("ref.") => r
-                        .tensors
-                        .iter()
-                        .find(|(n, _)| reference_name(n) == name)
-                        .map(|(_, t)| t.clone())
-                        .unwrap(),
-                    _ => ckpt.read(name, DType::F32).unwrap(),
-                },
-            })
-        })
-        .collect();
-    let out = CompiledFunction::new(client(), &g)
-        .unwrap()
-        .run(&inputs)
-        .unwrap();
-    let values: BTreeMap<&str, f64> = g
-        .outputs
-        .iter()
-        .zip(&out)
-        .filter(|(b, _)| !b.name.starts_with("grads."))
-        .map(|(b, v)| (b.name.as_str(), v.to_f64_vec()[0]))
-        .collect();
-    let want = &c.expected;
-    let close = |what: &str, got: f64, want: f64| {
-        assert!(
-            (got - want).abs() <= 1e-5 * want.abs().max(1.0),
-            "{}: {what} {got} against TRL's {want}",
-            c.name
-        );
-    };
-    close("loss", values["loss"], want["loss"].as_f64().unwrap());
-    for (name, got) in &values {
-        if *name == "loss" {
+    let out = setup.run(&g);
+    let mut grads = BTreeMap::new();
+    for (b, v) in g.outputs.iter().zip(&out) {
+        let v = v.to_f64_vec();
+        if let Some(name) = b.name.strip_prefix("grads.") {
+            grads.insert(name, v);
             continue;
         }
+        let want = match b.name.as_str() {
+            "loss" => c.expected["loss"].as_f64(),
+            name => c.expected["metrics"][name].as_f64(),
+        };
+        let want = want.unwrap_or_else(|| panic!("{}: TRL logs no {}", c.name, b.name));
         // CPO's and ORPO's `logits/*` average padding positions too, whose
         // logits HF computes under its attention mask: not compared.
-        let padded = name.starts_with("logits/") && !c.loss.needs_reference();
-        let Some(w) = want["metrics"][*name].as_f64() else {
-            panic!("{}: TRL logs no {name}", c.name)
-        };
-        if !padded {
-            close(name, *got, w);
+        if !b.name.starts_with("logits/") || c.loss.needs_reference() {
+            close(c, &b.name, v[0], want);
         }
     }
-    // The adapter after one step, as TRL's (the gradient's global norm
-    // as it logs it, clipping off).
-    let grads: BTreeMap<&str, Vec<f64>> = g
-        .outputs
-        .iter()
-        .zip(&out)
-        .filter_map(|(b, v)| Some((b.name.strip_prefix("grads.")?, v.to_f64_vec())))
-        .collect();
+    // The gradient's global norm as TRL logs it (clipping off), and the
+    // adapter after one step.
     let norm = grads.values().flatten().map(|x| x * x).sum::<f64>().sqrt();
     close(
+        c,
         "grad_norm",
         norm,
-        want["metrics"]["grad_norm"].as_f64().unwrap(),
+        c.expected["metrics"]["grad_norm"].as_f64().unwrap(),
     );
-    let lr = want["settings"]["learning_rate"].as_f64().unwrap();
-    let stepped = Adapter {
-        lora: adapter.lora.clone(),
-        tensors: adapter
-            .tensors
-            .iter()
-            .map(|(n, t)| {
-                let (p, g) = (t.to_f64s(), &grads[n.as_str()]);
-                let v: Vec<f64> = p
-                    .iter()
-                    .zip(g)
-                    .map(|(p, g)| {
-                        if sgd {
-                            p - lr * g
-                        } else {
-                            // AdamW's first step from zero moments (torch's
-                            // defaults, no weight decay): m̂ = g, v̂ = g².
-                            p - lr * g / (g.abs() + 1e-8)
-                        }
-                    })
-                    .collect();
-                (n.clone(), Literal::from_f64s(t.ty.clone(), &v))
-            })
-            .collect(),
-    };
-    let dir = std::env::temp_dir().join(format!(
-        "hlo-e2e-preference-{}-{}",
-        std::process::id(),
-        c.name
-    ));
-    stepped.save(&dir, None).unwrap();
-    let ours = read_safetensors(&dir.join("adapter_model.safetensors")).unwrap();
-    let theirs = read_safetensors(&preference("expected.safetensors")).unwrap();
-    for (key, t) in &ours {
-        let want = &theirs
-            .iter()
-            .find(|(k, _)| *k == format!("{}.{key}", c.name))
-            .unwrap_or_else(|| panic!("{}: {key} in the fixture", c.name))
-            .1;
-        let d = hlo_e2e::max_abs_diff(&t.to_f64s(), &want.to_f64s());
-        assert!(d < 1e-6, "{}: {key} differs from TRL's by {d:e}", c.name);
+    let lr = c.expected["settings"]["learning_rate"].as_f64().unwrap();
+    let stepped = setup
+        .adapter
+        .tensors
+        .iter()
+        .map(|(n, t)| {
+            let v: Vec<f64> = t
+                .to_f64s()
+                .iter()
+                .zip(&grads[n.as_str()])
+                .map(|(p, g)| match sgd {
+                    true => p - lr * g,
+                    // AdamW's first step from zero moments (torch's
+                    // defaults, no weight decay): m̂ = g, v̂ = g².
+                    false => p - lr * g / (g.abs() + 1e-8),
+                })
+                .collect();
+            (n.clone(), Literal::from_f64s(t.ty.clone(), &v))
+        })
+        .collect();
+    setup.assert_stepped(c, stepped);
+}
+
+/// What a case's programs read: the base, the adapters and the batch.
+struct Setup {
+    ckpt: Checkpoint,
+    adapter: Adapter,
+    reference: Option<Adapter>,
+    data: Batch,
+}
+
+impl Setup {
+    fn new(c: &Case) -> Setup {
+        let ckpt = Checkpoint::open(&fixture_dir("llama/gqa_llama3")).unwrap();
+        let load = |a: &str| Adapter::load(&preference(&format!("adapters/{a}")), &ckpt.config);
+        let pad = expected()["_meta"]["pad_token_id"].as_u64().unwrap() as u32;
+        Setup {
+            adapter: load(c.adapter).unwrap(),
+            reference: c.reference.map(|r| load(r).unwrap()),
+            data: batch(pad),
+            ckpt,
+        }
     }
-    std::fs::remove_dir_all(dir).unwrap();
+
+    /// The reference `preference_loss` is built with.
+    fn kind(&self) -> Reference {
+        match self.reference {
+            Some(_) => Reference::Adapter,
+            None => Reference::Base,
+        }
+    }
+
+    /// The step's rows and their length.
+    fn shape(&self) -> (i64, i64) {
+        let rows = self.data.ids.len();
+        assert_eq!(rows, 2 * self.data.pairs, "chosen then rejected rows");
+        (rows as i64, self.data.ids[0].len() as i64)
+    }
+
+    /// The value of input `name` of type `ty`: the batch, zero optimizer
+    /// state at step 0, the adapters' tensors, else the base's.
+    fn input(&self, name: &str, ty: TensorType) -> HostArray {
+        let flat = |v: &[Vec<f64>]| v.concat();
+        HostArray::from(match name {
+            "input_ids" => {
+                let v: Vec<f64> = self
+                    .data
+                    .ids
+                    .iter()
+                    .flatten()
+                    .map(|&x| f64::from(x))
+                    .collect();
+                Literal::from_f64s(ty, &v)
+            }
+            "segment_ids" => Literal::from_f64s(ty, &flat(&self.data.segment_ids)),
+            "loss_mask" => Literal::from_f64s(ty, &flat(&self.data.loss_mask)),
+            "step" => Literal::from_f64s(ty, &[0.0]),
+            n if n.starts_with("opt.") => {
+                Literal::from_f64s(ty.clone(), &vec![0.0; ty.element_count()])
+            }
+            n => match (self.adapter.get(n), &self.reference) {
+                (Some(t), _) => t.clone(),
+                (None, Some(r)) if n.starts_with("ref.") => r
+                    .tensors
+                    .iter()
+                    .find(|(k, _)| reference_name(k) == n)
+                    .map(|(_, t)| t.clone())
+                    .unwrap(),
+                _ => self.ckpt.read(n, DType::F32).unwrap(),
+            },
+        })
+    }
+
+    /// Runs `f` on the case's inputs.
+    fn run(&self, f: &hlo_ir::Function) -> Vec<HostArray> {
+        let inputs: Vec<HostArray> = f
+            .inputs
+            .iter()
+            .map(|b| self.input(&b.name, f.ty(b.value).clone()))
+            .collect();
+        CompiledFunction::new(client(), f)
+            .unwrap()
+            .run(&inputs)
+            .unwrap()
+    }
+
+    /// Checks the adapter `tensors` (after one step) against TRL's, as
+    /// PEFT writes them.
+    fn assert_stepped(&self, c: &Case, tensors: Vec<(String, Literal)>) {
+        let stepped = Adapter {
+            lora: self.adapter.lora.clone(),
+            tensors,
+        };
+        let dir = std::env::temp_dir().join(format!(
+            "hlo-e2e-preference-{}-{}",
+            std::process::id(),
+            c.name
+        ));
+        stepped.save(&dir, None).unwrap();
+        let ours = read_safetensors(&dir.join("adapter_model.safetensors")).unwrap();
+        let theirs = read_safetensors(&preference("expected.safetensors")).unwrap();
+        for (key, t) in &ours {
+            let want = &theirs
+                .iter()
+                .find(|(k, _)| *k == format!("{}.{key}", c.name))
+                .unwrap_or_else(|| panic!("{}: {key} in the fixture", c.name))
+                .1;
+            let d = hlo_e2e::max_abs_diff(&t.to_f64s(), &want.to_f64s());
+            assert!(d < 1e-6, "{}: {key} differs from TRL's by {d:e}", c.name);
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
+
+/// `got` within 1e-5 (relative above 1) of TRL's `want`.
+fn close(c: &Case, what: &str, got: f64, want: f64) {
+    assert!(
+        (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+        "{}: {what} {got} against TRL's {want}",
+        c.name
+    );
 }
 
 fn each(name: &str, loss: PreferenceLoss, starts: &[&'static str]) {
@@ -299,127 +339,47 @@ fn simpo_and_orpo_equal_trl_from_a_fresh_and_a_trained_adapter() {
 /// step, and its loss and metrics among the outputs.
 #[test]
 fn the_compiled_preference_step_updates_the_adapter_as_trl() {
-    let base = fixture_dir("llama/gqa_llama3");
-    let ckpt = Checkpoint::open(&base).unwrap();
-    let config = &ckpt.config;
-    let pad = expected()["_meta"]["pad_token_id"].as_u64().unwrap() as u32;
-    let data = batch(pad);
-    let (rows, seq) = (data.ids.len() as i64, data.ids[0].len() as i64);
-    let flat = |v: &[Vec<f64>]| v.concat();
     let cases = [
-        ("dpo.ref", PreferenceLoss::Dpo { beta: 0.1 }),
-        ("orpo.init", PreferenceLoss::Orpo { beta: 0.1 }),
+        ("dpo", "ref", PreferenceLoss::Dpo { beta: 0.1 }),
+        ("orpo", "init", PreferenceLoss::Orpo { beta: 0.1 }),
     ];
-    for (name, loss) in cases {
+    for (method, start, loss) in cases {
         for (optim, optimizer, lr) in [
             ("sgd", Optimizer::Sgd, 0.1),
             ("adamw", Optimizer::adamw(0.0), 1e-3),
         ] {
-            let c = case(
-                &format!("{name}.{optim}"),
-                loss,
-                name.split('.').nth(1).unwrap(),
-            );
-            let adapter =
-                Adapter::load(&preference(&format!("adapters/{}", c.adapter)), config).unwrap();
-            let reference = c
-                .reference
-                .map(|r| Adapter::load(&preference(&format!("adapters/{r}")), config).unwrap());
-            let kind = if reference.is_some() {
-                Reference::Adapter
-            } else {
-                Reference::Base
-            };
+            let c = case(&format!("{method}.{start}.{optim}"), loss, start);
+            let setup = Setup::new(&c);
+            let (rows, seq) = setup.shape();
             let tc = TrainConfig {
                 scan_layers: false,
                 clip_norm: None,
                 ..TrainConfig::new(DType::F32, rows, seq)
-                    .with_lora(Some(adapter.lora.clone()))
+                    .with_lora(Some(setup.adapter.lora.clone()))
                     .with_lr(lr, Schedule::Constant { warmup: 0 })
                     .with_optimizer(optimizer)
             };
-            let step = preference_train_step(config, &tc, &c.loss, kind).unwrap();
+            let step =
+                preference_train_step(&setup.ckpt.config, &tc, &c.loss, setup.kind()).unwrap();
             let f = &step.function;
-            let inputs: Vec<HostArray> = f
-                .inputs
-                .iter()
-                .map(|b| {
-                    let ty = f.ty(b.value).clone();
-                    HostArray::from(match b.name.as_str() {
-                        "input_ids" => {
-                            let v: Vec<f64> =
-                                data.ids.iter().flatten().map(|&x| f64::from(x)).collect();
-                            Literal::from_f64s(ty, &v)
-                        }
-                        "segment_ids" => Literal::from_f64s(ty, &flat(&data.segment_ids)),
-                        "loss_mask" => Literal::from_f64s(ty, &flat(&data.loss_mask)),
-                        "step" => Literal::from_f64s(ty, &[0.0]),
-                        n if n.starts_with("opt.") => {
-                            Literal::from_f64s(ty.clone(), &vec![0.0; ty.element_count()])
-                        }
-                        n => match (adapter.get(n), &reference) {
-                            (Some(t), _) => t.clone(),
-                            (None, Some(r)) if n.starts_with("ref.") => r
-                                .tensors
-                                .iter()
-                                .find(|(k, _)| reference_name(k) == n)
-                                .map(|(_, t)| t.clone())
-                                .unwrap(),
-                            _ => ckpt.read(n, DType::F32).unwrap(),
-                        },
-                    })
-                })
-                .collect();
-            let out = CompiledFunction::new(client(), f)
-                .unwrap()
-                .run(&inputs)
-                .unwrap();
+            let out = setup.run(f);
             let output = |n: &str| {
                 let k = f.outputs.iter().position(|b| b.name == n).unwrap();
                 out[k].to_f64_vec()
             };
-            let want = &c.expected;
             for key in ["loss", "grad_norm", "rewards/margins", "logps/chosen"] {
-                let w = want["metrics"][key]
+                let want = c.expected["metrics"][key]
                     .as_f64()
-                    .or(want[key].as_f64())
-                    .unwrap();
-                let got = output(key)[0];
-                assert!(
-                    (got - w).abs() <= 1e-5 * w.abs().max(1.0),
-                    "{}: {key} {got} against {w}",
-                    c.name
-                );
+                    .or(c.expected[key].as_f64());
+                close(&c, key, output(key)[0], want.unwrap());
             }
-            let stepped = Adapter {
-                lora: adapter.lora.clone(),
-                tensors: adapter
-                    .tensors
-                    .iter()
-                    .map(|(n, t)| {
-                        let v = output(n);
-                        (n.clone(), Literal::from_f64s(t.ty.clone(), &v))
-                    })
-                    .collect(),
-            };
-            let dir = std::env::temp_dir().join(format!(
-                "hlo-e2e-preference-step-{}-{}",
-                std::process::id(),
-                c.name
-            ));
-            stepped.save(&dir, None).unwrap();
-            let ours = read_safetensors(&dir.join("adapter_model.safetensors")).unwrap();
-            let theirs = read_safetensors(&preference("expected.safetensors")).unwrap();
-            for (key, t) in &ours {
-                let w = &theirs
-                    .iter()
-                    .find(|(k, _)| *k == format!("{}.{key}", c.name))
-                    .unwrap()
-                    .1;
-                let d = hlo_e2e::max_abs_diff(&t.to_f64s(), &w.to_f64s());
-                assert!(d < 1e-6, "{}: {key} differs from TRL's by {d:e}", c.name);
-            }
-            std::fs::remove_dir_all(dir).unwrap();
+            let stepped = setup
+                .adapter
+                .tensors
+                .iter()
+                .map(|(n, t)| (n.clone(), Literal::from_f64s(t.ty.clone(), &output(n))))
+                .collect();
+            setup.assert_stepped(&c, stepped);
         }
     }
 }
