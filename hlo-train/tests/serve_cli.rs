@@ -601,6 +601,15 @@ fn a_full_queue_is_429_a_client_that_leaves_frees_its_slot_and_sigterm_finishes_
     .unwrap();
     let mut first = [0u8; 64];
     let _ = s.read(&mut first).unwrap();
+    // The stream's headers come while it may still be queued: wait until
+    // it holds the slot, so that the queue is empty for the next one.
+    let started = Instant::now();
+    while server.metric("hlo_train_running_slots") < 1.0
+        || server.metric("hlo_train_queue_depth") > 0.0
+    {
+        assert!(started.elapsed() < Duration::from_secs(60), "never running");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     // While it streams, the queue holds one more; the next is refused.
     let started = Instant::now();
     let addr = server.addr.clone();
