@@ -345,6 +345,16 @@ pub enum AttentionArg {
     Blockwise,
 }
 
+impl From<AttentionArg> for AttentionChoice {
+    fn from(a: AttentionArg) -> AttentionChoice {
+        match a {
+            AttentionArg::Auto => AttentionChoice::Auto,
+            AttentionArg::Naive => AttentionChoice::Naive,
+            AttentionArg::Blockwise => AttentionChoice::Blockwise,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum RematArg {
     None,
@@ -517,11 +527,7 @@ impl StepArgs {
             packing: self.packing.into(),
             scan_layers: self.scan_layers.into(),
             remat_layers: self.remat == RematArg::Layers,
-            attention: match self.attention {
-                AttentionArg::Auto => AttentionChoice::Auto,
-                AttentionArg::Naive => AttentionChoice::Naive,
-                AttentionArg::Blockwise => AttentionChoice::Blockwise,
-            },
+            attention: self.attention.into(),
             attention_block: self.attention_block,
             loss_chunk: self.loss_chunk,
             lora: (!self.full).then(|| LoraSpec {

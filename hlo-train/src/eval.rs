@@ -13,7 +13,7 @@ use hlo_engine::{Backend, Dataset, Evaluator, Model};
 use serde_json::json;
 
 use crate::args::{ChatArgs, DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};
-use crate::saved_run::{attention_for, AdapterRuns, AttentionArgs};
+use crate::saved_run::{AdapterRuns, AttentionArgs};
 
 #[derive(Args, Debug)]
 pub struct EvalArgs {
@@ -76,7 +76,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         .with_tokenizer_file(args.tokenizer.tokenizer_for(&runs)?)
         .quantized(args.quantize.nf4_for(&runs)?)?;
     let dtype = args.dtype.dtype_for(args.plugin.is_cpu(), &runs)?;
-    let attention = attention_for(args.attention.spec(), args.seq, &runs)?;
+    let attention = args.attention.kind_for(args.seq, &runs)?;
     runs.announce("eval");
     let adapter = match &args.adapter {
         Some(dir) => Some(Adapter::load(dir, &model.config)?),

@@ -18,7 +18,6 @@ use hlo_engine::models::io::{copy_side_files, write_atomic, write_safetensors};
 use hlo_engine::models::nf4::{self, Nf4Tensor};
 use hlo_engine::ModelSource;
 
-use crate::args::ModelArgs;
 use crate::saved_run::AdapterRuns;
 
 #[derive(Args, Debug)]
@@ -44,23 +43,16 @@ fn base(args: &MergeArgs, runs: &AdapterRuns) -> Result<PathBuf> {
     if let Some(dir) = &args.checkpoint {
         return Ok(dir.clone());
     }
-    if runs.is_empty() {
-        bail!(
+    match runs.model()? {
+        None => bail!(
             "--checkpoint is needed: the base model's folder (or hub id) to merge {} into",
             args.adapter.display()
-        );
-    }
-    let model = ModelArgs {
-        model: None,
-        checkpoint: None,
-        config: None,
-    };
-    match model.source_for(runs)? {
-        ModelSource::Checkpoint(dir) => Ok(dir),
-        ModelSource::Preset(name) => bail!(
+        ),
+        Some(ModelSource::Checkpoint(dir)) => Ok(dir),
+        Some(ModelSource::Preset(name)) => bail!(
             "--checkpoint is needed: the adapter's run trained on the {name} preset, whose random weights are not saved"
         ),
-        ModelSource::Config(path) => bail!(
+        Some(ModelSource::Config(path)) => bail!(
             "--checkpoint is needed: the adapter's run trained on random weights from {}",
             path.display()
         ),

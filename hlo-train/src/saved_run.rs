@@ -41,9 +41,16 @@ impl AdapterRuns {
         })
     }
 
-    /// No adapter has a saved run.
-    pub fn is_empty(&self) -> bool {
-        self.runs.is_empty()
+    /// The base model the runs trained on, None without a run.
+    pub fn model(&self) -> Result<Option<ModelSource>> {
+        // Named by the flag that chooses it (runs of another kind differ
+        // in the value anyway).
+        let kind = match self.runs.first().map(|(_, s)| &s.model) {
+            Some(ModelSource::Config(_)) => "config",
+            Some(ModelSource::Checkpoint(_)) => "checkpoint",
+            _ => "model",
+        };
+        self.agreed(kind, |s| s.model.clone(), show_source)
     }
 
     /// The runs' `setting`, read by `get`: None without a run; refused
@@ -102,17 +109,7 @@ impl ModelArgs {
         if self.model.is_some() || self.checkpoint.is_some() || self.config.is_some() {
             return Ok(self.source());
         }
-        let setting = |s: &RunSpec| match &s.model {
-            ModelSource::Preset(_) => "model",
-            ModelSource::Config(_) => "config",
-            ModelSource::Checkpoint(_) => "checkpoint",
-        };
-        // Named by the flag that chooses it (every run of one kind agrees on
-        // the kind or the values differ anyway).
-        let kind = runs.runs.first().map_or("model", |(_, s)| setting(s));
-        Ok(runs
-            .agreed(kind, |s| s.model.clone(), show_source)?
-            .unwrap_or_else(|| self.source()))
+        Ok(runs.model()?.unwrap_or_else(|| self.source()))
     }
 }
 
@@ -187,49 +184,33 @@ pub struct AttentionArgs {
 }
 
 impl AttentionArgs {
-    /// The step settings these flags choose, None when neither is given.
-    pub fn spec(&self) -> Option<StepSpec> {
-        if self.attention.is_none() && self.attention_block.is_none() {
-            return None;
-        }
-        Some(StepSpec {
-            attention: match self.attention {
-                None | Some(AttentionArg::Auto) => AttentionChoice::Auto,
-                Some(AttentionArg::Naive) => AttentionChoice::Naive,
-                Some(AttentionArg::Blockwise) => AttentionChoice::Blockwise,
-            },
-            attention_block: self.attention_block,
+    /// The attention of rows of `seq` tokens: these flags' when either is
+    /// given, else as the run chose it (its form and block), else the
+    /// default for `seq`.
+    pub fn kind_for(&self, seq: i64, runs: &AdapterRuns) -> Result<AttentionKind> {
+        let (attention, attention_block) =
+            if self.attention.is_some() || self.attention_block.is_some() {
+                (
+                    self.attention.map_or(AttentionChoice::Auto, Into::into),
+                    self.attention_block,
+                )
+            } else {
+                runs.agreed(
+                    "attention",
+                    |s| (s.step.attention, s.step.attention_block),
+                    |(a, b)| match b {
+                        Some(b) => format!("{a:?} --attention-block {b}").to_lowercase(),
+                        None => format!("{a:?}").to_lowercase(),
+                    },
+                )?
+                .unwrap_or_default()
+            };
+        let step = StepSpec {
+            seq,
+            attention,
+            attention_block,
             ..StepSpec::default()
-        })
+        };
+        Ok(step.attention_kind()?)
     }
-}
-
-/// The attention of rows of `seq` tokens: `flag`'s when given, else as the
-/// run chose it (its form and block), else the default for `seq`.
-pub fn attention_for(
-    flag: Option<StepSpec>,
-    seq: i64,
-    runs: &AdapterRuns,
-) -> Result<AttentionKind> {
-    let step = match flag {
-        Some(step) => step,
-        None => {
-            let chosen = runs.agreed(
-                "attention",
-                |s| (s.step.attention, s.step.attention_block),
-                |(a, b)| match b {
-                    Some(b) => format!("{a:?} --attention-block {b}").to_lowercase(),
-                    None => format!("{a:?}").to_lowercase(),
-                },
-            )?;
-            let mut step = StepSpec::default();
-            if let Some((attention, block)) = chosen {
-                step.attention = attention;
-                step.attention_block = block;
-            }
-            step
-        }
-    };
-    let step = StepSpec { seq, ..step };
-    Ok(step.attention_kind()?)
 }

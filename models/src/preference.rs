@@ -66,10 +66,9 @@ pub struct PairLogps {
 impl PairLogps {
     /// Per-token means (a completion of no tokens counts as one).
     pub fn means(&self) -> (Tensor, Tensor) {
-        let at_least_one = |n: Tensor| n.maximum(n.scalar_like(1.0));
         (
-            self.chosen / at_least_one(self.chosen_tokens),
-            self.rejected / at_least_one(self.rejected_tokens),
+            crate::loss::mean((self.chosen, self.chosen_tokens)),
+            crate::loss::mean((self.rejected, self.rejected_tokens)),
         )
     }
 }

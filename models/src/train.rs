@@ -431,10 +431,7 @@ pub fn preference_loss(
         });
         let nll = loss.nll().map(|span| {
             scope("nll", || match span {
-                NllSpan::Completion => {
-                    let n = mine.chosen_tokens.sum(&[0]);
-                    -mine.chosen.sum(&[0]) / n.maximum(n.scalar_like(1.0))
-                }
+                NllSpan::Completion => -mean((mine.chosen.sum(&[0]), mine.chosen_tokens.sum(&[0]))),
                 NllSpan::WholeRow => chosen_nll(logits, ids, i["segment_ids"], pairs),
             })
         });
@@ -470,8 +467,7 @@ fn chosen_nll(logits: Tensor, ids: Tensor, segment_ids: Tensor, pairs: i64) -> T
     let v = logits.dims()[2];
     let chosen = logits.slice(&[0, 0, 0], &[pairs, s, v]);
     let (sum, count) = masked_logps_per_row(chosen, rows(ids), rows(next));
-    let n = count.sum(&[0]);
-    -sum.sum(&[0]) / n.maximum(n.scalar_like(1.0))
+    -mean((sum.sum(&[0]), count.sum(&[0])))
 }
 
 /// `logits/chosen` and `logits/rejected` as each TRL trainer logs them:
