@@ -32,8 +32,10 @@ pub mod tokenizer;
 
 pub use chat::{ChatTemplate, Message};
 pub use error::DataError;
-pub use loader::{eval_batches, Batch, Loader};
-pub use pairs::{eos_token_text, first_row, is_preference_data, is_preference_row, PreferencePair};
+pub use loader::{eval_batches, eval_pair_batches, Batch, Loader};
+pub use pairs::{
+    demo_pairs, eos_token_text, first_row, is_preference_data, is_preference_row, PreferencePair,
+};
 pub use prompts::{read_prompts, Prompt, PromptLine};
 pub use reader::{
     alpaca_prompt, data_files, demo_examples, is_parquet, parse_line, stats, ChatData, DataStats,

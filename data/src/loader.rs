@@ -10,6 +10,7 @@
 
 use hlo_ir::rng::Rng;
 
+use crate::pairs::PreferencePair;
 use crate::reader::Example;
 
 /// A batch: `ids`, `loss_mask`, `positions` and `segment_ids`, each
@@ -75,9 +76,31 @@ pub fn eval_batches(examples: &[Example], seq: usize, batch: usize) -> Vec<Batch
         .collect()
 }
 
-/// Examples cut or padded to `seq`, in a seeded order, epoch after epoch.
+/// Preference pairs once, in file order, as batches of `pairs` pairs
+/// (rows as [`Loader::pairs`] lays them out; the last batch filled with
+/// empty pairs, which count nothing): the held-out set.
+pub fn eval_pair_batches(pairs: &[PreferencePair], seq: usize, per_batch: usize) -> Vec<Batch> {
+    pairs
+        .chunks(per_batch)
+        .map(|chunk| {
+            let mut b = Batch::empty(2 * per_batch, seq);
+            for (row, pair) in chunk.iter().enumerate() {
+                b.put(&pair.chosen, row, 0, seq, 1);
+                b.put(&pair.rejected, per_batch + row, 0, seq, 1);
+            }
+            b
+        })
+        .collect()
+}
+
+/// Examples cut or padded to `seq`, in a seeded order, epoch after epoch;
+/// or preference pairs, each step's batch their chosen sides then their
+/// rejected sides (see [`Loader::pairs`]).
 pub struct Loader {
     examples: Vec<Example>,
+    /// Each pair's rejected side, beside its chosen side in `examples`
+    /// (empty unless loading pairs).
+    rejected: Vec<Example>,
     seq: usize,
     batch: usize,
     seed: u64,
@@ -92,11 +115,26 @@ impl Loader {
     pub fn new(examples: Vec<Example>, seq: usize, batch: usize, seed: u64) -> Loader {
         Loader {
             examples,
+            rejected: Vec::new(),
             seq,
             batch,
             seed,
             packing: false,
             cursor: 0,
+        }
+    }
+
+    /// Preference pairs in a seeded order, `per_batch` pairs a batch of
+    /// `2 · per_batch` rows: rows `0..per_batch` the pairs' prompt and
+    /// chosen completion, the rows after them the same pairs' prompt and
+    /// rejected completion, each cut to `seq` (keeping its start, as TRL
+    /// 1.16 cuts) and right-padded; `segment_ids` is 1 on real tokens. The
+    /// cursor counts pairs.
+    pub fn pairs(pairs: Vec<PreferencePair>, seq: usize, per_batch: usize, seed: u64) -> Loader {
+        let (chosen, rejected) = pairs.into_iter().map(|p| (p.chosen, p.rejected)).unzip();
+        Loader {
+            rejected,
+            ..Loader::new(chosen, seq, per_batch, seed)
         }
     }
 
@@ -132,19 +170,42 @@ impl Loader {
         idx
     }
 
-    /// The example at cursor position `k` (epochs reshuffled).
-    fn at(&self, k: u64, cache: &mut (u64, Vec<usize>)) -> &Example {
+    /// The index of the example at cursor position `k` (epochs
+    /// reshuffled).
+    fn index_at(&self, k: u64, cache: &mut (u64, Vec<usize>)) -> usize {
         let n = self.examples.len() as u64;
         let (epoch, pos) = (k / n, (k % n) as usize);
         if cache.0 != epoch || cache.1.is_empty() {
             *cache = (epoch, self.order(epoch));
         }
-        &self.examples[cache.1[pos]]
+        cache.1[pos]
+    }
+
+    /// The example at cursor position `k`.
+    fn at(&self, k: u64, cache: &mut (u64, Vec<usize>)) -> &Example {
+        &self.examples[self.index_at(k, cache)]
+    }
+
+    /// The next batch of pairs.
+    fn next_pairs(&mut self) -> Batch {
+        let (seq, pairs) = (self.seq, self.batch);
+        let mut out = Batch::empty(2 * pairs, seq);
+        let mut cache = (u64::MAX, Vec::new());
+        for row in 0..pairs {
+            let i = self.index_at(self.cursor, &mut cache);
+            out.put(&self.examples[i], row, 0, seq, 1);
+            out.put(&self.rejected[i], pairs + row, 0, seq, 1);
+            self.cursor += 1;
+        }
+        out
     }
 
     /// The next batch; the cursor advances by the examples it holds
-    /// (`batch` of them, unpacked).
+    /// (`batch` of them, unpacked; `batch` pairs of them).
     pub fn next_batch(&mut self) -> Batch {
+        if !self.rejected.is_empty() {
+            return self.next_pairs();
+        }
         let (seq, rows) = (self.seq, self.batch);
         let mut out = Batch::empty(rows, seq);
         let mut cache = (u64::MAX, Vec::new());
@@ -168,5 +229,80 @@ impl Loader {
         }
         self.cursor = k;
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A side of a pair: `prompt` unlearned tokens, then `completion`
+    /// learned ones (ids counting up from `first`).
+    fn side(prompt: usize, completion: usize, first: u32) -> Example {
+        let n = prompt + completion;
+        Example {
+            ids: (first..first + n as u32).collect(),
+            target: (0..n).map(|t| t >= prompt).collect(),
+        }
+    }
+
+    #[test]
+    fn a_pair_batch_holds_the_chosen_rows_then_the_same_pairs_rejected_rows() {
+        let pairs: Vec<PreferencePair> = (0..3)
+            .map(|k| PreferencePair {
+                chosen: side(2, 1 + k, 100 * k as u32 + 1),
+                rejected: side(2, 3, 100 * k as u32 + 50),
+            })
+            .collect();
+        let seq = 6;
+        let mut loader = Loader::pairs(pairs.clone(), seq, 2, 7);
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let b = loader.next_batch();
+            assert_eq!(b.ids.len(), 4 * seq);
+            for row in 0..2 {
+                // Row `row` and row `2 + row` are one pair's two sides.
+                let chosen = &b.ids[row * seq..(row + 1) * seq];
+                let rejected = &b.ids[(2 + row) * seq..(3 + row) * seq];
+                let k = (chosen[0] / 100) as usize;
+                assert_eq!(rejected[0], 100 * k as i32 + 50, "{b:?}");
+                let len = pairs[k].chosen.ids.len();
+                assert!(chosen[len..].iter().all(|&t| t == 0));
+                // Learned: positions predicting the completion's tokens.
+                let mask = &b.loss_mask[row * seq..(row + 1) * seq];
+                let want: Vec<f32> = (0..seq)
+                    .map(|t| f32::from(u8::from(t + 1 >= 2 && t + 1 < len)))
+                    .collect();
+                assert_eq!(mask, want.as_slice());
+                let real = &b.segment_ids[row * seq..(row + 1) * seq];
+                assert_eq!(real.iter().filter(|&&s| s == 1).count(), len);
+                seen.push(k);
+            }
+        }
+        // Two epochs' worth of draws: each pair twice, in a seeded order.
+        assert_eq!(loader.cursor, 6);
+        let mut sorted = seen.clone();
+        sorted.sort();
+        assert_eq!(sorted, [0, 0, 1, 1, 2, 2]);
+    }
+
+    #[test]
+    fn held_out_pairs_fill_the_last_batch_with_empty_pairs() {
+        let pairs = vec![
+            PreferencePair {
+                chosen: side(1, 2, 1),
+                rejected: side(1, 1, 9),
+            };
+            3
+        ];
+        let b = eval_pair_batches(&pairs, 4, 2);
+        assert_eq!(b.len(), 2);
+        // The second batch: one pair (rows 0 and 2), rows 1 and 3 empty.
+        let last = &b[1];
+        let row = |r: usize| &last.segment_ids[r * 4..(r + 1) * 4];
+        assert_eq!(row(0), [1, 1, 1, 0]);
+        assert_eq!(row(2), [1, 1, 0, 0]);
+        assert!(row(1).iter().chain(row(3)).all(|&s| s == 0));
+        assert_eq!(last.targets, 3);
     }
 }

@@ -4,7 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
-use hlo_data::{data_files, demo_examples, stats, ChatData, DataStats, Example, Reader};
+use hlo_data::{
+    data_files, demo_examples, demo_pairs, is_preference_data, stats, ChatData, DataStats, Example,
+    PreferencePair, Reader,
+};
 
 use crate::checkpoint::file_fingerprint;
 use crate::error::{EngineError, Result};
@@ -23,6 +26,8 @@ pub struct DataSpec {
     pub train_on_inputs: bool,
     /// The row length: text beyond what it can use is not tokenized.
     pub seq: usize,
+    /// Read preference pairs (for a preference objective), not SFT rows.
+    pub pairs: bool,
 }
 
 /// The identity of a data file, or of a folder's data files (their
@@ -43,13 +48,32 @@ fn data_fingerprint(path: &Path) -> Result<String> {
     Ok(parts.join(","))
 }
 
+/// Refuses data whose shape is not the objective's: pairs for SFT, SFT
+/// rows for a preference objective (told by the first row).
+fn check_shape(path: &Path, pairs: bool) -> Result<()> {
+    let holds_pairs = is_preference_data(path)?;
+    let why = match (pairs, holds_pairs) {
+        (false, true) => "holds preference pairs (chosen/rejected); train on them with --objective dpo (or ipo, simpo, orpo)",
+        (true, false) => "holds no preference pairs: a preference objective reads rows of {\"prompt\", \"chosen\", \"rejected\"} (strings or message lists) or {\"prompt_ids\", \"chosen_ids\", \"rejected_ids\"}",
+        _ => return Ok(()),
+    };
+    Err(EngineError::DataForObjective {
+        path: path.to_path_buf(),
+        why: why.into(),
+    })
+}
+
 /// Examples the demo task draws for training, and for holding out.
 const DEMO_SAMPLES: usize = 2000;
 const DEMO_HELD_OUT: usize = 256;
 
 /// Tokenized examples and what they hold.
 pub struct Dataset {
+    /// SFT rows; for pairs, each pair's chosen then rejected side (what
+    /// the statistics count).
     pub examples: Vec<Example>,
+    /// Preference pairs (empty unless read as pairs).
+    pub pairs: Vec<PreferencePair>,
     pub stats: DataStats,
     /// The file's FNV-1a fingerprint (`demo` for the demo task).
     pub fingerprint: String,
@@ -107,7 +131,18 @@ impl Dataset {
                     chat: chat.as_ref(),
                     max_tokens: Some(spec.seq),
                 };
-                (reader.read_path(path)?, data_fingerprint(path)?)
+                check_shape(path, spec.pairs)?;
+                let fingerprint = data_fingerprint(path)?;
+                if spec.pairs {
+                    let pairs = reader.read_pairs(path, model.eos_token_text()?.as_deref())?;
+                    return Ok(Self::of_pairs(pairs, spec.seq, fingerprint));
+                }
+                (reader.read_path(path)?, fingerprint)
+            }
+            None if spec.pairs => {
+                let t = tokenizer.as_ref().ok_or(EngineError::DemoNeedsTokenizer)?;
+                let pairs = demo_pairs(t, eos, demo, seed);
+                return Ok(Self::of_pairs(pairs, spec.seq, "demo".into()));
             }
             None => {
                 let t = tokenizer.as_ref().ok_or(EngineError::DemoNeedsTokenizer)?;
@@ -117,9 +152,44 @@ impl Dataset {
         let stats = stats(&examples, spec.seq);
         Ok(Dataset {
             examples,
+            pairs: Vec::new(),
             stats,
             fingerprint,
         })
+    }
+
+    /// Pairs, with the statistics of their sides.
+    fn of_pairs(pairs: Vec<PreferencePair>, seq: usize, fingerprint: String) -> Dataset {
+        let examples: Vec<Example> = pairs
+            .iter()
+            .flat_map(|p| [p.chosen.clone(), p.rejected.clone()])
+            .collect();
+        Dataset {
+            stats: stats(&examples, seq),
+            examples,
+            pairs,
+            fingerprint,
+        }
+    }
+
+    /// The pairs that keep a completion token within a row (TRL's
+    /// filter: a pair whose prompt alone fills the row is dropped); an
+    /// error when none does.
+    pub fn learning_pairs(self, seq: usize) -> Result<Vec<PreferencePair>> {
+        let total = self.pairs.len();
+        let kept: Vec<PreferencePair> = self
+            .pairs
+            .into_iter()
+            .filter(|p| p.learns_within(seq))
+            .collect();
+        if kept.is_empty() {
+            return Err(EngineError::NothingToLearn {
+                samples: total,
+                seq,
+                earliest: None,
+            });
+        }
+        Ok(kept)
     }
 
     /// The examples that teach something within a row (at least one

@@ -53,6 +53,16 @@ pub enum EngineError {
         has: usize,
         plugin: String,
     },
+    /// A setting a preference objective cannot take.
+    #[error("--objective {objective}: {why}")]
+    Preference {
+        objective: &'static str,
+        why: String,
+    },
+    /// The data's shape does not suit the objective (pairs for SFT, or
+    /// SFT rows for a preference objective).
+    #[error("{}: {why}", path.display())]
+    DataForObjective { path: PathBuf, why: String },
     /// A file or folder could not be read, written or created.
     #[error("cannot {action} {}: {cause}", path.display())]
     Io {

@@ -22,6 +22,10 @@ pub struct StepReport {
     pub loss: f64,
     pub lr: f64,
     pub grad_norm: f64,
+    /// The loss's own metrics besides `loss` (a preference objective's,
+    /// by TRL's names: `rewards/chosen`, `rewards/accuracies`, ...), in
+    /// the step's order; empty for SFT.
+    pub metrics: Vec<(String, f64)>,
     /// The time this step took on the devices: from when they started it
     /// (its launch, or the previous step's end if later) to its end.
     pub step_time_s: f64,
@@ -42,7 +46,7 @@ pub struct StepReport {
 }
 
 /// A held-out evaluation.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct EvalReport {
     pub step: i64,
     pub steps: i64,

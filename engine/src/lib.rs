@@ -77,7 +77,9 @@ pub use hooks::{
 pub use model::{Model, ModelSource};
 pub use pipeline::ShardedStep;
 pub use run::Run;
-pub use run_spec::{Chosen, DataSource, EvalSpec, Objective, OutputSpec, ReportSpec, RunSpec};
+pub use run_spec::{
+    Chosen, DataSource, EvalSpec, Objective, OutputSpec, PreferenceSpec, ReportSpec, RunSpec,
+};
 pub use session::{EvalResult, Evaluator, Session, SessionOptions, Weights};
 pub use spec::{OptimSpec, StepSpec, Toggle};
 pub use trainer::{StopFlag, Trainer, TrainerOptions};

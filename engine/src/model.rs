@@ -309,6 +309,24 @@ impl Model {
         Ok(None)
     }
 
+    /// The tokenizer's `eos_token` text, from the `tokenizer_config.json`
+    /// beside its `tokenizer.json` (the given file's, else the
+    /// checkpoint's): what TRL appends to string completions. None when
+    /// there is no such file or it names none.
+    pub fn eos_token_text(&self) -> Result<Option<String>> {
+        let dir = match (&self.tokenizer_file, &self.checkpoint) {
+            (Some(file), _) => file.parent().map(Path::to_path_buf),
+            (None, Some(c)) => Some(c.dir.clone()),
+            (None, None) => None,
+        };
+        match dir {
+            Some(dir) if dir.join("tokenizer_config.json").is_file() => {
+                Ok(hlo_data::eos_token_text(&dir)?)
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// The chat template of `dir`, else of the checkpoint's folder (None
     /// when the checkpoint has none, or there is no checkpoint).
     pub fn chat_template(&self, dir: Option<&Path>) -> Result<Option<ChatTemplate>> {

@@ -21,9 +21,10 @@
 
 use std::path::{Path, PathBuf};
 
-use hlo_data::{eval_batches, Batch, DataStats, Loader, Tokenizer};
+use hlo_data::{eval_batches, eval_pair_batches, Batch, DataStats, Loader, Tokenizer};
 use hlo_ir::DType;
 use hlo_models::adapter::Adapter;
+use hlo_models::preference::Reference;
 use hlo_models::train::TrainConfig;
 use hlo_runtime::PluginKind;
 use regex::Regex;
@@ -145,6 +146,15 @@ fn identities(spec: &RunSpec, model: &Model, data: &Dataset) -> Result<RunSettin
     s.set("log-every", spec.report.log_every);
     s.set("train-on-inputs", spec.data.train_on_inputs);
     s.set("objective", spec.objective.name());
+    if spec.objective.is_preference() {
+        let p = &spec.preference;
+        s.set("beta", p.beta);
+        s.set("simpo-gamma", p.simpo_gamma);
+        s.set("cpo-alpha", p.cpo_alpha);
+        if let Some(dir) = &p.ref_adapter {
+            s.set("ref-adapter", absolute(dir));
+        }
+    }
     s.set("steps", spec.steps);
     Ok(s)
 }
@@ -166,24 +176,70 @@ fn init_adapter(spec: &RunSpec, model: &Model, resumed: bool) -> Result<Option<A
     Ok(Some(Adapter::load(dir, &model.config)?))
 }
 
+/// DPO's and IPO's reference adapter, as TRL 1.16 chooses the reference:
+/// `--ref-adapter`, else a frozen copy of the adapter training started
+/// from (read again on resume), else None: the base with the adapter off
+/// (a fresh adapter's starting policy). Refused where the objective has
+/// no reference, or would need a second copy of the base.
+fn reference_adapter(spec: &RunSpec, model: &Model) -> Result<Option<Adapter>> {
+    let objective = spec.objective;
+    let refuse = |why: String| EngineError::Preference {
+        objective: objective.name(),
+        why,
+    };
+    let needs = spec
+        .objective
+        .preference_loss(&spec.preference)
+        .is_some_and(|l| l.needs_reference());
+    if !needs {
+        if spec.preference.ref_adapter.is_some() {
+            return Err(refuse(format!(
+                "{objective} compares with no reference model; leave out --ref-adapter"
+            )));
+        }
+        return Ok(None);
+    }
+    if spec.step.lora.is_none() {
+        return Err(refuse(
+            "full finetuning would keep a second copy of the base as the reference, which is not supported; train LoRA (leave out --full)".into(),
+        ));
+    }
+    let Some(dir) = spec
+        .preference
+        .ref_adapter
+        .as_ref()
+        .or(spec.init_adapter.as_ref())
+    else {
+        return Ok(None);
+    };
+    let adapter = Adapter::load(dir, &model.config)?;
+    if !adapter.lora.modules_to_save.is_empty() {
+        return Err(refuse(format!(
+            "the reference adapter {} saves whole modules ({}), which a reference adapter cannot",
+            dir.display(),
+            adapter.lora.modules_to_save.join(", ")
+        )));
+    }
+    Ok(Some(adapter))
+}
+
 /// The traced step of `spec` over `backend`'s mesh: LoRA settings from a
 /// resumed run's own adapter (unless chosen anew), else the adapter it
-/// starts from, else the spec's.
+/// starts from, else the spec's; a preference objective against
+/// `reference`.
 fn train_config(
     spec: &RunSpec,
     model: &Model,
     backend: &Backend,
     dtype: DType,
-    init: Option<&Adapter>,
+    (init, reference): (Option<&Adapter>, Option<&Adapter>),
     resumed: bool,
 ) -> Result<TrainConfig> {
-    let mut tc = spec.step.train_config(
-        &spec.optim,
-        &model.config,
-        dtype,
-        backend.mesh(),
-        spec.steps,
-    )?;
+    let kind = match reference {
+        Some(_) => Reference::Adapter,
+        None => Reference::Base,
+    };
+    let mut tc = spec.train_config(&model.config, dtype, backend.mesh(), kind)?;
     if tc.lora.is_none() {
         return Ok(tc);
     }
@@ -194,6 +250,23 @@ fn train_config(
         (Some(dir), _) if resumed && !lora_chosen => tc.lora = Some(Adapter::read_config(dir)?),
         (_, Some(a)) => tc.lora = Some(a.lora.clone()),
         _ => {}
+    }
+    // The reference runs in the policy's form on its own tensors.
+    if let (Some(r), Some(l)) = (reference, &tc.lora) {
+        if &r.lora != l {
+            return Err(EngineError::Preference {
+                objective: spec.objective.name(),
+                why: format!(
+                    "the reference adapter is r={} alpha={} on {}, the trained one r={} alpha={} on {}: a reference adapter must have the trained adapter's LoRA settings",
+                    r.lora.rank,
+                    r.lora.alpha,
+                    r.lora.target_modules.join(","),
+                    l.rank,
+                    l.alpha,
+                    l.target_modules.join(",")
+                ),
+            });
+        }
     }
     Ok(tc)
 }
@@ -245,6 +318,7 @@ impl Run {
             chat_template: spec.data.chat_template.clone(),
             train_on_inputs: spec.data.train_on_inputs,
             seq,
+            pairs: spec.objective.is_preference(),
         };
         let data = Dataset::read(&model, &data_spec, spec.seed)?;
         let held_out = Dataset::held_out(&model, &data_spec, spec.eval.data.as_deref(), spec.seed)?;
@@ -254,16 +328,35 @@ impl Run {
             _ => DType::BF16,
         });
         let init = init_adapter(&spec, &model, resumed)?;
-        let mut tc = train_config(&spec, &model, &backend, dtype, init.as_ref(), resumed)?;
+        let reference = reference_adapter(&spec, &model)?;
+        let mut tc = train_config(
+            &spec,
+            &model,
+            &backend,
+            dtype,
+            (init.as_ref(), reference.as_ref()),
+            resumed,
+        )?;
         let stats = data.stats;
         let identities = identities(&spec, &model, &data)?;
-        // Samples with nothing to learn within a row are left out.
-        let examples = data.learning(seq)?;
-        let learning = examples.len();
-        // A step takes `grad_accum` micro-batches of `batch` rows.
-        let loader = Loader::new(examples, seq, tc.rows() as usize, spec.seed);
+        let preference = spec.objective.is_preference();
+        let (loader, learning) = if preference {
+            // Pairs whose prompt fills the row are left out (TRL's filter).
+            let pairs = data.learning_pairs(seq)?;
+            let n = pairs.len();
+            (
+                Loader::pairs(pairs, seq, spec.step.batch as usize, spec.seed),
+                n,
+            )
+        } else {
+            // Samples with nothing to learn within a row are left out.
+            let examples = data.learning(seq)?;
+            let n = examples.len();
+            // A step takes `grad_accum` micro-batches of `batch` rows.
+            (Loader::new(examples, seq, tc.rows() as usize, spec.seed), n)
+        };
         let unpacked_fill = loader.mean_len().min(seq as f64) / seq as f64;
-        if spec.step.packing == Toggle::Auto {
+        if spec.step.packing == Toggle::Auto && !preference {
             tc.packing = auto_packing(unpacked_fill);
         }
         let mut loader = loader.packed(tc.packing);
@@ -292,6 +385,7 @@ impl Run {
                 mode: spec.mode,
                 seed: spec.seed,
                 init_adapter: init,
+                reference_adapter: reference,
                 eval: held_out.is_some(),
                 ..SessionOptions::default()
             },
@@ -300,8 +394,12 @@ impl Run {
             session.restore(&saved.tensors)?;
             loader.cursor = saved.state.data_cursor;
         }
+        let per_batch = spec.step.batch as usize;
         let eval = held_out
-            .map(|e| eval_batches(&e.examples, seq, spec.step.batch as usize))
+            .map(|e| match preference {
+                true => eval_pair_batches(&e.pairs, seq, per_batch),
+                false => eval_batches(&e.examples, seq, per_batch),
+            })
             .unwrap_or_default();
         Ok(Run {
             spec,

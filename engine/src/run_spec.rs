@@ -17,7 +17,9 @@ use std::str::FromStr;
 
 use hlo_ir::DType;
 use hlo_models::nf4::Nf4Config;
+use hlo_models::preference::{PreferenceLoss, Reference};
 use hlo_models::roles::BatchField;
+use hlo_models::train::{Preference, TrainConfig};
 use hlo_runtime::Mode;
 use serde_json::Value;
 
@@ -28,8 +30,8 @@ use crate::model::ModelSource;
 use crate::spec::{AttentionChoice, OptimSpec, OptimizerKind, ScheduleKind, StepSpec, Toggle};
 
 /// What the run's loss is, with the batch fields it reads and the metrics
-/// it reports. Today one: the next methods (preference optimisation,
-/// online RL) are new variants, not new runs.
+/// it reports: supervised finetuning, or a preference method over pairs
+/// (as TRL 1.16's trainers compute them). Online RL is the next variant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Objective {
     /// Supervised finetuning: the causal-LM loss, the masked mean
@@ -38,35 +40,146 @@ pub enum Objective {
     /// carry positions and segment ids). Reports `loss`.
     #[default]
     Sft,
+    /// DPO (TRL's `DPOTrainer`, `loss_type="sigmoid"`), against a
+    /// reference model.
+    Dpo,
+    /// IPO (TRL's `DPOTrainer`, `loss_type="ipo"`), against a reference.
+    Ipo,
+    /// SimPO (TRL's `CPOTrainer`, `loss_type="simpo"`), no reference.
+    Simpo,
+    /// ORPO (TRL's `ORPOTrainer`), no reference.
+    Orpo,
 }
 
+/// Every objective, in the order `--objective` lists them.
+pub const OBJECTIVES: [Objective; 5] = [
+    Objective::Sft,
+    Objective::Dpo,
+    Objective::Ipo,
+    Objective::Simpo,
+    Objective::Orpo,
+];
+
 impl Objective {
-    /// The setting's value (`sft`).
+    /// The setting's value (`sft`, `dpo`, ...).
     pub fn name(self) -> &'static str {
         match self {
             Objective::Sft => "sft",
+            Objective::Dpo => "dpo",
+            Objective::Ipo => "ipo",
+            Objective::Simpo => "simpo",
+            Objective::Orpo => "orpo",
         }
+    }
+
+    /// Whether the objective trains on preference pairs.
+    pub fn is_preference(self) -> bool {
+        self != Objective::Sft
+    }
+
+    /// The preference loss under `settings` (None for SFT).
+    pub fn preference_loss(self, settings: &PreferenceSpec) -> Option<PreferenceLoss> {
+        let beta = settings.beta;
+        Some(match self {
+            Objective::Sft => return None,
+            Objective::Dpo => PreferenceLoss::Dpo { beta },
+            Objective::Ipo => PreferenceLoss::Ipo { beta },
+            Objective::Simpo => PreferenceLoss::Simpo {
+                beta,
+                gamma: settings.simpo_gamma,
+                label_smoothing: 0.0,
+                cpo_alpha: settings.cpo_alpha,
+            },
+            Objective::Orpo => PreferenceLoss::Orpo { beta },
+        })
     }
 
     /// The batch fields a step of this objective reads, by row (`packed`:
     /// several samples a row).
     pub fn batch_fields(self, packed: bool) -> Vec<BatchField> {
+        let mut fields = vec![BatchField::InputIds, BatchField::LossMask];
         match self {
-            Objective::Sft if packed => vec![
-                BatchField::InputIds,
-                BatchField::LossMask,
-                BatchField::Positions,
-                BatchField::SegmentIds,
-            ],
-            Objective::Sft => vec![BatchField::InputIds, BatchField::LossMask],
+            Objective::Sft if packed => {
+                fields.extend([BatchField::Positions, BatchField::SegmentIds])
+            }
+            // ORPO's likelihood term counts each row's real tokens.
+            Objective::Orpo => fields.push(BatchField::SegmentIds),
+            _ => {}
         }
+        fields
     }
 
-    /// The metrics a step of this objective reports, besides the learning
-    /// rate, gradient norm and speed every step has.
+    /// The metrics a step of this objective reports (TRL's names), besides
+    /// the learning rate, gradient norm and speed every step has.
     pub fn metrics(self) -> &'static [&'static str] {
+        const PAIRS: [&str; 9] = [
+            "loss",
+            "rewards/chosen",
+            "rewards/rejected",
+            "rewards/accuracies",
+            "rewards/margins",
+            "logps/chosen",
+            "logps/rejected",
+            "logits/chosen",
+            "logits/rejected",
+        ];
         match self {
             Objective::Sft => &["loss"],
+            Objective::Dpo | Objective::Ipo => &PAIRS,
+            Objective::Simpo => &[
+                "loss",
+                "rewards/chosen",
+                "rewards/rejected",
+                "rewards/accuracies",
+                "rewards/margins",
+                "logps/chosen",
+                "logps/rejected",
+                "nll_loss",
+                "logits/chosen",
+                "logits/rejected",
+            ],
+            Objective::Orpo => &[
+                "loss",
+                "rewards/chosen",
+                "rewards/rejected",
+                "rewards/accuracies",
+                "rewards/margins",
+                "logps/chosen",
+                "logps/rejected",
+                "nll_loss",
+                "log_odds_ratio",
+                "log_odds_chosen",
+                "logits/chosen",
+                "logits/rejected",
+            ],
+        }
+    }
+}
+
+/// A preference objective's settings (TRL 1.16's defaults).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PreferenceSpec {
+    /// DPO's and IPO's β (TRL's `beta`), SimPO's β, ORPO's λ (TRL's
+    /// `beta` in `ORPOConfig`): 0.1.
+    pub beta: f64,
+    /// SimPO's target margin γ (`simpo_gamma`): 0.5.
+    pub simpo_gamma: f64,
+    /// The weight of the chosen completions' NLL in SimPO (`cpo_alpha`):
+    /// 1.0 (0: the paper's SimPO).
+    pub cpo_alpha: f64,
+    /// DPO's and IPO's reference adapter (None: the policy as training
+    /// starts: the base for a fresh adapter, a frozen copy of
+    /// `init_adapter`).
+    pub ref_adapter: Option<PathBuf>,
+}
+
+impl Default for PreferenceSpec {
+    fn default() -> PreferenceSpec {
+        PreferenceSpec {
+            beta: 0.1,
+            simpo_gamma: 0.5,
+            cpo_alpha: 1.0,
+            ref_adapter: None,
         }
     }
 }
@@ -80,10 +193,10 @@ impl fmt::Display for Objective {
 impl FromStr for Objective {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Objective, String> {
-        match s {
-            "sft" => Ok(Objective::Sft),
-            _ => Err(format!("`{s}` is not an objective (sft)")),
-        }
+        OBJECTIVES
+            .into_iter()
+            .find(|o| o.name() == s)
+            .ok_or_else(|| format!("`{s}` is not an objective (sft, dpo, ipo, simpo, orpo)"))
     }
 }
 
@@ -183,6 +296,8 @@ pub struct RunSpec {
     pub dtype: Option<DType>,
     pub data: DataSource,
     pub objective: Objective,
+    /// A preference objective's settings (read by those objectives only).
+    pub preference: PreferenceSpec,
     pub step: StepSpec,
     /// Start LoRA from this PEFT adapter folder.
     pub init_adapter: Option<PathBuf>,
@@ -216,6 +331,7 @@ impl Default for RunSpec {
             dtype: None,
             data: DataSource::default(),
             objective: Objective::Sft,
+            preference: PreferenceSpec::default(),
             step: StepSpec::default(),
             init_adapter: None,
             optim: OptimSpec::default(),
@@ -236,7 +352,7 @@ impl Default for RunSpec {
 /// The settings a run records and a resumed run takes back, by name.
 /// (A setting that names a file is compared by the file's identity too:
 /// `model-fingerprint`, `data-fingerprint`.)
-pub const SETTINGS: [&str; 34] = [
+pub const SETTINGS: [&str; 38] = [
     "model",
     "config",
     "checkpoint",
@@ -249,6 +365,10 @@ pub const SETTINGS: [&str; 34] = [
     "chat-template",
     "train-on-inputs",
     "objective",
+    "beta",
+    "simpo-gamma",
+    "cpo-alpha",
+    "ref-adapter",
     "seed",
     "steps",
     "batch",
@@ -336,6 +456,42 @@ impl RunSpec {
         self
     }
 
+    /// The traced step's settings for a model of `config` in `dtype` over
+    /// `mesh`: the step spec's, and for a preference objective its loss
+    /// against `reference` with `batch` pairs a step (twice the rows,
+    /// unpacked, one micro-batch: what such a step can take; the rest is
+    /// refused).
+    pub fn train_config(
+        &self,
+        config: &hlo_models::decoder::ModelConfig,
+        dtype: DType,
+        mesh: &hlo_partitioner::Mesh,
+        reference: Reference,
+    ) -> Result<TrainConfig> {
+        let mut step = self.step.clone();
+        let loss = self.objective.preference_loss(&self.preference);
+        if loss.is_some() {
+            let refuse = |why: String| EngineError::Preference {
+                objective: self.objective.name(),
+                why,
+            };
+            if step.packing == Toggle::On {
+                return Err(refuse("pairs are not packed (leave out --packing)".into()));
+            }
+            if step.grad_accum > 1 {
+                return Err(refuse(format!(
+                    "a step takes its pairs in one batch; --grad-accum {} is not supported (raise --batch instead)",
+                    step.grad_accum
+                )));
+            }
+            step.packing = Toggle::Off;
+            step.batch *= 2;
+        }
+        let mut tc = step.train_config(&self.optim, config, dtype, mesh, self.steps)?;
+        tc.preference = loss.map(|loss| Preference { loss, reference });
+        Ok(tc)
+    }
+
     /// Takes every saved setting the caller did not choose.
     pub fn merge_saved(&mut self, saved: &RunSettings) -> Result<()> {
         let model_chosen = MODEL_SETTINGS.iter().any(|k| self.chosen.contains(k));
@@ -393,6 +549,10 @@ impl RunSpec {
             "chat-template" => self.data.chat_template = path()?,
             "train-on-inputs" => self.data.train_on_inputs = flag()?,
             "objective" => self.objective = text()?.parse().map_err(|_| bad())?,
+            "beta" => self.preference.beta = num()?,
+            "simpo-gamma" => self.preference.simpo_gamma = num()?,
+            "cpo-alpha" => self.preference.cpo_alpha = num()?,
+            "ref-adapter" => self.preference.ref_adapter = path()?,
             "seed" => self.seed = value.as_u64().ok_or_else(bad)?,
             "steps" => self.steps = int()?,
             "batch" => self.step.batch = int()?,
@@ -604,29 +764,76 @@ mod tests {
     fn an_objectives_batch_fields_are_its_traced_steps() {
         let config = hlo_models::decoder::ModelConfig::preset("tiny").unwrap();
         let mesh = "dp=1,fsdp=1,mp=1".parse().unwrap();
-        for packed in [false, true] {
-            let step = StepSpec {
-                batch: 2,
-                seq: 16,
-                packing: if packed { Toggle::On } else { Toggle::Off },
-                ..StepSpec::default()
+        for objective in OBJECTIVES {
+            for packed in [false, true] {
+                if packed && objective.is_preference() {
+                    continue;
+                }
+                let spec = RunSpec {
+                    objective,
+                    step: StepSpec {
+                        batch: 2,
+                        seq: 16,
+                        packing: if packed { Toggle::On } else { Toggle::Off },
+                        ..StepSpec::default()
+                    },
+                    ..RunSpec::default()
+                };
+                let tc = spec
+                    .train_config(&config, DType::F32, &mesh, Reference::Base)
+                    .unwrap();
+                let traced = hlo_models::train::train_step(&config, &tc).unwrap();
+                let fields: Vec<BatchField> = traced
+                    .inputs
+                    .iter()
+                    .filter_map(|i| match i.role {
+                        hlo_models::roles::Role::Batch(f) => Some(f),
+                        _ => None,
+                    })
+                    .collect();
+                assert_eq!(
+                    fields,
+                    objective.batch_fields(packed),
+                    "{objective} packed {packed}"
+                );
+                // Its outputs: loss, gradient norm, lr, then the metrics.
+                let names: Vec<&str> = traced.function.outputs[3..]
+                    .iter()
+                    .map(|b| b.name.as_str())
+                    .take_while(|n| !n.contains("lora") && !n.starts_with("opt.") && *n != "step")
+                    .collect();
+                assert_eq!(names, &objective.metrics()[1..], "{objective}");
+                // Pairs: twice the rows.
+                let rows = if objective.is_preference() { 4 } else { 2 };
+                assert_eq!(tc.batch, rows);
+            }
+        }
+    }
+
+    #[test]
+    fn a_preference_objective_refuses_packing_and_accumulation() {
+        let config = hlo_models::decoder::ModelConfig::preset("tiny").unwrap();
+        let mesh = "dp=1,fsdp=1,mp=1".parse().unwrap();
+        for (packing, grad_accum, what) in [
+            (Toggle::On, 1, "packed"),
+            (Toggle::Auto, 2, "--grad-accum 2"),
+        ] {
+            let spec = RunSpec {
+                objective: Objective::Dpo,
+                step: StepSpec {
+                    packing,
+                    grad_accum,
+                    ..StepSpec::default()
+                },
+                ..RunSpec::default()
             };
-            let tc = step
-                .train_config(&OptimSpec::default(), &config, DType::F32, &mesh, 10)
-                .unwrap();
-            let traced = hlo_models::train::train_step(&config, &tc).unwrap();
-            let fields: Vec<BatchField> = traced
-                .inputs
-                .iter()
-                .filter_map(|i| match i.role {
-                    hlo_models::roles::Role::Batch(f) => Some(f),
-                    _ => None,
-                })
-                .collect();
-            assert_eq!(
-                fields,
-                Objective::Sft.batch_fields(packed),
-                "packed {packed}"
+            let err = spec
+                .train_config(&config, DType::F32, &mesh, Reference::Base)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with("--objective dpo: ") && err.contains(what),
+                "{err}"
             );
         }
     }

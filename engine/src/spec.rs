@@ -306,6 +306,7 @@ impl StepSpec {
             packing: self.packing == Toggle::On,
             attention: self.attention_kind()?,
             loss_chunk: Some(loss_chunk),
+            preference: None,
         })
     }
 }

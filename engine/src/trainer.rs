@@ -175,12 +175,18 @@ impl<'a> Trainer<'a> {
             .iter()
             .fold((0.0, 0usize), |(s, n), (dt, t)| (s + dt, n + t));
         let per_step = secs / self.window.len() as f64;
+        let metrics = p
+            .metrics
+            .iter()
+            .map(|(name, a)| Ok((name.clone(), scalar(a)?)))
+            .collect::<Result<Vec<_>>>()?;
         let report = StepReport {
             step: p.step,
             steps: self.options.steps,
             loss,
             lr,
             grad_norm,
+            metrics,
             step_time_s: dt,
             tokens_per_s: p.tokens as f64 / dt,
             mfu: self

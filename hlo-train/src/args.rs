@@ -230,6 +230,7 @@ impl ChatArgs {
             chat_template: self.chat_template.clone(),
             train_on_inputs: self.train_on_inputs,
             seq: seq as usize,
+            pairs: false,
         }
     }
 }

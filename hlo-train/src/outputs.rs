@@ -62,19 +62,29 @@ impl MetricsFile {
 
 impl Hooks for MetricsFile {
     fn on_step(&mut self, r: &StepReport) -> hlo_engine::Result<()> {
-        self.line(json!({
+        let mut line = json!({
             "step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
             "tokens_per_s": r.tokens_per_s, "step_time_s": r.step_time_s, "mfu": r.mfu,
             "targets": r.targets, "elapsed_s": r.elapsed_s,
-        }))
+        });
+        // A preference loss's metrics under TRL's names.
+        for (name, v) in &r.metrics {
+            line[name] = json!(v);
+        }
+        self.line(line)
     }
 
     fn on_eval(&mut self, e: &EvalReport) -> hlo_engine::Result<()> {
-        let r = e.result;
-        self.line(json!({
-            "step": e.step, "eval_loss": r.loss, "eval_perplexity": r.perplexity(),
-            "eval_tokens": r.tokens,
-        }))
+        let r = &e.result;
+        let mut line = json!({"step": e.step, "eval_loss": r.loss, "eval_tokens": r.tokens});
+        if r.metrics.is_empty() {
+            line["eval_perplexity"] = json!(r.perplexity());
+        }
+        // TRL prefixes its eval metrics so: `eval_rewards/chosen`.
+        for (name, v) in &r.metrics {
+            line[format!("eval_{name}")] = json!(v);
+        }
+        self.line(line)
     }
 }
 
@@ -96,6 +106,12 @@ impl Hooks for TensorBoard {
         if let Some(mfu) = r.mfu {
             scalars.push(("train/mfu", mfu));
         }
+        let named: Vec<(String, f64)> = r
+            .metrics
+            .iter()
+            .map(|(n, v)| (format!("train/{n}"), *v))
+            .collect();
+        scalars.extend(named.iter().map(|(n, v)| (n.as_str(), *v)));
         self.writer.add_scalars(r.step, &scalars).map_err(report)?;
         if r.step % self.log_every == 0 || r.step == r.steps {
             self.writer.flush().map_err(report)?;
@@ -104,13 +120,18 @@ impl Hooks for TensorBoard {
     }
 
     fn on_eval(&mut self, e: &EvalReport) -> hlo_engine::Result<()> {
-        let r = e.result;
-        self.writer
-            .add_scalars(
-                e.step,
-                &[("eval/loss", r.loss), ("eval/perplexity", r.perplexity())],
-            )
-            .map_err(report)?;
+        let r = &e.result;
+        let named: Vec<(String, f64)> = r
+            .metrics
+            .iter()
+            .map(|(n, v)| (format!("eval/{n}"), *v))
+            .collect();
+        let mut scalars = vec![("eval/loss", r.loss)];
+        if r.metrics.is_empty() {
+            scalars.push(("eval/perplexity", r.perplexity()));
+        }
+        scalars.extend(named.iter().map(|(n, v)| (n.as_str(), *v)));
+        self.writer.add_scalars(e.step, &scalars).map_err(report)?;
         self.writer.flush().map_err(report)
     }
 

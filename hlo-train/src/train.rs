@@ -11,8 +11,8 @@ use clap::{Args, ValueEnum};
 use hlo_engine::ir::DType;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::{
-    Chosen, DataSource, EvalSpec, HookList, Mode, Objective, OutputSpec, ReportSpec, Run, RunSpec,
-    StopFlag, TrainSummary,
+    Chosen, DataSource, EvalSpec, HookList, Mode, Objective, OutputSpec, PreferenceSpec,
+    ReportSpec, Run, RunSpec, StopFlag, TrainSummary,
 };
 use hlo_report::{EventWriter, LossCurves};
 use indicatif::ProgressBar;
@@ -48,9 +48,33 @@ pub struct TrainArgs {
     pub plugin: PluginArgs,
 
     /// What the run's loss is: sft, the causal-LM loss on the data's
-    /// learned tokens (supervised finetuning).
+    /// learned tokens (supervised finetuning); or a preference method over
+    /// pairs of chosen and rejected completions, as TRL 1.16 computes it:
+    /// dpo (DPOTrainer's sigmoid loss), ipo, simpo (CPOTrainer's) or orpo
+    /// (ORPOTrainer's). With pairs, --batch counts pairs.
     #[arg(long, value_enum, default_value = "sft")]
     pub objective: ObjectiveArg,
+
+    /// The preference loss's β: DPO's and IPO's (the reference's weight),
+    /// SimPO's reward scale, ORPO's λ.
+    #[arg(long, default_value_t = 0.1, value_parser = crate::args::positive)]
+    pub beta: f64,
+
+    /// SimPO's target reward margin γ.
+    #[arg(long, default_value_t = 0.5, allow_negative_numbers = true)]
+    pub simpo_gamma: f64,
+
+    /// SimPO's weight of the chosen completions' NLL (TRL's cpo_alpha;
+    /// 0: the paper's SimPO).
+    #[arg(long, default_value_t = 1.0, value_parser = crate::args::non_negative)]
+    pub cpo_alpha: f64,
+
+    /// DPO's and IPO's reference model: this PEFT adapter on the base (same
+    /// LoRA settings as the trained one). Default: the policy as training
+    /// starts (the base for a fresh adapter, a frozen copy of
+    /// --init-adapter).
+    #[arg(long, value_parser = crate::args::hub_adapter)]
+    pub ref_adapter: Option<PathBuf>,
 
     #[command(flatten)]
     pub step: StepArgs,
@@ -154,6 +178,10 @@ pub struct TrainArgs {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ObjectiveArg {
     Sft,
+    Dpo,
+    Ipo,
+    Simpo,
+    Orpo,
 }
 
 /// The engine's run of these flags; `given` (clap ids) are the settings
@@ -175,6 +203,16 @@ fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
         },
         objective: match args.objective {
             ObjectiveArg::Sft => Objective::Sft,
+            ObjectiveArg::Dpo => Objective::Dpo,
+            ObjectiveArg::Ipo => Objective::Ipo,
+            ObjectiveArg::Simpo => Objective::Simpo,
+            ObjectiveArg::Orpo => Objective::Orpo,
+        },
+        preference: PreferenceSpec {
+            beta: args.beta,
+            simpo_gamma: args.simpo_gamma,
+            cpo_alpha: args.cpo_alpha,
+            ref_adapter: args.ref_adapter.clone(),
         },
         step: args.step.spec(),
         init_adapter: args.init_adapter.clone(),

@@ -85,8 +85,13 @@ fn log_sigmoid(x: Tensor) -> Tensor {
     x.minimum(x.scalar_like(0.0)) - (-x.abs()).exp().log1p()
 }
 
-fn mean(x: Tensor) -> Tensor {
-    x.mean(&[0])
+/// The mean over the pairs that hold a chosen completion (`valid`, 1 or
+/// 0 per pair): a held-out set's last batch is filled with empty pairs,
+/// which count nothing (and whose values, log(0) among them, are never
+/// read).
+fn masked_mean(x: Tensor, valid: Tensor) -> Tensor {
+    let kept = valid.where_(x, x.scalar_like(0.0));
+    crate::loss::mean((kept.sum(&[0]), valid.cast(x.dtype()).sum(&[0])))
 }
 
 /// The smoothed sigmoid loss of `z` per pair.
@@ -132,6 +137,10 @@ impl PreferenceLoss {
         nll: Option<Tensor>,
     ) -> PreferenceOutputs {
         let (pc, pr) = policy.means();
+        let valid = policy
+            .chosen_tokens
+            .gt(policy.chosen_tokens.scalar_like(0.0));
+        let mean = |x: Tensor| masked_mean(x, valid);
         let sums = (policy.chosen, policy.rejected);
         // Rewards: what each completion's log-prob gained, scaled. The
         // logged log-probs are the ones the loss reads (sums or means).

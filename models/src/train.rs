@@ -95,6 +95,17 @@ pub struct TrainConfig {
     /// one device (a caller that splits the batch passes its rows per
     /// device to it instead).
     pub loss_chunk: Option<i64>,
+    /// A preference loss over pairs in place of the causal-LM loss
+    /// (`batch` then counts rows: twice the pairs, see
+    /// [`preference_loss`]).
+    pub preference: Option<Preference>,
+}
+
+/// A preference objective: the loss and the model it compares with.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Preference {
+    pub loss: PreferenceLoss,
+    pub reference: Reference,
 }
 
 impl TrainConfig {
@@ -119,6 +130,7 @@ impl TrainConfig {
             packing: false,
             attention: AttentionKind::auto(seq),
             loss_chunk: None,
+            preference: None,
         }
     }
 
@@ -254,6 +266,13 @@ pub fn batch_fields(tc: &TrainConfig) -> Vec<BatchField> {
     if tc.packing {
         fields.extend([BatchField::Positions, BatchField::SegmentIds]);
     }
+    // ORPO's likelihood term counts each row's real tokens.
+    if tc
+        .preference
+        .is_some_and(|p| p.loss.nll() == Some(NllSpan::WholeRow))
+    {
+        fields.push(BatchField::SegmentIds);
+    }
     fields
 }
 
@@ -342,6 +361,11 @@ fn model<'a>(config: &'a ModelConfig, tc: &'a TrainConfig) -> Decoder<'a> {
 /// number of counted tokens (`loss_sum`, `tokens`), no gradients. Its
 /// inputs are the train step's weights, LoRA tensors and batch, by name.
 pub fn eval_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
+    if let Some(p) = &tc.preference {
+        // The loss and its metrics, as the train step logs them.
+        let function = preference_loss(config, tc, &p.loss, p.reference)?;
+        return Ok(Step::new(function, role_of(tc)));
+    }
     let (_, _, inputs) = loss_inputs(config, tc)?;
     let model = model(config, tc);
     let function = trace("llama_eval", &inputs, |i| {
@@ -379,9 +403,12 @@ pub fn preference_loss(
         });
     }
     let (_, lora_params, mut inputs) = loss_inputs(config, tc)?;
-    if loss.nll() == Some(NllSpan::WholeRow) {
+    // ORPO's real-token mask (among the batch fields already when `tc`
+    // names this loss).
+    let segment_ids = BatchField::SegmentIds.name();
+    if loss.nll() == Some(NllSpan::WholeRow) && inputs.iter().all(|(n, _)| n != segment_ids) {
         let ty = TensorType::new(DType::I32, [tc.batch, tc.seq]);
-        inputs.push((BatchField::SegmentIds.name().into(), ty));
+        inputs.push((segment_ids.into(), ty));
     }
     let by_adapter = loss.needs_reference() && reference == Reference::Adapter;
     if by_adapter {
@@ -503,6 +530,9 @@ fn logits_means(
 /// parameters, optimizer state and counter under their input names
 /// (donated).
 pub fn train_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
+    if let Some(p) = &tc.preference {
+        return preference_train_step(config, tc, &p.loss, p.reference);
+    }
     let (base, lora_params, loss_inputs) = loss_inputs(config, tc)?;
     let trainable = trainable_of(tc, &base, &lora_params);
     let model = model(config, tc);
@@ -737,7 +767,8 @@ fn optimizer_step(
 /// forward per layer (`s` the keys a query sees: the sequence, or the
 /// window in sliding layers); a full finetuning step is 3× forward; a LoRA
 /// step skips the frozen weights' gradients (2× forward for them) and adds
-/// 6 per LoRA weight.
+/// 6 per LoRA weight; a preference loss with a reference model adds its
+/// forward.
 pub fn step_flops(config: &ModelConfig, tc: &TrainConfig) -> f64 {
     let tokens = (tc.batch * tc.grad_accum.max(1) * tc.seq) as f64;
     let c = config;
@@ -761,7 +792,7 @@ pub fn step_flops(config: &ModelConfig, tc: &TrainConfig) -> f64 {
         .sum();
     let attention = 4.0 * (keys * c.num_attention_heads * c.head_dim) as f64;
     let forward = 2.0 * matmul + attention;
-    match &tc.lora {
+    let train = match &tc.lora {
         None => 3.0 * forward * tokens,
         Some(l) => {
             let lora: f64 = lora_parameter_types(c, l)
@@ -770,5 +801,8 @@ pub fn step_flops(config: &ModelConfig, tc: &TrainConfig) -> f64 {
                 .sum();
             (2.0 * forward + 6.0 * lora) * tokens
         }
-    }
+    };
+    // DPO's and IPO's reference model: one more forward.
+    let reference = tc.preference.is_some_and(|p| p.loss.needs_reference());
+    train + if reference { forward * tokens } else { 0.0 }
 }

@@ -158,6 +158,7 @@ fn llama_step_annotations(mesh: &str) -> String {
         packing: false,
         attention: hlo_models::attention::AttentionKind::Naive,
         loss_chunk: None,
+        preference: None,
     };
     let step = train_step(&config, &tc).unwrap();
     let f = hlo_ir::simplify(&step.function);

@@ -19,6 +19,10 @@ use crate::pipeline::ShardedStep;
 /// The eval step and where its inputs come from.
 pub(super) struct EvalProgram {
     program: Program,
+    /// The step's outputs are a preference loss and its metrics (named
+    /// `output_names`), not a summed loss and its token count.
+    preference: bool,
+    output_names: Vec<String>,
     /// Per eval input: the train step's input index (weights) or a batch
     /// field.
     sources: Vec<EvalSource>,
@@ -31,11 +35,15 @@ enum EvalSource {
 }
 
 /// The held-out loss of the current weights.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct EvalResult {
-    /// Masked mean cross-entropy over every counted token.
+    /// Masked mean cross-entropy over every counted token; for a
+    /// preference objective its loss, the mean over the pairs.
     pub loss: f64,
     pub tokens: f64,
+    /// A preference objective's metrics (TRL's names), means over the
+    /// pairs; empty for SFT.
+    pub metrics: Vec<(String, f64)>,
 }
 
 impl EvalResult {
@@ -78,13 +86,19 @@ impl EvalProgram {
                     }),
             })
             .collect::<Result<_>>()?;
-        Ok(EvalProgram { program, sources })
+        Ok(EvalProgram {
+            program,
+            preference: config.preference.is_some(),
+            output_names: output_names(&laid),
+            sources,
+        })
     }
 }
 
 impl EvalProgram {
-    /// The masked mean loss over `batches`; `state(k)` is the array of
-    /// the weights at train-step input `k`.
+    /// The masked mean loss over `batches` (or a preference loss and its
+    /// metrics, each a mean over the pairs: `preference`); `state(k)` is
+    /// the array of the weights at train-step input `k`.
     fn run<'a>(
         &self,
         backend: &Backend,
@@ -93,6 +107,10 @@ impl EvalProgram {
         state: impl Fn(usize) -> &'a DeviceArray,
     ) -> Result<EvalResult> {
         let (mut sum, mut tokens) = (0.0f64, 0.0f64);
+        // A preference batch's outputs are means over its pairs: weighted
+        // by its pairs (a chosen row with a learned token).
+        let mut pairs_seen = 0.0f64;
+        let mut metrics: Vec<(String, f64)> = Vec::new();
         for b in batches {
             let mut placed: Vec<DeviceArray> = Vec::new();
             for (k, source) in self.sources.iter().enumerate() {
@@ -111,12 +129,45 @@ impl EvalProgram {
                 })
                 .collect();
             let out = self.program.run(&inputs)?;
-            sum += scalar(&out[0])?;
-            tokens += scalar(&out[1])?;
+            if !self.preference {
+                sum += scalar(&out[0])?;
+                tokens += scalar(&out[1])?;
+                continue;
+            }
+            let seq = dims[1] as usize;
+            let pairs = (0..dims[0] as usize / 2)
+                .filter(|r| b.loss_mask[r * seq..(r + 1) * seq].iter().any(|&m| m > 0.0))
+                .count() as f64;
+            pairs_seen += pairs;
+            tokens += b.targets as f64;
+            for (k, (name, a)) in self.output_names.iter().zip(&out).enumerate() {
+                let v = scalar(a)? * pairs;
+                match metrics.get_mut(k) {
+                    Some(m) => m.1 += v,
+                    None => metrics.push((name.clone(), v)),
+                }
+            }
         }
+        if !self.preference {
+            return Ok(EvalResult {
+                loss: sum / tokens.max(1.0),
+                tokens,
+                metrics,
+            });
+        }
+        for m in &mut metrics {
+            m.1 /= pairs_seen.max(1.0);
+        }
+        // The first output is the loss.
+        let loss = if metrics.is_empty() {
+            f64::NAN
+        } else {
+            metrics.remove(0).1
+        };
         Ok(EvalResult {
-            loss: sum / tokens.max(1.0),
+            loss,
             tokens,
+            metrics,
         })
     }
 }
@@ -163,6 +214,8 @@ impl Evaluator {
         let laid = ShardedStep::new(&traced, backend.mesh(), &partition_rules())?;
         let program = EvalProgram {
             program: laid.compile(&backend, Mode::Jit)?,
+            preference: false,
+            output_names: output_names(&laid),
             sources: laid
                 .step
                 .inputs
@@ -215,4 +268,13 @@ impl Evaluator {
                 self.weights[k].as_ref().expect("weights are set")
             })
     }
+}
+
+/// The names of a laid-out step's outputs, in order.
+fn output_names(laid: &ShardedStep) -> Vec<String> {
+    laid.function()
+        .outputs
+        .iter()
+        .map(|b| b.name.clone())
+        .collect()
 }

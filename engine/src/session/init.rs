@@ -18,6 +18,7 @@ impl Session {
     pub(super) fn initial_state(
         &self,
         init_adapter: Option<&Adapter>,
+        reference: Option<&Adapter>,
     ) -> Result<Vec<Option<DeviceArray>>> {
         let lora = self.config.lora.clone();
         let fresh;
@@ -42,6 +43,15 @@ impl Session {
                     let a = adapter.expect("an adapter for a LoRA session");
                     adapter_tensor(a, &b.name, layers).ok_or_else(|| EngineError::AdapterLacks {
                         tensor: b.name.clone(),
+                    })?
+                }
+                Role::Weight if b.name.starts_with("ref.") => {
+                    let (r, name) =
+                        reference.zip(b.name.strip_prefix("ref.")).ok_or_else(|| {
+                            EngineError::Internal(format!("no reference adapter for `{}`", b.name))
+                        })?;
+                    adapter_tensor(r, name, layers).ok_or_else(|| EngineError::AdapterLacks {
+                        tensor: name.to_string(),
                     })?
                 }
                 Role::Trainable | Role::Weight => {

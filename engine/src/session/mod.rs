@@ -53,6 +53,8 @@ pub struct SessionOptions {
     /// Start LoRA from these tensors (their settings must be the
     /// session's).
     pub init_adapter: Option<Adapter>,
+    /// A preference loss's frozen reference adapter (its `ref.` inputs).
+    pub reference_adapter: Option<Adapter>,
     /// Also compile the eval step (always JIT).
     pub eval: bool,
     pub weights: Weights,
@@ -64,6 +66,7 @@ impl Default for SessionOptions {
             mode: Mode::Jit,
             seed: 0,
             init_adapter: None,
+            reference_adapter: None,
             eval: false,
             weights: Weights::FromModel,
         }
@@ -89,6 +92,8 @@ pub struct Launched {
     pub loss: DeviceArray,
     pub grad_norm: DeviceArray,
     pub lr: DeviceArray,
+    /// The loss's own metrics (a preference loss's, by TRL's names).
+    pub metrics: Vec<(String, DeviceArray)>,
     pub targets: usize,
     pub tokens: usize,
     /// When the host launched it.
@@ -159,7 +164,10 @@ impl Session {
             seed: options.seed,
         };
         session.state = match options.weights {
-            Weights::FromModel => session.initial_state(options.init_adapter.as_ref())?,
+            Weights::FromModel => session.initial_state(
+                options.init_adapter.as_ref(),
+                options.reference_adapter.as_ref(),
+            )?,
             Weights::Synthetic => session.synthetic_state()?,
         };
         Ok(session)
@@ -360,12 +368,20 @@ impl Session {
         for &(input, output) in &self.step.step.donated {
             self.state[input] = outputs[output].take();
         }
+        // What is left: the loss's metrics, in the step's order.
+        let names = &self.step.function().outputs;
+        let metrics = names
+            .iter()
+            .zip(outputs)
+            .filter_map(|(b, a)| Some((b.name.clone(), a?)))
+            .collect();
         self.steps_done += 1;
         Ok(Launched {
             step: self.steps_done,
             loss,
             grad_norm,
             lr,
+            metrics,
             targets: batch.targets,
             tokens: batch.tokens,
             launched,

@@ -1,0 +1,276 @@
+//! `hlo-train train --objective dpo|ipo|simpo|orpo` against TRL 1.16's
+//! own trainers (fixtures made by `scripts/make_preference_fixtures.py`;
+//! formulas in `tests/fixtures/preference/FORMULAS.md`): on the tiny f32
+//! Llama and four pairs, one step's loss and every metric the run writes
+//! equal TRL's first step's to 1e-5, and the adapter it saves after one
+//! SGD or AdamW step equals TRL's to 1e-6: from a fresh adapter (the base
+//! as the reference), from `--init-adapter` (a frozen copy of it) and
+//! with `--ref-adapter`; pre-tokenized pairs and string pairs through the
+//! fixture's tokenizer; on one device and on a `dp=1,fsdp=2,mp=2` mesh.
+//! The held-out evaluation gives the same figures before the first step.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use hlo_engine::models::io::read_safetensors;
+use serde_json::Value;
+
+fn preference(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/preference")
+        .join(name)
+}
+
+fn expected() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(preference("expected.json")).unwrap()).unwrap()
+}
+
+/// A fixture case: `<method>.<start>.<optimizer>`.
+struct Case {
+    method: &'static str,
+    start: &'static str,
+    optimizer: &'static str,
+}
+
+impl Case {
+    fn name(&self) -> String {
+        format!("{}.{}.{}", self.method, self.start, self.optimizer)
+    }
+
+    /// The flags of the case: TRL's settings (SGD lr 0.1 or AdamW lr 1e-3
+    /// without weight decay, no clipping, β 0.1), the adapter the case
+    /// starts from and its reference.
+    fn flags(&self) -> Vec<String> {
+        let objective = match self.method {
+            "simpo_a0" => "simpo",
+            m => m,
+        };
+        let mut f: Vec<String> = [
+            "--objective",
+            objective,
+            "--checkpoint",
+            fixture("gqa_llama3").to_str().unwrap(),
+            "--batch",
+            "4",
+            "--seq",
+            "16",
+            "--steps",
+            "1",
+            "--clip-norm",
+            "0",
+            "--optimizer",
+            self.optimizer,
+        ]
+        .map(String::from)
+        .to_vec();
+        f.extend(
+            match self.optimizer {
+                "sgd" => vec!["--lr", "0.1"],
+                _ => vec!["--lr", "1e-3", "--weight-decay", "0"],
+            }
+            .into_iter()
+            .map(String::from),
+        );
+        if self.method == "simpo_a0" {
+            f.extend(["--cpo-alpha".into(), "0".into()]);
+        }
+        let adapter = |a: &str| preference(&format!("adapters/{a}")).display().to_string();
+        // TRL's fresh adapter (B = 0): as the policy it equals the base,
+        // so a frozen copy of it is the base as the reference.
+        match self.start {
+            "fresh" => f.extend(["--init-adapter".into(), adapter("fresh")]),
+            "init" => f.extend(["--init-adapter".into(), adapter("init")]),
+            _ => f.extend([
+                "--init-adapter".into(),
+                adapter("fresh"),
+                "--ref-adapter".into(),
+                adapter("ref"),
+            ]),
+        }
+        f
+    }
+}
+
+/// `got` within `tol` (relative above 1) of TRL's `want`.
+fn close(what: &str, got: f64, want: f64, tol: f64) {
+    assert!(
+        (got - want).abs() <= tol * want.abs().max(1.0),
+        "{what}: {got} against TRL's {want}"
+    );
+}
+
+/// The metrics TRL logs that a run writes too. `logits/*` of SimPO and
+/// ORPO average padding positions, which depend on the row length: not
+/// compared there.
+fn compared(method: &str) -> Vec<&'static str> {
+    let mut keys = vec![
+        "rewards/chosen",
+        "rewards/rejected",
+        "rewards/accuracies",
+        "rewards/margins",
+        "logps/chosen",
+        "logps/rejected",
+    ];
+    match method {
+        "dpo" | "ipo" => keys.extend(["logits/chosen", "logits/rejected"]),
+        "orpo" => keys.extend(["nll_loss", "log_odds_ratio", "log_odds_chosen"]),
+        _ => keys.push("nll_loss"),
+    }
+    keys
+}
+
+/// Runs `case` with `extra` flags over `data`; checks the step's loss,
+/// gradient norm and metrics, the held-out figures before it, and the
+/// saved adapter against TRL's.
+fn check(case: &Case, data: &Path, extra: &[&str]) {
+    let name = case.name();
+    let tmp = scratch("preference", &format!("{name}{}", extra.len()));
+    let (out, metrics) = (tmp.join("run"), tmp.join("metrics.jsonl"));
+    let mut args: Vec<String> = vec!["train".into()];
+    args.extend(case.flags());
+    for (flag, path) in [
+        ("--data", data),
+        ("--eval-data", data),
+        ("--out", &out),
+        ("--metrics", &metrics),
+    ] {
+        args.extend([flag.into(), path.display().to_string()]);
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ok(&hlo_train(&args));
+    let want = &expected()[&name];
+    let lines: Vec<Value> = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let step = lines.iter().find(|l| l.get("loss").is_some()).unwrap();
+    let before = lines.iter().find(|l| l["step"] == 0).unwrap();
+    let what = |k: &str| format!("{name} {extra:?}: {k}");
+    close(
+        &what("loss"),
+        step["loss"].as_f64().unwrap(),
+        want["loss"].as_f64().unwrap(),
+        1e-5,
+    );
+    close(
+        &what("eval_loss"),
+        before["eval_loss"].as_f64().unwrap(),
+        want["loss"].as_f64().unwrap(),
+        1e-5,
+    );
+    close(
+        &what("grad_norm"),
+        step["grad_norm"].as_f64().unwrap(),
+        want["metrics"]["grad_norm"].as_f64().unwrap(),
+        1e-5,
+    );
+    for key in compared(case.method) {
+        let trl = want["metrics"][key].as_f64().unwrap();
+        let got = step[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{}", what(key)));
+        close(&what(key), got, trl, 1e-5);
+        let held = before[format!("eval_{key}")].as_f64().unwrap();
+        close(&what(&format!("eval_{key}")), held, trl, 1e-5);
+    }
+    let ours = read_safetensors(&out.join("adapter_model.safetensors")).unwrap();
+    let theirs = read_safetensors(&preference("expected.safetensors")).unwrap();
+    assert!(!ours.is_empty());
+    for (key, t) in &ours {
+        let trl = &theirs
+            .iter()
+            .find(|(k, _)| *k == format!("{name}.{key}"))
+            .unwrap_or_else(|| panic!("{name}: {key} in the fixture"))
+            .1;
+        let d = max_diff(&t.to_f64s(), &trl.to_f64s());
+        assert!(d < 1e-6, "{}: differs by {d:e}", what(key));
+    }
+    std::fs::remove_dir_all(tmp).unwrap();
+}
+
+fn ids() -> PathBuf {
+    preference("data_ids.jsonl")
+}
+
+#[test]
+fn dpo_and_ipo_equal_trl_against_the_base_a_copy_of_the_adapter_and_another_adapter() {
+    for method in ["dpo", "ipo"] {
+        for start in ["fresh", "init", "ref"] {
+            let case = Case {
+                method,
+                start,
+                optimizer: "sgd",
+            };
+            check(&case, &ids(), &[]);
+        }
+    }
+    for (method, start) in [("dpo", "ref"), ("ipo", "init")] {
+        let case = Case {
+            method,
+            start,
+            optimizer: "adamw",
+        };
+        check(&case, &ids(), &[]);
+    }
+}
+
+#[test]
+fn simpo_and_orpo_equal_trl_from_a_fresh_and_a_trained_adapter() {
+    for method in ["simpo", "simpo_a0", "orpo"] {
+        for start in ["fresh", "init"] {
+            let case = Case {
+                method,
+                start,
+                optimizer: "sgd",
+            };
+            check(&case, &ids(), &[]);
+        }
+    }
+    for method in ["simpo", "orpo"] {
+        let case = Case {
+            method,
+            start: "init",
+            optimizer: "adamw",
+        };
+        check(&case, &ids(), &[]);
+    }
+}
+
+/// String pairs through the fixture's tokenizer (TRL's EOS text appended)
+/// are the pre-tokenized pairs; a 1×2×2 mesh computes the same step.
+#[test]
+fn string_pairs_and_a_mesh_equal_trl() {
+    let tokenizer = preference("tokenizer/tokenizer.json");
+    let tokenizer = tokenizer.to_str().unwrap();
+    for method in ["dpo", "orpo"] {
+        let case = Case {
+            method,
+            start: "init",
+            optimizer: "sgd",
+        };
+        check(
+            &case,
+            &preference("data.jsonl"),
+            &["--tokenizer", tokenizer],
+        );
+        check(
+            &case,
+            &ids(),
+            &["--devices", "4", "--mesh", "dp=1,fsdp=2,mp=2"],
+        );
+    }
+    let case = Case {
+        method: "dpo",
+        start: "ref",
+        optimizer: "adamw",
+    };
+    check(
+        &case,
+        &ids(),
+        &["--devices", "4", "--mesh", "dp=1,fsdp=2,mp=2"],
+    );
+}
