@@ -530,9 +530,8 @@ fn split_messages(mut chosen: Vec<Message>, mut rejected: Vec<Message>) -> Resul
 
 /// The bundled preference task, the demo task's pairs: a lowercase word,
 /// the prompt `word=`, the chosen completion the word in capitals, the
-/// rejected one its capitals shuffled (same letters, same length, so
-/// neither side is favoured by length; a word whose letters are all one
-/// has none shuffled and is drawn again). `eos` ends both completions.
+/// rejected one the word echoed as it was (same length, so neither side
+/// is favoured by length). `eos` ends both completions.
 pub fn demo_pairs(
     tokenizer: &crate::Tokenizer,
     eos: Option<u32>,
@@ -540,36 +539,26 @@ pub fn demo_pairs(
     seed: u64,
 ) -> Vec<PreferencePair> {
     let mut rng = hlo_ir::rng::Rng::new(seed ^ 0x5eed_9a12);
-    let mut out = Vec::with_capacity(count);
-    while out.len() < count {
-        let len = 3 + (rng.next_u64() % 4) as usize;
-        let word: Vec<u8> = (0..len)
-            .map(|_| b'a' + (rng.next_u64() % 26) as u8)
-            .collect();
-        let chosen = word.to_ascii_uppercase();
-        let mut rejected = chosen.clone();
-        for i in (1..len).rev() {
-            let j = (rng.next_u64() % (i as u64 + 1)) as usize;
-            rejected.swap(i, j);
-        }
-        if rejected == chosen {
-            continue;
-        }
-        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-        // The prompt with the tokenizer's BOS, as the demo's SFT rows.
-        let encode = |t: &str, special| tokenizer.encode(t, special).unwrap_or_default();
-        let prompt = encode(&format!("{}=", text(&word)), true);
-        let side = |c: &[u8]| {
-            let mut completion = encode(&text(c), false);
-            completion.extend(eos);
-            join(&prompt, &completion)
-        };
-        out.push(PreferencePair {
-            chosen: side(&chosen),
-            rejected: side(&rejected),
-        });
-    }
-    out
+    (0..count)
+        .map(|_| {
+            let len = 3 + (rng.next_u64() % 4) as usize;
+            let word: String = (0..len)
+                .map(|_| (b'a' + (rng.next_u64() % 26) as u8) as char)
+                .collect();
+            // The prompt with the tokenizer's BOS, as the demo's SFT rows.
+            let encode = |t: &str, special| tokenizer.encode(t, special).unwrap_or_default();
+            let prompt = encode(&format!("{word}="), true);
+            let side = |c: &str| {
+                let mut completion = encode(c, false);
+                completion.extend(eos);
+                join(&prompt, &completion)
+            };
+            PreferencePair {
+                chosen: side(&word.to_uppercase()),
+                rejected: side(&word),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -1000,7 +989,7 @@ mod tests {
     }
 
     #[test]
-    fn the_demo_pairs_prefer_the_word_in_capitals_over_its_letters_shuffled() {
+    fn the_demo_pairs_prefer_the_word_in_capitals_over_the_word_echoed() {
         let t = crate::Tokenizer::bytes();
         let pairs = demo_pairs(&t, Some(crate::tokenizer::BYTE_EOS), 50, 3);
         assert_eq!(pairs.len(), 50);
@@ -1009,20 +998,12 @@ mod tests {
             let text = |e: &Example| -> Vec<u8> {
                 e.ids[n..e.ids.len() - 1].iter().map(|&i| i as u8).collect()
             };
-            let (chosen, rejected) = (text(&p.chosen), text(&p.rejected));
             // BOS, the word, `=`.
-            let word = &p.chosen.ids[1..n - 1];
-            let upper: Vec<u8> = word
-                .iter()
-                .map(|&i| (i as u8).to_ascii_uppercase())
-                .collect();
-            assert_eq!(chosen, upper);
-            assert_ne!(rejected, chosen);
-            let (mut a, mut b) = (chosen.clone(), rejected.clone());
-            a.sort();
-            b.sort();
-            assert_eq!(a, b, "the same letters");
+            let word: Vec<u8> = p.chosen.ids[1..n - 1].iter().map(|&i| i as u8).collect();
+            assert_eq!(text(&p.chosen), word.to_ascii_uppercase());
+            assert_eq!(text(&p.rejected), word);
             assert_eq!(p.rejected.ids[..n], p.chosen.ids[..n]);
+            assert_eq!(*p.chosen.ids.last().unwrap(), crate::tokenizer::BYTE_EOS);
         }
         assert_eq!(demo_pairs(&t, None, 5, 3), demo_pairs(&t, None, 5, 3));
     }

@@ -112,7 +112,7 @@ impl Objective {
     /// The metrics a step of this objective reports (TRL's names), besides
     /// the learning rate, gradient norm and speed every step has.
     pub fn metrics(self) -> &'static [&'static str] {
-        const PAIRS: [&str; 9] = [
+        const PAIRS: [&str; 10] = [
             "loss",
             "rewards/chosen",
             "rewards/rejected",
@@ -120,6 +120,7 @@ impl Objective {
             "rewards/margins",
             "logps/chosen",
             "logps/rejected",
+            "logps/accuracies",
             "logits/chosen",
             "logits/rejected",
         ];

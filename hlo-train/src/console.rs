@@ -7,6 +7,7 @@ use anyhow::Result;
 use hlo_engine::data::Tokenizer;
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::attention::AttentionKind;
+use hlo_engine::models::preference::Reference;
 use hlo_engine::{
     EvalReport, Generator, Hooks, Mode, Run, Sampling, Session, StepReport, TracedValue,
     TrainSummary,
@@ -106,12 +107,20 @@ impl Hooks for Progress {
     }
 }
 
-/// A preference step's accuracy and margin for a log line (nothing for
-/// SFT): ` accuracy 0.75 margin 0.0312`.
+/// A preference step's figures for a log line (nothing for SFT): TRL's
+/// reward accuracy and margin, and the share of pairs whose chosen side
+/// the policy finds likelier: ` accuracy 0.75 margin 0.0312 prefers
+/// chosen 0.81`.
 fn pair_figures(metrics: &[(String, f64)]) -> String {
     let get = |name: &str| metrics.iter().find(|(n, _)| n == name).map(|m| m.1);
-    match (get("rewards/accuracies"), get("rewards/margins")) {
-        (Some(a), Some(m)) => format!(" accuracy {a:.2} margin {m:.4}"),
+    match (
+        get("rewards/accuracies"),
+        get("rewards/margins"),
+        get("logps/accuracies"),
+    ) {
+        (Some(a), Some(m), Some(p)) => {
+            format!(" accuracy {a:.2} margin {m:.4} prefers chosen {p:.2}")
+        }
         _ => String::new(),
     }
 }
@@ -192,22 +201,35 @@ pub fn print_header(run: &Run) -> Result<()> {
         _ => format!("; {}", c.long_context_summary(model.config.vocab_size)),
     };
     let remaining = (run.spec().steps - session.steps_done()).max(0);
-    let epochs = hlo_engine::spec::epochs(
-        remaining,
-        c.rows(),
-        c.seq,
-        c.packing,
-        unpacked_fill,
-        learning,
-    );
+    // A preference step's rows are its pairs' two sides; `learning` counts
+    // pairs.
+    let (rows, batch, samples) = match &c.preference {
+        Some(p) => (
+            c.batch / 2,
+            format!(
+                "{} against {}; batch {} pairs ({} rows)",
+                run.spec().objective,
+                match (p.loss.needs_reference(), p.reference) {
+                    (false, _) => "no reference model",
+                    (true, Reference::Base) => "the base (adapter off)",
+                    (true, Reference::Adapter) => "a frozen reference adapter",
+                },
+                c.batch / 2,
+                c.batch
+            ),
+            "pair sides",
+        ),
+        None => (c.rows(), format!("batch {}", c.batch), "samples"),
+    };
+    let epochs =
+        hlo_engine::spec::epochs(remaining, rows, c.seq, c.packing, unpacked_fill, learning);
     println!(
-        "training {} ({} parameters, {}) on {} ({}): {trained}; batch {} × seq {}{accum}{long}; {}",
+        "training {} ({} parameters, {}) on {} ({}): {trained}; {batch} × seq {}{accum}{long}; {}",
         model.name,
         model.config.parameter_count(),
         c.dtype,
         session.backend().mesh(),
         session.backend().describe()?,
-        c.batch,
         c.seq,
         match session.mode() {
             Mode::Jit => format!("compiled in {:.2}s", session.compile_s()),
@@ -215,7 +237,7 @@ pub fn print_header(run: &Run) -> Result<()> {
         }
     );
     println!(
-        "data: {} samples, {} tokens, {} learned within --seq {}{}{}; {}{:.2} epochs in {} steps",
+        "data: {} {samples}, {} tokens, {} learned within --seq {}{}{}; {}{:.2} epochs in {} steps",
         stats.samples,
         stats.tokens,
         stats.learned,

@@ -313,8 +313,10 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
     // The demo shows the adapter's completions before and after training,
     // in one process (generation is not built across processes).
     let spec = run.spec();
+    // (A preference objective's demo shows its held-out figures instead.)
     let demo = main
         && spec.data.path.is_none()
+        && !spec.objective.is_preference()
         && spec.step.lora.is_some()
         && spec.backend.launch.is_none();
     let show = |label: &str, run: &Run| -> Result<()> {

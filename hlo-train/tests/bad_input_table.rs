@@ -52,6 +52,15 @@ fn adapter_without_run(root: &Path) -> String {
     to.to_str().unwrap().to_string()
 }
 
+/// The preference fixture's pre-tokenized pairs, in `root`.
+fn pairs_file(root: &Path) -> String {
+    let from =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/preference/data_ids.jsonl");
+    let to = root.join("pairs.jsonl");
+    std::fs::copy(from, &to).unwrap();
+    to.to_str().unwrap().to_string()
+}
+
 /// The fixture's safetensors with raw header bytes.
 fn raw_header(header: &[u8]) -> Vec<u8> {
     let mut out = (header.len() as u64).to_le_bytes().to_vec();
@@ -473,6 +482,66 @@ fn bad_input_table() {
             "serve: --max-model-len above the model's positions",
             serve(&["--max-model-len", "4096"]),
         ),
+        (
+            "--objective dpo on rows that are not pairs",
+            train(&[
+                "--objective",
+                "dpo",
+                "--data",
+                &jsonl("sft.jsonl", "{\"text\": \"abc\"}\n"),
+            ]),
+        ),
+        (
+            "preference pairs without a preference --objective",
+            train(&["--data", &pairs_file(&root)]),
+        ),
+        (
+            "a pair row missing `rejected`",
+            train(&[
+                "--objective",
+                "dpo",
+                "--data",
+                &jsonl("half-pair.jsonl", "{\"prompt\": \"a=\", \"chosen\": \"A\"}\n"),
+            ]),
+        ),
+        (
+            "--ref-adapter with an objective that has no reference",
+            train(&[
+                "--objective",
+                "orpo",
+                "--data",
+                &pairs_file(&root),
+                "--ref-adapter",
+                &adapter_without_run(&root),
+            ]),
+        ),
+        (
+            "a reference adapter with other LoRA settings",
+            train(&[
+                "--objective",
+                "dpo",
+                "--data",
+                &pairs_file(&root),
+                "--checkpoint",
+                fixture("gqa_llama3").to_str().unwrap(),
+                "--lora-rank",
+                "2",
+                "--ref-adapter",
+                Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../tests/fixtures/preference/adapters/ref")
+                    .to_str()
+                    .unwrap(),
+            ]),
+        ),
+        (
+            "--objective dpo with --grad-accum 2",
+            train(&["--objective", "dpo", "--data", &pairs_file(&root), "--grad-accum", "2"]),
+        ),
+        (
+            "--objective dpo with --full",
+            train(&["--objective", "dpo", "--data", &pairs_file(&root), "--full"]),
+        ),
+        ("--beta 0", train(&["--objective", "dpo", "--beta", "0"])),
     ];
     // Launches that only the environment makes bad, and run tokens that do
     // not fit a coordinator's (one served here, requiring its own token).

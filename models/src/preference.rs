@@ -205,6 +205,14 @@ impl PreferenceLoss {
             ("rewards/margins", mean(c - r)),
             ("logps/chosen", mean(logged.0.stop_gradient())),
             ("logps/rejected", mean(logged.1.stop_gradient())),
+            // Not TRL's: the share of pairs whose chosen completion the
+            // policy itself finds likelier (by the log-probs above), which
+            // a held-out set reads before training too (the rewards are
+            // all 0 then).
+            (
+                "logps/accuracies",
+                mean(logged.0.gt(logged.1).cast(c.dtype()).stop_gradient()),
+            ),
         ];
         for (_, t) in extra.iter_mut() {
             *t = t.stop_gradient();
@@ -242,7 +250,23 @@ mod tests {
 
     /// The loss and metrics `loss` computes on the pairs above, by name.
     fn run(loss: PreferenceLoss) -> Vec<(String, f64)> {
-        let ty = TensorType::new(DType::F64, [3]);
+        run_on(
+            loss,
+            [
+                &CHOSEN[..],
+                &REJECTED,
+                &CHOSEN_TOKENS,
+                &REJECTED_TOKENS,
+                &REF_CHOSEN,
+                &REF_REJECTED,
+            ],
+        )
+    }
+
+    /// The loss and metrics of `loss` on pairs given as (policy chosen,
+    /// rejected, their token counts, reference chosen, rejected).
+    fn run_on(loss: PreferenceLoss, pairs: [&[f64]; 6]) -> Vec<(String, f64)> {
+        let ty = TensorType::new(DType::F64, [pairs[0].len() as i64]);
         let names = ["c", "r", "cn", "rn", "rc", "rr"];
         let types: Vec<(&str, TensorType)> = names.iter().map(|n| (*n, ty.clone())).collect();
         let mut keys = vec!["loss".to_string()];
@@ -274,17 +298,10 @@ mod tests {
             o
         })
         .unwrap();
-        let lits: Vec<Literal> = [
-            CHOSEN,
-            REJECTED,
-            CHOSEN_TOKENS,
-            REJECTED_TOKENS,
-            REF_CHOSEN,
-            REF_REJECTED,
-        ]
-        .iter()
-        .map(|v| Literal::from_f64s(ty.clone(), v))
-        .collect();
+        let lits: Vec<Literal> = pairs
+            .iter()
+            .map(|v| Literal::from_f64s(ty.clone(), v))
+            .collect();
         let out = interpret(&f, &lits).unwrap();
         keys.into_iter()
             .zip(out.iter().map(|l| l.to_f64s()[0]))
@@ -403,5 +420,49 @@ mod tests {
         let c: Vec<f64> = pc.iter().map(|p| lambda * p).collect();
         let r: Vec<f64> = pr.iter().map(|p| lambda * p).collect();
         check_rewards(&out, &c, &r, &pc);
+    }
+
+    #[test]
+    fn empty_pairs_count_nothing_and_the_policys_own_preference_is_reported() {
+        // The three pairs, then two empty ones (a held-out set's last
+        // batch): every figure is the three pairs'.
+        let pad = |v: &[f64]| [v, &[0.0, 0.0]].concat();
+        let padded: Vec<Vec<f64>> = [
+            &CHOSEN[..],
+            &REJECTED,
+            &CHOSEN_TOKENS,
+            &REJECTED_TOKENS,
+            &REF_CHOSEN,
+            &REF_REJECTED,
+        ]
+        .iter()
+        .map(|v| pad(v))
+        .collect();
+        let simpo = PreferenceLoss::Simpo {
+            beta: 0.1,
+            gamma: 0.5,
+            label_smoothing: 0.0,
+            cpo_alpha: 0.0,
+        };
+        for loss in [
+            PreferenceLoss::Dpo { beta: 0.1 },
+            PreferenceLoss::Ipo { beta: 0.1 },
+            simpo,
+            PreferenceLoss::Orpo { beta: 0.1 },
+        ] {
+            let want = run(loss);
+            let got = run_on(
+                loss,
+                [
+                    &padded[0], &padded[1], &padded[2], &padded[3], &padded[4], &padded[5],
+                ],
+            );
+            for ((k, a), (_, b)) in got.iter().zip(&want) {
+                assert!((a - b).abs() < 1e-12, "{loss:?} {k}: {a} against {b}");
+            }
+        }
+        // The policy prefers the chosen side in pairs 1 and 3 (sums).
+        let out = run(PreferenceLoss::Dpo { beta: 0.1 });
+        close(get(&out, "logps/accuracies"), 2.0 / 3.0, "logps/accuracies");
     }
 }
