@@ -154,6 +154,34 @@ for k in 0 1; do
 done
 }
 
+step10() {
+echo "== 10. preference (issue 36): DPO on the GPU against TRL's fixture (f32), then a DPO and an ORPO step against an SFT step of the same tokens, and the PyTorch+PEFT DPO peer"
+P=tests/fixtures/preference
+"$BIN/hlo-train" train --plugin cuda --dtype f32 --objective dpo --checkpoint "$F/gqa_llama3" --data "$P/data_ids.jsonl" \
+    --batch 4 --seq 16 --steps 1 --optimizer sgd --lr 0.1 --clip-norm 0 --init-adapter "$P/adapters/init" \
+    --metrics "$OUT/dpo.jsonl" >/dev/null
+note "DPO (f32) on GPU vs TRL: $(python3 -c '
+import json, sys
+got = json.loads(open(sys.argv[1]).readline()); want = json.load(open(sys.argv[2]))["dpo.init.sgd"]
+keys = ["loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected"]
+print("max abs diff over loss and rewards/logps %.2e" % max(abs(got[k] - (want["loss"] if k == "loss" else want["metrics"][k])) for k in keys))' "$OUT/dpo.jsonl" "$P/expected.json")"
+for spec in "llama3.2-1b 8 1024 1b" "llama3.1-8b 4 1024 8b"; do
+  set -- $spec
+  for objective in sft dpo orpo; do
+    # The same rows a step: SFT's batch of rows is DPO's and ORPO's pairs' two sides.
+    b=$2; [ $objective != sft ] && b=$(( $2 / 2 ))
+    if "$BIN/hlo-train" bench --plugin cuda --model "$1" --dtype bf16 --lora-rank 16 --lora-alpha 32 \
+        --objective $objective --batch $b --seq "$3" --steps 10 --json >"$OUT/bench-$1-$objective.json"; then
+      note "hlo-train bench $1 $objective ($2 rows x seq $3): $(python3 -c 'import json, sys; v = json.load(open(sys.argv[1])); print("median step %.1f ms, %.0f tokens/s, MFU %.1f%%, compile %.1f s, peak %.1f GiB" % (v["step_time_s"] * 1e3, v["tokens_per_s"], v["mfu"] * 100, v["compile_s"], v["peak_bytes"] / 2**30))' "$OUT/bench-$1-$objective.json")"
+    else
+      note "hlo-train bench $1 $objective: FAILED"
+    fi
+  done
+  python3 bench/peft_lora_step.py "$4" "$2" "$3" "$STEPS" dpo | tee "$OUT/torch-dpo-$4.txt"
+  while read -r l; do note "$l"; done <"$OUT/torch-dpo-$4.txt"
+done
+}
+
 healthy() {
   python3 -c 'import sys, urllib.request; urllib.request.urlopen("http://127.0.0.1:%s/health" % sys.argv[1], timeout=2)' "$1" 2>/dev/null
 }

@@ -5,7 +5,13 @@ attention), LoRA r=16 / alpha 32 on all seven projections with f32 adapters,
 AdamW, global-norm clipping at 1.0; prints the median step time, tokens/s and
 peak memory of steps 3 onwards. Used by bench/gpu.sh:
 
-    python3 bench/peft_lora_step.py {1b|8b} BATCH SEQ STEPS
+    python3 bench/peft_lora_step.py {1b|8b} BATCH SEQ STEPS [sft|dpo]
+
+With `dpo`, the step is DPO's as TRL computes it for a fresh adapter:
+the BATCH rows are BATCH/2 pairs (chosen rows, then rejected), one policy
+forward over all of them, one reference forward with the adapter disabled
+and without gradients, summed log-probs of every token, the sigmoid loss
+with beta 0.1.
 """
 import statistics
 import sys
@@ -23,8 +29,25 @@ SHAPES = {
 }
 
 
+def row_logps(logits, ids):
+    """Each row's summed log-probability of its tokens after the first."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    return torch.gather(logp, 2, ids[:, 1:, None]).squeeze(2).sum(1)
+
+
+def dpo_loss(model, ids, beta=0.1):
+    """DPO's sigmoid loss over pairs (rows 0..P chosen, P..2P rejected)."""
+    pairs = ids.shape[0] // 2
+    policy = row_logps(model(input_ids=ids).logits, ids)
+    with torch.no_grad(), model.disable_adapter():
+        reference = row_logps(model(input_ids=ids).logits, ids)
+    h = (policy[:pairs] - reference[:pairs]) - (policy[pairs:] - reference[pairs:])
+    return -torch.nn.functional.logsigmoid(beta * h).mean()
+
+
 def main():
     size, b, s, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    objective = sys.argv[5] if len(sys.argv) > 5 else "sft"
     shape = dict(SHAPES[size])
     factor = shape.pop("factor")
     cfg = LlamaConfig(vocab_size=128256, num_key_value_heads=8, rope_theta=500000.0,
@@ -46,7 +69,10 @@ def main():
     for _ in range(steps):
         torch.cuda.synchronize()
         t = time.perf_counter()
-        loss = model(input_ids=ids, labels=ids).loss
+        if objective == "dpo":
+            loss = dpo_loss(model, ids)
+        else:
+            loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
@@ -54,7 +80,7 @@ def main():
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
     t = statistics.median(times[2:])
-    print(f"PyTorch+PEFT {size.upper()} LoRA batch {b} x seq {s}: median step {t * 1e3:.1f} ms, "
+    print(f"PyTorch+PEFT {size.upper()} LoRA {objective} batch {b} x seq {s}: median step {t * 1e3:.1f} ms, "
           f"{b * s / t:.0f} tokens/s, peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
 
 

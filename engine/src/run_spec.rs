@@ -94,6 +94,40 @@ impl Objective {
         })
     }
 
+    /// The step this objective takes of `step`: as given for SFT; for a
+    /// preference objective `batch` pairs a step, so twice the rows,
+    /// unpacked, in one micro-batch (what such a step can take: packing
+    /// and accumulation are refused).
+    pub fn step_spec(self, step: &StepSpec) -> Result<StepSpec> {
+        let mut step = step.clone();
+        if !self.is_preference() {
+            return Ok(step);
+        }
+        let refuse = |why: String| EngineError::Preference {
+            objective: self.name(),
+            why,
+        };
+        if step.packing == Toggle::On {
+            return Err(refuse("pairs are not packed (leave out --packing)".into()));
+        }
+        if step.grad_accum > 1 {
+            return Err(refuse(format!(
+                "a step takes its pairs in one batch; --grad-accum {} is not supported (raise --batch instead)",
+                step.grad_accum
+            )));
+        }
+        step.packing = Toggle::Off;
+        step.batch *= 2;
+        Ok(step)
+    }
+
+    /// The traced step's preference objective under `settings`, against
+    /// `reference` (None for SFT).
+    pub fn preference(self, settings: &PreferenceSpec, reference: Reference) -> Option<Preference> {
+        self.preference_loss(settings)
+            .map(|loss| Preference { loss, reference })
+    }
+
     /// The batch fields a step of this objective reads, by row (`packed`:
     /// several samples a row).
     pub fn batch_fields(self, packed: bool) -> Vec<BatchField> {
@@ -459,9 +493,7 @@ impl RunSpec {
 
     /// The traced step's settings for a model of `config` in `dtype` over
     /// `mesh`: the step spec's, and for a preference objective its loss
-    /// against `reference` with `batch` pairs a step (twice the rows,
-    /// unpacked, one micro-batch: what such a step can take; the rest is
-    /// refused).
+    /// against `reference` (see [`Objective::step_spec`]).
     pub fn train_config(
         &self,
         config: &hlo_models::decoder::ModelConfig,
@@ -469,27 +501,9 @@ impl RunSpec {
         mesh: &hlo_partitioner::Mesh,
         reference: Reference,
     ) -> Result<TrainConfig> {
-        let mut step = self.step.clone();
-        let loss = self.objective.preference_loss(&self.preference);
-        if loss.is_some() {
-            let refuse = |why: String| EngineError::Preference {
-                objective: self.objective.name(),
-                why,
-            };
-            if step.packing == Toggle::On {
-                return Err(refuse("pairs are not packed (leave out --packing)".into()));
-            }
-            if step.grad_accum > 1 {
-                return Err(refuse(format!(
-                    "a step takes its pairs in one batch; --grad-accum {} is not supported (raise --batch instead)",
-                    step.grad_accum
-                )));
-            }
-            step.packing = Toggle::Off;
-            step.batch *= 2;
-        }
+        let step = self.objective.step_spec(&self.step)?;
         let mut tc = step.train_config(&self.optim, config, dtype, mesh, self.steps)?;
-        tc.preference = loss.map(|loss| Preference { loss, reference });
+        tc.preference = self.objective.preference(&self.preference, reference);
         Ok(tc)
     }
 

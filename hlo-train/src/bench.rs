@@ -5,11 +5,15 @@
 
 use anyhow::Result;
 use clap::Args;
+use hlo_engine::models::preference::Reference;
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::{bench, flops, Backend, Model, Session, SessionOptions, Weights};
+use hlo_engine::{
+    bench, flops, Backend, Model, Objective, PreferenceSpec, Session, SessionOptions, Weights,
+};
 use serde_json::json;
 
 use crate::args::{gb, DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs};
+use crate::train::ObjectiveArg;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -24,6 +28,12 @@ pub struct BenchArgs {
 
     #[command(flatten)]
     pub dtype: DtypeArgs,
+
+    /// The step's loss: sft, or a preference objective (dpo, ipo, simpo,
+    /// orpo; --batch then counts pairs, and DPO's and IPO's reference is
+    /// the base with the adapter off).
+    #[arg(long, value_enum, default_value = "sft")]
+    pub objective: ObjectiveArg,
 
     #[command(flatten)]
     pub step: StepArgs,
@@ -60,14 +70,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let model = args.quantize.apply(Model::open(&args.model.source())?)?;
     let backend = Backend::open(&args.plugin.backend(args.mesh.as_ref()))?;
     let dtype = args.dtype.dtype(args.plugin.is_cpu());
-    let tc = args.step.train_config(
-        &args.optim,
+    // A preference objective's step: `--batch` pairs, the reference the
+    // base with the adapter off (a fresh adapter's).
+    let objective = Objective::from(args.objective);
+    let mut tc = objective.step_spec(&args.step.spec())?.train_config(
+        &args.optim.spec(args.step.optimizer),
         &model.config,
         dtype,
         backend.mesh(),
         args.warmup_steps + args.steps,
-        None,
     )?;
+    tc.preference = objective.preference(&PreferenceSpec::default(), Reference::Base);
     let name = model.name.clone();
     let vocab = model.config.vocab_size;
     let mut session = Session::new(
@@ -85,12 +98,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mesh = backend.mesh();
     let device = backend.devices()[0].kind()?;
     let mode = if tc.lora.is_some() { "lora" } else { "full" };
+    let objective = objective.name();
     if args.json {
         let v = json!({
             "model": name,
             "mesh": mesh.to_string(),
             "dtype": dtype.to_string(),
             "mode": mode,
+            "objective": objective,
             "batch": tc.batch,
             "seq": tc.seq,
             "scan_layers": tc.scan_layers,
@@ -108,7 +123,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         println!("{v}");
     } else {
         println!(
-            "{name} {mode} on {mesh} ({device}): batch {} × seq {}, {}: median step {:.2} ms over {} steps, {:.0} tokens/s, MFU {:.1}%, compile {:.1}s, peak memory {} per device",
+            "{name} {mode} {objective} on {mesh} ({device}): batch {} × seq {}, {}: median step {:.2} ms over {} steps, {:.0} tokens/s, MFU {:.1}%, compile {:.1}s, peak memory {} per device",
             tc.batch,
             tc.seq,
             tc.long_context_summary(vocab),

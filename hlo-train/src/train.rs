@@ -184,6 +184,18 @@ pub enum ObjectiveArg {
     Orpo,
 }
 
+impl From<ObjectiveArg> for Objective {
+    fn from(o: ObjectiveArg) -> Objective {
+        match o {
+            ObjectiveArg::Sft => Objective::Sft,
+            ObjectiveArg::Dpo => Objective::Dpo,
+            ObjectiveArg::Ipo => Objective::Ipo,
+            ObjectiveArg::Simpo => Objective::Simpo,
+            ObjectiveArg::Orpo => Objective::Orpo,
+        }
+    }
+}
+
 /// The engine's run of these flags; `given` (clap ids) are the settings
 /// the command line chose, which a resumed run must agree with.
 fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
@@ -201,13 +213,7 @@ fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
             chat_template: args.chat.chat_template.clone(),
             train_on_inputs: args.chat.train_on_inputs,
         },
-        objective: match args.objective {
-            ObjectiveArg::Sft => Objective::Sft,
-            ObjectiveArg::Dpo => Objective::Dpo,
-            ObjectiveArg::Ipo => Objective::Ipo,
-            ObjectiveArg::Simpo => Objective::Simpo,
-            ObjectiveArg::Orpo => Objective::Orpo,
-        },
+        objective: args.objective.into(),
         preference: PreferenceSpec {
             beta: args.beta,
             simpo_gamma: args.simpo_gamma,

@@ -102,8 +102,9 @@ impl Session {
         for (k, b) in f.inputs.iter().enumerate() {
             let ty = f.ty(b.value).clone();
             let role = &self.step().inputs[k].role;
-            let base =
-                *role == Role::Weight || (*role == Role::Trainable && self.config.lora.is_none());
+            // (A reference adapter's `ref.` tensors are LoRA tensors.)
+            let base = (*role == Role::Weight && !b.name.starts_with("ref."))
+                || (*role == Role::Trainable && self.config.lora.is_none());
             let fill = match role {
                 Role::Batch(_) => {
                     state.push(None);
