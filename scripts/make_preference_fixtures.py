@@ -5,9 +5,18 @@ own trainers, for the Rust tests of issue 36.
 Run by hand (not by CI) where TRL, HF transformers, PEFT, datasets, accelerate,
 safetensors and PyTorch are installed (made with torch 2.9.1+cu128 run on CPU, trl 1.16.0,
 transformers 5.24.0, peft 0.21.2, accelerate 1.15.0, datasets 5.2.0,
-tokenizers 0.23.3, safetensors 0.8.0, pyarrow 26.0.1); it needs no GPU and no network:
+tokenizers 0.23.3, safetensors 0.8.0, pyarrow 26.0.1; --more also needs
+bitsandbytes, made with 0.50.2, whose 4-bit code runs on the CPU); it needs
+no GPU and no network:
 
-    python3 scripts/make_preference_fixtures.py
+    python3 scripts/make_preference_fixtures.py          # the files below
+    python3 scripts/make_preference_fixtures.py --more   # only the --more files
+
+(e.g. `pip install --target DIR torch==2.9.1 trl==1.16.0 transformers==5.24.0
+peft==0.21.2 accelerate==1.15.0 datasets==5.2.0 tokenizers==0.23.3
+safetensors==0.8.0 pyarrow==26.0.1 bitsandbytes==0.50.2`, then
+`PYTHONPATH=DIR python3 ...`; both runs reproduce the committed files
+byte for byte.)
 
 It reads the tiny f32 model tests/fixtures/llama/gqa_llama3 (vocab 128) and
 the BPE tokenizer tests/fixtures/tokenizer/tokenizer.json (vocab 300; its
@@ -93,6 +102,59 @@ byte-identical expected.json and expected.safetensors.
 
 The account of TRL 1.16's formulas is in FORMULAS.md (written by this script,
 from FORMULAS below).
+
+--more writes, leaving every file above as it is (FORMULAS.md is rewritten
+with the same text):
+
+  chat_tokenizer/            tokenizer/ plus the special tokens "<|user|>"
+                             (id 96) and "<|assistant|>" (id 97) (the byte
+                             tokens from id 96 on move up by 2; printable
+                             ASCII keeps ids 2..95) and a tokenizer_config.json
+                             whose chat_template renders BOS, then per message
+                             "<|role|>" + content + EOS, and "<|assistant|>"
+                             as the generation prompt (CHAT_TEMPLATE)
+  data_chat.jsonl            4 conversational pairs (CHAT_PAIRS): two with a
+                             "prompt" message list (one of three turns) and
+                             one-message chosen/rejected, two without
+                             "prompt" (chosen/rejected full conversations
+                             sharing the user message: TRL's implicit prompt)
+  data_chat_ids.jsonl        the ids TRL derives from them (DPOTrainer's
+                             _prepare_dataset; the same from ORPOTrainer's
+                             tokenize_row, checked), used verbatim
+  expected_more.json,        as expected.json / expected.safetensors, for
+  expected_more.safetensors  the cases below; settings say what differs
+
+Cases (<method>.<start>.<opt>.<variant>, every other setting as the case
+of the same name above; data.jsonl / data_ids.jsonl unless chat):
+  nf4          dpo.init.sgd, dpo.fresh.sgd, orpo.init.sgd, dpo.init.adamw on
+               gqa_llama3 loaded by transformers with
+               BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+               bnb_4bit_compute_dtype=float32, bnb_4bit_use_double_quant=False)
+               on the CPU: the 14 layer projections NF4 (blocks of 64 over the
+               flattened weight, absmax f32), embeddings, norms and lm_head f32
+               (checked: each projection equals bitsandbytes'
+               quantize_4bit/dequantize_4bit round trip of the f32 weight, as
+               scripts/make_qlora_fixtures.py does; the rest is the checkpoint).
+               TRL as it runs: DPOTrainer casts the trainable LoRA tensors to
+               bf16 on a quantized base (FORMULAS.md section 9), so the dpo
+               cases' policy starts from the adapter rounded to bf16, runs its
+               LoRA path, gradients and step in bf16 (the saved tensors are
+               those bf16 values); ORPOTrainer keeps f32.
+  nf4_f32lora  dpo.init.sgd, dpo.fresh.sgd, dpo.init.adamw: the same with
+               that bf16 cast undone (the adapter's f32 values put back after
+               the trainer is built, before train() builds the optimizer), i.e.
+               an f32 adapter on the NF4 base, as for orpo.
+  chat         dpo.init.sgd, dpo.fresh.sgd, orpo.init.sgd on data_chat.jsonl
+               with chat_tokenizer/ (TRL's conversational path, FORMULAS.md
+               section 8). TRL 1.16's DPOTrainer cannot take explicit- and
+               implicit-prompt rows in one dataset (it decides from the first
+               row), so its string run gets the rows through TRL's
+               maybe_extract_prompt first (see dpo_chat_rows).
+Checks as above: strings == ids bitwise (and the same first batch), and the
+f64 recomputation on the NF4 round-tripped base: within 2e-6 for the f32
+cases, about 1e-3 for the bf16-LoRA ones (f64 arithmetic from the bf16-rounded
+start). NB hlo-train's NF4 needs every projection's in_features to be a
+multiple of 64 (models/src/decoder/config.rs); gqa_llama3's are 32 and 64.
 """
 
 import json
@@ -335,17 +397,102 @@ trainer, also when clipping is off: max_grad_norm 0) is the global L2 norm
 of all trainable gradients before clipping; the train sampler shuffles ("random") unless
 train_sampling_strategy="sequential". DPO's loss is a plain mean per batch
 (loss_is_scaled_for_ga False).
+
+## 8. Conversational rows (data_chat.jsonl, chat_tokenizer/)
+Rows are {"prompt", "chosen", "rejected"} message lists ({"role",
+"content"}), or {"chosen", "rejected"} full conversations whose shared
+leading messages are the prompt (`extract_prompt`: the messages before the
+first index where chosen and rejected differ; the rest are the
+completions).
+### DPOTrainer (`_prepare_dataset`, `data_utils._tokenize`)
+1. extract_prompt runs on the WHOLE dataset if the first row has no
+   "prompt" key, else on none (so 1.16 cannot mix the two kinds in one
+   dataset: see the script's dpo_chat_rows; per row, as CPO/ORPO do, is
+   what a mixed file means);
+2. is_conversational: no EOS text is added;
+3. `prompt_ids = apply_chat_template(prompt, add_generation_prompt=True,
+   tokenize=True)`, `pc = apply_chat_template(prompt + chosen)`,
+   `pr = apply_chat_template(prompt + rejected)` (no generation prompt);
+   transformers 5.24's apply_chat_template renders the Jinja template
+   (trim_blocks, lstrip_blocks) and tokenizes the text with
+   add_special_tokens=False: the template writes BOS itself; special tokens
+   in the text (BOS, EOS, "<|user|>", ...) are matched as such;
+4. the same split as strings: `n = min(common_prefix_len(prompt_ids, pc),
+   common_prefix_len(prompt_ids, pr))`, prompt = `prompt_ids[:n]`, chosen =
+   `pc[n:]`, rejected = `pr[n:]`. The prompt is the shared prefix of ids,
+   not of text.
+### CPO/ORPOTrainer
+`maybe_extract_prompt` per row (a row whose "prompt" is missing or None is
+split; one with a message-list prompt is kept), then
+`maybe_apply_chat_template` renders to strings: prompt = the template with
+add_generation_prompt=True (continue_final_message if the prompt ends with
+an assistant message), cut to its longest common CHARACTER prefix with the
+renderings of prompt + chosen and prompt + rejected; chosen = rendering of
+prompt + chosen after that prefix, likewise rejected. Then `tokenize_row`
+as for strings (section 1): add_special_tokens=False, BOS id prepended
+unless there, EOS id appended unless there.
+### The fixture's template
+`{{ bos_token }}` then per message `<|role|>` + content + `{{ eos_token }}`,
+and `<|assistant|>` as the generation prompt. Since the text starts with
+BOS and each assistant turn ends with EOS, DPO and CPO/ORPO get the same
+ids: prompt = [BOS, <|user|>, ..., EOS, <|assistant|>], completion =
+content + [EOS] (data_chat_ids.jsonl). A template that ends turns with
+another token (Llama 3's <|eot_id|>) would give CPO/ORPO one more token
+(EOS after it) than DPO.
+
+## 9. A quantized base (QLoRA: BitsAndBytesConfig load_in_4bit, nf4)
+transformers' bitsandbytes integration makes every nn.Linear but the LM
+head a bnb Linear4bit: in a Llama the seven layer projections; embeddings,
+norms and lm_head stay in the checkpoint's dtype. Each weight is quantized
+flat (row-major) in blocks of 64, absmax f32, NF4 codes; the forward with
+bnb_4bit_compute_dtype f32 dequantizes and multiplies in f32. PEFT wraps
+Linear4bit in lora.Linear4bit: result = base(x) + lora_B(lora_A(x)) *
+scale with x cast to the LoRA tensors' dtype and the LoRA output cast back.
+- DPOTrainer 1.16, whatever bf16 says: `if _is_quantized_model:` every
+  trainable tensor (LoRA A and B of "default") is cast to bf16 after the
+  trainer built its "ref" adapter (which stays f32). So on a quantized
+  base the policy starts from the adapter ROUNDED to bf16 (with an
+  existing adapter the policy then differs from the reference at step 1:
+  the loss is not log 2), its LoRA path runs in bf16, and its gradients,
+  grad_norm and the optimizer step (SGD; AdamW with bf16 state) are bf16.
+- ORPOTrainer (and CPOTrainer) 1.16: with peft_config on a 4-bit model,
+  prepare_model_for_kbit_training (freezes the base, casts fp16/bf16
+  non-quantized parameters to f32; gradient checkpointing only if asked)
+  then get_peft_model; with a PeftModel, nothing. The LoRA tensors are cast
+  to bf16 only if bf16=True. So their LoRA stays f32.
 """
 
 
-def tokenizer():
+def tokenizer(folder="tokenizer"):
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(os.path.join(OUT, "tokenizer"))
+    return AutoTokenizer.from_pretrained(os.path.join(OUT, folder))
 
 
-def base_model(dtype=torch.float32):
+def nf4_config():
+    """QLoRA's storage, as --more's NF4 cases load the base (see NF4 below)."""
+    from transformers import BitsAndBytesConfig
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32,
+                              bnb_4bit_use_double_quant=False)
+
+
+def base_model(dtype=torch.float32, nf4=False):
     from transformers import LlamaForCausalLM
-    return LlamaForCausalLM.from_pretrained(MODEL_DIR, attn_implementation="eager", dtype=dtype)
+    if not nf4:
+        return LlamaForCausalLM.from_pretrained(MODEL_DIR, attn_implementation="eager", dtype=dtype)
+    import bitsandbytes as bnb
+    model = LlamaForCausalLM.from_pretrained(MODEL_DIR, attn_implementation="eager", dtype=torch.float32,
+                                             quantization_config=nf4_config(), device_map="cpu")
+    # On a CPU with AVX512-BF16 bitsandbytes' inference forward (eval mode,
+    # no grad) repacks the weight and runs a bf16 kernel; off, it
+    # dequantizes to the f32 compute dtype and multiplies, as on a GPU (as
+    # scripts/make_qlora_fixtures.py does).
+    quantized = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, bnb.nn.Linear4bit):
+            mod.support_avx512bf16_for_cpu = False
+            quantized.append(name)
+    assert sorted(quantized) == sorted(nf4_modules()), quantized
+    return model
 
 
 def lora_config():
@@ -367,11 +514,92 @@ def adapter_state(model, name="default"):
     return {k: v.detach().float().clone() for k, v in get_peft_model_state_dict(model, adapter_name=name).items()}
 
 
-def load_adapter(d, trainable=True, dtype=torch.float32):
+def load_adapter(d, trainable=True, dtype=torch.float32, nf4=False):
     from peft import PeftModel
-    m = base_model(dtype)
+    m = base_model(dtype, nf4=nf4)
     m.name_or_path = None
     return PeftModel.from_pretrained(m, d, is_trainable=trainable)
+
+
+# ---------------------------------------------------------------------------
+# --more: the NF4 (QLoRA) base.
+
+NF4_LAYERS = 2  # gqa_llama3's num_hidden_layers
+NF4_PROJECTIONS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                   "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+_nf4_cache = {}
+
+
+def nf4_modules():
+    """What transformers' bitsandbytes integration makes Linear4bit: every
+    nn.Linear but the LM head (embeddings and norms are not Linear), the
+    same seven projections hlo-train stores in NF4 (models/src/nf4.rs)."""
+    return [f"model.layers.{i}.{p}" for i in range(NF4_LAYERS) for p in NF4_PROJECTIONS]
+
+
+def nf4_dequantized():
+    """{weight name: f32}: each quantized projection of the f32 checkpoint
+    NF4 round-tripped by bitsandbytes (blocksize 64 over the row-major
+    flattened weight, absmax f32, no double quant), as
+    scripts/make_qlora_fixtures.py's nf4_roundtrip."""
+    if not _nf4_cache:
+        import bitsandbytes.functional as BF
+        from safetensors.torch import load_file
+        sd = load_file(os.path.join(MODEL_DIR, "model.safetensors"))
+        for m in nf4_modules():
+            w = sd[m + ".weight"].float().contiguous()
+            q, st = BF.quantize_4bit(w, blocksize=64, compress_statistics=False, quant_type="nf4")
+            _nf4_cache[m + ".weight"] = BF.dequantize_4bit(q, st).float()
+    return _nf4_cache
+
+
+def check_nf4_base(pm):
+    """The trainer's base is exactly the NF4 round trip of the f32
+    checkpoint's projections (everything else f32, unchanged)."""
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as BF
+    from safetensors.torch import load_file
+    want = nf4_dequantized()
+    seen = set()
+    for name, mod in pm.named_modules():
+        if isinstance(mod, bnb.nn.Linear4bit):
+            key = name.replace("base_model.model.", "", 1).replace(".base_layer", "") + ".weight"
+            qs = mod.weight.quant_state
+            assert qs.blocksize == 64 and qs.quant_type == "nf4" and not qs.nested, (key, qs.blocksize)
+            assert qs.absmax.dtype == torch.float32 and qs.dtype == torch.float32, (key, qs.absmax.dtype, qs.dtype)
+            assert torch.equal(BF.dequantize_4bit(mod.weight.data, qs).float(), want[key]), key
+            seen.add(key)
+    assert seen == set(want), sorted(seen ^ set(want))
+    sd = load_file(os.path.join(MODEL_DIR, "model.safetensors"))
+    params = {n.replace("base_model.model.", "", 1): p for n, p in pm.named_parameters()}
+    for k, v in sd.items():
+        if k not in want:
+            assert params[k].dtype == torch.float32 and torch.equal(params[k].detach(), v), k
+
+
+def restore_f32_lora(pm, start, kind, undo):
+    """TRL 1.16's DPOTrainer casts every trainable tensor to bf16 when the
+    base is quantized (`if _is_quantized_model: param.data =
+    param.data.to(torch.bfloat16)`, after it copied "default" into its
+    f32 "ref" adapter); ORPOTrainer does not (its cast needs bf16=True).
+    Checks that, and with undo puts the adapter's exact f32 values back
+    (the optimizer is built later, in train(), so it steps the f32
+    tensors)."""
+    from safetensors.torch import load_file
+    src = load_file(os.path.join(OUT, "adapters", "fresh" if start == "fresh" else "init",
+                                 "adapter_model.safetensors"))
+    n = 0
+    for name, p in pm.named_parameters():
+        if not p.requires_grad:
+            continue
+        assert ".default." in name, name
+        want = src[name.replace(".default.", ".")]
+        assert p.dtype == (torch.bfloat16 if kind == "dpo" else torch.float32), (name, p.dtype)
+        assert torch.equal(p.detach().float(), want.to(p.dtype).float()), name
+        if undo:
+            p.data = want.clone()
+        n += 1
+    assert n == len(src), (n, len(src))
 
 
 # ---------------------------------------------------------------------------
@@ -443,6 +671,147 @@ def read_ids():
         return [json.loads(line) for line in f]
 
 
+def read_jsonl(name):
+    with open(os.path.join(OUT, name)) as f:
+        return [json.loads(line) for line in f]
+
+
+# ---------------------------------------------------------------------------
+# --more: conversational rows.
+
+CHAT_SPECIAL = ["<|user|>", "<|assistant|>"]  # ids 96 and 97 of chat_tokenizer/
+# Each message is "<|role|>" + content + EOS; the conversation starts with
+# BOS; the generation prompt is "<|assistant|>". The assistant's turn ends
+# with the EOS token, so DPOTrainer's ids (no EOS added to conversations)
+# and CPO/ORPOTrainer's (BOS/EOS ids added unless there) are the same.
+CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}"
+                 "{{ '<|' + message['role'] + '|>' + message['content'] + eos_token }}"
+                 "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
+
+
+def _u(text):
+    return {"role": "user", "content": text}
+
+
+def _a(text):
+    return {"role": "assistant", "content": text}
+
+
+# Two rows with an explicit prompt (the second a three-turn prompt), two
+# without (the leading user message shared by chosen and rejected is the
+# prompt, TRL's extract_prompt). Contents tokenize without merges (as PAIRS).
+CHAT_PAIRS = [
+    {"prompt": [_u("XYZ=")], "chosen": [_a("ZYX")], "rejected": [_a("Q")]},
+    {"prompt": [_u("KP="), _a("PK"), _u("AGAIN?")], "chosen": [_a("PK!")], "rejected": [_a("KP")]},
+    {"chosen": [_u("A+B:"), _a("B+A")], "rejected": [_u("A+B:"), _a("AB")]},
+    {"chosen": [_u("QUIET#"), _a("W")], "rejected": [_u("QUIET#"), _a("WON")]},
+]
+
+
+@step("chat_inputs")
+def write_chat_inputs():
+    """chat_tokenizer/: the fixture tokenizer with "<|user|>" and
+    "<|assistant|>" added as special tokens at ids 96 and 97 (every byte
+    token from id 96 on moves up by 2, so printable ASCII keeps ids
+    2..95), and a tokenizer_config.json with CHAT_TEMPLATE; data_chat.jsonl."""
+    from tokenizers import Tokenizer
+    with open(TOKENIZER_JSON) as f:
+        t = json.load(f)
+    first = 96
+    vocab = {s: (i if i < first else i + len(CHAT_SPECIAL)) for s, i in t["model"]["vocab"].items()}
+    for k, s in enumerate(CHAT_SPECIAL):
+        assert s not in vocab, s
+        vocab[s] = first + k
+    t["model"]["vocab"] = dict(sorted(vocab.items(), key=lambda kv: kv[1]))
+    for k, s in enumerate(CHAT_SPECIAL):
+        t["added_tokens"].append({"id": first + k, "content": s, "single_word": False, "lstrip": False,
+                                  "rstrip": False, "normalized": False, "special": True})
+    d = os.path.join(OUT, "chat_tokenizer")
+    os.makedirs(d, exist_ok=True)
+    Tokenizer.from_str(json.dumps(t)).save(os.path.join(d, "tokenizer.json"))
+    config = {"backend": "tokenizers", "bos_token": BOS, "eos_token": EOS, "chat_template": CHAT_TEMPLATE,
+              "model_max_length": 1024, "tokenizer_class": "TokenizersBackend"}
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
+    tok = tokenizer("chat_tokenizer")
+    assert tok.chat_template == CHAT_TEMPLATE
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token) == (0, 1, None)
+    assert tok.convert_tokens_to_ids(CHAT_SPECIAL) == [96, 97]
+    assert tok("AZ!~", add_special_tokens=False)["input_ids"] == [34, 59, 2, 95]
+    with open(os.path.join(OUT, "data_chat.jsonl"), "w") as f:
+        for p in CHAT_PAIRS:
+            f.write(json.dumps(p) + "\n")
+    with open(os.path.join(OUT, "FORMULAS.md"), "w") as f:
+        f.write(FORMULAS)
+
+
+def dpo_chat_rows(rows):
+    """TRL 1.16's DPOTrainer decides from the FIRST row whether to run
+    extract_prompt on the whole dataset, so it cannot take rows with and
+    without "prompt" together (first row explicit: the implicit rows'
+    prompt is None and tokenizing fails, "You need to specify either
+    `text` or `text_target`"; first row implicit: the explicit rows'
+    prompt is replaced by an empty list, "Cannot apply chat template to an
+    empty conversation"). TRL's per-row maybe_extract_prompt (what
+    CPO/ORPOTrainer map over the dataset) first makes every prompt
+    explicit; tokenized_chat_rows checks that this gives the ids
+    DPOTrainer gives each kind of row on its own."""
+    from trl.data_utils import maybe_extract_prompt
+    return [maybe_extract_prompt(dict(r)) for r in rows]
+
+
+def tokenized_chat_rows():
+    """The ids DPOTrainer's own _prepare_dataset derives from
+    data_chat.jsonl (checked against the explicit and the implicit rows
+    each on their own, and against ORPOTrainer's tokenize_row)."""
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+    from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+    keys = ("prompt_ids", "chosen_ids", "rejected_ids")
+    rows_in = read_jsonl("data_chat.jsonl")
+
+    def dpo_ids(rows):
+        with tempfile.TemporaryDirectory() as tmp:
+            args = DPOConfig(output_dir=tmp, report_to="none", bf16=False, use_cpu=True)
+            trainer = DPOTrainer(model=base_model(), args=args, train_dataset=Dataset.from_list(rows),
+                                 processing_class=tokenizer("chat_tokenizer"), peft_config=lora_config())
+            return [{k: list(r[k]) for k in keys} for r in trainer.train_dataset]
+
+    rows = dpo_ids(dpo_chat_rows(rows_in))
+    explicit = [i for i, r in enumerate(rows_in) if "prompt" in r]
+    implicit = [i for i, r in enumerate(rows_in) if "prompt" not in r]
+    assert explicit and implicit
+    for idx, got in ((explicit, dpo_ids([rows_in[i] for i in explicit])),
+                     (implicit, dpo_ids([rows_in[i] for i in implicit]))):
+        assert [rows[i] for i in idx] == got, (idx, got)
+    tok = tokenizer("chat_tokenizer")
+    tok.pad_token = tok.eos_token
+    with tempfile.TemporaryDirectory() as tmp:
+        args = ORPOConfig(output_dir=tmp, report_to="none", bf16=False, use_cpu=True)
+        trainer = ORPOTrainer(model=base_model(), args=args, train_dataset=Dataset.from_list(rows_in),
+                              processing_class=tok, peft_config=lora_config())
+        for want, r in zip(rows, trainer.train_dataset):
+            p = list(r["prompt_input_ids"])
+            c, j = list(r["chosen_input_ids"]), list(r["rejected_input_ids"])
+            assert c[:len(p)] == p and j[:len(p)] == p, r
+            assert {"prompt_ids": p, "chosen_ids": c[len(p):], "rejected_ids": j[len(p):]} == want, (r, want)
+    for r in rows:
+        for k in r:
+            assert all(0 <= i < 128 for i in r[k]), ("id outside the model's vocab", r)
+    return rows
+
+
+@step("data_chat_ids")
+def write_chat_ids():
+    rows = tokenized_chat_rows()
+    with open(os.path.join(OUT, "data_chat_ids.jsonl"), "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    for p, r in zip(CHAT_PAIRS, rows):
+        print(f"  {p} -> {r}")
+
+
 # ---------------------------------------------------------------------------
 # TRL runs.
 
@@ -490,9 +859,13 @@ def trainer_classes():
     return {"dpo": DPO, "cpo": CPO, "orpo": ORPO}
 
 
-def run_trl(method, start, opt, form):
+def run_trl(method, start, opt, form, variant=None):
     """One optimizer step of TRL's trainer. Returns (loss, metrics, initial
-    adapter, adapter after the step, first batch)."""
+    adapter, adapter after the step, first batch). variant (--more): None
+    (the base in f32, data.jsonl / data_ids.jsonl), "nf4" (the base loaded
+    in NF4 by bitsandbytes), "nf4_f32lora" (the same with DPOTrainer's bf16
+    cast of the trainable LoRA tensors undone), "chat" (data_chat.jsonl /
+    data_chat_ids.jsonl with chat_tokenizer/)."""
     from datasets import Dataset
     from trl import DPOConfig
     from trl.experimental.cpo import CPOConfig
@@ -500,7 +873,13 @@ def run_trl(method, start, opt, form):
     kind, method_kw = METHODS[method]
     cls = trainer_classes()[kind]
     config_cls = {"dpo": DPOConfig, "cpo": CPOConfig, "orpo": ORPOConfig}[kind]
-    rows = PAIRS if form == "strings" else read_ids()
+    nf4 = variant in ("nf4", "nf4_f32lora")
+    if variant == "chat":
+        rows = read_jsonl("data_chat.jsonl") if form == "strings" else read_jsonl("data_chat_ids.jsonl")
+        if form == "strings" and kind == "dpo":
+            rows = dpo_chat_rows(rows)
+    else:
+        rows = PAIRS if form == "strings" else read_ids()
     with tempfile.TemporaryDirectory() as tmp:
         args = config_cls(
             output_dir=tmp, per_device_train_batch_size=len(rows), gradient_accumulation_steps=1, max_steps=1,
@@ -511,12 +890,12 @@ def run_trl(method, start, opt, form):
             **OPTS[opt], **method_kw)
         kw = {}
         if start == "fresh":
-            model = base_model()
+            model = base_model(nf4=nf4)
             model.name_or_path = None
             kw["peft_config"] = lora_config()
         else:
-            model = load_adapter(os.path.join(OUT, "adapters", "init" if start == "init" else "fresh"))
-        tok = tokenizer()
+            model = load_adapter(os.path.join(OUT, "adapters", "init" if start == "init" else "fresh"), nf4=nf4)
+        tok = tokenizer("chat_tokenizer" if variant == "chat" else "tokenizer")
         if kind != "dpo":
             # CPO/ORPOTrainer build their collator with tokenizer.pad_token_id
             # BEFORE they default the pad token to EOS, so a tokenizer without
@@ -541,6 +920,9 @@ def run_trl(method, start, opt, form):
                         p.copy_(want[key])
                         loaded += 1
             assert loaded == len(want), (loaded, len(want))
+        if nf4:
+            check_nf4_base(pm)
+            restore_f32_lora(pm, start, kind, undo=variant == "nf4_f32lora")
         init = adapter_state(pm)
         trainer.train()
         logs = dict(trainer.state.log_history[0])
@@ -562,11 +944,22 @@ def batch_of(rows, pad_id):
     return ids, attn, cmask
 
 
-def f64_model(adapter_dir):
-    """Base in f64 with the adapter from adapter_dir (None: no adapter)."""
+def f64_model(adapter_dir, nf4=False):
+    """Base in f64 with the adapter from adapter_dir (None: no adapter).
+    nf4: the base's layer projections replaced by their NF4 round trip."""
+    if not nf4:
+        if adapter_dir is None:
+            return base_model(torch.float64).eval()
+        return load_adapter(adapter_dir, trainable=True, dtype=torch.float64).eval()
+    from peft import PeftModel
+    m = base_model(torch.float64)
+    with torch.no_grad():
+        for name, w in nf4_dequantized().items():
+            m.get_parameter(name).copy_(w.double())
     if adapter_dir is None:
-        return base_model(torch.float64).eval()
-    return load_adapter(adapter_dir, trainable=True, dtype=torch.float64).eval()
+        return m.eval()
+    m.name_or_path = None
+    return PeftModel.from_pretrained(m, adapter_dir, is_trainable=True).eval()
 
 
 def per_token(logits, ids):
@@ -575,15 +968,21 @@ def per_token(logits, ids):
     return lp.gather(-1, ids[:, 1:, None])[..., 0]
 
 
-def hand(method, policy_dir, ref_dir, rows, beta=0.1, gamma=0.5):
-    """Loss, metrics and gradients (by LoRA key) from the formulas, in f64."""
+def hand(method, policy_dir, ref_dir, rows, beta=0.1, gamma=0.5, nf4=False, bf16_policy=False):
+    """Loss, metrics and gradients (by LoRA key) from the formulas, in f64.
+    nf4: on the NF4 round-tripped base; bf16_policy: the policy's LoRA
+    tensors first rounded to bf16 (as TRL's DPOTrainer casts them on a
+    quantized base; its bf16 LoRA arithmetic is not reproduced)."""
     import torch.nn.functional as F
     from peft import get_peft_model_state_dict
     ids, attn, cmask = batch_of(rows, pad_id=1)
     B = len(rows)
-    pol = f64_model(policy_dir)
+    pol = f64_model(policy_dir, nf4=nf4)
     for n, p in pol.named_parameters():
         p.requires_grad_("lora_" in n)
+        if bf16_policy and "lora_" in n:
+            with torch.no_grad():
+                p.copy_(p.to(torch.bfloat16).double())
     logits = pol(input_ids=ids, attention_mask=attn).logits
     lp = per_token(logits, ids)
     m = cmask[:, 1:].double()
@@ -593,7 +992,7 @@ def hand(method, policy_dir, ref_dir, rows, beta=0.1, gamma=0.5):
     out = {}
     if method in ("dpo", "ipo"):
         with torch.no_grad():
-            ref = f64_model(ref_dir)
+            ref = f64_model(ref_dir, nf4=nf4)
             lp0 = per_token(ref(input_ids=ids, attention_mask=attn).logits, ids)
         S0 = (lp0 * m).sum(1)
         cr, rr = S[:B] - S0[:B], S[B:] - S0[B:]
@@ -663,67 +1062,88 @@ CASES = [(m, s, o) for m in METHODS for s in ("fresh", "init", "ref") for o in O
 LR = {"sgd": 0.1, "adamw": 1e-3}
 
 
+TIMING_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second")
+
+
+def run_case(method, start, opt, variant=None):
+    """One case through TRL twice (strings through TRL's tokenization, and
+    the pre-tokenized rows verbatim: must agree bitwise) and once by hand in
+    f64. Returns (name, expected entry, tensors, diffs to the f64 check)."""
+    name = f"{method}.{start}.{opt}" + (f".{variant}" if variant else "")
+    nf4 = variant in ("nf4", "nf4_f32lora")
+    kind = METHODS[method][0]
+    # DPOTrainer rounds the trainable LoRA tensors to bf16 on a quantized base.
+    bf16_lora = variant == "nf4" and kind == "dpo"
+    loss, logs, init, after, batch = run_trl(method, start, opt, "strings", variant)
+    loss2, logs2, init2, after2, batch2 = run_trl(method, start, opt, "ids", variant)
+    # Strings through TRL's tokenization == the pre-tokenized rows verbatim.
+    assert loss == loss2, (name, loss, loss2)
+    for k in logs:
+        if k not in TIMING_KEYS:
+            assert logs[k] == logs2.get(k), (name, k, logs[k], logs2.get(k))
+    for k in after:
+        assert torch.equal(after[k], after2[k]) and torch.equal(init[k], init2[k]), (name, k)
+    if variant is not None:
+        assert batch.keys() == batch2.keys(), (name, sorted(batch), sorted(batch2))
+        for k in batch:
+            assert torch.equal(batch[k], batch2[k]), (name, "batch", k)
+    if start == "fresh":
+        from safetensors.torch import load_file
+        fresh_init = load_file(os.path.join(OUT, "adapters", "fresh", "adapter_model.safetensors"))
+        for k in init:
+            want = fresh_init[k].to(torch.bfloat16).float() if bf16_lora else fresh_init[k]
+            assert torch.equal(init[k], want), ("TRL's fresh adapter differs from adapters/fresh", k)
+    # Independent f64 recomputation.
+    policy_dir = os.path.join(OUT, "adapters", {"fresh": "fresh", "init": "init", "ref": "fresh"}[start])
+    ref_dir = {"fresh": None, "init": os.path.join(OUT, "adapters", "init"),
+               "ref": os.path.join(OUT, "adapters", "ref")}[start]
+    rows = read_jsonl("data_chat_ids.jsonl") if variant == "chat" else read_ids()
+    h_loss, h_metrics, h_params, h_grads, pairs = hand(method, policy_dir, ref_dir, rows, nf4=nf4,
+                                                       bf16_policy=bf16_lora)
+    d_loss = abs(h_loss - loss)
+    d_met = max(abs(h_metrics[k] - logs[k]) for k in h_metrics)
+    missing = [k for k in h_metrics if k not in logs]
+    assert not missing, (name, missing)
+    # transformers 5 logs grad_norm (global L2 norm of the trainable
+    # gradients, before any clipping) even with clipping off.
+    g_norm = sum((g ** 2).sum() for g in h_grads.values()).sqrt().item()
+    h_metrics["grad_norm"] = g_norm
+    d_ad = 0.0
+    for k, p0 in h_params.items():
+        g = h_grads[k]
+        want = p0 - LR[opt] * g if opt == "sgd" else p0 - LR[opt] * g / (g.abs() + 1e-8)
+        d_ad = max(d_ad, (want - after[k].double()).abs().max().item())
+    diffs = {"loss": d_loss, "metrics": d_met, "adapter": d_ad, "grad_norm": abs(g_norm - logs["grad_norm"])}
+    print(f"{name:26s} loss {loss:.7f}  f64 check: |dloss| {d_loss:.1e}  max|dmetric| {d_met:.1e}  "
+          f"max|dadapter| {d_ad:.1e}")
+    settings = {"trainer": {"dpo": "DPOTrainer", "cpo": "CPOTrainer", "orpo": "ORPOTrainer"}[kind],
+                **{k: v for k, v in METHODS[method][1].items()}, "beta": 0.1,
+                "start": start, "policy_adapter": f"adapters/{os.path.basename(policy_dir)}",
+                "reference": ("none" if kind != "dpo" else
+                              {"fresh": "base (adapter disabled)", "init": "adapters/init (TRL's 'ref' copy)",
+                               "ref": "adapters/ref (loaded into TRL's 'ref' adapter)"}[start]),
+                "optim": OPTS[opt]["optim"], "learning_rate": LR[opt], "weight_decay": 0.0,
+                "max_grad_norm": 0.0, "lr_scheduler_type": "constant", "batch_pairs": 4}
+    if kind == "cpo":
+        settings.update(simpo_gamma=0.5, cpo_alpha=METHODS[method][1].get("cpo_alpha", 1.0), label_smoothing=0.0)
+    if variant is not None:
+        settings.update(MORE_SETTINGS[variant](kind))
+    metrics = {k: v for k, v in logs.items() if k not in ("loss", "epoch", "step")}
+    entry = {"settings": settings, "loss": loss, "logged_loss": logs.get("loss"), "metrics": metrics,
+             "pairs_f64": pairs}
+    return name, entry, {f"{name}.{k}": v for k, v in after.items()}, diffs
+
+
 @step("cases")
 def cases():
     import peft, trl, transformers
     expected, tensors = {}, {}
     worst = {"loss": 0.0, "metrics": 0.0, "adapter": 0.0}
-    fresh_init = None
     for method, start, opt in CASES:
-        name = f"{method}.{start}.{opt}"
-        loss, logs, init, after, batch = run_trl(method, start, opt, "strings")
-        loss2, logs2, init2, after2, batch2 = run_trl(method, start, opt, "ids")
-        # Strings through TRL's tokenization == the pre-tokenized rows verbatim.
-        assert loss == loss2, (name, loss, loss2)
-        for k in logs:
-            if k not in ("train_runtime", "train_samples_per_second", "train_steps_per_second"):
-                assert logs[k] == logs2.get(k), (name, k, logs[k], logs2.get(k))
-        for k in after:
-            assert torch.equal(after[k], after2[k]) and torch.equal(init[k], init2[k]), (name, k)
-        if start == "fresh":
-            if fresh_init is None:
-                from safetensors.torch import load_file
-                fresh_init = load_file(os.path.join(OUT, "adapters", "fresh", "adapter_model.safetensors"))
-            for k in init:
-                assert torch.equal(init[k], fresh_init[k]), ("TRL's fresh adapter differs from adapters/fresh", k)
-        # Independent f64 recomputation.
-        policy_dir = os.path.join(OUT, "adapters", {"fresh": "fresh", "init": "init", "ref": "fresh"}[start])
-        ref_dir = {"fresh": None, "init": os.path.join(OUT, "adapters", "init"),
-                   "ref": os.path.join(OUT, "adapters", "ref")}[start]
-        h_loss, h_metrics, h_params, h_grads, pairs = hand(method, policy_dir, ref_dir, read_ids())
-        d_loss = abs(h_loss - loss)
-        d_met = max(abs(h_metrics[k] - logs[k]) for k in h_metrics)
-        missing = [k for k in h_metrics if k not in logs]
-        assert not missing, (name, missing)
-        # transformers 5 logs grad_norm (global L2 norm of the trainable
-        # gradients, before any clipping) even with clipping off.
-        g_norm = sum((g ** 2).sum() for g in h_grads.values()).sqrt().item()
-        h_metrics["grad_norm"] = g_norm
-        d_ad = 0.0
-        for k, p0 in h_params.items():
-            g = h_grads[k]
-            want = p0 - LR[opt] * g if opt == "sgd" else p0 - LR[opt] * g / (g.abs() + 1e-8)
-            d_ad = max(d_ad, (want - after[k].double()).abs().max().item())
-        worst = {"loss": max(worst["loss"], d_loss), "metrics": max(worst["metrics"], d_met),
-                 "adapter": max(worst["adapter"], d_ad)}
-        print(f"{name:22s} loss {loss:.7f}  f64 check: |dloss| {d_loss:.1e}  max|dmetric| {d_met:.1e}  "
-              f"max|dadapter| {d_ad:.1e}")
-        kind = METHODS[method][0]
-        settings = {"trainer": {"dpo": "DPOTrainer", "cpo": "CPOTrainer", "orpo": "ORPOTrainer"}[kind],
-                    **{k: v for k, v in METHODS[method][1].items()}, "beta": 0.1,
-                    "start": start, "policy_adapter": f"adapters/{os.path.basename(policy_dir)}",
-                    "reference": ("none" if kind != "dpo" else
-                                  {"fresh": "base (adapter disabled)", "init": "adapters/init (TRL's 'ref' copy)",
-                                   "ref": "adapters/ref (loaded into TRL's 'ref' adapter)"}[start]),
-                    "optim": OPTS[opt]["optim"], "learning_rate": LR[opt], "weight_decay": 0.0,
-                    "max_grad_norm": 0.0, "lr_scheduler_type": "constant", "batch_pairs": 4}
-        if kind == "cpo":
-            settings.update(simpo_gamma=0.5, cpo_alpha=METHODS[method][1].get("cpo_alpha", 1.0), label_smoothing=0.0)
-        metrics = {k: v for k, v in logs.items() if k not in ("loss", "epoch", "step")}
-        expected[name] = {"settings": settings, "loss": loss, "logged_loss": logs.get("loss"), "metrics": metrics,
-                          "pairs_f64": pairs}
-        for k, v in after.items():
-            tensors[f"{name}.{k}"] = v
+        name, entry, after, diffs = run_case(method, start, opt)
+        worst = {k: max(worst[k], diffs[k]) for k in worst}
+        expected[name] = entry
+        tensors.update(after)
     expected["_meta"] = {
         "versions": {"torch": torch.__version__, "trl": trl.__version__, "transformers": transformers.__version__,
                      "peft": peft.__version__},
@@ -739,6 +1159,93 @@ def cases():
     assert worst["loss"] < 1e-5 and worst["metrics"] < 1e-5 and worst["adapter"] < 1e-5, worst
 
 
+# ---------------------------------------------------------------------------
+# --more: NF4 and conversational cases, in expected_more.json and
+# expected_more.safetensors (same layout as expected.json/.safetensors).
+
+NF4_SETTINGS = {
+    "base": "tests/fixtures/llama/gqa_llama3, loaded in NF4 by transformers + bitsandbytes",
+    "quantization": {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": "float32",
+                     "bnb_4bit_use_double_quant": False, "blocksize": 64,
+                     "quantized": "the 14 layer projections (q,k,v,o,gate,up,down of both layers); "
+                                  "embeddings, norms and lm_head stay f32",
+                     "blocks": "over the row-major flattened weight (in_features is 32 or 64 here, "
+                               "so a block of 64 can span two rows)"},
+    "data": "data.jsonl (TRL's tokenization) and data_ids.jsonl (verbatim): the same",
+}
+
+
+def _nf4_settings(kind, f32):
+    out = dict(NF4_SETTINGS)
+    if kind == "dpo" and not f32:
+        out.update(lora_dtype="bfloat16",
+                   lora_note="TRL 1.16's DPOTrainer casts the trainable LoRA tensors to bf16 on a quantized base "
+                             "(after copying them into its f32 'ref' adapter): the policy starts from the adapter "
+                             "rounded to bf16, its LoRA path runs in bf16 (PEFT casts x to the LoRA dtype, the "
+                             "result back to f32), the gradients and the optimizer step are bf16; the tensors in "
+                             "expected_more.safetensors are those bf16 values as f32")
+    elif kind == "dpo":
+        out.update(lora_dtype="float32",
+                   lora_note="TRL 1.16's DPOTrainer with its bf16 cast of the trainable LoRA tensors undone "
+                             "(the adapter's f32 values put back after the trainer is built, before train() "
+                             "builds the optimizer); everything else as TRL runs it")
+    else:
+        out.update(lora_dtype="float32",
+                   lora_note="ORPOTrainer casts nothing (its cast needs bf16=True); with peft_config it would "
+                             "also call prepare_model_for_kbit_training, not with a PeftModel")
+    return out
+
+
+MORE_SETTINGS = {
+    "nf4": lambda kind: _nf4_settings(kind, f32=False),
+    "nf4_f32lora": lambda kind: _nf4_settings(kind, f32=True),
+    "chat": lambda kind: {"data": "data_chat.jsonl (TRL's chat template path) and data_chat_ids.jsonl "
+                                  "(verbatim): the same",
+                          "tokenizer": "chat_tokenizer"},
+}
+# The bf16-LoRA cases against the f64 check (which rounds the policy's
+# starting LoRA tensors to bf16 but computes in f64): ~1e-3 seen.
+BF16_TOLERANCE = 5e-3
+MORE_CASES = [
+    ("dpo", "init", "sgd", "nf4"), ("dpo", "fresh", "sgd", "nf4"), ("orpo", "init", "sgd", "nf4"),
+    ("dpo", "init", "adamw", "nf4"),
+    ("dpo", "init", "sgd", "nf4_f32lora"), ("dpo", "fresh", "sgd", "nf4_f32lora"),
+    ("dpo", "init", "adamw", "nf4_f32lora"),
+    ("dpo", "init", "sgd", "chat"), ("dpo", "fresh", "sgd", "chat"), ("orpo", "init", "sgd", "chat"),
+]
+
+
+@step("more_cases")
+def more_cases():
+    import bitsandbytes, peft, trl, transformers
+    expected, tensors = {}, {}
+    exact = {"loss": 0.0, "metrics": 0.0, "adapter": 0.0, "grad_norm": 0.0}
+    bf16 = dict(exact)
+    for method, start, opt, variant in MORE_CASES:
+        name, entry, after, diffs = run_case(method, start, opt, variant)
+        worst = bf16 if entry["settings"].get("lora_dtype") == "bfloat16" else exact
+        worst.update({k: max(worst[k], diffs[k]) for k in worst})
+        expected[name] = entry
+        tensors.update(after)
+    expected["_meta"] = {
+        "versions": {"torch": torch.__version__, "trl": trl.__version__, "transformers": transformers.__version__,
+                     "peft": peft.__version__, "bitsandbytes": bitsandbytes.__version__},
+        "lora": {"r": 4, "lora_alpha": 8, "target_modules": TARGETS, "dropout": 0.0},
+        "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 1,
+        "chat_special_token_ids": {s: 96 + k for k, s in enumerate(CHAT_SPECIAL)},
+        "f64_check_max_abs_diff": exact,
+        "f64_check_max_abs_diff_bf16_lora": bf16,
+    }
+    with open(os.path.join(OUT, "expected_more.json"), "w") as f:
+        json.dump(expected, f, indent=1, sort_keys=True)
+        f.write("\n")
+    save_file(contiguous(tensors), os.path.join(OUT, "expected_more.safetensors"))
+    print("f64 check, worst over the f32 cases:", exact)
+    print("f64 check, worst over the bf16-LoRA cases:", bf16)
+    assert all(v < 1e-5 for v in exact.values()), exact
+    assert all(v < BF16_TOLERANCE for v in bf16.values()), bf16
+
+
 if __name__ == "__main__":
     import accelerate, datasets, peft, safetensors, tokenizers, transformers, trl
     print("torch", torch.__version__, "trl", trl.__version__, "transformers", transformers.__version__, "peft",
@@ -746,7 +1253,16 @@ if __name__ == "__main__":
           tokenizers.__version__, "safetensors", safetensors.__version__)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
-    write_inputs()
-    write_ids()
-    cases()
+    if sys.argv[1:] == ["--more"]:
+        import bitsandbytes
+        print("bitsandbytes", bitsandbytes.__version__)
+        write_chat_inputs()
+        write_chat_ids()
+        more_cases()
+    elif sys.argv[1:]:
+        sys.exit(f"usage: {sys.argv[0]} [--more]")
+    else:
+        write_inputs()
+        write_ids()
+        cases()
     finish()
