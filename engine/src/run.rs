@@ -147,6 +147,8 @@ fn identities(spec: &RunSpec, model: &Model, data: &Dataset) -> Result<RunSettin
     s.set("train-on-inputs", spec.data.train_on_inputs);
     s.set("objective", spec.objective.name());
     if spec.objective.is_preference() {
+        // `batch` counts pairs (the step's rows are twice as many).
+        s.set("batch", spec.step.batch);
         let p = &spec.preference;
         s.set("beta", p.beta);
         s.set("simpo-gamma", p.simpo_gamma);

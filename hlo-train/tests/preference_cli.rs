@@ -23,20 +23,43 @@ fn preference(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// Every case of `expected.json` and `expected_more.json`.
 fn expected() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(preference("expected.json")).unwrap()).unwrap()
+    let read = |f: &str| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(preference(f)).unwrap()).unwrap()
+    };
+    let mut all = read("expected.json");
+    if let (Some(a), Value::Object(b)) = (all.as_object_mut(), read("expected_more.json")) {
+        a.extend(b);
+    }
+    all
 }
 
-/// A fixture case: `<method>.<start>.<optimizer>`.
+/// A fixture case: `<method>.<start>.<optimizer>[.<variant>]`.
 struct Case {
     method: &'static str,
     start: &'static str,
     optimizer: &'static str,
+    /// `chat`: conversational pairs (a case of `expected_more`).
+    variant: Option<&'static str>,
 }
 
 impl Case {
+    fn new(method: &'static str, start: &'static str, optimizer: &'static str) -> Case {
+        Case {
+            method,
+            start,
+            optimizer,
+            variant: None,
+        }
+    }
+
     fn name(&self) -> String {
-        format!("{}.{}.{}", self.method, self.start, self.optimizer)
+        let name = format!("{}.{}.{}", self.method, self.start, self.optimizer);
+        match self.variant {
+            Some(v) => format!("{name}.{v}"),
+            None => name,
+        }
     }
 
     /// The flags of the case: TRL's settings (SGD lr 0.1 or AdamW lr 1e-3
@@ -55,7 +78,12 @@ impl Case {
             "--batch",
             "4",
             "--seq",
-            "16",
+            // The conversations' rows are longer (up to 23 tokens).
+            if self.variant == Some("chat") {
+                "32"
+            } else {
+                "16"
+            },
             "--steps",
             "1",
             "--clip-norm",
@@ -178,7 +206,8 @@ fn check(case: &Case, data: &Path, extra: &[&str]) {
         close(&what(&format!("eval_{key}")), held, trl, 1e-5);
     }
     let ours = read_safetensors(&out.join("adapter_model.safetensors")).unwrap();
-    let theirs = read_safetensors(&preference("expected.safetensors")).unwrap();
+    let mut theirs = read_safetensors(&preference("expected.safetensors")).unwrap();
+    theirs.extend(read_safetensors(&preference("expected_more.safetensors")).unwrap());
     assert!(!ours.is_empty());
     for (key, t) in &ours {
         let trl = &theirs
@@ -200,20 +229,12 @@ fn ids() -> PathBuf {
 fn dpo_and_ipo_equal_trl_against_the_base_a_copy_of_the_adapter_and_another_adapter() {
     for method in ["dpo", "ipo"] {
         for start in ["fresh", "init", "ref"] {
-            let case = Case {
-                method,
-                start,
-                optimizer: "sgd",
-            };
+            let case = Case::new(method, start, "sgd");
             check(&case, &ids(), &[]);
         }
     }
     for (method, start) in [("dpo", "ref"), ("ipo", "init")] {
-        let case = Case {
-            method,
-            start,
-            optimizer: "adamw",
-        };
+        let case = Case::new(method, start, "adamw");
         check(&case, &ids(), &[]);
     }
 }
@@ -222,20 +243,12 @@ fn dpo_and_ipo_equal_trl_against_the_base_a_copy_of_the_adapter_and_another_adap
 fn simpo_and_orpo_equal_trl_from_a_fresh_and_a_trained_adapter() {
     for method in ["simpo", "simpo_a0", "orpo"] {
         for start in ["fresh", "init"] {
-            let case = Case {
-                method,
-                start,
-                optimizer: "sgd",
-            };
+            let case = Case::new(method, start, "sgd");
             check(&case, &ids(), &[]);
         }
     }
     for method in ["simpo", "orpo"] {
-        let case = Case {
-            method,
-            start: "init",
-            optimizer: "adamw",
-        };
+        let case = Case::new(method, "init", "adamw");
         check(&case, &ids(), &[]);
     }
 }
@@ -247,11 +260,7 @@ fn string_pairs_and_a_mesh_equal_trl() {
     let tokenizer = preference("tokenizer/tokenizer.json");
     let tokenizer = tokenizer.to_str().unwrap();
     for method in ["dpo", "orpo"] {
-        let case = Case {
-            method,
-            start: "init",
-            optimizer: "sgd",
-        };
+        let case = Case::new(method, "init", "sgd");
         check(
             &case,
             &preference("data.jsonl"),
@@ -263,14 +272,176 @@ fn string_pairs_and_a_mesh_equal_trl() {
             &["--devices", "4", "--mesh", "dp=1,fsdp=2,mp=2"],
         );
     }
-    let case = Case {
-        method: "dpo",
-        start: "ref",
-        optimizer: "adamw",
-    };
+    let case = Case::new("dpo", "ref", "adamw");
     check(
         &case,
         &ids(),
         &["--devices", "4", "--mesh", "dp=1,fsdp=2,mp=2"],
     );
+}
+
+/// Conversational pairs (an explicit prompt of one and of three turns, and
+/// conversations sharing their first message as the prompt) through the
+/// fixture's chat template: TRL's ids, loss, metrics and step.
+#[test]
+fn conversational_pairs_through_the_chat_template_equal_trl() {
+    let dir = preference("chat_tokenizer");
+    let tokenizer = dir.join("tokenizer.json");
+    let flags = [
+        "--tokenizer",
+        tokenizer.to_str().unwrap(),
+        "--chat-template",
+        dir.to_str().unwrap(),
+    ];
+    for (method, start) in [("dpo", "init"), ("dpo", "fresh"), ("orpo", "init")] {
+        let case = Case {
+            variant: Some("chat"),
+            ..Case::new(method, start, "sgd")
+        };
+        check(&case, &preference("data_chat.jsonl"), &flags);
+        // TRL's ids for those rows, pre-tokenized, compute the same.
+        check(&case, &preference("data_chat_ids.jsonl"), &[]);
+    }
+}
+
+/// Metrics of the first step or evaluation of a run's metrics file: the
+/// train line of `step`, or the eval line (`eval_` keys) of `step`.
+fn line(metrics: &Path, step: u64, eval: bool) -> Value {
+    std::fs::read_to_string(metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|l| l["step"] == step && l.get("eval_loss").is_some() == eval)
+        .unwrap()
+}
+
+/// A fresh adapter of our own (no `--init-adapter`) compares with the
+/// base: its first step's figures are TRL's for a fresh adapter (B = 0,
+/// so its A does not matter yet); a held-out set in batches of 3 pairs
+/// (the last one filled with empty pairs) averages over its 4 pairs; a
+/// resumed run (the reference read again from `--init-adapter`) ends
+/// where a straight one does.
+#[test]
+fn a_fresh_adapter_a_ragged_held_out_set_and_a_resumed_run() {
+    let tmp = scratch("preference", "fresh-resume");
+    let want = &expected()["dpo.fresh.sgd"];
+    let data = ids();
+    let data = data.to_str().unwrap();
+    let checkpoint = fixture("gqa_llama3");
+    let base = [
+        "train",
+        "--objective",
+        "dpo",
+        "--checkpoint",
+        checkpoint.to_str().unwrap(),
+        "--data",
+        data,
+        "--seq",
+        "16",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.1",
+        "--clip-norm",
+        "0",
+        "--lora-rank",
+        "4",
+        "--lora-alpha",
+        "8",
+        "--lora-targets",
+        "q_proj,v_proj",
+    ];
+    let run = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend(extra);
+        ok(&hlo_train(&args))
+    };
+    let fresh = tmp.join("fresh.jsonl");
+    let out = run(&[
+        "--batch",
+        "4",
+        "--steps",
+        "1",
+        "--metrics",
+        fresh.to_str().unwrap(),
+    ]);
+    assert!(out.contains("dpo against the base (adapter off)"), "{out}");
+    let step = line(&fresh, 1, false);
+    let keys = [
+        "loss",
+        "rewards/chosen",
+        "rewards/margins",
+        "logps/chosen",
+        "logps/rejected",
+    ];
+    for key in keys {
+        let trl = want["metrics"][key]
+            .as_f64()
+            .or(want[key].as_f64())
+            .unwrap();
+        close(
+            &format!("fresh {key}"),
+            step[key].as_f64().unwrap(),
+            trl,
+            1e-5,
+        );
+    }
+    let held = tmp.join("held.jsonl");
+    run(&[
+        "--batch",
+        "3",
+        "--steps",
+        "1",
+        "--eval-data",
+        data,
+        "--metrics",
+        held.to_str().unwrap(),
+    ]);
+    let before = line(&held, 0, true);
+    for key in keys {
+        let trl = want["metrics"][key]
+            .as_f64()
+            .or(want[key].as_f64())
+            .unwrap();
+        let name = match key {
+            "loss" => "eval_loss".to_string(),
+            k => format!("eval_{k}"),
+        };
+        close(&name, before[&name].as_f64().unwrap(), trl, 1e-5);
+    }
+    // Two steps, then one more on resume, against three straight.
+    let init = preference("adapters/init");
+    let init = init.to_str().unwrap();
+    let (a, b) = (tmp.join("straight"), tmp.join("resumed"));
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    run(&[
+        "--batch",
+        "2",
+        "--steps",
+        "3",
+        "--init-adapter",
+        init,
+        "--out",
+        a,
+    ]);
+    run(&[
+        "--batch",
+        "2",
+        "--steps",
+        "2",
+        "--init-adapter",
+        init,
+        "--out",
+        b,
+    ]);
+    ok(&hlo_train(&["train", "--resume", b, "--steps", "3"]));
+    let (x, y) = (
+        read_safetensors(&Path::new(a).join("adapter_model.safetensors")).unwrap(),
+        read_safetensors(&Path::new(b).join("adapter_model.safetensors")).unwrap(),
+    );
+    for ((k, t), (_, u)) in x.iter().zip(&y) {
+        let d = max_diff(&t.to_f64s(), &u.to_f64s());
+        assert!(d < 1e-6, "{k}: the resumed run differs by {d:e}");
+    }
+    std::fs::remove_dir_all(tmp).unwrap();
 }
