@@ -2,17 +2,21 @@
 //! samples with their learned tokens marked ⟦like this⟧ — and what the
 //! data holds for a row length: samples, tokens, learned tokens, samples
 //! cut, samples with nothing to learn, and the epochs a run takes, packed
-//! or not, as `train` with the same flags computes them.
+//! or not, as `train` with the same flags computes them. With a preference
+//! `--objective`, the data's pairs: each pair's prompt, then its chosen
+//! and its rejected completion marked.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use hlo_engine::data::Loader;
+use hlo_engine::data::Tokenizer;
 use hlo_engine::spec::{auto_packing, epochs};
-use hlo_engine::Dataset;
+use hlo_engine::{Dataset, Objective};
 
 use crate::args::{open_model, ChatArgs, ModelArgs, Toggle, TokenizerArgs};
+use crate::train::ObjectiveArg;
 
 #[derive(Args, Debug)]
 pub struct DataArgs {
@@ -29,6 +33,11 @@ pub struct DataArgs {
     /// (default: the bundled demo task).
     #[arg(long)]
     pub data: Option<PathBuf>,
+
+    /// Read the data as `train --objective` does: sft rows, or preference
+    /// pairs (dpo, ipo, simpo, orpo; --batch then counts pairs).
+    #[arg(long, value_enum, default_value = "sft")]
+    pub objective: ObjectiveArg,
 
     /// Tokens per row, as for `train`.
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(i64).range(2..=10_000_000))]
@@ -63,8 +72,12 @@ pub struct DataArgs {
 pub fn run(args: &DataArgs) -> Result<()> {
     let model = open_model(&args.model, &args.tokenizer)?;
     let seq = args.seq as usize;
-    let spec = args.chat.spec(args.data.clone(), args.seq);
+    let mut spec = args.chat.spec(args.data.clone(), args.seq);
+    spec.pairs = Objective::from(args.objective).is_preference();
     let data = Dataset::read(&model, &spec, args.seed)?;
+    if spec.pairs {
+        return show_pairs(args, &model, data);
+    }
     // Data that teaches nothing: the line `train` refuses it with.
     if data.stats.no_signal == data.stats.samples {
         return Ok(data.learning(seq).map(|_| ())?);
@@ -86,26 +99,10 @@ pub fn run(args: &DataArgs) -> Result<()> {
                 String::new()
             }
         );
-        // Runs of learned and unlearned tokens, decoded together so
-        // multi-byte characters stay whole.
-        let mut line = String::new();
-        let mut start = 0;
-        while start < kept {
-            let learn = start > 0 && e.target[start];
-            let mut end = start + 1;
-            while end < kept && (end > 0 && e.target[end]) == learn {
-                end += 1;
-            }
-            let text = tokenizer.decode_with_special(&e.ids[start..end])?;
-            let text = text.escape_debug().to_string();
-            if learn {
-                line += &format!("⟦{text}⟧");
-            } else {
-                line += &text;
-            }
-            start = end;
-        }
-        println!("  {line}");
+        println!(
+            "  {}",
+            marked(&tokenizer, &e.ids[..kept], &e.target[..kept])?
+        );
     }
     let s = data.stats;
     println!(
@@ -141,6 +138,81 @@ pub fn run(args: &DataArgs) -> Result<()> {
         epochs(args.steps, rows, args.seq, packing, fill, useful),
         if packing { "on" } else { "off" },
         100.0 * fill
+    );
+    Ok(())
+}
+
+/// Tokens as text, runs of learned ones ⟦marked⟧ (the first token is
+/// never learned); runs decode together so multi-byte characters stay
+/// whole.
+fn marked(tokenizer: &Tokenizer, ids: &[u32], target: &[bool]) -> Result<String> {
+    let mut line = String::new();
+    let mut start = 0;
+    while start < ids.len() {
+        let learn = start > 0 && target[start];
+        let mut end = start + 1;
+        while end < ids.len() && target[end] == learn {
+            end += 1;
+        }
+        let text = tokenizer.decode_with_special(&ids[start..end])?;
+        let text = text.escape_debug().to_string();
+        if learn {
+            line += &format!("⟦{text}⟧");
+        } else {
+            line += &text;
+        }
+        start = end;
+    }
+    Ok(line)
+}
+
+/// The first pairs, each side cut to `--seq` with its completion marked,
+/// and what `train` with these flags takes of them.
+fn show_pairs(args: &DataArgs, model: &hlo_engine::Model, data: Dataset) -> Result<()> {
+    let seq = args.seq as usize;
+    let tokenizer = model
+        .tokenizer(None)?
+        .context("showing pairs needs a tokenizer: pass --checkpoint or --tokenizer")?;
+    let total = data.pairs.len();
+    for (k, p) in data.pairs.iter().take(args.samples).enumerate() {
+        let prompt = p.prompt_len();
+        println!(
+            "pair {} of {total}: prompt {prompt} tokens, chosen {} and rejected {} after it{}",
+            k + 1,
+            p.chosen.ids.len() - prompt,
+            p.rejected.ids.len() - prompt,
+            if p.chosen.ids.len().max(p.rejected.ids.len()) > seq {
+                format!(" (cut to {seq})")
+            } else {
+                String::new()
+            }
+        );
+        for (side, e) in [("chosen", &p.chosen), ("rejected", &p.rejected)] {
+            let kept = e.ids.len().min(seq);
+            let text = marked(&tokenizer, &e.ids[..kept], &e.target[..kept])?;
+            println!("  {side:<9}{text}");
+        }
+    }
+    let s = data.stats;
+    let pairs = data.learning_pairs(seq)?;
+    let useful = pairs.len();
+    println!(
+        "{total} pairs, {} tokens, {} learned within --seq {seq}; {} sides cut to --seq; {} pairs whose prompt fills the row{}",
+        s.tokens,
+        s.learned,
+        s.cut,
+        total - useful,
+        if total > useful {
+            " (train leaves them out; a longer --seq keeps them)"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "{} steps of {} pairs take {:.2} epochs of the {useful} pairs that teach something",
+        args.steps,
+        args.batch,
+        (args.steps * args.batch) as f64 / useful as f64
     );
     Ok(())
 }

@@ -445,3 +445,36 @@ fn a_fresh_adapter_a_ragged_held_out_set_and_a_resumed_run() {
     }
     std::fs::remove_dir_all(tmp).unwrap();
 }
+
+/// `data --objective dpo` shows each pair's two sides with the
+/// completions marked, as the step learns them (TRL's EOS text appended
+/// to string completions), and what a run takes of them.
+#[test]
+fn data_shows_pairs_with_their_completions_marked() {
+    let tokenizer = preference("tokenizer/tokenizer.json");
+    let out = ok(&hlo_train(&[
+        "data",
+        "--objective",
+        "dpo",
+        "--data",
+        preference("data.jsonl").to_str().unwrap(),
+        "--tokenizer",
+        tokenizer.to_str().unwrap(),
+        "--seq",
+        "16",
+        "--batch",
+        "2",
+        "--steps",
+        "4",
+        "--samples",
+        "1",
+    ]));
+    let want = [
+        "pair 1 of 4: prompt 5 tokens, chosen 4 and rejected 2 after it",
+        "  chosen   <|begin_of_text|>XYZ=⟦ZYX<|end_of_text|>⟧",
+        "  rejected <|begin_of_text|>XYZ=⟦Q<|end_of_text|>⟧",
+        "4 pairs, 70 tokens, 28 learned within --seq 16; 0 sides cut to --seq; 0 pairs whose prompt fills the row",
+        "4 steps of 2 pairs take 2.00 epochs of the 4 pairs that teach something",
+    ];
+    assert_eq!(out.lines().collect::<Vec<_>>(), want, "{out}");
+}
