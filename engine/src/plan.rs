@@ -11,6 +11,7 @@ use std::time::Instant;
 use hlo_ir::DType;
 use hlo_models::decoder::{partition_rules, ModelConfig};
 use hlo_models::nf4;
+use hlo_models::preference::Reference;
 use hlo_models::roles::Role;
 use hlo_models::train::{step_flops, train_step, TrainConfig};
 use hlo_partitioner::{Mesh, PartitionSpec};
@@ -21,6 +22,7 @@ use crate::error::Result;
 use crate::hardware::Device;
 use crate::model::quantized_config;
 use crate::pipeline::ShardedStep;
+use crate::run_spec::{Objective, PreferenceSpec};
 use crate::spec::{OptimSpec, StepSpec};
 
 /// A train step's compute time at a device's data sheet peak.
@@ -138,18 +140,30 @@ pub struct StepToPlan {
     pub mesh: Mesh,
     /// The run's length: where a cosine schedule ends (no bytes change).
     pub steps: i64,
+    /// The step's loss: a preference objective's step holds twice the
+    /// rows (`spec.batch` counts pairs) and, for DPO and IPO, the
+    /// reference's forward.
+    pub objective: Objective,
+    /// DPO's and IPO's reference: the base (a fresh adapter's) or a frozen
+    /// adapter.
+    pub reference: Reference,
 }
 
 impl StepToPlan {
-    /// The traced step's configuration ([`StepSpec::train_config`]).
+    /// The traced step's configuration ([`StepSpec::train_config`], as
+    /// the objective takes it: [`Objective::step_spec`]).
     pub fn train_config(&self) -> Result<TrainConfig> {
-        self.spec.train_config(
+        let mut tc = self.objective.step_spec(&self.spec)?.train_config(
             &self.optim,
             &self.config,
             self.dtype,
             &self.mesh,
             self.steps,
-        )
+        )?;
+        tc.preference = self
+            .objective
+            .preference(&PreferenceSpec::default(), self.reference);
+        Ok(tc)
     }
 
     /// Plans the step ([`plan`]).
@@ -244,7 +258,10 @@ pub fn nearest_fits(
         progress,
     };
     let mut fits = Vec::new();
-    fits.extend(search.first_fitting(&batch_changes(step)));
+    // A preference step takes its pairs in one micro-batch.
+    if !step.objective.is_preference() {
+        fits.extend(search.first_fitting(&batch_changes(step)));
+    }
     fits.extend(search.first_fitting(&seq_changes(step)));
     if !tc.scan_layers && !step.spec.remat_layers {
         fits.extend(search.first_fitting(&[Change::RematLayers]));
@@ -456,6 +473,8 @@ mod tests {
             dtype: DType::BF16,
             mesh: mesh.parse().unwrap(),
             steps: 100,
+            objective: Objective::Sft,
+            reference: Reference::Base,
         }
     }
 

@@ -8,6 +8,7 @@ use clap::{Args, ValueEnum};
 use hlo_engine::comm::{Span, StepCommunication};
 use hlo_engine::hardware::{Device, Kind};
 use hlo_engine::ir::DType;
+use hlo_engine::models::preference::Reference;
 use hlo_engine::models::train::TrainConfig;
 use hlo_engine::partitioner::{draw_sharding, Mesh};
 use hlo_engine::plan::{
@@ -18,6 +19,7 @@ use hlo_engine::{BackendOptions, Model};
 use serde_json::{json, Value};
 
 use crate::args::{gb, DtypeArgs, ModelArgs, OptimArgs, StepArgs};
+use crate::train::ObjectiveArg;
 
 /// The `--target` values: kinds of the engine's hardware table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -67,6 +69,13 @@ pub struct PlanArgs {
 
     #[command(flatten)]
     pub dtype: DtypeArgs,
+
+    /// The step's loss: sft, or a preference objective (dpo, ipo, simpo,
+    /// orpo; --batch then counts pairs, whose two sides a step holds, and
+    /// DPO and IPO add the reference's forward: the base with the adapter
+    /// off).
+    #[arg(long, value_enum, default_value = "sft")]
+    pub objective: ObjectiveArg,
 
     #[command(flatten)]
     pub step: StepArgs,
@@ -151,6 +160,10 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
         dtype: args.dtype.dtype(args.target == Target::Cpu),
         mesh: mesh.clone(),
         steps: 1000,
+        objective: args.objective.into(),
+        // A fresh adapter's reference; a reference adapter adds only its
+        // LoRA tensors.
+        reference: Reference::Base,
     };
     let tc = to_plan.train_config()?;
     let (step, memory) = plan(config, &tc, &mesh)?;
