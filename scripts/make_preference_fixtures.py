@@ -121,40 +121,47 @@ with the same text):
   data_chat_ids.jsonl        the ids TRL derives from them (DPOTrainer's
                              _prepare_dataset; the same from ORPOTrainer's
                              tokenize_row, checked), used verbatim
+  adapters_nf4/fresh/        the NF4 cases' adapters (the base below is
+  adapters_nf4/init/         128 wide): fresh as TRL creates it from
+                             peft_config (seed 42: lora_A kaiming-uniform,
+                             lora_B = 0; checked against DPOTrainer's own),
+                             init random, A and B ~ N(0, 0.1) (seed 1); f32,
+                             LoRA as above (r 4, alpha 8, q_proj and v_proj)
   expected_more.json,        as expected.json / expected.safetensors, for
-  expected_more.safetensors  the cases below; settings say what differs
+  expected_more.safetensors  the cases below; settings (and _meta) say what
+                             differs
 
 Cases (<method>.<start>.<opt>.<variant>, every other setting as the case
 of the same name above; data.jsonl / data_ids.jsonl unless chat):
-  nf4          dpo.init.sgd, dpo.fresh.sgd, orpo.init.sgd, dpo.init.adamw on
-               gqa_llama3 loaded by transformers with
+  nf4          dpo.init.sgd, dpo.fresh.sgd, dpo.init.adamw, orpo.init.sgd,
+               ipo.init.sgd on the QLoRA fixture model tests/fixtures/qlora/
+               llama (hidden 128, intermediate 128, vocab 128, 2 layers: every
+               projection's in_features is 128, a multiple of the NF4 block
+               of 64, which hlo-train's NF4 needs, models/src/decoder/
+               config.rs; the preference tokenizer's ids, < 128, fit its
+               vocab, checked) with adapters_nf4/, loaded by transformers with
                BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                bnb_4bit_compute_dtype=float32, bnb_4bit_use_double_quant=False)
-               on the CPU: the 14 layer projections NF4 (blocks of 64 over the
-               flattened weight, absmax f32), embeddings, norms and lm_head f32
+               on the CPU: the 14 layer projections NF4 (blocks of 64, absmax
+               f32), embeddings, norms and lm_head f32, as hlo-train quantizes
                (checked: each projection equals bitsandbytes'
                quantize_4bit/dequantize_4bit round trip of the f32 weight, as
                scripts/make_qlora_fixtures.py does; the rest is the checkpoint).
-               TRL as it runs: DPOTrainer casts the trainable LoRA tensors to
-               bf16 on a quantized base (FORMULAS.md section 9), so the dpo
-               cases' policy starts from the adapter rounded to bf16, runs its
-               LoRA path, gradients and step in bf16 (the saved tensors are
-               those bf16 values); ORPOTrainer keeps f32.
-  nf4_f32lora  dpo.init.sgd, dpo.fresh.sgd, dpo.init.adamw: the same with
-               that bf16 cast undone (the adapter's f32 values put back after
-               the trainer is built, before train() builds the optimizer), i.e.
-               an f32 adapter on the NF4 base, as for orpo.
-  chat         dpo.init.sgd, dpo.fresh.sgd, orpo.init.sgd on data_chat.jsonl
-               with chat_tokenizer/ (TRL's conversational path, FORMULAS.md
-               section 8). TRL 1.16's DPOTrainer cannot take explicit- and
-               implicit-prompt rows in one dataset (it decides from the first
-               row), so its string run gets the rows through TRL's
-               maybe_extract_prompt first (see dpo_chat_rows).
+               LoRA in f32: TRL 1.16's DPOTrainer itself would cast the
+               trainable LoRA tensors to bf16 on a 4-bit base (FORMULAS.md
+               section 9) and train a bf16 LoRA; the script checks that cast
+               and undoes it (the adapter's f32 values, for fresh TRL's own
+               f32 init, put back after the trainer is built, before train()
+               builds the optimizer), so the cases are an f32 adapter on the
+               NF4 base, as hlo-train trains it. ORPOTrainer casts nothing.
+  chat         dpo.init.sgd, dpo.fresh.sgd, orpo.init.sgd on gqa_llama3 with
+               data_chat.jsonl and chat_tokenizer/ (TRL's conversational path,
+               FORMULAS.md section 8). TRL 1.16's DPOTrainer cannot take
+               explicit- and implicit-prompt rows in one dataset (it decides
+               from the first row), so its string run gets the rows through
+               TRL's maybe_extract_prompt first (see dpo_chat_rows).
 Checks as above: strings == ids bitwise (and the same first batch), and the
-f64 recomputation on the NF4 round-tripped base: within 2e-6 for the f32
-cases, about 1e-3 for the bf16-LoRA ones (f64 arithmetic from the bf16-rounded
-start). NB hlo-train's NF4 needs every projection's in_features to be a
-multiple of 64 (models/src/decoder/config.rs); gqa_llama3's are 32 and 64.
+f64 recomputation (for nf4 on the NF4 round-tripped base), within 1e-5.
 """
 
 import json
@@ -194,6 +201,9 @@ from fixture_steps import contiguous, failures, finish, step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_DIR = os.path.join(ROOT, "tests", "fixtures", "llama", "gqa_llama3")
+# --more's NF4 cases: the QLoRA fixture model (128 wide, vocab 128), whose
+# projections all have in_features 128, a multiple of hlo-train's NF4 block.
+NF4_MODEL_DIR = os.path.join(ROOT, "tests", "fixtures", "qlora", "llama")
 TOKENIZER_JSON = os.path.join(ROOT, "tests", "fixtures", "tokenizer", "tokenizer.json")
 OUT = os.path.join(ROOT, "tests", "fixtures", "preference")
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
@@ -460,6 +470,26 @@ scale with x cast to the LoRA tensors' dtype and the LoRA output cast back.
   non-quantized parameters to f32; gradient checkpointing only if asked)
   then get_peft_model; with a PeftModel, nothing. The LoRA tensors are cast
   to bf16 only if bf16=True. So their LoRA stays f32.
+### The fixture's NF4 cases (expected_more.*: `<method>.<start>.<opt>.nf4`)
+dpo.init.sgd, dpo.fresh.sgd, dpo.init.adamw, orpo.init.sgd and
+ipo.init.sgd, each with the settings of the f32 case of the same name
+(data_ids.jsonl, SGD lr 0.1 / AdamW lr 1e-3 weight decay 0, no clipping,
+beta 0.1), on the QLoRA fixture model tests/fixtures/qlora/llama (hidden
+128, intermediate 128, vocab 128, 2 layers) loaded with load_in_4bit, nf4,
+compute dtype f32, no double quant: its 14 projections NF4 (each
+in_features 128, so every block of 64 lies within one row, as hlo-train's
+NF4 stores them; the bitsandbytes weights equal quantize_4bit /
+dequantize_4bit of the f32 checkpoint), embeddings, norms and lm_head f32.
+Adapters: adapters_nf4/fresh (TRL's fresh adapter from peft_config, seed
+42, lora_B = 0) and adapters_nf4/init (A and B ~ N(0, 0.1)), r 4, alpha 8,
+q_proj and v_proj, f32. The LoRA is f32 throughout: TRL 1.16's DPOTrainer
+would itself train a bf16 LoRA here (the cast above); the fixture script
+undoes that cast, putting the adapter's f32 values back after the trainer
+is built and before train() builds the optimizer, so the numbers are those
+of an f32 adapter on the NF4 base (what hlo-train trains), with everything
+else as TRL runs it. ORPOTrainer keeps f32 by itself. With the init
+adapter the policy equals DPO's "ref" copy, so the step-1 DPO loss is
+log 2 and the IPO loss (1 / (2 beta))^2 = 25.
 """
 
 
@@ -475,12 +505,13 @@ def nf4_config():
                               bnb_4bit_use_double_quant=False)
 
 
-def base_model(dtype=torch.float32, nf4=False):
+def base_model(dtype=torch.float32, nf4=False, model_dir=MODEL_DIR):
+    """The base in dtype; nf4: NF4_MODEL_DIR loaded in 4 bits (dtype f32)."""
     from transformers import LlamaForCausalLM
     if not nf4:
-        return LlamaForCausalLM.from_pretrained(MODEL_DIR, attn_implementation="eager", dtype=dtype)
+        return LlamaForCausalLM.from_pretrained(model_dir, attn_implementation="eager", dtype=dtype)
     import bitsandbytes as bnb
-    model = LlamaForCausalLM.from_pretrained(MODEL_DIR, attn_implementation="eager", dtype=torch.float32,
+    model = LlamaForCausalLM.from_pretrained(NF4_MODEL_DIR, attn_implementation="eager", dtype=torch.float32,
                                              quantization_config=nf4_config(), device_map="cpu")
     # On a CPU with AVX512-BF16 bitsandbytes' inference forward (eval mode,
     # no grad) repacks the weight and runs a bf16 kernel; off, it
@@ -521,10 +552,18 @@ def load_adapter(d, trainable=True, dtype=torch.float32, nf4=False):
     return PeftModel.from_pretrained(m, d, is_trainable=trainable)
 
 
+def adapter_dir(name, nf4=False):
+    """adapters/<name>, or adapters_nf4/<name> (the NF4 base's adapters)."""
+    return os.path.join(OUT, "adapters_nf4" if nf4 else "adapters", name)
+
+
+def rel(path):
+    return os.path.relpath(path, OUT)
+
+
 # ---------------------------------------------------------------------------
 # --more: the NF4 (QLoRA) base.
 
-NF4_LAYERS = 2  # gqa_llama3's num_hidden_layers
 NF4_PROJECTIONS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
 _nf4_cache = {}
@@ -534,20 +573,24 @@ def nf4_modules():
     """What transformers' bitsandbytes integration makes Linear4bit: every
     nn.Linear but the LM head (embeddings and norms are not Linear), the
     same seven projections hlo-train stores in NF4 (models/src/nf4.rs)."""
-    return [f"model.layers.{i}.{p}" for i in range(NF4_LAYERS) for p in NF4_PROJECTIONS]
+    with open(os.path.join(NF4_MODEL_DIR, "config.json")) as f:
+        layers = json.load(f)["num_hidden_layers"]
+    return [f"model.layers.{i}.{p}" for i in range(layers) for p in NF4_PROJECTIONS]
 
 
 def nf4_dequantized():
     """{weight name: f32}: each quantized projection of the f32 checkpoint
     NF4 round-tripped by bitsandbytes (blocksize 64 over the row-major
     flattened weight, absmax f32, no double quant), as
-    scripts/make_qlora_fixtures.py's nf4_roundtrip."""
+    scripts/make_qlora_fixtures.py's nf4_roundtrip. Every in_features is a
+    multiple of 64, so each block lies in one row (hlo-train's layout)."""
     if not _nf4_cache:
         import bitsandbytes.functional as BF
         from safetensors.torch import load_file
-        sd = load_file(os.path.join(MODEL_DIR, "model.safetensors"))
+        sd = load_file(os.path.join(NF4_MODEL_DIR, "model.safetensors"))
         for m in nf4_modules():
             w = sd[m + ".weight"].float().contiguous()
+            assert w.shape[1] % 64 == 0, (m, tuple(w.shape))
             q, st = BF.quantize_4bit(w, blocksize=64, compress_statistics=False, quant_type="nf4")
             _nf4_cache[m + ".weight"] = BF.dequantize_4bit(q, st).float()
     return _nf4_cache
@@ -570,36 +613,59 @@ def check_nf4_base(pm):
             assert torch.equal(BF.dequantize_4bit(mod.weight.data, qs).float(), want[key]), key
             seen.add(key)
     assert seen == set(want), sorted(seen ^ set(want))
-    sd = load_file(os.path.join(MODEL_DIR, "model.safetensors"))
+    sd = load_file(os.path.join(NF4_MODEL_DIR, "model.safetensors"))
     params = {n.replace("base_model.model.", "", 1): p for n, p in pm.named_parameters()}
     for k, v in sd.items():
         if k not in want:
             assert params[k].dtype == torch.float32 and torch.equal(params[k].detach(), v), k
 
 
-def restore_f32_lora(pm, start, kind, undo):
+class FreshAdapterRecorder:
+    """Records the adapter get_peft_model creates inside a trainer's
+    __init__ (f32, before DPOTrainer's bf16 cast), by wrapping the
+    get_peft_model the trainer's module imported."""
+
+    def __init__(self, trainer_cls):
+        import importlib
+        trl_cls = next(c for c in trainer_cls.__mro__ if c.__module__.startswith("trl."))
+        self.module = importlib.import_module(trl_cls.__module__)
+        self.state = None
+
+    def __enter__(self):
+        self.orig = self.module.get_peft_model
+
+        def wrapped(*a, **k):
+            pm = self.orig(*a, **k)
+            self.state = adapter_state(pm)
+            return pm
+        self.module.get_peft_model = wrapped
+        return self
+
+    def __exit__(self, *exc):
+        self.module.get_peft_model = self.orig
+
+
+def restore_f32_lora(pm, kind, f32):
     """TRL 1.16's DPOTrainer casts every trainable tensor to bf16 when the
     base is quantized (`if _is_quantized_model: param.data =
     param.data.to(torch.bfloat16)`, after it copied "default" into its
     f32 "ref" adapter); ORPOTrainer does not (its cast needs bf16=True).
-    Checks that, and with undo puts the adapter's exact f32 values back
-    (the optimizer is built later, in train(), so it steps the f32
-    tensors)."""
-    from safetensors.torch import load_file
-    src = load_file(os.path.join(OUT, "adapters", "fresh" if start == "fresh" else "init",
-                                 "adapter_model.safetensors"))
+    Checks that the trainable tensors are `f32` ({PEFT key: f32 tensor},
+    the adapter the trainer started from), rounded to bf16 by DPOTrainer,
+    and puts the exact f32 values back (the optimizer is built later, in
+    train(), so it steps the f32 tensors)."""
     n = 0
     for name, p in pm.named_parameters():
         if not p.requires_grad:
             continue
         assert ".default." in name, name
-        want = src[name.replace(".default.", ".")]
+        want = f32[name.replace(".default.", ".")]
+        assert want.dtype == torch.float32, (name, want.dtype)
         assert p.dtype == (torch.bfloat16 if kind == "dpo" else torch.float32), (name, p.dtype)
         assert torch.equal(p.detach().float(), want.to(p.dtype).float()), name
-        if undo:
-            p.data = want.clone()
+        p.data = want.clone()
         n += 1
-    assert n == len(src), (n, len(src))
+    assert n == len(f32), (n, len(f32))
 
 
 # ---------------------------------------------------------------------------
@@ -636,6 +702,45 @@ def write_inputs():
     set_seed(SEED)
     pm = get_peft_model(m, lora_config())
     save_adapter(pm, os.path.join(OUT, "adapters", "fresh"))
+
+
+@step("nf4_inputs")
+def write_nf4_inputs():
+    """adapters_nf4/: the adapters of --more's NF4 cases, on NF4_MODEL_DIR
+    (made on its f32 weights; LoRA sees only the shapes): init, A and B ~
+    N(0, 0.1) (seed 1, as adapters/init), and fresh, as TRL creates it
+    from peft_config (set_seed(42), get_peft_model; checked against
+    DPOTrainer's own in run_trl). Also checks that data_ids.jsonl fits the
+    base's vocabulary."""
+    from peft import get_peft_model
+    from transformers import set_seed
+    with open(os.path.join(NF4_MODEL_DIR, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    for r in read_ids():
+        for k, v in r.items():
+            assert all(0 <= i < vocab for i in v), ("id outside the NF4 base's vocab", k, v)
+    torch.manual_seed(1)
+    m = base_model(model_dir=NF4_MODEL_DIR)
+    m.name_or_path = None
+    pm = get_peft_model(m, lora_config())
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "lora_" in n:
+                p.normal_(0.0, 0.1)
+    save_adapter(pm, adapter_dir("init", nf4=True))
+    m = base_model(model_dir=NF4_MODEL_DIR)
+    m.name_or_path = None
+    set_seed(SEED)
+    pm = get_peft_model(m, lora_config())
+    save_adapter(pm, adapter_dir("fresh", nf4=True))
+    for name in ("init", "fresh"):
+        from safetensors.torch import load_file
+        sd = load_file(os.path.join(adapter_dir(name, nf4=True), "adapter_model.safetensors"))
+        assert all(v.dtype == torch.float32 for v in sd.values()), name
+        layers = len(nf4_modules()) // len(NF4_PROJECTIONS)
+        assert len(sd) == layers * len(TARGETS) * 2, (name, sorted(sd))  # lora_A and lora_B per target
+        if name == "fresh":
+            assert all(not v.any() for k, v in sd.items() if "lora_B" in k), "fresh lora_B must be 0"
 
 
 def tokenized_rows():
@@ -862,10 +967,10 @@ def trainer_classes():
 def run_trl(method, start, opt, form, variant=None):
     """One optimizer step of TRL's trainer. Returns (loss, metrics, initial
     adapter, adapter after the step, first batch). variant (--more): None
-    (the base in f32, data.jsonl / data_ids.jsonl), "nf4" (the base loaded
-    in NF4 by bitsandbytes), "nf4_f32lora" (the same with DPOTrainer's bf16
-    cast of the trainable LoRA tensors undone), "chat" (data_chat.jsonl /
-    data_chat_ids.jsonl with chat_tokenizer/)."""
+    (the base in f32, data.jsonl / data_ids.jsonl), "nf4" (NF4_MODEL_DIR
+    loaded in NF4 by bitsandbytes, the adapters of adapters_nf4/, and
+    DPOTrainer's bf16 cast of the trainable LoRA tensors undone: f32 LoRA),
+    "chat" (data_chat.jsonl / data_chat_ids.jsonl with chat_tokenizer/)."""
     from datasets import Dataset
     from trl import DPOConfig
     from trl.experimental.cpo import CPOConfig
@@ -873,7 +978,7 @@ def run_trl(method, start, opt, form, variant=None):
     kind, method_kw = METHODS[method]
     cls = trainer_classes()[kind]
     config_cls = {"dpo": DPOConfig, "cpo": CPOConfig, "orpo": ORPOConfig}[kind]
-    nf4 = variant in ("nf4", "nf4_f32lora")
+    nf4 = variant == "nf4"
     if variant == "chat":
         rows = read_jsonl("data_chat.jsonl") if form == "strings" else read_jsonl("data_chat_ids.jsonl")
         if form == "strings" and kind == "dpo":
@@ -894,7 +999,7 @@ def run_trl(method, start, opt, form, variant=None):
             model.name_or_path = None
             kw["peft_config"] = lora_config()
         else:
-            model = load_adapter(os.path.join(OUT, "adapters", "init" if start == "init" else "fresh"), nf4=nf4)
+            model = load_adapter(adapter_dir("init" if start == "init" else "fresh", nf4=nf4), nf4=nf4)
         tok = tokenizer("chat_tokenizer" if variant == "chat" else "tokenizer")
         if kind != "dpo":
             # CPO/ORPOTrainer build their collator with tokenizer.pad_token_id
@@ -903,7 +1008,9 @@ def run_trl(method, start, opt, form, variant=None):
             # tokenizer is not configured with a padding token"). Set it as
             # the error asks: the same id (EOS, 1) DPOTrainer pads with.
             tok.pad_token = tok.eos_token
-        trainer = cls(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok, **kw)
+        with FreshAdapterRecorder(cls) as fresh:
+            trainer = cls(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
+                          **kw)
         pm = trainer.model
         if kind == "dpo" and start != "fresh":
             assert "ref" in pm.peft_config, "TRL did not add its 'ref' adapter"
@@ -921,8 +1028,16 @@ def run_trl(method, start, opt, form, variant=None):
                         loaded += 1
             assert loaded == len(want), (loaded, len(want))
         if nf4:
+            assert start != "ref", "no NF4 case with a reference adapter"
             check_nf4_base(pm)
-            restore_f32_lora(pm, start, kind, undo=variant == "nf4_f32lora")
+            from safetensors.torch import load_file
+            saved = load_file(os.path.join(adapter_dir(start, nf4=True), "adapter_model.safetensors"))
+            if start == "fresh":
+                # TRL's own f32 adapter, before DPOTrainer's bf16 cast, is adapters_nf4/fresh.
+                assert fresh.state is not None and fresh.state.keys() == saved.keys(), "no fresh adapter seen"
+                for k in saved:
+                    assert torch.equal(fresh.state[k], saved[k]), ("TRL's fresh adapter differs", k)
+            restore_f32_lora(pm, kind, saved)
         init = adapter_state(pm)
         trainer.train()
         logs = dict(trainer.state.log_history[0])
@@ -944,22 +1059,23 @@ def batch_of(rows, pad_id):
     return ids, attn, cmask
 
 
-def f64_model(adapter_dir, nf4=False):
-    """Base in f64 with the adapter from adapter_dir (None: no adapter).
-    nf4: the base's layer projections replaced by their NF4 round trip."""
+def f64_model(adapter, nf4=False):
+    """Base in f64 with the adapter from folder `adapter` (None: no adapter).
+    nf4: NF4_MODEL_DIR with its layer projections replaced by their NF4
+    round trip."""
     if not nf4:
-        if adapter_dir is None:
+        if adapter is None:
             return base_model(torch.float64).eval()
-        return load_adapter(adapter_dir, trainable=True, dtype=torch.float64).eval()
+        return load_adapter(adapter, trainable=True, dtype=torch.float64).eval()
     from peft import PeftModel
-    m = base_model(torch.float64)
+    m = base_model(torch.float64, model_dir=NF4_MODEL_DIR)
     with torch.no_grad():
         for name, w in nf4_dequantized().items():
             m.get_parameter(name).copy_(w.double())
-    if adapter_dir is None:
+    if adapter is None:
         return m.eval()
     m.name_or_path = None
-    return PeftModel.from_pretrained(m, adapter_dir, is_trainable=True).eval()
+    return PeftModel.from_pretrained(m, adapter, is_trainable=True).eval()
 
 
 def per_token(logits, ids):
@@ -968,11 +1084,9 @@ def per_token(logits, ids):
     return lp.gather(-1, ids[:, 1:, None])[..., 0]
 
 
-def hand(method, policy_dir, ref_dir, rows, beta=0.1, gamma=0.5, nf4=False, bf16_policy=False):
+def hand(method, policy_dir, ref_dir, rows, beta=0.1, gamma=0.5, nf4=False):
     """Loss, metrics and gradients (by LoRA key) from the formulas, in f64.
-    nf4: on the NF4 round-tripped base; bf16_policy: the policy's LoRA
-    tensors first rounded to bf16 (as TRL's DPOTrainer casts them on a
-    quantized base; its bf16 LoRA arithmetic is not reproduced)."""
+    nf4: on the NF4 round-tripped NF4_MODEL_DIR."""
     import torch.nn.functional as F
     from peft import get_peft_model_state_dict
     ids, attn, cmask = batch_of(rows, pad_id=1)
@@ -980,9 +1094,6 @@ def hand(method, policy_dir, ref_dir, rows, beta=0.1, gamma=0.5, nf4=False, bf16
     pol = f64_model(policy_dir, nf4=nf4)
     for n, p in pol.named_parameters():
         p.requires_grad_("lora_" in n)
-        if bf16_policy and "lora_" in n:
-            with torch.no_grad():
-                p.copy_(p.to(torch.bfloat16).double())
     logits = pol(input_ids=ids, attention_mask=attn).logits
     lp = per_token(logits, ids)
     m = cmask[:, 1:].double()
@@ -1070,10 +1181,8 @@ def run_case(method, start, opt, variant=None):
     the pre-tokenized rows verbatim: must agree bitwise) and once by hand in
     f64. Returns (name, expected entry, tensors, diffs to the f64 check)."""
     name = f"{method}.{start}.{opt}" + (f".{variant}" if variant else "")
-    nf4 = variant in ("nf4", "nf4_f32lora")
+    nf4 = variant == "nf4"
     kind = METHODS[method][0]
-    # DPOTrainer rounds the trainable LoRA tensors to bf16 on a quantized base.
-    bf16_lora = variant == "nf4" and kind == "dpo"
     loss, logs, init, after, batch = run_trl(method, start, opt, "strings", variant)
     loss2, logs2, init2, after2, batch2 = run_trl(method, start, opt, "ids", variant)
     # Strings through TRL's tokenization == the pre-tokenized rows verbatim.
@@ -1089,17 +1198,15 @@ def run_case(method, start, opt, variant=None):
             assert torch.equal(batch[k], batch2[k]), (name, "batch", k)
     if start == "fresh":
         from safetensors.torch import load_file
-        fresh_init = load_file(os.path.join(OUT, "adapters", "fresh", "adapter_model.safetensors"))
+        fresh_init = load_file(os.path.join(adapter_dir("fresh", nf4=nf4), "adapter_model.safetensors"))
+        assert init.keys() == fresh_init.keys(), name
         for k in init:
-            want = fresh_init[k].to(torch.bfloat16).float() if bf16_lora else fresh_init[k]
-            assert torch.equal(init[k], want), ("TRL's fresh adapter differs from adapters/fresh", k)
+            assert torch.equal(init[k], fresh_init[k]), ("TRL's fresh adapter differs from the saved one", k)
     # Independent f64 recomputation.
-    policy_dir = os.path.join(OUT, "adapters", {"fresh": "fresh", "init": "init", "ref": "fresh"}[start])
-    ref_dir = {"fresh": None, "init": os.path.join(OUT, "adapters", "init"),
-               "ref": os.path.join(OUT, "adapters", "ref")}[start]
+    policy_dir = adapter_dir({"fresh": "fresh", "init": "init", "ref": "fresh"}[start], nf4=nf4)
+    ref_dir = {"fresh": None, "init": adapter_dir("init", nf4=nf4), "ref": adapter_dir("ref")}[start]
     rows = read_jsonl("data_chat_ids.jsonl") if variant == "chat" else read_ids()
-    h_loss, h_metrics, h_params, h_grads, pairs = hand(method, policy_dir, ref_dir, rows, nf4=nf4,
-                                                       bf16_policy=bf16_lora)
+    h_loss, h_metrics, h_params, h_grads, pairs = hand(method, policy_dir, ref_dir, rows, nf4=nf4)
     d_loss = abs(h_loss - loss)
     d_met = max(abs(h_metrics[k] - logs[k]) for k in h_metrics)
     missing = [k for k in h_metrics if k not in logs]
@@ -1118,10 +1225,10 @@ def run_case(method, start, opt, variant=None):
           f"max|dadapter| {d_ad:.1e}")
     settings = {"trainer": {"dpo": "DPOTrainer", "cpo": "CPOTrainer", "orpo": "ORPOTrainer"}[kind],
                 **{k: v for k, v in METHODS[method][1].items()}, "beta": 0.1,
-                "start": start, "policy_adapter": f"adapters/{os.path.basename(policy_dir)}",
-                "reference": ("none" if kind != "dpo" else
-                              {"fresh": "base (adapter disabled)", "init": "adapters/init (TRL's 'ref' copy)",
-                               "ref": "adapters/ref (loaded into TRL's 'ref' adapter)"}[start]),
+                "start": start, "policy_adapter": rel(policy_dir),
+                "reference": ("none" if kind != "dpo" else "base (adapter disabled)" if start == "fresh" else
+                              f"{rel(ref_dir)} " + {"init": "(TRL's 'ref' copy)",
+                                                    "ref": "(loaded into TRL's 'ref' adapter)"}[start]),
                 "optim": OPTS[opt]["optim"], "learning_rate": LR[opt], "weight_decay": 0.0,
                 "max_grad_norm": 0.0, "lr_scheduler_type": "constant", "batch_pairs": 4}
     if kind == "cpo":
@@ -1164,53 +1271,41 @@ def cases():
 # expected_more.safetensors (same layout as expected.json/.safetensors).
 
 NF4_SETTINGS = {
-    "base": "tests/fixtures/llama/gqa_llama3, loaded in NF4 by transformers + bitsandbytes",
+    "base": "tests/fixtures/qlora/llama (hidden 128, intermediate 128, vocab 128, 2 layers), loaded in NF4 by "
+            "transformers + bitsandbytes",
     "quantization": {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": "float32",
                      "bnb_4bit_use_double_quant": False, "blocksize": 64,
                      "quantized": "the 14 layer projections (q,k,v,o,gate,up,down of both layers); "
                                   "embeddings, norms and lm_head stay f32",
-                     "blocks": "over the row-major flattened weight (in_features is 32 or 64 here, "
-                               "so a block of 64 can span two rows)"},
+                     "blocks": "over the row-major flattened weight; every in_features is 128, so each row "
+                               "holds two whole blocks (hlo-train's NF4 layout)"},
     "data": "data.jsonl (TRL's tokenization) and data_ids.jsonl (verbatim): the same",
+    "lora_dtype": "float32",
 }
 
 
-def _nf4_settings(kind, f32):
+def _nf4_settings(kind):
     out = dict(NF4_SETTINGS)
-    if kind == "dpo" and not f32:
-        out.update(lora_dtype="bfloat16",
-                   lora_note="TRL 1.16's DPOTrainer casts the trainable LoRA tensors to bf16 on a quantized base "
-                             "(after copying them into its f32 'ref' adapter): the policy starts from the adapter "
-                             "rounded to bf16, its LoRA path runs in bf16 (PEFT casts x to the LoRA dtype, the "
-                             "result back to f32), the gradients and the optimizer step are bf16; the tensors in "
-                             "expected_more.safetensors are those bf16 values as f32")
-    elif kind == "dpo":
-        out.update(lora_dtype="float32",
-                   lora_note="TRL 1.16's DPOTrainer with its bf16 cast of the trainable LoRA tensors undone "
-                             "(the adapter's f32 values put back after the trainer is built, before train() "
-                             "builds the optimizer); everything else as TRL runs it")
+    if kind == "dpo":
+        out["lora_note"] = ("TRL 1.16's DPOTrainer casts the trainable LoRA tensors to bf16 on a quantized base "
+                            "(FORMULAS.md section 9); here that cast is undone: the adapter's f32 values are put "
+                            "back after the trainer is built, before train() builds the optimizer (f32 LoRA, "
+                            "f32 gradients and step); everything else as TRL runs it")
     else:
-        out.update(lora_dtype="float32",
-                   lora_note="ORPOTrainer casts nothing (its cast needs bf16=True); with peft_config it would "
-                             "also call prepare_model_for_kbit_training, not with a PeftModel")
+        out["lora_note"] = ("ORPOTrainer casts nothing (its cast needs bf16=True); with peft_config it would "
+                            "also call prepare_model_for_kbit_training, not with a PeftModel")
     return out
 
 
 MORE_SETTINGS = {
-    "nf4": lambda kind: _nf4_settings(kind, f32=False),
-    "nf4_f32lora": lambda kind: _nf4_settings(kind, f32=True),
+    "nf4": _nf4_settings,
     "chat": lambda kind: {"data": "data_chat.jsonl (TRL's chat template path) and data_chat_ids.jsonl "
                                   "(verbatim): the same",
                           "tokenizer": "chat_tokenizer"},
 }
-# The bf16-LoRA cases against the f64 check (which rounds the policy's
-# starting LoRA tensors to bf16 but computes in f64): ~1e-3 seen.
-BF16_TOLERANCE = 5e-3
 MORE_CASES = [
-    ("dpo", "init", "sgd", "nf4"), ("dpo", "fresh", "sgd", "nf4"), ("orpo", "init", "sgd", "nf4"),
-    ("dpo", "init", "adamw", "nf4"),
-    ("dpo", "init", "sgd", "nf4_f32lora"), ("dpo", "fresh", "sgd", "nf4_f32lora"),
-    ("dpo", "init", "adamw", "nf4_f32lora"),
+    ("dpo", "init", "sgd", "nf4"), ("dpo", "fresh", "sgd", "nf4"), ("dpo", "init", "adamw", "nf4"),
+    ("orpo", "init", "sgd", "nf4"), ("ipo", "init", "sgd", "nf4"),
     ("dpo", "init", "sgd", "chat"), ("dpo", "fresh", "sgd", "chat"), ("orpo", "init", "sgd", "chat"),
 ]
 
@@ -1219,31 +1314,37 @@ MORE_CASES = [
 def more_cases():
     import bitsandbytes, peft, trl, transformers
     expected, tensors = {}, {}
-    exact = {"loss": 0.0, "metrics": 0.0, "adapter": 0.0, "grad_norm": 0.0}
-    bf16 = dict(exact)
+    worst = {"loss": 0.0, "metrics": 0.0, "adapter": 0.0, "grad_norm": 0.0}
     for method, start, opt, variant in MORE_CASES:
         name, entry, after, diffs = run_case(method, start, opt, variant)
-        worst = bf16 if entry["settings"].get("lora_dtype") == "bfloat16" else exact
-        worst.update({k: max(worst[k], diffs[k]) for k in worst})
+        worst = {k: max(worst[k], diffs[k]) for k in worst}
         expected[name] = entry
         tensors.update(after)
+    with open(os.path.join(NF4_MODEL_DIR, "config.json")) as f:
+        nf4_config_json = json.load(f)
     expected["_meta"] = {
         "versions": {"torch": torch.__version__, "trl": trl.__version__, "transformers": transformers.__version__,
                      "peft": peft.__version__, "bitsandbytes": bitsandbytes.__version__},
         "lora": {"r": 4, "lora_alpha": 8, "target_modules": TARGETS, "dropout": 0.0},
         "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 1,
         "chat_special_token_ids": {s: 96 + k for k, s in enumerate(CHAT_SPECIAL)},
-        "f64_check_max_abs_diff": exact,
-        "f64_check_max_abs_diff_bf16_lora": bf16,
+        "nf4": {"cases": sorted(n for n in expected if n.endswith(".nf4")),
+                "base": os.path.relpath(NF4_MODEL_DIR, ROOT),
+                "base_config": {k: nf4_config_json[k] for k in ("hidden_size", "intermediate_size", "vocab_size",
+                                                                "num_hidden_layers", "num_attention_heads",
+                                                                "num_key_value_heads", "head_dim")},
+                "adapters": {"fresh": rel(adapter_dir("fresh", nf4=True)),
+                             "init": rel(adapter_dir("init", nf4=True))},
+                "lora_dtype": "float32 (DPOTrainer's bf16 cast on a quantized base undone)"},
+        "chat_base": os.path.relpath(MODEL_DIR, ROOT),
+        "f64_check_max_abs_diff": worst,
     }
     with open(os.path.join(OUT, "expected_more.json"), "w") as f:
         json.dump(expected, f, indent=1, sort_keys=True)
         f.write("\n")
     save_file(contiguous(tensors), os.path.join(OUT, "expected_more.safetensors"))
-    print("f64 check, worst over the f32 cases:", exact)
-    print("f64 check, worst over the bf16-LoRA cases:", bf16)
-    assert all(v < 1e-5 for v in exact.values()), exact
-    assert all(v < BF16_TOLERANCE for v in bf16.values()), bf16
+    print("f64 check, worst over all cases:", worst)
+    assert all(v < 1e-5 for v in worst.values()), worst
 
 
 if __name__ == "__main__":
@@ -1258,6 +1359,7 @@ if __name__ == "__main__":
         print("bitsandbytes", bitsandbytes.__version__)
         write_chat_inputs()
         write_chat_ids()
+        write_nf4_inputs()
         more_cases()
     elif sys.argv[1:]:
         sys.exit(f"usage: {sys.argv[0]} [--more]")
