@@ -40,7 +40,8 @@ struct Case {
     method: &'static str,
     start: &'static str,
     optimizer: &'static str,
-    /// `chat`: conversational pairs (a case of `expected_more`).
+    /// `chat`: conversational pairs; `nf4`: the 128-wide QLoRA fixture
+    /// base in NF4, with its own adapters (cases of `expected_more`).
     variant: Option<&'static str>,
 }
 
@@ -70,11 +71,16 @@ impl Case {
             "simpo_a0" => "simpo",
             m => m,
         };
+        let nf4 = self.variant == Some("nf4");
+        let checkpoint = match nf4 {
+            true => fixture("../qlora/llama"),
+            false => fixture("gqa_llama3"),
+        };
         let mut f: Vec<String> = [
             "--objective",
             objective,
             "--checkpoint",
-            fixture("gqa_llama3").to_str().unwrap(),
+            checkpoint.to_str().unwrap(),
             "--batch",
             "4",
             "--seq",
@@ -104,7 +110,11 @@ impl Case {
         if self.method == "simpo_a0" {
             f.extend(["--cpo-alpha".into(), "0".into()]);
         }
-        let adapter = |a: &str| preference(&format!("adapters/{a}")).display().to_string();
+        if nf4 {
+            f.extend(["--quantize".into(), "nf4".into()]);
+        }
+        let folder = if nf4 { "adapters_nf4" } else { "adapters" };
+        let adapter = |a: &str| preference(&format!("{folder}/{a}")).display().to_string();
         // TRL's fresh adapter (B = 0): as the policy it equals the base,
         // so a frozen copy of it is the base as the reference.
         match self.start {
@@ -477,4 +487,35 @@ fn data_shows_pairs_with_their_completions_marked() {
         "4 steps of 2 pairs take 2.00 epochs of the 4 pairs that teach something",
     ];
     assert_eq!(out.lines().collect::<Vec<_>>(), want, "{out}");
+}
+
+/// QLoRA: the 128-wide fixture base quantized to NF4 on load, as
+/// bitsandbytes quantizes it for TRL (f32 LoRA: TRL 1.16's DPOTrainer
+/// would cast the adapter to bf16 on a 4-bit base; the fixture undoes
+/// that, see FORMULAS.md).
+#[test]
+fn nf4_bases_equal_trl() {
+    for (method, start, optimizer) in [
+        ("dpo", "init", "sgd"),
+        ("dpo", "fresh", "sgd"),
+        ("dpo", "init", "adamw"),
+        ("ipo", "init", "sgd"),
+        ("orpo", "init", "sgd"),
+    ] {
+        let case = Case {
+            variant: Some("nf4"),
+            ..Case::new(method, start, optimizer)
+        };
+        check(&case, &ids(), &[]);
+    }
+    // Codes and block scales split over a 1×2×2 mesh as the weights.
+    let case = Case {
+        variant: Some("nf4"),
+        ..Case::new("dpo", "init", "sgd")
+    };
+    check(
+        &case,
+        &ids(),
+        &["--devices", "4", "--mesh", "dp=1,fsdp=2,mp=2"],
+    );
 }
