@@ -22,6 +22,9 @@ pub struct Batch {
     pub loss_mask: Vec<f32>,
     pub positions: Vec<i32>,
     pub segment_ids: Vec<i32>,
+    /// A preference batch's reference log-probabilities, one per row
+    /// (empty unless computed before training).
+    pub ref_logps: Vec<f32>,
     /// Tokens whose prediction counts.
     pub targets: usize,
 }
@@ -33,6 +36,7 @@ impl Batch {
             loss_mask: vec![0.0; rows * seq],
             positions: vec![0; rows * seq],
             segment_ids: vec![0; rows * seq],
+            ref_logps: Vec::new(),
             targets: 0,
         }
     }
@@ -79,14 +83,29 @@ pub fn eval_batches(examples: &[Example], seq: usize, batch: usize) -> Vec<Batch
 /// Preference pairs once, in file order, as batches of `pairs` pairs
 /// (rows as [`Loader::pairs`] lays them out; the last batch filled with
 /// empty pairs, which count nothing): the held-out set.
-pub fn eval_pair_batches(pairs: &[PreferencePair], seq: usize, per_batch: usize) -> Vec<Batch> {
+/// `reference`: each pair's reference log-probabilities (chosen, rejected),
+/// when computed before training.
+pub fn eval_pair_batches(
+    pairs: &[PreferencePair],
+    seq: usize,
+    per_batch: usize,
+    reference: Option<&[[f32; 2]]>,
+) -> Vec<Batch> {
     pairs
         .chunks(per_batch)
-        .map(|chunk| {
+        .enumerate()
+        .map(|(k, chunk)| {
             let mut b = Batch::empty(2 * per_batch, seq);
+            if reference.is_some() {
+                b.ref_logps = vec![0.0; 2 * per_batch];
+            }
             for (row, pair) in chunk.iter().enumerate() {
                 b.put(&pair.chosen, row, 0, seq, 1);
                 b.put(&pair.rejected, per_batch + row, 0, seq, 1);
+                if let Some(r) = reference {
+                    let [c, j] = r[k * per_batch + row];
+                    (b.ref_logps[row], b.ref_logps[per_batch + row]) = (c, j);
+                }
             }
             b
         })
@@ -101,6 +120,9 @@ pub struct Loader {
     /// Each pair's rejected side, beside its chosen side in `examples`
     /// (empty unless loading pairs).
     rejected: Vec<Example>,
+    /// Each pair's reference log-probabilities (chosen, rejected), when
+    /// computed before training (else empty).
+    reference: Vec<[f32; 2]>,
     seq: usize,
     batch: usize,
     seed: u64,
@@ -116,6 +138,7 @@ impl Loader {
         Loader {
             examples,
             rejected: Vec::new(),
+            reference: Vec::new(),
             seq,
             batch,
             seed,
@@ -170,6 +193,15 @@ impl Loader {
         idx
     }
 
+    /// Pairs with their reference log-probabilities (chosen, rejected),
+    /// one per pair in the order given to [`Loader::pairs`]: batches then
+    /// carry them in `ref_logps`.
+    pub fn with_reference(mut self, reference: Vec<[f32; 2]>) -> Loader {
+        assert_eq!(reference.len(), self.rejected.len(), "one per pair");
+        self.reference = reference;
+        self
+    }
+
     /// The index of the example at cursor position `k` (epochs
     /// reshuffled).
     fn index_at(&self, k: u64, cache: &mut (u64, Vec<usize>)) -> usize {
@@ -190,11 +222,17 @@ impl Loader {
     fn next_pairs(&mut self) -> Batch {
         let (seq, pairs) = (self.seq, self.batch);
         let mut out = Batch::empty(2 * pairs, seq);
+        if !self.reference.is_empty() {
+            out.ref_logps = vec![0.0; 2 * pairs];
+        }
         let mut cache = (u64::MAX, Vec::new());
         for row in 0..pairs {
             let i = self.index_at(self.cursor, &mut cache);
             out.put(&self.examples[i], row, 0, seq, 1);
             out.put(&self.rejected[i], pairs + row, 0, seq, 1);
+            if let Some(&[c, r]) = self.reference.get(i) {
+                (out.ref_logps[row], out.ref_logps[pairs + row]) = (c, r);
+            }
             self.cursor += 1;
         }
         out
@@ -295,7 +333,7 @@ mod tests {
             };
             3
         ];
-        let b = eval_pair_batches(&pairs, 4, 2);
+        let b = eval_pair_batches(&pairs, 4, 2, None);
         assert_eq!(b.len(), 2);
         // The second batch: one pair (rows 0 and 2), rows 1 and 3 empty.
         let last = &b[1];

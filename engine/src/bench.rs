@@ -37,6 +37,9 @@ pub fn synthetic_batch(rows: usize, seq: usize, vocab: i64) -> Batch {
         loss_mask: vec![1.0; n],
         positions: (0..n).map(|i| (i % seq) as i32).collect(),
         segment_ids: vec![1; n],
+        // A precomputed reference's per-row log-probs (read only by such a
+        // step).
+        ref_logps: vec![-1.0; rows],
         targets: n,
     }
 }

@@ -57,6 +57,7 @@ pub mod model;
 pub mod pipeline;
 pub mod plan;
 pub mod processes;
+pub mod reference;
 pub mod run;
 pub mod run_spec;
 pub mod session;

@@ -21,7 +21,9 @@
 
 use std::path::{Path, PathBuf};
 
-use hlo_data::{eval_batches, eval_pair_batches, Batch, DataStats, Loader, Tokenizer};
+use hlo_data::{
+    eval_batches, eval_pair_batches, Batch, DataStats, Loader, PreferencePair, Tokenizer,
+};
 use hlo_ir::DType;
 use hlo_models::adapter::Adapter;
 use hlo_models::preference::Reference;
@@ -156,6 +158,7 @@ fn identities(spec: &RunSpec, model: &Model, data: &Dataset) -> Result<RunSettin
         if let Some(dir) = &p.ref_adapter {
             s.set("ref-adapter", absolute(dir));
         }
+        s.set("precompute-ref", p.precompute_ref);
     }
     s.set("steps", spec.steps);
     Ok(s)
@@ -202,8 +205,12 @@ fn reference_adapter(spec: &RunSpec, model: &Model) -> Result<Option<Adapter>> {
         return Ok(None);
     }
     if spec.step.lora.is_none() {
+        if spec.preference.precompute_ref {
+            // The base as training starts, scored before it changes.
+            return Ok(None);
+        }
         return Err(refuse(
-            "full finetuning would keep a second copy of the base as the reference, which is not supported; train LoRA (leave out --full)".into(),
+            "full finetuning would keep a second copy of the base as the reference; add --precompute-ref (its log-probabilities computed before training) or train LoRA".into(),
         ));
     }
     let Some(dir) = spec
@@ -225,6 +232,23 @@ fn reference_adapter(spec: &RunSpec, model: &Model) -> Result<Option<Adapter>> {
     Ok(Some(adapter))
 }
 
+/// Each pair's reference log-probabilities when `tc`'s reference is
+/// precomputed (None otherwise).
+fn reference_scores(
+    backend: &Backend,
+    model: &Model,
+    tc: &TrainConfig,
+    reference: Option<&Adapter>,
+    pairs: &[PreferencePair],
+) -> Result<Option<Vec<[f32; 2]>>> {
+    match tc.preference.map(|p| p.reference) {
+        Some(Reference::Precomputed) => Ok(Some(crate::reference::precompute(
+            backend, model, tc, reference, pairs,
+        )?)),
+        _ => Ok(None),
+    }
+}
+
 /// The traced step of `spec` over `backend`'s mesh: LoRA settings from a
 /// resumed run's own adapter (unless chosen anew), else the adapter it
 /// starts from, else the spec's; a preference objective against
@@ -238,6 +262,7 @@ fn train_config(
     resumed: bool,
 ) -> Result<TrainConfig> {
     let kind = match reference {
+        _ if spec.preference.precompute_ref => Reference::Precomputed,
         Some(_) => Reference::Adapter,
         None => Reference::Base,
     };
@@ -253,8 +278,9 @@ fn train_config(
         (_, Some(a)) => tc.lora = Some(a.lora.clone()),
         _ => {}
     }
-    // The reference runs in the policy's form on its own tensors.
-    if let (Some(r), Some(l)) = (reference, &tc.lora) {
+    // A reference in the step runs in the policy's form on its own
+    // tensors (a precomputed one runs in its own).
+    if let (Some(r), Some(l), Reference::Adapter) = (reference, &tc.lora, kind) {
         if &r.lora != l {
             return Err(EngineError::Preference {
                 objective: spec.objective.name(),
@@ -342,20 +368,38 @@ impl Run {
         let stats = data.stats;
         let identities = identities(&spec, &model, &data)?;
         let preference = spec.objective.is_preference();
+        // A precomputed reference scores the pairs now, before the step's
+        // state is placed.
+        let precompute = |pairs: &[PreferencePair]| {
+            reference_scores(&backend, &model, &tc, reference.as_ref(), pairs)
+        };
         let (loader, learning) = if preference {
             // Pairs whose prompt fills the row are left out (TRL's filter).
             let pairs = data.learning_pairs(seq)?;
             let n = pairs.len();
-            (
-                Loader::pairs(pairs, seq, spec.step.batch as usize, spec.seed),
-                n,
-            )
+            let scores = precompute(&pairs)?;
+            let loader = Loader::pairs(pairs, seq, spec.step.batch as usize, spec.seed);
+            let loader = match scores {
+                Some(s) => loader.with_reference(s),
+                None => loader,
+            };
+            (loader, n)
         } else {
             // Samples with nothing to learn within a row are left out.
             let examples = data.learning(seq)?;
             let n = examples.len();
             // A step takes `grad_accum` micro-batches of `batch` rows.
             (Loader::new(examples, seq, tc.rows() as usize, spec.seed), n)
+        };
+        let per_batch = spec.step.batch as usize;
+        let has_eval = held_out.is_some();
+        let eval = match held_out {
+            Some(e) if preference => {
+                let scores = precompute(&e.pairs)?;
+                eval_pair_batches(&e.pairs, seq, per_batch, scores.as_deref())
+            }
+            Some(e) => eval_batches(&e.examples, seq, per_batch),
+            None => Vec::new(),
         };
         let unpacked_fill = loader.mean_len().min(seq as f64) / seq as f64;
         if spec.step.packing == Toggle::Auto && !preference {
@@ -379,6 +423,7 @@ impl Run {
                 )));
             }
         }
+        let in_step = tc.preference.map(|p| p.reference) == Some(Reference::Adapter);
         let mut session = Session::new(
             backend,
             model,
@@ -387,8 +432,9 @@ impl Run {
                 mode: spec.mode,
                 seed: spec.seed,
                 init_adapter: init,
-                reference_adapter: reference,
-                eval: held_out.is_some(),
+                // Only a reference in the step needs its tensors placed.
+                reference_adapter: reference.clone().filter(|_| in_step),
+                eval: has_eval,
                 ..SessionOptions::default()
             },
         )?;
@@ -396,13 +442,7 @@ impl Run {
             session.restore(&saved.tensors)?;
             loader.cursor = saved.state.data_cursor;
         }
-        let per_batch = spec.step.batch as usize;
-        let eval = held_out
-            .map(|e| match preference {
-                true => eval_pair_batches(&e.pairs, seq, per_batch),
-                false => eval_batches(&e.examples, seq, per_batch),
-            })
-            .unwrap_or_default();
+
         Ok(Run {
             spec,
             session,

@@ -206,6 +206,10 @@ pub struct PreferenceSpec {
     /// starts: the base for a fresh adapter, a frozen copy of
     /// `init_adapter`).
     pub ref_adapter: Option<PathBuf>,
+    /// Compute the reference's log-probabilities once before training
+    /// (no reference forward in the step, nothing of it on the devices
+    /// while training; full finetuning then has a reference too).
+    pub precompute_ref: bool,
 }
 
 impl Default for PreferenceSpec {
@@ -215,6 +219,7 @@ impl Default for PreferenceSpec {
             simpo_gamma: 0.5,
             cpo_alpha: 1.0,
             ref_adapter: None,
+            precompute_ref: false,
         }
     }
 }
@@ -387,7 +392,7 @@ impl Default for RunSpec {
 /// The settings a run records and a resumed run takes back, by name.
 /// (A setting that names a file is compared by the file's identity too:
 /// `model-fingerprint`, `data-fingerprint`.)
-pub const SETTINGS: [&str; 38] = [
+pub const SETTINGS: [&str; 39] = [
     "model",
     "config",
     "checkpoint",
@@ -404,6 +409,7 @@ pub const SETTINGS: [&str; 38] = [
     "simpo-gamma",
     "cpo-alpha",
     "ref-adapter",
+    "precompute-ref",
     "seed",
     "steps",
     "batch",
@@ -568,6 +574,7 @@ impl RunSpec {
             "simpo-gamma" => self.preference.simpo_gamma = num()?,
             "cpo-alpha" => self.preference.cpo_alpha = num()?,
             "ref-adapter" => self.preference.ref_adapter = path()?,
+            "precompute-ref" => self.preference.precompute_ref = flag()?,
             "seed" => self.seed = value.as_u64().ok_or_else(bad)?,
             "steps" => self.steps = int()?,
             "batch" => self.step.batch = int()?,

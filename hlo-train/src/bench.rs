@@ -35,6 +35,12 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value = "sft")]
     pub objective: ObjectiveArg,
 
+    /// With dpo or ipo: the reference's log-probabilities computed before
+    /// training (`train --precompute-ref`): no reference forward in the
+    /// step.
+    #[arg(long)]
+    pub precompute_ref: bool,
+
     #[command(flatten)]
     pub step: StepArgs,
 
@@ -80,7 +86,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         backend.mesh(),
         args.warmup_steps + args.steps,
     )?;
-    tc.preference = objective.preference(&PreferenceSpec::default(), Reference::Base);
+    let reference = match args.precompute_ref {
+        true => Reference::Precomputed,
+        false => Reference::Base,
+    };
+    tc.preference = objective.preference(&PreferenceSpec::default(), reference);
     let name = model.name.clone();
     let vocab = model.config.vocab_size;
     let mut session = Session::new(
@@ -98,7 +108,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mesh = backend.mesh();
     let device = backend.devices()[0].kind()?;
     let mode = if tc.lora.is_some() { "lora" } else { "full" };
-    let objective = objective.name();
+    let objective = match args.precompute_ref && tc.preference.is_some() {
+        true => format!("{} (reference precomputed)", objective.name()),
+        false => objective.name().to_string(),
+    };
     if args.json {
         let v = json!({
             "model": name,

@@ -213,6 +213,8 @@ pub fn print_header(run: &Run) -> Result<()> {
                     (false, _) => "no reference model",
                     (true, Reference::Base) => "the base (adapter off)",
                     (true, Reference::Adapter) => "a frozen reference adapter",
+                    (true, Reference::Precomputed) =>
+                        "the reference's log-probabilities computed before training",
                 },
                 c.batch / 2,
                 c.batch

@@ -77,6 +77,12 @@ pub struct PlanArgs {
     #[arg(long, value_enum, default_value = "sft")]
     pub objective: ObjectiveArg,
 
+    /// With dpo or ipo: the reference's log-probabilities computed before
+    /// training (`train --precompute-ref`): no reference forward in the
+    /// step.
+    #[arg(long)]
+    pub precompute_ref: bool,
+
     #[command(flatten)]
     pub step: StepArgs,
 
@@ -163,7 +169,10 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
         objective: args.objective.into(),
         // A fresh adapter's reference; a reference adapter adds only its
         // LoRA tensors.
-        reference: Reference::Base,
+        reference: match args.precompute_ref {
+            true => Reference::Precomputed,
+            false => Reference::Base,
+        },
     };
     let tc = to_plan.train_config()?;
     let (step, memory) = plan(config, &tc, &mesh)?;

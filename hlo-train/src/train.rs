@@ -76,6 +76,13 @@ pub struct TrainArgs {
     #[arg(long, value_parser = crate::args::hub_adapter)]
     pub ref_adapter: Option<PathBuf>,
 
+    /// DPO and IPO: compute the reference's log-probabilities of every
+    /// pair once before training, so the step runs no reference forward
+    /// and the reference holds no device memory while training (and full
+    /// finetuning has a reference: the base as it starts).
+    #[arg(long)]
+    pub precompute_ref: bool,
+
     #[command(flatten)]
     pub step: StepArgs,
 
@@ -219,6 +226,7 @@ fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
             simpo_gamma: args.simpo_gamma,
             cpo_alpha: args.cpo_alpha,
             ref_adapter: args.ref_adapter.clone(),
+            precompute_ref: args.precompute_ref,
         },
         step: args.step.spec(),
         init_adapter: args.init_adapter.clone(),

@@ -519,3 +519,59 @@ fn nf4_bases_equal_trl() {
         &["--devices", "4", "--mesh", "dp=1,fsdp=2,mp=2"],
     );
 }
+
+/// `--precompute-ref`: the reference's log-probabilities computed before
+/// training give TRL's step (against another adapter, where no pair ties:
+/// a tie's reward accuracy would hang on rounding between two programs),
+/// on one device and on a mesh; full finetuning then has a reference too.
+#[test]
+fn a_precomputed_reference_equals_trl_and_lets_full_finetuning_run() {
+    for (method, optimizer) in [("dpo", "sgd"), ("ipo", "sgd"), ("dpo", "adamw")] {
+        let case = Case::new(method, "ref", optimizer);
+        check(&case, &ids(), &["--precompute-ref"]);
+    }
+    let case = Case::new("dpo", "ref", "sgd");
+    check(
+        &case,
+        &ids(),
+        &[
+            "--precompute-ref",
+            "--devices",
+            "4",
+            "--mesh",
+            "dp=1,fsdp=2,mp=2",
+        ],
+    );
+    // Full finetuning: the reference is the base as training starts, so
+    // the first loss is log 2, and the policy then moves away from it.
+    let tmp = scratch("preference", "full");
+    let metrics = tmp.join("m.jsonl");
+    let out = ok(&hlo_train(&[
+        "train",
+        "--objective",
+        "dpo",
+        "--full",
+        "--precompute-ref",
+        "--checkpoint",
+        fixture("gqa_llama3").to_str().unwrap(),
+        "--data",
+        ids().to_str().unwrap(),
+        "--batch",
+        "4",
+        "--seq",
+        "16",
+        "--steps",
+        "5",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.5",
+        "--metrics",
+        metrics.to_str().unwrap(),
+    ]));
+    assert!(out.contains("computed before training"), "{out}");
+    let loss = losses(&metrics);
+    assert!((loss[0] - std::f64::consts::LN_2).abs() < 1e-6, "{loss:?}");
+    assert!(loss[4] < loss[0] - 1e-3, "{loss:?}");
+    std::fs::remove_dir_all(tmp).unwrap();
+}

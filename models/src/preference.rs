@@ -46,6 +46,10 @@ pub enum Reference {
     /// `ref.<LoRA tensor>`: a copy of the adapter training starts from, or
     /// another one.
     Adapter,
+    /// The reference's summed log-probabilities of each row, computed once
+    /// before training ([`crate::train::reference_logps_step`]) and read
+    /// from the batch (`ref_logps`): no reference forward in the step.
+    Precomputed,
 }
 
 /// The name of the reference adapter's copy of LoRA tensor `name`.

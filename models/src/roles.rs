@@ -17,6 +17,9 @@ pub enum BatchField {
     /// Which sample of the row a token belongs to, 0 for padding (packed
     /// rows only).
     SegmentIds,
+    /// A preference batch's reference log-probabilities, computed before
+    /// training: one f32 per row (`[rows]`, not `[rows, seq]`).
+    RefLogps,
 }
 
 impl BatchField {
@@ -27,6 +30,7 @@ impl BatchField {
             BatchField::LossMask => "loss_mask",
             BatchField::Positions => "positions",
             BatchField::SegmentIds => "segment_ids",
+            BatchField::RefLogps => "ref_logps",
         }
     }
 }

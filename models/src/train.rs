@@ -246,15 +246,12 @@ fn loss_inputs(config: &ModelConfig, tc: &TrainConfig) -> Result<LossInputs, Mod
     let mut loss_inputs = base.clone();
     loss_inputs.extend(lora_params.iter().cloned());
     for field in batch_fields(tc) {
-        let dtype = if field == BatchField::LossMask {
-            DType::F32
-        } else {
-            DType::I32
+        let ty = match field {
+            BatchField::LossMask => TensorType::new(DType::F32, [tc.batch, tc.seq]),
+            BatchField::RefLogps => TensorType::new(DType::F32, [tc.batch]),
+            _ => TensorType::new(DType::I32, [tc.batch, tc.seq]),
         };
-        loss_inputs.push((
-            field.name().into(),
-            TensorType::new(dtype, [tc.batch, tc.seq]),
-        ));
+        loss_inputs.push((field.name().into(), ty));
     }
     Ok((base, lora_params, loss_inputs))
 }
@@ -266,12 +263,14 @@ pub fn batch_fields(tc: &TrainConfig) -> Vec<BatchField> {
     if tc.packing {
         fields.extend([BatchField::Positions, BatchField::SegmentIds]);
     }
-    // ORPO's likelihood term counts each row's real tokens.
-    if tc
-        .preference
-        .is_some_and(|p| p.loss.nll() == Some(NllSpan::WholeRow))
-    {
-        fields.push(BatchField::SegmentIds);
+    if let Some(p) = &tc.preference {
+        // ORPO's likelihood term counts each row's real tokens.
+        if p.loss.nll() == Some(NllSpan::WholeRow) {
+            fields.push(BatchField::SegmentIds);
+        }
+        if p.loss.needs_reference() && p.reference == Reference::Precomputed {
+            fields.push(BatchField::RefLogps);
+        }
     }
     fields
 }
@@ -287,6 +286,7 @@ fn role_of(tc: &TrainConfig) -> impl Fn(&str) -> StepInput + '_ {
             BatchField::LossMask,
             BatchField::Positions,
             BatchField::SegmentIds,
+            BatchField::RefLogps,
         ]
         .into_iter()
         .find(|f| f.name() == name);
@@ -380,6 +380,36 @@ pub fn eval_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelEr
     Ok(Step::new(function, role_of(&single)))
 }
 
+/// The reference's log-probabilities of a batch of rows, computed once
+/// before a preference run with a precomputed reference: each row's summed
+/// log-probability of its learned tokens (`logps`, `[rows]` f32), by the
+/// base, or with `lora` the base with that adapter (its tensors under the
+/// LoRA names). Inputs: the weights (and LoRA tensors), `input_ids`,
+/// `loss_mask`.
+pub fn reference_logps_step(
+    config: &ModelConfig,
+    tc: &TrainConfig,
+    lora: Option<&LoraConfig>,
+) -> Result<Step, ModelError> {
+    let plain = TrainConfig {
+        lora: lora.cloned(),
+        preference: None,
+        packing: false,
+        grad_accum: 1,
+        ..tc.clone()
+    };
+    let (_, _, inputs) = loss_inputs(config, &plain)?;
+    let m = model(config, &plain);
+    let function = trace("reference_logps", &inputs, |i| {
+        let (ids, mask) = (i["input_ids"], i["loss_mask"]);
+        let h = m.last_hidden(&Params(i), ids, None, plain.dtype);
+        let logits = m.lm_head(&Params(i), h).cast(DType::F32);
+        let (sum, _) = masked_logps_per_row(logits, ids, mask);
+        Outputs::new().add("logps", sum)
+    })?;
+    Ok(Step::new(function, role_of(&plain)))
+}
+
 /// The preference loss of a batch of pairs as one traced function, of the
 /// train step's inputs by name (weights, LoRA tensors, `input_ids` and
 /// `loss_mask`, and for ORPO `segment_ids`: 1 on each row's real tokens,
@@ -443,6 +473,16 @@ pub fn preference_loss(
         let logits = scope("policy", || forward(&policy, i));
         let mine = pair_logps(logits);
         let theirs = loss.needs_reference().then(|| {
+            if reference == Reference::Precomputed {
+                // Read from the batch: the same rows' sums, computed once.
+                let r = i[BatchField::RefLogps.name()];
+                let (half, all) = ([pairs], [2 * pairs]);
+                return PairLogps {
+                    chosen: r.slice(&[0], &half),
+                    rejected: r.slice(&half, &all),
+                    ..mine
+                };
+            }
             scope("reference", || {
                 pair_logps(if by_adapter {
                     // The policy's form, on the reference's LoRA tensors.

@@ -154,7 +154,7 @@ impl Session {
 
 /// An adapter tensor by the step's name: stacked across layers for a
 /// scan-over-layers step.
-fn adapter_tensor(a: &Adapter, name: &str, layers: i64) -> Option<Literal> {
+pub(crate) fn adapter_tensor(a: &Adapter, name: &str, layers: i64) -> Option<Literal> {
     if is_stacked(name) {
         let parts: Option<Vec<Literal>> = unstacked_names(name, layers)
             .iter()

@@ -12,6 +12,8 @@
 mod eval;
 mod init;
 
+pub(crate) use init::adapter_tensor;
+
 use eval::EvalProgram;
 pub use eval::{EvalResult, Evaluator};
 
@@ -451,6 +453,8 @@ pub(crate) fn field_array(batch: &Batch, field: BatchField, dims: &[i64]) -> Res
         BatchField::LossMask => HostArray::new(dims, &batch.loss_mask)?,
         BatchField::Positions => HostArray::new(dims, &batch.positions)?,
         BatchField::SegmentIds => HostArray::new(dims, &batch.segment_ids)?,
+        // One per row: the dims less the sequence.
+        BatchField::RefLogps => HostArray::new(&dims[..dims.len() - 1], &batch.ref_logps)?,
     })
 }
 

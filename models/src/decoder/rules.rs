@@ -43,6 +43,8 @@ pub fn partition_rules() -> Rules {
             r"^(input_ids|labels|loss_mask|positions|segment_ids)$",
             p(&[&["dp", "fsdp"], &[]]),
         ),
+        // A preference batch's per-row reference log-probs, split as rows.
+        (r"^ref_logps$", p(&[&["dp", "fsdp"]])),
     ])
     .expect("the decoder rules compile")
 }
