@@ -167,16 +167,18 @@ keys = ["loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/
 print("max abs diff over loss and rewards/logps %.2e" % max(abs(got[k] - (want["loss"] if k == "loss" else want["metrics"][k])) for k in keys))' "$OUT/dpo.jsonl" "$P/expected.json")"
 for spec in "llama3.2-1b 8 1024 1b" "llama3.1-8b 4 1024 8b"; do
   set -- $spec
-  for objective in sft dpo orpo; do
+  for objective in ${PREFERENCE_OBJECTIVES:-sft dpo dpo-precomputed orpo}; do
     # The same rows a step: SFT's batch of rows is DPO's and ORPO's pairs' two sides.
     b=$2; [ $objective != sft ] && b=$(( $2 / 2 ))
+    extra=(); [ $objective = dpo-precomputed ] && extra=(--precompute-ref)
     if "$BIN/hlo-train" bench --plugin cuda --model "$1" --dtype bf16 --lora-rank 16 --lora-alpha 32 \
-        --objective $objective --batch $b --seq "$3" --steps 10 --json >"$OUT/bench-$1-$objective.json"; then
+        --objective ${objective%-precomputed} "${extra[@]}" --batch $b --seq "$3" --steps 10 --json >"$OUT/bench-$1-$objective.json"; then
       note "hlo-train bench $1 $objective ($2 rows x seq $3): $(python3 -c 'import json, sys; v = json.load(open(sys.argv[1])); print("median step %.1f ms, %.0f tokens/s, MFU %.1f%%, compile %.1f s, peak %.1f GiB" % (v["step_time_s"] * 1e3, v["tokens_per_s"], v["mfu"] * 100, v["compile_s"], v["peak_bytes"] / 2**30))' "$OUT/bench-$1-$objective.json")"
     else
       note "hlo-train bench $1 $objective: FAILED"
     fi
   done
+  [ -n "${NO_PEER:-}" ] && continue
   python3 bench/peft_lora_step.py "$4" "$2" "$3" "$STEPS" dpo | tee "$OUT/torch-dpo-$4.txt"
   while read -r l; do note "$l"; done <"$OUT/torch-dpo-$4.txt"
 done

@@ -842,7 +842,10 @@ pub fn step_flops(config: &ModelConfig, tc: &TrainConfig) -> f64 {
             (2.0 * forward + 6.0 * lora) * tokens
         }
     };
-    // DPO's and IPO's reference model: one more forward.
-    let reference = tc.preference.is_some_and(|p| p.loss.needs_reference());
+    // DPO's and IPO's reference model: one more forward (unless computed
+    // before training).
+    let reference = tc
+        .preference
+        .is_some_and(|p| p.loss.needs_reference() && p.reference != Reference::Precomputed);
     train + if reference { forward * tokens } else { 0.0 }
 }
