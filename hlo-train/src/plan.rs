@@ -358,6 +358,15 @@ fn print_json(r: &Report, suggestions: &[Fit]) -> Result<()> {
         "mesh": r.mesh.to_string(),
         "dtype": r.dtype.to_string(),
         "seq": tc.seq,
+        // The step's rows (a preference step's: its pairs' two sides) and
+        // what it computes.
+        "rows": tc.rows(),
+        "objective": tc.preference.map_or("sft", |p| p.loss.name()),
+        "reference": tc.preference.filter(|p| p.loss.needs_reference()).map(|p| match p.reference {
+            Reference::Base => "base",
+            Reference::Adapter => "adapter",
+            Reference::Precomputed => "precomputed",
+        }),
         "attention": crate::args::attention_json(tc),
         "loss_chunk": tc.loss_chunk_for(config.vocab_size),
         "per_device": {

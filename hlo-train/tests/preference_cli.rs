@@ -575,3 +575,41 @@ fn a_precomputed_reference_equals_trl_and_lets_full_finetuning_run() {
     assert!(loss[4] < loss[0] - 1e-3, "{loss:?}");
     std::fs::remove_dir_all(tmp).unwrap();
 }
+
+/// `plan --objective` plans the step a run would take: twice the rows of
+/// `--batch` pairs, DPO's reference forward on top of SFT's bytes, less
+/// with `--precompute-ref`.
+#[test]
+fn plan_accounts_for_the_pairs_and_the_reference() {
+    let plan = |extra: &[&str]| -> Value {
+        let mut args = vec![
+            "plan",
+            "--model",
+            "tiny",
+            "--target",
+            "cpu",
+            "--seq",
+            "64",
+            "--lora-rank",
+            "16",
+            "--json",
+        ];
+        args.extend(extra);
+        serde_json::from_str(&ok(&hlo_train(&args))).unwrap()
+    };
+    let total = |v: &Value| v["per_device"]["total_bytes"].as_u64().unwrap();
+    let sft = plan(&["--batch", "8"]);
+    let dpo = plan(&["--objective", "dpo", "--batch", "4"]);
+    let pre = plan(&["--objective", "dpo", "--batch", "4", "--precompute-ref"]);
+    assert_eq!(
+        (sft["rows"].as_i64(), dpo["rows"].as_i64()),
+        (Some(8), Some(8))
+    );
+    assert_eq!(
+        (dpo["objective"].as_str(), dpo["reference"].as_str()),
+        (Some("dpo"), Some("base"))
+    );
+    assert_eq!(pre["reference"].as_str(), Some("precomputed"));
+    assert!(total(&dpo) > total(&pre), "{} {}", total(&dpo), total(&pre));
+    assert!(total(&dpo) > total(&sft), "{} {}", total(&dpo), total(&sft));
+}

@@ -108,6 +108,16 @@ fn sigmoid_loss(z: Tensor, label_smoothing: f64) -> Tensor {
 }
 
 impl PreferenceLoss {
+    /// The method's name, as `--objective` spells it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            PreferenceLoss::Dpo { .. } => "dpo",
+            PreferenceLoss::Ipo { .. } => "ipo",
+            PreferenceLoss::Simpo { .. } => "simpo",
+            PreferenceLoss::Orpo { .. } => "orpo",
+        }
+    }
+
     /// Whether the loss compares with a reference model's log-probs.
     pub fn needs_reference(&self) -> bool {
         matches!(
