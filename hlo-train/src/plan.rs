@@ -453,8 +453,22 @@ fn print_text(r: &Report) {
             Some(_) => ", projections in NF4",
             None => "",
         },
-        if tc.lora.is_some() { "LoRA" } else { "full" },
-        tc.batch,
+        format!(
+            "{}{}",
+            if tc.lora.is_some() { "LoRA" } else { "full" },
+            match tc.preference {
+                Some(p) if p.loss.needs_reference() && p.reference == Reference::Precomputed =>
+                    format!(" {} (reference precomputed)", p.loss.name()),
+                Some(p) if p.loss.needs_reference() =>
+                    format!(" {} (with the reference's forward)", p.loss.name()),
+                Some(p) => format!(" {}", p.loss.name()),
+                None => String::new(),
+            }
+        ),
+        match tc.preference {
+            Some(_) => format!("{} pairs ({} rows)", tc.batch / 2, tc.batch),
+            None => tc.batch.to_string(),
+        },
         tc.seq,
         r.mesh,
         if tc.scan_layers {

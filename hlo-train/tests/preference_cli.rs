@@ -263,13 +263,14 @@ fn simpo_and_orpo_equal_trl_from_a_fresh_and_a_trained_adapter() {
     }
 }
 
-/// String pairs through the fixture's tokenizer (TRL's EOS text appended)
-/// are the pre-tokenized pairs; a 1×2×2 mesh computes the same step.
+/// For each method, string pairs through the fixture's tokenizer (TRL's
+/// EOS text appended) are the pre-tokenized pairs, and a 1×2×2 mesh
+/// computes the same step.
 #[test]
 fn string_pairs_and_a_mesh_equal_trl() {
     let tokenizer = preference("tokenizer/tokenizer.json");
     let tokenizer = tokenizer.to_str().unwrap();
-    for method in ["dpo", "orpo"] {
+    for method in ["dpo", "ipo", "simpo", "orpo"] {
         let case = Case::new(method, "init", "sgd");
         check(
             &case,
