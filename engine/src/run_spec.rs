@@ -143,10 +143,14 @@ impl Objective {
         fields
     }
 
-    /// The metrics a step of this objective reports (TRL's names), besides
-    /// the learning rate, gradient norm and speed every step has.
-    pub fn metrics(self) -> &'static [&'static str] {
-        const PAIRS: [&str; 10] = [
+    /// The metrics a step of this objective reports (TRL's names, and
+    /// `logps/accuracies`), besides the learning rate, gradient norm and
+    /// speed every step has.
+    pub fn metrics(self) -> Vec<&'static str> {
+        if self == Objective::Sft {
+            return vec!["loss"];
+        }
+        let mut m = vec![
             "loss",
             "rewards/chosen",
             "rewards/rejected",
@@ -155,39 +159,14 @@ impl Objective {
             "logps/chosen",
             "logps/rejected",
             "logps/accuracies",
-            "logits/chosen",
-            "logits/rejected",
         ];
         match self {
-            Objective::Sft => &["loss"],
-            Objective::Dpo | Objective::Ipo => &PAIRS,
-            Objective::Simpo => &[
-                "loss",
-                "rewards/chosen",
-                "rewards/rejected",
-                "rewards/accuracies",
-                "rewards/margins",
-                "logps/chosen",
-                "logps/rejected",
-                "nll_loss",
-                "logits/chosen",
-                "logits/rejected",
-            ],
-            Objective::Orpo => &[
-                "loss",
-                "rewards/chosen",
-                "rewards/rejected",
-                "rewards/accuracies",
-                "rewards/margins",
-                "logps/chosen",
-                "logps/rejected",
-                "nll_loss",
-                "log_odds_ratio",
-                "log_odds_chosen",
-                "logits/chosen",
-                "logits/rejected",
-            ],
+            Objective::Simpo => m.push("nll_loss"),
+            Objective::Orpo => m.extend(["nll_loss", "log_odds_ratio", "log_odds_chosen"]),
+            _ => {}
         }
+        m.extend(["logits/chosen", "logits/rejected"]);
+        m
     }
 }
 

@@ -262,19 +262,19 @@ mod tests {
     const REF_CHOSEN: [f64; 3] = [-4.5, -9.0, -3.0];
     const REF_REJECTED: [f64; 3] = [-6.0, -8.5, -6.0];
 
+    /// The pairs above, as [`run_on`] takes them.
+    const PAIRS: [&[f64]; 6] = [
+        &CHOSEN,
+        &REJECTED,
+        &CHOSEN_TOKENS,
+        &REJECTED_TOKENS,
+        &REF_CHOSEN,
+        &REF_REJECTED,
+    ];
+
     /// The loss and metrics `loss` computes on the pairs above, by name.
     fn run(loss: PreferenceLoss) -> Vec<(String, f64)> {
-        run_on(
-            loss,
-            [
-                &CHOSEN[..],
-                &REJECTED,
-                &CHOSEN_TOKENS,
-                &REJECTED_TOKENS,
-                &REF_CHOSEN,
-                &REF_REJECTED,
-            ],
-        )
+        run_on(loss, PAIRS)
     }
 
     /// The loss and metrics of `loss` on pairs given as (policy chosen,
@@ -441,17 +441,7 @@ mod tests {
         // The three pairs, then two empty ones (a held-out set's last
         // batch): every figure is the three pairs'.
         let pad = |v: &[f64]| [v, &[0.0, 0.0]].concat();
-        let padded: Vec<Vec<f64>> = [
-            &CHOSEN[..],
-            &REJECTED,
-            &CHOSEN_TOKENS,
-            &REJECTED_TOKENS,
-            &REF_CHOSEN,
-            &REF_REJECTED,
-        ]
-        .iter()
-        .map(|v| pad(v))
-        .collect();
+        let padded: Vec<Vec<f64>> = PAIRS.iter().map(|v| pad(v)).collect();
         let simpo = PreferenceLoss::Simpo {
             beta: 0.1,
             gamma: 0.5,
