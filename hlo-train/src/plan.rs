@@ -444,30 +444,32 @@ fn layout_json(g: &LayoutGroup) -> Value {
 /// communication, and with `--show-sharding` each layout.
 fn print_text(r: &Report) {
     let (config, tc, p, dtype) = (&r.model.config, &r.tc, &r.memory, r.dtype);
+    let kind = format!(
+        "{}{}",
+        if tc.lora.is_some() { "LoRA" } else { "full" },
+        match tc.preference {
+            Some(p) if p.loss.needs_reference() && p.reference == Reference::Precomputed => {
+                format!(" {} (reference precomputed)", p.loss.name())
+            }
+            Some(p) if p.loss.needs_reference() => {
+                format!(" {} (with the reference's forward)", p.loss.name())
+            }
+            Some(p) => format!(" {}", p.loss.name()),
+            None => String::new(),
+        }
+    );
+    let batch = match tc.preference {
+        Some(_) => format!("{} pairs ({} rows)", tc.batch / 2, tc.batch),
+        None => tc.batch.to_string(),
+    };
     println!(
-        "plan: {} ({} parameters, {dtype}{}), {} step, batch {} × seq {}, mesh {}{}, {}",
+        "plan: {} ({} parameters, {dtype}{}), {kind} step, batch {batch} × seq {}, mesh {}{}, {}",
         r.model.name,
         config.parameter_count(),
         match config.quantization {
             Some(q) if q.double_quant => ", projections in NF4 with double quantization",
             Some(_) => ", projections in NF4",
             None => "",
-        },
-        format!(
-            "{}{}",
-            if tc.lora.is_some() { "LoRA" } else { "full" },
-            match tc.preference {
-                Some(p) if p.loss.needs_reference() && p.reference == Reference::Precomputed =>
-                    format!(" {} (reference precomputed)", p.loss.name()),
-                Some(p) if p.loss.needs_reference() =>
-                    format!(" {} (with the reference's forward)", p.loss.name()),
-                Some(p) => format!(" {}", p.loss.name()),
-                None => String::new(),
-            }
-        ),
-        match tc.preference {
-            Some(_) => format!("{} pairs ({} rows)", tc.batch / 2, tc.batch),
-            None => tc.batch.to_string(),
         },
         tc.seq,
         r.mesh,
