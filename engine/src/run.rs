@@ -196,12 +196,9 @@ fn reference_adapter(spec: &RunSpec, model: &Model) -> Result<Option<Adapter>> {
         .objective
         .preference_loss(&spec.preference)
         .is_some_and(|l| l.needs_reference());
+    // (A reference setting given to an objective without one is refused
+    // by `RunSpec::check_objective_settings`.)
     if !needs {
-        if spec.preference.ref_adapter.is_some() {
-            return Err(refuse(format!(
-                "{objective} compares with no reference model; leave out --ref-adapter"
-            )));
-        }
         return Ok(None);
     }
     if spec.step.lora.is_none() {
@@ -312,6 +309,7 @@ impl Run {
             None => None,
         };
         let resumed = saved.is_some();
+        spec.check_objective_settings()?;
         let out = spec
             .output
             .out

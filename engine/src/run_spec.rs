@@ -492,6 +492,41 @@ impl RunSpec {
         Ok(tc)
     }
 
+    /// Refuses a preference setting the objective does not read, set to
+    /// anything but its default (which would change nothing), naming it:
+    /// `--beta` for SFT, `--simpo-gamma` for DPO, `--ref-adapter` for
+    /// ORPO, ...
+    pub fn check_objective_settings(&self) -> Result<()> {
+        let (p, d) = (&self.preference, PreferenceSpec::default());
+        let reads = |key: &str| match self.objective {
+            Objective::Sft => false,
+            Objective::Dpo | Objective::Ipo => {
+                matches!(key, "beta" | "ref-adapter" | "precompute-ref")
+            }
+            Objective::Simpo => matches!(key, "beta" | "simpo-gamma" | "cpo-alpha"),
+            Objective::Orpo => key == "beta",
+        };
+        for (key, set) in [
+            ("beta", p.beta != d.beta),
+            ("simpo-gamma", p.simpo_gamma != d.simpo_gamma),
+            ("cpo-alpha", p.cpo_alpha != d.cpo_alpha),
+            ("ref-adapter", p.ref_adapter.is_some()),
+            ("precompute-ref", p.precompute_ref),
+        ] {
+            if set && !reads(key) {
+                let why = match key {
+                    "ref-adapter" | "precompute-ref" => "compares with no reference model",
+                    _ => "has no such setting",
+                };
+                return Err(EngineError::Preference {
+                    objective: self.objective.name(),
+                    why: format!("{} {why}; leave out --{key}", self.objective.name()),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Takes every saved setting the caller did not choose.
     pub fn merge_saved(&mut self, saved: &RunSettings) -> Result<()> {
         let model_chosen = MODEL_SETTINGS.iter().any(|k| self.chosen.contains(k));
@@ -808,6 +843,58 @@ mod tests {
                 let rows = if objective.is_preference() { 4 } else { 2 };
                 assert_eq!(tc.batch, rows);
             }
+        }
+    }
+
+    #[test]
+    fn a_setting_the_objective_does_not_read_is_refused_unless_default() {
+        let spec = |objective, preference| RunSpec {
+            objective,
+            preference,
+            ..RunSpec::default()
+        };
+        let d = PreferenceSpec::default;
+        // Defaults change nothing: every objective takes them.
+        for o in OBJECTIVES {
+            assert!(spec(o, d()).check_objective_settings().is_ok(), "{o}");
+        }
+        let gamma = PreferenceSpec {
+            simpo_gamma: 1.0,
+            ..d()
+        };
+        assert!(spec(Objective::Simpo, gamma.clone())
+            .check_objective_settings()
+            .is_ok());
+        let cases = [
+            (
+                Objective::Sft,
+                PreferenceSpec { beta: 0.5, ..d() },
+                "--beta",
+            ),
+            (Objective::Dpo, gamma, "--simpo-gamma"),
+            (
+                Objective::Orpo,
+                PreferenceSpec {
+                    precompute_ref: true,
+                    ..d()
+                },
+                "--precompute-ref",
+            ),
+            (
+                Objective::Simpo,
+                PreferenceSpec {
+                    ref_adapter: Some("/a".into()),
+                    ..d()
+                },
+                "--ref-adapter",
+            ),
+        ];
+        for (o, p, flag) in cases {
+            let err = spec(o, p)
+                .check_objective_settings()
+                .unwrap_err()
+                .to_string();
+            assert!(err.ends_with(&format!("leave out {flag}")), "{err}");
         }
     }
 

@@ -648,3 +648,27 @@ pub fn usage_error(e: &clap::Error) -> String {
         .collect();
     format!("{} (see --help)", message.join(" "))
 }
+
+/// The reference `bench` and `plan` take for `objective`: computed before
+/// training with `--precompute-ref` (refused for an objective without a
+/// reference), else the base (a fresh adapter's).
+pub fn planned_reference(
+    objective: hlo_engine::Objective,
+    precompute_ref: bool,
+) -> anyhow::Result<hlo_engine::models::preference::Reference> {
+    use hlo_engine::models::preference::Reference;
+    let spec = hlo_engine::PreferenceSpec {
+        precompute_ref,
+        ..hlo_engine::PreferenceSpec::default()
+    };
+    let reads = objective
+        .preference_loss(&spec)
+        .is_some_and(|l| l.needs_reference());
+    match (precompute_ref, reads) {
+        (true, false) => anyhow::bail!(
+            "--precompute-ref: {objective} compares with no reference model; leave it out"
+        ),
+        (true, true) => Ok(Reference::Precomputed),
+        (false, _) => Ok(Reference::Base),
+    }
+}

@@ -5,7 +5,6 @@
 
 use anyhow::Result;
 use clap::Args;
-use hlo_engine::models::preference::Reference;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::{
     bench, flops, Backend, Model, Objective, PreferenceSpec, Session, SessionOptions, Weights,
@@ -86,10 +85,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         backend.mesh(),
         args.warmup_steps + args.steps,
     )?;
-    let reference = match args.precompute_ref {
-        true => Reference::Precomputed,
-        false => Reference::Base,
-    };
+    let reference = crate::args::planned_reference(objective, args.precompute_ref)?;
     tc.preference = objective.preference(&PreferenceSpec::default(), reference);
     let name = model.name.clone();
     let vocab = model.config.vocab_size;
@@ -108,7 +104,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mesh = backend.mesh();
     let device = backend.devices()[0].kind()?;
     let mode = if tc.lora.is_some() { "lora" } else { "full" };
-    let objective = match args.precompute_ref && tc.preference.is_some() {
+    let objective = match args.precompute_ref {
         true => format!("{} (reference precomputed)", objective.name()),
         false => objective.name().to_string(),
     };

@@ -169,10 +169,7 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
         objective: args.objective.into(),
         // A fresh adapter's reference; a reference adapter adds only its
         // LoRA tensors.
-        reference: match args.precompute_ref {
-            true => Reference::Precomputed,
-            false => Reference::Base,
-        },
+        reference: crate::args::planned_reference(args.objective.into(), args.precompute_ref)?,
     };
     let tc = to_plan.train_config()?;
     let (step, memory) = plan(config, &tc, &mesh)?;

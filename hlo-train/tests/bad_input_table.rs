@@ -542,6 +542,16 @@ fn bad_input_table() {
             train(&["--objective", "dpo", "--data", &pairs_file(&root), "--full"]),
         ),
         ("--beta 0", train(&["--objective", "dpo", "--beta", "0"])),
+        (
+            "a preference setting the objective does not read",
+            train(&["--beta", "0.5"]),
+        ),
+        (
+            "bench --precompute-ref for an objective without a reference",
+            ["bench", "--objective", "orpo", "--precompute-ref", "--steps", "1"]
+                .map(String::from)
+                .to_vec(),
+        ),
     ];
     // Launches that only the environment makes bad, and run tokens that do
     // not fit a coordinator's (one served here, requiring its own token).
