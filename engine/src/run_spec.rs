@@ -166,6 +166,9 @@ impl Objective {
             _ => {}
         }
         m.extend(["logits/chosen", "logits/rejected"]);
+        if matches!(self, Objective::Dpo | Objective::Ipo) {
+            m.extend(["entropy", "mean_token_accuracy"]);
+        }
         m
     }
 }

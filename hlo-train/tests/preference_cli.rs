@@ -152,7 +152,12 @@ fn compared(method: &str) -> Vec<&'static str> {
         "logps/rejected",
     ];
     match method {
-        "dpo" | "ipo" => keys.extend(["logits/chosen", "logits/rejected"]),
+        "dpo" | "ipo" => keys.extend([
+            "logits/chosen",
+            "logits/rejected",
+            "entropy",
+            "mean_token_accuracy",
+        ]),
         "orpo" => keys.extend(["nll_loss", "log_odds_ratio", "log_odds_chosen"]),
         _ => keys.push("nll_loss"),
     }

@@ -118,6 +118,38 @@ pub fn masked_logps_per_row(
     (-per_row, mask.sum(&[1]))
 }
 
+/// The summed entropy of the next-token distribution over masked
+/// positions, and their count (f32): `Σ mask · (logsumexp(l) − Σ_v
+/// softmax(l)_v · l_v)` (TRL logs its token-weighted mean as `entropy`).
+/// No gradient.
+pub fn masked_entropy_sum(logits: Tensor, loss_mask: Tensor) -> (Tensor, Tensor) {
+    let d = logits.dims();
+    let (n, v) = (d[..d.len() - 1].iter().product::<i64>(), d[d.len() - 1]);
+    let l = logits.stop_gradient().cast(DType::F32).reshape(&[n, v]);
+    let m = l.max(&[1]);
+    let shifted = l - m.broadcast_in_dim(&[n, v], &[0]);
+    let z = shifted.exp().sum(&[1]);
+    // H = log z − Σ p·shifted, with p = exp(shifted) / z.
+    let h = z.log() - (shifted.exp() * shifted).sum(&[1]) / z;
+    let mask = loss_mask.cast(DType::F32).reshape(&[n]);
+    ((h * mask).sum(&[0]), mask.sum(&[0]))
+}
+
+/// How many masked positions predict their next token as the most likely
+/// one, and their count (f32): the logit of token `t + 1` at position `t`
+/// is the largest (TRL's `mean_token_accuracy` is their ratio; where
+/// another token ties for the largest this counts it right, where argmax
+/// takes the first). No gradient.
+pub fn masked_top1_sum(logits: Tensor, input_ids: Tensor, loss_mask: Tensor) -> (Tensor, Tensor) {
+    let d = logits.dims();
+    let (n, v) = (d[..d.len() - 1].iter().product::<i64>(), d[d.len() - 1]);
+    let lf = logits.stop_gradient().cast(DType::F32).reshape(&[n, v]);
+    let label = picked(lf, next_token_labels(input_ids).reshape(&[n]));
+    let top = label.ge(lf.max(&[1])).cast(DType::F32);
+    let mask = loss_mask.cast(DType::F32).reshape(&[n]);
+    ((top * mask).sum(&[0]), mask.sum(&[0]))
+}
+
 /// `logsumexp(logits) − logit[label]` of every position, flattened
 /// (`[n]`, in `dtype`), for `logits: [.., vocab]` and `labels` of the
 /// leading shape.
@@ -133,8 +165,14 @@ fn token_losses(logits: Tensor, labels: Tensor, dtype: DType) -> Tensor {
             .exp()
             .sum(&[1])
             .log();
+    lse - picked(lf, labels.reshape(&[n]))
+}
+
+/// `lf[i, labels[i]]` of `lf: [n, vocab]`, `labels: [n]`.
+fn picked(lf: Tensor, labels: Tensor) -> Tensor {
+    let n = labels.dims()[0];
     let rows = iota(TensorType::new(DType::I32, [n, 1]), 0);
-    let picked = lf.gather(
+    lf.gather(
         Tensor::concat(&[rows, labels.reshape(&[n, 1])], 1),
         Gather {
             offset_dims: vec![],
@@ -143,8 +181,7 @@ fn token_losses(logits: Tensor, labels: Tensor, dtype: DType) -> Tensor {
             index_vector_dim: 1,
             slice_sizes: vec![1, 1],
         },
-    );
-    lse - picked
+    )
 }
 
 /// Positions per chunk of the chunked loss for rows of `seq` tokens,

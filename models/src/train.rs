@@ -10,8 +10,8 @@ use crate::decoder::{
     ModelConfig, Params,
 };
 use crate::loss::{
-    chunked_cross_entropy_sum, default_loss_chunk, masked_cross_entropy_sum, masked_logps_per_row,
-    mean,
+    chunked_cross_entropy_sum, default_loss_chunk, masked_cross_entropy_sum, masked_entropy_sum,
+    masked_logps_per_row, masked_top1_sum, mean,
 };
 use crate::preference::{reference_name, NllSpan, PairLogps, PreferenceLoss, Reference};
 use crate::roles::{BatchField, Moment, Role, Step, StepInput};
@@ -508,8 +508,26 @@ pub fn preference_loss(
             o = o.add(name, t);
         }
         let (chosen, rejected) = scope("metrics", || logits_means(loss, logits, mask, pairs));
-        o.add("logits/chosen", chosen)
-            .add("logits/rejected", rejected)
+        let o = o
+            .add("logits/chosen", chosen)
+            .add("logits/rejected", rejected);
+        if !loss.needs_reference() {
+            return o;
+        }
+        // DPOTrainer's token statistics: the entropy over every completion
+        // token, the top-1 accuracy over the chosen ones.
+        let (entropy, top1) = scope("metrics", || {
+            let s = tc.seq;
+            let chosen = |t: Tensor| t.slice(&[0, 0], &[pairs, s]);
+            let v = logits.dims()[2];
+            let top1 = masked_top1_sum(
+                logits.slice(&[0, 0, 0], &[pairs, s, v]),
+                chosen(ids),
+                chosen(mask),
+            );
+            (mean(masked_entropy_sum(logits, mask)), mean(top1))
+        });
+        o.add("entropy", entropy).add("mean_token_accuracy", top1)
     })?;
     Ok(f)
 }

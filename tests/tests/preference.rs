@@ -141,6 +141,10 @@ fn check(c: &Case, sgd: bool) {
         }
         let want = match b.name.as_str() {
             "loss" => c.expected["loss"].as_f64(),
+            // Ours, not TRL's: the share of pairs whose chosen side the
+            // policy finds likelier, from the fixture's per-pair log-probs
+            // (the ones the loss reads: sums, or per-token means).
+            "logps/accuracies" => Some(policy_preference(c)),
             name => c.expected["metrics"][name].as_f64(),
         };
         let want = want.unwrap_or_else(|| panic!("{}: TRL logs no {}", c.name, b.name));
@@ -291,6 +295,26 @@ impl Setup {
         }
         std::fs::remove_dir_all(dir).unwrap();
     }
+}
+
+/// The share of the case's pairs whose chosen completion the policy finds
+/// likelier, from the fixture's per-pair log-probabilities (f64, by hand).
+fn policy_preference(c: &Case) -> f64 {
+    let p = &c.expected["pairs_f64"];
+    let list = |k: &str| -> Vec<f64> {
+        p[k].as_array()
+            .unwrap_or_else(|| panic!("{}: no {k}", c.name))
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
+    };
+    // SimPO and ORPO compare per-token means.
+    let (chosen, rejected) = match c.loss.needs_reference() {
+        true => (list("policy_chosen_sum"), list("policy_rejected_sum")),
+        false => (list("policy_chosen_avg"), list("policy_rejected_avg")),
+    };
+    let wins = chosen.iter().zip(&rejected).filter(|(a, b)| a > b).count();
+    wins as f64 / chosen.len() as f64
 }
 
 /// `got` within 1e-5 (relative above 1) of TRL's `want`.
