@@ -154,6 +154,7 @@ fn identities(spec: &RunSpec, model: &Model, data: &Dataset) -> Result<RunSettin
         let p = &spec.preference;
         s.set("beta", p.beta);
         s.set("simpo-gamma", p.simpo_gamma);
+        s.set("label-smoothing", p.label_smoothing);
         s.set("cpo-alpha", p.cpo_alpha);
         if let Some(dir) = &p.ref_adapter {
             s.set("ref-adapter", absolute(dir));

@@ -87,7 +87,7 @@ impl Objective {
             Objective::Simpo => PreferenceLoss::Simpo {
                 beta,
                 gamma: settings.simpo_gamma,
-                label_smoothing: 0.0,
+                label_smoothing: settings.label_smoothing,
                 cpo_alpha: settings.cpo_alpha,
             },
             Objective::Orpo => PreferenceLoss::Orpo { beta },
@@ -181,6 +181,9 @@ pub struct PreferenceSpec {
     pub beta: f64,
     /// SimPO's target margin γ (`simpo_gamma`): 0.5.
     pub simpo_gamma: f64,
+    /// SimPO's label smoothing ε (`CPOConfig.label_smoothing`): 0. (TRL
+    /// 1.16's DPO losses here take none.)
+    pub label_smoothing: f64,
     /// The weight of the chosen completions' NLL in SimPO (`cpo_alpha`):
     /// 1.0 (0: the paper's SimPO).
     pub cpo_alpha: f64,
@@ -199,6 +202,7 @@ impl Default for PreferenceSpec {
         PreferenceSpec {
             beta: 0.1,
             simpo_gamma: 0.5,
+            label_smoothing: 0.0,
             cpo_alpha: 1.0,
             ref_adapter: None,
             precompute_ref: false,
@@ -374,7 +378,7 @@ impl Default for RunSpec {
 /// The settings a run records and a resumed run takes back, by name.
 /// (A setting that names a file is compared by the file's identity too:
 /// `model-fingerprint`, `data-fingerprint`.)
-pub const SETTINGS: [&str; 39] = [
+pub const SETTINGS: [&str; 40] = [
     "model",
     "config",
     "checkpoint",
@@ -389,6 +393,7 @@ pub const SETTINGS: [&str; 39] = [
     "objective",
     "beta",
     "simpo-gamma",
+    "label-smoothing",
     "cpo-alpha",
     "ref-adapter",
     "precompute-ref",
@@ -506,12 +511,18 @@ impl RunSpec {
             Objective::Dpo | Objective::Ipo => {
                 matches!(key, "beta" | "ref-adapter" | "precompute-ref")
             }
-            Objective::Simpo => matches!(key, "beta" | "simpo-gamma" | "cpo-alpha"),
+            Objective::Simpo => {
+                matches!(
+                    key,
+                    "beta" | "simpo-gamma" | "label-smoothing" | "cpo-alpha"
+                )
+            }
             Objective::Orpo => key == "beta",
         };
         for (key, set) in [
             ("beta", p.beta != d.beta),
             ("simpo-gamma", p.simpo_gamma != d.simpo_gamma),
+            ("label-smoothing", p.label_smoothing != d.label_smoothing),
             ("cpo-alpha", p.cpo_alpha != d.cpo_alpha),
             ("ref-adapter", p.ref_adapter.is_some()),
             ("precompute-ref", p.precompute_ref),
@@ -589,6 +600,7 @@ impl RunSpec {
             "objective" => self.objective = text()?.parse().map_err(|_| bad())?,
             "beta" => self.preference.beta = num()?,
             "simpo-gamma" => self.preference.simpo_gamma = num()?,
+            "label-smoothing" => self.preference.label_smoothing = num()?,
             "cpo-alpha" => self.preference.cpo_alpha = num()?,
             "ref-adapter" => self.preference.ref_adapter = path()?,
             "precompute-ref" => self.preference.precompute_ref = flag()?,
@@ -875,6 +887,14 @@ mod tests {
                 "--beta",
             ),
             (Objective::Dpo, gamma, "--simpo-gamma"),
+            (
+                Objective::Ipo,
+                PreferenceSpec {
+                    label_smoothing: 0.1,
+                    ..d()
+                },
+                "--label-smoothing",
+            ),
             (
                 Objective::Orpo,
                 PreferenceSpec {

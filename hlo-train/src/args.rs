@@ -497,6 +497,15 @@ pub fn non_negative(s: &str) -> Result<f64, String> {
 }
 
 /// A finite number > 0.
+/// A label smoothing in [0, 0.5] (above a half the labels swap).
+pub fn label_smoothing(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if !(0.0..=0.5).contains(&v) {
+        return Err("must be between 0 and 0.5".into());
+    }
+    Ok(v)
+}
+
 pub fn positive(s: &str) -> Result<f64, String> {
     match non_negative(s) {
         Ok(v) if v > 0.0 => Ok(v),

@@ -64,6 +64,11 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0.5, allow_negative_numbers = true)]
     pub simpo_gamma: f64,
 
+    /// SimPO's label smoothing ε (TRL's label_smoothing): the loss mixes
+    /// in ε of the loss with chosen and rejected swapped.
+    #[arg(long, default_value_t = 0.0, value_parser = crate::args::label_smoothing)]
+    pub label_smoothing: f64,
+
     /// SimPO's weight of the chosen completions' NLL (TRL's cpo_alpha;
     /// 0: the paper's SimPO).
     #[arg(long, default_value_t = 1.0, value_parser = crate::args::non_negative)]
@@ -224,6 +229,7 @@ fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
         preference: PreferenceSpec {
             beta: args.beta,
             simpo_gamma: args.simpo_gamma,
+            label_smoothing: args.label_smoothing,
             cpo_alpha: args.cpo_alpha,
             ref_adapter: args.ref_adapter.clone(),
             precompute_ref: args.precompute_ref,

@@ -417,6 +417,20 @@ mod tests {
         check_rewards(&out, &c, &r, &pc);
         close(get(&out, "nll_loss"), nll, "simpo nll");
 
+        // Label smoothing ε: (1 − ε)·(−logσ(z)) + ε·(−logσ(−z)).
+        let eps = 0.2;
+        let smoothed = run(PreferenceLoss::Simpo {
+            beta,
+            gamma,
+            label_smoothing: eps,
+            cpo_alpha: 0.0,
+        });
+        let want = mean((0..3).map(|k| {
+            let z = beta * (pc[k] - pr[k]) - gamma;
+            -(1.0 - eps) * log_sigmoid(z) - eps * log_sigmoid(-z)
+        }));
+        close(get(&smoothed, "loss"), want, "smoothed simpo loss");
+
         let lambda = 0.1;
         let out = run(PreferenceLoss::Orpo { beta: lambda });
         let odds = |p: f64| p - (1.0 - p.exp()).ln();
