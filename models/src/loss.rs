@@ -144,7 +144,7 @@ pub fn masked_top1_sum(logits: Tensor, input_ids: Tensor, loss_mask: Tensor) -> 
     let d = logits.dims();
     let (n, v) = (d[..d.len() - 1].iter().product::<i64>(), d[d.len() - 1]);
     let lf = logits.stop_gradient().cast(DType::F32).reshape(&[n, v]);
-    let label = picked(lf, next_token_labels(input_ids).reshape(&[n]));
+    let label = picked(lf, next_token_labels(input_ids));
     let top = label.ge(lf.max(&[1])).cast(DType::F32);
     let mask = loss_mask.cast(DType::F32).reshape(&[n]);
     ((top * mask).sum(&[0]), mask.sum(&[0]))
@@ -165,12 +165,13 @@ fn token_losses(logits: Tensor, labels: Tensor, dtype: DType) -> Tensor {
             .exp()
             .sum(&[1])
             .log();
-    lse - picked(lf, labels.reshape(&[n]))
+    lse - picked(lf, labels)
 }
 
-/// `lf[i, labels[i]]` of `lf: [n, vocab]`, `labels: [n]`.
+/// `lf[i, labels[i]]` of `lf: [n, vocab]` and `labels` of `n` elements
+/// (any shape, read row-major).
 fn picked(lf: Tensor, labels: Tensor) -> Tensor {
-    let n = labels.dims()[0];
+    let n = lf.dims()[0];
     let rows = iota(TensorType::new(DType::I32, [n, 1]), 0);
     lf.gather(
         Tensor::concat(&[rows, labels.reshape(&[n, 1])], 1),
