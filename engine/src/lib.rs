@@ -17,6 +17,9 @@
 //!   devices; [`Trainer`]: the loop (evaluation, honest step times,
 //!   checkpoints, signals) reporting through [`Hooks`] (several compose as
 //!   a [`HookList`]); [`checkpoint`]: saving and resuming.
+//! - Preference objectives ([`Objective`]: DPO, IPO, SimPO, ORPO) run on
+//!   the same `Run` and `Session`; [`reference`] computes a reference's
+//!   log-probabilities before training (`--precompute-ref`).
 //! - [`Generator`]: generation with a KV cache and on-device sampling;
 //!   [`Batcher`]: continuous batching of many requests over many LoRA
 //!   adapters in one batch (what `serve` runs on).
