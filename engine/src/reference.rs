@@ -21,14 +21,16 @@ use crate::session::field_array;
 
 /// Each pair's reference log-probabilities (chosen, rejected), summed over
 /// its completion's tokens within rows of `tc.seq`, in the order of
-/// `pairs`; computed `tc.batch / 2` pairs at a time by `model` (with
-/// `adapter`, a frozen reference adapter) on `backend`'s mesh.
+/// `pairs`; computed `tc.batch / 2` pairs at a time by `model` (its random
+/// weights, without a checkpoint, drawn with `seed` as the session's are;
+/// with `adapter`, a frozen reference adapter) on `backend`'s mesh.
 pub fn precompute(
     backend: &Backend,
     model: &Model,
     tc: &TrainConfig,
     adapter: Option<&Adapter>,
     pairs: &[PreferencePair],
+    seed: u64,
 ) -> Result<Vec<[f32; 2]>> {
     let traced = reference_logps_step(&model.config, tc, adapter.map(|a| &a.lora))?;
     let laid = ShardedStep::new(&traced, backend.mesh(), &partition_rules())?;
@@ -49,7 +51,7 @@ pub fn precompute(
                         tensor: b.name.clone(),
                     })?
             }
-            _ => model.weight(&b.name, tc.dtype, 0)?,
+            _ => model.weight(&b.name, tc.dtype, seed)?,
         };
         weights.push(Some(
             backend.place(&HostArray::from(lit), laid.input_spec(k))?,

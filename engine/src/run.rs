@@ -238,10 +238,11 @@ fn reference_scores(
     tc: &TrainConfig,
     reference: Option<&Adapter>,
     pairs: &[PreferencePair],
+    seed: u64,
 ) -> Result<Option<Vec<[f32; 2]>>> {
     match tc.preference.map(|p| p.reference) {
         Some(Reference::Precomputed) => Ok(Some(crate::reference::precompute(
-            backend, model, tc, reference, pairs,
+            backend, model, tc, reference, pairs, seed,
         )?)),
         _ => Ok(None),
     }
@@ -370,7 +371,7 @@ impl Run {
         // A precomputed reference scores the pairs now, before the step's
         // state is placed.
         let precompute = |pairs: &[PreferencePair]| {
-            reference_scores(&backend, &model, &tc, reference.as_ref(), pairs)
+            reference_scores(&backend, &model, &tc, reference.as_ref(), pairs, spec.seed)
         };
         let (loader, learning) = if preference {
             // Pairs whose prompt fills the row are left out (TRL's filter).

@@ -579,6 +579,27 @@ fn a_precomputed_reference_equals_trl_and_lets_full_finetuning_run() {
     let loss = losses(&metrics);
     assert!((loss[0] - std::f64::consts::LN_2).abs() < 1e-6, "{loss:?}");
     assert!(loss[4] < loss[0] - 1e-3, "{loss:?}");
+    // The tiny preset's random base, drawn with the run's seed for the
+    // reference as for the step: a fresh adapter starts at log 2.
+    let seeded = tmp.join("seeded.jsonl");
+    ok(&hlo_train(&[
+        "train",
+        "--objective",
+        "dpo",
+        "--precompute-ref",
+        "--seed",
+        "3",
+        "--batch",
+        "4",
+        "--seq",
+        "16",
+        "--steps",
+        "1",
+        "--metrics",
+        seeded.to_str().unwrap(),
+    ]));
+    let first = losses(&seeded)[0];
+    assert!((first - std::f64::consts::LN_2).abs() < 1e-6, "{first}");
     std::fs::remove_dir_all(tmp).unwrap();
 }
 
