@@ -678,9 +678,7 @@ def write_inputs():
     os.makedirs(OUT, exist_ok=True)
     tok = PreTrainedTokenizerFast(tokenizer_file=TOKENIZER_JSON, bos_token=BOS, eos_token=EOS)
     tok.save_pretrained(os.path.join(OUT, "tokenizer"))
-    with open(os.path.join(OUT, "data.jsonl"), "w") as f:
-        for p in PAIRS:
-            f.write(json.dumps(p) + "\n")
+    write_jsonl("data.jsonl", PAIRS)
     with open(os.path.join(OUT, "FORMULAS.md"), "w") as f:
         f.write(FORMULAS)
     # Random adapters (b) and (c): every LoRA tensor from N(0, 0.1).
@@ -743,6 +741,23 @@ def write_nf4_inputs():
             assert all(not v.any() for k, v in sd.items() if "lora_B" in k), "fresh lora_B must be 0"
 
 
+def check_vocab(rows):
+    """Every id of the pre-tokenized rows is within the model's vocab (128)."""
+    for r in rows:
+        for k in r:
+            assert all(0 <= i < 128 for i in r[k]), ("id outside the model's vocab", r)
+
+
+def write_jsonl(name, rows, sources=None):
+    """Writes `rows` to OUT/name, one JSON object a line; with `sources`,
+    prints which row each source became."""
+    with open(os.path.join(OUT, name), "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    for p, r in zip(sources or [], rows):
+        print(f"  {p} -> {r}")
+
+
 def tokenized_rows():
     """The ids DPOTrainer's own _prepare_dataset derives from data.jsonl, and
     the same from CPO/ORPO's tokenize_row (must agree)."""
@@ -755,20 +770,13 @@ def tokenized_rows():
                              processing_class=tok, peft_config=lora_config())
         rows = [{k: list(r[k]) for k in ("prompt_ids", "chosen_ids", "rejected_ids")}
                 for r in trainer.train_dataset]
-    for r in rows:
-        for k in r:
-            assert all(0 <= i < 128 for i in r[k]), ("id outside the model's vocab", r)
+    check_vocab(rows)
     return rows
 
 
 @step("data_ids")
 def write_ids():
-    rows = tokenized_rows()
-    with open(os.path.join(OUT, "data_ids.jsonl"), "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    for p, r in zip(PAIRS, rows):
-        print(f"  {p} -> {r}")
+    write_jsonl("data_ids.jsonl", tokenized_rows(), PAIRS)
 
 
 def read_ids():
@@ -844,9 +852,7 @@ def write_chat_inputs():
     assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token) == (0, 1, None)
     assert tok.convert_tokens_to_ids(CHAT_SPECIAL) == [96, 97]
     assert tok("AZ!~", add_special_tokens=False)["input_ids"] == [34, 59, 2, 95]
-    with open(os.path.join(OUT, "data_chat.jsonl"), "w") as f:
-        for p in CHAT_PAIRS:
-            f.write(json.dumps(p) + "\n")
+    write_jsonl("data_chat.jsonl", CHAT_PAIRS)
     with open(os.path.join(OUT, "FORMULAS.md"), "w") as f:
         f.write(FORMULAS)
 
@@ -901,20 +907,13 @@ def tokenized_chat_rows():
             c, j = list(r["chosen_input_ids"]), list(r["rejected_input_ids"])
             assert c[:len(p)] == p and j[:len(p)] == p, r
             assert {"prompt_ids": p, "chosen_ids": c[len(p):], "rejected_ids": j[len(p):]} == want, (r, want)
-    for r in rows:
-        for k in r:
-            assert all(0 <= i < 128 for i in r[k]), ("id outside the model's vocab", r)
+    check_vocab(rows)
     return rows
 
 
 @step("data_chat_ids")
 def write_chat_ids():
-    rows = tokenized_chat_rows()
-    with open(os.path.join(OUT, "data_chat_ids.jsonl"), "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    for p, r in zip(CHAT_PAIRS, rows):
-        print(f"  {p} -> {r}")
+    write_jsonl("data_chat_ids.jsonl", tokenized_chat_rows(), CHAT_PAIRS)
 
 
 # ---------------------------------------------------------------------------
