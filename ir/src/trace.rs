@@ -406,6 +406,16 @@ where
     N: AsRef<str>,
     O: Into<Outputs>,
 {
+    // Inputs are found by name: two of one name would leave one unread.
+    let mut seen = std::collections::HashSet::new();
+    if let Some((n, ty)) = inputs.iter().find(|(n, _)| !seen.insert(n.as_ref())) {
+        return Err(TraceError {
+            op: "input".into(),
+            scope: String::new(),
+            operands: vec![ty.clone()],
+            message: format!("the input `{}` is named twice", n.as_ref()),
+        });
+    }
     let id = NEXT_TRACE.fetch_add(1, Ordering::Relaxed);
     let mut b = Builder {
         id,
@@ -538,4 +548,20 @@ pub fn call(f: &Function, args: &[Tensor]) -> Vec<Tensor> {
         .iter()
         .map(|b| vals[b.value.index()].expect("defined"))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    #[test]
+    fn an_input_named_twice_is_refused() {
+        let ty = TensorType::new(DType::F32, [2]);
+        let err = trace("twice", &[("x", ty.clone()), ("x", ty)], |i| {
+            Outputs::new().add("y", i["x"])
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("`x` is named twice"), "{err}");
+    }
 }
