@@ -25,18 +25,29 @@ pub struct Batch {
     /// A preference batch's reference log-probabilities, one per row
     /// (empty unless computed before training).
     pub ref_logps: Vec<f32>,
+    /// A GRPO batch's advantage of each row (empty otherwise).
+    pub advantages: Vec<f32>,
+    /// A GRPO batch's per-token log-probabilities of the policy when the
+    /// rollouts were made, and of the reference, `[batch, seq]` aligned
+    /// as `loss_mask` (empty unless the loss reads them).
+    pub old_logps: Vec<f32>,
+    pub ref_token_logps: Vec<f32>,
     /// Tokens whose prediction counts.
     pub targets: usize,
 }
 
 impl Batch {
-    fn empty(rows: usize, seq: usize) -> Batch {
+    /// `rows` rows of `seq` padding tokens, no field filled.
+    pub fn empty(rows: usize, seq: usize) -> Batch {
         Batch {
             ids: vec![0; rows * seq],
             loss_mask: vec![0.0; rows * seq],
             positions: vec![0; rows * seq],
             segment_ids: vec![0; rows * seq],
             ref_logps: Vec::new(),
+            advantages: Vec::new(),
+            old_logps: Vec::new(),
+            ref_token_logps: Vec::new(),
             targets: 0,
         }
     }

@@ -40,6 +40,12 @@ pub fn synthetic_batch(rows: usize, seq: usize, vocab: i64) -> Batch {
         // A precomputed reference's per-row log-probs (read only by such a
         // step).
         ref_logps: vec![-1.0; rows],
+        // A GRPO step's advantages and per-token log-probs.
+        advantages: (0..rows)
+            .map(|r| if r % 2 == 0 { 1.0 } else { -1.0 })
+            .collect(),
+        old_logps: vec![-1.0; n],
+        ref_token_logps: vec![-1.0; n],
         targets: n,
     }
 }

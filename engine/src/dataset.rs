@@ -32,7 +32,7 @@ pub struct DataSpec {
 
 /// The identity of a data file, or of a folder's data files (their
 /// names and contents, in the order they are read).
-fn data_fingerprint(path: &Path) -> Result<String> {
+pub(crate) fn data_fingerprint(path: &Path) -> Result<String> {
     if !path.is_dir() {
         return file_fingerprint(path);
     }

@@ -53,6 +53,12 @@ pub enum EngineError {
         has: usize,
         plugin: String,
     },
+    /// A GRPO setting or input that cannot be used.
+    #[error("--objective grpo: {0}")]
+    Grpo(String),
+    /// A reward failed or gave a non-finite value.
+    #[error("--reward {name}: {why}")]
+    Reward { name: String, why: String },
     /// A setting a preference objective cannot take.
     #[error("--objective {objective}: {why}")]
     Preference {

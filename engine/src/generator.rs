@@ -86,10 +86,14 @@ pub(crate) fn cache_spec(mesh: &hlo_partitioner::Mesh, config: &ModelConfig) -> 
 /// A compiled generation program and where its parameters go.
 struct Compiled {
     program: Program,
-    /// Per input, the parameter it takes (an index into the generator's
-    /// parameters); None for a per-call input.
-    weights: Vec<Option<usize>>,
+    /// Per input, the parameter it takes (by name); None for a per-call
+    /// input.
+    weights: Vec<Option<String>>,
 }
+
+/// Finds a parameter's array by name (a generator's own, or those of a
+/// training session it generates for).
+pub type ParamLookup<'p> = dyn Fn(&str) -> Option<&'p DeviceArray> + 'p;
 
 /// Completes prompts with a model (and an adapter, applied unmerged).
 pub struct Generator {
@@ -101,9 +105,12 @@ pub struct Generator {
     /// Shared by every program in eager mode.
     eager: Option<Eager>,
     /// Every parameter, laid out by the training rules, and where each
-    /// name is among them.
+    /// name is among them (empty for a generator over a session's
+    /// arrays, [`Generator::over`]).
     params: Vec<DeviceArray>,
     param_index: HashMap<String, usize>,
+    /// Each parameter's layout.
+    specs: HashMap<String, PartitionSpec>,
     /// The caches' layout: heads over `mp` where they divide, else whole.
     cache_spec: PartitionSpec,
     programs: RefCell<HashMap<(i64, i64, i64), Compiled>>,
@@ -132,7 +139,7 @@ impl Generator {
             types.extend(lora_parameter_types(config, l));
         }
         let rules = partition_rules();
-        let (mut params, mut param_index) = (Vec::new(), HashMap::new());
+        let (mut params, mut param_index, mut specs) = (Vec::new(), HashMap::new(), HashMap::new());
         for (name, ty) in types {
             let spec = rules.spec_for(&name, ty.rank());
             spec.validate(mesh, &ty.dims, &name)?;
@@ -141,6 +148,7 @@ impl Generator {
                 None => weight(&name)?,
             };
             let array = backend.place(&HostArray::from(lit), &spec)?;
+            specs.insert(name.clone(), spec);
             param_index.insert(name, params.len());
             params.push(array);
         }
@@ -162,12 +170,58 @@ impl Generator {
             eager,
             params,
             param_index,
+            specs,
             cache_spec,
             programs: RefCell::new(HashMap::new()),
             timings: RefCell::new(Timings::default()),
             compile_s: Cell::new(0.0),
             batches: Cell::new(0),
         })
+    }
+
+    /// A generator that owns no parameters: each completion reads them
+    /// from arrays already on the devices ([`Generator::complete_batch_with`]),
+    /// laid out as `specs` says (by name) — a training session's, so the
+    /// adapter being trained generates with no copy of any weight.
+    pub fn over(
+        backend: &Backend,
+        config: &ModelConfig,
+        dtype: DType,
+        lora: Option<LoraConfig>,
+        mode: Mode,
+        specs: HashMap<String, PartitionSpec>,
+    ) -> Result<Generator> {
+        let eager = match mode {
+            Mode::Eager => Some(Eager::new(
+                backend.client(),
+                backend.mesh().clone(),
+                backend.devices().to_vec(),
+            )?),
+            Mode::Jit => None,
+        };
+        Ok(Generator {
+            backend: backend.clone(),
+            config: config.clone(),
+            lora,
+            dtype,
+            mode,
+            eager,
+            params: Vec::new(),
+            param_index: HashMap::new(),
+            specs,
+            cache_spec: cache_spec(backend.mesh(), config),
+            programs: RefCell::new(HashMap::new()),
+            timings: RefCell::new(Timings::default()),
+            compile_s: Cell::new(0.0),
+            batches: Cell::new(0),
+        })
+    }
+
+    /// Makes the next completed batch draw from random stream `n` (the
+    /// n-th batch's, counting from 0): a resumed run continues the
+    /// streams where it stopped.
+    pub fn set_stream(&self, n: u64) {
+        self.batches.set(n);
     }
 
     /// The eager executor's statistics, when running eagerly.
@@ -187,10 +241,7 @@ impl Generator {
         let f = &step.function;
         let sharded =
             ShardedStep::with_layout(&step, self.backend.mesh(), |k| match step.inputs[k].role {
-                Role::Weight => self.params[self.param_index[&f.inputs[k].name]]
-                    .sharding()
-                    .spec
-                    .clone(),
+                Role::Weight => self.specs[&f.inputs[k].name].clone(),
                 Role::KvCache => self.cache_spec.clone(),
                 _ => PartitionSpec::replicated(),
             });
@@ -203,7 +254,7 @@ impl Generator {
             .set(self.compile_s.get() + started.elapsed().as_secs_f64());
         let weights = (0..step.inputs.len())
             .map(|k| match step.inputs[k].role {
-                Role::Weight => Some(self.param_index[&step.function.inputs[k].name]),
+                Role::Weight => Some(step.function.inputs[k].name.clone()),
                 _ => None,
             })
             .collect();
@@ -212,24 +263,38 @@ impl Generator {
 
     /// `compiled`'s arguments: the parameters where it takes them, `rest`
     /// (the per-call inputs, in order) elsewhere.
-    fn arguments<'a>(
-        &'a self,
+    fn arguments<'a, 'p: 'a>(
         compiled: &Compiled,
+        params: &ParamLookup<'p>,
         mut rest: impl Iterator<Item = &'a DeviceArray>,
-    ) -> Vec<&'a DeviceArray> {
+    ) -> Result<Vec<&'a DeviceArray>> {
         compiled
             .weights
             .iter()
             .map(|w| match w {
-                Some(k) => &self.params[*k],
-                None => rest.next().expect("an input for every non-weight"),
+                Some(name) => params(name)
+                    .map(|a| -> &'a DeviceArray { a })
+                    .ok_or_else(|| {
+                        crate::EngineError::Internal(format!("no array for the parameter {name}"))
+                    }),
+                None => Ok(rest.next().expect("an input for every non-weight")),
             })
             .collect()
     }
 
+    /// This generator's own parameter `name`.
+    fn own(&self, name: &str) -> Option<&DeviceArray> {
+        self.param_index.get(name).map(|&k| &self.params[k])
+    }
+
     /// Runs the decode program for `shape` (compiling it first if needed)
     /// on `inputs`: every input after the weights, in order.
-    fn run(&self, shape: (i64, i64, i64), inputs: &[&DeviceArray]) -> Result<Vec<DeviceArray>> {
+    fn run<'a, 'p: 'a>(
+        &self,
+        shape: (i64, i64, i64),
+        params: &ParamLookup<'p>,
+        inputs: &[&'a DeviceArray],
+    ) -> Result<Vec<DeviceArray>> {
         let (batch, new, max_len) = shape;
         let mut programs = self.programs.borrow_mut();
         if let std::collections::hash_map::Entry::Vacant(slot) = programs.entry(shape) {
@@ -244,7 +309,7 @@ impl Generator {
             slot.insert(self.compile(step)?);
         }
         let compiled = &programs[&shape];
-        let all = self.arguments(compiled, inputs.iter().copied());
+        let all = Self::arguments(compiled, params, inputs.iter().copied())?;
         Ok(compiled.program.run(&all)?)
     }
 
@@ -258,6 +323,19 @@ impl Generator {
     /// own stream.
     pub fn complete_batch(
         &self,
+        prompts: &[Vec<u32>],
+        max_new: usize,
+        sampling: &Sampling,
+        stop: &[u32],
+    ) -> Result<Vec<Vec<u32>>> {
+        self.complete_batch_with(&|n| self.own(n), prompts, max_new, sampling, stop)
+    }
+
+    /// [`Generator::complete_batch`] with the parameters `params` finds
+    /// (for a generator made by [`Generator::over`]).
+    pub fn complete_batch_with<'p>(
+        &self,
+        params: &ParamLookup<'p>,
         prompts: &[Vec<u32>],
         max_new: usize,
         sampling: &Sampling,
@@ -324,7 +402,7 @@ impl Generator {
                 &top_p,
                 &rng,
             ]);
-            let mut outputs = self.run((b, new, max_len), &inputs)?;
+            let mut outputs = self.run((b, new, max_len), params, &inputs)?;
             // Outputs: next, logits, caches.., rng.
             rng = outputs.pop().expect("rng");
             let next_arr = outputs.remove(0);
@@ -376,7 +454,7 @@ impl Generator {
         let compiled = self.compile(step)?;
         let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
         let ids = self.place(HostArray::new(&[1, n], &ids)?)?;
-        let all = self.arguments(&compiled, std::iter::once(&ids));
+        let all = Self::arguments(&compiled, &|n| self.own(n), std::iter::once(&ids))?;
         let out = compiled.program.run(&all)?;
         Ok(out[0].gather()?.to_f64_vec())
     }

@@ -43,6 +43,9 @@ pub struct StepReport {
     /// Wall-clock seconds since the loop started, when these figures
     /// were read (a clock independent of the devices' reports).
     pub elapsed_s: f64,
+    /// Samples of what the step trained on, to show (GRPO's completions
+    /// with their rewards, every so many steps); usually empty.
+    pub samples: Vec<serde_json::Value>,
 }
 
 /// A held-out evaluation.

@@ -53,6 +53,7 @@ pub mod dataset;
 mod error;
 pub mod flops;
 pub mod generator;
+pub mod grpo;
 pub mod hardware;
 pub mod hooks;
 pub mod hub;
@@ -82,7 +83,8 @@ pub use model::{Model, ModelSource};
 pub use pipeline::ShardedStep;
 pub use run::Run;
 pub use run_spec::{
-    Chosen, DataSource, EvalSpec, Objective, OutputSpec, PreferenceSpec, ReportSpec, RunSpec,
+    Chosen, DataSource, EvalSpec, GrpoSpec, Objective, OutputSpec, PreferenceSpec, ReportSpec,
+    RunSpec,
 };
 pub use session::{EvalResult, Evaluator, Session, SessionOptions, Weights};
 pub use spec::{OptimSpec, StepSpec, Toggle};

@@ -163,6 +163,9 @@ impl StepToPlan {
         tc.preference = self
             .objective
             .preference(&PreferenceSpec::default(), self.reference);
+        if self.objective == Objective::Grpo {
+            tc.grpo = Some(crate::grpo::GrpoSpec::default().loss());
+        }
         Ok(tc)
     }
 

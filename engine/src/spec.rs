@@ -307,6 +307,7 @@ impl StepSpec {
             attention: self.attention_kind()?,
             loss_chunk: Some(loss_chunk),
             preference: None,
+            grpo: None,
         })
     }
 }

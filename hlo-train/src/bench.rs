@@ -87,6 +87,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     )?;
     let reference = crate::args::planned_reference(objective, args.precompute_ref)?;
     tc.preference = objective.preference(&PreferenceSpec::default(), reference);
+    if objective == Objective::Grpo {
+        tc.grpo = Some(hlo_engine::GrpoSpec::default().loss());
+    }
     let name = model.name.clone();
     let vocab = model.config.vocab_size;
     let mut session = Session::new(

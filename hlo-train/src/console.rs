@@ -60,7 +60,11 @@ impl Hooks for Progress {
                     r.grad_norm,
                     r.smoothed_tokens_per_s,
                     mfu * 100.0
-                )
+                );
+                // GRPO's sampled completions, with their rewards.
+                for sample in &r.samples {
+                    println!("  {sample}");
+                }
             });
         }
         Ok(())
@@ -121,7 +125,12 @@ fn pair_figures(metrics: &[(String, f64)]) -> String {
         (Some(a), Some(m), Some(p)) => {
             format!(" accuracy {a:.2} margin {m:.4} prefers chosen {p:.2}")
         }
-        _ => String::new(),
+        _ => match (get("reward"), get("rollout/tokens_per_s")) {
+            // GRPO: the rollouts' mean reward, and how fast they came.
+            (Some(r), Some(t)) => format!(" reward {r:.4} rollout tokens/s {t:.0}"),
+            (Some(r), None) => format!(" reward {r:.4}"),
+            _ => String::new(),
+        },
     }
 }
 
@@ -223,6 +232,51 @@ pub fn print_header(run: &Run) -> Result<()> {
         ),
         None => (c.rows(), format!("batch {}", c.batch), "samples"),
     };
+    if let Some(g) = &c.grpo {
+        let spec = &run.spec().grpo;
+        let groups = c.batch as usize / spec.num_generations;
+        println!(
+            "training {} ({} parameters, {}) on {} ({}): {trained}; grpo ({} loss, beta {}, epsilon {}..{}, {} iteration(s) per rollout batch); batch {} completions ({groups} prompts × {}) × seq {}; {}",
+            model.name,
+            model.config.parameter_count(),
+            c.dtype,
+            session.backend().mesh(),
+            session.backend().describe()?,
+            g.loss_type.name(),
+            g.beta,
+            g.epsilon,
+            g.epsilon_high,
+            spec.num_iterations,
+            c.batch,
+            spec.num_generations,
+            c.seq,
+            match session.mode() {
+                Mode::Jit => format!("compiled in {:.2}s", session.compile_s()),
+                Mode::Eager => "eager (each op compiles when it first runs)".to_string(),
+            }
+        );
+        let generations = remaining as usize / spec.num_iterations.max(1);
+        match &spec.rollouts {
+            Some(path) => println!(
+                "data: {} logged rollouts ({} prompts) from {}; {:.2} epochs in {} steps",
+                stats.samples,
+                stats.samples / spec.num_generations,
+                path.display(),
+                (generations * c.batch as usize) as f64 / stats.samples.max(1) as f64,
+                remaining
+            ),
+            None => println!(
+                "data: {} prompts; {} completions each, up to {} tokens, sampled at temperature {} by the policy being trained; {:.2} epochs in {} steps",
+                stats.samples,
+                spec.num_generations,
+                spec.max_completion_length,
+                spec.temperature,
+                (generations * groups) as f64 / stats.samples.max(1) as f64,
+                remaining
+            ),
+        }
+        return Ok(());
+    }
     let epochs =
         hlo_engine::spec::epochs(remaining, rows, c.seq, c.packing, unpacked_fill, learning);
     println!(

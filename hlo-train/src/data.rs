@@ -73,6 +73,11 @@ pub fn run(args: &DataArgs) -> Result<()> {
     let model = open_model(&args.model, &args.tokenizer)?;
     let seq = args.seq as usize;
     let mut spec = args.chat.spec(args.data.clone(), args.seq);
+    if Objective::from(args.objective) == Objective::Grpo {
+        anyhow::bail!(
+            "--objective grpo: its data is prompts (or --rollouts), which `train --objective grpo` reads; `data` shows SFT rows and preference pairs"
+        );
+    }
     spec.pairs = Objective::from(args.objective).is_preference();
     let data = Dataset::read(&model, &spec, args.seed)?;
     if spec.pairs {

@@ -71,6 +71,10 @@ impl Hooks for MetricsFile {
         for (name, v) in &r.metrics {
             line[name] = json!(v);
         }
+        // GRPO's sampled completions (`--log-completions`).
+        if !r.samples.is_empty() {
+            line["completions"] = json!(r.samples);
+        }
         self.line(line)
     }
 

@@ -9,9 +9,10 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Args, ValueEnum};
 use hlo_engine::ir::DType;
+use hlo_engine::models::grpo::{GrpoLossType, ScaleRewards};
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::{
-    Chosen, DataSource, EvalSpec, HookList, Mode, Objective, OutputSpec, PreferenceSpec,
+    Chosen, DataSource, EvalSpec, GrpoSpec, HookList, Mode, Objective, OutputSpec, PreferenceSpec,
     ReportSpec, Run, RunSpec, StopFlag, TrainSummary,
 };
 use hlo_report::{EventWriter, LossCurves};
@@ -51,14 +52,17 @@ pub struct TrainArgs {
     /// learned tokens (supervised finetuning); or a preference method over
     /// pairs of chosen and rejected completions, as TRL 1.16 computes it:
     /// dpo (DPOTrainer's sigmoid loss), ipo, simpo (CPOTrainer's) or orpo
-    /// (ORPOTrainer's). With pairs, --batch counts pairs.
+    /// (ORPOTrainer's). With pairs, --batch counts pairs. Or grpo
+    /// (GRPOTrainer's): online RL over prompts, the policy generating its
+    /// own completions, scored by --reward; --batch counts completions.
     #[arg(long, value_enum, default_value = "sft")]
     pub objective: ObjectiveArg,
 
     /// The preference loss's β: DPO's and IPO's (the reference's weight),
-    /// SimPO's reward scale, ORPO's λ.
-    #[arg(long, default_value_t = 0.1, value_parser = crate::args::positive)]
-    pub beta: f64,
+    /// SimPO's reward scale, ORPO's λ (default 0.1); GRPO's KL penalty
+    /// weight (default 0: no reference model).
+    #[arg(long, value_parser = crate::args::non_negative)]
+    pub beta: Option<f64>,
 
     /// SimPO's target reward margin γ.
     #[arg(long, default_value_t = 0.5, allow_negative_numbers = true)]
@@ -87,6 +91,84 @@ pub struct TrainArgs {
     /// finetuning has a reference: the base as it starts).
     #[arg(long)]
     pub precompute_ref: bool,
+
+    /// GRPO: completions per prompt, one group (TRL's num_generations).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..))]
+    pub num_generations: u32,
+
+    /// GRPO: the importance ratio is clipped to [1 − ε, 1 + ε_high].
+    #[arg(long, default_value_t = 0.2, value_parser = crate::args::non_negative)]
+    pub epsilon: f64,
+
+    /// GRPO: the upper clip ε_high (default: --epsilon; DAPO uses 0.28).
+    #[arg(long, value_parser = crate::args::non_negative)]
+    pub epsilon_high: Option<f64>,
+
+    /// GRPO: steps trained on each batch of rollouts (μ), against the
+    /// policy's log-probabilities from when they were made.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub num_iterations: u32,
+
+    /// GRPO: how rewards become advantages: less the group's mean, over
+    /// the group's standard deviation (group), the batch's (batch), or
+    /// not scaled (none).
+    #[arg(long, value_enum, default_value = "group")]
+    pub scale_rewards: ScaleRewardsArg,
+
+    /// GRPO: how the per-token losses are pooled, as TRL's loss_type.
+    #[arg(long, value_enum, default_value = "dapo")]
+    pub loss_type: LossTypeArg,
+
+    /// GRPO: tokens a completion has at most.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_completion_length: u32,
+
+    /// GRPO: the sampling temperature (the loss divides the logits by it
+    /// too, as TRL does).
+    #[arg(long, default_value_t = 1.0, value_parser = crate::args::positive)]
+    pub temperature: f64,
+
+    /// GRPO: sample from the smallest set of tokens with this much
+    /// probability (1: all).
+    #[arg(long, default_value_t = 1.0, value_parser = crate::args::positive)]
+    pub top_p: f64,
+
+    /// GRPO: sample from the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: u32,
+
+    /// GRPO: a reward, NAME or NAME:WEIGHT, repeatable (summed with their
+    /// weights): accuracy (the completion's final answer, its last
+    /// \boxed{} or number or word, equals the row's --answer-column),
+    /// format (matches --format-regex), length (−tokens/max), command
+    /// (--reward-command's answer).
+    #[arg(long)]
+    pub reward: Vec<hlo_engine::grpo::RewardSpec>,
+
+    /// GRPO: train on logged rollouts, one JSON object a line
+    /// {"prompt_ids", "completion_ids", "reward"} (consecutive lines of a
+    /// prompt form its group), instead of generating.
+    #[arg(long, conflicts_with = "data")]
+    pub rollouts: Option<PathBuf>,
+
+    /// GRPO: the prompts' column --reward accuracy compares with.
+    #[arg(long, default_value = "answer")]
+    pub answer_column: String,
+
+    /// GRPO: the regular expression --reward format looks for.
+    #[arg(long)]
+    pub format_regex: Option<String>,
+
+    /// GRPO: the command --reward command starts once (by `sh -c`); it
+    /// reads one JSON object per line (prompt, completion, their ids, the
+    /// prompt's row) and answers one number per line.
+    #[arg(long)]
+    pub reward_command: Option<String>,
+
+    /// GRPO: show this many completions with their rewards every
+    /// --log-every steps (in the log and the metrics file).
+    #[arg(long, default_value_t = 0)]
+    pub log_completions: u32,
 
     #[command(flatten)]
     pub step: StepArgs,
@@ -194,6 +276,23 @@ pub enum ObjectiveArg {
     Ipo,
     Simpo,
     Orpo,
+    Grpo,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ScaleRewardsArg {
+    Group,
+    Batch,
+    None,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LossTypeArg {
+    Grpo,
+    #[value(name = "dr_grpo")]
+    DrGrpo,
+    Dapo,
+    Bnpo,
 }
 
 impl From<ObjectiveArg> for Objective {
@@ -204,6 +303,7 @@ impl From<ObjectiveArg> for Objective {
             ObjectiveArg::Ipo => Objective::Ipo,
             ObjectiveArg::Simpo => Objective::Simpo,
             ObjectiveArg::Orpo => Objective::Orpo,
+            ObjectiveArg::Grpo => Objective::Grpo,
         }
     }
 }
@@ -226,8 +326,36 @@ fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
             train_on_inputs: args.chat.train_on_inputs,
         },
         objective: args.objective.into(),
+        grpo: GrpoSpec {
+            num_generations: args.num_generations as usize,
+            beta: args.beta.unwrap_or(0.0),
+            epsilon: args.epsilon,
+            epsilon_high: args.epsilon_high,
+            num_iterations: args.num_iterations as usize,
+            scale_rewards: match args.scale_rewards {
+                ScaleRewardsArg::Group => ScaleRewards::Group,
+                ScaleRewardsArg::Batch => ScaleRewards::Batch,
+                ScaleRewardsArg::None => ScaleRewards::None,
+            },
+            loss_type: match args.loss_type {
+                LossTypeArg::Grpo => GrpoLossType::Grpo,
+                LossTypeArg::DrGrpo => GrpoLossType::DrGrpo,
+                LossTypeArg::Dapo => GrpoLossType::Dapo,
+                LossTypeArg::Bnpo => GrpoLossType::Bnpo,
+            },
+            max_completion_length: args.max_completion_length as usize,
+            temperature: args.temperature,
+            top_p: args.top_p,
+            top_k: args.top_k,
+            rewards: args.reward.clone(),
+            rollouts: args.rollouts.clone(),
+            answer_column: args.answer_column.clone(),
+            format_regex: args.format_regex.clone(),
+            reward_command: args.reward_command.clone(),
+            log_completions: args.log_completions as usize,
+        },
         preference: PreferenceSpec {
-            beta: args.beta,
+            beta: args.beta.unwrap_or(0.1),
             simpo_gamma: args.simpo_gamma,
             label_smoothing: args.label_smoothing,
             cpo_alpha: args.cpo_alpha,

@@ -55,6 +55,8 @@ pub enum ModelError {
     /// A preference batch must hold whole pairs of unpacked rows.
     #[error("a preference batch holds chosen then rejected rows of whole pairs, unpacked; got {rows} rows{}", if *.packed { ", packed" } else { "" })]
     PreferenceBatch { rows: i64, packed: bool },
+    #[error("GRPO: {why}")]
+    GrpoBatch { why: String },
     #[error(transparent)]
     Trace(#[from] hlo_ir::TraceError),
     #[error(transparent)]

@@ -7,7 +7,8 @@
 //! functions whose inputs carry typed [`roles`] (weight, trainable,
 //! optimizer state of X, batch field, step counter, cache); losses,
 //! optimizers and schedules ([`train`], [`loss`]); preference losses
-//! (DPO, IPO, SimPO, ORPO as TRL defines them, [`preference`]); attention in the naive
+//! (DPO, IPO, SimPO, ORPO as TRL defines them, [`preference`]); GRPO's
+//! loss as TRL's `GRPOTrainer` computes it ([`grpo`]); attention in the naive
 //! and the blockwise (FlashAttention) form ([`attention`]); safetensors checkpoints (HF in,
 //! bitsandbytes 4-bit too, [`checkpoint`]) and PEFT adapters in and out
 //! ([`adapter`]); QLoRA's NF4 base weights, quantized as bitsandbytes
@@ -34,6 +35,7 @@ pub mod attention;
 pub mod checkpoint;
 pub mod decoder;
 mod error;
+pub mod grpo;
 pub mod io;
 pub mod loss;
 pub mod mlp;

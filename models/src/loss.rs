@@ -118,11 +118,22 @@ pub fn masked_logps_per_row(
     (-per_row, mask.sum(&[1]))
 }
 
-/// The summed entropy of the next-token distribution over masked
-/// positions, and their count (f32): `Σ mask · (logsumexp(l) − Σ_v
-/// softmax(l)_v · l_v)` (TRL logs its token-weighted mean as `entropy`).
-/// No gradient.
-pub fn masked_entropy_sum(logits: Tensor, loss_mask: Tensor) -> (Tensor, Tensor) {
+/// The log-probability of each position's next token, `[rows, s]` (f32;
+/// f64 for f64 logits): position `t` holds token `t + 1`'s (the last
+/// position's is of token 0 and meaningless).
+pub fn next_token_logps(logits: Tensor, input_ids: Tensor) -> Tensor {
+    let d = input_ids.dims();
+    -token_losses(
+        logits,
+        next_token_labels(input_ids),
+        logits.dtype().accumulator(),
+    )
+    .reshape(&d)
+}
+
+/// The entropy of each position's next-token distribution, `[rows, s]`
+/// (f32), without gradient.
+pub fn entropy_per_position(logits: Tensor) -> Tensor {
     let d = logits.dims();
     let (n, v) = (d[..d.len() - 1].iter().product::<i64>(), d[d.len() - 1]);
     let l = logits.stop_gradient().cast(DType::F32).reshape(&[n, v]);
@@ -131,6 +142,17 @@ pub fn masked_entropy_sum(logits: Tensor, loss_mask: Tensor) -> (Tensor, Tensor)
     let z = shifted.exp().sum(&[1]);
     // H = log z − Σ p·shifted, with p = exp(shifted) / z.
     let h = z.log() - (shifted.exp() * shifted).sum(&[1]) / z;
+    h.reshape(&d[..d.len() - 1])
+}
+
+/// The summed entropy of the next-token distribution over masked
+/// positions, and their count (f32): `Σ mask · (logsumexp(l) − Σ_v
+/// softmax(l)_v · l_v)` (TRL logs its token-weighted mean as `entropy`).
+/// No gradient.
+pub fn masked_entropy_sum(logits: Tensor, loss_mask: Tensor) -> (Tensor, Tensor) {
+    let d = logits.dims();
+    let n = d[..d.len() - 1].iter().product::<i64>();
+    let h = entropy_per_position(logits).reshape(&[n]);
     let mask = loss_mask.cast(DType::F32).reshape(&[n]);
     ((h * mask).sum(&[0]), mask.sum(&[0]))
 }

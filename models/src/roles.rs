@@ -20,6 +20,14 @@ pub enum BatchField {
     /// A preference batch's reference log-probabilities, computed before
     /// training: one f32 per row (`[rows]`, not `[rows, seq]`).
     RefLogps,
+    /// A GRPO batch's advantage of each completion (`[rows]`, f32).
+    Advantages,
+    /// A GRPO batch's per-token log-probabilities of the policy when the
+    /// rollouts were made (`[rows, seq]` f32, aligned as the loss mask).
+    OldLogps,
+    /// A GRPO batch's per-token log-probabilities of the reference model
+    /// (`[rows, seq]` f32, aligned as the loss mask).
+    RefTokenLogps,
 }
 
 impl BatchField {
@@ -31,6 +39,9 @@ impl BatchField {
             BatchField::Positions => "positions",
             BatchField::SegmentIds => "segment_ids",
             BatchField::RefLogps => "ref_logps",
+            BatchField::Advantages => "advantages",
+            BatchField::OldLogps => "old_logps",
+            BatchField::RefTokenLogps => "ref_token_logps",
         }
     }
 }

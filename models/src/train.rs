@@ -9,9 +9,10 @@ use crate::decoder::{
     base_parameter_types, is_stacked, lora_parameter_types, stack_types, Decoder, LoraConfig,
     ModelConfig, Params,
 };
+use crate::grpo::{GrpoLoss, GrpoTokens};
 use crate::loss::{
-    chunked_cross_entropy_sum, default_loss_chunk, masked_cross_entropy_sum, masked_entropy_sum,
-    masked_logps_per_row, masked_top1_sum, mean,
+    chunked_cross_entropy_sum, default_loss_chunk, entropy_per_position, masked_cross_entropy_sum,
+    masked_entropy_sum, masked_logps_per_row, masked_top1_sum, mean, next_token_logps,
 };
 use crate::preference::{reference_name, NllSpan, PairLogps, PreferenceLoss, Reference};
 use crate::roles::{BatchField, Moment, Role, Step, StepInput};
@@ -99,6 +100,10 @@ pub struct TrainConfig {
     /// (`batch` then counts rows: twice the pairs, see
     /// [`preference_loss`]).
     pub preference: Option<Preference>,
+    /// GRPO's loss over rollouts in place of the causal-LM loss (see
+    /// [`grpo_loss`]): the batch carries each completion's advantage, and
+    /// the old and reference log-probabilities where the loss reads them.
+    pub grpo: Option<GrpoLoss>,
 }
 
 /// A preference objective: the loss and the model it compares with.
@@ -131,6 +136,7 @@ impl TrainConfig {
             attention: AttentionKind::auto(seq),
             loss_chunk: None,
             preference: None,
+            grpo: None,
         }
     }
 
@@ -248,7 +254,12 @@ fn loss_inputs(config: &ModelConfig, tc: &TrainConfig) -> Result<LossInputs, Mod
     for field in batch_fields(tc) {
         let ty = match field {
             BatchField::LossMask => TensorType::new(DType::F32, [tc.batch, tc.seq]),
-            BatchField::RefLogps => TensorType::new(DType::F32, [tc.batch]),
+            BatchField::RefLogps | BatchField::Advantages => {
+                TensorType::new(DType::F32, [tc.batch])
+            }
+            BatchField::OldLogps | BatchField::RefTokenLogps => {
+                TensorType::new(DType::F32, [tc.batch, tc.seq])
+            }
             _ => TensorType::new(DType::I32, [tc.batch, tc.seq]),
         };
         loss_inputs.push((field.name().into(), ty));
@@ -272,6 +283,15 @@ pub fn batch_fields(tc: &TrainConfig) -> Vec<BatchField> {
             fields.push(BatchField::RefLogps);
         }
     }
+    if let Some(g) = &tc.grpo {
+        fields.push(BatchField::Advantages);
+        if g.old_logps {
+            fields.push(BatchField::OldLogps);
+        }
+        if g.beta != 0.0 {
+            fields.push(BatchField::RefTokenLogps);
+        }
+    }
     fields
 }
 
@@ -287,6 +307,9 @@ fn role_of(tc: &TrainConfig) -> impl Fn(&str) -> StepInput + '_ {
             BatchField::Positions,
             BatchField::SegmentIds,
             BatchField::RefLogps,
+            BatchField::Advantages,
+            BatchField::OldLogps,
+            BatchField::RefTokenLogps,
         ]
         .into_iter()
         .find(|f| f.name() == name);
@@ -361,6 +384,11 @@ fn model<'a>(config: &'a ModelConfig, tc: &'a TrainConfig) -> Decoder<'a> {
 /// number of counted tokens (`loss_sum`, `tokens`), no gradients. Its
 /// inputs are the train step's weights, LoRA tensors and batch, by name.
 pub fn eval_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
+    if tc.grpo.is_some() {
+        return Err(ModelError::GrpoBatch {
+            why: "GRPO has no held-out loss".into(),
+        });
+    }
     if let Some(p) = &tc.preference {
         // The loss and its metrics, as the train step logs them.
         let function = preference_loss(config, tc, &p.loss, p.reference)?;
@@ -591,6 +619,9 @@ pub fn train_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelE
     if let Some(p) = &tc.preference {
         return preference_train_step(config, tc, &p.loss, p.reference);
     }
+    if let Some(g) = &tc.grpo {
+        return grpo_train_step(config, tc, g);
+    }
     let (base, lora_params, loss_inputs) = loss_inputs(config, tc)?;
     let trainable = trainable_of(tc, &base, &lora_params);
     let model = model(config, tc);
@@ -640,6 +671,115 @@ pub fn preference_train_step(
         .map(|b| (b.name.clone(), loss_fn.ty(b.value).clone()))
         .collect();
     optimizer_step(tc, &loss_fn, None, inputs, &trainable)
+}
+
+/// GRPO's loss of a batch of rollouts as one traced function, of the
+/// train step's inputs by name: weights, LoRA tensors, `input_ids` (each
+/// row a prompt and one of its completions, right-padded), `loss_mask`
+/// (on the completion's tokens), `advantages`, and `old_logps` and
+/// `ref_token_logps` where `loss` reads them. The logits are divided by
+/// the sampling temperature before the log-probabilities are taken.
+/// Outputs `loss`, then the metrics by TRL's names.
+pub fn grpo_loss(
+    config: &ModelConfig,
+    tc: &TrainConfig,
+    loss: &GrpoLoss,
+) -> Result<hlo_ir::Function, ModelError> {
+    if tc.packing || tc.grad_accum > 1 {
+        return Err(ModelError::GrpoBatch {
+            why: "rollouts are neither packed nor accumulated".into(),
+        });
+    }
+    if loss.temperature.is_nan() || loss.temperature <= 0.0 {
+        return Err(ModelError::GrpoBatch {
+            why: format!("the temperature must be above 0, not {}", loss.temperature),
+        });
+    }
+    let tc = &TrainConfig {
+        grpo: Some(*loss),
+        ..tc.clone()
+    };
+    let (_, _, inputs) = loss_inputs(config, tc)?;
+    let policy = model(config, tc);
+    let f = trace("grpo_loss", &inputs, |i| {
+        let ids = i["input_ids"];
+        let h = policy.last_hidden(&Params(i), ids, None, tc.dtype);
+        let mut logits = policy.lm_head(&Params(i), h).cast(DType::F32);
+        if loss.temperature != 1.0 {
+            logits = logits / loss.temperature;
+        }
+        let logps = next_token_logps(logits, ids);
+        let field = |f: BatchField| i[f.name()];
+        let out = scope("loss", || {
+            loss.compute(GrpoTokens {
+                logps,
+                mask: i["loss_mask"].cast(DType::F32),
+                advantages: field(BatchField::Advantages),
+                old_logps: loss.old_logps.then(|| field(BatchField::OldLogps)),
+                ref_logps: (loss.beta != 0.0).then(|| field(BatchField::RefTokenLogps)),
+                entropy: scope("metrics", || entropy_per_position(logits)),
+            })
+        });
+        let mut o = Outputs::new().add("loss", out.loss);
+        for (name, t) in out.metrics {
+            o = o.add(name, t);
+        }
+        o
+    })?;
+    Ok(f)
+}
+
+/// The GRPO train step ([`grpo_loss`], then the same clipping, schedule
+/// and optimizer as [`train_step`]); outputs `loss`, `grad_norm`, `lr`,
+/// the loss's metrics, then the updated state.
+pub fn grpo_train_step(
+    config: &ModelConfig,
+    tc: &TrainConfig,
+    loss: &GrpoLoss,
+) -> Result<Step, ModelError> {
+    let (base, lora_params, _) = loss_inputs(config, tc)?;
+    let trainable = trainable_of(tc, &base, &lora_params);
+    let loss_fn = grpo_loss(config, tc, loss)?;
+    let inputs: Vec<(String, TensorType)> = loss_fn
+        .inputs
+        .iter()
+        .map(|b| (b.name.clone(), loss_fn.ty(b.value).clone()))
+        .collect();
+    optimizer_step(tc, &loss_fn, None, inputs, &trainable)
+}
+
+/// Each row's per-token log-probabilities (`logps`, `[rows, seq]` f32,
+/// aligned as the loss mask, logits divided by `temperature`) under the
+/// base, or with `lora` the base with that adapter (its tensors under the
+/// LoRA names): a GRPO rollout's old log-probabilities (the policy) and
+/// its reference's. Inputs: the weights (and LoRA tensors), `input_ids`.
+pub fn token_logps_step(
+    config: &ModelConfig,
+    tc: &TrainConfig,
+    lora: Option<&LoraConfig>,
+    temperature: f64,
+) -> Result<Step, ModelError> {
+    let plain = TrainConfig {
+        lora: lora.cloned(),
+        preference: None,
+        grpo: None,
+        packing: false,
+        grad_accum: 1,
+        ..tc.clone()
+    };
+    let (_, _, mut inputs) = loss_inputs(config, &plain)?;
+    inputs.retain(|(n, _)| n != BatchField::LossMask.name());
+    let m = model(config, &plain);
+    let function = trace("token_logps", &inputs, |i| {
+        let ids = i["input_ids"];
+        let h = m.last_hidden(&Params(i), ids, None, plain.dtype);
+        let mut logits = m.lm_head(&Params(i), h).cast(DType::F32);
+        if temperature != 1.0 {
+            logits = logits / temperature;
+        }
+        Outputs::new().add("logps", next_token_logps(logits, ids))
+    })?;
+    Ok(Step::new(function, role_of(&plain)))
 }
 
 /// What a step trains: LoRA's adapters and the modules it saves whole, or

@@ -57,6 +57,7 @@ fn run_both_with(mesh: &str, attention: AttentionKind, loss_chunk: Option<i64>) 
         attention,
         loss_chunk,
         preference: None,
+        grpo: None,
     };
     let step = train_step(&config, &tc).unwrap();
     let f = hlo_ir::simplify(&step.function);

@@ -159,6 +159,7 @@ fn llama_step_annotations(mesh: &str) -> String {
         attention: hlo_models::attention::AttentionKind::Naive,
         loss_chunk: None,
         preference: None,
+        grpo: None,
     };
     let step = train_step(&config, &tc).unwrap();
     let f = hlo_ir::simplify(&step.function);

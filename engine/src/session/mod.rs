@@ -85,6 +85,10 @@ pub struct PlacedBatch {
     pub fill: f64,
     /// Rows × sequence length: the tokens the step processes.
     pub tokens: usize,
+    /// Figures measured making the batch, reported with its step.
+    pub metrics: Vec<(String, f64)>,
+    /// Samples of it to show.
+    pub samples: Vec<serde_json::Value>,
 }
 
 /// A step that has been launched; its figures are read later.
@@ -98,6 +102,9 @@ pub struct Launched {
     pub metrics: Vec<(String, DeviceArray)>,
     pub targets: usize,
     pub tokens: usize,
+    /// The batch's own figures and samples ([`PlacedBatch::metrics`]).
+    pub host_metrics: Vec<(String, f64)>,
+    pub samples: Vec<serde_json::Value>,
     /// When the host launched it.
     pub launched: Instant,
     /// When its results were computed, as the devices report it.
@@ -177,6 +184,16 @@ impl Session {
 
     pub fn backend(&self) -> &Backend {
         &self.backend
+    }
+
+    /// The array the step reads as input `name` now (weights, trainable
+    /// parameters, optimizer state; not a batch field), and its layout:
+    /// what a program run between steps (GRPO's generation) reads in
+    /// place, with no copy.
+    pub fn array(&self, name: &str) -> Option<&DeviceArray> {
+        let f = self.step.function();
+        let k = f.inputs.iter().position(|b| b.name == name)?;
+        self.state.get(k)?.as_ref()
     }
 
     pub fn model(&self) -> &Model {
@@ -308,6 +325,8 @@ impl Session {
             targets: batch.targets,
             fill: batch.fill(),
             tokens: self.tokens_per_step(),
+            metrics: Vec::new(),
+            samples: Vec::new(),
         })
     }
 
@@ -386,6 +405,8 @@ impl Session {
             metrics,
             targets: batch.targets,
             tokens: batch.tokens,
+            host_metrics: batch.metrics.clone(),
+            samples: batch.samples.clone(),
             launched,
             ready,
         })
@@ -455,6 +476,9 @@ pub(crate) fn field_array(batch: &Batch, field: BatchField, dims: &[i64]) -> Res
         BatchField::SegmentIds => HostArray::new(dims, &batch.segment_ids)?,
         // One per row: the dims less the sequence.
         BatchField::RefLogps => HostArray::new(&dims[..dims.len() - 1], &batch.ref_logps)?,
+        BatchField::Advantages => HostArray::new(&dims[..dims.len() - 1], &batch.advantages)?,
+        BatchField::OldLogps => HostArray::new(dims, &batch.old_logps)?,
+        BatchField::RefTokenLogps => HostArray::new(dims, &batch.ref_token_logps)?,
     })
 }
 

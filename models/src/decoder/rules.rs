@@ -40,11 +40,11 @@ pub fn partition_rules() -> Rules {
         (r"(q_proj|k_proj|v_proj)\.bias$", p(&[&["mp"]])),
         (r"norm\.weight$", PartitionSpec::replicated()),
         (
-            r"^(input_ids|labels|loss_mask|positions|segment_ids)$",
+            r"^(input_ids|labels|loss_mask|positions|segment_ids|old_logps|ref_token_logps)$",
             p(&[&["dp", "fsdp"], &[]]),
         ),
         // A preference batch's per-row reference log-probs, split as rows.
-        (r"^ref_logps$", p(&[&["dp", "fsdp"]])),
+        (r"^(ref_logps|advantages)$", p(&[&["dp", "fsdp"]])),
     ])
     .expect("the decoder rules compile")
 }

@@ -1,0 +1,447 @@
+//! `hlo-train train --objective grpo --rollouts FILE` against TRL 1.16's
+//! own `GRPOTrainer` (fixtures made by `scripts/make_grpo_fixtures.py`;
+//! formulas in `tests/fixtures/grpo/FORMULAS.md`): on the tiny f32 Llama
+//! and two prompts of four fixed completions each, every step's loss,
+//! gradient norm and every metric the run writes equal TRL's to 1e-5, and
+//! the adapter it saves after the last step equals TRL's to 1e-6 — for
+//! each `loss_type`, with and without β, μ = 1 and μ = 2 (the second step
+//! against the first one's old log-probabilities), each `scale_rewards`,
+//! ε_high, a temperature, AdamW, and a reference that is a copy of the
+//! adapter training starts from or another adapter; on one device and on
+//! a `dp=1,fsdp=2,mp=2` mesh.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use hlo_engine::models::io::read_safetensors;
+use serde_json::Value;
+
+fn grpo(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/grpo")
+        .join(name)
+}
+
+fn expected() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(grpo("expected.json")).unwrap()).unwrap()
+}
+
+/// The flags of a fixture case, from the settings TRL ran with.
+fn flags(settings: &Value) -> Vec<String> {
+    let s = |k: &str| settings[k].clone();
+    let num = |k: &str| s(k).as_f64().unwrap().to_string();
+    let mut f: Vec<String> = vec![
+        "--objective".into(),
+        "grpo".into(),
+        "--checkpoint".into(),
+        fixture("gqa_llama3").display().to_string(),
+        // TRL's tokenizer: its EOS (id 1) ends a completion, as the
+        // checkpoint's generation config's (id 2) does.
+        "--tokenizer".into(),
+        grpo("../preference/tokenizer/tokenizer.json")
+            .display()
+            .to_string(),
+        "--rollouts".into(),
+        grpo(s("rollouts").as_str().unwrap()).display().to_string(),
+        "--batch".into(),
+        num("per_device_train_batch_size"),
+        "--num-generations".into(),
+        num("num_generations"),
+        "--seq".into(),
+        "16".into(),
+        "--steps".into(),
+        num("max_steps"),
+        "--clip-norm".into(),
+        "0".into(),
+        "--loss-type".into(),
+        s("loss_type").as_str().unwrap().into(),
+        "--beta".into(),
+        num("beta"),
+        "--num-iterations".into(),
+        num("num_iterations"),
+        "--scale-rewards".into(),
+        s("scale_rewards").as_str().unwrap().into(),
+        "--epsilon".into(),
+        num("epsilon"),
+        "--max-completion-length".into(),
+        num("max_completion_length"),
+        "--temperature".into(),
+        num("temperature"),
+        "--optimizer".into(),
+        match s("optim").as_str().unwrap() {
+            "sgd" => "sgd".into(),
+            _ => "adamw".into(),
+        },
+        "--lr".into(),
+        num("learning_rate"),
+        "--weight-decay".into(),
+        "0".into(),
+        "--log-every".into(),
+        "1".into(),
+    ];
+    if let Some(e) = s("epsilon_high_given").as_f64() {
+        f.extend(["--epsilon-high".into(), e.to_string()]);
+    }
+    let adapter = |a: &str| grpo(a).display().to_string();
+    match s("start").as_str().unwrap() {
+        "fresh" => f.extend(["--init-adapter".into(), adapter("adapters/fresh")]),
+        "init" => f.extend(["--init-adapter".into(), adapter("adapters/init")]),
+        "ref" => f.extend([
+            "--init-adapter".into(),
+            adapter("adapters/init"),
+            "--ref-adapter".into(),
+            adapter("adapters/ref"),
+        ]),
+        other => panic!("start {other}"),
+    }
+    f
+}
+
+/// `got` within `tol` (relative above 1) of TRL's `want`.
+fn close(what: &str, got: f64, want: f64, tol: f64) {
+    assert!(
+        (got - want).abs() <= tol * want.abs().max(1.0),
+        "{what}: {got} against TRL's {want}"
+    );
+}
+
+/// What TRL logs that is not a figure of the step: the schedule's
+/// position, and `num_tokens` (a running count a resumed run would not
+/// know; not kept).
+const NOT_COMPARED: [&str; 3] = ["epoch", "learning_rate", "num_tokens"];
+
+/// Runs the case `name` with `extra` flags; checks every step's figures
+/// and the adapter saved after the last (to 1e-6 per 0.1 of learning
+/// rate: rounding grows with the step).
+fn check(name: &str, extra: &[&str]) {
+    let want = &expected()[name];
+    let tmp = scratch("grpo", &format!("{name}{}", extra.len()));
+    let (out, metrics) = (tmp.join("run"), tmp.join("metrics.jsonl"));
+    let mut args: Vec<String> = vec!["train".into()];
+    args.extend(flags(&want["settings"]));
+    for (flag, path) in [("--out", &out), ("--metrics", &metrics)] {
+        args.extend([flag.into(), path.display().to_string()]);
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ok(&hlo_train(&args));
+    let lines: Vec<Value> = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let what = |k: &str| format!("{name} {extra:?}: {k}");
+    for trl in want["steps"].as_array().unwrap() {
+        let step = trl["step"].as_u64().unwrap();
+        let ours = lines
+            .iter()
+            .find(|l| l["step"] == step && l.get("loss").is_some())
+            .unwrap_or_else(|| panic!("{}", what(&format!("step {step}"))));
+        for (key, v) in trl["logged"].as_object().unwrap() {
+            if NOT_COMPARED.contains(&key.as_str()) {
+                continue;
+            }
+            let k = format!("step {step} {key}");
+            let got = ours[key.as_str()]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{} is not written", what(&k)));
+            close(&what(&k), got, v.as_f64().unwrap(), 1e-5);
+        }
+        // What TRL logs only when it generates, the run writes only then.
+        if trl["logged"].get("reward").is_none() {
+            assert!(ours.get("reward").is_none(), "{}", what("reward reused"));
+        }
+    }
+    let last = want["steps"].as_array().unwrap().len();
+    let ours = read_safetensors(&out.join("adapter_model.safetensors")).unwrap();
+    let theirs = read_safetensors(&grpo("expected.safetensors")).unwrap();
+    assert!(!ours.is_empty());
+    for (key, t) in &ours {
+        let trl = &theirs
+            .iter()
+            .find(|(k, _)| *k == format!("{name}.step{last}.{key}"))
+            .unwrap_or_else(|| panic!("{name}: {key} in the fixture"))
+            .1;
+        let d = max_diff(&t.to_f64s(), &trl.to_f64s());
+        let lr = want["settings"]["learning_rate"].as_f64().unwrap();
+        let tol = 1e-6 * (lr / 0.1).max(1.0);
+        assert!(d < tol, "{}: differs by {d:e}", what(key));
+    }
+    std::fs::remove_dir_all(tmp).unwrap();
+}
+
+#[test]
+fn every_loss_type_with_and_without_beta_once_and_twice_equals_trl() {
+    for loss in ["grpo", "dr_grpo", "dapo", "bnpo"] {
+        for beta in ["0.0", "0.04"] {
+            for mu in [1, 2] {
+                check(&format!("{loss}.b{beta}.mu{mu}"), &[]);
+            }
+        }
+    }
+}
+
+#[test]
+fn scaling_clipping_temperature_adamw_and_references_equal_trl() {
+    for name in [
+        "dapo.b0.0.mu1.scale_batch",
+        "dapo.b0.0.mu1.scale_none",
+        "dapo.b0.0.mu1.tied",
+        "dapo.b0.0.mu2.eps_high",
+        "dapo.b0.04.mu2.temp0.7",
+        "dapo.b0.0.mu1.adamw",
+        "dapo.b0.04.mu2.adamw",
+        "dapo.b0.04.mu1.init",
+        "dapo.b0.04.mu2.init",
+        "dapo.b0.04.mu1.ref",
+        "dapo.b0.04.mu2.ref",
+        "dapo.b0.5.mu1.ref",
+    ] {
+        check(name, &[]);
+    }
+}
+
+#[test]
+fn a_mesh_equals_trl() {
+    let mesh = ["--devices", "4", "--mesh", "dp=1,fsdp=2,mp=2"];
+    for name in [
+        "grpo.b0.04.mu2",
+        "dr_grpo.b0.0.mu1",
+        "bnpo.b0.04.mu1",
+        "dapo.b0.04.mu2.ref",
+        "dapo.b0.0.mu2.eps_high",
+    ] {
+        check(name, &mesh);
+    }
+}
+
+/// Prompts with answers, in the fixture tokenizer's printable ASCII.
+fn prompts(dir: &Path) -> PathBuf {
+    let path = dir.join("prompts.jsonl");
+    std::fs::write(
+        &path,
+        "{\"prompt\":\"XYZ=\",\"answer\":\"ZYX\"}\n{\"prompt\":\"KP=\",\"answer\":\"PK\"}\n{\"prompt\":\"A+B:\",\"answer\":\"3\"}\n",
+    )
+    .unwrap();
+    path
+}
+
+/// An online run's flags: the policy from the fixture's init adapter,
+/// rollouts of 8 tokens at temperature 1, rewarded by a shell command
+/// (each request's length: rewards that differ within a group), SGD with
+/// a large step so the adapter visibly changes.
+fn online(dir: &Path, out: &Path, metrics: &Path, command: &str) -> Vec<String> {
+    let tokenizer = grpo("../preference/tokenizer/tokenizer.json");
+    [
+        "train",
+        "--objective",
+        "grpo",
+        "--checkpoint",
+        fixture("gqa_llama3").to_str().unwrap(),
+        "--tokenizer",
+        tokenizer.to_str().unwrap(),
+        "--init-adapter",
+        grpo("adapters/init").to_str().unwrap(),
+        "--data",
+        prompts(dir).to_str().unwrap(),
+        "--batch",
+        "8",
+        "--num-generations",
+        "4",
+        "--seq",
+        "32",
+        "--max-completion-length",
+        "8",
+        "--reward",
+        "command",
+        "--reward-command",
+        command,
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.5",
+        "--log-every",
+        "1",
+        "--log-completions",
+        "8",
+        "--out",
+        out.to_str().unwrap(),
+        "--metrics",
+        metrics.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+const LENGTH_REWARD: &str = "while read -r line; do echo ${#line}; done";
+
+/// The completions (ids) of step `step`'s rollouts in a metrics file, with
+/// their prompts' ids.
+fn rollouts_of(metrics: &Path, step: u64) -> Vec<(Value, Value)> {
+    let line = std::fs::read_to_string(metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|l| l["step"] == step && l.get("completions").is_some())
+        .unwrap_or_else(|| panic!("step {step}'s completions in {}", metrics.display()));
+    line["completions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["prompt_ids"].clone(), c["completion_ids"].clone()))
+        .collect()
+}
+
+/// `generate --prompts` over `prompts` (ids), 8 at a time, with the run's
+/// sampling: the completions' ids.
+fn generated(dir: &Path, adapter: &Path, prompts: &[Value]) -> Vec<Value> {
+    let file = dir.join("generate.jsonl");
+    let lines: Vec<String> = prompts
+        .iter()
+        .map(|p| serde_json::json!({ "input_ids": p }).to_string())
+        .collect();
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let tokenizer = grpo("../preference/tokenizer/tokenizer.json");
+    let out = ok(&hlo_train(&[
+        "generate",
+        "--checkpoint",
+        fixture("gqa_llama3").to_str().unwrap(),
+        "--tokenizer",
+        tokenizer.to_str().unwrap(),
+        "--adapter",
+        adapter.to_str().unwrap(),
+        "--prompts",
+        file.to_str().unwrap(),
+        "--batch-size",
+        "8",
+        "--temperature",
+        "1",
+        "--seed",
+        "0",
+        "--max-new-tokens",
+        "8",
+        // The tokenizer's EOS, which ends a rollout too.
+        "--stop",
+        "1",
+    ]));
+    out.lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["completion_ids"].clone())
+        .collect()
+}
+
+/// The completions a step trains on are what `generate` samples with the
+/// adapter as it stands at that step (same seed and sampling): the first
+/// step's with the adapter training starts from, the second's — after a
+/// resume, from the run's saved adapter — with the updated one, which
+/// samples otherwise than the first.
+#[test]
+fn rollouts_are_what_generate_samples_with_the_adapter_being_trained() {
+    let dir = scratch("grpo", "online");
+    let (out, metrics) = (dir.join("run"), dir.join("metrics.jsonl"));
+    let mut args = online(&dir, &out, &metrics, LENGTH_REWARD);
+    args.extend(["--steps".into(), "1".into()]);
+    ok(&hlo_train(
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    ));
+    let first = rollouts_of(&metrics, 1);
+    assert_eq!(first.len(), 8);
+    let prompts1: Vec<Value> = first.iter().map(|r| r.0.clone()).collect();
+    let got = generated(&dir, &grpo("adapters/init"), &prompts1);
+    let want: Vec<Value> = first.iter().map(|r| r.1.clone()).collect();
+    assert_eq!(
+        got, want,
+        "step 1's rollouts are generate's with the init adapter"
+    );
+
+    // The adapter after step 1, kept before the run goes on.
+    let after1 = dir.join("after1");
+    std::fs::create_dir_all(&after1).unwrap();
+    for f in ["adapter_model.safetensors", "adapter_config.json"] {
+        std::fs::copy(out.join(f), after1.join(f)).unwrap();
+    }
+    ok(&hlo_train(&[
+        "train",
+        "--resume",
+        out.to_str().unwrap(),
+        "--steps",
+        "2",
+    ]));
+    let second = rollouts_of(&metrics, 2);
+    // The run's second batch of rollouts draws the sampler's second
+    // stream: generate's second batch of 8.
+    let mut prompts = prompts1.clone();
+    prompts.extend(second.iter().map(|r| r.0.clone()));
+    let want: Vec<Value> = second.iter().map(|r| r.1.clone()).collect();
+    let got = generated(&dir, &after1, &prompts);
+    assert_eq!(
+        got[8..],
+        want[..],
+        "step 2's rollouts are generate's with the updated adapter"
+    );
+    let before = generated(&dir, &grpo("adapters/init"), &prompts);
+    assert_ne!(before[8..], want[..], "the update changes what is sampled");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// The external reward's protocol: a command started once, one JSON object
+/// a line in (prompt, completion, their ids, the row's columns), one
+/// number a line out; a command that fails, stops or answers something
+/// else stops the run with one line naming it.
+#[test]
+fn the_reward_command_reads_json_lines_and_its_failures_are_one_line() {
+    let dir = scratch("grpo", "command");
+    let (out, metrics) = (dir.join("run"), dir.join("metrics.jsonl"));
+    // Echoes each request into a file, answers 1 where the row's answer
+    // column came along.
+    let log = dir.join("requests.jsonl");
+    let command = format!(
+        "while read -r line; do printf '%s\\n' \"$line\" >> {}; case \"$line\" in *'\"answer\":'*) echo 1;; *) echo 0;; esac; done",
+        log.display()
+    );
+    let mut args = online(&dir, &out, &metrics, &command);
+    args.extend(["--steps".into(), "1".into()]);
+    ok(&hlo_train(
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    ));
+    let requests: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(requests.len(), 8);
+    for r in &requests {
+        for key in [
+            "prompt",
+            "completion",
+            "prompt_ids",
+            "completion_ids",
+            "answer",
+        ] {
+            assert!(r.get(key).is_some(), "{key} in {r}");
+        }
+    }
+    assert_eq!(metric(&metrics, "rewards/command/mean")[0].1, 1.0);
+    for (command, says) in [
+        ("true", "stopped before answering"),
+        ("while read -r l; do echo nan; done", "gave NaN"),
+        (
+            "while read -r l; do echo many; done",
+            "answered `many`, not a number",
+        ),
+        ("exit 3", "stopped before answering"),
+    ] {
+        let _ = std::fs::remove_dir_all(&out);
+        let mut args = online(&dir, &out, &metrics, command);
+        args.extend(["--steps".into(), "1".into()]);
+        let e = one_line_error(&hlo_train(
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        ));
+        assert!(
+            e.contains("--reward command") && e.contains(says),
+            "{command}: {e}"
+        );
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
