@@ -18,8 +18,11 @@ build:
 # word in capitals) and show a generation before and after; then DPO on
 # the task's pairs (the word in capitals preferred over the word echoed),
 # the held-out share of pairs the model prefers rising from about half to
-# all. Each run replaces the last one's demo-out/ and demo-dpo-out/
-# (--overwrite).
+# all. Then GRPO: from a short SFT (600 steps, few words exactly right),
+# the model samples 8 completions of each prompt itself and learns from an
+# exact-match reward alone; the share of completions exactly right rises
+# (demo-grpo-out/reward.svg). Each run replaces the last one's demo-out/,
+# demo-dpo-out/, demo-sft-short/ and demo-grpo-out/ (--overwrite).
 demo: setup build
 	./target/release/hlo-train devices --devices 8
 	./target/release/hlo-train train --batch 16 --seq 16 --steps 1500 --lr 2e-3 \
@@ -28,6 +31,13 @@ demo: setup build
 	./target/release/hlo-train train --objective dpo --batch 16 --seq 16 --steps 60 --lr 3e-3 \
 		--lora-rank 16 --lora-alpha 32 --eval-every 20 --log-every 20 \
 		--out demo-dpo-out --overwrite --metrics demo-dpo-out/metrics.jsonl
+	./target/release/hlo-train train --batch 16 --seq 16 --steps 600 --lr 2e-3 \
+		--schedule cosine --warmup 50 --lora-rank 16 --lora-alpha 32 --log-every 300 \
+		--out demo-sft-short --overwrite
+	./target/release/hlo-train train --objective grpo --init-adapter demo-sft-short \
+		--reward accuracy --num-generations 8 --batch 64 --seq 16 --max-completion-length 8 \
+		--temperature 0.5 --steps 400 --lr 1e-3 --warmup 20 --log-every 50 --log-completions 1 \
+		--out demo-grpo-out --overwrite --metrics demo-grpo-out/metrics.jsonl
 
 # Every test, the server through the official `openai` Python client and
 # a run's event files through the `tensorboard` package (both installed

@@ -38,7 +38,7 @@ pub use pairs::{
 };
 pub use prompts::{read_prompts, Prompt, PromptLine};
 pub use reader::{
-    alpaca_prompt, data_files, demo_examples, is_parquet, parse_line, stats, ChatData, DataStats,
-    Example, Reader,
+    alpaca_prompt, data_files, demo_examples, demo_prompt_rows, is_parquet, parse_line, stats,
+    ChatData, DataStats, Example, Reader,
 };
 pub use tokenizer::Tokenizer;

@@ -73,12 +73,19 @@ pub fn read_prompts(path: &Path) -> Result<Vec<PromptLine>, DataError> {
             continue;
         }
         let v: Value = serde_json::from_str(line).map_err(|e| bad(format!("not JSON: {e}")))?;
-        let prompt = if let Some(ids) = v.get("input_ids").and_then(Value::as_array) {
+        // `prompt_ids` as TRL's prompt datasets spell it.
+        let ids = v
+            .get("input_ids")
+            .or_else(|| v.get("prompt_ids"))
+            .and_then(Value::as_array);
+        let prompt = if let Some(ids) = ids {
             Prompt::Ids(
                 ids.iter()
                     .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
                     .collect::<Option<Vec<u32>>>()
-                    .ok_or_else(|| bad("input_ids must be non-negative integers".into()))?,
+                    .ok_or_else(|| {
+                        bad("input_ids (prompt_ids) must be non-negative integers".into())
+                    })?,
             )
         } else if let Some(p) = v.get("prompt").and_then(Value::as_str) {
             Prompt::Text(p.to_string())
@@ -88,7 +95,8 @@ pub fn read_prompts(path: &Path) -> Result<Vec<PromptLine>, DataError> {
             )
         } else {
             return Err(bad(
-                "expected {\"prompt\"}, {\"input_ids\"} or {\"messages\"}".into(),
+                "expected {\"prompt\"}, {\"input_ids\"} ({\"prompt_ids\"}) or {\"messages\"}"
+                    .into(),
             ));
         };
         out.push(PromptLine {

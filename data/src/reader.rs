@@ -765,6 +765,21 @@ pub fn parse_line(
     .parse_line(line)
 }
 
+/// The demo task's prompts for online RL: `{"prompt": "word=", "answer":
+/// "WORD"}` rows drawn as [`demo_examples`] draws its words.
+pub fn demo_prompt_rows(count: usize, seed: u64) -> Vec<serde_json::Value> {
+    let mut rng = hlo_ir::rng::Rng::new(seed);
+    (0..count)
+        .map(|_| {
+            let len = 3 + (rng.next_u64() % 4) as usize;
+            let word: String = (0..len)
+                .map(|_| (b'a' + (rng.next_u64() % 26) as u8) as char)
+                .collect();
+            serde_json::json!({"prompt": format!("{word}="), "answer": word.to_uppercase()})
+        })
+        .collect()
+}
+
 /// The bundled demo task, learnable by `tiny` in a minute on a CPU: write a
 /// lowercase word in capitals (`prompt` "cat=" → `completion` "CAT").
 pub fn demo_examples(

@@ -234,6 +234,17 @@ pub fn holds_run(dir: &Path) -> bool {
 /// Across processes every process gathers (a collective program) and only
 /// process 0 writes.
 pub fn save(out: &Path, session: &Session, state: &RunState) -> Result<()> {
+    save_with(out, session, state, &[])
+}
+
+/// [`save`], with `extra` files (name, bytes) written into `train_state/`
+/// beside the state, replaced with it at once.
+pub fn save_with(
+    out: &Path,
+    session: &Session,
+    state: &RunState,
+    extra: &[(String, Vec<u8>)],
+) -> Result<()> {
     // Gathered once: the trained part is what the adapter or model holds.
     let tensors = session.checkpoint_tensors()?;
     check_finite(&tensors, &format!("step {}", state.step))?;
@@ -264,6 +275,9 @@ pub fn save(out: &Path, session: &Session, state: &RunState) -> Result<()> {
         cause,
     })?;
     write_atomic(&fresh.join("state.json"), json.as_bytes())?;
+    for (name, bytes) in extra {
+        write_atomic(&fresh.join(name), bytes)?;
+    }
     let current = out.join("train_state");
     let old = out.join("train_state.old");
     if current.exists() {
@@ -287,7 +301,7 @@ pub struct Saved {
 
 /// The folder holding a saved run's state: `train_state/`, or the `.old`
 /// copy a crash mid-swap left behind.
-fn state_dir(dir: &Path) -> Result<PathBuf> {
+pub(crate) fn state_dir(dir: &Path) -> Result<PathBuf> {
     [dir.join("train_state"), dir.join("train_state.old")]
         .into_iter()
         .find(|d| d.join("state.json").is_file())

@@ -69,6 +69,8 @@ pub struct GrpoSpec {
     pub format_regex: Option<String>,
     /// The command `command` starts once and asks for each reward.
     pub reward_command: Option<String>,
+    /// The endpoint `http` posts each batch of completions to.
+    pub reward_url: Option<String>,
     /// Show this many completions with their rewards every `log_every`
     /// steps (0: none).
     pub log_completions: usize,
@@ -93,6 +95,7 @@ impl Default for GrpoSpec {
             answer_column: "answer".into(),
             format_regex: None,
             reward_command: None,
+            reward_url: None,
             log_completions: 0,
         }
     }
@@ -128,7 +131,7 @@ impl GrpoSpec {
 /// else its last word — equals the row's answer column: 1, else 0),
 /// `format` (the completion matches `--format-regex`: 1, else 0),
 /// `length` (−len/`max_completion_length`: shorter is better), `command`
-/// (an external program's answer).
+/// (an external program's answer), `http` (an endpoint's).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RewardSpec {
     pub kind: RewardKind,
@@ -141,14 +144,16 @@ pub enum RewardKind {
     Format,
     Length,
     Command,
+    Http,
 }
 
 impl RewardKind {
-    pub const ALL: [RewardKind; 4] = [
+    pub const ALL: [RewardKind; 5] = [
         RewardKind::Accuracy,
         RewardKind::Format,
         RewardKind::Length,
         RewardKind::Command,
+        RewardKind::Http,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -156,6 +161,7 @@ impl RewardKind {
             RewardKind::Format => "format",
             RewardKind::Length => "length",
             RewardKind::Command => "command",
+            RewardKind::Http => "http",
         }
     }
 }
@@ -180,7 +186,7 @@ impl std::str::FromStr for RewardSpec {
             .into_iter()
             .find(|k| k.name() == name)
             .ok_or_else(|| {
-                format!("`{name}` is not a reward (accuracy, format, length, command)")
+                format!("`{name}` is not a reward (accuracy, format, length, command, http)")
             })?;
         Ok(RewardSpec { kind, weight })
     }
@@ -193,8 +199,8 @@ impl std::fmt::Display for RewardSpec {
 }
 
 /// The final answer of a completion: the content of its last
-/// `\boxed{...}`, else its last number, else its last word (trimmed of
-/// punctuation).
+/// `\boxed{...}`, else its last number, else its last word (ASCII
+/// punctuation around it trimmed).
 pub fn final_answer(text: &str) -> Option<String> {
     if let Some(at) = text.rfind("\\boxed{") {
         let rest = &text[at + 7..];
@@ -218,7 +224,12 @@ pub fn final_answer(text: &str) -> Option<String> {
     }
     text.split_whitespace()
         .last()
-        .map(|w| w.trim_matches(|c: char| !c.is_alphanumeric()).to_string())
+        // Punctuation around the word goes ("(CAT)."); anything else —
+        // an undecodable byte's U+FFFD among them — stays part of it.
+        .map(|w| {
+            w.trim_matches(|c: char| c.is_ascii_punctuation())
+                .to_string()
+        })
         .filter(|w| !w.is_empty())
 }
 
@@ -239,6 +250,69 @@ pub struct Scored<'a> {
     pub completion_ids: &'a [u32],
     /// The prompt's dataset row (every column).
     pub row: &'a Value,
+}
+
+impl Scored<'_> {
+    /// What an external reward is sent: the prompt and completion (text
+    /// and ids) and the prompt's row's columns.
+    fn request(&self) -> Value {
+        let mut request = json!({
+            "prompt": self.prompt,
+            "completion": self.completion,
+            "prompt_ids": self.prompt_ids,
+            "completion_ids": self.completion_ids,
+        });
+        if let (Some(obj), Some(row)) = (request.as_object_mut(), self.row.as_object()) {
+            for (k, v) in row {
+                obj.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        request
+    }
+}
+
+/// An HTTP reward: each batch of completions posted to `url` as a JSON
+/// array of requests (as the command's lines), answered by a JSON array of
+/// as many numbers.
+fn http_rewards(url: &str, items: &[Scored]) -> Result<Vec<f64>> {
+    let fail = |why: String| EngineError::Reward {
+        name: "http".into(),
+        why,
+    };
+    let body = Value::from(items.iter().map(Scored::request).collect::<Vec<_>>()).to_string();
+    let response = ureq::post(url)
+        .set("Content-Type", "application/json")
+        .send_string(&body)
+        .map_err(|e| fail(format!("POST {url}: {e}")))?;
+    let text = response
+        .into_string()
+        .map_err(|e| fail(format!("reading {url}'s answer: {e}")))?;
+    let values: Vec<f64> = match serde_json::from_str::<Value>(&text) {
+        Ok(Value::Array(v)) => v
+            .iter()
+            .map(|x| {
+                x.as_f64().ok_or_else(|| {
+                    fail(format!(
+                        "{url} answered {x} among its rewards, not a number"
+                    ))
+                })
+            })
+            .collect::<Result<_>>()?,
+        _ => {
+            let shown: String = text.chars().take(80).collect();
+            return Err(fail(format!(
+                "{url} answered `{shown}`, not a JSON array of numbers"
+            )));
+        }
+    };
+    if values.len() != items.len() {
+        return Err(fail(format!(
+            "{url} answered {} rewards for {} completions",
+            values.len(),
+            items.len()
+        )));
+    }
+    Ok(values)
 }
 
 /// An external reward: a command started once that reads one JSON object
@@ -284,17 +358,7 @@ impl RewardCommand {
         };
         let mut out = Vec::with_capacity(items.len());
         for s in items {
-            let mut request = json!({
-                "prompt": s.prompt,
-                "completion": s.completion,
-                "prompt_ids": s.prompt_ids,
-                "completion_ids": s.completion_ids,
-            });
-            if let (Some(obj), Some(row)) = (request.as_object_mut(), s.row.as_object()) {
-                for (k, v) in row {
-                    obj.entry(k.clone()).or_insert_with(|| v.clone());
-                }
-            }
+            let request = s.request();
             let gone = |e: std::io::Error| {
                 fail(format!(
                     "`{}` stopped before answering (writing to it: {e})",
@@ -347,6 +411,7 @@ pub struct Rewards {
     answer_column: String,
     format: Option<Regex>,
     command: Option<RewardCommand>,
+    url: Option<String>,
     max_completion_length: usize,
 }
 
@@ -356,7 +421,7 @@ impl Rewards {
         let refuse = |why: String| EngineError::Grpo(why);
         if spec.rewards.is_empty() {
             return Err(refuse(
-                "give at least one --reward (accuracy, format, length, command), or --rollouts"
+                "give at least one --reward (accuracy, format, length, command, http), or --rollouts"
                     .into(),
             ));
         }
@@ -390,11 +455,20 @@ impl Rewards {
             }
             (None, false) => None,
         };
+        let url = match (&spec.reward_url, has(RewardKind::Http)) {
+            (Some(u), true) => Some(u.clone()),
+            (None, true) => return Err(refuse("--reward http needs --reward-url".into())),
+            (Some(_), false) => {
+                return Err(refuse("--reward-url is read by --reward http only".into()))
+            }
+            (None, false) => None,
+        };
         Ok(Rewards {
             specs: spec.rewards.clone(),
             answer_column: spec.answer_column.clone(),
             format,
             command,
+            url,
             max_completion_length: spec.max_completion_length,
         })
     }
@@ -447,6 +521,9 @@ impl Rewards {
                     .as_mut()
                     .expect("checked in new")
                     .score(items)?,
+                RewardKind::Http => {
+                    http_rewards(self.url.as_deref().expect("checked in new"), items)?
+                }
             };
             if let Some((k, v)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
                 return Err(EngineError::Reward {
@@ -815,6 +892,19 @@ impl PromptSet {
         }
         Ok(PromptSet { prompts })
     }
+
+    /// The bundled task's prompts (`word=`, answered `WORD`): `count`
+    /// drawn with `seed`.
+    pub fn demo(tokenizer: &Tokenizer, count: usize, seed: u64) -> Result<PromptSet> {
+        let prompts = hlo_data::demo_prompt_rows(count, seed)
+            .into_iter()
+            .map(|row| {
+                let text = row["prompt"].as_str().unwrap_or_default().to_string();
+                Ok((tokenizer.encode(&text, true)?, text, row))
+            })
+            .collect::<Result<_>>()?;
+        Ok(PromptSet { prompts })
+    }
 }
 
 /// Rollouts made, each one's prompt and completion as text, and figures
@@ -848,7 +938,7 @@ pub struct RolloutSource {
     /// Steps drawn so far (the cursor: a resumed run continues here).
     steps: u64,
     /// The batch of the current rollouts, reused for μ steps.
-    current: Option<Batch>,
+    pub current: Option<Batch>,
     old: Option<Scorer>,
     reference: Option<Scorer>,
     log_every: i64,
@@ -1100,6 +1190,87 @@ impl BatchSource for RolloutSource {
     fn cursor(&self) -> u64 {
         self.steps
     }
+
+    /// In the middle of a batch's μ iterations, the batch (its old
+    /// log-probabilities were the policy's before the steps since).
+    fn saved(&self, cursor: u64) -> Result<Vec<(String, Vec<u8>)>> {
+        let mu = self.spec.num_iterations.max(1) as u64;
+        // Mid-generation at `cursor`, the current batch is that
+        // generation's, whether or not the next step's was drawn.
+        match &self.current {
+            Some(b) if !cursor.is_multiple_of(mu) => {
+                let v = json!({
+                    "steps": cursor,
+                    "ids": b.ids,
+                    "loss_mask": b.loss_mask,
+                    "advantages": b.advantages,
+                    "old_logps": b.old_logps,
+                    "ref_token_logps": b.ref_token_logps,
+                    "targets": b.targets,
+                });
+                Ok(vec![(
+                    ROLLOUT_BATCH.to_string(),
+                    v.to_string().into_bytes(),
+                )])
+            }
+            _ => Ok(Vec::new()),
+        }
+    }
+}
+
+/// The file in `train_state/` holding the batch of rollouts a run saved in
+/// the middle of its μ iterations.
+pub const ROLLOUT_BATCH: &str = "rollout_batch.json";
+
+/// The batch of rollouts saved in `dir`'s `train_state/` at step `steps`
+/// (see [`BatchSource::saved`]), to train its remaining iterations on.
+pub fn saved_batch(dir: &Path, steps: u64, rows: usize, seq: usize) -> Result<Batch> {
+    let state = crate::checkpoint::state_dir(dir)?;
+    let path = state.join(ROLLOUT_BATCH);
+    let bad = |why: String| EngineError::Resume(format!("{}: {why}", path.display()));
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        bad(format!(
+            "the run stopped in the middle of a batch's --num-iterations, and its rollouts cannot be read ({e})"
+        ))
+    })?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    if v["steps"].as_u64() != Some(steps) {
+        return Err(bad(format!(
+            "holds the rollouts of step {}, not {steps}",
+            v["steps"]
+        )));
+    }
+    let f32s = |k: &str| -> Vec<f32> {
+        v[k].as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_f64)
+                    .map(|x| x as f32)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut b = Batch::empty(rows, seq);
+    b.ids = v["ids"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_i64)
+                .map(|x| x as i32)
+                .collect()
+        })
+        .unwrap_or_default();
+    b.loss_mask = f32s("loss_mask");
+    b.advantages = f32s("advantages");
+    b.old_logps = f32s("old_logps");
+    b.ref_token_logps = f32s("ref_token_logps");
+    b.targets = v["targets"].as_u64().unwrap_or(0) as usize;
+    if b.ids.len() != rows * seq || b.loss_mask.len() != rows * seq || b.advantages.len() != rows {
+        return Err(bad(format!(
+            "does not hold a batch of {rows} rows of {seq}"
+        )));
+    }
+    Ok(b)
 }
 
 /// The layouts of a session's weights and trainable parameters by name:

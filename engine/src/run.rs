@@ -68,6 +68,9 @@ pub struct Run {
     stop: StopFlag,
 }
 
+/// Prompts of the bundled task a GRPO run without data draws.
+const DEMO_PROMPTS: usize = 2000;
+
 /// Whether this process writes and reports (process 0, or the only one).
 fn is_main(spec: &RunSpec) -> bool {
     spec.backend
@@ -193,6 +196,9 @@ fn identities(spec: &RunSpec, model: &Model, data: &Dataset) -> Result<RunSettin
         }
         if let Some(c) = &g.reward_command {
             s.set("reward-command", c.as_str());
+        }
+        if let Some(u) = &g.reward_url {
+            s.set("reward-url", u.as_str());
         }
         s.set("log-completions", g.log_completions as u64);
         if let Some(dir) = &spec.preference.ref_adapter {
@@ -518,30 +524,23 @@ impl Run {
         let resumed = saved.is_some();
         let g = spec.grpo.clone();
         let refuse = |why: String| EngineError::Grpo(why);
-        let data_path = match (&g.rollouts, &spec.data.path) {
-            (Some(r), _) => r.clone(),
-            (None, Some(d)) => d.clone(),
-            (None, None) => {
-                return Err(refuse(
-                    "give --data (prompts: {\"prompt\"}, {\"messages\"} or {\"prompt_ids\"} rows) or --rollouts".into(),
-                ))
-            }
-        };
+        // No data: the bundled task's prompts.
+        let data_path = g.rollouts.as_ref().or(spec.data.path.as_ref()).cloned();
         // Read (and check) the data before anything is compiled.
         let logged = match &g.rollouts {
             Some(path) => Some(read_rollouts(path, g.num_generations)?),
             None => None,
         };
-        let prompts = match &logged {
-            None => {
+        let prompts = match (&logged, &data_path) {
+            (None, Some(path)) => {
                 let chat = model.chat_template(spec.data.chat_template.as_deref())?;
-                Some(PromptSet::read(
-                    &data_path,
-                    tokenizer.as_ref(),
-                    chat.as_ref(),
-                )?)
+                Some(PromptSet::read(path, tokenizer.as_ref(), chat.as_ref())?)
             }
-            Some(_) => None,
+            (None, None) => {
+                let t = tokenizer.as_ref().ok_or(EngineError::DemoNeedsTokenizer)?;
+                Some(PromptSet::demo(t, DEMO_PROMPTS, spec.seed)?)
+            }
+            (Some(_), _) => None,
         };
         let rewards = match &logged {
             None => Some(Rewards::new(&g)?),
@@ -554,7 +553,10 @@ impl Run {
                 if let Some(t) = too_big(&r.prompt_ids).or(too_big(&r.completion_ids)) {
                     return Err(refuse(format!(
                         "{}: token id {t} is outside the model's vocabulary of {vocab}",
-                        data_path.display()
+                        data_path
+                            .as_deref()
+                            .unwrap_or(Path::new("the demo task"))
+                            .display()
                     )));
                 }
             }
@@ -564,7 +566,10 @@ impl Run {
                 if let Some(t) = too_big(ids) {
                     return Err(refuse(format!(
                         "{}: token id {t} is outside the model's vocabulary of {vocab}",
-                        data_path.display()
+                        data_path
+                            .as_deref()
+                            .unwrap_or(Path::new("the demo task"))
+                            .display()
                     )));
                 }
             }
@@ -578,7 +583,10 @@ impl Run {
                     .map_or_else(|| prompts.as_ref().map_or(0, |p| p.prompts.len()), Vec::len),
                 ..DataStats::default()
             },
-            fingerprint: crate::dataset::data_fingerprint(&data_path)?,
+            fingerprint: match &data_path {
+                Some(p) => crate::dataset::data_fingerprint(p)?,
+                None => "demo".into(),
+            },
         };
         let backend = Backend::open(&spec.backend)?;
         let dtype = spec.dtype.unwrap_or(match spec.backend.plugin.kind() {
@@ -670,7 +678,7 @@ impl Run {
             },
             _ => unreachable!("logged rollouts, or prompts and rewards"),
         };
-        let source = RolloutSource::new(
+        let mut source = RolloutSource::new(
             &session,
             &g,
             origin,
@@ -681,6 +689,17 @@ impl Run {
             cursor,
             spec.report.log_every,
         )?;
+        // Resumed in the middle of a batch's iterations: that batch.
+        let mu = g.num_iterations.max(1) as u64;
+        if let (Some(dir), true) = (&spec.output.resume, !cursor.is_multiple_of(mu)) {
+            let tc = session.config();
+            source.current = Some(crate::grpo::saved_batch(
+                dir,
+                cursor,
+                tc.batch as usize,
+                tc.seq as usize,
+            )?);
+        }
         let learning = dataset.stats.samples;
         Ok(Run {
             spec,

@@ -179,7 +179,7 @@ impl Objective {
         fields
     }
 
-    /// The metrics a step of this objective reports (TRL's names, and
+    /// The metrics a step of this objective computes (TRL's names, and
     /// `logps/accuracies`), besides the learning rate, gradient norm and
     /// speed every step has.
     pub fn metrics(self) -> Vec<&'static str> {
@@ -187,14 +187,15 @@ impl Objective {
             return vec!["loss"];
         }
         if self == Objective::Grpo {
+            // The step's own (with β also `kl`, first); the rollouts'
+            // figures (`reward`, `completions/…`) come with the batch.
             return vec![
                 "loss",
-                "reward",
-                "reward_std",
-                "frac_reward_zero_std",
-                "completions/mean_length",
-                "completions/clipped_ratio",
                 "entropy",
+                "clip_ratio/low_mean",
+                "clip_ratio/low_min",
+                "clip_ratio/high_mean",
+                "clip_ratio/high_max",
                 "clip_ratio/region_mean",
             ];
         }
@@ -430,7 +431,7 @@ impl Default for RunSpec {
 /// The settings a run records and a resumed run takes back, by name.
 /// (A setting that names a file is compared by the file's identity too:
 /// `model-fingerprint`, `data-fingerprint`.)
-pub const SETTINGS: [&str; 56] = [
+pub const SETTINGS: [&str; 57] = [
     "model",
     "config",
     "checkpoint",
@@ -464,6 +465,7 @@ pub const SETTINGS: [&str; 56] = [
     "answer-column",
     "format-regex",
     "reward-command",
+    "reward-url",
     "log-completions",
     "seed",
     "steps",
@@ -646,6 +648,7 @@ impl RunSpec {
             ("answer-column", g.answer_column != d.answer_column),
             ("format-regex", g.format_regex.is_some()),
             ("reward-command", g.reward_command.is_some()),
+            ("reward-url", g.reward_url.is_some()),
             ("log-completions", g.log_completions != d.log_completions),
         ];
         if self.objective != Objective::Grpo {
@@ -706,6 +709,7 @@ impl RunSpec {
                 ("reward", !g.rewards.is_empty()),
                 ("format-regex", g.format_regex.is_some()),
                 ("reward-command", g.reward_command.is_some()),
+                ("reward-url", g.reward_url.is_some()),
             ] {
                 if given {
                     return refuse(format!("--rollouts carries its rewards; leave out --{key}"));
@@ -816,6 +820,7 @@ impl RunSpec {
             "answer-column" => self.grpo.answer_column = text()?.to_string(),
             "format-regex" => self.grpo.format_regex = value.as_str().map(str::to_string),
             "reward-command" => self.grpo.reward_command = value.as_str().map(str::to_string),
+            "reward-url" => self.grpo.reward_url = value.as_str().map(str::to_string),
             "log-completions" => self.grpo.log_completions = int()? as usize,
             "simpo-gamma" => self.preference.simpo_gamma = num()?,
             "label-smoothing" => self.preference.label_smoothing = num()?,

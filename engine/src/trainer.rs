@@ -101,6 +101,12 @@ pub trait BatchSource {
     fn next_batch(&mut self, session: &Session) -> Result<SourcedBatch>;
     /// The position a resumed run continues from (saved with the run).
     fn cursor(&self) -> u64;
+    /// Files (name, bytes) saved in `train_state/` with the run, which a
+    /// run resumed at `cursor` needs to continue exactly (none by
+    /// default). The next batch may have been drawn already.
+    fn saved(&self, _cursor: u64) -> Result<Vec<(String, Vec<u8>)>> {
+        Ok(Vec::new())
+    }
 }
 
 /// A batch and what making it measured: metrics reported with the step
@@ -276,7 +282,8 @@ impl<'a> Trainer<'a> {
             settings,
             checksum: None,
         };
-        checkpoint::save(&out, self.session, &state)?;
+        let extra = self.loader.saved(cursor)?;
+        checkpoint::save_with(&out, self.session, &state, &extra)?;
         hooks.on_save(state.step, &out)
     }
 

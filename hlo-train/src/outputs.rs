@@ -152,6 +152,8 @@ pub struct LossChart {
     pub metrics: Option<PathBuf>,
     pub title: String,
     pub curves: LossCurves,
+    /// Also chart GRPO's rewards (`reward.svg`).
+    pub rewards: bool,
 }
 
 impl Hooks for LossChart {
@@ -174,6 +176,22 @@ impl Hooks for LossChart {
             curves
                 .write_svg(&self.out.join("loss.svg"), &self.title)
                 .map_err(report)?;
+        }
+        // GRPO: the rollouts' mean reward per step, and its moving mean.
+        if let (Some(m), true) = (&self.metrics, self.rewards) {
+            let rewards = LossCurves::read_smoothed(m, "reward", 20).map_err(report)?;
+            if !rewards.is_empty() {
+                let labels = hlo_report::Labels {
+                    y: "mean reward of the step's rollouts",
+                    train: "reward",
+                    eval: "mean of the last 20 steps",
+                    eval_markers: false,
+                };
+                let title = self.title.replace(": loss", ": GRPO reward");
+                rewards
+                    .write_chart(&self.out.join("reward.svg"), &title, labels)
+                    .map_err(report)?;
+            }
         }
         Ok(())
     }

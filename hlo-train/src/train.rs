@@ -141,7 +141,7 @@ pub struct TrainArgs {
     /// weights): accuracy (the completion's final answer, its last
     /// \boxed{} or number or word, equals the row's --answer-column),
     /// format (matches --format-regex), length (−tokens/max), command
-    /// (--reward-command's answer).
+    /// (--reward-command's answer), http (--reward-url's).
     #[arg(long)]
     pub reward: Vec<hlo_engine::grpo::RewardSpec>,
 
@@ -164,6 +164,12 @@ pub struct TrainArgs {
     /// prompt's row) and answers one number per line.
     #[arg(long)]
     pub reward_command: Option<String>,
+
+    /// GRPO: the endpoint --reward http posts each batch of completions
+    /// to, as a JSON array of objects (as --reward-command's lines); it
+    /// answers a JSON array of as many numbers.
+    #[arg(long)]
+    pub reward_url: Option<String>,
 
     /// GRPO: show this many completions with their rewards every
     /// --log-every steps (in the log and the metrics file).
@@ -352,6 +358,7 @@ fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
             answer_column: args.answer_column.clone(),
             format_regex: args.format_regex.clone(),
             reward_command: args.reward_command.clone(),
+            reward_url: args.reward_url.clone(),
             log_completions: args.log_completions as usize,
         },
         preference: PreferenceSpec {
@@ -439,6 +446,7 @@ fn hooks(run: &Run, argv: &[OsString]) -> Result<(HookList, ProgressBar)> {
                 metrics: report.metrics.clone(),
                 title: format!("{}: loss", run.session().model().name),
                 curves: LossCurves::default(),
+                rewards: run.spec().objective == Objective::Grpo,
             },
         );
         let command = TrainArgs::augment_args(clap::Command::new("train"));

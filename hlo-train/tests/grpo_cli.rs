@@ -445,3 +445,162 @@ fn the_reward_command_reads_json_lines_and_its_failures_are_one_line() {
     }
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// A one-thread HTTP server on 127.0.0.1 answering each POST with what
+/// `answer` makes of its JSON body; the bodies it got come back through
+/// the returned channel.
+fn reward_server(answer: fn(&Value) -> String) -> (String, std::sync::mpsc::Receiver<Value>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/reward", listener.local_addr().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut length = 0usize;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    break;
+                }
+                let lower = line.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap();
+                }
+                if line == "\r\n" {
+                    break;
+                }
+            }
+            let mut body = vec![0u8; length];
+            reader.read_exact(&mut body).unwrap();
+            let body: Value = serde_json::from_slice(&body).unwrap();
+            let reply = answer(&body);
+            let _ = tx.send(body);
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
+                reply.len()
+            );
+        }
+    });
+    (url, rx)
+}
+
+/// The HTTP reward: each batch of completions is one POST of a JSON array
+/// (prompt, completion, their ids, the row's columns), answered by an
+/// array of as many numbers; a wrong answer or no server stops the run
+/// with one line naming it.
+#[test]
+fn the_http_reward_posts_each_batch_and_its_failures_are_one_line() {
+    let dir = scratch("grpo", "http");
+    let (out, metrics) = (dir.join("run"), dir.join("metrics.jsonl"));
+    let run = |url: &str| {
+        let mut args = online(&dir, &out, &metrics, "unused");
+        // Swap the command reward for the endpoint.
+        let k = args.iter().position(|a| a == "command").unwrap();
+        args[k] = "http".into();
+        let k = args.iter().position(|a| a == "--reward-command").unwrap();
+        args[k] = "--reward-url".into();
+        args[k + 1] = url.into();
+        args.extend(["--steps".into(), "1".into(), "--overwrite".into()]);
+        hlo_train(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    // 1 for a completion of the first prompt's group (of 4), else 0.
+    let (url, bodies) = reward_server(|body| {
+        let n = body.as_array().unwrap().len();
+        let v: Vec<f64> = (0..n).map(|i| if i < 4 { 1.0 } else { 0.0 }).collect();
+        serde_json::to_string(&v).unwrap()
+    });
+    ok(&run(&url));
+    let body = bodies.recv().unwrap();
+    let items = body.as_array().unwrap();
+    assert_eq!(items.len(), 8);
+    for key in [
+        "prompt",
+        "completion",
+        "prompt_ids",
+        "completion_ids",
+        "answer",
+    ] {
+        assert!(items.iter().all(|r| r.get(key).is_some()), "{key}");
+    }
+    assert_eq!(metric(&metrics, "rewards/http/mean")[0].1, 0.5);
+
+    let (short, _keep) = reward_server(|_| "[1, 2]".into());
+    let e = one_line_error(&run(&short));
+    assert!(
+        e.contains("--reward http") && e.contains("answered 2 rewards for 8 completions"),
+        "{e}"
+    );
+    let (text, _keep) = reward_server(|_| "fine".into());
+    let e = one_line_error(&run(&text));
+    assert!(
+        e.contains("--reward http") && e.contains("not a JSON array of numbers"),
+        "{e}"
+    );
+    // Nothing listens there any more.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}/reward", l.local_addr().unwrap())
+    };
+    let e = one_line_error(&run(&closed));
+    assert!(e.contains("--reward http") && e.contains("POST"), "{e}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A μ = 2 run saved after its first step (between the two iterations on
+/// one batch of rollouts) and resumed ends as TRL's two steps: the batch
+/// and its old log-probabilities are saved with the run.
+#[test]
+fn a_run_resumed_between_two_iterations_ends_as_trl() {
+    let name = "dapo.b0.04.mu2.ref";
+    let want = &expected()[name];
+    let tmp = scratch("grpo", "resume-mu2");
+    let (out, metrics) = (tmp.join("run"), tmp.join("metrics.jsonl"));
+    let mut args: Vec<String> = vec!["train".into()];
+    args.extend(flags(&want["settings"]));
+    let k = args.iter().position(|a| a == "--steps").unwrap();
+    args[k + 1] = "1".into();
+    for (flag, path) in [("--out", &out), ("--metrics", &metrics)] {
+        args.extend([flag.into(), path.display().to_string()]);
+    }
+    ok(&hlo_train(
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    ));
+    assert!(out.join("train_state/rollout_batch.json").is_file());
+    ok(&hlo_train(&[
+        "train",
+        "--resume",
+        out.to_str().unwrap(),
+        "--steps",
+        "2",
+    ]));
+    let trl = &want["steps"][1];
+    let ours = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|l| l["step"] == 2)
+        .unwrap();
+    for key in ["loss", "kl", "clip_ratio/region_mean", "entropy"] {
+        close(
+            &format!("resumed step 2 {key}"),
+            ours[key].as_f64().unwrap(),
+            trl["logged"][key].as_f64().unwrap(),
+            1e-5,
+        );
+    }
+    let ours = read_safetensors(&out.join("adapter_model.safetensors")).unwrap();
+    let theirs = read_safetensors(&grpo("expected.safetensors")).unwrap();
+    for (key, t) in &ours {
+        let trl = &theirs
+            .iter()
+            .find(|(k, _)| *k == format!("{name}.step2.{key}"))
+            .unwrap()
+            .1;
+        let d = max_diff(&t.to_f64s(), &trl.to_f64s());
+        assert!(d < 1e-6, "resumed {key}: differs by {d:e}");
+    }
+    std::fs::remove_dir_all(tmp).unwrap();
+}

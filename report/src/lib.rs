@@ -20,7 +20,7 @@ pub mod tensorboard;
 
 pub use error::{ReportError, Result};
 pub use metrics::LossCurves;
-pub use plot::{loss_svg, write_loss_svg};
+pub use plot::{chart_svg, loss_svg, write_loss_svg, Labels};
 pub use tensorboard::EventWriter;
 
 /// A fresh folder of the test's own under the system's temporary folder.

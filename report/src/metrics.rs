@@ -30,6 +30,38 @@ impl LossCurves {
         parse_metrics(&text, path)
     }
 
+    /// The curves of the metric `key` in a metrics file: its value per
+    /// step (`train`) and its mean over the last `window` steps (`eval`)
+    /// — for a noisy figure such as GRPO's `reward`.
+    pub fn read_smoothed(path: &Path, key: &str, window: usize) -> Result<LossCurves> {
+        let text = std::fs::read_to_string(path).map_err(ReportError::io("read", path))?;
+        let mut points = BTreeMap::new();
+        for line in text.lines() {
+            let Ok(Value::Object(o)) = serde_json::from_str::<Value>(line.trim()) else {
+                continue;
+            };
+            if let (Some(step), Some(v)) = (
+                o.get("step").and_then(integer),
+                o.get(key).and_then(Value::as_f64),
+            ) {
+                points.insert(step, v);
+            }
+        }
+        let train: Vec<(i64, f64)> = points.into_iter().collect();
+        let window = window.max(1);
+        let eval = (0..train.len())
+            .map(|i| {
+                let from = (i + 1).saturating_sub(window);
+                let part = &train[from..=i];
+                (
+                    train[i].0,
+                    part.iter().map(|p| p.1).sum::<f64>() / part.len() as f64,
+                )
+            })
+            .collect();
+        Ok(LossCurves { train, eval })
+    }
+
     /// Whether neither curve has a point.
     pub fn is_empty(&self) -> bool {
         self.train.is_empty() && self.eval.is_empty()

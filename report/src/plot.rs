@@ -28,6 +28,12 @@ impl LossCurves {
     pub fn write_svg(&self, out: &Path, title: &str) -> Result<()> {
         crate::fs::write_atomic(out, loss_svg(self, title).as_bytes())
     }
+
+    /// [`LossCurves::write_svg`] with the axis and curves named by
+    /// `labels` ([`chart_svg`]).
+    pub fn write_chart(&self, out: &Path, title: &str, labels: Labels) -> Result<()> {
+        crate::fs::write_atomic(out, chart_svg(self, title, labels).as_bytes())
+    }
 }
 
 const WIDTH: f64 = 800.0;
@@ -197,11 +203,37 @@ fn escape(s: &str) -> String {
     out
 }
 
+/// What a chart's axis and two curves are called.
+#[derive(Clone, Copy, Debug)]
+pub struct Labels<'a> {
+    /// The y axis.
+    pub y: &'a str,
+    /// The first curve (`train`) and the second (`eval`).
+    pub train: &'a str,
+    pub eval: &'a str,
+    /// A dot at each point of the second curve (evaluations are few).
+    pub eval_markers: bool,
+}
+
+/// The loss chart's labels.
+pub const LOSS: Labels<'static> = Labels {
+    y: "loss",
+    train: "train loss",
+    eval: "eval loss",
+    eval_markers: true,
+};
+
 /// The loss chart: an 800x480 SVG with ticked axes, the train loss as a
 /// line (`<polyline class="train">`), the eval loss as a line with a dot at
 /// each evaluation (`<polyline class="eval">`), a legend and `title`.
 /// Non-finite values are left out.
 pub fn loss_svg(curves: &LossCurves, title: &str) -> String {
+    chart_svg(curves, title, LOSS)
+}
+
+/// [`loss_svg`]'s chart of any two curves, as `labels` names them (GRPO's
+/// reward per step and its moving mean: `reward.svg`).
+pub fn chart_svg(curves: &LossCurves, title: &str, labels: Labels) -> String {
     let f = frame(curves);
     let (left, right) = (f.x.px_lo, f.x.px_hi);
     let (bottom, top) = (f.y.px_lo, f.y.px_hi);
@@ -273,8 +305,9 @@ pub fn loss_svg(curves: &LossCurves, title: &str) -> String {
     );
     let _ = writeln!(
         s,
-        r#"<text transform="translate(18 {:.2}) rotate(-90)" text-anchor="middle">loss</text>"#,
-        (top + bottom) / 2.0
+        r#"<text transform="translate(18 {:.2}) rotate(-90)" text-anchor="middle">{}</text>"#,
+        (top + bottom) / 2.0,
+        escape(labels.y)
     );
 
     // The curves.
@@ -309,7 +342,7 @@ pub fn loss_svg(curves: &LossCurves, title: &str) -> String {
             polyline(&curves.eval)
         );
         let _ = writeln!(s, r#"<g class="eval-markers" fill="{EVAL_COLOR}">"#);
-        for (x, y) in finite(&curves.eval) {
+        for (x, y) in finite(&curves.eval).filter(|_| labels.eval_markers) {
             let _ = writeln!(
                 s,
                 r#"<circle cx="{:.2}" cy="{:.2}" r="3"/>"#,
@@ -330,15 +363,21 @@ pub fn loss_svg(curves: &LossCurves, title: &str) -> String {
 
     // The legend, in the top right corner where falling losses leave room.
     let entries: Vec<(&str, &str, bool)> = [
-        ("train loss", TRAIN_COLOR, false),
-        ("eval loss", EVAL_COLOR, true),
+        (labels.train, TRAIN_COLOR, false),
+        (labels.eval, EVAL_COLOR, labels.eval_markers),
     ]
     .into_iter()
     .zip([has_train, has_eval])
     .filter_map(|(entry, shown)| shown.then_some(entry))
     .collect();
     if !entries.is_empty() {
-        let (w, h) = (110.0, 8.0 + 18.0 * entries.len() as f64);
+        let longest = entries
+            .iter()
+            .map(|e| e.0.chars().count())
+            .max()
+            .unwrap_or(0);
+        let w = (48.0 + 7.0 * longest as f64).max(110.0);
+        let h = 8.0 + 18.0 * entries.len() as f64;
         let (x0, y0) = (right - w - 8.0, top + 8.0);
         let _ = writeln!(s, r#"<g class="legend">"#);
         let _ = writeln!(
@@ -362,9 +401,10 @@ pub fn loss_svg(curves: &LossCurves, title: &str) -> String {
             }
             let _ = writeln!(
                 s,
-                r#"<text x="{:.2}" y="{:.2}">{name}</text>"#,
+                r#"<text x="{:.2}" y="{:.2}">{}</text>"#,
                 x0 + 40.0,
-                y + 4.0
+                y + 4.0,
+                escape(name)
             );
         }
         let _ = writeln!(s, "</g>");
