@@ -1052,6 +1052,9 @@ impl RolloutSource {
                         )));
                     }
                 }
+                // The last step's update first: the generation's own time
+                // is what `rollout/seconds` reports.
+                session.wait_trained()?;
                 let started = Instant::now();
                 generator.set_stream(g);
                 let completions = generator.complete_batch_with(

@@ -547,6 +547,39 @@ fn bad_input_table() {
             train(&["--beta", "0.5"]),
         ),
         (
+            "--objective grpo: --batch not whole groups",
+            train(&["--objective", "grpo", "--reward", "length", "--num-generations", "4"]),
+        ),
+        (
+            "--objective grpo without a reward",
+            train(&["--objective", "grpo", "--num-generations", "2"]),
+        ),
+        (
+            "--reward not one of the rewards",
+            train(&["--objective", "grpo", "--reward", "bleu:2"]),
+        ),
+        (
+            "--reward command without --reward-command",
+            train(&["--objective", "grpo", "--reward", "command", "--num-generations", "2"]),
+        ),
+        (
+            "--rollouts whose group does not share a prompt",
+            train(&[
+                "--objective",
+                "grpo",
+                "--num-generations", "2",
+                "--rollouts",
+                &jsonl(
+                    "rollouts.jsonl",
+                    "{\"prompt_ids\":[1,5],\"completion_ids\":[7],\"reward\":1}\n{\"prompt_ids\":[1,6],\"completion_ids\":[7],\"reward\":0}\n",
+                ),
+            ]),
+        ),
+        (
+            "a GRPO setting without --objective grpo",
+            train(&["--num-generations", "4"]),
+        ),
+        (
             "bench --precompute-ref for an objective without a reference",
             ["bench", "--objective", "orpo", "--precompute-ref", "--steps", "1"]
                 .map(String::from)

@@ -186,6 +186,21 @@ impl Session {
         &self.backend
     }
 
+    /// Waits until the last launched step has updated the trained
+    /// parameters (its outputs are ready): what a program reading them
+    /// between steps waits for anyway, made explicit so its own time can
+    /// be measured apart.
+    pub fn wait_trained(&self) -> Result<()> {
+        for k in self.step().inputs_where(|r| *r == Role::Trainable) {
+            if let Some(a) = self.state.get(k).and_then(Option::as_ref) {
+                for t in a.ready_times()? {
+                    t.wait();
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The array the step reads as input `name` now (weights, trainable
     /// parameters, optimizer state; not a batch field), and its layout:
     /// what a program run between steps (GRPO's generation) reads in
