@@ -184,6 +184,45 @@ for spec in "llama3.2-1b 8 1024 1b" "llama3.1-8b 4 1024 8b"; do
 done
 }
 
+step11() {
+echo "== 11. GRPO (issue 37): a TRL fixture case on the GPU (f32), then rollouts and steps of Llama 3.2 1B shapes (random bf16 weights)"
+G=tests/fixtures/grpo
+"$BIN/hlo-train" train --plugin cuda --dtype f32 --objective grpo --checkpoint "$F/gqa_llama3" \
+    --tokenizer tests/fixtures/preference/tokenizer/tokenizer.json --rollouts "$G/rollouts.jsonl" \
+    --batch 8 --num-generations 4 --seq 16 --steps 2 --num-iterations 2 --beta 0.04 --max-completion-length 6 \
+    --optimizer sgd --lr 0.1 --clip-norm 0 --init-adapter "$G/adapters/init" --ref-adapter "$G/adapters/ref" \
+    --metrics "$OUT/grpo-fixture.jsonl" >/dev/null
+note "GRPO (f32) on GPU vs TRL (dapo.b0.04.mu2.ref): $(python3 -c '
+import json, sys
+got = [json.loads(l) for l in open(sys.argv[1])]; want = json.load(open(sys.argv[2]))["dapo.b0.04.mu2.ref"]["steps"]
+keys = ["loss", "kl", "entropy", "clip_ratio/region_mean"]
+print("max abs diff over both steps %.2e" % max(abs(g[k] - w["logged"][k]) for g, w in zip(got, want) for k in keys))' "$OUT/grpo-fixture.jsonl" "$G/expected.json")"
+python3 - "$OUT/prompts-1b.jsonl" <<'PY'
+import json, random, sys
+random.seed(0)
+with open(sys.argv[1], "w") as f:
+    for _ in range(64):
+        f.write(json.dumps({"prompt_ids": [random.randrange(3, 128000) for _ in range(128)]}) + "\n")
+PY
+for len in ${GRPO_COMPLETIONS:-128 512}; do
+  if "$BIN/hlo-train" train --plugin cuda --objective grpo --model llama3.2-1b --dtype bf16 --lora-rank 16 --lora-alpha 32 \
+      --data "$OUT/prompts-1b.jsonl" --reward length --num-generations 8 --batch 64 --seq $((128 + len)) \
+      --max-completion-length "$len" --steps 5 --log-every 5 --metrics "$OUT/grpo-1b-$len.jsonl" >"$OUT/grpo-1b-$len.log" 2>&1; then
+    note "GRPO 1B, 8 prompts x 8 completions of $len tokens (prompts 128): $(python3 -c '
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]; later = rows[1:]
+gen = sum(r["rollout/seconds"] for r in later); step = sum(r["step_time_s"] for r in later)
+print("rollouts %.0f tokens/s (%.2f s a batch; first %.1f s with compiling), step %.0f ms (%.0f tokens/s), %.0f%% of the loop generating; loop %.1f s = rollouts + steps %.1f s" % (
+    statistics.median(r["rollout/tokens_per_s"] for r in later), statistics.median(r["rollout/seconds"] for r in later),
+    rows[0]["rollout/seconds"], 1e3 * statistics.median(r["step_time_s"] for r in later),
+    statistics.median(r["tokens_per_s"] for r in later), 100 * gen / (gen + step),
+    rows[-1]["elapsed_s"], sum(r["rollout/seconds"] + r["step_time_s"] for r in rows)))' "$OUT/grpo-1b-$len.jsonl")"
+  else
+    note "GRPO 1B ($len): FAILED: $(tail -c 300 "$OUT/grpo-1b-$len.log")"
+  fi
+done
+}
+
 healthy() {
   python3 -c 'import sys, urllib.request; urllib.request.urlopen("http://127.0.0.1:%s/health" % sys.argv[1], timeout=2)' "$1" 2>/dev/null
 }
