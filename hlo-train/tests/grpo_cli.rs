@@ -604,3 +604,16 @@ fn a_run_resumed_between_two_iterations_ends_as_trl() {
     }
     std::fs::remove_dir_all(tmp).unwrap();
 }
+
+/// The loss a chunk of positions at a time (`--loss-chunk`, what long
+/// completions over a large vocabulary take): the same figures and step.
+#[test]
+fn a_chunked_loss_equals_trl() {
+    for name in [
+        "dapo.b0.04.mu2.ref",
+        "grpo.b0.04.mu2",
+        "dapo.b0.04.mu2.temp0.7",
+    ] {
+        check(name, &["--loss-chunk", "4"]);
+    }
+}

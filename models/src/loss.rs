@@ -83,6 +83,51 @@ pub fn chunked_cross_entropy_sum(
     (carry[0], mask.sum(&[0, 1]))
 }
 
+/// [`next_token_logps`] and [`entropy_per_position`] of the logits
+/// `head(h)` for the last hidden states `h: [b, s, hidden]`, computed
+/// `chunk` positions of every row at a time in a scan (as
+/// [`chunked_cross_entropy_sum`] does): `[b, s]` each, the log-probs
+/// with their gradient, never more than `[b, chunk, vocab]` logits at once.
+pub fn chunked_token_logps(
+    h: Tensor,
+    consts: &[(&str, Tensor)],
+    head: impl Fn(&Inputs, Tensor) -> Tensor,
+    input_ids: Tensor,
+    chunk: i64,
+) -> (Tensor, Tensor) {
+    let d = h.dims();
+    let (b, s, hidden) = (d[0], d[1], d[2]);
+    assert!(
+        chunk >= 1 && s % chunk == 0,
+        "the loss chunk ({chunk}) must divide the sequence ({s})"
+    );
+    let n = s / chunk;
+    let chunks = |x: Tensor, tail: &[i64]| {
+        let mut dims = vec![b, n, chunk];
+        dims.extend_from_slice(tail);
+        let mut perm = vec![1, 0, 2];
+        perm.extend((3..dims.len() as i64).collect::<Vec<_>>());
+        x.reshape(&dims).transpose(&perm)
+    };
+    let zero = full(TensorType::scalar(DType::F32), 0.0);
+    let (_, ys) = scan(
+        &[("unused", zero)],
+        &[
+            ("h", chunks(h, &[hidden])),
+            ("labels", chunks(next_token_labels(input_ids), &[])),
+        ],
+        consts,
+        |c| {
+            let logits = head(c, c["h"]).cast(DType::F32);
+            let lp = -token_losses(logits, c["labels"], DType::F32).reshape(&[b, chunk]);
+            (vec![c["unused"]], vec![lp, entropy_per_position(logits)])
+        },
+    );
+    // [n, b, chunk] back to [b, s].
+    let back = |y: Tensor| y.transpose(&[1, 0, 2]).reshape(&[b, s]);
+    (back(ys[0]), back(ys[1]))
+}
+
 /// Labels of next-token prediction: `input_ids` shifted left by one; the
 /// last position has none (0, its mask is 0 there).
 fn next_token_labels(input_ids: Tensor) -> Tensor {

@@ -11,8 +11,9 @@ use crate::decoder::{
 };
 use crate::grpo::{GrpoLoss, GrpoTokens};
 use crate::loss::{
-    chunked_cross_entropy_sum, default_loss_chunk, entropy_per_position, masked_cross_entropy_sum,
-    masked_entropy_sum, masked_logps_per_row, masked_top1_sum, mean, next_token_logps,
+    chunked_cross_entropy_sum, chunked_token_logps, default_loss_chunk, entropy_per_position,
+    masked_cross_entropy_sum, masked_entropy_sum, masked_logps_per_row, masked_top1_sum, mean,
+    next_token_logps,
 };
 use crate::preference::{reference_name, NllSpan, PairLogps, PreferenceLoss, Reference};
 use crate::roles::{BatchField, Moment, Role, Step, StepInput};
@@ -701,14 +702,39 @@ pub fn grpo_loss(
     };
     let (_, _, inputs) = loss_inputs(config, tc)?;
     let policy = model(config, tc);
+    let chunk = tc.loss_chunk_for(config.vocab_size);
+    let t = loss.temperature;
     let f = trace("grpo_loss", &inputs, |i| {
         let ids = i["input_ids"];
         let h = policy.last_hidden(&Params(i), ids, None, tc.dtype);
-        let mut logits = policy.lm_head(&Params(i), h).cast(DType::F32);
-        if loss.temperature != 1.0 {
-            logits = logits / loss.temperature;
-        }
-        let logps = next_token_logps(logits, ids);
+        // Whole rows of logits, or a chunk of positions at a time (long
+        // completions over a large vocabulary).
+        let (logps, entropy) = if chunk >= tc.seq {
+            let mut logits = policy.lm_head(&Params(i), h).cast(DType::F32);
+            if t != 1.0 {
+                logits = logits / t;
+            }
+            let entropy = scope("metrics", || entropy_per_position(logits));
+            (next_token_logps(logits, ids), entropy)
+        } else {
+            let head = policy.lm_head_name();
+            scope("loss", || {
+                chunked_token_logps(
+                    h,
+                    &[(head, i[head])],
+                    |c, h| {
+                        let logits = policy.logits(c[head], h).cast(DType::F32);
+                        if t != 1.0 {
+                            logits / t
+                        } else {
+                            logits
+                        }
+                    },
+                    ids,
+                    chunk,
+                )
+            })
+        };
         let field = |f: BatchField| i[f.name()];
         let out = scope("loss", || {
             loss.compute(GrpoTokens {
@@ -717,7 +743,7 @@ pub fn grpo_loss(
                 advantages: field(BatchField::Advantages),
                 old_logps: loss.old_logps.then(|| field(BatchField::OldLogps)),
                 ref_logps: (loss.beta != 0.0).then(|| field(BatchField::RefTokenLogps)),
-                entropy: scope("metrics", || entropy_per_position(logits)),
+                entropy,
             })
         });
         let mut o = Outputs::new().add("loss", out.loss);
@@ -770,14 +796,32 @@ pub fn token_logps_step(
     let (_, _, mut inputs) = loss_inputs(config, &plain)?;
     inputs.retain(|(n, _)| n != BatchField::LossMask.name());
     let m = model(config, &plain);
+    let chunk = plain.loss_chunk_for(config.vocab_size);
     let function = trace("token_logps", &inputs, |i| {
         let ids = i["input_ids"];
         let h = m.last_hidden(&Params(i), ids, None, plain.dtype);
-        let mut logits = m.lm_head(&Params(i), h).cast(DType::F32);
-        if temperature != 1.0 {
-            logits = logits / temperature;
-        }
-        Outputs::new().add("logps", next_token_logps(logits, ids))
+        let scaled = |logits: Tensor| {
+            let logits = logits.cast(DType::F32);
+            if temperature != 1.0 {
+                logits / temperature
+            } else {
+                logits
+            }
+        };
+        let logps = if chunk >= plain.seq {
+            next_token_logps(scaled(m.lm_head(&Params(i), h)), ids)
+        } else {
+            let head = m.lm_head_name();
+            let (logps, _) = chunked_token_logps(
+                h,
+                &[(head, i[head])],
+                |c, h| scaled(m.logits(c[head], h)),
+                ids,
+                chunk,
+            );
+            logps
+        };
+        Outputs::new().add("logps", logps)
     })?;
     Ok(Step::new(function, role_of(&plain)))
 }
