@@ -12,6 +12,30 @@ import traceback
 failures = []
 
 
+def trl_environment():
+    """What the TRL fixture scripts need before torch, datasets and TRL are
+    imported: a fixed hash seed (PEFT writes target_modules from a Python
+    set, so adapter_config.json comes out byte-identical on every run; the
+    script is re-executed with it), no progress bars, and a datasets
+    fingerprint that works here (datasets 5.2.0 cannot hash a pyarrow table
+    here, dill: "Can't pickle <class 'MonthDayNano'>", which breaks
+    Dataset.from_list; the fingerprint only names cache files, so a hash of
+    the rows does, with caching off)."""
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        os.environ["PYTHONHASHSEED"] = "0"
+        os.execv(sys.executable, [sys.executable] + sys.argv)
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import hashlib
+    import json
+    import datasets
+    import datasets.arrow_dataset as ad
+    datasets.disable_caching()
+    ad.generate_fingerprint = lambda ds: hashlib.sha256(
+        json.dumps(ds._data.to_pylist(), sort_keys=True).encode()).hexdigest()[:16]
+
+
 def step(name):
     """Runs the decorated function, recording `name` if it raises."""
     def wrap(f):

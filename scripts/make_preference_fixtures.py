@@ -170,32 +170,12 @@ import shutil
 import sys
 import tempfile
 
-# PEFT writes target_modules from a Python set: fix the hash seed so that
-# adapter_config.json comes out byte-identical on every run.
-if os.environ.get("PYTHONHASHSEED") != "0":
-    os.environ["PYTHONHASHSEED"] = "0"
-    os.execv(sys.executable, [sys.executable] + sys.argv)
-os.environ.setdefault("TQDM_DISABLE", "1")
-os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from fixture_steps import trl_environment
+
+trl_environment()
 
 import torch
 from safetensors.torch import save_file
-
-
-def _patch_datasets_fingerprint():
-    """datasets 5.2.0 cannot hash a pyarrow table here (dill: "Can't pickle
-    <class 'MonthDayNano'>"), which breaks Dataset.from_list. The fingerprint
-    only names cache files: use a hash of the rows instead, and no cache."""
-    import hashlib
-    import datasets
-    import datasets.arrow_dataset as ad
-    datasets.disable_caching()
-    ad.generate_fingerprint = lambda ds: hashlib.sha256(
-        json.dumps(ds._data.to_pylist(), sort_keys=True).encode()).hexdigest()[:16]
-
-
-_patch_datasets_fingerprint()
 
 from fixture_steps import contiguous, failures, finish, step
 

@@ -541,10 +541,7 @@ pub fn demo_pairs(
     let mut rng = hlo_ir::rng::Rng::new(seed ^ 0x5eed_9a12);
     (0..count)
         .map(|_| {
-            let len = 3 + (rng.next_u64() % 4) as usize;
-            let word: String = (0..len)
-                .map(|_| (b'a' + (rng.next_u64() % 26) as u8) as char)
-                .collect();
+            let word = crate::reader::demo_word(&mut rng);
             // The prompt with the tokenizer's BOS, as the demo's SFT rows.
             let encode = |t: &str, special| tokenizer.encode(t, special).unwrap_or_default();
             let prompt = encode(&format!("{word}="), true);

@@ -765,16 +765,21 @@ pub fn parse_line(
     .parse_line(line)
 }
 
+/// A word of the demo task: 3 to 6 lowercase letters.
+pub(crate) fn demo_word(rng: &mut hlo_ir::rng::Rng) -> String {
+    let len = 3 + (rng.next_u64() % 4) as usize;
+    (0..len)
+        .map(|_| (b'a' + (rng.next_u64() % 26) as u8) as char)
+        .collect()
+}
+
 /// The demo task's prompts for online RL: `{"prompt": "word=", "answer":
 /// "WORD"}` rows drawn as [`demo_examples`] draws its words.
 pub fn demo_prompt_rows(count: usize, seed: u64) -> Vec<serde_json::Value> {
     let mut rng = hlo_ir::rng::Rng::new(seed);
     (0..count)
         .map(|_| {
-            let len = 3 + (rng.next_u64() % 4) as usize;
-            let word: String = (0..len)
-                .map(|_| (b'a' + (rng.next_u64() % 26) as u8) as char)
-                .collect();
+            let word = demo_word(&mut rng);
             serde_json::json!({"prompt": format!("{word}="), "answer": word.to_uppercase()})
         })
         .collect()
@@ -791,8 +796,7 @@ pub fn demo_examples(
     let mut rng = hlo_ir::rng::Rng::new(seed);
     (0..count)
         .map(|_| {
-            let len = 3 + (rng.next_u64() % 4) as usize;
-            let word: String = (0..len).map(|_| (b'a' + (rng.next_u64() % 26) as u8) as char).collect();
+            let word = demo_word(&mut rng);
             let line = serde_json::json!({"prompt": format!("{word}="), "completion": word.to_uppercase()}).to_string();
             parse_line(&line, Some(tokenizer), eos, i64::MAX).expect("demo lines are valid")
         })

@@ -83,6 +83,18 @@ pub(crate) fn cache_spec(mesh: &hlo_partitioner::Mesh, config: &ModelConfig) -> 
     }
 }
 
+/// The executor every program shares in eager mode (None for JIT).
+fn eager_executor(backend: &Backend, mode: Mode) -> Result<Option<Eager>> {
+    Ok(match mode {
+        Mode::Eager => Some(Eager::new(
+            backend.client(),
+            backend.mesh().clone(),
+            backend.devices().to_vec(),
+        )?),
+        Mode::Jit => None,
+    })
+}
+
 /// A compiled generation program and where its parameters go.
 struct Compiled {
     program: Program,
@@ -153,14 +165,7 @@ impl Generator {
             params.push(array);
         }
         let cache_spec = cache_spec(mesh, config);
-        let eager = match mode {
-            Mode::Eager => Some(Eager::new(
-                backend.client(),
-                mesh.clone(),
-                backend.devices().to_vec(),
-            )?),
-            Mode::Jit => None,
-        };
+        let eager = eager_executor(backend, mode)?;
         Ok(Generator {
             backend: backend.clone(),
             config: config.clone(),
@@ -191,24 +196,16 @@ impl Generator {
         mode: Mode,
         specs: HashMap<String, PartitionSpec>,
     ) -> Result<Generator> {
-        let eager = match mode {
-            Mode::Eager => Some(Eager::new(
-                backend.client(),
-                backend.mesh().clone(),
-                backend.devices().to_vec(),
-            )?),
-            Mode::Jit => None,
-        };
         Ok(Generator {
             backend: backend.clone(),
             config: config.clone(),
             lora,
             dtype,
             mode,
-            eager,
             params: Vec::new(),
             param_index: HashMap::new(),
             specs,
+            eager: eager_executor(backend, mode)?,
             cache_spec: cache_spec(backend.mesh(), config),
             programs: RefCell::new(HashMap::new()),
             timings: RefCell::new(Timings::default()),

@@ -209,6 +209,28 @@ fn identities(spec: &RunSpec, model: &Model, data: &Dataset) -> Result<RunSettin
     Ok(s)
 }
 
+/// Refuses to resume a saved run with settings that differ from its own,
+/// every difference at once.
+fn check_resumed(saved: Option<&Saved>, settings: &RunSettings, spec: &RunSpec) -> Result<()> {
+    let (Some(saved), Some(dir)) = (saved, &spec.output.resume) else {
+        return Ok(());
+    };
+    let found = differences(
+        &saved.state.settings,
+        settings,
+        &spec.chosen,
+        saved.state.step,
+        dir,
+    );
+    if found.is_empty() {
+        return Ok(());
+    }
+    Err(EngineError::Resume(format!(
+        "{} (a resumed run keeps the settings it was saved with)",
+        found.join("; ")
+    )))
+}
+
 /// The adapter to start from (`init_adapter`, not when resuming: the
 /// saved state holds the adapter then), refused when it trains with
 /// dropout.
@@ -455,21 +477,7 @@ impl Run {
         let mut loader = loader.packed(tc.packing);
         let mut settings = RunSettings::of_config(&tc, spec.seed);
         settings.extend(&identities);
-        if let (Some(saved), Some(dir)) = (&saved, &spec.output.resume) {
-            let found = differences(
-                &saved.state.settings,
-                &settings,
-                &spec.chosen,
-                saved.state.step,
-                dir,
-            );
-            if !found.is_empty() {
-                return Err(EngineError::Resume(format!(
-                    "{} (a resumed run keeps the settings it was saved with)",
-                    found.join("; ")
-                )));
-            }
-        }
+        check_resumed(saved.as_ref(), &settings, &spec)?;
         let in_step = tc.preference.map(|p| p.reference) == Some(Reference::Adapter);
         let mut session = Session::new(
             backend,
@@ -623,21 +631,7 @@ impl Run {
         let identities = identities(&spec, &model, &dataset)?;
         let mut settings = RunSettings::of_config(&tc, spec.seed);
         settings.extend(&identities);
-        if let (Some(saved), Some(dir)) = (&saved, &spec.output.resume) {
-            let found = differences(
-                &saved.state.settings,
-                &settings,
-                &spec.chosen,
-                saved.state.step,
-                dir,
-            );
-            if !found.is_empty() {
-                return Err(EngineError::Resume(format!(
-                    "{} (a resumed run keeps the settings it was saved with)",
-                    found.join("; ")
-                )));
-            }
-        }
+        check_resumed(saved.as_ref(), &settings, &spec)?;
         // What ends a completion, as TRL takes it: the tokenizer's EOS and
         // the generation config's.
         let mut eos = Vec::new();

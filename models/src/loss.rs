@@ -49,21 +49,12 @@ pub fn chunked_cross_entropy_sum(
     chunk: i64,
 ) -> (Tensor, Tensor) {
     let d = h.dims();
-    let (b, s, hidden) = (d[0], d[1], d[2]);
+    let (s, hidden) = (d[1], d[2]);
     assert!(
         chunk >= 1 && s % chunk == 0,
         "the loss chunk ({chunk}) must divide the sequence ({s})"
     );
-    let n = s / chunk;
-    // Chunks along the sequence, each holding every row: a batch split
-    // over devices stays split.
-    let chunks = |x: Tensor, tail: &[i64]| {
-        let mut dims = vec![b, n, chunk];
-        dims.extend_from_slice(tail);
-        let mut perm = vec![1, 0, 2];
-        perm.extend((3..dims.len() as i64).collect::<Vec<_>>());
-        x.reshape(&dims).transpose(&perm)
-    };
+    let chunks = |x: Tensor, tail: &[i64]| position_chunks(x, chunk, tail);
     let mask = loss_mask.cast(h.dtype().accumulator());
     let zero = full(TensorType::scalar(mask.dtype()), 0.0);
     let (carry, _) = scan(
@@ -101,14 +92,7 @@ pub fn chunked_token_logps(
         chunk >= 1 && s % chunk == 0,
         "the loss chunk ({chunk}) must divide the sequence ({s})"
     );
-    let n = s / chunk;
-    let chunks = |x: Tensor, tail: &[i64]| {
-        let mut dims = vec![b, n, chunk];
-        dims.extend_from_slice(tail);
-        let mut perm = vec![1, 0, 2];
-        perm.extend((3..dims.len() as i64).collect::<Vec<_>>());
-        x.reshape(&dims).transpose(&perm)
-    };
+    let chunks = |x: Tensor, tail: &[i64]| position_chunks(x, chunk, tail);
     let zero = full(TensorType::scalar(DType::F32), 0.0);
     let (_, ys) = scan(
         &[("unused", zero)],
@@ -126,6 +110,18 @@ pub fn chunked_token_logps(
     // [n, b, chunk] back to [b, s].
     let back = |y: Tensor| y.transpose(&[1, 0, 2]).reshape(&[b, s]);
     (back(ys[0]), back(ys[1]))
+}
+
+/// `x: [b, s, ..tail]` as `[s / chunk, b, chunk, ..tail]`: chunks along
+/// the sequence, each holding every row (a batch split over devices stays
+/// split), to scan over.
+fn position_chunks(x: Tensor, chunk: i64, tail: &[i64]) -> Tensor {
+    let d = x.dims();
+    let mut dims = vec![d[0], d[1] / chunk, chunk];
+    dims.extend_from_slice(tail);
+    let mut perm = vec![1, 0, 2];
+    perm.extend((3..dims.len() as i64).collect::<Vec<_>>());
+    x.reshape(&dims).transpose(&perm)
 }
 
 /// Labels of next-token prediction: `input_ids` shifted left by one; the

@@ -663,15 +663,26 @@ pub fn preference_train_step(
             packed: tc.packing,
         });
     }
+    let loss_fn = preference_loss(config, tc, loss, reference)?;
+    step_around(config, tc, &loss_fn)
+}
+
+/// The step around a loss of one micro-batch (`loss`, then metrics): its
+/// inputs are the loss's; the trainable ones get their gradients,
+/// clipped, scheduled and applied by [`optimizer_step`].
+fn step_around(
+    config: &ModelConfig,
+    tc: &TrainConfig,
+    loss_fn: &hlo_ir::Function,
+) -> Result<Step, ModelError> {
     let (base, lora_params, _) = loss_inputs(config, tc)?;
     let trainable = trainable_of(tc, &base, &lora_params);
-    let loss_fn = preference_loss(config, tc, loss, reference)?;
     let inputs: Vec<(String, TensorType)> = loss_fn
         .inputs
         .iter()
         .map(|b| (b.name.clone(), loss_fn.ty(b.value).clone()))
         .collect();
-    optimizer_step(tc, &loss_fn, None, inputs, &trainable)
+    optimizer_step(tc, loss_fn, None, inputs, &trainable)
 }
 
 /// GRPO's loss of a batch of rollouts as one traced function, of the
@@ -702,39 +713,8 @@ pub fn grpo_loss(
     };
     let (_, _, inputs) = loss_inputs(config, tc)?;
     let policy = model(config, tc);
-    let chunk = tc.loss_chunk_for(config.vocab_size);
-    let t = loss.temperature;
     let f = trace("grpo_loss", &inputs, |i| {
-        let ids = i["input_ids"];
-        let h = policy.last_hidden(&Params(i), ids, None, tc.dtype);
-        // Whole rows of logits, or a chunk of positions at a time (long
-        // completions over a large vocabulary).
-        let (logps, entropy) = if chunk >= tc.seq {
-            let mut logits = policy.lm_head(&Params(i), h).cast(DType::F32);
-            if t != 1.0 {
-                logits = logits / t;
-            }
-            let entropy = scope("metrics", || entropy_per_position(logits));
-            (next_token_logps(logits, ids), entropy)
-        } else {
-            let head = policy.lm_head_name();
-            scope("loss", || {
-                chunked_token_logps(
-                    h,
-                    &[(head, i[head])],
-                    |c, h| {
-                        let logits = policy.logits(c[head], h).cast(DType::F32);
-                        if t != 1.0 {
-                            logits / t
-                        } else {
-                            logits
-                        }
-                    },
-                    ids,
-                    chunk,
-                )
-            })
-        };
+        let (logps, entropy) = token_logps_and_entropy(&policy, i, tc, loss.temperature);
         let field = |f: BatchField| i[f.name()];
         let out = scope("loss", || {
             loss.compute(GrpoTokens {
@@ -755,6 +735,45 @@ pub fn grpo_loss(
     Ok(f)
 }
 
+/// Each position's next-token log-probability (with its gradient) and
+/// entropy, `[rows, seq]`, under `m` with the logits divided by
+/// `temperature`: from whole rows of logits, or a chunk of positions at a
+/// time in a scan when `tc`'s loss chunk is shorter than a row (long
+/// completions over a large vocabulary).
+fn token_logps_and_entropy(
+    m: &Decoder,
+    i: &hlo_ir::Inputs,
+    tc: &TrainConfig,
+    temperature: f64,
+) -> (Tensor, Tensor) {
+    let ids = i["input_ids"];
+    let h = m.last_hidden(&Params(i), ids, None, tc.dtype);
+    let scaled = |logits: Tensor| {
+        let logits = logits.cast(DType::F32);
+        if temperature != 1.0 {
+            logits / temperature
+        } else {
+            logits
+        }
+    };
+    let chunk = tc.loss_chunk_for(m.config.vocab_size);
+    if chunk >= tc.seq {
+        let logits = scaled(m.lm_head(&Params(i), h));
+        let entropy = scope("metrics", || entropy_per_position(logits));
+        return (next_token_logps(logits, ids), entropy);
+    }
+    let head = m.lm_head_name();
+    scope("loss", || {
+        chunked_token_logps(
+            h,
+            &[(head, i[head])],
+            |c, h| scaled(m.logits(c[head], h)),
+            ids,
+            chunk,
+        )
+    })
+}
+
 /// The GRPO train step ([`grpo_loss`], then the same clipping, schedule
 /// and optimizer as [`train_step`]); outputs `loss`, `grad_norm`, `lr`,
 /// the loss's metrics, then the updated state.
@@ -763,15 +782,8 @@ pub fn grpo_train_step(
     tc: &TrainConfig,
     loss: &GrpoLoss,
 ) -> Result<Step, ModelError> {
-    let (base, lora_params, _) = loss_inputs(config, tc)?;
-    let trainable = trainable_of(tc, &base, &lora_params);
     let loss_fn = grpo_loss(config, tc, loss)?;
-    let inputs: Vec<(String, TensorType)> = loss_fn
-        .inputs
-        .iter()
-        .map(|b| (b.name.clone(), loss_fn.ty(b.value).clone()))
-        .collect();
-    optimizer_step(tc, &loss_fn, None, inputs, &trainable)
+    step_around(config, tc, &loss_fn)
 }
 
 /// Each row's per-token log-probabilities (`logps`, `[rows, seq]` f32,
@@ -796,31 +808,8 @@ pub fn token_logps_step(
     let (_, _, mut inputs) = loss_inputs(config, &plain)?;
     inputs.retain(|(n, _)| n != BatchField::LossMask.name());
     let m = model(config, &plain);
-    let chunk = plain.loss_chunk_for(config.vocab_size);
     let function = trace("token_logps", &inputs, |i| {
-        let ids = i["input_ids"];
-        let h = m.last_hidden(&Params(i), ids, None, plain.dtype);
-        let scaled = |logits: Tensor| {
-            let logits = logits.cast(DType::F32);
-            if temperature != 1.0 {
-                logits / temperature
-            } else {
-                logits
-            }
-        };
-        let logps = if chunk >= plain.seq {
-            next_token_logps(scaled(m.lm_head(&Params(i), h)), ids)
-        } else {
-            let head = m.lm_head_name();
-            let (logps, _) = chunked_token_logps(
-                h,
-                &[(head, i[head])],
-                |c, h| scaled(m.logits(c[head], h)),
-                ids,
-                chunk,
-            );
-            logps
-        };
+        let (logps, _) = token_logps_and_entropy(&m, i, &plain, temperature);
         Outputs::new().add("logps", logps)
     })?;
     Ok(Step::new(function, role_of(&plain)))
