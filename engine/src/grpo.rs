@@ -1307,3 +1307,75 @@ pub fn session_generator(session: &Session) -> Result<Generator> {
         session_specs(session),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_final_answer_is_the_last_boxed_else_number_else_word() {
+        let cases = [
+            ("so x = \\boxed{\\frac{1}{2}} and \\boxed{42}", Some("42")),
+            ("\\boxed{a {b} c}", Some("a {b} c")),
+            ("between 3 and 1,024.5 apples", Some("1024.5")),
+            ("it is -7", Some("-7")),
+            ("The word is (CAT).", Some("CAT")),
+            ("\u{fffd}CAT", Some("\u{fffd}CAT")),
+            ("", None),
+            ("?!", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(final_answer(text).as_deref(), want, "{text}");
+        }
+        assert!(same_answer("42.0", "42") && same_answer(" CAT ", "CAT"));
+        assert!(!same_answer("CAT", "cat") && !same_answer("41", "42"));
+    }
+
+    #[test]
+    fn rewards_read_their_settings_and_weigh() {
+        let spec = |rewards: &str| GrpoSpec {
+            rewards: rewards.split(',').map(|r| r.parse().unwrap()).collect(),
+            format_regex: Some("^[A-Z]+$".into()),
+            max_completion_length: 4,
+            ..GrpoSpec::default()
+        };
+        let row = json!({"answer": "CAT"});
+        let item = |completion: &'static str, ids: &'static [u32]| Scored {
+            prompt: "cat=",
+            completion,
+            prompt_ids: &[1, 2],
+            completion_ids: ids,
+            row: &row,
+        };
+        let mut r = Rewards::new(&spec("accuracy,format:0.5,length:2")).unwrap();
+        let got = r
+            .score(&[item("CAT", &[3, 4, 5]), item("cat!", &[3, 4, 5, 6])])
+            .unwrap();
+        assert_eq!(got, vec![vec![1.0, 1.0, -0.75], vec![0.0, 0.0, -1.0]]);
+        assert_eq!(r.total(&got[0]), 1.0 + 0.5 - 1.5);
+        // A regex the format reward cannot use, and settings no reward reads.
+        let bad = GrpoSpec {
+            format_regex: Some("(".into()),
+            ..spec("format")
+        };
+        assert!(Rewards::new(&bad).is_err());
+        assert!(
+            Rewards::new(&spec("accuracy")).is_err(),
+            "--format-regex unread"
+        );
+        let no_row = json!({});
+        let mut r = Rewards::new(&GrpoSpec {
+            format_regex: None,
+            ..spec("accuracy")
+        })
+        .unwrap();
+        let e = r
+            .score(&[Scored {
+                row: &no_row,
+                ..item("CAT", &[3])
+            }])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no `answer` column"), "{e}");
+    }
+}

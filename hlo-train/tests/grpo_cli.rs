@@ -617,3 +617,70 @@ fn a_chunked_loss_equals_trl() {
         check(name, &["--loss-chunk", "4"]);
     }
 }
+
+/// Conversational prompts (`{"messages"}`) go through the chat template
+/// with its generation prompt: the rollouts' prompts are the ids TRL
+/// renders for the same conversations (the preference fixture's).
+#[test]
+fn conversational_prompts_are_rendered_as_trl_renders_them() {
+    let dir = scratch("grpo", "chat");
+    let pref = grpo("../preference");
+    let chat: Vec<Value> = std::fs::read_to_string(pref.join("data_chat.jsonl"))
+        .unwrap()
+        .lines()
+        .take(2)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let want: Vec<Value> = std::fs::read_to_string(pref.join("data_chat_ids.jsonl"))
+        .unwrap()
+        .lines()
+        .take(2)
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["prompt_ids"].clone())
+        .collect();
+    let prompts = dir.join("prompts.jsonl");
+    let lines: Vec<String> = chat
+        .iter()
+        .map(|r| serde_json::json!({ "messages": r["prompt"] }).to_string())
+        .collect();
+    std::fs::write(&prompts, lines.join("\n")).unwrap();
+    let metrics = dir.join("metrics.jsonl");
+    let tokenizer = pref.join("chat_tokenizer/tokenizer.json");
+    ok(&hlo_train(&[
+        "train",
+        "--objective",
+        "grpo",
+        "--checkpoint",
+        fixture("gqa_llama3").to_str().unwrap(),
+        "--tokenizer",
+        tokenizer.to_str().unwrap(),
+        "--chat-template",
+        pref.join("chat_tokenizer").to_str().unwrap(),
+        "--data",
+        prompts.to_str().unwrap(),
+        "--batch",
+        "8",
+        "--num-generations",
+        "4",
+        "--seq",
+        "48",
+        "--max-completion-length",
+        "8",
+        "--reward",
+        "length",
+        "--steps",
+        "1",
+        "--log-every",
+        "1",
+        "--log-completions",
+        "8",
+        "--metrics",
+        metrics.to_str().unwrap(),
+    ]));
+    let mut seen: Vec<Value> = rollouts_of(&metrics, 1).into_iter().map(|r| r.0).collect();
+    seen.dedup();
+    let mut want = want;
+    seen.sort_by_key(|v| v.to_string());
+    want.sort_by_key(|v| v.to_string());
+    assert_eq!(seen, want);
+    std::fs::remove_dir_all(dir).unwrap();
+}
