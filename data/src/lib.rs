@@ -36,7 +36,7 @@ pub use loader::{eval_batches, eval_pair_batches, Batch, Loader};
 pub use pairs::{
     demo_pairs, eos_token_text, first_row, is_preference_data, is_preference_row, PreferencePair,
 };
-pub use prompts::{read_prompts, Prompt, PromptLine};
+pub use prompts::{jsonl_lines, read_prompts, Prompt, PromptLine};
 pub use reader::{
     alpaca_prompt, data_files, demo_examples, demo_prompt_rows, is_parquet, parse_line, stats,
     ChatData, DataStats, Example, Reader,

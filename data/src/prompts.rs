@@ -49,6 +49,25 @@ impl Prompt {
     }
 }
 
+/// The lines of a JSONL text worth reading, with their indexes (from 0),
+/// as `datasets` reads JSONL: a byte-order mark and blank lines are fine
+/// (CRLF ends are taken off by `lines`).
+pub fn jsonl_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    text.lines()
+        .enumerate()
+        .map(|(n, l)| {
+            (
+                n,
+                if n == 0 {
+                    l.trim_start_matches('\u{feff}')
+                } else {
+                    l
+                },
+            )
+        })
+        .filter(|(_, l)| !l.trim().is_empty())
+}
+
 /// Reads a prompt file; a bad line is an error naming the file and line.
 pub fn read_prompts(path: &Path) -> Result<Vec<PromptLine>, DataError> {
     let text = std::fs::read_to_string(path).map_err(|cause| DataError::Read {
@@ -56,22 +75,12 @@ pub fn read_prompts(path: &Path) -> Result<Vec<PromptLine>, DataError> {
         cause,
     })?;
     let mut out = Vec::new();
-    for (n, line) in text.lines().enumerate() {
+    for (n, line) in jsonl_lines(&text) {
         let bad = |message: String| DataError::Line {
             path: path.to_path_buf(),
             line: n + 1,
             message,
         };
-        // As `datasets` reads JSONL: a byte-order mark and blank lines
-        // are fine (CRLF ends are taken off by `lines`).
-        let line = if n == 0 {
-            line.trim_start_matches('\u{feff}')
-        } else {
-            line
-        };
-        if line.trim().is_empty() {
-            continue;
-        }
         let v: Value = serde_json::from_str(line).map_err(|e| bad(format!("not JSON: {e}")))?;
         // `prompt_ids` as TRL's prompt datasets spell it.
         let ids = v

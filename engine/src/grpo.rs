@@ -570,15 +570,7 @@ pub fn read_rollouts(path: &Path, group: usize) -> Result<Vec<Rollout>> {
         ))
     })?;
     let mut out = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        let line = if n == 0 {
-            line.trim_start_matches('\u{feff}')
-        } else {
-            line
-        };
-        if line.trim().is_empty() {
-            continue;
-        }
+    for (n, line) in hlo_data::jsonl_lines(&text) {
         let bad =
             |why: &str| EngineError::Grpo(format!("{} line {}: {why}", path.display(), n + 1));
         let v: Value = serde_json::from_str(line).map_err(|e| bad(&format!("not JSON: {e}")))?;
