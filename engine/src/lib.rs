@@ -20,6 +20,9 @@
 //! - Preference objectives ([`Objective`]: DPO, IPO, SimPO, ORPO) run on
 //!   the same `Run` and `Session`; [`reference`] computes a reference's
 //!   log-probabilities before training (`--precompute-ref`).
+//! - GRPO ([`Objective::Grpo`]): [`grpo`] makes each step's rollouts with
+//!   the session's own arrays ([`Generator::over`]), scores them with
+//!   rewards, and feeds the trainer through a [`trainer::BatchSource`].
 //! - [`Generator`]: generation with a KV cache and on-device sampling;
 //!   [`Batcher`]: continuous batching of many requests over many LoRA
 //!   adapters in one batch (what `serve` runs on).
