@@ -114,8 +114,10 @@ def adapter_fixture(model, ids, prompt_len, max_new, lora, d):
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     prompt = ids[:1, :prompt_len]
+    # Every prompt token counts, the pad id too (generate would mask it).
+    every = torch.ones_like(prompt)
     with torch.no_grad():
-        greedy = model.generate(prompt, max_new_tokens=max_new, do_sample=False)
+        greedy = model.generate(prompt, attention_mask=every, max_new_tokens=max_new, do_sample=False)
     peft_model = get_peft_model(model, lora)
     with torch.no_grad():
         for n, p in peft_model.named_parameters():
@@ -124,7 +126,8 @@ def adapter_fixture(model, ids, prompt_len, max_new, lora, d):
     peft_model.eval()
     with torch.no_grad():
         adapted = peft_model(input_ids=ids).logits.float()
-        greedy_adapter = peft_model.generate(input_ids=prompt, max_new_tokens=max_new, do_sample=False)
+        greedy_adapter = peft_model.generate(input_ids=prompt, attention_mask=every, max_new_tokens=max_new,
+                                             do_sample=False)
     peft_model.save_pretrained(os.path.join(d, "adapter"))
     card = os.path.join(d, "adapter", "README.md")  # PEFT's model card
     if os.path.exists(card):

@@ -201,7 +201,7 @@ pub struct ModelArgs {
     pub checkpoint: Option<PathBuf>,
 
     /// Random weights from an HF config.json of a supported family (Llama,
-    /// Qwen2/2.5, Qwen3, Mistral, Gemma 3 text).
+    /// Qwen2/2.5, Qwen3, Mistral, Gemma 3 text, Qwen3-MoE, Mixtral).
     #[arg(long)]
     pub config: Option<PathBuf>,
 }

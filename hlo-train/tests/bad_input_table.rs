@@ -229,14 +229,14 @@ fn bad_input_table() {
             )),
         ),
         (
-            "config names an unsupported architecture (an MoE)",
+            "config names an unsupported architecture (gpt-oss)",
             gen(ckpt(
                 "arch",
                 None,
                 Some(
                     fixture_config
-                        .replace("LlamaForCausalLM", "MixtralForCausalLM")
-                        .replace("\"model_type\": \"llama\"", "\"model_type\": \"mixtral\""),
+                        .replace("LlamaForCausalLM", "GptOssForCausalLM")
+                        .replace("\"model_type\": \"llama\"", "\"model_type\": \"gpt_oss\""),
                 ),
             )),
         ),

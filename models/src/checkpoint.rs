@@ -32,6 +32,61 @@ pub struct Checkpoint {
     pub config: ModelConfig,
     files: Vec<(PathBuf, Mmap)>,
     tensors: BTreeMap<String, Entry>,
+    /// Parameters stored in parts: a mixture of experts' fused tensors
+    /// from per-expert ones, and Mixtral's router under its stored name;
+    /// the parts' values, in order, are the parameter's.
+    joined: BTreeMap<String, Vec<String>>,
+}
+
+/// Where each sparse layer's fused expert tensors and router are stored
+/// when not under their own names, as transformers 5 converts on load:
+/// per expert (`mlp.experts.{e}.gate_proj.weight`, `up_proj`,
+/// `down_proj`; Mixtral's `block_sparse_moe.experts.{e}.w1` (gate), `w3`
+/// (up), `w2` (down) and `block_sparse_moe.gate`), the gate and up rows of
+/// each expert one after the other.
+fn expert_parts(
+    config: &ModelConfig,
+    stored: &BTreeMap<String, Entry>,
+) -> BTreeMap<String, Vec<String>> {
+    let mut joined = BTreeMap::new();
+    let Some(moe) = &config.moe else {
+        return joined;
+    };
+    let mixtral = config.family == crate::decoder::Family::Mixtral;
+    let names = if mixtral {
+        ["w1", "w3", "w2"]
+    } else {
+        ["gate_proj", "up_proj", "down_proj"]
+    };
+    for l in (0..config.num_hidden_layers).filter(|l| config.is_sparse(*l)) {
+        let canonical = format!("model.layers.{l}.mlp");
+        let stored_at = if mixtral && !stored.contains_key(&format!("{canonical}.gate.weight")) {
+            format!("model.layers.{l}.block_sparse_moe")
+        } else {
+            canonical.clone()
+        };
+        let router = format!("{canonical}.gate.weight");
+        if stored_at != canonical {
+            joined.insert(router, vec![format!("{stored_at}.gate.weight")]);
+        }
+        let expert = |e: i64, w: &str| format!("{stored_at}.experts.{e}.{w}.weight");
+        for (fused, parts) in [("gate_up_proj", &names[..2]), ("down_proj", &names[2..])] {
+            let name = format!("{canonical}.experts.{fused}");
+            if stored.contains_key(&name) {
+                continue;
+            }
+            let at = format!("{stored_at}.experts.{fused}");
+            let list = if stored.contains_key(&at) {
+                vec![at]
+            } else {
+                (0..moe.num_experts)
+                    .flat_map(|e| parts.iter().map(move |w| expert(e, w)))
+                    .collect()
+            };
+            joined.insert(name, list);
+        }
+    }
+    joined
 }
 
 impl Checkpoint {
@@ -90,11 +145,13 @@ impl Checkpoint {
             }
             files.push((path, map));
         }
+        let joined = expert_parts(&config, &tensors);
         let mut ckpt = Checkpoint {
             dir: dir.to_path_buf(),
             config,
             files,
             tensors,
+            joined,
         };
         ckpt.untie_a_distinct_head()?;
         ckpt.check()?;
@@ -121,6 +178,10 @@ impl Checkpoint {
     fn check(&self) -> Result<(), ModelError> {
         let here = |e: &Entry| self.files[e.file].0.display().to_string();
         for (name, shape) in self.config.parameter_shapes() {
+            if let Some(parts) = self.joined.get(&name) {
+                self.check_parts(&name, parts, &shape)?;
+                continue;
+            }
             let e = self
                 .tensors
                 .get(&name)
@@ -169,8 +230,55 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// The stored dtype of a tensor.
+    /// The parts of a parameter stored in parts ([`expert_parts`]) are
+    /// there, floats, and together of the parameter's shape.
+    fn check_parts(&self, name: &str, parts: &[String], shape: &[i64]) -> Result<(), ModelError> {
+        let total: i64 = shape.iter().product();
+        let mut sum = 0;
+        for part in parts {
+            let e = self
+                .tensors
+                .get(part)
+                .ok_or_else(|| ModelError::Checkpoint {
+                    file: self.dir.display().to_string(),
+                    message: format!(
+                        "tensor `{part}` is missing (config.json needs `{name}`, stored fused or per expert)"
+                    ),
+                })?;
+            if !e.tensor.dtype.is_float() {
+                return Err(ModelError::Checkpoint {
+                    file: self.files[e.file].0.display().to_string(),
+                    message: format!("tensor `{part}` is {}, not a float", e.tensor.dtype),
+                });
+            }
+            // Every part is whole rows of the parameter.
+            if e.tensor.shape.len() < 2 || e.tensor.shape.last() != shape.last() {
+                return Err(ModelError::Checkpoint {
+                    file: self.files[e.file].0.display().to_string(),
+                    message: format!(
+                        "tensor `{part}` has shape {:?}, config.json implies a part of {shape:?} for `{name}`",
+                        e.tensor.shape
+                    ),
+                });
+            }
+            sum += e.tensor.shape.iter().product::<i64>();
+        }
+        if sum != total {
+            return Err(ModelError::Checkpoint {
+                file: self.dir.display().to_string(),
+                message: format!(
+                    "the parts of `{name}` hold {sum} values, config.json implies {shape:?}"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The stored dtype of a tensor (of a parameter stored in parts, its
+    /// first part's).
     pub fn dtype(&self, name: &str) -> Option<DType> {
+        let stored = self.joined.get(name).and_then(|p| p.first());
+        let name = stored.map_or(name, String::as_str);
         self.tensors.get(name).map(|e| e.tensor.dtype)
     }
 
@@ -322,6 +430,17 @@ impl Checkpoint {
     /// Reads one tensor, converted to `dtype` (a weight stored in 4-bit
     /// NF4, dequantized).
     pub fn read(&self, name: &str, dtype: DType) -> Result<Literal, ModelError> {
+        if let Some(parts) = self.joined.get(name) {
+            let shape = self.config.parameter_shape(name).unwrap_or_default();
+            let mut bytes = Vec::new();
+            for part in parts {
+                bytes.extend(self.read(part, dtype)?.bytes);
+            }
+            return Ok(Literal {
+                ty: TensorType::new(dtype, shape),
+                bytes,
+            });
+        }
         if dtype != DType::U8 && self.is_prequantized(name) {
             return Ok(self.read_nf4(name)?.dequantized_literal(dtype));
         }

@@ -57,6 +57,10 @@ pub enum ModelError {
     PreferenceBatch { rows: i64, packed: bool },
     #[error("GRPO: {why}")]
     GrpoBatch { why: String },
+    /// The router's load-balancing loss (`output_router_logits`) with a
+    /// setting it is not built for yet.
+    #[error("the router's load-balancing loss (config.json's output_router_logits) is not supported {with} yet; set output_router_logits to false to train without it")]
+    RouterAuxLoss { with: &'static str },
     #[error(transparent)]
     Trace(#[from] hlo_ir::TraceError),
     #[error(transparent)]

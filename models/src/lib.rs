@@ -1,7 +1,8 @@
 //! `hlo-models` owns what the programs are, with no device in sight: the
 //! decoder of every family hlo-train runs (Llama 3.x, Qwen2/2.5, Qwen3,
-//! Mistral, Gemma 3 text) written in the tracing DSL as HF transformers
-//! defines them ([`decoder`]), with presets, partition rules and
+//! Mistral, Gemma 3 text, and the mixtures of experts Qwen3-MoE and
+//! Mixtral) written in the tracing DSL as HF transformers defines them
+//! ([`decoder`]), with presets, partition rules and
 //! initialisers; LoRA as PEFT
 //! defines it; the train, eval, forward and decode steps as traced
 //! functions whose inputs carry typed [`roles`] (weight, trainable,

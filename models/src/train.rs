@@ -219,6 +219,14 @@ type LossInputs = (
 );
 
 fn loss_inputs(config: &ModelConfig, tc: &TrainConfig) -> Result<LossInputs, ModelError> {
+    if tc.scan_layers && config.mixed_mlps() {
+        return Err(ModelError::Config {
+            path: None,
+            problem: crate::ConfigError::Unsupported(
+                "the layers as one scan when some MLPs are dense and others experts (mlp_only_layers, decoder_sparse_step): use --scan-layers off".into(),
+            ),
+        });
+    }
     if let (true, Some(l)) = (tc.scan_layers, &tc.lora) {
         l.check_uniform(config.num_hidden_layers)?;
     }
@@ -350,6 +358,7 @@ fn role_of(tc: &TrainConfig) -> impl Fn(&str) -> StepInput + '_ {
 /// time when the chunk is shorter than a row.
 fn loss_sum_of(model: &Decoder, i: &hlo_ir::Inputs, tc: &TrainConfig) -> (Tensor, Tensor) {
     let packed = tc.packing.then(|| (i["positions"], i["segment_ids"]));
+    model.router.borrow_mut().clear();
     let h = model.last_hidden(&Params(i), i["input_ids"], packed, tc.dtype);
     let chunk = tc.loss_chunk_for(model.config.vocab_size);
     let (ids, mask) = (i["input_ids"], i["loss_mask"]);
@@ -370,6 +379,35 @@ fn loss_sum_of(model: &Decoder, i: &hlo_ir::Inputs, tc: &TrainConfig) -> (Tensor
     })
 }
 
+/// The weight of the router's load-balancing loss in the train loss, when
+/// the config asks for it (HF's `output_router_logits`, whose loss adds
+/// `router_aux_loss_coef` times it); refused where it is not built yet.
+fn router_aux_coef(config: &ModelConfig, tc: &TrainConfig) -> Result<Option<f64>, ModelError> {
+    let Some(m) = config.moe.as_ref().filter(|m| m.output_router_logits) else {
+        return Ok(None);
+    };
+    let refuse = |with| Err(ModelError::RouterAuxLoss { with });
+    if tc.packing {
+        return refuse("with packed rows");
+    }
+    if tc.grad_accum > 1 {
+        return refuse("with gradient accumulation");
+    }
+    if tc.scan_layers {
+        return refuse("with the layers as one scan");
+    }
+    Ok(Some(m.router_aux_loss_coef))
+}
+
+/// HF's load-balancing loss of the sparse layers `model` just traced, over
+/// every position of the batch's rows (HF's without an attention mask).
+fn router_aux_loss(model: &Decoder, tc: &TrainConfig) -> Tensor {
+    let stats = std::mem::take(&mut *model.router.borrow_mut());
+    let experts = model.config.moe.as_ref().map_or(1, |m| m.num_experts);
+    let tokens = hlo_ir::full(TensorType::scalar(DType::F32), (tc.batch * tc.seq) as f64);
+    crate::decoder::load_balancing_loss(&stats, tokens, experts)
+}
+
 fn model<'a>(config: &'a ModelConfig, tc: &'a TrainConfig) -> Decoder<'a> {
     Decoder {
         config,
@@ -378,6 +416,8 @@ fn model<'a>(config: &'a ModelConfig, tc: &'a TrainConfig) -> Decoder<'a> {
         scan_layers: tc.scan_layers,
         remat_layers: tc.remat_layers,
         attention: tc.attention,
+        moe: crate::decoder::MoeKind::default(),
+        router: Default::default(),
     }
 }
 
@@ -617,6 +657,12 @@ fn logits_means(
 /// parameters, optimizer state and counter under their input names
 /// (donated).
 pub fn train_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
+    let aux = config.moe.as_ref().is_some_and(|m| m.output_router_logits);
+    if aux && (tc.preference.is_some() || tc.grpo.is_some()) {
+        return Err(ModelError::RouterAuxLoss {
+            with: "with a preference or GRPO loss",
+        });
+    }
     if let Some(p) = &tc.preference {
         return preference_train_step(config, tc, &p.loss, p.reference);
     }
@@ -626,8 +672,14 @@ pub fn train_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelE
     let (base, lora_params, loss_inputs) = loss_inputs(config, tc)?;
     let trainable = trainable_of(tc, &base, &lora_params);
     let model = model(config, tc);
+    let aux = router_aux_coef(config, tc)?;
     let loss_fn = trace("llama_loss", &loss_inputs, |i| {
-        Outputs::new().add("loss", mean(loss_sum_of(&model, i, tc)))
+        let loss = mean(loss_sum_of(&model, i, tc));
+        let loss = match aux {
+            Some(coef) => loss + scope("router_aux_loss", || router_aux_loss(&model, tc)) * coef,
+            None => loss,
+        };
+        Outputs::new().add("loss", loss)
     })?;
     // With accumulation, a micro-step's summed loss, token count and the
     // gradients of the sum.

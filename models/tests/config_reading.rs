@@ -185,19 +185,19 @@ fn unsupported_architectures_and_settings_are_refused_naming_what_runs() {
             .unwrap_err()
             .to_string()
     };
-    let runs = "(hlo-train runs LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Gemma3ForCausalLM)";
+    let runs = "(hlo-train runs LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Gemma3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM)";
     for (extra, why) in [
         (
-            json!({"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"]}),
-            format!("unsupported: model_type `qwen3_moe` {runs}"),
+            json!({"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"]}),
+            format!("unsupported: model_type `qwen2_moe` {runs}"),
         ),
         (
-            json!({"model_type": "mixtral"}),
-            format!("unsupported: model_type `mixtral` {runs}"),
+            json!({"model_type": "gpt_oss"}),
+            format!("unsupported: model_type `gpt_oss` {runs}"),
         ),
         (
-            json!({"architectures": ["MixtralForCausalLM"]}),
-            format!("unsupported: architectures [\"MixtralForCausalLM\"] {runs}"),
+            json!({"architectures": ["GptOssForCausalLM"]}),
+            format!("unsupported: architectures [\"GptOssForCausalLM\"] {runs}"),
         ),
         // Gemma 3's multimodal checkpoints (4B and up).
         (

@@ -306,10 +306,22 @@ pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
 /// computed in `dtype` on the CPU plugin: with its PEFT adapter if
 /// `adapter`, with its layers as one scan over stacked weights if `scan`.
 pub fn fixture_logits(dir: &std::path::Path, dtype: DType, adapter: bool, scan: bool) -> Vec<f64> {
+    fixture_logits_of(dir, dir, dtype, adapter, scan)
+}
+
+/// [`fixture_logits`] of the model in `dir` on the input ids of fixture
+/// folder `ids_dir` (a copy of a fixture model in another layout).
+pub fn fixture_logits_of(
+    dir: &std::path::Path,
+    ids_dir: &std::path::Path,
+    dtype: DType,
+    adapter: bool,
+    scan: bool,
+) -> Vec<f64> {
     use hlo_models::decoder::{forward_step, is_stacked, stack_literals, unstacked_names};
     let ckpt = hlo_models::checkpoint::Checkpoint::open(dir).unwrap();
     let c = &ckpt.config;
-    let ids = expected_tensor(dir, "input_ids");
+    let ids = expected_tensor(ids_dir, "input_ids");
     let (b, s) = (ids.ty.dims[0], ids.ty.dims[1]);
     let adapter =
         adapter.then(|| hlo_models::adapter::Adapter::load(&dir.join("adapter"), c).unwrap());

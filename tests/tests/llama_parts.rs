@@ -110,8 +110,8 @@ fn configs_in_both_transformers_spellings() {
             "unsupported: rope type `yarn`",
         ),
         (
-            &v4.replace("\"llama\"", "\"mixtral\""),
-            "unsupported: model_type `mixtral` (hlo-train runs LlamaForCausalLM, Qwen2ForCausalLM",
+            &v4.replace("\"llama\"", "\"gpt_oss\""),
+            "unsupported: model_type `gpt_oss` (hlo-train runs LlamaForCausalLM, Qwen2ForCausalLM",
         ),
         (
             &v4.replace("\"num_key_value_heads\": 8", "\"num_key_value_heads\": 5"),

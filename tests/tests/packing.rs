@@ -38,6 +38,8 @@ fn packed_row_gives_each_sample_its_own_logits(config: &ModelConfig, attention: 
         scan_layers: false,
         remat_layers: false,
         attention,
+        moe: hlo_models::decoder::MoeKind::default(),
+        router: Default::default(),
     };
     // The packed row in `attention`, each sample alone (short) naive.
     let (packed_model, alone_model) = (model(attention), model(AttentionKind::Naive));

@@ -23,15 +23,21 @@ pub enum Family {
     /// `Gemma3ForCausalLM` (Gemma 3 text): local/global layers, (1 + w)
     /// norms, GELU-tanh, scaled embeddings, sandwich norms.
     Gemma3,
+    /// `Qwen3MoeForCausalLM`: Qwen3's attention, mixture-of-experts MLPs.
+    Qwen3Moe,
+    /// `MixtralForCausalLM`: Mistral's attention, mixture-of-experts MLPs.
+    Mixtral,
 }
 
 /// Every family, in the order errors list them.
-pub const FAMILIES: [Family; 5] = [
+pub const FAMILIES: [Family; 7] = [
     Family::Llama,
     Family::Qwen2,
     Family::Qwen3,
     Family::Mistral,
     Family::Gemma3,
+    Family::Qwen3Moe,
+    Family::Mixtral,
 ];
 
 impl Family {
@@ -43,6 +49,8 @@ impl Family {
             Family::Qwen3 => "qwen3",
             Family::Mistral => "mistral",
             Family::Gemma3 => "gemma3_text",
+            Family::Qwen3Moe => "qwen3_moe",
+            Family::Mixtral => "mixtral",
         }
     }
 
@@ -54,6 +62,8 @@ impl Family {
             Family::Qwen3 => "Qwen3ForCausalLM",
             Family::Mistral => "MistralForCausalLM",
             Family::Gemma3 => "Gemma3ForCausalLM",
+            Family::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Family::Mixtral => "MixtralForCausalLM",
         }
     }
 
@@ -139,6 +149,36 @@ pub enum NormStyle {
     Gemma,
 }
 
+/// A mixture-of-experts MLP (Qwen3-MoE's `Qwen3MoeSparseMoeBlock`,
+/// Mixtral's `MixtralSparseMoeBlock`): a router (`mlp.gate`, `[experts,
+/// hidden]`) picks each token's top-k experts from the softmax of its
+/// logits; each expert is a SwiGLU MLP, stored fused as transformers 5
+/// holds it (`mlp.experts.gate_up_proj` `[experts, 2·moe_intermediate,
+/// hidden]`, gate rows first, and `mlp.experts.down_proj` `[experts,
+/// hidden, moe_intermediate]`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    pub num_experts: i64,
+    /// Experts per token (`num_experts_per_tok`).
+    pub top_k: i64,
+    pub moe_intermediate_size: i64,
+    /// The top-k probabilities are divided by their sum (Qwen3-MoE's
+    /// `norm_topk_prob`; Mixtral always).
+    pub norm_topk_prob: bool,
+    /// Which layers are sparse (Qwen3-MoE's `decoder_sparse_step` and
+    /// `mlp_only_layers`); the others have the dense MLP of
+    /// `intermediate_size`.
+    pub sparse_layers: Vec<bool>,
+    /// Training adds `router_aux_loss_coef` times HF's load-balancing
+    /// loss (`output_router_logits`).
+    pub output_router_logits: bool,
+    pub router_aux_loss_coef: f64,
+    /// Mixtral keeps the routing weights in f32 and rounds each expert's
+    /// weighted output; Qwen3-MoE rounds the weights to the model's dtype
+    /// first.
+    pub f32_routing_weights: bool,
+}
+
 /// A decoder's shape and its family's differences from Llama, resolved.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -189,9 +229,26 @@ pub struct ModelConfig {
     /// The base projections in NF4 (QLoRA), dequantized just before each
     /// matmul; None: in the compute dtype.
     pub quantization: Option<crate::nf4::Nf4Config>,
+    /// Qwen3-MoE, Mixtral: the experts of the sparse layers.
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
+    /// Whether layer `l`'s MLP is a mixture of experts.
+    pub fn is_sparse(&self, l: i64) -> bool {
+        self.moe
+            .as_ref()
+            .is_some_and(|m| m.sparse_layers.get(l as usize) == Some(&true))
+    }
+
+    /// Whether some layers are sparse and others dense, so a scan over
+    /// layers (one body for all) cannot run them.
+    pub fn mixed_mlps(&self) -> bool {
+        self.moe
+            .as_ref()
+            .is_some_and(|m| m.sparse_layers.windows(2).any(|w| w[0] != w[1]))
+    }
+
     /// Whether layers differ in their attention (Gemma 3's local and
     /// global layers), so a scan over layers must be told which is which.
     pub fn mixed_layer_types(&self) -> bool {
@@ -244,9 +301,19 @@ impl ModelConfig {
                 push("pre_feedforward_layernorm.weight", vec![h]);
                 push("post_feedforward_layernorm.weight", vec![h]);
             }
-            push("mlp.gate_proj.weight", vec![i, h]);
-            push("mlp.up_proj.weight", vec![i, h]);
-            push("mlp.down_proj.weight", vec![h, i]);
+            match self.moe.as_ref().filter(|_| self.is_sparse(l)) {
+                Some(m) => {
+                    let (e, mi) = (m.num_experts, m.moe_intermediate_size);
+                    push("mlp.gate.weight", vec![e, h]);
+                    push("mlp.experts.gate_up_proj", vec![e, 2 * mi, h]);
+                    push("mlp.experts.down_proj", vec![e, h, mi]);
+                }
+                None => {
+                    push("mlp.gate_proj.weight", vec![i, h]);
+                    push("mlp.up_proj.weight", vec![i, h]);
+                    push("mlp.down_proj.weight", vec![h, i]);
+                }
+            }
         }
         out.push(("model.norm.weight".to_string(), vec![h]));
         if !self.tie_word_embeddings {

@@ -101,7 +101,7 @@ impl Decoder<'_> {
                         );
                         proj(&format!("{a}.o_proj"), "o_proj", out)
                     },
-                    |x| self.mlp_with(&format!("{prefix}.mlp"), x, &proj),
+                    |x| self.mlp_with(p, &format!("{prefix}.mlp"), x, &proj),
                 )
             });
         }
@@ -302,6 +302,8 @@ pub(super) fn decoder(config: &ModelConfig) -> Decoder<'_> {
         scan_layers: false,
         remat_layers: false,
         attention: AttentionKind::Naive,
+        moe: super::MoeKind::default(),
+        router: Default::default(),
     }
 }
 

@@ -10,8 +10,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::config::{
-    Activation, Family, LayerType, Llama3Scaling, ModelConfig, NormStyle, Rope, RopeScaling,
-    FAMILIES,
+    Activation, Family, LayerType, Llama3Scaling, ModelConfig, MoeConfig, NormStyle, Rope,
+    RopeScaling, FAMILIES,
 };
 use crate::nf4::Nf4Config;
 use crate::{ConfigError, ModelError};
@@ -33,8 +33,7 @@ struct RawConfig {
     num_attention_heads: i64,
     num_key_value_heads: Option<i64>,
     head_dim: Option<i64>,
-    #[serde(default = "default_eps")]
-    rms_norm_eps: f64,
+    rms_norm_eps: Option<f64>,
     #[serde(default = "default_max_positions")]
     max_position_embeddings: i64,
     tie_word_embeddings: Option<bool>,
@@ -46,10 +45,6 @@ struct RawConfig {
 
 fn default_init() -> f64 {
     0.02
-}
-
-fn default_eps() -> f64 {
-    1e-6
 }
 
 fn default_max_positions() -> i64 {
@@ -260,6 +255,115 @@ fn quantization(obj: &Map<String, Value>) -> Result<Option<Nf4Config>, ConfigErr
     }))
 }
 
+fn int_field(obj: &Map<String, Value>, key: &str) -> Result<Option<i64>, ConfigError> {
+    field(obj, key)
+        .map(|v| {
+            v.as_i64()
+                .ok_or_else(|| ConfigError::Unsupported(format!("{key} = {v} (not an integer)")))
+        })
+        .transpose()
+}
+
+/// The number of experts: `num_local_experts`, or `num_experts`, which
+/// transformers 5 maps to it (and writes as it).
+fn expert_count(obj: &Map<String, Value>) -> Result<Option<i64>, ConfigError> {
+    let (local, named) = (
+        int_field(obj, "num_local_experts")?,
+        int_field(obj, "num_experts")?,
+    );
+    match (local, named) {
+        (Some(a), Some(b)) if a != b => unsupported(format!(
+            "num_local_experts = {a} and num_experts = {b} disagree"
+        )),
+        _ => Ok(local.or(named)),
+    }
+}
+
+/// The experts of a Qwen3-MoE or Mixtral config (None for the dense
+/// families, and for a Qwen3-MoE config with `num_experts` 0), with each
+/// config class's defaults.
+fn experts(
+    family: Family,
+    obj: &Map<String, Value>,
+    layers: i64,
+    intermediate: i64,
+) -> Result<Option<MoeConfig>, ConfigError> {
+    let aux = (
+        bool_field(obj, "output_router_logits")?.unwrap_or(false),
+        f64_field(obj, "router_aux_loss_coef")?.unwrap_or(0.001),
+    );
+    let moe = match family {
+        Family::Qwen3Moe => {
+            let experts = expert_count(obj)?.unwrap_or(128);
+            if experts == 0 {
+                return Ok(None);
+            }
+            let step = int_field(obj, "decoder_sparse_step")?.unwrap_or(1);
+            if step < 1 {
+                return unsupported(format!("decoder_sparse_step = {step}"));
+            }
+            let dense: Vec<i64> = match field(obj, "mlp_only_layers") {
+                None => Vec::new(),
+                Some(v) => v
+                    .as_array()
+                    .and_then(|a| a.iter().map(Value::as_i64).collect::<Option<Vec<_>>>())
+                    .ok_or_else(|| {
+                        ConfigError::Unsupported(format!("mlp_only_layers = {v} (not integers)"))
+                    })?,
+            };
+            MoeConfig {
+                num_experts: experts,
+                top_k: int_field(obj, "num_experts_per_tok")?.unwrap_or(8),
+                moe_intermediate_size: int_field(obj, "moe_intermediate_size")?.unwrap_or(768),
+                norm_topk_prob: bool_field(obj, "norm_topk_prob")?.unwrap_or(false),
+                sparse_layers: (0..layers)
+                    .map(|l| !dense.contains(&l) && (l + 1) % step == 0)
+                    .collect(),
+                output_router_logits: aux.0,
+                router_aux_loss_coef: aux.1,
+                f32_routing_weights: false,
+            }
+        }
+        Family::Mixtral => {
+            if let Some(j) = f64_field(obj, "router_jitter_noise")?.filter(|j| *j != 0.0) {
+                return unsupported(format!(
+                    "router_jitter_noise = {j} (random noise on the router's input in training; only 0)"
+                ));
+            }
+            MoeConfig {
+                num_experts: expert_count(obj)?.unwrap_or(8),
+                top_k: int_field(obj, "num_experts_per_tok")?.unwrap_or(2),
+                moe_intermediate_size: intermediate,
+                norm_topk_prob: true,
+                sparse_layers: vec![true; layers.max(0) as usize],
+                output_router_logits: aux.0,
+                router_aux_loss_coef: aux.1,
+                f32_routing_weights: true,
+            }
+        }
+        _ => return Ok(None),
+    };
+    if moe.num_experts < 1 || moe.top_k < 1 || moe.top_k > moe.num_experts {
+        return unsupported(format!(
+            "num_experts_per_tok = {} with {} experts",
+            moe.top_k, moe.num_experts
+        ));
+    }
+    if moe.moe_intermediate_size < 1 {
+        return Err(ConfigError::NotPositive {
+            field: "moe_intermediate_size",
+            value: moe.moe_intermediate_size,
+        });
+    }
+    if !(moe.router_aux_loss_coef.is_finite()) {
+        return unsupported(format!(
+            "router_aux_loss_coef = {}",
+            moe.router_aux_loss_coef
+        ));
+    }
+    Ok(Some(moe))
+}
+
 impl ModelConfig {
     /// Parses HF `config.json` text of any supported family.
     pub fn from_json(text: &str) -> Result<ModelConfig, ConfigError> {
@@ -308,7 +412,7 @@ impl ModelConfig {
         };
         // Biases: Qwen2's q/k/v always; Mistral none; `attention_bias`
         // (q/k/v/o) where the family reads it is not implemented.
-        if matches!(family, Llama | Qwen3 | Gemma3)
+        if matches!(family, Llama | Qwen3 | Gemma3 | Qwen3Moe)
             && bool_field(obj, "attention_bias")? == Some(true)
         {
             return unsupported("attention_bias = true".into());
@@ -333,6 +437,23 @@ impl ModelConfig {
             Llama => (None, vec![LayerType::Full; layers as usize]),
             Mistral => {
                 let w = window(obj)?;
+                let kind = if w.is_some() {
+                    LayerType::Sliding
+                } else {
+                    LayerType::Full
+                };
+                (w, vec![kind; layers as usize])
+            }
+            // Every layer slides when there is a window: Mixtral's default
+            // is none; Qwen3-MoE's only with `use_sliding_window`.
+            Mixtral | Qwen3Moe => {
+                let on =
+                    family == Mixtral || bool_field(obj, "use_sliding_window")?.unwrap_or(false);
+                let w = match obj.get("sliding_window") {
+                    None if family == Mixtral => None,
+                    _ if on => window(obj)?,
+                    _ => None,
+                };
                 let kind = if w.is_some() {
                     LayerType::Sliding
                 } else {
@@ -451,8 +572,8 @@ impl ModelConfig {
             num_key_value_heads: raw.num_key_value_heads.unwrap_or(match family {
                 Llama => heads,
                 Qwen2 | Qwen3 => 32,
-                Mistral => 8,
-                Gemma3 => 4,
+                Mistral | Mixtral => 8,
+                Gemma3 | Qwen3Moe => 4,
             }),
             head_dim: raw.head_dim.unwrap_or(match family {
                 Qwen3 => 128,
@@ -460,7 +581,10 @@ impl ModelConfig {
                 _ if heads > 0 => raw.hidden_size / heads,
                 _ => 0,
             }),
-            rms_norm_eps: raw.rms_norm_eps,
+            rms_norm_eps: raw.rms_norm_eps.unwrap_or(match family {
+                Mixtral => 1e-5,
+                _ => 1e-6,
+            }),
             rope,
             sliding_rope,
             max_position_embeddings: raw.max_position_embeddings,
@@ -469,7 +593,7 @@ impl ModelConfig {
             eos_token_ids: ids(&raw.eos_token_id),
             initializer_range: raw.initializer_range,
             qkv_bias: family == Qwen2,
-            qk_norm: matches!(family, Qwen3 | Gemma3),
+            qk_norm: matches!(family, Qwen3 | Gemma3 | Qwen3Moe),
             layer_types,
             sliding_window,
             hidden_act,
@@ -494,6 +618,7 @@ impl ModelConfig {
                 None
             },
             quantization: quantization(obj)?,
+            moe: experts(family, obj, layers, raw.intermediate_size)?,
         })
     }
 
@@ -583,9 +708,15 @@ impl ModelConfig {
                 set("attention_bias", false.into());
                 set("mlp_bias", false.into());
             }
-            Family::Mistral => {
+            Family::Mistral | Family::Mixtral => {
                 set("hidden_act", "silu".into());
                 set("sliding_window", self.sliding_window.into());
+            }
+            Family::Qwen3Moe => {
+                set("hidden_act", "silu".into());
+                set("use_sliding_window", self.sliding_window.is_some().into());
+                set("sliding_window", self.sliding_window.into());
+                set("attention_bias", false.into());
             }
             Family::Qwen2 | Family::Qwen3 => {
                 set("hidden_act", "silu".into());
@@ -608,6 +739,23 @@ impl ModelConfig {
                     "final_logit_softcapping",
                     self.final_logit_softcapping.into(),
                 );
+            }
+        }
+        if let Some(m) = &self.moe {
+            set("num_experts_per_tok", m.top_k.into());
+            set("output_router_logits", m.output_router_logits.into());
+            set("router_aux_loss_coef", m.router_aux_loss_coef.into());
+            if f == Family::Mixtral {
+                set("num_local_experts", m.num_experts.into());
+            } else {
+                let dense: Vec<i64> = (0..self.num_hidden_layers)
+                    .filter(|l| !self.is_sparse(*l))
+                    .collect();
+                set("num_experts", m.num_experts.into());
+                set("moe_intermediate_size", m.moe_intermediate_size.into());
+                set("norm_topk_prob", m.norm_topk_prob.into());
+                set("decoder_sparse_step", 1.into());
+                set("mlp_only_layers", dense.into());
             }
         }
         serde_json::to_string_pretty(&v).expect("JSON values serialise")

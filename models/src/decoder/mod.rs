@@ -1,24 +1,27 @@
 //! The decoder-only models hlo-train runs, as HF transformers computes
 //! them: Llama 3.x (`LlamaForCausalLM`) and the families that differ from
-//! it in a few named places (Qwen2/2.5, Qwen3, Mistral, Gemma 3 text; see
-//! [`Family`] and the fields of [`ModelConfig`]), with PEFT LoRA.
+//! it in a few named places (Qwen2/2.5, Qwen3, Mistral, Gemma 3 text, and
+//! the mixtures of experts Qwen3-MoE and Mixtral; see [`Family`] and the
+//! fields of [`ModelConfig`]), with PEFT LoRA.
 
 mod config;
 mod decode;
 mod hf_config;
 mod lora;
 mod model;
+mod moe;
 mod presets;
 mod rules;
 mod serving;
 
 pub use config::{
-    Activation, Family, LayerType, Llama3Scaling, ModelConfig, NormStyle, Rope, RopeScaling,
-    FAMILIES,
+    Activation, Family, LayerType, Llama3Scaling, ModelConfig, MoeConfig, NormStyle, Rope,
+    RopeScaling, FAMILIES,
 };
 pub use decode::{argmax, cache_types, decode_step, hashed_uniform, sample_rows, sample_tokens};
 pub use lora::{LoraConfig, DEFAULT_TARGETS, MODULES_TO_SAVE};
 pub use model::{is_stacked, rms_norm, Decoder, Params};
+pub use moe::{block_count, block_size, load_balancing_loss, MoeKind, RouterStats};
 pub use presets::PRESETS;
 pub use rules::partition_rules;
 pub use serving::{
@@ -125,6 +128,11 @@ pub fn lora_parameter_types(config: &ModelConfig, lora: &LoraConfig) -> Vec<(Str
             } else {
                 "mlp"
             };
+            // A sparse layer's experts are not these modules (PEFT's
+            // `target_modules` finds no `mlp.gate_proj` there either).
+            if group == "mlp" && config.is_sparse(l) {
+                continue;
+            }
             let module = format!("model.layers.{l}.{group}.{short}");
             let (din, dout) = config.projection_dims(short).expect("known module");
             let r = lora.rank_of(&module);
@@ -188,6 +196,8 @@ pub fn forward_step(
         scan_layers,
         remat_layers: false,
         attention: crate::attention::AttentionKind::Naive,
+        moe: MoeKind::default(),
+        router: Default::default(),
     };
     let f = trace("llama_forward", &inputs, |i| {
         let logits = model.forward(&Params(i), i[ids], dtype);

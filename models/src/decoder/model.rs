@@ -14,10 +14,13 @@
 use hlo_ir::ops::DotGeneral;
 use hlo_ir::{checkpoint, constant, iota, scan, scope, DType, Inputs, Literal, Tensor, TensorType};
 
+use std::cell::RefCell;
+
 use crate::attention::{blockwise_attention, grouped_attention, AttentionKind, MaskSpec};
 
 use super::config::{Activation, LayerType, ModelConfig, NormStyle};
 use super::lora::LoraConfig;
+use super::moe::{MoeKind, RouterStats};
 
 /// What a forward pass needs besides the parameters.
 pub struct Decoder<'a> {
@@ -36,6 +39,11 @@ pub struct Decoder<'a> {
     /// How the forward pass computes attention (the decode and serving
     /// steps, whose queries are few, always use the naive form).
     pub attention: AttentionKind,
+    /// How mixture-of-experts layers run their experts.
+    pub moe: MoeKind,
+    /// Each sparse layer's routing, recorded as the layers are traced (the
+    /// load-balancing loss reads them).
+    pub router: RefCell<Vec<RouterStats>>,
 }
 
 /// Which keys each query of a training forward pass sees, in the form its
@@ -59,7 +67,7 @@ impl Params<'_> {
         self.0[name]
     }
 
-    fn has(&self, name: &str) -> bool {
+    pub(super) fn has(&self, name: &str) -> bool {
         self.0.get(name).is_some()
     }
 }
@@ -357,13 +365,18 @@ impl Decoder<'_> {
 
     /// The gated MLP: `down(act(gate(x)) · up(x))`, SiLU (SwiGLU) or
     /// Gemma 3's tanh-approximated GELU, `proj(module, short, x)` as each
-    /// projection.
+    /// projection; a mixture of experts where the layer has a router
+    /// (`{prefix}.gate.weight`).
     pub(super) fn mlp_with(
         &self,
+        p: &Params,
         prefix: &str,
         x: Tensor,
         proj: &dyn Fn(&str, &str, Tensor) -> Tensor,
     ) -> Tensor {
+        if p.has(&format!("{prefix}.gate.weight")) {
+            return self.sparse_mlp(p, prefix, x);
+        }
         let gate = proj(&format!("{prefix}.gate_proj"), "gate_proj", x);
         let up = proj(&format!("{prefix}.up_proj"), "up_proj", x);
         let act = match self.config.hidden_act {
@@ -425,7 +438,7 @@ impl Decoder<'_> {
             prefix,
             h,
             |x| self.attention(p, &format!("{prefix}.self_attn"), x, rotary, visible),
-            |x| self.mlp_with(&format!("{prefix}.mlp"), x, &proj),
+            |x| self.mlp_with(p, &format!("{prefix}.mlp"), x, &proj),
         )
     }
 

@@ -61,6 +61,7 @@ fn base(family: Family, sizes: Sizes, rope: Rope, eps: f64, tied: bool) -> Model
         query_pre_attn_scalar: None,
         final_logit_softcapping: None,
         quantization: None,
+        moe: None,
     }
 }
 

@@ -10,7 +10,9 @@ use hlo_partitioner::{PartitionSpec, Rules};
 /// "fsdp"), None)`. Qwen2's q/k/v biases are split over `mp` as their
 /// kernels' output features are, so each device adds its own heads'
 /// biases. Stacked layer parameters carry a leading layer axis these rules
-/// do not mention (see `Step::leading_axis_names`).
+/// do not mention (see `Step::leading_axis_names`). A mixture of experts'
+/// fused expert tensors are split over `fsdp` by expert, its router
+/// replicated.
 ///
 /// ```
 /// use hlo_partitioner::PartitionSpec;
@@ -39,6 +41,13 @@ pub fn partition_rules() -> Rules {
         ),
         (r"(q_proj|k_proj|v_proj)\.bias$", p(&[&["mp"]])),
         (r"norm\.weight$", PartitionSpec::replicated()),
+        // Mixtures of experts: the experts split over `fsdp` along their
+        // leading (expert) axis, whole on each device; the router whole.
+        (
+            r"mlp\.experts\.(gate_up_proj|down_proj)$",
+            p(&[&["fsdp"], &[], &[]]),
+        ),
+        (r"mlp\.gate\.weight$", PartitionSpec::replicated()),
         (
             r"^(input_ids|labels|loss_mask|positions|segment_ids|old_logps|ref_token_logps)$",
             p(&[&["dp", "fsdp"], &[]]),

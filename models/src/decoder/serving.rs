@@ -55,13 +55,15 @@ pub struct AdapterTables {
 pub fn projections(config: &ModelConfig) -> Vec<(String, &'static str)> {
     (0..config.num_hidden_layers)
         .flat_map(|l| {
-            DEFAULT_TARGETS.iter().map(move |short| {
+            DEFAULT_TARGETS.iter().filter_map(move |short| {
                 let group = if ["q_proj", "k_proj", "v_proj", "o_proj"].contains(short) {
                     "self_attn"
                 } else {
                     "mlp"
                 };
-                (format!("model.layers.{l}.{group}.{short}"), *short)
+                // A sparse layer has experts, not these projections.
+                (group == "self_attn" || !config.is_sparse(l))
+                    .then(|| (format!("model.layers.{l}.{group}.{short}"), *short))
             })
         })
         .collect()
@@ -214,7 +216,7 @@ impl<'a> Serving<'a> {
                         let qkv = self.model.qkv_with(p, &a, x, rope, &proj);
                         proj(&format!("{a}.o_proj"), "o_proj", attend(l, qkv))
                     },
-                    |x| self.model.mlp_with(&format!("{prefix}.mlp"), x, &proj),
+                    |x| self.model.mlp_with(p, &format!("{prefix}.mlp"), x, &proj),
                 )
             });
         }

@@ -1,0 +1,294 @@
+//! The mixture-of-experts MLP as transformers 5 computes it
+//! (`Qwen3MoeSparseMoeBlock`, `MixtralSparseMoeBlock`): a router picks
+//! each token's top-k experts from the softmax of its logits (in f32), the
+//! chosen probabilities are renormalised where the family says so, and
+//! the token's output is the weighted sum of its experts' SwiGLU MLPs.
+//!
+//! Dropless: every token reaches all of its top-k experts. Two
+//! formulations compute the same sum:
+//!
+//! - [`MoeKind::Blocks`] (the default): the token-expert assignments are
+//!   sorted by expert (a counting sort: ranks from a prefix sum, no sort
+//!   op), each expert's group padded to a multiple of the block size; each
+//!   block gathers its one expert's weights and runs as one batched
+//!   matmul. Work is `(tokens·k + experts·(block − 1))` rows instead of
+//!   `tokens·experts`; memory holds one copy of an expert's weights per
+//!   block.
+//! - [`MoeKind::Dense`]: every expert on every token, weighted by the
+//!   routing weights (zero off the top-k). Simple and XLA-friendly but
+//!   `experts / k` times the work: the reference the blocks are checked
+//!   against, and the alternative `bench` measures.
+
+use hlo_ir::ops::{DotGeneral, Scatter};
+use hlo_ir::{full, iota, scope, DType, Tensor, TensorType};
+
+use super::model::{Decoder, Params};
+
+/// How a mixture-of-experts layer runs its experts (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeKind {
+    /// Sorted by expert in blocks of `block` rows (None: chosen from the
+    /// shape, [`block_size`]).
+    Blocks { block: Option<i64> },
+    /// Every expert on every token.
+    Dense,
+}
+
+impl Default for MoeKind {
+    fn default() -> Self {
+        MoeKind::Blocks { block: None }
+    }
+}
+
+/// The block size for `assignments` token-expert pairs over `experts`:
+/// the mean group size rounded up to a multiple of 8 (at least 8), so the
+/// padding adds at most about as many rows as there are assignments and
+/// the blocks number at most about twice the experts.
+pub fn block_size(assignments: i64, experts: i64) -> i64 {
+    let mean = (assignments + experts - 1) / experts.max(1);
+    (mean.max(1) + 7) / 8 * 8
+}
+
+/// The number of blocks that hold every group of `assignments` split
+/// over `experts` when each group is padded to a multiple of `block`: the
+/// padding adds fewer than `block` rows per expert.
+pub fn block_count(assignments: i64, experts: i64, block: i64) -> i64 {
+    (assignments + experts * (block - 1)) / block
+}
+
+/// One sparse layer's routing, for HF's load-balancing loss: the top-k
+/// assignments per expert and the summed router probabilities per expert
+/// (both `[experts]`, f32, over the counted tokens).
+#[derive(Clone, Copy)]
+pub struct RouterStats {
+    pub counts: Tensor,
+    pub probs: Tensor,
+}
+
+/// HF's `load_balancing_loss_func` over the sparse layers' `stats` of
+/// `tokens` tokens each: `experts · Σ_e f_e · P_e`, where `f_e` is
+/// expert e's share of assignments and `P_e` its mean router probability,
+/// both over all the layers' tokens together.
+pub fn load_balancing_loss(stats: &[RouterStats], tokens: Tensor, experts: i64) -> Tensor {
+    if stats.is_empty() {
+        return tokens.scalar_like(0.0);
+    }
+    let sum =
+        |f: fn(&RouterStats) -> Tensor| stats[1..].iter().fold(f(&stats[0]), |acc, s| acc + f(s));
+    let rows = tokens * stats.len() as f64;
+    let rows_e = |t: Tensor| t / rows.broadcast_in_dim(&[experts], &[]);
+    let share = rows_e(sum(|s| s.counts));
+    let prob = rows_e(sum(|s| s.probs));
+    (share * prob).sum(&[0]) * experts as f64
+}
+
+/// `[.., E]` booleans: `idx[..] == e`.
+fn one_hot(idx: Tensor, experts: i64) -> Tensor {
+    let mut dims = idx.dims();
+    let rank = dims.len() as i64;
+    dims.push(experts);
+    let keep: Vec<i64> = (0..rank).collect();
+    iota(TensorType::new(DType::I32, dims.clone()), rank).eq(idx.broadcast_in_dim(&dims, &keep))
+}
+
+/// The `k` largest of `probs: [n, E]` per row, largest first (ties to the
+/// lower expert, as `torch.topk` on distinct values), as (values `[n, k]`,
+/// differentiable; experts `[n, k]` i32).
+fn top_k(probs: Tensor, k: i64) -> (Tensor, Tensor) {
+    let (n, e) = (probs.dims()[0], probs.dims()[1]);
+    let experts = iota(TensorType::new(DType::I32, [n, e]), 1);
+    let mut remaining = probs.stop_gradient();
+    let (mut values, mut picked) = (Vec::new(), Vec::new());
+    for _ in 0..k {
+        let best = remaining.max(&[1]).broadcast_in_dim(&[n, e], &[0]);
+        let none = full(TensorType::new(DType::I32, [n, e]), e as f64);
+        let idx = remaining.eq(best).where_(experts, none).min(&[1]);
+        let hit = one_hot(idx, e);
+        values.push((hit.cast(probs.dtype()) * probs).sum(&[1]).reshape(&[n, 1]));
+        picked.push(idx.reshape(&[n, 1]));
+        remaining = hit.where_(remaining.scalar_like(-1.0).broadcast_to(&[n, e]), remaining);
+    }
+    (Tensor::concat(&values, 1), Tensor::concat(&picked, 1))
+}
+
+/// Inclusive prefix sums of `x` along axis 0 (log₂ steps of shift and add).
+fn cumsum0(x: Tensor) -> Tensor {
+    let dims = x.dims();
+    let n = dims[0];
+    let zero = x.scalar_like(0.0);
+    let mut y = x;
+    let mut shift = 1;
+    while shift < n {
+        let mut upto = dims.clone();
+        upto[0] = n - shift;
+        let mut low = vec![0; dims.len()];
+        low[0] = shift;
+        let none = vec![0; dims.len()];
+        y = y + y.slice(&none, &upto).pad(zero, &low, &none, &none);
+        shift *= 2;
+    }
+    y
+}
+
+/// `x: [.., c]` times each of a batch of matrices `w: [g, out, c]`
+/// (`nn.Linear` weights) with the batch `g` leading in `x` too: `[g, ..,
+/// out]`; bf16 and f16 accumulate in f32 and round once.
+fn batched_linear(x: Tensor, w: Tensor) -> Tensor {
+    let dtype = x.dtype();
+    let wide = matches!(dtype, DType::BF16 | DType::F16);
+    x.dot_general(
+        w.cast(dtype),
+        DotGeneral {
+            lhs_batch: vec![0],
+            rhs_batch: vec![0],
+            lhs_contracting: vec![x.rank() as i64 - 1],
+            rhs_contracting: vec![2],
+            precision: None,
+            preferred_element_type: wide.then_some(DType::F32),
+        },
+    )
+    .cast(dtype)
+}
+
+/// SwiGLU of fused `[.., 2·I]` gate-and-up activations (gate first).
+fn swiglu(gate_up: Tensor) -> Tensor {
+    let dims = gate_up.dims();
+    let r = dims.len();
+    let half = dims[r - 1] / 2;
+    let zeros = vec![0; r];
+    let mut mid = dims.clone();
+    mid[r - 1] = half;
+    let mut start = zeros.clone();
+    start[r - 1] = half;
+    let gate = gate_up.slice(&zeros, &mid);
+    let up = gate_up.slice(&start, &dims);
+    gate * gate.logistic() * up
+}
+
+impl Decoder<'_> {
+    /// The sparse MLP at `prefix` (`model.layers.3.mlp`) on `x: [.., hidden]`.
+    /// Records the layer's [`RouterStats`] for the load-balancing loss.
+    pub fn sparse_mlp(&self, p: &Params, prefix: &str, x: Tensor) -> Tensor {
+        let c = self.config;
+        let m = c.moe.as_ref().expect("a sparse layer has experts");
+        let dims = x.dims();
+        let dtype = x.dtype();
+        let h = c.hidden_size;
+        let n: i64 = dims[..dims.len() - 1].iter().product();
+        let (e, k) = (m.num_experts, m.top_k);
+        let xf = x.reshape(&[n, h]);
+        let (weights, experts, probs) = scope("gate", || {
+            let logits = super::model::linear(xf, p.get(&format!("{prefix}.gate.weight")), None);
+            let probs = logits.cast(DType::F32).softmax(1);
+            let (mut w, experts) = top_k(probs, k);
+            if m.norm_topk_prob {
+                w = w / w.sum(&[1]).broadcast_in_dim(&[n, k], &[0]);
+            }
+            if !m.f32_routing_weights {
+                w = w.cast(dtype);
+            }
+            (w, experts, probs)
+        });
+        let hits = one_hot(experts, e).cast(DType::F32).sum(&[0, 1]);
+        self.router.borrow_mut().push(RouterStats {
+            counts: hits,
+            probs: probs.sum(&[0]),
+        });
+        let gate_up = p.get(&format!("{prefix}.experts.gate_up_proj"));
+        let down = p.get(&format!("{prefix}.experts.down_proj"));
+        // Each (token, slot)'s expert output `[n, k, hidden]`.
+        let outputs = scope("experts", || match self.moe {
+            MoeKind::Dense => {
+                // [E, n, ..]: every expert on every token.
+                let all = xf.broadcast_in_dim(&[e, n, h], &[1, 2]);
+                let y = batched_linear(swiglu(batched_linear(all, gate_up)), down);
+                // The k chosen of each token: [n, k, hidden].
+                let y = y.transpose(&[1, 0, 2]);
+                let pick = one_hot(experts, e).cast(dtype);
+                pick.dot_general(
+                    y,
+                    DotGeneral {
+                        lhs_batch: vec![0],
+                        rhs_batch: vec![0],
+                        lhs_contracting: vec![2],
+                        rhs_contracting: vec![1],
+                        precision: None,
+                        preferred_element_type: None,
+                    },
+                )
+            }
+            MoeKind::Blocks { block } => {
+                let block = block.unwrap_or_else(|| block_size(n * k, e));
+                self.expert_blocks(xf, experts, (gate_up, down), block)
+                    .reshape(&[n, k, h])
+            }
+        });
+        // Each output times its weight, rounded to the model's dtype as HF
+        // adds it into the layer's output, then summed over the k.
+        let w = weights.broadcast_in_dim(&[n, k, h], &[0, 1]);
+        let y = (outputs.cast(w.dtype()) * w).cast(dtype).sum(&[1]);
+        y.reshape(&dims)
+    }
+
+    /// The experts' outputs `[n·k, hidden]` for the assignments
+    /// `experts: [n, k]` of the tokens `x: [n, hidden]`, sorted by expert
+    /// in blocks of `block` rows (see the module docs).
+    fn expert_blocks(
+        &self,
+        x: Tensor,
+        experts: Tensor,
+        (gate_up, down): (Tensor, Tensor),
+        block: i64,
+    ) -> Tensor {
+        let (n, h) = (x.dims()[0], x.dims()[1]);
+        let k = experts.dims()[1];
+        let e = gate_up.dims()[0];
+        let a = n * k;
+        let i32s = |dims: &[i64]| TensorType::new(DType::I32, dims.to_vec());
+        let expert = experts.reshape(&[a]);
+        let token = iota(i32s(&[n, k]), 0).reshape(&[a]);
+        // Each assignment's rank within its expert's group (stable: in
+        // token order), and the groups' sizes.
+        let hot = one_hot(expert, e).cast(DType::I32);
+        let seen = cumsum0(hot);
+        let rank = ((seen - hot) * hot).sum(&[1]);
+        let counts = hot.sum(&[0]);
+        // Groups padded to whole blocks, one after another.
+        let padded = (counts + (block - 1) as f64) / block as f64 * block as f64;
+        let ends = cumsum0(padded);
+        let starts = ends - padded;
+        let dest = starts.take(expert, 0) + rank;
+        let blocks = block_count(a, e, block);
+        let rows = blocks * block;
+        // Which token each sorted row holds (n: none, a row of zeros).
+        let held = full(i32s(&[rows]), 0.0).scatter_add(
+            dest,
+            token + 1.0,
+            Scatter {
+                update_window_dims: vec![],
+                inserted_window_dims: vec![0],
+                scatter_dims_to_operand_dims: vec![0],
+                index_vector_dim: 1,
+            },
+        );
+        let empty = held.eq(held.scalar_like(0.0));
+        let source = empty.where_(full(i32s(&[rows]), n as f64), held - 1.0);
+        let padded_x = Tensor::concat(&[x, full(TensorType::new(x.dtype(), [1, h]), 0.0)], 0);
+        let sorted = padded_x.take(source, 0).reshape(&[blocks, block, h]);
+        // Each block's expert: how many groups end at or before its start
+        // (blocks past the last group take the last expert, on zeros).
+        let block_start = iota(i32s(&[blocks]), 0) * block as f64;
+        let ended = ends
+            .broadcast_in_dim(&[blocks, e], &[1])
+            .le(block_start.broadcast_in_dim(&[blocks, e], &[0]));
+        let owner = ended
+            .cast(DType::I32)
+            .sum(&[1])
+            .minimum(full(i32s(&[blocks]), (e - 1) as f64));
+        let y = batched_linear(
+            swiglu(batched_linear(sorted, gate_up.take(owner, 0))),
+            down.take(owner, 0),
+        );
+        y.reshape(&[rows, h]).take(dest, 0)
+    }
+}

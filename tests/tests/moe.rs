@@ -1,0 +1,187 @@
+//! Qwen3-MoE and Mixtral against HF transformers 5: f32 logits of the
+//! fixture models (made by `scripts/make_moe_fixtures.py`: top-k routing
+//! with and without renormalisation, a dense layer among sparse ones,
+//! experts stored per expert as transformers writes them and fused as it
+//! holds them) with and without a PEFT adapter; both formulations of the
+//! experts (sorted blocks, dense) give HF's logits.
+
+use std::path::PathBuf;
+
+use hlo_e2e::{expected_tensor, fixture_dir, fixture_logits_of, max_abs_diff};
+use hlo_ir::{DType, Literal, Op, Outputs, TensorType};
+use hlo_models::attention::AttentionKind;
+use hlo_models::checkpoint::Checkpoint;
+use hlo_models::decoder::{
+    base_parameter_types, block_count, block_size, Decoder, Family, ModelConfig, MoeKind, Params,
+};
+
+const MODELS: [&str; 2] = ["qwen3_moe", "mixtral"];
+
+fn fixture(name: &str) -> PathBuf {
+    fixture_dir(&format!("families/{name}"))
+}
+
+#[test]
+fn the_fixtures_exercise_each_familys_routing() {
+    let c = |name: &str| ModelConfig::from_file(&fixture(name).join("config.json")).unwrap();
+    let (qwen, mixtral) = (c("qwen3_moe"), c("mixtral"));
+    assert_eq!(qwen.family, Family::Qwen3Moe);
+    let m = qwen.moe.as_ref().unwrap();
+    assert_eq!(
+        (m.num_experts, m.top_k, m.moe_intermediate_size),
+        (8, 3, 20)
+    );
+    assert!(m.norm_topk_prob && m.output_router_logits);
+    assert_eq!(m.sparse_layers, [true, false, true]);
+    assert!(qwen.qk_norm);
+    assert_eq!(mixtral.family, Family::Mixtral);
+    let m = mixtral.moe.as_ref().unwrap();
+    assert_eq!((m.num_experts, m.top_k), (4, 2));
+    assert!(m.f32_routing_weights);
+}
+
+#[test]
+fn f32_logits_equal_hf() {
+    for name in MODELS {
+        for dir in [fixture(name), fixture(name).join("fused")] {
+            let got = fixture_logits_of(&dir, &fixture(name), DType::F32, false, false);
+            let want = expected_tensor(&fixture(name), "logits").to_f64s();
+            let d = max_abs_diff(&got, &want);
+            println!("{}: f32 max abs diff {d:e}", dir.display());
+            assert!(d < 1e-5, "{}: max abs diff {d:e}", dir.display());
+        }
+    }
+}
+
+#[test]
+fn f32_logits_with_a_peft_attention_adapter_equal_hf() {
+    for name in MODELS {
+        let got = fixture_logits_of(&fixture(name), &fixture(name), DType::F32, true, false);
+        let want = expected_tensor(&fixture(name), "logits_adapter").to_f64s();
+        let d = max_abs_diff(&got, &want);
+        println!("{name} + adapter: f32 max abs diff {d:e}");
+        assert!(d < 1e-5, "{name} + adapter: max abs diff {d:e}");
+        let base = expected_tensor(&fixture(name), "logits").to_f64s();
+        assert!(
+            max_abs_diff(&base, &want) > 1e-2,
+            "{name}: the adapter matters"
+        );
+    }
+}
+
+/// The sparse layer alone (`[rows, hidden]` in, out) as a function, its
+/// experts run as `kind`.
+fn sparse_layer(config: &ModelConfig, kind: MoeKind, rows: i64) -> hlo_ir::Function {
+    let prefix = "model.layers.0.mlp";
+    let mut inputs: Vec<(String, TensorType)> = base_parameter_types(config, DType::F32)
+        .into_iter()
+        .filter(|(n, _)| n.starts_with(prefix))
+        .collect();
+    inputs.push((
+        "x".into(),
+        TensorType::new(DType::F32, [1, rows, config.hidden_size]),
+    ));
+    let model = Decoder {
+        config,
+        lora: None,
+        batch_axes: vec![],
+        scan_layers: false,
+        remat_layers: false,
+        attention: AttentionKind::Naive,
+        moe: kind,
+        router: Default::default(),
+    };
+    hlo_ir::trace("moe_layer", &inputs, |i| {
+        let y = model.sparse_mlp(&Params(i), prefix, i["x"]);
+        Outputs::new().add("y", y)
+    })
+    .unwrap()
+}
+
+/// 2·m·n·k of every matmul in `f`.
+fn matmul_flops(f: &hlo_ir::Function) -> f64 {
+    f.nodes
+        .iter()
+        .filter_map(|node| match &node.op {
+            Op::DotGeneral(d) => {
+                let lhs = f.ty(node.operands[0]);
+                let out = f.ty(node.results[0]);
+                let k: i64 = d
+                    .lhs_contracting
+                    .iter()
+                    .map(|&c| lhs.dims[c as usize])
+                    .product();
+                Some(2.0 * (out.element_count() as f64) * k as f64)
+            }
+            _ => None,
+        })
+        .sum()
+}
+
+#[test]
+fn the_sorted_blocks_compute_only_the_routed_experts() {
+    // Qwen3-30B-A3B's routing (128 experts, 8 a token) on small matrices:
+    // 256 tokens make 2048 assignments, blocks of 16 rows.
+    let mut config = ModelConfig::from_file(&fixture("qwen3_moe").join("config.json")).unwrap();
+    let m = config.moe.as_mut().unwrap();
+    (m.num_experts, m.top_k) = (128, 8);
+    let (rows, h, i) = (256, config.hidden_size, m.moe_intermediate_size);
+    let flops = |kind| matmul_flops(&sparse_layer(&config, kind, rows));
+    let expert_flops = |tokens: i64| 2.0 * tokens as f64 * 3.0 * (h * i) as f64;
+    let router = 2.0 * (rows * h * 128) as f64;
+    let dense = flops(MoeKind::Dense) - router;
+    let blocks = flops(MoeKind::default()) - router;
+    let block = block_size(rows * 8, 128);
+    let padded_rows = block_count(rows * 8, 128, block) * block;
+    println!(
+        "dense {dense:e} (every expert on every token: {:e}), blocks {blocks:e} ({padded_rows} rows of {} assignments, blocks of {block}); the routed experts alone {:e}",
+        expert_flops(rows * 128),
+        rows * 8,
+        expert_flops(rows * 8)
+    );
+    assert!(dense >= expert_flops(rows * 128));
+    assert_eq!(blocks, expert_flops(padded_rows));
+    // At most the routed experts' work plus one block of padding per expert.
+    assert!(padded_rows <= rows * 8 + 128 * (block - 1));
+    assert!(blocks < dense / 7.0, "blocks {blocks:e}, dense {dense:e}");
+}
+
+#[test]
+fn the_dense_and_the_sorted_block_experts_agree() {
+    // Blocks of 3 rows: groups of several blocks and padded ones, on the
+    // reference interpreter.
+    for name in MODELS {
+        let dir = fixture(name);
+        let ckpt = Checkpoint::open(&dir).unwrap();
+        let c = &ckpt.config;
+        let f = sparse_layer(c, MoeKind::Dense, 11);
+        let g = sparse_layer(c, MoeKind::Blocks { block: Some(3) }, 11);
+        let mut rng = hlo_ir::rng::Rng::new(7);
+        let inputs: Vec<Literal> = f
+            .inputs
+            .iter()
+            .map(|b| match b.name.as_str() {
+                "x" => {
+                    let ty = f.ty(b.value).clone();
+                    let v: Vec<f64> = (0..ty.element_count()).map(|_| rng.normal()).collect();
+                    Literal::from_f64s(ty, &v)
+                }
+                n => ckpt.read(n, DType::F32).unwrap(),
+            })
+            .collect();
+        let run = |f: &hlo_ir::Function| hlo_ir::interpret(f, &inputs).unwrap()[0].to_f64s();
+        let d = max_abs_diff(&run(&f), &run(&g));
+        println!("{name}: dense vs blocks of 3: {d:e}");
+        assert!(d < 1e-5, "{name}: {d:e}");
+    }
+}
+
+#[test]
+fn expert_adapters_are_refused_by_name() {
+    // PEFT's `target_parameters` LoRA on fused experts is not computed
+    // yet: refused, never ignored.
+    let dir = fixture("qwen3_moe");
+    let c = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    let err = hlo_models::adapter::Adapter::load(&dir.join("adapter_experts"), &c).unwrap_err();
+    assert!(err.to_string().contains("target_parameters"), "{err}");
+}
