@@ -211,6 +211,12 @@ impl Shared {
                 modules: adapter.lora.modules_to_save.clone(),
             });
         }
+        if !adapter.lora.target_parameters.is_empty() {
+            return Err(EngineError::AdapterOnExperts {
+                dir: path.to_path_buf(),
+                parameters: adapter.lora.target_parameters.clone(),
+            });
+        }
         // lora_a is [in, rank].
         let rank = lora_parameter_types(&self.config, &adapter.lora)
             .iter()

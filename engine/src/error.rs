@@ -94,6 +94,13 @@ pub enum EngineError {
     /// An adapter with `modules_to_save`, which a shared batch cannot serve.
     #[error("adapter {}: modules_to_save {modules:?} replace whole base weights, which requests sharing a batch cannot each have; merge it (hlo-train merge) and serve the merged model", dir.display())]
     AdapterModulesToSave { dir: PathBuf, modules: Vec<String> },
+    /// An adapter with LoRA on a mixture of experts' fused experts, which
+    /// the serving tables do not hold yet.
+    #[error("adapter {}: LoRA on the experts (target_parameters {parameters:?}) is not served yet; merge it (hlo-train merge) and serve the merged model", dir.display())]
+    AdapterOnExperts {
+        dir: PathBuf,
+        parameters: Vec<String>,
+    },
     /// An adapter of a larger rank than the serving tables hold.
     #[error("adapter {} has rank {rank}, above --max-lora-rank {max}", dir.display())]
     AdapterRankAbove { dir: PathBuf, rank: i64, max: i64 },

@@ -161,7 +161,9 @@ impl Model {
     /// `generation_config.json` made from the config when there is none).
     pub fn save_hf(&self, out: &Path, weights: &[(String, Literal)]) -> Result<()> {
         use hlo_models::io::{copy_side_files, write_atomic, write_safetensors};
-        write_safetensors(&out.join("model.safetensors"), weights)?;
+        // As transformers writes them (mixtures of experts per expert).
+        let weights = hlo_models::checkpoint::hf_layout(&self.config, weights.to_vec());
+        write_safetensors(&out.join("model.safetensors"), &weights)?;
         // The config as the user gave it (every field transformers reads
         // kept); a preset's written out.
         let config = match &self.source {

@@ -425,7 +425,9 @@ pub struct StepArgs {
     #[arg(long, default_value_t = 16.0, value_parser = positive)]
     pub lora_alpha: f64,
 
-    /// Comma-separated module names that get adapters.
+    /// Comma-separated module names that get adapters; on a mixture of
+    /// experts also its fused experts (mlp.experts.gate_up_proj,
+    /// mlp.experts.down_proj: PEFT's target_parameters).
     #[arg(
         long,
         default_value = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"

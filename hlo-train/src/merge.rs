@@ -114,6 +114,8 @@ pub fn run(args: &MergeArgs) -> Result<()> {
         };
         tensors.push((name, merged));
     }
+    // As transformers writes them (mixtures of experts per expert).
+    let tensors = hlo_engine::models::checkpoint::hf_layout(&ckpt.config, tensors);
     write_safetensors(&args.out.join("model.safetensors"), &tensors)?;
     let config = checkpoint.join("config.json");
     let mut bytes =

@@ -10,6 +10,7 @@
 mod common;
 
 use common::*;
+use hlo_engine::models::io::read_safetensors;
 
 const MODELS: [&str; 2] = ["qwen3_moe", "mixtral"];
 
@@ -34,10 +35,47 @@ fn one_sgd_and_one_adamw_step_with_the_aux_loss_equal_pytorch_peft() {
 }
 
 #[test]
-fn merged_adapters_give_the_adapters_logits() {
-    let tmp = scratch("moe", "merge");
+fn one_step_of_lora_on_the_experts_equals_pytorch_peft() {
+    // PEFT's `target_parameters` on both fused expert tensors (one A and B
+    // per expert), with the attention projections; the aux loss on.
+    let from = ("adapter_experts", "train_step_experts.safetensors");
     for name in MODELS {
-        assert_merge_gives_adapter_logits(&family(name), &tmp, 1e-5);
+        for opt in ["sgd", "adamw"] {
+            for mesh in [&[][..], &["--mesh", "dp=2,fsdp=2,mp=2"]] {
+                let dir = step_from_equals_pytorch(&family(name), from, opt, mesh);
+                std::fs::remove_dir_all(dir).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn merged_adapters_give_the_adapters_logits_in_hfs_layout() {
+    let tmp = scratch("moe", "merge");
+    let keys = |dir: &std::path::Path| -> Vec<String> {
+        let mut k: Vec<String> = read_safetensors(&dir.join("model.safetensors"))
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        k.sort();
+        k
+    };
+    for name in MODELS {
+        let dir = family(name);
+        for adapter in [
+            ("adapter", "expected.safetensors", "logits_adapter"),
+            (
+                "adapter_experts",
+                "expected_experts.safetensors",
+                "logits_adapter_experts",
+            ),
+        ] {
+            assert_merge_of_gives_logits(&dir, adapter, &tmp, 1e-5);
+            // The tensors as transformers' save_pretrained wrote the
+            // fixture: per expert (Mixtral's under block_sparse_moe).
+            assert_eq!(keys(&tmp.join(name)), keys(&dir), "{name} {}", adapter.0);
+        }
     }
     std::fs::remove_dir_all(tmp).unwrap();
 }
@@ -94,4 +132,98 @@ fn plan_bench_and_dump_hlo_take_the_moe_families() {
         );
     }
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn serve_refuses_lora_on_the_experts_by_name() {
+    // The serving tables hold the attention projections' LoRA; an expert
+    // adapter is refused, never served without its experts' part.
+    let dir = family("qwen3_moe");
+    let adapter = format!("ex={}", dir.join("adapter_experts").display());
+    let out = hlo_train(&[
+        "serve",
+        "--port",
+        "0",
+        "--checkpoint",
+        dir.to_str().unwrap(),
+        "--adapter",
+        &adapter,
+    ]);
+    let line = one_line_error(&out);
+    assert!(
+        line.contains("target_parameters") && line.contains("merge"),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_fresh_adapter_on_the_experts_trains_and_saves_as_peft_does() {
+    let tmp = scratch("moe", "fresh");
+    let dir = family("qwen3_moe");
+    let out = tmp.join("out");
+    let input = fixture_tensor(&dir, "expected.safetensors", "input_ids");
+    let rows: Vec<String> = input
+        .to_i128s()
+        .chunks(input.ty.dims[1] as usize)
+        .map(|r| serde_json::json!({ "input_ids": r }).to_string())
+        .collect();
+    let data = tmp.join("rows.jsonl");
+    std::fs::write(&data, rows.join("\n") + "\n").unwrap();
+    ok(&hlo_train(&[
+        "train",
+        "--checkpoint",
+        dir.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--lora-targets",
+        "q_proj,gate_proj,mlp.experts.gate_up_proj,mlp.experts.down_proj",
+        "--lora-rank",
+        "2",
+        "--batch",
+        "2",
+        "--seq",
+        "11",
+        "--steps",
+        "2",
+        "--dtype",
+        "f32",
+        "--out",
+        out.to_str().unwrap(),
+    ]));
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("adapter_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        config["target_parameters"],
+        serde_json::json!(["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    );
+    let mut keys: Vec<(String, Vec<i64>)> =
+        read_safetensors(&out.join("adapter_model.safetensors"))
+            .unwrap()
+            .into_iter()
+            .map(|(k, t)| (k, t.ty.dims))
+            .collect();
+    keys.sort();
+    // 8 experts of rank 2: A [E·r, in], B [out, E·r], gate_up nested one
+    // wrapper deeper; gate_proj only in the dense layer 1.
+    let layer0 = "base_model.model.model.layers.0.mlp.experts";
+    for (key, dims) in [
+        (format!("{layer0}.base_layer.lora_A.weight"), vec![16, 40]),
+        (format!("{layer0}.base_layer.lora_B.weight"), vec![40, 16]),
+        (format!("{layer0}.lora_A.weight"), vec![16, 20]),
+        (format!("{layer0}.lora_B.weight"), vec![40, 16]),
+        (
+            "base_model.model.model.layers.1.mlp.gate_proj.lora_A.weight".into(),
+            vec![2, 40],
+        ),
+    ] {
+        assert!(
+            keys.contains(&(key.clone(), dims.clone())),
+            "{key} {dims:?} in {keys:?}"
+        );
+    }
+    assert!(!keys
+        .iter()
+        .any(|(k, _)| k.contains("layers.0.mlp.gate_proj")));
+    std::fs::remove_dir_all(tmp).unwrap();
 }

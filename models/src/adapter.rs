@@ -16,7 +16,9 @@ use std::path::Path;
 use hlo_ir::{DType, Literal, TensorType};
 use serde_json::{json, Map, Value};
 
-use crate::decoder::{lora_parameter_types, LoraConfig, ModelConfig, MODULES_TO_SAVE};
+use crate::decoder::{
+    lora_parameter_types, LoraConfig, ModelConfig, EXPERT_PARAMETERS, MODULES_TO_SAVE,
+};
 use crate::io::{write_atomic, write_safetensors};
 use crate::ModelError;
 
@@ -93,7 +95,84 @@ const DESCRIPTIVE: [&str; 21] = [
 ];
 
 /// Settings read and honoured.
-const HONOURED: [&str; 3] = ["rank_pattern", "alpha_pattern", "modules_to_save"];
+const HONOURED: [&str; 4] = [
+    "rank_pattern",
+    "alpha_pattern",
+    "modules_to_save",
+    "target_parameters",
+];
+
+/// PEFT's key of a fused expert tensor's LoRA factor (`…mlp.experts.
+/// gate_up_proj.lora_a`), None for other names. PEFT wraps the experts
+/// module once per targeted parameter, in declaration order, so each
+/// earlier one's factors sit one `base_layer.` deeper.
+fn expert_peft_key(name: &str, lora: &LoraConfig) -> Option<String> {
+    let (param, factor) = name
+        .strip_suffix(".lora_a")
+        .map(|p| (p, "lora_A"))
+        .or_else(|| name.strip_suffix(".lora_b").map(|p| (p, "lora_B")))?;
+    let which = EXPERT_PARAMETERS.iter().find(|e| param.ends_with(*e))?;
+    let module = param.strip_suffix(which.strip_prefix("mlp.experts").unwrap_or(which))?;
+    let targeted: Vec<&String> = lora.target_parameters.iter().collect();
+    let at = targeted.iter().position(|t| t == which)?;
+    let depth = targeted.len() - 1 - at;
+    Some(format!(
+        "base_model.model.{module}.{}{factor}.weight",
+        "base_layer.".repeat(depth)
+    ))
+}
+
+/// Our expert factor (`lora_a` `[E, in, r]`, `lora_b` `[E, r, out]`) in
+/// PEFT's layout (`lora_A` `[E·r, in]`, expert e's rows together;
+/// `lora_B` `[out, r·E]`, column `j·E + e` its j-th), or back (`to_peft`
+/// false, `experts` E).
+fn expert_layout(l: &Literal, a: bool, to_peft: bool, experts: usize) -> Literal {
+    let v = l.to_f64s();
+    let d = &l.ty.dims;
+    let (dims, value): (Vec<i64>, Vec<f64>) = match (a, to_peft) {
+        (true, true) => {
+            let (e, i, r) = (d[0] as usize, d[1] as usize, d[2] as usize);
+            let out = (0..e * r)
+                .flat_map(|row| (0..i).map(move |col| (row, col)))
+                .map(|(row, col)| v[(row / r) * i * r + col * r + row % r])
+                .collect();
+            (vec![(e * r) as i64, i as i64], out)
+        }
+        (false, true) => {
+            let (e, r, o) = (d[0] as usize, d[1] as usize, d[2] as usize);
+            let out = (0..o)
+                .flat_map(|row| (0..r * e).map(move |col| (row, col)))
+                .map(|(row, col)| v[(col % e) * r * o + (col / e) * o + row])
+                .collect();
+            (vec![o as i64, (r * e) as i64], out)
+        }
+        (true, false) => {
+            let (er, i) = (d[0] as usize, d[1] as usize);
+            let r = er / experts;
+            let out = (0..experts * i * r)
+                .map(|x| {
+                    let (e, rest) = (x / (i * r), x % (i * r));
+                    let (col, j) = (rest / r, rest % r);
+                    v[(e * r + j) * i + col]
+                })
+                .collect();
+            (vec![experts as i64, i as i64, r as i64], out)
+        }
+        (false, false) => {
+            let (o, re) = (d[0] as usize, d[1] as usize);
+            let r = re / experts;
+            let out = (0..experts * r * o)
+                .map(|x| {
+                    let (e, rest) = (x / (r * o), x % (r * o));
+                    let (j, row) = (rest / o, rest % o);
+                    v[row * re + j * experts + e]
+                })
+                .collect();
+            (vec![experts as i64, r as i64, o as i64], out)
+        }
+    };
+    Literal::from_f64s(TensorType::new(l.ty.dtype, dims), &value)
+}
 
 impl Adapter {
     /// A fresh adapter initialised as PEFT does: A uniform in ±1/sqrt(in)
@@ -105,7 +184,8 @@ impl Adapter {
             .into_iter()
             .map(|(name, ty)| {
                 let lit = if name.ends_with(".lora_a") {
-                    let bound = 1.0 / (ty.dims[0] as f64).sqrt();
+                    // [in, r], or [experts, in, r].
+                    let bound = 1.0 / (ty.dims[ty.rank() - 2] as f64).sqrt();
                     let v: Vec<f64> = (0..ty.element_count())
                         .map(|_| rng.uniform(-bound, bound))
                         .collect();
@@ -184,8 +264,20 @@ impl Adapter {
                     "target_modules as a regex (`{s}`) is not supported: list the module names"
                 )))
             }
-            _ => return Err(bad("adapter_config.json has no target_modules".into())),
+            _ => Vec::new(),
         };
+        let parameters: Vec<String> = match obj.get("target_parameters") {
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(|t| t.as_str().map(str::to_string))
+                .collect(),
+            _ => Vec::new(),
+        };
+        if targets.is_empty() && parameters.is_empty() {
+            return Err(bad(
+                "adapter_config.json has no target_modules (nor target_parameters)".into(),
+            ));
+        }
         let refs: Vec<&str> = targets.iter().map(String::as_str).collect();
         let pattern = |key: &str| -> Vec<(String, f64)> {
             obj.get(key)
@@ -208,10 +300,12 @@ impl Adapter {
                 .collect(),
             _ => Vec::new(),
         };
+        let mut all = refs.clone();
+        all.extend(parameters.iter().map(String::as_str));
         LoraConfig::new(
             r,
             alpha,
-            &refs,
+            &all,
             obj.get("use_rslora")
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
@@ -273,7 +367,8 @@ impl Adapter {
         }
         let mut tensors = Vec::new();
         for (name, ty) in lora_parameter_types(config, &lora) {
-            let (key, _) = peft_key(&name);
+            let expert = expert_peft_key(&name, &lora);
+            let key = expert.clone().unwrap_or_else(|| peft_key(&name).0);
             let t = stored
                 .get(&key)
                 .ok_or_else(|| bad(format!("tensor `{key}` is missing")))?;
@@ -293,7 +388,13 @@ impl Adapter {
                     )));
                 }
             }
-            let want: Vec<i64> = ty.dims.iter().rev().copied().collect(); // PEFT stores the transpose
+            let a = name.ends_with(".lora_a");
+            let want: Vec<i64> = match (expert.is_some(), a) {
+                (true, true) => vec![ty.dims[0] * ty.dims[2], ty.dims[1]],
+                (true, false) => vec![ty.dims[2], ty.dims[0] * ty.dims[1]],
+                // PEFT stores the transpose.
+                (false, _) => ty.dims.iter().rev().copied().collect(),
+            };
             if t.shape != want {
                 return Err(bad(format!(
                     "tensor `{key}` has shape {:?}, the model implies {want:?}",
@@ -312,7 +413,12 @@ impl Adapter {
                     "tensor `{key}` holds {bad_values} values that are NaN or infinite (in f32)"
                 )));
             }
-            tensors.push((name, transpose(&lit)));
+            let ours = if expert.is_some() {
+                expert_layout(&lit, a, false, ty.dims[0] as usize)
+            } else {
+                transpose(&lit)
+            };
+            tensors.push((name, ours));
         }
         let shapes: HashMap<String, Vec<i64>> = config.parameter_shapes().into_iter().collect();
         for (module, weight) in MODULES_TO_SAVE {
@@ -370,6 +476,8 @@ impl Adapter {
             "r": self.lora.rank,
             "lora_alpha": number(self.lora.alpha),
             "target_modules": self.lora.target_modules,
+            "target_parameters": (!self.lora.target_parameters.is_empty())
+                .then_some(&self.lora.target_parameters),
             "lora_dropout": 0.0,
             "bias": "none",
             "fan_in_fan_out": false,
@@ -389,10 +497,13 @@ impl Adapter {
         let peft: Vec<(String, Literal)> = self
             .tensors
             .iter()
-            .map(|(n, l)| match peft_key(n) {
-                (key, Some(_)) => (key, transpose(l)),
-                (key, None) => (key, l.clone()),
-            })
+            .map(
+                |(n, l)| match (expert_peft_key(n, &self.lora), peft_key(n)) {
+                    (Some(key), _) => (key, expert_layout(l, n.ends_with(".lora_a"), true, 0)),
+                    (None, (key, Some(_))) => (key, transpose(l)),
+                    (None, (key, None)) => (key, l.clone()),
+                },
+            )
             .collect();
         write_safetensors(&dir.join("adapter_model.safetensors"), &peft)?;
         let text = serde_json::to_string_pretty(&config).expect("JSON values serialise");
@@ -414,6 +525,9 @@ impl Adapter {
         ) else {
             return weight.clone();
         };
+        if a.ty.rank() == 3 {
+            return merge_experts(weight, a, b, self.lora.scale_of(&expert_module(module)));
+        }
         // A [in, r], B [r, out].
         let (din, r, dout) = (
             a.ty.dims[0] as usize,
@@ -435,4 +549,35 @@ impl Adapter {
     pub fn get(&self, name: &str) -> Option<&Literal> {
         self.tensors.iter().find(|(n, _)| n == name).map(|(_, l)| l)
     }
+}
+
+/// PEFT's module of a fused expert tensor (`model.layers.3.mlp.experts`),
+/// whose rank and alpha its LoRA takes.
+fn expert_module(parameter: &str) -> String {
+    parameter
+        .rsplit_once('.')
+        .map_or(parameter.to_string(), |(m, _)| m.to_string())
+}
+
+/// `W[e] + scale · (A[e]·B[e])ᵀ` for fused experts `weight` `[E, out, in]`
+/// and factors `a` `[E, in, r]`, `b` `[E, r, out]`, in f64, rounded once.
+fn merge_experts(weight: &Literal, a: &Literal, b: &Literal, scale: f64) -> Literal {
+    let (e, din, r) = (
+        a.ty.dims[0] as usize,
+        a.ty.dims[1] as usize,
+        a.ty.dims[2] as usize,
+    );
+    let dout = b.ty.dims[2] as usize;
+    let (av, bv, mut wv) = (a.to_f64s(), b.to_f64s(), weight.to_f64s());
+    for x in 0..e {
+        for o in 0..dout {
+            for i in 0..din {
+                let d: f64 = (0..r)
+                    .map(|k| av[(x * din + i) * r + k] * bv[(x * r + k) * dout + o])
+                    .sum();
+                wv[(x * dout + o) * din + i] += scale * d;
+            }
+        }
+    }
+    Literal::from_f64s(weight.ty.clone(), &wv)
 }

@@ -38,6 +38,62 @@ pub struct Checkpoint {
     joined: BTreeMap<String, Vec<String>>,
 }
 
+/// Parameters as transformers 5's `save_pretrained` writes them: a sparse
+/// layer's fused experts split per expert under the checkpoint names
+/// (`mlp.experts.{e}.gate_proj.weight`, `up_proj`, `down_proj`; Mixtral's
+/// `block_sparse_moe.experts.{e}.w1/w3/w2.weight`, its router
+/// `block_sparse_moe.gate.weight`); every other parameter as it is.
+pub fn hf_layout(config: &ModelConfig, params: Vec<(String, Literal)>) -> Vec<(String, Literal)> {
+    let mixtral = config.family == crate::decoder::Family::Mixtral;
+    let mut out = Vec::with_capacity(params.len());
+    for (name, lit) in params {
+        let Some((layer, what)) = name
+            .strip_prefix("model.layers.")
+            .and_then(|r| r.split_once('.'))
+            .filter(|(l, _)| l.parse::<i64>().is_ok_and(|l| config.is_sparse(l)))
+        else {
+            out.push((name, lit));
+            continue;
+        };
+        let at = if mixtral {
+            format!("model.layers.{layer}.block_sparse_moe")
+        } else {
+            format!("model.layers.{layer}.mlp")
+        };
+        let names: &[&str] = match (what, mixtral) {
+            ("mlp.gate.weight", true) => {
+                out.push((format!("{at}.gate.weight"), lit));
+                continue;
+            }
+            ("mlp.experts.gate_up_proj", true) => &["w1", "w3"],
+            ("mlp.experts.gate_up_proj", false) => &["gate_proj", "up_proj"],
+            ("mlp.experts.down_proj", true) => &["w2"],
+            ("mlp.experts.down_proj", false) => &["down_proj"],
+            _ => {
+                out.push((name, lit));
+                continue;
+            }
+        };
+        // [E, rows, cols]: each expert's rows, split evenly among `names`.
+        let (e, rows, cols) = (lit.ty.dims[0], lit.ty.dims[1], lit.ty.dims[2]);
+        let part_rows = rows / names.len() as i64;
+        let size = (part_rows * cols) as usize * lit.ty.dtype.size_in_bytes();
+        for x in 0..e {
+            for (k, w) in names.iter().enumerate() {
+                let start = (x as usize * names.len() + k) * size;
+                out.push((
+                    format!("{at}.experts.{x}.{w}.weight"),
+                    Literal {
+                        ty: TensorType::new(lit.ty.dtype, [part_rows, cols]),
+                        bytes: lit.bytes[start..start + size].to_vec(),
+                    },
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// Where each sparse layer's fused expert tensors and router are stored
 /// when not under their own names, as transformers 5 converts on load:
 /// per expert (`mlp.experts.{e}.gate_proj.weight`, `up_proj`,

@@ -306,16 +306,18 @@ pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
 /// computed in `dtype` on the CPU plugin: with its PEFT adapter if
 /// `adapter`, with its layers as one scan over stacked weights if `scan`.
 pub fn fixture_logits(dir: &std::path::Path, dtype: DType, adapter: bool, scan: bool) -> Vec<f64> {
-    fixture_logits_of(dir, dir, dtype, adapter, scan)
+    let adapter = adapter.then(|| dir.join("adapter"));
+    fixture_logits_of(dir, dir, dtype, adapter.as_deref(), scan)
 }
 
 /// [`fixture_logits`] of the model in `dir` on the input ids of fixture
-/// folder `ids_dir` (a copy of a fixture model in another layout).
+/// folder `ids_dir` (a copy of a fixture model in another layout), with
+/// the adapter folder `adapter` if given.
 pub fn fixture_logits_of(
     dir: &std::path::Path,
     ids_dir: &std::path::Path,
     dtype: DType,
-    adapter: bool,
+    adapter: Option<&std::path::Path>,
     scan: bool,
 ) -> Vec<f64> {
     use hlo_models::decoder::{forward_step, is_stacked, stack_literals, unstacked_names};
@@ -323,8 +325,7 @@ pub fn fixture_logits_of(
     let c = &ckpt.config;
     let ids = expected_tensor(ids_dir, "input_ids");
     let (b, s) = (ids.ty.dims[0], ids.ty.dims[1]);
-    let adapter =
-        adapter.then(|| hlo_models::adapter::Adapter::load(&dir.join("adapter"), c).unwrap());
+    let adapter = adapter.map(|a| hlo_models::adapter::Adapter::load(a, c).unwrap());
     let lora = adapter.as_ref().map(|a| &a.lora);
     let f = forward_step(c, dtype, b, s, lora, scan).unwrap().function;
     let read = |n: &str| match adapter.as_ref().and_then(|a| a.get(n)) {

@@ -44,7 +44,7 @@ fn the_fixtures_exercise_each_familys_routing() {
 fn f32_logits_equal_hf() {
     for name in MODELS {
         for dir in [fixture(name), fixture(name).join("fused")] {
-            let got = fixture_logits_of(&dir, &fixture(name), DType::F32, false, false);
+            let got = fixture_logits_of(&dir, &fixture(name), DType::F32, None, false);
             let want = expected_tensor(&fixture(name), "logits").to_f64s();
             let d = max_abs_diff(&got, &want);
             println!("{}: f32 max abs diff {d:e}", dir.display());
@@ -56,7 +56,8 @@ fn f32_logits_equal_hf() {
 #[test]
 fn f32_logits_with_a_peft_attention_adapter_equal_hf() {
     for name in MODELS {
-        let got = fixture_logits_of(&fixture(name), &fixture(name), DType::F32, true, false);
+        let dir = fixture(name);
+        let got = fixture_logits_of(&dir, &dir, DType::F32, Some(&dir.join("adapter")), false);
         let want = expected_tensor(&fixture(name), "logits_adapter").to_f64s();
         let d = max_abs_diff(&got, &want);
         println!("{name} + adapter: f32 max abs diff {d:e}");
@@ -177,11 +178,58 @@ fn the_dense_and_the_sorted_block_experts_agree() {
 }
 
 #[test]
-fn expert_adapters_are_refused_by_name() {
-    // PEFT's `target_parameters` LoRA on fused experts is not computed
-    // yet: refused, never ignored.
+fn f32_logits_with_peft_lora_on_the_experts_equal_hf() {
+    // PEFT's `target_parameters` on both fused expert tensors, with the
+    // attention projections.
+    for name in MODELS {
+        let dir = fixture(name);
+        let adapter = dir.join("adapter_experts");
+        let got = fixture_logits_of(&dir, &dir, DType::F32, Some(&adapter), false);
+        let want = hlo_models::io::read_safetensors(&dir.join("expected_experts.safetensors"))
+            .unwrap()
+            .into_iter()
+            .find(|(k, _)| k == "logits_adapter_experts")
+            .unwrap()
+            .1
+            .to_f64s();
+        let d = max_abs_diff(&got, &want);
+        println!("{name} + expert adapter: f32 max abs diff {d:e}");
+        assert!(d < 1e-5, "{name} + expert adapter: max abs diff {d:e}");
+        let attention_only = expected_tensor(&dir, "logits_adapter").to_f64s();
+        assert!(
+            max_abs_diff(&attention_only, &want) > 1e-2,
+            "{name}: the experts' LoRA matters"
+        );
+    }
+}
+
+#[test]
+fn expert_adapters_round_trip_through_peft_layout() {
     let dir = fixture("qwen3_moe");
     let c = ModelConfig::from_file(&dir.join("config.json")).unwrap();
-    let err = hlo_models::adapter::Adapter::load(&dir.join("adapter_experts"), &c).unwrap_err();
-    assert!(err.to_string().contains("target_parameters"), "{err}");
+    let adapter = hlo_models::adapter::Adapter::load(&dir.join("adapter_experts"), &c).unwrap();
+    assert_eq!(
+        adapter.lora.target_parameters,
+        ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    );
+    let tmp = std::env::temp_dir().join(format!("hlo-moe-adapter-{}", std::process::id()));
+    adapter.save(&tmp, None).unwrap();
+    // PEFT's tensors, byte for byte in value.
+    let theirs =
+        hlo_models::io::read_safetensors(&dir.join("adapter_experts/adapter_model.safetensors"))
+            .unwrap();
+    let ours = hlo_models::io::read_safetensors(&tmp.join("adapter_model.safetensors")).unwrap();
+    assert_eq!(ours.len(), theirs.len());
+    for (key, t) in theirs {
+        let o = &ours
+            .iter()
+            .find(|(k, _)| *k == key)
+            .unwrap_or_else(|| panic!("{key}"))
+            .1;
+        assert_eq!(o.ty.dims, t.ty.dims, "{key}");
+        assert_eq!(o.to_f64s(), t.to_f64s(), "{key}");
+    }
+    let again = hlo_models::adapter::Adapter::load(&tmp, &c).unwrap();
+    assert_eq!(again, adapter);
+    std::fs::remove_dir_all(tmp).unwrap();
 }

@@ -299,9 +299,20 @@ pub fn greedy_ids(
 /// rounding of g (~1e-8) into ~1e-6. Returns the run's scratch folder
 /// (its metrics file is `m.jsonl`) for further checks; the caller removes it.
 pub fn step_equals_pytorch(dir: &Path, opt: &str, extra: &[&str]) -> PathBuf {
+    step_from_equals_pytorch(dir, ("adapter", "train_step.safetensors"), opt, extra)
+}
+
+/// [`step_equals_pytorch`] from the adapter folder `adapter` of `dir`,
+/// against the steps in `dir`'s file `steps`.
+pub fn step_from_equals_pytorch(
+    dir: &Path,
+    (adapter, steps): (&str, &str),
+    opt: &str,
+    extra: &[&str],
+) -> PathBuf {
     let name = dir.file_name().unwrap().to_str().unwrap();
     let tag = format!(
-        "{name}_{opt}_{}",
+        "{name}_{adapter}_{opt}_{}",
         extra.join("_").replace(['=', ',', '/'], "-")
     );
     let scratch_dir = scratch("step", &tag);
@@ -314,7 +325,7 @@ pub fn step_equals_pytorch(dir: &Path, opt: &str, extra: &[&str]) -> PathBuf {
     let data = scratch_dir.join("rows.jsonl");
     std::fs::write(&data, lines.join("\n") + "\n").unwrap();
     let (out, metrics) = (scratch_dir.join("out"), scratch_dir.join("m.jsonl"));
-    let adapter = dir.join("adapter");
+    let adapter = dir.join(adapter);
     let lr = if opt == "sgd" { "0.05" } else { "1e-3" };
     let mut args = vec![
         "--optimizer",
@@ -333,7 +344,7 @@ pub fn step_equals_pytorch(dir: &Path, opt: &str, extra: &[&str]) -> PathBuf {
     args.extend(extra);
     let shape = (ids.ty.dims[0], ids.ty.dims[1]);
     ok(&train_from_adapter(dir, &adapter, &data, shape, &args));
-    let want = |key: &str| fixture_tensor(dir, "train_step.safetensors", key).to_f64s();
+    let want = |key: &str| fixture_tensor(dir, steps, key).to_f64s();
     let (loss, want_loss) = (losses(&metrics)[0], want(&format!("{opt}.loss"))[0]);
     assert!(
         (loss - want_loss).abs() < 1e-6,
@@ -375,12 +386,25 @@ pub fn step_equals_pytorch(dir: &Path, opt: &str, extra: &[&str]) -> PathBuf {
 /// and so does `merge` of the adapter without it, within `tol`; the
 /// merged folder keeps the model's config. Scratch files go in `tmp`.
 pub fn assert_merge_gives_adapter_logits(dir: &Path, tmp: &Path, tol: f64) {
+    let expected = ("adapter", "expected.safetensors", "logits_adapter");
+    assert_merge_of_gives_logits(dir, expected, tmp, tol);
+}
+
+/// [`assert_merge_gives_adapter_logits`] for `dir`'s adapter folder
+/// `adapter` whose logits are `key` of `dir`'s file `file`; the merged
+/// folder is left in `tmp/<model name>`.
+pub fn assert_merge_of_gives_logits(
+    dir: &Path,
+    (adapter, file, key): (&str, &str, &str),
+    tmp: &Path,
+    tol: f64,
+) {
     let name = dir.file_name().unwrap().to_str().unwrap();
     let input = fixture_tensor(dir, "expected.safetensors", "input_ids");
     let prompt = ids(&input)[..input.ty.dims[1] as usize].join(",");
-    let all = fixture_tensor(dir, "expected.safetensors", "logits_adapter").to_f64s();
+    let all = fixture_tensor(dir, file, key).to_f64s();
     let want = &all[..all.len() / input.ty.dims[0] as usize];
-    let adapter = dir.join("adapter");
+    let adapter = dir.join(adapter);
     let got = dump_logits(
         dir,
         Some(&adapter),

@@ -33,7 +33,15 @@ pub struct LoraConfig {
     /// PEFT's `modules_to_save`: modules (`lm_head`, `embed_tokens`) whose
     /// whole weight the adapter carries, replacing the base's, and trains.
     pub modules_to_save: Vec<String>,
+    /// PEFT's `target_parameters`: LoRA on a mixture of experts' fused
+    /// expert tensors (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`),
+    /// one A and B per expert (see [`EXPERT_PARAMETERS`]).
+    pub target_parameters: Vec<String>,
 }
+
+/// The fused expert tensors LoRA may target, in the order transformers
+/// declares them (PEFT nests its wrappers in this order).
+pub const EXPERT_PARAMETERS: [&str; 2] = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"];
 
 /// The modules `modules_to_save` may name, and their weights.
 pub const MODULES_TO_SAVE: [(&str, &str); 2] = [
@@ -49,6 +57,9 @@ fn pattern_key<'a>(keys: impl Iterator<Item = &'a str>, module: &str) -> Option<
 }
 
 impl LoraConfig {
+    /// Rank, alpha and targets: module names ([`DEFAULT_TARGETS`]), and on
+    /// a mixture of experts its fused expert tensors
+    /// ([`EXPERT_PARAMETERS`], PEFT's `target_parameters`).
     pub fn new(
         rank: i64,
         alpha: f64,
@@ -61,22 +72,30 @@ impl LoraConfig {
         if !alpha.is_finite() || alpha <= 0.0 {
             return Err(LoraError::Alpha(alpha));
         }
-        for t in targets {
+        // Fused expert tensors (PEFT's `target_parameters`) among them.
+        let (parameters, modules): (Vec<&str>, Vec<&str>) =
+            targets.iter().partition(|t| t.contains("experts."));
+        for t in &modules {
             if !DEFAULT_TARGETS.contains(t) {
                 return Err(LoraError::UnknownTarget {
                     target: t.to_string(),
-                    known: DEFAULT_TARGETS.join(", "),
+                    known: format!(
+                        "{}, {}",
+                        DEFAULT_TARGETS.join(", "),
+                        EXPERT_PARAMETERS.join(", ")
+                    ),
                 });
             }
         }
         if targets.is_empty() {
             return Err(LoraError::NoTargets);
         }
-        Ok(LoraConfig {
+        let parameters: Vec<String> = parameters.iter().map(|p| p.to_string()).collect();
+        LoraConfig {
             rank,
             alpha,
             // A set, as PEFT reads it: a repeated name counts once.
-            target_modules: targets.iter().fold(Vec::new(), |mut v, t| {
+            target_modules: modules.iter().fold(Vec::new(), |mut v, t| {
                 if !v.iter().any(|x: &String| x == t) {
                     v.push(t.to_string());
                 }
@@ -86,7 +105,41 @@ impl LoraConfig {
             rank_pattern: Vec::new(),
             alpha_pattern: Vec::new(),
             modules_to_save: Vec::new(),
-        })
+            target_parameters: Vec::new(),
+        }
+        .with_target_parameters(&parameters)
+    }
+
+    /// This config with PEFT's `target_parameters`: each must name one of
+    /// [`EXPERT_PARAMETERS`] (PEFT matches a parameter's path by its end,
+    /// so `experts.down_proj` and a full path name the same tensors).
+    pub fn with_target_parameters(mut self, names: &[String]) -> Result<Self, LoraError> {
+        let mut targeted = Vec::new();
+        for name in names {
+            let known = EXPERT_PARAMETERS.iter().find(|p| {
+                name == *p || p.ends_with(&format!(".{name}")) || name.ends_with(&format!(".{p}"))
+            });
+            match known {
+                Some(p) if !targeted.contains(&p.to_string()) => targeted.push(p.to_string()),
+                Some(_) => {}
+                None => {
+                    return Err(LoraError::UnknownTarget {
+                        target: name.clone(),
+                        known: EXPERT_PARAMETERS.join(", "),
+                    })
+                }
+            }
+        }
+        // Declaration order, whatever order they were listed in.
+        targeted.sort_by_key(|t| EXPERT_PARAMETERS.iter().position(|p| p == t));
+        self.target_parameters = targeted;
+        Ok(self)
+    }
+
+    /// Whether the fused expert tensor `parameter` (one of
+    /// [`EXPERT_PARAMETERS`]) carries LoRA.
+    pub fn targets_parameter(&self, parameter: &str) -> bool {
+        self.target_parameters.iter().any(|p| p == parameter)
     }
 
     /// The same with PEFT's per-module patterns (keys are regexes).

@@ -19,7 +19,7 @@ pub use config::{
     RopeScaling, FAMILIES,
 };
 pub use decode::{argmax, cache_types, decode_step, hashed_uniform, sample_rows, sample_tokens};
-pub use lora::{LoraConfig, DEFAULT_TARGETS, MODULES_TO_SAVE};
+pub use lora::{LoraConfig, DEFAULT_TARGETS, EXPERT_PARAMETERS, MODULES_TO_SAVE};
 pub use model::{is_stacked, rms_norm, Decoder, Params};
 pub use moe::{block_count, block_size, load_balancing_loss, MoeKind, RouterStats};
 pub use presets::PRESETS;
@@ -113,10 +113,32 @@ pub fn unstack_literal(stacked: &Literal) -> Vec<Literal> {
         .collect()
 }
 
-/// LoRA parameters (f32): `<module>.lora_a` `[in, r]`, `<module>.lora_b` `[r, out]`.
+/// LoRA parameters (f32): `<module>.lora_a` `[in, r]`, `<module>.lora_b`
+/// `[r, out]`; on a sparse layer's fused experts (`target_parameters`),
+/// one pair per expert: `mlp.experts.gate_up_proj.lora_a` `[experts, in,
+/// r]`, `.lora_b` `[experts, r, out]`.
 pub fn lora_parameter_types(config: &ModelConfig, lora: &LoraConfig) -> Vec<(String, TensorType)> {
     let mut out = Vec::new();
     for l in 0..config.num_hidden_layers {
+        for parameter in EXPERT_PARAMETERS {
+            if !(config.is_sparse(l) && lora.targets_parameter(parameter)) {
+                continue;
+            }
+            let name = format!("model.layers.{l}.{parameter}");
+            let shape = config
+                .parameter_shape(&name)
+                .expect("a sparse layer's experts");
+            let (e, dout, din) = (shape[0], shape[1], shape[2]);
+            let r = lora.rank_of(&format!("model.layers.{l}.mlp.experts"));
+            out.push((
+                format!("{name}.lora_a"),
+                TensorType::new(DType::F32, [e, din, r]),
+            ));
+            out.push((
+                format!("{name}.lora_b"),
+                TensorType::new(DType::F32, [e, r, dout]),
+            ));
+        }
         for short in DEFAULT_TARGETS {
             if !lora.targets(short) {
                 continue;

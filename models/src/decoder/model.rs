@@ -160,7 +160,7 @@ pub(super) fn rotate_half(x: Tensor) -> Tensor {
 
 /// A module's path as PEFT names it: a scanned layer's (`layer.…`, every
 /// layer alike, which the step checks) read as layer 0's.
-fn layer_path(module: &str) -> String {
+pub(super) fn layer_path(module: &str) -> String {
     match module.strip_prefix("layer.") {
         Some(rest) => format!("model.layers.0.{rest}"),
         None => module.to_string(),

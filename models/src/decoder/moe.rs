@@ -150,6 +150,54 @@ fn batched_linear(x: Tensor, w: Tensor) -> Tensor {
     .cast(dtype)
 }
 
+/// `x: [g, rows, in]` times `w: [g, in, out]`, batch by batch, in `x`'s
+/// dtype (a LoRA factor's).
+fn batched_matmul(x: Tensor, w: Tensor) -> Tensor {
+    x.dot_general(
+        w,
+        DotGeneral {
+            lhs_batch: vec![0],
+            rhs_batch: vec![0],
+            lhs_contracting: vec![2],
+            rhs_contracting: vec![1],
+            precision: None,
+            preferred_element_type: None,
+        },
+    )
+}
+
+/// One fused expert tensor and, when LoRA targets it, its factors taken
+/// at the same experts (`lora_a` `[g, in, r]`, `lora_b` `[g, r, out]`) and
+/// scale.
+#[derive(Clone, Copy)]
+struct ExpertWeight {
+    weight: Tensor,
+    lora: Option<(Tensor, Tensor, f64)>,
+}
+
+impl ExpertWeight {
+    /// The rows of experts `at` (`[g]` i32): `[g, ..]`.
+    fn take(self, at: Tensor) -> ExpertWeight {
+        ExpertWeight {
+            weight: self.weight.take(at, 0),
+            lora: self.lora.map(|(a, b, s)| (a.take(at, 0), b.take(at, 0), s)),
+        }
+    }
+
+    /// `x: [g, rows, in]` through expert g's matrix, `[g, rows, out]`; the
+    /// LoRA branch in the adapter's dtype, as PEFT's factors compute it.
+    fn apply(self, x: Tensor) -> Tensor {
+        let y = batched_linear(x, self.weight);
+        match self.lora {
+            Some((a, b, scale)) => {
+                let delta = batched_matmul(batched_matmul(x.cast(a.dtype()), a), b) * scale;
+                y + delta.cast(y.dtype())
+            }
+            None => y,
+        }
+    }
+}
+
 /// SwiGLU of fused `[.., 2·I]` gate-and-up activations (gate first).
 fn swiglu(gate_up: Tensor) -> Tensor {
     let dims = gate_up.dims();
@@ -194,14 +242,31 @@ impl Decoder<'_> {
             counts: hits,
             probs: probs.sum(&[0]),
         });
-        let gate_up = p.get(&format!("{prefix}.experts.gate_up_proj"));
-        let down = p.get(&format!("{prefix}.experts.down_proj"));
+        let expert_weight = |name: &str| {
+            let at = format!("{prefix}.experts.{name}");
+            let lora = self
+                .lora
+                .filter(|_| p.has(&format!("{at}.lora_a")))
+                .map(|l| {
+                    let module = super::model::layer_path(&format!("{prefix}.experts"));
+                    (
+                        p.get(&format!("{at}.lora_a")),
+                        p.get(&format!("{at}.lora_b")),
+                        l.scale_of(&module),
+                    )
+                });
+            ExpertWeight {
+                weight: p.get(&at),
+                lora,
+            }
+        };
+        let (gate_up, down) = (expert_weight("gate_up_proj"), expert_weight("down_proj"));
         // Each (token, slot)'s expert output `[n, k, hidden]`.
         let outputs = scope("experts", || match self.moe {
             MoeKind::Dense => {
                 // [E, n, ..]: every expert on every token.
                 let all = xf.broadcast_in_dim(&[e, n, h], &[1, 2]);
-                let y = batched_linear(swiglu(batched_linear(all, gate_up)), down);
+                let y = down.apply(swiglu(gate_up.apply(all)));
                 // The k chosen of each token: [n, k, hidden].
                 let y = y.transpose(&[1, 0, 2]);
                 let pick = one_hot(experts, e).cast(dtype);
@@ -237,12 +302,12 @@ impl Decoder<'_> {
         &self,
         x: Tensor,
         experts: Tensor,
-        (gate_up, down): (Tensor, Tensor),
+        (gate_up, down): (ExpertWeight, ExpertWeight),
         block: i64,
     ) -> Tensor {
         let (n, h) = (x.dims()[0], x.dims()[1]);
         let k = experts.dims()[1];
-        let e = gate_up.dims()[0];
+        let e = gate_up.weight.dims()[0];
         let a = n * k;
         let i32s = |dims: &[i64]| TensorType::new(DType::I32, dims.to_vec());
         let expert = experts.reshape(&[a]);
@@ -285,10 +350,9 @@ impl Decoder<'_> {
             .cast(DType::I32)
             .sum(&[1])
             .minimum(full(i32s(&[blocks]), (e - 1) as f64));
-        let y = batched_linear(
-            swiglu(batched_linear(sorted, gate_up.take(owner, 0))),
-            down.take(owner, 0),
-        );
+        let y = down
+            .take(owner)
+            .apply(swiglu(gate_up.take(owner).apply(sorted)));
         y.reshape(&[rows, h]).take(dest, 0)
     }
 }

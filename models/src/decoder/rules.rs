@@ -27,6 +27,11 @@ pub fn partition_rules() -> Rules {
     Rules::new(&[
         (r"embed_tokens\.weight$", p(&[&["mp"], &["fsdp"]])),
         (r"lm_head\.weight$", p(&[&["mp"], &["fsdp"]])),
+        // LoRA on fused experts: per expert, split as the experts are.
+        (
+            r"mlp\.experts\.(gate_up_proj|down_proj)\.lora_[ab]$",
+            p(&[&["fsdp"], &[], &[]]),
+        ),
         (r"lora_a$", p(&[&["fsdp"], &["mp"]])),
         (r"lora_b$", p(&[&["mp"], &["fsdp"]])),
         // NF4 codes and block scales (`.weight.absmax`) as the weights
