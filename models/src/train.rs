@@ -1051,7 +1051,8 @@ fn optimizer_step(
 /// window in sliding layers); a full finetuning step is 3× forward; a LoRA
 /// step skips the frozen weights' gradients (2× forward for them) and adds
 /// 6 per LoRA weight; a preference loss with a reference model adds its
-/// forward.
+/// forward. A mixture of experts counts the weights a token uses: its k
+/// experts of each sparse layer (and their LoRA), as MaxText counts them.
 pub fn step_flops(config: &ModelConfig, tc: &TrainConfig) -> f64 {
     let tokens = (tc.batch * tc.grad_accum.max(1) * tc.seq) as f64;
     let c = config;
@@ -1064,7 +1065,8 @@ pub fn step_flops(config: &ModelConfig, tc: &TrainConfig) -> f64 {
         .filter(|(n, s)| s.len() == 1 && (n.ends_with("norm.weight") || n.ends_with(".bias")))
         .map(|(_, s)| s[0])
         .sum();
-    let mut matmul = (c.parameter_count() - elementwise) as f64 - embed;
+    // A mixture of experts: only the parameters a token uses (its k experts).
+    let mut matmul = (c.active_parameter_count() - elementwise) as f64 - embed;
     if c.tie_word_embeddings {
         matmul += embed;
     }
@@ -1078,9 +1080,16 @@ pub fn step_flops(config: &ModelConfig, tc: &TrainConfig) -> f64 {
     let train = match &tc.lora {
         None => 3.0 * forward * tokens,
         Some(l) => {
+            let routed = c
+                .moe
+                .as_ref()
+                .map_or(1.0, |m| m.top_k as f64 / m.num_experts as f64);
             let lora: f64 = lora_parameter_types(c, l)
                 .iter()
-                .map(|(_, t)| t.element_count() as f64)
+                .map(|(n, t)| {
+                    let share = if n.contains("mlp.experts.") { routed } else { 1.0 };
+                    t.element_count() as f64 * share
+                })
                 .sum();
             (2.0 * forward + 6.0 * lora) * tokens
         }

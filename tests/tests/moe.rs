@@ -233,3 +233,25 @@ fn expert_adapters_round_trip_through_peft_layout() {
     assert_eq!(again, adapter);
     std::fs::remove_dir_all(tmp).unwrap();
 }
+
+#[test]
+fn preset_parameter_counts_equal_hf() {
+    // transformers' own count of the Hub configs (meta device).
+    let text = std::fs::read_to_string(fixture_dir("families/moe_param_counts.json")).unwrap();
+    let counts: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for name in ["qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b"] {
+        let c = ModelConfig::preset(name).unwrap();
+        assert_eq!(
+            c.parameter_count(),
+            counts[name].as_i64().unwrap(),
+            "{name}"
+        );
+        assert_eq!(
+            c.active_parameter_count(),
+            counts["active"][name].as_i64().unwrap(),
+            "{name} active"
+        );
+        // Round trip through config.json.
+        assert_eq!(ModelConfig::from_json(&c.to_json()).unwrap(), c, "{name}");
+    }
+}

@@ -364,6 +364,17 @@ impl ModelConfig {
             .sum()
     }
 
+    /// The parameters one token uses: all but the experts it is not routed
+    /// to (the embeddings included).
+    pub fn active_parameter_count(&self) -> i64 {
+        let Some(m) = &self.moe else {
+            return self.parameter_count();
+        };
+        let expert = 3 * self.hidden_size * m.moe_intermediate_size;
+        let sparse = (0..self.num_hidden_layers).filter(|l| self.is_sparse(*l)).count() as i64;
+        self.parameter_count() - sparse * (m.num_experts - m.top_k) * expert
+    }
+
     /// `(in, out)` features of a projection by module name (`q_proj`, ...).
     pub fn projection_dims(&self, module: &str) -> Option<(i64, i64)> {
         let (h, i, hd) = (self.hidden_size, self.intermediate_size, self.head_dim);

@@ -4,12 +4,13 @@
 //! by transformers on the meta device).
 
 use super::config::{
-    Activation, Family, LayerType, Llama3Scaling, ModelConfig, NormStyle, Rope, RopeScaling,
+    Activation, Family, LayerType, Llama3Scaling, ModelConfig, MoeConfig, NormStyle, Rope,
+    RopeScaling,
 };
 use crate::ConfigError;
 
 /// Every preset name, in the order `--help` and errors list them.
-pub const PRESETS: [&str; 13] = [
+pub const PRESETS: [&str; 16] = [
     "tiny",
     "llama3.2-1b",
     "llama3.2-3b",
@@ -23,6 +24,9 @@ pub const PRESETS: [&str; 13] = [
     "mistral-7b",
     "gemma3-270m",
     "gemma3-1b",
+    "qwen3-30b-a3b",
+    "qwen3-235b-a22b",
+    "mixtral-8x7b",
 ];
 
 /// The sizes every family names alike: (vocab, hidden, intermediate,
@@ -134,10 +138,33 @@ fn gemma3(s: Sizes) -> ModelConfig {
     }
 }
 
+/// Qwen3-MoE: Qwen3's attention, every MLP 128 experts of which 8 a
+/// token, renormalised.
+fn qwen3_moe(s: Sizes, moe_intermediate: i64) -> ModelConfig {
+    let (_, _, _, layers, _, _, _) = s;
+    ModelConfig {
+        moe: Some(MoeConfig {
+            num_experts: 128,
+            top_k: 8,
+            moe_intermediate_size: moe_intermediate,
+            norm_topk_prob: true,
+            sparse_layers: vec![true; layers as usize],
+            output_router_logits: false,
+            router_aux_loss_coef: 0.001,
+            f32_routing_weights: false,
+        }),
+        ..ModelConfig {
+            family: Family::Qwen3Moe,
+            ..qwen3(s, false)
+        }
+    }
+}
+
 impl ModelConfig {
     /// A preset by name (see [`PRESETS`]): `tiny` or the exact HF config
     /// of Llama 3.2 1B/3B, 3.1 8B/70B/405B, Qwen2.5 0.5B/7B, Qwen3
-    /// 0.6B/8B, Mistral 7B v0.3, Gemma 3 270M/1B.
+    /// 0.6B/8B, Mistral 7B v0.3, Gemma 3 270M/1B, Qwen3-30B-A3B,
+    /// Qwen3-235B-A22B, Mixtral 8x7B.
     ///
     /// ```
     /// let q = hlo_models::decoder::ModelConfig::preset("qwen2.5-0.5b").unwrap();
@@ -187,6 +214,31 @@ impl ModelConfig {
             },
             "gemma3-270m" => gemma3((262144, 640, 2048, 18, 4, 1, 256)),
             "gemma3-1b" => gemma3((262144, 1152, 6912, 26, 4, 1, 256)),
+            "qwen3-30b-a3b" => qwen3_moe((151936, 2048, 6144, 48, 32, 4, 128), 768),
+            "qwen3-235b-a22b" => qwen3_moe((151936, 4096, 12288, 94, 64, 4, 128), 1536),
+            // Mixtral 8x7B v0.1: 8 experts, 2 a token, no window.
+            "mixtral-8x7b" => ModelConfig {
+                max_position_embeddings: 32768,
+                bos_token_id: Some(1),
+                eos_token_ids: vec![2],
+                moe: Some(MoeConfig {
+                    num_experts: 8,
+                    top_k: 2,
+                    moe_intermediate_size: 14336,
+                    norm_topk_prob: true,
+                    sparse_layers: vec![true; 32],
+                    output_router_logits: false,
+                    router_aux_loss_coef: 0.02,
+                    f32_routing_weights: true,
+                }),
+                ..base(
+                    Family::Mixtral,
+                    (32000, 4096, 14336, 32, 32, 8, 128),
+                    Rope::new(1e6),
+                    1e-5,
+                    false,
+                )
+            },
             other => {
                 return Err(ConfigError::UnknownPreset {
                     name: other.to_string(),
