@@ -84,52 +84,8 @@ fn merged_adapters_give_the_adapters_logits_in_hfs_layout() {
 fn plan_bench_and_dump_hlo_take_the_moe_families() {
     let dir = scratch("moe", "tools");
     for name in MODELS {
-        let config = family(name).join("config.json");
-        let config = config.to_str().unwrap();
-        let mesh = ["--mesh", "dp=2,fsdp=2,mp=2", "--batch", "4", "--seq", "16"];
-        let mut args = vec!["plan", "--config", config, "--json"];
-        args.extend(mesh);
-        let plan: serde_json::Value = serde_json::from_str(&ok(&hlo_train(&args))).unwrap();
-        assert_eq!(plan["fits"], true, "{name}: {plan}");
-        let out = dir.join(name);
-        let mut args = vec![
-            "dump-hlo",
-            "--config",
-            config,
-            "--format",
-            "stablehlo",
-            "--out",
-            out.to_str().unwrap(),
-        ];
-        args.extend(mesh);
-        ok(&hlo_train(&args));
-        let text = std::fs::read_to_string(out.join("train_step.stablehlo.mlir")).unwrap();
         // Scope names follow HF's module tree: the router and the experts.
-        for m in ["mlp.gate", "mlp.experts"] {
-            assert!(text.contains(m), "{name}: no `{m}` in the program");
-        }
-        let checkpoint = family(name);
-        let bench = ok(&hlo_train(&[
-            "bench",
-            "--checkpoint",
-            checkpoint.to_str().unwrap(),
-            "--batch",
-            "2",
-            "--seq",
-            "16",
-            "--steps",
-            "2",
-            "--warmup-steps",
-            "1",
-            "--dtype",
-            "f32",
-            "--json",
-        ]));
-        let bench: serde_json::Value = serde_json::from_str(&bench).unwrap();
-        assert!(
-            bench["tokens_per_s"].as_f64().unwrap() > 0.0,
-            "{name}: {bench}"
-        );
+        assert_tools_take(&family(name), &["mlp.gate", "mlp.experts"], &dir);
     }
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -1087,7 +1087,11 @@ pub fn step_flops(config: &ModelConfig, tc: &TrainConfig) -> f64 {
             let lora: f64 = lora_parameter_types(c, l)
                 .iter()
                 .map(|(n, t)| {
-                    let share = if n.contains("mlp.experts.") { routed } else { 1.0 };
+                    let share = if n.contains("mlp.experts.") {
+                        routed
+                    } else {
+                        1.0
+                    };
                     t.element_count() as f64 * share
                 })
                 .sum();

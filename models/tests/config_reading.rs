@@ -246,3 +246,93 @@ fn unsupported_architectures_and_settings_are_refused_naming_what_runs() {
         assert_eq!(err.lines().count(), 1, "{err}");
     }
 }
+
+/// Mixture-of-experts configs with fields absent take the config classes'
+/// defaults (transformers 5.24's `Qwen3MoeConfig`, `MixtralConfig`), and
+/// settings not computed are refused.
+#[test]
+fn moe_configs_read_as_transformers_reads_them() {
+    let small = |extra: Value| {
+        let mut c = json!({
+            "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+            "num_hidden_layers": 4, "num_attention_heads": 4,
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        ModelConfig::from_json(&c.to_string())
+    };
+    let q = small(json!({"model_type": "qwen3_moe"})).unwrap();
+    let m = q.moe.as_ref().unwrap();
+    assert_eq!(
+        (m.num_experts, m.top_k, m.moe_intermediate_size),
+        (128, 8, 768)
+    );
+    assert!(!m.norm_topk_prob && !m.output_router_logits && !m.f32_routing_weights);
+    assert_eq!(m.router_aux_loss_coef, 0.001);
+    assert_eq!(m.sparse_layers, [true; 4]);
+    // Qwen3-MoE's head_dim is hidden / heads when absent (dense Qwen3's 128).
+    assert_eq!((q.num_key_value_heads, q.head_dim), (4, 8));
+    assert!(q.qk_norm && q.sliding_window.is_none());
+    // transformers 5 writes `num_local_experts`; the Hub's configs say
+    // `num_experts`.
+    let q =
+        small(json!({"model_type": "qwen3_moe", "num_local_experts": 6, "num_experts_per_tok": 2}))
+            .unwrap();
+    assert_eq!(q.moe.unwrap().num_experts, 6);
+    let q = small(json!({
+        "model_type": "qwen3_moe", "num_experts": 6, "num_experts_per_tok": 2,
+        "decoder_sparse_step": 2, "mlp_only_layers": [3],
+    }))
+    .unwrap();
+    assert_eq!(
+        q.moe.as_ref().unwrap().sparse_layers,
+        [false, true, false, false]
+    );
+    assert!(q.mixed_mlps());
+    // No experts at all: every MLP dense.
+    assert!(small(json!({"model_type": "qwen3_moe", "num_experts": 0}))
+        .unwrap()
+        .moe
+        .is_none());
+    // (Mixtral's 8 K/V heads by default need 8 heads.)
+    let x = small(json!({"model_type": "mixtral", "num_attention_heads": 8})).unwrap();
+    let m = x.moe.as_ref().unwrap();
+    assert_eq!(
+        (m.num_experts, m.top_k, m.moe_intermediate_size),
+        (8, 2, 48)
+    );
+    assert!(m.norm_topk_prob && m.f32_routing_weights);
+    // Mixtral's window is none unless given; its norms' eps 1e-5.
+    assert_eq!(x.sliding_window, None);
+    assert_eq!(x.rms_norm_eps, 1e-5);
+    assert_eq!(x.num_key_value_heads, 8);
+    let x = small(json!({"model_type": "mixtral", "num_attention_heads": 8, "sliding_window": 3}))
+        .unwrap();
+    assert_eq!(x.layer_types, [LayerType::Sliding; 4]);
+    for (extra, why) in [
+        (
+            json!({"model_type": "mixtral", "num_attention_heads": 8, "router_jitter_noise": 0.1}),
+            "router_jitter_noise = 0.1",
+        ),
+        (
+            json!({"model_type": "mixtral", "num_attention_heads": 8, "num_local_experts": 2, "num_experts_per_tok": 3}),
+            "num_experts_per_tok = 3 with 2 experts",
+        ),
+        (
+            json!({"model_type": "qwen3_moe", "num_experts": 4, "num_local_experts": 8}),
+            "num_local_experts = 8 and num_experts = 4 disagree",
+        ),
+        (
+            json!({"model_type": "qwen3_moe", "attention_bias": true}),
+            "attention_bias = true",
+        ),
+    ] {
+        let err = small(extra.clone()).unwrap_err().to_string();
+        assert!(err.contains(why), "{extra}: {err}");
+    }
+    // Written out and read back, the same.
+    for c in [q, x] {
+        assert_eq!(ModelConfig::from_json(&c.to_json()).unwrap(), c);
+    }
+}

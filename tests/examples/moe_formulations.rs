@@ -10,12 +10,9 @@
 
 use std::time::Instant;
 
-use hlo_e2e::{client, RandomLiteral, Rng};
-use hlo_ir::{trace, value_and_grad, DType, Outputs, TensorType};
-use hlo_models::attention::AttentionKind;
-use hlo_models::decoder::{
-    base_parameter_types, block_count, block_size, Decoder, ModelConfig, MoeKind, Params,
-};
+use hlo_e2e::{client, sparse_layer, RandomLiteral, Rng};
+use hlo_ir::value_and_grad;
+use hlo_models::decoder::{block_count, block_size, ModelConfig, MoeKind};
 use hlo_runtime::{CompiledFunction, HostArray};
 
 fn main() {
@@ -30,20 +27,15 @@ fn main() {
     m.moe_intermediate_size = 128;
     m.sparse_layers = vec![true];
     let (e, k) = (m.num_experts, m.top_k);
-    let prefix = "model.layers.0.mlp";
-    let mut inputs: Vec<(String, TensorType)> = base_parameter_types(&config, DType::F32)
-        .into_iter()
-        .filter(|(n, _)| n.starts_with(prefix))
-        .collect();
-    inputs.push((
-        "x".into(),
-        TensorType::new(DType::F32, [1, tokens, config.hidden_size]),
-    ));
     let mut rng = Rng::new(1);
-    let host: Vec<HostArray> = inputs
-        .iter()
-        .map(|(_, t)| HostArray::from(rng.literal(t.clone(), -0.1, 0.1)))
-        .collect();
+    let host: Vec<HostArray> = {
+        let layer = sparse_layer(&config, MoeKind::Dense, tokens, true);
+        layer
+            .input_types()
+            .into_iter()
+            .map(|t| HostArray::from(rng.literal(t, -0.1, 0.1)))
+            .collect()
+    };
     let auto = block_size(tokens * k, e);
     println!(
         "one sparse layer, {tokens} tokens, {e} experts ({k} a token), hidden {}, expert width {}: forward + gradient",
@@ -66,21 +58,7 @@ fn main() {
             MoeKind::Blocks { block: Some(b) } => block_count(tokens * k, e, b) * b,
             _ => rows,
         };
-        let model = Decoder {
-            config: &config,
-            lora: None,
-            batch_axes: vec![],
-            scan_layers: false,
-            remat_layers: false,
-            attention: AttentionKind::Naive,
-            moe: kind,
-            router: Default::default(),
-        };
-        let layer = trace("moe_layer", &inputs, |i| {
-            let y = model.sparse_mlp(&Params(i), prefix, i["x"]);
-            Outputs::new().add("sum", y.sum(&[0, 1, 2]))
-        })
-        .expect("traced");
+        let layer = sparse_layer(&config, kind, tokens, true);
         let wrt = [
             "x",
             "model.layers.0.mlp.experts.gate_up_proj",

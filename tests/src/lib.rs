@@ -355,3 +355,43 @@ pub fn fixture_logits_of(
         .unwrap()[0]
         .to_f64_vec()
 }
+
+/// Layer 0's sparse MLP of `config` alone as a function of its weights and
+/// `x` (`[1, rows, hidden]`), its experts run as `kind`: output `y`, or
+/// with `summed` the scalar `sum` of it (to differentiate).
+pub fn sparse_layer(
+    config: &hlo_models::decoder::ModelConfig,
+    kind: hlo_models::decoder::MoeKind,
+    rows: i64,
+    summed: bool,
+) -> Function {
+    use hlo_models::decoder::{base_parameter_types, Decoder, Params};
+    let prefix = "model.layers.0.mlp";
+    let mut inputs: Vec<(String, TensorType)> = base_parameter_types(config, DType::F32)
+        .into_iter()
+        .filter(|(n, _)| n.starts_with(prefix))
+        .collect();
+    inputs.push((
+        "x".into(),
+        TensorType::new(DType::F32, [1, rows, config.hidden_size]),
+    ));
+    let model = Decoder {
+        config,
+        lora: None,
+        batch_axes: vec![],
+        scan_layers: false,
+        remat_layers: false,
+        attention: hlo_models::attention::AttentionKind::Naive,
+        moe: kind,
+        router: Default::default(),
+    };
+    hlo_ir::trace("moe_layer", &inputs, |i| {
+        let y = model.sparse_mlp(&Params(i), prefix, i["x"]);
+        if summed {
+            hlo_ir::Outputs::new().add("sum", y.sum(&[0, 1, 2]))
+        } else {
+            hlo_ir::Outputs::new().add("y", y)
+        }
+    })
+    .expect("the sparse layer traces")
+}

@@ -7,13 +7,10 @@
 
 use std::path::PathBuf;
 
-use hlo_e2e::{expected_tensor, fixture_dir, fixture_logits_of, max_abs_diff};
-use hlo_ir::{DType, Literal, Op, Outputs, TensorType};
-use hlo_models::attention::AttentionKind;
+use hlo_e2e::{expected_tensor, fixture_dir, fixture_logits_of, max_abs_diff, sparse_layer};
+use hlo_ir::{DType, Literal, Op};
 use hlo_models::checkpoint::Checkpoint;
-use hlo_models::decoder::{
-    base_parameter_types, block_count, block_size, Decoder, Family, ModelConfig, MoeKind, Params,
-};
+use hlo_models::decoder::{block_count, block_size, Family, ModelConfig, MoeKind};
 
 const MODELS: [&str; 2] = ["qwen3_moe", "mixtral"];
 
@@ -70,35 +67,6 @@ fn f32_logits_with_a_peft_attention_adapter_equal_hf() {
     }
 }
 
-/// The sparse layer alone (`[rows, hidden]` in, out) as a function, its
-/// experts run as `kind`.
-fn sparse_layer(config: &ModelConfig, kind: MoeKind, rows: i64) -> hlo_ir::Function {
-    let prefix = "model.layers.0.mlp";
-    let mut inputs: Vec<(String, TensorType)> = base_parameter_types(config, DType::F32)
-        .into_iter()
-        .filter(|(n, _)| n.starts_with(prefix))
-        .collect();
-    inputs.push((
-        "x".into(),
-        TensorType::new(DType::F32, [1, rows, config.hidden_size]),
-    ));
-    let model = Decoder {
-        config,
-        lora: None,
-        batch_axes: vec![],
-        scan_layers: false,
-        remat_layers: false,
-        attention: AttentionKind::Naive,
-        moe: kind,
-        router: Default::default(),
-    };
-    hlo_ir::trace("moe_layer", &inputs, |i| {
-        let y = model.sparse_mlp(&Params(i), prefix, i["x"]);
-        Outputs::new().add("y", y)
-    })
-    .unwrap()
-}
-
 /// 2·m·n·k of every matmul in `f`.
 fn matmul_flops(f: &hlo_ir::Function) -> f64 {
     f.nodes
@@ -127,7 +95,7 @@ fn the_sorted_blocks_compute_only_the_routed_experts() {
     let m = config.moe.as_mut().unwrap();
     (m.num_experts, m.top_k) = (128, 8);
     let (rows, h, i) = (256, config.hidden_size, m.moe_intermediate_size);
-    let flops = |kind| matmul_flops(&sparse_layer(&config, kind, rows));
+    let flops = |kind| matmul_flops(&sparse_layer(&config, kind, rows, false));
     let expert_flops = |tokens: i64| 2.0 * tokens as f64 * 3.0 * (h * i) as f64;
     let router = 2.0 * (rows * h * 128) as f64;
     let dense = flops(MoeKind::Dense) - router;
@@ -155,8 +123,8 @@ fn the_dense_and_the_sorted_block_experts_agree() {
         let dir = fixture(name);
         let ckpt = Checkpoint::open(&dir).unwrap();
         let c = &ckpt.config;
-        let f = sparse_layer(c, MoeKind::Dense, 11);
-        let g = sparse_layer(c, MoeKind::Blocks { block: Some(3) }, 11);
+        let f = sparse_layer(c, MoeKind::Dense, 11, false);
+        let g = sparse_layer(c, MoeKind::Blocks { block: Some(3) }, 11, false);
         let mut rng = hlo_ir::rng::Rng::new(7);
         let inputs: Vec<Literal> = f
             .inputs
@@ -254,4 +222,14 @@ fn preset_parameter_counts_equal_hf() {
         // Round trip through config.json.
         assert_eq!(ModelConfig::from_json(&c.to_json()).unwrap(), c, "{name}");
     }
+}
+
+#[test]
+fn mixtrals_layers_as_one_scan_give_hfs_logits() {
+    // Every Mixtral layer is sparse, so the layers scan (stacked experts).
+    let dir = fixture("mixtral");
+    let got = fixture_logits_of(&dir, &dir, DType::F32, Some(&dir.join("adapter")), true);
+    let want = expected_tensor(&dir, "logits_adapter").to_f64s();
+    let d = max_abs_diff(&got, &want);
+    assert!(d < 1e-5, "scanned: max abs diff {d:e}");
 }

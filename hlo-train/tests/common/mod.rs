@@ -442,3 +442,54 @@ pub fn assert_greedy_equals_hf(dir: &Path, prompt_len: usize, new: usize, extra:
         assert_eq!(got, want[prompt_len..], "{} {key} {extra:?}", dir.display());
     }
 }
+
+/// `plan` (on a 2×2×2 mesh: fits), `dump-hlo` (the train step's StableHLO
+/// holds each of `marks`, scope names) and `bench` (2 steps) take the
+/// fixture model in `dir`; files go in `tmp`.
+pub fn assert_tools_take(dir: &Path, marks: &[&str], tmp: &Path) {
+    let name = dir.file_name().unwrap().to_str().unwrap();
+    let config = dir.join("config.json");
+    let config = config.to_str().unwrap();
+    let mesh = ["--mesh", "dp=2,fsdp=2,mp=2", "--batch", "4", "--seq", "16"];
+    let mut args = vec!["plan", "--config", config, "--json"];
+    args.extend(mesh);
+    let plan: serde_json::Value = serde_json::from_str(&ok(&hlo_train(&args))).unwrap();
+    assert_eq!(plan["fits"], true, "{name}: {plan}");
+    let out = tmp.join(name);
+    let mut args = vec![
+        "dump-hlo",
+        "--config",
+        config,
+        "--format",
+        "stablehlo",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend(mesh);
+    ok(&hlo_train(&args));
+    let text = std::fs::read_to_string(out.join("train_step.stablehlo.mlir")).unwrap();
+    for m in marks {
+        assert!(text.contains(m), "{name}: no `{m}` in the program");
+    }
+    let bench = ok(&hlo_train(&[
+        "bench",
+        "--checkpoint",
+        dir.to_str().unwrap(),
+        "--batch",
+        "2",
+        "--seq",
+        "16",
+        "--steps",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--dtype",
+        "f32",
+        "--json",
+    ]));
+    let bench: serde_json::Value = serde_json::from_str(&bench).unwrap();
+    assert!(
+        bench["tokens_per_s"].as_f64().unwrap() > 0.0,
+        "{name}: {bench}"
+    );
+}

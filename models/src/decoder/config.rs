@@ -371,7 +371,9 @@ impl ModelConfig {
             return self.parameter_count();
         };
         let expert = 3 * self.hidden_size * m.moe_intermediate_size;
-        let sparse = (0..self.num_hidden_layers).filter(|l| self.is_sparse(*l)).count() as i64;
+        let sparse = (0..self.num_hidden_layers)
+            .filter(|l| self.is_sparse(*l))
+            .count() as i64;
         self.parameter_count() - sparse * (m.num_experts - m.top_k) * expert
     }
 

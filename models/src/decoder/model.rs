@@ -118,6 +118,22 @@ pub(super) fn linear(x: Tensor, w: Tensor, bias: Option<Tensor>) -> Tensor {
     y.cast(dtype)
 }
 
+/// `x: [g, rows, k]` times `w: [g, k, n]`, batch by batch (each row of a
+/// batch its own matrix), in `x`'s dtype.
+pub(super) fn batched_matmul(x: Tensor, w: Tensor) -> Tensor {
+    x.dot_general(
+        w,
+        DotGeneral {
+            lhs_batch: vec![0],
+            rhs_batch: vec![0],
+            lhs_contracting: vec![2],
+            rhs_contracting: vec![1],
+            precision: None,
+            preferred_element_type: None,
+        },
+    )
+}
+
 /// HF's RMSNorm over the last dimension: `LlamaRMSNorm` normalises in f32
 /// and scales in the input dtype; `Gemma3RMSNorm` scales by `1 + w` in f32
 /// and rounds once.

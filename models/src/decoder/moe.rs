@@ -22,7 +22,7 @@
 use hlo_ir::ops::{DotGeneral, Scatter};
 use hlo_ir::{full, iota, scope, DType, Tensor, TensorType};
 
-use super::model::{Decoder, Params};
+use super::model::{batched_matmul, Decoder, Params};
 
 /// How a mixture-of-experts layer runs its experts (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,22 +150,6 @@ fn batched_linear(x: Tensor, w: Tensor) -> Tensor {
     .cast(dtype)
 }
 
-/// `x: [g, rows, in]` times `w: [g, in, out]`, batch by batch, in `x`'s
-/// dtype (a LoRA factor's).
-fn batched_matmul(x: Tensor, w: Tensor) -> Tensor {
-    x.dot_general(
-        w,
-        DotGeneral {
-            lhs_batch: vec![0],
-            rhs_batch: vec![0],
-            lhs_contracting: vec![2],
-            rhs_contracting: vec![1],
-            precision: None,
-            preferred_element_type: None,
-        },
-    )
-}
-
 /// One fused expert tensor and, when LoRA targets it, its factors taken
 /// at the same experts (`lora_a` `[g, in, r]`, `lora_b` `[g, r, out]`) and
 /// scale.
@@ -269,18 +253,7 @@ impl Decoder<'_> {
                 let y = down.apply(swiglu(gate_up.apply(all)));
                 // The k chosen of each token: [n, k, hidden].
                 let y = y.transpose(&[1, 0, 2]);
-                let pick = one_hot(experts, e).cast(dtype);
-                pick.dot_general(
-                    y,
-                    DotGeneral {
-                        lhs_batch: vec![0],
-                        rhs_batch: vec![0],
-                        lhs_contracting: vec![2],
-                        rhs_contracting: vec![1],
-                        precision: None,
-                        preferred_element_type: None,
-                    },
-                )
+                batched_matmul(one_hot(experts, e).cast(dtype), y)
             }
             MoeKind::Blocks { block } => {
                 let block = block.unwrap_or_else(|| block_size(n * k, e));

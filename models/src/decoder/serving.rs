@@ -25,7 +25,7 @@ use hlo_ir::ops::DotGeneral;
 use hlo_ir::{iota, scope, DType, Outputs, Tensor, TensorType, TraceError};
 
 use super::decode::{decoder, hashed_uniform, sample_rows, step_of, with_caches};
-use super::model::apply_rotary;
+use super::model::{apply_rotary, batched_matmul};
 use super::{base_parameter_types, Decoder, ModelConfig, Params, DEFAULT_TARGETS};
 use crate::roles::{Role, Step};
 
@@ -90,22 +90,6 @@ pub fn adapter_table_types(config: &ModelConfig, t: &AdapterTables) -> Vec<(Stri
     out
 }
 
-/// `x · W_iᵀ`-style batched product of `x: [rows, t, k]` with each row's
-/// matrix `m: [rows, k, n]`.
-fn row_matmul(x: Tensor, m: Tensor) -> Tensor {
-    x.dot_general(
-        m,
-        DotGeneral {
-            lhs_batch: vec![0],
-            rhs_batch: vec![0],
-            lhs_contracting: vec![2],
-            rhs_contracting: vec![1],
-            precision: None,
-            preferred_element_type: None,
-        },
-    )
-}
-
 /// What the layers of a serving program share: the weights and tables,
 /// each row's adapter entry, and how the tables are read.
 struct Serving<'a> {
@@ -144,7 +128,7 @@ impl<'a> Serving<'a> {
             let delta = match self.select {
                 LoraSelect::Gather => {
                     let pick = |table: Tensor| table.take(self.adapter_ids, 0);
-                    let delta = row_matmul(row_matmul(x, pick(a)), pick(b));
+                    let delta = batched_matmul(batched_matmul(x, pick(a)), pick(b));
                     let dims = delta.dims();
                     delta * pick(scale).broadcast_in_dim(&dims, &[0])
                 }
