@@ -24,6 +24,24 @@ fn greedy_tokens_equal_hf_generate() {
 }
 
 #[test]
+fn greedy_tokens_with_lora_on_the_experts_equal_hf_generate() {
+    for name in MODELS {
+        let dir = family(name);
+        let want = ids(&fixture_tensor(
+            &dir,
+            "expected_experts.safetensors",
+            "greedy_adapter_experts",
+        ));
+        let prompt = want[..7].join(",");
+        for mesh in [&[][..], &["--mesh", "dp=1,fsdp=2,mp=4", "--dtype", "f32"]] {
+            let got = greedy_ids(&dir, Some(&dir.join("adapter_experts")), &prompt, 24, mesh);
+            let got: Vec<String> = got.iter().map(u64::to_string).collect();
+            assert_eq!(got, want[7..], "{name} {mesh:?}");
+        }
+    }
+}
+
+#[test]
 fn one_sgd_and_one_adamw_step_with_the_aux_loss_equal_pytorch_peft() {
     for name in MODELS {
         for opt in ["sgd", "adamw"] {

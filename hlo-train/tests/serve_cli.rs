@@ -657,7 +657,15 @@ fn a_full_queue_is_429_a_client_that_leaves_frees_its_slot_and_sigterm_finishes_
 
 #[test]
 fn each_family_is_served_as_hf_generates() {
-    for name in ["qwen2", "qwen3", "mistral", "gemma3"] {
+    // The mixtures of experts too, with adapters on their attention.
+    for name in [
+        "qwen2",
+        "qwen3",
+        "mistral",
+        "gemma3",
+        "qwen3_moe",
+        "mixtral",
+    ] {
         let dir = family(name);
         let adapter = format!("peft={}", dir.join("adapter").display());
         let server = Server::start(&[
