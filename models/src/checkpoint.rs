@@ -44,7 +44,7 @@ pub struct Checkpoint {
 /// `block_sparse_moe.experts.{e}.w1/w3/w2.weight`, its router
 /// `block_sparse_moe.gate.weight`); every other parameter as it is.
 pub fn hf_layout(config: &ModelConfig, params: Vec<(String, Literal)>) -> Vec<(String, Literal)> {
-    let mixtral = config.family == crate::decoder::Family::Mixtral;
+    let (module, [gate, up, down]) = per_expert_names(config);
     let mut out = Vec::with_capacity(params.len());
     for (name, lit) in params {
         let Some((layer, what)) = name
@@ -55,20 +55,14 @@ pub fn hf_layout(config: &ModelConfig, params: Vec<(String, Literal)>) -> Vec<(S
             out.push((name, lit));
             continue;
         };
-        let at = if mixtral {
-            format!("model.layers.{layer}.block_sparse_moe")
-        } else {
-            format!("model.layers.{layer}.mlp")
-        };
-        let names: &[&str] = match (what, mixtral) {
-            ("mlp.gate.weight", true) => {
+        let at = format!("model.layers.{layer}.{module}");
+        let names: &[&str] = match what {
+            "mlp.gate.weight" => {
                 out.push((format!("{at}.gate.weight"), lit));
                 continue;
             }
-            ("mlp.experts.gate_up_proj", true) => &["w1", "w3"],
-            ("mlp.experts.gate_up_proj", false) => &["gate_proj", "up_proj"],
-            ("mlp.experts.down_proj", true) => &["w2"],
-            ("mlp.experts.down_proj", false) => &["down_proj"],
+            "mlp.experts.gate_up_proj" => &[gate, up],
+            "mlp.experts.down_proj" => &[down],
             _ => {
                 out.push((name, lit));
                 continue;
@@ -94,6 +88,18 @@ pub fn hf_layout(config: &ModelConfig, params: Vec<(String, Literal)>) -> Vec<(S
     out
 }
 
+/// How a family's checkpoints name a sparse layer's experts stored one by
+/// one: the module under the layer (Mixtral's `block_sparse_moe`, else
+/// `mlp`) and each expert's gate, up and down weights (Mixtral's `w1`,
+/// `w3`, `w2`).
+fn per_expert_names(config: &ModelConfig) -> (&'static str, [&'static str; 3]) {
+    if config.family == crate::decoder::Family::Mixtral {
+        ("block_sparse_moe", ["w1", "w3", "w2"])
+    } else {
+        ("mlp", ["gate_proj", "up_proj", "down_proj"])
+    }
+}
+
 /// Where each sparse layer's fused expert tensors and router are stored
 /// when not under their own names, as transformers 5 converts on load:
 /// per expert (`mlp.experts.{e}.gate_proj.weight`, `up_proj`,
@@ -108,18 +114,13 @@ fn expert_parts(
     let Some(moe) = &config.moe else {
         return joined;
     };
-    let mixtral = config.family == crate::decoder::Family::Mixtral;
-    let names = if mixtral {
-        ["w1", "w3", "w2"]
-    } else {
-        ["gate_proj", "up_proj", "down_proj"]
-    };
+    let (module, names) = per_expert_names(config);
     for l in (0..config.num_hidden_layers).filter(|l| config.is_sparse(*l)) {
         let canonical = format!("model.layers.{l}.mlp");
-        let stored_at = if mixtral && !stored.contains_key(&format!("{canonical}.gate.weight")) {
-            format!("model.layers.{l}.block_sparse_moe")
-        } else {
+        let stored_at = if stored.contains_key(&format!("{canonical}.gate.weight")) {
             canonical.clone()
+        } else {
+            format!("model.layers.{l}.{module}")
         };
         let router = format!("{canonical}.gate.weight");
         if stored_at != canonical {

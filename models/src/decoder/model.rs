@@ -159,8 +159,8 @@ pub(super) fn apply_rotary(y: Tensor, cos: Tensor, sin: Tensor, along: &[i64]) -
     y * cos.broadcast_in_dim(&d, along) + rotate_half(y) * sin.broadcast_in_dim(&d, along)
 }
 
-/// `cat(-x2, x1)` of the two halves of the last dimension.
-pub(super) fn rotate_half(x: Tensor) -> Tensor {
+/// The first and second halves of `x`'s last dimension.
+pub(super) fn halves(x: Tensor) -> (Tensor, Tensor) {
     let d = x.dims();
     let r = d.len();
     let half = d[r - 1] / 2;
@@ -169,9 +169,13 @@ pub(super) fn rotate_half(x: Tensor) -> Tensor {
     let zeros = vec![0; r];
     let mut start2 = zeros.clone();
     start2[r - 1] = half;
-    let x1 = x.slice(&zeros, &mid);
-    let x2 = x.slice(&start2, &d);
-    Tensor::concat(&[-x2, x1], r as i64 - 1)
+    (x.slice(&zeros, &mid), x.slice(&start2, &d))
+}
+
+/// `cat(-x2, x1)` of the two halves of the last dimension.
+pub(super) fn rotate_half(x: Tensor) -> Tensor {
+    let (x1, x2) = halves(x);
+    Tensor::concat(&[-x2, x1], x.rank() as i64 - 1)
 }
 
 /// A module's path as PEFT names it: a scanned layer's (`layer.…`, every

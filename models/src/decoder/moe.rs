@@ -22,7 +22,7 @@
 use hlo_ir::ops::{DotGeneral, Scatter};
 use hlo_ir::{full, iota, scope, DType, Tensor, TensorType};
 
-use super::model::{batched_matmul, Decoder, Params};
+use super::model::{batched_matmul, halves, Decoder, Params};
 
 /// How a mixture-of-experts layer runs its experts (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -184,16 +184,7 @@ impl ExpertWeight {
 
 /// SwiGLU of fused `[.., 2·I]` gate-and-up activations (gate first).
 fn swiglu(gate_up: Tensor) -> Tensor {
-    let dims = gate_up.dims();
-    let r = dims.len();
-    let half = dims[r - 1] / 2;
-    let zeros = vec![0; r];
-    let mut mid = dims.clone();
-    mid[r - 1] = half;
-    let mut start = zeros.clone();
-    start[r - 1] = half;
-    let gate = gate_up.slice(&zeros, &mid);
-    let up = gate_up.slice(&start, &dims);
+    let (gate, up) = halves(gate_up);
     gate * gate.logistic() * up
 }
 
