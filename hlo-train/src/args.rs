@@ -190,8 +190,8 @@ pub struct ModelArgs {
     /// Model preset (random weights; the exact HF config): tiny,
     /// llama3.2-1b, llama3.2-3b, llama3.1-8b, llama3.1-70b, llama3.1-405b,
     /// qwen2.5-0.5b, qwen2.5-7b, qwen3-0.6b, qwen3-8b, mistral-7b,
-    /// gemma3-270m, gemma3-1b, qwen3-30b-a3b, qwen3-235b-a22b, mixtral-8x7b
-    /// (default: tiny).
+    /// gemma3-270m, gemma3-1b, qwen3-30b-a3b, qwen3-235b-a22b, mixtral-8x7b,
+    /// gpt-oss-20b, gpt-oss-120b (default: tiny).
     #[arg(long)]
     pub model: Option<String>,
 
@@ -202,7 +202,8 @@ pub struct ModelArgs {
     pub checkpoint: Option<PathBuf>,
 
     /// Random weights from an HF config.json of a supported family (Llama,
-    /// Qwen2/2.5, Qwen3, Mistral, Gemma 3 text, Qwen3-MoE, Mixtral).
+    /// Qwen2/2.5, Qwen3, Mistral, Gemma 3 text, Qwen3-MoE, Mixtral,
+    /// gpt-oss).
     #[arg(long)]
     pub config: Option<PathBuf>,
 }

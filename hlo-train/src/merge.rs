@@ -97,13 +97,14 @@ pub fn run(args: &MergeArgs) -> Result<()> {
                     let dtype = ckpt.dtype(&name).context("checked on open")?;
                     Nf4Tensor::from_literal(&ckpt.read(&name, dtype)?, q.double_quant)
                 };
-                let merged = adapter.merge(&name, &base.dequantized_literal(DType::F32));
+                let merged =
+                    adapter.merge(&ckpt.config, &name, &base.dequantized_literal(DType::F32));
                 let bf16 = Literal::from_f64s(merged.ty.with_dtype(DType::BF16), &merged.to_f64s());
                 Literal::from_f64s(merged.ty.with_dtype(out_dtype), &bf16.to_f64s())
             }
             None => {
                 let dtype = ckpt.dtype(&name).context("checked on open")?;
-                let merged = adapter.merge(&name, &ckpt.read(&name, dtype)?);
+                let merged = adapter.merge(&ckpt.config, &name, &ckpt.read(&name, dtype)?);
                 match nf4 {
                     Some(_) if merged.ty.dtype != out_dtype => {
                         Literal::from_f64s(merged.ty.with_dtype(out_dtype), &merged.to_f64s())

@@ -229,14 +229,14 @@ fn bad_input_table() {
             )),
         ),
         (
-            "config names an unsupported architecture (gpt-oss)",
+            "config names an unsupported architecture (DeepSeek-V3)",
             gen(ckpt(
                 "arch",
                 None,
                 Some(
                     fixture_config
                         .replace("LlamaForCausalLM", "GptOssForCausalLM")
-                        .replace("\"model_type\": \"llama\"", "\"model_type\": \"gpt_oss\""),
+                        .replace("\"model_type\": \"llama\"", "\"model_type\": \"deepseek_v3\""),
                 ),
             )),
         ),

@@ -1,4 +1,4 @@
-//! Qwen3-MoE and Mixtral through the command line against HF
+//! Qwen3-MoE, Mixtral and gpt-oss through the command line against HF
 //! transformers 5 and PyTorch+PEFT (fixtures made by
 //! `scripts/make_moe_fixtures.py`): greedy tokens of `generate` equal HF's
 //! `generate` with and without a PEFT adapter; one SGD and one AdamW step
@@ -12,7 +12,7 @@ mod common;
 use common::*;
 use hlo_engine::models::io::read_safetensors;
 
-const MODELS: [&str; 2] = ["qwen3_moe", "mixtral"];
+const MODELS: [&str; 3] = ["qwen3_moe", "mixtral", "gpt_oss"];
 
 #[test]
 fn greedy_tokens_equal_hf_generate() {
@@ -89,9 +89,14 @@ fn merged_adapters_give_the_adapters_logits_in_hfs_layout() {
                 "logits_adapter_experts",
             ),
         ] {
-            assert_merge_of_gives_logits(&dir, adapter, &tmp, 1e-5);
+            // gpt-oss's f32 logits move by 1.1e-5 when PEFT itself merges
+            // the expert adapter (merge_and_unload against the unmerged
+            // model; our merged weights equal PEFT's within 6e-8).
+            let tol = if name == "gpt_oss" { 2e-5 } else { 1e-5 };
+            assert_merge_of_gives_logits(&dir, adapter, &tmp, tol);
             // The tensors as transformers' save_pretrained wrote the
-            // fixture: per expert (Mixtral's under block_sparse_moe).
+            // fixture: per expert (Mixtral's under block_sparse_moe;
+            // gpt-oss's fused).
             assert_eq!(keys(&tmp.join(name)), keys(&dir), "{name} {}", adapter.0);
         }
     }
@@ -103,7 +108,12 @@ fn plan_bench_and_dump_hlo_take_the_moe_families() {
     let dir = scratch("moe", "tools");
     for name in MODELS {
         // Scope names follow HF's module tree: the router and the experts.
-        assert_tools_take(&family(name), &["mlp.gate", "mlp.experts"], &dir);
+        let router = if name == "gpt_oss" {
+            "mlp.router"
+        } else {
+            "mlp.gate"
+        };
+        assert_tools_take(&family(name), &[router, "mlp.experts"], &dir);
     }
     std::fs::remove_dir_all(dir).unwrap();
 }

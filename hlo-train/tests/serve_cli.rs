@@ -665,6 +665,7 @@ fn each_family_is_served_as_hf_generates() {
         "gemma3",
         "qwen3_moe",
         "mixtral",
+        "gpt_oss",
     ] {
         let dir = family(name);
         let adapter = format!("peft={}", dir.join("adapter").display());

@@ -514,7 +514,7 @@ impl Adapter {
     /// adapter folded in: a module to save's weight replaces it; a LoRA
     /// target gets `W + scale · (A·B)ᵀ`, computed in f64 and rounded once
     /// to `weight`'s dtype; other weights come back as they are.
-    pub fn merge(&self, name: &str, weight: &Literal) -> Literal {
+    pub fn merge(&self, config: &ModelConfig, name: &str, weight: &Literal) -> Literal {
         if let Some(saved) = self.get(name) {
             return Literal::from_f64s(weight.ty.clone(), &saved.to_f64s());
         }
@@ -526,7 +526,9 @@ impl Adapter {
             return weight.clone();
         };
         if a.ty.rank() == 3 {
-            return merge_experts(weight, a, b, self.lora.scale_of(&expert_module(module)));
+            let transposed = config.moe.as_ref().is_some_and(|m| m.transposed());
+            let scale = self.lora.scale_of(&expert_module(module));
+            return merge_experts(weight, (a, b), scale, transposed);
         }
         // A [in, r], B [r, out].
         let (din, r, dout) = (
@@ -560,8 +562,14 @@ fn expert_module(parameter: &str) -> String {
 }
 
 /// `W[e] + scale · (A[e]·B[e])ᵀ` for fused experts `weight` `[E, out, in]`
-/// and factors `a` `[E, in, r]`, `b` `[E, r, out]`, in f64, rounded once.
-fn merge_experts(weight: &Literal, a: &Literal, b: &Literal, scale: f64) -> Literal {
+/// (`W[e] + scale · A[e]·B[e]` for `[E, in, out]`, `transposed`) and
+/// factors `a` `[E, in, r]`, `b` `[E, r, out]`, in f64, rounded once.
+fn merge_experts(
+    weight: &Literal,
+    (a, b): (&Literal, &Literal),
+    scale: f64,
+    transposed: bool,
+) -> Literal {
     let (e, din, r) = (
         a.ty.dims[0] as usize,
         a.ty.dims[1] as usize,
@@ -575,7 +583,12 @@ fn merge_experts(weight: &Literal, a: &Literal, b: &Literal, scale: f64) -> Lite
                 let d: f64 = (0..r)
                     .map(|k| av[(x * din + i) * r + k] * bv[(x * r + k) * dout + o])
                     .sum();
-                wv[(x * dout + o) * din + i] += scale * d;
+                let at = if transposed {
+                    (x * din + i) * dout + o
+                } else {
+                    (x * dout + o) * din + i
+                };
+                wv[at] += scale * d;
             }
         }
     }

@@ -84,12 +84,14 @@ pub struct MaskSpec {
 /// heads, tq, d]` and `k`, `v: [b, kv_heads, tk, d]`: query heads are
 /// grouped by their K/V head in one `dot_general` (no repeat_kv copies),
 /// the softmax in f32. `visible` is boolean and broadcasts into `[b,
-/// kv_heads, groups, tq, tk]` along `visible_dims`. Returns `[b, tq,
-/// heads·d]`.
+/// kv_heads, groups, tq, tk]` along `visible_dims`. `sinks` (`[heads]`,
+/// gpt-oss) adds one logit per head to each softmax, for no value.
+/// Returns `[b, tq, heads·d]`.
 pub fn grouped_attention(
     (q, k, v): (Tensor, Tensor, Tensor),
     (visible, visible_dims): (Tensor, &[i64]),
     scale: f64,
+    sinks: Option<Tensor>,
 ) -> Tensor {
     let (qd, kd) = (q.dims(), k.dims());
     let (b, nh, tq, hd) = (qd[0], qd[1], qd[2], qd[3]);
@@ -112,7 +114,21 @@ pub fn grouped_attention(
     let scores = visible
         .broadcast_in_dim(&shape, visible_dims)
         .where_(scores, scores.scalar_like(f32::MIN as f64));
-    let probs = scores.softmax(4).cast(dtype);
+    let probs = match sinks {
+        None => scores.softmax(4),
+        Some(sinks) => {
+            // HF concatenates the sink as one more column and drops its
+            // probability after the softmax.
+            let column = sinks
+                .cast(DType::F32)
+                .reshape(&[nkv, nh / nkv])
+                .broadcast_in_dim(&[b, nkv, nh / nkv, tq, 1], &[1, 2]);
+            Tensor::concat(&[scores, column], 4)
+                .softmax(4)
+                .slice(&[0; 5], &shape)
+        }
+    };
+    let probs = probs.cast(dtype);
     probs
         .dot_general(v, batched(4, 2))
         .cast(dtype)
@@ -124,12 +140,15 @@ pub fn grouped_attention(
 /// [`grouped_attention`] computed blockwise, for `q: [b, heads, s, d]` and
 /// `k`, `v: [b, kv_heads, s, d]` (self-attention: queries and keys are the
 /// same `s` positions) with `block` dividing `s`. Returns `[b, s,
-/// heads·d]`.
+/// heads·d]`. A head's sink starts its running maximum and sum (the
+/// sink's own term), so every block after folds in as usual; its
+/// gradient is `−Σ p_sink · (dO·O)` over the head's queries.
 pub fn blockwise_attention(
     (q, k, v): (Tensor, Tensor, Tensor),
     mask: MaskSpec,
     scale: f64,
     block: i64,
+    sinks: Option<Tensor>,
 ) -> Tensor {
     let (qd, kd) = (q.dims(), k.dims());
     let (b, nh, s, d) = (qd[0], qd[1], qd[2], qd[3]);
@@ -153,6 +172,9 @@ pub fn blockwise_attention(
         skip_outside: mask.skip_outside,
     };
     let mut operands = vec![("q", grouped), ("k", k), ("v", v)];
+    if let Some(sinks) = sinks {
+        operands.push(("sinks", sinks));
+    }
     if let Some(w) = mask.window {
         operands.push(("window", w));
     }
@@ -163,17 +185,29 @@ pub fn blockwise_attention(
         custom_vjp(
             &operands,
             |i| {
-                let (out, lse) = shape.forward(Mask::of(i), i["q"], i["k"], i["v"]);
+                let sinks = i.get("sinks").map(|t| shape.sink_rows(t));
+                let (out, lse) = shape.forward(Mask::of(i), i["q"], i["k"], i["v"], sinks);
                 (vec![out], vec![lse])
             },
             |i| {
-                let (dq, dk, dv) = shape.backward(
+                let (out, lse) = (i["output.0"], i["residual.0"]);
+                let (dq, dk, dv, delta) = shape.backward(
                     Mask::of(i),
                     (i["q"], i["k"], i["v"]),
-                    (i["output.0"], i["residual.0"]),
+                    (out, lse),
                     i["cotangent.0"],
                 );
-                vec![Some(dq), Some(dk), Some(dv), None, None]
+                let mut grads = vec![Some(dq), Some(dk), Some(dv)];
+                if let Some(sinks) = i.get("sinks") {
+                    // ∂/∂sink = −Σ p_sink·D over the batch and the queries.
+                    let rows = [b, nkv, g, s];
+                    let p_sink =
+                        (shape.sink_rows(sinks).broadcast_in_dim(&rows, &[1, 2]) - lse).exp();
+                    let d = -(p_sink * delta).sum(&[0, 3]);
+                    grads.push(Some(d.reshape(&[nh]).cast(sinks.dtype())));
+                }
+                grads.extend([None, None]);
+                grads
             },
         )[0]
     });
@@ -332,25 +366,44 @@ impl Shape {
         (raw.cast(self.dtype) * self.scale).cast(self.acc)
     }
 
+    /// The sinks `[heads]` as `[kv, g]` in the accumulator's dtype.
+    fn sink_rows(&self, sinks: Tensor) -> Tensor {
+        sinks.cast(self.acc).reshape(&[self.nkv, self.g])
+    }
+
     /// The output `[b, kv, g, s, d]` and each query's log-sum-exp `[b, kv,
-    /// g, s]` (f32).
-    fn forward(&self, mask: Mask, q: Tensor, k: Tensor, v: Tensor) -> (Tensor, Tensor) {
+    /// g, s]` (f32), the sinks' terms (`[kv, g]`) included.
+    fn forward(
+        &self,
+        mask: Mask,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        sinks: Option<Tensor>,
+    ) -> (Tensor, Tensor) {
         let (b, nkv, g, s, d, bl) = (self.b, self.nkv, self.g, self.s, self.d, self.block);
         let out = full(TensorType::new(self.dtype, [b, nkv, g, s, d]), 0.0);
         let lse = full(TensorType::new(self.acc, [b, nkv, g, s]), 0.0);
-        let mut init = vec![i32_scalar(0), out, lse, q, k, v];
+        // Each query block's running maximum and sum start empty, or at
+        // the sink's term (maximum itself, sum exp(0)).
+        let rows = TensorType::new(self.acc, [b, nkv, g, bl]);
+        let (m0, l0) = match sinks {
+            None => (full(rows.clone(), f32::MIN as f64), full(rows, 0.0)),
+            Some(sk) => (sk.broadcast_in_dim(&rows.dims, &[1, 2]), full(rows, 1.0)),
+        };
+        let mut init = vec![i32_scalar(0), out, lse, q, k, v, m0, l0];
         init.extend(mask.carried());
         let done = while_loop(
             &init,
             |c| c[0].lt(i32_scalar(self.blocks())),
             |c| {
                 let (i, out, lse, q, k, v) = (c[0], c[1], c[2], c[3], c[4], c[5]);
-                let mask = mask.in_carry(&c[6..]);
+                let (m0, l0) = (c[6], c[7]);
+                let mask = mask.in_carry(&c[8..]);
                 let qi = self.block_of(q, 3, i);
                 let (first, last) = self.key_range(i);
                 let acc = full(TensorType::new(self.acc, [b, nkv, g, bl, d]), 0.0);
-                let m = full(TensorType::new(self.acc, [b, nkv, g, bl]), f32::MIN as f64);
-                let l = full(TensorType::new(self.acc, [b, nkv, g, bl]), 0.0);
+                let (m, l) = (m0, l0);
                 let mut inner = vec![first, last, acc, m, l, qi, k, v, i];
                 inner.extend(mask.carried());
                 let r = while_loop(
@@ -389,7 +442,7 @@ impl Shape {
                     (acc / l.broadcast_in_dim(&[b, nkv, g, bl, d], &[0, 1, 2, 3])).cast(self.dtype);
                 let out = self.put_block(out, oi, 3, i);
                 let lse = self.put_block(lse, m + l.log(), 3, i);
-                let mut next = vec![i + 1.0, out, lse, q, k, v];
+                let mut next = vec![i + 1.0, out, lse, q, k, v, m0, l0];
                 next.extend(mask.carried());
                 next
             },
@@ -399,14 +452,14 @@ impl Shape {
 
     /// The cotangents of `q` (`[b, kv, g, s, d]`), `k` and `v` from the
     /// output's cotangent `dout`, recomputing each block's probabilities
-    /// from the log-sum-exp.
+    /// from the log-sum-exp; and `D = rowsum(dO ∘ O)` `[b, kv, g, s]`.
     fn backward(
         &self,
         mask: Mask,
         (q, k, v): (Tensor, Tensor, Tensor),
         (out, lse): (Tensor, Tensor),
         dout: Tensor,
-    ) -> (Tensor, Tensor, Tensor) {
+    ) -> (Tensor, Tensor, Tensor, Tensor) {
         let (b, nkv, g, s, d, bl) = (self.b, self.nkv, self.g, self.s, self.d, self.block);
         // D_i = rowsum(dO ∘ O): the softmax's correction term.
         let delta = (dout.cast(self.acc) * out.cast(self.acc)).sum(&[4]);
@@ -476,6 +529,7 @@ impl Shape {
             done[1].cast(self.dtype),
             done[2].cast(self.dtype),
             done[3].cast(self.dtype),
+            done[9],
         )
     }
 }

@@ -3,13 +3,14 @@
 //! checked against the config (name, shape, dtype, offsets inside its file)
 //! before anything is loaded, and tensors are read one at a time.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use hlo_ir::{DType, Literal, TensorType};
 use memmap2::Mmap;
 
 use crate::decoder::ModelConfig;
+use crate::mxfp4;
 use crate::nf4::{self, Nf4Tensor};
 use crate::safetensors_file::mmap;
 pub use crate::safetensors_file::{index_file, StoredTensor};
@@ -36,6 +37,9 @@ pub struct Checkpoint {
     /// from per-expert ones, and Mixtral's router under its stored name;
     /// the parts' values, in order, are the parameter's.
     joined: BTreeMap<String, Vec<String>>,
+    /// gpt-oss expert tensors stored in MXFP4 (`<name>_blocks`,
+    /// `<name>_scales`), dequantized when read.
+    mxfp4: BTreeSet<String>,
 }
 
 /// Parameters as transformers 5's `save_pretrained` writes them: a sparse
@@ -44,6 +48,10 @@ pub struct Checkpoint {
 /// `block_sparse_moe.experts.{e}.w1/w3/w2.weight`, its router
 /// `block_sparse_moe.gate.weight`); every other parameter as it is.
 pub fn hf_layout(config: &ModelConfig, params: Vec<(String, Literal)>) -> Vec<(String, Literal)> {
+    // gpt-oss's are saved fused, as the model holds them.
+    if config.moe.as_ref().is_some_and(|m| m.transposed()) {
+        return params;
+    }
     let (module, [gate, up, down]) = per_expert_names(config);
     let mut out = Vec::with_capacity(params.len());
     for (name, lit) in params {
@@ -111,7 +119,7 @@ fn expert_parts(
     stored: &BTreeMap<String, Entry>,
 ) -> BTreeMap<String, Vec<String>> {
     let mut joined = BTreeMap::new();
-    let Some(moe) = &config.moe else {
+    let Some(moe) = config.moe.as_ref().filter(|m| !m.transposed()) else {
         return joined;
     };
     let (module, names) = per_expert_names(config);
@@ -203,12 +211,25 @@ impl Checkpoint {
             files.push((path, map));
         }
         let joined = expert_parts(&config, &tensors);
+        // gpt-oss's released experts: blocks and scales where the tensor
+        // would be.
+        let mxfp4 = config
+            .parameter_shapes()
+            .into_iter()
+            .map(|(name, _)| name)
+            .filter(|name| {
+                config.moe.as_ref().is_some_and(|m| m.transposed())
+                    && !tensors.contains_key(name)
+                    && tensors.contains_key(&format!("{name}{}", mxfp4::BLOCKS_SUFFIX))
+            })
+            .collect();
         let mut ckpt = Checkpoint {
             dir: dir.to_path_buf(),
             config,
             files,
             tensors,
             joined,
+            mxfp4,
         };
         ckpt.untie_a_distinct_head()?;
         ckpt.check()?;
@@ -237,6 +258,10 @@ impl Checkpoint {
         for (name, shape) in self.config.parameter_shapes() {
             if let Some(parts) = self.joined.get(&name) {
                 self.check_parts(&name, parts, &shape)?;
+                continue;
+            }
+            if self.mxfp4.contains(&name) {
+                self.check_mxfp4(&name, &shape)?;
                 continue;
             }
             let e = self
@@ -282,6 +307,35 @@ impl Checkpoint {
                         ),
                     });
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// An MXFP4 tensor's blocks and scales are there, bytes, and of the
+    /// shapes that hold `shape` ([`mxfp4::stored_shapes`]).
+    fn check_mxfp4(&self, name: &str, shape: &[i64]) -> Result<(), ModelError> {
+        let (blocks, scales) =
+            mxfp4::stored_shapes(shape).ok_or_else(|| ModelError::Checkpoint {
+                file: self.dir.display().to_string(),
+                message: format!(
+                    "`{name}` is stored in MXFP4, but its {shape:?} input features are not whole blocks of {}",
+                    mxfp4::BLOCK
+                ),
+            })?;
+        for (suffix, want) in [
+            (mxfp4::BLOCKS_SUFFIX, blocks),
+            (mxfp4::SCALES_SUFFIX, scales),
+        ] {
+            let e = self.entry(&format!("{name}{suffix}"))?;
+            if e.tensor.dtype != DType::U8 || e.tensor.shape != want {
+                return Err(ModelError::Checkpoint {
+                    file: self.files[e.file].0.display().to_string(),
+                    message: format!(
+                        "tensor `{name}{suffix}` is {} {:?}, MXFP4 of {shape:?} is U8 {want:?}",
+                        e.tensor.dtype, e.tensor.shape
+                    ),
+                });
             }
         }
         Ok(())
@@ -334,6 +388,10 @@ impl Checkpoint {
     /// The stored dtype of a tensor (of a parameter stored in parts, its
     /// first part's).
     pub fn dtype(&self, name: &str) -> Option<DType> {
+        // transformers dequantizes MXFP4 to bf16, which holds it exactly.
+        if self.mxfp4.contains(name) {
+            return Some(DType::BF16);
+        }
         let stored = self.joined.get(name).and_then(|p| p.first());
         let name = stored.map_or(name, String::as_str);
         self.tensors.get(name).map(|e| e.tensor.dtype)
@@ -497,6 +555,19 @@ impl Checkpoint {
                 ty: TensorType::new(dtype, shape),
                 bytes,
             });
+        }
+        if self.mxfp4.contains(name) {
+            let shape = self.config.parameter_shape(name).unwrap_or_default();
+            let bytes = |suffix: &str| -> Result<Vec<u8>, ModelError> {
+                let e = self.entry(&format!("{name}{suffix}"))?;
+                Ok(self.files[e.file].1[e.tensor.start..e.tensor.end].to_vec())
+            };
+            let values = mxfp4::dequantize(
+                &bytes(mxfp4::BLOCKS_SUFFIX)?,
+                &bytes(mxfp4::SCALES_SUFFIX)?,
+                &shape,
+            );
+            return Ok(Literal::from_f64s(TensorType::new(dtype, shape), &values));
         }
         if dtype != DType::U8 && self.is_prequantized(name) {
             return Ok(self.read_nf4(name)?.dequantized_literal(dtype));

@@ -1,7 +1,7 @@
 //! `hlo-models` owns what the programs are, with no device in sight: the
 //! decoder of every family hlo-train runs (Llama 3.x, Qwen2/2.5, Qwen3,
-//! Mistral, Gemma 3 text, and the mixtures of experts Qwen3-MoE and
-//! Mixtral) written in the tracing DSL as HF transformers defines them
+//! Mistral, Gemma 3 text, and the mixtures of experts Qwen3-MoE, Mixtral
+//! and gpt-oss) written in the tracing DSL as HF transformers defines them
 //! ([`decoder`]), with presets, partition rules and
 //! initialisers; LoRA as PEFT
 //! defines it; the train, eval, forward and decode steps as traced
@@ -11,7 +11,8 @@
 //! (DPO, IPO, SimPO, ORPO as TRL defines them, [`preference`]); GRPO's
 //! loss as TRL's `GRPOTrainer` computes it ([`grpo`]); attention in the naive
 //! and the blockwise (FlashAttention) form ([`attention`]); safetensors checkpoints (HF in,
-//! bitsandbytes 4-bit too, [`checkpoint`]) and PEFT adapters in and out
+//! bitsandbytes 4-bit and gpt-oss's MXFP4 experts too, [`checkpoint`],
+//! [`mxfp4`]) and PEFT adapters in and out
 //! ([`adapter`]); QLoRA's NF4 base weights, quantized as bitsandbytes
 //! does and dequantized inside the steps ([`nf4`]); and a small example
 //! MLP ([`mlp`]).
@@ -40,6 +41,7 @@ pub mod grpo;
 pub mod io;
 pub mod loss;
 pub mod mlp;
+pub mod mxfp4;
 pub mod nf4;
 pub mod preference;
 mod projections;

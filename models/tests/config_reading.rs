@@ -4,7 +4,7 @@
 //! `rope_parameters` whole; the theta is the chosen spelling's own, else the
 //! top-level `rope_theta`, else 10000.
 
-use hlo_models::decoder::{LayerType, ModelConfig};
+use hlo_models::decoder::{ExpertStyle, LayerType, ModelConfig, RopeScaling};
 use serde_json::{json, Value};
 
 const LLAMA3: [(&str, f64); 4] = [
@@ -122,7 +122,6 @@ fn conflicting_rope_spellings_read_as_transformers_reads_them() {
 /// transformers 5.17 resolves them (`scripts/make_family_fixtures.py`).
 #[test]
 fn family_configs_read_as_transformers_reads_them() {
-    use hlo_models::decoder::RopeScaling;
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../tests/fixtures/families/config_cases.json");
     let cases: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
@@ -162,6 +161,7 @@ fn family_configs_read_as_transformers_reads_them() {
                 None => ("default", None),
                 Some(RopeScaling::Linear { factor }) => ("linear", Some(*factor)),
                 Some(RopeScaling::Llama3(s)) => ("llama3", Some(s.factor)),
+                Some(RopeScaling::Yarn(y)) => ("yarn", Some(y.factor)),
             };
             assert_eq!(rope_type, rope["rope_type"], "{name}");
             assert_eq!(factor, rope["factor"].as_f64(), "{name}");
@@ -185,19 +185,19 @@ fn unsupported_architectures_and_settings_are_refused_naming_what_runs() {
             .unwrap_err()
             .to_string()
     };
-    let runs = "(hlo-train runs LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Gemma3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM)";
+    let runs = "(hlo-train runs LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Gemma3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM)";
     for (extra, why) in [
         (
             json!({"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"]}),
             format!("unsupported: model_type `qwen2_moe` {runs}"),
         ),
         (
-            json!({"model_type": "gpt_oss"}),
-            format!("unsupported: model_type `gpt_oss` {runs}"),
+            json!({"model_type": "deepseek_v3"}),
+            format!("unsupported: model_type `deepseek_v3` {runs}"),
         ),
         (
-            json!({"architectures": ["GptOssForCausalLM"]}),
-            format!("unsupported: architectures [\"GptOssForCausalLM\"] {runs}"),
+            json!({"architectures": ["DeepseekV3ForCausalLM"]}),
+            format!("unsupported: architectures [\"DeepseekV3ForCausalLM\"] {runs}"),
         ),
         // Gemma 3's multimodal checkpoints (4B and up).
         (
@@ -221,8 +221,13 @@ fn unsupported_architectures_and_settings_are_refused_naming_what_runs() {
             "unsupported: hidden_activation `gelu` (only gelu_pytorch_tanh)".into(),
         ),
         (
-            json!({"model_type": "qwen2", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}),
-            "unsupported: rope type `yarn` (only default, linear and llama3)".into(),
+            json!({"model_type": "qwen2", "rope_scaling": {"rope_type": "longrope", "factor": 4.0}}),
+            "unsupported: rope type `longrope` (only default, linear, llama3 and yarn)".into(),
+        ),
+        (
+            json!({"model_type": "qwen3", "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                "original_max_position_embeddings": 32768, "mscale": 1.0, "mscale_all_dim": 1.0}}),
+            "unsupported: yarn rope with mscale = 1.0".into(),
         ),
         (
             json!({"model_type": "qwen2", "layer_types": ["full_attention"]}),
@@ -327,12 +332,66 @@ fn moe_configs_read_as_transformers_reads_them() {
             json!({"model_type": "qwen3_moe", "attention_bias": true}),
             "attention_bias = true",
         ),
+        (
+            json!({"model_type": "gpt_oss", "num_key_value_heads": 2, "swiglu_limit": -1.0}),
+            "swiglu_limit = -1",
+        ),
+        (
+            json!({"model_type": "gpt_oss", "num_key_value_heads": 2,
+                "quantization_config": {"quant_method": "fp8"}}),
+            "quant_method `fp8`",
+        ),
     ] {
         let err = small(extra.clone()).unwrap_err().to_string();
         assert!(err.contains(why), "{extra}: {err}");
     }
+    // gpt-oss (`GptOssConfig`'s defaults): biases on q/k/v/o, sinks,
+    // layers alternating sliding (window 128) and full, yarn over theta
+    // 150000, 128 experts of which 4 a token, swiglu 1.702 / 7; the
+    // released MXFP4 experts are read dequantized.
+    let g = small(json!({"model_type": "gpt_oss", "num_key_value_heads": 2,
+        "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}}))
+    .unwrap();
+    assert!(g.qkv_bias && g.o_bias && g.attention_sinks && g.quantization.is_none());
+    assert_eq!(
+        g.layer_types,
+        [
+            LayerType::Sliding,
+            LayerType::Full,
+            LayerType::Sliding,
+            LayerType::Full
+        ]
+    );
+    assert_eq!((g.sliding_window, g.rms_norm_eps), (Some(128), 1e-5));
+    assert_eq!(g.rope.theta, 150000.0);
+    match &g.rope.scaling {
+        Some(RopeScaling::Yarn(y)) => {
+            assert_eq!(
+                (y.factor, y.beta_fast, y.beta_slow, y.truncate),
+                (32.0, 32.0, 1.0, false)
+            );
+            assert!((y.attention_factor - (0.1 * 32f64.ln() + 1.0)).abs() < 1e-12);
+        }
+        other => panic!("{other:?}"),
+    }
+    let m = g.moe.as_ref().unwrap();
+    assert_eq!(
+        (m.num_experts, m.top_k, m.moe_intermediate_size),
+        (128, 4, 48)
+    );
+    assert_eq!(
+        m.style,
+        ExpertStyle::GptOss {
+            swiglu_alpha: 1.702,
+            swiglu_limit: 7.0
+        }
+    );
+    let unbiased =
+        small(json!({"model_type": "gpt_oss", "num_key_value_heads": 2, "attention_bias": false}))
+            .unwrap();
+    assert!(!unbiased.qkv_bias && !unbiased.o_bias);
     // Written out and read back, the same.
-    for c in [q, x] {
+    for c in [q, x, g, unbiased] {
         assert_eq!(ModelConfig::from_json(&c.to_json()).unwrap(), c);
     }
 }

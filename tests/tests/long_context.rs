@@ -1,8 +1,9 @@
 //! The long-context forms against the plain ones, on the CPU plugin:
 //! blockwise (FlashAttention) attention against the naive form (outputs and
 //! the gradients of q, k and v within 1e-5 in f32 under causal,
-//! sliding-window and packed-segment masks, with grouped K/V heads and
-//! several block sizes; its hand-written backward against central finite
+//! sliding-window and packed-segment masks, with grouped K/V heads,
+//! attention sinks (gpt-oss) and several block sizes; its hand-written
+//! backward against central finite
 //! differences in f64), the chunked LM head and loss against the whole one,
 //! and a whole LoRA train step with both against the plain step.
 
@@ -37,9 +38,12 @@ struct Mask {
     packed: bool,
     /// Tell the blockwise form the window when tracing (skip blocks).
     skip: bool,
+    /// A learned sink logit per head joins each softmax (gpt-oss).
+    sinks: bool,
 }
 
-fn naive(q: Tensor, k: Tensor, v: Tensor, mask: Mask) -> Tensor {
+fn naive(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, mask: Mask) -> Tensor {
+    let sinks = mask.sinks.then_some(sinks);
     let s = q.dims()[2];
     let sq = TensorType::new(DType::I32, [s, s]);
     let (rows, cols) = (iota(sq.clone(), 0), iota(sq, 1));
@@ -54,13 +58,13 @@ fn naive(q: Tensor, k: Tensor, v: Tensor, mask: Mask) -> Tensor {
             .broadcast_in_dim(&shape, &[0, 1])
             .eq(seg.broadcast_in_dim(&shape, &[0, 2]));
         let on = same.and(on.broadcast_in_dim(&shape, &[1, 2]));
-        grouped_attention((q, k, v), (on, &[0, 3, 4]), SCALE)
+        grouped_attention((q, k, v), (on, &[0, 3, 4]), SCALE, sinks)
     } else {
-        grouped_attention((q, k, v), (on, &[3, 4]), SCALE)
+        grouped_attention((q, k, v), (on, &[3, 4]), SCALE, sinks)
     }
 }
 
-fn blockwise(q: Tensor, k: Tensor, v: Tensor, mask: Mask, block: i64) -> Tensor {
+fn blockwise(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, mask: Mask, block: i64) -> Tensor {
     let s = q.dims()[2];
     let spec = MaskSpec {
         window: mask.window.map(|w| {
@@ -72,7 +76,7 @@ fn blockwise(q: Tensor, k: Tensor, v: Tensor, mask: Mask, block: i64) -> Tensor 
         skip_outside: mask.window.filter(|_| mask.skip),
         segments: mask.packed.then(|| segments(s)),
     };
-    blockwise_attention((q, k, v), spec, SCALE, block)
+    blockwise_attention((q, k, v), spec, SCALE, block, mask.sinks.then_some(sinks))
 }
 
 /// Output and gradients (of `sum(out · probe)`) of one form, on the plugin.
@@ -80,7 +84,7 @@ fn run(
     dtype: DType,
     s: i64,
     inputs: &[Literal],
-    form: impl Fn(Tensor, Tensor, Tensor) -> Tensor,
+    form: impl Fn(Tensor, Tensor, Tensor, Tensor) -> Tensor,
 ) -> Vec<Vec<f64>> {
     let t = |h: i64| TensorType::new(dtype, [B, h, s, D]);
     let f = trace(
@@ -90,15 +94,16 @@ fn run(
             ("k", t(KV_HEADS)),
             ("v", t(KV_HEADS)),
             ("probe", TensorType::new(dtype, [B, s, HEADS * D])),
+            ("sinks", TensorType::new(dtype, [HEADS])),
         ],
         |i| {
-            let out = form(i["q"], i["k"], i["v"]);
+            let out = form(i["q"], i["k"], i["v"], i["sinks"]);
             let loss = (out.cast(DType::F32) * i["probe"].cast(DType::F32)).sum(&[0, 1, 2]);
             vec![("loss", loss), ("out", out)]
         },
     )
     .unwrap();
-    let g = value_and_grad(&f, "loss", &["q", "k", "v"]).unwrap();
+    let g = value_and_grad(&f, "loss", &["q", "k", "v", "sinks"]).unwrap();
     let exe = CompiledFunction::new(client(), &g).unwrap_or_else(|e| panic!("{e}"));
     let host: Vec<HostArray> = inputs.iter().cloned().map(HostArray::from).collect();
     exe.run(&host)
@@ -117,15 +122,19 @@ fn random_inputs(dtype: DType, s: i64, seed: u64) -> Vec<Literal> {
         rng.literal(t(KV_HEADS), -1.5, 1.5),
         rng.literal(t(KV_HEADS), -1.0, 1.0),
         rng.literal(TensorType::new(dtype, [B, s, HEADS * D]), -1.0, 1.0),
+        rng.literal(TensorType::new(dtype, [HEADS]), -1.0, 2.0),
     ]
 }
 
 fn compare(dtype: DType, s: i64, mask: Mask, block: i64, tol: f64) -> f64 {
     let inputs = random_inputs(dtype, s, 7 + s as u64);
-    let want = run(dtype, s, &inputs, |q, k, v| naive(q, k, v, mask));
-    let got = run(dtype, s, &inputs, |q, k, v| blockwise(q, k, v, mask, block));
+    let want = run(dtype, s, &inputs, |q, k, v, sk| naive(q, k, v, sk, mask));
+    let got = run(dtype, s, &inputs, |q, k, v, sk| {
+        blockwise(q, k, v, sk, mask, block)
+    });
     let mut worst: f64 = 0.0;
-    for (name, (a, b)) in ["out", "dq", "dk", "dv"].iter().zip(got.iter().zip(&want)) {
+    let names = ["out", "dq", "dk", "dv", "dsinks"];
+    for (name, (a, b)) in names.iter().zip(got.iter().zip(&want)) {
         let diff = max_abs_diff(a, b);
         assert!(
             diff <= tol,
@@ -143,26 +152,43 @@ fn blockwise_equals_naive_in_f32_under_every_mask() {
             window: None,
             packed: false,
             skip: false,
+            sinks: false,
         },
         Mask {
             window: Some(5),
             packed: false,
             skip: true,
+            sinks: false,
         },
         Mask {
             window: Some(5),
             packed: false,
             skip: false,
+            sinks: false,
         },
         Mask {
             window: None,
             packed: true,
             skip: false,
+            sinks: false,
         },
         Mask {
             window: Some(6),
             packed: true,
             skip: true,
+            sinks: false,
+        },
+        Mask {
+            window: None,
+            packed: false,
+            skip: false,
+            sinks: true,
+        },
+        Mask {
+            window: Some(5),
+            packed: true,
+            skip: true,
+            sinks: true,
         },
     ];
     for mask in masks {
@@ -181,6 +207,7 @@ fn blockwise_in_bf16_stays_within_rounding_of_naive() {
         window: Some(9),
         packed: true,
         skip: true,
+        sinks: true,
     };
     compare(DType::BF16, 32, mask, 8, 6e-2);
 }
@@ -193,11 +220,19 @@ fn blockwise_backward_matches_finite_differences() {
             window: Some(3),
             packed: true,
             skip: true,
+            sinks: false,
         },
         Mask {
             window: None,
             packed: false,
             skip: false,
+            sinks: false,
+        },
+        Mask {
+            window: Some(3),
+            packed: false,
+            skip: true,
+            sinks: true,
         },
     ] {
         check_grads(
@@ -206,10 +241,11 @@ fn blockwise_backward_matches_finite_differences() {
                 arg("q", DType::F64, &[B, HEADS, s, D], -1.5, 1.5),
                 arg("k", DType::F64, &[B, KV_HEADS, s, D], -1.5, 1.5),
                 arg("v", DType::F64, &[B, KV_HEADS, s, D], -1.0, 1.0),
+                arg("sinks", DType::F64, &[HEADS], -1.0, 2.0),
             ],
-            &["q", "k", "v"],
+            &["q", "k", "v", "sinks"],
             1e-6,
-            |i| vec![blockwise(i["q"], i["k"], i["v"], mask, 2)],
+            |i| vec![blockwise(i["q"], i["k"], i["v"], i["sinks"], mask, 2)],
         );
     }
 }

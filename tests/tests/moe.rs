@@ -1,18 +1,20 @@
-//! Qwen3-MoE and Mixtral against HF transformers 5: f32 logits of the
-//! fixture models (made by `scripts/make_moe_fixtures.py`: top-k routing
-//! with and without renormalisation, a dense layer among sparse ones,
-//! experts stored per expert as transformers writes them and fused as it
-//! holds them) with and without a PEFT adapter; both formulations of the
-//! experts (sorted blocks, dense) give HF's logits.
+//! Qwen3-MoE, Mixtral and gpt-oss against HF transformers 5: f32 logits
+//! of the fixture models (made by `scripts/make_moe_fixtures.py`: top-k
+//! routing with and without renormalisation, a dense layer among sparse
+//! ones, experts stored per expert as transformers writes them and fused
+//! as it holds them; gpt-oss's biased router, transposed interleaved
+//! experts with biases and clamped SwiGLU, attention sinks, alternating
+//! sliding layers and yarn rotary) with and without a PEFT adapter; both
+//! formulations of the experts (sorted blocks, dense) give HF's logits.
 
 use std::path::PathBuf;
 
 use hlo_e2e::{expected_tensor, fixture_dir, fixture_logits_of, max_abs_diff, sparse_layer};
 use hlo_ir::{DType, Literal, Op};
 use hlo_models::checkpoint::Checkpoint;
-use hlo_models::decoder::{block_count, block_size, Family, ModelConfig, MoeKind};
+use hlo_models::decoder::{block_count, block_size, Family, LayerType, ModelConfig, MoeKind};
 
-const MODELS: [&str; 2] = ["qwen3_moe", "mixtral"];
+const MODELS: [&str; 3] = ["qwen3_moe", "mixtral", "gpt_oss"];
 
 fn fixture(name: &str) -> PathBuf {
     fixture_dir(&format!("families/{name}"))
@@ -21,7 +23,7 @@ fn fixture(name: &str) -> PathBuf {
 #[test]
 fn the_fixtures_exercise_each_familys_routing() {
     let c = |name: &str| ModelConfig::from_file(&fixture(name).join("config.json")).unwrap();
-    let (qwen, mixtral) = (c("qwen3_moe"), c("mixtral"));
+    let (qwen, mixtral, gpt_oss) = (c("qwen3_moe"), c("mixtral"), c("gpt_oss"));
     assert_eq!(qwen.family, Family::Qwen3Moe);
     let m = qwen.moe.as_ref().unwrap();
     assert_eq!(
@@ -35,12 +37,44 @@ fn the_fixtures_exercise_each_familys_routing() {
     let m = mixtral.moe.as_ref().unwrap();
     assert_eq!((m.num_experts, m.top_k), (4, 2));
     assert!(m.f32_routing_weights);
+    assert_eq!(gpt_oss.family, Family::GptOss);
+    let m = gpt_oss.moe.as_ref().unwrap();
+    assert_eq!((m.num_experts, m.top_k), (4, 2));
+    assert!(m.transposed() && gpt_oss.attention_sinks && gpt_oss.o_bias);
+    assert_eq!(
+        gpt_oss.layer_types,
+        [LayerType::Sliding, LayerType::Full],
+        "the window of 4 is shorter than the fixture's 11 tokens"
+    );
+    assert_eq!(gpt_oss.sliding_window, Some(4));
+}
+
+#[test]
+fn gpt_oss_yarn_frequencies_equal_hf() {
+    // transformers' `_compute_yarn_parameters` for the fixture (MOE.md).
+    let c = ModelConfig::from_file(&fixture("gpt_oss").join("config.json")).unwrap();
+    let want = [
+        1.0,
+        0.137188628,
+        0.0137774786,
+        0.000456483918,
+        1.10693582e-05,
+        1.51859081e-06,
+    ];
+    let got = c.inv_freq(LayerType::Full);
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() <= 1e-6 * w, "{got:?}");
+    }
+    let scaling = c.rope_attention_scaling(LayerType::Full);
+    assert!((scaling - 1.34657359).abs() < 1e-8, "{scaling}");
 }
 
 #[test]
 fn f32_logits_equal_hf() {
     for name in MODELS {
-        for dir in [fixture(name), fixture(name).join("fused")] {
+        // gpt-oss is saved fused: it has no second layout.
+        let fused = Some(fixture(name).join("fused")).filter(|d| d.is_dir());
+        for dir in std::iter::once(fixture(name)).chain(fused) {
             let got = fixture_logits_of(&dir, &fixture(name), DType::F32, None, false);
             let want = expected_tensor(&fixture(name), "logits").to_f64s();
             let d = max_abs_diff(&got, &want);
@@ -207,7 +241,13 @@ fn preset_parameter_counts_equal_hf() {
     // transformers' own count of the Hub configs (meta device).
     let text = std::fs::read_to_string(fixture_dir("families/moe_param_counts.json")).unwrap();
     let counts: serde_json::Value = serde_json::from_str(&text).unwrap();
-    for name in ["qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b"] {
+    for name in [
+        "qwen3-30b-a3b",
+        "qwen3-235b-a22b",
+        "mixtral-8x7b",
+        "gpt-oss-20b",
+        "gpt-oss-120b",
+    ] {
         let c = ModelConfig::preset(name).unwrap();
         assert_eq!(
             c.parameter_count(),
@@ -225,11 +265,44 @@ fn preset_parameter_counts_equal_hf() {
 }
 
 #[test]
-fn mixtrals_layers_as_one_scan_give_hfs_logits() {
-    // Every Mixtral layer is sparse, so the layers scan (stacked experts).
-    let dir = fixture("mixtral");
-    let got = fixture_logits_of(&dir, &dir, DType::F32, Some(&dir.join("adapter")), true);
-    let want = expected_tensor(&dir, "logits_adapter").to_f64s();
+fn mixtral_and_gpt_oss_layers_as_one_scan_give_hfs_logits() {
+    // Every layer is sparse, so the layers scan (stacked experts);
+    // gpt-oss's alternate sliding and full attention.
+    for name in ["mixtral", "gpt_oss"] {
+        let dir = fixture(name);
+        let got = fixture_logits_of(&dir, &dir, DType::F32, Some(&dir.join("adapter")), true);
+        let want = expected_tensor(&dir, "logits_adapter").to_f64s();
+        let d = max_abs_diff(&got, &want);
+        assert!(d < 1e-5, "{name} scanned: max abs diff {d:e}");
+    }
+}
+
+#[test]
+fn gpt_oss_mxfp4_experts_are_dequantized_as_transformers_does() {
+    // The released gpt-oss checkpoints' expert format (blocks of 32 FP4
+    // codes and a power of two each), made by
+    // scripts/make_mxfp4_fixture.py: the dequantized experts equal
+    // transformers' `convert_moe_packed_tensors` exactly, and the model's
+    // logits equal those of HF's model with them.
+    let dir = fixture("gpt_oss").join("mxfp4");
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    assert!(ckpt.config.quantization.is_none());
+    for (name, key) in [
+        (
+            "model.layers.0.mlp.experts.gate_up_proj",
+            "layers.0.gate_up_proj",
+        ),
+        ("model.layers.0.mlp.experts.down_proj", "layers.0.down_proj"),
+    ] {
+        assert_eq!(ckpt.dtype(name), Some(DType::BF16), "{name}");
+        let want = expected_tensor(&dir, key);
+        let got = ckpt.read(name, DType::F32).unwrap();
+        assert_eq!(got.ty.dims, want.ty.dims, "{name}");
+        assert_eq!(got.to_f64s(), want.to_f64s(), "{name}");
+    }
+    let got = fixture_logits_of(&dir, &dir, DType::F32, None, false);
+    let want = expected_tensor(&dir, "logits").to_f64s();
     let d = max_abs_diff(&got, &want);
-    assert!(d < 1e-5, "scanned: max abs diff {d:e}");
+    println!("gpt-oss from MXFP4: f32 max abs diff {d:e}");
+    assert!(d < 1e-5, "max abs diff {d:e}");
 }

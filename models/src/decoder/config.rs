@@ -27,10 +27,14 @@ pub enum Family {
     Qwen3Moe,
     /// `MixtralForCausalLM`: Mistral's attention, mixture-of-experts MLPs.
     Mixtral,
+    /// `GptOssForCausalLM`: biased attention with sinks, alternating
+    /// sliding layers, yarn rotary, experts with biases and a clamped
+    /// SwiGLU.
+    GptOss,
 }
 
 /// Every family, in the order errors list them.
-pub const FAMILIES: [Family; 7] = [
+pub const FAMILIES: [Family; 8] = [
     Family::Llama,
     Family::Qwen2,
     Family::Qwen3,
@@ -38,6 +42,7 @@ pub const FAMILIES: [Family; 7] = [
     Family::Gemma3,
     Family::Qwen3Moe,
     Family::Mixtral,
+    Family::GptOss,
 ];
 
 impl Family {
@@ -51,6 +56,7 @@ impl Family {
             Family::Gemma3 => "gemma3_text",
             Family::Qwen3Moe => "qwen3_moe",
             Family::Mixtral => "mixtral",
+            Family::GptOss => "gpt_oss",
         }
     }
 
@@ -64,6 +70,7 @@ impl Family {
             Family::Gemma3 => "Gemma3ForCausalLM",
             Family::Qwen3Moe => "Qwen3MoeForCausalLM",
             Family::Mixtral => "MixtralForCausalLM",
+            Family::GptOss => "GptOssForCausalLM",
         }
     }
 
@@ -84,6 +91,22 @@ pub struct Llama3Scaling {
     pub original_max_position_embeddings: f64,
 }
 
+/// `rope_type` `yarn` (YaRN; gpt-oss, long-context Qwen3): frequencies
+/// blended between interpolated (`/ factor`) and kept along a ramp over
+/// the dimensions between `beta_fast` and `beta_slow` rotations, and
+/// `cos`/`sin` multiplied by `attention_factor`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct YarnScaling {
+    pub factor: f64,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    pub original_max_position_embeddings: f64,
+    /// The correction range is floored/ceiled to whole dimensions.
+    pub truncate: bool,
+    /// HF's `attention_factor`; absent, `0.1 ln(factor) + 1`.
+    pub attention_factor: f64,
+}
+
 /// How rotary frequencies are rescaled for longer contexts.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
@@ -91,6 +114,8 @@ pub enum RopeScaling {
     Linear { factor: f64 },
     /// `rope_type` `llama3`.
     Llama3(Llama3Scaling),
+    /// `rope_type` `yarn`.
+    Yarn(YarnScaling),
 }
 
 /// A rotary embedding: its base and scaling.
@@ -138,6 +163,28 @@ pub enum Activation {
     GeluTanh,
 }
 
+/// What a family's experts are (the router, the expert tensors' layout
+/// and the activation).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ExpertStyle {
+    /// Qwen3-MoE, Mixtral: the router `mlp.gate` (no bias) takes the top-k
+    /// of the softmax of its logits; experts `[experts, out, in]` as
+    /// `nn.Linear` holds them, `gate_up_proj` with the gate rows first,
+    /// no biases; SwiGLU.
+    SwiGlu,
+    /// gpt-oss: the router `mlp.router` (with a bias) takes the top-k of
+    /// its logits and softmaxes those k; experts stored transposed
+    /// (`[experts, in, out]`, used as `x · W`), `gate_up_proj`'s columns
+    /// interleaved (gate even, up odd), each with a bias
+    /// (`gate_up_proj_bias`, `down_proj_bias`); the activation
+    /// `(clamp(up, ±limit) + 1) · g · σ(alpha · g)` with `g = min(gate,
+    /// limit)`.
+    GptOss {
+        swiglu_alpha: f64,
+        swiglu_limit: f64,
+    },
+}
+
 /// How an RMSNorm applies its weight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NormStyle {
@@ -147,6 +194,9 @@ pub enum NormStyle {
     /// `(1 + w) · x̂`, all in f32, then cast (`Gemma3RMSNorm`; weights
     /// start at 0).
     Gemma,
+    /// `w · x̂`, all in f32, then cast (`GptOssRMSNorm`, whose weights
+    /// transformers keeps in f32).
+    F32,
 }
 
 /// A mixture-of-experts MLP (Qwen3-MoE's `Qwen3MoeSparseMoeBlock`,
@@ -177,6 +227,37 @@ pub struct MoeConfig {
     /// weighted output; Qwen3-MoE rounds the weights to the model's dtype
     /// first.
     pub f32_routing_weights: bool,
+    pub style: ExpertStyle,
+}
+
+impl MoeConfig {
+    /// The router's module name under `mlp` (`gate`; gpt-oss: `router`).
+    pub fn router(&self) -> &'static str {
+        match self.style {
+            ExpertStyle::SwiGlu => "gate",
+            ExpertStyle::GptOss { .. } => "router",
+        }
+    }
+
+    /// Whether the expert tensors are `[experts, in, out]` (used as `x ·
+    /// W`), not `[experts, out, in]`.
+    pub fn transposed(&self) -> bool {
+        matches!(self.style, ExpertStyle::GptOss { .. })
+    }
+
+    /// Whether the experts (and the router) carry biases.
+    pub fn biased(&self) -> bool {
+        self.transposed()
+    }
+
+    /// `(experts, in, out)` of a fused expert tensor of shape `dims`.
+    pub fn expert_dims(&self, dims: &[i64]) -> (i64, i64, i64) {
+        if self.transposed() {
+            (dims[0], dims[1], dims[2])
+        } else {
+            (dims[0], dims[2], dims[1])
+        }
+    }
 }
 
 /// A decoder's shape and its family's differences from Llama, resolved.
@@ -203,8 +284,14 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<i64>,
     /// Standard deviation of random initial weights (HF's `initializer_range`).
     pub initializer_range: f64,
-    /// Qwen2: the q/k/v projections carry biases.
+    /// Qwen2, gpt-oss: the q/k/v projections carry biases.
     pub qkv_bias: bool,
+    /// gpt-oss: `o_proj` carries a bias too (`attention_bias`).
+    pub o_bias: bool,
+    /// gpt-oss: each query head has a learned logit (`self_attn.sinks`
+    /// `[heads]`) that joins its softmax as one more key with no value,
+    /// so the weights over the real keys sum to less than 1.
+    pub attention_sinks: bool,
     /// Qwen3, Gemma 3: an RMSNorm over each head's queries and keys
     /// (`self_attn.q_norm`, `self_attn.k_norm`) before RoPE.
     pub qk_norm: bool,
@@ -229,7 +316,7 @@ pub struct ModelConfig {
     /// The base projections in NF4 (QLoRA), dequantized just before each
     /// matmul; None: in the compute dtype.
     pub quantization: Option<crate::nf4::Nf4Config>,
-    /// Qwen3-MoE, Mixtral: the experts of the sparse layers.
+    /// Qwen3-MoE, Mixtral, gpt-oss: the experts of the sparse layers.
     pub moe: Option<MoeConfig>,
 }
 
@@ -296,12 +383,27 @@ impl ModelConfig {
                 push("self_attn.k_norm.weight", vec![hd]);
             }
             push("self_attn.o_proj.weight", vec![h, q]);
+            if self.o_bias {
+                push("self_attn.o_proj.bias", vec![h]);
+            }
+            if self.attention_sinks {
+                push("self_attn.sinks", vec![self.num_attention_heads]);
+            }
             push("post_attention_layernorm.weight", vec![h]);
             if self.sandwich_norms {
                 push("pre_feedforward_layernorm.weight", vec![h]);
                 push("post_feedforward_layernorm.weight", vec![h]);
             }
             match self.moe.as_ref().filter(|_| self.is_sparse(l)) {
+                Some(m) if m.transposed() => {
+                    let (e, mi) = (m.num_experts, m.moe_intermediate_size);
+                    push("mlp.router.weight", vec![e, h]);
+                    push("mlp.router.bias", vec![e]);
+                    push("mlp.experts.gate_up_proj", vec![e, h, 2 * mi]);
+                    push("mlp.experts.gate_up_proj_bias", vec![e, 2 * mi]);
+                    push("mlp.experts.down_proj", vec![e, mi, h]);
+                    push("mlp.experts.down_proj_bias", vec![e, h]);
+                }
                 Some(m) => {
                     let (e, mi) = (m.num_experts, m.moe_intermediate_size);
                     push("mlp.gate.weight", vec![e, h]);
@@ -370,7 +472,9 @@ impl ModelConfig {
         let Some(m) = &self.moe else {
             return self.parameter_count();
         };
-        let expert = 3 * self.hidden_size * m.moe_intermediate_size;
+        let (h, mi) = (self.hidden_size, m.moe_intermediate_size);
+        let biases = if m.biased() { 2 * mi + h } else { 0 };
+        let expert = 3 * h * mi + biases;
         let sparse = (0..self.num_hidden_layers)
             .filter(|l| self.is_sparse(*l))
             .count() as i64;
@@ -399,6 +503,15 @@ impl ModelConfig {
         }
     }
 
+    /// What `cos` and `sin` of layers of `kind` are multiplied by (HF's
+    /// `attention_scaling`: yarn's attention factor, else 1).
+    pub fn rope_attention_scaling(&self, kind: LayerType) -> f64 {
+        match &self.rope_of(kind).scaling {
+            Some(RopeScaling::Yarn(y)) => y.attention_factor,
+            _ => 1.0,
+        }
+    }
+
     /// The rotary inverse frequencies of layers of `kind`, scaled as HF
     /// computes them (then rounded to f32 as HF holds them).
     pub fn inv_freq(&self, kind: LayerType) -> Vec<f64> {
@@ -412,6 +525,7 @@ impl ModelConfig {
             Some(RopeScaling::Linear { factor }) => {
                 return base.iter().map(|f| (f / factor) as f32 as f64).collect()
             }
+            Some(RopeScaling::Yarn(y)) => return yarn_inv_freq(y, rope.theta, d),
             Some(RopeScaling::Llama3(s)) => s,
         };
         let low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
@@ -433,4 +547,31 @@ impl ModelConfig {
             })
             .collect()
     }
+}
+
+/// YaRN's inverse frequencies (transformers' `_compute_yarn_parameters`):
+/// each frequency blended between itself (extrapolated) and itself over
+/// `factor` (interpolated) by a ramp over the dimensions whose rotations
+/// within the original context lie between `beta_fast` and `beta_slow`.
+fn yarn_inv_freq(y: &YarnScaling, theta: f64, d: f64) -> Vec<f64> {
+    let correction = |rotations: f64| {
+        d * (y.original_max_position_embeddings / (rotations * 2.0 * std::f64::consts::PI)).ln()
+            / (2.0 * theta.ln())
+    };
+    let (mut low, mut high) = (correction(y.beta_fast), correction(y.beta_slow));
+    if y.truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+    if low == high {
+        high += 0.001;
+    }
+    (0..(d as i64) / 2)
+        .map(|i| {
+            let pos_freq = theta.powf((2 * i) as f64 / d);
+            let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+            // `1 - ramp` of the extrapolated frequency, `ramp` of the interpolated.
+            (ramp / (y.factor * pos_freq) + (1.0 - ramp) / pos_freq) as f32 as f64
+        })
+        .collect()
 }

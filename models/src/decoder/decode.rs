@@ -96,6 +96,8 @@ impl Decoder<'_> {
                         caches.push((kname, kc));
                         caches.push((vname, vc));
                         let out = self.attend(
+                            p,
+                            &a,
                             (q, kc.cast(dtype), vc.cast(dtype)),
                             (visible.of(kind), &[0, 3, 4]),
                         );

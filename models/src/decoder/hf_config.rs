@@ -10,8 +10,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::config::{
-    Activation, Family, LayerType, Llama3Scaling, ModelConfig, MoeConfig, NormStyle, Rope,
-    RopeScaling, FAMILIES,
+    Activation, ExpertStyle, Family, LayerType, Llama3Scaling, ModelConfig, MoeConfig, NormStyle,
+    Rope, RopeScaling, YarnScaling, FAMILIES,
 };
 use crate::nf4::Nf4Config;
 use crate::{ConfigError, ModelError};
@@ -132,9 +132,43 @@ fn rope_from(r: Option<&Value>, theta: f64) -> Result<Rope, ConfigError> {
             high_freq_factor: get("high_freq_factor")?,
             original_max_position_embeddings: get("original_max_position_embeddings")?,
         })),
+        "yarn" => {
+            let opt = |k: &str| r.and_then(|r| r.get(k)).filter(|v| !v.is_null());
+            for k in ["mscale", "mscale_all_dim"] {
+                if let Some(v) = opt(k) {
+                    return unsupported(format!(
+                        "yarn rope with {k} = {v} (DeepSeek's attention factor)"
+                    ));
+                }
+            }
+            let factor = get("factor")?;
+            if !(factor.is_finite() && factor > 0.0) {
+                return unsupported(format!("yarn rope factor = {factor}"));
+            }
+            let or = |k: &str, d: f64| {
+                opt(k)
+                    .and_then(Value::as_f64)
+                    .filter(|v| *v != 0.0)
+                    .unwrap_or(d)
+            };
+            let attention_factor = match opt("attention_factor").map(Value::as_f64) {
+                Some(Some(a)) => a,
+                Some(None) => return unsupported("yarn attention_factor (not a number)".into()),
+                None if factor <= 1.0 => 1.0,
+                None => 0.1 * factor.ln() + 1.0,
+            };
+            Some(RopeScaling::Yarn(YarnScaling {
+                factor,
+                beta_fast: or("beta_fast", 32.0),
+                beta_slow: or("beta_slow", 1.0),
+                original_max_position_embeddings: get("original_max_position_embeddings")?,
+                truncate: opt("truncate").and_then(Value::as_bool).unwrap_or(true),
+                attention_factor,
+            }))
+        }
         other => {
             return unsupported(format!(
-                "rope type `{other}` (only default, linear and llama3)"
+                "rope type `{other}` (only default, linear, llama3 and yarn)"
             ))
         }
     };
@@ -208,8 +242,14 @@ fn written_layer_types(
 
 /// `quantization_config` as transformers writes it for a model quantized
 /// by bitsandbytes: 4-bit NF4 of every layer projection is read (with or
-/// without double quantization); any other quantization is refused.
-fn quantization(obj: &Map<String, Value>) -> Result<Option<Nf4Config>, ConfigError> {
+/// without double quantization). gpt-oss's released MXFP4 experts are
+/// dequantized as the checkpoint is read (as transformers does without
+/// its kernels), so the model runs unquantized. Any other quantization is
+/// refused.
+fn quantization(
+    family: Family,
+    obj: &Map<String, Value>,
+) -> Result<Option<Nf4Config>, ConfigError> {
     let Some(q) = field(obj, "quantization_config") else {
         return Ok(None);
     };
@@ -218,9 +258,12 @@ fn quantization(obj: &Map<String, Value>) -> Result<Option<Nf4Config>, ConfigErr
         .ok_or_else(|| ConfigError::Unsupported(format!("quantization_config = {q}")))?;
     let text = |key: &str| field(q, key).and_then(Value::as_str);
     let method = text("quant_method").unwrap_or("(none)");
+    if method == "mxfp4" && family == Family::GptOss {
+        return Ok(None);
+    }
     if method != "bitsandbytes" {
         return unsupported(format!(
-            "quantization_config.quant_method `{method}` (only bitsandbytes 4-bit NF4)"
+            "quantization_config.quant_method `{method}` (only bitsandbytes 4-bit NF4, and gpt-oss's mxfp4 experts)"
         ));
     }
     if bool_field(q, "load_in_8bit")? == Some(true) || bool_field(q, "load_in_4bit")? != Some(true)
@@ -322,6 +365,7 @@ fn experts(
                 output_router_logits: aux.0,
                 router_aux_loss_coef: aux.1,
                 f32_routing_weights: false,
+                style: ExpertStyle::SwiGlu,
             }
         }
         Family::Mixtral => {
@@ -339,10 +383,37 @@ fn experts(
                 output_router_logits: aux.0,
                 router_aux_loss_coef: aux.1,
                 f32_routing_weights: true,
+                style: ExpertStyle::SwiGlu,
             }
         }
+        Family::GptOss => MoeConfig {
+            num_experts: expert_count(obj)?.unwrap_or(128),
+            top_k: int_field(obj, "num_experts_per_tok")?.unwrap_or(4),
+            moe_intermediate_size: intermediate,
+            // The softmax over the k chosen logits sums to 1 already.
+            norm_topk_prob: false,
+            sparse_layers: vec![true; layers.max(0) as usize],
+            output_router_logits: aux.0,
+            router_aux_loss_coef: aux.1,
+            f32_routing_weights: false,
+            style: ExpertStyle::GptOss {
+                swiglu_alpha: f64_field(obj, "swiglu_alpha")?.unwrap_or(1.702),
+                swiglu_limit: f64_field(obj, "swiglu_limit")?.unwrap_or(7.0),
+            },
+        },
         _ => return Ok(None),
     };
+    if let ExpertStyle::GptOss {
+        swiglu_alpha,
+        swiglu_limit,
+    } = moe.style
+    {
+        if !(swiglu_alpha.is_finite() && swiglu_limit.is_finite() && swiglu_limit > 0.0) {
+            return unsupported(format!(
+                "swiglu_alpha = {swiglu_alpha}, swiglu_limit = {swiglu_limit}"
+            ));
+        }
+    }
     if moe.num_experts < 1 || moe.top_k < 1 || moe.top_k > moe.num_experts {
         return unsupported(format!(
             "num_experts_per_tok = {} with {} experts",
@@ -417,6 +488,8 @@ impl ModelConfig {
         {
             return unsupported("attention_bias = true".into());
         }
+        // gpt-oss: q/k/v/o biases unless `attention_bias` is false.
+        let all_biases = family == GptOss && bool_field(obj, "attention_bias")?.unwrap_or(true);
         if family == Llama {
             if bool_field(obj, "mlp_bias")? == Some(true) {
                 return unsupported("mlp_bias = true".into());
@@ -472,6 +545,26 @@ impl ModelConfig {
                     None => (0..layers)
                         .map(|i| {
                             if w.is_some() && i >= from {
+                                LayerType::Sliding
+                            } else {
+                                LayerType::Full
+                            }
+                        })
+                        .collect(),
+                };
+                (w, types)
+            }
+            // Layers alternate, sliding first, unless written.
+            GptOss => {
+                let w = match obj.get("sliding_window") {
+                    None => Some(128),
+                    _ => window(obj)?,
+                };
+                let types = match written_layer_types(obj, layers)? {
+                    Some(t) => t,
+                    None => (0..layers)
+                        .map(|i| {
+                            if (i + 1) % 2 != 0 {
                                 LayerType::Sliding
                             } else {
                                 LayerType::Full
@@ -551,8 +644,16 @@ impl ModelConfig {
             // chosen one's own, else the top-level `rope_theta`, else
             // 10000 (checked against transformers 5.17 by
             // scripts/make_peft_variant_fixtures.py --probe-config).
-            let r = field(obj, "rope_scaling").or_else(|| field(obj, "rope_parameters"));
-            let theta = f64_field(obj, "rope_theta")?.unwrap_or(10000.0);
+            // gpt-oss's class default is yarn over a theta of 150000.
+            let gpt_oss_default = serde_json::json!({
+                "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": false, "original_max_position_embeddings": 4096,
+            });
+            let r = field(obj, "rope_scaling")
+                .or_else(|| field(obj, "rope_parameters"))
+                .or((family == GptOss).then_some(&gpt_oss_default));
+            let default_theta = if family == GptOss { 150000.0 } else { 10000.0 };
+            let theta = f64_field(obj, "rope_theta")?.unwrap_or(default_theta);
             (rope_from(r, theta)?, None)
         };
         if let Some(f) = f64_field(obj, "partial_rotary_factor")? {
@@ -572,17 +673,18 @@ impl ModelConfig {
             num_key_value_heads: raw.num_key_value_heads.unwrap_or(match family {
                 Llama => heads,
                 Qwen2 | Qwen3 => 32,
-                Mistral | Mixtral => 8,
+                Mistral | Mixtral | GptOss => 8,
                 Gemma3 | Qwen3Moe => 4,
             }),
             head_dim: raw.head_dim.unwrap_or(match family {
                 Qwen3 => 128,
                 Gemma3 => 256,
+                GptOss => 64,
                 _ if heads > 0 => raw.hidden_size / heads,
                 _ => 0,
             }),
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(match family {
-                Mixtral => 1e-5,
+                Mixtral | GptOss => 1e-5,
                 _ => 1e-6,
             }),
             rope,
@@ -592,15 +694,17 @@ impl ModelConfig {
             bos_token_id: ids(&raw.bos_token_id).first().copied(),
             eos_token_ids: ids(&raw.eos_token_id),
             initializer_range: raw.initializer_range,
-            qkv_bias: family == Qwen2,
+            qkv_bias: family == Qwen2 || all_biases,
+            o_bias: all_biases,
+            attention_sinks: family == GptOss,
             qk_norm: matches!(family, Qwen3 | Gemma3 | Qwen3Moe),
             layer_types,
             sliding_window,
             hidden_act,
-            norm_style: if gemma {
-                NormStyle::Gemma
-            } else {
-                NormStyle::Llama
+            norm_style: match family {
+                Gemma3 => NormStyle::Gemma,
+                GptOss => NormStyle::F32,
+                _ => NormStyle::Llama,
             },
             scale_embeddings: gemma,
             sandwich_norms: gemma,
@@ -617,7 +721,7 @@ impl ModelConfig {
             } else {
                 None
             },
-            quantization: quantization(obj)?,
+            quantization: quantization(family, obj)?,
             moe: experts(family, obj, layers, raw.intermediate_size)?,
         })
     }
@@ -676,6 +780,16 @@ impl ModelConfig {
                 "high_freq_factor": s.high_freq_factor,
                 "original_max_position_embeddings": s.original_max_position_embeddings,
             }),
+            Some(RopeScaling::Yarn(y)) => serde_json::json!({
+                "rope_type": "yarn",
+                "rope_theta": r.theta,
+                "factor": y.factor,
+                "beta_fast": y.beta_fast,
+                "beta_slow": y.beta_slow,
+                "original_max_position_embeddings": y.original_max_position_embeddings,
+                "truncate": y.truncate,
+                "attention_factor": y.attention_factor,
+            }),
         };
         let f = self.family;
         let mut v = serde_json::json!({
@@ -727,6 +841,14 @@ impl ModelConfig {
                     set("attention_bias", false.into());
                 }
             }
+            Family::GptOss => {
+                set("hidden_act", "silu".into());
+                set("attention_bias", self.o_bias.into());
+                set("sliding_window", self.sliding_window.into());
+                set("layer_types", types.into());
+                // transformers 5 reads the yarn settings from here.
+                set("rope_parameters", rope_json(&self.rope));
+            }
             Family::Gemma3 => {
                 set("hidden_activation", "gelu_pytorch_tanh".into());
                 set("attention_bias", false.into());
@@ -745,7 +867,15 @@ impl ModelConfig {
             set("num_experts_per_tok", m.top_k.into());
             set("output_router_logits", m.output_router_logits.into());
             set("router_aux_loss_coef", m.router_aux_loss_coef.into());
-            if f == Family::Mixtral {
+            if let ExpertStyle::GptOss {
+                swiglu_alpha,
+                swiglu_limit,
+            } = m.style
+            {
+                set("num_local_experts", m.num_experts.into());
+                set("swiglu_alpha", swiglu_alpha.into());
+                set("swiglu_limit", swiglu_limit.into());
+            } else if f == Family::Mixtral {
                 set("num_local_experts", m.num_experts.into());
             } else {
                 let dense: Vec<i64> = (0..self.num_hidden_layers)

@@ -1,7 +1,7 @@
 //! The decoder-only models hlo-train runs, as HF transformers computes
 //! them: Llama 3.x (`LlamaForCausalLM`) and the families that differ from
 //! it in a few named places (Qwen2/2.5, Qwen3, Mistral, Gemma 3 text, and
-//! the mixtures of experts Qwen3-MoE and Mixtral; see [`Family`] and the
+//! the mixtures of experts Qwen3-MoE, Mixtral and gpt-oss; see [`Family`] and the
 //! fields of [`ModelConfig`]), with PEFT LoRA.
 
 mod config;
@@ -15,8 +15,8 @@ mod rules;
 mod serving;
 
 pub use config::{
-    Activation, Family, LayerType, Llama3Scaling, ModelConfig, MoeConfig, NormStyle, Rope,
-    RopeScaling, FAMILIES,
+    Activation, ExpertStyle, Family, LayerType, Llama3Scaling, ModelConfig, MoeConfig, NormStyle,
+    Rope, RopeScaling, YarnScaling, FAMILIES,
 };
 pub use decode::{argmax, cache_types, decode_step, hashed_uniform, sample_rows, sample_tokens};
 pub use lora::{LoraConfig, DEFAULT_TARGETS, EXPERT_PARAMETERS, MODULES_TO_SAVE};
@@ -128,7 +128,8 @@ pub fn lora_parameter_types(config: &ModelConfig, lora: &LoraConfig) -> Vec<(Str
             let shape = config
                 .parameter_shape(&name)
                 .expect("a sparse layer's experts");
-            let (e, dout, din) = (shape[0], shape[1], shape[2]);
+            let moe = config.moe.as_ref().expect("a sparse layer's experts");
+            let (e, din, dout) = moe.expert_dims(&shape);
             let r = lora.rank_of(&format!("model.layers.{l}.mlp.experts"));
             out.push((
                 format!("{name}.lora_a"),
@@ -265,10 +266,10 @@ pub enum Init {
 pub fn initializer(config: &ModelConfig, name: &str, ty: &TensorType) -> Init {
     if name.ends_with("norm.weight") {
         match config.norm_style {
-            NormStyle::Llama => Init::Ones,
+            NormStyle::Llama | NormStyle::F32 => Init::Ones,
             NormStyle::Gemma => Init::Zeros,
         }
-    } else if name.ends_with(".bias") {
+    } else if name.ends_with(".bias") || name.ends_with("_bias") {
         Init::Zeros
     } else if name.ends_with(".lora_a") {
         // [in, r], or [layers, in, r] stacked.

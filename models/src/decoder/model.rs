@@ -149,6 +149,7 @@ pub fn rms_norm(x: Tensor, weight: Tensor, eps: f64, style: NormStyle) -> Tensor
     match style {
         NormStyle::Llama => along(weight.cast(dtype)) * normed.cast(dtype),
         NormStyle::Gemma => (normed * along(weight.cast(DType::F32) + 1.0)).cast(dtype),
+        NormStyle::F32 => (normed * along(weight.cast(DType::F32))).cast(dtype),
     }
 }
 
@@ -194,7 +195,9 @@ impl Decoder<'_> {
     /// The frozen projection at `module` (`x·Wᵀ`, plus its bias where the
     /// family has one: Qwen2's q/k/v).
     pub(super) fn base_proj(&self, p: &Params, module: &str, short: &str, x: Tensor) -> Tensor {
-        let biased = self.config.qkv_bias && matches!(short, "q_proj" | "k_proj" | "v_proj");
+        let c = self.config;
+        let biased = (c.qkv_bias && matches!(short, "q_proj" | "k_proj" | "v_proj"))
+            || (c.o_bias && short == "o_proj");
         let bias = biased.then(|| p.get(&format!("{module}.bias")));
         let mut w = p.get(&format!("{module}.weight"));
         if w.dtype() == DType::U8 {
@@ -281,7 +284,14 @@ impl Decoder<'_> {
             let angles = positions.cast(DType::F32).broadcast_in_dim(&dims, &keep)
                 * inv.broadcast_in_dim(&dims, &[rank]);
             let emb = Tensor::concat(&[angles, angles], rank);
-            (emb.cos().cast(dtype), emb.sin().cast(dtype))
+            // Yarn scales both (HF's `attention_scaling`), in f32.
+            let scaling = c.rope_attention_scaling(kind);
+            let (cos, sin) = if scaling == 1.0 {
+                (emb.cos(), emb.sin())
+            } else {
+                (emb.cos() * scaling, emb.sin() * scaling)
+            };
+            (cos.cast(dtype), sin.cast(dtype))
         };
         let full = tables(LayerType::Full);
         PerLayerType {
@@ -315,13 +325,29 @@ impl Decoder<'_> {
         }
     }
 
-    /// [`grouped_attention`] with the family's score scale.
+    /// [`grouped_attention`] with the family's score scale, and the
+    /// attention sinks of the layer at `attn` (`model.layers.3.self_attn`)
+    /// where the family has them.
     pub(super) fn attend(
         &self,
+        p: &Params,
+        attn: &str,
         qkv: (Tensor, Tensor, Tensor),
         visible: (Tensor, &[i64]),
     ) -> Tensor {
-        grouped_attention(qkv, visible, self.config.attention_scale())
+        grouped_attention(
+            qkv,
+            visible,
+            self.config.attention_scale(),
+            self.sinks(p, attn),
+        )
+    }
+
+    /// gpt-oss's per-head sink logits of the layer at `attn`.
+    pub(super) fn sinks(&self, p: &Params, attn: &str) -> Option<Tensor> {
+        self.config
+            .attention_sinks
+            .then(|| p.get(&format!("{attn}.sinks")))
     }
 
     /// The projected query, key and value heads of `x: [b, t, hidden]`,
@@ -375,10 +401,14 @@ impl Decoder<'_> {
         let proj = |m: &str, short: &str, x: Tensor| self.proj(p, m, short, x);
         let qkv = self.qkv_with(p, prefix, x, |y| apply_rotary(y, cos, sin, along), &proj);
         let out = match visible {
-            Visible::Blockwise(mask, block) => {
-                blockwise_attention(qkv, mask, self.config.attention_scale(), block)
-            }
-            Visible::Dense(m, dims) => self.attend(qkv, (m, dims)),
+            Visible::Blockwise(mask, block) => blockwise_attention(
+                qkv,
+                mask,
+                self.config.attention_scale(),
+                block,
+                self.sinks(p, prefix),
+            ),
+            Visible::Dense(m, dims) => self.attend(p, prefix, qkv, (m, dims)),
         };
         self.proj(p, &format!("{prefix}.o_proj"), "o_proj", out)
     }
@@ -394,7 +424,7 @@ impl Decoder<'_> {
         x: Tensor,
         proj: &dyn Fn(&str, &str, Tensor) -> Tensor,
     ) -> Tensor {
-        if p.has(&format!("{prefix}.gate.weight")) {
+        if p.has(&format!("{prefix}.gate.weight")) || p.has(&format!("{prefix}.router.weight")) {
             return self.sparse_mlp(p, prefix, x);
         }
         let gate = proj(&format!("{prefix}.gate_proj"), "gate_proj", x);

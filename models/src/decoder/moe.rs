@@ -22,6 +22,7 @@
 use hlo_ir::ops::{DotGeneral, Scatter};
 use hlo_ir::{full, iota, scope, DType, Tensor, TensorType};
 
+use super::config::ExpertStyle;
 use super::model::{batched_matmul, halves, Decoder, Params};
 
 /// How a mixture-of-experts layer runs its experts (see the module docs).
@@ -93,11 +94,12 @@ fn one_hot(idx: Tensor, experts: i64) -> Tensor {
 
 /// The `k` largest of `probs: [n, E]` per row, largest first (ties to the
 /// lower expert, as `torch.topk` on distinct values), as (values `[n, k]`,
-/// differentiable; experts `[n, k]` i32).
+/// differentiable; experts `[n, k]` i32). Compared in f32, where taken
+/// values are marked by its lowest number.
 fn top_k(probs: Tensor, k: i64) -> (Tensor, Tensor) {
     let (n, e) = (probs.dims()[0], probs.dims()[1]);
     let experts = iota(TensorType::new(DType::I32, [n, e]), 1);
-    let mut remaining = probs.stop_gradient();
+    let mut remaining = probs.stop_gradient().cast(DType::F32);
     let (mut values, mut picked) = (Vec::new(), Vec::new());
     for _ in 0..k {
         let best = remaining.max(&[1]).broadcast_in_dim(&[n, e], &[0]);
@@ -106,7 +108,8 @@ fn top_k(probs: Tensor, k: i64) -> (Tensor, Tensor) {
         let hit = one_hot(idx, e);
         values.push((hit.cast(probs.dtype()) * probs).sum(&[1]).reshape(&[n, 1]));
         picked.push(idx.reshape(&[n, 1]));
-        remaining = hit.where_(remaining.scalar_like(-1.0).broadcast_to(&[n, e]), remaining);
+        let taken = remaining.scalar_like(f32::MIN as f64).broadcast_to(&[n, e]);
+        remaining = hit.where_(taken, remaining);
     }
     (Tensor::concat(&values, 1), Tensor::concat(&picked, 1))
 }
@@ -130,32 +133,40 @@ fn cumsum0(x: Tensor) -> Tensor {
     y
 }
 
-/// `x: [.., c]` times each of a batch of matrices `w: [g, out, c]`
-/// (`nn.Linear` weights) with the batch `g` leading in `x` too: `[g, ..,
-/// out]`; bf16 and f16 accumulate in f32 and round once.
-fn batched_linear(x: Tensor, w: Tensor) -> Tensor {
+/// `x: [g, rows, c]` times each of a batch of matrices `w`, `[g, out, c]`
+/// (`nn.Linear` weights) or `[g, c, out]` when `transposed`, plus the
+/// batch's `bias` `[g, out]`: `[g, rows, out]`; bf16 and f16 accumulate
+/// in f32, add the bias and round once.
+fn batched_linear(x: Tensor, w: Tensor, transposed: bool, bias: Option<Tensor>) -> Tensor {
     let dtype = x.dtype();
     let wide = matches!(dtype, DType::BF16 | DType::F16);
-    x.dot_general(
+    let y = x.dot_general(
         w.cast(dtype),
         DotGeneral {
             lhs_batch: vec![0],
             rhs_batch: vec![0],
             lhs_contracting: vec![x.rank() as i64 - 1],
-            rhs_contracting: vec![2],
+            rhs_contracting: vec![if transposed { 1 } else { 2 }],
             precision: None,
             preferred_element_type: wide.then_some(DType::F32),
         },
-    )
-    .cast(dtype)
+    );
+    let y = match bias {
+        Some(b) => y + b.cast(y.dtype()).broadcast_in_dim(&y.dims(), &[0, 2]),
+        None => y,
+    };
+    y.cast(dtype)
 }
 
-/// One fused expert tensor and, when LoRA targets it, its factors taken
-/// at the same experts (`lora_a` `[g, in, r]`, `lora_b` `[g, r, out]`) and
-/// scale.
+/// One fused expert tensor (and its bias, gpt-oss) and, when LoRA targets
+/// it, its factors taken at the same experts (`lora_a` `[g, in, r]`,
+/// `lora_b` `[g, r, out]`) and scale.
 #[derive(Clone, Copy)]
 struct ExpertWeight {
     weight: Tensor,
+    /// `weight` is `[g, in, out]` (gpt-oss), not `[g, out, in]`.
+    transposed: bool,
+    bias: Option<Tensor>,
     lora: Option<(Tensor, Tensor, f64)>,
 }
 
@@ -164,6 +175,8 @@ impl ExpertWeight {
     fn take(self, at: Tensor) -> ExpertWeight {
         ExpertWeight {
             weight: self.weight.take(at, 0),
+            transposed: self.transposed,
+            bias: self.bias.map(|b| b.take(at, 0)),
             lora: self.lora.map(|(a, b, s)| (a.take(at, 0), b.take(at, 0), s)),
         }
     }
@@ -171,7 +184,7 @@ impl ExpertWeight {
     /// `x: [g, rows, in]` through expert g's matrix, `[g, rows, out]`; the
     /// LoRA branch in the adapter's dtype, as PEFT's factors compute it.
     fn apply(self, x: Tensor) -> Tensor {
-        let y = batched_linear(x, self.weight);
+        let y = batched_linear(x, self.weight, self.transposed, self.bias);
         match self.lora {
             Some((a, b, scale)) => {
                 let delta = batched_matmul(batched_matmul(x.cast(a.dtype()), a), b) * scale;
@@ -182,10 +195,40 @@ impl ExpertWeight {
     }
 }
 
-/// SwiGLU of fused `[.., 2·I]` gate-and-up activations (gate first).
-fn swiglu(gate_up: Tensor) -> Tensor {
-    let (gate, up) = halves(gate_up);
-    gate * gate.logistic() * up
+/// The experts' activation of fused `[.., 2·I]` gate-and-up
+/// activations: SwiGLU with the gate first; gpt-oss's clamped SwiGLU with
+/// the gate and up columns interleaved (see [`ExpertStyle::GptOss`]).
+fn activation(style: ExpertStyle, gate_up: Tensor) -> Tensor {
+    match style {
+        ExpertStyle::SwiGlu => {
+            let (gate, up) = halves(gate_up);
+            gate * gate.logistic() * up
+        }
+        ExpertStyle::GptOss {
+            swiglu_alpha,
+            swiglu_limit,
+        } => {
+            let mut dims = gate_up.dims();
+            let r = dims.len();
+            let i = dims[r - 1] / 2;
+            dims[r - 1] = i;
+            let mut pairs = dims.clone();
+            pairs.push(2);
+            let pairs = gate_up.reshape(&pairs);
+            let column = |c: i64| {
+                let mut start = vec![0; r + 1];
+                start[r] = c;
+                let mut end = pairs.dims();
+                end[r] = c + 1;
+                pairs.slice(&start, &end).reshape(&dims)
+            };
+            let limit = gate_up.scalar_like(swiglu_limit).broadcast_to(&dims);
+            let gate = column(0).minimum(limit);
+            let up = column(1).minimum(limit).maximum(-limit);
+            let glu = gate * (gate * swiglu_alpha).logistic();
+            (up + 1.0) * glu
+        }
+    }
 }
 
 impl Decoder<'_> {
@@ -200,9 +243,17 @@ impl Decoder<'_> {
         let n: i64 = dims[..dims.len() - 1].iter().product();
         let (e, k) = (m.num_experts, m.top_k);
         let xf = x.reshape(&[n, h]);
-        let (weights, experts, probs) = scope("gate", || {
-            let logits = super::model::linear(xf, p.get(&format!("{prefix}.gate.weight")), None);
+        let router = m.router();
+        let (weights, experts, probs) = scope(router, || {
+            let at = format!("{prefix}.{router}");
+            let bias = m.biased().then(|| p.get(&format!("{at}.bias")));
+            let logits = super::model::linear(xf, p.get(&format!("{at}.weight")), bias);
             let probs = logits.cast(DType::F32).softmax(1);
+            if m.transposed() {
+                // gpt-oss: the top-k of the logits, softmaxed among themselves.
+                let (top, experts) = top_k(logits, k);
+                return (top.cast(DType::F32).softmax(1).cast(dtype), experts, probs);
+            }
             let (mut w, experts) = top_k(probs, k);
             if m.norm_topk_prob {
                 w = w / w.sum(&[1]).broadcast_in_dim(&[n, k], &[0]);
@@ -232,23 +283,26 @@ impl Decoder<'_> {
                 });
             ExpertWeight {
                 weight: p.get(&at),
+                transposed: m.transposed(),
+                bias: m.biased().then(|| p.get(&format!("{at}_bias"))),
                 lora,
             }
         };
+        let act = |x: Tensor| activation(m.style, x);
         let (gate_up, down) = (expert_weight("gate_up_proj"), expert_weight("down_proj"));
         // Each (token, slot)'s expert output `[n, k, hidden]`.
         let outputs = scope("experts", || match self.moe {
             MoeKind::Dense => {
                 // [E, n, ..]: every expert on every token.
                 let all = xf.broadcast_in_dim(&[e, n, h], &[1, 2]);
-                let y = down.apply(swiglu(gate_up.apply(all)));
+                let y = down.apply(act(gate_up.apply(all)));
                 // The k chosen of each token: [n, k, hidden].
                 let y = y.transpose(&[1, 0, 2]);
                 batched_matmul(one_hot(experts, e).cast(dtype), y)
             }
             MoeKind::Blocks { block } => {
                 let block = block.unwrap_or_else(|| block_size(n * k, e));
-                self.expert_blocks(xf, experts, (gate_up, down), block)
+                self.expert_blocks(xf, experts, (gate_up, down), act, block)
                     .reshape(&[n, k, h])
             }
         });
@@ -267,6 +321,7 @@ impl Decoder<'_> {
         x: Tensor,
         experts: Tensor,
         (gate_up, down): (ExpertWeight, ExpertWeight),
+        act: impl Fn(Tensor) -> Tensor,
         block: i64,
     ) -> Tensor {
         let (n, h) = (x.dims()[0], x.dims()[1]);
@@ -316,7 +371,7 @@ impl Decoder<'_> {
             .minimum(full(i32s(&[blocks]), (e - 1) as f64));
         let y = down
             .take(owner)
-            .apply(swiglu(gate_up.take(owner).apply(sorted)));
+            .apply(act(gate_up.take(owner).apply(sorted)));
         y.reshape(&[rows, h]).take(dest, 0)
     }
 }

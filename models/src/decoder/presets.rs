@@ -4,13 +4,13 @@
 //! by transformers on the meta device).
 
 use super::config::{
-    Activation, Family, LayerType, Llama3Scaling, ModelConfig, MoeConfig, NormStyle, Rope,
-    RopeScaling,
+    Activation, ExpertStyle, Family, LayerType, Llama3Scaling, ModelConfig, MoeConfig, NormStyle,
+    Rope, RopeScaling, YarnScaling,
 };
 use crate::ConfigError;
 
 /// Every preset name, in the order `--help` and errors list them.
-pub const PRESETS: [&str; 16] = [
+pub const PRESETS: [&str; 18] = [
     "tiny",
     "llama3.2-1b",
     "llama3.2-3b",
@@ -27,6 +27,8 @@ pub const PRESETS: [&str; 16] = [
     "qwen3-30b-a3b",
     "qwen3-235b-a22b",
     "mixtral-8x7b",
+    "gpt-oss-20b",
+    "gpt-oss-120b",
 ];
 
 /// The sizes every family names alike: (vocab, hidden, intermediate,
@@ -55,6 +57,8 @@ fn base(family: Family, sizes: Sizes, rope: Rope, eps: f64, tied: bool) -> Model
         eos_token_ids: Vec::new(),
         initializer_range: 0.02,
         qkv_bias: false,
+        o_bias: false,
+        attention_sinks: false,
         qk_norm: false,
         layer_types: vec![LayerType::Full; layers as usize],
         sliding_window: None,
@@ -152,6 +156,7 @@ fn qwen3_moe(s: Sizes, moe_intermediate: i64) -> ModelConfig {
             output_router_logits: false,
             router_aux_loss_coef: 0.001,
             f32_routing_weights: false,
+            style: ExpertStyle::SwiGlu,
         }),
         ..ModelConfig {
             family: Family::Qwen3Moe,
@@ -160,11 +165,67 @@ fn qwen3_moe(s: Sizes, moe_intermediate: i64) -> ModelConfig {
     }
 }
 
+/// gpt-oss (openai/gpt-oss-20b and -120b): `experts` of which 4 a
+/// token, every layer sparse, sliding (window 128) and full layers
+/// alternating, yarn rotary (factor 32 over theta 150000).
+fn gpt_oss(layers: i64, experts: i64) -> ModelConfig {
+    let rope = Rope {
+        theta: 150000.0,
+        scaling: Some(RopeScaling::Yarn(YarnScaling {
+            factor: 32.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            original_max_position_embeddings: 4096.0,
+            truncate: false,
+            attention_factor: 0.1 * 32f64.ln() + 1.0,
+        })),
+    };
+    ModelConfig {
+        bos_token_id: Some(199998),
+        eos_token_ids: vec![200002],
+        qkv_bias: true,
+        o_bias: true,
+        attention_sinks: true,
+        layer_types: (0..layers)
+            .map(|i| {
+                if i % 2 == 0 {
+                    LayerType::Sliding
+                } else {
+                    LayerType::Full
+                }
+            })
+            .collect(),
+        sliding_window: Some(128),
+        norm_style: NormStyle::F32,
+        moe: Some(MoeConfig {
+            num_experts: experts,
+            top_k: 4,
+            moe_intermediate_size: 2880,
+            norm_topk_prob: false,
+            sparse_layers: vec![true; layers as usize],
+            output_router_logits: false,
+            router_aux_loss_coef: 0.9,
+            f32_routing_weights: false,
+            style: ExpertStyle::GptOss {
+                swiglu_alpha: 1.702,
+                swiglu_limit: 7.0,
+            },
+        }),
+        ..base(
+            Family::GptOss,
+            (201088, 2880, 2880, layers, 64, 8, 64),
+            rope,
+            1e-5,
+            false,
+        )
+    }
+}
+
 impl ModelConfig {
     /// A preset by name (see [`PRESETS`]): `tiny` or the exact HF config
     /// of Llama 3.2 1B/3B, 3.1 8B/70B/405B, Qwen2.5 0.5B/7B, Qwen3
     /// 0.6B/8B, Mistral 7B v0.3, Gemma 3 270M/1B, Qwen3-30B-A3B,
-    /// Qwen3-235B-A22B, Mixtral 8x7B.
+    /// Qwen3-235B-A22B, Mixtral 8x7B, gpt-oss-20b/120b.
     ///
     /// ```
     /// let q = hlo_models::decoder::ModelConfig::preset("qwen2.5-0.5b").unwrap();
@@ -230,6 +291,7 @@ impl ModelConfig {
                     output_router_logits: false,
                     router_aux_loss_coef: 0.02,
                     f32_routing_weights: true,
+                    style: ExpertStyle::SwiGlu,
                 }),
                 ..base(
                     Family::Mixtral,
@@ -239,6 +301,8 @@ impl ModelConfig {
                     false,
                 )
             },
+            "gpt-oss-20b" => gpt_oss(24, 32),
+            "gpt-oss-120b" => gpt_oss(36, 128),
             other => {
                 return Err(ConfigError::UnknownPreset {
                     name: other.to_string(),

@@ -11,8 +11,8 @@ use hlo_partitioner::{PartitionSpec, Rules};
 /// kernels' output features are, so each device adds its own heads'
 /// biases. Stacked layer parameters carry a leading layer axis these rules
 /// do not mention (see `Step::leading_axis_names`). A mixture of experts'
-/// fused expert tensors are split over `fsdp` by expert, its router
-/// replicated.
+/// fused expert tensors (and gpt-oss's expert biases) are split over
+/// `fsdp` by expert, its router replicated.
 ///
 /// ```
 /// use hlo_partitioner::PartitionSpec;
@@ -52,7 +52,16 @@ pub fn partition_rules() -> Rules {
             r"mlp\.experts\.(gate_up_proj|down_proj)$",
             p(&[&["fsdp"], &[], &[]]),
         ),
-        (r"mlp\.gate\.weight$", PartitionSpec::replicated()),
+        // gpt-oss: the experts' biases split as their experts; the router
+        // (with its bias), the attention sinks and o_proj's bias whole.
+        (
+            r"mlp\.experts\.(gate_up_proj|down_proj)_bias$",
+            p(&[&["fsdp"], &[]]),
+        ),
+        (
+            r"(mlp\.gate\.weight|mlp\.router\.(weight|bias)|self_attn\.sinks|o_proj\.bias)$",
+            PartitionSpec::replicated(),
+        ),
         (
             r"^(input_ids|labels|loss_mask|positions|segment_ids|old_logps|ref_token_logps)$",
             p(&[&["dp", "fsdp"], &[]]),

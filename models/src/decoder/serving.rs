@@ -440,17 +440,23 @@ pub fn slot_step(
                     caches.push((name, cache));
                 }
                 let kind = c.layer_types[l as usize];
+                let attn = format!("model.layers.{l}.self_attn");
                 let mut out = Vec::new();
                 if let (Some(q), Some(visible)) = (q_d, &decode_visible) {
                     out.push(s.model.attend(
+                        &p,
+                        &attn,
                         (q, decode_kv[0], decode_kv[1]),
                         (visible.of(kind), &[0, 3, 4]),
                     ));
                 }
                 if let (Some(q), Some(visible)) = (q_c, &chunk_visible) {
-                    let a = s
-                        .model
-                        .attend((q, chunk_kv[0], chunk_kv[1]), (visible.of(kind), &[3, 4]));
+                    let a = s.model.attend(
+                        &p,
+                        &attn,
+                        (q, chunk_kv[0], chunk_kv[1]),
+                        (visible.of(kind), &[3, 4]),
+                    );
                     // [1, chunk, heads·d] → [chunk, 1, heads·d]
                     out.push(a.reshape(&[chunk, 1, a.dims()[2]]));
                 }
