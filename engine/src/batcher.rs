@@ -706,7 +706,7 @@ impl Batcher {
             select: LoraSelect::Gather,
         };
         let mesh = backend.mesh().clone();
-        let rules = partition_rules();
+        let rules = partition_rules(config);
         let mut weights = Vec::new();
         for (name, ty) in base_parameter_types(config, dtype) {
             let spec = rules.spec_for(&name, ty.rank());

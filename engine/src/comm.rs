@@ -43,7 +43,7 @@ use hlo_models::decoder::{
     base_parameter_types, lora_parameter_types, partition_rules, ModelConfig,
 };
 use hlo_models::train::TrainConfig;
-use hlo_partitioner::Mesh;
+use hlo_partitioner::{Mesh, Rules};
 
 use crate::hardware::Interconnect;
 
@@ -101,8 +101,8 @@ struct Held {
     over_fsdp: bool,
 }
 
-fn held(name: &str, dims: &[i64], dtype: DType, mesh: &Mesh) -> Held {
-    let spec = partition_rules().spec_for(name, dims.len());
+fn held(rules: &Rules, name: &str, dims: &[i64], dtype: DType, mesh: &Mesh) -> Held {
+    let spec = rules.spec_for(name, dims.len());
     let block: i64 = spec.shard_shape(mesh, dims).iter().product();
     Held {
         shard_bytes: (block as f64) * dtype.size_in_bytes() as f64,
@@ -116,6 +116,7 @@ fn held(name: &str, dims: &[i64], dtype: DType, mesh: &Mesh) -> Held {
 pub fn step_traffic(config: &ModelConfig, tc: &TrainConfig, mesh: &Mesh) -> Vec<Transfer> {
     let size = |a: &str| mesh.axis_size(a).unwrap_or(1);
     let (dp, fsdp, mp) = (size("dp"), size("fsdp"), size("mp"));
+    let rules = partition_rules(config);
     let micro = tc.grad_accum.max(1) as u64;
     let base = base_parameter_types(config, tc.dtype);
     let lora = tc
@@ -148,7 +149,7 @@ pub fn step_traffic(config: &ModelConfig, tc: &TrainConfig, mesh: &Mesh) -> Vec<
     let gather = |list: &[(String, hlo_ir::TensorType)]| {
         let (mut bytes, mut count) = (0.0, 0u64);
         for (name, ty) in list {
-            let h = held(name, &ty.dims, ty.dtype, mesh);
+            let h = held(&rules, name, &ty.dims, ty.dtype, mesh);
             if !h.over_fsdp {
                 continue;
             }
@@ -179,7 +180,7 @@ pub fn step_traffic(config: &ModelConfig, tc: &TrainConfig, mesh: &Mesh) -> Vec<
         (0.0, 0u64, 0.0, 0u64, 0.0, 0u64);
     let trained_list = base.iter().filter(|(n, _)| trained(n)).chain(lora.iter());
     for (name, ty) in trained_list {
-        let h = held(name, &ty.dims, ty.dtype, mesh);
+        let h = held(&rules, name, &ty.dims, ty.dtype, mesh);
         if h.over_fsdp {
             rs += ring_bytes(Collective::ReduceScatter, fsdp, h.shard_bytes * fsdp as f64);
             rs_n += 1;

@@ -150,7 +150,7 @@ impl Generator {
         if let Some(l) = &lora {
             types.extend(lora_parameter_types(config, l));
         }
-        let rules = partition_rules();
+        let rules = partition_rules(config);
         let (mut params, mut param_index, mut specs) = (Vec::new(), HashMap::new(), HashMap::new());
         for (name, ty) in types {
             let spec = rules.spec_for(&name, ty.rank());

@@ -762,7 +762,7 @@ impl Scorer {
         let step = token_logps_step(config, tc, lora.as_ref(), temperature)?;
         let backend = session.backend();
         let mesh = backend.mesh();
-        let rules = partition_rules();
+        let rules = partition_rules(config);
         let mut own = HashMap::new();
         if let (Some(a), Some(l), false) = (adapter, &lora, policy) {
             for (name, ty) in lora_parameter_types(config, l) {

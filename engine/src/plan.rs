@@ -77,7 +77,7 @@ pub fn plan(
     tc: &TrainConfig,
     mesh: &Mesh,
 ) -> Result<(ShardedStep, MemoryPlan)> {
-    let step = ShardedStep::new(&train_step(config, tc)?, mesh, &partition_rules())?;
+    let step = ShardedStep::new(&train_step(config, tc)?, mesh, &partition_rules(config))?;
     let (mut weights, mut lora, mut optimizer) = (0u64, 0u64, 0u64);
     let (mut nf4_bytes, mut dequantized) = (0u64, 0u64);
     let f = step.function();

@@ -33,7 +33,7 @@ pub fn precompute(
     seed: u64,
 ) -> Result<Vec<[f32; 2]>> {
     let traced = reference_logps_step(&model.config, tc, adapter.map(|a| &a.lora))?;
-    let laid = ShardedStep::new(&traced, backend.mesh(), &partition_rules())?;
+    let laid = ShardedStep::new(&traced, backend.mesh(), &partition_rules(&model.config))?;
     let program = laid.compile(backend, Mode::Jit)?;
     let f = laid.function();
     let mut weights: Vec<Option<DeviceArray>> = Vec::with_capacity(f.inputs.len());

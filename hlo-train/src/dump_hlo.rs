@@ -95,7 +95,7 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
         )?,
     };
     let sharded = if laid_out {
-        ShardedStep::new(&step, &mesh, &partition_rules())?
+        ShardedStep::new(&step, &mesh, &partition_rules(config))?
     } else {
         ShardedStep::unsharded(&step)
     };

@@ -1,7 +1,7 @@
 //! The decoder's partition rules give the recipe's table (and place the
 //! families' biases and norms); LoRA targets read as a set.
 
-use hlo_models::decoder::partition_rules;
+use hlo_models::decoder::{partition_rules, ModelConfig};
 use hlo_partitioner::PartitionSpec;
 
 fn p(dims: &[&[&str]]) -> PartitionSpec {
@@ -10,7 +10,7 @@ fn p(dims: &[&[&str]]) -> PartitionSpec {
 
 #[test]
 fn default_llama_rules_follow_the_recipe_table() {
-    let r = partition_rules();
+    let r = partition_rules(&ModelConfig::preset("tiny").unwrap());
     let cases = [
         ("model.embed_tokens.weight", p(&[&["mp"], &["fsdp"]])),
         ("lm_head.weight", p(&[&["mp"], &["fsdp"]])),
@@ -56,6 +56,40 @@ fn default_llama_rules_follow_the_recipe_table() {
     for (name, want) in cases {
         assert_eq!(r.spec_for(name, 2), want, "{name}");
     }
+}
+
+#[test]
+fn experts_split_over_fsdp_and_gpt_oss_experts_over_mp_within() {
+    let experts = |preset: &str, name: &str| {
+        let r = partition_rules(&ModelConfig::preset(preset).unwrap());
+        r.spec_for(&format!("model.layers.3.mlp.experts.{name}"), 3)
+    };
+    // nn.Linear layout: whole experts on each device (gate rows first).
+    for name in ["gate_up_proj", "down_proj"] {
+        assert_eq!(
+            experts("qwen3-30b-a3b", name),
+            p(&[&["fsdp"], &[], &[]]),
+            "{name}"
+        );
+    }
+    // gpt-oss [E, H, 2I] and [E, I, H]: intermediate features over mp.
+    assert_eq!(
+        experts("gpt-oss-20b", "gate_up_proj"),
+        p(&[&["fsdp"], &[], &["mp"]])
+    );
+    assert_eq!(
+        experts("gpt-oss-20b", "down_proj"),
+        p(&[&["fsdp"], &["mp"], &[]])
+    );
+    let r = partition_rules(&ModelConfig::preset("gpt-oss-20b").unwrap());
+    assert_eq!(
+        r.spec_for("model.layers.3.mlp.experts.gate_up_proj_bias", 2),
+        p(&[&["fsdp"], &["mp"]])
+    );
+    assert_eq!(
+        r.spec_for("model.layers.3.mlp.router.bias", 1),
+        PartitionSpec::replicated()
+    );
 }
 
 #[test]

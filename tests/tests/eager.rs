@@ -61,7 +61,7 @@ fn run_both_with(mesh: &str, attention: AttentionKind, loss_chunk: Option<i64>) 
     };
     let step = train_step(&config, &tc).unwrap();
     let f = hlo_ir::simplify(&step.function);
-    let shardings = FunctionShardings::from_rules(&f, &mesh, &partition_rules()).unwrap();
+    let shardings = FunctionShardings::from_rules(&f, &mesh, &partition_rules(&config)).unwrap();
     let devices = client.addressable_devices().unwrap()[..mesh.size() as usize].to_vec();
     let inputs = step_inputs(&f, &config);
     let place = |k: usize, l: &Literal| {

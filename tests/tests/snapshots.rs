@@ -166,7 +166,7 @@ fn llama_step_annotations(mesh: &str) -> String {
     let s = hlo_partitioner::FunctionShardings::from_rules(
         &f,
         &mesh,
-        &hlo_models::decoder::partition_rules(),
+        &hlo_models::decoder::partition_rules(&config),
     )
     .unwrap();
     let mut out = s.report(&f);

@@ -61,7 +61,7 @@ impl EvalProgram {
         backend: &Backend,
         step: &ShardedStep,
     ) -> Result<EvalProgram> {
-        let rules = partition_rules();
+        let rules = partition_rules(&model.config);
         let traced = eval_step(&model.config, config)?;
         let laid = ShardedStep::new(&traced, backend.mesh(), &rules)?;
         let program = laid.compile(backend, Mode::Jit)?;
@@ -211,7 +211,7 @@ impl Evaluator {
             TrainConfig::new(dtype, batch, seq).with_lora(adapter.map(|a| a.lora.clone()));
         config.attention = attention;
         let traced = eval_step(&model.config, &config)?;
-        let laid = ShardedStep::new(&traced, backend.mesh(), &partition_rules())?;
+        let laid = ShardedStep::new(&traced, backend.mesh(), &partition_rules(&model.config))?;
         let program = EvalProgram {
             program: laid.compile(&backend, Mode::Jit)?,
             preference: false,

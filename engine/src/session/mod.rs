@@ -149,7 +149,7 @@ impl Session {
         if options.weights == Weights::FromModel {
             model.check_weights()?;
         }
-        let rules = partition_rules();
+        let rules = partition_rules(&model.config);
         let traced = train_step(&model.config, &config)?;
         let step = ShardedStep::new(&traced, backend.mesh(), &rules)?;
         let t0 = Instant::now();

@@ -4,6 +4,8 @@
 
 use hlo_partitioner::{PartitionSpec, Rules};
 
+use super::config::ModelConfig;
+
 /// Kernels and embeddings over `fsdp` and `mp`, norms (Qwen3's and Gemma
 /// 3's per-head q/k norms, Gemma's sandwich norms too) replicated, `lora_a`
 /// `("fsdp", "mp")`, `lora_b` `("mp", "fsdp")`, token batches `(("dp",
@@ -12,18 +14,31 @@ use hlo_partitioner::{PartitionSpec, Rules};
 /// biases. Stacked layer parameters carry a leading layer axis these rules
 /// do not mention (see `Step::leading_axis_names`). A mixture of experts'
 /// fused expert tensors (and gpt-oss's expert biases) are split over
-/// `fsdp` by expert, its router replicated.
+/// `fsdp` by expert (gpt-oss's also over `mp` within each expert), its
+/// router replicated.
 ///
 /// ```
 /// use hlo_partitioner::PartitionSpec;
-/// let rules = hlo_models::decoder::partition_rules();
+/// let config = hlo_models::decoder::ModelConfig::preset("tiny").unwrap();
+/// let rules = hlo_models::decoder::partition_rules(&config);
 /// assert_eq!(
 ///     rules.spec_for("model.layers.0.self_attn.q_proj.lora_a", 2),
 ///     PartitionSpec::new(&[&["fsdp"], &["mp"]])
 /// );
 /// ```
-pub fn partition_rules() -> Rules {
+pub fn partition_rules(config: &ModelConfig) -> Rules {
     let p = |dims: &[&[&str]]| PartitionSpec::new(dims);
+    // `nn.Linear`-layout experts ([E, 2I, H] with the gate rows first, [E,
+    // H, I]) stay whole within each device: split over `mp`, the gate and
+    // up halves would fall on different devices.
+    let transposed = config.moe.as_ref().is_some_and(|m| m.transposed());
+    let expert = |within: &[&[&str]; 2]| {
+        if transposed {
+            p(&[&["fsdp"], within[0], within[1]])
+        } else {
+            p(&[&["fsdp"], &[], &[]])
+        }
+    };
     Rules::new(&[
         (r"embed_tokens\.weight$", p(&[&["mp"], &["fsdp"]])),
         (r"lm_head\.weight$", p(&[&["mp"], &["fsdp"]])),
@@ -47,17 +62,20 @@ pub fn partition_rules() -> Rules {
         (r"(q_proj|k_proj|v_proj)\.bias$", p(&[&["mp"]])),
         (r"norm\.weight$", PartitionSpec::replicated()),
         // Mixtures of experts: the experts split over `fsdp` along their
-        // leading (expert) axis, whole on each device; the router whole.
-        (
-            r"mlp\.experts\.(gate_up_proj|down_proj)$",
-            p(&[&["fsdp"], &[], &[]]),
-        ),
-        // gpt-oss: the experts' biases split as their experts; the router
+        // leading (expert) axis; gpt-oss's transposed ones also over `mp`
+        // along their intermediate features (`gate_up_proj` [E, H, 2I]:
+        // whole gate/up column pairs on each device; `down_proj` [E, I,
+        // H]: the contraction, summed over `mp`), so the blocks' gathered
+        // weights are split `mp` ways. The router whole.
+        (r"mlp\.experts\.gate_up_proj$", expert(&[&[], &["mp"]])),
+        (r"mlp\.experts\.down_proj$", expert(&[&["mp"], &[]])),
+        // gpt-oss: the experts' biases split as their outputs; the router
         // (with its bias), the attention sinks and o_proj's bias whole.
         (
-            r"mlp\.experts\.(gate_up_proj|down_proj)_bias$",
-            p(&[&["fsdp"], &[]]),
+            r"mlp\.experts\.gate_up_proj_bias$",
+            p(&[&["fsdp"], &["mp"]]),
         ),
+        (r"mlp\.experts\.down_proj_bias$", p(&[&["fsdp"], &[]])),
         (
             r"(mlp\.gate\.weight|mlp\.router\.(weight|bias)|self_attn\.sinks|o_proj\.bias)$",
             PartitionSpec::replicated(),
