@@ -145,6 +145,20 @@ pub enum LayerType {
 }
 
 impl LayerType {
+    /// `layers` layers sliding but every `period`-th, which attends fully
+    /// (Gemma 3: 6; gpt-oss: 2), as the config classes lay them out.
+    pub fn pattern(layers: i64, period: i64) -> Vec<LayerType> {
+        (0..layers)
+            .map(|i| {
+                if (i + 1) % period != 0 {
+                    LayerType::Sliding
+                } else {
+                    LayerType::Full
+                }
+            })
+            .collect()
+    }
+
     /// HF's spelling in `layer_types`.
     pub fn name(self) -> &'static str {
         match self {

@@ -562,15 +562,7 @@ impl ModelConfig {
                 };
                 let types = match written_layer_types(obj, layers)? {
                     Some(t) => t,
-                    None => (0..layers)
-                        .map(|i| {
-                            if (i + 1) % 2 != 0 {
-                                LayerType::Sliding
-                            } else {
-                                LayerType::Full
-                            }
-                        })
-                        .collect(),
+                    None => LayerType::pattern(layers, 2),
                 };
                 (w, types)
             }
@@ -585,15 +577,7 @@ impl ModelConfig {
                         if pattern < 1 {
                             return unsupported(format!("sliding_window_pattern = {pattern}"));
                         }
-                        (0..layers)
-                            .map(|i| {
-                                if (i + 1) % pattern != 0 {
-                                    LayerType::Sliding
-                                } else {
-                                    LayerType::Full
-                                }
-                            })
-                            .collect()
+                        LayerType::pattern(layers, pattern)
                     }
                 };
                 (w, types)

@@ -123,15 +123,7 @@ fn gemma3(s: Sizes) -> ModelConfig {
         eos_token_ids: vec![1],
         sliding_rope: Some(Rope::new(10000.0)),
         qk_norm: true,
-        layer_types: (0..layers)
-            .map(|i| {
-                if (i + 1) % 6 != 0 {
-                    LayerType::Sliding
-                } else {
-                    LayerType::Full
-                }
-            })
-            .collect(),
+        layer_types: LayerType::pattern(layers, 6),
         sliding_window: Some(512),
         hidden_act: Activation::GeluTanh,
         norm_style: NormStyle::Gemma,
@@ -186,15 +178,7 @@ fn gpt_oss(layers: i64, experts: i64) -> ModelConfig {
         qkv_bias: true,
         o_bias: true,
         attention_sinks: true,
-        layer_types: (0..layers)
-            .map(|i| {
-                if i % 2 == 0 {
-                    LayerType::Sliding
-                } else {
-                    LayerType::Full
-                }
-            })
-            .collect(),
+        layer_types: LayerType::pattern(layers, 2),
         sliding_window: Some(128),
         norm_style: NormStyle::F32,
         moe: Some(MoeConfig {
