@@ -4,8 +4,9 @@
 //! `generate` with and without a PEFT adapter; one SGD and one AdamW step
 //! of the adapter, with the router's load-balancing loss in the loss
 //! (`output_router_logits`, coefficient 0.05), equal PyTorch+PEFT's to
-//! 1e-6 on one device and on a 2×2×2 mesh of 8 virtual devices; merging
-//! the adapter gives its logits.
+//! 1e-6 on one device and on a 2×2×2 mesh of 8 virtual devices, with the
+//! router frozen and trained (`modules_to_save`); merging the adapter
+//! gives its logits.
 
 mod common;
 
@@ -61,6 +62,24 @@ fn one_step_of_lora_on_the_experts_equals_pytorch_peft() {
         for opt in ["sgd", "adamw"] {
             for mesh in [&[][..], &["--mesh", "dp=2,fsdp=2,mp=2"]] {
                 let dir = step_from_equals_pytorch(&family(name), from, opt, mesh);
+                std::fs::remove_dir_all(dir).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn one_step_with_the_router_trained_equals_pytorch_peft() {
+    // The router trained on request, as PEFT's `modules_to_save` (`gate`;
+    // gpt-oss's `router`, its bias too; scripts/make_moe_router_fixtures.py):
+    // its gradient comes through the routing weights and the aux loss.
+    // The loss to 2e-6 (4 of f32's steps at 5.66: Mixtral's is 1.4e-6
+    // away), the parameters to 1e-6.
+    let from = ("adapter_router", "train_step_router.safetensors");
+    for name in MODELS {
+        for opt in ["sgd", "adamw"] {
+            for mesh in [&[][..], &["--mesh", "dp=2,fsdp=2,mp=2"]] {
+                let dir = step_within_of_pytorch(&family(name), from, opt, mesh, 2e-6);
                 std::fs::remove_dir_all(dir).unwrap();
             }
         }

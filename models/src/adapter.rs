@@ -4,7 +4,7 @@
 //! Every setting of `adapter_config.json` that changes what the adapter
 //! computes is honoured as PEFT honours it — rank, alpha, rsLoRA, target
 //! modules, `rank_pattern`, `alpha_pattern`, `modules_to_save` (`lm_head`,
-//! `embed_tokens`) — or refused with one line naming it (`lora_bias`,
+//! `embed_tokens`, a mixture of experts' router) — or refused with one line naming it (`lora_bias`,
 //! `trainable_token_indices`, `layer_replication`, `layers_to_transform`,
 //! DoRA, ...). Settings that only describe how PEFT initialised or trained
 //! the adapter are read and ignored; `lora_dropout` is refused only when
@@ -17,7 +17,7 @@ use hlo_ir::{DType, Literal, TensorType};
 use serde_json::{json, Map, Value};
 
 use crate::decoder::{
-    lora_parameter_types, LoraConfig, ModelConfig, EXPERT_PARAMETERS, MODULES_TO_SAVE,
+    lora_parameter_types, module_to_save_of, LoraConfig, ModelConfig, EXPERT_PARAMETERS,
 };
 use crate::io::{write_atomic, write_safetensors};
 use crate::ModelError;
@@ -345,7 +345,11 @@ impl Adapter {
             message,
         };
         let lora = Self::read_config(dir)?;
-        if !lora.modules_to_save.is_empty() && config.tie_word_embeddings {
+        let tied = lora
+            .modules_to_save
+            .iter()
+            .any(|m| m == "lm_head" || m == "embed_tokens");
+        if tied && config.tie_word_embeddings {
             return Err(bad(format!(
                 "modules_to_save {:?} on a model with tied embeddings is not supported",
                 lora.modules_to_save
@@ -360,7 +364,16 @@ impl Adapter {
                 .collect();
         // PEFT's `bias = "all"` or `"lora_only"` saves the biases it
         // trained (Qwen2's q/k/v), which would replace the base's.
-        if let Some(key) = stored.keys().filter(|k| k.ends_with(".bias")).min() {
+        // (A saved module's own bias, gpt-oss's router's, is no LoRA bias.)
+        let saved_module = |k: &str| {
+            k.strip_prefix("base_model.model.")
+                .is_some_and(|n| lora.saves_weight(n))
+        };
+        if let Some(key) = stored
+            .keys()
+            .filter(|k| k.ends_with(".bias") && !saved_module(k))
+            .min()
+        {
             return Err(bad(format!(
                 "unsupported: the adapter holds trained biases (`{key}`, PEFT's bias = \"all\" or \"lora_only\"); hlo-train trains and loads LoRA with bias = \"none\""
             )));
@@ -421,10 +434,23 @@ impl Adapter {
             tensors.push((name, ours));
         }
         let shapes: HashMap<String, Vec<i64>> = config.parameter_shapes().into_iter().collect();
-        for (module, weight) in MODULES_TO_SAVE {
-            if !lora.modules_to_save.iter().any(|m| m == module) {
-                continue;
-            }
+        let saved: Vec<String> = config
+            .parameter_shapes()
+            .into_iter()
+            .map(|(name, _)| name)
+            .filter(|name| lora.saves_weight(name))
+            .collect();
+        if let Some(m) = lora.modules_to_save.iter().find(|m| {
+            !saved
+                .iter()
+                .any(|w| module_to_save_of(w) == Some(m.as_str()))
+        }) {
+            return Err(bad(format!(
+                "modules_to_save `{m}`: the model has no such module"
+            )));
+        }
+        for weight in &saved {
+            let weight = weight.as_str();
             let (key, _) = peft_key(weight);
             let t = stored
                 .get(&key)

@@ -133,7 +133,7 @@ pub enum LoraError {
     NoTargets,
     #[error("the pattern `{key}` is not a regex: {reason}")]
     Pattern { key: String, reason: String },
-    #[error("modules_to_save `{0}` is not supported (only lm_head and embed_tokens)")]
+    #[error("modules_to_save `{0}` is not supported (only lm_head, embed_tokens, and a mixture of experts' router: gate, router)")]
     ModuleToSave(String),
     #[error("{0}")]
     NotUniform(String),

@@ -106,12 +106,12 @@ fn configs_in_both_transformers_spellings() {
     for (bad, why) in [
         (r#"{"vocab_size": 8}"#, "not a model config.json"),
         (
-            &v4.replace("\"llama3\"", "\"yarn\""),
-            "unsupported: rope type `yarn`",
+            &v4.replace("\"llama3\"", "\"longrope\""),
+            "unsupported: rope type `longrope`",
         ),
         (
-            &v4.replace("\"llama\"", "\"gpt_oss\""),
-            "unsupported: model_type `gpt_oss` (hlo-train runs LlamaForCausalLM, Qwen2ForCausalLM",
+            &v4.replace("\"llama\"", "\"deepseek_v3\""),
+            "unsupported: model_type `deepseek_v3` (hlo-train runs LlamaForCausalLM, Qwen2ForCausalLM",
         ),
         (
             &v4.replace("\"num_key_value_heads\": 8", "\"num_key_value_heads\": 5"),

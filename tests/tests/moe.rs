@@ -206,6 +206,33 @@ fn f32_logits_with_peft_lora_on_the_experts_equal_hf() {
 }
 
 #[test]
+fn f32_logits_with_the_router_saved_whole_equal_hf() {
+    // PEFT's `modules_to_save` of the router (`gate`, gpt-oss's `router`).
+    for name in MODELS {
+        let dir = fixture(name);
+        let adapter = dir.join("adapter_router");
+        let lora = hlo_models::adapter::Adapter::load(
+            &adapter,
+            &ModelConfig::from_file(&dir.join("config.json")).unwrap(),
+        )
+        .unwrap();
+        let router = if name == "gpt_oss" { "router" } else { "gate" };
+        assert_eq!(lora.lora.modules_to_save, [router]);
+        let got = fixture_logits_of(&dir, &dir, DType::F32, Some(&adapter), false);
+        let want = hlo_models::io::read_safetensors(&dir.join("expected_router.safetensors"))
+            .unwrap()
+            .into_iter()
+            .find(|(k, _)| k == "logits_adapter_router")
+            .unwrap()
+            .1
+            .to_f64s();
+        let d = max_abs_diff(&got, &want);
+        println!("{name} + router saved whole: f32 max abs diff {d:e}");
+        assert!(d < 1e-5, "{name}: max abs diff {d:e}");
+    }
+}
+
+#[test]
 fn expert_adapters_round_trip_through_peft_layout() {
     let dir = fixture("qwen3_moe");
     let c = ModelConfig::from_file(&dir.join("config.json")).unwrap();

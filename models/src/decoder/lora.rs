@@ -43,11 +43,38 @@ pub struct LoraConfig {
 /// declares them (PEFT nests its wrappers in this order).
 pub const EXPERT_PARAMETERS: [&str; 2] = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"];
 
-/// The modules `modules_to_save` may name, and their weights.
-pub const MODULES_TO_SAVE: [(&str, &str); 2] = [
-    ("lm_head", "lm_head.weight"),
-    ("embed_tokens", "model.embed_tokens.weight"),
-];
+/// The modules `modules_to_save` may name: `lm_head`, `embed_tokens`, and
+/// a mixture of experts' router (`gate`: Qwen3-MoE's and Mixtral's
+/// `mlp.gate`; `router`: gpt-oss's `mlp.router`, bias included), which
+/// is then trained whole, as PEFT trains a module to save.
+pub const MODULES_TO_SAVE: [&str; 4] = ["lm_head", "embed_tokens", "gate", "router"];
+
+/// The module to save (of [`MODULES_TO_SAVE`]) that base weight `name`
+/// belongs to, if any; a stacked layer weight (`model.layers.mlp.gate.weight`)
+/// as each layer's.
+///
+/// ```
+/// use hlo_models::decoder::module_to_save_of;
+/// assert_eq!(module_to_save_of("model.layers.3.mlp.gate.weight"), Some("gate"));
+/// assert_eq!(module_to_save_of("model.layers.3.mlp.gate_proj.weight"), None);
+/// ```
+pub fn module_to_save_of(name: &str) -> Option<&'static str> {
+    match name {
+        "lm_head.weight" => return Some("lm_head"),
+        "model.embed_tokens.weight" => return Some("embed_tokens"),
+        _ => {}
+    }
+    let rest = name.strip_prefix("model.layers.")?;
+    let rest = match rest.split_once('.') {
+        Some((layer, r)) if layer.parse::<i64>().is_ok() => r,
+        _ => rest,
+    };
+    match rest {
+        "mlp.gate.weight" => Some("gate"),
+        "mlp.router.weight" | "mlp.router.bias" => Some("router"),
+        _ => None,
+    }
+}
 
 /// The first of `keys` that PEFT's `get_pattern_key` matches against
 /// `module`: `re.match(rf"(.*\.)?({key})$", module)`.
@@ -171,10 +198,10 @@ impl LoraConfig {
         Ok(self)
     }
 
-    /// The same with PEFT's `modules_to_save` (`lm_head`, `embed_tokens`).
+    /// The same with PEFT's `modules_to_save` (see [`MODULES_TO_SAVE`]).
     pub fn with_modules_to_save(mut self, modules: Vec<String>) -> Result<Self, LoraError> {
         for m in &modules {
-            if !MODULES_TO_SAVE.iter().any(|(name, _)| name == m) {
+            if !MODULES_TO_SAVE.contains(&m.as_str()) {
                 return Err(LoraError::ModuleToSave(m.clone()));
             }
         }
@@ -245,9 +272,7 @@ impl LoraConfig {
     /// Whether the adapter carries the whole weight `name` (a module to
     /// save).
     pub fn saves_weight(&self, name: &str) -> bool {
-        MODULES_TO_SAVE
-            .iter()
-            .any(|(m, w)| *w == name && self.modules_to_save.iter().any(|x| x == m))
+        module_to_save_of(name).is_some_and(|m| self.modules_to_save.iter().any(|x| x == m))
     }
 
     /// Whether module `short` (`q_proj`, ...) gets an adapter.

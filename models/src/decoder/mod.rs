@@ -19,7 +19,9 @@ pub use config::{
     Rope, RopeScaling, YarnScaling, FAMILIES,
 };
 pub use decode::{argmax, cache_types, decode_step, hashed_uniform, sample_rows, sample_tokens};
-pub use lora::{LoraConfig, DEFAULT_TARGETS, EXPERT_PARAMETERS, MODULES_TO_SAVE};
+pub use lora::{
+    module_to_save_of, LoraConfig, DEFAULT_TARGETS, EXPERT_PARAMETERS, MODULES_TO_SAVE,
+};
 pub use model::{is_stacked, rms_norm, Decoder, Params};
 pub use moe::{block_count, block_size, load_balancing_loss, MoeKind, RouterStats};
 pub use presets::PRESETS;
