@@ -65,6 +65,7 @@ impl RunSettings {
             s.set("lora-alpha", l.alpha);
             s.set("lora-targets", l.target_modules.join(","));
             s.set("use-rslora", l.use_rslora);
+            s.set("modules-to-save", l.modules_to_save.join(","));
         }
         match c.optimizer {
             hlo_models::train::Optimizer::AdamW { weight_decay, .. } => {

@@ -431,7 +431,7 @@ impl Default for RunSpec {
 /// The settings a run records and a resumed run takes back, by name.
 /// (A setting that names a file is compared by the file's identity too:
 /// `model-fingerprint`, `data-fingerprint`.)
-pub const SETTINGS: [&str; 57] = [
+pub const SETTINGS: [&str; 58] = [
     "model",
     "config",
     "checkpoint",
@@ -478,6 +478,7 @@ pub const SETTINGS: [&str; 57] = [
     "lora-alpha",
     "lora-targets",
     "use-rslora",
+    "modules-to-save",
     "optimizer",
     "weight-decay",
     "lr",
@@ -839,13 +840,20 @@ impl RunSpec {
                     false => Some(self.step.lora.clone().unwrap_or_default()),
                 }
             }
-            "lora-rank" | "lora-alpha" | "lora-targets" | "use-rslora" => {
+            "lora-rank" | "lora-alpha" | "lora-targets" | "use-rslora" | "modules-to-save" => {
                 if let Some(l) = self.step.lora.as_mut() {
                     match key {
                         "lora-rank" => l.rank = int()?,
                         "lora-alpha" => l.alpha = num()?,
                         "lora-targets" => {
                             l.targets = text()?.split(',').map(|t| t.trim().to_string()).collect()
+                        }
+                        "modules-to-save" => {
+                            l.modules_to_save = text()?
+                                .split(',')
+                                .map(|t| t.trim().to_string())
+                                .filter(|t| !t.is_empty())
+                                .collect()
                         }
                         _ => l.use_rslora = flag()?,
                     }

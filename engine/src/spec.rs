@@ -91,6 +91,8 @@ pub struct LoraSpec {
     pub alpha: f64,
     pub targets: Vec<String>,
     pub use_rslora: bool,
+    /// PEFT's `modules_to_save`: modules trained whole beside the adapters.
+    pub modules_to_save: Vec<String>,
 }
 
 impl Default for LoraSpec {
@@ -101,6 +103,7 @@ impl Default for LoraSpec {
             alpha: 16.0,
             targets: DEFAULT_TARGETS.iter().map(|t| t.to_string()).collect(),
             use_rslora: false,
+            modules_to_save: Vec::new(),
         }
     }
 }
@@ -109,12 +112,10 @@ impl LoraSpec {
     /// The checked configuration.
     pub fn config(&self) -> Result<LoraConfig> {
         let targets: Vec<&str> = self.targets.iter().map(|t| t.trim()).collect();
-        Ok(LoraConfig::new(
-            self.rank,
-            self.alpha,
-            &targets,
-            self.use_rslora,
-        )?)
+        Ok(
+            LoraConfig::new(self.rank, self.alpha, &targets, self.use_rslora)?
+                .with_modules_to_save(self.modules_to_save.clone())?,
+        )
     }
 }
 
@@ -252,6 +253,9 @@ impl StepSpec {
         steps: i64,
     ) -> Result<TrainConfig> {
         let lora = self.lora.as_ref().map(LoraSpec::config).transpose()?;
+        if let Some(l) = &lora {
+            l.check_modules_to_save(config)?;
+        }
         let batch_axes = StepSpec::batch_axes(mesh);
         let loss_chunk = match self.loss_chunk {
             Some(c) if self.seq % c != 0 => {

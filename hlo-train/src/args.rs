@@ -440,6 +440,12 @@ pub struct StepArgs {
     #[arg(long)]
     pub use_rslora: bool,
 
+    /// Comma-separated modules trained whole beside the adapters and saved
+    /// in the adapter, as PEFT's modules_to_save: lm_head, embed_tokens,
+    /// or a mixture of experts' router (gate; gpt-oss: router).
+    #[arg(long, default_value = "")]
+    pub modules_to_save: String,
+
     /// Rows per micro-batch.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
     pub batch: i64,
@@ -553,6 +559,12 @@ impl StepArgs {
                     .map(|t| t.trim().to_string())
                     .collect(),
                 use_rslora: self.use_rslora,
+                modules_to_save: self
+                    .modules_to_save
+                    .split(',')
+                    .map(|t| t.trim().to_string())
+                    .filter(|t| !t.is_empty())
+                    .collect(),
             }),
         }
     }

@@ -190,13 +190,19 @@ pub fn print_header(run: &Run) -> Result<()> {
     let c = session.config();
     let model = session.model();
     let trained = match &c.lora {
-        Some(l) => format!(
-            "LoRA r={} alpha={}{} on {}",
-            l.rank,
-            l.alpha,
-            if l.use_rslora { " (rsLoRA)" } else { "" },
-            l.target_modules.join(",")
-        ),
+        Some(l) => {
+            format!(
+                "LoRA r={} alpha={}{} on {}",
+                l.rank,
+                l.alpha,
+                if l.use_rslora { " (rsLoRA)" } else { "" },
+                l.target_modules.join(",")
+            ) + &if l.modules_to_save.is_empty() {
+                String::new()
+            } else {
+                format!(", training {} whole", l.modules_to_save.join(","))
+            }
+        }
         None => "every weight (full finetuning)".to_string(),
     };
     let accum = if c.grad_accum > 1 {

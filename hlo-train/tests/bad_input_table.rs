@@ -235,7 +235,7 @@ fn bad_input_table() {
                 None,
                 Some(
                     fixture_config
-                        .replace("LlamaForCausalLM", "GptOssForCausalLM")
+                        .replace("LlamaForCausalLM", "DeepseekV3ForCausalLM")
                         .replace("\"model_type\": \"llama\"", "\"model_type\": \"deepseek_v3\""),
                 ),
             )),
@@ -340,6 +340,10 @@ fn bad_input_table() {
             vec!["devices".into(), "--plugin".into(), old_plugin],
         ),
         ("--lora-rank 0", train(&["--lora-rank", "0"])),
+        (
+            "--modules-to-save gate (a router) on a dense model",
+            train(&["--modules-to-save", "gate"]),
+        ),
         ("--lr -1", train(&["--lr=-1"])),
         (
             "--seq 0",

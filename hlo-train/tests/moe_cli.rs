@@ -160,7 +160,7 @@ fn serve_refuses_lora_on_the_experts_by_name() {
 }
 
 #[test]
-fn a_fresh_adapter_on_the_experts_trains_and_saves_as_peft_does() {
+fn a_fresh_adapter_on_the_experts_and_the_router_trains_and_saves_as_peft_does() {
     let tmp = scratch("moe", "fresh");
     let dir = family("qwen3_moe");
     let out = tmp.join("out");
@@ -182,6 +182,8 @@ fn a_fresh_adapter_on_the_experts_trains_and_saves_as_peft_does() {
         "q_proj,gate_proj,mlp.experts.gate_up_proj,mlp.experts.down_proj",
         "--lora-rank",
         "2",
+        "--modules-to-save",
+        "gate",
         "--batch",
         "2",
         "--seq",
@@ -200,6 +202,22 @@ fn a_fresh_adapter_on_the_experts_trains_and_saves_as_peft_does() {
         config["target_parameters"],
         serde_json::json!(["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
     );
+    assert_eq!(config["modules_to_save"], serde_json::json!(["gate"]));
+    // The routers were trained whole: saved under PEFT's keys, moved
+    // from the base's.
+    let saved = read_safetensors(&out.join("adapter_model.safetensors")).unwrap();
+    let base = read_safetensors(&dir.join("model.safetensors")).unwrap();
+    for l in [0, 2] {
+        let key = format!("base_model.model.model.layers.{l}.mlp.gate.weight");
+        let ours = &saved.iter().find(|(k, _)| *k == key).unwrap().1;
+        let theirs = &base
+            .iter()
+            .find(|(k, _)| *k == format!("model.layers.{l}.mlp.gate.weight"))
+            .unwrap()
+            .1;
+        assert_eq!(ours.ty.dims, theirs.ty.dims, "{key}");
+        assert_ne!(ours.to_f64s(), theirs.to_f64s(), "{key}: trained");
+    }
     let mut keys: Vec<(String, Vec<i64>)> =
         read_safetensors(&out.join("adapter_model.safetensors"))
             .unwrap()

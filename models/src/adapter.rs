@@ -16,9 +16,7 @@ use std::path::Path;
 use hlo_ir::{DType, Literal, TensorType};
 use serde_json::{json, Map, Value};
 
-use crate::decoder::{
-    lora_parameter_types, module_to_save_of, LoraConfig, ModelConfig, EXPERT_PARAMETERS,
-};
+use crate::decoder::{lora_parameter_types, LoraConfig, ModelConfig, EXPERT_PARAMETERS};
 use crate::io::{write_atomic, write_safetensors};
 use crate::ModelError;
 
@@ -440,15 +438,8 @@ impl Adapter {
             .map(|(name, _)| name)
             .filter(|name| lora.saves_weight(name))
             .collect();
-        if let Some(m) = lora.modules_to_save.iter().find(|m| {
-            !saved
-                .iter()
-                .any(|w| module_to_save_of(w) == Some(m.as_str()))
-        }) {
-            return Err(bad(format!(
-                "modules_to_save `{m}`: the model has no such module"
-            )));
-        }
+        lora.check_modules_to_save(config)
+            .map_err(|e| bad(e.to_string()))?;
         for weight in &saved {
             let weight = weight.as_str();
             let (key, _) = peft_key(weight);

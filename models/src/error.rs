@@ -135,6 +135,8 @@ pub enum LoraError {
     Pattern { key: String, reason: String },
     #[error("modules_to_save `{0}` is not supported (only lm_head, embed_tokens, and a mixture of experts' router: gate, router)")]
     ModuleToSave(String),
+    #[error("modules_to_save `{0}`: the model has no such module (lm_head tied to the embeddings, or a router on a model without experts)")]
+    ModuleNotInModel(String),
     #[error("{0}")]
     NotUniform(String),
 }

@@ -41,9 +41,21 @@ impl Session {
                 Role::OptimizerState { .. } => Literal::splat(ty, 0.0),
                 Role::Trainable if lora.is_some() => {
                     let a = adapter.expect("an adapter for a LoRA session");
-                    adapter_tensor(a, &b.name, layers).ok_or_else(|| EngineError::AdapterLacks {
-                        tensor: b.name.clone(),
-                    })?
+                    match adapter_tensor(a, &b.name, layers) {
+                        Some(t) => t,
+                        // A fresh adapter's modules to save start as the
+                        // base's weights, as PEFT copies them.
+                        None if init_adapter.is_none()
+                            && lora.as_ref().is_some_and(|l| l.saves_weight(&b.name)) =>
+                        {
+                            self.model.weight(&b.name, self.config.dtype, self.seed)?
+                        }
+                        None => {
+                            return Err(EngineError::AdapterLacks {
+                                tensor: b.name.clone(),
+                            })
+                        }
+                    }
                 }
                 Role::Weight if b.name.starts_with("ref.") => {
                     let (r, name) =

@@ -209,6 +209,24 @@ impl LoraConfig {
         Ok(self)
     }
 
+    /// Every module to save is one of `config`'s (a tied head is not: it
+    /// is the embeddings).
+    pub fn check_modules_to_save(&self, config: &super::ModelConfig) -> Result<(), LoraError> {
+        let names: Vec<String> = config
+            .parameter_shapes()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        match self.modules_to_save.iter().find(|m| {
+            !names
+                .iter()
+                .any(|n| module_to_save_of(n) == Some(m.as_str()))
+        }) {
+            Some(m) => Err(LoraError::ModuleNotInModel(m.clone())),
+            None => Ok(()),
+        }
+    }
+
     /// The rank of the module at `module` (`model.layers.3.self_attn.q_proj`).
     pub fn rank_of(&self, module: &str) -> i64 {
         pattern_key(self.rank_pattern.iter().map(|(k, _)| k.as_str()), module)
