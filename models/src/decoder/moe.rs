@@ -3,6 +3,10 @@
 //! each token's top-k experts from the softmax of its logits (in f32), the
 //! chosen probabilities are renormalised where the family says so, and
 //! the token's output is the weighted sum of its experts' SwiGLU MLPs.
+//! gpt-oss (`GptOssMLP`, [`ExpertStyle::GptOss`]) departs in its router
+//! (a bias; the softmax of the top-k logits) and its experts (transposed,
+//! interleaved, biased, a clamped SwiGLU); the formulations below are the
+//! same for both styles.
 //!
 //! Dropless: every token reaches all of its top-k experts. Two
 //! formulations compute the same sum:
