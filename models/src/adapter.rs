@@ -431,26 +431,22 @@ impl Adapter {
             };
             tensors.push((name, ours));
         }
-        let shapes: HashMap<String, Vec<i64>> = config.parameter_shapes().into_iter().collect();
-        let saved: Vec<String> = config
-            .parameter_shapes()
-            .into_iter()
-            .map(|(name, _)| name)
-            .filter(|name| lora.saves_weight(name))
-            .collect();
         lora.check_modules_to_save(config)
             .map_err(|e| bad(e.to_string()))?;
-        for weight in &saved {
-            let weight = weight.as_str();
-            let (key, _) = peft_key(weight);
+        let saved = config
+            .parameter_shapes()
+            .into_iter()
+            .filter(|(name, _)| lora.saves_weight(name));
+        for (weight, shape) in saved {
+            let (key, _) = peft_key(&weight);
             let t = stored
                 .get(&key)
                 .ok_or_else(|| bad(format!("tensor `{key}` (modules_to_save) is missing")))?;
-            if Some(&t.shape) != shapes.get(weight) {
+            if t.shape != shape {
                 return Err(bad(format!(
                     "tensor `{key}` has shape {:?}, the model implies {:?}",
                     t.shape,
-                    shapes.get(weight)
+                    Some(&shape)
                 )));
             }
             let lit = t.literal(&map);
@@ -459,7 +455,7 @@ impl Adapter {
                     "tensor `{key}` (modules_to_save) must be floating point with finite values"
                 )));
             }
-            tensors.push((weight.to_string(), lit));
+            tensors.push((weight, lit));
         }
         Ok(Adapter { lora, tensors })
     }

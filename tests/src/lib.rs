@@ -285,11 +285,16 @@ pub fn fixture_dir(path: &str) -> std::path::PathBuf {
 
 /// Tensor `key` of fixture folder `dir`'s `expected.safetensors`.
 pub fn expected_tensor(dir: &std::path::Path, key: &str) -> Literal {
-    hlo_models::io::read_safetensors(&dir.join("expected.safetensors"))
+    expected_in(dir, "expected.safetensors", key)
+}
+
+/// Tensor `key` of the safetensors file `file` in the fixture folder `dir`.
+pub fn expected_in(dir: &std::path::Path, file: &str, key: &str) -> Literal {
+    hlo_models::io::read_safetensors(&dir.join(file))
         .unwrap()
         .into_iter()
         .find(|(k, _)| k == key)
-        .unwrap_or_else(|| panic!("{key} in {}'s fixture", dir.display()))
+        .unwrap_or_else(|| panic!("{key} in {}'s {file}", dir.display()))
         .1
 }
 

@@ -9,7 +9,9 @@
 
 use std::path::PathBuf;
 
-use hlo_e2e::{expected_tensor, fixture_dir, fixture_logits_of, max_abs_diff, sparse_layer};
+use hlo_e2e::{
+    expected_in, expected_tensor, fixture_dir, fixture_logits_of, max_abs_diff, sparse_layer,
+};
 use hlo_ir::{DType, Literal, Op};
 use hlo_models::checkpoint::Checkpoint;
 use hlo_models::decoder::{block_count, block_size, Family, LayerType, ModelConfig, MoeKind};
@@ -187,13 +189,12 @@ fn f32_logits_with_peft_lora_on_the_experts_equal_hf() {
         let dir = fixture(name);
         let adapter = dir.join("adapter_experts");
         let got = fixture_logits_of(&dir, &dir, DType::F32, Some(&adapter), false);
-        let want = hlo_models::io::read_safetensors(&dir.join("expected_experts.safetensors"))
-            .unwrap()
-            .into_iter()
-            .find(|(k, _)| k == "logits_adapter_experts")
-            .unwrap()
-            .1
-            .to_f64s();
+        let want = expected_in(
+            &dir,
+            "expected_experts.safetensors",
+            "logits_adapter_experts",
+        )
+        .to_f64s();
         let d = max_abs_diff(&got, &want);
         println!("{name} + expert adapter: f32 max abs diff {d:e}");
         assert!(d < 1e-5, "{name} + expert adapter: max abs diff {d:e}");
@@ -219,13 +220,8 @@ fn f32_logits_with_the_router_saved_whole_equal_hf() {
         let router = if name == "gpt_oss" { "router" } else { "gate" };
         assert_eq!(lora.lora.modules_to_save, [router]);
         let got = fixture_logits_of(&dir, &dir, DType::F32, Some(&adapter), false);
-        let want = hlo_models::io::read_safetensors(&dir.join("expected_router.safetensors"))
-            .unwrap()
-            .into_iter()
-            .find(|(k, _)| k == "logits_adapter_router")
-            .unwrap()
-            .1
-            .to_f64s();
+        let want =
+            expected_in(&dir, "expected_router.safetensors", "logits_adapter_router").to_f64s();
         let d = max_abs_diff(&got, &want);
         println!("{name} + router saved whole: f32 max abs diff {d:e}");
         assert!(d < 1e-5, "{name}: max abs diff {d:e}");
