@@ -203,16 +203,20 @@ fn scaling_clipping_temperature_adamw_and_references_equal_trl() {
     }
 }
 
+/// Every case of the first test again on the mesh (each `loss_type`, with
+/// and without β, μ = 1 and 2), and two more: a reference adapter beside
+/// the policy, and ε_high.
 #[test]
 fn a_mesh_equals_trl() {
     let mesh = ["--devices", "4", "--mesh", "dp=1,fsdp=2,mp=2"];
-    for name in [
-        "grpo.b0.04.mu2",
-        "dr_grpo.b0.0.mu1",
-        "bnpo.b0.04.mu1",
-        "dapo.b0.04.mu2.ref",
-        "dapo.b0.0.mu2.eps_high",
-    ] {
+    for loss in ["grpo", "dr_grpo", "dapo", "bnpo"] {
+        for beta in ["0.0", "0.04"] {
+            for mu in [1, 2] {
+                check(&format!("{loss}.b{beta}.mu{mu}"), &mesh);
+            }
+        }
+    }
+    for name in ["dapo.b0.04.mu2.ref", "dapo.b0.0.mu2.eps_high"] {
         check(name, &mesh);
     }
 }
