@@ -1016,19 +1016,27 @@ impl RolloutSource {
                 rewards,
                 generator,
             } => {
-                // Prompts: a seeded shuffle per epoch, `groups` a generation.
+                // Prompts: a seeded shuffle per epoch, `groups` a generation
+                // (each epoch's order made once).
                 let n = prompts.prompts.len();
-                let mut chosen = Vec::with_capacity(groups);
-                for k in 0..groups {
-                    let at = g as usize * groups + k;
-                    let (epoch, within) = (at / n, at % n);
+                let shuffled = |epoch: usize| {
                     let mut order: Vec<usize> = (0..n).collect();
                     let mut rng = Rng::new((self.seed ^ 0x6772_706f).wrapping_add(epoch as u64));
                     for i in (1..order.len()).rev() {
                         let j = (rng.next_u64() % (i as u64 + 1)) as usize;
                         order.swap(i, j);
                     }
-                    chosen.push(order[within]);
+                    order
+                };
+                let mut order = (usize::MAX, Vec::new());
+                let mut chosen = Vec::with_capacity(groups);
+                for k in 0..groups {
+                    let at = g as usize * groups + k;
+                    let (epoch, within) = (at / n, at % n);
+                    if order.0 != epoch {
+                        order = (epoch, shuffled(epoch));
+                    }
+                    chosen.push(order.1[within]);
                 }
                 let batch_prompts: Vec<Vec<u32>> = chosen
                     .iter()
