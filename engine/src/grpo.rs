@@ -218,8 +218,11 @@ pub fn final_answer(text: &str) -> Option<String> {
             }
         }
     }
-    let number = Regex::new(r"-?\d[\d,]*(\.\d+)?").expect("the number pattern compiles");
-    if let Some(m) = number.find_iter(text).last() {
+    // Compiled once: it is asked of every completion of every step.
+    static NUMBER: std::sync::LazyLock<Regex> = std::sync::LazyLock::new(|| {
+        Regex::new(r"-?\d[\d,]*(\.\d+)?").expect("the number pattern compiles")
+    });
+    if let Some(m) = NUMBER.find_iter(text).last() {
         return Some(m.as_str().replace(',', ""));
     }
     text.split_whitespace()
