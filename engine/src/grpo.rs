@@ -63,6 +63,9 @@ pub struct GrpoSpec {
     pub rewards: Vec<RewardSpec>,
     /// Train on these logged rollouts instead of generating.
     pub rollouts: Option<PathBuf>,
+    /// The weights of logged rollouts' named rewards (TRL's
+    /// `reward_weights`; none given: each 1).
+    pub reward_weights: Vec<RewardWeight>,
     /// The dataset column `accuracy` compares the final answer with.
     pub answer_column: String,
     /// The pattern `format` requires of a completion.
@@ -92,6 +95,7 @@ impl Default for GrpoSpec {
             top_k: 0,
             rewards: Vec::new(),
             rollouts: None,
+            reward_weights: Vec::new(),
             answer_column: "answer".into(),
             format_regex: None,
             reward_command: None,
@@ -195,6 +199,40 @@ impl std::str::FromStr for RewardSpec {
 impl std::fmt::Display for RewardSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}:{}", self.kind.name(), self.weight)
+    }
+}
+
+/// The weight of one named reward of logged rollouts (`NAME:WEIGHT`, as
+/// `--reward` writes weights).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RewardWeight {
+    pub name: String,
+    pub weight: f64,
+}
+
+impl std::str::FromStr for RewardWeight {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<RewardWeight, String> {
+        let (name, w) = s
+            .split_once(':')
+            .ok_or_else(|| format!("`{s}` is not NAME:WEIGHT"))?;
+        let (name, w) = (name.trim(), w.trim());
+        let weight: f64 = w
+            .parse()
+            .map_err(|_| format!("`{w}` is not a weight (a number) in `{s}`"))?;
+        if name.is_empty() || !weight.is_finite() {
+            return Err(format!("`{s}` is not NAME:WEIGHT with a finite weight"));
+        }
+        Ok(RewardWeight {
+            name: name.to_string(),
+            weight,
+        })
+    }
+}
+
+impl std::fmt::Display for RewardWeight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.name, self.weight)
     }
 }
 
@@ -562,10 +600,20 @@ pub struct Rollout {
     pub reward: f64,
 }
 
+/// Logged rollouts, and the names of their rewards: `reward`, or those
+/// each row's `rewards` gives (in name order).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Logged {
+    pub rollouts: Vec<Rollout>,
+    pub names: Vec<String>,
+}
+
 /// Reads logged rollouts: one JSON object a line, `{"prompt_ids",
-/// "completion_ids", "reward"}`; consecutive lines of one prompt form its
-/// group, so the count must be a multiple of `group`.
-pub fn read_rollouts(path: &Path, group: usize) -> Result<Vec<Rollout>> {
+/// "completion_ids", "reward"}`, or with `"rewards": {NAME: value, ..}`
+/// (several reward functions, summed with `weights` by name: TRL's
+/// `reward_weights`; none given: each 1); consecutive lines of one prompt
+/// form its group, so the count must be a multiple of `group`.
+pub fn read_rollouts(path: &Path, group: usize, weights: &[RewardWeight]) -> Result<Logged> {
     let text = std::fs::read_to_string(path).map_err(|cause| {
         EngineError::Grpo(format!(
             "cannot read --rollouts {}: {cause}",
@@ -573,6 +621,7 @@ pub fn read_rollouts(path: &Path, group: usize) -> Result<Vec<Rollout>> {
         ))
     })?;
     let mut out = Vec::new();
+    let mut names: Option<Vec<String>> = None;
     for (n, line) in hlo_data::jsonl_lines(&text) {
         let bad =
             |why: &str| EngineError::Grpo(format!("{} line {}: {why}", path.display(), n + 1));
@@ -591,24 +640,54 @@ pub fn read_rollouts(path: &Path, group: usize) -> Result<Vec<Rollout>> {
         if prompt_ids.is_empty() {
             return Err(bad("`prompt_ids` is empty"));
         }
-        let reward = v
-            .get("reward")
-            .and_then(Value::as_f64)
-            .filter(|r| r.is_finite())
-            .ok_or_else(|| bad("`reward` must be a finite number"))?;
+        let finite = |v: &Value| v.as_f64().filter(|r| r.is_finite());
+        let (row_names, rewards): (Vec<String>, Vec<f64>) =
+            match (v.get("reward"), v.get("rewards")) {
+                (Some(r), None) => (
+                    vec!["reward".into()],
+                    vec![finite(r).ok_or_else(|| bad("`reward` must be a finite number"))?],
+                ),
+                (None, Some(Value::Object(m))) if !m.is_empty() => (
+                    m.keys().cloned().collect(),
+                    m.values()
+                        .map(finite)
+                        .collect::<Option<_>>()
+                        .ok_or_else(|| bad("`rewards` must give each name a finite number"))?,
+                ),
+                (Some(_), Some(_)) => return Err(bad("give `reward` or `rewards`, not both")),
+                (None, Some(_)) => {
+                    return Err(bad("`rewards` must be an object of names and numbers"))
+                }
+                (None, None) => {
+                    return Err(bad(
+                        "expected {\"prompt_ids\", \"completion_ids\", \"reward\"} (or \"rewards\": {NAME: number}); no `reward`",
+                    ))
+                }
+            };
+        match &names {
+            None => names = Some(row_names),
+            Some(first) if *first != row_names => {
+                return Err(bad(&format!(
+                    "its rewards are {}, and the first line's {}",
+                    row_names.join(", "),
+                    first.join(", ")
+                )))
+            }
+            Some(_) => {}
+        }
         out.push(Rollout {
             prompt_ids,
             completion_ids,
-            rewards: vec![reward],
-            reward,
+            reward: 0.0,
+            rewards,
         });
     }
-    if out.is_empty() {
+    let Some(names) = names else {
         return Err(EngineError::Grpo(format!(
             "{} holds no rollouts",
             path.display()
         )));
-    }
+    };
     if out.len() % group != 0 {
         return Err(EngineError::Grpo(format!(
             "{} holds {} rollouts, not a multiple of --num-generations {group} (consecutive lines of one prompt form its group)",
@@ -627,7 +706,46 @@ pub fn read_rollouts(path: &Path, group: usize) -> Result<Vec<Rollout>> {
             )));
         }
     }
-    Ok(out)
+    let w = logged_weights(path, &names, weights)?;
+    for r in &mut out {
+        r.reward = r.rewards.iter().zip(&w).map(|(r, w)| w * r).sum();
+    }
+    Ok(Logged {
+        rollouts: out,
+        names,
+    })
+}
+
+/// Each logged reward's weight: `weights` must name every one of `names`
+/// once, or be empty (each 1).
+fn logged_weights(path: &Path, names: &[String], weights: &[RewardWeight]) -> Result<Vec<f64>> {
+    if weights.is_empty() {
+        return Ok(vec![1.0; names.len()]);
+    }
+    let refuse = |why: String| Err(EngineError::Grpo(why));
+    for (k, w) in weights.iter().enumerate() {
+        if !names.contains(&w.name) {
+            return refuse(format!(
+                "--reward-weights names `{}`, which {} does not log (its rewards: {})",
+                w.name,
+                path.display(),
+                names.join(", ")
+            ));
+        }
+        if weights[..k].iter().any(|o| o.name == w.name) {
+            return refuse(format!("--reward-weights gives `{}` twice", w.name));
+        }
+    }
+    names
+        .iter()
+        .map(|n| match weights.iter().find(|w| &w.name == n) {
+            Some(w) => Ok(w.weight),
+            None => Err(EngineError::Grpo(format!(
+                "--reward-weights gives no weight for `{n}` (give one for each of {})",
+                names.join(", ")
+            ))),
+        })
+        .collect()
 }
 
 /// A completion cut after its first EOS (kept), and whether it ended so.
@@ -909,7 +1027,7 @@ type Made = (Vec<Rollout>, Vec<(String, String)>, Vec<(String, f64)>);
 /// Where a GRPO run's rollouts come from.
 pub enum RolloutOrigin {
     /// Logged rollouts, group after group in file order (cycling).
-    Logged(Vec<Rollout>),
+    Logged(Logged),
     /// Generated by the policy for prompts drawn by a seeded shuffle,
     /// epoch after epoch, scored by `rewards`.
     Online {
@@ -995,7 +1113,7 @@ impl RolloutSource {
         let groups = self.rows / self.spec.num_generations;
         let group = self.spec.num_generations;
         match &mut self.origin {
-            RolloutOrigin::Logged(all) => {
+            RolloutOrigin::Logged(Logged { rollouts: all, .. }) => {
                 let n_groups = all.len() / group;
                 let mut out = Vec::with_capacity(self.rows);
                 for k in 0..groups {
@@ -1146,8 +1264,8 @@ impl BatchSource for RolloutSource {
         let (rollouts, texts, mut figures) = self.make(session, g)?;
         let names: Vec<&str> = match &self.origin {
             RolloutOrigin::Online { rewards, .. } => rewards.names(),
-            // The logged reward, as one reward function named `reward`.
-            RolloutOrigin::Logged(_) => vec!["reward"],
+            // The logged rewards: one named `reward`, or the rows' names.
+            RolloutOrigin::Logged(l) => l.names.iter().map(String::as_str).collect(),
         };
         let (mut batch, mut metrics) =
             rollout_batch(&rollouts, self.seq, &self.eos, &self.spec, &names)?;
@@ -1380,5 +1498,60 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("no `answer` column"), "{e}");
+    }
+
+    #[test]
+    fn logged_rollouts_name_their_rewards_and_weigh_them_by_name() {
+        let dir = std::env::temp_dir().join(format!("hlo-grpo-logged-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        let row = |r: &str| format!("{{\"prompt_ids\":[1,5],\"completion_ids\":[7],{r}}}\n");
+        let named = file(
+            "named.jsonl",
+            &(row("\"rewards\":{\"b\":2,\"a\":1}") + &row("\"rewards\":{\"a\":-1,\"b\":0.5}")),
+        );
+        let w =
+            |s: &str| -> Vec<RewardWeight> { s.split(',').map(|x| x.parse().unwrap()).collect() };
+        let l = read_rollouts(&named, 2, &w("b:0.5,a:2")).unwrap();
+        assert_eq!(l.names, ["a", "b"]);
+        assert_eq!(l.rollouts[0].rewards, [1.0, 2.0]);
+        assert_eq!(l.rollouts[0].reward, 2.0 * 1.0 + 0.5 * 2.0);
+        assert_eq!(l.rollouts[1].reward, -2.0 + 0.5 * 0.5);
+        // No weights: each 1.
+        assert_eq!(
+            read_rollouts(&named, 2, &[]).unwrap().rollouts[1].reward,
+            -0.5
+        );
+        let err = |path: &Path, weights: &[RewardWeight]| {
+            read_rollouts(path, 2, weights).unwrap_err().to_string()
+        };
+        for (weights, says) in [
+            ("a:1", "no weight for `b`"),
+            ("a:1,b:1,c:1", "names `c`"),
+            ("a:1,a:2,b:1", "gives `a` twice"),
+        ] {
+            let e = err(&named, &w(weights));
+            assert!(e.contains(says), "{weights}: {e}");
+        }
+        for (rows, says) in [
+            (
+                row("\"rewards\":{\"a\":1}") + &row("\"rewards\":{\"b\":1}"),
+                "line 2: its rewards are b, and the first line's a",
+            ),
+            (row("\"rewards\":{\"a\":\"x\"}"), "finite number"),
+            (row("\"rewards\":{}"), "object of names and numbers"),
+            (row("\"reward\":1,\"rewards\":{\"a\":1}"), "not both"),
+        ] {
+            let e = err(&file("bad.jsonl", &rows), &[]);
+            assert!(e.contains(says), "{rows}: {e}");
+        }
+        assert_eq!(" b: 0.5".parse::<RewardWeight>().unwrap(), w("b:0.5")[0]);
+        assert!("a".parse::<RewardWeight>().is_err());
+        assert!("a:inf".parse::<RewardWeight>().is_err());
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -190,6 +190,17 @@ fn identities(spec: &RunSpec, model: &Model, data: &Dataset) -> Result<RunSettin
         if let Some(p) = &g.rollouts {
             s.set("rollouts", absolute(p));
         }
+        if !g.reward_weights.is_empty() {
+            s.set(
+                "reward-weights",
+                serde_json::Value::from(
+                    g.reward_weights
+                        .iter()
+                        .map(|w| w.to_string())
+                        .collect::<Vec<_>>(),
+                ),
+            );
+        }
         s.set("answer-column", g.answer_column.as_str());
         if let Some(r) = &g.format_regex {
             s.set("format-regex", r.as_str());
@@ -542,7 +553,7 @@ impl Run {
         let data_path = g.rollouts.as_ref().or(spec.data.path.as_ref()).cloned();
         // Read (and check) the data before anything is compiled.
         let logged = match &g.rollouts {
-            Some(path) => Some(read_rollouts(path, g.num_generations)?),
+            Some(path) => Some(read_rollouts(path, g.num_generations, &g.reward_weights)?),
             None => None,
         };
         let prompts = match (&logged, &data_path) {
@@ -562,8 +573,8 @@ impl Run {
         };
         let vocab = model.config.vocab_size;
         let too_big = |ids: &[u32]| ids.iter().find(|&&t| t as i64 >= vocab).copied();
-        if let Some(rows) = &logged {
-            for r in rows {
+        if let Some(l) = &logged {
+            for r in &l.rollouts {
                 if let Some(t) = too_big(&r.prompt_ids).or(too_big(&r.completion_ids)) {
                     return Err(refuse(format!(
                         "{}: token id {t} is outside the model's vocabulary of {vocab}",
@@ -592,9 +603,10 @@ impl Run {
             examples: Vec::new(),
             pairs: Vec::new(),
             stats: DataStats {
-                samples: logged
-                    .as_ref()
-                    .map_or_else(|| prompts.as_ref().map_or(0, |p| p.prompts.len()), Vec::len),
+                samples: logged.as_ref().map_or_else(
+                    || prompts.as_ref().map_or(0, |p| p.prompts.len()),
+                    |l| l.rollouts.len(),
+                ),
                 ..DataStats::default()
             },
             fingerprint: match &data_path {

@@ -431,7 +431,7 @@ impl Default for RunSpec {
 /// The settings a run records and a resumed run takes back, by name.
 /// (A setting that names a file is compared by the file's identity too:
 /// `model-fingerprint`, `data-fingerprint`.)
-pub const SETTINGS: [&str; 58] = [
+pub const SETTINGS: [&str; 59] = [
     "model",
     "config",
     "checkpoint",
@@ -462,6 +462,7 @@ pub const SETTINGS: [&str; 58] = [
     "top-k",
     "reward",
     "rollouts",
+    "reward-weights",
     "answer-column",
     "format-regex",
     "reward-command",
@@ -646,6 +647,7 @@ impl RunSpec {
             ("top-k", g.top_k != d.top_k),
             ("reward", !g.rewards.is_empty()),
             ("rollouts", g.rollouts.is_some()),
+            ("reward-weights", !g.reward_weights.is_empty()),
             ("answer-column", g.answer_column != d.answer_column),
             ("format-regex", g.format_regex.is_some()),
             ("reward-command", g.reward_command.is_some()),
@@ -719,6 +721,11 @@ impl RunSpec {
             if self.data.path.is_some() {
                 return refuse("--rollouts is the training data; leave out --data".into());
             }
+        } else if !g.reward_weights.is_empty() {
+            return refuse(
+                "--reward-weights weighs the rewards --rollouts logs; online, give --reward NAME:WEIGHT"
+                    .into(),
+            );
         }
         if self.eval.data.is_some() {
             return refuse("GRPO has no held-out loss; leave out --eval-data".into());
@@ -818,6 +825,15 @@ impl RunSpec {
                 }
             }
             "rollouts" => self.grpo.rollouts = path()?,
+            "reward-weights" => {
+                self.grpo.reward_weights = match value {
+                    Value::Array(items) => items
+                        .iter()
+                        .map(|v| v.as_str().and_then(|s| s.parse().ok()).ok_or_else(bad))
+                        .collect::<Result<_>>()?,
+                    _ => return Err(bad()),
+                }
+            }
             "answer-column" => self.grpo.answer_column = text()?.to_string(),
             "format-regex" => self.grpo.format_regex = value.as_str().map(str::to_string),
             "reward-command" => self.grpo.reward_command = value.as_str().map(str::to_string),

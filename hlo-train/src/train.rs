@@ -151,6 +151,13 @@ pub struct TrainArgs {
     #[arg(long, conflicts_with = "data")]
     pub rollouts: Option<PathBuf>,
 
+    /// GRPO: the weights of the named rewards logged rollouts give as
+    /// {"rewards": {NAME: value, ...}}: NAME:WEIGHT for each, comma
+    /// separated (TRL's reward_weights; default: each 1). The advantage is
+    /// of their weighted sum.
+    #[arg(long, value_delimiter = ',')]
+    pub reward_weights: Vec<hlo_engine::grpo::RewardWeight>,
+
     /// GRPO: the prompts' column --reward accuracy compares with.
     #[arg(long, default_value = "answer")]
     pub answer_column: String,
@@ -355,6 +362,7 @@ fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
             top_k: args.top_k,
             rewards: args.reward.clone(),
             rollouts: args.rollouts.clone(),
+            reward_weights: args.reward_weights.clone(),
             answer_column: args.answer_column.clone(),
             format_regex: args.format_regex.clone(),
             reward_command: args.reward_command.clone(),

@@ -580,6 +580,24 @@ fn bad_input_table() {
             ]),
         ),
         (
+            "--reward-weights without --rollouts",
+            train(&["--objective", "grpo", "--reward", "length", "--num-generations", "2", "--reward-weights", "a:1"]),
+        ),
+        (
+            "--reward-weights naming a reward the rollouts do not log",
+            train(&[
+                "--objective",
+                "grpo",
+                "--num-generations", "2",
+                "--reward-weights", "a:1,c:0.5",
+                "--rollouts",
+                &jsonl(
+                    "rollouts-named.jsonl",
+                    "{\"prompt_ids\":[1,5],\"completion_ids\":[7],\"rewards\":{\"a\":1,\"b\":0}}\n{\"prompt_ids\":[1,5],\"completion_ids\":[8],\"rewards\":{\"a\":0,\"b\":1}}\n",
+                ),
+            ]),
+        ),
+        (
             "a GRPO setting without --objective grpo",
             train(&["--num-generations", "4"]),
         ),

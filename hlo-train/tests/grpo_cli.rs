@@ -6,9 +6,10 @@
 //! the adapter it saves after the last step equals TRL's to 1e-6 — for
 //! each `loss_type`, with and without β, μ = 1 and μ = 2 (the second step
 //! against the first one's old log-probabilities), each `scale_rewards`,
-//! ε_high, a temperature, AdamW, and a reference that is a copy of the
-//! adapter training starts from or another adapter; on one device and on
-//! a `dp=1,fsdp=2,mp=2` mesh.
+//! ε_high, a temperature, AdamW, two logged rewards with TRL's
+//! `reward_weights`, and a reference that is a copy of the adapter
+//! training starts from or another adapter; on one device and on a
+//! `dp=1,fsdp=2,mp=2` mesh.
 
 mod common;
 
@@ -81,6 +82,14 @@ fn flags(settings: &Value) -> Vec<String> {
         "--log-every".into(),
         "1".into(),
     ];
+    // TRL's reward_weights, by the logged rewards' names.
+    if let Some(w) = s("reward_weights").as_array() {
+        let names = s("reward_funcs");
+        let pairs: Vec<String> = (names.as_array().unwrap().iter().zip(w))
+            .map(|(n, w)| format!("{}:{}", n.as_str().unwrap(), w))
+            .collect();
+        f.extend(["--reward-weights".into(), pairs.join(",")]);
+    }
     if let Some(e) = s("epsilon_high_given").as_f64() {
         f.extend(["--epsilon-high".into(), e.to_string()]);
     }
@@ -189,6 +198,7 @@ fn scaling_clipping_temperature_adamw_and_references_equal_trl() {
         "dapo.b0.0.mu1.scale_batch",
         "dapo.b0.0.mu1.scale_none",
         "dapo.b0.0.mu1.tied",
+        "dapo.b0.0.mu1.two_rewards",
         "dapo.b0.0.mu2.eps_high",
         "dapo.b0.04.mu2.temp0.7",
         "dapo.b0.0.mu1.adamw",
