@@ -113,6 +113,11 @@ fn absolute_new(p: &Path) -> Result<String> {
     Ok(cwd.join(p).display().to_string())
 }
 
+/// Settings recorded as a list of their command-line spellings.
+fn written_list<T: std::fmt::Display>(items: &[T]) -> serde_json::Value {
+    items.iter().map(|t| t.to_string()).collect()
+}
+
 /// The settings a run records beyond the session's own: which model,
 /// tokenizer, adapter and data (with their identities), the objective and
 /// the run's length.
@@ -183,23 +188,12 @@ fn identities(spec: &RunSpec, model: &Model, data: &Dataset) -> Result<RunSettin
         s.set("temperature", g.temperature);
         s.set("top-p", g.top_p);
         s.set("top-k", g.top_k);
-        s.set(
-            "reward",
-            serde_json::Value::from(g.rewards.iter().map(|r| r.to_string()).collect::<Vec<_>>()),
-        );
+        s.set("reward", written_list(&g.rewards));
         if let Some(p) = &g.rollouts {
             s.set("rollouts", absolute(p));
         }
         if !g.reward_weights.is_empty() {
-            s.set(
-                "reward-weights",
-                serde_json::Value::from(
-                    g.reward_weights
-                        .iter()
-                        .map(|w| w.to_string())
-                        .collect::<Vec<_>>(),
-                ),
-            );
+            s.set("reward-weights", written_list(&g.reward_weights));
         }
         s.set("answer-column", g.answer_column.as_str());
         if let Some(r) = &g.format_regex {

@@ -508,6 +508,16 @@ pub const OUTPUT_SETTINGS: [&str; 6] = [
 /// Settings that pick the model; one chosen replaces all saved ones.
 const MODEL_SETTINGS: [&str; 3] = ["model", "config", "checkpoint"];
 
+/// A saved list of settings each written as a string (`--reward`,
+/// `--reward-weights`), read back; None if any is not one.
+fn parsed_list<T: std::str::FromStr>(value: &Value) -> Option<Vec<T>> {
+    value
+        .as_array()?
+        .iter()
+        .map(|v| v.as_str()?.parse().ok())
+        .collect()
+}
+
 /// A saved setting of the wrong kind.
 fn unreadable(key: &str, value: &Value) -> EngineError {
     EngineError::Resume(format!(
@@ -815,25 +825,9 @@ impl RunSpec {
             "temperature" => self.grpo.temperature = num()?,
             "top-p" => self.grpo.top_p = num()?,
             "top-k" => self.grpo.top_k = int()? as u32,
-            "reward" => {
-                self.grpo.rewards = match value {
-                    Value::Array(items) => items
-                        .iter()
-                        .map(|v| v.as_str().and_then(|s| s.parse().ok()).ok_or_else(bad))
-                        .collect::<Result<_>>()?,
-                    _ => return Err(bad()),
-                }
-            }
+            "reward" => self.grpo.rewards = parsed_list(value).ok_or_else(bad)?,
             "rollouts" => self.grpo.rollouts = path()?,
-            "reward-weights" => {
-                self.grpo.reward_weights = match value {
-                    Value::Array(items) => items
-                        .iter()
-                        .map(|v| v.as_str().and_then(|s| s.parse().ok()).ok_or_else(bad))
-                        .collect::<Result<_>>()?,
-                    _ => return Err(bad()),
-                }
-            }
+            "reward-weights" => self.grpo.reward_weights = parsed_list(value).ok_or_else(bad)?,
             "answer-column" => self.grpo.answer_column = text()?.to_string(),
             "format-regex" => self.grpo.format_regex = value.as_str().map(str::to_string),
             "reward-command" => self.grpo.reward_command = value.as_str().map(str::to_string),
