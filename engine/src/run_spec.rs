@@ -29,7 +29,9 @@ use crate::checkpoint::RunSettings;
 use crate::error::{EngineError, Result};
 pub use crate::grpo::GrpoSpec;
 use crate::model::ModelSource;
-use crate::spec::{AttentionChoice, OptimSpec, OptimizerKind, ScheduleKind, StepSpec, Toggle};
+use crate::spec::{
+    AttentionChoice, LoraSpec, OptimSpec, OptimizerKind, ScheduleKind, StepSpec, Toggle,
+};
 
 /// What the run's loss is, with the batch fields it reads and the metrics
 /// it reports: supervised finetuning, or a preference method over pairs
@@ -858,13 +860,7 @@ impl RunSpec {
                         "lora-targets" => {
                             l.targets = text()?.split(',').map(|t| t.trim().to_string()).collect()
                         }
-                        "modules-to-save" => {
-                            l.modules_to_save = text()?
-                                .split(',')
-                                .map(|t| t.trim().to_string())
-                                .filter(|t| !t.is_empty())
-                                .collect()
-                        }
+                        "modules-to-save" => l.modules_to_save = LoraSpec::modules_from(text()?),
                         _ => l.use_rslora = flag()?,
                     }
                 }
@@ -1003,7 +999,6 @@ pub fn differences(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::LoraSpec;
 
     fn settings(pairs: &[(&str, Value)]) -> RunSettings {
         let mut s = RunSettings::default();

@@ -109,6 +109,15 @@ impl Default for LoraSpec {
 }
 
 impl LoraSpec {
+    /// Modules to save from their comma-separated list, as the flag and
+    /// the recorded setting write it (empty: none).
+    pub fn modules_from(text: &str) -> Vec<String> {
+        text.split(',')
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+            .collect()
+    }
+
     /// The checked configuration.
     pub fn config(&self) -> Result<LoraConfig> {
         let targets: Vec<&str> = self.targets.iter().map(|t| t.trim()).collect();

@@ -559,12 +559,7 @@ impl StepArgs {
                     .map(|t| t.trim().to_string())
                     .collect(),
                 use_rslora: self.use_rslora,
-                modules_to_save: self
-                    .modules_to_save
-                    .split(',')
-                    .map(|t| t.trim().to_string())
-                    .filter(|t| !t.is_empty())
-                    .collect(),
+                modules_to_save: LoraSpec::modules_from(&self.modules_to_save),
             }),
         }
     }
