@@ -444,9 +444,8 @@ impl Adapter {
                 .ok_or_else(|| bad(format!("tensor `{key}` (modules_to_save) is missing")))?;
             if t.shape != shape {
                 return Err(bad(format!(
-                    "tensor `{key}` has shape {:?}, the model implies {:?}",
-                    t.shape,
-                    Some(&shape)
+                    "tensor `{key}` has shape {:?}, the model implies {shape:?}",
+                    t.shape
                 )));
             }
             let lit = t.literal(&map);
