@@ -28,6 +28,34 @@ impl Message {
     }
 }
 
+/// The roles chat templates render: a message of another role is most
+/// often dropped by the template without a word, so it is refused.
+pub const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+/// Refuses a message of a role no template renders, naming it as
+/// `field[i]`.
+///
+/// ```
+/// use hlo_data::chat::{check_roles, Message};
+/// assert!(check_roles(&[Message::new("user", "hi")], "messages").is_ok());
+/// let e = check_roles(&[Message::new("bot", "hi")], "chosen").unwrap_err();
+/// assert!(e.starts_with("`chosen[0]` has the role `bot`"));
+/// ```
+pub fn check_roles(messages: &[Message], field: &str) -> Result<(), String> {
+    match messages
+        .iter()
+        .enumerate()
+        .find(|(_, m)| !ROLES.contains(&m.role.as_str()))
+    {
+        Some((i, m)) => Err(format!(
+            "`{field}[{i}]` has the role `{}`; chat templates render the roles {}",
+            m.role,
+            ROLES.join(", ")
+        )),
+        None => Ok(()),
+    }
+}
+
 /// A model's chat template and the special tokens it refers to.
 #[derive(Clone, Debug)]
 pub struct ChatTemplate {

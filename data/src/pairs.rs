@@ -177,8 +177,8 @@ fn part(obj: &Map<String, Value>, key: &str) -> Result<Part, String> {
                     )
                 })
             })
-            .collect::<Result<_, _>>()
-            .map(Part::Messages),
+            .collect::<Result<Vec<Message>, _>>()
+            .and_then(|m| crate::chat::check_roles(&m, key).map(|_| Part::Messages(m))),
         other => Err(format!(
             "`{key}` is {}, not a string or a message list",
             json_kind(other)

@@ -99,9 +99,10 @@ pub fn read_prompts(path: &Path) -> Result<Vec<PromptLine>, DataError> {
         } else if let Some(p) = v.get("prompt").and_then(Value::as_str) {
             Prompt::Text(p.to_string())
         } else if let Some(m) = v.get("messages") {
-            Prompt::Messages(
-                serde_json::from_value(m.clone()).map_err(|e| bad(format!("messages: {e}")))?,
-            )
+            let messages: Vec<Message> =
+                serde_json::from_value(m.clone()).map_err(|e| bad(format!("messages: {e}")))?;
+            crate::chat::check_roles(&messages, "messages").map_err(bad)?;
+            Prompt::Messages(messages)
         } else {
             return Err(bad(
                 "expected {\"prompt\"}, {\"input_ids\"} ({\"prompt_ids\"}) or {\"messages\"}"

@@ -188,6 +188,7 @@ impl Reader<'_> {
             )?;
             let mut messages: Vec<Message> =
                 serde_json::from_value(m.clone()).map_err(|e| format!("messages: {e}"))?;
+            crate::chat::check_roles(&messages, "messages")?;
             for m in &mut messages {
                 m.content = cut_text(&m.content, limit).to_string();
             }

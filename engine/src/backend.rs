@@ -52,7 +52,10 @@ impl BackendOptions {
     /// ```
     pub fn mesh_or(&self, default: Option<&Mesh>) -> Result<Mesh> {
         let mesh = match (&self.mesh, default) {
-            (Some(m), _) => m.clone(),
+            (Some(m), _) => {
+                check_mesh_axes(m)?;
+                m.clone()
+            }
             (None, Some(d)) if self.devices.is_none() => d.clone(),
             (None, _) => Mesh::new(&[
                 ("dp", 1),
@@ -70,6 +73,31 @@ impl BackendOptions {
             }
         }
         Ok(mesh)
+    }
+}
+
+/// The axes the partition rules split over; a mesh's axes must be among
+/// them (an axis no rule names would only repeat the same work).
+pub const MESH_AXES: [&str; 3] = ["dp", "fsdp", "mp"];
+
+/// Refuses a mesh with an axis no partition rule names.
+///
+/// ```
+/// use hlo_engine::check_mesh_axes;
+/// assert!(check_mesh_axes(&"dp=1,fsdp=2,mp=1".parse().unwrap()).is_ok());
+/// assert!(check_mesh_axes(&"dp=1,fsdp=1,mp=1,xx=2".parse().unwrap()).is_err());
+/// ```
+pub fn check_mesh_axes(mesh: &Mesh) -> Result<()> {
+    match mesh
+        .axes()
+        .iter()
+        .find(|(n, _)| !MESH_AXES.contains(&n.as_str()))
+    {
+        Some((name, _)) => Err(EngineError::MeshAxis {
+            mesh: mesh.to_string(),
+            axis: name.clone(),
+        }),
+        None => Ok(()),
     }
 }
 

@@ -618,6 +618,21 @@ impl Batcher {
         adapters: &[(String, PathBuf)],
         seed: u64,
     ) -> Result<BatcherHandle> {
+        Self::spawn_announced(backend, model, options, adapters, seed, Box::new(|| {}))
+    }
+
+    /// [`Batcher::spawn`], calling `starting` once everything that can be
+    /// checked quickly is (limits, adapters, the mesh, the weights),
+    /// before the weights are placed and the programs compiled: seconds
+    /// to minutes a server may want to announce.
+    pub fn spawn_announced(
+        backend: BackendOptions,
+        model: Model,
+        options: BatcherOptions,
+        adapters: &[(String, PathBuf)],
+        seed: u64,
+        starting: Box<dyn FnOnce() + Send>,
+    ) -> Result<BatcherHandle> {
         if options.max_batch_size == 0 || options.max_loras == 0 || options.max_lora_rank < 1 {
             return Err(EngineError::ServingLimits(
                 "--max-batch-size, --max-loras and --max-lora-rank must be at least 1",
@@ -651,7 +666,7 @@ impl Batcher {
         let thread = std::thread::Builder::new()
             .name("batcher".into())
             .spawn(
-                move || match Batcher::new(backend, &model, shared, rx, seed) {
+                move || match Batcher::new(backend, &model, shared, rx, (seed, starting)) {
                     Ok(mut b) => {
                         let _ = ready_tx.send(Ok(()));
                         // A failure (or a bug's panic) must not leave a
@@ -693,10 +708,11 @@ impl Batcher {
         model: &Model,
         shared: Arc<Shared>,
         commands: mpsc::Receiver<Command>,
-        seed: u64,
+        (seed, starting): (u64, Box<dyn FnOnce() + Send>),
     ) -> Result<Batcher> {
         let backend = Backend::open(&backend)?;
         model.check_weights()?;
+        starting();
         let config = &shared.config;
         let o = &shared.options;
         let dtype = o.dtype;

@@ -45,6 +45,9 @@ pub enum EngineError {
         mesh_devices: i64,
         devices: u32,
     },
+    /// A mesh axis no partition rule splits over.
+    #[error("the mesh {mesh} has an axis `{axis}`, which no partition rule splits over; the axes are dp, fsdp and mp")]
+    MeshAxis { mesh: String, axis: String },
     /// The plugin has fewer devices than the run needs.
     #[error("{what} needs {needs} devices but the {plugin} plugin has {has}")]
     TooFewDevices {
@@ -59,6 +62,11 @@ pub enum EngineError {
     /// A reward failed or gave a non-finite value.
     #[error("--reward {name}: {why}")]
     Reward { name: String, why: String },
+    /// A wait cut short by SIGINT or SIGTERM: the trainer stops as the
+    /// signal asks (finishing the step in flight and saving), not as on
+    /// an error.
+    #[error("stopped by a signal while {during}")]
+    Interrupted { during: String },
     /// A setting a preference objective cannot take.
     #[error("--objective {objective}: {why}")]
     Preference {
@@ -117,6 +125,14 @@ pub enum EngineError {
     /// An adapter without a tensor the step needs.
     #[error("the adapter has no `{tensor}`")]
     AdapterLacks { tensor: String },
+    /// Generation met NaN or infinite logits (the adapter, or the prompt,
+    /// overflows).
+    #[error("prompt {row} of {rows}: the logits of completion token {token} are NaN or infinite (the adapter or the prompt overflows); no token could be sampled")]
+    NonFiniteLogits {
+        row: usize,
+        rows: usize,
+        token: usize,
+    },
     /// A benchmark whose loss is not finite.
     #[error(
         "the benchmark's loss is {loss}: the step is numerically broken for this configuration"
@@ -208,7 +224,7 @@ pub enum EngineError {
         step: i64,
         loss: f64,
         grad_norm: f64,
-        kept: bool,
+        kept: Option<i64>,
     },
     /// Eager value tracing found the first op that made a non-finite value.
     #[error("step {step}: the first non-finite value comes from `{op}` in scope `{scope}` ({bad} of {total} values); stopped{}", kept_note(*.kept))]
@@ -218,7 +234,7 @@ pub enum EngineError {
         scope: String,
         bad: usize,
         total: usize,
-        kept: bool,
+        kept: Option<i64>,
     },
     /// Parameters or optimizer state that are not finite, found before a
     /// save or on resume.
@@ -240,11 +256,12 @@ pub enum EngineError {
     },
 }
 
-fn kept_note(kept: bool) -> &'static str {
-    if kept {
-        " (the last saved checkpoint is kept)"
-    } else {
-        ""
+/// What a run stopped by a non-finite value leaves: the step of the
+/// checkpoint in `--out`, if one was saved (or resumed from).
+fn kept_note(kept: Option<i64>) -> String {
+    match kept {
+        Some(step) => format!(" (the checkpoint of step {step} is kept)"),
+        None => " (no checkpoint was saved)".into(),
     }
 }
 

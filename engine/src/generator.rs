@@ -56,6 +56,37 @@ pub fn cache_bucket(prompt_bucket: i64, max_new: usize) -> i64 {
     (prompt_bucket + max_new as i64 + 127) / 128 * 128
 }
 
+/// Appends each row's sampled token in `next` to its completion (`out`),
+/// marking rows that end (`done`: a `stop` token) or fail (`failed`: the
+/// program's -1 for logits that are not finite, replaced by 0 in `next`,
+/// which feeds the next step).
+fn take_tokens(
+    next: &mut [i32],
+    (out, failed, done): (&mut [Vec<u32>], &mut [Option<usize>], &mut [bool]),
+    stop: &[u32],
+) {
+    for (r, tok) in next.iter_mut().enumerate() {
+        if done[r] {
+            continue;
+        }
+        match u32::try_from(*tok) {
+            Ok(t) => {
+                out[r].push(t);
+                done[r] = stop.contains(&t);
+            }
+            Err(_) => {
+                failed[r] = Some(out[r].len());
+                done[r] = true;
+                *tok = 0;
+            }
+        }
+    }
+}
+
+/// One row of a batch's completion: its tokens, or the index of the
+/// token at which its logits were NaN or infinite.
+pub type RowCompletion = std::result::Result<Vec<u32>, usize>;
+
 /// Where the time of the last [`Generator::complete_batch`] went.
 #[derive(Clone, Debug, Default)]
 pub struct Timings {
@@ -329,7 +360,9 @@ impl Generator {
     }
 
     /// [`Generator::complete_batch`] with the parameters `params` finds
-    /// (for a generator made by [`Generator::over`]).
+    /// (for a generator made by [`Generator::over`]). A row whose logits
+    /// turn NaN or infinite fails the whole batch, after every other row
+    /// has finished as it would have alone.
     pub fn complete_batch_with<'p>(
         &self,
         params: &ParamLookup<'p>,
@@ -338,10 +371,45 @@ impl Generator {
         sampling: &Sampling,
         stop: &[u32],
     ) -> Result<Vec<Vec<u32>>> {
+        self.complete_rows_with(params, prompts, max_new, sampling, stop)?
+            .into_iter()
+            .enumerate()
+            .map(|(row, c)| {
+                c.map_err(|token| crate::EngineError::NonFiniteLogits {
+                    row: row + 1,
+                    rows: prompts.len(),
+                    token: token + 1,
+                })
+            })
+            .collect()
+    }
+
+    /// [`Generator::complete_batch`], each row on its own: its tokens, or
+    /// the index of the token whose logits were NaN or infinite (its
+    /// adapter or prompt overflows; the row stops there, and no other row
+    /// is changed by it).
+    pub fn complete_rows(
+        &self,
+        prompts: &[Vec<u32>],
+        max_new: usize,
+        sampling: &Sampling,
+        stop: &[u32],
+    ) -> Result<Vec<RowCompletion>> {
+        self.complete_rows_with(&|n| self.own(n), prompts, max_new, sampling, stop)
+    }
+
+    fn complete_rows_with<'p>(
+        &self,
+        params: &ParamLookup<'p>,
+        prompts: &[Vec<u32>],
+        max_new: usize,
+        sampling: &Sampling,
+        stop: &[u32],
+    ) -> Result<Vec<RowCompletion>> {
         let batch = prompts.len();
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
         if batch == 0 || longest == 0 || prompts.iter().any(Vec::is_empty) || max_new == 0 {
-            return Ok(vec![Vec::new(); batch]);
+            return Ok(vec![Ok(Vec::new()); batch]);
         }
         let t = prompt_bucket(longest);
         let max_len = cache_bucket(t, max_new);
@@ -376,6 +444,7 @@ impl Generator {
             &[sampling.seed as i128, stream as i128],
         )))?;
         let mut out: Vec<Vec<u32>> = vec![Vec::new(); batch];
+        let mut failed: Vec<Option<usize>> = vec![None; batch];
         let mut done = vec![false; batch];
         let mut input = self.place(HostArray::new(&[b, t], &ids)?)?;
         let mut cur = 0i64;
@@ -404,19 +473,14 @@ impl Generator {
             rng = outputs.pop().expect("rng");
             let next_arr = outputs.remove(0);
             caches = outputs.split_off(1);
-            let next: Vec<i32> = next_arr.gather()?.to_vec()?;
+            let mut next: Vec<i32> = next_arr.gather()?.to_vec()?;
             let took = started.elapsed().as_secs_f64() - (self.compile_s.get() - compiling);
             if cur == 0 {
                 timings.prefill_s = took;
             } else {
                 timings.decode_step_s.push(took);
             }
-            for (r, &tok) in next.iter().enumerate() {
-                if !done[r] {
-                    out[r].push(tok as u32);
-                    done[r] = stop.contains(&(tok as u32));
-                }
-            }
+            take_tokens(&mut next, (&mut out, &mut failed, &mut done), stop);
             if done.iter().all(|&d| d) {
                 break;
             }
@@ -427,7 +491,11 @@ impl Generator {
         timings.programs = self.programs.borrow().len();
         timings.compile_s = self.compile_s.get();
         *self.timings.borrow_mut() = timings;
-        Ok(out)
+        Ok(out
+            .into_iter()
+            .zip(failed)
+            .map(|(tokens, f)| f.map_or(Ok(tokens), Err))
+            .collect())
     }
 
     /// [`Generator::complete_batch`] for one prompt.

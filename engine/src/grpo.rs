@@ -15,8 +15,9 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::Instant;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::time::{Duration, Instant};
 
 use hlo_data::{Batch, ChatTemplate, Prompt, Tokenizer};
 use hlo_ir::rng::Rng;
@@ -35,7 +36,11 @@ use crate::error::{EngineError, Result};
 use crate::generator::{Generator, Sampling};
 use crate::pipeline::ShardedStep;
 use crate::session::Session;
-use crate::trainer::{BatchSource, SourcedBatch};
+use crate::trainer::{BatchSource, SourcedBatch, StopFlag};
+
+/// How long an external reward may take to answer one request, in
+/// seconds, unless `--reward-timeout` says otherwise.
+pub const DEFAULT_REWARD_TIMEOUT: f64 = 300.0;
 
 /// GRPO's settings (TRL 1.16's names and defaults).
 #[derive(Clone, Debug, PartialEq)]
@@ -74,6 +79,9 @@ pub struct GrpoSpec {
     pub reward_command: Option<String>,
     /// The endpoint `http` posts each batch of completions to.
     pub reward_url: Option<String>,
+    /// The longest wait, in seconds, for one answer of `command` (a line)
+    /// or `http` (a response): 300.
+    pub reward_timeout: f64,
     /// Show this many completions with their rewards every `log_every`
     /// steps (0: none).
     pub log_completions: usize,
@@ -100,6 +108,7 @@ impl Default for GrpoSpec {
             format_regex: None,
             reward_command: None,
             reward_url: None,
+            reward_timeout: DEFAULT_REWARD_TIMEOUT,
             log_completions: 0,
         }
     }
@@ -312,22 +321,84 @@ impl Scored<'_> {
     }
 }
 
+/// How long an external reward may take, and what ends the wait early.
+#[derive(Clone, Debug)]
+struct Wait {
+    timeout: Duration,
+    stop: StopFlag,
+}
+
+impl Wait {
+    /// `rx`'s next message (None: its sender is gone), waiting at most
+    /// the timeout and giving up when the run is stopped by a signal.
+    fn next<T>(&self, rx: &Receiver<T>, name: &str, what: &str) -> Result<Option<T>> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let now = Instant::now();
+            if self.stop.is_set() {
+                return Err(EngineError::Interrupted {
+                    during: format!("waiting for --reward {name}"),
+                });
+            }
+            if now >= deadline {
+                return Err(EngineError::Reward {
+                    name: name.into(),
+                    why: format!(
+                        "{what} did not answer within {} s (--reward-timeout)",
+                        self.timeout.as_secs_f64()
+                    ),
+                });
+            }
+            // Short slices, so that a signal is noticed within one.
+            match rx.recv_timeout((deadline - now).min(Duration::from_millis(50))) {
+                Ok(v) => return Ok(Some(v)),
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return Ok(None),
+            }
+        }
+    }
+}
+
 /// An HTTP reward: each batch of completions posted to `url` as a JSON
 /// array of requests (as the command's lines), answered by a JSON array of
-/// as many numbers.
-fn http_rewards(url: &str, items: &[Scored]) -> Result<Vec<f64>> {
+/// as many numbers. The request runs on its own thread so that the wait
+/// can end at the timeout or on a signal (the thread then ends at the
+/// same timeout, its answer unread).
+fn http_rewards(url: &str, items: &[Scored], wait: &Wait) -> Result<Vec<f64>> {
     let fail = |why: String| EngineError::Reward {
         name: "http".into(),
         why,
     };
     let body = Value::from(items.iter().map(Scored::request).collect::<Vec<_>>()).to_string();
-    let response = ureq::post(url)
-        .set("Content-Type", "application/json")
-        .send_string(&body)
-        .map_err(|e| fail(format!("POST {url}: {e}")))?;
-    let text = response
-        .into_string()
-        .map_err(|e| fail(format!("reading {url}'s answer: {e}")))?;
+    let (tx, rx) = mpsc::channel();
+    let (target, timeout) = (url.to_string(), wait.timeout);
+    std::thread::Builder::new()
+        .name("reward-http".into())
+        .spawn(move || {
+            let agent = ureq::AgentBuilder::new().timeout(timeout).build();
+            let answer = agent
+                .post(&target)
+                .set("Content-Type", "application/json")
+                .send_string(&body)
+                .map_err(|e| format!("POST {target}: {e}"))
+                .and_then(|r| {
+                    r.into_string()
+                        .map_err(|e| format!("reading {target}'s answer: {e}"))
+                });
+            let _ = tx.send(answer);
+        })
+        .map_err(|cause| EngineError::Thread {
+            what: "the reward's HTTP request",
+            cause,
+        })?;
+    let text = match wait.next(&rx, "http", url)? {
+        Some(answer) => answer.map_err(fail)?,
+        None => {
+            return Err(fail(format!(
+                "POST {url}: the request ended without an answer"
+            )))
+        }
+    };
     let values: Vec<f64> = match serde_json::from_str::<Value>(&text) {
         Ok(Value::Array(v)) => v
             .iter()
@@ -356,13 +427,23 @@ fn http_rewards(url: &str, items: &[Scored]) -> Result<Vec<f64>> {
     Ok(values)
 }
 
-/// An external reward: a command started once that reads one JSON object
-/// per line and answers one number per line.
+/// How long a command's surplus answers are waited for after a batch's
+/// last one: a line that comes within this is refused with the batch.
+const SURPLUS_WAIT: Duration = Duration::from_millis(25);
+
+/// An external reward: a command started once, in a process group of its
+/// own (killed whole when the run ends, however it ends), that reads one
+/// JSON object per line and answers one number per line. Its lines are
+/// read by a thread of ours as they come, so that a line it prints
+/// before it is asked, or beyond one per request, is seen and refused
+/// rather than taken as the next completion's reward.
 struct RewardCommand {
     command: String,
     child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+    /// Requests, written by a thread of ours (a command that stops
+    /// reading cannot block the run).
+    requests: Option<Sender<String>>,
+    answers: Receiver<std::io::Result<String>>,
 }
 
 impl RewardCommand {
@@ -371,69 +452,123 @@ impl RewardCommand {
             name: "command".into(),
             why,
         };
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(command)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|e| fail(format!("cannot start `{command}`: {e}")))?;
+        let mut child = crate::children::spawn_group(
+            Command::new("sh")
+                .arg("-c")
+                .arg(command)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped()),
+        )
+        .map_err(|e| fail(format!("cannot start `{command}`: {e}")))?;
         let stdin = child.stdin.take().ok_or_else(|| fail("no stdin".into()))?;
         let stdout = child
             .stdout
             .take()
             .ok_or_else(|| fail("no stdout".into()))?;
+        let thread = |what: &'static str| move |cause| EngineError::Thread { what, cause };
+        let (requests, to_write) = mpsc::channel::<String>();
+        std::thread::Builder::new()
+            .name("reward-command-in".into())
+            .spawn(move || {
+                let mut stdin = stdin;
+                for line in to_write {
+                    if writeln!(stdin, "{line}")
+                        .and_then(|_| stdin.flush())
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            })
+            .map_err(thread("the reward command's writer"))?;
+        let (lines, answers) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("reward-command-out".into())
+            .spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    if lines.send(line).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(thread("the reward command's reader"))?;
         Ok(RewardCommand {
             command: command.to_string(),
             child,
-            stdin,
-            stdout: BufReader::new(stdout),
+            requests: Some(requests),
+            answers,
         })
     }
 
-    /// One number per item, asked one line at a time.
-    fn score(&mut self, items: &[Scored]) -> Result<Vec<f64>> {
-        let fail = |why: String| EngineError::Reward {
+    fn fail(&self, why: String) -> EngineError {
+        EngineError::Reward {
             name: "command".into(),
-            why,
-        };
+            why: format!("`{}` {why}", self.command),
+        }
+    }
+
+    /// The error for a command whose output has ended.
+    fn stopped(&mut self) -> EngineError {
+        let status = self
+            .child
+            .try_wait()
+            .ok()
+            .flatten()
+            .map(|s| format!(" ({s})"))
+            .unwrap_or_default();
+        self.fail(format!(
+            "stopped before answering (closed its output{status})"
+        ))
+    }
+
+    /// A line the command printed unasked, refused.
+    fn unasked(&mut self, line: std::io::Result<String>, when: &str) -> EngineError {
+        match line {
+            Ok(line) => self.fail(format!(
+                "printed `{}` {when}; it must answer exactly one number per completion, after reading it",
+                line.trim()
+            )),
+            Err(e) => self.fail(format!("could not be read: {e}")),
+        }
+    }
+
+    /// One number per item, asked one line at a time, each waited for at
+    /// most `wait`'s timeout.
+    fn score(&mut self, items: &[Scored], wait: &Wait) -> Result<Vec<f64>> {
+        match self.answers.try_recv() {
+            Ok(line) => return Err(self.unasked(line, "before it was asked")),
+            Err(TryRecvError::Disconnected) => return Err(self.stopped()),
+            Err(TryRecvError::Empty) => {}
+        }
         let mut out = Vec::with_capacity(items.len());
-        for s in items {
-            let request = s.request();
-            let gone = |e: std::io::Error| {
-                fail(format!(
-                    "`{}` stopped before answering (writing to it: {e})",
-                    self.command
-                ))
-            };
-            writeln!(self.stdin, "{request}").map_err(gone)?;
-            self.stdin.flush().map_err(gone)?;
-            let mut line = String::new();
-            let n = self
-                .stdout
-                .read_line(&mut line)
-                .map_err(|e| fail(format!("reading `{}`'s answer: {e}", self.command)))?;
-            if n == 0 {
-                let status = self
-                    .child
-                    .try_wait()
-                    .ok()
-                    .flatten()
-                    .map(|s| format!(" ({s})"))
-                    .unwrap_or_default();
-                return Err(fail(format!(
-                    "`{}` stopped before answering (closed its output{status})",
-                    self.command
-                )));
+        for (k, s) in items.iter().enumerate() {
+            if let Ok(line) = self.answers.try_recv() {
+                return Err(self.unasked(line, &format!("beyond its {k} answers")));
             }
-            let v: f64 = line.trim().parse().map_err(|_| {
-                fail(format!(
-                    "`{}` answered `{}`, not a number",
-                    self.command,
-                    line.trim()
-                ))
-            })?;
+            let sent = self
+                .requests
+                .as_ref()
+                .is_some_and(|r| r.send(s.request().to_string()).is_ok());
+            if !sent {
+                return Err(self.stopped());
+            }
+            let what = format!("`{}`", self.command);
+            let line = match wait.next(&self.answers, "command", &what)? {
+                Some(Ok(line)) => line,
+                Some(Err(e)) => return Err(self.fail(format!("could not be read: {e}"))),
+                None => return Err(self.stopped()),
+            };
+            let v: f64 = line
+                .trim()
+                .parse()
+                .map_err(|_| self.fail(format!("answered `{}`, not a number", line.trim())))?;
             out.push(v);
+        }
+        // A surplus line of this batch's is refused with it, before its
+        // rewards are used.
+        if let Ok(line) = self.answers.recv_timeout(SURPLUS_WAIT) {
+            let when = format!("beyond its {} answers", items.len());
+            return Err(self.unasked(line, &when));
         }
         Ok(out)
     }
@@ -441,14 +576,16 @@ impl RewardCommand {
 
 impl Drop for RewardCommand {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        // Its stdin closes first: a command that ends at end of input can.
+        self.requests = None;
+        crate::children::kill_group(&mut self.child);
     }
 }
 
 /// The run's rewards, ready to score.
 pub struct Rewards {
     specs: Vec<RewardSpec>,
+    wait: Wait,
     answer_column: String,
     format: Option<Regex>,
     command: Option<RewardCommand>,
@@ -504,14 +641,31 @@ impl Rewards {
             }
             (None, false) => None,
         };
+        if !(spec.reward_timeout.is_finite() && spec.reward_timeout > 0.0) {
+            return Err(refuse(format!(
+                "--reward-timeout must be a positive number of seconds, not {}",
+                spec.reward_timeout
+            )));
+        }
+        let wait = Wait {
+            timeout: Duration::from_secs_f64(spec.reward_timeout.min(1e9)),
+            stop: StopFlag::default(),
+        };
         Ok(Rewards {
             specs: spec.rewards.clone(),
+            wait,
             answer_column: spec.answer_column.clone(),
             format,
             command,
             url,
             max_completion_length: spec.max_completion_length,
         })
+    }
+
+    /// Ends any wait for an external reward when `stop` is set (with
+    /// [`EngineError::Interrupted`]).
+    pub fn watch(&mut self, stop: StopFlag) {
+        self.wait.stop = stop;
     }
 
     /// The rewards' names, in order.
@@ -561,10 +715,12 @@ impl Rewards {
                     .command
                     .as_mut()
                     .expect("checked in new")
-                    .score(items)?,
-                RewardKind::Http => {
-                    http_rewards(self.url.as_deref().expect("checked in new"), items)?
-                }
+                    .score(items, &self.wait)?,
+                RewardKind::Http => http_rewards(
+                    self.url.as_deref().expect("checked in new"),
+                    items,
+                    &self.wait,
+                )?,
             };
             if let Some((k, v)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
                 return Err(EngineError::Reward {
@@ -756,6 +912,25 @@ fn terminated<'a>(completion: &'a [u32], eos: &[u32]) -> (&'a [u32], bool) {
     }
 }
 
+/// Refuses rewards too large for their statistics: a group's mean or
+/// deviation that overflows f64, or an advantage past f32 (what the step
+/// reads), would train on zeros or infinities without a word.
+fn check_reward_statistics(rewards: &[f64], advantages: &[f64]) -> Result<()> {
+    let largest = rewards.iter().fold(0.0f64, |m, r| m.max(r.abs()));
+    // The sum of squared deviations is at most n·(2·largest)².
+    let deviations = (2.0 * largest).powi(2) * rewards.len() as f64;
+    let overflows = !deviations.is_finite()
+        || advantages
+            .iter()
+            .any(|&a| !a.is_finite() || a.abs() > f64::from(f32::MAX));
+    if overflows {
+        return Err(EngineError::Grpo(format!(
+            "rewards as large as {largest:e} overflow their statistics (the group's mean and standard deviation, the advantages in f32); scale the rewards down"
+        )));
+    }
+    Ok(())
+}
+
 /// The batch of `rollouts` (rows of `seq`: prompt then completion,
 /// right-padded; the mask on the completion's tokens up to its first EOS)
 /// with their advantages, and the metrics TRL logs of a generation batch.
@@ -770,6 +945,7 @@ pub fn rollout_batch(
     let mut b = Batch::empty(rows, seq);
     let rewards: Vec<f64> = rollouts.iter().map(|r| r.reward).collect();
     let (adv, zero_std) = advantages(&rewards, spec.num_generations, spec.scale_rewards);
+    check_reward_statistics(&rewards, &adv)?;
     let mut lengths = Vec::with_capacity(rows);
     let mut term_lengths = Vec::new();
     for (r, ro) in rollouts.iter().enumerate() {
@@ -1313,6 +1489,12 @@ impl BatchSource for RolloutSource {
 
     fn cursor(&self) -> u64 {
         self.steps
+    }
+
+    fn watch(&mut self, stop: StopFlag) {
+        if let RolloutOrigin::Online { rewards, .. } = &mut self.origin {
+            rewards.watch(stop);
+        }
     }
 
     /// In the middle of a batch's μ iterations, the batch (its old

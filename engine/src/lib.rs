@@ -51,6 +51,7 @@ pub mod backend;
 pub mod batcher;
 pub mod bench;
 pub mod checkpoint;
+mod children;
 pub mod comm;
 pub mod dataset;
 mod error;
@@ -71,14 +72,14 @@ pub mod session;
 pub mod spec;
 pub mod trainer;
 
-pub use backend::{Backend, BackendOptions};
+pub use backend::{check_mesh_axes, Backend, BackendOptions, MESH_AXES};
 pub use batcher::{
     AdapterInfo, Batcher, BatcherHandle, BatcherOptions, BatcherStats, Event, FinishReason,
     GenerationRequest, SubmitError,
 };
 pub use dataset::{DataSpec, Dataset};
 pub use error::{EngineError, Result};
-pub use generator::{Generator, Sampling, Timings};
+pub use generator::{Generator, RowCompletion, Sampling, Timings};
 pub use hooks::{
     EvalReport, HookList, Hooks, Quiet, RunStart, StepReport, TracedValue, TrainSummary,
 };

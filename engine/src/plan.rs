@@ -9,6 +9,7 @@
 use std::time::Instant;
 
 use hlo_ir::DType;
+use hlo_models::decoder::decode_step;
 use hlo_models::decoder::{partition_rules, ModelConfig};
 use hlo_models::nf4;
 use hlo_models::preference::Reference;
@@ -19,6 +20,7 @@ use hlo_runtime::{CompiledMemoryStats, Mode, PluginSpec};
 
 use crate::backend::Backend;
 use crate::error::Result;
+use crate::generator::{cache_bucket, cache_spec, prompt_bucket};
 use crate::hardware::Device;
 use crate::model::quantized_config;
 use crate::pipeline::ShardedStep;
@@ -68,6 +70,38 @@ pub struct MemoryPlan {
     /// Arguments + outputs − aliased + temporaries.
     pub total_bytes: u64,
     /// Seconds XLA took to compile the step on the CPU.
+    pub compile_s: f64,
+    /// GRPO: what generating the rollouts holds, beside the state; the
+    /// total is then the larger of the step's and the rollouts'.
+    pub rollout: Option<RolloutMemory>,
+}
+
+/// GRPO's rollouts as a plan sees them: each step generates `--batch`
+/// completions of up to `max_completion_length` tokens after prompts
+/// filling the rest of a row.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RolloutShape {
+    pub num_generations: i64,
+    pub max_completion_length: i64,
+}
+
+/// What generating a GRPO step's rollouts holds on each device: the
+/// prefill program of the whole batch (the longest prompt a row holds,
+/// bucketed, and the cache it fills), compiled as the generator compiles
+/// it, with the run's state (weights and adapter, read in place; the
+/// optimizer's moments, idle) beside it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RolloutMemory {
+    /// The completions' length, the prompt bucket prefilled and the
+    /// cache's length.
+    pub completion_tokens: i64,
+    pub prompt_tokens: i64,
+    pub cache_tokens: i64,
+    /// The KV cache's bytes (within XLA's arguments).
+    pub cache_bytes: u64,
+    pub xla: CompiledMemoryStats,
+    /// XLA's total for the prefill plus the optimizer's moments.
+    pub total_bytes: u64,
     pub compile_s: f64,
 }
 
@@ -123,8 +157,52 @@ pub fn plan(
             xla,
             total_bytes,
             compile_s,
+            rollout: None,
         },
     ))
+}
+
+/// Plans GRPO's rollouts of `tc.batch` completions under `rollout` (see
+/// [`RolloutMemory`]), beside `optimizer_bytes` of idle moments.
+pub fn plan_rollout(
+    config: &ModelConfig,
+    tc: &TrainConfig,
+    mesh: &Mesh,
+    rollout: RolloutShape,
+    optimizer_bytes: u64,
+) -> Result<RolloutMemory> {
+    let completion = rollout.max_completion_length.max(1);
+    let prompt = prompt_bucket((tc.seq - completion).max(1) as usize);
+    let cache = cache_bucket(prompt, completion as usize);
+    let step = decode_step(config, tc.dtype, tc.batch, prompt, cache, tc.lora.as_ref())?;
+    let rules = partition_rules(config);
+    let cache_layout = cache_spec(mesh, config);
+    let f = &step.function;
+    let laid = ShardedStep::with_layout(&step, mesh, |k| match step.inputs[k].role {
+        Role::Weight => rules.spec_for(&f.inputs[k].name, f.ty(f.inputs[k].value).rank()),
+        Role::KvCache => cache_layout.clone(),
+        _ => PartitionSpec::replicated(),
+    });
+    let cache_bytes = (0..laid.step.inputs.len())
+        .filter(|&k| laid.step.inputs[k].role == Role::KvCache)
+        .map(|k| laid.input_bytes_per_device(k))
+        .sum();
+    let backend = Backend::open_for(&PluginSpec::Cpu, mesh.clone())?;
+    let t0 = Instant::now();
+    let program = laid.compile(&backend, Mode::Jit)?;
+    let compile_s = t0.elapsed().as_secs_f64();
+    let xla = program
+        .compiled_memory_stats()?
+        .expect("a JIT program has memory figures");
+    Ok(RolloutMemory {
+        completion_tokens: completion,
+        prompt_tokens: prompt,
+        cache_tokens: cache,
+        cache_bytes,
+        total_bytes: xla.total_device_bytes().max(0) as u64 + optimizer_bytes,
+        xla,
+        compile_s,
+    })
 }
 
 /// A train step as `plan` compiles it, before its `auto`s are decided:
@@ -147,6 +225,8 @@ pub struct StepToPlan {
     /// DPO's and IPO's reference: the base (a fresh adapter's) or a frozen
     /// adapter.
     pub reference: Reference,
+    /// GRPO's rollouts (None for the other objectives).
+    pub rollout: Option<RolloutShape>,
 }
 
 impl StepToPlan {
@@ -164,14 +244,32 @@ impl StepToPlan {
             .objective
             .preference(&PreferenceSpec::default(), self.reference);
         if self.objective == Objective::Grpo {
-            tc.grpo = Some(crate::grpo::GrpoSpec::default().loss());
+            let mut g = crate::grpo::GrpoSpec::default();
+            if let Some(r) = self.rollout {
+                g.num_generations = r.num_generations.max(1) as usize;
+                g.max_completion_length = r.max_completion_length.max(1) as usize;
+            }
+            tc.grpo = Some(g.loss());
         }
         Ok(tc)
     }
 
-    /// Plans the step ([`plan`]).
+    /// Plans the step ([`plan`]), and GRPO's rollouts beside it
+    /// ([`plan_rollout`]).
+    pub fn plan_step(&self) -> Result<(ShardedStep, MemoryPlan)> {
+        let tc = self.train_config()?;
+        let (step, mut memory) = plan(&self.config, &tc, &self.mesh)?;
+        if let Some(shape) = self.rollout.filter(|_| self.objective == Objective::Grpo) {
+            let r = plan_rollout(&self.config, &tc, &self.mesh, shape, memory.optimizer_bytes)?;
+            memory.total_bytes = memory.total_bytes.max(r.total_bytes);
+            memory.rollout = Some(r);
+        }
+        Ok((step, memory))
+    }
+
+    /// Plans the step ([`StepToPlan::plan_step`]).
     pub fn plan(&self) -> Result<MemoryPlan> {
-        Ok(plan(&self.config, &self.train_config()?, &self.mesh)?.1)
+        Ok(self.plan_step()?.1)
     }
 }
 
@@ -241,30 +339,61 @@ pub struct Fit {
     pub total_bytes: u64,
 }
 
-/// For a step that does not fit `capacity` bytes per device, the nearest
-/// settings that do, each compiled and kept only if its plan fits: the
-/// largest batch (more micro-batches keeping the rows of a step), the
-/// longest rows (to within an eighth), per-layer rematerialization, NF4
-/// projections (a LoRA step of a full-precision base), and the fewest
-/// devices over fsdp up to [`MAX_SEARCH_DEVICES`]. Bisection bounds the
-/// compiles: about 15 at most, a handful in most cases. `progress` hears
-/// of each plan as it ends (a failed one counts as not fitting).
+/// What the search did with one candidate: planned it (compiled), or
+/// left it unplanned because its compile was expected to outlast the
+/// search's time.
+pub enum Tried<'a> {
+    Planned(&'a Result<MemoryPlan>),
+    OverBudget { expected_s: f64 },
+}
+
+/// What a search found, and what it ruled out without compiling.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Found {
+    pub fits: Vec<Fit>,
+    /// Candidates whose lower bound (see [`nearest_fits`]) exceeds the
+    /// device's memory: not compiled.
+    pub ruled_out: usize,
+    /// Candidates not planned for lack of time.
+    pub unplanned: usize,
+}
+
+/// For a step that does not fit `capacity` bytes per device (its plan
+/// `base`), the nearest settings that do, each compiled and kept only if
+/// its plan fits: the largest batch (more micro-batches keeping the rows
+/// of a step where the objective accumulates, else fewer rows a step),
+/// the longest rows (to within an eighth), per-layer rematerialization,
+/// NF4 projections (a LoRA step of a full-precision base), and the fewest
+/// devices over fsdp up to [`MAX_SEARCH_DEVICES`]; only settings the
+/// objective accepts. A candidate is compiled only if a lower bound of
+/// its bytes fits: the state plus the rest scaled with the rows (batch),
+/// with the square of the length (rows), everything over the devices
+/// (more devices), the state alone (remat; NF4, its weights at 4 bits);
+/// and only while its
+/// compile is expected to end within `budget_s` seconds of the search's
+/// start (from `base`'s compile time, longer for more devices).
+/// Bisection bounds the compiles further. `progress` hears of each
+/// candidate as it is planned or passed over for time (a failed plan
+/// counts as not fitting).
 pub fn nearest_fits(
     step: &StepToPlan,
+    base: &MemoryPlan,
     capacity: u64,
-    progress: &mut dyn FnMut(&Change, &Result<MemoryPlan>),
-) -> Result<Vec<Fit>> {
+    budget_s: f64,
+    progress: &mut dyn FnMut(&Change, Tried),
+) -> Result<Found> {
     let tc = step.train_config()?;
     let mut search = Search {
         step,
+        base,
         capacity,
+        started: Instant::now(),
+        budget_s,
         progress,
+        found: Found::default(),
     };
     let mut fits = Vec::new();
-    // A preference step takes its pairs in one micro-batch.
-    if !step.objective.is_preference() {
-        fits.extend(search.first_fitting(&batch_changes(step)));
-    }
+    fits.extend(search.first_fitting(&batch_changes(step)));
     fits.extend(search.first_fitting(&seq_changes(step)));
     if !tc.scan_layers && !step.spec.remat_layers {
         fits.extend(search.first_fitting(&[Change::RematLayers]));
@@ -280,25 +409,81 @@ pub fn nearest_fits(
             break;
         }
     }
-    Ok(fits)
+    search.found.fits = fits;
+    Ok(search.found)
 }
 
 struct Search<'a> {
     step: &'a StepToPlan,
+    base: &'a MemoryPlan,
     capacity: u64,
-    progress: &'a mut dyn FnMut(&Change, &Result<MemoryPlan>),
+    started: Instant,
+    budget_s: f64,
+    progress: &'a mut dyn FnMut(&Change, Tried),
+    found: Found,
 }
 
 impl Search<'_> {
-    /// Plans `change`: Some when it fits.
+    /// Plans `change`: Some when it fits (None, uncompiled, when its
+    /// lower bound does not fit or there is no time for it).
     fn fits(&mut self, change: &Change) -> Option<Fit> {
+        if self.lower_bound(change) > self.capacity {
+            self.found.ruled_out += 1;
+            return None;
+        }
+        let expected_s = self.expected_compile_s(change);
+        if self.started.elapsed().as_secs_f64() + expected_s > self.budget_s {
+            self.found.unplanned += 1;
+            (self.progress)(change, Tried::OverBudget { expected_s });
+            return None;
+        }
         let planned = change.apply(self.step).and_then(|s| s.plan());
-        (self.progress)(change, &planned);
+        (self.progress)(change, Tried::Planned(&planned));
         let total_bytes = planned.ok()?.total_bytes;
         (total_bytes <= self.capacity).then(|| Fit {
             change: change.clone(),
             total_bytes,
         })
+    }
+
+    /// Bytes `change`'s step holds at least: what does not shrink with
+    /// it (the state: weights, adapter, optimizer) plus the rest shrunk
+    /// as fast as it can (see [`nearest_fits`]).
+    fn lower_bound(&self, change: &Change) -> u64 {
+        let b = self.base;
+        let state = b.weights_bytes + b.lora_bytes + b.optimizer_bytes;
+        let rest = b.total_bytes.saturating_sub(state) as f64;
+        let state = state as f64;
+        let spec = &self.step.spec;
+        let bound = match change {
+            Change::Batch { batch, .. } => state + rest * *batch as f64 / spec.batch as f64,
+            Change::Seq(seq) => state + rest * (*seq as f64 / spec.seq as f64).powi(2),
+            Change::RematLayers => state,
+            Change::Nf4 => {
+                // Its state: 4 bits of each weight's 8, 16 or 32 (the
+                // step changes too: its temporaries may shrink or grow).
+                let bits = 8.0 * self.step.dtype.size_in_bytes() as f64;
+                state - b.weights_bytes as f64 * (1.0 - 4.0 / bits)
+            }
+            Change::Devices { mesh, batch, .. } => {
+                let k = (mesh.size() / self.step.mesh.size()).max(1) as f64;
+                (state + rest * (*batch as f64 / spec.batch as f64).max(1.0)) / k
+            }
+        };
+        bound.max(0.0) as u64
+    }
+
+    /// The seconds `change`'s plan is expected to take: the base plan's,
+    /// and more for more virtual devices (a quarter again per device).
+    fn expected_compile_s(&self, change: &Change) -> f64 {
+        let base = self.base.compile_s + self.base.rollout.as_ref().map_or(0.0, |r| r.compile_s);
+        match change {
+            Change::Devices { mesh, .. } => {
+                let k = (mesh.size() / self.step.mesh.size()).max(1) as f64;
+                base * (1.0 + k / 4.0)
+            }
+            _ => base,
+        }
     }
 
     /// The first of `changes` that fits, by bisection: they are ordered
@@ -328,10 +513,37 @@ fn batch_shards(mesh: &Mesh) -> i64 {
 /// Micro-batches a step may take (`--grad-accum`'s range).
 const MAX_GRAD_ACCUM: i64 = 4096;
 
-/// Smaller batches that divide the rows of an optimizer step and split
-/// over the mesh, largest first.
+/// Whether the step's objective takes more micro-batches (a preference
+/// step takes its pairs in one, GRPO its rollouts).
+fn accumulates(step: &StepToPlan) -> bool {
+    !step.objective.is_preference() && step.objective != Objective::Grpo
+}
+
+/// What a batch must be a multiple of beside the mesh's split: GRPO's
+/// whole groups of completions.
+fn batch_unit(step: &StepToPlan) -> i64 {
+    match (step.objective, step.rollout) {
+        (Objective::Grpo, Some(r)) => r.num_generations.max(1),
+        _ => 1,
+    }
+}
+
+/// Smaller batches that split over the mesh, largest first: dividing the
+/// rows of an optimizer step, with as many more micro-batches, where the
+/// objective accumulates; else simply fewer rows a step (whole groups of
+/// GRPO's completions).
 fn batch_changes(step: &StepToPlan) -> Vec<Change> {
-    let (batch, shards) = (step.spec.batch, batch_shards(&step.mesh));
+    let (batch, shards, unit) = (step.spec.batch, batch_shards(&step.mesh), batch_unit(step));
+    if !accumulates(step) {
+        return (1..batch)
+            .rev()
+            .filter(|b| b % shards == 0 && b % unit == 0)
+            .map(|b| Change::Batch {
+                batch: b,
+                grad_accum: 1,
+            })
+            .collect();
+    }
     let rows = batch * step.spec.grad_accum;
     (1..batch)
         .rev()
@@ -355,7 +567,12 @@ fn seq_changes(step: &StepToPlan) -> Vec<Change> {
         lengths.push(s);
         s /= 2;
     }
-    lengths.retain(|&s| s >= 2 && s < seq);
+    // GRPO's rows hold a prompt and the longest completion.
+    let least = step
+        .rollout
+        .map_or(2, |r| r.max_completion_length + 1)
+        .max(2);
+    lengths.retain(|&s| s >= least && s < seq);
     lengths.dedup();
     lengths
         .into_iter()
@@ -382,9 +599,9 @@ fn device_changes(step: &StepToPlan) -> Vec<Change> {
             .map(|(a, n)| (a.as_str(), if a == "fsdp" { fsdp * k } else { *n }))
             .collect();
         let Ok(bigger) = Mesh::new(&axes) else { break };
-        let shards = batch_shards(&bigger);
+        let shards = lcm(batch_shards(&bigger), batch_unit(step));
         let batch = (step.spec.batch + shards - 1) / shards * shards;
-        let grad_accum = if rows % batch == 0 {
+        let grad_accum = if rows % batch == 0 && accumulates(step) {
             rows / batch
         } else {
             step.spec.grad_accum
@@ -397,6 +614,16 @@ fn device_changes(step: &StepToPlan) -> Vec<Change> {
         k *= 2;
     }
     changes
+}
+
+fn lcm(a: i64, b: i64) -> i64 {
+    let gcd = |mut a: i64, mut b: i64| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    a / gcd(a, b).max(1) * b
 }
 
 /// One distinct layout of a step's state: every tensor of one shape and
@@ -478,6 +705,7 @@ mod tests {
             steps: 100,
             objective: Objective::Sft,
             reference: Reference::Base,
+            rollout: None,
         }
     }
 

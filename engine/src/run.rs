@@ -205,6 +205,7 @@ fn identities(spec: &RunSpec, model: &Model, data: &Dataset) -> Result<RunSettin
         if let Some(u) = &g.reward_url {
             s.set("reward-url", u.as_str());
         }
+        s.set("reward-timeout", g.reward_timeout);
         s.set("log-completions", g.log_completions as u64);
         if let Some(dir) = &spec.preference.ref_adapter {
             s.set("ref-adapter", absolute(dir));

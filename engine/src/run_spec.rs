@@ -3,7 +3,7 @@
 //! output — as typed settings, and how a resumed run takes the settings it
 //! was saved with.
 //!
-//! Settings are recorded by name ([`SETTINGS`]: the names of `hlo-train
+//! Settings are recorded by name ([`settings`]: the names of `hlo-train
 //! train`'s flags, so a recipe, a saved state and an error message speak
 //! one vocabulary). A resumed run takes every saved setting its caller did
 //! not choose ([`Chosen`]); one it chose must equal the saved one, every
@@ -57,6 +57,41 @@ pub enum Objective {
     /// being trained (or logged ones), scored by rewards, each weighted by
     /// its advantage within its prompt's group.
     Grpo,
+}
+
+impl Objective {
+    /// Whether this objective reads setting `key` (a flag's name): every
+    /// objective reads the settings not in [`OBJECTIVE_SETTINGS`] (nor
+    /// GRPO's `reward-timeout`).
+    ///
+    /// ```
+    /// use hlo_engine::run_spec::Objective;
+    /// assert!(Objective::Dpo.reads("lr") && Objective::Dpo.reads("beta"));
+    /// assert!(!Objective::Dpo.reads("num-generations") && !Objective::Sft.reads("beta"));
+    /// ```
+    pub fn reads(self, key: &str) -> bool {
+        if !OBJECTIVE_SETTINGS.contains(&key) && key != "reward-timeout" {
+            return true;
+        }
+        match self {
+            Objective::Sft => false,
+            // GRPO's β is its own; its reference adapter is DPO's.
+            Objective::Grpo => !matches!(
+                key,
+                "simpo-gamma" | "label-smoothing" | "cpo-alpha" | "precompute-ref"
+            ),
+            Objective::Dpo | Objective::Ipo => {
+                matches!(key, "beta" | "ref-adapter" | "precompute-ref")
+            }
+            Objective::Simpo => {
+                matches!(
+                    key,
+                    "beta" | "simpo-gamma" | "label-smoothing" | "cpo-alpha"
+                )
+            }
+            Objective::Orpo => key == "beta",
+        }
+    }
 }
 
 /// Every objective, in the order `--objective` lists them.
@@ -346,7 +381,7 @@ pub enum Chosen {
     /// Every setting (a spec built in code): each must equal the saved.
     #[default]
     All,
-    /// These, by [`SETTINGS`] name (a command line's flags).
+    /// These, by [`settings`] name (a command line's flags).
     Only(BTreeSet<String>),
 }
 
@@ -430,10 +465,11 @@ impl Default for RunSpec {
     }
 }
 
-/// The settings a run records and a resumed run takes back, by name.
-/// (A setting that names a file is compared by the file's identity too:
-/// `model-fingerprint`, `data-fingerprint`.)
-pub const SETTINGS: [&str; 59] = [
+/// The settings a run records and a resumed run takes back, by name
+/// ([`settings`]), of the model and the data. (A setting that names a file
+/// is compared by the file's identity too: `model-fingerprint`,
+/// `data-fingerprint`.)
+pub const MODEL_DATA_SETTINGS: [&str; 12] = [
     "model",
     "config",
     "checkpoint",
@@ -446,6 +482,11 @@ pub const SETTINGS: [&str; 59] = [
     "chat-template",
     "train-on-inputs",
     "objective",
+];
+
+/// The settings only some objectives read: the preference objectives'
+/// and GRPO's (every other setting is read by all; [`Objective::reads`]).
+pub const OBJECTIVE_SETTINGS: [&str; 24] = [
     "beta",
     "simpo-gamma",
     "label-smoothing",
@@ -470,6 +511,10 @@ pub const SETTINGS: [&str; 59] = [
     "reward-command",
     "reward-url",
     "log-completions",
+];
+
+/// The step's and the optimizer's settings.
+pub const STEP_SETTINGS: [&str; 23] = [
     "seed",
     "steps",
     "batch",
@@ -495,16 +540,25 @@ pub const SETTINGS: [&str; 59] = [
     "loss-chunk",
 ];
 
+/// Every setting a run records and a resumed run takes back, by name.
+pub fn settings() -> impl Iterator<Item = &'static str> {
+    MODEL_DATA_SETTINGS
+        .into_iter()
+        .chain(OBJECTIVE_SETTINGS)
+        .chain(STEP_SETTINGS)
+}
+
 /// What shapes what a run writes, not what it computes: saved with the
-/// run and taken back on resume like [`SETTINGS`], but one chosen anew
+/// run and taken back on resume like [`settings`], but one chosen anew
 /// simply replaces the saved one (never a difference).
-pub const OUTPUT_SETTINGS: [&str; 6] = [
+pub const OUTPUT_SETTINGS: [&str; 7] = [
     "eval-data",
     "eval-every",
     "save-every",
     "metrics",
     "tensorboard",
     "log-every",
+    "reward-timeout",
 ];
 
 /// Settings that pick the model; one chosen replaces all saved ones.
@@ -602,21 +656,7 @@ impl RunSpec {
             });
         }
         let (p, d) = (&self.preference, PreferenceSpec::default());
-        let reads = |key: &str| match self.objective {
-            Objective::Sft => false,
-            // GRPO's β is its own; its reference adapter is DPO's.
-            Objective::Grpo => matches!(key, "beta" | "ref-adapter"),
-            Objective::Dpo | Objective::Ipo => {
-                matches!(key, "beta" | "ref-adapter" | "precompute-ref")
-            }
-            Objective::Simpo => {
-                matches!(
-                    key,
-                    "beta" | "simpo-gamma" | "label-smoothing" | "cpo-alpha"
-                )
-            }
-            Objective::Orpo => key == "beta",
-        };
+        let reads = |key: &str| self.objective.reads(key);
         for (key, set) in [
             ("beta", p.beta != d.beta),
             ("simpo-gamma", p.simpo_gamma != d.simpo_gamma),
@@ -664,6 +704,7 @@ impl RunSpec {
             ("format-regex", g.format_regex.is_some()),
             ("reward-command", g.reward_command.is_some()),
             ("reward-url", g.reward_url.is_some()),
+            ("reward-timeout", g.reward_timeout != d.reward_timeout),
             ("log-completions", g.log_completions != d.log_completions),
         ];
         if self.objective != Objective::Grpo {
@@ -753,7 +794,7 @@ impl RunSpec {
     /// Takes every saved setting the caller did not choose.
     pub fn merge_saved(&mut self, saved: &RunSettings) -> Result<()> {
         let model_chosen = MODEL_SETTINGS.iter().any(|k| self.chosen.contains(k));
-        for key in SETTINGS.into_iter().chain(OUTPUT_SETTINGS) {
+        for key in settings().chain(OUTPUT_SETTINGS) {
             let Some(value) = saved.get(key) else {
                 continue;
             };
@@ -834,6 +875,7 @@ impl RunSpec {
             "format-regex" => self.grpo.format_regex = value.as_str().map(str::to_string),
             "reward-command" => self.grpo.reward_command = value.as_str().map(str::to_string),
             "reward-url" => self.grpo.reward_url = value.as_str().map(str::to_string),
+            "reward-timeout" => self.grpo.reward_timeout = num()?,
             "log-completions" => self.grpo.log_completions = int()? as usize,
             "simpo-gamma" => self.preference.simpo_gamma = num()?,
             "label-smoothing" => self.preference.label_smoothing = num()?,
@@ -943,7 +985,7 @@ pub fn differences(
         }
     }
     let cosine = saved.get("schedule") == Some(&Value::from("cosine"));
-    for key in SETTINGS {
+    for key in settings() {
         if !chosen.contains(key) {
             continue;
         }

@@ -35,6 +35,12 @@ impl StopFlag {
             let seen = flag.clone();
             let _ = ctrlc::set_handler(move || {
                 if seen.0.swap(true, Ordering::SeqCst) {
+                    // ctrlc calls this on a thread of its own, where
+                    // printing and killing are safe.
+                    crate::children::kill_all();
+                    eprintln!(
+                        "error: a second signal: stopped at once, without finishing the step or saving (a checkpoint saved earlier is kept)"
+                    );
                     std::process::exit(130);
                 }
             });
@@ -107,6 +113,10 @@ pub trait BatchSource {
     fn saved(&self, _cursor: u64) -> Result<Vec<(String, Vec<u8>)>> {
         Ok(Vec::new())
     }
+    /// The run's stop flag: a source that waits on something outside the
+    /// run (a reward command) gives up when it is set, with
+    /// [`EngineError::Interrupted`].
+    fn watch(&mut self, _stop: StopFlag) {}
 }
 
 /// A batch and what making it measured: metrics reported with the step
@@ -142,6 +152,9 @@ pub struct Trainer<'a> {
     last_finished: Option<Instant>,
     started: Instant,
     summary: TrainSummary,
+    /// The step of the checkpoint in `out`: the last saved, or the one
+    /// resumed from (None: there is none).
+    saved_step: Option<i64>,
 }
 
 impl<'a> Trainer<'a> {
@@ -172,6 +185,8 @@ impl<'a> Trainer<'a> {
         if options.trace_values.is_some() && session.mode() != Mode::Eager {
             return Err(EngineError::TraceNeedsEager);
         }
+        let mut loader = loader;
+        loader.watch(stop.clone());
         Ok(Trainer {
             session,
             loader,
@@ -182,6 +197,7 @@ impl<'a> Trainer<'a> {
             last_finished: None,
             started: Instant::now(),
             summary: TrainSummary::default(),
+            saved_step: None,
         })
     }
 
@@ -196,6 +212,19 @@ impl<'a> Trainer<'a> {
         placed.metrics = made.metrics;
         placed.samples = made.samples;
         Ok((placed, self.loader.cursor()))
+    }
+
+    /// The next batch, unless the run is stopped (by a signal, before or
+    /// while it is made: a source waiting on a reward gives up then).
+    fn prepare_unless_stopped(&mut self) -> Result<Option<(PlacedBatch, u64)>> {
+        if self.stop.is_set() {
+            return Ok(None);
+        }
+        match self.prepare() {
+            Ok(made) => Ok(Some(made)),
+            Err(EngineError::Interrupted { .. }) if self.stop.is_set() => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Reads a finished step's figures and hands them to the hooks; a
@@ -214,7 +243,7 @@ impl<'a> Trainer<'a> {
                 step: p.step,
                 loss,
                 grad_norm,
-                kept: self.options.out.is_some(),
+                kept: self.saved_step,
             });
         }
         self.window.push_back((dt, p.tokens));
@@ -284,6 +313,7 @@ impl<'a> Trainer<'a> {
         };
         let extra = self.loader.saved(cursor)?;
         checkpoint::save_with(&out, self.session, &state, &extra)?;
+        self.saved_step = Some(state.step);
         hooks.on_save(state.step, &out)
     }
 
@@ -293,10 +323,14 @@ impl<'a> Trainer<'a> {
         self.started = Instant::now();
         let steps = self.options.steps;
         let start = self.session.steps_done();
+        // A resumed run's folder holds the checkpoint it started from.
+        if start > 0 && self.options.out.is_some() {
+            self.saved_step = Some(start);
+        }
         let eval_every = self.options.eval_every;
         self.evaluate(hooks)?;
         let mut next = if start < steps {
-            Some(self.prepare()?)
+            self.prepare_unless_stopped()?
         } else {
             None
         };
@@ -305,14 +339,18 @@ impl<'a> Trainer<'a> {
         let (mut fill_sum, mut fills) = (0.0f64, 0usize);
         let mut interrupted = false;
         while self.session.steps_done() < steps {
-            let (batch, batch_cursor) = next.take().expect("a prepared batch");
+            let Some((batch, batch_cursor)) = next.take() else {
+                // Stopped before the first batch was made.
+                interrupted = true;
+                break;
+            };
             fill_sum += batch.fill;
             fills += 1;
             let this = self.launch(&batch, start, hooks)?;
             cursor = batch_cursor;
             let step = self.session.steps_done();
             if step < steps {
-                next = Some(self.prepare()?);
+                next = self.prepare_unless_stopped()?;
             }
             if let Some(p) = pending.replace(this) {
                 self.report(p, hooks)?;
@@ -418,7 +456,7 @@ impl<'a> Trainer<'a> {
                 scope,
                 bad,
                 total,
-                kept: self.options.out.is_some(),
+                kept: self.saved_step,
             });
         }
         Ok(launched)

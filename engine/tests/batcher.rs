@@ -107,7 +107,16 @@ fn generator_tokens(
     prompts: &[(&[u32], usize)],
     sampling: &Sampling,
 ) -> Vec<Vec<u32>> {
-    let m = model();
+    generator_tokens_of(&model(), adapter, prompts, sampling)
+}
+
+/// [`generator_tokens`] of model `m`.
+fn generator_tokens_of(
+    m: &Model,
+    adapter: Option<&Path>,
+    prompts: &[(&[u32], usize)],
+    sampling: &Sampling,
+) -> Vec<Vec<u32>> {
     let backend = Backend::open(&BackendOptions::cpu()).unwrap();
     let adapter = adapter.map(|d| Adapter::load(d, &m.config).unwrap());
     let g = Generator::new(
@@ -430,17 +439,30 @@ fn scratch(name: &str) -> PathBuf {
 /// A rank-4 adapter on every projection whose tensors are `value(k)` for
 /// the k-th element of each, saved as PEFT does.
 fn adapter_with(name: &str, value: impl Fn(&mut Rng) -> f64) -> PathBuf {
-    let m = model();
-    let lora = LoraConfig::new(4, 8.0, &DEFAULT_TARGETS, false).unwrap();
+    adapter_of(&fixture(), &DEFAULT_TARGETS, 7, name, value)
+}
+
+/// A rank-4 adapter on `targets` of the model in `dir` whose tensors are
+/// `value(k)` for the k-th element of each (drawn from `seed`), saved as
+/// PEFT does.
+fn adapter_of(
+    dir: &Path,
+    targets: &[&str],
+    seed: u64,
+    name: &str,
+    value: impl Fn(&mut Rng) -> f64,
+) -> PathBuf {
+    let m = Model::open(&ModelSource::Checkpoint(dir.to_path_buf())).unwrap();
+    let lora = LoraConfig::new(4, 8.0, targets, false).unwrap();
     let mut a = Adapter::init(&m.config, &lora, 5);
-    let mut rng = Rng::new(7);
+    let mut rng = Rng::new(seed);
     for (_, t) in &mut a.tensors {
         let v: Vec<f64> = (0..t.ty.element_count()).map(|_| value(&mut rng)).collect();
         *t = Literal::from_f64s(TensorType::new(DType::F32, t.ty.dims.clone()), &v);
     }
-    let dir = scratch(name);
-    a.save(&dir, None).unwrap();
-    dir
+    let out = scratch(name);
+    a.save(&out, None).unwrap();
+    out
 }
 
 fn good_adapter() -> PathBuf {
@@ -495,6 +517,52 @@ fn greedy(adapter: Option<&Path>, prompt: &[u32], n: usize) -> Vec<u32> {
     generator_tokens(adapter, &[(prompt, n)], &Sampling::default()).remove(0)
 }
 
+/// Base and `good`-adapter requests of each prompt, of several lengths
+/// (`most` tokens at most), so that slots free and are taken again in
+/// every order.
+fn clean_requests(prompts: &[&[u32]], most: usize) -> Vec<GenerationRequest> {
+    let mut clean = Vec::new();
+    for (k, p) in prompts.iter().enumerate() {
+        clean.push(greedy_request(p, None, 3 + k % 3));
+        clean.push(greedy_request(p, Some("good"), most - k % 3));
+    }
+    clean
+}
+
+/// Submits `clean` with a request of adapter `bad(k)` before the k-th
+/// (its prompt a tail of `long`, from `shift`), all at once: each bad one
+/// fails as non-finite, each clean one gets `expected` tokens.
+fn assert_isolated(
+    b: &BatcherHandle,
+    (clean, expected): (&[GenerationRequest], &[Vec<u32>]),
+    bad: impl Fn(usize) -> &'static str,
+    (long, shift): (&[u32], usize),
+    what: &str,
+) {
+    let mut mixed = Vec::new();
+    for (k, r) in clean.iter().enumerate() {
+        let tokens = 2 + k % 4;
+        mixed.push(greedy_request(
+            &long[(k + shift) % 5..],
+            Some(bad(k)),
+            tokens,
+        ));
+        mixed.push(r.clone());
+    }
+    for (j, got) in outcomes(b, &mixed).iter().enumerate() {
+        match (got, j % 2) {
+            (Err(m), 0) => assert!(m.contains("NaN or infinite"), "{what}: {m}"),
+            (Ok(t), 0) => panic!("{what}: the overflowing adapter gave tokens {t:?}"),
+            (got, _) => assert_eq!(
+                got.as_ref(),
+                Ok(&expected[j / 2]),
+                "{what}: request {}",
+                j / 2
+            ),
+        }
+    }
+}
+
 #[test]
 fn an_overflowing_adapter_fails_its_own_requests_and_changes_no_other_token() {
     let good = good_adapter();
@@ -505,13 +573,7 @@ fn an_overflowing_adapter_fails_its_own_requests_and_changes_no_other_token() {
         &[1, 2, 3, 4, 5, 6, 7],
         &[1, 99],
     ];
-    // Base and good-adapter requests of several lengths, so that slots
-    // free and are taken again in every order.
-    let mut clean = Vec::new();
-    for (k, p) in prompts.iter().enumerate() {
-        clean.push(greedy_request(p, None, 3 + k % 3));
-        clean.push(greedy_request(p, Some("good"), 6 - k % 3));
-    }
+    let clean = clean_requests(&prompts, 6);
     let expected: Vec<Vec<u32>> = clean
         .iter()
         .map(|r| {
@@ -536,24 +598,13 @@ fn an_overflowing_adapter_fails_its_own_requests_and_changes_no_other_token() {
         // prefill, and its slot's cache row is NaN when the next request
         // takes the slot.
         let long: Vec<u32> = (1..=24).map(|t| 3 * t % 120 + 1).collect();
-        let mut mixed = Vec::new();
-        let mut which = Vec::new();
-        for (k, r) in clean.iter().enumerate() {
-            mixed.push(greedy_request(&long[k % 5..], Some("bad"), 2 + k % 4));
-            which.push(None);
-            mixed.push(r.clone());
-            which.push(Some(k));
-        }
-        let got = outcomes(&b, &mixed);
-        for (g, w) in got.iter().zip(&which) {
-            match (g, w) {
-                (Err(m), None) => assert!(m.contains("NaN or infinite"), "{m}"),
-                (Ok(t), None) => panic!("{select:?}: the overflowing adapter gave tokens {t:?}"),
-                (g, Some(k)) => {
-                    assert_eq!(g.as_ref(), Ok(&expected[*k]), "{select:?}: request {k}")
-                }
-            }
-        }
+        assert_isolated(
+            &b,
+            (&clean, &expected),
+            |_| "bad",
+            (&long, 0),
+            &format!("{select:?}"),
+        );
         // Gone from the registry, its entry and slots taken over: the same
         // answers again.
         assert!(b.unload_adapter("bad"));
@@ -739,4 +790,89 @@ fn a_dying_batcher_fails_what_it_holds_and_says_so() {
         Err(SubmitError::Failed(_))
     ));
     b.shutdown();
+}
+
+/// A rank-4 adapter on the attention projections of the model in `dir`
+/// (a mixture of experts' sparse MLPs are not these modules), as
+/// [`adapter_of`].
+fn attention_adapter(dir: &Path, name: &str, value: impl Fn(&mut Rng) -> f64) -> PathBuf {
+    adapter_of(
+        dir,
+        &["q_proj", "k_proj", "v_proj", "o_proj"],
+        9,
+        name,
+        value,
+    )
+}
+
+#[test]
+fn on_mixture_of_experts_bases_a_non_finite_row_changes_no_other_token() {
+    // A row whose hidden state is inf or NaN used to reach other rows
+    // through the experts' dispatch (its routing matched no expert; the
+    // index past the last one was clamped onto another token's slot in
+    // the sorted blocks). Adapters of 1e19 (finite: accepted on load; x·A·B
+    // overflows to inf) and of ±3e38 (NaN), in turn, sit between every two
+    // requests of the base
+    // and of a benign adapter, so that over the rounds they share every
+    // step with every slot. The leak was not random: it happened at every
+    // step a non-finite row shared with a row routed to the last expert
+    // of a layer, so each of these rounds, with dozens of shared steps,
+    // meets it many times over; three rounds of the same requests (each a
+    // different interleaving in the slots, as they free at different
+    // steps) settle that nothing else leaks.
+    for name in ["qwen3_moe", "mixtral", "gpt_oss"] {
+        let dir = family(name);
+        let good = attention_adapter(&dir, &format!("{name}-good"), |r| 0.05 * r.normal());
+        let huge = attention_adapter(&dir, &format!("{name}-1e19"), |_| 1e19);
+        // ±3e38: its rows' products are inf of both signs, then NaN.
+        let nan = attention_adapter(&dir, &format!("{name}-nan"), |r| {
+            if r.normal() > 0.0 {
+                3e38
+            } else {
+                -3e38
+            }
+        });
+        let model = || Model::open(&ModelSource::Checkpoint(dir.clone())).unwrap();
+        let m = model();
+        let reference = |adapter: Option<&Path>, prompt: &[u32], n: usize| {
+            generator_tokens_of(&m, adapter, &[(prompt, n)], &Sampling::default()).remove(0)
+        };
+        let prompts: [&[u32]; 3] = [&[1, 5, 9, 12, 7], &[1, 40, 3], &[1, 2, 3, 4, 5, 6]];
+        let clean = clean_requests(&prompts, 5);
+        let expected: Vec<Vec<u32>> = clean
+            .iter()
+            .map(|r| {
+                reference(
+                    r.adapter.as_ref().map(|_| good.as_path()),
+                    &r.prompt,
+                    r.max_tokens,
+                )
+            })
+            .collect();
+        let b = Batcher::spawn(
+            BackendOptions::cpu(),
+            model(),
+            isolation_options(4, 3, None),
+            &[
+                ("good".into(), good.clone()),
+                ("huge".into(), huge.clone()),
+                ("nan".into(), nan.clone()),
+            ],
+            0,
+        )
+        .unwrap();
+        let long: Vec<u32> = (1..=16).map(|t| 3 * t % 90 + 1).collect();
+        for round in 0..3 {
+            let bad = move |k: usize| {
+                if (k + round).is_multiple_of(2) {
+                    "huge"
+                } else {
+                    "nan"
+                }
+            };
+            let what = format!("{name} round {round}");
+            assert_isolated(&b, (&clean, &expected), bad, (&long, round), &what);
+        }
+        b.shutdown();
+    }
 }

@@ -692,3 +692,48 @@ pub fn planned_reference(
         (false, _) => Ok(Reference::Base),
     }
 }
+
+/// The preference losses' settings, as `train` and `eval` take them.
+#[derive(Args, Clone, Debug)]
+pub struct PreferenceArgs {
+    /// The preference loss's β: DPO's and IPO's (the reference's weight),
+    /// SimPO's reward scale, ORPO's λ (default 0.1); GRPO's KL penalty
+    /// weight (default 0: no reference model).
+    #[arg(long, value_parser = crate::args::non_negative)]
+    pub beta: Option<f64>,
+
+    /// SimPO's target reward margin γ.
+    #[arg(long, default_value_t = 0.5, allow_negative_numbers = true)]
+    pub simpo_gamma: f64,
+
+    /// SimPO's label smoothing ε (TRL's label_smoothing): the loss mixes
+    /// in ε of the loss with chosen and rejected swapped.
+    #[arg(long, default_value_t = 0.0, value_parser = crate::args::label_smoothing)]
+    pub label_smoothing: f64,
+
+    /// SimPO's weight of the chosen completions' NLL (TRL's cpo_alpha;
+    /// 0: the paper's SimPO).
+    #[arg(long, default_value_t = 1.0, value_parser = crate::args::non_negative)]
+    pub cpo_alpha: f64,
+
+    /// DPO's and IPO's reference model: this PEFT adapter on the base (same
+    /// LoRA settings as the trained one). Default: the policy as training
+    /// starts (the base for a fresh adapter, a frozen copy of
+    /// --init-adapter).
+    #[arg(long, value_parser = crate::args::hub_adapter)]
+    pub ref_adapter: Option<PathBuf>,
+}
+
+impl PreferenceArgs {
+    /// The engine's settings (β 0.1 unless given; `precompute_ref` off).
+    pub fn spec(&self) -> hlo_engine::run_spec::PreferenceSpec {
+        hlo_engine::run_spec::PreferenceSpec {
+            beta: self.beta.unwrap_or(0.1),
+            simpo_gamma: self.simpo_gamma,
+            label_smoothing: self.label_smoothing,
+            cpo_alpha: self.cpo_alpha,
+            ref_adapter: self.ref_adapter.clone(),
+            ..Default::default()
+        }
+    }
+}

@@ -180,6 +180,55 @@ pub fn demo_show(
 
 /// The run's header: model, devices, what is trained, the data and how
 /// many epochs the steps make.
+/// The modules an adapter trains, as the model has them: a target no
+/// layer has (a sparse layer's `gate_proj`) is not named; the experts'
+/// fused tensors are (`experts.gate_up_proj`); modules found in only some
+/// layers say in how many.
+///
+/// For example `q_proj,v_proj; experts.gate_up_proj (2 of 3 layers)`.
+fn trained_modules(
+    config: &hlo_engine::models::decoder::ModelConfig,
+    lora: &hlo_engine::models::decoder::LoraConfig,
+) -> String {
+    let layers = config.num_hidden_layers;
+    // Each module, in order of first appearance, with its layer count.
+    let mut modules: Vec<(String, i64)> = Vec::new();
+    for (name, _) in hlo_engine::models::decoder::lora_parameter_types(config, lora) {
+        let Some(rest) = name.strip_suffix(".lora_a") else {
+            continue;
+        };
+        // model.layers.L.GROUP.MODULE: the module, past its group.
+        let module = rest.splitn(5, '.').nth(4).unwrap_or(rest).to_string();
+        match modules.iter_mut().find(|(m, _)| *m == module) {
+            Some((_, n)) => *n += 1,
+            None => modules.push((module, 1)),
+        }
+    }
+    if modules.is_empty() {
+        return "no module of this model (none of the targets is in it)".into();
+    }
+    // Consecutive modules of the same layer count, together.
+    let mut groups: Vec<(Vec<&str>, i64)> = Vec::new();
+    for (m, n) in &modules {
+        match groups.last_mut() {
+            Some((names, k)) if k == n => names.push(m),
+            _ => groups.push((vec![m], *n)),
+        }
+    }
+    groups
+        .iter()
+        .map(|(names, n)| {
+            let which = if *n == layers {
+                String::new()
+            } else {
+                format!(" ({n} of {layers} layers)")
+            };
+            format!("{}{which}", names.join(","))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 pub fn print_header(run: &Run) -> Result<()> {
     let session = run.session();
     let (stats, learning, unpacked_fill) = (
@@ -196,7 +245,7 @@ pub fn print_header(run: &Run) -> Result<()> {
                 l.rank,
                 l.alpha,
                 if l.use_rslora { " (rsLoRA)" } else { "" },
-                l.target_modules.join(",")
+                trained_modules(&model.config, l)
             ) + &if l.modules_to_save.is_empty() {
                 String::new()
             } else {
@@ -322,4 +371,43 @@ pub fn print_header(run: &Run) -> Result<()> {
         remaining
     );
     Ok(())
+}
+
+/// GRPO's mean reward of each step's rollouts, gathered for the run's
+/// last lines (shared with the hook that gathers it).
+#[derive(Clone, Default)]
+pub struct RewardCourse(std::rc::Rc<std::cell::RefCell<Vec<f64>>>);
+
+impl Hooks for RewardCourse {
+    fn on_step(&mut self, r: &StepReport) -> hlo_engine::Result<()> {
+        if let Some((_, v)) = r.metrics.iter().find(|(k, _)| k == "reward") {
+            self.0.borrow_mut().push(*v);
+        }
+        Ok(())
+    }
+}
+
+impl RewardCourse {
+    /// The mean reward over the first and the last eighth of the steps
+    /// (at most 50 each; a step's own reward is noisy), or None before
+    /// any step.
+    pub fn line(&self, last_step: i64) -> Option<String> {
+        let rewards = self.0.borrow();
+        let n = rewards.len();
+        if n == 0 {
+            return None;
+        }
+        let w = (n / 8).clamp(1, 50);
+        let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len() as f64;
+        let first_step = last_step - n as i64 + 1;
+        Some(format!(
+            "reward (the mean of a step's completions) {:.4} over steps {}..{} -> {:.4} over steps {}..{}",
+            mean(&rewards[..w]),
+            first_step,
+            first_step + w as i64 - 1,
+            mean(&rewards[n - w..]),
+            last_step - w as i64 + 1,
+            last_step
+        ))
+    }
 }

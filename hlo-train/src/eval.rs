@@ -4,12 +4,15 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::Args;
-use hlo_engine::data::eval_batches;
+use hlo_engine::data::{eval_batches, eval_pair_batches};
 use hlo_engine::models::adapter::Adapter;
+use hlo_engine::models::preference::Reference;
+use hlo_engine::models::train::Preference;
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::{Backend, Dataset, Evaluator, Model};
+use hlo_engine::run_spec::{Objective, RunSpec};
+use hlo_engine::{Backend, Dataset, EvalResult, Evaluator, Model};
 use serde_json::json;
 
 use crate::args::{ChatArgs, DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};
@@ -62,6 +65,16 @@ pub struct EvalArgs {
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
     pub batch: i64,
 
+    /// What to score: sft (the masked mean loss of each learned token),
+    /// or held-out preference pairs by dpo, ipo, simpo or orpo (the loss
+    /// and TRL's metrics; --batch then counts pairs). DPO's and IPO's
+    /// reference is the base with the adapter off, or --ref-adapter.
+    #[arg(long, value_enum, default_value = "sft")]
+    pub objective: crate::train::ObjectiveArg,
+
+    #[command(flatten)]
+    pub preference: crate::args::PreferenceArgs,
+
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -83,9 +96,16 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         None => None,
     };
     let seq = args.seq as usize;
-    let spec = args.chat.spec(Some(args.data.clone()), args.seq);
+    let objective = Objective::from(args.objective);
+    let preference = preference_of(args, objective)?;
+    let mut spec = args.chat.spec(Some(args.data.clone()), args.seq);
+    spec.pairs = preference.is_some();
     let data = Dataset::read(&model, &spec, 0)?;
     let backend = Backend::open(&args.plugin.backend(args.mesh.as_ref()))?;
+    let reference = match &args.preference.ref_adapter {
+        Some(dir) => Some(Adapter::load(dir, &model.config)?),
+        None => None,
+    };
     let evaluator = Evaluator::new(
         backend,
         &model,
@@ -93,9 +113,31 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         (args.batch, args.seq),
         attention,
         adapter.as_ref(),
+        preference.map(|p| (p, reference.as_ref())),
     )?;
-    let batches = eval_batches(&data.examples, seq, args.batch as usize);
+    if preference.is_some() {
+        let samples = data.stats.samples;
+        let pairs = data.learning_pairs(seq)?;
+        let batches = eval_pair_batches(&pairs, seq, args.batch as usize, None);
+        let r = evaluator.evaluate(&batches)?;
+        return print_pairs(args, objective, &r, pairs.len(), samples);
+    }
+    let samples = data.stats.samples;
+    // As train refuses it: data with nothing to score within --seq.
+    let examples = data.learning(seq)?;
+    let batches = eval_batches(&examples, seq, args.batch as usize);
     let r = evaluator.evaluate(&batches)?;
+    if !r.loss.is_finite() {
+        bail!(
+            "the loss over {} tokens is {}: {} overflows; no figure to report",
+            r.tokens,
+            r.loss,
+            match &args.adapter {
+                Some(dir) => format!("the model with the adapter {}", dir.display()),
+                None => "the model".to_string(),
+            }
+        );
+    }
     if args.json {
         println!(
             "{}",
@@ -103,7 +145,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
                 "eval_loss": r.loss,
                 "eval_perplexity": r.perplexity(),
                 "eval_tokens": r.tokens,
-                "samples": data.stats.samples,
+                "samples": samples,
             })
         );
     } else {
@@ -112,8 +154,76 @@ pub fn run(args: &EvalArgs) -> Result<()> {
             r.loss,
             r.perplexity(),
             r.tokens,
-            data.stats.samples
+            samples
         );
     }
+    Ok(())
+}
+
+/// The preference loss `--objective` names (None for sft), its settings
+/// checked as `train` checks them; GRPO has no held-out loss.
+fn preference_of(args: &EvalArgs, objective: Objective) -> Result<Option<Preference>> {
+    if objective == Objective::Grpo {
+        bail!("--objective grpo has no held-out loss to score (its reward is measured while training)");
+    }
+    // A setting the objective does not read is refused, as by `train`.
+    let spec = RunSpec {
+        objective,
+        preference: args.preference.spec(),
+        ..RunSpec::default()
+    };
+    spec.check_objective_settings()?;
+    let reference = match args.preference.ref_adapter {
+        Some(_) => Reference::Adapter,
+        None => Reference::Base,
+    };
+    Ok(objective.preference(&spec.preference, reference))
+}
+
+/// A preference evaluation's figures: the loss and TRL's metrics, means
+/// over the pairs; a figure that is not finite is refused.
+fn print_pairs(
+    args: &EvalArgs,
+    objective: Objective,
+    r: &EvalResult,
+    pairs: usize,
+    samples: usize,
+) -> Result<()> {
+    if let Some((name, v)) = std::iter::once(("loss", r.loss))
+        .chain(r.metrics.iter().map(|(k, v)| (k.as_str(), *v)))
+        .find(|(_, v)| !v.is_finite())
+    {
+        bail!(
+            "the held-out {name} is {v}: the model{} overflows; no figure to report",
+            args.adapter.as_ref().map_or(String::new(), |d| format!(
+                " with the adapter {}",
+                d.display()
+            ))
+        );
+    }
+    if args.json {
+        let mut v = json!({
+            "objective": objective.name(),
+            "eval_loss": r.loss,
+            "pairs": pairs,
+            "samples": samples,
+        });
+        for (k, m) in &r.metrics {
+            v[format!("eval_{k}")] = json!(m);
+        }
+        println!("{v}");
+        return Ok(());
+    }
+    let metrics: Vec<String> = r
+        .metrics
+        .iter()
+        .map(|(k, v)| format!("{k} {v:.6}"))
+        .collect();
+    println!(
+        "{} eval_loss {:.6} ({pairs} pairs of {samples}): {}",
+        objective.name(),
+        r.loss,
+        metrics.join(", ")
+    );
     Ok(())
 }

@@ -166,6 +166,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         eos,
     };
     let mode = if args.eager { Mode::Eager } else { Mode::Jit };
+    let mut failures = Vec::new();
     for (k, adapter) in adapters.iter().enumerate() {
         let generator = Generator::new(&backend, config, dtype, adapter.as_ref(), mode, |name| {
             model.weight(name, dtype, args.seed)
@@ -175,15 +176,36 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
                 dump_logits(&generator, &requests[0].1, config.vocab_size, path)?;
             }
         }
+        let named = |what: String| match args.adapter.get(k) {
+            Some(dir) => format!("adapter {}: {what}", dir.display()),
+            None => what,
+        };
         if args.prompts.is_some() {
-            out.complete_file(&generator, &requests, args.adapter.get(k))?;
+            let failed = out.complete_file(&generator, &requests, args.adapter.get(k))?;
+            failures.extend(failed.into_iter().map(named));
         } else {
             // Several adapters: each completion under its adapter's name.
             let header = args.adapter.get(k).filter(|_| adapters.len() > 1);
-            out.complete_one(&generator, &requests[0].1, header)?;
+            out.complete_one(&generator, &requests[0].1, header)
+                .map_err(|e| anyhow::anyhow!(named(format!("{e:#}"))))?;
         }
     }
-    Ok(())
+    // Every other completion was printed; a failed one is not an answer.
+    match failures.len() {
+        0 => Ok(()),
+        n => bail!(
+            "{}{}",
+            failures[0],
+            if n > 1 {
+                format!(
+                    " (and {} more prompts failed; their lines carry an \"error\")",
+                    n - 1
+                )
+            } else {
+                String::new()
+            }
+        ),
+    }
 }
 
 /// Refuses sampling settings outside their range.
@@ -306,26 +328,45 @@ impl Completions<'_> {
 
     /// `--prompts`: completes them `--batch-size` at a time and prints a
     /// JSON line each (the prompt's line with the completion and, when
-    /// given, the adapter).
+    /// given, the adapter; a prompt whose logits turn NaN or infinite
+    /// gets an `error` instead, and is returned: the others are
+    /// completed as they would be alone).
     fn complete_file(
         &self,
         generator: &Generator,
         requests: &[(Value, Vec<u32>)],
         adapter: Option<&PathBuf>,
-    ) -> Result<()> {
+    ) -> Result<Vec<String>> {
         let args = self.args;
+        let mut failed = Vec::new();
+        let mut number = 0;
         for chunk in requests.chunks(args.batch_size as usize) {
             let prompts: Vec<Vec<u32>> = chunk.iter().map(|(_, p)| p.clone()).collect();
-            let outs = generator.complete_batch(
+            let outs = generator.complete_rows(
                 &prompts,
                 args.max_new_tokens as usize,
                 &self.sampling,
                 &self.eos,
             )?;
             for ((line, _), out) in chunk.iter().zip(outs) {
+                number += 1;
                 let mut v = line.clone();
-                v["completion"] = self.show(&out)?.into();
-                v["completion_ids"] = out.into();
+                match out {
+                    Ok(out) => {
+                        v["completion"] = self.show(&out)?.into();
+                        v["completion_ids"] = out.into();
+                    }
+                    Err(token) => {
+                        let why = hlo_engine::EngineError::NonFiniteLogits {
+                            row: number,
+                            rows: requests.len(),
+                            token: token + 1,
+                        }
+                        .to_string();
+                        v["error"] = why.clone().into();
+                        failed.push(why);
+                    }
+                }
                 if let Some(dir) = adapter {
                     v["adapter"] = dir.display().to_string().into();
                 }
@@ -335,7 +376,7 @@ impl Completions<'_> {
                 eprintln!("{}", timings_json(&generator.timings()));
             }
         }
-        Ok(())
+        Ok(failed)
     }
 
     /// One prompt: prints its completion, under `== ADAPTER` when a

@@ -72,10 +72,6 @@ pub fn run(args: &MergeArgs) -> Result<()> {
     if args.out.exists() && args.out.canonicalize()? == checkpoint.canonicalize()? {
         bail!("--out must differ from --checkpoint");
     }
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("cannot create {}", args.out.display()))?;
-    // What a merge killed before it finished left behind.
-    hlo_engine::checkpoint::remove_stale_temporaries(&args.out);
     let scale = adapter.lora.scale();
     let mut tensors = Vec::new();
     let nf4 = ckpt.config.quantization;
@@ -97,14 +93,18 @@ pub fn run(args: &MergeArgs) -> Result<()> {
                     let dtype = ckpt.dtype(&name).context("checked on open")?;
                     Nf4Tensor::from_literal(&ckpt.read(&name, dtype)?, q.double_quant)
                 };
-                let merged =
-                    adapter.merge(&ckpt.config, &name, &base.dequantized_literal(DType::F32));
+                let base = base.dequantized_literal(DType::F32);
+                let merged = adapter.merge(&ckpt.config, &name, &base);
                 let bf16 = Literal::from_f64s(merged.ty.with_dtype(DType::BF16), &merged.to_f64s());
-                Literal::from_f64s(merged.ty.with_dtype(out_dtype), &bf16.to_f64s())
+                let merged = Literal::from_f64s(merged.ty.with_dtype(out_dtype), &bf16.to_f64s());
+                check_finite(&name, &base, &merged, args)?;
+                merged
             }
             None => {
                 let dtype = ckpt.dtype(&name).context("checked on open")?;
-                let merged = adapter.merge(&ckpt.config, &name, &ckpt.read(&name, dtype)?);
+                let base = ckpt.read(&name, dtype)?;
+                let merged = adapter.merge(&ckpt.config, &name, &base);
+                check_finite(&name, &base, &merged, args)?;
                 match nf4 {
                     Some(_) if merged.ty.dtype != out_dtype => {
                         Literal::from_f64s(merged.ty.with_dtype(out_dtype), &merged.to_f64s())
@@ -115,6 +115,12 @@ pub fn run(args: &MergeArgs) -> Result<()> {
         };
         tensors.push((name, merged));
     }
+    // Only now, with every tensor merged and checked: a refused merge
+    // leaves nothing behind.
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    // What a merge killed before it finished left behind.
+    hlo_engine::checkpoint::remove_stale_temporaries(&args.out);
     // As transformers writes them (mixtures of experts per expert).
     let tensors = hlo_engine::models::checkpoint::hf_layout(&ckpt.config, tensors);
     write_safetensors(&args.out.join("model.safetensors"), &tensors)?;
@@ -149,4 +155,27 @@ pub fn run(args: &MergeArgs) -> Result<()> {
         tensors.len()
     );
     Ok(())
+}
+
+/// Refuses a merged tensor with NaN or infinite values, saying whether
+/// the base had them already or the adapter's product overflowed the
+/// tensor's dtype.
+fn check_finite(name: &str, base: &Literal, merged: &Literal, args: &MergeArgs) -> Result<()> {
+    let bad = |l: &Literal| l.to_f64s().iter().filter(|v| !v.is_finite()).count();
+    let n = bad(merged);
+    if n == 0 {
+        return Ok(());
+    }
+    let cause = match bad(base) {
+        0 => format!(
+            "the adapter {} adds values past {}'s range",
+            args.adapter.display(),
+            merged.ty.dtype
+        ),
+        b => format!("the base tensor has {b} already"),
+    };
+    bail!(
+        "`{name}` merged has {n} NaN or infinite values of {} ({cause}); nothing was written",
+        merged.ty.element_count()
+    )
 }

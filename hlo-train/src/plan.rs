@@ -12,8 +12,8 @@ use hlo_engine::models::preference::Reference;
 use hlo_engine::models::train::TrainConfig;
 use hlo_engine::partitioner::{draw_sharding, Mesh};
 use hlo_engine::plan::{
-    compute_estimate, layout_groups, nearest_fits, plan, Change, ComputeEstimate, Fit, LayoutGroup,
-    MemoryPlan, StepToPlan,
+    compute_estimate, layout_groups, nearest_fits, Change, ComputeEstimate, Fit, Found,
+    LayoutGroup, MemoryPlan, RolloutShape, StepToPlan, Tried,
 };
 use hlo_engine::{BackendOptions, Model};
 use serde_json::{json, Value};
@@ -70,12 +70,23 @@ pub struct PlanArgs {
     #[command(flatten)]
     pub dtype: DtypeArgs,
 
-    /// The step's loss: sft, or a preference objective (dpo, ipo, simpo,
+    /// The step's loss: sft, a preference objective (dpo, ipo, simpo,
     /// orpo; --batch then counts pairs, whose two sides a step holds, and
     /// DPO and IPO add the reference's forward: the base with the adapter
-    /// off).
+    /// off), or grpo (--batch counts completions; the rollouts that
+    /// generate them are planned too).
     #[arg(long, value_enum, default_value = "sft")]
     pub objective: ObjectiveArg,
+
+    /// With grpo: completions per prompt (--batch must be a multiple).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..))]
+    pub num_generations: u32,
+
+    /// With grpo: tokens a completion has at most (default 512, or half
+    /// of --seq when that leaves no room); the rest of --seq is the
+    /// prompt the rollouts prefill.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_completion_length: Option<u32>,
 
     /// With dpo or ipo: the reference's log-probabilities computed before
     /// training (`train --precompute-ref`): no reference forward in the
@@ -142,6 +153,7 @@ fn device_memory(s: &str) -> Result<f64, String> {
 /// Plans the step and prints it; Ok(false) when it does not fit (the
 /// nearest settings that do printed too), which exits 1.
 pub fn run(args: &PlanArgs) -> Result<bool> {
+    let started = std::time::Instant::now();
     let model = args.quantize.apply(Model::open(&args.model.source())?)?;
     let config = &model.config;
     let options = BackendOptions {
@@ -157,6 +169,7 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
             mesh.size()
         );
     }
+    let rollout = rollout_shape(args)?;
     let to_plan = StepToPlan {
         config: config.clone(),
         name: model.name.clone(),
@@ -170,9 +183,10 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
         // A fresh adapter's reference; a reference adapter adds only its
         // LoRA tensors.
         reference: crate::args::planned_reference(args.objective.into(), args.precompute_ref)?,
+        rollout,
     };
     let tc = to_plan.train_config()?;
-    let (step, memory) = plan(config, &tc, &mesh)?;
+    let (step, memory) = to_plan.plan_step()?;
     let device = args.target.device();
     let capacity = match args.device_memory {
         Some(gb) => (gb * 1e9) as u64,
@@ -203,52 +217,103 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
         let suggestions = if fits {
             Vec::new()
         } else {
-            search(&report, &to_plan)?
+            search(&report, &to_plan, started)?.fits
         };
         print_json(&report, &suggestions)?;
     } else {
         print_text(&report);
         if !fits {
-            let suggestions = search(&report, &to_plan)?;
+            let suggestions = search(&report, &to_plan, started)?;
             print_suggestions(&report, &suggestions);
         }
     }
     Ok(fits)
 }
 
+/// GRPO's rollouts from the flags, checked: None for other objectives,
+/// which take no such flag.
+fn rollout_shape(args: &PlanArgs) -> Result<Option<RolloutShape>> {
+    let grpo = args.objective == ObjectiveArg::Grpo;
+    let given = args.num_generations != 8 || args.max_completion_length.is_some();
+    if !grpo {
+        if given {
+            bail!("--num-generations and --max-completion-length are GRPO settings; they need --objective grpo");
+        }
+        return Ok(None);
+    }
+    let g = i64::from(args.num_generations);
+    let c = match args.max_completion_length {
+        Some(c) => i64::from(c),
+        None => 512.min(args.step.seq / 2).max(1),
+    };
+    if args.step.batch % g != 0 {
+        bail!(
+            "--batch {} must be a multiple of --num-generations {g} (it counts completions, whole groups of them)",
+            args.step.batch
+        );
+    }
+    if c >= args.step.seq {
+        bail!(
+            "--max-completion-length {c} leaves no room for a prompt in --seq {}",
+            args.step.seq
+        );
+    }
+    Ok(Some(RolloutShape {
+        num_generations: g,
+        max_completion_length: c,
+    }))
+}
+
+/// How long `plan` takes at most, its search included (a compile started
+/// in time may end after it).
+const PLAN_SECONDS: f64 = 60.0;
+
 /// The nearest settings that fit (none with `--no-suggestions`), each
-/// plan's outcome on stderr as it ends.
-fn search(r: &Report, to_plan: &StepToPlan) -> Result<Vec<Fit>> {
+/// plan's outcome on stderr as it ends; the search spends what is left of
+/// [`PLAN_SECONDS`] since `started`.
+fn search(r: &Report, to_plan: &StepToPlan, started: std::time::Instant) -> Result<Found> {
     if r.args.no_suggestions {
-        return Ok(Vec::new());
+        return Ok(Found::default());
     }
     eprintln!("does not fit: planning nearby settings (each compiled)");
     let t0 = std::time::Instant::now();
     let mut plans = 0;
-    let mut progress = |change: &Change, planned: &hlo_engine::Result<MemoryPlan>| {
-        plans += 1;
-        let outcome = match planned {
-            Ok(p) if p.total_bytes <= r.capacity => format!("{}, fits", gb(p.total_bytes)),
-            Ok(p) => format!("{}, does not fit", gb(p.total_bytes)),
-            Err(e) => format!("cannot be planned: {e}"),
+    let mut progress = |change: &Change, tried: Tried| {
+        let outcome = match tried {
+            Tried::Planned(Ok(p)) if p.total_bytes <= r.capacity => {
+                format!("{}, fits", gb(p.total_bytes))
+            }
+            Tried::Planned(Ok(p)) => format!("{}, does not fit", gb(p.total_bytes)),
+            Tried::Planned(Err(e)) => format!("cannot be planned: {e}"),
+            Tried::OverBudget { expected_s } => format!(
+                "not planned: its compile (about {expected_s:.0}s) would end past plan's {PLAN_SECONDS:.0}s; plan it with these flags"
+            ),
         };
+        if let Tried::Planned(_) = tried {
+            plans += 1;
+        }
         eprintln!(
             "  {}: {outcome} ({:.1}s)",
             flags(change, r.args),
             t0.elapsed().as_secs_f64()
         );
     };
-    let fits = nearest_fits(to_plan, r.capacity, &mut progress)?;
+    let budget = PLAN_SECONDS - started.elapsed().as_secs_f64();
+    let found = nearest_fits(to_plan, &r.memory, r.capacity, budget, &mut progress)?;
     eprintln!(
-        "planned {plans} settings in {:.1}s",
-        t0.elapsed().as_secs_f64()
+        "planned {plans} settings in {:.1}s; {} more ruled out uncompiled (even their least memory would not fit)",
+        t0.elapsed().as_secs_f64(),
+        found.ruled_out
     );
-    Ok(fits)
+    Ok(found)
 }
 
 /// A change as the flags that make it, to paste over the command's own.
 fn flags(change: &Change, args: &PlanArgs) -> String {
     match change {
+        Change::Batch { batch, grad_accum } if *grad_accum == args.step.grad_accum => {
+            format!("--batch {batch}")
+        }
         Change::Batch { batch, grad_accum } => format!("--batch {batch} --grad-accum {grad_accum}"),
         Change::Seq(seq) => format!("--seq {seq}"),
         Change::RematLayers => "--remat layers".into(),
@@ -286,7 +351,8 @@ fn where_planned(r: &Report) -> String {
 }
 
 /// The settings that fit, one a line, or that none does.
-fn print_suggestions(r: &Report, fits: &[Fit]) {
+fn print_suggestions(r: &Report, found: &Found) {
+    let fits = &found.fits;
     println!(
         "does NOT fit on {} ({} of {}).",
         where_planned(r),
@@ -296,8 +362,15 @@ fn print_suggestions(r: &Report, fits: &[Fit]) {
     if r.args.no_suggestions {
         return;
     }
+    if fits.is_empty() && found.unplanned > 0 {
+        println!(
+            "None of the nearby settings planned fits; {} more were not planned for lack of time (their flags above: plan them one at a time).",
+            found.unplanned
+        );
+        return;
+    }
     if fits.is_empty() {
-        println!("None of the nearby settings fits either (each planned, where it applies: smaller batches, shorter rows, --remat layers, --quantize nf4, up to {} devices).", hlo_engine::plan::MAX_SEARCH_DEVICES.max(8 * r.mesh.size()));
+        println!("None of the nearby settings fits either (each planned or ruled out by its least memory, where it applies: smaller batches, shorter rows, --remat layers, --quantize nf4, up to {} devices).", hlo_engine::plan::MAX_SEARCH_DEVICES.max(8 * r.mesh.size()));
         return;
     }
     println!("Nearest settings that fit (each planned):");
@@ -358,7 +431,22 @@ fn print_json(r: &Report, suggestions: &[Fit]) -> Result<()> {
         // The step's rows (a preference step's: its pairs' two sides) and
         // what it computes.
         "rows": tc.rows(),
-        "objective": tc.preference.map_or("sft", |p| p.loss.name()),
+        "objective": hlo_engine::run_spec::Objective::from(r.args.objective).name(),
+        "rollout": p.rollout.as_ref().map(|m| json!({
+            "num_generations": r.args.num_generations,
+            "max_completion_length": m.completion_tokens,
+            "prompt_tokens": m.prompt_tokens,
+            "cache_tokens": m.cache_tokens,
+            "cache_bytes": m.cache_bytes,
+            "xla": {
+                "argument_bytes": m.xla.argument_size_in_bytes.max(0),
+                "output_bytes": m.xla.output_size_in_bytes.max(0),
+                "alias_bytes": m.xla.alias_size_in_bytes.max(0),
+                "temp_bytes": m.xla.temp_size_in_bytes.max(0),
+            },
+            "total_bytes": m.total_bytes,
+            "compile_s": m.compile_s,
+        })),
         "reference": tc.preference.filter(|p| p.loss.needs_reference()).map(|p| match p.reference {
             Reference::Base => "base",
             Reference::Adapter => "adapter",
@@ -452,11 +540,18 @@ fn print_text(r: &Report) {
                 format!(" {} (with the reference's forward)", p.loss.name())
             }
             Some(p) => format!(" {}", p.loss.name()),
+            None if tc.grpo.is_some() => " grpo".into(),
             None => String::new(),
         }
     );
     let batch = match tc.preference {
         Some(_) => format!("{} pairs ({} rows)", tc.batch / 2, tc.batch),
+        None if tc.grpo.is_some() => format!(
+            "{} completions ({} prompts × {})",
+            tc.batch,
+            tc.batch / i64::from(r.args.num_generations),
+            r.args.num_generations
+        ),
         None => tc.batch.to_string(),
     };
     println!(
@@ -502,9 +597,25 @@ fn print_text(r: &Report) {
         gb(alias)
     );
     println!("  XLA temporaries    {:>12}", gb(temp));
+    if let Some(m) = &p.rollout {
+        println!(
+            "  rollouts           {:>12}  (completions of up to {} tokens: a prefill of {} prompt tokens a row into a cache of {}: cache {}, temporaries {}; with the weights, adapter and idle optimizer state)",
+            gb(m.total_bytes),
+            m.completion_tokens,
+            m.prompt_tokens,
+            m.cache_tokens,
+            gb(m.cache_bytes),
+            gb(m.xla.temp_size_in_bytes.max(0) as u64)
+        );
+    }
     println!(
-        "  total              {:>12}  of {}{} on {}: {}",
+        "  total              {:>12}  {}of {}{} on {}: {}",
         gb(p.total_bytes),
+        if p.rollout.is_some() {
+            "(the step's or the rollouts', the larger) "
+        } else {
+            ""
+        },
         gb(r.capacity),
         if r.args.device_memory.is_some() {
             " (--device-memory)"

@@ -17,6 +17,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use clap::ArgAction;
+use hlo_engine::run_spec::Objective;
 use serde_json::Value;
 
 /// The commands that take `--recipe`.
@@ -269,13 +270,20 @@ pub fn effective(
         .iter()
         .find(|f| resolved_keys.contains(**f))
         .copied();
+    // The settings of other objectives are not the run's (a DPO recipe
+    // lists no GRPO setting).
+    let objective: Objective = resolved
+        .iter()
+        .find(|(k, _)| k == "objective")
+        .and_then(|(_, v)| v.as_str()?.parse().ok())
+        .unwrap_or_default();
     let mut text = String::from(
         "# hlo-train train recipe: every setting of the run, defaults resolved.\n\
          # Run it again with: hlo-train train --recipe recipe.yaml --out NEW_DIR\n",
     );
     for arg in train.get_arguments() {
         let Some(flag) = arg.get_long() else { continue };
-        if NOT_RECORDED.contains(&flag) {
+        if NOT_RECORDED.contains(&flag) || !objective.reads(flag) {
             continue;
         }
         // One way of naming the model: the one the run used.

@@ -204,8 +204,17 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         },
     };
     let backend = args.plugin.backend(args.mesh.as_ref());
-    let batcher = Batcher::spawn(backend, model, options, &args.adapter, args.seed)
-        .context("cannot start serving")?;
+    // Placing the weights and compiling take seconds to minutes before
+    // the port opens.
+    let starting = format!(
+        "starting: placing {model_name}'s weights and compiling its serving programs ({} step shapes), then listening on {}",
+        hlo_engine::batcher::step_shapes(&options).len(),
+        SocketAddr::new(args.host, args.port)
+    );
+    let announce = Box::new(move || eprintln!("{starting}"));
+    let batcher =
+        Batcher::spawn_announced(backend, model, options, &args.adapter, args.seed, announce)
+            .context("cannot start serving")?;
     let server = ServerConfig {
         model_name: model_name.clone(),
         api_key: args.api_key.clone(),

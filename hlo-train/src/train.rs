@@ -21,7 +21,7 @@ use indicatif::ProgressBar;
 use crate::args::{
     ChatArgs, DTypeArg, DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs, TokenizerArgs,
 };
-use crate::console::{demo_show, print_header, Progress};
+use crate::console::{demo_show, print_header, Progress, RewardCourse};
 use crate::dump_hlo::{self, Format};
 use crate::outputs::{LossChart, MetricsFile, RecipeFile, TensorBoard};
 
@@ -58,32 +58,8 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value = "sft")]
     pub objective: ObjectiveArg,
 
-    /// The preference loss's β: DPO's and IPO's (the reference's weight),
-    /// SimPO's reward scale, ORPO's λ (default 0.1); GRPO's KL penalty
-    /// weight (default 0: no reference model).
-    #[arg(long, value_parser = crate::args::non_negative)]
-    pub beta: Option<f64>,
-
-    /// SimPO's target reward margin γ.
-    #[arg(long, default_value_t = 0.5, allow_negative_numbers = true)]
-    pub simpo_gamma: f64,
-
-    /// SimPO's label smoothing ε (TRL's label_smoothing): the loss mixes
-    /// in ε of the loss with chosen and rejected swapped.
-    #[arg(long, default_value_t = 0.0, value_parser = crate::args::label_smoothing)]
-    pub label_smoothing: f64,
-
-    /// SimPO's weight of the chosen completions' NLL (TRL's cpo_alpha;
-    /// 0: the paper's SimPO).
-    #[arg(long, default_value_t = 1.0, value_parser = crate::args::non_negative)]
-    pub cpo_alpha: f64,
-
-    /// DPO's and IPO's reference model: this PEFT adapter on the base (same
-    /// LoRA settings as the trained one). Default: the policy as training
-    /// starts (the base for a fresh adapter, a frozen copy of
-    /// --init-adapter).
-    #[arg(long, value_parser = crate::args::hub_adapter)]
-    pub ref_adapter: Option<PathBuf>,
+    #[command(flatten)]
+    pub preference: crate::args::PreferenceArgs,
 
     /// DPO and IPO: compute the reference's log-probabilities of every
     /// pair once before training, so the step runs no reference forward
@@ -177,6 +153,12 @@ pub struct TrainArgs {
     /// answers a JSON array of as many numbers.
     #[arg(long)]
     pub reward_url: Option<String>,
+
+    /// GRPO: the longest wait, in seconds, for one answer of
+    /// --reward-command (a line) or --reward-url (a response); past it the
+    /// run stops, naming the reward.
+    #[arg(long, default_value_t = hlo_engine::grpo::DEFAULT_REWARD_TIMEOUT)]
+    pub reward_timeout: f64,
 
     /// GRPO: show this many completions with their rewards every
     /// --log-every steps (in the log and the metrics file).
@@ -341,7 +323,7 @@ fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
         objective: args.objective.into(),
         grpo: GrpoSpec {
             num_generations: args.num_generations as usize,
-            beta: args.beta.unwrap_or(0.0),
+            beta: args.preference.beta.unwrap_or(0.0),
             epsilon: args.epsilon,
             epsilon_high: args.epsilon_high,
             num_iterations: args.num_iterations as usize,
@@ -367,15 +349,12 @@ fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
             format_regex: args.format_regex.clone(),
             reward_command: args.reward_command.clone(),
             reward_url: args.reward_url.clone(),
+            reward_timeout: args.reward_timeout,
             log_completions: args.log_completions as usize,
         },
         preference: PreferenceSpec {
-            beta: args.beta.unwrap_or(0.1),
-            simpo_gamma: args.simpo_gamma,
-            label_smoothing: args.label_smoothing,
-            cpo_alpha: args.cpo_alpha,
-            ref_adapter: args.ref_adapter.clone(),
             precompute_ref: args.precompute_ref,
+            ..args.preference.spec()
         },
         step: args.step.spec(),
         init_adapter: args.init_adapter.clone(),
@@ -428,13 +407,17 @@ fn run_name(out: Option<&std::path::Path>) -> String {
 /// file, TensorBoard, the loss chart and the recipe (a resumed run's as it
 /// was saved, unless given anew).
 /// Also returns the progress bar, to abandon when the run fails.
-fn hooks(run: &Run, argv: &[OsString]) -> Result<(HookList, ProgressBar)> {
+fn hooks(run: &Run, argv: &[OsString]) -> Result<(HookList, ProgressBar, RewardCourse)> {
     let report = &run.spec().report;
     let log_every = report.log_every;
     let mut hooks = HookList::default();
     let progress = Progress::new(run.spec().steps, run.session().steps_done(), log_every);
     let bar = progress.bar.clone();
     hooks.add("progress", progress);
+    let course = RewardCourse::default();
+    if run.spec().objective == Objective::Grpo {
+        hooks.add("reward-course", course.clone());
+    }
     if let Some(path) = &report.metrics {
         hooks.add("metrics", MetricsFile::open(path, run.resumed())?);
     }
@@ -460,7 +443,7 @@ fn hooks(run: &Run, argv: &[OsString]) -> Result<(HookList, ProgressBar)> {
         let command = TrainArgs::augment_args(clap::Command::new("train"));
         hooks.add("recipe", RecipeFile::new(command, argv)?);
     }
-    Ok((hooks, bar))
+    Ok((hooks, bar, course))
 }
 
 pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Result<()> {
@@ -504,15 +487,15 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
         return Ok(());
     }
     print_header(&run)?;
-    let (mut hooks, bar) = hooks(&run, argv)?;
+    let (mut hooks, bar, course) = hooks(&run, argv)?;
     let summary = run.train(&mut hooks).inspect_err(|_| bar.abandon())?;
-    print_summary(&run, &summary);
+    print_summary(&run, &summary, &course);
     show("after", &run)
 }
 
-/// The lines after a run: where it was saved, how the loss went, packing,
-/// memory.
-fn print_summary(run: &Run, summary: &TrainSummary) {
+/// The lines after a run: where it was saved (or that nothing was), how
+/// the loss went (and GRPO's reward), packing, memory.
+fn print_summary(run: &Run, summary: &TrainSummary, course: &RewardCourse) {
     let session = run.session();
     if summary.interrupted {
         match run.out() {
@@ -540,6 +523,13 @@ fn print_summary(run: &Run, summary: &TrainSummary) {
             summary.step,
             out.display()
         );
+    } else {
+        println!(
+            "nothing saved (no --out): what was trained ends with this process; give --out DIR to keep it"
+        );
+    }
+    if let Some(line) = course.line(summary.step) {
+        println!("{line}");
     }
     if let (Some(first), Some(last)) = (summary.first_loss, summary.last_loss) {
         let from = summary.step - summary.steps_run;
@@ -550,7 +540,11 @@ fn print_summary(run: &Run, summary: &TrainSummary) {
             summary.steps_run
         );
     }
-    if let Some(fill) = summary.fill {
+    // GRPO's rows are its rollouts, never packed.
+    if let Some(fill) = summary
+        .fill
+        .filter(|_| run.spec().objective != Objective::Grpo)
+    {
         println!(
             "packing {}: {:.1}% of the slots hold real tokens ({:.1}% unpacked)",
             if session.config().packing {

@@ -324,6 +324,18 @@ fn bad_input_table() {
         ),
         ("mesh with an unknown axis", train(&["--mesh", "dp=1,tp=2"])),
         (
+            "mesh whose sizes multiply past any machine",
+            vec![
+                "plan".into(),
+                "--mesh".into(),
+                "dp=4611686018427387904,fsdp=4,mp=1".into(),
+            ],
+        ),
+        (
+            "mesh with an axis no rule splits over",
+            train(&["--mesh", "dp=1,fsdp=1,mp=1,xx=2"]),
+        ),
+        (
             "plugin missing",
             vec![
                 "devices".into(),
@@ -557,6 +569,60 @@ fn bad_input_table() {
         (
             "--objective grpo without a reward",
             train(&["--objective", "grpo", "--num-generations", "2"]),
+        ),
+        (
+            "--reward-timeout 0",
+            train(&[
+                "--objective",
+                "grpo",
+                "--num-generations",
+                "2",
+                "--reward",
+                "command",
+                "--reward-command",
+                "cat",
+                "--reward-timeout",
+                "0",
+            ]),
+        ),
+        (
+            "plan: GRPO's settings without --objective grpo",
+            vec!["plan".into(), "--num-generations".into(), "4".into()],
+        ),
+        (
+            "a pair's message of a role no template renders",
+            train(&[
+                "--objective",
+                "dpo",
+                "--data",
+                &jsonl(
+                    "bot-pairs.jsonl",
+                    "{\"prompt\": [{\"role\": \"user\", \"content\": \"hi\"}], \"chosen\": [{\"role\": \"bot\", \"content\": \"yo\"}], \"rejected\": [{\"role\": \"assistant\", \"content\": \"no\"}]}\n",
+                ),
+            ]),
+        ),
+        (
+            "eval --objective grpo",
+            vec![
+                "eval".into(),
+                "--objective".into(),
+                "grpo".into(),
+                "--data".into(),
+                pairs_file(&root),
+            ],
+        ),
+        (
+            "eval: no token to score within --seq",
+            vec![
+                "eval".into(),
+                "--data".into(),
+                jsonl(
+                    "prompt-only.jsonl",
+                    "{\"input_ids\": [1, 2, 3, 4, 5, 6], \"labels\": [-100, -100, -100, -100, -100, 6]}\n",
+                ),
+                "--seq".into(),
+                "4".into(),
+            ],
         ),
         (
             "--reward not one of the rewards",

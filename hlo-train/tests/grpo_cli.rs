@@ -416,9 +416,16 @@ fn the_reward_command_reads_json_lines_and_its_failures_are_one_line() {
     );
     let mut args = online(&dir, &out, &metrics, &command);
     args.extend(["--steps".into(), "1".into()]);
-    ok(&hlo_train(
+    let text = ok(&hlo_train(
         &args.iter().map(String::as_str).collect::<Vec<_>>(),
     ));
+    // The run's last lines give the reward's course, and no packing.
+    assert!(
+        text.contains(
+            "reward (the mean of a step's completions) 1.0000 over steps 1..1 -> 1.0000 over steps 1..1"
+        ) && !text.contains("packing"),
+        "{text}"
+    );
     let requests: Vec<Value> = std::fs::read_to_string(&log)
         .unwrap()
         .lines()
@@ -696,5 +703,195 @@ fn conversational_prompts_are_rendered_as_trl_renders_them() {
     seen.sort_by_key(|v| v.to_string());
     want.sort_by_key(|v| v.to_string());
     assert_eq!(seen, want);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Whether process `pid` is gone (or a zombie no one has reaped yet: a
+/// process killed after its parent exited, in a container whose first
+/// process reaps nothing).
+fn gone(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z')),
+    }
+}
+
+/// Waits up to 10 s for `pid` to be [`gone`].
+fn ends(pid: &str) -> bool {
+    (0..200).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        gone(pid)
+    })
+}
+
+/// An external reward can never hang a run or shift its rewards: each
+/// answer is waited for at most --reward-timeout, a signal ends the wait
+/// (the run then stops as a signal stops it: the step finished, saved,
+/// exit 0), the command's whole process group is killed however the run
+/// ends, and a command that answers unasked, or more than once a request,
+/// is refused with its batch.
+#[test]
+fn rewards_can_never_hang_a_run_or_shift_its_rewards() {
+    let dir = scratch("grpo", "bounds");
+    let (out, metrics) = (dir.join("run"), dir.join("metrics.jsonl"));
+    let args_for = |command: &str, extra: &[&str]| {
+        let _ = std::fs::remove_dir_all(&out);
+        let mut args = online(&dir, &out, &metrics, command);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+    let run = |args: &[String]| hlo_train(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    // Never answers; records its own pid and its child's.
+    let (shell, child) = (dir.join("shell.pid"), dir.join("child.pid"));
+    let silent = format!(
+        "echo $$ > {}; sleep 1000 & echo $! > {}; while read -r l; do :; done",
+        shell.display(),
+        child.display()
+    );
+    let started = std::time::Instant::now();
+    let e = one_line_error(&run(&args_for(
+        &silent,
+        &["--steps", "2", "--reward-timeout", "1"],
+    )));
+    assert!(
+        e.contains("--reward command") && e.contains("did not answer within 1 s"),
+        "{e}"
+    );
+    assert!(started.elapsed().as_secs() < 60);
+    for pid in [&shell, &child] {
+        let pid = std::fs::read_to_string(pid).unwrap();
+        assert!(
+            ends(&pid),
+            "the reward command's process {pid} outlived the run"
+        );
+    }
+    // Two answers a request: the surplus is refused before it is taken
+    // for another completion's reward (or a later step's).
+    let twice = "n=0; while read -r l; do n=$((n+1)); echo $n; echo $((n+100)); done";
+    let e = one_line_error(&run(&args_for(twice, &["--steps", "2"])));
+    assert!(
+        e.contains("--reward command") && e.contains("beyond its"),
+        "{e}"
+    );
+    // Numbers before any request.
+    let early = "echo 5; while read -r l; do echo 1; done";
+    let e = one_line_error(&run(&args_for(early, &["--steps", "1"])));
+    assert!(e.contains("printed `5` before it was asked"), "{e}");
+
+    // SIGTERM while the run waits for the second batch's first answer:
+    // step 1 saved, exit 0, the command gone.
+    let hangs = format!(
+        "echo $$ > {}; n=0; while read -r l; do n=$((n+1)); if [ $n -le 8 ]; then echo $n; else sleep 1000 & echo $! > {}; wait; fi; done",
+        shell.display(),
+        child.display()
+    );
+    let _ = std::fs::remove_file(&child);
+    let args = args_for(&hangs, &["--steps", "3", "--reward-timeout", "600"]);
+    let proc = std::process::Command::new(env!("CARGO_BIN_EXE_hlo-train"))
+        .args(&args)
+        .env_remove("HLO_TRAIN_PLUGIN")
+        .env("HF_HUB_OFFLINE", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The command is waited on once it has been asked a ninth time.
+    let waited = (0..1200).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        child.exists()
+    });
+    assert!(waited, "the run never asked for the second batch's rewards");
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &proc.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let done = proc.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&done.stdout);
+    assert_eq!(done.status.code(), Some(0), "{text} {}", stderr(&done));
+    assert!(
+        text.contains("stopped by a signal after step 1; saved to"),
+        "{text}"
+    );
+    let state: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("train_state/state.json")).unwrap())
+            .unwrap();
+    assert_eq!(state["step"], 1);
+    for pid in [&shell, &child] {
+        let pid = std::fs::read_to_string(pid).unwrap();
+        assert!(
+            ends(&pid),
+            "the reward command's process {pid} outlived the run"
+        );
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// An endpoint that accepts and never answers is given --reward-timeout.
+#[test]
+fn an_http_reward_that_never_answers_ends_the_run_at_its_timeout() {
+    let dir = scratch("grpo", "http-silent");
+    let (out, metrics) = (dir.join("run"), dir.join("metrics.jsonl"));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/reward", listener.local_addr().unwrap());
+    // Holds every connection open, reading nothing.
+    std::thread::spawn(move || {
+        let held: Vec<_> = listener.incoming().collect();
+        drop(held);
+    });
+    let mut args = online(&dir, &out, &metrics, "unused");
+    let k = args.iter().position(|a| a == "command").unwrap();
+    args[k] = "http".into();
+    let k = args.iter().position(|a| a == "--reward-command").unwrap();
+    args[k] = "--reward-url".into();
+    args[k + 1] = url;
+    args.extend(["--steps", "1", "--reward-timeout", "1"].map(String::from));
+    let started = std::time::Instant::now();
+    let e = one_line_error(&hlo_train(
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    ));
+    assert!(
+        e.contains("--reward http") && e.contains("did not answer within 1 s"),
+        "{e}"
+    );
+    assert!(started.elapsed().as_secs() < 60);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Logged rewards whose group statistics overflow are refused, not
+/// turned into zero advantages.
+#[test]
+fn rewards_whose_statistics_overflow_are_refused() {
+    let dir = scratch("grpo", "overflow");
+    let rollouts = dir.join("rollouts.jsonl");
+    let lines: Vec<String> = [1e308, -1e308, 1e308, -1e308]
+        .iter()
+        .map(|r| {
+            format!(
+                "{{\"prompt_ids\": [0, 57, 58], \"completion_ids\": [58, 1], \"reward\": {r:e}}}"
+            )
+        })
+        .collect();
+    std::fs::write(&rollouts, lines.join("\n") + "\n").unwrap();
+    let e = one_line_error(&hlo_train(&[
+        "train",
+        "--objective",
+        "grpo",
+        "--checkpoint",
+        fixture("gqa_llama3").to_str().unwrap(),
+        "--rollouts",
+        rollouts.to_str().unwrap(),
+        "--batch",
+        "4",
+        "--num-generations",
+        "4",
+        "--seq",
+        "8",
+        "--steps",
+        "1",
+    ]));
+    assert!(e.contains("overflow their statistics"), "{e}");
     std::fs::remove_dir_all(dir).unwrap();
 }

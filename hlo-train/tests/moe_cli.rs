@@ -172,7 +172,7 @@ fn a_fresh_adapter_on_the_experts_and_the_router_trains_and_saves_as_peft_does()
         .collect();
     let data = tmp.join("rows.jsonl");
     std::fs::write(&data, rows.join("\n") + "\n").unwrap();
-    ok(&hlo_train(&[
+    let text = ok(&hlo_train(&[
         "train",
         "--checkpoint",
         dir.to_str().unwrap(),
@@ -195,6 +195,12 @@ fn a_fresh_adapter_on_the_experts_and_the_router_trains_and_saves_as_peft_does()
         "--out",
         out.to_str().unwrap(),
     ]));
+    // The header names what is trained, as the model has it: the sparse
+    // layers' experts, no `gate_proj` but the dense layer's.
+    assert!(
+        text.contains("on experts.gate_up_proj,experts.down_proj (2 of 3 layers); q_proj; gate_proj (1 of 3 layers), training gate whole"),
+        "{text}"
+    );
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("adapter_config.json")).unwrap())
             .unwrap();

@@ -129,3 +129,60 @@ fn a_step_that_does_not_fit_exits_1_with_settings_that_fit() {
         assert_eq!(again["per_device"]["total_bytes"], s["total_bytes"], "{s}");
     }
 }
+
+#[test]
+fn a_grpo_plan_counts_its_rollouts_and_suggests_only_what_grpo_takes() {
+    // 16 completions (4 prompts × 4) of up to 8 tokens in rows of 32 on
+    // the tiny model (2 layers, 2 KV heads of 16 dimensions, bf16 on an
+    // H100): the generator prefills the 24 prompt tokens a row holds in a
+    // bucket of 32 into a cache of 128 positions.
+    let grpo = [
+        "--objective",
+        "grpo",
+        "--num-generations",
+        "4",
+        "--max-completion-length",
+        "8",
+        "--json",
+    ];
+    let batch = [("--batch".to_string(), "16".to_string())];
+    let v: Value = serde_json::from_str(&ok(&run(&plan_args(&batch, &grpo)))).unwrap();
+    assert_eq!(v["objective"], "grpo");
+    let r = &v["rollout"];
+    assert_eq!(
+        (r["prompt_tokens"].as_i64(), r["cache_tokens"].as_i64()),
+        (Some(32), Some(128))
+    );
+    let (k_and_v, layers, rows, heads, positions, dims, bf16) = (2, 2, 16, 2, 128, 16, 2);
+    assert_eq!(
+        r["cache_bytes"].as_u64(),
+        Some(k_and_v * layers * rows * heads * positions * dims * bf16)
+    );
+    let total = v["per_device"]["total_bytes"].as_u64().unwrap();
+    assert!(total >= r["total_bytes"].as_u64().unwrap(), "{v}");
+    // Not fitting: whole groups of completions a step, never more
+    // micro-batches (GRPO takes none).
+    let mut tight = grpo.to_vec();
+    tight.extend(["--device-memory", "0.003"]);
+    let out = run(&plan_args(&batch, &tight));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let flags: Vec<String> = v["suggestions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["flags"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        !flags.iter().any(|f| f.contains("--grad-accum")),
+        "{flags:?}"
+    );
+    for f in &flags {
+        if let Some(b) = f.strip_prefix("--batch ") {
+            assert_eq!(b.parse::<i64>().unwrap() % 4, 0, "{flags:?}");
+        }
+    }
+    // GRPO's settings belong to GRPO.
+    let err = stderr(&run(&plan_args(&[], &["--num-generations", "4"])));
+    assert!(err.contains("they need --objective grpo"), "{err}");
+}

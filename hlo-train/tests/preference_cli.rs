@@ -220,6 +220,12 @@ fn check(case: &Case, data: &Path, extra: &[&str]) {
         let held = before[format!("eval_{key}")].as_f64().unwrap();
         close(&what(&format!("eval_{key}")), held, trl, 1e-5);
     }
+    // The run's recipe holds its objective's settings, no other's.
+    let recipe = std::fs::read_to_string(out.join("recipe.yaml")).unwrap();
+    assert!(
+        recipe.contains("\nbeta: ") && !recipe.contains("num_generations"),
+        "{recipe}"
+    );
     let ours = read_safetensors(&out.join("adapter_model.safetensors")).unwrap();
     let mut theirs = read_safetensors(&preference("expected.safetensors")).unwrap();
     theirs.extend(read_safetensors(&preference("expected_more.safetensors")).unwrap());
@@ -287,6 +293,8 @@ fn string_pairs_and_a_mesh_equal_trl() {
             &ids(),
             &["--devices", "4", "--mesh", "dp=1,fsdp=2,mp=2"],
         );
+        // The LM head and the losses' statistics 4 positions at a time.
+        check(&case, &ids(), &["--loss-chunk", "4"]);
     }
     let case = Case::new("dpo", "ref", "adamw");
     check(
@@ -639,4 +647,99 @@ fn plan_accounts_for_the_pairs_and_the_reference() {
     assert_eq!(pre["reference"].as_str(), Some("precomputed"));
     assert!(total(&dpo) > total(&pre), "{} {}", total(&dpo), total(&pre));
     assert!(total(&dpo) > total(&sft), "{} {}", total(&dpo), total(&sft));
+    // With logits too large to hold whole (a chunk of 16 positions), the
+    // pairs' step holds what the SFT step of as many rows does, give or
+    // take the reference's forward, which keeps nothing for a gradient.
+    let chunked = |objective: &str, batch: &str| -> Value {
+        let args = [
+            "plan",
+            "--model",
+            "tiny",
+            "--target",
+            "cpu",
+            "--lora-rank",
+            "16",
+            "--json",
+            "--objective",
+            objective,
+            "--batch",
+            batch,
+            "--seq",
+            "512",
+            "--loss-chunk",
+            "16",
+        ];
+        serde_json::from_str(&ok(&hlo_train(&args))).unwrap()
+    };
+    let (sft, dpo) = (chunked("sft", "8"), chunked("dpo", "4"));
+    assert_eq!(dpo["loss_chunk"].as_i64(), Some(16));
+    let ratio = total(&dpo) as f64 / total(&sft) as f64;
+    assert!(
+        ratio <= 1.15,
+        "DPO {} against SFT {}",
+        total(&dpo),
+        total(&sft)
+    );
+}
+
+/// `eval --objective` scores held-out pairs as a run's own held-out
+/// evaluation does: the policy before its first step, against its
+/// reference, gives TRL's first step's loss and metrics over the same
+/// four pairs.
+#[test]
+fn eval_scores_held_out_pairs_with_trls_metrics() {
+    let adapter = |a: &str| preference(&format!("adapters/{a}")).display().to_string();
+    for (name, policy, reference) in [
+        ("dpo.fresh.sgd", "fresh", None),
+        ("dpo.init.sgd", "init", Some("init")),
+        ("dpo.ref.sgd", "fresh", Some("ref")),
+        ("ipo.init.sgd", "init", Some("init")),
+        ("simpo.init.sgd", "init", None),
+        ("orpo.init.sgd", "init", None),
+    ] {
+        let method = name.split('.').next().unwrap();
+        let mut args: Vec<String> = [
+            "eval",
+            "--objective",
+            method,
+            "--checkpoint",
+            fixture("gqa_llama3").to_str().unwrap(),
+            "--data",
+            ids().to_str().unwrap(),
+            "--batch",
+            "4",
+            "--seq",
+            "16",
+            "--json",
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(["--adapter".into(), adapter(policy)]);
+        if let Some(r) = reference {
+            args.extend(["--ref-adapter".into(), adapter(r)]);
+        }
+        let out = ok(&hlo_train(
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        ));
+        let got: Value = serde_json::from_str(&out).unwrap();
+        let want = &expected()[name];
+        assert_eq!(got["pairs"], 4, "{name}: {got}");
+        close(
+            &format!("{name}: eval_loss"),
+            got["eval_loss"].as_f64().unwrap(),
+            want["loss"].as_f64().unwrap(),
+            1e-5,
+        );
+        for key in compared(method) {
+            let ours = got[format!("eval_{key}")]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{name}: eval_{key} in {got}"));
+            close(
+                &format!("{name}: {key}"),
+                ours,
+                want["metrics"][key].as_f64().unwrap(),
+                1e-5,
+            );
+        }
+    }
 }

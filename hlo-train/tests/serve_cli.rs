@@ -652,6 +652,21 @@ fn a_full_queue_is_429_a_client_that_leaves_frees_its_slot_and_sigterm_finishes_
     assert_eq!(v["usage"]["completion_tokens"], 200);
     let code = server.child.wait().unwrap();
     assert_eq!(code.code(), Some(0));
+    // It said what it was doing while it compiled, and how it ended.
+    let mut err = String::new();
+    server
+        .child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(
+        err.starts_with("starting: placing ")
+            && err.contains("weights and compiling its serving programs (")
+            && err.contains("stopped: every request finished"),
+        "{err}"
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
 

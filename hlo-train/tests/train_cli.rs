@@ -250,7 +250,7 @@ fn bad_input_gives_one_clear_line() {
     ]));
     assert!(
         err.contains("step 2: the first non-finite value comes from `dot_general` in scope `model.layers.0.self_attn`")
-            && err.contains("the last saved checkpoint is kept"),
+            && err.contains("(the checkpoint of step 1 is kept)"),
         "{err}"
     );
     let state: serde_json::Value =
@@ -311,4 +311,37 @@ fn eager_generation_equals_jit() {
     let mut eager_args = args.to_vec();
     eager_args.push("--eager");
     assert_eq!(ok(&hlo_train(&eager_args)), jit);
+}
+
+#[test]
+fn a_run_says_what_it_keeps() {
+    // No --out: nothing is kept, and the run says so.
+    let text = ok(&hlo_train(&[
+        "train", "--steps", "2", "--batch", "2", "--seq", "8",
+    ]));
+    assert!(text.contains("nothing saved (no --out)"), "{text}");
+    // A loss that turns non-finite before anything was saved claims no
+    // checkpoint.
+    let dir = scratch("train", "kept");
+    let out = dir.join("run");
+    let err = one_line_error(&hlo_train(&[
+        "train",
+        "--steps",
+        "5",
+        "--batch",
+        "2",
+        "--seq",
+        "8",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "1e30",
+        "--clip-norm",
+        "0",
+        "--out",
+        out.to_str().unwrap(),
+    ]));
+    assert!(err.contains("is NaN") || err.contains("is inf"), "{err}");
+    assert!(err.ends_with("(no checkpoint was saved)"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
 }

@@ -338,6 +338,22 @@ impl Checkpoint {
                 });
             }
         }
+        // E8M0 scales: 255 is NaN (the OCP format), and a block of it
+        // would turn the layer's every output NaN.
+        let e = self.entry(&format!("{name}{}", mxfp4::SCALES_SUFFIX))?;
+        let scales = &self.files[e.file].1[e.tensor.start..e.tensor.end];
+        let nan = scales.iter().filter(|&&s| s == mxfp4::NAN_SCALE).count();
+        if nan > 0 {
+            return Err(ModelError::Checkpoint {
+                file: self.files[e.file].0.display().to_string(),
+                message: format!(
+                    "tensor `{name}{}` has {nan} scales of {} (NaN in MXFP4) among its {}; the checkpoint is damaged",
+                    mxfp4::SCALES_SUFFIX,
+                    mxfp4::NAN_SCALE,
+                    scales.len()
+                ),
+            });
+        }
         Ok(())
     }
 
@@ -567,6 +583,16 @@ impl Checkpoint {
                 &bytes(mxfp4::SCALES_SUFFIX)?,
                 &shape,
             );
+            // Every value is exact in bf16 and f32 up to their range.
+            let past = values.iter().filter(|v| v.abs() >= mxfp4::RANGE).count();
+            if past > 0 {
+                return Err(ModelError::Checkpoint {
+                    file: self.dir.display().to_string(),
+                    message: format!(
+                        "MXFP4 tensor `{name}` has {past} values past bf16's and f32's range (scales too large); the checkpoint is damaged"
+                    ),
+                });
+            }
             return Ok(Literal::from_f64s(TensorType::new(dtype, shape), &values));
         }
         if dtype != DType::U8 && self.is_prequantized(name) {

@@ -86,6 +86,65 @@ pub fn chunked_token_logps(
     input_ids: Tensor,
     chunk: i64,
 ) -> (Tensor, Tensor) {
+    let t = chunked_token_stats(h, consts, head, input_ids, chunk);
+    (t.logps, t.entropy)
+}
+
+/// What preference losses and their metrics read of each position's
+/// next-token distribution, `[rows, s]` f32 each (position `t` predicts
+/// token `t + 1`; the last position's figures are meaningless): the
+/// next token's log-probability, with its gradient; and without gradient
+/// the distribution's entropy, the mean of its logits over the
+/// vocabulary, and 1 where the next token's logit is the largest (a tie
+/// counts) else 0.
+#[derive(Clone, Copy)]
+pub struct TokenStats {
+    pub logps: Tensor,
+    pub entropy: Tensor,
+    pub mean_logit: Tensor,
+    pub top1: Tensor,
+}
+
+/// [`TokenStats`] of `logits: [n, vocab]` (f32) and `labels` (`n`
+/// elements), each `[n]`.
+fn stats_of(logits: Tensor, labels: Tensor) -> [Tensor; 4] {
+    let v = logits.dims()[1];
+    let frozen = logits.stop_gradient();
+    let label = picked(frozen, labels);
+    [
+        -token_losses(logits, labels, DType::F32),
+        entropy_per_position(logits),
+        frozen.sum(&[1]) / v as f64,
+        label.ge(frozen.max(&[1])).cast(DType::F32),
+    ]
+}
+
+/// [`TokenStats`] of whole `logits: [b, s, vocab]` for `input_ids`.
+pub fn token_stats(logits: Tensor, input_ids: Tensor) -> TokenStats {
+    let d = logits.dims();
+    let (b, s, v) = (d[0], d[1], d[2]);
+    let lf = logits.cast(DType::F32).reshape(&[b * s, v]);
+    let [logps, entropy, mean_logit, top1] =
+        stats_of(lf, next_token_labels(input_ids)).map(|t| t.reshape(&[b, s]));
+    TokenStats {
+        logps,
+        entropy,
+        mean_logit,
+        top1,
+    }
+}
+
+/// [`TokenStats`] of the logits `head(h)` for the last hidden states `h:
+/// [b, s, hidden]`, computed `chunk` positions of every row at a time in
+/// a scan (as [`chunked_cross_entropy_sum`] does): never more than `[b,
+/// chunk, vocab]` logits at once, forward or backward.
+pub fn chunked_token_stats(
+    h: Tensor,
+    consts: &[(&str, Tensor)],
+    head: impl Fn(&Inputs, Tensor) -> Tensor,
+    input_ids: Tensor,
+    chunk: i64,
+) -> TokenStats {
     let d = h.dims();
     let (b, s, hidden) = (d[0], d[1], d[2]);
     assert!(
@@ -103,13 +162,22 @@ pub fn chunked_token_logps(
         consts,
         |c| {
             let logits = head(c, c["h"]).cast(DType::F32);
-            let lp = -token_losses(logits, c["labels"], DType::F32).reshape(&[b, chunk]);
-            (vec![c["unused"]], vec![lp, entropy_per_position(logits)])
+            let v = logits.dims()[2];
+            let stats = stats_of(logits.reshape(&[b * chunk, v]), c["labels"]);
+            (
+                vec![c["unused"]],
+                stats.map(|t| t.reshape(&[b, chunk])).to_vec(),
+            )
         },
     );
     // [n, b, chunk] back to [b, s].
     let back = |y: Tensor| y.transpose(&[1, 0, 2]).reshape(&[b, s]);
-    (back(ys[0]), back(ys[1]))
+    TokenStats {
+        logps: back(ys[0]),
+        entropy: back(ys[1]),
+        mean_logit: back(ys[2]),
+        top1: back(ys[3]),
+    }
 }
 
 /// `x: [b, s, ..tail]` as `[s / chunk, b, chunk, ..tail]`: chunks along
@@ -184,33 +252,6 @@ pub fn entropy_per_position(logits: Tensor) -> Tensor {
     // H = log z − Σ p·shifted, with p = exp(shifted) / z.
     let h = z.log() - (shifted.exp() * shifted).sum(&[1]) / z;
     h.reshape(&d[..d.len() - 1])
-}
-
-/// The summed entropy of the next-token distribution over masked
-/// positions, and their count (f32): `Σ mask · (logsumexp(l) − Σ_v
-/// softmax(l)_v · l_v)` (TRL logs its token-weighted mean as `entropy`).
-/// No gradient.
-pub fn masked_entropy_sum(logits: Tensor, loss_mask: Tensor) -> (Tensor, Tensor) {
-    let d = logits.dims();
-    let n = d[..d.len() - 1].iter().product::<i64>();
-    let h = entropy_per_position(logits).reshape(&[n]);
-    let mask = loss_mask.cast(DType::F32).reshape(&[n]);
-    ((h * mask).sum(&[0]), mask.sum(&[0]))
-}
-
-/// How many masked positions predict their next token as the most likely
-/// one, and their count (f32): the logit of token `t + 1` at position `t`
-/// is the largest (TRL's `mean_token_accuracy` is their ratio; where
-/// another token ties for the largest this counts it right, where argmax
-/// takes the first). No gradient.
-pub fn masked_top1_sum(logits: Tensor, input_ids: Tensor, loss_mask: Tensor) -> (Tensor, Tensor) {
-    let d = logits.dims();
-    let (n, v) = (d[..d.len() - 1].iter().product::<i64>(), d[d.len() - 1]);
-    let lf = logits.stop_gradient().cast(DType::F32).reshape(&[n, v]);
-    let label = picked(lf, next_token_labels(input_ids));
-    let top = label.ge(lf.max(&[1])).cast(DType::F32);
-    let mask = loss_mask.cast(DType::F32).reshape(&[n]);
-    ((top * mask).sum(&[0]), mask.sum(&[0]))
 }
 
 /// `logsumexp(logits) − logit[label]` of every position, flattened

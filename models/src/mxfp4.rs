@@ -18,6 +18,18 @@ pub const FP4_VALUES: [f64; 16] = [
 /// Values per block (one scale each).
 pub const BLOCK: i64 = 32;
 
+/// The scale byte E8M0 reserves for NaN.
+pub const NAN_SCALE: u8 = 255;
+
+/// 2¹²⁸: the first power of two past bf16's and f32's range. A
+/// dequantized value (a code's value times a power of two) below it is
+/// exact in both; one at or above it would be infinite.
+///
+/// ```
+/// assert_eq!(hlo_models::mxfp4::RANGE, 2f64.powi(128));
+/// ```
+pub const RANGE: f64 = 3.402_823_669_209_385e38;
+
 /// The suffixes of a quantized tensor's two stored parts.
 pub const BLOCKS_SUFFIX: &str = "_blocks";
 pub const SCALES_SUFFIX: &str = "_scales";

@@ -11,9 +11,9 @@ use crate::decoder::{
 };
 use crate::grpo::{GrpoLoss, GrpoTokens};
 use crate::loss::{
-    chunked_cross_entropy_sum, chunked_token_logps, default_loss_chunk, entropy_per_position,
-    masked_cross_entropy_sum, masked_entropy_sum, masked_logps_per_row, masked_top1_sum, mean,
-    next_token_logps,
+    chunked_cross_entropy_sum, chunked_token_logps, chunked_token_stats, default_loss_chunk,
+    entropy_per_position, masked_cross_entropy_sum, masked_logps_per_row, mean, next_token_logps,
+    token_stats, TokenStats,
 };
 use crate::preference::{reference_name, NllSpan, PairLogps, PreferenceLoss, Reference};
 use crate::roles::{BatchField, Moment, Role, Step, StepInput};
@@ -524,13 +524,11 @@ pub fn preference_loss(
     };
     let pairs = tc.batch / 2;
     let f = trace("preference_loss", &inputs, |i| {
-        let (ids, mask) = (i["input_ids"], i["loss_mask"]);
-        let forward = |m: &Decoder, i: &hlo_ir::Inputs| {
-            let h = m.last_hidden(&Params(i), ids, None, tc.dtype);
-            m.lm_head(&Params(i), h).cast(DType::F32)
-        };
-        let pair_logps = |logits: Tensor| {
-            let (sum, count) = masked_logps_per_row(logits, ids, mask);
+        let mask = i["loss_mask"];
+        let maskf = mask.cast(DType::F32);
+        let stats = |i: &hlo_ir::Inputs| token_stats_of(&policy, i, tc);
+        let pair_logps = |t: &TokenStats| {
+            let (sum, count) = ((t.logps * maskf).sum(&[1]), maskf.sum(&[1]));
             let (half, all) = ([pairs], [2 * pairs]);
             PairLogps {
                 chosen: sum.slice(&[0], &half),
@@ -539,8 +537,8 @@ pub fn preference_loss(
                 rejected_tokens: count.slice(&half, &all),
             }
         };
-        let logits = scope("policy", || forward(&policy, i));
-        let mine = pair_logps(logits);
+        let tokens = scope("policy", || stats(i));
+        let mine = pair_logps(&tokens);
         let theirs = loss.needs_reference().then(|| {
             if reference == Reference::Precomputed {
                 // Read from the batch: the same rows' sums, computed once.
@@ -553,22 +551,24 @@ pub fn preference_loss(
                 };
             }
             scope("reference", || {
-                pair_logps(if by_adapter {
+                let theirs = pair_logps(&match by_adapter {
                     // The policy's form, on the reference's LoRA tensors.
-                    let frozen: Vec<(String, Tensor)> = lora_params
-                        .iter()
-                        .map(|(n, _)| (n.clone(), i[reference_name(n).as_str()]))
-                        .collect();
-                    forward(&policy, &i.with_overrides(&frozen))
-                } else {
-                    forward(&base, i)
-                })
+                    true => {
+                        let frozen: Vec<(String, Tensor)> = lora_params
+                            .iter()
+                            .map(|(n, _)| (n.clone(), i[reference_name(n).as_str()]))
+                            .collect();
+                        stats(&i.with_overrides(&frozen))
+                    }
+                    false => token_stats_of(&base, i, tc),
+                });
+                reused_where_same(mine, theirs, &lora_params, i, by_adapter)
             })
         });
         let nll = loss.nll().map(|span| {
             scope("nll", || match span {
                 NllSpan::Completion => -mean((mine.chosen.sum(&[0]), mine.chosen_tokens.sum(&[0]))),
-                NllSpan::WholeRow => chosen_nll(logits, ids, i["segment_ids"], pairs),
+                NllSpan::WholeRow => chosen_nll(tokens.logps, i["segment_ids"], pairs),
             })
         });
         let out = scope("loss", || loss.compute(mine, theirs, nll));
@@ -576,35 +576,109 @@ pub fn preference_loss(
         for (name, t) in out.metrics {
             o = o.add(name, t);
         }
-        let (chosen, rejected) = scope("metrics", || logits_means(loss, logits, mask, pairs));
-        let o = o
-            .add("logits/chosen", chosen)
-            .add("logits/rejected", rejected);
-        if !loss.needs_reference() {
-            return o;
-        }
-        // DPOTrainer's token statistics: the entropy over every completion
-        // token, the top-1 accuracy over the chosen ones.
-        let (entropy, top1) = scope("metrics", || {
-            let s = tc.seq;
-            let chosen = |t: Tensor| t.slice(&[0, 0], &[pairs, s]);
-            let v = logits.dims()[2];
-            let top1 = masked_top1_sum(
-                logits.slice(&[0, 0, 0], &[pairs, s, v]),
-                chosen(ids),
-                chosen(mask),
-            );
-            (mean(masked_entropy_sum(logits, mask)), mean(top1))
-        });
-        o.add("entropy", entropy).add("mean_token_accuracy", top1)
+        scope("metrics", || token_metrics(o, loss, &tokens, maskf, pairs))
     })?;
     Ok(f)
 }
 
-/// The pooled negative log-likelihood of the chosen rows (`0..pairs`) over
-/// every real token after the first (`segment_ids` > 0), as ORPO's.
-fn chosen_nll(logits: Tensor, ids: Tensor, segment_ids: Tensor, pairs: i64) -> Tensor {
-    let d = ids.dims();
+/// `o` with the token statistics each TRL trainer logs: `logits/chosen`
+/// and `logits/rejected` ([`logits_means`]); DPOTrainer's `entropy` over
+/// every completion token and `mean_token_accuracy` over the chosen
+/// ones.
+fn token_metrics(
+    o: Outputs,
+    loss: &PreferenceLoss,
+    tokens: &TokenStats,
+    mask: Tensor,
+    pairs: i64,
+) -> Outputs {
+    let (chosen, rejected) = logits_means(loss, tokens.mean_logit, mask, pairs);
+    let o = o
+        .add("logits/chosen", chosen)
+        .add("logits/rejected", rejected);
+    if !loss.needs_reference() {
+        return o;
+    }
+    let seq = mask.dims()[1];
+    let chosen = |t: Tensor| t.slice(&[0, 0], &[pairs, seq]);
+    let masked = |t: Tensor, m: Tensor| mean(((t * m).sum(&[0, 1]), m.sum(&[0, 1])));
+    o.add("entropy", masked(tokens.entropy, mask)).add(
+        "mean_token_accuracy",
+        masked(chosen(tokens.top1), chosen(mask)),
+    )
+}
+
+/// `theirs`, the reference's log-probs, or `mine` (without gradient)
+/// where the policy's LoRA tensors in `i` equal the reference's (its
+/// `ref.` copies with `by_adapter`, else the base's: every B zero): a
+/// policy equal to its reference (a fresh adapter against the base; the
+/// adapter training starts from against its frozen copy) computes the
+/// reference's very log-probs, so they are reused, and its rewards are
+/// exactly 0 and tie as TRL's do, whatever order two compiled forwards
+/// happen to sum in. Decided on the devices, each step.
+fn reused_where_same(
+    mine: PairLogps,
+    theirs: PairLogps,
+    lora_params: &[(String, TensorType)],
+    i: &hlo_ir::Inputs,
+    by_adapter: bool,
+) -> PairLogps {
+    let same = lora_params
+        .iter()
+        .map(|(n, _)| {
+            let policy = i[n.as_str()];
+            let other = if by_adapter {
+                i[reference_name(n).as_str()]
+            } else if n.ends_with(".lora_b") {
+                policy.scalar_like(0.0).broadcast_to(&policy.dims())
+            } else {
+                policy
+            };
+            let all: Vec<i64> = (0..policy.rank() as i64).collect();
+            policy.stop_gradient().eq(other).cast(DType::F32).min(&all)
+        })
+        .reduce(|a, b| a.minimum(b));
+    let Some(same) = same else {
+        return theirs;
+    };
+    let pick = |m: Tensor, r: Tensor| {
+        let s = same.broadcast_in_dim(&m.dims(), &[]);
+        s.gt(s.scalar_like(0.5)).where_(m.stop_gradient(), r)
+    };
+    PairLogps {
+        chosen: pick(mine.chosen, theirs.chosen),
+        rejected: pick(mine.rejected, theirs.rejected),
+        ..theirs
+    }
+}
+
+/// The [`TokenStats`] of the batch in `i` under `m` (`input_ids`, rows
+/// not packed): the LM head a chunk of positions at a time when the
+/// step's loss chunk is shorter than a row.
+fn token_stats_of(m: &Decoder, i: &hlo_ir::Inputs, tc: &TrainConfig) -> TokenStats {
+    let ids = i["input_ids"];
+    let h = m.last_hidden(&Params(i), ids, None, tc.dtype);
+    let chunk = tc.loss_chunk_for(m.config.vocab_size);
+    if chunk >= tc.seq {
+        return token_stats(m.lm_head(&Params(i), h), ids);
+    }
+    let head = m.lm_head_name();
+    scope("loss", || {
+        chunked_token_stats(
+            h,
+            &[(head, i[head])],
+            |c, h| m.logits(c[head], h),
+            ids,
+            chunk,
+        )
+    })
+}
+
+/// The pooled negative log-likelihood of the chosen rows (`0..pairs`)
+/// over every real token after the first (`segment_ids` > 0), as ORPO's,
+/// from each position's next-token log-probability `logps: [rows, s]`.
+fn chosen_nll(logps: Tensor, segment_ids: Tensor, pairs: i64) -> Tensor {
+    let d = segment_ids.dims();
     let s = d[1];
     let rows = |t: Tensor| t.slice(&[0, 0], &[pairs, s]);
     // Position t predicts token t + 1: counted when that token is real.
@@ -618,35 +692,32 @@ fn chosen_nll(logits: Tensor, ids: Tensor, segment_ids: Tensor, pairs: i64) -> T
         ],
         1,
     );
-    let v = logits.dims()[2];
-    let chosen = logits.slice(&[0, 0, 0], &[pairs, s, v]);
-    let (sum, count) = masked_logps_per_row(chosen, rows(ids), rows(next));
-    -mean((sum.sum(&[0]), count.sum(&[0])))
+    let (m, lp) = (rows(next), rows(logps));
+    -mean(((lp * m).sum(&[0, 1]), m.sum(&[0, 1])))
 }
 
-/// `logits/chosen` and `logits/rejected` as each TRL trainer logs them:
-/// DPO's and IPO's the mean logit of the positions scoring completion
-/// tokens (token-weighted over the batch); CPO's (SimPO) the mean of the
-/// half's whole logits, padding included; ORPO's the same less each row's
-/// last position.
+/// `logits/chosen` and `logits/rejected` as each TRL trainer logs them,
+/// from each position's mean logit over the vocabulary (`[rows, s]`):
+/// DPO's and IPO's the mean of the positions scoring completion tokens
+/// (token-weighted over the batch); CPO's (SimPO) the mean over the
+/// half's every position, padding included; ORPO's the same less each
+/// row's last position.
 fn logits_means(
     loss: &PreferenceLoss,
-    logits: Tensor,
+    mean_logit: Tensor,
     mask: Tensor,
     pairs: i64,
 ) -> (Tensor, Tensor) {
-    let d = logits.dims();
-    let (s, v) = (d[1], d[2]);
-    let over_vocab = logits.stop_gradient().sum(&[2]) / v as f64;
+    let s = mean_logit.dims()[1];
     let half = |k: i64, t: Tensor, cols: i64| t.slice(&[k * pairs, 0], &[(k + 1) * pairs, cols]);
     let mean_of = |k: i64| match loss {
         PreferenceLoss::Dpo { .. } | PreferenceLoss::Ipo { .. } => {
-            let m = half(k, mask.cast(DType::F32), s);
+            let m = half(k, mask, s);
             let n = m.sum(&[0, 1]);
-            (half(k, over_vocab, s) * m).sum(&[0, 1]) / n.maximum(n.scalar_like(1.0))
+            (half(k, mean_logit, s) * m).sum(&[0, 1]) / n.maximum(n.scalar_like(1.0))
         }
-        PreferenceLoss::Simpo { .. } => half(k, over_vocab, s).mean(&[0, 1]),
-        PreferenceLoss::Orpo { .. } => half(k, over_vocab, s - 1).mean(&[0, 1]),
+        PreferenceLoss::Simpo { .. } => half(k, mean_logit, s).mean(&[0, 1]),
+        PreferenceLoss::Orpo { .. } => half(k, mean_logit, s - 1).mean(&[0, 1]),
     };
     (mean_of(0), mean_of(1))
 }

@@ -20,7 +20,13 @@ pub struct Mesh {
 }
 
 impl Mesh {
-    /// A mesh of `(name, size)` axes; names must be distinct, sizes >= 1.
+    /// The most devices a mesh may span: far above any machine's, far
+    /// below where products of a mesh's sizes with shapes overflow.
+    pub const MAX_DEVICES: i64 = 1 << 20;
+
+    /// A mesh of `(name, size)` axes; names must be distinct, sizes >= 1,
+    /// and their product at most [`Mesh::MAX_DEVICES`] (so that no count
+    /// of devices, blocks or bytes derived from it can overflow).
     pub fn new(axes: &[(&str, i64)]) -> Result<Mesh, ShardingError> {
         let text = axes
             .iter()
@@ -44,6 +50,16 @@ impl Mesh {
             if axes[..i].iter().any(|(n, _)| n == name) {
                 return Err(bad(format!("axis `{name}` appears twice")));
             }
+        }
+        let devices = axes
+            .iter()
+            .try_fold(1i64, |p, (_, s)| p.checked_mul(*s))
+            .filter(|&p| p <= Self::MAX_DEVICES);
+        if devices.is_none() {
+            return Err(bad(format!(
+                "its sizes multiply to more than {} devices",
+                Self::MAX_DEVICES
+            )));
         }
         Ok(Mesh {
             axes: axes.iter().map(|(n, s)| (n.to_string(), *s)).collect(),
@@ -128,5 +144,24 @@ impl FromStr for Mesh {
             ShardingError::BadMesh { reason, .. } => bad(reason),
             other => other,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_whose_product_overflows_or_passes_the_cap_are_refused() {
+        for text in [
+            "dp=4611686018427387904,fsdp=4,mp=1",
+            "dp=9223372036854775807,fsdp=2,mp=2",
+            "dp=1024,fsdp=1025,mp=1",
+        ] {
+            let e = text.parse::<Mesh>().unwrap_err().to_string();
+            assert!(e.contains("multiply to more than 1048576 devices"), "{e}");
+        }
+        let edge: Mesh = "dp=1024,fsdp=1024,mp=1".parse().unwrap();
+        assert_eq!(edge.size(), Mesh::MAX_DEVICES);
     }
 }

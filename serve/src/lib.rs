@@ -435,6 +435,18 @@ impl AppState {
         } else {
             self.config.eos_ids.clone()
         };
+        // More prompts than the queue holds can never be accepted, however
+        // long the client waits: the request's fault, not the load's.
+        let max_queue = self.batcher.options().max_queue;
+        if plan.prompts.len() > max_queue {
+            return Err(ApiError::bad(
+                format!(
+                    "the request has {} prompts and the queue holds at most {max_queue} (--max-queue); send at most {max_queue} a request",
+                    plan.prompts.len()
+                ),
+                Some(if plan.chat { "messages" } else { "prompt" }),
+            ));
+        }
         let mut jobs = Vec::new();
         let field_name = plan.max_tokens_field;
         for prompt in &plan.prompts {

@@ -598,6 +598,16 @@ async fn bad_requests_get_their_status_and_an_openai_error() {
             "not_found_error",
             Some("model"),
         ),
+        // More prompts than the queue can ever hold (64): the request's
+        // fault, not a load to retry.
+        (
+            c,
+            json_type,
+            json!({"prompt": vec!["a"; 65], "max_tokens": 1}).to_string(),
+            400,
+            "invalid_request_error",
+            Some("prompt"),
+        ),
         (
             cc,
             json_type,

@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 
-use hlo_e2e::{expected_tensor, fixture_dir, fixture_logits, max_abs_diff};
+use hlo_e2e::{assert_f32_logits, expected_tensor, fixture_dir, fixture_logits, max_abs_diff};
 use hlo_ir::{DType, Literal};
 use hlo_models::decoder::{forward_function, Family, LayerType, ModelConfig};
 
@@ -63,9 +63,7 @@ fn f32_logits_equal_hf() {
     for name in FAMILIES {
         let got = our_logits(name, false, false);
         let want = expected(name, "logits").to_f64s();
-        let d = max_abs_diff(&got, &want);
-        println!("{name}: f32 max abs diff {d:e}");
-        assert!(d < 1e-5, "{name}: max abs diff {d:e}");
+        assert_f32_logits(name, &fixture(name), &got, &want);
     }
 }
 
@@ -74,9 +72,7 @@ fn f32_logits_with_a_peft_adapter_equal_hf() {
     for name in FAMILIES {
         let got = our_logits(name, true, false);
         let want = expected(name, "logits_adapter").to_f64s();
-        let d = max_abs_diff(&got, &want);
-        println!("{name} + adapter: f32 max abs diff {d:e}");
-        assert!(d < 1e-5, "{name} + adapter: max abs diff {d:e}");
+        assert_f32_logits(&format!("{name} + adapter"), &fixture(name), &got, &want);
         // And the adapter matters.
         assert!(max_abs_diff(&want, &expected(name, "logits").to_f64s()) > 0.1);
     }
@@ -88,8 +84,7 @@ fn the_layers_as_one_scan_give_hfs_logits() {
     for name in ["gemma3", "qwen2"] {
         let got = our_logits(name, true, true);
         let want = expected(name, "logits_adapter").to_f64s();
-        let d = max_abs_diff(&got, &want);
-        assert!(d < 1e-5, "{name} scanned: max abs diff {d:e}");
+        assert_f32_logits(&format!("{name} scanned"), &fixture(name), &got, &want);
     }
 }
 

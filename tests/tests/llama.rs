@@ -2,7 +2,7 @@
 //! `scripts/make_llama_fixtures.py` with transformers 5.17 and PEFT 0.21)
 //! with and without a PEFT adapter, on the CPU plugin.
 
-use hlo_e2e::{expected_tensor, fixture_dir, fixture_logits, max_abs_diff};
+use hlo_e2e::{assert_f32_logits, expected_tensor, fixture_dir, fixture_logits, max_abs_diff};
 use hlo_ir::{DType, Literal};
 
 const MODELS: [&str; 3] = ["gqa_llama3", "mha_tied", "head_dim"];
@@ -27,9 +27,7 @@ fn f32_logits_equal_hf() {
     for name in MODELS {
         let got = our_logits(name, DType::F32, false);
         let want = expected(name, "logits").to_f64s();
-        let d = max_abs_diff(&got, &want);
-        assert!(d < 1e-4, "{name}: max abs diff {d:e}");
-        println!("{name}: f32 max abs diff {d:e}");
+        assert_f32_logits(name, &fixture_dir(&format!("llama/{name}")), &got, &want);
     }
 }
 
@@ -38,9 +36,8 @@ fn f32_logits_with_a_peft_adapter_equal_hf() {
     for name in MODELS {
         let got = our_logits(name, DType::F32, true);
         let want = expected(name, "logits_adapter").to_f64s();
-        let d = max_abs_diff(&got, &want);
-        assert!(d < 1e-4, "{name} + adapter: max abs diff {d:e}");
-        println!("{name} + adapter: f32 max abs diff {d:e}");
+        let dir = fixture_dir(&format!("llama/{name}"));
+        assert_f32_logits(&format!("{name} + adapter"), &dir, &got, &want);
         // And the adapter matters (B is not zero in the fixture).
         assert!(max_abs_diff(&want, &expected(name, "logits").to_f64s()) > 0.1);
     }

@@ -7,7 +7,7 @@ use hlo_models::adapter::Adapter;
 use hlo_models::attention::AttentionKind;
 use hlo_models::decoder::partition_rules;
 use hlo_models::roles::{BatchField, Role};
-use hlo_models::train::{eval_step, TrainConfig};
+use hlo_models::train::{eval_step, Preference, TrainConfig};
 use hlo_runtime::{DeviceArray, HostArray, Mode, Program};
 
 use super::{field_array, scalar, Session};
@@ -198,6 +198,11 @@ impl Evaluator {
     /// Compiles the eval step of `model` (with `adapter`, unmerged) for
     /// batches of `batch` rows of `seq` tokens, attention computed as
     /// `attention`, and places the weights.
+    ///
+    /// With `pairs`, a batch is `batch` preference pairs (each its chosen
+    /// and its rejected row), scored by the pairs' loss and TRL's metrics:
+    /// against the base with the adapter off, or with a reference adapter
+    /// (`Reference::Adapter`) against the one given.
     pub fn new(
         backend: Backend,
         model: &Model,
@@ -205,16 +210,30 @@ impl Evaluator {
         (batch, seq): (i64, i64),
         attention: AttentionKind,
         adapter: Option<&Adapter>,
+        pairs: Option<(Preference, Option<&Adapter>)>,
+    ) -> Result<Evaluator> {
+        let rows = if pairs.is_some() { 2 * batch } else { batch };
+        let mut config =
+            TrainConfig::new(dtype, rows, seq).with_lora(adapter.map(|a| a.lora.clone()));
+        config.attention = attention;
+        config.preference = pairs.map(|(p, _)| p);
+        Self::build(backend, model, config, adapter, pairs.and_then(|(_, r)| r))
+    }
+
+    fn build(
+        backend: Backend,
+        model: &Model,
+        config: TrainConfig,
+        adapter: Option<&Adapter>,
+        reference: Option<&Adapter>,
     ) -> Result<Evaluator> {
         model.check_weights()?;
-        let mut config =
-            TrainConfig::new(dtype, batch, seq).with_lora(adapter.map(|a| a.lora.clone()));
-        config.attention = attention;
+        let dtype = config.dtype;
         let traced = eval_step(&model.config, &config)?;
         let laid = ShardedStep::new(&traced, backend.mesh(), &partition_rules(&model.config))?;
         let program = EvalProgram {
             program: laid.compile(&backend, Mode::Jit)?,
-            preference: false,
+            preference: config.preference.is_some(),
             output_names: output_names(&laid),
             sources: laid
                 .step
@@ -241,6 +260,18 @@ impl Evaluator {
                     continue;
                 }
                 (_, Some(t)) => t.clone(),
+                // A reference adapter's tensor (`ref.` + the LoRA name).
+                (_, None) if b.name.starts_with("ref.") => {
+                    let name = &b.name["ref.".len()..];
+                    match reference.and_then(|r| r.get(name)) {
+                        Some(t) => t.clone(),
+                        None => {
+                            return Err(EngineError::AdapterLacks {
+                                tensor: name.to_string(),
+                            })
+                        }
+                    }
+                }
                 (Role::Trainable, None) if adapter.is_some() => {
                     return Err(EngineError::AdapterLacks {
                         tensor: b.name.clone(),

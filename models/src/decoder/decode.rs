@@ -241,7 +241,8 @@ pub fn argmax(x: Tensor) -> Tensor {
 /// One prefill or decode step with on-device sampling: inputs are the
 /// parameters (and LoRA tensors), the caches, `input_ids [batch, new]`,
 /// `offsets [batch]`, `cur []`, `temperature []`, `top_k []`, `top_p []`
-/// and `rng u64[2]`; outputs `next [batch]`, `logits [batch, vocab]`,
+/// and `rng u64[2]`; outputs `next [batch]` (-1 for a row whose logits
+/// are not finite), `logits [batch, vocab]`,
 /// the updated caches and `rng`. As a [`Step`]: parameters are weights,
 /// the caches and the rng state are updated in place (donated), the rest
 /// are per-call inputs.
@@ -288,7 +289,10 @@ pub fn decode_step(
         let (logits, caches) =
             model.forward_cached(&Params(i), i["input_ids"], i["offsets"], i["cur"], dtype);
         let (next, rng) = scope("sample", || {
-            sample_tokens(logits, i["temperature"], i["top_k"], i["top_p"], i["rng"])
+            let (next, rng) =
+                sample_tokens(logits, i["temperature"], i["top_k"], i["top_p"], i["rng"]);
+            // -1 for a row whose logits are not finite, as serving's.
+            (super::serving::finite_or_flag(logits, next), rng)
         });
         let out = Outputs::new().add("next", next).add("logits", logits);
         with_caches(out, caches).add("rng", rng)

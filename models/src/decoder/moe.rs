@@ -100,6 +100,11 @@ fn one_hot(idx: Tensor, experts: i64) -> Tensor {
 /// lower expert, as `torch.topk` on distinct values), as (values `[n, k]`,
 /// differentiable; experts `[n, k]` i32). Compared in f32, where taken
 /// values are marked by its lowest number.
+///
+/// A row holding NaN (a token whose hidden state overflowed) matches no
+/// maximum; its picks fall to the last expert so that every assignment
+/// names a real expert. Out of range, it would be clamped where the
+/// blocks gather their destinations and land on another token's row.
 fn top_k(probs: Tensor, k: i64) -> (Tensor, Tensor) {
     let (n, e) = (probs.dims()[0], probs.dims()[1]);
     let experts = iota(TensorType::new(DType::I32, [n, e]), 1);
@@ -108,7 +113,12 @@ fn top_k(probs: Tensor, k: i64) -> (Tensor, Tensor) {
     for _ in 0..k {
         let best = remaining.max(&[1]).broadcast_in_dim(&[n, e], &[0]);
         let none = full(TensorType::new(DType::I32, [n, e]), e as f64);
-        let idx = remaining.eq(best).where_(experts, none).min(&[1]);
+        let last = full(TensorType::new(DType::I32, [n]), (e - 1) as f64);
+        let idx = remaining
+            .eq(best)
+            .where_(experts, none)
+            .min(&[1])
+            .minimum(last);
         let hit = one_hot(idx, e);
         values.push((hit.cast(probs.dtype()) * probs).sum(&[1]).reshape(&[n, 1]));
         picked.push(idx.reshape(&[n, 1]));
