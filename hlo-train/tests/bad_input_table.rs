@@ -332,6 +332,18 @@ fn bad_input_table() {
             ],
         ),
         (
+            "plan: sizes whose tensors pass 2^63 bytes",
+            vec![
+                "plan".into(),
+                "--seq".into(),
+                "10000000".into(),
+                "--batch".into(),
+                "1000000".into(),
+                "--attention".into(),
+                "naive".into(),
+            ],
+        ),
+        (
             "mesh with an axis no rule splits over",
             train(&["--mesh", "dp=1,fsdp=1,mp=1,xx=2"]),
         ),

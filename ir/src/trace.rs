@@ -103,9 +103,32 @@ impl Builder {
                 .collect()
         };
         if operands.iter().any(|o| self.poisoned[o.index()]) {
-            return poisoned(self, &types);
+            // Poisoned still, but of the shapes the op gives where it can
+            // say (the model code goes on reading dims until the trace
+            // ends with the first error).
+            return match op.infer(&types) {
+                Ok(results) if results.len() == n_results => results
+                    .into_iter()
+                    .map(|ty| self.new_value(ty, ValueDef::Input(usize::MAX), true))
+                    .collect(),
+                _ => poisoned(self, &types),
+            };
         }
-        match op.infer(&types) {
+        let results = op.infer(&types);
+        if let Some(t) = results
+            .iter()
+            .flatten()
+            .find(|t| t.checked_bytes().is_none())
+        {
+            // Poisoned, but of the shapes the model code reads on.
+            self.fail(op.name(), types.clone(), too_large(t));
+            return results
+                .unwrap_or_default()
+                .into_iter()
+                .map(|ty| self.new_value(ty, ValueDef::Input(usize::MAX), true))
+                .collect();
+        }
+        match results {
             Ok(results) => {
                 let node = self.f.nodes.len();
                 let ids: Vec<ValueId> = results
@@ -128,6 +151,15 @@ impl Builder {
             }
         }
     }
+}
+
+/// Why a tensor of type `t` cannot be made: its bytes pass what a
+/// program addresses (a user's sizes multiplied past i64).
+fn too_large(t: &TensorType) -> String {
+    format!(
+        "a tensor of {} would hold more bytes than a program can address (2^63); use smaller sizes",
+        t.mlir()
+    )
 }
 
 thread_local! {
@@ -428,6 +460,14 @@ where
         error: None,
         poisoned: Vec::new(),
     };
+    if let Some((n, ty)) = inputs.iter().find(|(_, t)| t.checked_bytes().is_none()) {
+        return Err(TraceError {
+            op: "input".into(),
+            scope: String::new(),
+            operands: vec![ty.clone()],
+            message: format!("`{}`: {}", n.as_ref(), too_large(ty)),
+        });
+    }
     let mut tensors = Vec::with_capacity(inputs.len());
     for (i, (n, ty)) in inputs.iter().enumerate() {
         let value = b.new_value(ty.clone(), ValueDef::Input(i), false);

@@ -46,6 +46,24 @@ impl TensorType {
         self.element_count() * self.dtype.size_in_bytes()
     }
 
+    /// The bytes of a tensor of this type, None when they pass what a
+    /// program can address (`i64::MAX`; XLA counts in signed 64 bits).
+    ///
+    /// ```
+    /// use hlo_ir::{DType, TensorType};
+    /// assert_eq!(TensorType::new(DType::F32, [2, 3]).checked_bytes(), Some(24));
+    /// let huge = TensorType::new(DType::F32, [1 << 40, 1 << 40]);
+    /// assert_eq!(huge.checked_bytes(), None);
+    /// ```
+    pub fn checked_bytes(&self) -> Option<u64> {
+        self.dims
+            .iter()
+            .try_fold(self.dtype.size_in_bytes() as u64, |n, &d| {
+                n.checked_mul(d.max(0) as u64)
+            })
+            .filter(|&n| n <= i64::MAX as u64)
+    }
+
     /// The same dims with another element type.
     pub fn with_dtype(&self, dtype: DType) -> Self {
         TensorType {

@@ -473,6 +473,40 @@ impl ModelConfig {
     }
 
     /// Number of base parameters (HF's count).
+    /// How far two correct f32 evaluations of this model's forward over
+    /// `seq` positions may differ in values of magnitude up to `scale`
+    /// (logits, or a loss made of them), whatever order each sums in
+    /// (PyTorch, XLA's CPU code at another vector width, another mesh's
+    /// partial sums): what comparisons with HF's fixtures allow.
+    ///
+    /// A sum of K rounded terms errs by about √K·u of its terms' magnitude
+    /// (u = 2⁻²⁴; the probabilistic bound of Higham and Mary, 2019:
+    /// rounding errors behave as independent, so they grow with √K, not
+    /// the worst case's K); normalised activations keep those magnitudes
+    /// near the result's own. A token's logits pass through 6 such sums in
+    /// series in each layer (the q/k/v projection, the scores, the
+    /// weighted values, the output projection, the MLP's two) and one more
+    /// in the LM head, each of at most K terms (the hidden size, the MLP's
+    /// width, a head's dimension, the positions); both evaluations err so.
+    ///
+    /// ```
+    /// let c = hlo_models::decoder::ModelConfig::preset("tiny").unwrap();
+    /// // 2 layers, sums of at most 128 terms, logits up to 5.
+    /// let bound = c.f32_forward_bound(16, 5.0);
+    /// assert!((bound - 2.0 * 13.0 * 128f64.sqrt() * 2f64.powi(-24) * 5.0).abs() < 1e-12);
+    /// ```
+    pub fn f32_forward_bound(&self, seq: i64, scale: f64) -> f64 {
+        let u = f64::from(f32::EPSILON) / 2.0;
+        let widest = self
+            .hidden_size
+            .max(self.intermediate_size)
+            .max(self.moe.as_ref().map_or(0, |m| m.moe_intermediate_size))
+            .max(self.head_dim)
+            .max(seq);
+        let sums_in_series = 6 * self.num_hidden_layers + 1;
+        2.0 * sums_in_series as f64 * (widest as f64).sqrt() * u * scale.abs().max(1.0)
+    }
+
     pub fn parameter_count(&self) -> i64 {
         self.parameter_shapes()
             .iter()
