@@ -647,25 +647,25 @@ fn plan_accounts_for_the_pairs_and_the_reference() {
     assert_eq!(pre["reference"].as_str(), Some("precomputed"));
     assert!(total(&dpo) > total(&pre), "{} {}", total(&dpo), total(&pre));
     assert!(total(&dpo) > total(&sft), "{} {}", total(&dpo), total(&sft));
-    // With logits too large to hold whole (a chunk of 16 positions), the
-    // pairs' step holds what the SFT step of as many rows does, give or
-    // take the reference's forward, which keeps nothing for a gradient.
+    // With logits too large to hold whole (Qwen3 0.6B's vocabulary of
+    // 151,936: 1.2 GB of f32 logits for 8 rows of 256, a chunk of 16
+    // positions at a time), the pairs' step holds what the SFT step of as
+    // many rows does, give or take the reference's forward, which keeps
+    // nothing for a gradient.
     let chunked = |objective: &str, batch: &str| -> Value {
         let args = [
             "plan",
             "--model",
-            "tiny",
+            "qwen3-0.6b",
             "--target",
             "cpu",
-            "--lora-rank",
-            "16",
             "--json",
             "--objective",
             objective,
             "--batch",
             batch,
             "--seq",
-            "512",
+            "256",
             "--loss-chunk",
             "16",
         ];
