@@ -666,7 +666,7 @@ impl Batcher {
         let thread = std::thread::Builder::new()
             .name("batcher".into())
             .spawn(
-                move || match Batcher::new(backend, &model, shared, rx, (seed, starting)) {
+                move || match Batcher::new(backend, &model, shared, rx, seed, starting) {
                     Ok(mut b) => {
                         let _ = ready_tx.send(Ok(()));
                         // A failure (or a bug's panic) must not leave a
@@ -708,7 +708,8 @@ impl Batcher {
         model: &Model,
         shared: Arc<Shared>,
         commands: mpsc::Receiver<Command>,
-        (seed, starting): (u64, Box<dyn FnOnce() + Send>),
+        seed: u64,
+        starting: Box<dyn FnOnce() + Send>,
     ) -> Result<Batcher> {
         let backend = Backend::open(&backend)?;
         model.check_weights()?;

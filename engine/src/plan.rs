@@ -513,12 +513,6 @@ fn batch_shards(mesh: &Mesh) -> i64 {
 /// Micro-batches a step may take (`--grad-accum`'s range).
 const MAX_GRAD_ACCUM: i64 = 4096;
 
-/// Whether the step's objective takes more micro-batches (a preference
-/// step takes its pairs in one, GRPO its rollouts).
-fn accumulates(step: &StepToPlan) -> bool {
-    !step.objective.is_preference() && step.objective != Objective::Grpo
-}
-
 /// What a batch must be a multiple of beside the mesh's split: GRPO's
 /// whole groups of completions.
 fn batch_unit(step: &StepToPlan) -> i64 {
@@ -534,7 +528,7 @@ fn batch_unit(step: &StepToPlan) -> i64 {
 /// GRPO's completions).
 fn batch_changes(step: &StepToPlan) -> Vec<Change> {
     let (batch, shards, unit) = (step.spec.batch, batch_shards(&step.mesh), batch_unit(step));
-    if !accumulates(step) {
+    if !step.objective.accumulates() {
         return (1..batch)
             .rev()
             .filter(|b| b % shards == 0 && b % unit == 0)
@@ -601,7 +595,7 @@ fn device_changes(step: &StepToPlan) -> Vec<Change> {
         let Ok(bigger) = Mesh::new(&axes) else { break };
         let shards = lcm(batch_shards(&bigger), batch_unit(step));
         let batch = (step.spec.batch + shards - 1) / shards * shards;
-        let grad_accum = if rows % batch == 0 && accumulates(step) {
+        let grad_accum = if rows % batch == 0 && step.objective.accumulates() {
             rows / batch
         } else {
             step.spec.grad_accum

@@ -59,7 +59,44 @@ pub enum Objective {
     Grpo,
 }
 
+/// Every objective, in the order `--objective` lists them.
+pub const OBJECTIVES: [Objective; 6] = [
+    Objective::Sft,
+    Objective::Dpo,
+    Objective::Ipo,
+    Objective::Simpo,
+    Objective::Orpo,
+    Objective::Grpo,
+];
+
 impl Objective {
+    /// The setting's value (`sft`, `dpo`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Objective::Sft => "sft",
+            Objective::Dpo => "dpo",
+            Objective::Ipo => "ipo",
+            Objective::Simpo => "simpo",
+            Objective::Orpo => "orpo",
+            Objective::Grpo => "grpo",
+        }
+    }
+
+    /// Whether the objective trains on preference pairs.
+    pub fn is_preference(self) -> bool {
+        matches!(
+            self,
+            Objective::Dpo | Objective::Ipo | Objective::Simpo | Objective::Orpo
+        )
+    }
+
+    /// Whether a step of this objective may take several micro-batches
+    /// (`--grad-accum`): a preference step takes its pairs in one, GRPO
+    /// its completions.
+    pub fn accumulates(self) -> bool {
+        !self.is_preference() && self != Objective::Grpo
+    }
+
     /// Whether this objective reads setting `key` (a flag's name): every
     /// objective reads the settings not in [`OBJECTIVE_SETTINGS`] (nor
     /// GRPO's `reward-timeout`).
@@ -91,38 +128,6 @@ impl Objective {
             }
             Objective::Orpo => key == "beta",
         }
-    }
-}
-
-/// Every objective, in the order `--objective` lists them.
-pub const OBJECTIVES: [Objective; 6] = [
-    Objective::Sft,
-    Objective::Dpo,
-    Objective::Ipo,
-    Objective::Simpo,
-    Objective::Orpo,
-    Objective::Grpo,
-];
-
-impl Objective {
-    /// The setting's value (`sft`, `dpo`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            Objective::Sft => "sft",
-            Objective::Dpo => "dpo",
-            Objective::Ipo => "ipo",
-            Objective::Simpo => "simpo",
-            Objective::Orpo => "orpo",
-            Objective::Grpo => "grpo",
-        }
-    }
-
-    /// Whether the objective trains on preference pairs.
-    pub fn is_preference(self) -> bool {
-        matches!(
-            self,
-            Objective::Dpo | Objective::Ipo | Objective::Simpo | Objective::Orpo
-        )
     }
 
     /// The preference loss under `settings` (None for SFT).

@@ -171,7 +171,7 @@ impl<'a> Trainer<'a> {
     /// [`Trainer::new`] with batches from any source.
     pub fn with_source(
         session: &'a mut Session,
-        loader: Box<dyn BatchSource + 'a>,
+        mut loader: Box<dyn BatchSource + 'a>,
         eval_batches: Vec<Batch>,
         options: TrainerOptions,
         stop: StopFlag,
@@ -185,7 +185,6 @@ impl<'a> Trainer<'a> {
         if options.trace_values.is_some() && session.mode() != Mode::Eager {
             return Err(EngineError::TraceNeedsEager);
         }
-        let mut loader = loader;
         loader.watch(stop.clone());
         Ok(Trainer {
             session,

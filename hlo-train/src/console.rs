@@ -178,8 +178,6 @@ pub fn demo_show(
     Ok(())
 }
 
-/// The run's header: model, devices, what is trained, the data and how
-/// many epochs the steps make.
 /// The modules an adapter trains, as the model has them: a target no
 /// layer has (a sparse layer's `gate_proj`) is not named; the experts'
 /// fused tensors are (`experts.gate_up_proj`); modules found in only some
@@ -229,6 +227,8 @@ fn trained_modules(
         .join("; ")
 }
 
+/// The run's header: model, devices, what is trained, the data and how
+/// many epochs the steps make.
 pub fn print_header(run: &Run) -> Result<()> {
     let session = run.session();
     let (stats, learning, unpacked_fill) = (

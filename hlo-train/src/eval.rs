@@ -115,28 +115,23 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         adapter.as_ref(),
         preference.map(|p| (p, reference.as_ref())),
     )?;
-    if preference.is_some() {
-        let samples = data.stats.samples;
-        let pairs = data.learning_pairs(seq)?;
-        let batches = eval_pair_batches(&pairs, seq, args.batch as usize, None);
-        let r = evaluator.evaluate(&batches)?;
-        return print_pairs(args, objective, &r, pairs.len(), samples);
-    }
     let samples = data.stats.samples;
     // As train refuses it: data with nothing to score within --seq.
-    let examples = data.learning(seq)?;
-    let batches = eval_batches(&examples, seq, args.batch as usize);
+    let (batches, pairs) = match preference {
+        Some(_) => {
+            let pairs = data.learning_pairs(seq)?;
+            let batches = eval_pair_batches(&pairs, seq, args.batch as usize, None);
+            (batches, Some(pairs.len()))
+        }
+        None => (
+            eval_batches(&data.learning(seq)?, seq, args.batch as usize),
+            None,
+        ),
+    };
     let r = evaluator.evaluate(&batches)?;
-    if !r.loss.is_finite() {
-        bail!(
-            "the loss over {} tokens is {}: {} overflows; no figure to report",
-            r.tokens,
-            r.loss,
-            match &args.adapter {
-                Some(dir) => format!("the model with the adapter {}", dir.display()),
-                None => "the model".to_string(),
-            }
-        );
+    refuse_non_finite(args, &r)?;
+    if let Some(pairs) = pairs {
+        return print_pairs(args, objective, &r, pairs, samples);
     }
     if args.json {
         println!(
@@ -180,15 +175,9 @@ fn preference_of(args: &EvalArgs, objective: Objective) -> Result<Option<Prefere
     Ok(objective.preference(&spec.preference, reference))
 }
 
-/// A preference evaluation's figures: the loss and TRL's metrics, means
-/// over the pairs; a figure that is not finite is refused.
-fn print_pairs(
-    args: &EvalArgs,
-    objective: Objective,
-    r: &EvalResult,
-    pairs: usize,
-    samples: usize,
-) -> Result<()> {
+/// Refuses figures that are not finite (an adapter whose products
+/// overflow): the loss, or a preference metric, named.
+fn refuse_non_finite(args: &EvalArgs, r: &EvalResult) -> Result<()> {
     if let Some((name, v)) = std::iter::once(("loss", r.loss))
         .chain(r.metrics.iter().map(|(k, v)| (k.as_str(), *v)))
         .find(|(_, v)| !v.is_finite())
@@ -201,6 +190,18 @@ fn print_pairs(
             ))
         );
     }
+    Ok(())
+}
+
+/// A preference evaluation's figures: the loss and TRL's metrics, means
+/// over the pairs.
+fn print_pairs(
+    args: &EvalArgs,
+    objective: Objective,
+    r: &EvalResult,
+    pairs: usize,
+    samples: usize,
+) -> Result<()> {
     if args.json {
         let mut v = json!({
             "objective": objective.name(),

@@ -246,12 +246,18 @@ fn rollout_shape(args: &PlanArgs) -> Result<Option<RolloutShape>> {
         Some(c) => i64::from(c),
         None => 512.min(args.step.seq / 2).max(1),
     };
-    if args.step.batch % g != 0 {
-        bail!(
-            "--batch {} must be a multiple of --num-generations {g} (it counts completions, whole groups of them)",
-            args.step.batch
-        );
+    // What `train` refuses of these settings (whole groups a batch, ...).
+    hlo_engine::RunSpec {
+        objective: hlo_engine::run_spec::Objective::Grpo,
+        grpo: hlo_engine::grpo::GrpoSpec {
+            num_generations: g as usize,
+            max_completion_length: c as usize,
+            ..Default::default()
+        },
+        step: args.step.spec(),
+        ..Default::default()
     }
+    .check_objective_settings()?;
     if c >= args.step.seq {
         bail!(
             "--max-completion-length {c} leaves no room for a prompt in --seq {}",

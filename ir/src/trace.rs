@@ -90,43 +90,34 @@ impl Builder {
     }
 
     /// Appends `op` on `operands`; on error records it and returns poisoned
-    /// results (`n_results` of them, typed like the first operand).
+    /// results (`n_results` of them, of the op's own result types where it
+    /// can say, since model code reads dims on until the trace ends with
+    /// its first error; else typed like the first operand).
     fn push(&mut self, op: Op, operands: &[ValueId], n_results: usize) -> Vec<ValueId> {
         let types: Vec<TensorType> = operands.iter().map(|o| self.f.ty(*o).clone()).collect();
-        let poisoned = |b: &mut Builder, types: &[TensorType]| {
-            let ty = types
-                .first()
-                .cloned()
-                .unwrap_or_else(|| TensorType::scalar(DType::F32));
-            (0..n_results)
-                .map(|_| b.new_value(ty.clone(), ValueDef::Input(usize::MAX), true))
+        let results = op.infer(&types);
+        let poisoned = |b: &mut Builder, inferred: Option<&Vec<TensorType>>| {
+            let tys = match inferred {
+                Some(r) if r.len() == n_results => r.clone(),
+                _ => {
+                    let first = types.first().cloned();
+                    vec![first.unwrap_or_else(|| TensorType::scalar(DType::F32)); n_results]
+                }
+            };
+            tys.into_iter()
+                .map(|ty| b.new_value(ty, ValueDef::Input(usize::MAX), true))
                 .collect()
         };
         if operands.iter().any(|o| self.poisoned[o.index()]) {
-            // Poisoned still, but of the shapes the op gives where it can
-            // say (the model code goes on reading dims until the trace
-            // ends with the first error).
-            return match op.infer(&types) {
-                Ok(results) if results.len() == n_results => results
-                    .into_iter()
-                    .map(|ty| self.new_value(ty, ValueDef::Input(usize::MAX), true))
-                    .collect(),
-                _ => poisoned(self, &types),
-            };
+            return poisoned(self, results.as_ref().ok());
         }
-        let results = op.infer(&types);
         if let Some(t) = results
             .iter()
             .flatten()
             .find(|t| t.checked_bytes().is_none())
         {
-            // Poisoned, but of the shapes the model code reads on.
             self.fail(op.name(), types.clone(), too_large(t));
-            return results
-                .unwrap_or_default()
-                .into_iter()
-                .map(|ty| self.new_value(ty, ValueDef::Input(usize::MAX), true))
-                .collect();
+            return poisoned(self, results.as_ref().ok());
         }
         match results {
             Ok(results) => {
@@ -147,7 +138,7 @@ impl Builder {
             }
             Err(message) => {
                 self.fail(op.name(), types.clone(), message);
-                poisoned(self, &types)
+                poisoned(self, None)
             }
         }
     }

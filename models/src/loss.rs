@@ -74,22 +74,6 @@ pub fn chunked_cross_entropy_sum(
     (carry[0], mask.sum(&[0, 1]))
 }
 
-/// [`next_token_logps`] and [`entropy_per_position`] of the logits
-/// `head(h)` for the last hidden states `h: [b, s, hidden]`, computed
-/// `chunk` positions of every row at a time in a scan (as
-/// [`chunked_cross_entropy_sum`] does): `[b, s]` each, the log-probs
-/// with their gradient, never more than `[b, chunk, vocab]` logits at once.
-pub fn chunked_token_logps(
-    h: Tensor,
-    consts: &[(&str, Tensor)],
-    head: impl Fn(&Inputs, Tensor) -> Tensor,
-    input_ids: Tensor,
-    chunk: i64,
-) -> (Tensor, Tensor) {
-    let t = chunked_token_stats(h, consts, head, input_ids, chunk);
-    (t.logps, t.entropy)
-}
-
 /// What preference losses and their metrics read of each position's
 /// next-token distribution, `[rows, s]` f32 each (position `t` predicts
 /// token `t + 1`; the last position's figures are meaningless): the
@@ -227,22 +211,9 @@ pub fn masked_logps_per_row(
     (-per_row, mask.sum(&[1]))
 }
 
-/// The log-probability of each position's next token, `[rows, s]` (f32;
-/// f64 for f64 logits): position `t` holds token `t + 1`'s (the last
-/// position's is of token 0 and meaningless).
-pub fn next_token_logps(logits: Tensor, input_ids: Tensor) -> Tensor {
-    let d = input_ids.dims();
-    -token_losses(
-        logits,
-        next_token_labels(input_ids),
-        logits.dtype().accumulator(),
-    )
-    .reshape(&d)
-}
-
 /// The entropy of each position's next-token distribution, `[rows, s]`
 /// (f32), without gradient.
-pub fn entropy_per_position(logits: Tensor) -> Tensor {
+fn entropy_per_position(logits: Tensor) -> Tensor {
     let d = logits.dims();
     let (n, v) = (d[..d.len() - 1].iter().product::<i64>(), d[d.len() - 1]);
     let l = logits.stop_gradient().cast(DType::F32).reshape(&[n, v]);

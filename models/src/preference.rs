@@ -1,8 +1,8 @@
 //! Preference losses over pairs of completions of one prompt, chosen and
 //! rejected, as TRL defines them: DPO (its sigmoid loss) and IPO against a
 //! reference model, SimPO and ORPO without one. Each reads the policy's
-//! per-row log-probabilities of the completion tokens
-//! ([`crate::loss::masked_logps_per_row`]: sums and token counts), and for
+//! per-row log-probabilities of the completion tokens (sums and token
+//! counts of [`crate::loss::TokenStats`]' per-position ones), and for
 //! DPO and IPO the reference's; the metrics are those TRL logs, by its
 //! names.
 
@@ -54,8 +54,22 @@ pub enum Reference {
 
 /// The name of the reference adapter's copy of LoRA tensor `name`.
 pub fn reference_name(name: &str) -> String {
-    format!("ref.{name}")
+    format!("{REFERENCE_PREFIX}{name}")
 }
+
+/// The LoRA tensor whose reference copy `name` is, if it is one.
+///
+/// ```
+/// use hlo_models::preference::{reference_name, reference_of};
+/// let name = "model.layers.0.self_attn.q_proj.lora_a";
+/// assert_eq!(reference_of(&reference_name(name)), Some(name));
+/// assert_eq!(reference_of(name), None);
+/// ```
+pub fn reference_of(name: &str) -> Option<&str> {
+    name.strip_prefix(REFERENCE_PREFIX)
+}
+
+const REFERENCE_PREFIX: &str = "ref.";
 
 /// Per pair (`[pairs]`, f32): the chosen and the rejected completion's
 /// summed log-probabilities and token counts.

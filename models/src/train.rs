@@ -11,11 +11,12 @@ use crate::decoder::{
 };
 use crate::grpo::{GrpoLoss, GrpoTokens};
 use crate::loss::{
-    chunked_cross_entropy_sum, chunked_token_logps, chunked_token_stats, default_loss_chunk,
-    entropy_per_position, masked_cross_entropy_sum, masked_logps_per_row, mean, next_token_logps,
-    token_stats, TokenStats,
+    chunked_cross_entropy_sum, chunked_token_stats, default_loss_chunk, masked_cross_entropy_sum,
+    masked_logps_per_row, mean, token_stats, TokenStats,
 };
-use crate::preference::{reference_name, NllSpan, PairLogps, PreferenceLoss, Reference};
+use crate::preference::{
+    reference_name, reference_of, NllSpan, PairLogps, PreferenceLoss, Reference,
+};
 use crate::roles::{BatchField, Moment, Role, Step, StepInput};
 use crate::ModelError;
 
@@ -338,7 +339,7 @@ fn role_of(tc: &TrainConfig) -> impl Fn(&str) -> StepInput + '_ {
             (role, is_stacked(of))
         } else {
             // A preference loss's reference adapter is frozen.
-            let lora = !name.starts_with("ref.")
+            let lora = reference_of(name).is_none()
                 && (name.ends_with(".lora_a") || name.ends_with(".lora_b"));
             let saved = tc.lora.as_ref().is_some_and(|l| l.saves_weight(name));
             let trained = lora || saved || tc.lora.is_none();
@@ -526,7 +527,7 @@ pub fn preference_loss(
     let f = trace("preference_loss", &inputs, |i| {
         let mask = i["loss_mask"];
         let maskf = mask.cast(DType::F32);
-        let stats = |i: &hlo_ir::Inputs| token_stats_of(&policy, i, tc);
+        let stats = |i: &hlo_ir::Inputs| token_stats_of(&policy, i, tc, 1.0);
         let pair_logps = |t: &TokenStats| {
             let (sum, count) = ((t.logps * maskf).sum(&[1]), maskf.sum(&[1]));
             let (half, all) = ([pairs], [2 * pairs]);
@@ -560,7 +561,7 @@ pub fn preference_loss(
                             .collect();
                         stats(&i.with_overrides(&frozen))
                     }
-                    false => token_stats_of(&base, i, tc),
+                    false => token_stats_of(&base, i, tc, 1.0),
                 });
                 reused_where_same(mine, theirs, &lora_params, i, by_adapter)
             })
@@ -623,19 +624,18 @@ fn reused_where_same(
     i: &hlo_ir::Inputs,
     by_adapter: bool,
 ) -> PairLogps {
+    // The base with the adapter off: every B zero (whatever A is).
     let same = lora_params
         .iter()
+        .filter(|(n, _)| by_adapter || n.ends_with(".lora_b"))
         .map(|(n, _)| {
-            let policy = i[n.as_str()];
-            let other = if by_adapter {
-                i[reference_name(n).as_str()]
-            } else if n.ends_with(".lora_b") {
-                policy.scalar_like(0.0).broadcast_to(&policy.dims())
-            } else {
-                policy
+            let policy = i[n.as_str()].stop_gradient();
+            let other = match by_adapter {
+                true => i[reference_name(n).as_str()],
+                false => policy.scalar_like(0.0).broadcast_to(&policy.dims()),
             };
             let all: Vec<i64> = (0..policy.rank() as i64).collect();
-            policy.stop_gradient().eq(other).cast(DType::F32).min(&all)
+            policy.eq(other).cast(DType::F32).min(&all)
         })
         .reduce(|a, b| a.minimum(b));
     let Some(same) = same else {
@@ -653,21 +653,36 @@ fn reused_where_same(
 }
 
 /// The [`TokenStats`] of the batch in `i` under `m` (`input_ids`, rows
-/// not packed): the LM head a chunk of positions at a time when the
-/// step's loss chunk is shorter than a row.
-fn token_stats_of(m: &Decoder, i: &hlo_ir::Inputs, tc: &TrainConfig) -> TokenStats {
+/// not packed), its logits divided by `temperature` (GRPO's; 1 for the
+/// preference losses): from whole rows of logits, or a chunk of
+/// positions at a time in a scan when `tc`'s loss chunk is shorter than
+/// a row (long rows over a large vocabulary).
+fn token_stats_of(
+    m: &Decoder,
+    i: &hlo_ir::Inputs,
+    tc: &TrainConfig,
+    temperature: f64,
+) -> TokenStats {
     let ids = i["input_ids"];
     let h = m.last_hidden(&Params(i), ids, None, tc.dtype);
+    let scaled = |logits: Tensor| {
+        let logits = logits.cast(DType::F32);
+        if temperature != 1.0 {
+            logits / temperature
+        } else {
+            logits
+        }
+    };
     let chunk = tc.loss_chunk_for(m.config.vocab_size);
     if chunk >= tc.seq {
-        return token_stats(m.lm_head(&Params(i), h), ids);
+        return token_stats(scaled(m.lm_head(&Params(i), h)), ids);
     }
     let head = m.lm_head_name();
     scope("loss", || {
         chunked_token_stats(
             h,
             &[(head, i[head])],
-            |c, h| m.logits(c[head], h),
+            |c, h| scaled(m.logits(c[head], h)),
             ids,
             chunk,
         )
@@ -837,7 +852,7 @@ pub fn grpo_loss(
     let (_, _, inputs) = loss_inputs(config, tc)?;
     let policy = model(config, tc);
     let f = trace("grpo_loss", &inputs, |i| {
-        let (logps, entropy) = token_logps_and_entropy(&policy, i, tc, loss.temperature);
+        let TokenStats { logps, entropy, .. } = token_stats_of(&policy, i, tc, loss.temperature);
         let field = |f: BatchField| i[f.name()];
         let out = scope("loss", || {
             loss.compute(GrpoTokens {
@@ -856,45 +871,6 @@ pub fn grpo_loss(
         o
     })?;
     Ok(f)
-}
-
-/// Each position's next-token log-probability (with its gradient) and
-/// entropy, `[rows, seq]`, under `m` with the logits divided by
-/// `temperature`: from whole rows of logits, or a chunk of positions at a
-/// time in a scan when `tc`'s loss chunk is shorter than a row (long
-/// completions over a large vocabulary).
-fn token_logps_and_entropy(
-    m: &Decoder,
-    i: &hlo_ir::Inputs,
-    tc: &TrainConfig,
-    temperature: f64,
-) -> (Tensor, Tensor) {
-    let ids = i["input_ids"];
-    let h = m.last_hidden(&Params(i), ids, None, tc.dtype);
-    let scaled = |logits: Tensor| {
-        let logits = logits.cast(DType::F32);
-        if temperature != 1.0 {
-            logits / temperature
-        } else {
-            logits
-        }
-    };
-    let chunk = tc.loss_chunk_for(m.config.vocab_size);
-    if chunk >= tc.seq {
-        let logits = scaled(m.lm_head(&Params(i), h));
-        let entropy = scope("metrics", || entropy_per_position(logits));
-        return (next_token_logps(logits, ids), entropy);
-    }
-    let head = m.lm_head_name();
-    scope("loss", || {
-        chunked_token_logps(
-            h,
-            &[(head, i[head])],
-            |c, h| scaled(m.logits(c[head], h)),
-            ids,
-            chunk,
-        )
-    })
 }
 
 /// The GRPO train step ([`grpo_loss`], then the same clipping, schedule
@@ -932,7 +908,7 @@ pub fn token_logps_step(
     inputs.retain(|(n, _)| n != BatchField::LossMask.name());
     let m = model(config, &plain);
     let function = trace("token_logps", &inputs, |i| {
-        let (logps, _) = token_logps_and_entropy(&m, i, &plain, temperature);
+        let logps = token_stats_of(&m, i, &plain, temperature).logps;
         Outputs::new().add("logps", logps)
     })?;
     Ok(Step::new(function, role_of(&plain)))

@@ -6,6 +6,7 @@ use hlo_data::Batch;
 use hlo_models::adapter::Adapter;
 use hlo_models::attention::AttentionKind;
 use hlo_models::decoder::partition_rules;
+use hlo_models::preference::reference_of;
 use hlo_models::roles::{BatchField, Role};
 use hlo_models::train::{eval_step, Preference, TrainConfig};
 use hlo_runtime::{DeviceArray, HostArray, Mode, Program};
@@ -217,18 +218,8 @@ impl Evaluator {
             TrainConfig::new(dtype, rows, seq).with_lora(adapter.map(|a| a.lora.clone()));
         config.attention = attention;
         config.preference = pairs.map(|(p, _)| p);
-        Self::build(backend, model, config, adapter, pairs.and_then(|(_, r)| r))
-    }
-
-    fn build(
-        backend: Backend,
-        model: &Model,
-        config: TrainConfig,
-        adapter: Option<&Adapter>,
-        reference: Option<&Adapter>,
-    ) -> Result<Evaluator> {
+        let reference = pairs.and_then(|(_, r)| r);
         model.check_weights()?;
-        let dtype = config.dtype;
         let traced = eval_step(&model.config, &config)?;
         let laid = ShardedStep::new(&traced, backend.mesh(), &partition_rules(&model.config))?;
         let program = EvalProgram {
@@ -250,33 +241,26 @@ impl Evaluator {
         let mut weights = Vec::with_capacity(f.inputs.len());
         for (k, b) in f.inputs.iter().enumerate() {
             // The adapter's tensors, and the whole weights it saves in
-            // place of the base's; the model's for the rest.
+            // place of the base's; a reference adapter's copies of its
+            // LoRA tensors; the model's for the rest.
+            let lacks = |tensor: &str| EngineError::AdapterLacks {
+                tensor: tensor.to_string(),
+            };
             let lit = match (
                 &laid.step.inputs[k].role,
                 adapter.and_then(|a| a.get(&b.name)),
+                reference_of(&b.name),
             ) {
-                (Role::Batch(_), _) => {
+                (Role::Batch(_), _, _) => {
                     weights.push(None);
                     continue;
                 }
-                (_, Some(t)) => t.clone(),
-                // A reference adapter's tensor (`ref.` + the LoRA name).
-                (_, None) if b.name.starts_with("ref.") => {
-                    let name = &b.name["ref.".len()..];
-                    match reference.and_then(|r| r.get(name)) {
-                        Some(t) => t.clone(),
-                        None => {
-                            return Err(EngineError::AdapterLacks {
-                                tensor: name.to_string(),
-                            })
-                        }
-                    }
-                }
-                (Role::Trainable, None) if adapter.is_some() => {
-                    return Err(EngineError::AdapterLacks {
-                        tensor: b.name.clone(),
-                    })
-                }
+                (_, Some(t), _) => t.clone(),
+                (_, None, Some(name)) => reference
+                    .and_then(|r| r.get(name))
+                    .cloned()
+                    .ok_or_else(|| lacks(name))?,
+                (Role::Trainable, None, None) if adapter.is_some() => return Err(lacks(&b.name)),
                 _ => model.weight(&b.name, dtype, 0)?,
             };
             weights.push(Some(

@@ -472,7 +472,6 @@ impl ModelConfig {
             .map(|(_, s)| s)
     }
 
-    /// Number of base parameters (HF's count).
     /// How far two correct f32 evaluations of this model's forward over
     /// `seq` positions may differ in values of magnitude up to `scale`
     /// (logits, or a loss made of them), whatever order each sums in
@@ -507,6 +506,7 @@ impl ModelConfig {
         2.0 * sums_in_series as f64 * (widest as f64).sqrt() * u * scale.abs().max(1.0)
     }
 
+    /// Number of base parameters (HF's count).
     pub fn parameter_count(&self) -> i64 {
         self.parameter_shapes()
             .iter()
