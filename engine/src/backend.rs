@@ -7,7 +7,7 @@ use std::sync::Arc;
 use hlo_partitioner::{Mesh, PartitionSpec, Sharding};
 use hlo_runtime::{
     Client, ClientOptions, Device, DeviceArray, HostArray, OptionValue, Plugin, PluginKind,
-    PluginSpec,
+    PluginSpec, XlaOption,
 };
 
 use crate::error::{EngineError, Result};
@@ -26,6 +26,9 @@ pub struct BackendOptions {
     pub mesh: Option<Mesh>,
     /// This process's place in a run of several (None: one process).
     pub launch: Option<Launch>,
+    /// XLA flags every program of the run is compiled with (`--xla-option`,
+    /// sent per compile: `XLA_FLAGS` would be the whole process's).
+    pub xla_options: Vec<(String, XlaOption)>,
 }
 
 impl BackendOptions {
@@ -36,6 +39,7 @@ impl BackendOptions {
             devices: None,
             mesh: None,
             launch: None,
+            xla_options: Vec::new(),
         }
     }
 
@@ -120,13 +124,21 @@ impl Backend {
     /// first `mesh.size()` devices are used.
     pub fn open(options: &BackendOptions) -> Result<Backend> {
         let mesh = options.mesh_or(None)?;
-        match &options.launch {
+        let backend = match &options.launch {
             None => Self::open_for(&options.plugin, mesh),
             Some(launch) => {
                 refuse_cpu_across_processes(&options.plugin, launch, "a program")?;
                 Self::open_across(&options.plugin, mesh, launch)
             }
-        }
+        }?;
+        Ok(backend.with_xla_options(&options.xla_options))
+    }
+
+    /// The same devices, every program compiled with the XLA `options`
+    /// too (on top of XLA's defaults; see [`Client::with_xla_options`]).
+    pub fn with_xla_options(mut self, options: &[(String, XlaOption)]) -> Backend {
+        self.client = self.client.with_xla_options(options);
+        self
     }
 
     /// This process's client and devices, for listing them: a process of
@@ -138,7 +150,10 @@ impl Backend {
             return Self::open(options);
         };
         if options.plugin.kind() != PluginKind::Cpu {
-            return Self::open_across(&options.plugin, options.mesh_or(None)?, launch);
+            return Ok(
+                Self::open_across(&options.plugin, options.mesh_or(None)?, launch)?
+                    .with_xla_options(&options.xla_options),
+            );
         }
         let mesh = options.mesh_or(None)?;
         let group = ProcessGroup::join(launch)?;
@@ -151,7 +166,10 @@ impl Backend {
         let client = Client::new(&loaded, &client_options)?;
         let all = client.addressable_devices()?;
         let plugin = format!("{} ({})", options.plugin, launch.describe());
-        Self::on_first_devices(client, PluginKind::Cpu, mesh, all, plugin, Some(group))
+        Ok(
+            Self::on_first_devices(client, PluginKind::Cpu, mesh, all, plugin, Some(group))?
+                .with_xla_options(&options.xla_options),
+        )
     }
 
     /// A GPU plugin's client as one node of several: it learns the others'

@@ -89,13 +89,21 @@ impl RunSettings {
         s.set("clip-norm", c.clip_norm.unwrap_or(0.0));
         s.set("dtype", c.dtype.to_string());
         s.set("scan-layers", if c.scan_layers { "on" } else { "off" });
-        s.set("remat", if c.remat_layers { "layers" } else { "none" });
+        s.set(
+            "remat",
+            match (c.remat_layers, c.remat_mlp) {
+                (true, _) => "layers",
+                (false, true) => "mlp",
+                (false, false) => "none",
+            },
+        );
         match c.attention {
             AttentionKind::Naive => s.set("attention", "naive"),
             AttentionKind::Blockwise { block } => {
                 s.set("attention", "blockwise");
                 s.set("attention-block", block);
             }
+            AttentionKind::Cudnn => s.set("attention", "cudnn"),
         }
         if let Some(chunk) = c.loss_chunk {
             s.set("loss-chunk", chunk);

@@ -110,6 +110,18 @@ fn held(rules: &Rules, name: &str, dims: &[i64], dtype: DType, mesh: &Mesh) -> H
     }
 }
 
+/// The hidden-state all-reduces over `mp` a layer makes (2 forward, 2
+/// backward, and those of what the backward recomputes: the whole layer
+/// under a scan or `remat_layers`, the MLP under `remat_mlp`), and how
+/// the line says the recomputed ones.
+fn recomputed_all_reduces(tc: &TrainConfig) -> (u64, &'static str) {
+    match (tc.scan_layers || tc.remat_layers, tc.remat_mlp) {
+        (true, _) => (6, ", 2 recomputed"),
+        (false, true) => (5, ", 1 recomputed (the MLP's)"),
+        (false, false) => (4, ""),
+    }
+}
+
 /// The collectives of one train step of `config` under `tc` on `mesh`, per
 /// device, largest first; axes of size 1 and kinds of traffic that do not
 /// occur are left out.
@@ -201,13 +213,12 @@ pub fn step_traffic(config: &ModelConfig, tc: &TrainConfig, mesh: &Mesh) -> Vec<
     // mp: the hidden state of one device's rows, all-reduced.
     let rows = tc.batch as f64 / (dp * fsdp) as f64;
     let hidden = rows * tc.seq as f64 * config.hidden_size as f64 * tc.dtype.size_in_bytes() as f64;
-    let recompute = tc.scan_layers || tc.remat_layers;
-    let per_layer = if recompute { 6 } else { 4 };
+    let (per_layer, recomputed) = recomputed_all_reduces(tc);
     let act_n = (per_layer * config.num_hidden_layers as u64 + 2) * micro;
     let act = act_n as f64 * ring_bytes(Collective::AllReduce, mp, hidden);
     let act_what = format!(
         "hidden states: per layer 2 forward{}, 2 backward; embedding, LM head",
-        if recompute { ", 2 recomputed" } else { "" }
+        recomputed
     );
 
     push("fsdp", fsdp, Collective::AllGather, weights.into(), wc, wb);

@@ -179,8 +179,11 @@ pub enum EngineError {
         value: i64,
         seq: i64,
     },
-    #[error("--attention-block sets the blocks of --attention blockwise, not naive")]
+    #[error("--attention-block sets the blocks of --attention blockwise, not naive or cudnn")]
     BlockOfNaiveAttention,
+    /// `--attention cudnn` where cuDNN's attention cannot run the step.
+    #[error("--attention cudnn: {0}")]
+    Cudnn(String),
     /// A bitsandbytes NF4 checkpoint asked to change its double
     /// quantization.
     #[error("{model} is stored in NF4 {} double quantization; {} cannot change that", if *.stored_double_quant { "with" } else { "without" }, if *.stored_double_quant { "--quantize nf4 without --double-quant" } else { "--double-quant" })]

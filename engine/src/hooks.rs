@@ -104,6 +104,8 @@ pub struct RunStart {
     pub steps: i64,
     /// Whether it continues a saved run.
     pub resumed: bool,
+    /// The step's `auto` choices and why ([`crate::policy::StepPolicy::line`]).
+    pub choices: String,
 }
 
 /// What the caller does with a run's events: print, draw progress, write

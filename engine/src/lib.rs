@@ -29,7 +29,8 @@
 //! - [`plan`], [`bench`] and [`flops`]: memory plans, timing, MFU;
 //!   [`comm`]: what a step sends between devices per mesh axis, within or
 //!   across nodes; [`hardware`]: the one table of device kinds (peak,
-//!   memory, links) they all read.
+//!   memory, links) they all read; [`policy`]: the step's `auto` choices
+//!   (layers, remat, attention) decided from the device and memory.
 //! - [`hub`]: Hugging Face Hub ids in place of paths, found in the HF
 //!   cache or downloaded into it (`hf-hub` draws a download's progress on
 //!   a terminal, as `huggingface_hub` does, unless
@@ -64,6 +65,7 @@ pub mod hub;
 pub mod model;
 pub mod pipeline;
 pub mod plan;
+pub mod policy;
 pub mod processes;
 pub mod reference;
 pub mod run;

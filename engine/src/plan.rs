@@ -9,6 +9,7 @@
 use std::time::Instant;
 
 use hlo_ir::DType;
+use hlo_models::attention::{default_block, AttentionKind};
 use hlo_models::decoder::decode_step;
 use hlo_models::decoder::{partition_rules, ModelConfig};
 use hlo_models::nf4;
@@ -24,8 +25,9 @@ use crate::generator::{cache_bucket, cache_spec, prompt_bucket};
 use crate::hardware::Device;
 use crate::model::quantized_config;
 use crate::pipeline::ShardedStep;
+use crate::policy::Target;
 use crate::run_spec::{Objective, PreferenceSpec};
-use crate::spec::{OptimSpec, StepSpec};
+use crate::spec::{OptimSpec, RematChoice, StepSpec};
 
 /// A train step's compute time at a device's data sheet peak.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -105,12 +107,20 @@ pub struct RolloutMemory {
     pub compile_s: f64,
 }
 
-/// Plans the train step of `config` under `tc` on `mesh`.
+/// Plans the train step of `config` under `tc` on `mesh`. The CPU plugin
+/// that compiles it has no cuDNN: a step with cuDNN's attention is
+/// planned with blockwise attention ([`cudnn_stand_in`]), which keeps as
+/// little (the output and one f32 statistic a query and head).
 pub fn plan(
     config: &ModelConfig,
     tc: &TrainConfig,
     mesh: &Mesh,
 ) -> Result<(ShardedStep, MemoryPlan)> {
+    let mut tc = tc.clone();
+    if tc.attention == AttentionKind::Cudnn {
+        tc.attention = cudnn_stand_in(tc.seq);
+    }
+    let tc = &tc;
     let step = ShardedStep::new(&train_step(config, tc)?, mesh, &partition_rules(config))?;
     let (mut weights, mut lora, mut optimizer) = (0u64, 0u64, 0u64);
     let (mut nf4_bytes, mut dequantized) = (0u64, 0u64);
@@ -160,6 +170,14 @@ pub fn plan(
             rollout: None,
         },
     ))
+}
+
+/// What `plan` compiles in place of cuDNN's attention for rows of `seq`
+/// tokens.
+pub fn cudnn_stand_in(seq: i64) -> AttentionKind {
+    AttentionKind::Blockwise {
+        block: default_block(seq),
+    }
 }
 
 /// Plans GRPO's rollouts of `tc.batch` completions under `rollout` (see
@@ -227,6 +245,9 @@ pub struct StepToPlan {
     pub reference: Reference,
     /// GRPO's rollouts (None for the other objectives).
     pub rollout: Option<RolloutShape>,
+    /// The devices planned for, which decide the step's `auto` choices
+    /// ([`crate::policy`]).
+    pub target: Target,
 }
 
 impl StepToPlan {
@@ -239,6 +260,7 @@ impl StepToPlan {
             self.dtype,
             &self.mesh,
             self.steps,
+            &self.target,
         )?;
         tc.preference = self
             .objective
@@ -252,6 +274,16 @@ impl StepToPlan {
             tc.grpo = Some(g.loss());
         }
         Ok(tc)
+    }
+
+    /// The step's `auto` choices on the target ([`StepSpec::policy`]).
+    pub fn policy(&self) -> Result<crate::policy::StepPolicy> {
+        self.objective.step_spec(&self.spec)?.policy(
+            &self.config,
+            self.dtype,
+            &self.mesh,
+            &self.target,
+        )
     }
 
     /// Plans the step ([`plan`]), and GRPO's rollouts beside it
@@ -311,7 +343,7 @@ impl Change {
                 (s.spec.batch, s.spec.grad_accum) = (*batch, *grad_accum);
             }
             Change::Seq(seq) => s.spec.seq = *seq,
-            Change::RematLayers => s.spec.remat_layers = true,
+            Change::RematLayers => s.spec.remat = RematChoice::Layers,
             Change::Nf4 => {
                 let nf4 = nf4::Nf4Config {
                     double_quant: false,
@@ -395,7 +427,7 @@ pub fn nearest_fits(
     let mut fits = Vec::new();
     fits.extend(search.first_fitting(&batch_changes(step)));
     fits.extend(search.first_fitting(&seq_changes(step)));
-    if !tc.scan_layers && !step.spec.remat_layers {
+    if !tc.scan_layers && !tc.remat_layers {
         fits.extend(search.first_fitting(&[Change::RematLayers]));
     }
     if step.config.quantization.is_none() && step.spec.lora.is_some() {
@@ -700,6 +732,7 @@ mod tests {
             objective: Objective::Sft,
             reference: Reference::Base,
             rollout: None,
+            target: Target::cpu(),
         }
     }
 

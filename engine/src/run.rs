@@ -1,8 +1,9 @@
 //! [`Run`]: a training run as one object. Built from a [`RunSpec`], it
 //! takes a saved run's settings back when resuming, refuses an output
 //! folder that holds another run, reads the data, decides every `auto`
-//! (packing from the data; scan, loss chunk, attention and batch axes from
-//! the model and mesh, [`StepSpec::train_config`]), compiles the session
+//! (packing from the data; loss chunk and batch axes from the model and
+//! mesh, [`StepSpec::train_config`]; scan, remat and attention from the
+//! devices and memory, [`crate::policy`]), compiles the session
 //! and restores its state; [`Run::train`] then runs the loop, reporting
 //! through [`Hooks`] on process 0 only, and finishes the process group.
 //! Every front end (the CLI, `engine/examples/finetune.rs`, the training
@@ -41,6 +42,7 @@ use crate::grpo::{
 };
 use crate::hooks::{Hooks, Quiet, RunStart, TrainSummary};
 use crate::model::{Model, ModelSource};
+use crate::policy::Target;
 use crate::run_spec::Objective;
 use crate::run_spec::{differences, RunSpec};
 use crate::session::{Session, SessionOptions};
@@ -66,6 +68,8 @@ pub struct Run {
     trace_values: Option<Regex>,
     tokenizer: Option<Tokenizer>,
     stop: StopFlag,
+    /// The step's decided `auto` choices ([`crate::policy::StepPolicy::line`]).
+    choices: String,
 }
 
 /// Prompts of the bundled task a GRPO run without data draws.
@@ -174,45 +178,58 @@ fn identities(spec: &RunSpec, model: &Model, data: &Dataset) -> Result<RunSettin
         s.set("precompute-ref", p.precompute_ref);
     }
     if spec.objective == Objective::Grpo {
-        let g = &spec.grpo;
-        s.set("beta", g.beta);
-        s.set("num-generations", g.num_generations as u64);
-        s.set("epsilon", g.epsilon);
-        if let Some(e) = g.epsilon_high {
-            s.set("epsilon-high", e);
-        }
-        s.set("num-iterations", g.num_iterations as u64);
-        s.set("scale-rewards", g.scale_rewards.name());
-        s.set("loss-type", g.loss_type.name());
-        s.set("max-completion-length", g.max_completion_length as u64);
-        s.set("temperature", g.temperature);
-        s.set("top-p", g.top_p);
-        s.set("top-k", g.top_k);
-        s.set("reward", written_list(&g.rewards));
-        if let Some(p) = &g.rollouts {
-            s.set("rollouts", absolute(p));
-        }
-        if !g.reward_weights.is_empty() {
-            s.set("reward-weights", written_list(&g.reward_weights));
-        }
-        s.set("answer-column", g.answer_column.as_str());
-        if let Some(r) = &g.format_regex {
-            s.set("format-regex", r.as_str());
-        }
-        if let Some(c) = &g.reward_command {
-            s.set("reward-command", c.as_str());
-        }
-        if let Some(u) = &g.reward_url {
-            s.set("reward-url", u.as_str());
-        }
-        s.set("reward-timeout", g.reward_timeout);
-        s.set("log-completions", g.log_completions as u64);
-        if let Some(dir) = &spec.preference.ref_adapter {
-            s.set("ref-adapter", absolute(dir));
-        }
+        grpo_identities(&mut s, spec);
     }
     s.set("steps", spec.steps);
+    // As `--xla-option` spells each, so a recipe and a resume read them back.
+    let xla: Vec<String> = spec
+        .backend
+        .xla_options
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    s.set("xla-option", xla);
     Ok(s)
+}
+
+/// GRPO's settings, as [`identities`] records them.
+fn grpo_identities(s: &mut RunSettings, spec: &RunSpec) {
+    let g = &spec.grpo;
+    s.set("beta", g.beta);
+    s.set("num-generations", g.num_generations as u64);
+    s.set("epsilon", g.epsilon);
+    if let Some(e) = g.epsilon_high {
+        s.set("epsilon-high", e);
+    }
+    s.set("num-iterations", g.num_iterations as u64);
+    s.set("scale-rewards", g.scale_rewards.name());
+    s.set("loss-type", g.loss_type.name());
+    s.set("max-completion-length", g.max_completion_length as u64);
+    s.set("temperature", g.temperature);
+    s.set("top-p", g.top_p);
+    s.set("top-k", g.top_k);
+    s.set("reward", written_list(&g.rewards));
+    if let Some(p) = &g.rollouts {
+        s.set("rollouts", absolute(p));
+    }
+    if !g.reward_weights.is_empty() {
+        s.set("reward-weights", written_list(&g.reward_weights));
+    }
+    s.set("answer-column", g.answer_column.as_str());
+    if let Some(r) = &g.format_regex {
+        s.set("format-regex", r.as_str());
+    }
+    if let Some(c) = &g.reward_command {
+        s.set("reward-command", c.as_str());
+    }
+    if let Some(u) = &g.reward_url {
+        s.set("reward-url", u.as_str());
+    }
+    s.set("reward-timeout", g.reward_timeout);
+    s.set("log-completions", g.log_completions as u64);
+    if let Some(dir) = &spec.preference.ref_adapter {
+        s.set("ref-adapter", absolute(dir));
+    }
 }
 
 /// Refuses to resume a saved run with settings that differ from its own,
@@ -331,15 +348,19 @@ fn train_config(
     dtype: DType,
     (init, reference): (Option<&Adapter>, Option<&Adapter>),
     resumed: bool,
-) -> Result<TrainConfig> {
+) -> Result<(TrainConfig, String)> {
     let kind = match reference {
         _ if spec.preference.precompute_ref => Reference::Precomputed,
         Some(_) => Reference::Adapter,
         None => Reference::Base,
     };
-    let mut tc = spec.train_config(&model.config, dtype, backend.mesh(), kind)?;
+    let target = Target::of_backend(backend)?;
+    let choices = spec
+        .policy(&model.config, dtype, backend.mesh(), &target)?
+        .line();
+    let mut tc = spec.train_config(&model.config, dtype, backend.mesh(), kind, &target)?;
     if tc.lora.is_none() {
-        return Ok(tc);
+        return Ok((tc, choices));
     }
     let lora_chosen = [
         "lora-rank",
@@ -373,7 +394,31 @@ fn train_config(
             });
         }
     }
-    Ok(tc)
+    Ok((tc, choices))
+}
+
+/// The step's choices again once the data has packed its rows, when
+/// they took an attention form that packed rows cannot use (cuDNN's
+/// call takes no segment ids); None when nothing changes.
+fn decide_packed(
+    spec: &RunSpec,
+    tc: &mut TrainConfig,
+    backend: &Backend,
+    config: &hlo_models::decoder::ModelConfig,
+) -> Result<Option<String>> {
+    if tc.attention != hlo_models::attention::AttentionKind::Cudnn
+        || spec.step.attention != crate::spec::AttentionChoice::Auto
+    {
+        return Ok(None);
+    }
+    let mut packed = spec.clone();
+    packed.step.packing = Toggle::On;
+    let target = Target::of_backend(backend)?;
+    let policy = packed.policy(config, tc.dtype, backend.mesh(), &target)?;
+    tc.attention = policy.attention;
+    tc.scan_layers = policy.scan_layers();
+    tc.remat_layers = policy.remat_layers();
+    Ok(Some(policy.line()))
 }
 
 impl Run {
@@ -438,7 +483,7 @@ impl Run {
         });
         let init = init_adapter(&spec, &model, resumed)?;
         let reference = reference_adapter(&spec, &model)?;
-        let mut tc = train_config(
+        let (mut tc, mut choices) = train_config(
             &spec,
             &model,
             &backend,
@@ -485,6 +530,10 @@ impl Run {
         let unpacked_fill = loader.mean_len().min(seq as f64) / seq as f64;
         if spec.step.packing == Toggle::Auto && !preference {
             tc.packing = auto_packing(unpacked_fill);
+            if tc.packing {
+                choices =
+                    decide_packed(&spec, &mut tc, &backend, &model.config)?.unwrap_or(choices);
+            }
         }
         let mut loader = loader.packed(tc.packing);
         let mut settings = RunSettings::of_config(&tc, spec.seed);
@@ -526,6 +575,7 @@ impl Run {
             trace_values,
             tokenizer,
             stop: StopFlag::default(),
+            choices,
         })
     }
 
@@ -633,7 +683,7 @@ impl Run {
             (true, Some(dir)) => Some(Adapter::load(dir, &model.config)?),
             _ => None,
         };
-        let tc = train_config(
+        let (tc, choices) = train_config(
             &spec,
             &model,
             &backend,
@@ -724,6 +774,7 @@ impl Run {
             trace_values,
             tokenizer,
             stop: StopFlag::default(),
+            choices,
         })
     }
 
@@ -751,6 +802,7 @@ impl Run {
             step: self.session.steps_done(),
             steps: self.spec.steps,
             resumed: self.resumed,
+            choices: self.choices.clone(),
         })?;
         let options = TrainerOptions {
             steps: self.spec.steps,
@@ -777,6 +829,12 @@ impl Run {
     /// The spec as resolved: a resumed run's with its saved settings.
     pub fn spec(&self) -> &RunSpec {
         &self.spec
+    }
+
+    /// The step's decided `auto` choices and why, in one line
+    /// ([`crate::policy::StepPolicy::line`]).
+    pub fn choices(&self) -> &str {
+        &self.choices
     }
 
     /// The compiled step and its state (the trained adapter after

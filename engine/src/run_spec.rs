@@ -29,8 +29,10 @@ use crate::checkpoint::RunSettings;
 use crate::error::{EngineError, Result};
 pub use crate::grpo::GrpoSpec;
 use crate::model::ModelSource;
+use crate::policy::Target;
 use crate::spec::{
-    AttentionChoice, LoraSpec, OptimSpec, OptimizerKind, ScheduleKind, StepSpec, Toggle,
+    AttentionChoice, LoraSpec, OptimSpec, OptimizerKind, RematChoice, ScheduleKind, StepSpec,
+    Toggle,
 };
 
 /// What the run's loss is, with the batch fields it reads and the metrics
@@ -566,6 +568,12 @@ pub const OUTPUT_SETTINGS: [&str; 7] = [
     "reward-timeout",
 ];
 
+/// How the run's programs are compiled (`--xla-option`, a list of
+/// KEY=VALUE): saved and taken back like [`OUTPUT_SETTINGS`], and like
+/// them one chosen anew replaces the saved one (a resumed run may change
+/// its compiler flags, to work around a compiler bug, say).
+pub const COMPILE_SETTINGS: [&str; 1] = ["xla-option"];
+
 /// Settings that pick the model; one chosen replaces all saved ones.
 const MODEL_SETTINGS: [&str; 3] = ["model", "config", "checkpoint"];
 
@@ -627,6 +635,20 @@ impl RunSpec {
         self
     }
 
+    /// The step's `auto` choices on `target` ([`StepSpec::policy`] of the
+    /// objective's step).
+    pub fn policy(
+        &self,
+        config: &hlo_models::decoder::ModelConfig,
+        dtype: DType,
+        mesh: &hlo_partitioner::Mesh,
+        target: &Target,
+    ) -> Result<crate::policy::StepPolicy> {
+        self.objective
+            .step_spec(&self.step)?
+            .policy(config, dtype, mesh, target)
+    }
+
     /// The traced step's settings for a model of `config` in `dtype` over
     /// `mesh`: the step spec's, and for a preference objective its loss
     /// against `reference` (see [`Objective::step_spec`]).
@@ -636,9 +658,10 @@ impl RunSpec {
         dtype: DType,
         mesh: &hlo_partitioner::Mesh,
         reference: Reference,
+        target: &Target,
     ) -> Result<TrainConfig> {
         let step = self.objective.step_spec(&self.step)?;
-        let mut tc = step.train_config(&self.optim, config, dtype, mesh, self.steps)?;
+        let mut tc = step.train_config(&self.optim, config, dtype, mesh, self.steps, target)?;
         tc.preference = self.objective.preference(&self.preference, reference);
         if self.objective == Objective::Grpo {
             tc.grpo = Some(self.grpo.loss());
@@ -799,7 +822,7 @@ impl RunSpec {
     /// Takes every saved setting the caller did not choose.
     pub fn merge_saved(&mut self, saved: &RunSettings) -> Result<()> {
         let model_chosen = MODEL_SETTINGS.iter().any(|k| self.chosen.contains(k));
-        for key in settings().chain(OUTPUT_SETTINGS) {
+        for key in settings().chain(OUTPUT_SETTINGS).chain(COMPILE_SETTINGS) {
             let Some(value) = saved.get(key) else {
                 continue;
             };
@@ -932,9 +955,11 @@ impl RunSpec {
             "clip-norm" => self.optim.clip_norm = num()?,
             "scan-layers" => self.step.scan_layers = toggle()?,
             "remat" => {
-                self.step.remat_layers = match text()? {
-                    "layers" => true,
-                    "none" => false,
+                self.step.remat = match text()? {
+                    "layers" => RematChoice::Layers,
+                    "mlp" => RematChoice::Mlp,
+                    "none" => RematChoice::None,
+                    "auto" => RematChoice::Auto,
                     _ => return Err(bad()),
                 }
             }
@@ -942,6 +967,7 @@ impl RunSpec {
                 self.step.attention = match text()? {
                     "naive" => AttentionChoice::Naive,
                     "blockwise" => AttentionChoice::Blockwise,
+                    "cudnn" => AttentionChoice::Cudnn,
                     "auto" => AttentionChoice::Auto,
                     _ => return Err(bad()),
                 }
@@ -954,6 +980,15 @@ impl RunSpec {
             "metrics" => self.report.metrics = path()?,
             "tensorboard" => self.report.tensorboard = path()?,
             "log-every" => self.report.log_every = int()?,
+            "xla-option" => {
+                self.backend.xla_options = value
+                    .as_array()
+                    .ok_or_else(bad)?
+                    .iter()
+                    .map(|v| hlo_runtime::parse_xla_option(v.as_str()?).ok())
+                    .collect::<Option<_>>()
+                    .ok_or_else(bad)?
+            }
             _ => return Err(bad()),
         }
         Ok(())
@@ -1115,7 +1150,7 @@ mod tests {
                     ..RunSpec::default()
                 };
                 let tc = spec
-                    .train_config(&config, DType::F32, &mesh, Reference::Base)
+                    .train_config(&config, DType::F32, &mesh, Reference::Base, &Target::cpu())
                     .unwrap();
                 let traced = hlo_models::train::train_step(&config, &tc).unwrap();
                 let fields: Vec<BatchField> = traced
@@ -1223,7 +1258,7 @@ mod tests {
                 ..RunSpec::default()
             };
             let err = spec
-                .train_config(&config, DType::F32, &mesh, Reference::Base)
+                .train_config(&config, DType::F32, &mesh, Reference::Base, &Target::cpu())
                 .unwrap_err()
                 .to_string();
             assert!(

@@ -1,8 +1,9 @@
 //! The settings that shape a train step, typed, and how each `auto` among
-//! them is decided: layers scanned or not, the axes that split the batch,
-//! the loss chunk, the attention, packing. Every command that builds a
-//! train step (`train`, `bench`, `plan`, `dump-hlo`) resolves it here, so
-//! the same flags give the same step everywhere.
+//! them is decided: the axes that split the batch, the loss chunk,
+//! packing, and (through [`crate::policy`], from the device and memory)
+//! layers scanned or not, remat and the attention. Every command that
+//! builds a train step (`train`, `bench`, `plan`, `dump-hlo`) resolves it
+//! here, so the same flags give the same step everywhere.
 
 use std::fmt;
 use std::str::FromStr;
@@ -15,6 +16,7 @@ use hlo_models::train::{Optimizer, Schedule, TrainConfig};
 use hlo_partitioner::Mesh;
 
 use crate::error::{EngineError, Result};
+use crate::policy::{self, Fixed, Remat, StepPolicy, StepShape, Target};
 
 /// On, off, or decided by the run (`auto`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -65,6 +67,34 @@ pub enum AttentionChoice {
     Auto,
     Naive,
     Blockwise,
+    /// cuDNN's fused (flash) attention: CUDA only, bf16/f16.
+    Cudnn,
+}
+
+/// What the backward pass recomputes instead of keeping (`--remat`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RematChoice {
+    /// [`crate::policy`] decides.
+    #[default]
+    Auto,
+    /// Nothing: every activation kept (layers unrolled unless scanned).
+    None,
+    /// Each layer's MLP, from its input.
+    Mlp,
+    /// Each layer, from its input.
+    Layers,
+}
+
+impl RematChoice {
+    /// The name `--remat` and a saved run give it.
+    pub fn name(self) -> &'static str {
+        match self {
+            RematChoice::Auto => "auto",
+            RematChoice::None => "none",
+            RematChoice::Mlp => "mlp",
+            RematChoice::Layers => "layers",
+        }
+    }
 }
 
 /// The optimizer's kind; its numbers are [`OptimSpec`]'s.
@@ -140,10 +170,11 @@ pub struct StepSpec {
     /// Several samples per row (`auto`: when samples average at most half
     /// a row, decided from the data).
     pub packing: Toggle,
-    /// The layers as one scan (`auto`: from 24 layers, and for NF4 bases).
+    /// The layers as one scan (`auto`: [`crate::policy`] decides).
     pub scan_layers: Toggle,
-    /// Keep only each layer's input for the backward pass.
-    pub remat_layers: bool,
+    /// What the backward pass recomputes (`auto`: [`crate::policy`]
+    /// decides: on a GPU only when the step would not fit without).
+    pub remat: RematChoice,
     pub attention: AttentionChoice,
     /// Blockwise attention's block (implies blockwise under `auto`).
     pub attention_block: Option<i64>,
@@ -163,7 +194,7 @@ impl Default for StepSpec {
             grad_accum: 1,
             packing: Toggle::Auto,
             scan_layers: Toggle::Auto,
-            remat_layers: false,
+            remat: RematChoice::Auto,
             attention: AttentionChoice::Auto,
             attention_block: None,
             loss_chunk: None,
@@ -202,8 +233,9 @@ impl Default for OptimSpec {
 }
 
 impl StepSpec {
-    /// The attention these settings choose for rows of `seq` tokens.
-    pub fn attention_kind(&self) -> Result<AttentionKind> {
+    /// The attention the flags fix for rows of `seq` tokens (None:
+    /// `auto`, which [`crate::policy`] decides).
+    pub fn attention_fixed(&self) -> Result<Option<AttentionKind>> {
         let seq = self.seq;
         let block = match self.attention_block {
             Some(b) if seq % b != 0 => {
@@ -217,12 +249,91 @@ impl StepSpec {
             None => default_block(seq),
         };
         Ok(match (self.attention, self.attention_block) {
-            (AttentionChoice::Naive, Some(_)) => return Err(EngineError::BlockOfNaiveAttention),
-            (AttentionChoice::Naive, None) => AttentionKind::Naive,
-            (AttentionChoice::Blockwise, _) | (AttentionChoice::Auto, Some(_)) => {
-                AttentionKind::Blockwise { block }
+            (AttentionChoice::Naive | AttentionChoice::Cudnn, Some(_)) => {
+                return Err(EngineError::BlockOfNaiveAttention)
             }
-            (AttentionChoice::Auto, None) => AttentionKind::auto(seq),
+            (AttentionChoice::Cudnn, None) => Some(AttentionKind::Cudnn),
+            (AttentionChoice::Naive, None) => Some(AttentionKind::Naive),
+            (AttentionChoice::Blockwise, _) | (AttentionChoice::Auto, Some(_)) => {
+                Some(AttentionKind::Blockwise { block })
+            }
+            (AttentionChoice::Auto, None) => None,
+        })
+    }
+
+    /// What the flags fix of the step's `auto` choices.
+    fn fixed(&self) -> Result<Fixed> {
+        let toggle = |t: Toggle| (t != Toggle::Auto).then(|| t.or(false));
+        Ok(Fixed {
+            scan_layers: toggle(self.scan_layers),
+            remat: match self.remat {
+                RematChoice::Auto => None,
+                RematChoice::None => Some(Remat::None),
+                RematChoice::Mlp => Some(Remat::Mlp),
+                RematChoice::Layers => Some(Remat::Layers),
+            },
+            attention: self.attention_fixed()?,
+        })
+    }
+
+    /// The step's `auto` choices for `config` in `dtype` over `mesh` on
+    /// `target` ([`crate::policy::decide`]); commands print its line.
+    pub fn policy(
+        &self,
+        config: &ModelConfig,
+        dtype: DType,
+        mesh: &Mesh,
+        target: &Target,
+    ) -> Result<StepPolicy> {
+        let size = |axes: &[&str]| -> i64 {
+            axes.iter()
+                .filter_map(|a| mesh.axis_size(a))
+                .product::<i64>()
+                .max(1)
+        };
+        let rows = (self.batch / size(&["dp", "fsdp"])).max(1);
+        let shape = StepShape {
+            config,
+            dtype,
+            rows,
+            seq: self.seq,
+            weight_shards: size(&["fsdp", "mp"]),
+            model_shards: size(&["mp"]),
+            lora_rank: self.lora.as_ref().map(|l| l.rank),
+            loss_chunk: self.loss_chunk(config, mesh)?,
+            packed: self.packing == Toggle::On,
+        };
+        let fixed = self.fixed()?;
+        if fixed.attention == Some(AttentionKind::Cudnn) {
+            policy::cudnn_for(&shape, target, fixed.scan_layers == Some(true))
+                .map_err(EngineError::Cudnn)?;
+        }
+        Ok(policy::decide(&shape, target, fixed))
+    }
+
+    /// Positions the loss computes logits for at a time: `--loss-chunk`,
+    /// or from the rows one device holds ([`default_loss_chunk`]).
+    fn loss_chunk(&self, config: &ModelConfig, mesh: &Mesh) -> Result<i64> {
+        Ok(match self.loss_chunk {
+            Some(c) if self.seq % c != 0 => {
+                return Err(EngineError::NotDividing {
+                    setting: "loss-chunk",
+                    value: c,
+                    seq: self.seq,
+                })
+            }
+            Some(c) => c,
+            None => {
+                let shards: i64 = StepSpec::batch_axes(mesh)
+                    .iter()
+                    .filter_map(|a| mesh.axis_size(a))
+                    .product();
+                default_loss_chunk(
+                    (self.batch / shards.max(1)).max(1),
+                    self.seq,
+                    config.vocab_size,
+                )
+            }
         })
     }
 
@@ -239,16 +350,18 @@ impl StepSpec {
     }
 
     /// The traced step of these settings for `config` in `dtype` over
-    /// `mesh`, every `auto` decided but packing (which the data decides:
-    /// off here unless `On`). `steps` is where a cosine schedule ends.
+    /// `mesh` on `target`, every `auto` decided ([`StepSpec::policy`]) but
+    /// packing (which the data decides: off here unless `On`). `steps` is
+    /// where a cosine schedule ends.
     ///
     /// ```
+    /// use hlo_engine::policy::Target;
     /// use hlo_engine::spec::{OptimSpec, StepSpec};
     /// use hlo_engine::models::decoder::ModelConfig;
     /// let config = ModelConfig::preset("tiny").unwrap();
     /// let mesh = "dp=1,fsdp=2,mp=1".parse().unwrap();
     /// let tc = StepSpec::default()
-    ///     .train_config(&OptimSpec::default(), &config, hlo_engine::ir::DType::F32, &mesh, 100)
+    ///     .train_config(&OptimSpec::default(), &config, hlo_engine::ir::DType::F32, &mesh, 100, &Target::cpu())
     ///     .unwrap();
     /// assert_eq!(tc.batch_axes, ["dp", "fsdp"]);
     /// assert!(!tc.scan_layers); // 2 layers: unrolled
@@ -260,34 +373,15 @@ impl StepSpec {
         dtype: DType,
         mesh: &Mesh,
         steps: i64,
+        target: &Target,
     ) -> Result<TrainConfig> {
         let lora = self.lora.as_ref().map(LoraSpec::config).transpose()?;
         if let Some(l) = &lora {
             l.check_modules_to_save(config)?;
         }
         let batch_axes = StepSpec::batch_axes(mesh);
-        let loss_chunk = match self.loss_chunk {
-            Some(c) if self.seq % c != 0 => {
-                return Err(EngineError::NotDividing {
-                    setting: "loss-chunk",
-                    value: c,
-                    seq: self.seq,
-                })
-            }
-            Some(c) => c,
-            // The rows one device holds decide what its logits take.
-            None => {
-                let shards: i64 = batch_axes
-                    .iter()
-                    .filter_map(|a| mesh.axis_size(a))
-                    .product();
-                default_loss_chunk(
-                    (self.batch / shards.max(1)).max(1),
-                    self.seq,
-                    config.vocab_size,
-                )
-            }
-        };
+        let loss_chunk = self.loss_chunk(config, mesh)?;
+        let policy = self.policy(config, dtype, mesh, target)?;
         Ok(TrainConfig {
             dtype,
             batch: self.batch,
@@ -309,15 +403,12 @@ impl StepSpec {
             clip_norm: (optim.clip_norm > 0.0).then_some(optim.clip_norm),
             lora,
             batch_axes,
-            // Unrolled, XLA keeps every dequantized NF4 weight from the
-            // forward pass for the backward: no memory saved.
-            scan_layers: self
-                .scan_layers
-                .or(config.num_hidden_layers >= 24 || config.quantization.is_some()),
-            remat_layers: self.remat_layers,
+            scan_layers: policy.scan_layers(),
+            remat_layers: policy.remat_layers(),
+            remat_mlp: policy.remat_mlp(),
             grad_accum: self.grad_accum,
             packing: self.packing == Toggle::On,
-            attention: self.attention_kind()?,
+            attention: policy.attention,
             loss_chunk: Some(loss_chunk),
             preference: None,
             grpo: None,

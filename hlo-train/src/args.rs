@@ -10,14 +10,15 @@ use hlo_engine::backend::refuse_cpu_across_processes;
 use hlo_engine::hub::{self, HubFiles};
 use hlo_engine::ir::DType;
 use hlo_engine::models::attention::AttentionKind;
-use hlo_engine::models::decoder::{LoraConfig, ModelConfig};
+use hlo_engine::models::decoder::ModelConfig;
 use hlo_engine::models::nf4::Nf4Config;
 use hlo_engine::models::train::TrainConfig;
 use hlo_engine::partitioner::Mesh;
+use hlo_engine::policy::Target;
 use hlo_engine::processes::{Launch, LaunchFlags, RunToken};
-use hlo_engine::runtime::{PluginKind, PluginSpec};
+use hlo_engine::runtime::{parse_xla_option, PluginKind, PluginSpec, XlaOption};
 use hlo_engine::spec::{
-    AttentionChoice, LoraSpec, OptimSpec, OptimizerKind, ScheduleKind, StepSpec,
+    AttentionChoice, LoraSpec, OptimSpec, OptimizerKind, RematChoice, ScheduleKind, StepSpec,
 };
 use hlo_engine::{BackendOptions, DataSpec, Model, ModelSource};
 use serde_json::json;
@@ -35,8 +36,22 @@ pub struct PluginArgs {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub devices: Option<u32>,
 
+    /// An XLA compiler flag for every program this command compiles,
+    /// KEY=VALUE (repeatable): `xla_cpu_enable_fast_math=false`,
+    /// `xla_gpu_enable_triton_gemm=false`. The value is a bool
+    /// (true/false), an integer, a number with a point, else text, and
+    /// must be of the flag's type. Per compile, on top of XLA's defaults
+    /// (XLA_FLAGS applies to the whole process).
+    #[arg(long = "xla-option", value_name = "KEY=VALUE", value_parser = xla_option)]
+    pub xla_option: Vec<(String, XlaOption)>,
+
     #[command(flatten)]
     pub processes: ProcessArgs,
+}
+
+/// `--xla-option`'s value.
+fn xla_option(s: &str) -> Result<(String, XlaOption), String> {
+    parse_xla_option(s).map_err(|e| e.to_string())
 }
 
 /// `--num-processes`, `--process-id`, `--coordinator`, `--init-timeout`,
@@ -110,6 +125,7 @@ impl PluginArgs {
             devices: self.devices,
             mesh: mesh.cloned(),
             launch: self.processes.launch().ok().flatten(),
+            xla_options: self.xla_option.clone(),
         }
     }
 
@@ -346,6 +362,7 @@ pub enum AttentionArg {
     Auto,
     Naive,
     Blockwise,
+    Cudnn,
 }
 
 impl From<AttentionArg> for AttentionChoice {
@@ -354,13 +371,16 @@ impl From<AttentionArg> for AttentionChoice {
             AttentionArg::Auto => AttentionChoice::Auto,
             AttentionArg::Naive => AttentionChoice::Naive,
             AttentionArg::Blockwise => AttentionChoice::Blockwise,
+            AttentionArg::Cudnn => AttentionChoice::Cudnn,
         }
     }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum RematArg {
+    Auto,
     None,
+    Mlp,
     Layers,
 }
 
@@ -369,23 +389,32 @@ pub enum RematArg {
 #[derive(Args, Clone, Debug)]
 pub struct StepArgs {
     /// Run the decoder layers as one scan over stacked parameters, so the
-    /// program and its compile time do not grow with depth (auto: for
-    /// models of 24 layers or more, and NF4 bases, whose layers then
-    /// dequantize their weights again in the backward pass instead of
-    /// keeping them).
+    /// program and its compile time do not grow with depth; its backward
+    /// recomputes each layer. auto: on the CPU for models of 24 layers or
+    /// more, and NF4 bases (whose layers then dequantize their weights
+    /// again in the backward pass instead of keeping them); on a GPU only
+    /// when the unrolled step would not fit the device.
     #[arg(long, value_enum, default_value = "auto")]
     pub scan_layers: Toggle,
 
     /// What the backward pass recomputes instead of keeping: `layers`
     /// keeps only each decoder layer's input (less memory, about one more
-    /// forward of compute). A scan over layers always works this way.
-    #[arg(long, value_enum, default_value = "none")]
+    /// forward of compute); `mlp` recomputes each layer's MLP and keeps
+    /// the rest (the MLP's activations are most of a layer's); `none`
+    /// keeps everything (layers unrolled unless --scan-layers on: a scan
+    /// over layers always recomputes). auto: none on the CPU; on a GPU
+    /// the least recompute that fits the device (none, then mlp, then
+    /// layers).
+    #[arg(long, value_enum, default_value = "auto")]
     pub remat: RematArg,
 
     /// How attention is computed: `naive` holds every head's [seq, seq]
     /// scores; `blockwise` (FlashAttention's algorithm) one block of them
-    /// at a time, memory linear in --seq; auto: blockwise from 256
-    /// tokens, where it is also the faster on the CPU.
+    /// at a time, memory linear in --seq; `cudnn` cuDNN's fused flash
+    /// attention (CUDA, bf16/f16). auto: on the CPU blockwise from 256
+    /// tokens, where it is also the faster; on CUDA cudnn where it takes
+    /// the model; otherwise naive where its scores fit the device, else
+    /// blockwise.
     #[arg(long, value_enum, default_value = "auto")]
     pub attention: AttentionArg,
 
@@ -546,7 +575,12 @@ impl StepArgs {
             grad_accum: self.grad_accum,
             packing: self.packing.into(),
             scan_layers: self.scan_layers.into(),
-            remat_layers: self.remat == RematArg::Layers,
+            remat: match self.remat {
+                RematArg::Auto => RematChoice::Auto,
+                RematArg::None => RematChoice::None,
+                RematArg::Mlp => RematChoice::Mlp,
+                RematArg::Layers => RematChoice::Layers,
+            },
             attention: self.attention.into(),
             attention_block: self.attention_block,
             loss_chunk: self.loss_chunk,
@@ -564,26 +598,25 @@ impl StepArgs {
         }
     }
 
-    /// The traced step's configuration for `config` over `mesh`
-    /// ([`StepSpec::train_config`]); `lora` overrides the LoRA flags (an
-    /// adapter's own settings). `steps` is the run's length, where the
-    /// cosine schedule ends.
+    /// The traced step's configuration for `config` over `mesh` on
+    /// `target` ([`StepSpec::train_config`]). `steps` is the run's length,
+    /// where the cosine schedule ends.
     pub fn train_config(
         &self,
         optim: &OptimArgs,
         config: &ModelConfig,
         dtype: DType,
-        mesh: &Mesh,
+        (mesh, target): (&Mesh, &Target),
         steps: i64,
-        lora: Option<LoraConfig>,
     ) -> Result<TrainConfig> {
-        let mut tc =
-            self.spec()
-                .train_config(&optim.spec(self.optimizer), config, dtype, mesh, steps)?;
-        if let (Some(l), false) = (lora, self.full) {
-            tc.lora = Some(l);
-        }
-        Ok(tc)
+        Ok(self.spec().train_config(
+            &optim.spec(self.optimizer),
+            config,
+            dtype,
+            mesh,
+            steps,
+            target,
+        )?)
     }
 }
 
@@ -655,6 +688,7 @@ pub fn attention_json(tc: &TrainConfig) -> serde_json::Value {
     match tc.attention {
         AttentionKind::Naive => json!({"kind": "naive"}),
         AttentionKind::Blockwise { block } => json!({"kind": "blockwise", "block": block}),
+        AttentionKind::Cudnn => json!({"kind": "cudnn"}),
     }
 }
 

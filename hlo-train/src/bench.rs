@@ -6,6 +6,7 @@
 use anyhow::Result;
 use clap::Args;
 use hlo_engine::partitioner::Mesh;
+use hlo_engine::policy::Target;
 use hlo_engine::{
     bench, flops, Backend, Model, Objective, PreferenceSpec, Session, SessionOptions, Weights,
 };
@@ -78,13 +79,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     // A preference objective's step: `--batch` pairs, the reference the
     // base with the adapter off (a fresh adapter's).
     let objective = Objective::from(args.objective);
-    let mut tc = objective.step_spec(&args.step.spec())?.train_config(
+    let step = objective.step_spec(&args.step.spec())?;
+    let target = Target::of_backend(&backend)?;
+    let choices = step.policy(&model.config, dtype, backend.mesh(), &target)?;
+    let mut tc = step.train_config(
         &args.optim.spec(args.step.optimizer),
         &model.config,
         dtype,
         backend.mesh(),
         args.warmup_steps + args.steps,
+        &target,
     )?;
+    if !args.json {
+        println!("{}", choices.line());
+    }
     let reference = crate::args::planned_reference(objective, args.precompute_ref)?;
     tc.preference = objective.preference(&PreferenceSpec::default(), reference);
     if objective == Objective::Grpo {
@@ -121,7 +129,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "batch": tc.batch,
             "seq": tc.seq,
             "scan_layers": tc.scan_layers,
+            "remat_layers": tc.remat_layers,
             "attention": crate::args::attention_json(&tc),
+            "choices": choices.line(),
             "loss_chunk": tc.loss_chunk_for(vocab),
             "tokens_per_s": r.tokens_per_s,
             "step_time_s": r.step_time_s,

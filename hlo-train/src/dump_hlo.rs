@@ -69,6 +69,12 @@ pub struct DumpHloArgs {
     /// (after-optimization HLO among them) in this folder.
     #[arg(long)]
     pub xla_dump: Option<PathBuf>,
+
+    /// Decide the step's `auto` choices (layers, remat, attention) for
+    /// this device kind, as `plan --target` names them (default: the CPU's
+    /// choices).
+    #[arg(long, value_enum)]
+    pub target: Option<crate::plan::Target>,
 }
 
 pub fn run(args: &DumpHloArgs) -> Result<()> {
@@ -80,9 +86,15 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
     let laid_out = args.mesh.is_some() || args.plugin.devices.is_some();
     let mesh = options.mesh_or(None)?;
     let dtype = args.dtype.dtype(true);
+    // Printed for the CPU's choices unless --target names a device.
+    let target = match args.target {
+        Some(t) => hlo_engine::policy::Target::of_device(t.device()),
+        None => hlo_engine::policy::Target::cpu(),
+    };
+    let choices = args.step.spec().policy(config, dtype, &mesh, &target)?;
     let tc = args
         .step
-        .train_config(&args.optim, config, dtype, &mesh, 1000, None)?;
+        .train_config(&args.optim, config, dtype, (&mesh, &target), 1000)?;
     let step = match args.what {
         What::TrainStep => train_step(config, &tc)?,
         What::Forward => forward_step(
@@ -124,10 +136,13 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
             dir.display()
         );
         std::env::set_var("XLA_FLAGS", flags.trim());
-        let backend = Backend::open_for(&args.plugin.plugin, mesh)?;
+        let backend =
+            Backend::open_for(&args.plugin.plugin, mesh)?.with_xla_options(&options.xla_options);
         sharded.compile(&backend, Mode::Jit)?;
         eprintln!("XLA's dumps are in {}", dir.display());
     }
+    // Last, so that a failure stays one line.
+    eprintln!("{}", choices.line());
     Ok(())
 }
 

@@ -8,9 +8,11 @@ use anyhow::{bail, Result};
 use clap::Args;
 use hlo_engine::data::{eval_batches, eval_pair_batches};
 use hlo_engine::models::adapter::Adapter;
+use hlo_engine::models::attention::AttentionKind;
 use hlo_engine::models::preference::Reference;
 use hlo_engine::models::train::Preference;
 use hlo_engine::partitioner::Mesh;
+use hlo_engine::policy::{forward_attention, Platform, Target};
 use hlo_engine::run_spec::{Objective, RunSpec};
 use hlo_engine::{Backend, Dataset, EvalResult, Evaluator, Model};
 use serde_json::json;
@@ -102,6 +104,17 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     spec.pairs = preference.is_some();
     let data = Dataset::read(&model, &spec, 0)?;
     let backend = Backend::open(&args.plugin.backend(args.mesh.as_ref()))?;
+    let target = Target::of_backend(&backend)?;
+    let attention = match attention {
+        Some(AttentionKind::Cudnn) if target.platform != Platform::Cuda => {
+            bail!(
+                "--attention cudnn: cuDNN's attention runs on CUDA devices, not {}",
+                target.platform
+            )
+        }
+        Some(a) => a,
+        None => forward_attention(&target, &model.config, args.batch, args.seq),
+    };
     let reference = match &args.preference.ref_adapter {
         Some(dir) => Some(Adapter::load(dir, &model.config)?),
         None => None,

@@ -8,6 +8,7 @@ use clap::{Args, ValueEnum};
 use hlo_engine::comm::{Span, StepCommunication};
 use hlo_engine::hardware::{Device, Kind};
 use hlo_engine::ir::DType;
+use hlo_engine::models::attention::AttentionKind;
 use hlo_engine::models::preference::Reference;
 use hlo_engine::models::train::TrainConfig;
 use hlo_engine::partitioner::{draw_sharding, Mesh};
@@ -36,7 +37,7 @@ pub enum Target {
 
 impl Target {
     /// The target's entry of the hardware table.
-    fn device(self) -> &'static Device {
+    pub fn device(self) -> &'static Device {
         match self {
             Target::Mi300x => Kind::Mi300x,
             Target::Mi250 => Kind::Mi250Gcd,
@@ -170,6 +171,19 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
         );
     }
     let rollout = rollout_shape(args)?;
+    let device = args.target.device();
+    let capacity = match args.device_memory {
+        Some(gb) => (gb * 1e9) as u64,
+        None => match device.memory_bytes() {
+            Some(bytes) => bytes,
+            None => bail!("cannot read the host's memory size from /proc/meminfo"),
+        },
+    };
+    // The step's `auto` choices are the target's, at the memory planned.
+    let mut target = hlo_engine::policy::Target::of_device(device);
+    if args.device_memory.is_some() {
+        target.memory_bytes = Some(capacity);
+    }
     let to_plan = StepToPlan {
         config: config.clone(),
         name: model.name.clone(),
@@ -184,17 +198,11 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
         // LoRA tensors.
         reference: crate::args::planned_reference(args.objective.into(), args.precompute_ref)?,
         rollout,
+        target,
     };
     let tc = to_plan.train_config()?;
+    let choices = to_plan.policy()?;
     let (step, memory) = to_plan.plan_step()?;
-    let device = args.target.device();
-    let capacity = match args.device_memory {
-        Some(gb) => (gb * 1e9) as u64,
-        None => match device.memory_bytes() {
-            Some(bytes) => bytes,
-            None => bail!("cannot read the host's memory size from /proc/meminfo"),
-        },
-    };
     let report = Report {
         model: &model,
         comm: StepCommunication::new(config, &tc, &mesh, nodes, device.links()),
@@ -210,6 +218,7 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
         memory,
         capacity,
         target: args.target,
+        choices: choices.line(),
         args,
     };
     let fits = report.fits();
@@ -404,6 +413,8 @@ struct Report<'a> {
     compute: Option<ComputeEstimate>,
     /// With `--show-sharding`: each distinct layout of the state.
     layouts: Vec<LayoutGroup>,
+    /// The step's `auto` choices and why.
+    choices: String,
     args: &'a PlanArgs,
 }
 
@@ -459,6 +470,8 @@ fn print_json(r: &Report, suggestions: &[Fit]) -> Result<()> {
             Reference::Precomputed => "precomputed",
         }),
         "attention": crate::args::attention_json(tc),
+        "remat_layers": tc.remat_layers,
+        "choices": r.choices,
         "loss_chunk": tc.loss_chunk_for(config.vocab_size),
         "per_device": {
             "weights_bytes": p.weights_bytes,
@@ -531,6 +544,18 @@ fn layout_json(g: &LayoutGroup) -> Value {
     })
 }
 
+/// The step's `auto` choices, and what the plan compiled in place of
+/// cuDNN's attention, which the CPU plugin does not have.
+fn print_choices(r: &Report) {
+    println!("{}", r.choices);
+    if r.tc.attention == AttentionKind::Cudnn {
+        println!(
+            "  (cuDNN's attention planned as {}, which keeps as little: the CPU plugin that compiles the plan has no cuDNN)",
+            hlo_engine::policy::attention_name(hlo_engine::plan::cudnn_stand_in(r.tc.seq))
+        );
+    }
+}
+
 /// The report as text: the step, its memory per device, its
 /// communication, and with `--show-sharding` each layout.
 fn print_text(r: &Report) {
@@ -578,6 +603,7 @@ fn print_text(r: &Report) {
         },
         tc.long_context_summary(config.vocab_size)
     );
+    print_choices(r);
     if r.args.mesh.is_none() && r.args.devices.is_none() {
         println!(
             "planned for one {} (no --mesh or --devices given); --devices N plans N",

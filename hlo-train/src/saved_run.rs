@@ -172,8 +172,9 @@ impl DtypeArgs {
 #[derive(Args, Clone, Debug)]
 pub struct AttentionArgs {
     /// How attention is computed: `naive`, `blockwise` (memory linear in
-    /// --seq) or auto (blockwise from 256 tokens). Default: the adapter's
-    /// run's, else auto.
+    /// --seq), `cudnn` (CUDA) or auto (on the CPU blockwise from 256
+    /// tokens; on a GPU naive while one layer's scores take at most a
+    /// quarter of the device). Default: the adapter's run's, else auto.
     #[arg(long, value_enum)]
     pub attention: Option<AttentionArg>,
 
@@ -185,9 +186,9 @@ pub struct AttentionArgs {
 
 impl AttentionArgs {
     /// The attention of rows of `seq` tokens: these flags' when either is
-    /// given, else as the run chose it (its form and block), else the
-    /// default for `seq`.
-    pub fn kind_for(&self, seq: i64, runs: &AdapterRuns) -> Result<AttentionKind> {
+    /// given, else as the run chose it (its form and block); None when
+    /// neither says (`auto`: the device decides).
+    pub fn kind_for(&self, seq: i64, runs: &AdapterRuns) -> Result<Option<AttentionKind>> {
         let (attention, attention_block) =
             if self.attention.is_some() || self.attention_block.is_some() {
                 (
@@ -211,6 +212,6 @@ impl AttentionArgs {
             attention_block,
             ..StepSpec::default()
         };
-        Ok(step.attention_kind()?)
+        Ok(step.attention_fixed()?)
     }
 }

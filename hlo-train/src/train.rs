@@ -487,6 +487,7 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
         return Ok(());
     }
     print_header(&run)?;
+    println!("{}", run.choices());
     let (mut hooks, bar, course) = hooks(&run, argv)?;
     let summary = run.train(&mut hooks).inspect_err(|_| bar.abandon())?;
     print_summary(&run, &summary, &course);

@@ -41,7 +41,7 @@ pub use dtype::{DType, ParseDTypeError};
 pub use graph::{Binding, Function, Node, SubFunction, ValueDef, ValueId, ValueInfo};
 pub use interpret::{interpret, InterpretError};
 pub use literal::{round_to, wrap_to, Literal};
-pub use op::{Lowering, Op, OpRule, Region, Spelling, Vjp};
+pub use op::{mlir_string, Lowering, Op, OpRule, Region, Spelling, Vjp};
 pub use passes::{cse, dce, expand, fold_constants, inline_custom_vjps, lower_scans, simplify};
 pub use tensor::{
     broadcast_shapes, constant, custom_vjp, fori_loop, full, iota, optimization_barrier, scan,

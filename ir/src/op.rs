@@ -32,11 +32,44 @@ pub enum Lowering {
         /// Per dimension, the mesh axes it is split over (empty: not split).
         dims: Vec<Vec<String>>,
     },
+    /// An op XLA's partitioner cannot split (an opaque custom call such as
+    /// cuDNN's attention). In a program over a mesh of more than one
+    /// device, the op runs per device inside a manual-sharding region
+    /// (Shardy's `sdy.manual_computation`; GSPMD's `{manual}` sharding
+    /// between `SPMDFullToShardShape` and `SPMDShardToFullShape`), manual
+    /// over every mesh axis, its operands and results split as `operands`
+    /// and `results` say (the printer drops axes the mesh lacks or that do
+    /// not divide a dimension, from every value at once); the printer asks
+    /// the rule again for the spelling at the per-device types. Otherwise
+    /// `op` alone, which is the spelling at the types asked for.
+    Manual {
+        op: Spelling,
+        /// Per operand, per dimension, the mesh axes it is split over.
+        operands: Vec<Vec<Vec<String>>>,
+        /// Per result, per dimension, the mesh axes it is split over.
+        results: Vec<Vec<Vec<String>>>,
+    },
     /// Never printed: the `hlo_ir` pass named `by` rewrites the op into
     /// others first (`scan` into a `while` by [`crate::lower_scans`], as
     /// JAX lowers scans). The printers run the pass themselves, so one that
     /// meets such an op has a bug.
     Expanded { by: &'static str },
+}
+
+/// `s` as an MLIR string literal (`"` as `\22`, as MLIR prints it):
+/// how ops spell text attributes and the printer spells locations.
+pub fn mlir_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\22"),
+            '\\' => out.push_str("\\5C"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\{:02X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// How an op is written in one text format.
@@ -56,6 +89,10 @@ pub struct Spelling {
     /// back as one (`while`, `opt-barrier`); the printer packs and unpacks
     /// them.
     pub tupled: bool,
+    /// HLO text only: each result's layout (minor to major) where the op
+    /// fixes it (a custom call's `result_layouts`), written into the result
+    /// types; `None`: the default row-major layouts.
+    pub result_layouts: Option<Vec<Vec<i64>>>,
 }
 
 impl Spelling {
@@ -85,6 +122,12 @@ impl Spelling {
     /// See [`Spelling::tupled`].
     pub fn tupled(mut self) -> Self {
         self.tupled = true;
+        self
+    }
+
+    /// See [`Spelling::result_layouts`].
+    pub fn result_layouts(mut self, layouts: Vec<Vec<i64>>) -> Self {
+        self.result_layouts = Some(layouts);
         self
     }
 }
@@ -200,6 +243,11 @@ op_set! {
     /// The identity on several values, which XLA may not look through
     /// (keeps a rematerialized forward from being merged with the original).
     OptimizationBarrier(OptimizationBarrier),
+    /// cuDNN's fused causal attention (XLA's `__cudnn$fmhaSoftmax`).
+    CudnnAttention(CudnnAttention),
+    /// Its backward (`__cudnn$fmhaSoftmaxBackward`), which the forward's
+    /// VJP emits.
+    CudnnAttentionBackward(CudnnAttentionBackward),
 }
 
 impl Op {

@@ -8,9 +8,10 @@
 
 use std::fmt::Write;
 
-use hlo_ir::{Function, Lowering, Region, TensorType};
+use hlo_ir::{Function, Lowering, Region, Spelling, TensorType};
 use hlo_partitioner::{FunctionShardings, Mesh, PartitionSpec};
 
+use crate::manual::{manual_layout, needs_region, Asked};
 use crate::sharding::gspmd_sharding;
 use crate::stablehlo::symbol;
 use crate::unexpanded;
@@ -165,12 +166,31 @@ impl Printer<'_> {
                 node.results.iter().map(|&r| f.ty(r).clone()).collect();
             let operands: Vec<Operand> = node.operands.iter().map(|&o| get(values, o)).collect();
             let scope = node.scope.as_str();
+            let typed = (&operands[..], &operand_types[..], &result_types[..]);
             let spelling = match (node.op.rule().hlo(&operand_types, &result_types), self.mesh) {
                 (Lowering::Op(spelling), _) => spelling,
                 (Lowering::ShardingConstraint { op, dims }, Some(mesh)) => {
                     let rank = result_types[0].rank();
                     op.attr("sharding", gspmd_sharding(mesh, &PartitionSpec(dims), rank))
                 }
+                (
+                    Lowering::Manual {
+                        op,
+                        operands: asked_in,
+                        results: asked_out,
+                    },
+                    mesh,
+                ) => match needs_region(mesh) {
+                    Some(mesh) => {
+                        let asked = (&asked_in[..], &asked_out[..]);
+                        let outs = self.manual(lines, node, mesh, typed, asked);
+                        for (r, o) in node.results.iter().zip(outs) {
+                            values[r.index()] = Some(o);
+                        }
+                        continue;
+                    }
+                    None => op,
+                },
                 (Lowering::Identity | Lowering::ShardingConstraint { .. }, _) => {
                     // Nothing to print: each result is its operand.
                     for (r, o) in node.results.iter().zip(&operands) {
@@ -180,79 +200,177 @@ impl Printer<'_> {
                 }
                 (Lowering::Expanded { by }, _) => unexpanded(node.op.name(), by),
             };
-            let mut args: Vec<String> = operands.iter().map(Operand::text).collect();
-            if spelling.tupled {
-                // The operands go in as one tuple.
-                let t = self.inst(
-                    lines,
-                    "tuple",
-                    tuple_type(&operand_types),
-                    format!("tuple({})", args.join(", ")),
-                    &[],
-                    scope,
-                );
-                args = vec![t.text()];
-            }
-            let mut attrs = spelling.attributes.clone();
-            for r in &spelling.regions {
-                let (name, computation) = match r {
-                    Region::Combiner(op, dtype) => ("to_apply", self.combiner(*op, *dtype)),
-                    Region::Cond(f) => ("condition", self.loop_computation(f, false)),
-                    Region::Body(f) => ("body", self.loop_computation(f, true)),
-                };
-                attrs.push((name.into(), format!("%{computation}")));
-            }
-            let call = match &spelling.literal {
-                Some(literal) => format!("{}({literal})", spelling.name),
-                None => format!("{}({})", spelling.name, args.join(", ")),
-            };
-            if result_types.len() == 1 && !spelling.tupled {
-                let o = self.inst(
-                    lines,
-                    &spelling.name,
-                    result_types[0].hlo(),
-                    call,
-                    &attrs,
-                    scope,
-                );
-                values[node.results[0].index()] = Some(o);
-            } else {
-                // The results come back as one tuple.
-                let t = self.inst(
-                    lines,
-                    &spelling.name,
-                    tuple_type(&result_types),
-                    call,
-                    &attrs,
-                    scope,
-                );
-                self.unpack(lines, &t, &node.results, &result_types, values, scope);
+            let outs = self.emit(lines, &spelling, typed, scope);
+            for (r, o) in node.results.iter().zip(outs) {
+                values[r.index()] = Some(o);
             }
         }
         f.outputs.iter().map(|b| get(values, b.value)).collect()
     }
 
+    /// Emits one instruction spelled `spelling` on `(operands, operand
+    /// types, result types)`; returns its results (unpacked from a tuple
+    /// when there are several).
+    fn emit(
+        &mut self,
+        lines: &mut String,
+        spelling: &Spelling,
+        (operands, operand_types, result_types): (&[Operand], &[TensorType], &[TensorType]),
+        scope: &str,
+    ) -> Vec<Operand> {
+        let mut args: Vec<String> = operands.iter().map(Operand::text).collect();
+        if spelling.tupled {
+            // The operands go in as one tuple.
+            let t = self.inst(
+                lines,
+                "tuple",
+                tuple_type(operand_types),
+                format!("tuple({})", args.join(", ")),
+                &[],
+                scope,
+            );
+            args = vec![t.text()];
+        }
+        let mut attrs = spelling.attributes.clone();
+        for r in &spelling.regions {
+            let (name, computation) = match r {
+                Region::Combiner(op, dtype) => ("to_apply", self.combiner(*op, *dtype)),
+                Region::Cond(f) => ("condition", self.loop_computation(f, false)),
+                Region::Body(f) => ("body", self.loop_computation(f, true)),
+            };
+            attrs.push((name.into(), format!("%{computation}")));
+        }
+        let call = match &spelling.literal {
+            Some(literal) => format!("{}({literal})", spelling.name),
+            None => format!("{}({})", spelling.name, args.join(", ")),
+        };
+        let types: Vec<String> = match &spelling.result_layouts {
+            Some(layouts) => result_types
+                .iter()
+                .zip(layouts)
+                .map(|(t, l)| with_layout(t, l))
+                .collect(),
+            None => result_types.iter().map(TensorType::hlo).collect(),
+        };
+        if result_types.len() == 1 && !spelling.tupled {
+            let o = self.inst(lines, &spelling.name, types[0].clone(), call, &attrs, scope);
+            return vec![o];
+        }
+        // The results come back as one tuple.
+        let ty = format!("({})", types.join(", "));
+        let t = self.inst(lines, &spelling.name, ty, call, &attrs, scope);
+        self.unpack(lines, &t, &types, scope)
+    }
+
+    /// Emits `node` per device between GSPMD's manual-sharding markers, as
+    /// `shard_map` lowers to GSPMD: each operand constrained to its split
+    /// and cut to its per-device block (`SPMDFullToShardShape`), the op
+    /// with `sharding={manual}`, each result put back together
+    /// (`SPMDShardToFullShape`).
+    fn manual(
+        &mut self,
+        lines: &mut String,
+        node: &hlo_ir::Node,
+        mesh: &Mesh,
+        (operands, operand_types, result_types): (&[Operand], &[TensorType], &[TensorType]),
+        asked: Asked,
+    ) -> Vec<Operand> {
+        let layout = manual_layout(mesh, (operand_types, asked.0), (result_types, asked.1));
+        let inner = match node
+            .op
+            .rule()
+            .hlo(&layout.local_operands, &layout.local_results)
+        {
+            Lowering::Manual { op, .. } => op,
+            other => panic!("`{}` lowers to {other:?} per device", node.op.name()),
+        };
+        let scope = node.scope.as_str();
+        let marker = |target: &str, sharding: String| {
+            vec![
+                ("custom_call_target".to_string(), format!("\"{target}\"")),
+                ("sharding".to_string(), sharding),
+            ]
+        };
+        let manual = || "{manual}".to_string();
+        let mut locals = Vec::new();
+        for ((o, spec), local) in operands
+            .iter()
+            .zip(&layout.operands)
+            .zip(&layout.local_operands)
+        {
+            let rank = local.rank();
+            let split = marker("Sharding", gspmd_sharding(mesh, spec, rank));
+            let c = self.inst(lines, "custom-call", o.ty.clone(), call1(o), &split, scope);
+            let cut = marker("SPMDFullToShardShape", manual());
+            locals.push(self.inst(lines, "custom-call", local.hlo(), call1(&c), &cut, scope));
+        }
+        let each: Vec<String> = result_types.iter().map(|_| manual()).collect();
+        let sharding = if each.len() == 1 {
+            manual()
+        } else {
+            format!("{{{}}}", each.join(", "))
+        };
+        let inner = inner.attr("sharding", sharding);
+        let typed = (
+            &locals[..],
+            &layout.local_operands[..],
+            &layout.local_results[..],
+        );
+        let outs = self.emit(lines, &inner, typed, scope);
+        let mut globals = Vec::new();
+        for ((o, spec), ty) in outs.iter().zip(&layout.results).zip(result_types) {
+            let keep = marker("Sharding", manual());
+            let c = self.inst(lines, "custom-call", o.ty.clone(), call1(o), &keep, scope);
+            let whole = marker(
+                "SPMDShardToFullShape",
+                gspmd_sharding(mesh, spec, ty.rank()),
+            );
+            globals.push(self.inst(lines, "custom-call", ty.hlo(), call1(&c), &whole, scope));
+        }
+        globals
+    }
+
+    /// The elements of the tuple `tuple` of `types` (as written, layouts
+    /// included).
     fn unpack(
         &mut self,
         lines: &mut String,
         tuple: &Operand,
-        results: &[hlo_ir::ValueId],
-        types: &[TensorType],
-        values: &mut [Option<Operand>],
+        types: &[String],
         scope: &str,
-    ) {
-        for (k, (r, t)) in results.iter().zip(types).enumerate() {
-            let o = self.inst(
-                lines,
-                "get-tuple-element",
-                t.hlo(),
-                format!("get-tuple-element({})", tuple.text()),
-                &[("index".into(), k.to_string())],
-                scope,
-            );
-            values[r.index()] = Some(o);
-        }
+    ) -> Vec<Operand> {
+        types
+            .iter()
+            .enumerate()
+            .map(|(k, t)| {
+                self.inst(
+                    lines,
+                    "get-tuple-element",
+                    t.clone(),
+                    format!("get-tuple-element({})", tuple.text()),
+                    &[("index".into(), k.to_string())],
+                    scope,
+                )
+            })
+            .collect()
     }
+}
+
+/// `custom-call(f32[2]{0} %x.1)`.
+fn call1(o: &Operand) -> String {
+    format!("custom-call({})", o.text())
+}
+
+/// `bf16[1,4,8,64]{3,1,2,0}`: `ty` with the layout `minor_to_major`.
+fn with_layout(ty: &TensorType, minor_to_major: &[i64]) -> String {
+    let dims: Vec<String> = ty.dims.iter().map(i64::to_string).collect();
+    let layout: Vec<String> = minor_to_major.iter().map(i64::to_string).collect();
+    format!(
+        "{}[{}]{{{}}}",
+        ty.dtype.hlo_name(),
+        dims.join(","),
+        layout.join(",")
+    )
 }
 
 /// Puts `ROOT` on the line defining `name`.

@@ -18,6 +18,7 @@
 //! It neither builds graphs (`hlo-ir`) nor compiles them (`hlo-runtime`).
 
 mod hlo;
+mod manual;
 mod sharding;
 mod stablehlo;
 

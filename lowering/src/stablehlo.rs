@@ -5,26 +5,16 @@
 
 use std::fmt::Write;
 
-use hlo_ir::{Function, Lowering, Region, TensorType};
-use hlo_partitioner::{FunctionShardings, PartitionSpec};
+use hlo_ir::{Function, Lowering, Node, Region, Spelling, TensorType};
+use hlo_partitioner::{FunctionShardings, Mesh, PartitionSpec};
 
-use crate::sharding::{sdy_mesh, sdy_sharding};
+use crate::manual::{manual_layout, needs_region, Asked};
+use crate::sharding::{sdy_dims, sdy_mesh, sdy_sharding};
 use crate::unexpanded;
 
 /// Escapes a string for an MLIR string literal.
 pub(crate) fn quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\22"),
-            '\\' => out.push_str("\\5C"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\{:02X}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+    hlo_ir::mlir_string(s)
 }
 
 /// A symbol name from an arbitrary function name (`jit_` + word characters).
@@ -50,16 +40,51 @@ fn types_list(types: &[TensorType]) -> String {
         .join(", ")
 }
 
+/// `%7` or `%7:3`, and the names of the results (`%7#0`, ...).
+fn result_names(id: usize, n: usize) -> (String, Vec<String>) {
+    if n == 1 {
+        (format!("%{id}"), vec![format!("%{id}")])
+    } else {
+        let names = (0..n).map(|k| format!("%{id}#{k}")).collect();
+        (format!("%{id}:{n}"), names)
+    }
+}
+
+/// ` {a = 1, b = 2}` with the names sorted, as MLIR prints them; empty
+/// without attributes.
+fn attributes(attrs: &[(String, String)]) -> String {
+    if attrs.is_empty() {
+        return String::new();
+    }
+    let mut attrs = attrs.to_vec();
+    attrs.sort();
+    let a: Vec<String> = attrs.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+    format!(" {{{}}}", a.join(", "))
+}
+
+/// `(tensor<2xf32>) -> tensor<2xf32>`, results in parentheses when several.
+fn function_type(operands: &[TensorType], results: &[TensorType]) -> String {
+    let results = if results.len() == 1 {
+        results[0].mlir()
+    } else {
+        format!("({})", types_list(results))
+    };
+    format!("({}) -> {results}", types_list(operands))
+}
+
 /// Prints a module's body; one per module so names stay unique.
-struct Printer {
+struct Printer<'a> {
     out: String,
     next: usize,
     /// Whether the program has a mesh (`sdy.mesh @mesh`), which sharding
     /// constraints refer to; without one they print nothing.
     sharded: bool,
+    /// The mesh when it has more than one device: ops XLA cannot partition
+    /// then run in manual-sharding regions over it.
+    manual_mesh: Option<&'a Mesh>,
 }
 
-impl Printer {
+impl Printer<'_> {
     fn fresh(&mut self) -> usize {
         self.next += 1;
         self.next - 1
@@ -78,12 +103,25 @@ impl Printer {
                 .iter()
                 .map(|o| names[o.index()].clone())
                 .collect();
+            let values = (&operands[..], &operand_types[..], &result_types[..]);
             let spelling = match node.op.rule().stablehlo(&operand_types, &result_types) {
                 Lowering::Op(spelling) => spelling,
                 Lowering::ShardingConstraint { op, dims } if self.sharded => op.attr(
                     "sharding",
                     sdy_sharding(&PartitionSpec(dims), result_types[0].rank()),
                 ),
+                Lowering::Manual {
+                    operands: asked_in,
+                    results: asked_out,
+                    ..
+                } if self.manual_mesh.is_some() => {
+                    let outs = self.manual(node, values, (&asked_in, &asked_out), indent);
+                    for (r, name) in node.results.iter().zip(outs) {
+                        names[r.index()] = name;
+                    }
+                    continue;
+                }
+                Lowering::Manual { op, .. } => op,
                 Lowering::Identity | Lowering::ShardingConstraint { .. } => {
                     // Nothing to print: each result is its operand.
                     for (r, o) in node.results.iter().zip(&operands) {
@@ -93,52 +131,136 @@ impl Printer {
                 }
                 Lowering::Expanded { by } => unexpanded(node.op.name(), by),
             };
-            let id = self.fresh();
-            let lhs = if node.results.len() == 1 {
-                names[node.results[0].index()] = format!("%{id}");
-                format!("%{id}")
-            } else {
-                for (k, r) in node.results.iter().enumerate() {
-                    names[r.index()] = format!("%{id}#{k}");
-                }
-                format!("%{id}:{}", node.results.len())
-            };
-            let mut line = format!(
-                "{indent}{lhs} = \"{}\"({})",
-                spelling.name,
-                operands.join(", ")
-            );
-            if !spelling.regions.is_empty() {
-                let inner = format!("{indent}  ");
-                let regions: Vec<String> = spelling
-                    .regions
-                    .iter()
-                    .map(|r| self.region(r, &inner))
-                    .collect();
-                line += &format!(" ({})", regions.join(", "));
+            let outs = self.emit(&spelling, values, &node.scope, indent);
+            for (r, name) in node.results.iter().zip(outs) {
+                names[r.index()] = name;
             }
-            let mut attrs = spelling.attributes.clone();
-            attrs.sort();
-            if !attrs.is_empty() {
-                let a: Vec<String> = attrs.iter().map(|(k, v)| format!("{k} = {v}")).collect();
-                line += &format!(" {{{}}}", a.join(", "));
-            }
-            let results = if result_types.len() == 1 {
-                result_types[0].mlir()
-            } else {
-                format!("({})", types_list(&result_types))
-            };
-            line += &format!(" : ({}) -> {results}", types_list(&operand_types));
-            if !node.scope.is_empty() {
-                line += &format!(" loc({})", quote(&node.scope));
-            }
-            self.out += &line;
-            self.out.push('\n');
         }
         f.outputs
             .iter()
             .map(|b| names[b.value.index()].clone())
             .collect()
+    }
+
+    /// Prints one op spelled `spelling` on `(operand names, operand types,
+    /// result types)`; returns its results' names.
+    fn emit(
+        &mut self,
+        spelling: &Spelling,
+        (operands, operand_types, result_types): (&[String], &[TensorType], &[TensorType]),
+        scope: &str,
+        indent: &str,
+    ) -> Vec<String> {
+        let id = self.fresh();
+        let (lhs, outs) = result_names(id, result_types.len());
+        let mut line = format!(
+            "{indent}{lhs} = \"{}\"({})",
+            spelling.name,
+            operands.join(", ")
+        );
+        if !spelling.regions.is_empty() {
+            let inner = format!("{indent}  ");
+            let regions: Vec<String> = spelling
+                .regions
+                .iter()
+                .map(|r| self.region(r, &inner))
+                .collect();
+            line += &format!(" ({})", regions.join(", "));
+        }
+        line += &attributes(&spelling.attributes);
+        line += &format!(" : {}", function_type(operand_types, result_types));
+        if !scope.is_empty() {
+            line += &format!(" loc({})", quote(scope));
+        }
+        self.out += &line;
+        self.out.push('\n');
+        outs
+    }
+
+    /// Prints `node` per device inside an `sdy.manual_computation` over
+    /// every mesh axis, its values split as `asked` allows
+    /// ([`manual_layout`]); returns its results' names.
+    fn manual(
+        &mut self,
+        node: &Node,
+        (operands, operand_types, result_types): (&[String], &[TensorType], &[TensorType]),
+        asked: Asked,
+        indent: &str,
+    ) -> Vec<String> {
+        let mesh = self.manual_mesh.expect("called with a mesh");
+        let layout = manual_layout(mesh, (operand_types, asked.0), (result_types, asked.1));
+        let inner = match node
+            .op
+            .rule()
+            .stablehlo(&layout.local_operands, &layout.local_results)
+        {
+            Lowering::Manual { op, .. } => op,
+            other => panic!("`{}` lowers to {other:?} per device", node.op.name()),
+        };
+        let id = self.fresh();
+        let (lhs, outs) = result_names(id, result_types.len());
+        let args: Vec<String> = layout
+            .local_operands
+            .iter()
+            .map(|_| format!("%{}", self.fresh()))
+            .collect();
+        let params: Vec<String> = args
+            .iter()
+            .zip(&layout.local_operands)
+            .map(|(a, t)| format!("{a}: {}", t.mlir()))
+            .collect();
+        let _ = writeln!(
+            self.out,
+            "{indent}{lhs} = \"sdy.manual_computation\"({}) ({{\n{indent}^bb0({}):",
+            operands.join(", "),
+            params.join(", ")
+        );
+        let local = (
+            &args[..],
+            &layout.local_operands[..],
+            &layout.local_results[..],
+        );
+        let results = self.emit(&inner, local, &node.scope, &format!("{indent}  "));
+        let per_value = |specs: &[PartitionSpec], types: &[TensorType]| {
+            let each: Vec<String> = specs
+                .iter()
+                .zip(types)
+                .map(|(s, t)| format!("<@mesh, {}>", sdy_dims(s, t.rank())))
+                .collect();
+            format!("#sdy.sharding_per_value<[{}]>", each.join(", "))
+        };
+        let axes: Vec<String> = mesh
+            .axes()
+            .iter()
+            .map(|(a, _)| format!("\"{a}\""))
+            .collect();
+        let attrs = vec![
+            (
+                "in_shardings".to_string(),
+                per_value(&layout.operands, operand_types),
+            ),
+            (
+                "manual_axes".to_string(),
+                format!("#sdy<manual_axes{{{}}}>", axes.join(", ")),
+            ),
+            (
+                "out_shardings".to_string(),
+                per_value(&layout.results, result_types),
+            ),
+        ];
+        let _ = write!(
+            self.out,
+            "{indent}  \"sdy.return\"({}) : ({}) -> ()\n{indent}}}){} : {}",
+            results.join(", "),
+            types_list(&layout.local_results),
+            attributes(&attrs),
+            function_type(operand_types, result_types)
+        );
+        if !node.scope.is_empty() {
+            let _ = write!(self.out, " loc({})", quote(&node.scope));
+        }
+        self.out.push('\n');
+        outs
     }
 
     /// A region: `{\n ^bb0(args): ... "stablehlo.return"(...) \n}`.
@@ -227,6 +349,7 @@ fn print(
         out: String::new(),
         next: 0,
         sharded: shardings.is_some(),
+        manual_mesh: needs_region(shardings.map(|s| &s.mesh)),
     };
     let sdy = |specs: Option<&Vec<PartitionSpec>>, i: usize, ty: &TensorType| match specs {
         Some(specs) => format!(", sdy.sharding = {}", sdy_sharding(&specs[i], ty.rank())),

@@ -16,8 +16,15 @@
 //! kᵀ)` in f32 over the visible keys, the scores rounded to the input's
 //! dtype before scaling, probabilities rounded to it before the product
 //! with `v`.
+//!
+//! On CUDA GPUs a third form hands the whole attention to cuDNN's fused
+//! (flash) kernels, forward and backward, through XLA's cuDNN custom calls
+//! ([`cudnn_attention`]; `hlo_ir::ops::cudnn_attention` spells them). It
+//! covers what those calls take ([`cudnn_supports`] says what not, so a
+//! caller can fall back); its scores stay in f32 inside the kernel rather
+//! than being rounded to the input's dtype first.
 
-use hlo_ir::ops::DotGeneral;
+use hlo_ir::ops::{CudnnFmha, DotGeneral, MAX_HEAD_DIM};
 use hlo_ir::{custom_vjp, full, iota, scope, while_loop, DType, Tensor, TensorType};
 
 /// How the training and eval steps compute attention.
@@ -27,6 +34,9 @@ pub enum AttentionKind {
     Naive,
     /// Blocks of `block` queries against blocks of `block` keys.
     Blockwise { block: i64 },
+    /// cuDNN's fused flash attention ([`cudnn_attention`]): CUDA GPUs
+    /// only, for the cases [`cudnn_supports`] accepts.
+    Cudnn,
 }
 
 /// The query and key block the blockwise form uses for `seq` tokens by
@@ -64,6 +74,103 @@ impl AttentionKind {
     }
 }
 
+/// One attention as a step would hand it to cuDNN: what
+/// [`cudnn_supports`] checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudnnCase {
+    /// The dtype of queries, keys and values.
+    pub dtype: DType,
+    pub head_dim: i64,
+    pub heads: i64,
+    pub kv_heads: i64,
+    /// HF's sliding window (positions a query sees, itself included).
+    pub window: Option<i64>,
+    /// Rows pack several samples (segment ids).
+    pub packed: bool,
+    /// gpt-oss's per-head sink logits.
+    pub sinks: bool,
+}
+
+/// Whether cuDNN's flash attention, as [`cudnn_attention`] emits it, can
+/// compute `case`; the reason when not, for the caller to print as it
+/// falls back to the naive or blockwise form.
+///
+/// ```
+/// use hlo_ir::DType;
+/// use hlo_models::attention::{cudnn_supports, CudnnCase};
+/// let case = CudnnCase {
+///     dtype: DType::BF16, head_dim: 128, heads: 32, kv_heads: 8,
+///     window: None, packed: false, sinks: false,
+/// };
+/// assert!(cudnn_supports(&case).is_ok());
+/// let f32_case = CudnnCase { dtype: DType::F32, ..case };
+/// assert!(cudnn_supports(&f32_case).unwrap_err().contains("bf16 or f16"));
+/// ```
+pub fn cudnn_supports(case: &CudnnCase) -> Result<(), String> {
+    if !matches!(case.dtype, DType::BF16 | DType::F16) {
+        return Err(format!(
+            "cuDNN's flash attention takes bf16 or f16, not {}",
+            case.dtype
+        ));
+    }
+    if case.head_dim % 8 != 0 || case.head_dim > MAX_HEAD_DIM {
+        return Err(format!(
+            "cuDNN's flash attention takes head dimensions that are multiples of 8 up to \
+             {MAX_HEAD_DIM} (128 before Hopper), not {}",
+            case.head_dim
+        ));
+    }
+    if case.kv_heads < 1 || case.heads % case.kv_heads != 0 {
+        return Err(format!(
+            "{} query heads do not group over {} key/value heads",
+            case.heads, case.kv_heads
+        ));
+    }
+    if case.packed {
+        // The call takes packed rows only as per-row segment lengths and
+        // offsets (`max_seg_per_batch` > 1), not as segment ids.
+        return Err("cuDNN attention of packed rows (segment ids) is not emitted".into());
+    }
+    if case.sinks {
+        return Err("cuDNN's softmax has no attention sinks (gpt-oss)".into());
+    }
+    if let Some(w) = case.window.filter(|&w| w < 1) {
+        return Err(format!("a sliding window of {w} positions"));
+    }
+    Ok(())
+}
+
+/// Causal attention by cuDNN's fused kernels, for `q: [b, heads, s, d]`
+/// and `k`, `v: [b, kv_heads, s, d]` (self-attention; grouped-query heads
+/// natively) in bf16 or f16, keys within `window` positions when set (HF's
+/// sliding window). On a mesh the calls run in a manual region with the
+/// batch split over `batch_axes` and the heads over `head_axes` (axes the
+/// mesh lacks are ignored). Returns `[b, s, heads·d]`. Check the case with
+/// [`cudnn_supports`] first: the op refuses the rest at trace time.
+pub fn cudnn_attention(
+    (q, k, v): (Tensor, Tensor, Tensor),
+    window: Option<i64>,
+    scale: f64,
+    (batch_axes, head_axes): (&[String], &[String]),
+) -> Tensor {
+    let (b, nh, s, d) = (q.dims()[0], q.dims()[1], q.dims()[2], q.dims()[3]);
+    // The calls take [b, s, heads, d]; XLA folds these transposes into the
+    // ones that made the heads.
+    let btnh = |x: Tensor| x.transpose(&[0, 2, 1, 3]);
+    let config = CudnnFmha {
+        scale,
+        window,
+        batch_axes: batch_axes.to_vec(),
+        head_axes: head_axes.to_vec(),
+    };
+    let (out, _stats) = hlo_ir::scope("cudnn", || {
+        hlo_ir::ops::cudnn_attention(btnh(q), btnh(k), btnh(v), config)
+    });
+    // O comes as [b, heads, s, d] laid out as [b, s, heads, d]: this
+    // transpose is free.
+    btnh(out).reshape(&[b, s, nh * d])
+}
+
 /// Which keys a query sees, described rather than materialised: earlier
 /// keys (causal, always), within a sliding window when `window` is set
 /// (`key > query − window`, HF's sliding-window mask) and of the same
@@ -97,20 +204,24 @@ pub fn grouped_attention(
     let (b, nh, tq, hd) = (qd[0], qd[1], qd[2], qd[3]);
     let (nkv, tk) = (kd[1], kd[2]);
     let dtype = q.dtype();
-    let wide = matches!(dtype, DType::BF16 | DType::F16).then_some(DType::F32);
+    // The products come out in the inputs' dtype, as PyTorch's do (one
+    // rounding of the f32-accumulated product either way, half the bytes
+    // written). The scale multiplies in the dtype: the fixture of
+    // PyTorch's bf16 step is 0.051 from ours so, 0.078 with the scale
+    // applied in f32 and rounded after (tests/tests/llama_bf16.rs).
     let batched = |lhs_contracting: i64, rhs_contracting: i64| DotGeneral {
         lhs_batch: vec![0, 1],
         rhs_batch: vec![0, 1],
         lhs_contracting: vec![lhs_contracting],
         rhs_contracting: vec![rhs_contracting],
         precision: None,
-        preferred_element_type: wide,
+        preferred_element_type: None,
     };
     let shape = [b, nkv, nh / nkv, tq, tk];
     let scores = q
         .reshape(&[b, nkv, nh / nkv, tq, hd])
         .dot_general(k, batched(4, 3));
-    let scores = (scores.cast(dtype) * scale).cast(DType::F32);
+    let scores = (scores * scale).cast(DType::F32);
     let scores = visible
         .broadcast_in_dim(&shape, visible_dims)
         .where_(scores, scores.scalar_like(f32::MIN as f64));
@@ -131,7 +242,6 @@ pub fn grouped_attention(
     let probs = probs.cast(dtype);
     probs
         .dot_general(v, batched(4, 2))
-        .cast(dtype)
         .reshape(&[b, nh, tq, hd])
         .transpose(&[0, 2, 1, 3])
         .reshape(&[b, tq, nh * hd])

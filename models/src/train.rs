@@ -83,6 +83,8 @@ pub struct TrainConfig {
     pub scan_layers: bool,
     /// Rematerialize each layer in the backward pass (see [`Decoder`]).
     pub remat_layers: bool,
+    /// Rematerialize each layer's MLP only (see [`Decoder`]).
+    pub remat_mlp: bool,
     /// Micro-batches per step (`batch` rows each): the step scans over
     /// them, summing losses and gradients, and normalises by the tokens of
     /// all of them, so K micro-batches of B rows update as one batch of
@@ -133,6 +135,7 @@ impl TrainConfig {
             batch_axes: Vec::new(),
             scan_layers: false,
             remat_layers: false,
+            remat_mlp: false,
             grad_accum: 1,
             packing: false,
             attention: AttentionKind::auto(seq),
@@ -174,6 +177,7 @@ impl TrainConfig {
             AttentionKind::Blockwise { block } => {
                 format!("blockwise attention (blocks of {block})")
             }
+            AttentionKind::Cudnn => "cuDNN flash attention".to_string(),
         };
         match self.loss_chunk_for(vocab) {
             c if c >= self.seq => format!("{attention}, whole-row loss"),
@@ -231,9 +235,17 @@ fn loss_inputs(config: &ModelConfig, tc: &TrainConfig) -> Result<LossInputs, Mod
     if let (true, Some(l)) = (tc.scan_layers, &tc.lora) {
         l.check_uniform(config.num_hidden_layers)?;
     }
+    if tc.attention == AttentionKind::Cudnn {
+        model(config, tc)
+            .cudnn_supports(tc.dtype, tc.packing)
+            .map_err(|why| ModelError::Config {
+                path: None,
+                problem: crate::ConfigError::Unsupported(format!("cuDNN attention: {why}")),
+            })?;
+    }
     let blocks = match tc.attention {
         AttentionKind::Blockwise { block } => Some(("attention block", block)),
-        AttentionKind::Naive => None,
+        AttentionKind::Naive | AttentionKind::Cudnn => None,
     };
     let chunk = ("loss chunk", tc.loss_chunk_for(config.vocab_size));
     for (what, size) in blocks.into_iter().chain([chunk]) {
@@ -416,6 +428,7 @@ fn model<'a>(config: &'a ModelConfig, tc: &'a TrainConfig) -> Decoder<'a> {
         batch_axes: tc.batch_axes.clone(),
         scan_layers: tc.scan_layers,
         remat_layers: tc.remat_layers,
+        remat_mlp: tc.remat_mlp,
         attention: tc.attention,
         moe: crate::decoder::MoeKind::default(),
         router: Default::default(),

@@ -3,7 +3,7 @@
 //! (XLA inserts whatever communication the chosen layouts need, so any
 //! choice is correct; these keep values split where that is free).
 
-use hlo_ir::{Op, TensorType};
+use hlo_ir::{Lowering, Op, TensorType};
 
 use crate::{Mesh, PartitionSpec};
 
@@ -130,6 +130,21 @@ pub fn propagate(
                     .map(|d| rs.axes(d).to_vec()),
             );
             one(legal(dims, &results[0], mesh))
+        }
+        // Opaque calls in a manual region: split as the region splits them.
+        Op::CudnnAttention(_) | Op::CudnnAttentionBackward(_) => {
+            let types: Vec<TensorType> = operands.iter().map(|(t, _)| (*t).clone()).collect();
+            match op.rule().stablehlo(&types, results) {
+                Lowering::Manual { results: dims, .. } => dims
+                    .into_iter()
+                    .zip(results)
+                    .map(|(d, t)| legal(d, t, mesh))
+                    .collect(),
+                _ => results
+                    .iter()
+                    .map(|_| PartitionSpec::replicated())
+                    .collect(),
+            }
         }
         // Data-dependent or reshaping ops: replicated results.
         Op::Constant(_)

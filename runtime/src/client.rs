@@ -7,7 +7,7 @@ use std::sync::Arc;
 use hlo_rendezvous::KvClient;
 
 use crate::buffer::Buffer;
-use crate::compile_options::CompileOptions;
+use crate::compile_options::{CompileOptions, XlaOption};
 use crate::error::{Error, Result};
 use crate::executable::LoadedExecutable;
 use crate::ffi::{self, Args, Slot};
@@ -99,6 +99,9 @@ pub struct Client {
     /// in it (no cycle: the last `Client` clone drops the cache, then the
     /// executables, then the PJRT client).
     pub(crate) cache: Arc<crate::jit::CompileCache>,
+    /// XLA options every program of this client is compiled with (see
+    /// [`Client::with_xla_options`]).
+    xla_options: Arc<[(String, XlaOption)]>,
 }
 
 impl fmt::Debug for Client {
@@ -206,7 +209,35 @@ impl Client {
                 _kv: kv,
             }),
             cache: Default::default(),
+            xla_options: Arc::new([]),
         })
+    }
+
+    /// This client (sharing its devices and compile cache), compiling every
+    /// program with the XLA `options` too (a program's own
+    /// [`CompileOptions::env_option_overrides`] win for a key both set):
+    /// one run's flags reach every compile without each caller passing them.
+    pub fn with_xla_options(&self, options: &[(String, XlaOption)]) -> Client {
+        Client {
+            xla_options: options.into(),
+            ..self.clone()
+        }
+    }
+
+    /// The XLA options every program of this client is compiled with.
+    pub fn xla_options(&self) -> &[(String, XlaOption)] {
+        &self.xla_options
+    }
+
+    /// `options` with this client's XLA options added.
+    pub(crate) fn effective_options<'a>(
+        &self,
+        options: &'a CompileOptions,
+    ) -> std::borrow::Cow<'a, CompileOptions> {
+        match self.xla_options.is_empty() {
+            true => std::borrow::Cow::Borrowed(options),
+            false => std::borrow::Cow::Owned(options.with_defaults(&self.xla_options)),
+        }
     }
 
     pub fn plugin(&self) -> &Plugin {
@@ -296,8 +327,10 @@ impl Client {
         Ok(self.devices()?.len() > self.addressable_devices()?.len())
     }
 
-    /// Compiles StableHLO (MLIR text or bytecode) with `options`.
+    /// Compiles StableHLO (MLIR text or bytecode) with `options` (and the
+    /// client's XLA options, [`Client::with_xla_options`]).
     pub fn compile(&self, mlir: &str, options: &CompileOptions) -> Result<LoadedExecutable> {
+        let options = &*self.effective_options(options);
         if options.num_replicas != 1 || options.num_partitions < 1 {
             // XLA CHECK-fails (kills the process) on some of these; refuse first.
             return Err(Error::InvalidArgument(format!(

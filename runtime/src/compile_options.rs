@@ -5,6 +5,147 @@
 //! An empty `CompileOptionsProto` makes XLA abort the process (a CHECK on the
 //! replica count), so [`CompileOptions`] always writes `num_replicas` and
 //! `num_partitions`.
+//!
+//! XLA's compiler flags (`xla_cpu_enable_fast_math`, ...) travel per compile
+//! as `env_option_overrides` (field 7), which XLA applies on top of its own
+//! defaults. We never write `ExecutableBuildOptionsProto.debug_options`: a
+//! `DebugOptions` message replaces the defaults whole, every field we leave
+//! out reading as zero or false.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+
+/// The value of one XLA option (`OptionOverrideProto`'s oneof): XLA checks
+/// it against the flag's type, so `true` for a bool flag, `4` for an int
+/// one, `0.5` for a float one (a whole number is an [`XlaOption::Int`]).
+///
+/// Doubles compare and hash by their bits, so options stay `Eq` and `Hash`
+/// (they key the compile cache).
+///
+/// ```
+/// use hlo_runtime::XlaOption;
+/// assert_eq!(XlaOption::parse("false"), XlaOption::Bool(false));
+/// assert_eq!(XlaOption::parse("-3"), XlaOption::Int(-3));
+/// assert_eq!(XlaOption::parse("0.5"), XlaOption::Double(0.5));
+/// assert_eq!(XlaOption::parse("/tmp/dump"), XlaOption::Str("/tmp/dump".into()));
+/// ```
+#[derive(Clone, Debug)]
+pub enum XlaOption {
+    /// `string_field` (1); XLA also parses it for a flag of another type.
+    Str(String),
+    /// `bool_field` (2).
+    Bool(bool),
+    /// `int_field` (3), an int64.
+    Int(i64),
+    /// `double_field` (4).
+    Double(f64),
+}
+
+impl XlaOption {
+    /// The value `text` spells: `true`/`false`, a whole number, a finite
+    /// number in decimal or exponent notation, else the text itself.
+    pub fn parse(text: &str) -> XlaOption {
+        match text {
+            "true" => return XlaOption::Bool(true),
+            "false" => return XlaOption::Bool(false),
+            _ => {}
+        }
+        if let Ok(i) = text.parse::<i64>() {
+            return XlaOption::Int(i);
+        }
+        // Only digits, signs, a point and an exponent: `inf` or `nan` are
+        // more likely words meant for a string flag than numbers.
+        let numeric = text
+            .chars()
+            .all(|c| c.is_ascii_digit() || "+-.eE".contains(c));
+        match text.parse::<f64>() {
+            Ok(x) if numeric && x.is_finite() => XlaOption::Double(x),
+            _ => XlaOption::Str(text.to_string()),
+        }
+    }
+
+    /// A discriminant and the payload's bits, which equality and hashing
+    /// share.
+    fn key(&self) -> (u8, u64, &str) {
+        match self {
+            XlaOption::Str(s) => (0, 0, s),
+            XlaOption::Bool(b) => (1, *b as u64, ""),
+            XlaOption::Int(i) => (2, *i as u64, ""),
+            XlaOption::Double(x) => (3, x.to_bits(), ""),
+        }
+    }
+}
+
+impl PartialEq for XlaOption {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for XlaOption {}
+
+impl Hash for XlaOption {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key().hash(state);
+    }
+}
+
+/// The text [`XlaOption::parse`] reads back as the same value (a double
+/// always with a point or an exponent, so it stays a double).
+impl fmt::Display for XlaOption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            XlaOption::Str(s) => f.write_str(s),
+            XlaOption::Bool(b) => write!(f, "{b}"),
+            XlaOption::Int(i) => write!(f, "{i}"),
+            XlaOption::Double(x) => write!(f, "{x:?}"),
+        }
+    }
+}
+
+/// An XLA option that cannot be one.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum XlaOptionError {
+    /// No `=` between the flag and its value.
+    #[error("XLA option `{0}` is not KEY=VALUE (e.g. xla_cpu_enable_fast_math=false)")]
+    NotAssignment(String),
+    /// A key that is no XLA flag name.
+    #[error("XLA option key `{0}` is not an XLA flag name: lowercase letters, digits and `_` only (e.g. xla_gpu_enable_triton_gemm)")]
+    BadKey(String),
+}
+
+/// Checks that `key` can name an XLA flag: non-empty, `[a-z0-9_]` (XLA
+/// itself refuses a well-formed name it does not know, when compiling).
+pub fn check_xla_key(key: &str) -> Result<(), XlaOptionError> {
+    let valid = !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    match valid {
+        true => Ok(()),
+        false => Err(XlaOptionError::BadKey(key.to_string())),
+    }
+}
+
+/// One option from `KEY=VALUE`, as `XLA_FLAGS` spells flags too (leading
+/// dashes are dropped: `--xla_foo=1` is `xla_foo=1`).
+///
+/// ```
+/// use hlo_runtime::{parse_xla_option, XlaOption};
+/// let (key, value) = parse_xla_option("--xla_cpu_enable_fast_math=false").unwrap();
+/// assert_eq!((key.as_str(), value), ("xla_cpu_enable_fast_math", XlaOption::Bool(false)));
+/// assert!(parse_xla_option("xla_cpu_enable_fast_math").is_err());
+/// assert!(parse_xla_option("XLA-Flag=1").is_err());
+/// ```
+pub fn parse_xla_option(text: &str) -> Result<(String, XlaOption), XlaOptionError> {
+    let (key, value) = text
+        .split_once('=')
+        .ok_or_else(|| XlaOptionError::NotAssignment(text.to_string()))?;
+    let key = key.trim_start_matches('-');
+    check_xla_key(key)?;
+    Ok((key.to_string(), XlaOption::parse(value)))
+}
 
 /// What we tell the compiler about the program's devices and partitioning.
 ///
@@ -28,6 +169,9 @@ pub struct CompileOptions {
     /// run on given devices (several processes: every process compiles the
     /// same assignment over all of them). None: the client's first devices.
     pub device_assignment: Option<Vec<i64>>,
+    /// XLA flags for this compile (`env_option_overrides`), by flag name
+    /// without dashes; a key given twice takes its last value.
+    pub env_option_overrides: Vec<(String, XlaOption)>,
 }
 
 impl Default for CompileOptions {
@@ -38,6 +182,7 @@ impl Default for CompileOptions {
             use_spmd_partitioning: false,
             use_shardy_partitioner: false,
             device_assignment: None,
+            env_option_overrides: Vec::new(),
         }
     }
 }
@@ -51,7 +196,30 @@ impl CompileOptions {
             use_spmd_partitioning: true,
             use_shardy_partitioner: true,
             device_assignment: None,
+            env_option_overrides: Vec::new(),
         }
+    }
+
+    /// These options with `defaults` added: each key they do not set
+    /// themselves (a client's options for every program it compiles).
+    ///
+    /// ```
+    /// use hlo_runtime::{CompileOptions, XlaOption};
+    /// let mut own = CompileOptions::default();
+    /// own.env_option_overrides.push(("xla_a".into(), XlaOption::Int(1)));
+    /// let defaults = [("xla_a".into(), XlaOption::Int(2)), ("xla_b".into(), XlaOption::Bool(true))];
+    /// let both = own.with_defaults(&defaults);
+    /// assert_eq!(both.env_option_overrides.len(), 2);
+    /// assert_eq!(both.env_option_overrides[0].1, XlaOption::Int(1));
+    /// ```
+    pub fn with_defaults(&self, defaults: &[(String, XlaOption)]) -> CompileOptions {
+        let mut out = self.clone();
+        for (key, value) in defaults {
+            if !self.env_option_overrides.iter().any(|(k, _)| k == key) {
+                out.env_option_overrides.push((key.clone(), value.clone()));
+            }
+        }
+        out
     }
 
     /// [`CompileOptions::spmd`] over the devices with these global ids,
@@ -94,11 +262,45 @@ impl CompileOptions {
         // CompileOptionsProto
         let mut out = Vec::new();
         put_bytes(&mut out, 3, &build);
+        // A map is a repeated entry message (key = 1, value = 2). Sorted by
+        // key and one entry per key (the last value given, as a map keeps),
+        // so equal options give equal bytes: the compile cache keys on
+        // them, and protobuf's deterministic serialization (the test's
+        // reference) sorts the same way.
+        let overrides: BTreeMap<&str, &XlaOption> = self
+            .env_option_overrides
+            .iter()
+            .map(|(k, v)| (k.as_str(), v))
+            .collect();
+        for (key, value) in overrides {
+            let mut entry = Vec::new();
+            put_bytes(&mut entry, 1, key.as_bytes());
+            put_bytes(&mut entry, 2, &encode_override(value));
+            put_bytes(&mut out, 7, &entry);
+        }
         out
     }
 }
 
+/// An `OptionOverrideProto`. Its fields are a oneof, so the one set is
+/// written even when it holds a default (`false`, `0`, `""`): otherwise
+/// XLA would read no value at all.
+fn encode_override(value: &XlaOption) -> Vec<u8> {
+    let mut out = Vec::new();
+    match value {
+        XlaOption::Str(s) => put_bytes(&mut out, 1, s.as_bytes()),
+        XlaOption::Bool(b) => put_bool(&mut out, 2, *b),
+        XlaOption::Int(i) => put_int64(&mut out, 3, *i),
+        XlaOption::Double(x) => {
+            put_tag(&mut out, 4, WIRE_I64);
+            out.extend_from_slice(&x.to_bits().to_le_bytes());
+        }
+    }
+    out
+}
+
 const WIRE_VARINT: u64 = 0;
+const WIRE_I64: u64 = 1;
 const WIRE_LEN: u64 = 2;
 
 fn put_varint(out: &mut Vec<u8>, mut v: u64) {
@@ -159,6 +361,95 @@ mod tests {
         ]);
         want.extend([0x20, 0x01, 0x28, 0x08, 0x30, 0x01, 0x98, 0x01, 0x01]);
         assert_eq!(bytes, want);
+    }
+
+    /// The bytes [`CompileOptions::encode`] adds after the build options
+    /// for `overrides`.
+    fn overrides_bytes(overrides: &[(&str, XlaOption)]) -> Vec<u8> {
+        let mut opts = CompileOptions::default();
+        let plain = opts.encode();
+        opts.env_option_overrides = overrides
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        let bytes = opts.encode();
+        assert_eq!(&bytes[..plain.len()], &plain[..]);
+        bytes[plain.len()..].to_vec()
+    }
+
+    #[test]
+    fn a_negative_int_override_is_ten_bytes_of_twos_complement() {
+        // By hand: field 7 (tag 0x3a), length 20: key (0a 05 "xla_a"),
+        // value (12 0b) holding int_field (18) = -1 as a 10-byte varint.
+        let mut want = vec![0x3a, 20, 0x0a, 5];
+        want.extend(b"xla_a");
+        want.extend([0x12, 11, 0x18]);
+        want.extend([0xff; 9]);
+        want.push(0x01);
+        assert_eq!(overrides_bytes(&[("xla_a", XlaOption::Int(-1))]), want);
+    }
+
+    #[test]
+    fn a_double_override_is_fixed64_little_endian() {
+        // double_field (4) has wire type 1: tag 0x21, then 0.5's bits
+        // 0x3fe0000000000000 low byte first.
+        let mut want = vec![0x3a, 18, 0x0a, 5];
+        want.extend(b"xla_d");
+        want.extend([0x12, 9, 0x21, 0, 0, 0, 0, 0, 0, 0xe0, 0x3f]);
+        assert_eq!(overrides_bytes(&[("xla_d", XlaOption::Double(0.5))]), want);
+        // -2.0 is 0xc000000000000000.
+        let neg = overrides_bytes(&[("xla_d", XlaOption::Double(-2.0))]);
+        assert_eq!(&neg[neg.len() - 8..], &[0, 0, 0, 0, 0, 0, 0, 0xc0]);
+    }
+
+    #[test]
+    fn a_false_or_zero_override_is_still_written() {
+        // A oneof member has presence: false is `10 00`, not nothing.
+        let bytes = overrides_bytes(&[("k", XlaOption::Bool(false))]);
+        assert_eq!(bytes, [0x3a, 7, 0x0a, 1, b'k', 0x12, 2, 0x10, 0x00]);
+        let bytes = overrides_bytes(&[("k", XlaOption::Str(String::new()))]);
+        assert_eq!(bytes, [0x3a, 7, 0x0a, 1, b'k', 0x12, 2, 0x0a, 0x00]);
+    }
+
+    #[test]
+    fn overrides_are_sorted_and_the_last_of_a_key_wins() {
+        let a = overrides_bytes(&[
+            ("xla_b", XlaOption::Int(1)),
+            ("xla_a", XlaOption::Int(2)),
+            ("xla_b", XlaOption::Int(3)),
+        ]);
+        let b = overrides_bytes(&[("xla_a", XlaOption::Int(2)), ("xla_b", XlaOption::Int(3))]);
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn option_text_round_trips_and_keys_are_checked() {
+        for text in [
+            "true", "false", "0", "-7", "0.5", "1e-3", "2.0", "inf", "1,2", "",
+        ] {
+            let v = XlaOption::parse(text);
+            assert_eq!(XlaOption::parse(&v.to_string()), v, "{text}");
+        }
+        assert_eq!(XlaOption::parse("2.0"), XlaOption::Double(2.0));
+        assert_eq!(XlaOption::parse("inf"), XlaOption::Str("inf".into()));
+        assert_eq!(XlaOption::parse("True"), XlaOption::Str("True".into()));
+        assert_eq!(XlaOption::Double(f64::NAN), XlaOption::Double(f64::NAN));
+        assert_ne!(XlaOption::Double(0.0), XlaOption::Double(-0.0));
+        for bad in ["=1", "--=1", "Xla_a=1", "xla-a=1", "xla a=1", "xla_é=1"] {
+            assert!(
+                matches!(parse_xla_option(bad), Err(XlaOptionError::BadKey(_))),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            parse_xla_option("xla_a").unwrap_err().to_string(),
+            "XLA option `xla_a` is not KEY=VALUE (e.g. xla_cpu_enable_fast_math=false)"
+        );
+        let (k, v) = parse_xla_option("-xla_dump_to=/tmp/a=b").unwrap();
+        assert_eq!(
+            (k.as_str(), v),
+            ("xla_dump_to", XlaOption::Str("/tmp/a=b".into()))
+        );
     }
 
     #[test]

@@ -48,6 +48,9 @@ impl Client {
         mlir: &str,
         options: &CompileOptions,
     ) -> Result<Arc<LoadedExecutable>> {
+        // Keyed by the options compiled with: clients sharing this cache
+        // may carry different XLA options.
+        let options = &*self.effective_options(options);
         let key = fingerprint(&[mlir.as_bytes(), &options.encode()]);
         let cache = &self.cache;
         {

@@ -2,27 +2,17 @@
 //! host computations in f64. These need the plugin: `make setup` installs it
 //! and the tests fail (not skip) without it.
 
+mod common;
+
 use std::sync::OnceLock;
 
 use half::{bf16, f16};
-use hlo_runtime::{
-    Buffer, Client, ClientOptions, CompileOptions, Error, HostArray, Plugin, PluginSpec,
-};
+use hlo_runtime::{Buffer, Client, CompileOptions, Error, HostArray, Plugin};
 
 /// One client with 8 virtual devices for the whole test binary.
 fn client() -> &'static Client {
     static CLIENT: OnceLock<Client> = OnceLock::new();
-    CLIENT.get_or_init(|| {
-        // Keep XLA's INFO logs out of test output.
-        if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
-            std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "3");
-        }
-        let path = PluginSpec::Cpu
-            .resolve()
-            .expect("the CPU plugin is missing: run `make setup`");
-        let plugin = Plugin::load(path).expect("load the CPU plugin");
-        Client::new(&plugin, &ClientOptions::cpu(8)).expect("create a CPU client")
-    })
+    CLIENT.get_or_init(|| common::cpu_client(8))
 }
 
 /// splitmix64: small, seeded, good enough for test inputs.

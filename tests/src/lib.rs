@@ -421,6 +421,7 @@ pub fn sparse_layer(
         batch_axes: vec![],
         scan_layers: false,
         remat_layers: false,
+        remat_mlp: false,
         attention: hlo_models::attention::AttentionKind::Naive,
         moe: kind,
         router: Default::default(),

@@ -52,6 +52,7 @@ fn run_both_with(mesh: &str, attention: AttentionKind, loss_chunk: Option<i64>) 
         },
         scan_layers: false,
         remat_layers: false,
+        remat_mlp: false,
         grad_accum: 1,
         packing: false,
         attention,

@@ -37,6 +37,7 @@ fn packed_row_gives_each_sample_its_own_logits(config: &ModelConfig, attention: 
         batch_axes: vec![],
         scan_layers: false,
         remat_layers: false,
+        remat_mlp: false,
         attention,
         moe: hlo_models::decoder::MoeKind::default(),
         router: Default::default(),

@@ -154,6 +154,7 @@ fn llama_step_annotations(mesh: &str) -> String {
         batch_axes: vec!["dp".into(), "fsdp".into()],
         scan_layers: false,
         remat_layers: false,
+        remat_mlp: false,
         grad_accum: 1,
         packing: false,
         attention: hlo_models::attention::AttentionKind::Naive,

@@ -6,6 +6,7 @@ mod compare;
 mod concatenate;
 mod constant;
 mod convert;
+mod cudnn;
 mod custom_vjp;
 mod dot_general;
 mod dynamic_slice;
@@ -30,6 +31,10 @@ pub use compare::{Compare, ComparisonDirection};
 pub use concatenate::Concatenate;
 pub use constant::{Constant, Iota};
 pub use convert::{BitcastConvert, Convert};
+pub use cudnn::{
+    cudnn_attention, CudnnAttention, CudnnAttentionBackward, CudnnFmha, BACKWARD_TARGET,
+    FORWARD_TARGET, MAX_HEAD_DIM,
+};
 pub use custom_vjp::CustomVjp;
 pub use dot_general::{DotGeneral, Precision};
 pub use dynamic_slice::{DynamicSlice, DynamicUpdateSlice};

@@ -307,6 +307,7 @@ pub(super) fn decoder(config: &ModelConfig) -> Decoder<'_> {
         batch_axes: Vec::new(),
         scan_layers: false,
         remat_layers: false,
+        remat_mlp: false,
         attention: AttentionKind::Naive,
         moe: super::MoeKind::default(),
         router: Default::default(),

@@ -220,6 +220,7 @@ pub fn forward_step(
         batch_axes: Vec::new(),
         scan_layers,
         remat_layers: false,
+        remat_mlp: false,
         attention: crate::attention::AttentionKind::Naive,
         moe: MoeKind::default(),
         router: Default::default(),

@@ -16,7 +16,10 @@ use hlo_ir::{checkpoint, constant, iota, scan, scope, DType, Inputs, Literal, Te
 
 use std::cell::RefCell;
 
-use crate::attention::{blockwise_attention, grouped_attention, AttentionKind, MaskSpec};
+use crate::attention::{
+    blockwise_attention, cudnn_attention, cudnn_supports, grouped_attention, AttentionKind,
+    CudnnCase, MaskSpec,
+};
 
 use super::config::{Activation, LayerType, ModelConfig, NormStyle};
 use super::lora::LoraConfig;
@@ -36,6 +39,10 @@ pub struct Decoder<'a> {
     /// keeping its activations (only the layer inputs are kept). A scan's
     /// gradient already works this way.
     pub remat_layers: bool,
+    /// Recompute each layer's MLP in the backward pass and keep the rest
+    /// (MaxText's `save_dot_except_mlp`, roughly): the MLP's activations,
+    /// four of its width a token, are what a step keeps most of.
+    pub remat_mlp: bool,
     /// How the forward pass computes attention (the decode and serving
     /// steps, whose queries are few, always use the naive form).
     pub attention: AttentionKind,
@@ -48,12 +55,19 @@ pub struct Decoder<'a> {
 
 /// Which keys each query of a training forward pass sees, in the form its
 /// attention needs: a boolean matrix broadcast into the scores along
-/// `dims` (naive), or described, with the block size (blockwise).
+/// `dims` (naive), described, with the block size (blockwise), or as
+/// cuDNN's static sliding window (`None`: causal only).
 #[derive(Clone, Copy)]
 pub(super) enum Visible {
     Dense(Tensor, &'static [i64]),
     Blockwise(MaskSpec, i64),
+    Cudnn(Option<i64>),
 }
+
+/// The mesh axis the decoder's heads are split over (the q/k/v
+/// projections' output features, [`super::partition_rules`]): cuDNN's
+/// manual region splits the heads over it where the mesh has it.
+const HEAD_AXIS: &str = "mp";
 
 /// Parameters by name: the traced inputs.
 pub struct Params<'a>(pub &'a Inputs);
@@ -90,11 +104,13 @@ impl<T: Copy> PerLayerType<T> {
     }
 }
 
-/// `x · Wᵀ (+ b)` for an `nn.Linear` weight `[out, in]`; bf16 and f16
-/// products accumulate in f32, add the bias, and round once.
+/// `x · Wᵀ (+ b)` for an `nn.Linear` weight `[out, in]`, in `x`'s dtype as
+/// PyTorch's `F.linear` returns it. A bf16 product is asked for in bf16,
+/// not as f32 cast down afterwards: the GEMM accumulates in f32 and rounds
+/// once either way, but an f32 result makes XLA's GEMM write (and the
+/// next fusion read) twice the bytes of every projection's output.
 pub(super) fn linear(x: Tensor, w: Tensor, bias: Option<Tensor>) -> Tensor {
     let dtype = x.dtype();
-    let wide = matches!(dtype, DType::BF16 | DType::F16);
     let y = x.dot_general(
         w.cast(dtype),
         DotGeneral {
@@ -103,19 +119,28 @@ pub(super) fn linear(x: Tensor, w: Tensor, bias: Option<Tensor>) -> Tensor {
             lhs_contracting: vec![x.rank() as i64 - 1],
             rhs_contracting: vec![1],
             precision: None,
-            preferred_element_type: wide.then_some(DType::F32),
+            preferred_element_type: None,
         },
     );
-    let y = match bias {
+    match bias {
+        // In the output's dtype, so that on the GPU the add can join the
+        // GEMM's epilogue (as cuBLASLt adds PyTorch's bias) instead of
+        // keeping the product apart.
         Some(b) => {
             let d = y.dims();
-            y + b
-                .cast(y.dtype())
-                .broadcast_in_dim(&d, &[d.len() as i64 - 1])
+            y + b.cast(dtype).broadcast_in_dim(&d, &[d.len() as i64 - 1])
         }
         None => y,
-    };
-    y.cast(dtype)
+    }
+}
+
+/// `y + delta` as PEFT's LoRA layer adds its branch to the base layer's
+/// output: in the branch's dtype (a bf16 output plus the f32 branch is
+/// f32 in PyTorch) and rounded once to `y`'s, not with the branch rounded
+/// to bf16 first, a second rounding that on the bf16 fixture step
+/// (`tests/tests/llama_bf16.rs`) makes the logits err a third more.
+pub(super) fn add_lora(y: Tensor, delta: Tensor) -> Tensor {
+    (y.cast(delta.dtype()) + delta).cast(y.dtype())
 }
 
 /// `x: [g, rows, k]` times `w: [g, k, n]`, batch by batch (each row of a
@@ -228,7 +253,7 @@ impl Decoder<'_> {
                         xa = xa.with_sharding_constraint(dims);
                     }
                     let delta = xa.matmul(b) * l.scale_of(&layer_path(module));
-                    y + delta.cast(y.dtype())
+                    add_lora(y, delta)
                 }
                 _ => y,
             }
@@ -409,6 +434,12 @@ impl Decoder<'_> {
                 self.sinks(p, prefix),
             ),
             Visible::Dense(m, dims) => self.attend(p, prefix, qkv, (m, dims)),
+            Visible::Cudnn(window) => cudnn_attention(
+                qkv,
+                window,
+                self.config.attention_scale(),
+                (&self.batch_axes, &[HEAD_AXIS.to_string()]),
+            ),
         };
         self.proj(p, &format!("{prefix}.o_proj"), "o_proj", out)
     }
@@ -460,15 +491,21 @@ impl Decoder<'_> {
             |name: &str, x: Tensor| scope(name, || self.norm(p, &format!("{prefix}.{name}"), x));
         let x = norm("input_layernorm", h);
         let a = scope("self_attn", || attention(x));
+        let mlp = |x: Tensor| {
+            if self.remat_mlp {
+                checkpoint("mlp", || mlp(x))
+            } else {
+                scope("mlp", || mlp(x))
+            }
+        };
         if self.config.sandwich_norms {
             let h = h + norm("post_attention_layernorm", a);
             let x = norm("pre_feedforward_layernorm", h);
-            let m = scope("mlp", || mlp(x));
-            h + norm("post_feedforward_layernorm", m)
+            h + norm("post_feedforward_layernorm", mlp(x))
         } else {
             let h = h + a;
             let x = norm("post_attention_layernorm", h);
-            h + scope("mlp", || mlp(x))
+            h + mlp(x)
         }
     }
 
@@ -538,84 +575,10 @@ impl Decoder<'_> {
         // layers): earlier tokens, of its own sample when rows are packed,
         // and within the window in sliding layers.
         let visible = scope("model.causal_mask", || {
-            self.masks(b, s, packed.map(|(_, segments)| segments))
+            self.masks(b, s, packed.map(|(_, segments)| segments), dtype)
         });
         if self.scan_layers {
-            let stacked: Vec<String> = p
-                .names()
-                .filter(|n| is_stacked(n))
-                .map(str::to_string)
-                .collect();
-            let mut xs: Vec<(String, Tensor)> = stacked
-                .iter()
-                .map(|n| (format!("layer.{}", &n["model.layers.".len()..]), p.get(n)))
-                .collect();
-            // Gemma 3's local and global layers differ in their mask and
-            // rotary base: each scanned layer picks its own by a flag.
-            let mixed = c.mixed_layer_types();
-            if mixed {
-                let flags: Vec<f64> = c
-                    .layer_types
-                    .iter()
-                    .map(|t| f64::from(u8::from(*t == LayerType::Sliding)))
-                    .collect();
-                let ty = TensorType::new(DType::I32, [c.num_hidden_layers]);
-                xs.push((
-                    LAYER_IS_SLIDING.into(),
-                    constant(Literal::from_f64s(ty, &flags)),
-                ));
-            }
-            let xs_ref: Vec<(&str, Tensor)> = xs.iter().map(|(n, t)| (n.as_str(), *t)).collect();
-            // The full layers' (or, unmixed, every layer's), then with
-            // mixed types the sliding layers' under `<name>.sliding`.
-            let kind = if mixed {
-                LayerType::Full
-            } else {
-                c.layer_types[0]
-            };
-            let mut consts = vec![("cos", rotary.of(kind).0), ("sin", rotary.of(kind).1)];
-            if mixed {
-                consts.extend([
-                    ("cos.sliding", rotary.sliding.0),
-                    ("sin.sliding", rotary.sliding.1),
-                ]);
-            }
-            consts.extend(mask_consts(visible, kind, mixed, s));
-            let template = visible.of(kind);
-            let (carry, _) = scope("model.layers", || {
-                scan(&[("h", h)], &xs_ref, &consts, |l| {
-                    let lp = Params(l);
-                    let pick = |name: &str| match l.get(LAYER_IS_SLIDING) {
-                        Some(flag) => {
-                            let (full, sliding) = (l[name], l[format!("{name}.sliding").as_str()]);
-                            let on = flag
-                                .eq(flag.scalar_like(1.0))
-                                .broadcast_in_dim(&full.dims(), &[]);
-                            on.where_(sliding, full)
-                        }
-                        None => l[name],
-                    };
-                    let rotary = (pick("cos"), pick("sin"));
-                    let visible = match template {
-                        Visible::Dense(_, dims) => Visible::Dense(pick("visible"), dims),
-                        // Mixed types share one range of key blocks (the
-                        // full layers'); the window masks within it.
-                        Visible::Blockwise(mask, block) => Visible::Blockwise(
-                            MaskSpec {
-                                window: l.get("window").map(|_| pick("window")),
-                                skip_outside: if mixed { None } else { mask.skip_outside },
-                                segments: l.get("segments"),
-                            },
-                            block,
-                        ),
-                    };
-                    (
-                        vec![self.layer(&lp, "layer", l["h"], rotary, visible)],
-                        vec![],
-                    )
-                })
-            });
-            h = carry[0];
+            h = self.scanned_layers(p, h, rotary, visible, s);
         } else {
             for l in 0..c.num_hidden_layers {
                 let prefix = format!("model.layers.{l}");
@@ -632,10 +595,142 @@ impl Decoder<'_> {
         scope("model.norm", || self.norm(p, "model.norm", h))
     }
 
+    /// The layers as one scan over their stacked parameters, from `h`
+    /// (rows of `s` tokens): [`Decoder::last_hidden`] with `scan_layers`.
+    fn scanned_layers(
+        &self,
+        p: &Params,
+        h: Tensor,
+        rotary: PerLayerType<(Tensor, Tensor)>,
+        visible: PerLayerType<Visible>,
+        s: i64,
+    ) -> Tensor {
+        let c = self.config;
+        let stacked: Vec<String> = p
+            .names()
+            .filter(|n| is_stacked(n))
+            .map(str::to_string)
+            .collect();
+        let mut xs: Vec<(String, Tensor)> = stacked
+            .iter()
+            .map(|n| (format!("layer.{}", &n["model.layers.".len()..]), p.get(n)))
+            .collect();
+        // Gemma 3's local and global layers differ in their mask and
+        // rotary base: each scanned layer picks its own by a flag.
+        let mixed = c.mixed_layer_types();
+        if mixed {
+            let flags: Vec<f64> = c
+                .layer_types
+                .iter()
+                .map(|t| f64::from(u8::from(*t == LayerType::Sliding)))
+                .collect();
+            let ty = TensorType::new(DType::I32, [c.num_hidden_layers]);
+            xs.push((
+                LAYER_IS_SLIDING.into(),
+                constant(Literal::from_f64s(ty, &flags)),
+            ));
+        }
+        let xs_ref: Vec<(&str, Tensor)> = xs.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+        // The full layers' (or, unmixed, every layer's), then with
+        // mixed types the sliding layers' under `<name>.sliding`.
+        let kind = if mixed {
+            LayerType::Full
+        } else {
+            c.layer_types[0]
+        };
+        let mut consts = vec![("cos", rotary.of(kind).0), ("sin", rotary.of(kind).1)];
+        if mixed {
+            consts.extend([
+                ("cos.sliding", rotary.sliding.0),
+                ("sin.sliding", rotary.sliding.1),
+            ]);
+        }
+        consts.extend(mask_consts(visible, kind, mixed, s));
+        let template = visible.of(kind);
+        let (carry, _) = scope("model.layers", || {
+            scan(&[("h", h)], &xs_ref, &consts, |l| {
+                let lp = Params(l);
+                let pick = |name: &str| match l.get(LAYER_IS_SLIDING) {
+                    Some(flag) => {
+                        let (full, sliding) = (l[name], l[format!("{name}.sliding").as_str()]);
+                        let on = flag
+                            .eq(flag.scalar_like(1.0))
+                            .broadcast_in_dim(&full.dims(), &[]);
+                        on.where_(sliding, full)
+                    }
+                    None => l[name],
+                };
+                let rotary = (pick("cos"), pick("sin"));
+                let visible = match template {
+                    Visible::Dense(_, dims) => Visible::Dense(pick("visible"), dims),
+                    // Mixed types share one range of key blocks (the
+                    // full layers'); the window masks within it.
+                    Visible::Blockwise(mask, block) => Visible::Blockwise(
+                        MaskSpec {
+                            window: l.get("window").map(|_| pick("window")),
+                            skip_outside: if mixed { None } else { mask.skip_outside },
+                            segments: l.get("segments"),
+                        },
+                        block,
+                    ),
+                    cudnn @ Visible::Cudnn(_) => cudnn, // one static window
+                };
+                (
+                    vec![self.layer(&lp, "layer", l["h"], rotary, visible)],
+                    vec![],
+                )
+            })
+        });
+        carry[0]
+    }
+
+    /// Whether cuDNN can compute every attention of this decoder's
+    /// training forward pass in `dtype` (`packed`: rows hold several
+    /// samples); the reason when not.
+    pub fn cudnn_supports(&self, dtype: DType, packed: bool) -> Result<(), String> {
+        let c = self.config;
+        if self.scan_layers && c.mixed_layer_types() && c.sliding_window.is_some() {
+            return Err(
+                "cuDNN's window is fixed per call, and a scan over layers of mixed types runs \
+                 one call for all: unroll the layers (--scan-layers off)"
+                    .into(),
+            );
+        }
+        cudnn_supports(&CudnnCase {
+            dtype,
+            head_dim: c.head_dim,
+            heads: c.num_attention_heads,
+            kv_heads: c.num_key_value_heads,
+            window: c.sliding_window,
+            packed,
+            sinks: c.attention_sinks,
+        })
+    }
+
     /// Each layer type's mask for `b` rows of `s` tokens (`segments`: of
-    /// packed rows), in the form [`Decoder::attention`] computes with.
-    fn masks(&self, b: i64, s: i64, segments: Option<Tensor>) -> PerLayerType<Visible> {
-        if let AttentionKind::Blockwise { block } = self.attention {
+    /// packed rows) in `dtype`, in the form [`Decoder::attention`]
+    /// computes with. cuDNN attention where [`Decoder::cudnn_supports`]
+    /// refuses the case falls back to [`AttentionKind::auto`] (the train
+    /// step refuses it before tracing; other callers get correct
+    /// attention).
+    fn masks(
+        &self,
+        b: i64,
+        s: i64,
+        segments: Option<Tensor>,
+        dtype: DType,
+    ) -> PerLayerType<Visible> {
+        let attention = match self.attention {
+            AttentionKind::Cudnn if self.cudnn_supports(dtype, segments.is_some()).is_ok() => {
+                return PerLayerType {
+                    full: Visible::Cudnn(None),
+                    sliding: Visible::Cudnn(self.config.sliding_window),
+                };
+            }
+            AttentionKind::Cudnn => AttentionKind::auto(s),
+            kind => kind,
+        };
+        if let AttentionKind::Blockwise { block } = attention {
             let window = self.config.sliding_window;
             let described = |w: Option<i64>| {
                 Visible::Blockwise(
@@ -745,6 +840,8 @@ fn mask_consts(
                 consts.push(("segments", segments));
             }
         }
+        // The window is static; nothing to pass.
+        (Visible::Cudnn(_), Visible::Cudnn(_)) => {}
         _ => unreachable!("`masks` gives every layer type's mask one form"),
     }
     consts

@@ -27,7 +27,7 @@ use hlo_ir::ops::{DotGeneral, Scatter};
 use hlo_ir::{full, iota, scope, DType, Tensor, TensorType};
 
 use super::config::ExpertStyle;
-use super::model::{batched_matmul, halves, Decoder, Params};
+use super::model::{add_lora, batched_matmul, halves, Decoder, Params};
 
 /// How a mixture-of-experts layer runs its experts (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,11 +149,11 @@ fn cumsum0(x: Tensor) -> Tensor {
 
 /// `x: [g, rows, c]` times each of a batch of matrices `w`, `[g, out, c]`
 /// (`nn.Linear` weights) or `[g, c, out]` when `transposed`, plus the
-/// batch's `bias` `[g, out]`: `[g, rows, out]`; bf16 and f16 accumulate
-/// in f32, add the bias and round once.
+/// batch's `bias` `[g, out]`: `[g, rows, out]` in `x`'s dtype, as HF's
+/// `torch.bmm` and bias add compute it (the product asked for in bf16, not
+/// as f32: see [`super::model::linear`]).
 fn batched_linear(x: Tensor, w: Tensor, transposed: bool, bias: Option<Tensor>) -> Tensor {
     let dtype = x.dtype();
-    let wide = matches!(dtype, DType::BF16 | DType::F16);
     let y = x.dot_general(
         w.cast(dtype),
         DotGeneral {
@@ -162,14 +162,13 @@ fn batched_linear(x: Tensor, w: Tensor, transposed: bool, bias: Option<Tensor>) 
             lhs_contracting: vec![x.rank() as i64 - 1],
             rhs_contracting: vec![if transposed { 1 } else { 2 }],
             precision: None,
-            preferred_element_type: wide.then_some(DType::F32),
+            preferred_element_type: None,
         },
     );
-    let y = match bias {
-        Some(b) => y + b.cast(y.dtype()).broadcast_in_dim(&y.dims(), &[0, 2]),
+    match bias {
+        Some(b) => y + b.cast(dtype).broadcast_in_dim(&y.dims(), &[0, 2]),
         None => y,
-    };
-    y.cast(dtype)
+    }
 }
 
 /// One fused expert tensor (and its bias, gpt-oss) and, when LoRA targets
@@ -202,7 +201,7 @@ impl ExpertWeight {
         match self.lora {
             Some((a, b, scale)) => {
                 let delta = batched_matmul(batched_matmul(x.cast(a.dtype()), a), b) * scale;
-                y + delta.cast(y.dtype())
+                add_lora(y, delta)
             }
             None => y,
         }

@@ -25,7 +25,7 @@ use hlo_ir::ops::DotGeneral;
 use hlo_ir::{iota, scope, DType, Outputs, Tensor, TensorType, TraceError};
 
 use super::decode::{decoder, hashed_uniform, sample_rows, step_of, with_caches};
-use super::model::{apply_rotary, batched_matmul};
+use super::model::{add_lora, apply_rotary, batched_matmul};
 use super::{base_parameter_types, Decoder, ModelConfig, Params, DEFAULT_TARGETS};
 use crate::roles::{Role, Step};
 
@@ -165,7 +165,7 @@ impl<'a> Serving<'a> {
                 }
             };
             debug_assert_eq!(delta.dims()[..2], [rows, t]);
-            y + delta.cast(y.dtype())
+            add_lora(y, delta)
         })
     }
 
