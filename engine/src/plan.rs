@@ -260,7 +260,7 @@ impl StepToPlan {
             self.dtype,
             &self.mesh,
             self.steps,
-            &self.target,
+            &self.policy()?,
         )?;
         tc.preference = self
             .objective

@@ -355,10 +355,9 @@ fn train_config(
         None => Reference::Base,
     };
     let target = Target::of_backend(backend)?;
-    let choices = spec
-        .policy(&model.config, dtype, backend.mesh(), &target)?
-        .line();
-    let mut tc = spec.train_config(&model.config, dtype, backend.mesh(), kind, &target)?;
+    let policy = spec.policy(&model.config, dtype, backend.mesh(), &target)?;
+    let choices = policy.line();
+    let mut tc = spec.train_config(&model.config, dtype, backend.mesh(), kind, &policy)?;
     if tc.lora.is_none() {
         return Ok((tc, choices));
     }

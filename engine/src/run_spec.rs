@@ -658,10 +658,10 @@ impl RunSpec {
         dtype: DType,
         mesh: &hlo_partitioner::Mesh,
         reference: Reference,
-        target: &Target,
+        policy: &crate::policy::StepPolicy,
     ) -> Result<TrainConfig> {
         let step = self.objective.step_spec(&self.step)?;
-        let mut tc = step.train_config(&self.optim, config, dtype, mesh, self.steps, target)?;
+        let mut tc = step.train_config(&self.optim, config, dtype, mesh, self.steps, policy)?;
         tc.preference = self.objective.preference(&self.preference, reference);
         if self.objective == Objective::Grpo {
             tc.grpo = Some(self.grpo.loss());
@@ -1150,7 +1150,15 @@ mod tests {
                     ..RunSpec::default()
                 };
                 let tc = spec
-                    .train_config(&config, DType::F32, &mesh, Reference::Base, &Target::cpu())
+                    .train_config(
+                        &config,
+                        DType::F32,
+                        &mesh,
+                        Reference::Base,
+                        &spec
+                            .policy(&config, DType::F32, &mesh, &Target::cpu())
+                            .unwrap(),
+                    )
                     .unwrap();
                 let traced = hlo_models::train::train_step(&config, &tc).unwrap();
                 let fields: Vec<BatchField> = traced
@@ -1258,7 +1266,8 @@ mod tests {
                 ..RunSpec::default()
             };
             let err = spec
-                .train_config(&config, DType::F32, &mesh, Reference::Base, &Target::cpu())
+                .policy(&config, DType::F32, &mesh, &Target::cpu())
+                .and_then(|p| spec.train_config(&config, DType::F32, &mesh, Reference::Base, &p))
                 .unwrap_err()
                 .to_string();
             assert!(

@@ -350,9 +350,10 @@ impl StepSpec {
     }
 
     /// The traced step of these settings for `config` in `dtype` over
-    /// `mesh` on `target`, every `auto` decided ([`StepSpec::policy`]) but
-    /// packing (which the data decides: off here unless `On`). `steps` is
-    /// where a cosine schedule ends.
+    /// `mesh`, every `auto` decided (layers, remat and attention by
+    /// `policy`, [`StepSpec::policy`]'s for the same arguments) but packing
+    /// (which the data decides: off here unless `On`). `steps` is where a
+    /// cosine schedule ends.
     ///
     /// ```
     /// use hlo_engine::policy::Target;
@@ -360,8 +361,10 @@ impl StepSpec {
     /// use hlo_engine::models::decoder::ModelConfig;
     /// let config = ModelConfig::preset("tiny").unwrap();
     /// let mesh = "dp=1,fsdp=2,mp=1".parse().unwrap();
-    /// let tc = StepSpec::default()
-    ///     .train_config(&OptimSpec::default(), &config, hlo_engine::ir::DType::F32, &mesh, 100, &Target::cpu())
+    /// let (step, f32) = (StepSpec::default(), hlo_engine::ir::DType::F32);
+    /// let policy = step.policy(&config, f32, &mesh, &Target::cpu()).unwrap();
+    /// let tc = step
+    ///     .train_config(&OptimSpec::default(), &config, f32, &mesh, 100, &policy)
     ///     .unwrap();
     /// assert_eq!(tc.batch_axes, ["dp", "fsdp"]);
     /// assert!(!tc.scan_layers); // 2 layers: unrolled
@@ -373,7 +376,7 @@ impl StepSpec {
         dtype: DType,
         mesh: &Mesh,
         steps: i64,
-        target: &Target,
+        policy: &StepPolicy,
     ) -> Result<TrainConfig> {
         let lora = self.lora.as_ref().map(LoraSpec::config).transpose()?;
         if let Some(l) = &lora {
@@ -381,7 +384,6 @@ impl StepSpec {
         }
         let batch_axes = StepSpec::batch_axes(mesh);
         let loss_chunk = self.loss_chunk(config, mesh)?;
-        let policy = self.policy(config, dtype, mesh, target)?;
         Ok(TrainConfig {
             dtype,
             batch: self.batch,

@@ -620,6 +620,35 @@ fn an_overflowing_adapter_fails_its_own_requests_and_changes_no_other_token() {
     }
 }
 
+/// The same in bf16, the dtype a GPU serves in (its projections write
+/// bf16 and add the LoRA branch in f32, as PEFT does): the clean
+/// requests' tokens are those the batcher gives them alone, the bad
+/// adapter's requests between them change none.
+#[test]
+fn in_bf16_an_overflowing_adapter_changes_no_other_token() {
+    let (good, bad) = (good_adapter(), overflowing_adapter());
+    let prompts: [&[u32]; 3] = [&[1, 5, 9, 12, 7], &[1, 40, 3], &[1, 2, 3, 4, 5, 6, 7]];
+    let clean = clean_requests(&prompts, 5);
+    let b = Batcher::spawn(
+        BackendOptions::cpu(),
+        model(),
+        BatcherOptions {
+            dtype: DType::BF16,
+            ..isolation_options(4, 2, None)
+        },
+        &[("good".into(), good), ("bad".into(), bad)],
+        0,
+    )
+    .unwrap();
+    let alone: Vec<Vec<u32>> = outcomes(&b, &clean)
+        .into_iter()
+        .map(|o| o.expect("a clean request completes"))
+        .collect();
+    let long: Vec<u32> = (1..=24).map(|t| 3 * t % 120 + 1).collect();
+    assert_isolated(&b, (&clean, &alone), |_| "bad", (&long, 0), "bf16");
+    b.shutdown();
+}
+
 #[test]
 fn adapters_that_cannot_be_right_are_refused_when_loaded() {
     let b = Batcher::spawn(

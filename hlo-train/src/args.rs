@@ -14,7 +14,7 @@ use hlo_engine::models::decoder::ModelConfig;
 use hlo_engine::models::nf4::Nf4Config;
 use hlo_engine::models::train::TrainConfig;
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::policy::Target;
+use hlo_engine::policy::StepPolicy;
 use hlo_engine::processes::{Launch, LaunchFlags, RunToken};
 use hlo_engine::runtime::{parse_xla_option, PluginKind, PluginSpec, XlaOption};
 use hlo_engine::spec::{
@@ -598,15 +598,15 @@ impl StepArgs {
         }
     }
 
-    /// The traced step's configuration for `config` over `mesh` on
-    /// `target` ([`StepSpec::train_config`]). `steps` is the run's length,
-    /// where the cosine schedule ends.
+    /// The traced step's configuration for `config` over `mesh` with the
+    /// choices of `policy` ([`StepSpec::train_config`]). `steps` is the
+    /// run's length, where the cosine schedule ends.
     pub fn train_config(
         &self,
         optim: &OptimArgs,
         config: &ModelConfig,
         dtype: DType,
-        (mesh, target): (&Mesh, &Target),
+        (mesh, policy): (&Mesh, &StepPolicy),
         steps: i64,
     ) -> Result<TrainConfig> {
         Ok(self.spec().train_config(
@@ -615,7 +615,7 @@ impl StepArgs {
             dtype,
             mesh,
             steps,
-            target,
+            policy,
         )?)
     }
 }

@@ -88,7 +88,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         dtype,
         backend.mesh(),
         args.warmup_steps + args.steps,
-        &target,
+        &choices,
     )?;
     if !args.json {
         println!("{}", choices.line());

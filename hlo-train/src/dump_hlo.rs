@@ -94,7 +94,7 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
     let choices = args.step.spec().policy(config, dtype, &mesh, &target)?;
     let tc = args
         .step
-        .train_config(&args.optim, config, dtype, (&mesh, &target), 1000)?;
+        .train_config(&args.optim, config, dtype, (&mesh, &choices), 1000)?;
     let step = match args.what {
         What::TrainStep => train_step(config, &tc)?,
         What::Forward => forward_step(

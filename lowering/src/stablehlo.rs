@@ -5,17 +5,12 @@
 
 use std::fmt::Write;
 
-use hlo_ir::{Function, Lowering, Node, Region, Spelling, TensorType};
+use hlo_ir::{mlir_string, Function, Lowering, Node, Region, Spelling, TensorType};
 use hlo_partitioner::{FunctionShardings, Mesh, PartitionSpec};
 
 use crate::manual::{manual_layout, needs_region, Asked};
 use crate::sharding::{sdy_dims, sdy_mesh, sdy_sharding};
 use crate::unexpanded;
-
-/// Escapes a string for an MLIR string literal.
-pub(crate) fn quote(s: &str) -> String {
-    hlo_ir::mlir_string(s)
-}
 
 /// A symbol name from an arbitrary function name (`jit_` + word characters).
 pub(crate) fn symbol(name: &str) -> String {
@@ -170,7 +165,7 @@ impl Printer<'_> {
         line += &attributes(&spelling.attributes);
         line += &format!(" : {}", function_type(operand_types, result_types));
         if !scope.is_empty() {
-            line += &format!(" loc({})", quote(scope));
+            line += &format!(" loc({})", mlir_string(scope));
         }
         self.out += &line;
         self.out.push('\n');
@@ -257,7 +252,7 @@ impl Printer<'_> {
             function_type(operand_types, result_types)
         );
         if !node.scope.is_empty() {
-            let _ = write!(self.out, " loc({})", quote(&node.scope));
+            let _ = write!(self.out, " loc({})", mlir_string(&node.scope));
         }
         self.out.push('\n');
         outs
@@ -370,7 +365,7 @@ fn print(
             format!(
                 "%arg{i}: {} {{jax.arg_info = {}{}{alias}}}",
                 ty.mlir(),
-                quote(&b.name),
+                mlir_string(&b.name),
                 sdy(shardings.map(|s| &s.inputs), i, ty)
             )
         })
@@ -384,7 +379,7 @@ fn print(
             format!(
                 "{} {{jax.result_info = {}{}}}",
                 ty.mlir(),
-                quote(&b.name),
+                mlir_string(&b.name),
                 sdy(shardings.map(|s| &s.outputs), i, ty)
             )
         })
