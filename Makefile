@@ -52,6 +52,7 @@ test: setup lint
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	$(PYTHON) scripts/longest_functions.py --top 5 hlo-train/src engine/src models/src
 
 clean-plugins:
 	rm -rf .plugins

@@ -11,12 +11,17 @@ no GPU and no network:
 
     python3 scripts/make_preference_fixtures.py          # the files below
     python3 scripts/make_preference_fixtures.py --more   # only the --more files
+    python3 scripts/make_preference_fixtures.py --two-adapters  # only its files
 
 (e.g. `pip install --target DIR torch==2.9.1 trl==1.16.0 transformers==5.24.0
 peft==0.21.2 accelerate==1.15.0 datasets==5.2.0 tokenizers==0.23.3
 safetensors==0.8.0 pyarrow==26.0.1 bitsandbytes==0.50.2`, then
-`PYTHONPATH=DIR python3 ...`; both runs reproduce the committed files
-byte for byte.)
+`PYTHONPATH=DIR python3 ...`; each run reproduces the committed files
+byte for byte on the machine that made them. Elsewhere the f32 numbers can
+move by an ulp or so: on an AMD EPYC (AVX-512) machine the default run's
+expected.json / expected.safetensors differed from the committed ones by up
+to 4e-7, the same with the script before --two-adapters was added; every
+other file was identical. --two-adapters' files were made on that machine.)
 
 It reads the tiny f32 model tests/fixtures/llama/gqa_llama3 (vocab 128) and
 the BPE tokenizer tests/fixtures/tokenizer/tokenizer.json (vocab 300; its
@@ -162,6 +167,47 @@ of the same name above; data.jsonl / data_ids.jsonl unless chat):
                TRL's maybe_extract_prompt first (see dpo_chat_rows).
 Checks as above: strings == ids bitwise (and the same first batch), and the
 f64 recomputation (for nf4 on the NF4 round-tripped base), within 1e-5.
+
+--two-adapters writes, leaving every file above as it is (it reads
+tokenizer/ and data_ids.jsonl, and adapters/fresh as the policy; FORMULAS.md
+is not touched):
+
+  adapters/ref_other/        a random adapter, A and B ~ N(0, 0.1) (seed 3),
+                             with OTHER LoRA settings than the policy's:
+                             r 2, lora_alpha 6 (scale 3), target_modules
+                             q_proj, o_proj and down_proj (q_proj shared with
+                             the policy; o_proj and down_proj only here;
+                             v_proj only in the policy), dropout 0, no bias,
+                             no rslora (REF_OTHER_LORA)
+  expected_two.json,         as expected.json / expected.safetensors (same
+  expected_two.safetensors   per-case keys: settings, loss, logged_loss,
+                             metrics, pairs_f64; "<case>.<PEFT key>" the
+                             policy adapter after the step), for the cases
+                             below; _meta also gives both LoRA settings
+                             ("lora" the policy's, "reference_lora") and the
+                             reference-forward checks
+
+Cases dpo.ref_other.sgd, dpo.ref_other.adamw, ipo.ref_other.sgd: every
+setting as dpo.ref.* / ipo.ref.* (policy adapters/fresh loaded as a
+trainable PeftModel, one step, ...), but the reference is adapters/ref_other,
+a PEFT model holding two adapters of different LoraConfigs. TRL 1.16's
+DPOTrainer creates its "ref" adapter with the policy's LoraConfig, which
+cannot hold ref_other's tensors, so after the trainer is built the script
+deletes that adapter (PeftModel.delete_adapter("ref")) and loads
+adapters/ref_other in its place under the same name
+(PeftModel.load_adapter(adapters/ref_other, adapter_name="ref",
+is_trainable=False): ref_other's own LoraConfig, new LoRA layers on o_proj
+and down_proj, rank-2 ones next to the policy's on q_proj). TRL's own code
+then runs the reference forward (use_adapter(model, "ref"): only "ref"
+active, so base + ref_other's LoRA, nothing of the policy's). Checked:
+"default" stays the active adapter, its tensors the only trainable ones,
+"ref" frozen with exactly ref_other's config and tensors (also after the
+step); the forward TRL runs under use_adapter is with "ref" active, and its
+per-row log-prob sums equal bitwise those of adapters/ref_other loaded alone
+into a fresh PeftModel (same fused LM head) and differ from the base's
+(adapters disabled) and from the policy's (fresh: lora_B = 0, so the base
+at step 1); the f64 recomputation loads the policy and adapters/ref_other
+as two separate PeftModels. Strings == ids bitwise as above.
 """
 
 import json
@@ -512,6 +558,19 @@ def lora_config():
                       task_type="CAUSAL_LM")
 
 
+# --two-adapters: the reference adapter's LoRA settings, unlike the policy's
+# (lora_config: r 4, alpha 8, q_proj and v_proj).
+REF_OTHER_LORA = dict(r=2, lora_alpha=6, target_modules=["q_proj", "o_proj", "down_proj"], lora_dropout=0.0,
+                      bias="none", use_rslora=False)
+REF_OTHER_SEED = 3
+POLICY_LORA = dict(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0, bias="none", use_rslora=False)
+
+
+def ref_other_config():
+    from peft import LoraConfig
+    return LoraConfig(**REF_OTHER_LORA, task_type="CAUSAL_LM")
+
+
 def save_adapter(peft_model, d):
     """save_pretrained, less the boilerplate model card (README.md)."""
     peft_model.save_pretrained(d)
@@ -649,6 +708,137 @@ def restore_f32_lora(pm, kind, f32):
 
 
 # ---------------------------------------------------------------------------
+# --two-adapters: a reference adapter with its own LoraConfig.
+
+def install_ref_other(pm):
+    """Replaces TRL's "ref" adapter (a copy of the policy's, with the
+    policy's LoraConfig) by adapters/ref_other under the same name, with
+    ref_other's own LoraConfig, frozen; checks that "default" stays the
+    active, only trainable adapter."""
+    from safetensors.torch import load_file
+    d = adapter_dir("ref_other")
+    assert pm.active_adapter == "default" and list(pm.peft_config) == ["default", "ref"], list(pm.peft_config)
+    trainable = sorted(n for n, p in pm.named_parameters() if p.requires_grad)
+    pm.delete_adapter("ref")
+    pm.load_adapter(d, adapter_name="ref", is_trainable=False, torch_device="cpu")
+    assert pm.active_adapter == "default" and pm.active_adapters == ["default"], pm.active_adapters
+    assert sorted(n for n, p in pm.named_parameters() if p.requires_grad) == trainable, "trainable set changed"
+    for n, p in pm.named_parameters():
+        assert p.requires_grad == (".default." in n), (n, p.requires_grad)
+    check_ref_other(pm)
+    cfg = pm.peft_config["ref"]
+    pol = pm.peft_config["default"]
+    assert (cfg.r, cfg.lora_alpha, cfg.use_rslora, cfg.inference_mode) == (2, 6, False, True), cfg
+    assert set(cfg.target_modules) == set(REF_OTHER_LORA["target_modules"]), cfg.target_modules
+    assert (pol.r, pol.lora_alpha, set(pol.target_modules)) == (4, 8, set(TARGETS)), pol
+    # Every LoRA layer: only "default" active; ref's scale alpha / r = 3.
+    layers = {}
+    for n, mod in pm.named_modules():
+        if hasattr(mod, "lora_A") and hasattr(mod, "active_adapters") and len(mod.lora_A):
+            assert mod.active_adapters == ["default"], (n, mod.active_adapters)
+            layers[n.rsplit(".", 1)[-1]] = sorted(mod.lora_A.keys())
+            if "ref" in mod.lora_A:
+                assert mod.scaling["ref"] == 3.0, (n, mod.scaling)
+    assert layers == {"q_proj": ["default", "ref"], "v_proj": ["default"], "o_proj": ["ref"],
+                      "down_proj": ["ref"]}, layers
+    assert len(load_file(os.path.join(d, "adapter_model.safetensors"))) == 12
+
+
+def check_ref_other(pm):
+    """pm's "ref" adapter is exactly adapters/ref_other's tensors."""
+    from safetensors.torch import load_file
+    want = load_file(os.path.join(adapter_dir("ref_other"), "adapter_model.safetensors"))
+    got = adapter_state(pm, "ref")
+    assert got.keys() == want.keys(), sorted(got.keys() ^ want.keys())
+    for k in want:
+        assert torch.equal(got[k], want[k]), ("'ref' is not adapters/ref_other", k)
+
+
+class ReferenceRecorder:
+    """Records, for the first training step, the forward TRL's DPOTrainer
+    runs under its use_adapter(model, name) (the reference: the adapter name,
+    the active adapters inside, the per-token log-probs) and the one outside
+    it (the policy), by wrapping the use_adapter DPOTrainer's module
+    imported and hooking the PeftModel's forward."""
+
+    def __init__(self, pm):
+        import trl.trainer.dpo_trainer as module
+        self.module, self.pm = module, pm
+        self.inside = None
+        self.ref = self.policy = self.adapter = self.active = None
+
+    def __enter__(self):
+        import contextlib
+        self.orig = self.module.use_adapter
+        rec = self
+
+        @contextlib.contextmanager
+        def wrapped(model, adapter_name):
+            with rec.orig(model, adapter_name):
+                if rec.adapter is None:
+                    rec.adapter, rec.active = adapter_name, list(model.active_adapters)
+                rec.inside = adapter_name
+                try:
+                    yield
+                finally:
+                    rec.inside = None
+        self.module.use_adapter = wrapped
+        self.hook = self.pm.register_forward_hook(self._record)
+        return self
+
+    def _record(self, module, args, out):
+        lp = out.log_probs.detach().clone()
+        if self.inside is not None:
+            if self.ref is None:
+                self.ref = lp
+        elif self.policy is None:
+            self.policy = lp
+
+    def __exit__(self, *exc):
+        self.module.use_adapter = self.orig
+        self.hook.remove()
+
+
+def check_reference_forward(rec, batch):
+    """The reference forward TRL ran (rec) used adapters/ref_other: its
+    per-row log-prob sums equal those of adapters/ref_other loaded alone
+    into a fresh PeftModel (TRL's fused LM head, the same batch), and
+    differ from the base's and the policy's. Returns the checks' numbers."""
+    from peft import PeftModel
+    from trl.trainer.utils import add_fused_lm_head
+    assert rec.adapter == "ref" and rec.active == ["ref"], (rec.adapter, rec.active)
+    assert rec.ref is not None and rec.policy is not None
+    ids, attn, cm = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
+    labels = ids.masked_fill(cm == 0, -100)
+    seq_len = ids.shape[1] - 1
+    m = base_model()
+    m.name_or_path = None
+    add_fused_lm_head(m, outputs=("log_probs", "entropy", "mean_logits", "is_top1"))
+    alone = PeftModel.from_pretrained(m, adapter_dir("ref_other"), is_trainable=False)
+    alone.train()  # as the trainer's model (dropout 0: the same)
+    kw = dict(input_ids=ids, attention_mask=attn, labels=labels, fused_lm_head=True, use_cache=False)
+    with torch.no_grad():
+        lp_alone = alone(**kw).log_probs
+        with alone.disable_adapter():
+            lp_base = alone(**kw).log_probs
+
+    def sums(lp):
+        return lp[:, -seq_len:].sum(dim=1)
+
+    ref, pol, solo, base = sums(rec.ref), sums(rec.policy), sums(lp_alone), sums(lp_base)
+    d_solo = (ref - solo).abs().max().item()
+    d_base = (ref - base).abs().max().item()
+    d_pol = (ref - pol).abs().max().item()
+    assert torch.equal(rec.ref, lp_alone), ("TRL's reference forward != adapters/ref_other alone", d_solo)
+    assert d_base > 1e-2 and d_pol > 1e-2, (d_base, d_pol)
+    return {"ref_vs_ref_other_alone": d_solo, "ref_vs_base": d_base, "ref_vs_policy": d_pol,
+            "ref_sums": [float(x) for x in ref], "policy_sums": [float(x) for x in pol]}
+
+
+REF_CHECKS = {}
+
+
+# ---------------------------------------------------------------------------
 # Inputs: tokenizer, data, adapters.
 
 @step("inputs")
@@ -719,6 +909,33 @@ def write_nf4_inputs():
         assert len(sd) == layers * len(TARGETS) * 2, (name, sorted(sd))  # lora_A and lora_B per target
         if name == "fresh":
             assert all(not v.any() for k, v in sd.items() if "lora_B" in k), "fresh lora_B must be 0"
+
+
+@step("two_inputs")
+def write_two_inputs():
+    """adapters/ref_other/ (--two-adapters): A and B ~ N(0, 0.1) (seed 3, as
+    adapters/init and adapters/ref), LoRA settings REF_OTHER_LORA."""
+    from peft import get_peft_model
+    torch.manual_seed(REF_OTHER_SEED)
+    m = base_model()
+    m.name_or_path = None
+    pm = get_peft_model(m, ref_other_config())
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "lora_" in n:
+                p.normal_(0.0, 0.1)
+    d = adapter_dir("ref_other")
+    save_adapter(pm, d)
+    from safetensors.torch import load_file
+    sd = load_file(os.path.join(d, "adapter_model.safetensors"))
+    with open(os.path.join(d, "adapter_config.json")) as f:
+        cfg = json.load(f)
+    assert (cfg["r"], cfg["lora_alpha"], cfg["use_rslora"]) == (2, 6, False), cfg
+    assert sorted(cfg["target_modules"]) == sorted(REF_OTHER_LORA["target_modules"]), cfg["target_modules"]
+    assert all(v.dtype == torch.float32 for v in sd.values())
+    assert len(sd) == 2 * 3 * 2, sorted(sd)  # 2 layers, 3 targets, lora_A and lora_B
+    for k, v in sd.items():
+        assert v.shape[0 if "lora_A" in k else 1] == 2, (k, tuple(v.shape))
 
 
 def check_vocab(rows):
@@ -1006,6 +1223,8 @@ def run_trl(method, start, opt, form, variant=None):
                         p.copy_(want[key])
                         loaded += 1
             assert loaded == len(want), (loaded, len(want))
+        if start == "ref_other":
+            install_ref_other(pm)
         if nf4:
             assert start != "ref", "no NF4 case with a reference adapter"
             check_nf4_base(pm)
@@ -1018,7 +1237,15 @@ def run_trl(method, start, opt, form, variant=None):
                     assert torch.equal(fresh.state[k], saved[k]), ("TRL's fresh adapter differs", k)
             restore_f32_lora(pm, kind, saved)
         init = adapter_state(pm)
-        trainer.train()
+        if start == "ref_other":
+            with ReferenceRecorder(pm) as rec:
+                trainer.train()
+            check_ref_other(pm)  # frozen: unchanged by the step
+            assert pm.active_adapters == ["default"], pm.active_adapters
+            REF_CHECKS.setdefault(f"{method}.{start}.{opt}", {})[form] = check_reference_forward(
+                rec, trainer.first_batch)
+        else:
+            trainer.train()
         logs = dict(trainer.state.log_history[0])
         after = adapter_state(pm)
         return trainer.first_loss, logs, init, after, trainer.first_batch
@@ -1182,8 +1409,10 @@ def run_case(method, start, opt, variant=None):
         for k in init:
             assert torch.equal(init[k], fresh_init[k]), ("TRL's fresh adapter differs from the saved one", k)
     # Independent f64 recomputation.
-    policy_dir = adapter_dir({"fresh": "fresh", "init": "init", "ref": "fresh"}[start], nf4=nf4)
-    ref_dir = {"fresh": None, "init": adapter_dir("init", nf4=nf4), "ref": adapter_dir("ref")}[start]
+    policy = {"fresh": "fresh", "init": "init", "ref": "fresh", "ref_other": "fresh"}[start]
+    policy_dir = adapter_dir(policy, nf4=nf4)
+    ref_dir = {"fresh": None, "init": adapter_dir("init", nf4=nf4), "ref": adapter_dir("ref"),
+               "ref_other": adapter_dir("ref_other")}[start]
     rows = read_jsonl("data_chat_ids.jsonl") if variant == "chat" else read_ids()
     h_loss, h_metrics, h_params, h_grads, pairs = hand(method, policy_dir, ref_dir, rows, nf4=nf4)
     d_loss = abs(h_loss - loss)
@@ -1207,13 +1436,17 @@ def run_case(method, start, opt, variant=None):
                 "start": start, "policy_adapter": rel(policy_dir),
                 "reference": ("none" if kind != "dpo" else "base (adapter disabled)" if start == "fresh" else
                               f"{rel(ref_dir)} " + {"init": "(TRL's 'ref' copy)",
-                                                    "ref": "(loaded into TRL's 'ref' adapter)"}[start]),
+                                                    "ref": "(loaded into TRL's 'ref' adapter)",
+                                                    "ref_other": "(replaces TRL's 'ref' adapter, with its own "
+                                                                 "LoraConfig)"}[start]),
                 "optim": OPTS[opt]["optim"], "learning_rate": LR[opt], "weight_decay": 0.0,
                 "max_grad_norm": 0.0, "lr_scheduler_type": "constant", "batch_pairs": 4}
     if kind == "cpo":
         settings.update(simpo_gamma=0.5, cpo_alpha=METHODS[method][1].get("cpo_alpha", 1.0), label_smoothing=0.0)
     if variant is not None:
         settings.update(MORE_SETTINGS[variant](kind))
+    if start == "ref_other":
+        settings.update(policy_lora=POLICY_LORA, reference_lora=REF_OTHER_LORA)
     metrics = {k: v for k, v in logs.items() if k not in ("loss", "epoch", "step")}
     entry = {"settings": settings, "loss": loss, "logged_loss": logs.get("loss"), "metrics": metrics,
              "pairs_f64": pairs}
@@ -1326,6 +1559,51 @@ def more_cases():
     assert all(v < 1e-5 for v in worst.values()), worst
 
 
+# ---------------------------------------------------------------------------
+# --two-adapters: the reference adapter with its own LoraConfig, in
+# expected_two.json and expected_two.safetensors (same layout as expected.*).
+
+TWO_CASES = [("dpo", "ref_other", "sgd"), ("dpo", "ref_other", "adamw"), ("ipo", "ref_other", "sgd")]
+
+
+@step("two_cases")
+def two_cases():
+    import peft, trl, transformers
+    expected, tensors = {}, {}
+    worst = {"loss": 0.0, "metrics": 0.0, "adapter": 0.0, "grad_norm": 0.0}
+    for method, start, opt in TWO_CASES:
+        name, entry, after, diffs = run_case(method, start, opt)
+        worst = {k: max(worst[k], diffs[k]) for k in worst}
+        expected[name] = entry
+        tensors.update(after)
+    checks = {name: {form: {k: v for k, v in c.items() if not k.endswith("_sums")} for form, c in forms.items()}
+              for name, forms in REF_CHECKS.items()}
+    expected["_meta"] = {
+        "versions": {"torch": torch.__version__, "trl": trl.__version__, "transformers": transformers.__version__,
+                     "peft": peft.__version__},
+        "lora": {"r": 4, "lora_alpha": 8, "target_modules": TARGETS, "dropout": 0.0},
+        "policy_lora": POLICY_LORA,
+        "reference_lora": REF_OTHER_LORA,
+        "reference_adapter": rel(adapter_dir("ref_other")),
+        "reference_install": "after DPOTrainer is built: delete_adapter('ref'), then load_adapter("
+                             "adapters/ref_other, adapter_name='ref', is_trainable=False); TRL's "
+                             "use_adapter(model, 'ref') runs the reference forward",
+        "reference_forward_max_abs_diff": checks,
+        "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 1,
+        "f64_check_max_abs_diff": worst,
+    }
+    with open(os.path.join(OUT, "expected_two.json"), "w") as f:
+        json.dump(expected, f, indent=1, sort_keys=True)
+        f.write("\n")
+    save_file(contiguous(tensors), os.path.join(OUT, "expected_two.safetensors"))
+    for name, forms in REF_CHECKS.items():
+        c = forms["ids"]
+        print(f"{name:26s} reference forward: max|d| vs ref_other alone {c['ref_vs_ref_other_alone']:.1e}, "
+              f"vs base {c['ref_vs_base']:.3f}, vs policy {c['ref_vs_policy']:.3f}")
+    print("f64 check, worst over all cases:", worst)
+    assert all(v < 1e-5 for v in worst.values()), worst
+
+
 if __name__ == "__main__":
     import accelerate, datasets, peft, safetensors, tokenizers, transformers, trl
     print("torch", torch.__version__, "trl", trl.__version__, "transformers", transformers.__version__, "peft",
@@ -1340,8 +1618,11 @@ if __name__ == "__main__":
         write_chat_ids()
         write_nf4_inputs()
         more_cases()
+    elif sys.argv[1:] == ["--two-adapters"]:
+        write_two_inputs()
+        two_cases()
     elif sys.argv[1:]:
-        sys.exit(f"usage: {sys.argv[0]} [--more]")
+        sys.exit(f"usage: {sys.argv[0]} [--more | --two-adapters]")
     else:
         write_inputs()
         write_ids()

@@ -96,6 +96,11 @@ pub enum EngineError {
         what: &'static str,
         cause: std::io::Error,
     },
+    /// The batcher's test hook set to something other than a token id.
+    #[error(
+        "HLO_TRAIN_TEST_FAIL_ON_TOKEN is {0:?}, not a token id (a test hook: unset it in service)"
+    )]
+    TestHookToken(String),
     /// The batcher's thread ended before it was ready.
     #[error("the batcher stopped while starting")]
     BatcherStopped,

@@ -10,7 +10,7 @@
 //! - [`Run`]: a training run as one object, built from a typed
 //!   [`RunSpec`] (model, data, [`Objective`], step, optimizer, mesh, eval,
 //!   checkpointing, output): it resumes or refuses an output folder,
-//!   decides every `auto` ([`spec`]: packing, scan, loss chunk,
+//!   decides every `auto` ([`run::step`]: packing, scan, loss chunk,
 //!   attention, batch axes), saves and restores its settings, reports on
 //!   process 0 only and finishes the process group.
 //! - [`Session`]: the train step compiled for a mesh with its state on the
@@ -31,7 +31,7 @@
 //!   across nodes; [`hardware`]: the one table of device kinds (peak,
 //!   memory, links) they all read; [`policy`]: the step's `auto` choices
 //!   (layers, remat, attention) decided from the device and memory.
-//! - [`hub`]: Hugging Face Hub ids in place of paths, found in the HF
+//! - [`hub`] (the `hlo-hub` crate, re-exported): Hugging Face Hub ids in place of paths, found in the HF
 //!   cache or downloaded into it (`hf-hub` draws a download's progress on
 //!   a terminal, as `huggingface_hub` does, unless
 //!   `HF_HUB_DISABLE_PROGRESS_BARS` is set).
@@ -39,6 +39,10 @@
 //!   ([`processes::ProcessGroup`]) through process 0's key-value service,
 //!   which the GPU plugins exchange topology over. Who a process is and
 //!   the service itself are `hlo-rendezvous`'s ([`rendezvous`]).
+//!
+//! The modules live in subsystem folders ([`device`], [`inputs`], [`run`],
+//! [`train`], [`objectives`], [`infer`], [`analysis`]; docs/architecture.md
+//! draws the tree) and keep their names at the crate root.
 //!
 //! It does not parse flags, print or draw progress (the `hlo-train` CLI
 //! does, through [`Hooks`]), write a run's report (the metrics read back,
@@ -48,31 +52,25 @@
 //! `engine/examples/finetune.rs` finetunes the tiny model with LoRA
 //! through this API alone.
 
-pub mod backend;
-pub mod batcher;
-pub mod bench;
-pub mod checkpoint;
-mod children;
-pub mod comm;
-pub mod dataset;
+pub mod analysis;
+pub mod device;
 mod error;
-pub mod flops;
-pub mod generator;
-pub mod grpo;
-pub mod hardware;
-pub mod hooks;
-pub mod hub;
-pub mod model;
-pub mod pipeline;
-pub mod plan;
-pub mod policy;
-pub mod processes;
-pub mod reference;
+pub mod infer;
+pub mod inputs;
+pub mod objectives;
 pub mod run;
-pub mod run_spec;
-pub mod session;
-pub mod spec;
-pub mod trainer;
+pub mod train;
+
+// The modules by their names before the folders, so that paths such as
+// `hlo_engine::plan::...` keep working.
+pub use analysis::{bench, comm, flops, hardware, plan};
+pub use device::{backend, pipeline, processes};
+pub use infer::{batcher, generator};
+pub use inputs::{dataset, model};
+pub use objectives::grpo;
+pub use objectives::preference::reference;
+pub use run::policy;
+pub use train::{checkpoint, hooks, session, trainer};
 
 pub use backend::{check_mesh_axes, Backend, BackendOptions, MESH_AXES};
 pub use batcher::{
@@ -87,16 +85,17 @@ pub use hooks::{
 };
 pub use model::{Model, ModelSource};
 pub use pipeline::ShardedStep;
-pub use run::Run;
-pub use run_spec::{
+pub use run::spec::{
     Chosen, DataSource, EvalSpec, GrpoSpec, Objective, OutputSpec, PreferenceSpec, ReportSpec,
     RunSpec,
 };
+pub use run::step::{OptimSpec, StepSpec, Toggle};
+pub use run::Run;
 pub use session::{EvalResult, Evaluator, Session, SessionOptions, Weights};
-pub use spec::{OptimSpec, StepSpec, Toggle};
 pub use trainer::{StopFlag, Trainer, TrainerOptions};
 
 pub use hlo_data as data;
+pub use hlo_hub as hub;
 pub use hlo_ir as ir;
 pub use hlo_models as models;
 pub use hlo_partitioner as partitioner;

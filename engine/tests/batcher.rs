@@ -62,7 +62,6 @@ fn options(slots: usize, loras: usize, select: LoraSelect) -> BatcherOptions {
         // that mix decode rows and a chunk, not their fallback.
         background_compile: false,
         prefix_caching: true,
-        fail_on_token: None,
     }
 }
 
@@ -787,9 +786,10 @@ fn request_fields_are_checked_in_exact_arithmetic() {
 
 #[test]
 fn a_dying_batcher_fails_what_it_holds_and_says_so() {
-    let mut o = isolation_options(2, 1, None);
-    o.fail_on_token = Some(77);
-    let b = Batcher::spawn(BackendOptions::cpu(), model(), o, &[], 0).unwrap();
+    // The test hook of HLO_TRAIN_TEST_FAIL_ON_TOKEN, for this batcher
+    // alone: the variable would reach every test's batcher.
+    let o = isolation_options(2, 1, None);
+    let b = Batcher::spawn_failing_on_token(BackendOptions::cpu(), model(), o, &[], 0, 77).unwrap();
     assert_eq!(b.failure(), None);
     let fine = outcomes(&b, &[greedy_request(&[1, 2, 3], None, 4)]);
     assert!(fine[0].is_ok());

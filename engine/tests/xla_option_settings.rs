@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use hlo_engine::checkpoint::RunSettings;
-use hlo_engine::run_spec::{Chosen, RunSpec};
+use hlo_engine::run::spec::{Chosen, RunSpec};
 use hlo_engine::runtime::XlaOption;
 
 fn saved(value: serde_json::Value) -> RunSettings {

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Result};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
 use hlo_engine::backend::refuse_cpu_across_processes;
 use hlo_engine::hub::{self, HubFiles};
@@ -16,10 +17,12 @@ use hlo_engine::models::train::TrainConfig;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::policy::StepPolicy;
 use hlo_engine::processes::{Launch, LaunchFlags, RunToken};
-use hlo_engine::runtime::{parse_xla_option, PluginKind, PluginSpec, XlaOption};
-use hlo_engine::spec::{
+use hlo_engine::run::named::Named;
+use hlo_engine::run::step::{
     AttentionChoice, LoraSpec, OptimSpec, OptimizerKind, RematChoice, ScheduleKind, StepSpec,
+    Toggle,
 };
+use hlo_engine::runtime::{parse_xla_option, PluginKind, PluginSpec, XlaOption};
 use hlo_engine::{BackendOptions, DataSpec, Model, ModelSource};
 use serde_json::json;
 
@@ -154,10 +157,11 @@ impl PluginArgs {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum DTypeArg {
-    F32,
-    Bf16,
+/// The value parser of a flag whose values are an engine setting's names
+/// ([`Named`]): the engine's enum itself, its names listed in `--help`.
+pub fn named<T: Named>() -> impl TypedValueParser<Value = T> {
+    PossibleValuesParser::new(T::ALL.iter().map(|v| v.name()))
+        .try_map(|s| T::from_name(&s).ok_or_else(|| format!("`{s}` is not one of its values")))
 }
 
 /// A path flag that also takes a Hugging Face hub id
@@ -301,16 +305,15 @@ impl QuantizeArgs {
 pub struct DtypeArgs {
     /// Parameter and compute dtype of the base model (default: f32 on the
     /// CPU plugin, bf16 elsewhere).
-    #[arg(long, value_enum)]
-    pub dtype: Option<DTypeArg>,
+    #[arg(long, value_parser = named::<DType>())]
+    pub dtype: Option<DType>,
 }
 
 impl DtypeArgs {
     /// `--dtype`, or f32 on the CPU and bf16 elsewhere.
     pub fn dtype(&self, cpu: bool) -> DType {
         match self.dtype {
-            Some(DTypeArg::F32) => DType::F32,
-            Some(DTypeArg::Bf16) => DType::BF16,
+            Some(d) => d,
             None if cpu => DType::F32,
             None => DType::BF16,
         }
@@ -338,52 +341,6 @@ impl ModelArgs {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum OptimizerArg {
-    Adamw,
-    Sgd,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ScheduleArg {
-    Constant,
-    Cosine,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Toggle {
-    On,
-    Off,
-    Auto,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum AttentionArg {
-    Auto,
-    Naive,
-    Blockwise,
-    Cudnn,
-}
-
-impl From<AttentionArg> for AttentionChoice {
-    fn from(a: AttentionArg) -> AttentionChoice {
-        match a {
-            AttentionArg::Auto => AttentionChoice::Auto,
-            AttentionArg::Naive => AttentionChoice::Naive,
-            AttentionArg::Blockwise => AttentionChoice::Blockwise,
-            AttentionArg::Cudnn => AttentionChoice::Cudnn,
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum RematArg {
-    Auto,
-    None,
-    Mlp,
-    Layers,
-}
-
 /// Flags that shape the traced step (what it holds and computes), shared
 /// by `train`, `bench`, `dump-hlo` and `plan`.
 #[derive(Args, Clone, Debug)]
@@ -394,7 +351,7 @@ pub struct StepArgs {
     /// more, and NF4 bases (whose layers then dequantize their weights
     /// again in the backward pass instead of keeping them); on a GPU only
     /// when the unrolled step would not fit the device.
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_parser = named::<Toggle>(), default_value = "auto")]
     pub scan_layers: Toggle,
 
     /// What the backward pass recomputes instead of keeping: `layers`
@@ -405,8 +362,8 @@ pub struct StepArgs {
     /// over layers always recomputes). auto: none on the CPU; on a GPU
     /// the least recompute that fits the device (none, then mlp, then
     /// layers).
-    #[arg(long, value_enum, default_value = "auto")]
-    pub remat: RematArg,
+    #[arg(long, value_parser = named::<RematChoice>(), default_value = "auto")]
+    pub remat: RematChoice,
 
     /// How attention is computed: `naive` holds every head's [seq, seq]
     /// scores; `blockwise` (FlashAttention's algorithm) one block of them
@@ -415,8 +372,8 @@ pub struct StepArgs {
     /// tokens, where it is also the faster; on CUDA cudnn where it takes
     /// the model; otherwise naive where its scores fit the device, else
     /// blockwise.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub attention: AttentionArg,
+    #[arg(long, value_parser = named::<AttentionChoice>(), default_value = "auto")]
+    pub attention: AttentionChoice,
 
     /// Queries and keys per block of blockwise attention, dividing --seq
     /// (default: seq/8 within 64..=256, or the largest divisor of --seq
@@ -441,7 +398,7 @@ pub struct StepArgs {
     /// Pack several samples into each row (attention kept within each
     /// sample, positions restarting); auto: when samples average at most
     /// half of --seq.
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_parser = named::<Toggle>(), default_value = "auto")]
     pub packing: Toggle,
 
     /// Train every base weight instead of LoRA adapters.
@@ -485,8 +442,8 @@ pub struct StepArgs {
     pub seq: i64,
 
     /// The optimizer, with PyTorch's semantics and defaults.
-    #[arg(long, value_enum, default_value = "adamw")]
-    pub optimizer: OptimizerArg,
+    #[arg(long, value_parser = named::<OptimizerKind>(), default_value = "adamw")]
+    pub optimizer: OptimizerKind,
 }
 
 /// The optimizer's and schedule's numbers, shared by `train`, `bench`
@@ -508,8 +465,8 @@ pub struct OptimArgs {
 
     /// Learning-rate schedule after warmup: constant, or cosine decay to
     /// zero at the last step.
-    #[arg(long, value_enum, default_value = "constant")]
-    pub schedule: ScheduleArg,
+    #[arg(long, value_parser = named::<ScheduleKind>(), default_value = "constant")]
+    pub schedule: ScheduleKind,
 
     /// Clip the global gradient norm to this; 0 turns clipping off.
     #[arg(long, default_value_t = 1.0, value_parser = non_negative)]
@@ -559,7 +516,7 @@ impl Default for OptimArgs {
             weight_decay: 0.01,
             lr: 2e-4,
             warmup: 0,
-            schedule: ScheduleArg::Constant,
+            schedule: ScheduleKind::Constant,
             clip_norm: 1.0,
         }
     }
@@ -573,15 +530,10 @@ impl StepArgs {
             batch: self.batch,
             seq: self.seq,
             grad_accum: self.grad_accum,
-            packing: self.packing.into(),
-            scan_layers: self.scan_layers.into(),
-            remat: match self.remat {
-                RematArg::Auto => RematChoice::Auto,
-                RematArg::None => RematChoice::None,
-                RematArg::Mlp => RematChoice::Mlp,
-                RematArg::Layers => RematChoice::Layers,
-            },
-            attention: self.attention.into(),
+            packing: self.packing,
+            scan_layers: self.scan_layers,
+            remat: self.remat,
+            attention: self.attention,
             attention_block: self.attention_block,
             loss_chunk: self.loss_chunk,
             lora: (!self.full).then(|| LoraSpec {
@@ -620,31 +572,15 @@ impl StepArgs {
     }
 }
 
-impl From<Toggle> for hlo_engine::Toggle {
-    fn from(t: Toggle) -> hlo_engine::Toggle {
-        match t {
-            Toggle::On => hlo_engine::Toggle::On,
-            Toggle::Off => hlo_engine::Toggle::Off,
-            Toggle::Auto => hlo_engine::Toggle::Auto,
-        }
-    }
-}
-
 impl OptimArgs {
     /// The engine's optimizer settings of these flags and `--optimizer`.
-    pub fn spec(&self, optimizer: OptimizerArg) -> OptimSpec {
+    pub fn spec(&self, optimizer: OptimizerKind) -> OptimSpec {
         OptimSpec {
-            optimizer: match optimizer {
-                OptimizerArg::Adamw => OptimizerKind::AdamW,
-                OptimizerArg::Sgd => OptimizerKind::Sgd,
-            },
+            optimizer,
             weight_decay: self.weight_decay,
             lr: self.lr,
             warmup: self.warmup,
-            schedule: match self.schedule {
-                ScheduleArg::Constant => ScheduleKind::Constant,
-                ScheduleArg::Cosine => ScheduleKind::Cosine,
-            },
+            schedule: self.schedule,
             clip_norm: self.clip_norm,
         }
     }
@@ -760,8 +696,8 @@ pub struct PreferenceArgs {
 
 impl PreferenceArgs {
     /// The engine's settings (β 0.1 unless given; `precompute_ref` off).
-    pub fn spec(&self) -> hlo_engine::run_spec::PreferenceSpec {
-        hlo_engine::run_spec::PreferenceSpec {
+    pub fn spec(&self) -> hlo_engine::run::spec::PreferenceSpec {
+        hlo_engine::run::spec::PreferenceSpec {
             beta: self.beta.unwrap_or(0.1),
             simpo_gamma: self.simpo_gamma,
             label_smoothing: self.label_smoothing,

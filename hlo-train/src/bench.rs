@@ -13,7 +13,6 @@ use hlo_engine::{
 use serde_json::json;
 
 use crate::args::{gb, DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs};
-use crate::train::ObjectiveArg;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -32,8 +31,8 @@ pub struct BenchArgs {
     /// The step's loss: sft, or a preference objective (dpo, ipo, simpo,
     /// orpo; --batch then counts pairs, and DPO's and IPO's reference is
     /// the base with the adapter off).
-    #[arg(long, value_enum, default_value = "sft")]
-    pub objective: ObjectiveArg,
+    #[arg(long, value_parser = crate::args::named::<Objective>(), default_value = "sft")]
+    pub objective: Objective,
 
     /// With dpo or ipo: the reference's log-probabilities computed before
     /// training (`train --precompute-ref`): no reference forward in the
@@ -78,7 +77,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let dtype = args.dtype.dtype(args.plugin.is_cpu());
     // A preference objective's step: `--batch` pairs, the reference the
     // base with the adapter off (a fresh adapter's).
-    let objective = Objective::from(args.objective);
+    let objective = args.objective;
     let step = objective.step_spec(&args.step.spec())?;
     let target = Target::of_backend(&backend)?;
     let choices = step.policy(&model.config, dtype, backend.mesh(), &target)?;
@@ -94,10 +93,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         println!("{}", choices.line());
     }
     let reference = crate::args::planned_reference(objective, args.precompute_ref)?;
-    tc.preference = objective.preference(&PreferenceSpec::default(), reference);
-    if objective == Objective::Grpo {
-        tc.grpo = Some(hlo_engine::GrpoSpec::default().loss());
-    }
+    tc.loss = objective.loss(
+        &PreferenceSpec::default(),
+        &hlo_engine::GrpoSpec::default(),
+        reference,
+    );
     let name = model.name.clone();
     let vocab = model.config.vocab_size;
     let mut session = Session::new(

@@ -7,7 +7,10 @@ use anyhow::Result;
 use hlo_engine::data::Tokenizer;
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::attention::AttentionKind;
+use hlo_engine::models::decoder::{LoraConfig, ModelConfig};
+use hlo_engine::models::grpo::GrpoLoss;
 use hlo_engine::models::preference::Reference;
+use hlo_engine::models::train::{Loss, Preference};
 use hlo_engine::{
     EvalReport, Generator, Hooks, Mode, Run, Sampling, Session, StepReport, TracedValue,
     TrainSummary,
@@ -228,149 +231,155 @@ fn trained_modules(
 }
 
 /// The run's header: model, devices, what is trained, the data and how
-/// many epochs the steps make.
+/// many epochs the steps make, in each objective's terms.
 pub fn print_header(run: &Run) -> Result<()> {
     let session = run.session();
-    let (stats, learning, unpacked_fill) = (
-        run.data_stats(),
-        run.learning_samples(),
-        run.unpacked_fill(),
-    );
     let c = session.config();
     let model = session.model();
-    let trained = match &c.lora {
-        Some(l) => {
-            format!(
-                "LoRA r={} alpha={}{} on {}",
-                l.rank,
-                l.alpha,
-                if l.use_rslora { " (rsLoRA)" } else { "" },
-                trained_modules(&model.config, l)
-            ) + &if l.modules_to_save.is_empty() {
-                String::new()
-            } else {
-                format!(", training {} whole", l.modules_to_save.join(","))
-            }
-        }
-        None => "every weight (full finetuning)".to_string(),
-    };
-    let accum = if c.grad_accum > 1 {
-        format!(" × {} micro-batches", c.grad_accum)
-    } else {
-        String::new()
-    };
-    // Said only when the step departs from the plain forms.
-    let long = match (c.attention, c.loss_chunk_for(model.config.vocab_size)) {
-        (AttentionKind::Naive, chunk) if chunk >= c.seq => String::new(),
-        _ => format!("; {}", c.long_context_summary(model.config.vocab_size)),
-    };
-    let remaining = (run.spec().steps - session.steps_done()).max(0);
-    // A preference step's rows are its pairs' two sides; `learning` counts
-    // pairs.
-    let (rows, batch, samples) = match &c.preference {
-        Some(p) => (
-            c.batch / 2,
-            format!(
-                "{} against {}; batch {} pairs ({} rows)",
-                run.spec().objective,
-                match (p.loss.needs_reference(), p.reference) {
-                    (false, _) => "no reference model",
-                    (true, Reference::Base) => "the base (adapter off)",
-                    (true, Reference::Adapter) => "a frozen reference adapter",
-                    (true, Reference::Precomputed) =>
-                        "the reference's log-probabilities computed before training",
-                },
-                c.batch / 2,
-                c.batch
-            ),
-            "pair sides",
-        ),
-        None => (c.rows(), format!("batch {}", c.batch), "samples"),
-    };
-    if let Some(g) = &c.grpo {
-        let spec = &run.spec().grpo;
-        let groups = c.batch as usize / spec.num_generations;
-        println!(
-            "training {} ({} parameters, {}) on {} ({}): {trained}; grpo ({} loss, beta {}, epsilon {}..{}, {} iteration(s) per rollout batch); batch {} completions ({groups} prompts × {}) × seq {}; {}",
-            model.name,
-            model.config.parameter_count(),
-            c.dtype,
-            session.backend().mesh(),
-            session.backend().describe()?,
-            g.loss_type.name(),
-            g.beta,
-            g.epsilon,
-            g.epsilon_high,
-            spec.num_iterations,
-            c.batch,
-            spec.num_generations,
-            c.seq,
-            match session.mode() {
-                Mode::Jit => format!("compiled in {:.2}s", session.compile_s()),
-                Mode::Eager => "eager (each op compiles when it first runs)".to_string(),
-            }
-        );
-        let generations = remaining as usize / spec.num_iterations.max(1);
-        match &spec.rollouts {
-            Some(path) => println!(
-                "data: {} logged rollouts ({} prompts) from {}; {:.2} epochs in {} steps",
-                stats.samples,
-                stats.samples / spec.num_generations,
-                path.display(),
-                (generations * c.batch as usize) as f64 / stats.samples.max(1) as f64,
-                remaining
-            ),
-            None => println!(
-                "data: {} prompts; {} completions each, up to {} tokens, sampled at temperature {} by the policy being trained; {:.2} epochs in {} steps",
-                stats.samples,
-                spec.num_generations,
-                spec.max_completion_length,
-                spec.temperature,
-                (generations * groups) as f64 / stats.samples.max(1) as f64,
-                remaining
-            ),
-        }
-        return Ok(());
-    }
-    let epochs =
-        hlo_engine::spec::epochs(remaining, rows, c.seq, c.packing, unpacked_fill, learning);
-    println!(
-        "training {} ({} parameters, {}) on {} ({}): {trained}; {batch} × seq {}{accum}{long}; {}",
+    let on = format!(
+        "training {} ({} parameters, {}) on {} ({}): {}",
         model.name,
         model.config.parameter_count(),
         c.dtype,
         session.backend().mesh(),
         session.backend().describe()?,
-        c.seq,
-        match session.mode() {
-            Mode::Jit => format!("compiled in {:.2}s", session.compile_s()),
-            Mode::Eager => "eager (each op compiles when it first runs)".to_string(),
-        }
+        trained(c.lora.as_ref(), &model.config)
     );
+    let compiled = match session.mode() {
+        Mode::Jit => format!("compiled in {:.2}s", session.compile_s()),
+        Mode::Eager => "eager (each op compiles when it first runs)".to_string(),
+    };
+    match &c.loss {
+        Loss::Grpo(g) => print_grpo_header(run, g, &on, &compiled),
+        Loss::CausalLm | Loss::Preference(_) => print_rows_header(run, &on, &compiled),
+    }
+    Ok(())
+}
+
+/// What a run trains: its LoRA adapter (and modules saved whole), or
+/// every weight.
+fn trained(lora: Option<&LoraConfig>, config: &ModelConfig) -> String {
+    let Some(l) = lora else {
+        return "every weight (full finetuning)".to_string();
+    };
+    let whole = match l.modules_to_save.is_empty() {
+        true => String::new(),
+        false => format!(", training {} whole", l.modules_to_save.join(",")),
+    };
+    format!(
+        "LoRA r={} alpha={}{} on {}{whole}",
+        l.rank,
+        l.alpha,
+        if l.use_rslora { " (rsLoRA)" } else { "" },
+        trained_modules(config, l)
+    )
+}
+
+/// The header of a run over rows of a dataset (SFT's samples, a
+/// preference objective's pairs).
+fn print_rows_header(run: &Run, on: &str, compiled: &str) {
+    let session = run.session();
+    let c = session.config();
+    let stats = run.data_stats();
+    let accum = match c.grad_accum > 1 {
+        true => format!(" × {} micro-batches", c.grad_accum),
+        false => String::new(),
+    };
+    let vocab = session.model().config.vocab_size;
+    // Said only when the step departs from the plain forms.
+    let long = match (c.attention, c.loss_chunk_for(vocab)) {
+        (AttentionKind::Naive, chunk) if chunk >= c.seq => String::new(),
+        _ => format!("; {}", c.long_context_summary(vocab)),
+    };
+    let remaining = (run.spec().steps - session.steps_done()).max(0);
+    // A preference step's rows are its pairs' two sides; `learning` counts
+    // pairs.
+    let (rows, batch, samples) = match &c.loss {
+        Loss::Preference(p) => (
+            c.batch / 2,
+            format!(
+                "{} against {}; batch {} pairs ({} rows)",
+                run.spec().objective,
+                reference_words(p),
+                c.batch / 2,
+                c.batch
+            ),
+            "pair sides",
+        ),
+        Loss::CausalLm | Loss::Grpo(_) => (c.rows(), format!("batch {}", c.batch), "samples"),
+    };
+    let (fill, learning) = (run.unpacked_fill(), run.learning_samples());
+    let epochs = hlo_engine::run::step::epochs(remaining, rows, c.seq, c.packing, fill, learning);
+    println!("{on}; {batch} × seq {}{accum}{long}; {compiled}", c.seq);
+    let cut = match stats.cut {
+        0 => String::new(),
+        n => format!("; {n} samples cut to --seq"),
+    };
+    let left_out = match stats.no_signal {
+        0 => String::new(),
+        n => format!("; {n} samples left out (no learned token within --seq)"),
+    };
     println!(
-        "data: {} {samples}, {} tokens, {} learned within --seq {}{}{}; {}{:.2} epochs in {} steps",
+        "data: {} {samples}, {} tokens, {} learned within --seq {}{cut}{left_out}; {}{epochs:.2} epochs in {remaining} steps",
         stats.samples,
         stats.tokens,
         stats.learned,
         c.seq,
-        if stats.cut > 0 {
-            format!("; {} samples cut to --seq", stats.cut)
-        } else {
-            String::new()
-        },
-        if stats.no_signal > 0 {
-            format!(
-                "; {} samples left out (no learned token within --seq)",
-                stats.no_signal
-            )
-        } else {
-            String::new()
-        },
         if c.packing { "about " } else { "" },
-        epochs,
-        remaining
     );
-    Ok(())
+}
+
+/// What a preference objective compares with, in words.
+fn reference_words(p: &Preference) -> &'static str {
+    match (p.loss.needs_reference(), p.reference) {
+        (false, _) => "no reference model",
+        (true, Reference::Base) => "the base (adapter off)",
+        (true, Reference::Adapter) => "a frozen reference adapter",
+        (true, Reference::Precomputed) => {
+            "the reference's log-probabilities computed before training"
+        }
+    }
+}
+
+/// The header of a GRPO run: its loss settings, groups, and the prompts
+/// or logged rollouts it draws.
+fn print_grpo_header(run: &Run, g: &GrpoLoss, on: &str, compiled: &str) {
+    let c = run.session().config();
+    let spec = &run.spec().grpo;
+    let stats = run.data_stats();
+    let groups = c.batch as usize / spec.num_generations;
+    println!(
+        "{on}; grpo ({} loss, beta {}, epsilon {}..{}, {} iteration(s) per rollout batch); batch {} completions ({groups} prompts × {}) × seq {}; {compiled}",
+        g.loss_type.name(),
+        g.beta,
+        g.epsilon,
+        g.epsilon_high,
+        spec.num_iterations,
+        c.batch,
+        spec.num_generations,
+        c.seq,
+    );
+    let remaining = (run.spec().steps - run.session().steps_done()).max(0);
+    let generations = remaining as usize / spec.num_iterations.max(1);
+    match &spec.rollouts {
+        Some(path) => println!(
+            "data: {} logged rollouts ({} prompts) from {}; {:.2} epochs in {} steps",
+            stats.samples,
+            stats.samples / spec.num_generations,
+            path.display(),
+            (generations * c.batch as usize) as f64 / stats.samples.max(1) as f64,
+            remaining
+        ),
+        None => println!(
+            "data: {} prompts; {} completions each, up to {} tokens, sampled at temperature {} by the policy being trained; {:.2} epochs in {} steps",
+            stats.samples,
+            spec.num_generations,
+            spec.max_completion_length,
+            spec.temperature,
+            (generations * groups) as f64 / stats.samples.max(1) as f64,
+            remaining
+        ),
+    }
 }
 
 /// GRPO's mean reward of each step's rollouts, gathered for the run's

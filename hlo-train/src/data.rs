@@ -12,11 +12,10 @@ use anyhow::{Context, Result};
 use clap::Args;
 use hlo_engine::data::Loader;
 use hlo_engine::data::Tokenizer;
-use hlo_engine::spec::{auto_packing, epochs};
-use hlo_engine::{Dataset, Objective};
+use hlo_engine::run::step::{auto_packing, epochs};
+use hlo_engine::{Dataset, Objective, Toggle};
 
-use crate::args::{open_model, ChatArgs, ModelArgs, Toggle, TokenizerArgs};
-use crate::train::ObjectiveArg;
+use crate::args::{named, open_model, ChatArgs, ModelArgs, TokenizerArgs};
 
 #[derive(Args, Debug)]
 pub struct DataArgs {
@@ -36,8 +35,8 @@ pub struct DataArgs {
 
     /// Read the data as `train --objective` does: sft rows, or preference
     /// pairs (dpo, ipo, simpo, orpo; --batch then counts pairs).
-    #[arg(long, value_enum, default_value = "sft")]
-    pub objective: ObjectiveArg,
+    #[arg(long, value_parser = named::<Objective>(), default_value = "sft")]
+    pub objective: Objective,
 
     /// Tokens per row, as for `train`.
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(i64).range(2..=10_000_000))]
@@ -53,7 +52,7 @@ pub struct DataArgs {
 
     /// Pack several samples into each row, as `train --packing` (auto:
     /// when samples average at most half of --seq).
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_parser = named::<Toggle>(), default_value = "auto")]
     pub packing: Toggle,
 
     /// Steps, as for `train` (for the epoch count).
@@ -73,12 +72,12 @@ pub fn run(args: &DataArgs) -> Result<()> {
     let model = open_model(&args.model, &args.tokenizer)?;
     let seq = args.seq as usize;
     let mut spec = args.chat.spec(args.data.clone(), args.seq);
-    if Objective::from(args.objective) == Objective::Grpo {
+    if args.objective == Objective::Grpo {
         anyhow::bail!(
             "--objective grpo: its data is prompts (or --rollouts), which `train --objective grpo` reads; `data` shows SFT rows and preference pairs"
         );
     }
-    spec.pairs = Objective::from(args.objective).is_preference();
+    spec.pairs = args.objective.is_preference();
     let data = Dataset::read(&model, &spec, args.seed)?;
     if spec.pairs {
         return show_pairs(args, &model, data);

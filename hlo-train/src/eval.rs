@@ -13,7 +13,7 @@ use hlo_engine::models::preference::Reference;
 use hlo_engine::models::train::Preference;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::policy::{forward_attention, Platform, Target};
-use hlo_engine::run_spec::{Objective, RunSpec};
+use hlo_engine::run::spec::{Objective, RunSpec};
 use hlo_engine::{Backend, Dataset, EvalResult, Evaluator, Model};
 use serde_json::json;
 
@@ -71,8 +71,8 @@ pub struct EvalArgs {
     /// or held-out preference pairs by dpo, ipo, simpo or orpo (the loss
     /// and TRL's metrics; --batch then counts pairs). DPO's and IPO's
     /// reference is the base with the adapter off, or --ref-adapter.
-    #[arg(long, value_enum, default_value = "sft")]
-    pub objective: crate::train::ObjectiveArg,
+    #[arg(long, value_parser = crate::args::named::<Objective>(), default_value = "sft")]
+    pub objective: Objective,
 
     #[command(flatten)]
     pub preference: crate::args::PreferenceArgs,
@@ -98,7 +98,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         None => None,
     };
     let seq = args.seq as usize;
-    let objective = Objective::from(args.objective);
+    let objective = args.objective;
     let preference = preference_of(args, objective)?;
     let mut spec = args.chat.spec(Some(args.data.clone()), args.seq);
     spec.pairs = preference.is_some();
@@ -126,7 +126,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         (args.batch, args.seq),
         attention,
         adapter.as_ref(),
-        preference.map(|p| (p, reference.as_ref())),
+        preference.clone().map(|p| (p, reference.as_ref())),
     )?;
     let samples = data.stats.samples;
     // As train refuses it: data with nothing to score within --seq.
@@ -185,7 +185,9 @@ fn preference_of(args: &EvalArgs, objective: Objective) -> Result<Option<Prefere
         Some(_) => Reference::Adapter,
         None => Reference::Base,
     };
-    Ok(objective.preference(&spec.preference, reference))
+    Ok(objective
+        .preference_loss(&spec.preference)
+        .map(|loss| Preference::new(loss, reference)))
 }
 
 /// Refuses figures that are not finite (an adapter whose products

@@ -10,17 +10,16 @@ use hlo_engine::hardware::{Device, Kind};
 use hlo_engine::ir::DType;
 use hlo_engine::models::attention::AttentionKind;
 use hlo_engine::models::preference::Reference;
-use hlo_engine::models::train::TrainConfig;
+use hlo_engine::models::train::{Loss, TrainConfig};
 use hlo_engine::partitioner::{draw_sharding, Mesh};
 use hlo_engine::plan::{
     compute_estimate, layout_groups, nearest_fits, Change, ComputeEstimate, Fit, Found,
     LayoutGroup, MemoryPlan, RolloutShape, StepToPlan, Tried,
 };
-use hlo_engine::{BackendOptions, Model};
+use hlo_engine::{BackendOptions, Model, Objective};
 use serde_json::{json, Value};
 
 use crate::args::{gb, DtypeArgs, ModelArgs, OptimArgs, StepArgs};
-use crate::train::ObjectiveArg;
 
 /// The `--target` values: kinds of the engine's hardware table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -76,8 +75,8 @@ pub struct PlanArgs {
     /// DPO and IPO add the reference's forward: the base with the adapter
     /// off), or grpo (--batch counts completions; the rollouts that
     /// generate them are planned too).
-    #[arg(long, value_enum, default_value = "sft")]
-    pub objective: ObjectiveArg,
+    #[arg(long, value_parser = crate::args::named::<Objective>(), default_value = "sft")]
+    pub objective: Objective,
 
     /// With grpo: completions per prompt (--batch must be a multiple).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..))]
@@ -193,10 +192,10 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
         dtype: args.dtype.dtype(args.target == Target::Cpu),
         mesh: mesh.clone(),
         steps: 1000,
-        objective: args.objective.into(),
+        objective: args.objective,
         // A fresh adapter's reference; a reference adapter adds only its
         // LoRA tensors.
-        reference: crate::args::planned_reference(args.objective.into(), args.precompute_ref)?,
+        reference: crate::args::planned_reference(args.objective, args.precompute_ref)?,
         rollout,
         target,
     };
@@ -242,7 +241,7 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
 /// GRPO's rollouts from the flags, checked: None for other objectives,
 /// which take no such flag.
 fn rollout_shape(args: &PlanArgs) -> Result<Option<RolloutShape>> {
-    let grpo = args.objective == ObjectiveArg::Grpo;
+    let grpo = args.objective == Objective::Grpo;
     let given = args.num_generations != 8 || args.max_completion_length.is_some();
     if !grpo {
         if given {
@@ -257,7 +256,7 @@ fn rollout_shape(args: &PlanArgs) -> Result<Option<RolloutShape>> {
     };
     // What `train` refuses of these settings (whole groups a batch, ...).
     hlo_engine::RunSpec {
-        objective: hlo_engine::run_spec::Objective::Grpo,
+        objective: hlo_engine::run::spec::Objective::Grpo,
         grpo: hlo_engine::grpo::GrpoSpec {
             num_generations: g as usize,
             max_completion_length: c as usize,
@@ -448,7 +447,7 @@ fn print_json(r: &Report, suggestions: &[Fit]) -> Result<()> {
         // The step's rows (a preference step's: its pairs' two sides) and
         // what it computes.
         "rows": tc.rows(),
-        "objective": hlo_engine::run_spec::Objective::from(r.args.objective).name(),
+        "objective": r.args.objective.name(),
         "rollout": p.rollout.as_ref().map(|m| json!({
             "num_generations": r.args.num_generations,
             "max_completion_length": m.completion_tokens,
@@ -464,7 +463,7 @@ fn print_json(r: &Report, suggestions: &[Fit]) -> Result<()> {
             "total_bytes": m.total_bytes,
             "compile_s": m.compile_s,
         })),
-        "reference": tc.preference.filter(|p| p.loss.needs_reference()).map(|p| match p.reference {
+        "reference": tc.loss.preference().filter(|p| p.loss.needs_reference()).map(|p| match p.reference {
             Reference::Base => "base",
             Reference::Adapter => "adapter",
             Reference::Precomputed => "precomputed",
@@ -559,32 +558,73 @@ fn print_choices(r: &Report) {
 /// The report as text: the step, its memory per device, its
 /// communication, and with `--show-sharding` each layout.
 fn print_text(r: &Report) {
-    let (config, tc, p, dtype) = (&r.model.config, &r.tc, &r.memory, r.dtype);
-    let kind = format!(
+    print_step(r);
+    print_choices(r);
+    if r.args.mesh.is_none() && r.args.devices.is_none() {
+        println!(
+            "planned for one {} (no --mesh or --devices given); --devices N plans N",
+            r.target
+        );
+    }
+    print_memory(r);
+    println!(
+        "compiled for {} in {:.1}s",
+        match r.mesh.size() {
+            1 => "1 CPU device".to_string(),
+            n => format!("{n} virtual CPU devices"),
+        },
+        r.memory.compile_s
+    );
+    print_communication(r);
+    for g in &r.layouts {
+        print_layout(&r.mesh, g);
+    }
+}
+
+/// What the step trains and minimises: `LoRA` or `full`, then the
+/// objective (a preference loss with how its reference is had, `grpo`;
+/// nothing for causal LM).
+fn step_kind(tc: &TrainConfig) -> String {
+    format!(
         "{}{}",
         if tc.lora.is_some() { "LoRA" } else { "full" },
-        match tc.preference {
-            Some(p) if p.loss.needs_reference() && p.reference == Reference::Precomputed => {
+        match &tc.loss {
+            Loss::Preference(p)
+                if p.loss.needs_reference() && p.reference == Reference::Precomputed =>
+            {
                 format!(" {} (reference precomputed)", p.loss.name())
             }
-            Some(p) if p.loss.needs_reference() => {
+            Loss::Preference(p) if p.loss.needs_reference() => {
                 format!(" {} (with the reference's forward)", p.loss.name())
             }
-            Some(p) => format!(" {}", p.loss.name()),
-            None if tc.grpo.is_some() => " grpo".into(),
-            None => String::new(),
+            Loss::Preference(p) => format!(" {}", p.loss.name()),
+            Loss::Grpo(_) => " grpo".into(),
+            Loss::CausalLm => String::new(),
         }
-    );
-    let batch = match tc.preference {
-        Some(_) => format!("{} pairs ({} rows)", tc.batch / 2, tc.batch),
-        None if tc.grpo.is_some() => format!(
+    )
+}
+
+/// The step's batch in the objective's units: rows, preference pairs, or
+/// GRPO completions of `num_generations` a prompt.
+fn batch_text(tc: &TrainConfig, num_generations: u32) -> String {
+    match &tc.loss {
+        Loss::Preference(_) => format!("{} pairs ({} rows)", tc.batch / 2, tc.batch),
+        Loss::Grpo(_) => format!(
             "{} completions ({} prompts × {})",
             tc.batch,
-            tc.batch / i64::from(r.args.num_generations),
-            r.args.num_generations
+            tc.batch / i64::from(num_generations),
+            num_generations
         ),
-        None => tc.batch.to_string(),
-    };
+        Loss::CausalLm => tc.batch.to_string(),
+    }
+}
+
+/// The `plan:` line: the model, the step and its batch, the mesh, the
+/// layers' scan and the long-context settings.
+fn print_step(r: &Report) {
+    let (config, tc, dtype) = (&r.model.config, &r.tc, r.dtype);
+    let kind = step_kind(tc);
+    let batch = batch_text(tc, r.args.num_generations);
     println!(
         "plan: {} ({} parameters, {dtype}{}), {kind} step, batch {batch} × seq {}, mesh {}{}, {}",
         r.model.name,
@@ -603,13 +643,13 @@ fn print_text(r: &Report) {
         },
         tc.long_context_summary(config.vocab_size)
     );
-    print_choices(r);
-    if r.args.mesh.is_none() && r.args.devices.is_none() {
-        println!(
-            "planned for one {} (no --mesh or --devices given); --devices N plans N",
-            r.target
-        );
-    }
+}
+
+/// Memory per device: the weights (NF4's share), LoRA, optimizer state,
+/// XLA's arguments, outputs and temporaries, the rollouts', and the total
+/// against the device's memory.
+fn print_memory(r: &Report) {
+    let (p, dtype) = (&r.memory, r.dtype);
     let (arg, out, alias, temp) = r.xla();
     println!("per device:");
     println!("  weights            {:>12}", gb(p.weights_bytes));
@@ -657,18 +697,6 @@ fn print_text(r: &Report) {
         r.target,
         if r.fits() { "fits" } else { "does NOT fit" }
     );
-    println!(
-        "compiled for {} in {:.1}s",
-        match r.mesh.size() {
-            1 => "1 CPU device".to_string(),
-            n => format!("{n} virtual CPU devices"),
-        },
-        p.compile_s
-    );
-    print_communication(r);
-    for g in &r.layouts {
-        print_layout(&r.mesh, g);
-    }
 }
 
 /// Three significant figures or so of milliseconds, whatever the scale.

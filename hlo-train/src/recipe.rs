@@ -17,7 +17,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use clap::ArgAction;
-use hlo_engine::run_spec::Objective;
+use hlo_engine::run::spec::Objective;
 use serde_json::Value;
 
 /// The commands that take `--recipe`.
@@ -153,27 +153,59 @@ pub fn expand(argv: &[OsString], cli: &clap::Command) -> Result<Vec<OsString>> {
         return Ok(argv.to_vec());
     };
     let path = Path::new(&path);
-    // clap's own --help and --version are no settings.
-    let setting = |a: &&clap::Arg| !matches!(a.get_long(), None | Some("help" | "version"));
-    let known_elsewhere: BTreeSet<String> = RECIPE_COMMANDS
+    let known_elsewhere = recipe_settings(cli);
+    let Some(sub) = cli.find_subcommand(command) else {
+        return Ok(argv.to_vec());
+    };
+    let given = given_settings(&argv[2..]);
+    let flags = recipe_flags(path, sub, &known_elsewhere, &given)?;
+    let mut out: Vec<OsString> = argv[..2].to_vec();
+    out.extend(flags);
+    out.extend(argv[2..].iter().cloned());
+    Ok(out)
+}
+
+/// Whether `a` is a setting a recipe may hold: clap's own --help and
+/// --version are none.
+fn is_setting(a: &clap::Arg) -> bool {
+    !matches!(a.get_long(), None | Some("help" | "version"))
+}
+
+/// The long flags of every recipe command's settings.
+fn recipe_settings(cli: &clap::Command) -> BTreeSet<String> {
+    RECIPE_COMMANDS
         .iter()
         .filter_map(|c| cli.find_subcommand(c))
         .flat_map(|c| {
             c.get_arguments()
-                .filter(setting)
+                .filter(|a| is_setting(a))
                 .filter_map(|a| a.get_long())
         })
         .map(str::to_string)
-        .collect();
-    let Some(sub) = cli.find_subcommand(command) else {
-        return Ok(argv.to_vec());
-    };
-    let mut given = given_flags(&argv[2..]);
+        .collect()
+}
+
+/// The settings the command line `args` gives: its long flags, and with
+/// one of a group of [`EXCLUSIVE`] flags the whole group.
+fn given_settings(args: &[OsString]) -> BTreeSet<String> {
+    let mut given = given_flags(args);
     for group in EXCLUSIVE {
         if group.iter().any(|f| given.contains(*f)) {
             given.extend(group.iter().map(|f| f.to_string()));
         }
     }
+    given
+}
+
+/// The flags of the recipe at `path` for command `sub`: each key's, in
+/// file order, but for keys of another recipe command
+/// (`known_elsewhere`) and settings the command line gives (`given`).
+fn recipe_flags(
+    path: &Path,
+    sub: &clap::Command,
+    known_elsewhere: &BTreeSet<String>,
+    given: &BTreeSet<String>,
+) -> Result<Vec<OsString>> {
     let mut flags: Vec<OsString> = Vec::new();
     // The key each flag came from: `lora_rank` and `lora-rank` are one.
     let mut seen: std::collections::BTreeMap<String, String> = Default::default();
@@ -187,7 +219,7 @@ pub fn expand(argv: &[OsString], cli: &clap::Command) -> Result<Vec<OsString>> {
         }
         let arg = sub
             .get_arguments()
-            .filter(setting)
+            .filter(|a| is_setting(a))
             .find(|a| a.get_long() == Some(flag.as_str()));
         let Some(arg) = arg else {
             if known_elsewhere.contains(&flag) {
@@ -215,44 +247,52 @@ pub fn expand(argv: &[OsString], cli: &clap::Command) -> Result<Vec<OsString>> {
         if given.contains(&flag) {
             continue;
         }
-        let bad = |what: &str| anyhow::anyhow!("recipe {}: key `{key}` {what}", path.display());
-        let switch = matches!(arg.get_action(), ArgAction::SetTrue);
-        // YAML's true/false for an on/off setting (`packing: true`).
-        let on_off = arg
-            .get_possible_values()
-            .iter()
-            .any(|p| p.get_name() == "on");
-        let scalar = |v: &Value| -> Result<String> {
-            match v {
-                Value::String(s) => Ok(s.clone()),
-                Value::Number(n) => Ok(n.to_string()),
-                Value::Bool(b) if on_off => Ok(if *b { "on" } else { "off" }.into()),
-                Value::Bool(b) => Ok(b.to_string()),
-                _ => Err(bad("must be a number, a string, or a list of them")),
-            }
-        };
-        match (&value, switch) {
-            (Value::Null, _) => {}
-            (Value::Bool(true), true) => flags.push(format!("--{flag}").into()),
-            (Value::Bool(false), true) => {}
-            (_, true) => return Err(bad("is a switch: true or false")),
-            (Value::Array(items), false) => {
-                if matches!(arg.get_action(), ArgAction::Append) {
-                    for item in items {
-                        flags.extend([format!("--{flag}").into(), scalar(item)?.into()]);
-                    }
-                } else {
-                    let parts = items.iter().map(scalar).collect::<Result<Vec<_>>>()?;
-                    flags.extend([format!("--{flag}").into(), parts.join(",").into()]);
-                }
-            }
-            (v, false) => flags.extend([format!("--{flag}").into(), scalar(v)?.into()]),
-        }
+        flags.extend(setting_flags(path, &key, arg, &value)?);
     }
-    let mut out: Vec<OsString> = argv[..2].to_vec();
-    out.extend(flags);
-    out.extend(argv[2..].iter().cloned());
-    Ok(out)
+    Ok(flags)
+}
+
+/// Key `key`'s `value` as the flags of setting `arg`: a switch's `--flag`
+/// when true, a list as one value per flag of an appending setting and
+/// comma-separated otherwise, YAML's true/false as on/off where the
+/// setting takes those; nothing for null.
+fn setting_flags(path: &Path, key: &str, arg: &clap::Arg, value: &Value) -> Result<Vec<OsString>> {
+    let flag = flag_of(key);
+    let bad = |what: &str| anyhow::anyhow!("recipe {}: key `{key}` {what}", path.display());
+    let switch = matches!(arg.get_action(), ArgAction::SetTrue);
+    // YAML's true/false for an on/off setting (`packing: true`).
+    let on_off = arg
+        .get_possible_values()
+        .iter()
+        .any(|p| p.get_name() == "on");
+    let scalar = |v: &Value| -> Result<String> {
+        match v {
+            Value::String(s) => Ok(s.clone()),
+            Value::Number(n) => Ok(n.to_string()),
+            Value::Bool(b) if on_off => Ok(if *b { "on" } else { "off" }.into()),
+            Value::Bool(b) => Ok(b.to_string()),
+            _ => Err(bad("must be a number, a string, or a list of them")),
+        }
+    };
+    let mut flags: Vec<OsString> = Vec::new();
+    match (value, switch) {
+        (Value::Null, _) => {}
+        (Value::Bool(true), true) => flags.push(format!("--{flag}").into()),
+        (Value::Bool(false), true) => {}
+        (_, true) => return Err(bad("is a switch: true or false")),
+        (Value::Array(items), false) => {
+            if matches!(arg.get_action(), ArgAction::Append) {
+                for item in items {
+                    flags.extend([format!("--{flag}").into(), scalar(item)?.into()]);
+                }
+            } else {
+                let parts = items.iter().map(scalar).collect::<Result<Vec<_>>>()?;
+                flags.extend([format!("--{flag}").into(), parts.join(",").into()]);
+            }
+        }
+        (v, false) => flags.extend([format!("--{flag}").into(), scalar(v)?.into()]),
+    }
+    Ok(flags)
 }
 
 /// The effective recipe of a `train` run whose flags (`train`, the

@@ -14,10 +14,10 @@ use clap::Args;
 use hlo_engine::ir::DType;
 use hlo_engine::models::attention::AttentionKind;
 use hlo_engine::models::nf4::Nf4Config;
-use hlo_engine::spec::{AttentionChoice, StepSpec};
+use hlo_engine::run::step::{AttentionChoice, StepSpec};
 use hlo_engine::{ModelSource, RunSpec};
 
-use crate::args::{AttentionArg, DtypeArgs, ModelArgs, QuantizeArgs, TokenizerArgs};
+use crate::args::{named, DtypeArgs, ModelArgs, QuantizeArgs, TokenizerArgs};
 
 /// The saved runs of the adapters a command reads (those without a
 /// `train_state/` have none), and the settings taken from them so far.
@@ -175,8 +175,8 @@ pub struct AttentionArgs {
     /// --seq), `cudnn` (CUDA) or auto (on the CPU blockwise from 256
     /// tokens; on a GPU naive while one layer's scores take at most a
     /// quarter of the device). Default: the adapter's run's, else auto.
-    #[arg(long, value_enum)]
-    pub attention: Option<AttentionArg>,
+    #[arg(long, value_parser = named::<AttentionChoice>())]
+    pub attention: Option<AttentionChoice>,
 
     /// Queries and keys per block of blockwise attention, dividing --seq;
     /// implies blockwise under --attention auto.
@@ -192,7 +192,7 @@ impl AttentionArgs {
         let (attention, attention_block) =
             if self.attention.is_some() || self.attention_block.is_some() {
                 (
-                    self.attention.map_or(AttentionChoice::Auto, Into::into),
+                    self.attention.unwrap_or(AttentionChoice::Auto),
                     self.attention_block,
                 )
             } else {

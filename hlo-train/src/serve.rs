@@ -198,10 +198,6 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         max_num_batched_tokens: args.max_num_batched_tokens as usize,
         background_compile: true,
         prefix_caching: !args.no_prefix_caching,
-        fail_on_token: match std::env::var("HLO_TRAIN_TEST_FAIL_ON_TOKEN") {
-            Ok(t) => Some(t.parse().context("HLO_TRAIN_TEST_FAIL_ON_TOKEN")?),
-            Err(_) => None,
-        },
     };
     let backend = args.plugin.backend(args.mesh.as_ref());
     // Placing the weights and compiling take seconds to minutes before

@@ -7,8 +7,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use clap::{Args, ValueEnum};
-use hlo_engine::ir::DType;
+use clap::Args;
 use hlo_engine::models::grpo::{GrpoLossType, ScaleRewards};
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::{
@@ -19,7 +18,7 @@ use hlo_report::{EventWriter, LossCurves};
 use indicatif::ProgressBar;
 
 use crate::args::{
-    ChatArgs, DTypeArg, DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs, TokenizerArgs,
+    named, ChatArgs, DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs, TokenizerArgs,
 };
 use crate::console::{demo_show, print_header, Progress, RewardCourse};
 use crate::dump_hlo::{self, Format};
@@ -55,8 +54,8 @@ pub struct TrainArgs {
     /// (ORPOTrainer's). With pairs, --batch counts pairs. Or grpo
     /// (GRPOTrainer's): online RL over prompts, the policy generating its
     /// own completions, scored by --reward; --batch counts completions.
-    #[arg(long, value_enum, default_value = "sft")]
-    pub objective: ObjectiveArg,
+    #[arg(long, value_parser = named::<Objective>(), default_value = "sft")]
+    pub objective: Objective,
 
     #[command(flatten)]
     pub preference: crate::args::PreferenceArgs,
@@ -88,12 +87,12 @@ pub struct TrainArgs {
     /// GRPO: how rewards become advantages: less the group's mean, over
     /// the group's standard deviation (group), the batch's (batch), or
     /// not scaled (none).
-    #[arg(long, value_enum, default_value = "group")]
-    pub scale_rewards: ScaleRewardsArg,
+    #[arg(long, value_parser = named::<ScaleRewards>(), default_value = "group")]
+    pub scale_rewards: ScaleRewards,
 
     /// GRPO: how the per-token losses are pooled, as TRL's loss_type.
-    #[arg(long, value_enum, default_value = "dapo")]
-    pub loss_type: LossTypeArg,
+    #[arg(long, value_parser = named::<GrpoLossType>(), default_value = "dapo")]
+    pub loss_type: GrpoLossType,
 
     /// GRPO: tokens a completion has at most.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
@@ -264,45 +263,6 @@ pub struct TrainArgs {
     pub peak_tflops: Option<f64>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ObjectiveArg {
-    Sft,
-    Dpo,
-    Ipo,
-    Simpo,
-    Orpo,
-    Grpo,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ScaleRewardsArg {
-    Group,
-    Batch,
-    None,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LossTypeArg {
-    Grpo,
-    #[value(name = "dr_grpo")]
-    DrGrpo,
-    Dapo,
-    Bnpo,
-}
-
-impl From<ObjectiveArg> for Objective {
-    fn from(o: ObjectiveArg) -> Objective {
-        match o {
-            ObjectiveArg::Sft => Objective::Sft,
-            ObjectiveArg::Dpo => Objective::Dpo,
-            ObjectiveArg::Ipo => Objective::Ipo,
-            ObjectiveArg::Simpo => Objective::Simpo,
-            ObjectiveArg::Orpo => Objective::Orpo,
-            ObjectiveArg::Grpo => Objective::Grpo,
-        }
-    }
-}
-
 /// The engine's run of these flags; `given` (clap ids) are the settings
 /// the command line chose, which a resumed run must agree with.
 fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
@@ -311,33 +271,21 @@ fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
         model: args.model.source(),
         tokenizer: args.tokenizer.tokenizer.clone(),
         quantize,
-        dtype: args.dtype.dtype.map(|d| match d {
-            DTypeArg::F32 => DType::F32,
-            DTypeArg::Bf16 => DType::BF16,
-        }),
+        dtype: args.dtype.dtype,
         data: DataSource {
             path: args.data.clone(),
             chat_template: args.chat.chat_template.clone(),
             train_on_inputs: args.chat.train_on_inputs,
         },
-        objective: args.objective.into(),
+        objective: args.objective,
         grpo: GrpoSpec {
             num_generations: args.num_generations as usize,
             beta: args.preference.beta.unwrap_or(0.0),
             epsilon: args.epsilon,
             epsilon_high: args.epsilon_high,
             num_iterations: args.num_iterations as usize,
-            scale_rewards: match args.scale_rewards {
-                ScaleRewardsArg::Group => ScaleRewards::Group,
-                ScaleRewardsArg::Batch => ScaleRewards::Batch,
-                ScaleRewardsArg::None => ScaleRewards::None,
-            },
-            loss_type: match args.loss_type {
-                LossTypeArg::Grpo => GrpoLossType::Grpo,
-                LossTypeArg::DrGrpo => GrpoLossType::DrGrpo,
-                LossTypeArg::Dapo => GrpoLossType::Dapo,
-                LossTypeArg::Bnpo => GrpoLossType::Bnpo,
-            },
+            scale_rewards: args.scale_rewards,
+            loss_type: args.loss_type,
             max_completion_length: args.max_completion_length as usize,
             temperature: args.temperature,
             top_p: args.top_p,

@@ -544,24 +544,6 @@ fn bad_input_table() {
             ]),
         ),
         (
-            "a reference adapter with other LoRA settings",
-            train(&[
-                "--objective",
-                "dpo",
-                "--data",
-                &pairs_file(&root),
-                "--checkpoint",
-                fixture("gqa_llama3").to_str().unwrap(),
-                "--lora-rank",
-                "2",
-                "--ref-adapter",
-                Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("../tests/fixtures/preference/adapters/ref")
-                    .to_str()
-                    .unwrap(),
-            ]),
-        ),
-        (
             "--objective dpo with --grad-accum 2",
             train(&["--objective", "dpo", "--data", &pairs_file(&root), "--grad-accum", "2"]),
         ),

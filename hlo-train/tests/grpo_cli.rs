@@ -133,7 +133,7 @@ fn check(name: &str, extra: &[&str]) {
     for (flag, path) in [("--out", &out), ("--metrics", &metrics)] {
         args.extend([flag.into(), path.display().to_string()]);
     }
-    args.extend(extra.iter().map(|s| s.to_string()));
+    let args = with_flags(args, extra);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     ok(&hlo_train(&args));
     let lines: Vec<Value> = std::fs::read_to_string(&metrics)
@@ -211,6 +211,19 @@ fn scaling_clipping_temperature_adamw_and_references_equal_trl() {
     ] {
         check(name, &[]);
     }
+}
+
+/// PEFT writes `target_modules` from a set: a reference adapter listing
+/// them in another order is the same adapter, and the same step.
+#[test]
+fn a_reference_adapter_listing_its_modules_in_another_order_is_the_same() {
+    let tmp = scratch("grpo", "reversed_targets");
+    let reversed = with_targets_reversed(&grpo("adapters/ref"), &tmp.join("ref"));
+    check(
+        "dapo.b0.04.mu1.ref",
+        &["--ref-adapter", reversed.to_str().unwrap()],
+    );
+    std::fs::remove_dir_all(tmp).unwrap();
 }
 
 /// Every case of the first test again on the mesh (each `loss_type`, with

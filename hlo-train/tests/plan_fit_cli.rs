@@ -154,6 +154,12 @@ fn a_grpo_plan_counts_its_rollouts_and_suggests_only_what_grpo_takes() {
     let batch = [("--batch".to_string(), "16".to_string())];
     let v: Value = serde_json::from_str(&ok(&run(&plan_args(&batch, &grpo)))).unwrap();
     assert_eq!(v["objective"], "grpo");
+    // The text names the GRPO step and its groups.
+    let text = ok(&run(&plan_args(&batch, &grpo[..grpo.len() - 1])));
+    assert!(
+        text.contains("LoRA grpo step, batch 16 completions (4 prompts × 4) × seq"),
+        "{text}"
+    );
     let r = &v["rollout"];
     assert_eq!(
         (r["prompt_tokens"].as_i64(), r["cache_tokens"].as_i64()),

@@ -23,14 +23,17 @@ fn preference(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Every case of `expected.json` and `expected_more.json`.
+/// Every case of `expected.json`, `expected_more.json` and
+/// `expected_two.json`.
 fn expected() -> Value {
     let read = |f: &str| -> Value {
         serde_json::from_str(&std::fs::read_to_string(preference(f)).unwrap()).unwrap()
     };
     let mut all = read("expected.json");
-    if let (Some(a), Value::Object(b)) = (all.as_object_mut(), read("expected_more.json")) {
-        a.extend(b);
+    for more in ["expected_more.json", "expected_two.json"] {
+        if let (Some(a), Value::Object(b)) = (all.as_object_mut(), read(more)) {
+            a.extend(b);
+        }
     }
     all
 }
@@ -120,11 +123,13 @@ impl Case {
         match self.start {
             "fresh" => f.extend(["--init-adapter".into(), adapter("fresh")]),
             "init" => f.extend(["--init-adapter".into(), adapter("init")]),
-            _ => f.extend([
+            // `ref_other`: a reference of another rank, alpha and target
+            // set than the trained adapter's (PEFT's two adapters).
+            reference => f.extend([
                 "--init-adapter".into(),
                 adapter("fresh"),
                 "--ref-adapter".into(),
-                adapter("ref"),
+                adapter(reference),
             ]),
         }
         f
@@ -181,7 +186,7 @@ fn check(case: &Case, data: &Path, extra: &[&str]) {
     ] {
         args.extend([flag.into(), path.display().to_string()]);
     }
-    args.extend(extra.iter().map(|s| s.to_string()));
+    let args = with_flags(args, extra);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     ok(&hlo_train(&args));
     let want = &expected()[&name];
@@ -228,7 +233,9 @@ fn check(case: &Case, data: &Path, extra: &[&str]) {
     );
     let ours = read_safetensors(&out.join("adapter_model.safetensors")).unwrap();
     let mut theirs = read_safetensors(&preference("expected.safetensors")).unwrap();
-    theirs.extend(read_safetensors(&preference("expected_more.safetensors")).unwrap());
+    for more in ["expected_more.safetensors", "expected_two.safetensors"] {
+        theirs.extend(read_safetensors(&preference(more)).unwrap());
+    }
     assert!(!ours.is_empty());
     for (key, t) in &ours {
         let trl = &theirs
@@ -258,6 +265,35 @@ fn dpo_and_ipo_equal_trl_against_the_base_a_copy_of_the_adapter_and_another_adap
         let case = Case::new(method, start, "adamw");
         check(&case, &ids(), &[]);
     }
+}
+
+/// A reference adapter with its own LoRA settings (rank 2, alpha 6 on
+/// q_proj, o_proj and down_proj, beside a trained rank-4 adapter on q_proj
+/// and v_proj), as a PEFT model holding both adapters computes it: on one
+/// device and on a mesh.
+#[test]
+fn a_reference_adapter_of_other_lora_settings_equals_peft_holding_both() {
+    for (method, optimizer) in [("dpo", "sgd"), ("dpo", "adamw"), ("ipo", "sgd")] {
+        check(&Case::new(method, "ref_other", optimizer), &ids(), &[]);
+    }
+    let case = Case::new("dpo", "ref_other", "sgd");
+    let mesh = ["--devices", "4", "--mesh", "dp=1,fsdp=2,mp=2"];
+    check(&case, &ids(), &mesh);
+}
+
+/// PEFT writes `target_modules` from a set: a reference adapter listing
+/// them in another order is the same adapter, and the same step.
+#[test]
+fn a_reference_adapter_listing_its_modules_in_another_order_is_the_same() {
+    let tmp = scratch("preference", "reversed_targets");
+    let reversed = with_targets_reversed(&preference("adapters/ref"), &tmp.join("ref"));
+    let case = Case::new("dpo", "ref", "sgd");
+    check(
+        &case,
+        &ids(),
+        &["--ref-adapter", reversed.to_str().unwrap()],
+    );
+    std::fs::remove_dir_all(tmp).unwrap();
 }
 
 #[test]

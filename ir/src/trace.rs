@@ -337,14 +337,19 @@ impl Inputs {
         &self.names
     }
 
-    /// These inputs with the named ones bound to other tensors: a model
-    /// function called on them reads `overrides` in their place (a
-    /// preference loss's reference reads its own LoRA tensors so).
+    /// These inputs with the named ones bound to other tensors, and names
+    /// they lack added: a model function called on them reads `overrides`
+    /// in their place (a preference loss's reference reads its own LoRA
+    /// tensors so, on modules the policy's adapter may not target).
     pub fn with_overrides(&self, overrides: &[(String, Tensor)]) -> Inputs {
         let mut out = self.clone();
         for (name, t) in overrides {
-            if let Some(i) = out.names.iter().position(|n| n == name) {
-                out.tensors[i] = *t;
+            match out.names.iter().position(|n| n == name) {
+                Some(i) => out.tensors[i] = *t,
+                None => {
+                    out.names.push(name.clone());
+                    out.tensors.push(*t);
+                }
             }
         }
         out

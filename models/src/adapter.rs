@@ -18,6 +18,7 @@ use serde_json::{json, Map, Value};
 
 use crate::decoder::{lora_parameter_types, LoraConfig, ModelConfig, EXPERT_PARAMETERS};
 use crate::io::{write_atomic, write_safetensors};
+use crate::safetensors_file::StoredTensor;
 use crate::ModelError;
 
 /// A LoRA adapter in hlo-train's layout: `<module>.lora_a` `[in, r]` and
@@ -172,6 +173,239 @@ fn expert_layout(l: &Literal, a: bool, to_peft: bool, experts: usize) -> Literal
     Literal::from_f64s(TensorType::new(l.ty.dtype, dims), &value)
 }
 
+/// The tensors of an adapter's `adapter_model.safetensors`, by key.
+type StoredTensors = HashMap<String, StoredTensor>;
+
+/// The error about adapter folder `dir` with a message.
+fn adapter_error(dir: &Path) -> impl Fn(String) -> ModelError + '_ {
+    move |message| ModelError::Adapter {
+        dir: dir.display().to_string(),
+        message,
+    }
+}
+
+/// `adapter_config.json` of `dir` as a JSON object.
+fn config_object(dir: &Path) -> Result<Map<String, Value>, ModelError> {
+    let bad = adapter_error(dir);
+    let cfg_path = dir.join("adapter_config.json");
+    let text = std::fs::read_to_string(&cfg_path)
+        .map_err(|e| bad(format!("cannot read adapter_config.json: {e}")))?;
+    let v: Value = serde_json::from_str(&text)
+        .map_err(|e| bad(format!("adapter_config.json is not JSON: {e}")))?;
+    match v {
+        Value::Object(obj) => Ok(obj),
+        _ => Err(bad("adapter_config.json is not a JSON object".into())),
+    }
+}
+
+/// Refuses an adapter config that is no LoRA (`peft_type`), or sets what
+/// hlo-train does not compute: an `init_lora_weights` that changes the
+/// base weights, or any setting neither descriptive nor honoured.
+fn refuse_unsupported(
+    obj: &Map<String, Value>,
+    bad: &dyn Fn(String) -> ModelError,
+) -> Result<(), ModelError> {
+    if obj
+        .get("peft_type")
+        .and_then(Value::as_str)
+        .is_some_and(|t| t != "LORA")
+    {
+        return Err(bad(format!("peft_type {} is not LORA", obj["peft_type"])));
+    }
+    // Initialisations that change the base weights (PiSSA, OLoRA,
+    // CorDA, LoftQ) give adapters for another base.
+    if let Some(Value::String(init)) = obj.get("init_lora_weights") {
+        if init != "gaussian" {
+            return Err(bad(format!(
+                "unsupported: init_lora_weights = \"{init}\" (it changes the base weights the adapter needs)"
+            )));
+        }
+    }
+    // Anything else that is set changes the adapter in a way hlo-train
+    // does not compute: refused, named.
+    for (key, value) in obj {
+        let known = DESCRIPTIVE.contains(&key.as_str()) || HONOURED.contains(&key.as_str());
+        if !known && !is_off(value) {
+            return Err(bad(format!(
+                "unsupported: {key} = {value} (hlo-train does not compute it; it would give other results than PEFT)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The strings of list `key` (empty when it is absent or no list).
+fn string_list(obj: &Map<String, Value>, key: &str) -> Vec<String> {
+    match obj.get(key) {
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|t| t.as_str().map(str::to_string))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// `target_modules`: a list of module names, or PEFT's `all-linear`; a
+/// regex is refused.
+fn target_modules(
+    obj: &Map<String, Value>,
+    bad: &dyn Fn(String) -> ModelError,
+) -> Result<Vec<String>, ModelError> {
+    match obj.get("target_modules") {
+        Some(Value::Array(_)) => Ok(string_list(obj, "target_modules")),
+        // PEFT's shorthand for every linear layer but the head.
+        Some(Value::String(s)) if s == "all-linear" => Ok(crate::decoder::DEFAULT_TARGETS
+            .iter()
+            .map(|t| t.to_string())
+            .collect()),
+        Some(Value::String(s)) => Err(bad(format!(
+            "target_modules as a regex (`{s}`) is not supported: list the module names"
+        ))),
+        _ => Ok(Vec::new()),
+    }
+}
+
+/// `rank_pattern` or `alpha_pattern`: a module pattern's own rank or alpha.
+fn pattern(obj: &Map<String, Value>, key: &str) -> Vec<(String, f64)> {
+    obj.get(key)
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| v.as_f64().map(|x| (k.clone(), x)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Refuses biases PEFT trained: its `bias = "all"` or `"lora_only"` saves
+/// the biases it trained (Qwen2's q/k/v), which would replace the base's.
+/// (A saved module's own bias, gpt-oss's router's, is no LoRA bias.)
+fn refuse_trained_biases(
+    stored: &StoredTensors,
+    lora: &LoraConfig,
+    bad: &dyn Fn(String) -> ModelError,
+) -> Result<(), ModelError> {
+    let saved_module = |k: &str| {
+        k.strip_prefix("base_model.model.")
+            .is_some_and(|n| lora.saves_weight(n))
+    };
+    if let Some(key) = stored
+        .keys()
+        .filter(|k| k.ends_with(".bias") && !saved_module(k))
+        .min()
+    {
+        return Err(bad(format!(
+            "unsupported: the adapter holds trained biases (`{key}`, PEFT's bias = \"all\" or \"lora_only\"); hlo-train trains and loads LoRA with bias = \"none\""
+        )));
+    }
+    Ok(())
+}
+
+/// The shape PEFT stores our LoRA factor of type `ty` as: the transpose;
+/// a fused expert factor's in PEFT's layout (see [`expert_layout`]).
+fn peft_shape(ty: &TensorType, expert: bool, a: bool) -> Vec<i64> {
+    match (expert, a) {
+        (true, true) => vec![ty.dims[0] * ty.dims[2], ty.dims[1]],
+        (true, false) => vec![ty.dims[2], ty.dims[0] * ty.dims[1]],
+        // PEFT stores the transpose.
+        (false, _) => ty.dims.iter().rev().copied().collect(),
+    }
+}
+
+/// Our LoRA factor `name` (of type `ty`) read from the adapter file `map`:
+/// a floating tensor of the shape the model implies, finite in f32, in
+/// hlo-train's layout.
+fn lora_tensor(
+    name: &str,
+    ty: &TensorType,
+    lora: &LoraConfig,
+    (stored, map): (&StoredTensors, &[u8]),
+    bad: &dyn Fn(String) -> ModelError,
+) -> Result<Literal, ModelError> {
+    let expert = expert_peft_key(name, lora);
+    let key = expert.clone().unwrap_or_else(|| peft_key(name).0);
+    let t = stored
+        .get(&key)
+        .ok_or_else(|| bad(format!("tensor `{key}` is missing")))?;
+    // PEFT keeps LoRA weights in a floating dtype; integers would
+    // be a quantized or foreign file, not weights to widen.
+    if !t.dtype.is_float() {
+        return Err(bad(format!(
+            "tensor `{key}` is {:?}; LoRA weights must be floating point (F32, BF16, F16 or F64)",
+            t.dtype
+        )));
+    }
+    if let Some(module) = name.strip_suffix(".lora_a") {
+        let scale = lora.scale_of(module);
+        if !(scale as f32).is_finite() {
+            return Err(bad(format!(
+                "the scale of `{module}` (lora_alpha / r) is {scale}, not a finite f32"
+            )));
+        }
+    }
+    let a = name.ends_with(".lora_a");
+    let want = peft_shape(ty, expert.is_some(), a);
+    if t.shape != want {
+        return Err(bad(format!(
+            "tensor `{key}` has shape {:?}, the model implies {want:?}",
+            t.shape
+        )));
+    }
+    let lit = Literal::from_f64s(
+        TensorType::new(DType::F32, t.shape.clone()),
+        &t.literal(map).to_f64s(),
+    );
+    // Checked as f32 (what is computed with): an F64 value past
+    // f32's range is as unusable as a NaN.
+    let bad_values = lit.non_finite_count();
+    if bad_values > 0 {
+        return Err(bad(format!(
+            "tensor `{key}` holds {bad_values} values that are NaN or infinite (in f32)"
+        )));
+    }
+    Ok(if expert.is_some() {
+        expert_layout(&lit, a, false, ty.dims[0] as usize)
+    } else {
+        transpose(&lit)
+    })
+}
+
+/// The whole weights of the modules the adapter saves
+/// (`modules_to_save`), under their base names: each of the base's shape,
+/// floating point, finite.
+fn saved_module_weights(
+    config: &ModelConfig,
+    lora: &LoraConfig,
+    (stored, map): (&StoredTensors, &[u8]),
+    bad: &dyn Fn(String) -> ModelError,
+) -> Result<Vec<(String, Literal)>, ModelError> {
+    let saved = config
+        .parameter_shapes()
+        .into_iter()
+        .filter(|(name, _)| lora.saves_weight(name));
+    let mut tensors = Vec::new();
+    for (weight, shape) in saved {
+        let (key, _) = peft_key(&weight);
+        let t = stored
+            .get(&key)
+            .ok_or_else(|| bad(format!("tensor `{key}` (modules_to_save) is missing")))?;
+        if t.shape != shape {
+            return Err(bad(format!(
+                "tensor `{key}` has shape {:?}, the model implies {shape:?}",
+                t.shape
+            )));
+        }
+        let lit = t.literal(map);
+        if !t.dtype.is_float() || lit.non_finite_count() > 0 {
+            return Err(bad(format!(
+                "tensor `{key}` (modules_to_save) must be floating point with finite values"
+            )));
+        }
+        tensors.push((weight, lit));
+    }
+    Ok(tensors)
+}
+
 impl Adapter {
     /// A fresh adapter initialised as PEFT does: A uniform in ±1/sqrt(in)
     /// (kaiming-uniform with a = sqrt(5)), B zero. (Modules to save start
@@ -204,101 +438,27 @@ impl Adapter {
     /// settings, every setting that changes the computation honoured or
     /// refused.
     pub fn read_config(dir: &Path) -> Result<LoraConfig, ModelError> {
-        let bad = |message: String| ModelError::Adapter {
-            dir: dir.display().to_string(),
-            message,
-        };
-        let cfg_path = dir.join("adapter_config.json");
-        let text = std::fs::read_to_string(&cfg_path)
-            .map_err(|e| bad(format!("cannot read adapter_config.json: {e}")))?;
-        let v: Value = serde_json::from_str(&text)
-            .map_err(|e| bad(format!("adapter_config.json is not JSON: {e}")))?;
-        let obj = v
-            .as_object()
-            .ok_or_else(|| bad("adapter_config.json is not a JSON object".into()))?;
-        if obj
-            .get("peft_type")
-            .and_then(Value::as_str)
-            .is_some_and(|t| t != "LORA")
-        {
-            return Err(bad(format!("peft_type {} is not LORA", obj["peft_type"])));
-        }
-        // Initialisations that change the base weights (PiSSA, OLoRA,
-        // CorDA, LoftQ) give adapters for another base.
-        if let Some(Value::String(init)) = obj.get("init_lora_weights") {
-            if init != "gaussian" {
-                return Err(bad(format!(
-                    "unsupported: init_lora_weights = \"{init}\" (it changes the base weights the adapter needs)"
-                )));
-            }
-        }
-        // Anything else that is set changes the adapter in a way hlo-train
-        // does not compute: refused, named.
-        for (key, value) in obj {
-            let known = DESCRIPTIVE.contains(&key.as_str()) || HONOURED.contains(&key.as_str());
-            if !known && !is_off(value) {
-                return Err(bad(format!(
-                    "unsupported: {key} = {value} (hlo-train does not compute it; it would give other results than PEFT)"
-                )));
-            }
-        }
+        let bad = adapter_error(dir);
+        let obj = config_object(dir)?;
+        refuse_unsupported(&obj, &bad)?;
         let r = obj
             .get("r")
             .and_then(Value::as_i64)
             .ok_or_else(|| bad("adapter_config.json has no `r`".into()))?;
         let alpha = obj.get("lora_alpha").and_then(Value::as_f64).unwrap_or(8.0);
-        let targets: Vec<String> = match obj.get("target_modules") {
-            Some(Value::Array(a)) => a
-                .iter()
-                .filter_map(|t| t.as_str().map(str::to_string))
-                .collect(),
-            // PEFT's shorthand for every linear layer but the head.
-            Some(Value::String(s)) if s == "all-linear" => crate::decoder::DEFAULT_TARGETS
-                .iter()
-                .map(|t| t.to_string())
-                .collect(),
-            Some(Value::String(s)) => {
-                return Err(bad(format!(
-                    "target_modules as a regex (`{s}`) is not supported: list the module names"
-                )))
-            }
-            _ => Vec::new(),
-        };
-        let parameters: Vec<String> = match obj.get("target_parameters") {
-            Some(Value::Array(a)) => a
-                .iter()
-                .filter_map(|t| t.as_str().map(str::to_string))
-                .collect(),
-            _ => Vec::new(),
-        };
+        let targets = target_modules(&obj, &bad)?;
+        let parameters = string_list(&obj, "target_parameters");
         if targets.is_empty() && parameters.is_empty() {
             return Err(bad(
                 "adapter_config.json has no target_modules (nor target_parameters)".into(),
             ));
         }
-        let refs: Vec<&str> = targets.iter().map(String::as_str).collect();
-        let pattern = |key: &str| -> Vec<(String, f64)> {
-            obj.get(key)
-                .and_then(Value::as_object)
-                .map(|m| {
-                    m.iter()
-                        .filter_map(|(k, v)| v.as_f64().map(|x| (k.clone(), x)))
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        let ranks: Vec<(String, i64)> = pattern("rank_pattern")
+        let ranks: Vec<(String, i64)> = pattern(&obj, "rank_pattern")
             .into_iter()
             .map(|(k, r)| (k, r as i64))
             .collect();
-        let modules: Vec<String> = match obj.get("modules_to_save") {
-            Some(Value::Array(a)) => a
-                .iter()
-                .filter_map(|t| t.as_str().map(str::to_string))
-                .collect(),
-            _ => Vec::new(),
-        };
-        let mut all = refs.clone();
+        let modules = string_list(&obj, "modules_to_save");
+        let mut all: Vec<&str> = targets.iter().map(String::as_str).collect();
         all.extend(parameters.iter().map(String::as_str));
         LoraConfig::new(
             r,
@@ -308,7 +468,7 @@ impl Adapter {
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
         )
-        .and_then(|l| l.with_patterns(ranks, pattern("alpha_pattern")))
+        .and_then(|l| l.with_patterns(ranks, pattern(&obj, "alpha_pattern")))
         .and_then(|l| l.with_modules_to_save(modules))
         .map_err(|e| bad(e.to_string()))
     }
@@ -338,10 +498,7 @@ impl Adapter {
 
     /// Reads a PEFT adapter folder for a model of `config`.
     pub fn load(dir: &Path, config: &ModelConfig) -> Result<Adapter, ModelError> {
-        let bad = |message: String| ModelError::Adapter {
-            dir: dir.display().to_string(),
-            message,
-        };
+        let bad = adapter_error(dir);
         let lora = Self::read_config(dir)?;
         let tied = lora
             .modules_to_save
@@ -355,107 +512,19 @@ impl Adapter {
         }
         let path = dir.join("adapter_model.safetensors");
         let map = crate::safetensors_file::mmap(&path)?;
-        let stored: HashMap<String, crate::safetensors_file::StoredTensor> =
-            crate::safetensors_file::index_file(&path, &map)?
-                .into_iter()
-                .map(|t| (t.name.clone(), t))
-                .collect();
-        // PEFT's `bias = "all"` or `"lora_only"` saves the biases it
-        // trained (Qwen2's q/k/v), which would replace the base's.
-        // (A saved module's own bias, gpt-oss's router's, is no LoRA bias.)
-        let saved_module = |k: &str| {
-            k.strip_prefix("base_model.model.")
-                .is_some_and(|n| lora.saves_weight(n))
-        };
-        if let Some(key) = stored
-            .keys()
-            .filter(|k| k.ends_with(".bias") && !saved_module(k))
-            .min()
-        {
-            return Err(bad(format!(
-                "unsupported: the adapter holds trained biases (`{key}`, PEFT's bias = \"all\" or \"lora_only\"); hlo-train trains and loads LoRA with bias = \"none\""
-            )));
-        }
+        let stored: StoredTensors = crate::safetensors_file::index_file(&path, &map)?
+            .into_iter()
+            .map(|t| (t.name.clone(), t))
+            .collect();
+        refuse_trained_biases(&stored, &lora, &bad)?;
         let mut tensors = Vec::new();
         for (name, ty) in lora_parameter_types(config, &lora) {
-            let expert = expert_peft_key(&name, &lora);
-            let key = expert.clone().unwrap_or_else(|| peft_key(&name).0);
-            let t = stored
-                .get(&key)
-                .ok_or_else(|| bad(format!("tensor `{key}` is missing")))?;
-            // PEFT keeps LoRA weights in a floating dtype; integers would
-            // be a quantized or foreign file, not weights to widen.
-            if !t.dtype.is_float() {
-                return Err(bad(format!(
-                    "tensor `{key}` is {:?}; LoRA weights must be floating point (F32, BF16, F16 or F64)",
-                    t.dtype
-                )));
-            }
-            if let Some(module) = name.strip_suffix(".lora_a") {
-                let scale = lora.scale_of(module);
-                if !(scale as f32).is_finite() {
-                    return Err(bad(format!(
-                        "the scale of `{module}` (lora_alpha / r) is {scale}, not a finite f32"
-                    )));
-                }
-            }
-            let a = name.ends_with(".lora_a");
-            let want: Vec<i64> = match (expert.is_some(), a) {
-                (true, true) => vec![ty.dims[0] * ty.dims[2], ty.dims[1]],
-                (true, false) => vec![ty.dims[2], ty.dims[0] * ty.dims[1]],
-                // PEFT stores the transpose.
-                (false, _) => ty.dims.iter().rev().copied().collect(),
-            };
-            if t.shape != want {
-                return Err(bad(format!(
-                    "tensor `{key}` has shape {:?}, the model implies {want:?}",
-                    t.shape
-                )));
-            }
-            let lit = Literal::from_f64s(
-                TensorType::new(DType::F32, t.shape.clone()),
-                &t.literal(&map).to_f64s(),
-            );
-            // Checked as f32 (what is computed with): an F64 value past
-            // f32's range is as unusable as a NaN.
-            let bad_values = lit.non_finite_count();
-            if bad_values > 0 {
-                return Err(bad(format!(
-                    "tensor `{key}` holds {bad_values} values that are NaN or infinite (in f32)"
-                )));
-            }
-            let ours = if expert.is_some() {
-                expert_layout(&lit, a, false, ty.dims[0] as usize)
-            } else {
-                transpose(&lit)
-            };
-            tensors.push((name, ours));
+            let lit = lora_tensor(&name, &ty, &lora, (&stored, &map), &bad)?;
+            tensors.push((name, lit));
         }
         lora.check_modules_to_save(config)
             .map_err(|e| bad(e.to_string()))?;
-        let saved = config
-            .parameter_shapes()
-            .into_iter()
-            .filter(|(name, _)| lora.saves_weight(name));
-        for (weight, shape) in saved {
-            let (key, _) = peft_key(&weight);
-            let t = stored
-                .get(&key)
-                .ok_or_else(|| bad(format!("tensor `{key}` (modules_to_save) is missing")))?;
-            if t.shape != shape {
-                return Err(bad(format!(
-                    "tensor `{key}` has shape {:?}, the model implies {shape:?}",
-                    t.shape
-                )));
-            }
-            let lit = t.literal(&map);
-            if !t.dtype.is_float() || lit.non_finite_count() > 0 {
-                return Err(bad(format!(
-                    "tensor `{key}` (modules_to_save) must be floating point with finite values"
-                )));
-            }
-            tensors.push((weight, lit));
-        }
+        tensors.extend(saved_module_weights(config, &lora, (&stored, &map), &bad)?);
         Ok(Adapter { lora, tensors })
     }
 

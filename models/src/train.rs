@@ -100,21 +100,79 @@ pub struct TrainConfig {
     /// one device (a caller that splits the batch passes its rows per
     /// device to it instead).
     pub loss_chunk: Option<i64>,
-    /// A preference loss over pairs in place of the causal-LM loss
-    /// (`batch` then counts rows: twice the pairs, see
-    /// [`preference_loss`]).
-    pub preference: Option<Preference>,
-    /// GRPO's loss over rollouts in place of the causal-LM loss (see
-    /// [`grpo_loss`]): the batch carries each completion's advantage, and
-    /// the old and reference log-probabilities where the loss reads them.
-    pub grpo: Option<GrpoLoss>,
+    /// What the step minimises.
+    pub loss: Loss,
+}
+
+/// What a step minimises. Every place whose work depends on the objective
+/// (batch fields, train and eval steps, FLOPs) matches this exhaustively,
+/// so a new objective does not compile until each handles it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Loss {
+    /// The masked next-token cross-entropy (SFT, pretraining).
+    #[default]
+    CausalLm,
+    /// A preference loss over pairs (`batch` then counts rows: twice the
+    /// pairs, see [`preference_loss`]).
+    Preference(Preference),
+    /// GRPO's loss over rollouts (see [`grpo_loss`]): the batch carries
+    /// each completion's advantage, and the old and reference
+    /// log-probabilities where the loss reads them.
+    Grpo(GrpoLoss),
+}
+
+impl Loss {
+    /// The preference objective, if this is one.
+    pub fn preference(&self) -> Option<&Preference> {
+        match self {
+            Loss::Preference(p) => Some(p),
+            Loss::CausalLm | Loss::Grpo(_) => None,
+        }
+    }
+
+    /// GRPO's loss, if this is it.
+    pub fn grpo(&self) -> Option<&GrpoLoss> {
+        match self {
+            Loss::Grpo(g) => Some(g),
+            Loss::CausalLm | Loss::Preference(_) => None,
+        }
+    }
 }
 
 /// A preference objective: the loss and the model it compares with.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Preference {
     pub loss: PreferenceLoss,
     pub reference: Reference,
+    /// With [`Reference::Adapter`], the reference adapter's own LoRA
+    /// settings where they differ from the trained adapter's (another
+    /// rank, alpha or target set, as a PEFT model holding two adapters
+    /// allows); None: the trained adapter's.
+    pub reference_lora: Option<LoraConfig>,
+}
+
+impl Preference {
+    /// `loss` against `reference`, a reference adapter (if any) with the
+    /// trained adapter's settings.
+    pub fn new(loss: PreferenceLoss, reference: Reference) -> Preference {
+        Preference {
+            loss,
+            reference,
+            reference_lora: None,
+        }
+    }
+
+    /// This objective with a reference adapter of settings `reference`
+    /// beside a trained adapter of settings `trained`: the reference's
+    /// own settings kept where they differ (see `reference_lora`).
+    pub fn with_reference_lora(
+        mut self,
+        trained: Option<&LoraConfig>,
+        reference: Option<&LoraConfig>,
+    ) -> Preference {
+        self.reference_lora = reference.filter(|&r| Some(r) != trained).cloned();
+        self
+    }
 }
 
 impl TrainConfig {
@@ -140,8 +198,7 @@ impl TrainConfig {
             packing: false,
             attention: AttentionKind::auto(seq),
             loss_chunk: None,
-            preference: None,
-            grpo: None,
+            loss: Loss::CausalLm,
         }
     }
 
@@ -232,9 +289,6 @@ fn loss_inputs(config: &ModelConfig, tc: &TrainConfig) -> Result<LossInputs, Mod
             ),
         });
     }
-    if let (true, Some(l)) = (tc.scan_layers, &tc.lora) {
-        l.check_uniform(config.num_hidden_layers)?;
-    }
     if tc.attention == AttentionKind::Cudnn {
         model(config, tc)
             .cudnn_supports(tc.dtype, tc.packing)
@@ -257,20 +311,8 @@ fn loss_inputs(config: &ModelConfig, tc: &TrainConfig) -> Result<LossInputs, Mod
             });
         }
     }
-    let stack = |t: Vec<(String, TensorType)>| {
-        if tc.scan_layers {
-            stack_types(t, config.num_hidden_layers)
-        } else {
-            t
-        }
-    };
-    let base = stack(base_parameter_types(config, tc.dtype));
-    let lora_params = stack(
-        tc.lora
-            .as_ref()
-            .map(|l| lora_parameter_types(config, l))
-            .unwrap_or_default(),
-    );
+    let base = stacked(config, tc, base_parameter_types(config, tc.dtype));
+    let lora_params = lora_types(config, tc, tc.lora.as_ref())?;
     let mut loss_inputs = base.clone();
     loss_inputs.extend(lora_params.iter().cloned());
     for field in batch_fields(tc) {
@@ -289,6 +331,36 @@ fn loss_inputs(config: &ModelConfig, tc: &TrainConfig) -> Result<LossInputs, Mod
     Ok((base, lora_params, loss_inputs))
 }
 
+/// `types` as the step holds them: one stacked array per layer weight
+/// when `tc` scans the layers.
+fn stacked(
+    config: &ModelConfig,
+    tc: &TrainConfig,
+    types: Vec<(String, TensorType)>,
+) -> Vec<(String, TensorType)> {
+    if tc.scan_layers {
+        stack_types(types, config.num_hidden_layers)
+    } else {
+        types
+    }
+}
+
+/// The LoRA tensors of `lora` (none without) as a step under `tc` holds
+/// them.
+fn lora_types(
+    config: &ModelConfig,
+    tc: &TrainConfig,
+    lora: Option<&LoraConfig>,
+) -> Result<Vec<(String, TensorType)>, ModelError> {
+    let Some(l) = lora else {
+        return Ok(Vec::new());
+    };
+    if tc.scan_layers {
+        l.check_uniform(config.num_hidden_layers)?;
+    }
+    Ok(stacked(config, tc, lora_parameter_types(config, l)))
+}
+
 /// The batch's fields under `tc`: ids and mask, and positions and segment
 /// ids when rows are packed.
 pub fn batch_fields(tc: &TrainConfig) -> Vec<BatchField> {
@@ -296,22 +368,25 @@ pub fn batch_fields(tc: &TrainConfig) -> Vec<BatchField> {
     if tc.packing {
         fields.extend([BatchField::Positions, BatchField::SegmentIds]);
     }
-    if let Some(p) = &tc.preference {
-        // ORPO's likelihood term counts each row's real tokens.
-        if p.loss.nll() == Some(NllSpan::WholeRow) {
-            fields.push(BatchField::SegmentIds);
+    match &tc.loss {
+        Loss::CausalLm => {}
+        Loss::Preference(p) => {
+            // ORPO's likelihood term counts each row's real tokens.
+            if p.loss.nll() == Some(NllSpan::WholeRow) {
+                fields.push(BatchField::SegmentIds);
+            }
+            if p.loss.needs_reference() && p.reference == Reference::Precomputed {
+                fields.push(BatchField::RefLogps);
+            }
         }
-        if p.loss.needs_reference() && p.reference == Reference::Precomputed {
-            fields.push(BatchField::RefLogps);
-        }
-    }
-    if let Some(g) = &tc.grpo {
-        fields.push(BatchField::Advantages);
-        if g.old_logps {
-            fields.push(BatchField::OldLogps);
-        }
-        if g.beta != 0.0 {
-            fields.push(BatchField::RefTokenLogps);
+        Loss::Grpo(g) => {
+            fields.push(BatchField::Advantages);
+            if g.old_logps {
+                fields.push(BatchField::OldLogps);
+            }
+            if g.beta != 0.0 {
+                fields.push(BatchField::RefTokenLogps);
+            }
         }
     }
     fields
@@ -439,15 +514,18 @@ fn model<'a>(config: &'a ModelConfig, tc: &'a TrainConfig) -> Decoder<'a> {
 /// number of counted tokens (`loss_sum`, `tokens`), no gradients. Its
 /// inputs are the train step's weights, LoRA tensors and batch, by name.
 pub fn eval_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
-    if tc.grpo.is_some() {
-        return Err(ModelError::GrpoBatch {
-            why: "GRPO has no held-out loss".into(),
-        });
-    }
-    if let Some(p) = &tc.preference {
-        // The loss and its metrics, as the train step logs them.
-        let function = preference_loss(config, tc, &p.loss, p.reference)?;
-        return Ok(Step::new(function, role_of(tc)));
+    match &tc.loss {
+        Loss::CausalLm => {}
+        Loss::Grpo(_) => {
+            return Err(ModelError::GrpoBatch {
+                why: "GRPO has no held-out loss".into(),
+            })
+        }
+        Loss::Preference(p) => {
+            // The loss and its metrics, as the train step logs them.
+            let function = preference_loss(config, tc, p)?;
+            return Ok(Step::new(function, role_of(tc)));
+        }
     }
     let (_, _, inputs) = loss_inputs(config, tc)?;
     let model = model(config, tc);
@@ -476,7 +554,7 @@ pub fn reference_logps_step(
 ) -> Result<Step, ModelError> {
     let plain = TrainConfig {
         lora: lora.cloned(),
-        preference: None,
+        loss: Loss::CausalLm,
         packing: false,
         grad_accum: 1,
         ..tc.clone()
@@ -506,34 +584,25 @@ pub fn reference_logps_step(
 pub fn preference_loss(
     config: &ModelConfig,
     tc: &TrainConfig,
-    loss: &PreferenceLoss,
-    reference: Reference,
+    preference: &Preference,
 ) -> Result<hlo_ir::Function, ModelError> {
+    let (loss, reference) = (&preference.loss, preference.reference);
     if tc.packing || tc.batch % 2 != 0 {
         return Err(ModelError::PreferenceBatch {
             rows: tc.batch,
             packed: tc.packing,
         });
     }
-    let (_, lora_params, mut inputs) = loss_inputs(config, tc)?;
-    // ORPO's real-token mask (among the batch fields already when `tc`
-    // names this loss).
-    let segment_ids = BatchField::SegmentIds.name();
-    if loss.nll() == Some(NllSpan::WholeRow) && inputs.iter().all(|(n, _)| n != segment_ids) {
-        let ty = TensorType::new(DType::I32, [tc.batch, tc.seq]);
-        inputs.push((segment_ids.into(), ty));
-    }
     let by_adapter = loss.needs_reference() && reference == Reference::Adapter;
-    if by_adapter {
-        inputs.extend(
-            lora_params
-                .iter()
-                .map(|(n, t)| (reference_name(n), t.clone())),
-        );
-    }
+    let own = preference.reference_lora.as_ref().filter(|_| by_adapter);
+    let (inputs, lora_params, ref_params) = preference_inputs(config, tc, preference)?;
     let policy = model(config, tc);
     let base = Decoder {
         lora: None,
+        ..model(config, tc)
+    };
+    let frozen_model = Decoder {
+        lora: own,
         ..model(config, tc)
     };
     let pairs = tc.batch / 2;
@@ -541,16 +610,7 @@ pub fn preference_loss(
         let mask = i["loss_mask"];
         let maskf = mask.cast(DType::F32);
         let stats = |i: &hlo_ir::Inputs| token_stats_of(&policy, i, tc, 1.0);
-        let pair_logps = |t: &TokenStats| {
-            let (sum, count) = ((t.logps * maskf).sum(&[1]), maskf.sum(&[1]));
-            let (half, all) = ([pairs], [2 * pairs]);
-            PairLogps {
-                chosen: sum.slice(&[0], &half),
-                rejected: sum.slice(&half, &all),
-                chosen_tokens: count.slice(&[0], &half),
-                rejected_tokens: count.slice(&half, &all),
-            }
-        };
+        let pair_logps = |t: &TokenStats| pair_sums(t.logps, maskf, pairs);
         let tokens = scope("policy", || stats(i));
         let mine = pair_logps(&tokens);
         let theirs = loss.needs_reference().then(|| {
@@ -565,18 +625,25 @@ pub fn preference_loss(
                 };
             }
             scope("reference", || {
-                let theirs = pair_logps(&match by_adapter {
+                let frozen = || -> Vec<(String, Tensor)> {
+                    ref_params
+                        .iter()
+                        .map(|(n, _)| (n.clone(), i[reference_name(n).as_str()]))
+                        .collect()
+                };
+                let theirs = pair_logps(&match (by_adapter, own) {
                     // The policy's form, on the reference's LoRA tensors.
-                    true => {
-                        let frozen: Vec<(String, Tensor)> = lora_params
-                            .iter()
-                            .map(|(n, _)| (n.clone(), i[reference_name(n).as_str()]))
-                            .collect();
-                        stats(&i.with_overrides(&frozen))
+                    (true, None) => stats(&i.with_overrides(&frozen())),
+                    // The adapter's own form, on its tensors.
+                    (true, Some(_)) => {
+                        token_stats_of(&frozen_model, &i.with_overrides(&frozen()), tc, 1.0)
                     }
-                    false => token_stats_of(&base, i, tc, 1.0),
+                    (false, _) => token_stats_of(&base, i, tc, 1.0),
                 });
-                reused_where_same(mine, theirs, &lora_params, i, by_adapter)
+                match own {
+                    Some(_) => theirs,
+                    None => reused_where_same(mine, theirs, &lora_params, i, by_adapter),
+                }
             })
         });
         let nll = loss.nll().map(|span| {
@@ -593,6 +660,53 @@ pub fn preference_loss(
         scope("metrics", || token_metrics(o, loss, &tokens, maskf, pairs))
     })?;
     Ok(f)
+}
+
+/// Each pair's summed log-probabilities and token counts, from `logps`
+/// (`[2P, seq]`) under the loss mask `maskf`: rows `0..P` chosen, `P..2P`
+/// rejected.
+fn pair_sums(logps: Tensor, maskf: Tensor, pairs: i64) -> PairLogps {
+    let (sum, count) = ((logps * maskf).sum(&[1]), maskf.sum(&[1]));
+    let (half, all) = ([pairs], [2 * pairs]);
+    PairLogps {
+        chosen: sum.slice(&[0], &half),
+        rejected: sum.slice(&half, &all),
+        chosen_tokens: count.slice(&[0], &half),
+        rejected_tokens: count.slice(&half, &all),
+    }
+}
+
+/// A preference loss's inputs (the step's, ORPO's real-token mask, a
+/// reference adapter's tensors under `ref.` names), the policy's LoRA
+/// tensors and the reference adapter's: the trained adapter's shapes, or
+/// its own settings' (then never equal to the policy's, so not reused).
+fn preference_inputs(
+    config: &ModelConfig,
+    tc: &TrainConfig,
+    preference: &Preference,
+) -> Result<LossInputs, ModelError> {
+    let loss = &preference.loss;
+    let (_, lora_params, mut inputs) = loss_inputs(config, tc)?;
+    // ORPO's real-token mask (among the batch fields already when `tc`
+    // names this loss).
+    let segment_ids = BatchField::SegmentIds.name();
+    if loss.nll() == Some(NllSpan::WholeRow) && inputs.iter().all(|(n, _)| n != segment_ids) {
+        let ty = TensorType::new(DType::I32, [tc.batch, tc.seq]);
+        inputs.push((segment_ids.into(), ty));
+    }
+    let by_adapter = loss.needs_reference() && preference.reference == Reference::Adapter;
+    let ref_params = match preference.reference_lora.as_ref().filter(|_| by_adapter) {
+        Some(l) => lora_types(config, tc, Some(l))?,
+        None => lora_params.clone(),
+    };
+    if by_adapter {
+        inputs.extend(
+            ref_params
+                .iter()
+                .map(|(n, t)| (reference_name(n), t.clone())),
+        );
+    }
+    Ok((inputs, lora_params, ref_params))
 }
 
 /// `o` with the token statistics each TRL trainer logs: `logits/chosen`
@@ -757,16 +871,15 @@ fn logits_means(
 /// (donated).
 pub fn train_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
     let aux = config.moe.as_ref().is_some_and(|m| m.output_router_logits);
-    if aux && (tc.preference.is_some() || tc.grpo.is_some()) {
-        return Err(ModelError::RouterAuxLoss {
-            with: "with a preference or GRPO loss",
-        });
-    }
-    if let Some(p) = &tc.preference {
-        return preference_train_step(config, tc, &p.loss, p.reference);
-    }
-    if let Some(g) = &tc.grpo {
-        return grpo_train_step(config, tc, g);
+    match &tc.loss {
+        Loss::CausalLm => {}
+        Loss::Preference(_) | Loss::Grpo(_) if aux => {
+            return Err(ModelError::RouterAuxLoss {
+                with: "with a preference or GRPO loss",
+            })
+        }
+        Loss::Preference(p) => return preference_train_step(config, tc, p),
+        Loss::Grpo(g) => return grpo_train_step(config, tc, g),
     }
     let (base, lora_params, loss_inputs) = loss_inputs(config, tc)?;
     let trainable = trainable_of(tc, &base, &lora_params);
@@ -805,8 +918,7 @@ pub fn train_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelE
 pub fn preference_train_step(
     config: &ModelConfig,
     tc: &TrainConfig,
-    loss: &PreferenceLoss,
-    reference: Reference,
+    preference: &Preference,
 ) -> Result<Step, ModelError> {
     if tc.grad_accum > 1 {
         return Err(ModelError::PreferenceBatch {
@@ -814,7 +926,7 @@ pub fn preference_train_step(
             packed: tc.packing,
         });
     }
-    let loss_fn = preference_loss(config, tc, loss, reference)?;
+    let loss_fn = preference_loss(config, tc, preference)?;
     step_around(config, tc, &loss_fn)
 }
 
@@ -859,7 +971,7 @@ pub fn grpo_loss(
         });
     }
     let tc = &TrainConfig {
-        grpo: Some(*loss),
+        loss: Loss::Grpo(*loss),
         ..tc.clone()
     };
     let (_, _, inputs) = loss_inputs(config, tc)?;
@@ -911,8 +1023,7 @@ pub fn token_logps_step(
 ) -> Result<Step, ModelError> {
     let plain = TrainConfig {
         lora: lora.cloned(),
-        preference: None,
-        grpo: None,
+        loss: Loss::CausalLm,
         packing: false,
         grad_accum: 1,
         ..tc.clone()
@@ -962,10 +1073,47 @@ fn optimizer_step(
         .iter()
         .map(|b| b.name.clone())
         .collect();
-    let accum = tc.grad_accum.max(1);
+    let step_inputs = step_input_types(tc, loss_inputs, trainable);
+    let function = trace("train_step", &step_inputs, |i| {
+        let (loss, metrics, g): (Tensor, Vec<Tensor>, Vec<Tensor>) = match micro {
+            None => {
+                let args: Vec<Tensor> = grads.inputs.iter().map(|b| i[b.name.as_str()]).collect();
+                let out = call(&grads, &args);
+                let k = 1 + metric_names.len();
+                (out[0], out[1..k].to_vec(), out[k..].to_vec())
+            }
+            Some(micro) => scope("grad_accum", || {
+                let (loss, g) = accumulated_gradients(tc, micro, trainable, i);
+                (loss, Vec::new(), g)
+            }),
+        };
+        let (new, norm, lr) = scope("optimizer", || optimizer_update(tc, trainable, &g, i));
+        let mut o = Outputs::new()
+            .add("loss", loss)
+            .add("grad_norm", norm)
+            .add("lr", lr);
+        for (n, t) in metric_names.iter().zip(metrics) {
+            o = o.add(n.as_str(), t);
+        }
+        for (n, t) in new {
+            o = o.add(n, t);
+        }
+        o
+    })?;
+    Ok(Step::new(function, role_of(tc)))
+}
 
+/// The train step's inputs: the loss's (its batch fields `[K, ...]` with
+/// `grad_accum` K > 1), AdamW's moments of each trained tensor
+/// (`opt.m.<name>`, `opt.v.<name>`, f32), then `step` (the steps taken).
+fn step_input_types(
+    tc: &TrainConfig,
+    loss_inputs: Vec<(String, TensorType)>,
+    trainable: &[(String, TensorType)],
+) -> Vec<(String, TensorType)> {
+    let accum = tc.grad_accum.max(1);
     let adam = matches!(tc.optimizer, Optimizer::AdamW { .. });
-    let mut step_inputs = loss_inputs.clone();
+    let mut step_inputs = loss_inputs;
     if accum > 1 {
         let fields = batch_fields(tc);
         for (name, ty) in step_inputs.iter_mut() {
@@ -983,126 +1131,147 @@ fn optimizer_step(
             }
         }
     }
+    step_inputs.push(("step".into(), TensorType::scalar(DType::I32)));
+    step_inputs
+}
+
+/// Gradient accumulation: the loss and the gradients of `trainable` over
+/// the step's micro-batches, as a scan of `micro` (the summed loss, its
+/// token count, then the gradients) over the batch inputs of `i`.
+fn accumulated_gradients(
+    tc: &TrainConfig,
+    micro: &hlo_ir::Function,
+    trainable: &[(String, TensorType)],
+    i: &hlo_ir::Inputs,
+) -> (Tensor, Vec<Tensor>) {
     let fields = batch_fields(tc);
     let is_batch = |name: &str| fields.iter().any(|f| f.name() == name);
-    step_inputs.push(("step".into(), TensorType::scalar(DType::I32)));
-    let function = trace("train_step", &step_inputs, |i| {
-        let (loss, metrics, g): (Tensor, Vec<Tensor>, Vec<Tensor>) = match micro {
-            None => {
-                let args: Vec<Tensor> = grads.inputs.iter().map(|b| i[b.name.as_str()]).collect();
-                let out = call(&grads, &args);
-                let k = 1 + metric_names.len();
-                (out[0], out[1..k].to_vec(), out[k..].to_vec())
+    // Scan over the micro-batches: sum the losses, the token
+    // counts and the (f32) gradients; divide once at the end.
+    let zero = |t: &TensorType| full(t.with_dtype(DType::F32), 0.0);
+    let scalar = TensorType::scalar(DType::F32);
+    let acc: Vec<(String, Tensor)> = [
+        ("acc.loss_sum".to_string(), zero(&scalar)),
+        ("acc.tokens".to_string(), zero(&scalar)),
+    ]
+    .into_iter()
+    .chain(trainable.iter().map(|(n, t)| (format!("acc.{n}"), zero(t))))
+    .collect();
+    let carry: Vec<(&str, Tensor)> = acc.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+    let xs: Vec<(&str, Tensor)> = micro
+        .inputs
+        .iter()
+        .filter(|b| is_batch(&b.name))
+        .map(|b| (b.name.as_str(), i[b.name.as_str()]))
+        .collect();
+    let consts: Vec<(&str, Tensor)> = micro
+        .inputs
+        .iter()
+        .filter(|b| !is_batch(&b.name))
+        .map(|b| (b.name.as_str(), i[b.name.as_str()]))
+        .collect();
+    let (out, _) = scan(&carry, &xs, &consts, |l| {
+        let args: Vec<Tensor> = micro.inputs.iter().map(|b| l[b.name.as_str()]).collect();
+        let got = call(micro, &args);
+        // got: loss_sum, tokens, then the gradients in `names` order.
+        let new: Vec<Tensor> = acc
+            .iter()
+            .zip(&got)
+            .map(|((n, _), v)| l[n.as_str()] + v.cast(DType::F32))
+            .collect();
+        (new, vec![])
+    });
+    let tokens = out[1].maximum(out[1].scalar_like(1.0));
+    let g: Vec<Tensor> = out[2..]
+        .iter()
+        .zip(trainable)
+        .map(|(t, (_, ty))| (*t / tokens).cast(ty.dtype))
+        .collect();
+    (out[0] / tokens, g)
+}
+
+/// The optimizer's update of `trainable` (read from `i`, with its state
+/// and `step`) by gradients `g`: clipped to `clip_norm` by their global
+/// norm, the schedule's learning rate, then SGD's or AdamW's step. Returns
+/// the new parameters, optimizer state and `step`; the gradients' norm
+/// before clipping; the learning rate.
+fn optimizer_update(
+    tc: &TrainConfig,
+    trainable: &[(String, TensorType)],
+    g: &[Tensor],
+    i: &hlo_ir::Inputs,
+) -> (Vec<(String, Tensor)>, Tensor, Tensor) {
+    let step = i["step"];
+    let (g32, norm) = clip_by_global_norm(g, tc.clip_norm);
+    let lr = lr_at(step, tc.lr, &tc.schedule);
+    let t = (step + 1.0).cast(DType::F32);
+    let mut new: Vec<(String, Tensor)> = Vec::new();
+    for ((name, ty), g) in trainable.iter().zip(&g32) {
+        let p = i[name.as_str()].cast(DType::F32);
+        match &tc.optimizer {
+            Optimizer::Sgd => new.push((name.clone(), (p - lr * *g).cast(ty.dtype))),
+            Optimizer::AdamW {
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => {
+                let moments = (
+                    i[format!("opt.m.{name}").as_str()],
+                    i[format!("opt.v.{name}").as_str()],
+                );
+                let hyper = (*beta1, *beta2, *eps, *weight_decay);
+                let (p, m, v) = adamw(p, *g, moments, (lr, t), hyper);
+                new.push((name.clone(), p.cast(ty.dtype)));
+                new.push((format!("opt.m.{name}"), m));
+                new.push((format!("opt.v.{name}"), v));
             }
-            Some(micro) => scope("grad_accum", || {
-                // Scan over the micro-batches: sum the losses, the token
-                // counts and the (f32) gradients; divide once at the end.
-                let zero = |t: &TensorType| full(t.with_dtype(DType::F32), 0.0);
-                let scalar = TensorType::scalar(DType::F32);
-                let acc: Vec<(String, Tensor)> = [
-                    ("acc.loss_sum".to_string(), zero(&scalar)),
-                    ("acc.tokens".to_string(), zero(&scalar)),
-                ]
-                .into_iter()
-                .chain(trainable.iter().map(|(n, t)| (format!("acc.{n}"), zero(t))))
-                .collect();
-                let carry: Vec<(&str, Tensor)> =
-                    acc.iter().map(|(n, t)| (n.as_str(), *t)).collect();
-                let xs: Vec<(&str, Tensor)> = micro
-                    .inputs
-                    .iter()
-                    .filter(|b| is_batch(&b.name))
-                    .map(|b| (b.name.as_str(), i[b.name.as_str()]))
-                    .collect();
-                let consts: Vec<(&str, Tensor)> = micro
-                    .inputs
-                    .iter()
-                    .filter(|b| !is_batch(&b.name))
-                    .map(|b| (b.name.as_str(), i[b.name.as_str()]))
-                    .collect();
-                let (out, _) = scan(&carry, &xs, &consts, |l| {
-                    let args: Vec<Tensor> =
-                        micro.inputs.iter().map(|b| l[b.name.as_str()]).collect();
-                    let got = call(micro, &args);
-                    // got: loss_sum, tokens, then the gradients in `names` order.
-                    let new: Vec<Tensor> = acc
-                        .iter()
-                        .zip(&got)
-                        .map(|((n, _), v)| l[n.as_str()] + v.cast(DType::F32))
-                        .collect();
-                    (new, vec![])
-                });
-                let tokens = out[1].maximum(out[1].scalar_like(1.0));
-                let g: Vec<Tensor> = out[2..]
-                    .iter()
-                    .zip(trainable)
-                    .map(|(t, (_, ty))| (*t / tokens).cast(ty.dtype))
-                    .collect();
-                (out[0] / tokens, Vec::new(), g)
-            }),
-        };
-        let step = i["step"];
-        let (new, norm, lr) = scope("optimizer", || {
-            let g32: Vec<Tensor> = g.iter().map(|t| t.cast(DType::F32)).collect();
-            let sq: Vec<Tensor> = g32
-                .iter()
-                .map(|t| (*t * *t).sum(&(0..t.rank() as i64).collect::<Vec<_>>()))
-                .collect();
-            let norm = sq.iter().skip(1).fold(sq[0], |a, b| a + *b).sqrt();
-            let g32: Vec<Tensor> = match tc.clip_norm {
-                Some(c) => {
-                    let coef = (norm + 1e-6).scalar_like(c) / (norm + 1e-6);
-                    let coef = coef.minimum(coef.scalar_like(1.0));
-                    g32.iter().map(|t| *t * coef).collect()
-                }
-                None => g32,
-            };
-            let lr = lr_at(step, tc.lr, &tc.schedule);
-            let t = (step + 1.0).cast(DType::F32);
-            let mut new: Vec<(String, Tensor)> = Vec::new();
-            for ((name, ty), g) in trainable.iter().zip(&g32) {
-                let p = i[name.as_str()].cast(DType::F32);
-                match &tc.optimizer {
-                    Optimizer::Sgd => new.push((name.clone(), (p - lr * *g).cast(ty.dtype))),
-                    Optimizer::AdamW {
-                        beta1,
-                        beta2,
-                        eps,
-                        weight_decay,
-                    } => {
-                        let (m0, v0) = (
-                            i[format!("opt.m.{name}").as_str()],
-                            i[format!("opt.v.{name}").as_str()],
-                        );
-                        let p = p - lr * *weight_decay * p;
-                        let m = m0 * *beta1 + *g * (1.0 - beta1);
-                        let v = v0 * *beta2 + *g * *g * (1.0 - beta2);
-                        let bc1 = 1.0 - t.scalar_like(*beta1).pow(t);
-                        let bc2 = 1.0 - t.scalar_like(*beta2).pow(t);
-                        let denom = v.sqrt() / bc2.sqrt() + *eps;
-                        let p = p - (lr / bc1) * m / denom;
-                        new.push((name.clone(), p.cast(ty.dtype)));
-                        new.push((format!("opt.m.{name}"), m));
-                        new.push((format!("opt.v.{name}"), v));
-                    }
-                }
-            }
-            new.push(("step".into(), step + 1.0));
-            (new, norm, lr)
-        });
-        let mut o = Outputs::new()
-            .add("loss", loss)
-            .add("grad_norm", norm)
-            .add("lr", lr);
-        for (n, t) in metric_names.iter().zip(metrics) {
-            o = o.add(n.as_str(), t);
         }
-        for (n, t) in new {
-            o = o.add(n, t);
+    }
+    new.push(("step".into(), step + 1.0));
+    (new, norm, lr)
+}
+
+/// The gradients in f32, scaled down together so that their global L2
+/// norm is at most `clip_norm` (as `torch.nn.utils.clip_grad_norm_`), and
+/// that norm before clipping.
+fn clip_by_global_norm(g: &[Tensor], clip_norm: Option<f64>) -> (Vec<Tensor>, Tensor) {
+    let g32: Vec<Tensor> = g.iter().map(|t| t.cast(DType::F32)).collect();
+    let sq: Vec<Tensor> = g32
+        .iter()
+        .map(|t| (*t * *t).sum(&(0..t.rank() as i64).collect::<Vec<_>>()))
+        .collect();
+    let norm = sq.iter().skip(1).fold(sq[0], |a, b| a + *b).sqrt();
+    let g32: Vec<Tensor> = match clip_norm {
+        Some(c) => {
+            let coef = (norm + 1e-6).scalar_like(c) / (norm + 1e-6);
+            let coef = coef.minimum(coef.scalar_like(1.0));
+            g32.iter().map(|t| *t * coef).collect()
         }
-        o
-    })?;
-    Ok(Step::new(function, role_of(tc)))
+        None => g32,
+    };
+    (g32, norm)
+}
+
+/// One `torch.optim.AdamW` step of parameter `p` (f32) by gradient `g`
+/// from moments `(m0, v0)`, at learning rate `lr` and step count `t`
+/// (from 1), with `(beta1, beta2, eps, weight_decay)`: decoupled weight
+/// decay, then the bias-corrected update. Returns the new `(p, m, v)`.
+fn adamw(
+    p: Tensor,
+    g: Tensor,
+    (m0, v0): (Tensor, Tensor),
+    (lr, t): (Tensor, Tensor),
+    (beta1, beta2, eps, weight_decay): (f64, f64, f64, f64),
+) -> (Tensor, Tensor, Tensor) {
+    let p = p - lr * weight_decay * p;
+    let m = m0 * beta1 + g * (1.0 - beta1);
+    let v = v0 * beta2 + g * g * (1.0 - beta2);
+    let bc1 = 1.0 - t.scalar_like(beta1).pow(t);
+    let bc2 = 1.0 - t.scalar_like(beta2).pow(t);
+    let denom = v.sqrt() / bc2.sqrt() + eps;
+    let p = p - (lr / bc1) * m / denom;
+    (p, m, v)
 }
 
 /// FLOPs of one step, for MFU, as MaxText and LLM Foundry count them:
@@ -1159,9 +1328,11 @@ pub fn step_flops(config: &ModelConfig, tc: &TrainConfig) -> f64 {
         }
     };
     // DPO's and IPO's reference model: one more forward (unless computed
-    // before training).
-    let reference = tc
-        .preference
-        .is_some_and(|p| p.loss.needs_reference() && p.reference != Reference::Precomputed);
+    // before training). GRPO's reference and old log-probabilities are
+    // scored outside the step.
+    let reference = match &tc.loss {
+        Loss::CausalLm | Loss::Grpo(_) => false,
+        Loss::Preference(p) => p.loss.needs_reference() && p.reference != Reference::Precomputed,
+    };
     train + if reference { forward * tokens } else { 0.0 }
 }

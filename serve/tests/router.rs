@@ -91,7 +91,6 @@ fn fixture() -> &'static Fixture {
             max_num_batched_tokens: 16,
             background_compile: false,
             prefix_caching: true,
-            fail_on_token: None,
         };
         let batcher = Batcher::spawn(
             BackendOptions::cpu(),

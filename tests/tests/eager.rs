@@ -57,8 +57,7 @@ fn run_both_with(mesh: &str, attention: AttentionKind, loss_chunk: Option<i64>) 
         packing: false,
         attention,
         loss_chunk,
-        preference: None,
-        grpo: None,
+        loss: hlo_models::train::Loss::CausalLm,
     };
     let step = train_step(&config, &tc).unwrap();
     let f = hlo_ir::simplify(&step.function);

@@ -19,7 +19,9 @@ use hlo_models::adapter::Adapter;
 use hlo_models::checkpoint::Checkpoint;
 use hlo_models::io::read_safetensors;
 use hlo_models::preference::{reference_name, PreferenceLoss, Reference};
-use hlo_models::train::{preference_loss, preference_train_step, Optimizer, Schedule, TrainConfig};
+use hlo_models::train::{
+    preference_loss, preference_train_step, Optimizer, Preference, Schedule, TrainConfig,
+};
 use hlo_runtime::{CompiledFunction, HostArray};
 use serde_json::Value;
 
@@ -123,7 +125,12 @@ fn check(c: &Case, sgd: bool) {
         scan_layers: false,
         ..TrainConfig::new(DType::F32, rows, seq).with_lora(Some(setup.adapter.lora.clone()))
     };
-    let f = preference_loss(&setup.ckpt.config, &tc, &c.loss, setup.kind()).unwrap();
+    let f = preference_loss(
+        &setup.ckpt.config,
+        &tc,
+        &Preference::new(c.loss, setup.kind()),
+    )
+    .unwrap();
     let names: Vec<&str> = setup
         .adapter
         .tensors
@@ -383,8 +390,12 @@ fn the_compiled_preference_step_updates_the_adapter_as_trl() {
                     .with_lr(lr, Schedule::Constant { warmup: 0 })
                     .with_optimizer(optimizer)
             };
-            let step =
-                preference_train_step(&setup.ckpt.config, &tc, &c.loss, setup.kind()).unwrap();
+            let step = preference_train_step(
+                &setup.ckpt.config,
+                &tc,
+                &Preference::new(c.loss, setup.kind()),
+            )
+            .unwrap();
             let f = &step.function;
             let out = setup.run(f);
             let output = |n: &str| {

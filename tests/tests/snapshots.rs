@@ -159,8 +159,7 @@ fn llama_step_annotations(mesh: &str) -> String {
         packing: false,
         attention: hlo_models::attention::AttentionKind::Naive,
         loss_chunk: None,
-        preference: None,
-        grpo: None,
+        loss: hlo_models::train::Loss::CausalLm,
     };
     let step = train_step(&config, &tc).unwrap();
     let f = hlo_ir::simplify(&step.function);

@@ -512,3 +512,42 @@ pub fn assert_tools_take(dir: &Path, marks: &[&str], tmp: &Path) {
         "{name}: {bench}"
     );
 }
+
+/// A copy of adapter folder `from` in `to` whose `adapter_config.json`
+/// lists its `target_modules` in the reverse order (PEFT writes them from
+/// a set, in no fixed order): the same adapter.
+pub fn with_targets_reversed(from: &Path, to: &Path) -> PathBuf {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
+    }
+    let file = to.join("adapter_config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let targets = config["target_modules"].as_array_mut().unwrap();
+    assert!(targets.len() > 1, "{}: one target", from.display());
+    targets.reverse();
+    std::fs::write(&file, serde_json::to_string_pretty(&config).unwrap()).unwrap();
+    to.to_path_buf()
+}
+
+/// `args` with the value of each flag of `extra` already among them
+/// replaced by `extra`'s, the others appended.
+pub fn with_flags(mut args: Vec<String>, extra: &[&str]) -> Vec<String> {
+    let mut k = 0;
+    while k < extra.len() {
+        let value = extra.get(k + 1).filter(|v| !v.starts_with("--"));
+        match (args.iter().position(|a| a == extra[k]), value) {
+            (Some(at), Some(v)) => {
+                args[at + 1] = v.to_string();
+                k += 2;
+            }
+            _ => {
+                args.push(extra[k].to_string());
+                k += 1;
+            }
+        }
+    }
+    args
+}

@@ -322,87 +322,140 @@ fn expert_count(obj: &Map<String, Value>) -> Result<Option<i64>, ConfigError> {
     }
 }
 
-/// The experts of a Qwen3-MoE or Mixtral config (None for the dense
-/// families, and for a Qwen3-MoE config with `num_experts` 0), with each
-/// config class's defaults.
+/// `output_router_logits` and `router_aux_loss_coef`: whether training
+/// adds the router's load-balancing loss, and its weight.
+fn router_aux_loss(obj: &Map<String, Value>) -> Result<(bool, f64), ConfigError> {
+    Ok((
+        bool_field(obj, "output_router_logits")?.unwrap_or(false),
+        f64_field(obj, "router_aux_loss_coef")?.unwrap_or(0.001),
+    ))
+}
+
+/// The experts of a Qwen3-MoE, Mixtral or gpt-oss config (None for the
+/// dense families, and for a Qwen3-MoE config with `num_experts` 0), with
+/// each config class's defaults.
 fn experts(
     family: Family,
     obj: &Map<String, Value>,
     layers: i64,
     intermediate: i64,
 ) -> Result<Option<MoeConfig>, ConfigError> {
-    let aux = (
-        bool_field(obj, "output_router_logits")?.unwrap_or(false),
-        f64_field(obj, "router_aux_loss_coef")?.unwrap_or(0.001),
-    );
+    let aux = router_aux_loss(obj)?;
     let moe = match family {
-        Family::Qwen3Moe => {
-            let experts = expert_count(obj)?.unwrap_or(128);
-            if experts == 0 {
-                return Ok(None);
-            }
-            let step = int_field(obj, "decoder_sparse_step")?.unwrap_or(1);
-            if step < 1 {
-                return unsupported(format!("decoder_sparse_step = {step}"));
-            }
-            let dense: Vec<i64> = match field(obj, "mlp_only_layers") {
-                None => Vec::new(),
-                Some(v) => v
-                    .as_array()
-                    .and_then(|a| a.iter().map(Value::as_i64).collect::<Option<Vec<_>>>())
-                    .ok_or_else(|| {
-                        ConfigError::Unsupported(format!("mlp_only_layers = {v} (not integers)"))
-                    })?,
-            };
-            MoeConfig {
-                num_experts: experts,
-                top_k: int_field(obj, "num_experts_per_tok")?.unwrap_or(8),
-                moe_intermediate_size: int_field(obj, "moe_intermediate_size")?.unwrap_or(768),
-                norm_topk_prob: bool_field(obj, "norm_topk_prob")?.unwrap_or(false),
-                sparse_layers: (0..layers)
-                    .map(|l| !dense.contains(&l) && (l + 1) % step == 0)
-                    .collect(),
-                output_router_logits: aux.0,
-                router_aux_loss_coef: aux.1,
-                f32_routing_weights: false,
-                style: ExpertStyle::SwiGlu,
-            }
-        }
-        Family::Mixtral => {
-            if let Some(j) = f64_field(obj, "router_jitter_noise")?.filter(|j| *j != 0.0) {
-                return unsupported(format!(
-                    "router_jitter_noise = {j} (random noise on the router's input in training; only 0)"
-                ));
-            }
-            MoeConfig {
-                num_experts: expert_count(obj)?.unwrap_or(8),
-                top_k: int_field(obj, "num_experts_per_tok")?.unwrap_or(2),
-                moe_intermediate_size: intermediate,
-                norm_topk_prob: true,
-                sparse_layers: vec![true; layers.max(0) as usize],
-                output_router_logits: aux.0,
-                router_aux_loss_coef: aux.1,
-                f32_routing_weights: true,
-                style: ExpertStyle::SwiGlu,
-            }
-        }
-        Family::GptOss => MoeConfig {
-            num_experts: expert_count(obj)?.unwrap_or(128),
-            top_k: int_field(obj, "num_experts_per_tok")?.unwrap_or(4),
-            moe_intermediate_size: intermediate,
-            // The softmax over the k chosen logits sums to 1 already.
-            norm_topk_prob: false,
-            sparse_layers: vec![true; layers.max(0) as usize],
-            output_router_logits: aux.0,
-            router_aux_loss_coef: aux.1,
-            f32_routing_weights: false,
-            style: ExpertStyle::GptOss {
-                swiglu_alpha: f64_field(obj, "swiglu_alpha")?.unwrap_or(1.702),
-                swiglu_limit: f64_field(obj, "swiglu_limit")?.unwrap_or(7.0),
-            },
+        Family::Qwen3Moe => match qwen3_moe_experts(obj, layers, aux)? {
+            Some(moe) => moe,
+            None => return Ok(None),
         },
+        Family::Mixtral => mixtral_experts(obj, layers, intermediate, aux)?,
+        Family::GptOss => gpt_oss_experts(obj, layers, intermediate, aux)?,
         _ => return Ok(None),
     };
+    check_experts(&moe)?;
+    Ok(Some(moe))
+}
+
+/// `mlp_only_layers`: the layers Qwen3-MoE keeps dense.
+fn mlp_only_layers(obj: &Map<String, Value>) -> Result<Vec<i64>, ConfigError> {
+    match field(obj, "mlp_only_layers") {
+        None => Ok(Vec::new()),
+        Some(v) => v
+            .as_array()
+            .and_then(|a| a.iter().map(Value::as_i64).collect::<Option<Vec<_>>>())
+            .ok_or_else(|| {
+                ConfigError::Unsupported(format!("mlp_only_layers = {v} (not integers)"))
+            }),
+    }
+}
+
+/// Qwen3-MoE's experts (`Qwen3MoeSparseMoeBlock`): every
+/// `decoder_sparse_step`-th layer sparse but those of `mlp_only_layers`;
+/// None when `num_experts` is 0 (every layer dense).
+fn qwen3_moe_experts(
+    obj: &Map<String, Value>,
+    layers: i64,
+    aux: (bool, f64),
+) -> Result<Option<MoeConfig>, ConfigError> {
+    let experts = expert_count(obj)?.unwrap_or(128);
+    if experts == 0 {
+        return Ok(None);
+    }
+    let step = int_field(obj, "decoder_sparse_step")?.unwrap_or(1);
+    if step < 1 {
+        return unsupported(format!("decoder_sparse_step = {step}"));
+    }
+    let dense = mlp_only_layers(obj)?;
+    Ok(Some(MoeConfig {
+        num_experts: experts,
+        top_k: int_field(obj, "num_experts_per_tok")?.unwrap_or(8),
+        moe_intermediate_size: int_field(obj, "moe_intermediate_size")?.unwrap_or(768),
+        norm_topk_prob: bool_field(obj, "norm_topk_prob")?.unwrap_or(false),
+        sparse_layers: (0..layers)
+            .map(|l| !dense.contains(&l) && (l + 1) % step == 0)
+            .collect(),
+        output_router_logits: aux.0,
+        router_aux_loss_coef: aux.1,
+        f32_routing_weights: false,
+        style: ExpertStyle::SwiGlu,
+    }))
+}
+
+/// Mixtral's experts (`MixtralSparseMoeBlock`): every layer sparse, each
+/// expert of `intermediate_size`, the top k weights renormalised, routing
+/// weights in f32; `router_jitter_noise` refused.
+fn mixtral_experts(
+    obj: &Map<String, Value>,
+    layers: i64,
+    intermediate: i64,
+    aux: (bool, f64),
+) -> Result<MoeConfig, ConfigError> {
+    if let Some(j) = f64_field(obj, "router_jitter_noise")?.filter(|j| *j != 0.0) {
+        return unsupported(format!(
+            "router_jitter_noise = {j} (random noise on the router's input in training; only 0)"
+        ));
+    }
+    Ok(MoeConfig {
+        num_experts: expert_count(obj)?.unwrap_or(8),
+        top_k: int_field(obj, "num_experts_per_tok")?.unwrap_or(2),
+        moe_intermediate_size: intermediate,
+        norm_topk_prob: true,
+        sparse_layers: vec![true; layers.max(0) as usize],
+        output_router_logits: aux.0,
+        router_aux_loss_coef: aux.1,
+        f32_routing_weights: true,
+        style: ExpertStyle::SwiGlu,
+    })
+}
+
+/// gpt-oss's experts (`GptOssMLP`): every layer sparse, each expert of
+/// `intermediate_size`, its clamped SwiGLU (`swiglu_alpha`,
+/// `swiglu_limit`).
+fn gpt_oss_experts(
+    obj: &Map<String, Value>,
+    layers: i64,
+    intermediate: i64,
+    aux: (bool, f64),
+) -> Result<MoeConfig, ConfigError> {
+    Ok(MoeConfig {
+        num_experts: expert_count(obj)?.unwrap_or(128),
+        top_k: int_field(obj, "num_experts_per_tok")?.unwrap_or(4),
+        moe_intermediate_size: intermediate,
+        // The softmax over the k chosen logits sums to 1 already.
+        norm_topk_prob: false,
+        sparse_layers: vec![true; layers.max(0) as usize],
+        output_router_logits: aux.0,
+        router_aux_loss_coef: aux.1,
+        f32_routing_weights: false,
+        style: ExpertStyle::GptOss {
+            swiglu_alpha: f64_field(obj, "swiglu_alpha")?.unwrap_or(1.702),
+            swiglu_limit: f64_field(obj, "swiglu_limit")?.unwrap_or(7.0),
+        },
+    })
+}
+
+/// Refuses experts hlo-train cannot route: gpt-oss's SwiGLU clamp not
+/// finite and positive, a top k outside the experts, an expert width
+/// below 1, a router aux loss weight not finite.
+fn check_experts(moe: &MoeConfig) -> Result<(), ConfigError> {
     if let ExpertStyle::GptOss {
         swiglu_alpha,
         swiglu_limit,
@@ -432,7 +485,326 @@ fn experts(
             moe.router_aux_loss_coef
         ));
     }
-    Ok(Some(moe))
+    Ok(())
+}
+
+/// The MLP's activation: Gemma 3 reads `hidden_activation`, the others
+/// `hidden_act`.
+fn hidden_activation(family: Family, obj: &Map<String, Value>) -> Result<Activation, ConfigError> {
+    if family == Family::Gemma3 {
+        match field(obj, "hidden_activation").and_then(Value::as_str) {
+            None | Some("gelu_pytorch_tanh") => Ok(Activation::GeluTanh),
+            Some(a) => unsupported(format!("hidden_activation `{a}` (only gelu_pytorch_tanh)")),
+        }
+    } else {
+        match field(obj, "hidden_act").and_then(Value::as_str) {
+            None | Some("silu") => Ok(Activation::Silu),
+            Some(a) => unsupported(format!("hidden_act `{a}` (only silu)")),
+        }
+    }
+}
+
+/// The attention projections' biases, as (q/k/v, o): Qwen2's q/k/v
+/// always; gpt-oss's q/k/v/o unless `attention_bias` is false; Mistral
+/// none. `attention_bias` (q/k/v/o) where the other families read it is
+/// not implemented: refused.
+fn attention_biases(family: Family, obj: &Map<String, Value>) -> Result<(bool, bool), ConfigError> {
+    use Family::*;
+    if matches!(family, Llama | Qwen3 | Gemma3 | Qwen3Moe)
+        && bool_field(obj, "attention_bias")? == Some(true)
+    {
+        return unsupported("attention_bias = true".into());
+    }
+    // gpt-oss: q/k/v/o biases unless `attention_bias` is false.
+    let all_biases = family == GptOss && bool_field(obj, "attention_bias")?.unwrap_or(true);
+    Ok((family == Qwen2 || all_biases, all_biases))
+}
+
+/// Refuses what Llama's and Gemma 3's configs can set that is not
+/// implemented: Llama's `mlp_bias` and `pretraining_tp` (other than 1),
+/// Gemma 3's `use_bidirectional_attention`.
+fn refuse_unimplemented(family: Family, obj: &Map<String, Value>) -> Result<(), ConfigError> {
+    if family == Family::Llama {
+        if bool_field(obj, "mlp_bias")? == Some(true) {
+            return unsupported("mlp_bias = true".into());
+        }
+        if let Some(tp) = field(obj, "pretraining_tp").and_then(Value::as_i64) {
+            if tp != 1 {
+                return unsupported(format!("pretraining_tp = {tp}"));
+            }
+        }
+    }
+    if family == Family::Gemma3 && bool_field(obj, "use_bidirectional_attention")? == Some(true) {
+        return unsupported("use_bidirectional_attention = true (only causal attention)".into());
+    }
+    Ok(())
+}
+
+/// The sliding window (`sliding_window`) and which layers use it
+/// (`layer_types`), as each family's config class reads them.
+fn sliding_windows(
+    family: Family,
+    obj: &Map<String, Value>,
+    layers: i64,
+) -> Result<(Option<i64>, Vec<LayerType>), ConfigError> {
+    use Family::*;
+    let (sliding_window, layer_types) = match family {
+        Llama => (None, vec![LayerType::Full; layers as usize]),
+        Mistral => every_layer(window(obj)?, layers),
+        // Every layer slides when there is a window: Mixtral's default
+        // is none; Qwen3-MoE's only with `use_sliding_window`.
+        Mixtral | Qwen3Moe => every_layer(moe_window(family, obj)?, layers),
+        Qwen2 | Qwen3 => qwen2_windows(obj, layers)?,
+        // Layers alternate, sliding first, unless written.
+        GptOss => gpt_oss_windows(obj, layers)?,
+        Gemma3 => gemma3_windows(obj, layers)?,
+    };
+    if sliding_window.is_none() && layer_types.contains(&LayerType::Sliding) {
+        return unsupported("sliding_attention layers without a sliding_window".into());
+    }
+    // A window no layer uses (Qwen2's below max_window_layers) is none.
+    let sliding_window = sliding_window.filter(|_| layer_types.contains(&LayerType::Sliding));
+    Ok((sliding_window, layer_types))
+}
+
+/// Window `w` for every layer: all sliding when there is one, else all
+/// full attention.
+fn every_layer(w: Option<i64>, layers: i64) -> (Option<i64>, Vec<LayerType>) {
+    let kind = if w.is_some() {
+        LayerType::Sliding
+    } else {
+        LayerType::Full
+    };
+    (w, vec![kind; layers as usize])
+}
+
+/// Mixtral's window (none when `sliding_window` is absent) or
+/// Qwen3-MoE's (only with `use_sliding_window`).
+fn moe_window(family: Family, obj: &Map<String, Value>) -> Result<Option<i64>, ConfigError> {
+    let on = family == Family::Mixtral || bool_field(obj, "use_sliding_window")?.unwrap_or(false);
+    Ok(match obj.get("sliding_window") {
+        None if family == Family::Mixtral => None,
+        _ if on => window(obj)?,
+        _ => None,
+    })
+}
+
+/// Qwen2's and Qwen3's windows: with `use_sliding_window`, the layers
+/// from `max_window_layers` on slide, unless `layer_types` is written.
+fn qwen2_windows(
+    obj: &Map<String, Value>,
+    layers: i64,
+) -> Result<(Option<i64>, Vec<LayerType>), ConfigError> {
+    let on = bool_field(obj, "use_sliding_window")?.unwrap_or(false);
+    let w = if on { window(obj)? } else { None };
+    let from = field(obj, "max_window_layers")
+        .and_then(Value::as_i64)
+        .unwrap_or(28);
+    let types = match written_layer_types(obj, layers)? {
+        Some(t) => t,
+        None => (0..layers)
+            .map(|i| {
+                if w.is_some() && i >= from {
+                    LayerType::Sliding
+                } else {
+                    LayerType::Full
+                }
+            })
+            .collect(),
+    };
+    Ok((w, types))
+}
+
+/// gpt-oss's windows: 128 when `sliding_window` is absent, the layers
+/// alternating (sliding first) unless `layer_types` is written.
+fn gpt_oss_windows(
+    obj: &Map<String, Value>,
+    layers: i64,
+) -> Result<(Option<i64>, Vec<LayerType>), ConfigError> {
+    let w = match obj.get("sliding_window") {
+        None => Some(128),
+        _ => window(obj)?,
+    };
+    let types = match written_layer_types(obj, layers)? {
+        Some(t) => t,
+        None => LayerType::pattern(layers, 2),
+    };
+    Ok((w, types))
+}
+
+/// Gemma 3's windows: every `sliding_window_pattern`-th layer full
+/// attention, the others sliding, unless `layer_types` is written.
+fn gemma3_windows(
+    obj: &Map<String, Value>,
+    layers: i64,
+) -> Result<(Option<i64>, Vec<LayerType>), ConfigError> {
+    let w = window(obj)?;
+    let types = match written_layer_types(obj, layers)? {
+        Some(t) => t,
+        None => {
+            let pattern = field(obj, "sliding_window_pattern")
+                .and_then(Value::as_i64)
+                .unwrap_or(6);
+            if pattern < 1 {
+                return unsupported(format!("sliding_window_pattern = {pattern}"));
+            }
+            LayerType::pattern(layers, pattern)
+        }
+    };
+    Ok((w, types))
+}
+
+/// The rotary embeddings: every layer's (Gemma 3: its global layers'),
+/// and Gemma 3's local layers' own; a `partial_rotary_factor` other than
+/// 1 is refused.
+fn rotary_embeddings(
+    family: Family,
+    obj: &Map<String, Value>,
+) -> Result<(Rope, Option<Rope>), ConfigError> {
+    let ropes = if family == Family::Gemma3 {
+        let (global, local) = gemma3_ropes(obj)?;
+        (global, Some(local))
+    } else {
+        (rope_of(family, obj)?, None)
+    };
+    if let Some(f) = f64_field(obj, "partial_rotary_factor")? {
+        if f != 1.0 {
+            return unsupported(format!("partial_rotary_factor = {f}"));
+        }
+    }
+    Ok(ropes)
+}
+
+/// Gemma 3's rotary embeddings, one per layer type, as (global, local):
+/// global layers `rope_theta` (with a legacy `rope_scaling` merged in),
+/// local ones `rope_local_base_freq`; v5 writes them as `rope_parameters`
+/// keyed by layer type.
+fn gemma3_ropes(obj: &Map<String, Value>) -> Result<(Rope, Rope), ConfigError> {
+    let params = field(obj, "rope_parameters");
+    let keyed = |t: LayerType| {
+        params
+            .and_then(|p| p.get(t.name()))
+            .filter(|v| !v.is_null())
+    };
+    if params.is_some_and(|p| keyed(LayerType::Full).is_none() && p.get("rope_type").is_some()) {
+        return unsupported("rope_parameters not keyed by layer type for gemma3_text".into());
+    }
+    let mut global = keyed(LayerType::Full)
+        .cloned()
+        .unwrap_or_else(|| serde_json::json!({}));
+    if let (Some(Value::Object(s)), Some(g)) = (field(obj, "rope_scaling"), global.as_object_mut())
+    {
+        for (k, v) in s {
+            g.insert(k.clone(), v.clone());
+        }
+    }
+    let theta = f64_field(obj, "rope_theta")?.unwrap_or(1e6);
+    let local_theta = f64_field(obj, "rope_local_base_freq")?.unwrap_or(1e4);
+    Ok((
+        rope_from(Some(&global), theta)?,
+        rope_from(keyed(LayerType::Sliding), local_theta)?,
+    ))
+}
+
+/// The rotary embedding of the families with one, as transformers 5 reads
+/// it: a legacy `rope_scaling` (when not null) replaces `rope_parameters`
+/// whole; the theta is the chosen one's own, else the top-level
+/// `rope_theta`, else 10000 (checked against transformers 5.17 by
+/// scripts/make_peft_variant_fixtures.py --probe-config). gpt-oss's class
+/// default is yarn over a theta of 150000.
+fn rope_of(family: Family, obj: &Map<String, Value>) -> Result<Rope, ConfigError> {
+    let gpt_oss_default = serde_json::json!({
+        "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+        "truncate": false, "original_max_position_embeddings": 4096,
+    });
+    let r = field(obj, "rope_scaling")
+        .or_else(|| field(obj, "rope_parameters"))
+        .or((family == Family::GptOss).then_some(&gpt_oss_default));
+    let default_theta = if family == Family::GptOss {
+        150000.0
+    } else {
+        10000.0
+    };
+    let theta = f64_field(obj, "rope_theta")?.unwrap_or(default_theta);
+    rope_from(r, theta)
+}
+
+/// `num_key_value_heads` when absent: each family's config class default.
+fn default_kv_heads(family: Family, heads: i64) -> i64 {
+    use Family::*;
+    match family {
+        Llama => heads,
+        Qwen2 | Qwen3 => 32,
+        Mistral | Mixtral | GptOss => 8,
+        Gemma3 | Qwen3Moe => 4,
+    }
+}
+
+/// `head_dim` when absent: each family's config class default (Llama's
+/// and the others' `hidden_size / num_attention_heads`).
+fn default_head_dim(family: Family, hidden: i64, heads: i64) -> i64 {
+    match family {
+        Family::Qwen3 => 128,
+        Family::Gemma3 => 256,
+        Family::GptOss => 64,
+        _ if heads > 0 => hidden / heads,
+        _ => 0,
+    }
+}
+
+/// `rms_norm_eps` when absent: each family's config class default.
+fn default_rms_norm_eps(family: Family) -> f64 {
+    match family {
+        Family::Mixtral | Family::GptOss => 1e-5,
+        _ => 1e-6,
+    }
+}
+
+/// Gemma 3's attention and logit scaling, as (`query_pre_attn_scalar`,
+/// `final_logit_softcapping`); neither for the other families.
+/// `attn_logit_softcapping` is read by transformers' Gemma 3 config but
+/// never applied (Gemma 3 replaced Gemma 2's score capping with the q/k
+/// norms), so it changes nothing here either.
+fn gemma3_scaling(
+    family: Family,
+    obj: &Map<String, Value>,
+) -> Result<(Option<f64>, Option<f64>), ConfigError> {
+    if family != Family::Gemma3 {
+        return Ok((None, None));
+    }
+    Ok((
+        Some(f64_field(obj, "query_pre_attn_scalar")?.unwrap_or(256.0)),
+        f64_field(obj, "final_logit_softcapping")?,
+    ))
+}
+
+/// A rope's scaling as `rope_scaling` writes it (null without one), yarn's
+/// with its theta (transformers 5 reads it as `rope_parameters`).
+fn rope_json(r: &Rope) -> Value {
+    match &r.scaling {
+        None => Value::Null,
+        Some(RopeScaling::Linear { factor }) => serde_json::json!({
+            "rope_type": "linear",
+            "factor": factor,
+        }),
+        Some(RopeScaling::Llama3(s)) => serde_json::json!({
+            "rope_type": "llama3",
+            "factor": s.factor,
+            "low_freq_factor": s.low_freq_factor,
+            "high_freq_factor": s.high_freq_factor,
+            "original_max_position_embeddings": s.original_max_position_embeddings,
+        }),
+        Some(RopeScaling::Yarn(y)) => serde_json::json!({
+            "rope_type": "yarn",
+            "rope_theta": r.theta,
+            "factor": y.factor,
+            "beta_fast": y.beta_fast,
+            "beta_slow": y.beta_slow,
+            "original_max_position_embeddings": y.original_max_position_embeddings,
+            "truncate": y.truncate,
+            "attention_factor": y.attention_factor,
+        }),
+    }
 }
 
 impl ModelConfig {
@@ -467,184 +839,12 @@ impl ModelConfig {
         use Family::*;
         let heads = raw.num_attention_heads;
         let layers = raw.num_hidden_layers;
-        // Activation: Gemma 3 reads `hidden_activation`, the others `hidden_act`.
-        let hidden_act = if family == Gemma3 {
-            match field(obj, "hidden_activation").and_then(Value::as_str) {
-                None | Some("gelu_pytorch_tanh") => Activation::GeluTanh,
-                Some(a) => {
-                    return unsupported(format!("hidden_activation `{a}` (only gelu_pytorch_tanh)"))
-                }
-            }
-        } else {
-            match field(obj, "hidden_act").and_then(Value::as_str) {
-                None | Some("silu") => Activation::Silu,
-                Some(a) => return unsupported(format!("hidden_act `{a}` (only silu)")),
-            }
-        };
-        // Biases: Qwen2's q/k/v always; Mistral none; `attention_bias`
-        // (q/k/v/o) where the family reads it is not implemented.
-        if matches!(family, Llama | Qwen3 | Gemma3 | Qwen3Moe)
-            && bool_field(obj, "attention_bias")? == Some(true)
-        {
-            return unsupported("attention_bias = true".into());
-        }
-        // gpt-oss: q/k/v/o biases unless `attention_bias` is false.
-        let all_biases = family == GptOss && bool_field(obj, "attention_bias")?.unwrap_or(true);
-        if family == Llama {
-            if bool_field(obj, "mlp_bias")? == Some(true) {
-                return unsupported("mlp_bias = true".into());
-            }
-            if let Some(tp) = field(obj, "pretraining_tp").and_then(Value::as_i64) {
-                if tp != 1 {
-                    return unsupported(format!("pretraining_tp = {tp}"));
-                }
-            }
-        }
-        if family == Gemma3 && bool_field(obj, "use_bidirectional_attention")? == Some(true) {
-            return unsupported(
-                "use_bidirectional_attention = true (only causal attention)".into(),
-            );
-        }
-        // Sliding windows and which layers use them.
-        let (sliding_window, layer_types) = match family {
-            Llama => (None, vec![LayerType::Full; layers as usize]),
-            Mistral => {
-                let w = window(obj)?;
-                let kind = if w.is_some() {
-                    LayerType::Sliding
-                } else {
-                    LayerType::Full
-                };
-                (w, vec![kind; layers as usize])
-            }
-            // Every layer slides when there is a window: Mixtral's default
-            // is none; Qwen3-MoE's only with `use_sliding_window`.
-            Mixtral | Qwen3Moe => {
-                let on =
-                    family == Mixtral || bool_field(obj, "use_sliding_window")?.unwrap_or(false);
-                let w = match obj.get("sliding_window") {
-                    None if family == Mixtral => None,
-                    _ if on => window(obj)?,
-                    _ => None,
-                };
-                let kind = if w.is_some() {
-                    LayerType::Sliding
-                } else {
-                    LayerType::Full
-                };
-                (w, vec![kind; layers as usize])
-            }
-            Qwen2 | Qwen3 => {
-                let on = bool_field(obj, "use_sliding_window")?.unwrap_or(false);
-                let w = if on { window(obj)? } else { None };
-                let from = field(obj, "max_window_layers")
-                    .and_then(Value::as_i64)
-                    .unwrap_or(28);
-                let types = match written_layer_types(obj, layers)? {
-                    Some(t) => t,
-                    None => (0..layers)
-                        .map(|i| {
-                            if w.is_some() && i >= from {
-                                LayerType::Sliding
-                            } else {
-                                LayerType::Full
-                            }
-                        })
-                        .collect(),
-                };
-                (w, types)
-            }
-            // Layers alternate, sliding first, unless written.
-            GptOss => {
-                let w = match obj.get("sliding_window") {
-                    None => Some(128),
-                    _ => window(obj)?,
-                };
-                let types = match written_layer_types(obj, layers)? {
-                    Some(t) => t,
-                    None => LayerType::pattern(layers, 2),
-                };
-                (w, types)
-            }
-            Gemma3 => {
-                let w = window(obj)?;
-                let types = match written_layer_types(obj, layers)? {
-                    Some(t) => t,
-                    None => {
-                        let pattern = field(obj, "sliding_window_pattern")
-                            .and_then(Value::as_i64)
-                            .unwrap_or(6);
-                        if pattern < 1 {
-                            return unsupported(format!("sliding_window_pattern = {pattern}"));
-                        }
-                        LayerType::pattern(layers, pattern)
-                    }
-                };
-                (w, types)
-            }
-        };
-        if sliding_window.is_none() && layer_types.contains(&LayerType::Sliding) {
-            return unsupported("sliding_attention layers without a sliding_window".into());
-        }
-        // A window no layer uses (Qwen2's below max_window_layers) is none.
-        let sliding_window = sliding_window.filter(|_| layer_types.contains(&LayerType::Sliding));
-        // Rotary embeddings. Gemma 3 keeps one per layer type: global
-        // layers `rope_theta` (with a legacy `rope_scaling` merged in),
-        // local ones `rope_local_base_freq`; v5 writes them as
-        // `rope_parameters` keyed by layer type.
-        let (rope, sliding_rope) = if family == Gemma3 {
-            let params = field(obj, "rope_parameters");
-            let keyed = |t: LayerType| {
-                params
-                    .and_then(|p| p.get(t.name()))
-                    .filter(|v| !v.is_null())
-            };
-            if params
-                .is_some_and(|p| keyed(LayerType::Full).is_none() && p.get("rope_type").is_some())
-            {
-                return unsupported(
-                    "rope_parameters not keyed by layer type for gemma3_text".into(),
-                );
-            }
-            let mut global = keyed(LayerType::Full)
-                .cloned()
-                .unwrap_or_else(|| serde_json::json!({}));
-            if let (Some(Value::Object(s)), Some(g)) =
-                (field(obj, "rope_scaling"), global.as_object_mut())
-            {
-                for (k, v) in s {
-                    g.insert(k.clone(), v.clone());
-                }
-            }
-            let theta = f64_field(obj, "rope_theta")?.unwrap_or(1e6);
-            let local_theta = f64_field(obj, "rope_local_base_freq")?.unwrap_or(1e4);
-            (
-                rope_from(Some(&global), theta)?,
-                Some(rope_from(keyed(LayerType::Sliding), local_theta)?),
-            )
-        } else {
-            // As transformers 5 reads them: a legacy `rope_scaling` (when
-            // not null) replaces `rope_parameters` whole; the theta is the
-            // chosen one's own, else the top-level `rope_theta`, else
-            // 10000 (checked against transformers 5.17 by
-            // scripts/make_peft_variant_fixtures.py --probe-config).
-            // gpt-oss's class default is yarn over a theta of 150000.
-            let gpt_oss_default = serde_json::json!({
-                "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                "truncate": false, "original_max_position_embeddings": 4096,
-            });
-            let r = field(obj, "rope_scaling")
-                .or_else(|| field(obj, "rope_parameters"))
-                .or((family == GptOss).then_some(&gpt_oss_default));
-            let default_theta = if family == GptOss { 150000.0 } else { 10000.0 };
-            let theta = f64_field(obj, "rope_theta")?.unwrap_or(default_theta);
-            (rope_from(r, theta)?, None)
-        };
-        if let Some(f) = f64_field(obj, "partial_rotary_factor")? {
-            if f != 1.0 {
-                return unsupported(format!("partial_rotary_factor = {f}"));
-            }
-        }
+        let hidden_act = hidden_activation(family, obj)?;
+        let (qkv_bias, o_bias) = attention_biases(family, obj)?;
+        refuse_unimplemented(family, obj)?;
+        let (sliding_window, layer_types) = sliding_windows(family, obj, layers)?;
+        let (rope, sliding_rope) = rotary_embeddings(family, obj)?;
+        let (query_pre_attn_scalar, final_logit_softcapping) = gemma3_scaling(family, obj)?;
         let gemma = family == Gemma3;
         Ok(ModelConfig {
             family,
@@ -653,24 +853,13 @@ impl ModelConfig {
             intermediate_size: raw.intermediate_size,
             num_hidden_layers: layers,
             num_attention_heads: heads,
-            // Absent, each family's config class default.
-            num_key_value_heads: raw.num_key_value_heads.unwrap_or(match family {
-                Llama => heads,
-                Qwen2 | Qwen3 => 32,
-                Mistral | Mixtral | GptOss => 8,
-                Gemma3 | Qwen3Moe => 4,
-            }),
-            head_dim: raw.head_dim.unwrap_or(match family {
-                Qwen3 => 128,
-                Gemma3 => 256,
-                GptOss => 64,
-                _ if heads > 0 => raw.hidden_size / heads,
-                _ => 0,
-            }),
-            rms_norm_eps: raw.rms_norm_eps.unwrap_or(match family {
-                Mixtral | GptOss => 1e-5,
-                _ => 1e-6,
-            }),
+            num_key_value_heads: raw
+                .num_key_value_heads
+                .unwrap_or(default_kv_heads(family, heads)),
+            head_dim: raw
+                .head_dim
+                .unwrap_or(default_head_dim(family, raw.hidden_size, heads)),
+            rms_norm_eps: raw.rms_norm_eps.unwrap_or(default_rms_norm_eps(family)),
             rope,
             sliding_rope,
             max_position_embeddings: raw.max_position_embeddings,
@@ -678,8 +867,8 @@ impl ModelConfig {
             bos_token_id: ids(&raw.bos_token_id).first().copied(),
             eos_token_ids: ids(&raw.eos_token_id),
             initializer_range: raw.initializer_range,
-            qkv_bias: family == Qwen2 || all_biases,
-            o_bias: all_biases,
+            qkv_bias,
+            o_bias,
             attention_sinks: family == GptOss,
             qk_norm: matches!(family, Qwen3 | Gemma3 | Qwen3Moe),
             layer_types,
@@ -692,19 +881,8 @@ impl ModelConfig {
             },
             scale_embeddings: gemma,
             sandwich_norms: gemma,
-            query_pre_attn_scalar: if gemma {
-                Some(f64_field(obj, "query_pre_attn_scalar")?.unwrap_or(256.0))
-            } else {
-                None
-            },
-            // `attn_logit_softcapping` is read by transformers' Gemma 3
-            // config but never applied (Gemma 3 replaced Gemma 2's score
-            // capping with the q/k norms), so it changes nothing here either.
-            final_logit_softcapping: if gemma {
-                f64_field(obj, "final_logit_softcapping")?
-            } else {
-                None
-            },
+            query_pre_attn_scalar,
+            final_logit_softcapping,
             quantization: quantization(family, obj)?,
             moe: experts(family, obj, layers, raw.intermediate_size)?,
         })
@@ -751,30 +929,6 @@ impl ModelConfig {
     /// The config as HF `config.json` for its family (transformers 4
     /// spellings, which 5 reads too).
     pub fn to_json(&self) -> String {
-        let rope_json = |r: &Rope| match &r.scaling {
-            None => Value::Null,
-            Some(RopeScaling::Linear { factor }) => serde_json::json!({
-                "rope_type": "linear",
-                "factor": factor,
-            }),
-            Some(RopeScaling::Llama3(s)) => serde_json::json!({
-                "rope_type": "llama3",
-                "factor": s.factor,
-                "low_freq_factor": s.low_freq_factor,
-                "high_freq_factor": s.high_freq_factor,
-                "original_max_position_embeddings": s.original_max_position_embeddings,
-            }),
-            Some(RopeScaling::Yarn(y)) => serde_json::json!({
-                "rope_type": "yarn",
-                "rope_theta": r.theta,
-                "factor": y.factor,
-                "beta_fast": y.beta_fast,
-                "beta_slow": y.beta_slow,
-                "original_max_position_embeddings": y.original_max_position_embeddings,
-                "truncate": y.truncate,
-                "attention_factor": y.attention_factor,
-            }),
-        };
         let f = self.family;
         let mut v = serde_json::json!({
             "architectures": [f.architecture()],
@@ -796,6 +950,18 @@ impl ModelConfig {
             "initializer_range": self.initializer_range,
         });
         let o = v.as_object_mut().expect("an object");
+        self.family_json(o);
+        if let Some(m) = &self.moe {
+            self.experts_json(m, o);
+        }
+        serde_json::to_string_pretty(&v).expect("JSON values serialise")
+    }
+
+    /// The fields each family's config class spells its own way: the
+    /// activation, the biases, the sliding window and `layer_types`, and
+    /// gpt-oss's and Gemma 3's rotary embeddings and scaling.
+    fn family_json(&self, o: &mut Map<String, Value>) {
+        let f = self.family;
         let mut set = |k: &str, x: Value| {
             o.insert(k.to_string(), x);
         };
@@ -847,31 +1013,37 @@ impl ModelConfig {
                 );
             }
         }
-        if let Some(m) = &self.moe {
-            set("num_experts_per_tok", m.top_k.into());
-            set("output_router_logits", m.output_router_logits.into());
-            set("router_aux_loss_coef", m.router_aux_loss_coef.into());
-            if let ExpertStyle::GptOss {
-                swiglu_alpha,
-                swiglu_limit,
-            } = m.style
-            {
-                set("num_local_experts", m.num_experts.into());
-                set("swiglu_alpha", swiglu_alpha.into());
-                set("swiglu_limit", swiglu_limit.into());
-            } else if f == Family::Mixtral {
-                set("num_local_experts", m.num_experts.into());
-            } else {
-                let dense: Vec<i64> = (0..self.num_hidden_layers)
-                    .filter(|l| !self.is_sparse(*l))
-                    .collect();
-                set("num_experts", m.num_experts.into());
-                set("moe_intermediate_size", m.moe_intermediate_size.into());
-                set("norm_topk_prob", m.norm_topk_prob.into());
-                set("decoder_sparse_step", 1.into());
-                set("mlp_only_layers", dense.into());
-            }
+    }
+
+    /// The experts `m` as the family's config class spells them:
+    /// `num_local_experts` (Mixtral, gpt-oss and its SwiGLU clamp) or
+    /// Qwen3-MoE's `num_experts` and sparse layers.
+    fn experts_json(&self, m: &MoeConfig, o: &mut Map<String, Value>) {
+        let mut set = |k: &str, x: Value| {
+            o.insert(k.to_string(), x);
+        };
+        set("num_experts_per_tok", m.top_k.into());
+        set("output_router_logits", m.output_router_logits.into());
+        set("router_aux_loss_coef", m.router_aux_loss_coef.into());
+        if let ExpertStyle::GptOss {
+            swiglu_alpha,
+            swiglu_limit,
+        } = m.style
+        {
+            set("num_local_experts", m.num_experts.into());
+            set("swiglu_alpha", swiglu_alpha.into());
+            set("swiglu_limit", swiglu_limit.into());
+        } else if self.family == Family::Mixtral {
+            set("num_local_experts", m.num_experts.into());
+        } else {
+            let dense: Vec<i64> = (0..self.num_hidden_layers)
+                .filter(|l| !self.is_sparse(*l))
+                .collect();
+            set("num_experts", m.num_experts.into());
+            set("moe_intermediate_size", m.moe_intermediate_size.into());
+            set("norm_topk_prob", m.norm_topk_prob.into());
+            set("decoder_sparse_step", 1.into());
+            set("mlp_only_layers", dense.into());
         }
-        serde_json::to_string_pretty(&v).expect("JSON values serialise")
     }
 }

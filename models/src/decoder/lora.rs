@@ -17,7 +17,7 @@ pub const DEFAULT_TARGETS: [&str; 7] = crate::projections::LAYER_PROJECTIONS;
 /// assert_eq!(l.scale(), 2.0);
 /// assert!(l.targets("v_proj") && !l.targets("o_proj"));
 /// ```
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct LoraConfig {
     pub rank: i64,
     pub alpha: f64,
@@ -37,6 +37,34 @@ pub struct LoraConfig {
     /// expert tensors (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`),
     /// one A and B per expert (see [`EXPERT_PARAMETERS`]).
     pub target_parameters: Vec<String>,
+}
+
+/// Two configurations are equal as PEFT compares them: the module lists
+/// (`target_modules`, `target_parameters`, `modules_to_save`) as sets,
+/// since PEFT writes `target_modules` from a set in no fixed order; the
+/// patterns in order, since the first that matches wins.
+///
+/// ```
+/// use hlo_models::decoder::LoraConfig;
+/// let a = LoraConfig::new(4, 8.0, &["q_proj", "v_proj"], false).unwrap();
+/// let b = LoraConfig::new(4, 8.0, &["v_proj", "q_proj"], false).unwrap();
+/// let c = LoraConfig::new(2, 8.0, &["v_proj", "q_proj"], false).unwrap();
+/// assert!(a == b && a != c);
+/// ```
+impl PartialEq for LoraConfig {
+    fn eq(&self, other: &LoraConfig) -> bool {
+        fn set(v: &[String]) -> std::collections::BTreeSet<&str> {
+            v.iter().map(String::as_str).collect()
+        }
+        self.rank == other.rank
+            && self.alpha == other.alpha
+            && self.use_rslora == other.use_rslora
+            && self.rank_pattern == other.rank_pattern
+            && self.alpha_pattern == other.alpha_pattern
+            && set(&self.target_modules) == set(&other.target_modules)
+            && set(&self.modules_to_save) == set(&other.modules_to_save)
+            && set(&self.target_parameters) == set(&other.target_parameters)
+    }
 }
 
 /// The fused expert tensors LoRA may target, in the order transformers

@@ -22,10 +22,10 @@
 //! noise is a hash of the request's seed and token count.
 
 use hlo_ir::ops::DotGeneral;
-use hlo_ir::{iota, scope, DType, Outputs, Tensor, TensorType, TraceError};
+use hlo_ir::{iota, scope, DType, Inputs, Outputs, Tensor, TensorType, TraceError};
 
 use super::decode::{decoder, hashed_uniform, sample_rows, step_of, with_caches};
-use super::model::{add_lora, apply_rotary, batched_matmul};
+use super::model::{add_lora, apply_rotary, batched_matmul, PerLayerType};
 use super::{base_parameter_types, Decoder, ModelConfig, Params, DEFAULT_TARGETS};
 use crate::roles::{Role, Step};
 
@@ -306,7 +306,6 @@ pub fn slot_step(
     chunk: i64,
     tables: &AdapterTables,
 ) -> Result<Step, TraceError> {
-    let c = config;
     if rows < 0 || rows > slots || chunk < 0 || chunk > max_len || rows + chunk == 0 {
         return Err(TraceError {
             op: "slot_step".into(),
@@ -317,53 +316,181 @@ pub fn slot_step(
             ),
         });
     }
-    let n = rows + chunk;
-    let outs = rows + i64::from(chunk > 0);
-    let mut inputs = common_inputs(config, dtype, slots, max_len, tables);
-    let mut control = vec![("input_ids", TensorType::new(DType::I32, [n]))];
-    if rows > 0 {
-        control.push(("positions", TensorType::new(DType::I32, [rows])));
-    }
-    if chunk > 0 {
-        for name in ["start", "length", "slot"] {
-            control.push((name, TensorType::scalar(DType::I32)));
-        }
-    }
-    control.push(("adapter_ids", TensorType::new(DType::I32, [outs])));
-    for (name, ty) in control {
-        inputs.push((name.to_string(), ty, Role::Control));
-    }
-    inputs.extend(sampling_inputs(outs));
-    let select = tables.select;
+    let shape = StepShape {
+        slots,
+        max_len,
+        rows,
+        chunk,
+    };
+    let inputs = slot_step_inputs(config, dtype, shape, tables);
     let name = match (rows, chunk) {
         (_, 0) => "llama_decode_slots",
         (0, _) => "llama_prefill_slot",
         _ => "llama_step_slots",
     };
     step_of(name, inputs, |i| {
-        let p = Params(i);
-        let zero = i["input_ids"].scalar_like(0.0).reshape(&[]);
-        let chunk_range = || iota(TensorType::new(DType::I32, [chunk]), 0);
-        // Per token: position and adapter entry (the chunk's for each of
-        // its tokens).
-        let mut positions = Vec::new();
-        let mut entries = Vec::new();
-        let ids = i["adapter_ids"];
-        if rows > 0 {
-            positions.push(i["positions"]);
-            entries.push(ids.slice(&[0], &[rows]));
+        slot_step_body(config, dtype, shape, tables.select, i)
+    })
+}
+
+/// The shape of one engine step ([`slot_step`]): `rows` decode rows and a
+/// chunk of `chunk` prompt tokens over caches of `slots` slots of
+/// `max_len` positions.
+#[derive(Clone, Copy)]
+struct StepShape {
+    slots: i64,
+    max_len: i64,
+    rows: i64,
+    chunk: i64,
+}
+
+impl StepShape {
+    /// The tokens the step runs: the decode rows', then the chunk's.
+    fn tokens(self) -> i64 {
+        self.rows + self.chunk
+    }
+
+    /// The tokens the step samples: one per decode row, one for the chunk.
+    fn outs(self) -> i64 {
+        self.rows + i64::from(self.chunk > 0)
+    }
+}
+
+/// The inputs of [`slot_step`]: the weights, tables and caches, then its
+/// control inputs and the sampling inputs of each token it samples.
+fn slot_step_inputs(
+    config: &ModelConfig,
+    dtype: DType,
+    sh: StepShape,
+    tables: &AdapterTables,
+) -> Vec<(String, TensorType, Role)> {
+    let mut inputs = common_inputs(config, dtype, sh.slots, sh.max_len, tables);
+    let mut control = vec![("input_ids", TensorType::new(DType::I32, [sh.tokens()]))];
+    if sh.rows > 0 {
+        control.push(("positions", TensorType::new(DType::I32, [sh.rows])));
+    }
+    if sh.chunk > 0 {
+        for name in ["start", "length", "slot"] {
+            control.push((name, TensorType::scalar(DType::I32)));
         }
-        if chunk > 0 {
-            positions.push(chunk_range() + i["start"].broadcast_in_dim(&[chunk], &[]));
-            entries.push(
-                ids.slice(&[rows], &[outs])
-                    .reshape(&[])
-                    .broadcast_in_dim(&[chunk], &[]),
-            );
-        }
-        let s = Serving::new(config, &p, select, Tensor::concat(&entries, 0));
-        // Decode rows see their slot up to their position; the chunk's
-        // queries see its slot up to their own.
+    }
+    control.push(("adapter_ids", TensorType::new(DType::I32, [sh.outs()])));
+    for (name, ty) in control {
+        inputs.push((name.to_string(), ty, Role::Control));
+    }
+    inputs.extend(sampling_inputs(sh.outs()));
+    inputs
+}
+
+/// The program of [`slot_step`] on its inputs `i`: every token through
+/// the layers, each layer's attention and cache writes by [`SlotLayers`],
+/// then the sampled tokens and the caches.
+fn slot_step_body(
+    c: &ModelConfig,
+    dtype: DType,
+    sh: StepShape,
+    select: LoraSelect,
+    i: &Inputs,
+) -> Outputs {
+    let p = Params(i);
+    let n = sh.tokens();
+    let zero = i["input_ids"].scalar_like(0.0).reshape(&[]);
+    let (positions, entries) = token_positions(sh, i);
+    let s = Serving::new(c, &p, select, Tensor::concat(&entries, 0));
+    let layers = SlotLayers::new(&s, i, sh, dtype, zero);
+    let mut caches = Vec::new();
+    let h = s.hidden(
+        i["input_ids"].reshape(&[n, 1]),
+        Tensor::concat(&positions, 0).reshape(&[n, 1]),
+        dtype,
+        |l, qkv| layers.layer(l, qkv, &mut caches),
+    );
+    let next = sample_next(&s, h, sh, i, zero);
+    with_caches(Outputs::new().add("next", next), caches)
+}
+
+/// Each token's position and adapter entry, as the parts to concatenate:
+/// the decode rows' (`positions` and their `adapter_ids`), then the
+/// chunk's (`start..start + chunk`, its entry for each of its tokens).
+fn token_positions(sh: StepShape, i: &Inputs) -> (Vec<Tensor>, Vec<Tensor>) {
+    let (rows, chunk) = (sh.rows, sh.chunk);
+    let chunk_range = || iota(TensorType::new(DType::I32, [chunk]), 0);
+    let mut positions = Vec::new();
+    let mut entries = Vec::new();
+    let ids = i["adapter_ids"];
+    if rows > 0 {
+        positions.push(i["positions"]);
+        entries.push(ids.slice(&[0], &[rows]));
+    }
+    if chunk > 0 {
+        positions.push(chunk_range() + i["start"].broadcast_in_dim(&[chunk], &[]));
+        entries.push(
+            ids.slice(&[rows], &[sh.outs()])
+                .reshape(&[])
+                .broadcast_in_dim(&[chunk], &[]),
+        );
+    }
+    (positions, entries)
+}
+
+/// The next token of each decode row and of the chunk's last real token
+/// (`[rows + (chunk > 0)]`, -1 where the logits are not finite), from the
+/// hidden states `h` of every token.
+fn sample_next(s: &Serving, h: Tensor, sh: StepShape, i: &Inputs, zero: Tensor) -> Tensor {
+    let c = s.model.config;
+    let (n, rows) = (sh.tokens(), sh.rows);
+    let hidden = c.hidden_size;
+    let h = h.reshape(&[n, hidden]);
+    // The rows' hidden states, then the chunk's last real token's.
+    let mut last = Vec::new();
+    let mut counters = Vec::new();
+    if rows > 0 {
+        last.push(h.slice(&[0, 0], &[rows, hidden]));
+        counters.push(i["positions"] + 1.0);
+    }
+    if sh.chunk > 0 {
+        let (start, length) = (i["start"], i["length"]);
+        last.push(h.dynamic_slice(&[length - 1.0 + rows as f64, zero], &[1, hidden]));
+        counters.push((start + length).broadcast_in_dim(&[1], &[]));
+    }
+    let logits = s.logits(Tensor::concat(&last, 0));
+    let uniform = hashed_uniform(i["seed"], Tensor::concat(&counters, 0), c.vocab_size);
+    scope("sample", || {
+        let next = sample_rows(logits, i["temperature"], i["top_k"], i["top_p"], uniform);
+        finite_or_flag(logits, next)
+    })
+}
+
+/// What every layer of a [`slot_step`] shares: the serving layers, the
+/// step's inputs and shape, and which cache positions each query sees.
+struct SlotLayers<'a> {
+    s: &'a Serving<'a>,
+    i: &'a Inputs,
+    sh: StepShape,
+    dtype: DType,
+    /// The scalar 0 (i32) of dynamic slices' start indices.
+    zero: Tensor,
+    /// The cache positions each decode row sees (`[rows, 1, max_len]`).
+    decode_visible: Option<PerLayerType<Tensor>>,
+    /// The cache positions each chunk query sees (`[chunk, max_len]`).
+    chunk_visible: Option<PerLayerType<Tensor>>,
+    /// Where each decode row's token goes in its slot's cache
+    /// (`[rows, kv_heads, max_len, head_dim]`).
+    here: Option<Tensor>,
+}
+
+impl<'a> SlotLayers<'a> {
+    /// Decode rows see their slot up to their position; the chunk's
+    /// queries see its slot up to their own.
+    fn new(
+        s: &'a Serving<'a>,
+        i: &'a Inputs,
+        sh: StepShape,
+        dtype: DType,
+        zero: Tensor,
+    ) -> SlotLayers<'a> {
+        let c = s.model.config;
+        let (rows, chunk, max_len) = (sh.rows, sh.chunk, sh.max_len);
         let decode_visible = (rows > 0).then(|| {
             let keys = iota(TensorType::new(DType::I32, [rows, 1, max_len]), 2);
             let queries = i["positions"].broadcast_in_dim(&[rows, 1, max_len], &[0]);
@@ -375,116 +502,144 @@ pub fn slot_step(
                 + i["start"].broadcast_in_dim(&[chunk, max_len], &[]);
             s.model.visibility(keys.le(queries), keys, queries)
         });
-        let kv_heads = c.num_key_value_heads;
-        let shape = [rows, kv_heads, max_len, c.head_dim];
+        let shape = [rows, c.num_key_value_heads, max_len, c.head_dim];
         let here = (rows > 0).then(|| {
             iota(TensorType::new(DType::I32, shape), 2)
                 .eq(i["positions"].broadcast_in_dim(&shape, &[0]))
         });
-        let row = [1, kv_heads, max_len, c.head_dim];
-        let mut caches = Vec::new();
-        let h = s.hidden(
-            i["input_ids"].reshape(&[n, 1]),
-            Tensor::concat(&positions, 0).reshape(&[n, 1]),
+        SlotLayers {
+            s,
+            i,
+            sh,
             dtype,
-            |l, (q, k, v)| {
-                // q: [n, heads, 1, d]; k, v: [n, kv_heads, 1, d].
-                let split = |x: Tensor| {
-                    let d = x.dims();
-                    let decode = (rows > 0).then(|| x.slice(&[0, 0, 0, 0], &[rows, d[1], 1, d[3]]));
-                    let prompt = (chunk > 0).then(|| {
-                        x.slice(&[rows, 0, 0, 0], &[n, d[1], 1, d[3]])
-                            .transpose(&[2, 1, 0, 3])
-                    });
-                    (decode, prompt)
-                };
-                let ((q_d, q_c), (k_d, k_c), (v_d, v_c)) = (split(q), split(k), split(v));
-                let (mut decode_kv, mut chunk_kv) = (Vec::new(), Vec::new());
-                for (short, new_d, new_c) in [("k", k_d, k_c), ("v", v_d, v_c)] {
-                    let name = format!("cache.layers.{l}.{short}");
-                    let mut cache = i[name.as_str()];
-                    // The chunk is written in place (the cache is donated),
-                    // at its slot and start.
-                    if let Some(new) = new_c {
-                        cache = cache.dynamic_update_slice(
-                            finite_or_zero(new.cast(cache.dtype())),
-                            &[i["slot"], zero, i["start"], zero],
-                        );
-                    }
-                    // Each decode row writes at its own position: a select,
-                    // not one dynamic_update_slice for all.
-                    if let (Some(new), Some(here)) = (new_d, here) {
-                        let mine = if rows == slots {
-                            cache
-                        } else {
-                            cache.slice(&[0, 0, 0, 0], &shape)
-                        };
-                        let new = finite_or_zero(new.cast(cache.dtype()))
-                            .reshape(&[rows, kv_heads, c.head_dim])
-                            .broadcast_in_dim(&shape, &[0, 1, 3]);
-                        let updated = here.where_(new, mine);
-                        decode_kv.push(updated.cast(dtype));
-                        cache = if rows == slots {
-                            updated
-                        } else {
-                            cache.dynamic_update_slice(updated, &[zero, zero, zero, zero])
-                        };
-                    }
-                    // The chunk's slot read back from the written cache
-                    // (reading it from the operand would cost a copy of
-                    // the whole cache).
-                    if chunk > 0 {
-                        let mine = cache.dynamic_slice(&[i["slot"], zero, zero, zero], &row);
-                        chunk_kv.push(mine.cast(dtype));
-                    }
-                    caches.push((name, cache));
-                }
-                let kind = c.layer_types[l as usize];
-                let attn = format!("model.layers.{l}.self_attn");
-                let mut out = Vec::new();
-                if let (Some(q), Some(visible)) = (q_d, &decode_visible) {
-                    out.push(s.model.attend(
-                        &p,
-                        &attn,
-                        (q, decode_kv[0], decode_kv[1]),
-                        (visible.of(kind), &[0, 3, 4]),
-                    ));
-                }
-                if let (Some(q), Some(visible)) = (q_c, &chunk_visible) {
-                    let a = s.model.attend(
-                        &p,
-                        &attn,
-                        (q, chunk_kv[0], chunk_kv[1]),
-                        (visible.of(kind), &[3, 4]),
-                    );
-                    // [1, chunk, heads·d] → [chunk, 1, heads·d]
-                    out.push(a.reshape(&[chunk, 1, a.dims()[2]]));
-                }
-                Tensor::concat(&out, 0)
-            },
-        );
-        let hidden = c.hidden_size;
-        let h = h.reshape(&[n, hidden]);
-        // The rows' hidden states, then the chunk's last real token's.
-        let mut last = Vec::new();
-        let mut counters = Vec::new();
-        if rows > 0 {
-            last.push(h.slice(&[0, 0], &[rows, hidden]));
-            counters.push(i["positions"] + 1.0);
+            zero,
+            decode_visible,
+            chunk_visible,
+            here,
         }
-        if chunk > 0 {
-            let (start, length) = (i["start"], i["length"]);
-            last.push(h.dynamic_slice(&[length - 1.0 + rows as f64, zero], &[1, hidden]));
-            counters.push((start + length).broadcast_in_dim(&[1], &[]));
+    }
+
+    /// Layer `l`'s attention of `(q, k, v)` (q: `[n, heads, 1, d]`; k, v:
+    /// `[n, kv_heads, 1, d]`): its keys and values written into the
+    /// caches (pushed to `caches`), then each part's attention.
+    fn layer(
+        &self,
+        l: i64,
+        (q, k, v): (Tensor, Tensor, Tensor),
+        caches: &mut Vec<(String, Tensor)>,
+    ) -> Tensor {
+        let ((q_d, q_c), (k_d, k_c), (v_d, v_c)) = (self.split(q), self.split(k), self.split(v));
+        let (mut decode_kv, mut chunk_kv) = (Vec::new(), Vec::new());
+        for (short, new_d, new_c) in [("k", k_d, k_c), ("v", v_d, v_c)] {
+            let name = format!("cache.layers.{l}.{short}");
+            let (cache, decode, chunk) = self.write_cache(self.i[name.as_str()], new_d, new_c);
+            decode_kv.extend(decode);
+            chunk_kv.extend(chunk);
+            caches.push((name, cache));
         }
-        let logits = s.logits(Tensor::concat(&last, 0));
-        let uniform = hashed_uniform(i["seed"], Tensor::concat(&counters, 0), c.vocab_size);
-        let next = scope("sample", || {
-            let next = sample_rows(logits, i["temperature"], i["top_k"], i["top_p"], uniform);
-            finite_or_flag(logits, next)
+        self.attend(l, (q_d, q_c), &decode_kv, &chunk_kv)
+    }
+
+    /// `x` (`[n, h, 1, d]`) split into the decode rows' (`[rows, h, 1,
+    /// d]`) and the chunk's (`[1, h, chunk, d]`).
+    fn split(&self, x: Tensor) -> (Option<Tensor>, Option<Tensor>) {
+        let (n, rows) = (self.sh.tokens(), self.sh.rows);
+        let d = x.dims();
+        let decode = (rows > 0).then(|| x.slice(&[0, 0, 0, 0], &[rows, d[1], 1, d[3]]));
+        let prompt = (self.sh.chunk > 0).then(|| {
+            x.slice(&[rows, 0, 0, 0], &[n, d[1], 1, d[3]])
+                .transpose(&[2, 1, 0, 3])
         });
-        with_caches(Outputs::new().add("next", next), caches)
-    })
+        (decode, prompt)
+    }
+
+    /// One cache with the chunk's keys or values `new_c` and the decode
+    /// rows' `new_d` written (non-finite values as 0), and what attention
+    /// reads of it: the decode rows' slots and the chunk's slot (in the
+    /// step's dtype).
+    fn write_cache(
+        &self,
+        mut cache: Tensor,
+        new_d: Option<Tensor>,
+        new_c: Option<Tensor>,
+    ) -> (Tensor, Option<Tensor>, Option<Tensor>) {
+        let c = self.s.model.config;
+        let (zero, i, sh) = (self.zero, self.i, self.sh);
+        let (kv_heads, rows) = (c.num_key_value_heads, sh.rows);
+        let shape = [rows, kv_heads, sh.max_len, c.head_dim];
+        let (mut decode, mut chunk) = (None, None);
+        // The chunk is written in place (the cache is donated),
+        // at its slot and start.
+        if let Some(new) = new_c {
+            cache = cache.dynamic_update_slice(
+                finite_or_zero(new.cast(cache.dtype())),
+                &[i["slot"], zero, i["start"], zero],
+            );
+        }
+        // Each decode row writes at its own position: a select,
+        // not one dynamic_update_slice for all.
+        if let (Some(new), Some(here)) = (new_d, self.here) {
+            let mine = if rows == sh.slots {
+                cache
+            } else {
+                cache.slice(&[0, 0, 0, 0], &shape)
+            };
+            let new = finite_or_zero(new.cast(cache.dtype()))
+                .reshape(&[rows, kv_heads, c.head_dim])
+                .broadcast_in_dim(&shape, &[0, 1, 3]);
+            let updated = here.where_(new, mine);
+            decode = Some(updated.cast(self.dtype));
+            cache = if rows == sh.slots {
+                updated
+            } else {
+                cache.dynamic_update_slice(updated, &[zero, zero, zero, zero])
+            };
+        }
+        // The chunk's slot read back from the written cache
+        // (reading it from the operand would cost a copy of
+        // the whole cache).
+        if sh.chunk > 0 {
+            let row = [1, kv_heads, sh.max_len, c.head_dim];
+            let mine = cache.dynamic_slice(&[i["slot"], zero, zero, zero], &row);
+            chunk = Some(mine.cast(self.dtype));
+        }
+        (cache, decode, chunk)
+    }
+
+    /// Layer `l`'s attention output (`[rows + chunk, 1, heads·d]`): the
+    /// decode rows' queries `q_d` against their slots (`decode_kv`, keys
+    /// then values), then the chunk's `q_c` against its slot (`chunk_kv`).
+    fn attend(
+        &self,
+        l: i64,
+        (q_d, q_c): (Option<Tensor>, Option<Tensor>),
+        decode_kv: &[Tensor],
+        chunk_kv: &[Tensor],
+    ) -> Tensor {
+        let (s, chunk) = (self.s, self.sh.chunk);
+        let kind = s.model.config.layer_types[l as usize];
+        let attn = format!("model.layers.{l}.self_attn");
+        let mut out = Vec::new();
+        if let (Some(q), Some(visible)) = (q_d, &self.decode_visible) {
+            out.push(s.model.attend(
+                s.p,
+                &attn,
+                (q, decode_kv[0], decode_kv[1]),
+                (visible.of(kind), &[0, 3, 4]),
+            ));
+        }
+        if let (Some(q), Some(visible)) = (q_c, &self.chunk_visible) {
+            let a = s.model.attend(
+                s.p,
+                &attn,
+                (q, chunk_kv[0], chunk_kv[1]),
+                (visible.of(kind), &[3, 4]),
+            );
+            // [1, chunk, heads·d] → [chunk, 1, heads·d]
+            out.push(a.reshape(&[chunk, 1, a.dims()[2]]));
+        }
+        Tensor::concat(&out, 0)
+    }
 }
 
 /// The program that reads the first `length []` positions of slot `src

@@ -1,0 +1,217 @@
+//! A model's training data: JSONL or Parquet files (or folders of them) read with the model's tokenizer and chat
+//! template (or the bundled demo task), its statistics for a row length,
+//! and its identity for resuming.
+
+use std::path::{Path, PathBuf};
+
+use hlo_data::{
+    data_files, demo_examples, demo_pairs, is_preference_data, stats, ChatData, DataStats, Example,
+    PreferencePair, Reader,
+};
+
+use crate::error::{EngineError, Result};
+use crate::inputs::model::Model;
+use crate::train::checkpoint::file_fingerprint;
+
+/// Which data, read how.
+#[derive(Clone, Debug)]
+pub struct DataSpec {
+    /// A JSONL or Parquet file, or a folder of them; None: the bundled
+    /// demo task.
+    pub path: Option<PathBuf>,
+    /// The folder whose chat template renders `{"messages"}` lines
+    /// (default: the checkpoint's).
+    pub chat_template: Option<PathBuf>,
+    /// Learn every token of a conversation, not only the replies.
+    pub train_on_inputs: bool,
+    /// The row length: text beyond what it can use is not tokenized.
+    pub seq: usize,
+    /// Read preference pairs (for a preference objective), not SFT rows.
+    pub pairs: bool,
+}
+
+/// The identity of a data file, or of a folder's data files (their
+/// names and contents, in the order they are read).
+pub(crate) fn data_fingerprint(path: &Path) -> Result<String> {
+    if !path.is_dir() {
+        return file_fingerprint(path);
+    }
+    let mut parts = Vec::new();
+    for file in data_files(path)? {
+        let name = file.file_name().map(|n| n.to_string_lossy().into_owned());
+        parts.push(format!(
+            "{}={}",
+            name.unwrap_or_default(),
+            file_fingerprint(&file)?
+        ));
+    }
+    Ok(parts.join(","))
+}
+
+/// Refuses data whose shape is not the objective's: pairs for SFT, SFT
+/// rows for a preference objective (told by the first row).
+fn check_shape(path: &Path, pairs: bool) -> Result<()> {
+    let holds_pairs = is_preference_data(path)?;
+    let why = match (pairs, holds_pairs) {
+        (false, true) => "holds preference pairs (chosen/rejected); train on them with --objective dpo (or ipo, simpo, orpo)",
+        (true, false) => "holds no preference pairs: a preference objective reads rows of {\"prompt\", \"chosen\", \"rejected\"} (strings or message lists) or {\"prompt_ids\", \"chosen_ids\", \"rejected_ids\"}",
+        _ => return Ok(()),
+    };
+    Err(EngineError::DataForObjective {
+        path: path.to_path_buf(),
+        why: why.into(),
+    })
+}
+
+/// Examples the demo task draws for training, and for holding out.
+const DEMO_SAMPLES: usize = 2000;
+const DEMO_HELD_OUT: usize = 256;
+
+/// Tokenized examples and what they hold.
+pub struct Dataset {
+    /// SFT rows; for pairs, each pair's chosen then rejected side (what
+    /// the statistics count).
+    pub examples: Vec<Example>,
+    /// Preference pairs (empty unless read as pairs).
+    pub pairs: Vec<PreferencePair>,
+    pub stats: DataStats,
+    /// The file's FNV-1a fingerprint (`demo` for the demo task).
+    pub fingerprint: String,
+}
+
+impl Dataset {
+    /// Reads `spec`'s data for `model` (the demo task is drawn with
+    /// `seed`).
+    pub fn read(model: &Model, spec: &DataSpec, seed: u64) -> Result<Dataset> {
+        Self::read_file(model, spec, spec.path.as_deref(), seed, DEMO_SAMPLES)
+    }
+
+    /// The held-out set: `path`, or for the demo task a fresh draw of it
+    /// (None when training on a file with no held-out file).
+    pub fn held_out(
+        model: &Model,
+        spec: &DataSpec,
+        path: Option<&Path>,
+        seed: u64,
+    ) -> Result<Option<Dataset>> {
+        match (path, &spec.path) {
+            (Some(p), _) => Ok(Some(Self::read_file(model, spec, Some(p), 0, 0)?)),
+            (None, None) => Ok(Some(Self::read_file(
+                model,
+                spec,
+                None,
+                seed.wrapping_add(1),
+                DEMO_HELD_OUT,
+            )?)),
+            (None, Some(_)) => Ok(None),
+        }
+    }
+
+    fn read_file(
+        model: &Model,
+        spec: &DataSpec,
+        path: Option<&Path>,
+        seed: u64,
+        demo: usize,
+    ) -> Result<Dataset> {
+        let tokenizer = model.tokenizer(None)?;
+        let eos = model.eos_ids().first().copied();
+        let (examples, fingerprint) = match path {
+            Some(path) => {
+                let template = model.chat_template(spec.chat_template.as_deref())?;
+                let chat = template.as_ref().map(|template| ChatData {
+                    template,
+                    stop: model.eos_ids(),
+                    train_on_inputs: spec.train_on_inputs,
+                });
+                let reader = Reader {
+                    tokenizer: tokenizer.as_ref(),
+                    eos,
+                    vocab: model.config.vocab_size,
+                    chat: chat.as_ref(),
+                    max_tokens: Some(spec.seq),
+                };
+                check_shape(path, spec.pairs)?;
+                let fingerprint = data_fingerprint(path)?;
+                if spec.pairs {
+                    let pairs = reader.read_pairs(path, model.eos_token_text()?.as_deref())?;
+                    return Ok(Self::of_pairs(pairs, spec.seq, fingerprint));
+                }
+                (reader.read_path(path)?, fingerprint)
+            }
+            None if spec.pairs => {
+                let t = tokenizer.as_ref().ok_or(EngineError::DemoNeedsTokenizer)?;
+                let pairs = demo_pairs(t, eos, demo, seed);
+                return Ok(Self::of_pairs(pairs, spec.seq, "demo".into()));
+            }
+            None => {
+                let t = tokenizer.as_ref().ok_or(EngineError::DemoNeedsTokenizer)?;
+                (demo_examples(t, eos, demo, seed), "demo".to_string())
+            }
+        };
+        let stats = stats(&examples, spec.seq);
+        Ok(Dataset {
+            examples,
+            pairs: Vec::new(),
+            stats,
+            fingerprint,
+        })
+    }
+
+    /// Pairs, with the statistics of their sides.
+    fn of_pairs(pairs: Vec<PreferencePair>, seq: usize, fingerprint: String) -> Dataset {
+        let examples: Vec<Example> = pairs
+            .iter()
+            .flat_map(|p| [p.chosen.clone(), p.rejected.clone()])
+            .collect();
+        Dataset {
+            stats: stats(&examples, seq),
+            examples,
+            pairs,
+            fingerprint,
+        }
+    }
+
+    /// The pairs that keep a completion token within a row (TRL's
+    /// filter: a pair whose prompt alone fills the row is dropped); an
+    /// error when none does.
+    pub fn learning_pairs(self, seq: usize) -> Result<Vec<PreferencePair>> {
+        let total = self.pairs.len();
+        let kept: Vec<PreferencePair> = self
+            .pairs
+            .into_iter()
+            .filter(|p| p.learns_within(seq))
+            .collect();
+        if kept.is_empty() {
+            return Err(EngineError::NothingToLearn {
+                samples: total,
+                seq,
+                earliest: None,
+            });
+        }
+        Ok(kept)
+    }
+
+    /// The examples that teach something within a row (at least one
+    /// learned token); an error when none does.
+    pub fn learning(self, seq: usize) -> Result<Vec<Example>> {
+        if self.stats.no_signal == self.stats.samples {
+            let earliest = self
+                .examples
+                .iter()
+                .filter_map(|e| e.target.iter().skip(1).position(|&t| t))
+                .min()
+                .map(|k| k + 1);
+            return Err(EngineError::NothingToLearn {
+                samples: self.stats.samples,
+                seq,
+                earliest,
+            });
+        }
+        Ok(self
+            .examples
+            .into_iter()
+            .filter(|e| e.learns_within(seq))
+            .collect())
+    }
+}

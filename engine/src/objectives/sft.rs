@@ -1,0 +1,121 @@
+//! SFT, and the preference objectives' pairs: rows of a dataset read
+//! whole before anything compiles, batched by the data crate's `Loader`
+//! (examples packed when that fills rows better; pairs never packed), a
+//! held-out set scored in the same form.
+
+use hlo_data::{eval_batches, eval_pair_batches, Batch, DataStats, Loader, PreferencePair};
+use hlo_models::adapter::Adapter;
+use hlo_models::decoder::ModelConfig;
+use hlo_models::train::TrainConfig;
+
+use crate::device::backend::Backend;
+use crate::error::Result;
+use crate::inputs::dataset::{DataSpec, Dataset};
+use crate::inputs::model::Model;
+use crate::run::spec::RunSpec;
+use crate::run::step::Toggle;
+
+/// A row objective's data, read and checked.
+pub(crate) struct RowInputs {
+    data: Dataset,
+    held_out: Option<Dataset>,
+}
+
+/// What a row objective feeds the trainer, once its step is decided.
+pub(crate) struct RowFeed {
+    /// Its batches, packed or not (the trainer's source).
+    pub loader: Loader,
+    pub eval: Vec<Batch>,
+    /// Whether the run has a held-out set (its batches may be none).
+    pub has_eval: bool,
+    /// Samples (or pairs) with something to learn within a row.
+    pub learning: usize,
+    /// How full an unpacked row is on average, 0 to 1.
+    pub unpacked_fill: f64,
+}
+
+impl RowInputs {
+    /// Reads the run's data (pairs for a preference objective) and its
+    /// held-out set.
+    pub fn read(spec: &RunSpec, model: &Model) -> Result<RowInputs> {
+        let data_spec = DataSpec {
+            path: spec.data.path.clone(),
+            chat_template: spec.data.chat_template.clone(),
+            train_on_inputs: spec.data.train_on_inputs,
+            seq: spec.step.seq as usize,
+            pairs: spec.objective.is_preference(),
+        };
+        let data = Dataset::read(model, &data_spec, spec.seed)?;
+        let held_out = Dataset::held_out(model, &data_spec, spec.eval.data.as_deref(), spec.seed)?;
+        Ok(RowInputs { data, held_out })
+    }
+
+    pub fn fingerprint(&self) -> &str {
+        &self.data.fingerprint
+    }
+
+    pub fn stats(&self) -> DataStats {
+        self.data.stats
+    }
+
+    /// The loader and held-out batches of step `tc`, whose packing is
+    /// decided here when `auto` (then `repack` decides the step's choices
+    /// again for packed rows); a precomputed reference (`reference`)
+    /// scores the pairs first.
+    pub fn feed(
+        self,
+        spec: &RunSpec,
+        (backend, model): (&Backend, &Model),
+        tc: &mut TrainConfig,
+        reference: Option<&Adapter>,
+        repack: impl FnOnce(&mut TrainConfig, &ModelConfig) -> Result<()>,
+    ) -> Result<RowFeed> {
+        let seq = spec.step.seq as usize;
+        let per_batch = spec.step.batch as usize;
+        let score = |pairs: &[PreferencePair]| {
+            super::preference::reference_scores(backend, model, tc, reference, pairs, spec.seed)
+        };
+        let preference = spec.objective.is_preference();
+        let (loader, learning) = if preference {
+            // Pairs whose prompt fills the row are left out (TRL's filter).
+            let pairs = self.data.learning_pairs(seq)?;
+            let n = pairs.len();
+            let scores = score(&pairs)?;
+            let loader = Loader::pairs(pairs, seq, per_batch, spec.seed);
+            let loader = match scores {
+                Some(s) => loader.with_reference(s),
+                None => loader,
+            };
+            (loader, n)
+        } else {
+            // Samples with nothing to learn within a row are left out.
+            let examples = self.data.learning(seq)?;
+            let n = examples.len();
+            // A step takes `grad_accum` micro-batches of `batch` rows.
+            (Loader::new(examples, seq, tc.rows() as usize, spec.seed), n)
+        };
+        let has_eval = self.held_out.is_some();
+        let eval = match self.held_out {
+            Some(e) if preference => {
+                let scores = score(&e.pairs)?;
+                eval_pair_batches(&e.pairs, seq, per_batch, scores.as_deref())
+            }
+            Some(e) => eval_batches(&e.examples, seq, per_batch),
+            None => Vec::new(),
+        };
+        let unpacked_fill = loader.mean_len().min(seq as f64) / seq as f64;
+        if spec.step.packing == Toggle::Auto && !preference {
+            tc.packing = crate::run::step::auto_packing(unpacked_fill);
+            if tc.packing {
+                repack(tc, &model.config)?;
+            }
+        }
+        Ok(RowFeed {
+            loader: loader.packed(tc.packing),
+            eval,
+            has_eval,
+            learning,
+            unpacked_fill,
+        })
+    }
+}

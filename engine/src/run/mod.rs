@@ -1,0 +1,570 @@
+//! [`Run`]: a training run as one object. Built from a [`RunSpec`], it
+//! takes a saved run's settings back when resuming, refuses an output
+//! folder that holds another run, reads the data, decides every `auto`
+//! (packing from the data; loss chunk and batch axes from the model and
+//! mesh, [`crate::run::step::StepSpec::train_config`]; scan, remat and attention from the
+//! devices and memory, [`crate::run::policy`]), compiles the session
+//! and restores its state; [`Run::train`] then runs the loop, reporting
+//! through [`Hooks`] on process 0 only, and finishes the process group.
+//! Every front end (the CLI, `engine/examples/finetune.rs`, the training
+//! methods to come) goes through it, so each gets the same policy once.
+//!
+//! ```no_run
+//! use hlo_engine::{Quiet, Run, RunSpec};
+//! // `hlo-train train --steps 20 --out run` ...
+//! let mut spec = RunSpec { steps: 20, ..RunSpec::default() };
+//! spec.output.out = Some("run".into());
+//! Run::new(spec)?.train(&mut Quiet)?;
+//! // ... then `hlo-train train --resume run --steps 40`.
+//! Run::new(RunSpec::resume("run").with_steps(40))?.train(&mut Quiet)?;
+//! # Ok::<(), hlo_engine::EngineError>(())
+//! ```
+
+pub mod named;
+pub mod policy;
+pub mod settings;
+pub mod spec;
+pub mod step;
+
+use std::path::{Path, PathBuf};
+
+use hlo_data::{Batch, DataStats, Tokenizer};
+use hlo_ir::DType;
+use hlo_models::adapter::Adapter;
+use hlo_models::decoder::ModelConfig;
+use hlo_models::preference::Reference;
+use hlo_models::train::{Loss, TrainConfig};
+use hlo_runtime::PluginKind;
+use regex::Regex;
+
+use crate::analysis::flops;
+use crate::device::backend::Backend;
+use crate::error::{EngineError, Result};
+use crate::inputs::model::{Model, ModelSource};
+use crate::objectives::grpo::RolloutInputs;
+use crate::objectives::sft::RowFeed;
+use crate::objectives::RunInputs;
+use crate::run::policy::Target;
+use crate::run::spec::Objective;
+use crate::run::spec::{differences, RunSpec};
+use crate::run::step::Toggle;
+use crate::train::checkpoint::{self, RunSettings, Saved};
+use crate::train::hooks::{Hooks, Quiet, RunStart, TrainSummary};
+use crate::train::session::{Session, SessionOptions};
+use crate::train::trainer::{BatchSource, StopFlag, Trainer, TrainerOptions};
+
+/// A run resolved and compiled, ready to train.
+pub struct Run {
+    spec: RunSpec,
+    session: Session,
+    loader: Option<Box<dyn BatchSource>>,
+    eval: Vec<Batch>,
+    /// What `train_state/` records: the session's settings and the run's
+    /// identities.
+    settings: RunSettings,
+    identities: RunSettings,
+    stats: DataStats,
+    learning: usize,
+    unpacked_fill: f64,
+    main: bool,
+    out: Option<PathBuf>,
+    resumed: bool,
+    trace_values: Option<Regex>,
+    tokenizer: Option<Tokenizer>,
+    stop: StopFlag,
+    /// The step's decided `auto` choices ([`crate::run::policy::StepPolicy::line`]).
+    choices: String,
+}
+
+/// Whether this process writes and reports (process 0, or the only one).
+fn is_main(spec: &RunSpec) -> bool {
+    spec.backend
+        .launch
+        .as_ref()
+        .is_none_or(|l| l.process_id == 0)
+}
+
+/// Refuses an `out` that holds another run (unless replacing it, or it
+/// is the run being resumed), and prepares it.
+fn guard_out(spec: &RunSpec, out: &Path) -> Result<()> {
+    let canonical = |p: &Path| std::fs::canonicalize(p).ok();
+    let continuing = spec
+        .output
+        .resume
+        .as_deref()
+        .is_some_and(|r| canonical(r).is_some() && canonical(r) == canonical(out));
+    if checkpoint::holds_run(out) && !continuing && !spec.output.overwrite {
+        return Err(EngineError::OutHoldsRun {
+            out: out.to_path_buf(),
+        });
+    }
+    checkpoint::prepare_out(out)
+}
+
+/// An absolute path, for what a run records.
+pub(crate) fn absolute(p: &Path) -> String {
+    std::fs::canonicalize(p)
+        .unwrap_or_else(|_| p.to_path_buf())
+        .display()
+        .to_string()
+}
+
+/// An absolute path for `p`, which may not exist yet (a metrics file).
+fn absolute_new(p: &Path) -> Result<String> {
+    if p.exists() {
+        return Ok(absolute(p));
+    }
+    let cwd = std::env::current_dir().map_err(EngineError::io("read", "the working folder"))?;
+    Ok(cwd.join(p).display().to_string())
+}
+
+/// Settings recorded as a list of their command-line spellings.
+pub(crate) fn written_list<T: std::fmt::Display>(items: &[T]) -> serde_json::Value {
+    items.iter().map(|t| t.to_string()).collect()
+}
+
+/// The settings a run records beyond the session's own: which model,
+/// tokenizer, adapter and data (with their identities), the objective and
+/// the run's length.
+fn identities(spec: &RunSpec, model: &Model, fingerprint: &str) -> Result<RunSettings> {
+    let mut s = RunSettings::default();
+    match model.source() {
+        ModelSource::Preset(name) => s.set("model", name.as_str()),
+        ModelSource::Config(p) => s.set("config", absolute(p)),
+        ModelSource::Checkpoint(p) => s.set("checkpoint", absolute(p)),
+    }
+    s.set("model-fingerprint", model.fingerprint()?);
+    // The base as the run holds it (a bitsandbytes checkpoint's own NF4 too).
+    if let Some(q) = model.config.quantization {
+        s.set("quantize", "nf4");
+        s.set("double-quant", q.double_quant);
+    }
+    for (key, path) in [
+        ("tokenizer", &spec.tokenizer),
+        ("init-adapter", &spec.init_adapter),
+        ("data", &spec.data.path),
+        ("chat-template", &spec.data.chat_template),
+    ] {
+        if let Some(p) = path {
+            s.set(key, absolute(p));
+        }
+    }
+    s.set("data-fingerprint", fingerprint);
+    // What it writes, to write the same on resume.
+    for (key, path) in [
+        ("eval-data", &spec.eval.data),
+        ("metrics", &spec.report.metrics),
+        ("tensorboard", &spec.report.tensorboard),
+    ] {
+        if let Some(p) = path {
+            s.set(key, absolute_new(p)?);
+        }
+    }
+    s.set("eval-every", spec.eval.every);
+    s.set("save-every", spec.output.save_every);
+    s.set("log-every", spec.report.log_every);
+    s.set("train-on-inputs", spec.data.train_on_inputs);
+    s.set("objective", spec.objective.name());
+    match spec.objective {
+        Objective::Sft => {}
+        Objective::Dpo | Objective::Ipo | Objective::Simpo | Objective::Orpo => {
+            crate::objectives::preference::record_settings(&mut s, spec)
+        }
+        Objective::Grpo => crate::objectives::grpo::record_settings(&mut s, spec),
+    }
+    s.set("steps", spec.steps);
+    // As `--xla-option` spells each, so a recipe and a resume read them back.
+    let xla: Vec<String> = spec
+        .backend
+        .xla_options
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    s.set("xla-option", xla);
+    Ok(s)
+}
+
+/// Refuses to resume a saved run with settings that differ from its own,
+/// every difference at once.
+fn check_resumed(saved: Option<&Saved>, settings: &RunSettings, spec: &RunSpec) -> Result<()> {
+    let (Some(saved), Some(dir)) = (saved, &spec.output.resume) else {
+        return Ok(());
+    };
+    let found = differences(
+        &saved.state.settings,
+        settings,
+        &spec.chosen,
+        saved.state.step,
+        dir,
+    );
+    if found.is_empty() {
+        return Ok(());
+    }
+    Err(EngineError::Resume(format!(
+        "{} (a resumed run keeps the settings it was saved with)",
+        found.join("; ")
+    )))
+}
+
+/// The adapter to start from (`init_adapter`, not when resuming: the
+/// saved state holds the adapter then), refused when it trains with
+/// dropout.
+fn init_adapter(spec: &RunSpec, model: &Model, resumed: bool) -> Result<Option<Adapter>> {
+    let Some(dir) = spec.init_adapter.as_ref().filter(|_| !resumed) else {
+        return Ok(None);
+    };
+    let dropout = Adapter::dropout(dir);
+    if dropout > 0.0 {
+        return Err(EngineError::AdapterDropout {
+            dir: dir.clone(),
+            dropout,
+        });
+    }
+    Ok(Some(Adapter::load(dir, &model.config)?))
+}
+
+/// The traced step of `spec` over `backend`'s mesh: LoRA settings from a
+/// resumed run's own adapter (unless chosen anew), else the adapter it
+/// starts from, else the spec's; a preference objective against
+/// `reference`.
+fn train_config(
+    spec: &RunSpec,
+    model: &Model,
+    backend: &Backend,
+    dtype: DType,
+    (init, reference): (Option<&Adapter>, Option<&Adapter>),
+    resumed: bool,
+) -> Result<(TrainConfig, String)> {
+    let kind = match reference {
+        _ if spec.preference.precompute_ref => Reference::Precomputed,
+        Some(_) => Reference::Adapter,
+        None => Reference::Base,
+    };
+    let target = Target::of_backend(backend)?;
+    let policy = spec.policy(&model.config, dtype, backend.mesh(), &target)?;
+    let choices = policy.line();
+    let mut tc = spec.train_config(&model.config, dtype, backend.mesh(), kind, &policy)?;
+    if tc.lora.is_none() {
+        return Ok((tc, choices));
+    }
+    let lora_chosen = [
+        "lora-rank",
+        "lora-alpha",
+        "lora-targets",
+        "use-rslora",
+        "modules-to-save",
+    ]
+    .iter()
+    .any(|k| spec.chosen.contains(k));
+    match (&spec.output.resume, init) {
+        (Some(dir), _) if resumed && !lora_chosen => tc.lora = Some(Adapter::read_config(dir)?),
+        (_, Some(a)) => tc.lora = Some(a.lora.clone()),
+        _ => {}
+    }
+    // A reference in the step runs in its own LoRA settings where they
+    // are not the trained adapter's (a precomputed one always does).
+    if let (Some(r), Loss::Preference(p), Reference::Adapter) = (reference, &mut tc.loss, kind) {
+        *p = p
+            .clone()
+            .with_reference_lora(tc.lora.as_ref(), Some(&r.lora));
+    }
+    Ok((tc, choices))
+}
+
+/// The step's choices again once the data has packed its rows, when
+/// they took an attention form that packed rows cannot use (cuDNN's
+/// call takes no segment ids); None when nothing changes.
+fn decide_packed(
+    spec: &RunSpec,
+    tc: &mut TrainConfig,
+    backend: &Backend,
+    config: &hlo_models::decoder::ModelConfig,
+) -> Result<Option<String>> {
+    if tc.attention != hlo_models::attention::AttentionKind::Cudnn
+        || spec.step.attention != crate::run::step::AttentionChoice::Auto
+    {
+        return Ok(None);
+    }
+    let mut packed = spec.clone();
+    packed.step.packing = Toggle::On;
+    let target = Target::of_backend(backend)?;
+    let policy = packed.policy(config, tc.dtype, backend.mesh(), &target)?;
+    tc.attention = policy.attention;
+    tc.scan_layers = policy.scan_layers();
+    tc.remat_layers = policy.remat_layers();
+    Ok(Some(policy.line()))
+}
+
+/// What feeds the trainer, by objective.
+enum Feed {
+    Rows(RowFeed),
+    Rollouts(RolloutInputs),
+}
+
+/// Where the run writes (`out`, else the folder it resumes), checked
+/// and prepared by the process that writes (`main`).
+fn output_folder(spec: &RunSpec, main: bool) -> Result<Option<PathBuf>> {
+    let out = spec
+        .output
+        .out
+        .clone()
+        .or_else(|| spec.output.resume.clone());
+    if let Some(out) = out.as_ref().filter(|_| main) {
+        guard_out(spec, out)?;
+    }
+    if spec.output.save_every > 0 && out.is_none() {
+        return Err(EngineError::SaveEveryNeedsOut);
+    }
+    Ok(out)
+}
+
+/// The saved run `spec` resumes (its settings taken back into `spec`),
+/// with the objective's settings then checked.
+fn take_saved(spec: &mut RunSpec) -> Result<Option<Saved>> {
+    let saved = match &spec.output.resume {
+        Some(dir) => {
+            let saved = checkpoint::load(dir)?;
+            spec.merge_saved(&saved.state.settings)?;
+            Some(saved)
+        }
+        None => None,
+    };
+    spec.check_objective_settings()?;
+    Ok(saved)
+}
+
+/// `--trace-values`' pattern, compiled.
+fn trace_values(spec: &RunSpec) -> Result<Option<Regex>> {
+    let Some(r) = &spec.trace_values else {
+        return Ok(None);
+    };
+    Regex::new(r).map(Some).map_err(|cause| EngineError::Regex {
+        what: "--trace-values",
+        pattern: r.clone(),
+        cause,
+    })
+}
+
+/// The run's model with its tokenizer and quantization, its weights
+/// checked; NF4 weights are frozen, so full finetuning of them is refused.
+fn open_model(spec: &RunSpec) -> Result<Model> {
+    let model = Model::open(&spec.model)?
+        .with_tokenizer_file(spec.tokenizer.clone())
+        .quantized(spec.quantize)?;
+    if spec.step.lora.is_none() && model.config.quantization.is_some() {
+        return Err(EngineError::FullOfNf4);
+    }
+    model.check_weights()?;
+    Ok(model)
+}
+
+impl Run {
+    /// Resolves `spec` (resuming its saved run if it names one), reads
+    /// the data, compiles the step and places (or restores) its state.
+    /// What differs between objectives (the data, the reference, the
+    /// batches) comes from the objective's own module
+    /// ([`crate::objectives`]).
+    pub fn new(mut spec: RunSpec) -> Result<Run> {
+        let saved = take_saved(&mut spec)?;
+        let resumed = saved.is_some();
+        let main = is_main(&spec);
+        let out = output_folder(&spec, main)?;
+        let trace_values = trace_values(&spec)?;
+        let model = open_model(&spec)?;
+        let tokenizer = model.tokenizer(None)?;
+        let inputs = RunInputs::read(&spec, &model, tokenizer.as_ref())?;
+        let backend = Backend::open(&spec.backend)?;
+        let init = init_adapter(&spec, &model, resumed)?;
+        let reference = inputs.reference(&spec, &model)?;
+        // A preference objective's reference runs in its step; GRPO's is
+        // scored outside it.
+        let step_reference = reference
+            .as_ref()
+            .filter(|_| spec.objective.is_preference());
+        let dtype = spec.dtype.unwrap_or(match spec.backend.plugin.kind() {
+            PluginKind::Cpu => DType::F32,
+            _ => DType::BF16,
+        });
+        let references = (init.as_ref(), step_reference);
+        let (mut tc, mut choices) =
+            train_config(&spec, &model, &backend, dtype, references, resumed)?;
+        let identities = identities(&spec, &model, inputs.fingerprint())?;
+        let stats = inputs.stats();
+        let feed = match inputs {
+            RunInputs::Rows(rows) => {
+                let repack = |tc: &mut TrainConfig, config: &ModelConfig| {
+                    if let Some(line) = decide_packed(&spec, tc, &backend, config)? {
+                        choices = line;
+                    }
+                    Ok(())
+                };
+                let placed = (&backend, &model);
+                Feed::Rows(rows.feed(&spec, placed, &mut tc, reference.as_ref(), repack)?)
+            }
+            RunInputs::Rollouts(rollouts) => Feed::Rollouts(rollouts),
+        };
+        let mut settings = RunSettings::of_config(&tc, spec.seed);
+        settings.extend(&identities);
+        check_resumed(saved.as_ref(), &settings, &spec)?;
+        let in_step = tc.loss.preference().map(|p| p.reference) == Some(Reference::Adapter);
+        let options = SessionOptions {
+            mode: spec.mode,
+            seed: spec.seed,
+            init_adapter: init,
+            // Only a reference in the step needs its tensors placed.
+            reference_adapter: reference.clone().filter(|_| in_step),
+            eval: matches!(&feed, Feed::Rows(f) if f.has_eval),
+            ..SessionOptions::default()
+        };
+        let mut session = Session::new(backend, model, tc, options)?;
+        let mut cursor = 0;
+        if let Some(saved) = &saved {
+            session.restore(&saved.tensors)?;
+            cursor = saved.state.data_cursor;
+        }
+        let (loader, eval, learning, unpacked_fill) = match feed {
+            Feed::Rows(RowFeed {
+                mut loader,
+                eval,
+                learning,
+                unpacked_fill,
+                ..
+            }) => {
+                loader.cursor = cursor;
+                (
+                    Box::new(loader) as Box<dyn BatchSource>,
+                    eval,
+                    learning,
+                    unpacked_fill,
+                )
+            }
+            Feed::Rollouts(r) => {
+                let source = r.source(&session, &spec, reference.as_ref(), cursor)?;
+                (source, Vec::new(), stats.samples, 1.0)
+            }
+        };
+        Ok(Run {
+            spec,
+            session,
+            loader: Some(loader),
+            eval,
+            settings,
+            identities,
+            stats,
+            learning,
+            unpacked_fill,
+            main,
+            out,
+            resumed,
+            trace_values,
+            tokenizer,
+            stop: StopFlag::default(),
+            choices,
+        })
+    }
+
+    /// Stops the run when `stop` is set (after the step in flight, saving
+    /// to `out`): `StopFlag::on_signals()` for SIGINT and SIGTERM.
+    pub fn with_stop(mut self, stop: StopFlag) -> Run {
+        self.stop = stop;
+        self
+    }
+
+    /// Trains to the spec's step count (or until stopped), evaluating and
+    /// saving as it says; `hooks` hear the run on process 0 (the other
+    /// processes compute alongside, silently). Then waits for every
+    /// process of the run to finish.
+    pub fn train(&mut self, hooks: &mut dyn Hooks) -> Result<TrainSummary> {
+        let mut quiet = Quiet;
+        let hooks: &mut dyn Hooks = if self.main { hooks } else { &mut quiet };
+        let loader = self.loader.take().ok_or(EngineError::RunFinished)?;
+        let dtype = self.session.config().dtype;
+        let peak = flops::peak_flops(self.session.backend(), dtype, self.spec.peak_tflops)?;
+        hooks.on_start(&RunStart {
+            settings: self.settings.clone(),
+            mesh: self.session.backend().mesh().clone(),
+            out: self.out.clone(),
+            step: self.session.steps_done(),
+            steps: self.spec.steps,
+            resumed: self.resumed,
+            choices: self.choices.clone(),
+        })?;
+        let options = TrainerOptions {
+            steps: self.spec.steps,
+            eval_every: self.spec.eval.every,
+            save_every: self.spec.output.save_every,
+            out: self.out.clone(),
+            settings: self.identities.clone(),
+            trace_values: self.trace_values.clone(),
+            peak_flops: Some(peak),
+            smoothing_window: 20,
+        };
+        let eval = std::mem::take(&mut self.eval);
+        let summary =
+            Trainer::with_source(&mut self.session, loader, eval, options, self.stop.clone())?
+                .run(hooks)?;
+        // Process 0 serves the rendezvous until every process is done.
+        if let Some(group) = self.session.backend().group() {
+            group.finish()?;
+        }
+        hooks.on_end(&summary)?;
+        Ok(summary)
+    }
+
+    /// The spec as resolved: a resumed run's with its saved settings.
+    pub fn spec(&self) -> &RunSpec {
+        &self.spec
+    }
+
+    /// The step's decided `auto` choices and why, in one line
+    /// ([`crate::run::policy::StepPolicy::line`]).
+    pub fn choices(&self) -> &str {
+        &self.choices
+    }
+
+    /// The compiled step and its state (the trained adapter after
+    /// [`Run::train`]).
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// Every setting the run's result depends on, resolved.
+    pub fn settings(&self) -> &RunSettings {
+        &self.settings
+    }
+
+    /// What the training data holds.
+    pub fn data_stats(&self) -> &DataStats {
+        &self.stats
+    }
+
+    /// Samples that teach something within a row.
+    pub fn learning_samples(&self) -> usize {
+        self.learning
+    }
+
+    /// The mean share of a row the samples fill unpacked.
+    pub fn unpacked_fill(&self) -> f64 {
+        self.unpacked_fill
+    }
+
+    /// The model's tokenizer, if it has one.
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+
+    /// Where the run saves.
+    pub fn out(&self) -> Option<&Path> {
+        self.out.as_deref()
+    }
+
+    /// Whether this process writes and reports.
+    pub fn is_main(&self) -> bool {
+        self.main
+    }
+
+    /// Whether the run continues a saved one.
+    pub fn resumed(&self) -> bool {
+        self.resumed
+    }
+}

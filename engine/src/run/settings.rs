@@ -1,0 +1,360 @@
+//! Every setting a run records, declared once ([`all`]; an objective's
+//! own in its folder, `objectives/*/settings.rs`): its name
+//! (the `hlo-train train` flag's, so a recipe, a saved state and an error
+//! speak one vocabulary), what kind of setting it is, which objectives
+//! read it, and how a saved value comes back into a [`RunSpec`]. From the
+//! table follow the saved-settings vocabulary ([`settings`]), the resume
+//! merge and comparison, the recipe's keys ([`Objective::reads`]) and the
+//! refusal of a setting the objective does not read.
+//!
+//! Adding a setting: a field on the spec it belongs to (its default in
+//! that spec's `Default`), one entry here or in its objective's table,
+//! the writer that records it (the objective's `record_settings`, `Run`'s
+//! identities, or `RunSettings::of_config` for what the step decides),
+//! and its flag in the CLI's flag group.
+
+use std::path::PathBuf;
+
+use hlo_models::nf4::Nf4Config;
+use serde_json::{json, Value};
+
+use super::named::Named;
+use super::spec::{Objective, RunSpec, OBJECTIVES};
+use super::step::{LoraSpec, Toggle};
+use crate::inputs::model::ModelSource;
+
+/// How a recorded setting behaves on resume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// What the run computes: one chosen anew must equal the saved one.
+    Compared,
+    /// What shapes what the run writes, not what it computes: one chosen
+    /// anew replaces the saved one (never a difference).
+    Output,
+    /// How the run's programs are compiled (`xla-option`): replaced like
+    /// an output setting (a resumed run may work around a compiler bug).
+    Compile,
+}
+
+/// One setting of a run.
+pub struct Setting {
+    pub name: &'static str,
+    pub kind: Kind,
+    /// The objectives that read it; another objective refuses it given
+    /// a value other than its default.
+    pub read_by: &'static [Objective],
+    /// Its value in a spec, for the objective settings (those not read by
+    /// all): compared with a default spec's to tell whether it was given.
+    pub value: Option<fn(&RunSpec) -> Value>,
+    /// Takes a saved value back into a spec; None when the value is not
+    /// of this setting's kind.
+    pub restore: fn(&mut RunSpec, &Value) -> Option<()>,
+}
+
+impl Setting {
+    /// Whether `spec` sets it to something other than its default.
+    pub fn given(&self, spec: &RunSpec) -> bool {
+        self.value
+            .is_some_and(|v| v(spec) != v(&RunSpec::default()))
+    }
+}
+
+const ALL: &[Objective] = &OBJECTIVES;
+pub(crate) const GRPO: &[Objective] = &[Objective::Grpo];
+pub(crate) const PREFERENCE_AND_GRPO: &[Objective] = &[
+    Objective::Dpo,
+    Objective::Ipo,
+    Objective::Simpo,
+    Objective::Orpo,
+    Objective::Grpo,
+];
+pub(crate) const REFERENCED: &[Objective] = &[Objective::Dpo, Objective::Ipo, Objective::Grpo];
+pub(crate) const PRECOMPUTED: &[Objective] = &[Objective::Dpo, Objective::Ipo];
+pub(crate) const SIMPO: &[Objective] = &[Objective::Simpo];
+
+/// A setting every objective reads.
+const fn common(name: &'static str, restore: fn(&mut RunSpec, &Value) -> Option<()>) -> Setting {
+    Setting {
+        name,
+        kind: Kind::Compared,
+        read_by: ALL,
+        value: None,
+        restore,
+    }
+}
+
+/// A setting only `read_by` read.
+pub(crate) const fn of(
+    name: &'static str,
+    read_by: &'static [Objective],
+    value: fn(&RunSpec) -> Value,
+    restore: fn(&mut RunSpec, &Value) -> Option<()>,
+) -> Setting {
+    Setting {
+        name,
+        kind: Kind::Compared,
+        read_by,
+        value: Some(value),
+        restore,
+    }
+}
+
+/// A setting of what the run writes.
+const fn output(name: &'static str, restore: fn(&mut RunSpec, &Value) -> Option<()>) -> Setting {
+    Setting {
+        name,
+        kind: Kind::Output,
+        read_by: ALL,
+        value: None,
+        restore,
+    }
+}
+
+pub(crate) fn path(v: &Value) -> Option<Option<PathBuf>> {
+    match v {
+        Value::Null => Some(None),
+        v => Some(Some(PathBuf::from(v.as_str()?))),
+    }
+}
+
+pub(crate) fn text(v: &Value) -> Option<String> {
+    v.as_str().map(str::to_string)
+}
+
+pub(crate) fn shown<T: std::fmt::Display>(items: &[T]) -> Value {
+    items.iter().map(|t| t.to_string()).collect()
+}
+
+pub(crate) fn shown_path(p: &Option<PathBuf>) -> Value {
+    p.as_ref()
+        .map_or(Value::Null, |p| json!(p.display().to_string()))
+}
+
+/// A saved list of settings each written as a string (`reward`,
+/// `reward-weights`), read back; None if any is not one.
+pub(crate) fn parsed_list<T: std::str::FromStr>(value: &Value) -> Option<Vec<T>> {
+    value
+        .as_array()?
+        .iter()
+        .map(|v| v.as_str()?.parse().ok())
+        .collect()
+}
+
+/// The model's and the data's settings.
+static MODEL_DATA: &[Setting] = &[
+    // The model and the data.
+    common("model", |s, v| {
+        put(&mut s.model, ModelSource::Preset(text(v)?))
+    }),
+    common("config", |s, v| {
+        put(&mut s.model, ModelSource::Config(path(v)??))
+    }),
+    common("checkpoint", |s, v| {
+        put(&mut s.model, ModelSource::Checkpoint(path(v)??))
+    }),
+    common("quantize", |s, v| {
+        (v.as_str()? == "nf4").then_some(())?;
+        s.quantize.get_or_insert(Nf4Config {
+            double_quant: false,
+        });
+        Some(())
+    }),
+    common("double-quant", |s, v| {
+        let on = v.as_bool()?;
+        if let Some(q) = s.quantize.as_mut() {
+            q.double_quant = on;
+        }
+        Some(())
+    }),
+    common("dtype", |s, v| {
+        put(&mut s.dtype, Some(v.as_str()?.parse().ok()?))
+    }),
+    common("tokenizer", |s, v| put(&mut s.tokenizer, path(v)?)),
+    common("init-adapter", |s, v| put(&mut s.init_adapter, path(v)?)),
+    common("data", |s, v| put(&mut s.data.path, path(v)?)),
+    common("chat-template", |s, v| {
+        put(&mut s.data.chat_template, path(v)?)
+    }),
+    common("train-on-inputs", |s, v| {
+        put(&mut s.data.train_on_inputs, v.as_bool()?)
+    }),
+    common("objective", |s, v| {
+        put(&mut s.objective, v.as_str()?.parse().ok()?)
+    }),
+];
+
+/// The step's and the optimizer's settings.
+static STEP: &[Setting] = &[
+    common("seed", |s, v| put(&mut s.seed, v.as_u64()?)),
+    common("steps", |s, v| put(&mut s.steps, v.as_i64()?)),
+    common("batch", |s, v| put(&mut s.step.batch, v.as_i64()?)),
+    common("seq", |s, v| put(&mut s.step.seq, v.as_i64()?)),
+    common("grad-accum", |s, v| {
+        put(&mut s.step.grad_accum, v.as_i64()?)
+    }),
+    common("packing", |s, v| put(&mut s.step.packing, toggle(v)?)),
+    common("full", |s, v| {
+        s.step.lora = match v.as_bool()? {
+            true => None,
+            false => Some(s.step.lora.clone().unwrap_or_default()),
+        };
+        Some(())
+    }),
+    common("lora-rank", |s, v| {
+        lora(s, |l| put(&mut l.rank, v.as_i64()?))
+    }),
+    common("lora-alpha", |s, v| {
+        lora(s, |l| put(&mut l.alpha, v.as_f64()?))
+    }),
+    common("lora-targets", |s, v| {
+        lora(s, |l| {
+            let targets = v.as_str()?.split(',').map(|t| t.trim().to_string());
+            put(&mut l.targets, targets.collect())
+        })
+    }),
+    common("use-rslora", |s, v| {
+        lora(s, |l| put(&mut l.use_rslora, v.as_bool()?))
+    }),
+    common("modules-to-save", |s, v| {
+        lora(s, |l| {
+            put(&mut l.modules_to_save, LoraSpec::modules_from(v.as_str()?))
+        })
+    }),
+    common("optimizer", |s, v| put(&mut s.optim.optimizer, named(v)?)),
+    common("weight-decay", |s, v| {
+        put(&mut s.optim.weight_decay, v.as_f64()?)
+    }),
+    common("lr", |s, v| put(&mut s.optim.lr, v.as_f64()?)),
+    common("warmup", |s, v| put(&mut s.optim.warmup, v.as_i64()?)),
+    common("schedule", |s, v| put(&mut s.optim.schedule, named(v)?)),
+    common("clip-norm", |s, v| put(&mut s.optim.clip_norm, v.as_f64()?)),
+    common("scan-layers", |s, v| {
+        put(&mut s.step.scan_layers, toggle(v)?)
+    }),
+    common("remat", |s, v| put(&mut s.step.remat, named(v)?)),
+    common("attention", |s, v| put(&mut s.step.attention, named(v)?)),
+    common("attention-block", |s, v| {
+        put(&mut s.step.attention_block, Some(v.as_i64()?))
+    }),
+    common("loss-chunk", |s, v| {
+        put(&mut s.step.loss_chunk, Some(v.as_i64()?))
+    }),
+];
+
+/// What the run writes, and how its programs are compiled.
+static OUTPUT: &[Setting] = &[
+    output("eval-data", |s, v| put(&mut s.eval.data, path(v)?)),
+    output("eval-every", |s, v| put(&mut s.eval.every, v.as_i64()?)),
+    output("save-every", |s, v| {
+        put(&mut s.output.save_every, v.as_i64()?)
+    }),
+    output("metrics", |s, v| put(&mut s.report.metrics, path(v)?)),
+    output("tensorboard", |s, v| {
+        put(&mut s.report.tensorboard, path(v)?)
+    }),
+    output("log-every", |s, v| {
+        put(&mut s.report.log_every, v.as_i64()?)
+    }),
+    Setting {
+        name: "xla-option",
+        kind: Kind::Compile,
+        read_by: ALL,
+        value: None,
+        restore: |s, v| {
+            s.backend.xla_options = v
+                .as_array()?
+                .iter()
+                .map(|o| hlo_runtime::parse_xla_option(o.as_str()?).ok())
+                .collect::<Option<_>>()?;
+            Some(())
+        },
+    },
+];
+
+/// Stores a restored value: every `restore` ends so.
+pub(crate) fn put<T>(slot: &mut T, value: T) -> Option<()> {
+    *slot = value;
+    Some(())
+}
+
+fn toggle(v: &Value) -> Option<Toggle> {
+    named(v)
+}
+
+/// A saved value among a setting's names.
+pub(crate) fn named<T: Named>(v: &Value) -> Option<T> {
+    T::from_name(v.as_str()?)
+}
+
+/// Sets a LoRA setting, which a full-finetuning spec does not hold.
+fn lora(s: &mut RunSpec, set: impl FnOnce(&mut LoraSpec) -> Option<()>) -> Option<()> {
+    match s.step.lora.as_mut() {
+        Some(l) => set(l),
+        None => Some(()),
+    }
+}
+
+/// Every setting a run records, in the order a resumed run takes them
+/// back (the objective before its β, `full` before the LoRA settings,
+/// `quantize` before `double-quant`): the model's and the data's, each
+/// objective's own (declared in its folder), the step's, what the run
+/// writes.
+pub fn all() -> impl Iterator<Item = &'static Setting> {
+    [
+        MODEL_DATA,
+        crate::objectives::preference::settings::SETTINGS,
+        crate::objectives::grpo::settings::SETTINGS,
+        STEP,
+        OUTPUT,
+    ]
+    .into_iter()
+    .flatten()
+}
+
+/// The setting named `name`.
+pub fn setting(name: &str) -> Option<&'static Setting> {
+    all().find(|s| s.name == name)
+}
+
+/// The settings a resumed run must agree on ([`Kind::Compared`]), by name.
+pub fn settings() -> impl Iterator<Item = &'static str> {
+    all().filter(|s| s.kind == Kind::Compared).map(|s| s.name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_setting_is_declared_once_and_restores_what_it_reads() {
+        let mut names: Vec<&str> = all().map(|s| s.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), all().count());
+        // A value of the setting's kind in, the same value out.
+        for s in all().filter(|s| s.value.is_some()) {
+            let value = s.value.map(|v| v(&RunSpec::default())).unwrap_or_default();
+            let mut spec = RunSpec::default();
+            if s.read_by == GRPO || s.name == "beta" {
+                spec.objective = s.read_by[0];
+            }
+            if !value.is_null() {
+                assert!((s.restore)(&mut spec, &value).is_some(), "{}", s.name);
+                assert!(!s.given(&spec), "{} given by its default", s.name);
+            }
+        }
+    }
+
+    #[test]
+    fn a_value_of_another_kind_restores_nothing() {
+        let mut spec = RunSpec::default();
+        for (name, bad) in [
+            ("lr", json!("high")),
+            ("optimizer", json!("lion")),
+            ("top-k", json!(-1)),
+        ] {
+            let s = setting(name).unwrap();
+            assert!((s.restore)(&mut spec, &bad).is_none(), "{name}");
+        }
+    }
+}

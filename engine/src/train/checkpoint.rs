@@ -1,0 +1,400 @@
+//! Saving a run so it can be used and continued: the PEFT adapter (or a
+//! complete HF model folder when finetuning fully) and `train_state/`
+//! (trainable parameters, optimizer moments, step counter, data cursor,
+//! the run's effective settings and a checksum). `train_state/` is built
+//! under a temporary name and swapped in whole, so a crash at any moment
+//! leaves the previous one (or its `.old` copy) readable; temporaries a
+//! killed process left behind are removed by the next run.
+
+use hlo_models::attention::AttentionKind;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use hlo_ir::rng::Fnv1a;
+use hlo_ir::Literal;
+use hlo_models::adapter::Adapter;
+use hlo_models::io::{read_safetensors, write_atomic, write_safetensors};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{EngineError, Result};
+use crate::train::session::Session;
+
+/// The settings a run's result depends on, by the name of the flag that
+/// sets each (`lr`, `lora-rank`, `data`, ...), plus identities that no flag
+/// sets (`model-fingerprint`, `data-fingerprint`). A resumed run takes
+/// them all; one given again must be equal.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunSettings(pub BTreeMap<String, Value>);
+
+/// What `train_state/state.json` records.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunState {
+    /// 2 since settings are recorded in full; 1 recorded eight of them.
+    pub version: u32,
+    /// Steps taken.
+    pub step: i64,
+    /// Samples the loader has handed out (what comes next is fixed by it).
+    pub data_cursor: u64,
+    #[serde(default)]
+    pub settings: RunSettings,
+    /// FNV-1a of `state.safetensors`, hex.
+    #[serde(default)]
+    pub checksum: Option<String>,
+}
+
+impl RunSettings {
+    /// The settings a session knows of itself (shapes, optimizer,
+    /// schedule, LoRA, seed): what a run saved through the library alone
+    /// records. The CLI adds its data and model identities.
+    pub fn of(session: &Session) -> RunSettings {
+        RunSettings::of_config(session.config(), session.seed())
+    }
+
+    /// The settings of a run of `c` seeded by `seed`.
+    pub fn of_config(c: &hlo_models::train::TrainConfig, seed: u64) -> RunSettings {
+        let mut s = RunSettings::default();
+        s.set("seed", seed);
+        s.set("batch", c.batch);
+        s.set("grad-accum", c.grad_accum);
+        s.set("packing", if c.packing { "on" } else { "off" });
+        s.set("seq", c.seq);
+        s.set("full", c.lora.is_none());
+        if let Some(l) = &c.lora {
+            s.set("lora-rank", l.rank);
+            s.set("lora-alpha", l.alpha);
+            s.set("lora-targets", l.target_modules.join(","));
+            s.set("use-rslora", l.use_rslora);
+            s.set("modules-to-save", l.modules_to_save.join(","));
+        }
+        match c.optimizer {
+            hlo_models::train::Optimizer::AdamW { weight_decay, .. } => {
+                s.set("optimizer", "adamw");
+                s.set("weight-decay", weight_decay);
+            }
+            hlo_models::train::Optimizer::Sgd => s.set("optimizer", "sgd"),
+        }
+        s.set("lr", c.lr);
+        match c.schedule {
+            hlo_models::train::Schedule::Constant { warmup } => {
+                s.set("schedule", "constant");
+                s.set("warmup", warmup);
+            }
+            hlo_models::train::Schedule::Cosine { warmup, total } => {
+                s.set("schedule", "cosine");
+                s.set("warmup", warmup);
+                s.set("steps", total);
+            }
+        }
+        s.set("clip-norm", c.clip_norm.unwrap_or(0.0));
+        s.set("dtype", c.dtype.to_string());
+        s.set("scan-layers", if c.scan_layers { "on" } else { "off" });
+        s.set(
+            "remat",
+            match (c.remat_layers, c.remat_mlp) {
+                (true, _) => "layers",
+                (false, true) => "mlp",
+                (false, false) => "none",
+            },
+        );
+        match c.attention {
+            AttentionKind::Naive => s.set("attention", "naive"),
+            AttentionKind::Blockwise { block } => {
+                s.set("attention", "blockwise");
+                s.set("attention-block", block);
+            }
+            AttentionKind::Cudnn => s.set("attention", "cudnn"),
+        }
+        if let Some(chunk) = c.loss_chunk {
+            s.set("loss-chunk", chunk);
+        }
+        s
+    }
+
+    pub fn set(&mut self, key: &str, value: impl Into<Value>) {
+        self.0.insert(key.to_string(), value.into());
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.0.get(key)
+    }
+
+    /// Adds `other`'s settings (replacing equal keys).
+    pub fn extend(&mut self, other: &RunSettings) {
+        for (k, v) in &other.0 {
+            self.0.insert(k.clone(), v.clone());
+        }
+    }
+
+    /// The settings of a version-1 state (eight, under other names).
+    fn from_v1(v: &serde_json::Map<String, Value>) -> RunSettings {
+        let mut s = RunSettings::default();
+        for (old, new) in [
+            ("seed", "seed"),
+            ("batch", "batch"),
+            ("seq", "seq"),
+            ("full", "full"),
+            ("lora_rank", "lora-rank"),
+            ("optimizer", "optimizer"),
+        ] {
+            if let Some(x) = v.get(old) {
+                s.set(new, x.clone());
+            }
+        }
+        s.set(
+            "grad-accum",
+            v.get("grad_accum").cloned().unwrap_or(Value::from(1)),
+        );
+        let packed = v.get("packed").and_then(Value::as_bool).unwrap_or(false);
+        s.set("packing", if packed { "on" } else { "off" });
+        s
+    }
+}
+
+/// The FNV-1a fingerprint of the bytes of `path`, hex (read in chunks:
+/// a state or data file may be larger than memory allows twice).
+pub fn file_fingerprint(path: &Path) -> Result<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).map_err(EngineError::io("read", path))?;
+    let mut hash = Fnv1a::new();
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        let n = file
+            .read(&mut chunk)
+            .map_err(EngineError::io("read", path))?;
+        if n == 0 {
+            break;
+        }
+        hash.update(&chunk[..n]);
+    }
+    Ok(format!("{:016x}", hash.finish()))
+}
+
+/// Every tensor of `tensors` is finite, or an error naming the first that
+/// is not.
+pub fn check_finite(tensors: &[(String, Literal)], what: &str) -> Result<()> {
+    for (name, lit) in tensors {
+        let bad = lit.non_finite_count();
+        if bad > 0 {
+            return Err(EngineError::NonFiniteState {
+                what: what.to_string(),
+                tensor: name.clone(),
+                bad,
+                total: lit.ty.element_count(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `out` can receive a run before any work is done: it is (or
+/// can be made) a folder, and a file can be created and removed in it.
+/// Temporaries a killed run left there are removed.
+pub fn prepare_out(out: &Path) -> Result<()> {
+    if out.exists() && !out.is_dir() {
+        return Err(EngineError::OutIsFile {
+            out: out.to_path_buf(),
+        });
+    }
+    std::fs::create_dir_all(out).map_err(EngineError::io("create", out))?;
+    let probe = out.join(format!(".hlo-train-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"probe").map_err(EngineError::io("write to", out))?;
+    std::fs::remove_file(&probe).map_err(EngineError::io("write to", out))?;
+    remove_stale_temporaries(out);
+    Ok(())
+}
+
+/// Whether the process `pid` is alive (Linux: it has a /proc entry).
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Removes what an interrupted writer left in `dir`: `.NAME.tmp-PID`
+/// files of dead processes, and `train_state.new/` (a save that did not
+/// finish; the swap is the last step of a save).
+pub fn remove_stale_temporaries(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let stale = name
+            .strip_prefix('.')
+            .and_then(|n| n.rsplit_once(".tmp-"))
+            .and_then(|(_, pid)| pid.parse::<u32>().ok())
+            .is_some_and(|pid| pid != std::process::id() && !alive(pid));
+        if stale {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir.join("train_state.new"));
+}
+
+/// Whether `dir` holds a saved run (a state a run could continue from).
+pub fn holds_run(dir: &Path) -> bool {
+    ["train_state", "train_state.old"]
+        .iter()
+        .any(|f| dir.join(f).join("state.json").is_file())
+}
+
+/// Writes the session's state into `out`: the adapter (PEFT) or an HF
+/// model folder, and `train_state/`. Refuses (writing nothing) when a
+/// trained tensor is not finite.
+/// Across processes every process gathers (a collective program) and only
+/// process 0 writes.
+pub fn save(out: &Path, session: &Session, state: &RunState) -> Result<()> {
+    save_with(out, session, state, &[])
+}
+
+/// [`save`], with `extra` files (name, bytes) written into `train_state/`
+/// beside the state, replaced with it at once.
+pub fn save_with(
+    out: &Path,
+    session: &Session,
+    state: &RunState,
+    extra: &[(String, Vec<u8>)],
+) -> Result<()> {
+    // Gathered once: the trained part is what the adapter or model holds.
+    let tensors = session.checkpoint_tensors()?;
+    check_finite(&tensors, &format!("step {}", state.step))?;
+    if !session.backend().is_main() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(out).map_err(EngineError::io("create", out))?;
+    let trained = session.trained_part(&tensors);
+    match &session.config().lora {
+        Some(lora) => Adapter {
+            lora: lora.clone(),
+            tensors: trained,
+        }
+        .save(out, Some(&session.model().base_name()))?,
+        None => session.model().save_hf(out, &trained)?,
+    }
+    let fresh = out.join("train_state.new");
+    let _ = std::fs::remove_dir_all(&fresh);
+    std::fs::create_dir_all(&fresh).map_err(EngineError::io("create", &fresh))?;
+    let weights = fresh.join("state.safetensors");
+    write_safetensors(&weights, &tensors)?;
+    let state = RunState {
+        checksum: Some(file_fingerprint(&weights)?),
+        ..state.clone()
+    };
+    let json = serde_json::to_string_pretty(&state).map_err(|cause| EngineError::Json {
+        path: fresh.join("state.json"),
+        cause,
+    })?;
+    write_atomic(&fresh.join("state.json"), json.as_bytes())?;
+    for (name, bytes) in extra {
+        write_atomic(&fresh.join(name), bytes)?;
+    }
+    let current = out.join("train_state");
+    let old = out.join("train_state.old");
+    if current.exists() {
+        let _ = std::fs::remove_dir_all(&old);
+        std::fs::rename(&current, &old).map_err(EngineError::io("replace", &current))?;
+    }
+    std::fs::rename(&fresh, &current).map_err(EngineError::io("write", &current))?;
+    // The renames are durable once the folder itself is synced.
+    std::fs::File::open(out)
+        .and_then(|d| d.sync_all())
+        .map_err(EngineError::io("sync", out))?;
+    let _ = std::fs::remove_dir_all(&old);
+    Ok(())
+}
+
+/// A saved run read back: its state and tensors.
+pub struct Saved {
+    pub state: RunState,
+    pub tensors: Vec<(String, Literal)>,
+}
+
+/// The folder holding a saved run's state: `train_state/`, or the `.old`
+/// copy a crash mid-swap left behind.
+pub(crate) fn state_dir(dir: &Path) -> Result<PathBuf> {
+    [dir.join("train_state"), dir.join("train_state.old")]
+        .into_iter()
+        .find(|d| d.join("state.json").is_file())
+        .ok_or_else(|| {
+            EngineError::Resume(format!(
+                "{} has no train_state/ to resume from",
+                dir.display()
+            ))
+        })
+}
+
+/// The settings of the run saved in `dir` (only its `state.json` is read),
+/// or None when `dir` holds no run: what a command reading the run's
+/// adapter takes its defaults from.
+pub fn saved_settings(dir: &Path) -> Result<Option<RunSettings>> {
+    let Ok(state_dir) = state_dir(dir) else {
+        return Ok(None);
+    };
+    let path = state_dir.join("state.json");
+    let text = std::fs::read_to_string(&path).map_err(EngineError::io("read", &path))?;
+    let raw: Value = serde_json::from_str(&text).map_err(|cause| EngineError::Json {
+        path: path.clone(),
+        cause,
+    })?;
+    Ok(raw.get("settings").map(|s| {
+        RunSettings(
+            s.as_object()
+                .map(|m| m.clone().into_iter().collect())
+                .unwrap_or_default(),
+        )
+    }))
+}
+
+/// Reads and checks the run saved in `dir`: the checksum, the step and
+/// cursor, the step counter tensor, and that every tensor is finite.
+pub fn load(dir: &Path) -> Result<Saved> {
+    let state_dir = state_dir(dir)?;
+    let path = state_dir.join("state.json");
+    let bad = |m: String| EngineError::Resume(format!("{}: {m}", path.display()));
+    let text = std::fs::read_to_string(&path).map_err(EngineError::io("read", &path))?;
+    let raw: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let object = raw
+        .as_object()
+        .ok_or_else(|| bad("not a JSON object".into()))?;
+    let step = object
+        .get("step")
+        .and_then(Value::as_i64)
+        .filter(|&s| s >= 0)
+        .ok_or_else(|| bad("`step` is not a step count".into()))?;
+    let data_cursor = object
+        .get("data_cursor")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| bad("`data_cursor` is not a sample count".into()))?;
+    let version = object.get("version").and_then(Value::as_u64).unwrap_or(1) as u32;
+    let state = if version >= 2 {
+        serde_json::from_value::<RunState>(raw.clone())
+            .map_err(|e| bad(format!("not a run's state: {e}")))?
+    } else {
+        RunState {
+            version,
+            step,
+            data_cursor,
+            settings: RunSettings::from_v1(object),
+            checksum: None,
+        }
+    };
+    let weights = state_dir.join("state.safetensors");
+    if let Some(want) = &state.checksum {
+        let got = file_fingerprint(&weights)?;
+        if &got != want {
+            return Err(bad(format!(
+                "state.safetensors does not match its checksum ({got}, saved {want}): the file was changed or damaged"
+            )));
+        }
+    }
+    let tensors = read_safetensors(&weights)?;
+    if let Some((_, counter)) = tensors.iter().find(|(n, _)| n == "step") {
+        let saved = counter.to_f64s().first().copied().unwrap_or(-1.0) as i64;
+        if saved != step {
+            return Err(bad(format!(
+                "`step` is {step} but the saved step counter is {saved}"
+            )));
+        }
+    }
+    check_finite(&tensors, &format!("the state saved in {}", dir.display()))?;
+    Ok(Saved { state, tensors })
+}
