@@ -784,6 +784,80 @@ fn request_fields_are_checked_in_exact_arithmetic() {
     b.shutdown();
 }
 
+/// Requests asking for the largest values their fields take (a top-k
+/// past the vocabulary, f32's largest temperature and the smallest
+/// positive one, whose logits / T are inf, a seed of all ones, every
+/// position the cache has left) run beside greedy ones: each ends on its
+/// own (its tokens, or its own failure), no greedy request's token
+/// changes, and the batcher serves on.
+#[test]
+fn requests_at_their_fields_extremes_change_no_other_token() {
+    let good = good_adapter();
+    let prompts: [&[u32]; 3] = [&[1, 5, 9, 12, 7], &[1, 40, 3], &[1, 2, 3, 4, 5, 6, 7]];
+    let clean = clean_requests(&prompts, 6);
+    let expected: Vec<Vec<u32>> = clean
+        .iter()
+        .map(|r| {
+            greedy(
+                r.adapter.as_ref().map(|_| good.as_path()),
+                &r.prompt,
+                r.max_tokens,
+            )
+        })
+        .collect();
+    let b = Batcher::spawn(
+        BackendOptions::cpu(),
+        model(),
+        isolation_options(4, 2, None),
+        &[("good".into(), good.clone())],
+        0,
+    )
+    .unwrap();
+    let extreme = |k: usize| {
+        let prompt = [1, 17 + k as u32, 4];
+        let temperature = [f64::from(f32::MAX), f64::from(f32::MIN_POSITIVE), 1e-300][k % 3];
+        let sampling = Sampling {
+            temperature: Some(temperature),
+            top_k: Some(u32::MAX),
+            top_p: Some(1.0),
+            seed: u64::MAX,
+        };
+        // 64 positions: all the cache has left after the prompt.
+        request(
+            &prompt,
+            (k % 2 == 1).then_some("good"),
+            64 - prompt.len(),
+            sampling,
+        )
+    };
+    let mut mixed = Vec::new();
+    for (k, r) in clean.iter().enumerate() {
+        mixed.push(extreme(k));
+        mixed.push(r.clone());
+    }
+    let got = outcomes(&b, &mixed);
+    let vocab = model().config.vocab_size;
+    for (k, g) in got.iter().enumerate() {
+        match k % 2 {
+            1 => assert_eq!(g.as_ref(), Ok(&expected[k / 2]), "greedy request {}", k / 2),
+            _ => match g {
+                Ok(tokens) => {
+                    assert_eq!(tokens.len(), 61, "extreme request {}", k / 2);
+                    assert!(tokens.iter().all(|&t| i64::from(t) < vocab), "{tokens:?}");
+                }
+                Err(m) => assert!(m.contains("NaN or infinite"), "{m}"),
+            },
+        }
+    }
+    // Served on: the same greedy answers again.
+    let again = outcomes(&b, &clean);
+    for (k, g) in again.iter().enumerate() {
+        assert_eq!(g.as_ref(), Ok(&expected[k]), "after, request {k}");
+    }
+    assert_eq!(b.failure(), None);
+    b.shutdown();
+}
+
 #[test]
 fn a_dying_batcher_fails_what_it_holds_and_says_so() {
     // The test hook of HLO_TRAIN_TEST_FAIL_ON_TOKEN, for this batcher
