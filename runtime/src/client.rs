@@ -118,6 +118,13 @@ impl Client {
         Self::create(plugin, options, None)
     }
 
+    /// A client of the CPU plugin (where [`crate::PluginSpec::Cpu`] finds
+    /// it) with `devices` virtual devices.
+    pub fn cpu(devices: i64) -> Result<Client> {
+        let plugin = Plugin::load(crate::PluginSpec::Cpu.resolve()?)?;
+        Client::new(&plugin, &ClientOptions::cpu(devices))
+    }
+
     /// Creates a client of one process of several: the plugin reaches the
     /// others' through `kv` (its `kv_get`/`kv_try_get`/`kv_put` callbacks,
     /// kept alive as long as the client). `options` carry what the plugin

@@ -8,7 +8,7 @@
 use std::sync::OnceLock;
 
 use hlo_ir::{interpret, DType, Function, Literal, TensorType};
-use hlo_runtime::{Client, ClientOptions, CompiledFunction, HostArray, Plugin, PluginSpec};
+use hlo_runtime::{Client, CompiledFunction, HostArray};
 
 /// A CPU client with 8 virtual devices, shared by a test binary.
 pub fn client() -> &'static Client {
@@ -21,11 +21,7 @@ pub fn new_client(devices: i64) -> Client {
     if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
         std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "3");
     }
-    let path = PluginSpec::Cpu
-        .resolve()
-        .expect("the CPU plugin is missing: run `make setup`");
-    let plugin = Plugin::load(path).expect("load the CPU plugin");
-    Client::new(&plugin, &ClientOptions::cpu(devices)).expect("create a CPU client")
+    Client::cpu(devices).expect("a CPU client (the plugin is installed by `make setup`)")
 }
 
 pub use hlo_ir::rng::Rng;

@@ -16,6 +16,17 @@ use crate::error::Result;
 use crate::inputs::model::Model;
 use crate::run::spec::{Objective, RunSpec};
 
+/// The folder of a run's reference adapter, as TRL chooses the
+/// reference: `ref_adapter`, else a frozen copy of the adapter training
+/// starts from (read again on resume); None: the base with the adapter
+/// off.
+pub(crate) fn reference_dir(spec: &RunSpec) -> Option<&std::path::PathBuf> {
+    spec.preference
+        .ref_adapter
+        .as_ref()
+        .or(spec.init_adapter.as_ref())
+}
+
 /// An objective's data for a run, read and checked before anything
 /// compiles.
 pub(crate) enum RunInputs {

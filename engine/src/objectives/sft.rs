@@ -5,7 +5,6 @@
 
 use hlo_data::{eval_batches, eval_pair_batches, Batch, DataStats, Loader, PreferencePair};
 use hlo_models::adapter::Adapter;
-use hlo_models::decoder::ModelConfig;
 use hlo_models::train::TrainConfig;
 
 use crate::device::backend::Backend;
@@ -59,8 +58,7 @@ impl RowInputs {
     }
 
     /// The loader and held-out batches of step `tc`, whose packing is
-    /// decided here when `auto` (then `repack` decides the step's choices
-    /// again for packed rows); a precomputed reference (`reference`)
+    /// decided here when `auto`; a precomputed reference (`reference`)
     /// scores the pairs first.
     pub fn feed(
         self,
@@ -68,7 +66,6 @@ impl RowInputs {
         (backend, model): (&Backend, &Model),
         tc: &mut TrainConfig,
         reference: Option<&Adapter>,
-        repack: impl FnOnce(&mut TrainConfig, &ModelConfig) -> Result<()>,
     ) -> Result<RowFeed> {
         let seq = spec.step.seq as usize;
         let per_batch = spec.step.batch as usize;
@@ -106,9 +103,6 @@ impl RowInputs {
         let unpacked_fill = loader.mean_len().min(seq as f64) / seq as f64;
         if spec.step.packing == Toggle::Auto && !preference {
             tc.packing = crate::run::step::auto_packing(unpacked_fill);
-            if tc.packing {
-                repack(tc, &model.config)?;
-            }
         }
         Ok(RowFeed {
             loader: loader.packed(tc.packing),

@@ -273,14 +273,16 @@ fn train_config(
 
 /// The step's choices again once the data has packed its rows, when
 /// they took an attention form that packed rows cannot use (cuDNN's
-/// call takes no segment ids); None when nothing changes.
+/// call takes no segment ids); None when nothing changes (rows not
+/// packed, or the attention chosen by flag).
 fn decide_packed(
     spec: &RunSpec,
     tc: &mut TrainConfig,
     backend: &Backend,
-    config: &hlo_models::decoder::ModelConfig,
+    config: &ModelConfig,
 ) -> Result<Option<String>> {
-    if tc.attention != hlo_models::attention::AttentionKind::Cudnn
+    if !tc.packing
+        || tc.attention != hlo_models::attention::AttentionKind::Cudnn
         || spec.step.attention != crate::run::step::AttentionChoice::Auto
     {
         return Ok(None);
@@ -292,6 +294,7 @@ fn decide_packed(
     tc.attention = policy.attention;
     tc.scan_layers = policy.scan_layers();
     tc.remat_layers = policy.remat_layers();
+    tc.remat_mlp = policy.remat_mlp();
     Ok(Some(policy.line()))
 }
 
@@ -392,17 +395,15 @@ impl Run {
         let stats = inputs.stats();
         let feed = match inputs {
             RunInputs::Rows(rows) => {
-                let repack = |tc: &mut TrainConfig, config: &ModelConfig| {
-                    if let Some(line) = decide_packed(&spec, tc, &backend, config)? {
-                        choices = line;
-                    }
-                    Ok(())
-                };
                 let placed = (&backend, &model);
-                Feed::Rows(rows.feed(&spec, placed, &mut tc, reference.as_ref(), repack)?)
+                Feed::Rows(rows.feed(&spec, placed, &mut tc, reference.as_ref())?)
             }
             RunInputs::Rollouts(rollouts) => Feed::Rollouts(rollouts),
         };
+        // Packed rows may need the step's choices again.
+        if let Some(line) = decide_packed(&spec, &mut tc, &backend, &model.config)? {
+            choices = line;
+        }
         let mut settings = RunSettings::of_config(&tc, spec.seed);
         settings.extend(&identities);
         check_resumed(saved.as_ref(), &settings, &spec)?;

@@ -105,10 +105,7 @@ impl Named for ScheduleKind {
 impl Named for DType {
     const ALL: &'static [DType] = &[DType::F32, DType::BF16];
     fn name(self) -> &'static str {
-        match self {
-            DType::BF16 => "bf16",
-            _ => "f32",
-        }
+        DType::name(self)
     }
 }
 

@@ -296,9 +296,7 @@ impl fmt::Display for Objective {
 impl FromStr for Objective {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Objective, String> {
-        OBJECTIVES
-            .into_iter()
-            .find(|o| o.name() == s)
+        <Objective as crate::run::named::Named>::from_name(s)
             .ok_or_else(|| format!("`{s}` is not an objective (sft, dpo, ipo, simpo, orpo, grpo)"))
     }
 }

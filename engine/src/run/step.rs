@@ -16,6 +16,7 @@ use hlo_models::train::{Optimizer, Schedule, TrainConfig};
 use hlo_partitioner::Mesh;
 
 use crate::error::{EngineError, Result};
+use crate::run::named::Named;
 use crate::run::policy::{self, Fixed, Remat, StepPolicy, StepShape, Target};
 
 /// On, off, or decided by the run (`auto`).
@@ -40,23 +41,14 @@ impl Toggle {
 
 impl fmt::Display for Toggle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Toggle::On => "on",
-            Toggle::Off => "off",
-            Toggle::Auto => "auto",
-        })
+        f.write_str(self.name())
     }
 }
 
 impl FromStr for Toggle {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Toggle, String> {
-        match s {
-            "on" => Ok(Toggle::On),
-            "off" => Ok(Toggle::Off),
-            "auto" => Ok(Toggle::Auto),
-            _ => Err(format!("`{s}` is not on, off or auto")),
-        }
+        Toggle::from_name(s).ok_or_else(|| format!("`{s}` is not on, off or auto"))
     }
 }
 

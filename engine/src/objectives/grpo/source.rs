@@ -552,12 +552,7 @@ impl RolloutInputs {
                 "full finetuning with --beta would keep a second copy of the base as the reference; train LoRA, or leave out --beta".into(),
             ));
         }
-        let dir = spec
-            .preference
-            .ref_adapter
-            .as_ref()
-            .or(spec.init_adapter.as_ref());
-        match (beta != 0.0, dir) {
+        match (beta != 0.0, crate::objectives::reference_dir(spec)) {
             (true, Some(dir)) => Ok(Some(Adapter::load(dir, &model.config)?)),
             _ => Ok(None),
         }

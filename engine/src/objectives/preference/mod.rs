@@ -44,12 +44,7 @@ pub(crate) fn reference_adapter(spec: &RunSpec, model: &Model) -> Result<Option<
             "full finetuning would keep a second copy of the base as the reference; add --precompute-ref (its log-probabilities computed before training) or train LoRA".into(),
         ));
     }
-    let Some(dir) = spec
-        .preference
-        .ref_adapter
-        .as_ref()
-        .or(spec.init_adapter.as_ref())
-    else {
+    let Some(dir) = super::reference_dir(spec) else {
         return Ok(None);
     };
     let adapter = Adapter::load(dir, &model.config)?;
