@@ -51,14 +51,13 @@ it), installing it there when missing:
     python3 scripts/make_compile_options_fixture.py
 """
 
-import importlib
 import json
 import os
-import subprocess
 import sys
 
+from site_packages import import_installed
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SITE = os.path.join(ROOT, ".plugins", "python")
 OUT = os.path.join(ROOT, "runtime", "tests", "fixtures", "compile_options.json")
 PACKAGE = "hlo_train_fixture"
 
@@ -96,22 +95,7 @@ CASES = [
 
 
 def import_protobuf():
-    os.makedirs(SITE, exist_ok=True)
-    if SITE not in sys.path:
-        sys.path.insert(0, SITE)
-    try:
-        from google.protobuf import descriptor_pb2  # noqa: F401
-    except ImportError:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-             "--no-warn-conflicts", "--no-deps", "--target", SITE, "protobuf>=6.31.1,<8"],
-            check=True,
-            env=dict(os.environ, PIP_ROOT_USER_ACTION="ignore"),
-        )
-        for name in list(sys.modules):
-            if name.split(".")[0] == "google":
-                del sys.modules[name]
-        importlib.invalidate_caches()
+    import_installed("google.protobuf.descriptor_pb2", ["protobuf>=6.31.1,<8"], deps=False, purge=("google",))
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
     return descriptor_pb2, descriptor_pool, message_factory
 

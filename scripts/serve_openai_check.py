@@ -11,7 +11,6 @@ on SIGTERM. Installs `openai` into .plugins/python when it is missing.
     python3 scripts/serve_openai_check.py target/debug/hlo-train
 """
 
-import importlib
 import json
 import os
 import signal
@@ -20,28 +19,14 @@ import subprocess
 import sys
 import urllib.request
 
+from site_packages import import_installed
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SITE = os.path.join(ROOT, ".plugins", "python")
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "llama", "gqa_llama3")
 
 
 def import_openai():
-    os.makedirs(SITE, exist_ok=True)
-    sys.path.insert(0, SITE)
-    try:
-        import openai  # noqa: F401
-    except ImportError:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-             "--no-warn-conflicts", "--target", SITE, "openai>=1.40"],
-            check=True,
-            env=dict(os.environ, PIP_ROOT_USER_ACTION="ignore"),
-        )
-        # The folder's listing was cached empty by the failed import.
-        importlib.invalidate_caches()
-    import openai
-
-    return openai
+    return import_installed("openai", ["openai>=1.40"])
 
 
 def safetensors_ints(path, name):

@@ -15,7 +15,6 @@ into .plugins/python when it is missing.
     python3 scripts/tensorboard_check.py --check METRICS.jsonl TB_DIR LOSS.svg
 """
 
-import importlib
 import json
 import math
 import os
@@ -26,8 +25,9 @@ import sys
 import tempfile
 import xml.etree.ElementTree as ET
 
+from site_packages import import_installed
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SITE = os.path.join(ROOT, ".plugins", "python")
 
 # What reading event files needs: the package without its web server's
 # dependencies (grpcio, werkzeug, markdown, pillow, the data server).
@@ -49,27 +49,12 @@ SVG = "{http://www.w3.org/2000/svg}"
 
 
 def import_event_accumulator():
-    os.makedirs(SITE, exist_ok=True)
-    if SITE not in sys.path:
-        sys.path.insert(0, SITE)
-    try:
-        from tensorboard.backend.event_processing import event_accumulator  # noqa: F401
-    except ImportError:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-             "--no-warn-conflicts", "--no-deps", "--target", SITE, *PACKAGES],
-            check=True,
-            env=dict(os.environ, PIP_ROOT_USER_ACTION="ignore"),
-        )
-        # The failed import left its parent packages and an empty listing
-        # of the folder cached.
-        for name in list(sys.modules):
-            if name.split(".")[0] in ("tensorboard", "google", "numpy", "absl"):
-                del sys.modules[name]
-        importlib.invalidate_caches()
-    from tensorboard.backend.event_processing import event_accumulator
-
-    return event_accumulator
+    return import_installed(
+        "tensorboard.backend.event_processing.event_accumulator",
+        PACKAGES,
+        deps=False,
+        purge=("google", "numpy", "absl"),
+    )
 
 
 class CheckError(Exception):

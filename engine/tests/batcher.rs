@@ -516,6 +516,19 @@ fn greedy(adapter: Option<&Path>, prompt: &[u32], n: usize) -> Vec<u32> {
     generator_tokens(adapter, &[(prompt, n)], &Sampling::default()).remove(0)
 }
 
+/// Each of `clean`'s tokens as `alone` gives them (`good`: the adapter
+/// folder of the requests that name one).
+fn alone_tokens(
+    clean: &[GenerationRequest],
+    good: &Path,
+    alone: impl Fn(Option<&Path>, &[u32], usize) -> Vec<u32>,
+) -> Vec<Vec<u32>> {
+    clean
+        .iter()
+        .map(|r| alone(r.adapter.as_ref().map(|_| good), &r.prompt, r.max_tokens))
+        .collect()
+}
+
 /// Base and `good`-adapter requests of each prompt, of several lengths
 /// (`most` tokens at most), so that slots free and are taken again in
 /// every order.
@@ -573,13 +586,7 @@ fn an_overflowing_adapter_fails_its_own_requests_and_changes_no_other_token() {
         &[1, 99],
     ];
     let clean = clean_requests(&prompts, 6);
-    let expected: Vec<Vec<u32>> = clean
-        .iter()
-        .map(|r| {
-            let dir = r.adapter.as_ref().map(|_| good.as_path());
-            greedy(dir, &r.prompt, r.max_tokens)
-        })
-        .collect();
+    let expected = alone_tokens(&clean, &good, greedy);
     // Four slots: decode runs 2 rows (gather) and 4 (one-hot contraction)
     // under auto, and each path alone.
     for select in [None, Some(LoraSelect::Gather), Some(LoraSelect::OneHot)] {
@@ -795,16 +802,7 @@ fn requests_at_their_fields_extremes_change_no_other_token() {
     let good = good_adapter();
     let prompts: [&[u32]; 3] = [&[1, 5, 9, 12, 7], &[1, 40, 3], &[1, 2, 3, 4, 5, 6, 7]];
     let clean = clean_requests(&prompts, 6);
-    let expected: Vec<Vec<u32>> = clean
-        .iter()
-        .map(|r| {
-            greedy(
-                r.adapter.as_ref().map(|_| good.as_path()),
-                &r.prompt,
-                r.max_tokens,
-            )
-        })
-        .collect();
+    let expected = alone_tokens(&clean, &good, greedy);
     let b = Batcher::spawn(
         BackendOptions::cpu(),
         model(),
@@ -942,16 +940,7 @@ fn on_mixture_of_experts_bases_a_non_finite_row_changes_no_other_token() {
         };
         let prompts: [&[u32]; 3] = [&[1, 5, 9, 12, 7], &[1, 40, 3], &[1, 2, 3, 4, 5, 6]];
         let clean = clean_requests(&prompts, 5);
-        let expected: Vec<Vec<u32>> = clean
-            .iter()
-            .map(|r| {
-                reference(
-                    r.adapter.as_ref().map(|_| good.as_path()),
-                    &r.prompt,
-                    r.max_tokens,
-                )
-            })
-            .collect();
+        let expected = alone_tokens(&clean, &good, reference);
         let b = Batcher::spawn(
             BackendOptions::cpu(),
             model(),
