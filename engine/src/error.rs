@@ -67,9 +67,9 @@ pub enum EngineError {
     /// an error.
     #[error("stopped by a signal while {during}")]
     Interrupted { during: String },
-    /// A setting a preference objective cannot take.
+    /// A setting or input an objective cannot take.
     #[error("--objective {objective}: {why}")]
-    Preference {
+    Objective {
         objective: &'static str,
         why: String,
     },

@@ -84,10 +84,11 @@ pub use hooks::{
     EvalReport, HookList, Hooks, Quiet, RunStart, StepReport, TracedValue, TrainSummary,
 };
 pub use model::{Model, ModelSource};
+pub use objectives::{Data, ObjectiveDef};
 pub use pipeline::ShardedStep;
 pub use run::spec::{
-    Chosen, DataSource, EvalSpec, GrpoSpec, Objective, OutputSpec, PreferenceSpec, ReportSpec,
-    RunSpec,
+    Chosen, DataSource, EvalSpec, GrpoSpec, Objective, ObjectiveSpecs, OutputSpec, PreferenceSpec,
+    ReportSpec, RunSpec,
 };
 pub use run::step::{OptimSpec, StepSpec, Toggle};
 pub use run::Run;

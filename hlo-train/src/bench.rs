@@ -8,7 +8,7 @@ use clap::Args;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::policy::Target;
 use hlo_engine::{
-    bench, flops, Backend, Model, Objective, PreferenceSpec, Session, SessionOptions, Weights,
+    bench, flops, Backend, Model, Objective, ObjectiveSpecs, Session, SessionOptions, Weights,
 };
 use serde_json::json;
 
@@ -92,12 +92,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if !args.json {
         println!("{}", choices.line());
     }
-    let reference = crate::args::planned_reference(objective, args.precompute_ref)?;
-    tc.loss = objective.loss(
-        &PreferenceSpec::default(),
-        &hlo_engine::GrpoSpec::default(),
-        reference,
-    );
+    let reference = crate::objective_args::planned_reference(objective, args.precompute_ref)?;
+    tc.loss = objective.loss(&ObjectiveSpecs::default(), reference);
     let name = model.name.clone();
     let vocab = model.config.vocab_size;
     let mut session = Session::new(

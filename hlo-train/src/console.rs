@@ -8,9 +8,7 @@ use hlo_engine::data::Tokenizer;
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::attention::AttentionKind;
 use hlo_engine::models::decoder::{LoraConfig, ModelConfig};
-use hlo_engine::models::grpo::GrpoLoss;
-use hlo_engine::models::preference::Reference;
-use hlo_engine::models::train::{Loss, Preference};
+use hlo_engine::Data;
 use hlo_engine::{
     EvalReport, Generator, Hooks, Mode, Run, Sampling, Session, StepReport, TracedValue,
     TrainSummary,
@@ -249,9 +247,9 @@ pub fn print_header(run: &Run) -> Result<()> {
         Mode::Jit => format!("compiled in {:.2}s", session.compile_s()),
         Mode::Eager => "eager (each op compiles when it first runs)".to_string(),
     };
-    match &c.loss {
-        Loss::Grpo(g) => print_grpo_header(run, g, &on, &compiled),
-        Loss::CausalLm | Loss::Preference(_) => print_rows_header(run, &on, &compiled),
+    match run.spec().objective.data() {
+        Data::Rollouts => print_rollouts_header(run, &on, &compiled),
+        Data::Samples | Data::Pairs => print_rows_header(run, &on, &compiled),
     }
     Ok(())
 }
@@ -294,20 +292,11 @@ fn print_rows_header(run: &Run, on: &str, compiled: &str) {
     let remaining = (run.spec().steps - session.steps_done()).max(0);
     // A preference step's rows are its pairs' two sides; `learning` counts
     // pairs.
-    let (rows, batch, samples) = match &c.loss {
-        Loss::Preference(p) => (
-            c.batch / 2,
-            format!(
-                "{} against {}; batch {} pairs ({} rows)",
-                run.spec().objective,
-                reference_words(p),
-                c.batch / 2,
-                c.batch
-            ),
-            "pair sides",
-        ),
-        Loss::CausalLm | Loss::Grpo(_) => (c.rows(), format!("batch {}", c.batch), "samples"),
+    let (rows, samples) = match run.spec().objective.data() {
+        Data::Pairs => (c.batch / 2, "pair sides"),
+        Data::Samples | Data::Rollouts => (c.rows(), "samples"),
     };
+    let batch = objective_words(run);
     let (fill, learning) = (run.unpacked_fill(), run.learning_samples());
     let epochs = hlo_engine::run::step::epochs(remaining, rows, c.seq, c.packing, fill, learning);
     println!("{on}; {batch} × seq {}{accum}{long}; {compiled}", c.seq);
@@ -329,36 +318,26 @@ fn print_rows_header(run: &Run, on: &str, compiled: &str) {
     );
 }
 
-/// What a preference objective compares with, in words.
-fn reference_words(p: &Preference) -> &'static str {
-    match (p.loss.needs_reference(), p.reference) {
-        (false, _) => "no reference model",
-        (true, Reference::Base) => "the base (adapter off)",
-        (true, Reference::Adapter) => "a frozen reference adapter",
-        (true, Reference::Precomputed) => {
-            "the reference's log-probabilities computed before training"
-        }
+/// The objective's words and the step's batch in its units, e.g. `dpo
+/// against the base (adapter off); batch 4 pairs (8 rows)`.
+fn objective_words(run: &Run) -> String {
+    let (spec, c) = (run.spec(), run.session().config());
+    let def = spec.objective.def();
+    let batch = def.batch_words(&spec.objectives, c.batch);
+    match def.describe(&spec.objectives, &c.loss) {
+        Some(d) => format!("{d}; batch {batch}"),
+        None => format!("batch {batch}"),
     }
 }
 
-/// The header of a GRPO run: its loss settings, groups, and the prompts
-/// or logged rollouts it draws.
-fn print_grpo_header(run: &Run, g: &GrpoLoss, on: &str, compiled: &str) {
+/// The header of a run over rollouts: the objective's loss settings,
+/// groups, and the prompts or logged rollouts it draws.
+fn print_rollouts_header(run: &Run, on: &str, compiled: &str) {
     let c = run.session().config();
-    let spec = &run.spec().grpo;
+    let spec = &run.spec().objectives.grpo;
     let stats = run.data_stats();
     let groups = c.batch as usize / spec.num_generations;
-    println!(
-        "{on}; grpo ({} loss, beta {}, epsilon {}..{}, {} iteration(s) per rollout batch); batch {} completions ({groups} prompts × {}) × seq {}; {compiled}",
-        g.loss_type.name(),
-        g.beta,
-        g.epsilon,
-        g.epsilon_high,
-        spec.num_iterations,
-        c.batch,
-        spec.num_generations,
-        c.seq,
-    );
+    println!("{on}; {} × seq {}; {compiled}", objective_words(run), c.seq);
     let remaining = (run.spec().steps - run.session().steps_done()).max(0);
     let generations = remaining as usize / spec.num_iterations.max(1);
     match &spec.rollouts {

@@ -13,7 +13,7 @@ use clap::Args;
 use hlo_engine::data::Loader;
 use hlo_engine::data::Tokenizer;
 use hlo_engine::run::step::{auto_packing, epochs};
-use hlo_engine::{Dataset, Objective, Toggle};
+use hlo_engine::{Data, Dataset, Objective, Toggle};
 
 use crate::args::{named, open_model, ChatArgs, ModelArgs, TokenizerArgs};
 
@@ -72,9 +72,10 @@ pub fn run(args: &DataArgs) -> Result<()> {
     let model = open_model(&args.model, &args.tokenizer)?;
     let seq = args.seq as usize;
     let mut spec = args.chat.spec(args.data.clone(), args.seq);
-    if args.objective == Objective::Grpo {
+    if args.objective.data() == Data::Rollouts {
+        let o = args.objective;
         anyhow::bail!(
-            "--objective grpo: its data is prompts (or --rollouts), which `train --objective grpo` reads; `data` shows SFT rows and preference pairs"
+            "--objective {o}: its data is prompts (or --rollouts), which `train --objective {o}` reads; `data` shows SFT rows and preference pairs"
         );
     }
     spec.pairs = args.objective.is_preference();

@@ -10,11 +10,12 @@ use hlo_engine::data::{eval_batches, eval_pair_batches};
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::attention::AttentionKind;
 use hlo_engine::models::preference::Reference;
-use hlo_engine::models::train::Preference;
+use hlo_engine::models::train::{Loss, Preference};
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::policy::{forward_attention, Platform, Target};
 use hlo_engine::run::spec::{Objective, RunSpec};
 use hlo_engine::{Backend, Dataset, EvalResult, Evaluator, Model};
+use hlo_engine::{Data, ObjectiveSpecs};
 use serde_json::json;
 
 use crate::args::{ChatArgs, DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};
@@ -75,7 +76,7 @@ pub struct EvalArgs {
     pub objective: Objective,
 
     #[command(flatten)]
-    pub preference: crate::args::PreferenceArgs,
+    pub preference: crate::objective_args::PreferenceArgs,
 
     /// Print one JSON object.
     #[arg(long)]
@@ -171,13 +172,16 @@ pub fn run(args: &EvalArgs) -> Result<()> {
 /// The preference loss `--objective` names (None for sft), its settings
 /// checked as `train` checks them; GRPO has no held-out loss.
 fn preference_of(args: &EvalArgs, objective: Objective) -> Result<Option<Preference>> {
-    if objective == Objective::Grpo {
-        bail!("--objective grpo has no held-out loss to score (its reward is measured while training)");
+    if objective.data() == Data::Rollouts {
+        bail!("--objective {objective} has no held-out loss to score (its reward is measured while training)");
     }
     // A setting the objective does not read is refused, as by `train`.
     let spec = RunSpec {
         objective,
-        preference: args.preference.spec(),
+        objectives: ObjectiveSpecs {
+            preference: args.preference.spec(),
+            ..ObjectiveSpecs::default()
+        },
         ..RunSpec::default()
     };
     spec.check_objective_settings()?;
@@ -185,9 +189,10 @@ fn preference_of(args: &EvalArgs, objective: Objective) -> Result<Option<Prefere
         Some(_) => Reference::Adapter,
         None => Reference::Base,
     };
-    Ok(objective
-        .preference_loss(&spec.preference)
-        .map(|loss| Preference::new(loss, reference)))
+    Ok(match objective.loss(&spec.objectives, reference) {
+        Loss::Preference(p) => Some(p),
+        _ => None,
+    })
 }
 
 /// Refuses figures that are not finite (an adapter whose products

@@ -16,6 +16,7 @@ mod dump_hlo;
 mod eval;
 mod generate;
 mod merge;
+mod objective_args;
 mod outputs;
 mod plan;
 mod plot;

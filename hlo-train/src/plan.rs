@@ -10,7 +10,7 @@ use hlo_engine::hardware::{Device, Kind};
 use hlo_engine::ir::DType;
 use hlo_engine::models::attention::AttentionKind;
 use hlo_engine::models::preference::Reference;
-use hlo_engine::models::train::{Loss, TrainConfig};
+use hlo_engine::models::train::TrainConfig;
 use hlo_engine::partitioner::{draw_sharding, Mesh};
 use hlo_engine::plan::{
     compute_estimate, layout_groups, nearest_fits, Change, ComputeEstimate, Fit, Found,
@@ -195,7 +195,7 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
         objective: args.objective,
         // A fresh adapter's reference; a reference adapter adds only its
         // LoRA tensors.
-        reference: crate::args::planned_reference(args.objective, args.precompute_ref)?,
+        reference: crate::objective_args::planned_reference(args.objective, args.precompute_ref)?,
         rollout,
         target,
     };
@@ -241,7 +241,7 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
 /// GRPO's rollouts from the flags, checked: None for other objectives,
 /// which take no such flag.
 fn rollout_shape(args: &PlanArgs) -> Result<Option<RolloutShape>> {
-    let grpo = args.objective == Objective::Grpo;
+    let grpo = args.objective.data() == hlo_engine::Data::Rollouts;
     let given = args.num_generations != 8 || args.max_completion_length.is_some();
     if !grpo {
         if given {
@@ -256,10 +256,13 @@ fn rollout_shape(args: &PlanArgs) -> Result<Option<RolloutShape>> {
     };
     // What `train` refuses of these settings (whole groups a batch, ...).
     hlo_engine::RunSpec {
-        objective: hlo_engine::run::spec::Objective::Grpo,
-        grpo: hlo_engine::grpo::GrpoSpec {
-            num_generations: g as usize,
-            max_completion_length: c as usize,
+        objective: args.objective,
+        objectives: hlo_engine::ObjectiveSpecs {
+            grpo: hlo_engine::grpo::GrpoSpec {
+                num_generations: g as usize,
+                max_completion_length: c as usize,
+                ..Default::default()
+            },
             ..Default::default()
         },
         step: args.step.spec(),
@@ -582,41 +585,28 @@ fn print_text(r: &Report) {
 }
 
 /// What the step trains and minimises: `LoRA` or `full`, then the
-/// objective (a preference loss with how its reference is had, `grpo`;
-/// nothing for causal LM).
+/// loss's name with how it has its reference (nothing for causal LM).
 fn step_kind(tc: &TrainConfig) -> String {
+    let loss = tc.loss.kind();
+    let reference = match loss.reference() {
+        Some(Reference::Precomputed) => " (reference precomputed)",
+        Some(_) => " (with the reference's forward)",
+        None => "",
+    };
     format!(
         "{}{}",
         if tc.lora.is_some() { "LoRA" } else { "full" },
-        match &tc.loss {
-            Loss::Preference(p)
-                if p.loss.needs_reference() && p.reference == Reference::Precomputed =>
-            {
-                format!(" {} (reference precomputed)", p.loss.name())
-            }
-            Loss::Preference(p) if p.loss.needs_reference() => {
-                format!(" {} (with the reference's forward)", p.loss.name())
-            }
-            Loss::Preference(p) => format!(" {}", p.loss.name()),
-            Loss::Grpo(_) => " grpo".into(),
-            Loss::CausalLm => String::new(),
-        }
+        loss.name()
+            .map_or(String::new(), |n| format!(" {n}{reference}"))
     )
 }
 
 /// The step's batch in the objective's units: rows, preference pairs, or
 /// GRPO completions of `num_generations` a prompt.
-fn batch_text(tc: &TrainConfig, num_generations: u32) -> String {
-    match &tc.loss {
-        Loss::Preference(_) => format!("{} pairs ({} rows)", tc.batch / 2, tc.batch),
-        Loss::Grpo(_) => format!(
-            "{} completions ({} prompts × {})",
-            tc.batch,
-            tc.batch / i64::from(num_generations),
-            num_generations
-        ),
-        Loss::CausalLm => tc.batch.to_string(),
-    }
+fn batch_text(r: &Report) -> String {
+    let mut specs = hlo_engine::ObjectiveSpecs::default();
+    specs.grpo.num_generations = r.args.num_generations as usize;
+    r.args.objective.def().batch_words(&specs, r.tc.batch)
 }
 
 /// The `plan:` line: the model, the step and its batch, the mesh, the
@@ -624,7 +614,7 @@ fn batch_text(tc: &TrainConfig, num_generations: u32) -> String {
 fn print_step(r: &Report) {
     let (config, tc, dtype) = (&r.model.config, &r.tc, r.dtype);
     let kind = step_kind(tc);
-    let batch = batch_text(tc, r.args.num_generations);
+    let batch = batch_text(r);
     println!(
         "plan: {} ({} parameters, {dtype}{}), {kind} step, batch {batch} × seq {}, mesh {}{}, {}",
         r.model.name,

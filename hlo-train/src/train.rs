@@ -8,11 +8,10 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
-use hlo_engine::models::grpo::{GrpoLossType, ScaleRewards};
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::{
-    Chosen, DataSource, EvalSpec, GrpoSpec, HookList, Mode, Objective, OutputSpec, PreferenceSpec,
-    ReportSpec, Run, RunSpec, StopFlag, TrainSummary,
+    Chosen, Data, DataSource, EvalSpec, HookList, Mode, Objective, ObjectiveSpecs, OutputSpec,
+    PreferenceSpec, ReportSpec, Run, RunSpec, StopFlag, TrainSummary,
 };
 use hlo_report::{EventWriter, LossCurves};
 use indicatif::ProgressBar;
@@ -58,7 +57,7 @@ pub struct TrainArgs {
     pub objective: Objective,
 
     #[command(flatten)]
-    pub preference: crate::args::PreferenceArgs,
+    pub preference: crate::objective_args::PreferenceArgs,
 
     /// DPO and IPO: compute the reference's log-probabilities of every
     /// pair once before training, so the step runs no reference forward
@@ -67,102 +66,8 @@ pub struct TrainArgs {
     #[arg(long)]
     pub precompute_ref: bool,
 
-    /// GRPO: completions per prompt, one group (TRL's num_generations).
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..))]
-    pub num_generations: u32,
-
-    /// GRPO: the importance ratio is clipped to [1 − ε, 1 + ε_high].
-    #[arg(long, default_value_t = 0.2, value_parser = crate::args::non_negative)]
-    pub epsilon: f64,
-
-    /// GRPO: the upper clip ε_high (default: --epsilon; DAPO uses 0.28).
-    #[arg(long, value_parser = crate::args::non_negative)]
-    pub epsilon_high: Option<f64>,
-
-    /// GRPO: steps trained on each batch of rollouts (μ), against the
-    /// policy's log-probabilities from when they were made.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
-    pub num_iterations: u32,
-
-    /// GRPO: how rewards become advantages: less the group's mean, over
-    /// the group's standard deviation (group), the batch's (batch), or
-    /// not scaled (none).
-    #[arg(long, value_parser = named::<ScaleRewards>(), default_value = "group")]
-    pub scale_rewards: ScaleRewards,
-
-    /// GRPO: how the per-token losses are pooled, as TRL's loss_type.
-    #[arg(long, value_parser = named::<GrpoLossType>(), default_value = "dapo")]
-    pub loss_type: GrpoLossType,
-
-    /// GRPO: tokens a completion has at most.
-    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_completion_length: u32,
-
-    /// GRPO: the sampling temperature (the loss divides the logits by it
-    /// too, as TRL does).
-    #[arg(long, default_value_t = 1.0, value_parser = crate::args::positive)]
-    pub temperature: f64,
-
-    /// GRPO: sample from the smallest set of tokens with this much
-    /// probability (1: all).
-    #[arg(long, default_value_t = 1.0, value_parser = crate::args::positive)]
-    pub top_p: f64,
-
-    /// GRPO: sample from the k most likely tokens (0: all).
-    #[arg(long, default_value_t = 0)]
-    pub top_k: u32,
-
-    /// GRPO: a reward, NAME or NAME:WEIGHT, repeatable (summed with their
-    /// weights): accuracy (the completion's final answer, its last
-    /// \boxed{} or number or word, equals the row's --answer-column),
-    /// format (matches --format-regex), length (−tokens/max), command
-    /// (--reward-command's answer), http (--reward-url's).
-    #[arg(long)]
-    pub reward: Vec<hlo_engine::grpo::RewardSpec>,
-
-    /// GRPO: train on logged rollouts, one JSON object a line
-    /// {"prompt_ids", "completion_ids", "reward"} (consecutive lines of a
-    /// prompt form its group), instead of generating.
-    #[arg(long, conflicts_with = "data")]
-    pub rollouts: Option<PathBuf>,
-
-    /// GRPO: the weights of the named rewards logged rollouts give as
-    /// {"rewards": {NAME: value, ...}}: NAME:WEIGHT for each, comma
-    /// separated (TRL's reward_weights; default: each 1). The advantage is
-    /// of their weighted sum.
-    #[arg(long, value_delimiter = ',')]
-    pub reward_weights: Vec<hlo_engine::grpo::RewardWeight>,
-
-    /// GRPO: the prompts' column --reward accuracy compares with.
-    #[arg(long, default_value = "answer")]
-    pub answer_column: String,
-
-    /// GRPO: the regular expression --reward format looks for.
-    #[arg(long)]
-    pub format_regex: Option<String>,
-
-    /// GRPO: the command --reward command starts once (by `sh -c`); it
-    /// reads one JSON object per line (prompt, completion, their ids, the
-    /// prompt's row) and answers one number per line.
-    #[arg(long)]
-    pub reward_command: Option<String>,
-
-    /// GRPO: the endpoint --reward http posts each batch of completions
-    /// to, as a JSON array of objects (as --reward-command's lines); it
-    /// answers a JSON array of as many numbers.
-    #[arg(long)]
-    pub reward_url: Option<String>,
-
-    /// GRPO: the longest wait, in seconds, for one answer of
-    /// --reward-command (a line) or --reward-url (a response); past it the
-    /// run stops, naming the reward.
-    #[arg(long, default_value_t = hlo_engine::grpo::DEFAULT_REWARD_TIMEOUT)]
-    pub reward_timeout: f64,
-
-    /// GRPO: show this many completions with their rewards every
-    /// --log-every steps (in the log and the metrics file).
-    #[arg(long, default_value_t = 0)]
-    pub log_completions: u32,
+    #[command(flatten)]
+    pub grpo: crate::objective_args::GrpoArgs,
 
     #[command(flatten)]
     pub step: StepArgs,
@@ -263,6 +168,19 @@ pub struct TrainArgs {
     pub peak_tflops: Option<f64>,
 }
 
+impl TrainArgs {
+    /// Each objective's settings, from its flag group.
+    pub fn objective_specs(&self) -> ObjectiveSpecs {
+        ObjectiveSpecs {
+            preference: PreferenceSpec {
+                precompute_ref: self.precompute_ref,
+                ..self.preference.spec()
+            },
+            grpo: self.grpo.spec(self.preference.beta),
+        }
+    }
+}
+
 /// The engine's run of these flags; `given` (clap ids) are the settings
 /// the command line chose, which a resumed run must agree with.
 fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
@@ -278,32 +196,7 @@ fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
             train_on_inputs: args.chat.train_on_inputs,
         },
         objective: args.objective,
-        grpo: GrpoSpec {
-            num_generations: args.num_generations as usize,
-            beta: args.preference.beta.unwrap_or(0.0),
-            epsilon: args.epsilon,
-            epsilon_high: args.epsilon_high,
-            num_iterations: args.num_iterations as usize,
-            scale_rewards: args.scale_rewards,
-            loss_type: args.loss_type,
-            max_completion_length: args.max_completion_length as usize,
-            temperature: args.temperature,
-            top_p: args.top_p,
-            top_k: args.top_k,
-            rewards: args.reward.clone(),
-            rollouts: args.rollouts.clone(),
-            reward_weights: args.reward_weights.clone(),
-            answer_column: args.answer_column.clone(),
-            format_regex: args.format_regex.clone(),
-            reward_command: args.reward_command.clone(),
-            reward_url: args.reward_url.clone(),
-            reward_timeout: args.reward_timeout,
-            log_completions: args.log_completions as usize,
-        },
-        preference: PreferenceSpec {
-            precompute_ref: args.precompute_ref,
-            ..args.preference.spec()
-        },
+        objectives: args.objective_specs(),
         step: args.step.spec(),
         init_adapter: args.init_adapter.clone(),
         optim: args.optim.spec(args.step.optimizer),
@@ -363,7 +256,7 @@ fn hooks(run: &Run, argv: &[OsString]) -> Result<(HookList, ProgressBar, RewardC
     let bar = progress.bar.clone();
     hooks.add("progress", progress);
     let course = RewardCourse::default();
-    if run.spec().objective == Objective::Grpo {
+    if run.spec().objective.data() == Data::Rollouts {
         hooks.add("reward-course", course.clone());
     }
     if let Some(path) = &report.metrics {
@@ -385,7 +278,7 @@ fn hooks(run: &Run, argv: &[OsString]) -> Result<(HookList, ProgressBar, RewardC
                 metrics: report.metrics.clone(),
                 title: format!("{}: loss", run.session().model().name),
                 curves: LossCurves::default(),
-                rewards: run.spec().objective == Objective::Grpo,
+                rewards: run.spec().objective.data() == Data::Rollouts,
             },
         );
         let command = TrainArgs::augment_args(clap::Command::new("train"));
@@ -492,7 +385,7 @@ fn print_summary(run: &Run, summary: &TrainSummary, course: &RewardCourse) {
     // GRPO's rows are its rollouts, never packed.
     if let Some(fill) = summary
         .fill
-        .filter(|_| run.spec().objective != Objective::Grpo)
+        .filter(|_| run.spec().objective.data() != Data::Rollouts)
     {
         println!(
             "packing {}: {:.1}% of the slots hold real tokens ({:.1}% unpacked)",

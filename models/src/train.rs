@@ -9,14 +9,16 @@ use crate::decoder::{
     base_parameter_types, is_stacked, lora_parameter_types, stack_types, Decoder, LoraConfig,
     ModelConfig, Params,
 };
-use crate::grpo::{GrpoLoss, GrpoTokens};
+pub use crate::grpo::step::{grpo_loss, grpo_train_step, token_logps_step};
+use crate::grpo::GrpoLoss;
 use crate::loss::{
     chunked_cross_entropy_sum, chunked_token_stats, default_loss_chunk, masked_cross_entropy_sum,
-    masked_logps_per_row, mean, token_stats, TokenStats,
+    mean, token_stats, TokenStats,
 };
-use crate::preference::{
-    reference_name, reference_of, NllSpan, PairLogps, PreferenceLoss, Reference,
+pub use crate::preference::step::{
+    preference_loss, preference_train_step, reference_logps_step, Preference,
 };
+use crate::preference::{reference_of, Reference};
 use crate::roles::{BatchField, Moment, Role, Step, StepInput};
 use crate::ModelError;
 
@@ -104,9 +106,9 @@ pub struct TrainConfig {
     pub loss: Loss,
 }
 
-/// What a step minimises. Every place whose work depends on the objective
-/// (batch fields, train and eval steps, FLOPs) matches this exhaustively,
-/// so a new objective does not compile until each handles it.
+/// What a step minimises: one variant per objective's loss, each
+/// implementing [`StepLoss`] in its own module. [`Loss::kind`] is the one
+/// match over them, so a new loss is one variant and one arm there.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub enum Loss {
     /// The masked next-token cross-entropy (SFT, pretraining).
@@ -122,11 +124,20 @@ pub enum Loss {
 }
 
 impl Loss {
+    /// What this loss does to the step.
+    pub fn kind(&self) -> &dyn StepLoss {
+        match self {
+            Loss::CausalLm => &CausalLm,
+            Loss::Preference(p) => p,
+            Loss::Grpo(g) => g,
+        }
+    }
+
     /// The preference objective, if this is one.
     pub fn preference(&self) -> Option<&Preference> {
         match self {
             Loss::Preference(p) => Some(p),
-            Loss::CausalLm | Loss::Grpo(_) => None,
+            _ => None,
         }
     }
 
@@ -134,48 +145,85 @@ impl Loss {
     pub fn grpo(&self) -> Option<&GrpoLoss> {
         match self {
             Loss::Grpo(g) => Some(g),
-            Loss::CausalLm | Loss::Preference(_) => None,
+            _ => None,
         }
     }
 }
 
-/// A preference objective: the loss and the model it compares with.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Preference {
-    pub loss: PreferenceLoss,
-    pub reference: Reference,
-    /// With [`Reference::Adapter`], the reference adapter's own LoRA
-    /// settings where they differ from the trained adapter's (another
-    /// rank, alpha or target set, as a PEFT model holding two adapters
-    /// allows); None: the trained adapter's.
-    pub reference_lora: Option<LoraConfig>,
+/// What a loss makes of the step: the batch fields it reads, its train
+/// and eval steps, and the reference model it runs. Each objective's
+/// loss implements it beside its math (`crate::preference::step`,
+/// `crate::grpo::step`); the causal-LM loss here.
+pub trait StepLoss {
+    /// Its name in a step's description (None: the causal-LM loss, the
+    /// step's plain form).
+    fn name(&self) -> Option<&'static str>;
+
+    /// Adds the batch fields it reads to `fields` (ids and mask, and
+    /// packed rows' positions and segment ids, are there already).
+    fn batch_fields(&self, fields: &mut Vec<BatchField>);
+
+    /// The train step under `tc` (see [`train_step`]).
+    fn train_step(&self, config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelError>;
+
+    /// The eval step under `tc` (see [`eval_step`]).
+    fn eval_step(&self, config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelError>;
+
+    /// How the step has its reference model's log-probabilities, where
+    /// it compares with one in the step (None: no reference, or one
+    /// scored outside the step, as GRPO's).
+    fn reference(&self) -> Option<Reference> {
+        None
+    }
 }
 
-impl Preference {
-    /// `loss` against `reference`, a reference adapter (if any) with the
-    /// trained adapter's settings.
-    pub fn new(loss: PreferenceLoss, reference: Reference) -> Preference {
-        Preference {
-            loss,
-            reference,
-            reference_lora: None,
-        }
+/// The causal-LM loss: the masked mean next-token cross-entropy, over
+/// several micro-batches when `grad_accum` says so, with a mixture of
+/// experts' load-balancing loss where the config asks for it.
+struct CausalLm;
+
+impl StepLoss for CausalLm {
+    fn name(&self) -> Option<&'static str> {
+        None
     }
 
-    /// This objective with a reference adapter of settings `reference`
-    /// beside a trained adapter of settings `trained`: the reference's
-    /// own settings kept where they differ (see `reference_lora`).
-    pub fn with_reference_lora(
-        mut self,
-        trained: Option<&LoraConfig>,
-        reference: Option<&LoraConfig>,
-    ) -> Preference {
-        self.reference_lora = reference.filter(|&r| Some(r) != trained).cloned();
-        self
+    fn batch_fields(&self, _fields: &mut Vec<BatchField>) {}
+
+    fn train_step(&self, config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
+        causal_lm_train_step(config, tc)
+    }
+
+    fn eval_step(&self, config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
+        let (_, _, inputs) = loss_inputs(config, tc)?;
+        let model = model(config, tc);
+        let function = trace("llama_eval", &inputs, |i| {
+            let (sum, count) = loss_sum_of(&model, i, tc);
+            Outputs::new().add("loss_sum", sum).add("tokens", count)
+        })?;
+        // One micro-batch at a time: no accumulation axis.
+        let single = TrainConfig {
+            grad_accum: 1,
+            ..tc.clone()
+        };
+        Ok(Step::new(function, role_of(&single)))
     }
 }
 
 impl TrainConfig {
+    /// The settings of a forward that scores rows outside the step (a
+    /// reference's or the old policy's log-probabilities): this step's
+    /// shapes and forms with adapter `lora` (None: the base), the
+    /// causal-LM loss, rows unpacked, one micro-batch.
+    pub fn scoring(&self, lora: Option<&LoraConfig>) -> TrainConfig {
+        TrainConfig {
+            lora: lora.cloned(),
+            loss: Loss::CausalLm,
+            packing: false,
+            grad_accum: 1,
+            ..self.clone()
+        }
+    }
+
     /// Full finetuning of `batch` rows of `seq` tokens in `dtype` with
     /// PyTorch's AdamW defaults (weight decay 0.01), lr 2e-4 constant,
     /// gradient norm clipped to 1, layers unrolled, no accumulation or
@@ -274,13 +322,16 @@ fn lr_at(step: Tensor, lr: f64, schedule: &Schedule) -> Tensor {
 
 /// The loss's inputs under `tc`: (base weights, LoRA tensors, all inputs
 /// with the batch).
-type LossInputs = (
+pub(crate) type LossInputs = (
     Vec<(String, TensorType)>,
     Vec<(String, TensorType)>,
     Vec<(String, TensorType)>,
 );
 
-fn loss_inputs(config: &ModelConfig, tc: &TrainConfig) -> Result<LossInputs, ModelError> {
+pub(crate) fn loss_inputs(
+    config: &ModelConfig,
+    tc: &TrainConfig,
+) -> Result<LossInputs, ModelError> {
     if tc.scan_layers && config.mixed_mlps() {
         return Err(ModelError::Config {
             path: None,
@@ -347,7 +398,7 @@ fn stacked(
 
 /// The LoRA tensors of `lora` (none without) as a step under `tc` holds
 /// them.
-fn lora_types(
+pub(crate) fn lora_types(
     config: &ModelConfig,
     tc: &TrainConfig,
     lora: Option<&LoraConfig>,
@@ -361,40 +412,20 @@ fn lora_types(
     Ok(stacked(config, tc, lora_parameter_types(config, l)))
 }
 
-/// The batch's fields under `tc`: ids and mask, and positions and segment
-/// ids when rows are packed.
+/// The batch's fields under `tc`: ids and mask, positions and segment
+/// ids when rows are packed, and what the loss reads.
 pub fn batch_fields(tc: &TrainConfig) -> Vec<BatchField> {
     let mut fields = vec![BatchField::InputIds, BatchField::LossMask];
     if tc.packing {
         fields.extend([BatchField::Positions, BatchField::SegmentIds]);
     }
-    match &tc.loss {
-        Loss::CausalLm => {}
-        Loss::Preference(p) => {
-            // ORPO's likelihood term counts each row's real tokens.
-            if p.loss.nll() == Some(NllSpan::WholeRow) {
-                fields.push(BatchField::SegmentIds);
-            }
-            if p.loss.needs_reference() && p.reference == Reference::Precomputed {
-                fields.push(BatchField::RefLogps);
-            }
-        }
-        Loss::Grpo(g) => {
-            fields.push(BatchField::Advantages);
-            if g.old_logps {
-                fields.push(BatchField::OldLogps);
-            }
-            if g.beta != 0.0 {
-                fields.push(BatchField::RefTokenLogps);
-            }
-        }
-    }
+    tc.loss.kind().batch_fields(&mut fields);
     fields
 }
 
 /// The roles of a train or eval step's inputs under `tc`, by name (the
 /// names are this module's own).
-fn role_of(tc: &TrainConfig) -> impl Fn(&str) -> StepInput + '_ {
+pub(crate) fn role_of(tc: &TrainConfig) -> impl Fn(&str) -> StepInput + '_ {
     move |name: &str| {
         // Any batch field by name: a preference batch carries segment ids
         // (its rows' real tokens) unpacked.
@@ -496,7 +527,7 @@ fn router_aux_loss(model: &Decoder, tc: &TrainConfig) -> Tensor {
     crate::decoder::load_balancing_loss(&stats, tokens, experts)
 }
 
-fn model<'a>(config: &'a ModelConfig, tc: &'a TrainConfig) -> Decoder<'a> {
+pub(crate) fn model<'a>(config: &'a ModelConfig, tc: &'a TrainConfig) -> Decoder<'a> {
     Decoder {
         config,
         lora: tc.lora.as_ref(),
@@ -511,272 +542,11 @@ fn model<'a>(config: &'a ModelConfig, tc: &'a TrainConfig) -> Decoder<'a> {
 }
 
 /// The eval step: the summed masked cross-entropy of a batch and its
-/// number of counted tokens (`loss_sum`, `tokens`), no gradients. Its
+/// number of counted tokens (`loss_sum`, `tokens`), or a loss over pairs
+/// with its metrics as the train step logs them; no gradients. Its
 /// inputs are the train step's weights, LoRA tensors and batch, by name.
 pub fn eval_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
-    match &tc.loss {
-        Loss::CausalLm => {}
-        Loss::Grpo(_) => {
-            return Err(ModelError::GrpoBatch {
-                why: "GRPO has no held-out loss".into(),
-            })
-        }
-        Loss::Preference(p) => {
-            // The loss and its metrics, as the train step logs them.
-            let function = preference_loss(config, tc, p)?;
-            return Ok(Step::new(function, role_of(tc)));
-        }
-    }
-    let (_, _, inputs) = loss_inputs(config, tc)?;
-    let model = model(config, tc);
-    let function = trace("llama_eval", &inputs, |i| {
-        let (sum, count) = loss_sum_of(&model, i, tc);
-        Outputs::new().add("loss_sum", sum).add("tokens", count)
-    })?;
-    // One micro-batch at a time: no accumulation axis.
-    let single = TrainConfig {
-        grad_accum: 1,
-        ..tc.clone()
-    };
-    Ok(Step::new(function, role_of(&single)))
-}
-
-/// The reference's log-probabilities of a batch of rows, computed once
-/// before a preference run with a precomputed reference: each row's summed
-/// log-probability of its learned tokens (`logps`, `[rows]` f32), by the
-/// base, or with `lora` the base with that adapter (its tensors under the
-/// LoRA names). Inputs: the weights (and LoRA tensors), `input_ids`,
-/// `loss_mask`.
-pub fn reference_logps_step(
-    config: &ModelConfig,
-    tc: &TrainConfig,
-    lora: Option<&LoraConfig>,
-) -> Result<Step, ModelError> {
-    let plain = TrainConfig {
-        lora: lora.cloned(),
-        loss: Loss::CausalLm,
-        packing: false,
-        grad_accum: 1,
-        ..tc.clone()
-    };
-    let (_, _, inputs) = loss_inputs(config, &plain)?;
-    let m = model(config, &plain);
-    let function = trace("reference_logps", &inputs, |i| {
-        let (ids, mask) = (i["input_ids"], i["loss_mask"]);
-        let h = m.last_hidden(&Params(i), ids, None, plain.dtype);
-        let logits = m.lm_head(&Params(i), h).cast(DType::F32);
-        let (sum, _) = masked_logps_per_row(logits, ids, mask);
-        Outputs::new().add("logps", sum)
-    })?;
-    Ok(Step::new(function, role_of(&plain)))
-}
-
-/// The preference loss of a batch of pairs as one traced function, of the
-/// train step's inputs by name (weights, LoRA tensors, `input_ids` and
-/// `loss_mask`, and for ORPO `segment_ids`: 1 on each row's real tokens,
-/// 0 on padding): rows `0..P` are each pair's prompt and chosen
-/// completion, rows `P..2P` the same prompts and the rejected ones
-/// (`tc.batch` = 2P rows, right-padded, one forward over both, as TRL
-/// concatenates them), the mask on the completion tokens. Where the loss
-/// compares with a reference, it is `reference` (the base with the adapter
-/// off, or a frozen adapter read from `ref.` inputs), without gradient.
-/// Outputs `loss`, then the metrics by TRL's names.
-pub fn preference_loss(
-    config: &ModelConfig,
-    tc: &TrainConfig,
-    preference: &Preference,
-) -> Result<hlo_ir::Function, ModelError> {
-    let (loss, reference) = (&preference.loss, preference.reference);
-    if tc.packing || tc.batch % 2 != 0 {
-        return Err(ModelError::PreferenceBatch {
-            rows: tc.batch,
-            packed: tc.packing,
-        });
-    }
-    let by_adapter = loss.needs_reference() && reference == Reference::Adapter;
-    let own = preference.reference_lora.as_ref().filter(|_| by_adapter);
-    let (inputs, lora_params, ref_params) = preference_inputs(config, tc, preference)?;
-    let policy = model(config, tc);
-    let base = Decoder {
-        lora: None,
-        ..model(config, tc)
-    };
-    let frozen_model = Decoder {
-        lora: own,
-        ..model(config, tc)
-    };
-    let pairs = tc.batch / 2;
-    let f = trace("preference_loss", &inputs, |i| {
-        let mask = i["loss_mask"];
-        let maskf = mask.cast(DType::F32);
-        let stats = |i: &hlo_ir::Inputs| token_stats_of(&policy, i, tc, 1.0);
-        let pair_logps = |t: &TokenStats| pair_sums(t.logps, maskf, pairs);
-        let tokens = scope("policy", || stats(i));
-        let mine = pair_logps(&tokens);
-        let theirs = loss.needs_reference().then(|| {
-            if reference == Reference::Precomputed {
-                // Read from the batch: the same rows' sums, computed once.
-                let r = i[BatchField::RefLogps.name()];
-                let (half, all) = ([pairs], [2 * pairs]);
-                return PairLogps {
-                    chosen: r.slice(&[0], &half),
-                    rejected: r.slice(&half, &all),
-                    ..mine
-                };
-            }
-            scope("reference", || {
-                let frozen = || -> Vec<(String, Tensor)> {
-                    ref_params
-                        .iter()
-                        .map(|(n, _)| (n.clone(), i[reference_name(n).as_str()]))
-                        .collect()
-                };
-                let theirs = pair_logps(&match (by_adapter, own) {
-                    // The policy's form, on the reference's LoRA tensors.
-                    (true, None) => stats(&i.with_overrides(&frozen())),
-                    // The adapter's own form, on its tensors.
-                    (true, Some(_)) => {
-                        token_stats_of(&frozen_model, &i.with_overrides(&frozen()), tc, 1.0)
-                    }
-                    (false, _) => token_stats_of(&base, i, tc, 1.0),
-                });
-                match own {
-                    Some(_) => theirs,
-                    None => reused_where_same(mine, theirs, &lora_params, i, by_adapter),
-                }
-            })
-        });
-        let nll = loss.nll().map(|span| {
-            scope("nll", || match span {
-                NllSpan::Completion => -mean((mine.chosen.sum(&[0]), mine.chosen_tokens.sum(&[0]))),
-                NllSpan::WholeRow => chosen_nll(tokens.logps, i["segment_ids"], pairs),
-            })
-        });
-        let out = scope("loss", || loss.compute(mine, theirs, nll));
-        let mut o = Outputs::new().add("loss", out.loss);
-        for (name, t) in out.metrics {
-            o = o.add(name, t);
-        }
-        scope("metrics", || token_metrics(o, loss, &tokens, maskf, pairs))
-    })?;
-    Ok(f)
-}
-
-/// Each pair's summed log-probabilities and token counts, from `logps`
-/// (`[2P, seq]`) under the loss mask `maskf`: rows `0..P` chosen, `P..2P`
-/// rejected.
-fn pair_sums(logps: Tensor, maskf: Tensor, pairs: i64) -> PairLogps {
-    let (sum, count) = ((logps * maskf).sum(&[1]), maskf.sum(&[1]));
-    let (half, all) = ([pairs], [2 * pairs]);
-    PairLogps {
-        chosen: sum.slice(&[0], &half),
-        rejected: sum.slice(&half, &all),
-        chosen_tokens: count.slice(&[0], &half),
-        rejected_tokens: count.slice(&half, &all),
-    }
-}
-
-/// A preference loss's inputs (the step's, ORPO's real-token mask, a
-/// reference adapter's tensors under `ref.` names), the policy's LoRA
-/// tensors and the reference adapter's: the trained adapter's shapes, or
-/// its own settings' (then never equal to the policy's, so not reused).
-fn preference_inputs(
-    config: &ModelConfig,
-    tc: &TrainConfig,
-    preference: &Preference,
-) -> Result<LossInputs, ModelError> {
-    let loss = &preference.loss;
-    let (_, lora_params, mut inputs) = loss_inputs(config, tc)?;
-    // ORPO's real-token mask (among the batch fields already when `tc`
-    // names this loss).
-    let segment_ids = BatchField::SegmentIds.name();
-    if loss.nll() == Some(NllSpan::WholeRow) && inputs.iter().all(|(n, _)| n != segment_ids) {
-        let ty = TensorType::new(DType::I32, [tc.batch, tc.seq]);
-        inputs.push((segment_ids.into(), ty));
-    }
-    let by_adapter = loss.needs_reference() && preference.reference == Reference::Adapter;
-    let ref_params = match preference.reference_lora.as_ref().filter(|_| by_adapter) {
-        Some(l) => lora_types(config, tc, Some(l))?,
-        None => lora_params.clone(),
-    };
-    if by_adapter {
-        inputs.extend(
-            ref_params
-                .iter()
-                .map(|(n, t)| (reference_name(n), t.clone())),
-        );
-    }
-    Ok((inputs, lora_params, ref_params))
-}
-
-/// `o` with the token statistics each TRL trainer logs: `logits/chosen`
-/// and `logits/rejected` ([`logits_means`]); DPOTrainer's `entropy` over
-/// every completion token and `mean_token_accuracy` over the chosen
-/// ones.
-fn token_metrics(
-    o: Outputs,
-    loss: &PreferenceLoss,
-    tokens: &TokenStats,
-    mask: Tensor,
-    pairs: i64,
-) -> Outputs {
-    let (chosen, rejected) = logits_means(loss, tokens.mean_logit, mask, pairs);
-    let o = o
-        .add("logits/chosen", chosen)
-        .add("logits/rejected", rejected);
-    if !loss.needs_reference() {
-        return o;
-    }
-    let seq = mask.dims()[1];
-    let chosen = |t: Tensor| t.slice(&[0, 0], &[pairs, seq]);
-    let masked = |t: Tensor, m: Tensor| mean(((t * m).sum(&[0, 1]), m.sum(&[0, 1])));
-    o.add("entropy", masked(tokens.entropy, mask)).add(
-        "mean_token_accuracy",
-        masked(chosen(tokens.top1), chosen(mask)),
-    )
-}
-
-/// `theirs`, the reference's log-probs, or `mine` (without gradient)
-/// where the policy's LoRA tensors in `i` equal the reference's (its
-/// `ref.` copies with `by_adapter`, else the base's: every B zero): a
-/// policy equal to its reference (a fresh adapter against the base; the
-/// adapter training starts from against its frozen copy) computes the
-/// reference's very log-probs, so they are reused, and its rewards are
-/// exactly 0 and tie as TRL's do, whatever order two compiled forwards
-/// happen to sum in. Decided on the devices, each step.
-fn reused_where_same(
-    mine: PairLogps,
-    theirs: PairLogps,
-    lora_params: &[(String, TensorType)],
-    i: &hlo_ir::Inputs,
-    by_adapter: bool,
-) -> PairLogps {
-    // The base with the adapter off: every B zero (whatever A is).
-    let same = lora_params
-        .iter()
-        .filter(|(n, _)| by_adapter || n.ends_with(".lora_b"))
-        .map(|(n, _)| {
-            let policy = i[n.as_str()].stop_gradient();
-            let other = match by_adapter {
-                true => i[reference_name(n).as_str()],
-                false => policy.scalar_like(0.0).broadcast_to(&policy.dims()),
-            };
-            let all: Vec<i64> = (0..policy.rank() as i64).collect();
-            policy.eq(other).cast(DType::F32).min(&all)
-        })
-        .reduce(|a, b| a.minimum(b));
-    let Some(same) = same else {
-        return theirs;
-    };
-    let pick = |m: Tensor, r: Tensor| {
-        let s = same.broadcast_in_dim(&m.dims(), &[]);
-        s.gt(s.scalar_like(0.5)).where_(m.stop_gradient(), r)
-    };
-    PairLogps {
-        chosen: pick(mine.chosen, theirs.chosen),
-        rejected: pick(mine.rejected, theirs.rejected),
-        ..theirs
-    }
+    tc.loss.kind().eval_step(config, tc)
 }
 
 /// The [`TokenStats`] of the batch in `i` under `m` (`input_ids`, rows
@@ -784,7 +554,7 @@ fn reused_where_same(
 /// preference losses): from whole rows of logits, or a chunk of
 /// positions at a time in a scan when `tc`'s loss chunk is shorter than
 /// a row (long rows over a large vocabulary).
-fn token_stats_of(
+pub(crate) fn token_stats_of(
     m: &Decoder,
     i: &hlo_ir::Inputs,
     tc: &TrainConfig,
@@ -816,71 +586,17 @@ fn token_stats_of(
     })
 }
 
-/// The pooled negative log-likelihood of the chosen rows (`0..pairs`)
-/// over every real token after the first (`segment_ids` > 0), as ORPO's,
-/// from each position's next-token log-probability `logps: [rows, s]`.
-fn chosen_nll(logps: Tensor, segment_ids: Tensor, pairs: i64) -> Tensor {
-    let d = segment_ids.dims();
-    let s = d[1];
-    let rows = |t: Tensor| t.slice(&[0, 0], &[pairs, s]);
-    // Position t predicts token t + 1: counted when that token is real.
-    let real = segment_ids
-        .gt(segment_ids.scalar_like(0.0))
-        .cast(DType::F32);
-    let next = Tensor::concat(
-        &[
-            real.slice(&[0, 1], &[d[0], s]),
-            full(TensorType::new(DType::F32, [d[0], 1]), 0.0),
-        ],
-        1,
-    );
-    let (m, lp) = (rows(next), rows(logps));
-    -mean(((lp * m).sum(&[0, 1]), m.sum(&[0, 1])))
-}
-
-/// `logits/chosen` and `logits/rejected` as each TRL trainer logs them,
-/// from each position's mean logit over the vocabulary (`[rows, s]`):
-/// DPO's and IPO's the mean of the positions scoring completion tokens
-/// (token-weighted over the batch); CPO's (SimPO) the mean over the
-/// half's every position, padding included; ORPO's the same less each
-/// row's last position.
-fn logits_means(
-    loss: &PreferenceLoss,
-    mean_logit: Tensor,
-    mask: Tensor,
-    pairs: i64,
-) -> (Tensor, Tensor) {
-    let s = mean_logit.dims()[1];
-    let half = |k: i64, t: Tensor, cols: i64| t.slice(&[k * pairs, 0], &[(k + 1) * pairs, cols]);
-    let mean_of = |k: i64| match loss {
-        PreferenceLoss::Dpo { .. } | PreferenceLoss::Ipo { .. } => {
-            let m = half(k, mask, s);
-            let n = m.sum(&[0, 1]);
-            (half(k, mean_logit, s) * m).sum(&[0, 1]) / n.maximum(n.scalar_like(1.0))
-        }
-        PreferenceLoss::Simpo { .. } => half(k, mean_logit, s).mean(&[0, 1]),
-        PreferenceLoss::Orpo { .. } => half(k, mean_logit, s - 1).mean(&[0, 1]),
-    };
-    (mean_of(0), mean_of(1))
-}
-
 /// Builds the step for `config` under `tc`: inputs are the weights, the
 /// trainable parameters, the batch, the optimizer state and the step
 /// counter; outputs `loss`, `grad_norm`, `lr`, then the updated trainable
 /// parameters, optimizer state and counter under their input names
 /// (donated).
 pub fn train_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
-    let aux = config.moe.as_ref().is_some_and(|m| m.output_router_logits);
-    match &tc.loss {
-        Loss::CausalLm => {}
-        Loss::Preference(_) | Loss::Grpo(_) if aux => {
-            return Err(ModelError::RouterAuxLoss {
-                with: "with a preference or GRPO loss",
-            })
-        }
-        Loss::Preference(p) => return preference_train_step(config, tc, p),
-        Loss::Grpo(g) => return grpo_train_step(config, tc, g),
-    }
+    tc.loss.kind().train_step(config, tc)
+}
+
+/// The causal-LM train step ([`train_step`] of [`Loss::CausalLm`]).
+fn causal_lm_train_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
     let (base, lora_params, loss_inputs) = loss_inputs(config, tc)?;
     let trainable = trainable_of(tc, &base, &lora_params);
     let model = model(config, tc);
@@ -908,36 +624,19 @@ pub fn train_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelE
     optimizer_step(tc, &loss_fn, micro.as_ref(), loss_inputs, &trainable)
 }
 
-/// The preference train step ([`preference_loss`] under `loss`, against
-/// `reference`, then the same clipping, schedule and optimizer as
-/// [`train_step`]): inputs are the loss's (weights, LoRA tensors, the
-/// pair batch, the reference adapter's `ref.` tensors), the optimizer
-/// state and the step counter; outputs `loss`, `grad_norm`, `lr`, the
-/// loss's metrics by TRL's names, then the updated state. One
-/// micro-batch per step.
-pub fn preference_train_step(
-    config: &ModelConfig,
-    tc: &TrainConfig,
-    preference: &Preference,
-) -> Result<Step, ModelError> {
-    if tc.grad_accum > 1 {
-        return Err(ModelError::PreferenceBatch {
-            rows: tc.rows(),
-            packed: tc.packing,
-        });
-    }
-    let loss_fn = preference_loss(config, tc, preference)?;
-    step_around(config, tc, &loss_fn)
-}
-
 /// The step around a loss of one micro-batch (`loss`, then metrics): its
 /// inputs are the loss's; the trainable ones get their gradients,
 /// clipped, scheduled and applied by [`optimizer_step`].
-fn step_around(
+pub(crate) fn step_around(
     config: &ModelConfig,
     tc: &TrainConfig,
     loss_fn: &hlo_ir::Function,
 ) -> Result<Step, ModelError> {
+    if config.moe.as_ref().is_some_and(|m| m.output_router_logits) {
+        return Err(ModelError::RouterAuxLoss {
+            with: "with a preference or GRPO loss",
+        });
+    }
     let (base, lora_params, _) = loss_inputs(config, tc)?;
     let trainable = trainable_of(tc, &base, &lora_params);
     let inputs: Vec<(String, TensorType)> = loss_fn
@@ -946,96 +645,6 @@ fn step_around(
         .map(|b| (b.name.clone(), loss_fn.ty(b.value).clone()))
         .collect();
     optimizer_step(tc, loss_fn, None, inputs, &trainable)
-}
-
-/// GRPO's loss of a batch of rollouts as one traced function, of the
-/// train step's inputs by name: weights, LoRA tensors, `input_ids` (each
-/// row a prompt and one of its completions, right-padded), `loss_mask`
-/// (on the completion's tokens), `advantages`, and `old_logps` and
-/// `ref_token_logps` where `loss` reads them. The logits are divided by
-/// the sampling temperature before the log-probabilities are taken.
-/// Outputs `loss`, then the metrics by TRL's names.
-pub fn grpo_loss(
-    config: &ModelConfig,
-    tc: &TrainConfig,
-    loss: &GrpoLoss,
-) -> Result<hlo_ir::Function, ModelError> {
-    if tc.packing || tc.grad_accum > 1 {
-        return Err(ModelError::GrpoBatch {
-            why: "rollouts are neither packed nor accumulated".into(),
-        });
-    }
-    if loss.temperature.is_nan() || loss.temperature <= 0.0 {
-        return Err(ModelError::GrpoBatch {
-            why: format!("the temperature must be above 0, not {}", loss.temperature),
-        });
-    }
-    let tc = &TrainConfig {
-        loss: Loss::Grpo(*loss),
-        ..tc.clone()
-    };
-    let (_, _, inputs) = loss_inputs(config, tc)?;
-    let policy = model(config, tc);
-    let f = trace("grpo_loss", &inputs, |i| {
-        let TokenStats { logps, entropy, .. } = token_stats_of(&policy, i, tc, loss.temperature);
-        let field = |f: BatchField| i[f.name()];
-        let out = scope("loss", || {
-            loss.compute(GrpoTokens {
-                logps,
-                mask: i["loss_mask"].cast(DType::F32),
-                advantages: field(BatchField::Advantages),
-                old_logps: loss.old_logps.then(|| field(BatchField::OldLogps)),
-                ref_logps: (loss.beta != 0.0).then(|| field(BatchField::RefTokenLogps)),
-                entropy,
-            })
-        });
-        let mut o = Outputs::new().add("loss", out.loss);
-        for (name, t) in out.metrics {
-            o = o.add(name, t);
-        }
-        o
-    })?;
-    Ok(f)
-}
-
-/// The GRPO train step ([`grpo_loss`], then the same clipping, schedule
-/// and optimizer as [`train_step`]); outputs `loss`, `grad_norm`, `lr`,
-/// the loss's metrics, then the updated state.
-pub fn grpo_train_step(
-    config: &ModelConfig,
-    tc: &TrainConfig,
-    loss: &GrpoLoss,
-) -> Result<Step, ModelError> {
-    let loss_fn = grpo_loss(config, tc, loss)?;
-    step_around(config, tc, &loss_fn)
-}
-
-/// Each row's per-token log-probabilities (`logps`, `[rows, seq]` f32,
-/// aligned as the loss mask, logits divided by `temperature`) under the
-/// base, or with `lora` the base with that adapter (its tensors under the
-/// LoRA names): a GRPO rollout's old log-probabilities (the policy) and
-/// its reference's. Inputs: the weights (and LoRA tensors), `input_ids`.
-pub fn token_logps_step(
-    config: &ModelConfig,
-    tc: &TrainConfig,
-    lora: Option<&LoraConfig>,
-    temperature: f64,
-) -> Result<Step, ModelError> {
-    let plain = TrainConfig {
-        lora: lora.cloned(),
-        loss: Loss::CausalLm,
-        packing: false,
-        grad_accum: 1,
-        ..tc.clone()
-    };
-    let (_, _, mut inputs) = loss_inputs(config, &plain)?;
-    inputs.retain(|(n, _)| n != BatchField::LossMask.name());
-    let m = model(config, &plain);
-    let function = trace("token_logps", &inputs, |i| {
-        let logps = token_stats_of(&m, i, &plain, temperature).logps;
-        Outputs::new().add("logps", logps)
-    })?;
-    Ok(Step::new(function, role_of(&plain)))
 }
 
 /// What a step trains: LoRA's adapters and the modules it saves whole, or
@@ -1330,9 +939,10 @@ pub fn step_flops(config: &ModelConfig, tc: &TrainConfig) -> f64 {
     // DPO's and IPO's reference model: one more forward (unless computed
     // before training). GRPO's reference and old log-probabilities are
     // scored outside the step.
-    let reference = match &tc.loss {
-        Loss::CausalLm | Loss::Grpo(_) => false,
-        Loss::Preference(p) => p.loss.needs_reference() && p.reference != Reference::Precomputed,
-    };
+    let reference = tc
+        .loss
+        .kind()
+        .reference()
+        .is_some_and(|r| r != Reference::Precomputed);
     train + if reference { forward * tokens } else { 0.0 }
 }

@@ -25,8 +25,9 @@ use crate::device::pipeline::ShardedStep;
 use crate::error::Result;
 use crate::infer::generator::{cache_bucket, cache_spec, prompt_bucket};
 use crate::inputs::model::quantized_config;
+use crate::objectives::Data;
 use crate::run::policy::Target;
-use crate::run::spec::{Objective, PreferenceSpec};
+use crate::run::spec::Objective;
 use crate::run::step::{OptimSpec, RematChoice, StepSpec};
 
 /// A train step's compute time at a device's data sheet peak.
@@ -262,14 +263,12 @@ impl StepToPlan {
             self.steps,
             &self.policy()?,
         )?;
-        let mut g = crate::objectives::grpo::GrpoSpec::default();
+        let mut specs = crate::objectives::ObjectiveSpecs::default();
         if let Some(r) = self.rollout {
-            g.num_generations = r.num_generations.max(1) as usize;
-            g.max_completion_length = r.max_completion_length.max(1) as usize;
+            specs.grpo.num_generations = r.num_generations.max(1) as usize;
+            specs.grpo.max_completion_length = r.max_completion_length.max(1) as usize;
         }
-        tc.loss = self
-            .objective
-            .loss(&PreferenceSpec::default(), &g, self.reference);
+        tc.loss = self.objective.loss(&specs, self.reference);
         Ok(tc)
     }
 
@@ -288,7 +287,10 @@ impl StepToPlan {
     pub fn plan_step(&self) -> Result<(ShardedStep, MemoryPlan)> {
         let tc = self.train_config()?;
         let (step, mut memory) = plan(&self.config, &tc, &self.mesh)?;
-        if let Some(shape) = self.rollout.filter(|_| self.objective == Objective::Grpo) {
+        if let Some(shape) = self
+            .rollout
+            .filter(|_| self.objective.data() == Data::Rollouts)
+        {
             let r = plan_rollout(&self.config, &tc, &self.mesh, shape, memory.optimizer_bytes)?;
             memory.total_bytes = memory.total_bytes.max(r.total_bytes);
             memory.rollout = Some(r);
@@ -546,7 +548,7 @@ const MAX_GRAD_ACCUM: i64 = 4096;
 /// whole groups of completions.
 fn batch_unit(step: &StepToPlan) -> i64 {
     match (step.objective, step.rollout) {
-        (Objective::Grpo, Some(r)) => r.num_generations.max(1),
+        (o, Some(r)) if o.data() == Data::Rollouts => r.num_generations.max(1),
         _ => 1,
     }
 }

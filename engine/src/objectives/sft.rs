@@ -7,12 +7,52 @@ use hlo_data::{eval_batches, eval_pair_batches, Batch, DataStats, Loader, Prefer
 use hlo_models::adapter::Adapter;
 use hlo_models::train::TrainConfig;
 
+use hlo_models::preference::Reference;
+use hlo_models::roles::BatchField;
+use hlo_models::train::Loss;
+
+use super::{Data, ObjectiveDef, ObjectiveSpecs};
 use crate::device::backend::Backend;
 use crate::error::Result;
 use crate::inputs::dataset::{DataSpec, Dataset};
 use crate::inputs::model::Model;
 use crate::run::spec::RunSpec;
 use crate::run::step::Toggle;
+
+/// Supervised finetuning: the causal-LM loss over samples.
+pub(crate) struct Sft;
+
+pub(crate) static SFT: Sft = Sft;
+
+impl ObjectiveDef for Sft {
+    fn name(&self) -> &'static str {
+        "sft"
+    }
+
+    fn data(&self) -> Data {
+        Data::Samples
+    }
+
+    fn reads(&self, _name: &str) -> bool {
+        false
+    }
+
+    fn loss(&self, _specs: &ObjectiveSpecs, _reference: Reference) -> Loss {
+        Loss::CausalLm
+    }
+
+    fn batch_fields(&self, packed: bool) -> Vec<BatchField> {
+        let mut fields = vec![BatchField::InputIds, BatchField::LossMask];
+        if packed {
+            fields.extend([BatchField::Positions, BatchField::SegmentIds]);
+        }
+        fields
+    }
+
+    fn metrics(&self) -> Vec<&'static str> {
+        vec!["loss"]
+    }
+}
 
 /// A row objective's data, read and checked.
 pub(crate) struct RowInputs {

@@ -33,7 +33,7 @@ use hlo_ir::DType;
 use hlo_models::adapter::Adapter;
 use hlo_models::decoder::ModelConfig;
 use hlo_models::preference::Reference;
-use hlo_models::train::{Loss, TrainConfig};
+use hlo_models::train::TrainConfig;
 use hlo_runtime::PluginKind;
 use regex::Regex;
 
@@ -45,7 +45,6 @@ use crate::objectives::grpo::RolloutInputs;
 use crate::objectives::sft::RowFeed;
 use crate::objectives::RunInputs;
 use crate::run::policy::Target;
-use crate::run::spec::Objective;
 use crate::run::spec::{differences, RunSpec};
 use crate::run::step::Toggle;
 use crate::train::checkpoint::{self, RunSettings, Saved};
@@ -165,13 +164,7 @@ fn identities(spec: &RunSpec, model: &Model, fingerprint: &str) -> Result<RunSet
     s.set("log-every", spec.report.log_every);
     s.set("train-on-inputs", spec.data.train_on_inputs);
     s.set("objective", spec.objective.name());
-    match spec.objective {
-        Objective::Sft => {}
-        Objective::Dpo | Objective::Ipo | Objective::Simpo | Objective::Orpo => {
-            crate::objectives::preference::record_settings(&mut s, spec)
-        }
-        Objective::Grpo => crate::objectives::grpo::record_settings(&mut s, spec),
-    }
+    spec.objective.def().record_settings(&mut s, spec);
     s.set("steps", spec.steps);
     // As `--xla-option` spells each, so a recipe and a resume read them back.
     let xla: Vec<String> = spec
@@ -236,7 +229,7 @@ fn train_config(
     resumed: bool,
 ) -> Result<(TrainConfig, String)> {
     let kind = match reference {
-        _ if spec.preference.precompute_ref => Reference::Precomputed,
+        _ if spec.objectives.preference.precompute_ref => Reference::Precomputed,
         Some(_) => Reference::Adapter,
         None => Reference::Base,
     };
@@ -261,12 +254,10 @@ fn train_config(
         (_, Some(a)) => tc.lora = Some(a.lora.clone()),
         _ => {}
     }
-    // A reference in the step runs in its own LoRA settings where they
-    // are not the trained adapter's (a precomputed one always does).
-    if let (Some(r), Loss::Preference(p), Reference::Adapter) = (reference, &mut tc.loss, kind) {
-        *p = p
-            .clone()
-            .with_reference_lora(tc.lora.as_ref(), Some(&r.lora));
+    if let (Some(r), Reference::Adapter) = (reference, kind) {
+        let trained = tc.lora.clone();
+        let def = spec.objective.def();
+        def.with_reference_lora(&mut tc.loss, trained.as_ref(), &r.lora);
     }
     Ok((tc, choices))
 }
@@ -378,12 +369,12 @@ impl Run {
         let inputs = RunInputs::read(&spec, &model, tokenizer.as_ref())?;
         let backend = Backend::open(&spec.backend)?;
         let init = init_adapter(&spec, &model, resumed)?;
-        let reference = inputs.reference(&spec, &model)?;
+        let reference = spec.objective.def().reference(&spec, &model)?;
         // A preference objective's reference runs in its step; GRPO's is
         // scored outside it.
         let step_reference = reference
             .as_ref()
-            .filter(|_| spec.objective.is_preference());
+            .filter(|_| spec.objective.def().reference_in_step());
         let dtype = spec.dtype.unwrap_or(match spec.backend.plugin.kind() {
             PluginKind::Cpu => DType::F32,
             _ => DType::BF16,
@@ -407,7 +398,7 @@ impl Run {
         let mut settings = RunSettings::of_config(&tc, spec.seed);
         settings.extend(&identities);
         check_resumed(saved.as_ref(), &settings, &spec)?;
-        let in_step = tc.loss.preference().map(|p| p.reference) == Some(Reference::Adapter);
+        let in_step = tc.loss.kind().reference() == Some(Reference::Adapter);
         let options = SessionOptions {
             mode: spec.mode,
             seed: spec.seed,

@@ -4,7 +4,8 @@
 //! speak one vocabulary), what kind of setting it is, which objectives
 //! read it, and how a saved value comes back into a [`RunSpec`]. From the
 //! table follow the saved-settings vocabulary ([`settings`]), the resume
-//! merge and comparison, the recipe's keys ([`Objective::reads`]) and the
+//! merge and comparison, the recipe's keys
+//! ([`Objective::reads`](crate::objectives::Objective::reads)) and the
 //! refusal of a setting the objective does not read.
 //!
 //! Adding a setting: a field on the spec it belongs to (its default in
@@ -19,7 +20,7 @@ use hlo_models::nf4::Nf4Config;
 use serde_json::{json, Value};
 
 use super::named::Named;
-use super::spec::{Objective, RunSpec, OBJECTIVES};
+use super::spec::RunSpec;
 use super::step::{LoraSpec, Toggle};
 use crate::inputs::model::ModelSource;
 
@@ -40,11 +41,11 @@ pub enum Kind {
 pub struct Setting {
     pub name: &'static str,
     pub kind: Kind,
-    /// The objectives that read it; another objective refuses it given
-    /// a value other than its default.
-    pub read_by: &'static [Objective],
-    /// Its value in a spec, for the objective settings (those not read by
-    /// all): compared with a default spec's to tell whether it was given.
+    /// Its value in a spec, for an objective's own settings (those its
+    /// [`ObjectiveDef::reads`](crate::objectives::ObjectiveDef::reads)
+    /// names; every objective reads the others): compared with a default
+    /// spec's to tell whether it was given, and an objective that does
+    /// not read it refuses it given.
     pub value: Option<fn(&RunSpec) -> Value>,
     /// Takes a saved value back into a spec; None when the value is not
     /// of this setting's kind.
@@ -59,41 +60,26 @@ impl Setting {
     }
 }
 
-const ALL: &[Objective] = &OBJECTIVES;
-pub(crate) const GRPO: &[Objective] = &[Objective::Grpo];
-pub(crate) const PREFERENCE_AND_GRPO: &[Objective] = &[
-    Objective::Dpo,
-    Objective::Ipo,
-    Objective::Simpo,
-    Objective::Orpo,
-    Objective::Grpo,
-];
-pub(crate) const REFERENCED: &[Objective] = &[Objective::Dpo, Objective::Ipo, Objective::Grpo];
-pub(crate) const PRECOMPUTED: &[Objective] = &[Objective::Dpo, Objective::Ipo];
-pub(crate) const SIMPO: &[Objective] = &[Objective::Simpo];
-
 /// A setting every objective reads.
 const fn common(name: &'static str, restore: fn(&mut RunSpec, &Value) -> Option<()>) -> Setting {
     Setting {
         name,
         kind: Kind::Compared,
-        read_by: ALL,
         value: None,
         restore,
     }
 }
 
-/// A setting only `read_by` read.
+/// An objective's own setting (read by the objectives whose
+/// `ObjectiveDef::reads` names it).
 pub(crate) const fn of(
     name: &'static str,
-    read_by: &'static [Objective],
     value: fn(&RunSpec) -> Value,
     restore: fn(&mut RunSpec, &Value) -> Option<()>,
 ) -> Setting {
     Setting {
         name,
         kind: Kind::Compared,
-        read_by,
         value: Some(value),
         restore,
     }
@@ -104,7 +90,6 @@ const fn output(name: &'static str, restore: fn(&mut RunSpec, &Value) -> Option<
     Setting {
         name,
         kind: Kind::Output,
-        read_by: ALL,
         value: None,
         restore,
     }
@@ -258,7 +243,6 @@ static OUTPUT: &[Setting] = &[
     Setting {
         name: "xla-option",
         kind: Kind::Compile,
-        read_by: ALL,
         value: None,
         restore: |s, v| {
             s.backend.xla_options = v
@@ -300,15 +284,10 @@ fn lora(s: &mut RunSpec, set: impl FnOnce(&mut LoraSpec) -> Option<()>) -> Optio
 /// objective's own (declared in its folder), the step's, what the run
 /// writes.
 pub fn all() -> impl Iterator<Item = &'static Setting> {
-    [
-        MODEL_DATA,
-        crate::objectives::preference::settings::SETTINGS,
-        crate::objectives::grpo::settings::SETTINGS,
-        STEP,
-        OUTPUT,
-    ]
-    .into_iter()
-    .flatten()
+    MODEL_DATA
+        .iter()
+        .chain(crate::objectives::objective_settings())
+        .chain(STEP.iter().chain(OUTPUT))
 }
 
 /// The setting named `name`.
@@ -324,6 +303,7 @@ pub fn settings() -> impl Iterator<Item = &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::objectives::OBJECTIVES;
 
     #[test]
     fn each_setting_is_declared_once_and_restores_what_it_reads() {
@@ -335,14 +315,31 @@ mod tests {
         for s in all().filter(|s| s.value.is_some()) {
             let value = s.value.map(|v| v(&RunSpec::default())).unwrap_or_default();
             let mut spec = RunSpec::default();
-            if s.read_by == GRPO || s.name == "beta" {
-                spec.objective = s.read_by[0];
+            // As read by the first objective that reads it.
+            if let Some(o) = OBJECTIVES.into_iter().find(|o| o.def().reads(s.name)) {
+                spec.objective = o;
             }
             if !value.is_null() {
                 assert!((s.restore)(&mut spec, &value).is_some(), "{}", s.name);
                 assert!(!s.given(&spec), "{} given by its default", s.name);
             }
         }
+    }
+
+    #[test]
+    fn every_objective_setting_is_read_by_an_objective_and_owned_once() {
+        for s in crate::objectives::objective_settings() {
+            assert!(
+                OBJECTIVES.iter().any(|o| o.def().reads(s.name)),
+                "no objective reads {}",
+                s.name
+            );
+            assert!(s.value.is_some(), "{} has no value to compare", s.name);
+        }
+        // The shared preference table is listed once, owned by the four.
+        let tables = crate::objectives::objective_tables();
+        let owners: Vec<usize> = tables.iter().map(|(_, o)| o.len()).collect();
+        assert_eq!(owners, [4, 1]);
     }
 
     #[test]

@@ -16,8 +16,18 @@ use std::path::PathBuf;
 
 use hlo_models::grpo::{GrpoLoss, GrpoLossType, ScaleRewards};
 
+use hlo_models::adapter::Adapter;
+use hlo_models::preference::Reference;
+use hlo_models::roles::BatchField;
+use hlo_models::train::Loss;
+
+use super::{Data, ObjectiveDef, ObjectiveSpecs};
 use crate::error::{EngineError, Result};
 use crate::infer::generator::Sampling;
+use crate::inputs::model::Model;
+use crate::run::settings::Setting;
+use crate::run::spec::RunSpec;
+use crate::run::step::{StepSpec, Toggle};
 use crate::train::checkpoint::RunSettings;
 
 mod rewards;
@@ -132,9 +142,115 @@ impl GrpoSpec {
     }
 }
 
+/// GRPO as an objective of a run.
+pub(crate) struct Grpo;
+
+pub(crate) static GRPO: Grpo = Grpo;
+
+impl ObjectiveDef for Grpo {
+    fn name(&self) -> &'static str {
+        "grpo"
+    }
+
+    fn data(&self) -> Data {
+        Data::Rollouts
+    }
+
+    /// Its own settings, and β (the KL penalty's weight) with its
+    /// reference adapter.
+    fn reads(&self, name: &str) -> bool {
+        matches!(name, "beta" | "ref-adapter") || settings::SETTINGS.iter().any(|s| s.name == name)
+    }
+
+    fn settings(&self) -> &'static [Setting] {
+        settings::SETTINGS
+    }
+
+    /// Its completions in one unpacked batch, from unstacked layers (the
+    /// policy generates from the step's own weights, which a scan would
+    /// hold stacked).
+    fn step_spec(&self, step: &StepSpec) -> Result<StepSpec> {
+        let refuse = |why: String| Err(EngineError::Grpo(why));
+        if step.packing == Toggle::On {
+            return refuse("rollouts are not packed (leave out --packing)".into());
+        }
+        if step.grad_accum > 1 {
+            return refuse(format!(
+                "a step takes its completions in one batch; --grad-accum {} is not supported (raise --batch instead)",
+                step.grad_accum
+            ));
+        }
+        if step.scan_layers == Toggle::On {
+            return refuse(
+                "the policy generates from the step's weights, which --scan-layers on would stack; leave it out".into(),
+            );
+        }
+        let mut step = step.clone();
+        step.scan_layers = Toggle::Off;
+        step.packing = Toggle::Off;
+        Ok(step)
+    }
+
+    fn loss(&self, specs: &ObjectiveSpecs, _reference: Reference) -> Loss {
+        Loss::Grpo(specs.grpo.loss())
+    }
+
+    fn batch_fields(&self, _packed: bool) -> Vec<BatchField> {
+        vec![
+            BatchField::InputIds,
+            BatchField::LossMask,
+            BatchField::Advantages,
+        ]
+    }
+
+    /// The step's own (with β also `kl`, first); the rollouts' figures
+    /// (`reward`, `completions/…`) come with the batch.
+    fn metrics(&self) -> Vec<&'static str> {
+        vec![
+            "loss",
+            "entropy",
+            "clip_ratio/low_mean",
+            "clip_ratio/low_min",
+            "clip_ratio/high_mean",
+            "clip_ratio/high_max",
+            "clip_ratio/region_mean",
+        ]
+    }
+
+    fn describe(&self, specs: &ObjectiveSpecs, loss: &Loss) -> Option<String> {
+        let g = loss.grpo()?;
+        Some(format!(
+            "grpo ({} loss, beta {}, epsilon {}..{}, {} iteration(s) per rollout batch)",
+            g.loss_type.name(),
+            g.beta,
+            g.epsilon,
+            g.epsilon_high,
+            specs.grpo.num_iterations,
+        ))
+    }
+
+    /// Completions, in whole groups of a prompt.
+    fn batch_words(&self, specs: &ObjectiveSpecs, rows: i64) -> String {
+        let g = specs.grpo.num_generations.max(1) as i64;
+        format!("{rows} completions ({} prompts × {g})", rows / g)
+    }
+
+    fn check_settings(&self, spec: &RunSpec) -> Result<()> {
+        check_settings(spec)
+    }
+
+    fn record_settings(&self, settings: &mut RunSettings, spec: &RunSpec) {
+        record_settings(settings, spec)
+    }
+
+    fn reference(&self, spec: &RunSpec, model: &Model) -> Result<Option<Adapter>> {
+        RolloutInputs::reference(spec, model)
+    }
+}
+
 /// Refuses GRPO settings that cannot go together.
-pub(crate) fn check_settings(spec: &crate::run::spec::RunSpec) -> Result<()> {
-    let g = &spec.grpo;
+fn check_settings(spec: &RunSpec) -> Result<()> {
+    let g = &spec.objectives.grpo;
     let refuse = |why: String| Err(EngineError::Grpo(why));
     if g.num_generations < 2 {
         return refuse(format!(
@@ -202,7 +318,7 @@ pub(crate) fn check_settings(spec: &crate::run::spec::RunSpec) -> Result<()> {
     if spec.eval.data.is_some() {
         return refuse("GRPO has no held-out loss; leave out --eval-data".into());
     }
-    if spec.preference.ref_adapter.is_some() && g.beta == 0.0 {
+    if spec.objectives.preference.ref_adapter.is_some() && g.beta == 0.0 {
         return refuse(
             "--ref-adapter is the KL penalty's reference, and --beta is 0 (no penalty); give --beta".into(),
         );
@@ -211,9 +327,9 @@ pub(crate) fn check_settings(spec: &crate::run::spec::RunSpec) -> Result<()> {
 }
 
 /// GRPO's settings, as a run records them with its identities.
-pub(crate) fn record_settings(s: &mut RunSettings, spec: &crate::run::spec::RunSpec) {
+fn record_settings(s: &mut RunSettings, spec: &RunSpec) {
     use crate::run::{absolute, written_list};
-    let g = &spec.grpo;
+    let g = &spec.objectives.grpo;
     s.set("beta", g.beta);
     s.set("num-generations", g.num_generations as u64);
     s.set("epsilon", g.epsilon);
@@ -246,7 +362,7 @@ pub(crate) fn record_settings(s: &mut RunSettings, spec: &crate::run::spec::RunS
     }
     s.set("reward-timeout", g.reward_timeout);
     s.set("log-completions", g.log_completions as u64);
-    if let Some(dir) = &spec.preference.ref_adapter {
+    if let Some(dir) = &spec.objectives.preference.ref_adapter {
         s.set("ref-adapter", absolute(dir));
     }
 }

@@ -482,7 +482,7 @@ impl RolloutInputs {
         model: &crate::inputs::model::Model,
         tokenizer: Option<&Tokenizer>,
     ) -> Result<RolloutInputs> {
-        let g = &spec.grpo;
+        let g = &spec.objectives.grpo;
         let path = g.rollouts.as_ref().or(spec.data.path.as_ref());
         let origin = match (&g.rollouts, path) {
             (Some(rollouts), _) => Inputs::Logged(read_rollouts(
@@ -546,7 +546,7 @@ impl RolloutInputs {
         spec: &crate::run::spec::RunSpec,
         model: &crate::inputs::model::Model,
     ) -> Result<Option<Adapter>> {
-        let beta = spec.grpo.beta;
+        let beta = spec.objectives.grpo.beta;
         if spec.step.lora.is_none() && beta != 0.0 {
             return Err(EngineError::Grpo(
                 "full finetuning with --beta would keep a second copy of the base as the reference; train LoRA, or leave out --beta".into(),
@@ -568,7 +568,7 @@ impl RolloutInputs {
         reference: Option<&Adapter>,
         cursor: u64,
     ) -> Result<Box<dyn BatchSource>> {
-        let g = &spec.grpo;
+        let g = &spec.objectives.grpo;
         let origin = match self.origin {
             Inputs::Logged(rows) => RolloutOrigin::Logged(rows),
             Inputs::Online(prompts, rewards) => RolloutOrigin::Online {

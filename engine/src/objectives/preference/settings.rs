@@ -3,53 +3,43 @@
 
 use serde_json::json;
 
-use crate::run::settings::{
-    of, path, put, shown_path, Setting, PRECOMPUTED, PREFERENCE_AND_GRPO, REFERENCED, SIMPO,
-};
-use crate::run::spec::Objective;
+use crate::run::settings::{of, path, put, shown_path, Setting};
 
 pub(crate) static SETTINGS: &[Setting] = &[
     of(
         "beta",
-        PREFERENCE_AND_GRPO,
-        |s| json!(s.preference.beta),
+        |s| json!(s.objectives.preference.beta),
         |s, v| {
-            // The objective's β: GRPO's or a preference method's.
-            match s.objective {
-                Objective::Grpo => s.grpo.beta = v.as_f64()?,
-                _ => s.preference.beta = v.as_f64()?,
-            }
-            Some(())
+            // One β, whichever objective reads it (GRPO's has its own
+            // default, 0).
+            let beta = v.as_f64()?;
+            s.objectives.grpo.beta = beta;
+            put(&mut s.objectives.preference.beta, beta)
         },
     ),
     of(
         "simpo-gamma",
-        SIMPO,
-        |s| json!(s.preference.simpo_gamma),
-        |s, v| put(&mut s.preference.simpo_gamma, v.as_f64()?),
+        |s| json!(s.objectives.preference.simpo_gamma),
+        |s, v| put(&mut s.objectives.preference.simpo_gamma, v.as_f64()?),
     ),
     of(
         "label-smoothing",
-        SIMPO,
-        |s| json!(s.preference.label_smoothing),
-        |s, v| put(&mut s.preference.label_smoothing, v.as_f64()?),
+        |s| json!(s.objectives.preference.label_smoothing),
+        |s, v| put(&mut s.objectives.preference.label_smoothing, v.as_f64()?),
     ),
     of(
         "cpo-alpha",
-        SIMPO,
-        |s| json!(s.preference.cpo_alpha),
-        |s, v| put(&mut s.preference.cpo_alpha, v.as_f64()?),
+        |s| json!(s.objectives.preference.cpo_alpha),
+        |s, v| put(&mut s.objectives.preference.cpo_alpha, v.as_f64()?),
     ),
     of(
         "ref-adapter",
-        REFERENCED,
-        |s| shown_path(&s.preference.ref_adapter),
-        |s, v| put(&mut s.preference.ref_adapter, path(v)?),
+        |s| shown_path(&s.objectives.preference.ref_adapter),
+        |s, v| put(&mut s.objectives.preference.ref_adapter, path(v)?),
     ),
     of(
         "precompute-ref",
-        PRECOMPUTED,
-        |s| json!(s.preference.precompute_ref),
-        |s, v| put(&mut s.preference.precompute_ref, v.as_bool()?),
+        |s| json!(s.objectives.preference.precompute_ref),
+        |s, v| put(&mut s.objectives.preference.precompute_ref, v.as_bool()?),
     ),
 ];

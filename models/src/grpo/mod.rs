@@ -6,6 +6,8 @@
 //! `loss_type`s. The metrics are those TRL logs from the loss, by its
 //! names.
 
+pub mod step;
+
 use hlo_ir::{DType, Tensor};
 
 use crate::loss::mean;

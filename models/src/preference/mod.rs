@@ -6,6 +6,8 @@
 //! DPO and IPO the reference's; the metrics are those TRL logs, by its
 //! names.
 
+pub mod step;
+
 use hlo_ir::Tensor;
 
 /// A method's loss, with its settings (TRL 1.16's names and defaults).

@@ -1,0 +1,205 @@
+//! The objectives' flag groups: each objective's own settings as
+//! `train` (and `eval`, `plan`, `bench` where they read them) takes
+//! them, and the engine's settings they make ([`ObjectiveSpecs`]). Adding
+//! an objective with settings of its own adds its group here, flattened
+//! into `TrainArgs`, and its line in `TrainArgs::objective_specs`.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use hlo_engine::grpo::{GrpoSpec, RewardSpec, RewardWeight, DEFAULT_REWARD_TIMEOUT};
+use hlo_engine::models::grpo::{GrpoLossType, ScaleRewards};
+use hlo_engine::models::preference::Reference;
+use hlo_engine::{Objective, PreferenceSpec};
+
+use crate::args::named;
+
+/// The reference `bench` and `plan` take for `objective`: computed before
+/// training with `--precompute-ref` (refused for an objective without a
+/// reference), else the base (a fresh adapter's).
+pub fn planned_reference(objective: Objective, precompute_ref: bool) -> Result<Reference> {
+    let reads = objective.reads("precompute-ref");
+    match (precompute_ref, reads) {
+        (true, false) => {
+            bail!("--precompute-ref: {objective} compares with no reference model; leave it out")
+        }
+        (true, true) => Ok(Reference::Precomputed),
+        (false, _) => Ok(Reference::Base),
+    }
+}
+
+/// The preference losses' settings, as `train` and `eval` take them.
+#[derive(Args, Clone, Debug)]
+pub struct PreferenceArgs {
+    /// The preference loss's β: DPO's and IPO's (the reference's weight),
+    /// SimPO's reward scale, ORPO's λ (default 0.1); GRPO's KL penalty
+    /// weight (default 0: no reference model).
+    #[arg(long, value_parser = crate::args::non_negative)]
+    pub beta: Option<f64>,
+
+    /// SimPO's target reward margin γ.
+    #[arg(long, default_value_t = 0.5, allow_negative_numbers = true)]
+    pub simpo_gamma: f64,
+
+    /// SimPO's label smoothing ε (TRL's label_smoothing): the loss mixes
+    /// in ε of the loss with chosen and rejected swapped.
+    #[arg(long, default_value_t = 0.0, value_parser = crate::args::label_smoothing)]
+    pub label_smoothing: f64,
+
+    /// SimPO's weight of the chosen completions' NLL (TRL's cpo_alpha;
+    /// 0: the paper's SimPO).
+    #[arg(long, default_value_t = 1.0, value_parser = crate::args::non_negative)]
+    pub cpo_alpha: f64,
+
+    /// DPO's and IPO's reference model: this PEFT adapter on the base (same
+    /// LoRA settings as the trained one). Default: the policy as training
+    /// starts (the base for a fresh adapter, a frozen copy of
+    /// --init-adapter).
+    #[arg(long, value_parser = crate::args::hub_adapter)]
+    pub ref_adapter: Option<PathBuf>,
+}
+
+impl PreferenceArgs {
+    /// The engine's settings (β 0.1 unless given; `precompute_ref` off).
+    pub fn spec(&self) -> PreferenceSpec {
+        PreferenceSpec {
+            beta: self.beta.unwrap_or(0.1),
+            simpo_gamma: self.simpo_gamma,
+            label_smoothing: self.label_smoothing,
+            cpo_alpha: self.cpo_alpha,
+            ref_adapter: self.ref_adapter.clone(),
+            ..Default::default()
+        }
+    }
+}
+
+/// GRPO's settings (TRL's `GRPOConfig` names), as `train` takes them.
+#[derive(Args, Clone, Debug)]
+pub struct GrpoArgs {
+    /// GRPO: completions per prompt, one group (TRL's num_generations).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..))]
+    pub num_generations: u32,
+
+    /// GRPO: the importance ratio is clipped to [1 − ε, 1 + ε_high].
+    #[arg(long, default_value_t = 0.2, value_parser = crate::args::non_negative)]
+    pub epsilon: f64,
+
+    /// GRPO: the upper clip ε_high (default: --epsilon; DAPO uses 0.28).
+    #[arg(long, value_parser = crate::args::non_negative)]
+    pub epsilon_high: Option<f64>,
+
+    /// GRPO: steps trained on each batch of rollouts (μ), against the
+    /// policy's log-probabilities from when they were made.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub num_iterations: u32,
+
+    /// GRPO: how rewards become advantages: less the group's mean, over
+    /// the group's standard deviation (group), the batch's (batch), or
+    /// not scaled (none).
+    #[arg(long, value_parser = named::<ScaleRewards>(), default_value = "group")]
+    pub scale_rewards: ScaleRewards,
+
+    /// GRPO: how the per-token losses are pooled, as TRL's loss_type.
+    #[arg(long, value_parser = named::<GrpoLossType>(), default_value = "dapo")]
+    pub loss_type: GrpoLossType,
+
+    /// GRPO: tokens a completion has at most.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_completion_length: u32,
+
+    /// GRPO: the sampling temperature (the loss divides the logits by it
+    /// too, as TRL does).
+    #[arg(long, default_value_t = 1.0, value_parser = crate::args::positive)]
+    pub temperature: f64,
+
+    /// GRPO: sample from the smallest set of tokens with this much
+    /// probability (1: all).
+    #[arg(long, default_value_t = 1.0, value_parser = crate::args::positive)]
+    pub top_p: f64,
+
+    /// GRPO: sample from the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: u32,
+
+    /// GRPO: a reward, NAME or NAME:WEIGHT, repeatable (summed with their
+    /// weights): accuracy (the completion's final answer, its last
+    /// \boxed{} or number or word, equals the row's --answer-column),
+    /// format (matches --format-regex), length (−tokens/max), command
+    /// (--reward-command's answer), http (--reward-url's).
+    #[arg(long)]
+    pub reward: Vec<RewardSpec>,
+
+    /// GRPO: train on logged rollouts, one JSON object a line
+    /// {"prompt_ids", "completion_ids", "reward"} (consecutive lines of a
+    /// prompt form its group), instead of generating.
+    #[arg(long, conflicts_with = "data")]
+    pub rollouts: Option<PathBuf>,
+
+    /// GRPO: the weights of the named rewards logged rollouts give as
+    /// {"rewards": {NAME: value, ...}}: NAME:WEIGHT for each, comma
+    /// separated (TRL's reward_weights; default: each 1). The advantage is
+    /// of their weighted sum.
+    #[arg(long, value_delimiter = ',')]
+    pub reward_weights: Vec<RewardWeight>,
+
+    /// GRPO: the prompts' column --reward accuracy compares with.
+    #[arg(long, default_value = "answer")]
+    pub answer_column: String,
+
+    /// GRPO: the regular expression --reward format looks for.
+    #[arg(long)]
+    pub format_regex: Option<String>,
+
+    /// GRPO: the command --reward command starts once (by `sh -c`); it
+    /// reads one JSON object per line (prompt, completion, their ids, the
+    /// prompt's row) and answers one number per line.
+    #[arg(long)]
+    pub reward_command: Option<String>,
+
+    /// GRPO: the endpoint --reward http posts each batch of completions
+    /// to, as a JSON array of objects (as --reward-command's lines); it
+    /// answers a JSON array of as many numbers.
+    #[arg(long)]
+    pub reward_url: Option<String>,
+
+    /// GRPO: the longest wait, in seconds, for one answer of
+    /// --reward-command (a line) or --reward-url (a response); past it the
+    /// run stops, naming the reward.
+    #[arg(long, default_value_t = DEFAULT_REWARD_TIMEOUT)]
+    pub reward_timeout: f64,
+
+    /// GRPO: show this many completions with their rewards every
+    /// --log-every steps (in the log and the metrics file).
+    #[arg(long, default_value_t = 0)]
+    pub log_completions: u32,
+}
+
+impl GrpoArgs {
+    /// The engine's settings, with the KL penalty's weight `beta` (the
+    /// shared `--beta`; 0 unless given).
+    pub fn spec(&self, beta: Option<f64>) -> GrpoSpec {
+        GrpoSpec {
+            num_generations: self.num_generations as usize,
+            beta: beta.unwrap_or(0.0),
+            epsilon: self.epsilon,
+            epsilon_high: self.epsilon_high,
+            num_iterations: self.num_iterations as usize,
+            scale_rewards: self.scale_rewards,
+            loss_type: self.loss_type,
+            max_completion_length: self.max_completion_length as usize,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            rewards: self.reward.clone(),
+            rollouts: self.rollouts.clone(),
+            reward_weights: self.reward_weights.clone(),
+            answer_column: self.answer_column.clone(),
+            format_regex: self.format_regex.clone(),
+            reward_command: self.reward_command.clone(),
+            reward_url: self.reward_url.clone(),
+            reward_timeout: self.reward_timeout,
+            log_completions: self.log_completions as usize,
+        }
+    }
+}
