@@ -138,3 +138,20 @@ def adapter_fixture(model, ids, prompt_len, max_new, lora, d):
     print(f"{os.path.basename(d)}: max |logit| {base.abs().max():.3f}, adapter changes logits by "
           f"{(adapted - base).abs().max():.3f}")
     return peft_model
+
+
+def tiny_llama(model_dir, dtype):
+    """A fixture Llama as the TRL fixture scripts load it: eager attention,
+    no name (so nothing is fetched by name)."""
+    from transformers import LlamaForCausalLM
+    m = LlamaForCausalLM.from_pretrained(model_dir, attn_implementation="eager", dtype=dtype)
+    m.name_or_path = None
+    return m
+
+
+def q_v_lora(targets):
+    """The TRL fixtures' LoRA: r 4, alpha 8 (scale 2) on `targets`, no
+    dropout, no bias."""
+    from peft import LoraConfig
+    return LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0, bias="none",
+                      task_type="CAUSAL_LM")

@@ -152,7 +152,7 @@ trl_environment()
 import torch
 from safetensors.torch import save_file
 
-from fixture_steps import contiguous, finish, step
+from fixture_steps import contiguous, finish, q_v_lora, step, tiny_llama
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_DIR = os.path.join(ROOT, "tests", "fixtures", "llama", "gqa_llama3")
@@ -517,16 +517,11 @@ def tokenizer():
 
 
 def base_model(dtype=torch.float32):
-    from transformers import LlamaForCausalLM
-    m = LlamaForCausalLM.from_pretrained(MODEL_DIR, attn_implementation="eager", dtype=dtype)
-    m.name_or_path = None
-    return m
+    return tiny_llama(MODEL_DIR, dtype)
 
 
 def lora_config():
-    from peft import LoraConfig
-    return LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0, bias="none",
-                      task_type="CAUSAL_LM")
+    return q_v_lora(TARGETS)
 
 
 def adapter_dir(name):

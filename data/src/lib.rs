@@ -29,6 +29,7 @@ pub mod pairs;
 pub mod prompts;
 pub mod reader;
 pub mod tokenizer;
+pub mod unpaired;
 
 pub use chat::{ChatTemplate, Message};
 pub use error::DataError;
@@ -42,3 +43,4 @@ pub use reader::{
     ChatData, DataStats, Example, Reader,
 };
 pub use tokenizer::Tokenizer;
+pub use unpaired::Unpaired;

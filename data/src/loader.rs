@@ -12,6 +12,7 @@ use hlo_ir::rng::Rng;
 
 use crate::pairs::PreferencePair;
 use crate::reader::Example;
+use crate::unpaired::Unpaired;
 
 /// A batch: `ids`, `loss_mask`, `positions` and `segment_ids`, each
 /// `[batch, seq]` row-major (segment 0 is padding; unpacked rows hold one
@@ -32,6 +33,9 @@ pub struct Batch {
     /// as `loss_mask` (empty unless the loss reads them).
     pub old_logps: Vec<f32>,
     pub ref_token_logps: Vec<f32>,
+    /// A KTO batch's label of each row, 1 desirable or 0 (empty
+    /// otherwise).
+    pub desirable: Vec<f32>,
     /// Tokens whose prediction counts.
     pub targets: usize,
 }
@@ -48,6 +52,7 @@ impl Batch {
             advantages: Vec::new(),
             old_logps: Vec::new(),
             ref_token_logps: Vec::new(),
+            desirable: Vec::new(),
             targets: 0,
         }
     }
@@ -139,6 +144,9 @@ pub struct Loader {
     seed: u64,
     /// Several samples per row (see [`Loader::packed`]).
     packing: bool,
+    /// Each example's label (KTO's unpaired examples, read in order;
+    /// empty otherwise): see [`Loader::unpaired`].
+    labels: Vec<bool>,
     /// Examples handed out so far (the resume cursor; with packing a batch
     /// takes as many as fit, so the cursor alone fixes what comes next).
     pub cursor: u64,
@@ -154,7 +162,38 @@ impl Loader {
             batch,
             seed,
             packing: false,
+            labels: Vec::new(),
             cursor: 0,
+        }
+    }
+
+    /// KTO's unpaired examples in file order (TRL's sequential sampling,
+    /// epoch after epoch), `per_batch` a batch: rows `0..per_batch` the
+    /// examples, and with `kl` the rows after them each prompt with the
+    /// completion of the example before it in its batch (the batch's
+    /// first with its last), TRL's KL rows. The examples past the last
+    /// whole batch are left out (TRL's last, shorter batch has no place in
+    /// a step of fixed shape). The cursor counts examples.
+    pub fn unpaired(rows: Vec<Unpaired>, seq: usize, per_batch: usize, kl: bool) -> Loader {
+        let whole = rows.len() - rows.len() % per_batch.max(1);
+        let (examples, labels): (Vec<Example>, Vec<bool>) = rows
+            .into_iter()
+            .take(whole)
+            .map(|u| (u.example, u.desirable))
+            .unzip();
+        let mismatched = match kl {
+            true => examples
+                .chunks(per_batch.max(1))
+                .flat_map(|c| {
+                    (0..c.len()).map(move |k| kl_example(&c[k], &c[(k + c.len() - 1) % c.len()]))
+                })
+                .collect(),
+            false => Vec::new(),
+        };
+        Loader {
+            rejected: mismatched,
+            labels,
+            ..Loader::new(examples, seq, per_batch, 0)
         }
     }
 
@@ -249,9 +288,33 @@ impl Loader {
         out
     }
 
+    /// The next batch of unpaired examples (see [`Loader::unpaired`]).
+    fn next_unpaired(&mut self) -> Batch {
+        let (seq, n) = (self.seq, self.batch);
+        let kl = !self.rejected.is_empty();
+        let rows = if kl { 2 * n } else { n };
+        let mut out = Batch::empty(rows, seq);
+        out.desirable = vec![0.0; rows];
+        for row in 0..n {
+            let i = (self.cursor % self.examples.len().max(1) as u64) as usize;
+            out.put(&self.examples[i], row, 0, seq, 1);
+            let label = if self.labels[i] { 1.0 } else { 0.0 };
+            out.desirable[row] = label;
+            if kl {
+                out.put(&self.rejected[i], n + row, 0, seq, 1);
+                out.desirable[n + row] = label;
+            }
+            self.cursor += 1;
+        }
+        out
+    }
+
     /// The next batch; the cursor advances by the examples it holds
     /// (`batch` of them, unpacked; `batch` pairs of them).
     pub fn next_batch(&mut self) -> Batch {
+        if !self.labels.is_empty() {
+            return self.next_unpaired();
+        }
         if !self.rejected.is_empty() {
             return self.next_pairs();
         }
@@ -278,6 +341,23 @@ impl Loader {
         }
         self.cursor = k;
         out
+    }
+}
+
+/// `prompt`'s prompt followed by `other`'s completion (a KL row).
+fn kl_example(prompt: &Example, other: &Example) -> Example {
+    let cut = |e: &Example| e.target.iter().position(|&t| t).unwrap_or(e.ids.len());
+    let (p, o) = (cut(prompt), cut(other));
+    Example {
+        ids: prompt.ids[..p]
+            .iter()
+            .chain(&other.ids[o..])
+            .copied()
+            .collect(),
+        target: (0..p)
+            .map(|_| false)
+            .chain(other.target[o..].iter().copied())
+            .collect(),
     }
 }
 

@@ -148,13 +148,13 @@ pub fn eos_token_text(dir: &Path) -> Result<Option<String>, DataError> {
 }
 
 /// A field of a text row: a string or a message list.
-enum Part {
+pub(crate) enum Part {
     Text(String),
     Messages(Vec<Message>),
 }
 
 impl Part {
-    fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Part::Text(_) => "a string",
             Part::Messages(_) => "a message list",
@@ -163,7 +163,7 @@ impl Part {
 }
 
 /// `obj[key]` as a string or a non-empty message list.
-fn part(obj: &Map<String, Value>, key: &str) -> Result<Part, String> {
+pub(crate) fn part(obj: &Map<String, Value>, key: &str) -> Result<Part, String> {
     match obj.get(key).unwrap_or(&Value::Null) {
         Value::String(s) => Ok(Part::Text(s.clone())),
         Value::Array(list) if list.is_empty() => Err(format!("`{key}` is an empty list")),
@@ -201,7 +201,7 @@ fn json_kind(v: &Value) -> &'static str {
 /// How string completions end: the tokenizer's EOS text (TRL's way), or
 /// where the tokenizer has no text for it, its id after tokenizing.
 #[derive(Clone, Copy)]
-enum Eos<'a> {
+pub(crate) enum Eos<'a> {
     Text(&'a str),
     Id(u32),
     None,
@@ -349,9 +349,7 @@ impl Reader<'_> {
         }
     }
 
-    /// A string pair as TRL tokenizes it: EOS appended to each completion
-    /// unless it ends with it, then the prompt, prompt + chosen and prompt
-    /// + rejected each tokenized with special tokens.
+    /// A string pair as TRL tokenizes it (see [`Reader::string_sequences`]).
     fn string_pair(
         &self,
         prompt: &str,
@@ -359,11 +357,27 @@ impl Reader<'_> {
         rejected: &str,
         eos: Eos,
     ) -> Result<PreferencePair, String> {
+        let (p, mut seqs) = self.string_sequences(prompt, &[chosen, rejected], eos)?;
+        let rejected = seqs.pop().unwrap_or_default();
+        let chosen = seqs.pop().unwrap_or_default();
+        split_at_prompt(&p, chosen, rejected)
+    }
+
+    /// The tokenized prompt and each prompt + completion as TRL tokenizes
+    /// string rows: EOS appended to each completion unless it ends with
+    /// it, then the prompt and each prompt + completion tokenized with
+    /// special tokens.
+    pub(crate) fn string_sequences(
+        &self,
+        prompt: &str,
+        completions: &[&str],
+        eos: Eos,
+    ) -> Result<(Vec<u32>, Vec<Vec<u32>>), String> {
         let t = self.tokenizer()?;
         let limit = self.char_limit();
         let prompt = cut_text(prompt, limit);
         let encode = |text: &str| t.encode(text, true).map_err(|e| e.to_string());
-        let sequence = |completion: &str| -> Result<Vec<u32>, String> {
+        let sequence = |completion: &&str| -> Result<Vec<u32>, String> {
             let completion = cut_text(completion, limit);
             Ok(match eos {
                 Eos::Text(e) if !completion.ends_with(e) => {
@@ -379,26 +393,41 @@ impl Reader<'_> {
                 _ => encode(&format!("{prompt}{completion}"))?,
             })
         };
-        split_at_prompt(&encode(prompt)?, sequence(chosen)?, sequence(rejected)?)
+        let seqs = completions.iter().map(sequence).collect::<Result<_, _>>()?;
+        Ok((encode(prompt)?, seqs))
     }
 
-    /// A conversation pair as TRL tokenizes it: the prompt rendered with
-    /// the generation prompt, prompt + chosen and prompt + rejected
-    /// without, each tokenized without special tokens. Only the chat
-    /// data's template is used: everything after the prompt is learned,
-    /// as TRL learns it (its `stop` and `train_on_inputs` are SFT's).
+    /// A conversation pair as TRL tokenizes it (see
+    /// [`Reader::conversation_sequences`]).
     fn conversation_pair(
         &self,
-        mut prompt: Vec<Message>,
-        mut chosen: Vec<Message>,
-        mut rejected: Vec<Message>,
+        prompt: Vec<Message>,
+        chosen: Vec<Message>,
+        rejected: Vec<Message>,
     ) -> Result<PreferencePair, String> {
+        let (p, mut seqs) = self.conversation_sequences(prompt, vec![chosen, rejected])?;
+        let rejected = seqs.pop().unwrap_or_default();
+        let chosen = seqs.pop().unwrap_or_default();
+        split_at_prompt(&p, chosen, rejected)
+    }
+
+    /// The tokenized prompt and each prompt + completion as TRL tokenizes
+    /// conversations: the prompt rendered with the generation prompt,
+    /// each prompt + completion without, each tokenized without special
+    /// tokens. Only the chat data's template is used: everything after
+    /// the prompt is learned, as TRL learns it (its `stop` and
+    /// `train_on_inputs` are SFT's).
+    pub(crate) fn conversation_sequences(
+        &self,
+        mut prompt: Vec<Message>,
+        mut completions: Vec<Vec<Message>>,
+    ) -> Result<(Vec<u32>, Vec<Vec<u32>>), String> {
         let chat = self.chat.ok_or(
             "message lists need the model's chat template: a checkpoint whose tokenizer_config.json has one, or --chat-template DIR",
         )?;
         let t = self.tokenizer()?;
         let limit = self.char_limit();
-        for m in prompt.iter_mut().chain(&mut chosen).chain(&mut rejected) {
+        for m in prompt.iter_mut().chain(completions.iter_mut().flatten()) {
             m.content = cut_text(&m.content, limit).to_string();
         }
         let tokens = |messages: &[Message], generation: bool| -> Result<Vec<u32>, String> {
@@ -413,7 +442,11 @@ impl Reader<'_> {
             all.extend(completion);
             tokens(&all, false)
         };
-        split_at_prompt(&tokens(&prompt, true)?, whole(chosen)?, whole(rejected)?)
+        let seqs = completions
+            .into_iter()
+            .map(whole)
+            .collect::<Result<_, _>>()?;
+        Ok((tokens(&prompt, true)?, seqs))
     }
 
     /// Refuses a pair a step cannot use: a side of fewer than two tokens
@@ -440,7 +473,7 @@ impl Reader<'_> {
 }
 
 /// `prompt` then `completion`, the completion learned.
-fn join(prompt: &[u32], completion: &[u32]) -> Example {
+pub(crate) fn join(prompt: &[u32], completion: &[u32]) -> Example {
     Example {
         ids: prompt.iter().chain(completion).copied().collect(),
         target: prompt
@@ -485,7 +518,7 @@ fn split_index<T: PartialEq>(chosen: &[T], rejected: &[T]) -> Option<usize> {
 
 /// A string pair without `prompt` split as TRL's `extract_prompt` splits
 /// it (by characters; a space before the split goes to the completions).
-fn split_text(chosen: &str, rejected: &str) -> Result<(String, String, String), String> {
+pub(crate) fn split_text(chosen: &str, rejected: &str) -> Result<(String, String, String), String> {
     let c: Vec<char> = chosen.chars().collect();
     let r: Vec<char> = rejected.chars().collect();
     for (key, s) in [("chosen", &c), ("rejected", &r)] {
@@ -511,11 +544,14 @@ fn split_text(chosen: &str, rejected: &str) -> Result<(String, String, String), 
 }
 
 /// A conversation's prompt, chosen and rejected messages.
-type Split = (Vec<Message>, Vec<Message>, Vec<Message>);
+pub(crate) type Split = (Vec<Message>, Vec<Message>, Vec<Message>);
 
 /// A conversation pair without `prompt` split as TRL's `extract_prompt`
 /// splits it: the shared leading messages are the prompt.
-fn split_messages(mut chosen: Vec<Message>, mut rejected: Vec<Message>) -> Result<Split, String> {
+pub(crate) fn split_messages(
+    mut chosen: Vec<Message>,
+    mut rejected: Vec<Message>,
+) -> Result<Split, String> {
     let at = split_index(&chosen, &rejected).unwrap_or(0);
     if at == 0 {
         return Err(

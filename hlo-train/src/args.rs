@@ -253,6 +253,7 @@ impl ChatArgs {
             train_on_inputs: self.train_on_inputs,
             seq: seq as usize,
             pairs: false,
+            unpaired: false,
         }
     }
 }

@@ -30,7 +30,8 @@ pub struct BenchArgs {
 
     /// The step's loss: sft, or a preference objective (dpo, ipo, simpo,
     /// orpo; --batch then counts pairs, and DPO's and IPO's reference is
-    /// the base with the adapter off).
+    /// the base with the adapter off), or kto (--batch counts examples,
+    /// each with its KL row; the reference the base).
     #[arg(long, value_parser = crate::args::named::<Objective>(), default_value = "sft")]
     pub objective: Objective,
 
@@ -78,7 +79,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     // A preference objective's step: `--batch` pairs, the reference the
     // base with the adapter off (a fresh adapter's).
     let objective = args.objective;
-    let step = objective.step_spec(&args.step.spec())?;
+    let step = objective.step_spec(&args.step.spec(), &ObjectiveSpecs::default())?;
     let target = Target::of_backend(&backend)?;
     let choices = step.policy(&model.config, dtype, backend.mesh(), &target)?;
     let mut tc = step.train_config(

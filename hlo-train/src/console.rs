@@ -249,7 +249,7 @@ pub fn print_header(run: &Run) -> Result<()> {
     };
     match run.spec().objective.data() {
         Data::Rollouts => print_rollouts_header(run, &on, &compiled),
-        Data::Samples | Data::Pairs => print_rows_header(run, &on, &compiled),
+        Data::Samples | Data::Pairs | Data::Unpaired => print_rows_header(run, &on, &compiled),
     }
     Ok(())
 }
@@ -294,6 +294,7 @@ fn print_rows_header(run: &Run, on: &str, compiled: &str) {
     // pairs.
     let (rows, samples) = match run.spec().objective.data() {
         Data::Pairs => (c.batch / 2, "pair sides"),
+        Data::Unpaired => (c.batch / c.loss.kind().rows_per_example(), "examples"),
         Data::Samples | Data::Rollouts => (c.rows(), "samples"),
     };
     let batch = objective_words(run);

@@ -78,6 +78,12 @@ pub fn run(args: &DataArgs) -> Result<()> {
             "--objective {o}: its data is prompts (or --rollouts), which `train --objective {o}` reads; `data` shows SFT rows and preference pairs"
         );
     }
+    if args.objective.data() == Data::Unpaired {
+        anyhow::bail!(
+            "--objective {}: `data` shows SFT rows and preference pairs, not unpaired examples yet; `train` reads and counts them in its header",
+            args.objective
+        );
+    }
     spec.pairs = args.objective.is_preference();
     let data = Dataset::read(&model, &spec, args.seed)?;
     if spec.pairs {

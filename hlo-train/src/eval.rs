@@ -172,6 +172,9 @@ pub fn run(args: &EvalArgs) -> Result<()> {
 /// The preference loss `--objective` names (None for sft), its settings
 /// checked as `train` checks them; GRPO has no held-out loss.
 fn preference_of(args: &EvalArgs, objective: Objective) -> Result<Option<Preference>> {
+    if objective.data() == Data::Unpaired {
+        bail!("--objective {objective}: held-out scoring of unpaired examples is not built yet");
+    }
     if objective.data() == Data::Rollouts {
         bail!("--objective {objective} has no held-out loss to score (its reward is measured while training)");
     }

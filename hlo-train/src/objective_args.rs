@@ -10,7 +10,9 @@ use anyhow::{bail, Result};
 use clap::Args;
 use hlo_engine::grpo::{GrpoSpec, RewardSpec, RewardWeight, DEFAULT_REWARD_TIMEOUT};
 use hlo_engine::models::grpo::{GrpoLossType, ScaleRewards};
+use hlo_engine::models::kto::KtoLossType;
 use hlo_engine::models::preference::Reference;
+use hlo_engine::objectives::KtoSpec;
 use hlo_engine::{Objective, PreferenceSpec};
 
 use crate::args::named;
@@ -200,6 +202,35 @@ impl GrpoArgs {
             reward_url: self.reward_url.clone(),
             reward_timeout: self.reward_timeout,
             log_completions: self.log_completions as usize,
+        }
+    }
+}
+
+/// KTO's settings (TRL's `KTOConfig` names), as `train` takes them (β
+/// and the reference adapter are the preference objectives' flags).
+#[derive(Args, Clone, Debug)]
+pub struct KtoArgs {
+    /// KTO: its loss, as TRL's loss_type: kto (with the KL estimate from
+    /// mismatched prompt/completion pairs) or apo_zero_unpaired.
+    #[arg(long, value_parser = named::<KtoLossType>(), default_value = "kto")]
+    pub kto_loss_type: KtoLossType,
+
+    /// KTO: the weight of a desirable example's loss.
+    #[arg(long, default_value_t = 1.0, value_parser = crate::args::non_negative)]
+    pub desirable_weight: f64,
+
+    /// KTO: the weight of an undesirable example's loss.
+    #[arg(long, default_value_t = 1.0, value_parser = crate::args::non_negative)]
+    pub undesirable_weight: f64,
+}
+
+impl KtoArgs {
+    /// The engine's settings.
+    pub fn spec(&self) -> KtoSpec {
+        KtoSpec {
+            loss_type: self.kto_loss_type,
+            desirable_weight: self.desirable_weight,
+            undesirable_weight: self.undesirable_weight,
         }
     }
 }

@@ -74,7 +74,8 @@ pub struct PlanArgs {
     /// orpo; --batch then counts pairs, whose two sides a step holds, and
     /// DPO and IPO add the reference's forward: the base with the adapter
     /// off), or grpo (--batch counts completions; the rollouts that
-    /// generate them are planned too).
+    /// generate them are planned too), or kto (--batch counts examples,
+    /// each with its KL row, and the reference's forward).
     #[arg(long, value_parser = crate::args::named::<Objective>(), default_value = "sft")]
     pub objective: Objective,
 

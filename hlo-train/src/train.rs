@@ -53,6 +53,8 @@ pub struct TrainArgs {
     /// (ORPOTrainer's). With pairs, --batch counts pairs. Or grpo
     /// (GRPOTrainer's): online RL over prompts, the policy generating its
     /// own completions, scored by --reward; --batch counts completions.
+    /// Or kto (KTOTrainer's): unpaired completions labelled desirable or
+    /// not (or pairs, unpaired), in file order; --batch counts examples.
     #[arg(long, value_parser = named::<Objective>(), default_value = "sft")]
     pub objective: Objective,
 
@@ -68,6 +70,9 @@ pub struct TrainArgs {
 
     #[command(flatten)]
     pub grpo: crate::objective_args::GrpoArgs,
+
+    #[command(flatten)]
+    pub kto: crate::objective_args::KtoArgs,
 
     #[command(flatten)]
     pub step: StepArgs,
@@ -177,6 +182,7 @@ impl TrainArgs {
                 ..self.preference.spec()
             },
             grpo: self.grpo.spec(self.preference.beta),
+            kto: self.kto.spec(),
         }
     }
 }

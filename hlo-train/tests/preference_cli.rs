@@ -136,14 +136,6 @@ impl Case {
     }
 }
 
-/// `got` within `tol` (relative above 1) of TRL's `want`.
-fn close(what: &str, got: f64, want: f64, tol: f64) {
-    assert!(
-        (got - want).abs() <= tol * want.abs().max(1.0),
-        "{what}: {got} against TRL's {want}"
-    );
-}
-
 /// The metrics TRL logs that a run writes too. `logits/*` of SimPO and
 /// ORPO average padding positions, which depend on the row length: not
 /// compared there.
@@ -231,21 +223,13 @@ fn check(case: &Case, data: &Path, extra: &[&str]) {
         recipe.contains("\nbeta: ") && !recipe.contains("num_generations"),
         "{recipe}"
     );
-    let ours = read_safetensors(&out.join("adapter_model.safetensors")).unwrap();
-    let mut theirs = read_safetensors(&preference("expected.safetensors")).unwrap();
-    for more in ["expected_more.safetensors", "expected_two.safetensors"] {
-        theirs.extend(read_safetensors(&preference(more)).unwrap());
-    }
-    assert!(!ours.is_empty());
-    for (key, t) in &ours {
-        let trl = &theirs
-            .iter()
-            .find(|(k, _)| *k == format!("{name}.{key}"))
-            .unwrap_or_else(|| panic!("{name}: {key} in the fixture"))
-            .1;
-        let d = max_diff(&t.to_f64s(), &trl.to_f64s());
-        assert!(d < 1e-6, "{}: differs by {d:e}", what(key));
-    }
+    let theirs = [
+        "expected.safetensors",
+        "expected_more.safetensors",
+        "expected_two.safetensors",
+    ]
+    .map(preference);
+    assert_adapter_as_fixture(&out, &theirs, &name, 1e-6);
     std::fs::remove_dir_all(tmp).unwrap();
 }
 

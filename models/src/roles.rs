@@ -28,6 +28,9 @@ pub enum BatchField {
     /// A GRPO batch's per-token log-probabilities of the reference model
     /// (`[rows, seq]` f32, aligned as the loss mask).
     RefTokenLogps,
+    /// A KTO batch's label of each row: 1 desirable, 0 undesirable
+    /// (`[rows]`, f32).
+    Desirable,
 }
 
 impl BatchField {
@@ -42,6 +45,7 @@ impl BatchField {
             BatchField::Advantages => "advantages",
             BatchField::OldLogps => "old_logps",
             BatchField::RefTokenLogps => "ref_token_logps",
+            BatchField::Desirable => "desirable",
         }
     }
 }

@@ -11,6 +11,7 @@ use crate::decoder::{
 };
 pub use crate::grpo::step::{grpo_loss, grpo_train_step, token_logps_step};
 use crate::grpo::GrpoLoss;
+use crate::kto::step::Kto;
 use crate::loss::{
     chunked_cross_entropy_sum, chunked_token_stats, default_loss_chunk, masked_cross_entropy_sum,
     mean, token_stats, TokenStats,
@@ -121,6 +122,9 @@ pub enum Loss {
     /// each completion's advantage, and the old and reference
     /// log-probabilities where the loss reads them.
     Grpo(GrpoLoss),
+    /// KTO's loss over unpaired examples (see
+    /// [`crate::kto::step::kto_loss`]).
+    Kto(Kto),
 }
 
 impl Loss {
@@ -130,6 +134,7 @@ impl Loss {
             Loss::CausalLm => &CausalLm,
             Loss::Preference(p) => p,
             Loss::Grpo(g) => g,
+            Loss::Kto(k) => k,
         }
     }
 
@@ -168,6 +173,12 @@ pub trait StepLoss {
 
     /// The eval step under `tc` (see [`eval_step`]).
     fn eval_step(&self, config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelError>;
+
+    /// The rows of the step each of its examples takes: 1, or 2 for a
+    /// pair's two sides or an example with its KL row.
+    fn rows_per_example(&self) -> i64 {
+        1
+    }
 
     /// How the step has its reference model's log-probabilities, where
     /// it compares with one in the step (None: no reference, or one
@@ -369,7 +380,7 @@ pub(crate) fn loss_inputs(
     for field in batch_fields(tc) {
         let ty = match field {
             BatchField::LossMask => TensorType::new(DType::F32, [tc.batch, tc.seq]),
-            BatchField::RefLogps | BatchField::Advantages => {
+            BatchField::RefLogps | BatchField::Advantages | BatchField::Desirable => {
                 TensorType::new(DType::F32, [tc.batch])
             }
             BatchField::OldLogps | BatchField::RefTokenLogps => {
@@ -438,6 +449,7 @@ pub(crate) fn role_of(tc: &TrainConfig) -> impl Fn(&str) -> StepInput + '_ {
             BatchField::Advantages,
             BatchField::OldLogps,
             BatchField::RefTokenLogps,
+            BatchField::Desirable,
         ]
         .into_iter()
         .find(|f| f.name() == name);

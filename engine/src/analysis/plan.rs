@@ -25,7 +25,7 @@ use crate::device::pipeline::ShardedStep;
 use crate::error::Result;
 use crate::infer::generator::{cache_bucket, cache_spec, prompt_bucket};
 use crate::inputs::model::quantized_config;
-use crate::objectives::Data;
+use crate::objectives::{Data, ObjectiveSpecs};
 use crate::run::policy::Target;
 use crate::run::spec::Objective;
 use crate::run::step::{OptimSpec, RematChoice, StepSpec};
@@ -255,14 +255,17 @@ impl StepToPlan {
     /// The traced step's configuration ([`StepSpec::train_config`], as
     /// the objective takes it: [`Objective::step_spec`]).
     pub fn train_config(&self) -> Result<TrainConfig> {
-        let mut tc = self.objective.step_spec(&self.spec)?.train_config(
-            &self.optim,
-            &self.config,
-            self.dtype,
-            &self.mesh,
-            self.steps,
-            &self.policy()?,
-        )?;
+        let mut tc = self
+            .objective
+            .step_spec(&self.spec, &ObjectiveSpecs::default())?
+            .train_config(
+                &self.optim,
+                &self.config,
+                self.dtype,
+                &self.mesh,
+                self.steps,
+                &self.policy()?,
+            )?;
         let mut specs = crate::objectives::ObjectiveSpecs::default();
         if let Some(r) = self.rollout {
             specs.grpo.num_generations = r.num_generations.max(1) as usize;
@@ -274,12 +277,9 @@ impl StepToPlan {
 
     /// The step's `auto` choices on the target ([`StepSpec::policy`]).
     pub fn policy(&self) -> Result<crate::run::policy::StepPolicy> {
-        self.objective.step_spec(&self.spec)?.policy(
-            &self.config,
-            self.dtype,
-            &self.mesh,
-            &self.target,
-        )
+        self.objective
+            .step_spec(&self.spec, &ObjectiveSpecs::default())?
+            .policy(&self.config, self.dtype, &self.mesh, &self.target)
     }
 
     /// Plans the step ([`plan`]), and GRPO's rollouts beside it

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use hlo_data::{
     data_files, demo_examples, demo_pairs, is_preference_data, stats, ChatData, DataStats, Example,
-    PreferencePair, Reader,
+    PreferencePair, Reader, Unpaired,
 };
 
 use crate::error::{EngineError, Result};
@@ -28,6 +28,9 @@ pub struct DataSpec {
     pub seq: usize,
     /// Read preference pairs (for a preference objective), not SFT rows.
     pub pairs: bool,
+    /// Read unpaired labelled completions (KTO's; preference pairs are
+    /// unpaired as TRL unpairs them).
+    pub unpaired: bool,
 }
 
 /// The identity of a data file, or of a folder's data files (their
@@ -63,6 +66,21 @@ fn check_shape(path: &Path, pairs: bool) -> Result<()> {
     })
 }
 
+/// The items that `learns` keeps (TRL's filter of a prompt that fills the
+/// row); an error when none is kept.
+fn kept_within<T>(items: Vec<T>, seq: usize, learns: impl Fn(&T) -> bool) -> Result<Vec<T>> {
+    let total = items.len();
+    let kept: Vec<T> = items.into_iter().filter(|i| learns(i)).collect();
+    if kept.is_empty() {
+        return Err(EngineError::NothingToLearn {
+            samples: total,
+            seq,
+            earliest: None,
+        });
+    }
+    Ok(kept)
+}
+
 /// Examples the demo task draws for training, and for holding out.
 const DEMO_SAMPLES: usize = 2000;
 const DEMO_HELD_OUT: usize = 256;
@@ -74,6 +92,8 @@ pub struct Dataset {
     pub examples: Vec<Example>,
     /// Preference pairs (empty unless read as pairs).
     pub pairs: Vec<PreferencePair>,
+    /// Unpaired labelled examples (empty unless read so).
+    pub unpaired: Vec<Unpaired>,
     pub stats: DataStats,
     /// The file's FNV-1a fingerprint (`demo` for the demo task).
     pub fingerprint: String,
@@ -131,13 +151,22 @@ impl Dataset {
                     chat: chat.as_ref(),
                     max_tokens: Some(spec.seq),
                 };
-                check_shape(path, spec.pairs)?;
                 let fingerprint = data_fingerprint(path)?;
+                if spec.unpaired {
+                    let rows = reader.read_unpaired(path, model.eos_token_text()?.as_deref())?;
+                    return Ok(Self::of_unpaired(rows, spec.seq, fingerprint));
+                }
+                check_shape(path, spec.pairs)?;
                 if spec.pairs {
                     let pairs = reader.read_pairs(path, model.eos_token_text()?.as_deref())?;
                     return Ok(Self::of_pairs(pairs, spec.seq, fingerprint));
                 }
                 (reader.read_path(path)?, fingerprint)
+            }
+            None if spec.unpaired => {
+                let t = tokenizer.as_ref().ok_or(EngineError::DemoNeedsTokenizer)?;
+                let rows = hlo_data::unpaired::interleaved(demo_pairs(t, eos, demo, seed));
+                return Ok(Self::of_unpaired(rows, spec.seq, "demo".into()));
             }
             None if spec.pairs => {
                 let t = tokenizer.as_ref().ok_or(EngineError::DemoNeedsTokenizer)?;
@@ -153,8 +182,30 @@ impl Dataset {
         Ok(Dataset {
             examples,
             pairs: Vec::new(),
+            unpaired: Vec::new(),
             stats,
             fingerprint,
+        })
+    }
+
+    /// Unpaired examples, with their statistics.
+    fn of_unpaired(unpaired: Vec<Unpaired>, seq: usize, fingerprint: String) -> Dataset {
+        let examples: Vec<Example> = unpaired.iter().map(|u| u.example.clone()).collect();
+        Dataset {
+            stats: stats(&examples, seq),
+            examples,
+            pairs: Vec::new(),
+            unpaired,
+            fingerprint,
+        }
+    }
+
+    /// The unpaired examples that keep a completion token within a row
+    /// (TRL's filter, as for pairs); an error when none does.
+    pub fn learning_unpaired(self, seq: usize) -> Result<Vec<Unpaired>> {
+        kept_within(self.unpaired, seq, |u| {
+            let prompt = u.example.target.iter().position(|&t| t);
+            prompt.is_some_and(|p| p < seq)
         })
     }
 
@@ -168,6 +219,7 @@ impl Dataset {
             stats: stats(&examples, seq),
             examples,
             pairs,
+            unpaired: Vec::new(),
             fingerprint,
         }
     }
@@ -176,20 +228,7 @@ impl Dataset {
     /// filter: a pair whose prompt alone fills the row is dropped); an
     /// error when none does.
     pub fn learning_pairs(self, seq: usize) -> Result<Vec<PreferencePair>> {
-        let total = self.pairs.len();
-        let kept: Vec<PreferencePair> = self
-            .pairs
-            .into_iter()
-            .filter(|p| p.learns_within(seq))
-            .collect();
-        if kept.is_empty() {
-            return Err(EngineError::NothingToLearn {
-                samples: total,
-                seq,
-                earliest: None,
-            });
-        }
-        Ok(kept)
+        kept_within(self.pairs, seq, |p| p.learns_within(seq))
     }
 
     /// The examples that teach something within a row (at least one

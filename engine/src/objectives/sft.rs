@@ -83,6 +83,7 @@ impl RowInputs {
             train_on_inputs: spec.data.train_on_inputs,
             seq: spec.step.seq as usize,
             pairs: spec.objective.is_preference(),
+            unpaired: spec.objective.data() == Data::Unpaired,
         };
         let data = Dataset::read(model, &data_spec, spec.seed)?;
         let held_out = Dataset::held_out(model, &data_spec, spec.eval.data.as_deref(), spec.seed)?;
@@ -112,6 +113,9 @@ impl RowInputs {
         let score = |pairs: &[PreferencePair]| {
             super::preference::reference_scores(backend, model, tc, reference, pairs, spec.seed)
         };
+        if spec.objective.data() == Data::Unpaired {
+            return self.unpaired_feed(spec, tc);
+        }
         let preference = spec.objective.is_preference();
         let (loader, learning) = if preference {
             // Pairs whose prompt fills the row are left out (TRL's filter).
@@ -148,6 +152,34 @@ impl RowInputs {
             loader: loader.packed(tc.packing),
             eval,
             has_eval,
+            learning,
+            unpacked_fill,
+        })
+    }
+
+    /// The loader of unpaired examples, in file order (see
+    /// `Loader::unpaired`), the step's rows telling whether each example
+    /// brings a KL row; no held-out set.
+    fn unpaired_feed(self, spec: &RunSpec, tc: &TrainConfig) -> Result<RowFeed> {
+        let (seq, per_batch) = (spec.step.seq as usize, spec.step.batch as usize);
+        let rows = self.data.learning_unpaired(seq)?;
+        if rows.len() < per_batch {
+            return Err(crate::error::EngineError::Objective {
+                objective: spec.objective.name(),
+                why: format!(
+                    "the data holds {} examples with something to learn within --seq {seq}, fewer than a batch of {per_batch}",
+                    rows.len()
+                ),
+            });
+        }
+        let kl = tc.loss.kind().rows_per_example() == 2;
+        let learning = rows.len() - rows.len() % per_batch;
+        let loader = Loader::unpaired(rows, seq, per_batch, kl);
+        let unpacked_fill = loader.mean_len().min(seq as f64) / seq as f64;
+        Ok(RowFeed {
+            loader,
+            eval: Vec::new(),
+            has_eval: false,
             learning,
             unpacked_fill,
         })

@@ -243,7 +243,7 @@ impl RunSpec {
         target: &Target,
     ) -> Result<crate::run::policy::StepPolicy> {
         self.objective
-            .step_spec(&self.step)?
+            .step_spec(&self.step, &self.objectives)?
             .policy(config, dtype, mesh, target)
     }
 
@@ -258,7 +258,7 @@ impl RunSpec {
         reference: Reference,
         policy: &crate::run::policy::StepPolicy,
     ) -> Result<TrainConfig> {
-        let step = self.objective.step_spec(&self.step)?;
+        let step = self.objective.step_spec(&self.step, &self.objectives)?;
         let mut tc = step.train_config(&self.optim, config, dtype, mesh, self.steps, policy)?;
         tc.loss = self.objective.loss(&self.objectives, reference);
         Ok(tc)
@@ -293,8 +293,12 @@ impl RunSpec {
             .filter(|(_, owners)| owners.len() > 1)
             .flat_map(|(table, _)| table.iter());
         if let Some(s) = shared.into_iter().find(|s| unread(&[], s)) {
+            let referenced = self.objective.reads("ref-adapter");
             let why = match s.name {
-                "ref-adapter" | "precompute-ref" => "compares with no reference model",
+                "ref-adapter" | "precompute-ref" if !referenced => {
+                    "compares with no reference model"
+                }
+                "precompute-ref" => "computes its reference in the step",
                 _ => "has no such setting",
             };
             return Err(EngineError::Objective {
@@ -514,8 +518,10 @@ mod tests {
                     .take_while(|n| !n.contains("lora") && !n.starts_with("opt.") && *n != "step")
                     .collect();
                 assert_eq!(names, &objective.metrics()[1..], "{objective}");
-                // Pairs: twice the rows.
-                let rows = if objective.is_preference() { 4 } else { 2 };
+                // Pairs, and KTO's examples with their KL rows: twice
+                // the rows.
+                let doubled = objective.is_preference() || objective == Objective::Kto;
+                let rows = if doubled { 4 } else { 2 };
                 assert_eq!(tc.batch, rows);
             }
         }

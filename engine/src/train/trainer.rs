@@ -259,6 +259,9 @@ impl<'a> Trainer<'a> {
             .iter()
             .map(|(name, a)| Ok((name.clone(), scalar(a)?)))
             .collect::<Result<Vec<_>>>()?;
+        // NaN: a figure this batch cannot give (KTO's mean over a label
+        // the batch lacks), left out as TRL leaves it out.
+        metrics.retain(|(_, v)| !v.is_nan());
         // What making the batch measured comes first (as TRL logs it).
         metrics.splice(0..0, p.host_metrics.iter().cloned());
         let report = StepReport {

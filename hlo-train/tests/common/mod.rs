@@ -551,3 +551,40 @@ pub fn with_flags(mut args: Vec<String>, extra: &[&str]) -> Vec<String> {
     }
     args
 }
+
+/// `got` within `tol` (relative above 1) of a reference trainer's `want`.
+pub fn close(what: &str, got: f64, want: f64, tol: f64) {
+    assert!(
+        (got - want).abs() <= tol * want.abs().max(1.0),
+        "{what}: {got} against TRL's {want}"
+    );
+}
+
+/// Every tensor of the adapter saved in `out` equals `name.<key>` of the
+/// fixture files `theirs` (keys as PEFT writes them) within `tol`.
+pub fn assert_adapter_as_fixture(out: &Path, theirs: &[PathBuf], name: &str, tol: f64) {
+    let ours =
+        hlo_engine::models::io::read_safetensors(&out.join("adapter_model.safetensors")).unwrap();
+    let mut all = Vec::new();
+    for f in theirs {
+        all.extend(hlo_engine::models::io::read_safetensors(f).unwrap());
+    }
+    assert!(!ours.is_empty());
+    for (key, t) in &ours {
+        let trl = &all
+            .iter()
+            .find(|(k, _)| *k == format!("{name}.{key}"))
+            .unwrap_or_else(|| panic!("{name}: {key} in the fixture"))
+            .1;
+        let d = max_diff(&t.to_f64s(), &trl.to_f64s());
+        assert!(d < tol, "{name}: {key} differs by {d:e}");
+    }
+}
+
+/// A file of the fixture folder `tests/fixtures/<group>`.
+pub fn fixture_file(group: &str, name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures")
+        .join(group)
+        .join(name)
+}

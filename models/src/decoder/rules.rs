@@ -85,7 +85,7 @@ pub fn partition_rules(config: &ModelConfig) -> Rules {
             p(&[&["dp", "fsdp"], &[]]),
         ),
         // A preference batch's per-row reference log-probs, split as rows.
-        (r"^(ref_logps|advantages)$", p(&[&["dp", "fsdp"]])),
+        (r"^(ref_logps|advantages|desirable)$", p(&[&["dp", "fsdp"]])),
     ])
     .expect("the decoder rules compile")
 }

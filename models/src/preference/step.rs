@@ -5,13 +5,13 @@
 
 use hlo_ir::{full, scope, trace, DType, Outputs, Tensor, TensorType};
 
-use super::{reference_name, NllSpan, PairLogps, PreferenceLoss, Reference};
-use crate::decoder::{Decoder, LoraConfig, ModelConfig, Params};
+use super::{NllSpan, PairLogps, PreferenceLoss, Reference};
+use crate::decoder::{LoraConfig, ModelConfig, Params};
 use crate::loss::{masked_logps_per_row, mean, TokenStats};
+use crate::reference::{where_same, ReferenceModel};
 use crate::roles::{BatchField, Step};
 use crate::train::{
-    lora_types, loss_inputs, model, role_of, step_around, token_stats_of, LossInputs, StepLoss,
-    TrainConfig,
+    loss_inputs, model, role_of, step_around, token_stats_of, StepLoss, TrainConfig,
 };
 use crate::ModelError;
 
@@ -90,25 +90,22 @@ pub fn preference_loss(
     tc: &TrainConfig,
     preference: &Preference,
 ) -> Result<hlo_ir::Function, ModelError> {
-    let (loss, reference) = (&preference.loss, preference.reference);
+    let loss = &preference.loss;
     if tc.packing || tc.batch % 2 != 0 {
         return Err(ModelError::PreferenceBatch {
             rows: tc.batch,
             packed: tc.packing,
         });
     }
-    let by_adapter = loss.needs_reference() && reference == Reference::Adapter;
-    let own = preference.reference_lora.as_ref().filter(|_| by_adapter);
-    let (inputs, lora_params, ref_params) = preference_inputs(config, tc, preference)?;
+    let (mut inputs, reference) = preference_inputs(config, tc, preference)?;
+    let reference = ReferenceModel::new(
+        config,
+        tc,
+        reference,
+        preference.reference_lora.as_ref(),
+        &mut inputs,
+    )?;
     let policy = model(config, tc);
-    let base = Decoder {
-        lora: None,
-        ..model(config, tc)
-    };
-    let frozen_model = Decoder {
-        lora: own,
-        ..model(config, tc)
-    };
     let pairs = tc.batch / 2;
     let f = trace("preference_loss", &inputs, |i| {
         let mask = i["loss_mask"];
@@ -118,7 +115,7 @@ pub fn preference_loss(
         let tokens = scope("policy", || stats(i));
         let mine = pair_logps(&tokens);
         let theirs = loss.needs_reference().then(|| {
-            if reference == Reference::Precomputed {
+            if preference.reference == Reference::Precomputed {
                 // Read from the batch: the same rows' sums, computed once.
                 let r = i[BatchField::RefLogps.name()];
                 let (half, all) = ([pairs], [2 * pairs]);
@@ -129,24 +126,14 @@ pub fn preference_loss(
                 };
             }
             scope("reference", || {
-                let frozen = || -> Vec<(String, Tensor)> {
-                    ref_params
-                        .iter()
-                        .map(|(n, _)| (n.clone(), i[reference_name(n).as_str()]))
-                        .collect()
-                };
-                let theirs = pair_logps(&match (by_adapter, own) {
-                    // The policy's form, on the reference's LoRA tensors.
-                    (true, None) => stats(&i.with_overrides(&frozen())),
-                    // The adapter's own form, on its tensors.
-                    (true, Some(_)) => {
-                        token_stats_of(&frozen_model, &i.with_overrides(&frozen()), tc, 1.0)
-                    }
-                    (false, _) => token_stats_of(&base, i, tc, 1.0),
-                });
-                match own {
-                    Some(_) => theirs,
-                    None => reused_where_same(mine, theirs, &lora_params, i, by_adapter),
+                let theirs = pair_logps(&reference.stats(i, tc, stats));
+                match reference.same(i) {
+                    Some(same) => PairLogps {
+                        chosen: where_same(same, mine.chosen, theirs.chosen),
+                        rejected: where_same(same, mine.rejected, theirs.rejected),
+                        ..theirs
+                    },
+                    None => theirs,
                 }
             })
         });
@@ -180,17 +167,16 @@ fn pair_sums(logps: Tensor, maskf: Tensor, pairs: i64) -> PairLogps {
     }
 }
 
-/// A preference loss's inputs (the step's, ORPO's real-token mask, a
-/// reference adapter's tensors under `ref.` names), the policy's LoRA
-/// tensors and the reference adapter's: the trained adapter's shapes, or
-/// its own settings' (then never equal to the policy's, so not reused).
+/// A preference loss's inputs (the step's, and ORPO's real-token mask),
+/// and the reference its step runs (the base where the loss compares with
+/// none: then nothing of it is traced).
 fn preference_inputs(
     config: &ModelConfig,
     tc: &TrainConfig,
     preference: &Preference,
-) -> Result<LossInputs, ModelError> {
+) -> Result<(Vec<(String, TensorType)>, Reference), ModelError> {
     let loss = &preference.loss;
-    let (_, lora_params, mut inputs) = loss_inputs(config, tc)?;
+    let (_, _, mut inputs) = loss_inputs(config, tc)?;
     // ORPO's real-token mask (among the batch fields already when `tc`
     // names this loss).
     let segment_ids = BatchField::SegmentIds.name();
@@ -198,19 +184,11 @@ fn preference_inputs(
         let ty = TensorType::new(DType::I32, [tc.batch, tc.seq]);
         inputs.push((segment_ids.into(), ty));
     }
-    let by_adapter = loss.needs_reference() && preference.reference == Reference::Adapter;
-    let ref_params = match preference.reference_lora.as_ref().filter(|_| by_adapter) {
-        Some(l) => lora_types(config, tc, Some(l))?,
-        None => lora_params.clone(),
+    let reference = match loss.needs_reference() {
+        true => preference.reference,
+        false => Reference::Base,
     };
-    if by_adapter {
-        inputs.extend(
-            ref_params
-                .iter()
-                .map(|(n, t)| (reference_name(n), t.clone())),
-        );
-    }
-    Ok((inputs, lora_params, ref_params))
+    Ok((inputs, reference))
 }
 
 /// `o` with the token statistics each TRL trainer logs: `logits/chosen`
@@ -238,49 +216,6 @@ fn token_metrics(
         "mean_token_accuracy",
         masked(chosen(tokens.top1), chosen(mask)),
     )
-}
-
-/// `theirs`, the reference's log-probs, or `mine` (without gradient)
-/// where the policy's LoRA tensors in `i` equal the reference's (its
-/// `ref.` copies with `by_adapter`, else the base's: every B zero): a
-/// policy equal to its reference (a fresh adapter against the base; the
-/// adapter training starts from against its frozen copy) computes the
-/// reference's very log-probs, so they are reused, and its rewards are
-/// exactly 0 and tie as TRL's do, whatever order two compiled forwards
-/// happen to sum in. Decided on the devices, each step.
-fn reused_where_same(
-    mine: PairLogps,
-    theirs: PairLogps,
-    lora_params: &[(String, TensorType)],
-    i: &hlo_ir::Inputs,
-    by_adapter: bool,
-) -> PairLogps {
-    // The base with the adapter off: every B zero (whatever A is).
-    let same = lora_params
-        .iter()
-        .filter(|(n, _)| by_adapter || n.ends_with(".lora_b"))
-        .map(|(n, _)| {
-            let policy = i[n.as_str()].stop_gradient();
-            let other = match by_adapter {
-                true => i[reference_name(n).as_str()],
-                false => policy.scalar_like(0.0).broadcast_to(&policy.dims()),
-            };
-            let all: Vec<i64> = (0..policy.rank() as i64).collect();
-            policy.eq(other).cast(DType::F32).min(&all)
-        })
-        .reduce(|a, b| a.minimum(b));
-    let Some(same) = same else {
-        return theirs;
-    };
-    let pick = |m: Tensor, r: Tensor| {
-        let s = same.broadcast_in_dim(&m.dims(), &[]);
-        s.gt(s.scalar_like(0.5)).where_(m.stop_gradient(), r)
-    };
-    PairLogps {
-        chosen: pick(mine.chosen, theirs.chosen),
-        rejected: pick(mine.rejected, theirs.rejected),
-        ..theirs
-    }
 }
 
 /// The pooled negative log-likelihood of the chosen rows (`0..pairs`)
@@ -376,6 +311,10 @@ impl StepLoss for Preference {
     fn eval_step(&self, config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
         let function = preference_loss(config, tc, self)?;
         Ok(Step::new(function, role_of(tc)))
+    }
+
+    fn rows_per_example(&self) -> i64 {
+        2
     }
 
     fn reference(&self) -> Option<Reference> {

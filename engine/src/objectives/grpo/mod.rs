@@ -169,7 +169,7 @@ impl ObjectiveDef for Grpo {
     /// Its completions in one unpacked batch, from unstacked layers (the
     /// policy generates from the step's own weights, which a scan would
     /// hold stacked).
-    fn step_spec(&self, step: &StepSpec) -> Result<StepSpec> {
+    fn step_spec(&self, step: &StepSpec, _specs: &ObjectiveSpecs) -> Result<StepSpec> {
         let refuse = |why: String| Err(EngineError::Grpo(why));
         if step.packing == Toggle::On {
             return refuse("rollouts are not packed (leave out --packing)".into());

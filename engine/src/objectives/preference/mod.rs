@@ -20,7 +20,7 @@ use crate::error::{EngineError, Result};
 use crate::inputs::model::Model;
 use crate::run::settings::Setting;
 use crate::run::spec::RunSpec;
-use crate::run::step::{StepSpec, Toggle};
+use crate::run::step::StepSpec;
 use crate::train::checkpoint::RunSettings;
 
 /// A preference objective's settings (TRL 1.16's defaults).
@@ -132,22 +132,8 @@ impl ObjectiveDef for PairMethod {
     /// `batch` pairs a step, so twice the rows, unpacked, in one
     /// micro-batch (what such a step can take: packing and accumulation
     /// are refused).
-    fn step_spec(&self, step: &StepSpec) -> Result<StepSpec> {
-        let refuse = |why: String| EngineError::Objective {
-            objective: self.name,
-            why,
-        };
-        if step.packing == Toggle::On {
-            return Err(refuse("pairs are not packed (leave out --packing)".into()));
-        }
-        if step.grad_accum > 1 {
-            return Err(refuse(format!(
-                "a step takes its pairs in one batch; --grad-accum {} is not supported (raise --batch instead)",
-                step.grad_accum
-            )));
-        }
-        let mut step = step.clone();
-        step.packing = Toggle::Off;
+    fn step_spec(&self, step: &StepSpec, _specs: &ObjectiveSpecs) -> Result<StepSpec> {
+        let mut step = super::one_unpacked_batch(step, self.name, "pairs")?;
         step.batch *= 2;
         Ok(step)
     }
@@ -200,15 +186,7 @@ impl ObjectiveDef for PairMethod {
     }
 
     fn describe(&self, _specs: &ObjectiveSpecs, loss: &Loss) -> Option<String> {
-        let reference = match loss.kind().reference() {
-            None => "no reference model",
-            Some(Reference::Base) => "the base (adapter off)",
-            Some(Reference::Adapter) => "a frozen reference adapter",
-            Some(Reference::Precomputed) => {
-                "the reference's log-probabilities computed before training"
-            }
-        };
-        Some(format!("{} against {reference}", self.name))
+        Some(format!("{} against {}", self.name, reference_words(loss)))
     }
 
     fn check_settings(&self, spec: &RunSpec) -> Result<()> {
@@ -228,6 +206,18 @@ impl ObjectiveDef for PairMethod {
 
     fn reference(&self, spec: &RunSpec, model: &Model) -> Result<Option<Adapter>> {
         reference_adapter(spec, model)
+    }
+}
+
+/// What a step minimising `loss` compares with, in words.
+pub(crate) fn reference_words(loss: &Loss) -> &'static str {
+    match loss.kind().reference() {
+        None => "no reference model",
+        Some(Reference::Base) => "the base (adapter off)",
+        Some(Reference::Adapter) => "a frozen reference adapter",
+        Some(Reference::Precomputed) => {
+            "the reference's log-probabilities computed before training"
+        }
     }
 }
 

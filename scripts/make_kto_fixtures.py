@@ -1,0 +1,808 @@
+#!/usr/bin/env python3
+"""Build the KTO fixtures (loss_type "kto" and "apo_zero_unpaired") from
+TRL's own KTOTrainer, for hlo-train's Rust tests.
+
+Run by hand (not by CI) where TRL, HF transformers, PEFT, datasets,
+accelerate, safetensors and PyTorch are installed (made with torch 2.9.1 run
+on CPU, trl 1.16.0, transformers 5.24.0, peft 0.21.2, datasets 5.2.0); it
+needs no GPU and no network:
+
+    python3 scripts/make_kto_fixtures.py
+
+(e.g. `PYTHONPATH=DIR python3 scripts/make_kto_fixtures.py` with the
+packages of scripts/make_preference_fixtures.py installed in DIR.) Two runs
+write byte-identical files; elsewhere the f32 numbers can move by an ulp or
+so, as that script's docstring says.
+
+It reads, and does not change, the tiny f32 model
+tests/fixtures/llama/gqa_llama3 (vocab 128) and, from the preference
+fixtures, tests/fixtures/preference/tokenizer/ (BOS "<|begin_of_text|>" id 0,
+EOS "<|end_of_text|>" id 1, no pad token, so KTOTrainer pads with EOS id 1;
+printable ASCII bytes are ids 2..95; the strings below tokenize without
+merges), tests/fixtures/preference/adapters/fresh (the adapter TRL creates
+from peft_config with seed 42: lora_A kaiming-uniform, lora_B = 0; checked
+against KTOTrainer's own), tests/fixtures/preference/adapters/init (A and B
+~ N(0, 0.1)), and tests/fixtures/preference/data.jsonl / data_ids.jsonl (4
+preference pairs, the .paired case) and tests/fixtures/preference/adapters/ref
+(A and B ~ N(0, 0.1), the reference of the expected_ref cases). It writes
+tests/fixtures/kto/ (about 110 KB):
+
+  data.jsonl            4 unpaired string rows {"prompt","completion","label"}
+                        (ROWS; labels true, false, true, false; no BOS/EOS in
+                        the text: TRL adds them)
+  data_ids.jsonl        the same rows pre-tokenized {"prompt_ids",
+                        "completion_ids","label"}: the ids KTOTrainer's own
+                        _prepare_dataset derives from data.jsonl (BOS first
+                        in prompt_ids, EOS last in completion_ids), to be used
+                        verbatim (nothing added); no KL columns (the KL rows
+                        are made from these by the rotation of FORMULAS.md)
+  expected.json         per case: "settings" (every KTOConfig setting that
+                        matters, the data, the adapters, the reference),
+                        "loss" (step 1, before the update, as compute_loss
+                        returned it), "logged_loss", "metrics" (every value
+                        TRL logged for step 1 but loss/epoch/step), and
+                        "rows_f64" (per row of the step-1 batch, in batch
+                        order, hand-computed in f64: label, policy_sum and
+                        ref_sum (completion log-prob sums), completion_tokens,
+                        and for loss "kto" kl_policy_sum, kl_ref_sum and
+                        kl_completion_tokens of the row's KL sequence);
+                        "_meta": versions, LoRA, token ids, the worst f64
+                        differences. Paths are relative to the repo root.
+  expected.safetensors  per case, "<case>.<PEFT key>": the adapter after the
+                        one optimizer step (f32, keys as
+                        adapter_model.safetensors writes them)
+  expected_ref.json,    the same for REF_CASES (below), whose reference
+  expected_ref.safetensors  differs from the policy at step 1
+  FORMULAS.md           what TRL 1.16's KTOTrainer computes, exactly, with
+                        the data layout (FORMULAS below)
+
+Cases are named <loss>.<start>.<opt>[.<variant>]:
+  loss    kto: loss_type "kto"; apo: loss_type "apo_zero_unpaired" (no KL
+          rows, kl logged as 0).
+  start   fresh: the trainer wraps the base with peft_config (seed 42; the
+                 reference is the base, adapter disabled);
+          init:  the trainer gets a PeftModel loaded (trainable) from
+                 preference/adapters/init and no ref_model: KTOTrainer adds
+                 a second adapter "ref" with the same LoraConfig, copies
+                 "default" into it (frozen) and runs the reference forward
+                 with "ref" active (checked).
+  opt     sgd:   optim "sgd" (torch.optim.SGD, momentum 0), lr 0.1;
+          adamw: optim "adamw_torch" (betas (0.9, 0.999), eps 1e-8), lr 1e-3.
+  all 8 combinations, plus
+  kto.fresh.sgd.weights  desirable_weight 1.5, undesirable_weight 0.5;
+  kto.fresh.sgd.paired   data tests/fixtures/preference/data.jsonl (4 pairs;
+                         TRL unpairs them into 8 rows: the chosen of every
+                         pair, then the rejected of every pair), batch 8; its
+                         ids run feeds preference/data_ids.jsonl unpaired the
+                         same way.
+Every case: beta 0.1, desirable/undesirable_weight 1.0 (but .weights),
+weight_decay 0, lr_scheduler "constant", warmup 0, max_grad_norm 0 (no
+clipping; TRL's default is 1.0), max_steps 1, per_device_train_batch_size 4
+(8 for .paired: every row in the one batch), gradient_accumulation_steps 1,
+train_sampling_strategy "sequential" (KTOConfig's default), seed 42, bf16
+False (KTOConfig's default is True), gradient_checkpointing False (default
+True), use_cpu, f32, max_length 1024 (default), report_to "none". LoRA: r 4,
+lora_alpha 8 (scale 2), q_proj and v_proj, dropout 0, no bias.
+
+Every case runs twice: from the strings (TRL's tokenization) and from the ids
+(TRL 1.16 has no pre-tokenized path: _prepare_dataset calls extract_prompt /
+tokenizes strings, so for that run the script's subclass returns the id rows
+verbatim with only TRL's KL rotation added, by its own code). The two must
+agree bitwise (loss, logged metrics, adapters before and after, the whole
+first batch including the KL tensors), else the script fails. Each case is
+then recomputed independently in f64 (plain transformers + PEFT forward of
+the batch built from the id rows, the formulas of FORMULAS.md, autograd for
+the gradient, SGD p - lr*g, AdamW step 1 p - lr*g/(|g|+eps)); the batch it
+builds must equal TRL's bitwise, and the loss, metrics and adapter must agree
+to 1e-5 relative (|d| / max(|value|, 1); adapters relative to the tensor's
+largest entry), else the script fails.
+
+With these starts the policy equals the reference at step 1 (fresh: lora_B
+= 0; init: "ref" is a copy), so every log-ratio is 0, kl is 0 and the step-1
+loss is 0.5 in every case (kto: 1 - sigmoid(0); apo: 1 - sigmoid(0) and
+sigmoid(0); .weights: (1.5 + 1.5 + 0.5 + 0.5) * 0.5 / 4). The cases differ
+in the gradient, hence the adapter after the step and grad_norm, and in the
+logps/logits/entropy metrics; but at r = 0 (kl detached, 0) "kto" and
+"apo_zero_unpaired" have the same gradient, so kto.X and apo.X are equal.
+Hence expected_ref.json / expected_ref.safetensors (same layout), the cases
+  kto.ref.sgd, kto.ref.adamw, apo.ref.sgd, kto.ref.sgd.paired
+with every setting of the case of the same name with start fresh, but the
+policy preference/adapters/fresh loaded as a trainable PeftModel (no
+peft_config: the same tensors, and TRL then makes its "ref" adapter) and the
+reference preference/adapters/ref: TRL 1.16 has no option naming a reference
+adapter, so after the trainer is built the script overwrites the tensors of
+TRL's frozen "ref" copy with adapters/ref, and TRL's own
+use_adapter(model, "ref") runs the reference forward with it (as the
+preference fixtures' "ref" start). There r != 0; on data.jsonl the kl is
+positive (0.515, the unclamped path), on the .paired data mean(KL_policy -
+KL_ref) is negative (-0.449), so kl is clamped to 0.
+
+The f64 recomputation uses HF's Llama in f64, which still computes RMSNorm,
+the RoPE angles and the attention softmax in f32 (transformers' code), so
+its numbers are f64 up to ~1e-8 relative and can move by that much on
+another CPU.
+"""
+
+import json
+import os
+import sys
+import tempfile
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+from fixture_steps import trl_environment
+
+trl_environment()
+
+import torch
+from safetensors.torch import save_file
+
+from fixture_steps import contiguous, failures, finish, q_v_lora, step, tiny_llama
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL_DIR = os.path.join(ROOT, "tests", "fixtures", "llama", "gqa_llama3")
+PREF = os.path.join(ROOT, "tests", "fixtures", "preference")
+OUT = os.path.join(ROOT, "tests", "fixtures", "kto")
+BOS_ID, EOS_ID = 0, 1
+
+# Prompts 4-7 tokens with BOS, completions 2-6 tokens with EOS, labels
+# alternating. Each prompt ends in punctuation and each completion starts
+# with a letter, so the byte-level pre-tokenizer splits at the boundary; no
+# merge of the tokenizer applies (checked: one id per character).
+ROWS = [
+    {"prompt": "HI=", "completion": "IH", "label": True},
+    {"prompt": "ZZ:Q?", "completion": "QZZQ!", "label": False},
+    {"prompt": "N*K#", "completion": "K", "label": True},
+    {"prompt": "GOTTA;", "completion": "OGGO", "label": False},
+]
+TARGETS = ["q_proj", "v_proj"]
+SEED = 42
+BETA = 0.1
+OPTS = {"sgd": dict(optim="sgd", learning_rate=0.1), "adamw": dict(optim="adamw_torch", learning_rate=1e-3)}
+LOSSES = {"kto": "kto", "apo": "apo_zero_unpaired"}
+CASES = [(loss, start, opt, None) for loss in LOSSES for start in ("fresh", "init") for opt in OPTS] + \
+        [("kto", "fresh", "sgd", "weights"), ("kto", "fresh", "sgd", "paired")]
+# expected_ref.*: a reference that differs from the policy at step 1.
+REF_CASES = [("kto", "ref", "sgd", None), ("kto", "ref", "adamw", None), ("apo", "ref", "sgd", None),
+             ("kto", "ref", "sgd", "paired")]
+# The adapter each start trains, and its reference (None: the base).
+POLICY = {"fresh": "fresh", "init": "init", "ref": "fresh"}
+REFERENCE = {"fresh": None, "init": "init", "ref": "ref"}
+TOL = 1e-5
+
+FORMULAS = r"""# KTO of TRL 1.16.0, exactly
+
+Read from trl 1.16.0's source (trl/trainer/kto_trainer.py: KTOTrainer
+__init__, _prepare_dataset, DataCollatorForUnpairedPreference,
+_compute_kl_logps, _compute_loss, log; kto_config.py; data_utils.py
+unpair_preference_dataset, _tokenize, common_prefix_length; trainer/utils.py
+add_fused_lm_head, use_adapter) with transformers 5.24.0 and peft 0.21.2, and
+checked numerically by scripts/make_kto_fixtures.py (every case recomputed
+in f64 from these formulas, the batch layout compared bitwise). i indexes
+the rows of a batch, B = per_device_train_batch_size.
+
+## 1. Data and tokenization (`_prepare_dataset`, text rows)
+Rows are unpaired {"prompt", "completion", "label"} (label true =
+desirable). In order:
+1. no "prompt" key: `extract_prompt` (the longest common prefix of
+   chosen/rejected becomes the prompt);
+2. paired rows ({"prompt","chosen","rejected"}): `unpair_preference_dataset`,
+   a batched map (datasets' default batch of 1000 rows): within each block of
+   1000 pairs, first every pair's (prompt, chosen, label true), then every
+   pair's (prompt, rejected, label false). For 4 pairs: c1, c2, c3, c4, r1,
+   r2, r3, r4;
+3. non-conversational rows: the EOS token's TEXT is appended to the
+   completion unless it already ends with it;
+4. `prompt_ids = tok(prompt)`, `pc = tok(prompt + completion)` (completion
+   with its EOS text), both with the tokenizer's default special tokens (ours
+   adds BOS id 0 in front; no EOS); prompt and completion are tokenized
+   TOGETHER, so a merge across the boundary can happen;
+5. `n = common_prefix_len(prompt_ids, pc)`; `prompt_ids = prompt_ids[:n]`,
+   `completion_ids = pc[n:]` (a warning if n < len(prompt_ids));
+6. rows with len(prompt_ids) >= max_length (1024) are dropped;
+7. KL completions (loss "kto" only; `calculate_KL` is False for
+   "apo_zero_unpaired"): a batched map with batch_size =
+   per_device_train_batch_size over the rows IN DATASET ORDER (after 1-6):
+   within each consecutive chunk of B rows (the last may be shorter) the
+   completions are rotated by +1:
+     (x1,y1), ..., (xn,yn) -> KL rows (x1,yn), (x2,y1), ..., (xn,y(n-1)),
+   i.e. `KL_completion_ids[i] = completion_ids[i-1]` within the chunk, the
+   first row taking the chunk's last. Labels are ignored; the KL row keeps
+   row i's prompt. This is fixed at preprocessing; the trainer requires
+   train_sampling_strategy "sequential" for it (and B > 1), so a training
+   batch is exactly such a chunk.
+There is no pre-tokenized input path in 1.16 (prompt_ids/completion_ids rows
+would fail in extract_prompt); the fixture feeds data_ids.jsonl verbatim,
+adding only the rotation of step 7.
+For the fixture tokenizer (BOS template, no merges across the boundary):
+prompt_ids = [0] + bytes(prompt), completion_ids = bytes(completion) + [1],
+printable ASCII byte b (33..126) -> id b - 31.
+
+## 2. Batch (`DataCollatorForUnpairedPreference`)
+Main rows: `prompt_ids + completion_ids`, each cut to max_length (keep the
+start), RIGHT-padded with the pad id (tokenizer.pad_token, else EOS: id 1
+here) to the longest row of the batch; attention_mask 1 on real tokens, 0 on
+padding; completion_mask 1 on completion tokens only. KL rows likewise from
+`prompt_ids + KL_completion_ids`, padded to THEIR own longest row
+(KL_input_ids, KL_attention_mask, KL_completion_mask). label: a bool tensor.
+No position_ids are passed (HF uses 0..L-1 per row). pad_to_multiple_of
+"auto" is None off Neuron.
+
+## 3. Completion log-probability sums
+Forward `model(input_ids, attention_mask, labels = input_ids with -100 off
+the completion, fused_lm_head=True, use_cache=False)`: per-token
+logp_t = log_softmax(logits[t-1])[ids[t]] for t >= 1, f32, 0 where the label
+is -100. Per row:
+  S_i = sum over the row's completion tokens t of logp_t,  N_i = their count.
+- policy S_i: the training forward (with gradient);
+- KL_policy_i: the same on the row's KL sequence, policy, under no_grad,
+  computed BEFORE the main forward;
+- reference S0_i and KL_ref_i: under no_grad, with the reference (section 4),
+  KL rows first, then the main rows.
+
+## 4. Reference
+- a peft_config given (the model is wrapped by the trainer; "fresh"): no
+  "ref" adapter exists, so `use_adapter(model, None)` =
+  `model.disable_adapter()`: the reference is the base;
+- a PeftModel given and ref_model None ("init"): `model.add_adapter("ref",
+  peft_config["default"])` and every ".default." parameter copied into
+  ".ref." (not trainable: only "default" is active, and trainable); the
+  reference forward runs under `use_adapter(model, "ref")` ("ref" active).
+  (peft 0.17-0.19 with target_parameters: the base instead.)
+- ref_model given: that model; precompute_ref_log_probs: S0 and KL_ref read
+  from precomputed columns (same reference choice).
+No option names another adapter as the reference. With both starts the
+policy equals the reference before the first update.
+
+## 5. KL estimate
+loss "kto": kl = clamp( mean_i (KL_policy_i - KL_ref_i), min=0 ), over the B
+rows of the batch (gathered and averaged over processes before the clamp),
+detached (both KL forwards run under no_grad): a constant in the gradient.
+loss "apo_zero_unpaired": no KL rows, no KL forwards, kl = 0 (logged 0.0).
+
+## 6. Losses
+r_i = S_i - S0_i (log-ratio), beta = 0.1, sigma = sigmoid, wd / wu =
+desirable_weight / undesirable_weight (default 1.0).
+- "kto":
+    label true:  L_i = 1 - sigma(beta * (r_i - kl))
+    label false: L_i = 1 - sigma(beta * (kl - r_i))
+- "apo_zero_unpaired":
+    label true:  L_i = 1 - sigma(beta * r_i)
+    label false: L_i = sigma(beta * r_i)
+losses = concat(wd * L_chosen, wu * L_rejected) (chosen rows first, each in
+batch order), loss = nanmean(losses) = sum_i w_i L_i / B: a plain mean over
+the B rows of the batch (NOT divided by the sum of the weights);
+loss_is_scaled_for_ga False. (An MoE model's router aux loss would be added.)
+
+## 7. Logged metrics, step 1 (each a list per step averaged at log time:
+`sum(values)/len(values)`; with logging_steps 1 one value)
+- loss: as above (transformers' logged loss, unrounded)
+- kl: the kl of section 5 (0.0 for apo)
+- entropy = token-weighted mean, over every completion token t of every main
+  row (chosen and rejected together), of the entropy of softmax(logits[t-1])
+  (0.0 if no tokens)
+- num_tokens = total attention_mask ones of the MAIN rows (KL rows not
+  counted, padding not counted), cumulative over steps
+- logits/chosen = sum over the completion tokens t of the label-true rows of
+  mean_v logits[t-1, v], divided by their count (pooled, token-weighted);
+  logits/rejected likewise for label-false rows. Each is logged only if its
+  token count > 0 (a batch without that label logs no value for it)
+- rewards/chosen = sum over label-true rows of beta * r_i / their number;
+  logps/chosen = sum over label-true rows of S_i / their number (policy
+  sums, f32 sum then Python division); both only if there is a true row
+- rewards/rejected, logps/rejected likewise over label-false rows, only if
+  there is one
+- rewards/margins = rewards/chosen - rewards/rejected, only if the batch has
+  both labels
+- grad_norm (transformers 5.24: the global L2 norm of the trainable
+  gradients before clipping, logged also with max_grad_norm 0),
+  learning_rate, epoch.
+No accuracy metric; rewards use r_i, never the kl.
+
+## 8. Training-loop defaults worth knowing (KTOConfig 1.16)
+learning_rate 1e-6; bf16 True when fp16 is unset; gradient_checkpointing
+True; logging_steps 10; max_grad_norm 1.0; optim adamw_torch(_fused) with
+betas (0.9, 0.999), eps 1e-8, weight_decay 0; lr_scheduler "linear",
+warmup 0; disable_dropout True; train_sampling_strategy "sequential"
+(required unless apo_zero_unpaired); max_length 1024; beta 0.1;
+desirable_weight = undesirable_weight = 1.0. set_seed(seed) runs before the
+adapter is created (fresh adapters reproducible).
+
+## 9. The fixture (tests/fixtures/kto)
+data.jsonl rows (labels true, false, true, false) give, batch 4:
+main rows prompt_i + completion_i; KL rows (x1,y4), (x2,y1), (x3,y2),
+(x4,y3). The .paired case (preference/data.jsonl: 8 unpaired rows in one
+batch of 8, in TRL's unpair order c1, c2, c3, c4, r1, r2, r3, r4, where
+pair j = (xj, cj, rj)): row k (0-based) takes the completion of row k-1,
+row 0 that of row 7:
+  row 0 (x1,c1) -> KL (x1,r4);  row 4 (x1,r1) -> KL (x1,c4);
+  row 1 (x2,c2) -> KL (x2,c1);  row 5 (x2,r2) -> KL (x2,r1);
+  row 2 (x3,c3) -> KL (x3,c2);  row 6 (x3,r3) -> KL (x3,r2);
+  row 3 (x4,c4) -> KL (x4,c3);  row 7 (x4,r4) -> KL (x4,r3).
+In expected.json the policy equals the reference at step 1 (fresh: lora_B =
+0; init: "ref" is a copy), so r_i = 0, kl = 0 and the loss is 0.5 in every
+case; the gradient is not 0: d loss / d S_i = -w_i beta sigma'(0) / B =
+-w_i beta / (4B) for a true row, +w_i beta / (4B) for a false row, for kto
+and apo alike (so kto.X and apo.X agree there). expected_ref.json's cases
+(start "ref": policy adapters/fresh, TRL's "ref" adapter overwritten with
+preference/adapters/ref) have r_i != 0; kl = 0.515 on data.jsonl, and on the
+paired data mean(KL_policy - KL_ref) < 0, so kl is clamped to 0.
+"""
+
+
+# ---------------------------------------------------------------------------
+# Helpers.
+
+def tokenizer():
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(os.path.join(PREF, "tokenizer"))
+
+
+def base_model(dtype=torch.float32):
+    return tiny_llama(MODEL_DIR, dtype)
+
+
+def lora_config():
+    return q_v_lora(TARGETS)
+
+
+def adapter_dir(name):
+    return os.path.join(PREF, "adapters", name)
+
+
+def load_adapter(d, trainable=True, dtype=torch.float32):
+    from peft import PeftModel
+    return PeftModel.from_pretrained(base_model(dtype), d, is_trainable=trainable)
+
+
+def adapter_state(model, name="default"):
+    from peft import get_peft_model_state_dict
+    return {k: v.detach().float().clone() for k, v in get_peft_model_state_dict(model, adapter_name=name).items()}
+
+
+def saved_adapter(name):
+    from safetensors.torch import load_file
+    return load_file(os.path.join(adapter_dir(name), "adapter_model.safetensors"))
+
+
+def rel(path):
+    return os.path.relpath(path, ROOT)
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def write_jsonl(name, rows):
+    with open(os.path.join(OUT, name), "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def unpair_ids(pairs):
+    """TRL's unpair order on id pairs: every chosen, then every rejected."""
+    return [{"prompt_ids": p["prompt_ids"], "completion_ids": p[k + "_ids"], "label": k == "chosen"}
+            for k in ("chosen", "rejected") for p in pairs]
+
+
+def with_kl(rows, batch):
+    """Rows plus "KL_completion_ids": completions rotated by +1 within each
+    consecutive chunk of `batch` rows (TRL's add_kl_completion_ids)."""
+    out = []
+    for s in range(0, len(rows), batch):
+        chunk = rows[s:s + batch]
+        comps = [r["completion_ids"] for r in chunk]
+        for r, kl in zip(chunk, [comps[-1]] + comps[:-1]):
+            out.append({**r, "KL_completion_ids": kl})
+    return out
+
+
+def case_name(loss, start, opt, variant):
+    return f"{loss}.{start}.{opt}" + (f".{variant}" if variant else "")
+
+
+def case_data(variant):
+    """(string rows, id rows, settings describing them) of a case."""
+    if variant == "paired":
+        pairs = read_jsonl(os.path.join(PREF, "data_ids.jsonl"))
+        return (read_jsonl(os.path.join(PREF, "data.jsonl")), unpair_ids(pairs),
+                {"data": "tests/fixtures/preference/data.jsonl (4 pairs, unpaired by TRL into 8 rows: "
+                         "chosen of pairs 1-4 (label true), then rejected of pairs 1-4 (label false))",
+                 "data_ids": "tests/fixtures/preference/data_ids.jsonl, unpaired in the same order"})
+    return (ROWS, read_jsonl(os.path.join(OUT, "data_ids.jsonl")),
+            {"data": "tests/fixtures/kto/data.jsonl", "data_ids": "tests/fixtures/kto/data_ids.jsonl"})
+
+
+def config_kwargs(loss, opt, variant):
+    """Every KTOConfig argument the cases set (besides output_dir)."""
+    kw = dict(loss_type=LOSSES[loss], beta=BETA, desirable_weight=1.0, undesirable_weight=1.0,
+              per_device_train_batch_size=8 if variant == "paired" else 4, gradient_accumulation_steps=1,
+              max_steps=1, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=0.0,
+              train_sampling_strategy="sequential", seed=SEED, data_seed=SEED, bf16=False, fp16=False,
+              gradient_checkpointing=False, use_cpu=True, max_length=1024, logging_steps=1, save_strategy="no",
+              report_to="none", dataloader_num_workers=0, disable_tqdm=True, **OPTS[opt])
+    if variant == "weights":
+        kw.update(desirable_weight=1.5, undesirable_weight=0.5)
+    return kw
+
+
+# ---------------------------------------------------------------------------
+# TRL.
+
+def kto_class():
+    """KTOTrainer keeping the first compute_loss's loss and batch, and taking
+    pre-tokenized rows verbatim (only TRL's KL rotation added, by with_kl)."""
+    from datasets import Dataset
+    from trl import KTOTrainer
+
+    class KTO(KTOTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            out = super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                       num_items_in_batch=num_items_in_batch)
+            if not hasattr(self, "first_loss"):
+                loss = out[0] if isinstance(out, tuple) else out
+                self.first_loss = loss.detach().float().item()
+                self.first_batch = {k: v.detach().clone() for k, v in inputs.items() if torch.is_tensor(v)}
+            return out
+
+        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+            if "prompt_ids" not in dataset.column_names:
+                return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
+            rows = dataset.to_list()
+            if self.calculate_KL:
+                rows = with_kl(rows, args.per_device_train_batch_size)
+            return Dataset.from_list(rows)
+    return KTO
+
+
+def build_trainer(loss, start, opt, variant, rows, tmp):
+    from datasets import Dataset
+    from trl import KTOConfig
+    args = KTOConfig(output_dir=tmp, **config_kwargs(loss, opt, variant))
+    kw = {}
+    if start == "fresh":
+        model = base_model()
+        kw["peft_config"] = lora_config()
+    else:
+        model = load_adapter(adapter_dir(POLICY[start]))
+    trainer = kto_class()(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                          processing_class=tokenizer(), **kw)
+    if start == "ref":
+        install_ref(trainer.model)
+    return trainer
+
+
+def install_ref(pm):
+    """Overwrites TRL's "ref" adapter (its frozen copy of the policy's) with
+    preference/adapters/ref, so TRL's own use_adapter(model, "ref") runs the
+    reference forward with it (TRL 1.16 has no option naming a reference
+    adapter; the same as the preference fixtures' "ref" start)."""
+    want = saved_adapter("ref")
+    n = 0
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if ".ref." in name:
+                p.copy_(want[name.replace(".ref.", ".")])
+                n += 1
+    assert n == len(want), (n, len(want))
+
+
+def check_reference(trainer, start):
+    """fresh: no "ref" adapter (reference = adapters disabled); init: TRL's
+    frozen "ref" adapter, a copy of adapters/init; ref: that adapter holding
+    adapters/ref; never a ref_model."""
+    pm = trainer.model
+    assert trainer.ref_model is None, "KTOTrainer made a ref_model"
+    if start == "fresh":
+        assert list(pm.peft_config) == ["default"], list(pm.peft_config)
+        return
+    assert list(pm.peft_config) == ["default", "ref"], list(pm.peft_config)
+    assert pm.active_adapters == ["default"], pm.active_adapters
+    for n, p in pm.named_parameters():
+        assert p.requires_grad == (".default." in n), (n, p.requires_grad)
+    want, got = saved_adapter(REFERENCE[start]), adapter_state(pm, "ref")
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want), \
+        ("'ref' is not adapters/" + REFERENCE[start])
+
+
+def run_trl(loss, start, opt, variant, form):
+    """One optimizer step of KTOTrainer. Returns (loss, step-1 logs, adapter
+    before, adapter after, first batch, prepared rows)."""
+    strings, ids, _ = case_data(variant)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = build_trainer(loss, start, opt, variant, strings if form == "strings" else ids, tmp)
+        check_reference(trainer, start)
+        init = adapter_state(trainer.model)
+        want = saved_adapter(POLICY[start])
+        assert init.keys() == want.keys() and all(torch.equal(init[k], want[k]) for k in want), \
+            ("the trainer's starting adapter is not adapters/" + POLICY[start])
+        prepared = trainer.train_dataset.to_list()
+        trainer.train()
+        check_reference(trainer, start)  # "ref" unchanged by the step
+        logs = dict(trainer.state.log_history[0])
+        assert logs["step"] == 1, logs
+        return trainer.first_loss, logs, init, adapter_state(trainer.model), trainer.first_batch, prepared
+
+
+# ---------------------------------------------------------------------------
+# Inputs.
+
+def expected_ids(row):
+    """[BOS] + one id per character of the prompt; the completion's + [EOS]
+    (the fixture tokenizer: printable ASCII byte b is id b - 31)."""
+    def byte_ids(s):
+        assert all(32 < ord(c) < 127 for c in s), s
+        return [ord(c) - 31 for c in s]
+    return {"prompt_ids": [BOS_ID] + byte_ids(row["prompt"]),
+            "completion_ids": byte_ids(row["completion"]) + [EOS_ID], "label": row["label"]}
+
+
+@step("inputs")
+def write_inputs():
+    os.makedirs(OUT, exist_ok=True)
+    write_jsonl("data.jsonl", ROWS)
+    with open(os.path.join(OUT, "FORMULAS.md"), "w") as f:
+        f.write(FORMULAS)
+
+
+@step("data_ids")
+def write_ids():
+    """data_ids.jsonl from KTOTrainer's own _prepare_dataset of data.jsonl
+    (loss kto, batch 4); checks the ids (expected_ids) and TRL's KL column
+    (with_kl)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = build_trainer("kto", "fresh", "sgd", None, ROWS, tmp)
+        prepared = trainer.train_dataset.to_list()
+    keys = ("prompt_ids", "completion_ids", "label")
+    rows = [{k: r[k] for k in keys} for r in prepared]
+    assert rows == [expected_ids(r) for r in ROWS], rows
+    kl = [{k: r[k] for k in keys + ("KL_completion_ids",)} for r in prepared]
+    assert kl == with_kl(rows, 4), kl
+    assert all(0 <= i < 128 for r in rows for i in r["prompt_ids"] + r["completion_ids"])
+    write_jsonl("data_ids.jsonl", rows)
+    for s, r in zip(ROWS, kl):
+        print(f"  {s} -> {r}")
+
+
+# ---------------------------------------------------------------------------
+# Independent recomputation in f64.
+
+def batch_of(rows, key):
+    """TRL's collator layout: prompt + rows[key], right-padded with EOS."""
+    seqs = [r["prompt_ids"] + r[key] for r in rows]
+    comp = [[0] * len(r["prompt_ids"]) + [1] * len(r[key]) for r in rows]
+    L = max(len(s) for s in seqs)
+    ids = torch.tensor([s + [EOS_ID] * (L - len(s)) for s in seqs])
+    attn = torch.tensor([[1] * len(s) + [0] * (L - len(s)) for s in seqs])
+    cmask = torch.tensor([c + [0] * (L - len(c)) for c in comp])
+    return ids, attn, cmask
+
+
+def f64_model(adapter):
+    if adapter is None:
+        return base_model(torch.float64).eval()
+    return load_adapter(adapter, trainable=True, dtype=torch.float64).eval()
+
+
+def sums(model, ids, attn, cmask):
+    """(completion log-prob sums, logits) of the batch."""
+    logits = model(input_ids=ids, attention_mask=attn).logits
+    lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+    return (lp * cmask[:, 1:].double()).sum(1), logits
+
+
+def hand_forward(start, rows, kl_on, trl_batch):
+    """Policy and reference sums in f64 (main rows, KL rows if kl_on), the
+    policy's logits and the batch; the batch must equal TRL's bitwise."""
+    main = batch_of(rows, "completion_ids")
+    names = ["input_ids", "attention_mask", "completion_mask"]
+    got = {n: t for n, t in zip(names, main)}
+    kl_batch = batch_of(rows, "KL_completion_ids") if kl_on else None
+    if kl_on:
+        got.update({"KL_" + n: t for n, t in zip(names, kl_batch)})
+    got["label"] = torch.tensor([r["label"] for r in rows])
+    assert trl_batch.keys() == got.keys(), (sorted(trl_batch), sorted(got))
+    for k in got:
+        assert torch.equal(trl_batch[k], got[k]), ("the f64 batch differs from TRL's", k)
+    pol = f64_model(adapter_dir(POLICY[start]))
+    for n, p in pol.named_parameters():
+        p.requires_grad_("lora_" in n)
+    S, logits = sums(pol, *main)
+    out = {"S": S, "logits": logits.detach(), "main": main, "pol": pol}
+    with torch.no_grad():
+        ref = f64_model(None if REFERENCE[start] is None else adapter_dir(REFERENCE[start]))
+        out["S0"] = sums(ref, *main)[0]
+        if kl_on:
+            out["KLp"] = sums(pol, *kl_batch)[0]
+            out["KLr"] = sums(ref, *kl_batch)[0]
+            out["kl_tokens"] = kl_batch[2][:, 1:].sum(1)
+    return out
+
+
+def hand_loss(loss, f, labels, wd, wu):
+    """KTO / APO-zero loss (section 6 of FORMULAS.md) and the kl."""
+    sig = torch.sigmoid
+    r = f["S"] - f["S0"]
+    kl = (f["KLp"] - f["KLr"]).mean().clamp(min=0) if loss == "kto" else torch.zeros((), dtype=torch.float64)
+    rc, rr = r[labels], r[~labels]
+    if loss == "kto":
+        lc, lr = 1 - sig(BETA * (rc - kl)), 1 - sig(BETA * (kl - rr))
+    else:
+        lc, lr = 1 - sig(BETA * rc), sig(BETA * rr)
+    return torch.cat((wd * lc, wu * lr)).mean(), kl, r.detach()
+
+
+def hand_metrics(f, labels, r, kl):
+    """The logged metrics of section 7, from the f64 forward."""
+    ids, attn, cmask = f["main"]
+    logits = f["logits"][:, :-1]
+    m = cmask[:, 1:].bool()
+    ent = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+    mean_v = logits.mean(-1)
+    S = f["S"].detach()
+    out = {"kl": kl.item(), "entropy": ent[m].mean().item(), "num_tokens": float(attn.sum())}
+    for name, sel in (("chosen", labels), ("rejected", ~labels)):
+        out[f"logits/{name}"] = mean_v[sel][m[sel]].mean().item()
+        out[f"rewards/{name}"] = (BETA * r[sel]).mean().item()
+        out[f"logps/{name}"] = S[sel].mean().item()
+    out["rewards/margins"] = out["rewards/chosen"] - out["rewards/rejected"]
+    return out
+
+
+def hand(loss, start, variant, rows, batch, trl_batch):
+    """Loss, metrics, start adapter, gradients (by PEFT key) and per-row
+    numbers of the first batch, in f64."""
+    from peft import get_peft_model_state_dict
+    kw = config_kwargs(loss, "sgd", variant)
+    rows = rows[:batch]
+    kl_on = loss == "kto"
+    f = hand_forward(start, rows, kl_on, trl_batch)
+    labels = torch.tensor([r["label"] for r in rows])
+    value, kl, r = hand_loss(loss, f, labels, kw["desirable_weight"], kw["undesirable_weight"])
+    metrics = hand_metrics(f, labels, r, kl)
+    value.backward()
+    pol = f["pol"]
+    named = dict(pol.named_parameters())
+    params = {k: v.detach().clone() for k, v in get_peft_model_state_dict(pol).items()}
+    grads = {k: named[k.replace(".weight", ".default.weight")].grad.detach().clone() for k in params}
+    metrics["grad_norm"] = sum((g ** 2).sum() for g in grads.values()).sqrt().item()
+    per_row = {"label": [bool(x) for x in labels], "policy_sum": f["S"].tolist(), "ref_sum": f["S0"].tolist(),
+               "completion_tokens": [float(x) for x in f["main"][2][:, 1:].sum(1)]}
+    if kl_on:
+        per_row.update(kl_policy_sum=f["KLp"].tolist(), kl_ref_sum=f["KLr"].tolist(),
+                       kl_completion_tokens=[float(x) for x in f["kl_tokens"]])
+    return value.item(), metrics, params, grads, per_row
+
+
+# ---------------------------------------------------------------------------
+# Cases.
+
+TIMING_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second")
+
+
+def check_same(name, a, b):
+    """The strings run and the ids run agree bitwise."""
+    loss, logs, init, after, batch, prepared = a
+    loss2, logs2, init2, after2, batch2, prepared2 = b
+    assert loss == loss2, (name, loss, loss2)
+    assert logs.keys() == logs2.keys(), (name, sorted(logs), sorted(logs2))
+    for k in logs:
+        if k not in TIMING_KEYS:
+            assert logs[k] == logs2[k], (name, k, logs[k], logs2[k])
+    for k in after:
+        assert torch.equal(after[k], after2[k]) and torch.equal(init[k], init2[k]), (name, k)
+    assert batch.keys() == batch2.keys(), (name, sorted(batch), sorted(batch2))
+    for k in batch:
+        assert torch.equal(batch[k], batch2[k]), (name, "batch", k)
+    keys = [k for k in prepared2[0]]
+    assert [{k: r[k] for k in keys} for r in prepared] == prepared2, (name, "prepared rows")
+
+
+def f64_diffs(opt, trl, h):
+    """Largest relative differences of TRL's numbers to the f64 ones."""
+    loss, logs, _, after, _, _ = trl
+    h_loss, h_metrics, h_params, h_grads, _ = h
+    missing = sorted(set(h_metrics) ^ (set(logs) - {"loss", "epoch", "step", "learning_rate"}))
+    assert not missing, ("logged metrics differ from the hand-computed set", missing)
+    d_met = max(abs(h_metrics[k] - logs[k]) / max(abs(h_metrics[k]), 1.0) for k in h_metrics)
+    lr = OPTS[opt]["learning_rate"]
+    d_ad = 0.0
+    for k, p0 in h_params.items():
+        g = h_grads[k]
+        want = p0 - lr * g if opt == "sgd" else p0 - lr * g / (g.abs() + 1e-8)
+        d_ad = max(d_ad, ((want - after[k].double()).abs().max() / want.abs().max()).item())
+    return {"loss": abs(h_loss - loss) / max(abs(h_loss), 1.0), "metrics": d_met, "adapter": d_ad,
+            "logged_loss": abs(h_loss - logs["loss"]) / max(abs(h_loss), 1.0)}
+
+
+def case_settings(loss, start, opt, variant):
+    kw = config_kwargs(loss, opt, variant)
+    for k in ("logging_steps", "save_strategy", "report_to", "dataloader_num_workers", "disable_tqdm", "fp16",
+              "data_seed"):
+        kw.pop(k)
+    return {"trainer": "KTOTrainer", **kw, **case_data(variant)[2], "start": start, "dtype": "float32",
+            "calculate_kl": loss == "kto", "policy_adapter": rel(adapter_dir(POLICY[start])),
+            "reference": {"fresh": "base (adapter disabled)",
+                          "init": f"{rel(adapter_dir('init'))} (TRL's frozen 'ref' copy of the policy adapter)",
+                          "ref": f"{rel(adapter_dir('ref'))} (loaded into TRL's frozen 'ref' adapter after the "
+                                 "trainer is built)"}[start]}
+
+
+def run_case(loss, start, opt, variant):
+    """One case through TRL twice (strings, ids: bitwise equal) and once in
+    f64. Returns (name, expected entry, tensors, f64 diffs)."""
+    name = case_name(loss, start, opt, variant)
+    a = run_trl(loss, start, opt, variant, "strings")
+    b = run_trl(loss, start, opt, variant, "ids")
+    check_same(name, a, b)
+    ids_rows = b[5]
+    batch = config_kwargs(loss, opt, variant)["per_device_train_batch_size"]
+    h = hand(loss, start, variant, ids_rows, batch, a[4])
+    diffs = f64_diffs(opt, a, h)
+    first_loss, logs, _, after, _, _ = a
+    print(f"{name:24s} loss {first_loss:.7f} kl {logs['kl']:.3g} grad_norm {logs['grad_norm']:.6f}  f64 check "
+          f"(relative): loss {diffs['loss']:.1e} metrics {diffs['metrics']:.1e} adapter {diffs['adapter']:.1e}")
+    metrics = {k: v for k, v in logs.items() if k not in ("loss", "epoch", "step")}
+    entry = {"settings": case_settings(loss, start, opt, variant), "loss": first_loss,
+             "logged_loss": logs["loss"], "metrics": metrics, "rows_f64": h[4]}
+    return name, entry, {f"{name}.{k}": v for k, v in after.items()}, diffs
+
+
+def meta(worst):
+    import datasets, peft, trl, transformers
+    return {
+        "versions": {"torch": torch.__version__, "trl": trl.__version__, "transformers": transformers.__version__,
+                     "peft": peft.__version__, "datasets": datasets.__version__},
+        "model": rel(MODEL_DIR), "tokenizer": rel(os.path.join(PREF, "tokenizer")),
+        "lora": {"r": 4, "lora_alpha": 8, "target_modules": TARGETS, "dropout": 0.0},
+        "pad_token_id": EOS_ID, "bos_token_id": BOS_ID, "eos_token_id": EOS_ID,
+        "paths": "relative to the repository root",
+        "rows_f64": "per row of the step-1 batch in batch order; kl_* only where loss_type is kto",
+        "f64_check_max_rel_diff": worst,
+    }
+
+
+def write_cases(case_list, stem):
+    """Runs the cases; writes OUT/<stem>.json and OUT/<stem>.safetensors."""
+    expected, tensors = {}, {}
+    worst = {"loss": 0.0, "logged_loss": 0.0, "metrics": 0.0, "adapter": 0.0}
+    for case in case_list:
+        name, entry, after, diffs = run_case(*case)
+        worst = {k: max(worst[k], diffs[k]) for k in worst}
+        expected[name] = entry
+        tensors.update(after)
+    expected["_meta"] = meta(worst)
+    with open(os.path.join(OUT, stem + ".json"), "w") as f:
+        json.dump(expected, f, indent=1, sort_keys=True)
+        f.write("\n")
+    save_file(contiguous(tensors), os.path.join(OUT, stem + ".safetensors"))
+    print(f"{stem}: f64 check, worst relative difference over all cases:", worst)
+    assert all(v < TOL for v in worst.values()), worst
+
+
+@step("cases")
+def cases():
+    write_cases(CASES, "expected")
+
+
+@step("ref_cases")
+def ref_cases():
+    write_cases(REF_CASES, "expected_ref")
+
+
+if __name__ == "__main__":
+    import accelerate, datasets, peft, safetensors, tokenizers, transformers, trl
+    print("torch", torch.__version__, "trl", trl.__version__, "transformers", transformers.__version__, "peft",
+          peft.__version__, "accelerate", accelerate.__version__, "datasets", datasets.__version__, "tokenizers",
+          tokenizers.__version__, "safetensors", safetensors.__version__)
+    if sys.argv[1:]:
+        sys.exit(f"usage: {sys.argv[0]}")
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    write_inputs()
+    write_ids()
+    cases()
+    ref_cases()
+    finish()
