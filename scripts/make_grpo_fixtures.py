@@ -8,12 +8,18 @@ accelerate, safetensors and PyTorch are installed (made with torch
 accelerate 1.15.0, datasets 5.2.0, tokenizers 0.23.3, safetensors 0.8.0,
 pyarrow 26.0.1); it needs no GPU and no network, and takes about a minute:
 
-    python3 scripts/make_grpo_fixtures.py
+    python3 scripts/make_grpo_fixtures.py              # the files below
+    python3 scripts/make_grpo_fixtures.py --variants   # only the --variants files
 
 (e.g. `pip install --target DIR torch==2.9.1 trl==1.16.0 transformers==5.24.0
 peft==0.21.2 accelerate==1.15.0 datasets==5.2.0 tokenizers==0.23.3
 safetensors==0.8.0 pyarrow==26.0.1`, then `PYTHONPATH=DIR python3 ...`; two
-runs reproduce the committed files byte for byte.)
+runs reproduce the committed files byte for byte on the machine that made
+them. Elsewhere the f32 numbers can move by an ulp or so: on an AMD EPYC
+machine the default run's expected.json / expected.safetensors differed from
+the committed ones by up to 8e-7, the same with the script before --variants
+was added; every other file was identical. --variants' files were made on
+that machine.)
 
 It reads the tiny f32 model tests/fixtures/llama/gqa_llama3 (vocab 128;
 its generation_config says eos_token_id 2, which TRL 1.16 also treats as an
@@ -52,6 +58,8 @@ tests/fixtures/grpo/ (about 350 KB):
                              adapter_model.safetensors writes them)
   FORMULAS.md                what TRL 1.16 GRPOTrainer computes, exactly
                              (from FORMULAS below), and its defaults
+  expected_variants.json,    --variants only (below): the variant cases,
+  expected_variants.safetensors  as expected.json / expected.safetensors
 
 LoRA everywhere: r 4, lora_alpha 8 (scale 2), target_modules q_proj and
 v_proj, dropout 0, no bias, f32.
@@ -133,6 +141,39 @@ recomputed one, and the loss, every logged metric, grad_norm, the
 advantages, the start log-probs and the adapter after every step must agree
 with TRL within 1e-5 (the largest differences are printed and stored in
 _meta).
+
+--variants runs only the cases below and writes only
+expected_variants.json and expected_variants.safetensors (same schema as
+expected.json / expected.safetensors; "_meta" adds
+"trl_grpo_variant_defaults", TRL 1.16's sapo temperatures, checked), and
+FORMULAS.md with the same text as the default run (section 12 documents
+these cases); it reads rollouts.jsonl and adapters/ and leaves every other
+file as it is. Its settings add "sapo_temperature_pos" / "_neg" for sapo;
+"importance_sampling_level" and "use_bias_correction_kl" are the case's. The
+same checks, and the same 1e-5 f64 check (FORMULAS.md section 12: the
+sequence-level weight, cispo, sapo, the KL without its bias correction, and
+the metrics each loss type logs); two runs give byte-identical files. Every
+setting as above unless said:
+
+  grpo.b0.04.mu2.gspo          importance_sampling_level "sequence" (one
+                               ratio per row; at step 2 they differ from 1,
+                               checked)
+  dapo.b0.0.mu2.gspo           the same with dapo (TRL warns and runs); at
+                               step 2 a row's ratio is clipped low
+  cispo.b0.0.mu2               epsilon_high 1.05 (cispo's cap is the ratio's
+                               absolute maximum, not 1 + epsilon_high), SGD lr
+                               1.0: cispo_clip_ratio 0 at step 1, > 0 at
+                               step 2 (checked)
+  cispo.b0.04.mu2.ref          epsilon_high unset (TRL caps at epsilon, 0.2:
+                               every token's weight is 0.2, cispo_clip_ratio
+                               the fraction of tokens with A > 0; checked),
+                               policy adapters/init, reference adapters/ref
+                               as the .ref cases
+  sapo.b0.0.mu2                sapo_temperature_pos 1.0, _neg 1.05 (TRL's
+                               defaults), SGD lr 1.0
+  sapo.b0.04.mu2.temps         sapo_temperature_pos 2.0, _neg 0.5
+  dapo.b0.04.mu2.ref.nobias,   dapo.b0.04.mu2.ref and dapo.b0.5.mu1.ref with
+  dapo.b0.5.mu1.ref.nobias     use_bias_correction_kl False
 
 One workaround, not touching the numbers: datasets 5.2.0 could not
 fingerprint a pyarrow table here (dill PicklingError on MonthDayNano), so the
@@ -217,7 +258,10 @@ def case(loss_type="dapo", beta=0.0, mu=1, variant=None, **kw):
     name = f"{loss_type}.b{beta}.mu{mu}" + (f".{variant}" if variant else "")
     c = {"name": name, "loss_type": loss_type, "beta": beta, "num_iterations": mu, "max_steps": mu,
          "epsilon": 0.2, "epsilon_high": None, "scale_rewards": "group", "temperature": 1.0, "opt": "sgd",
-         "learning_rate": None, "start": "fresh", "rollouts": "rollouts.jsonl"}
+         "learning_rate": None, "start": "fresh", "rollouts": "rollouts.jsonl",
+         "importance_sampling_level": "token", "use_bias_correction_kl": True,
+         "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}
+    assert set(kw) <= set(c), sorted(set(kw) - set(c))
     c.update(kw)
     if c["learning_rate"] is None:
         c["learning_rate"] = OPTS[c["opt"]]["learning_rate"]
@@ -239,6 +283,25 @@ CASES = [case(lt, b, mu) for lt in ("grpo", "dr_grpo", "dapo", "bnpo") for b in 
     case(variant="tied", rollouts="rollouts_tied.jsonl"),
     case(variant="two_rewards", rollouts="rollouts_two_rewards.jsonl"),
 ]
+
+# --variants: the other importance-sampling level and loss types, and the KL
+# without its bias correction (expected_variants.json / .safetensors).
+VARIANT_CASES = [
+    case("grpo", 0.04, 2, "gspo", importance_sampling_level="sequence"),
+    case("dapo", 0.0, 2, "gspo", importance_sampling_level="sequence"),
+    # cispo caps the ratio at epsilon_high itself (not 1 + epsilon_high):
+    # 1.05 and SGD lr 1.0 clip some tokens with A > 0 at step 2 (checked).
+    case("cispo", 0.0, 2, epsilon_high=1.05, learning_rate=1.0),
+    # epsilon_high unset: TRL's cap is epsilon, 0.2, below every ratio.
+    case("cispo", 0.04, 2, "ref", start="ref"),
+    case("sapo", 0.0, 2, learning_rate=1.0),
+    case("sapo", 0.04, 2, "temps", sapo_temperature_pos=2.0, sapo_temperature_neg=0.5),
+    case(beta=0.04, mu=2, variant="ref.nobias", start="ref", use_bias_correction_kl=False),
+    case(beta=0.5, variant="ref.nobias", start="ref", use_bias_correction_kl=False),
+]
+# TRL 1.16.0's GRPOConfig defaults the variant cases rely on, besides
+# TRL_DEFAULTS (checked with --variants).
+TRL_VARIANT_DEFAULTS = {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}
 
 FORMULAS = r"""# GRPO in TRL 1.16.0, exactly
 
@@ -505,6 +568,60 @@ replaced by one that hands out each prompt's completions in file order;
 the reward functions look up the file's reward of (prompt, completion ids).
 The script checks that the prompt_ids, completion_ids and completion_mask of
 TRL's batch are the file's rows (up to row order), at every step.
+
+## 12. Sequence-level weights, cispo, sapo, the KL without its correction
+
+The cases of tests/fixtures/grpo/expected_variants.json (written by
+`scripts/make_grpo_fixtures.py --variants`, checked in f64 like the others).
+rho is TRL's coef_1, A_i the row's advantage, x[i,t] = ref[i,t] - logp[i,t].
+
+- importance_sampling_level "sequence" (GSPO): one weight per row,
+      log_w_i = sum_t m[i,t] (logp[i,t] - old[i,t]) / max(L_i, 1)
+      rho_i   = exp(log_w_i)                          ([B, 1])
+  broadcast over the row's tokens: every formula of section 4 and below
+  takes rho_i for rho[i,t] (l[i,t] is the same for every token of row i,
+  but each token's logp gets the gradient through log_w_i). With
+  use_bias_correction_kl the KL is (exp(x) - x - 1)[i,t] * rho_i. The
+  loss_type pools l[i,t] as in section 7 (a row counts once per token: dapo
+  weighs row i by L_i; TRL warns for bnpo, dr_grpo, dapo and cispo at the
+  sequence level, and runs). With mu = 1, log_w = 0 in value.
+  Metrics of a [B, 1] tensor (TRL's global_masked_mean and masked_seq_mean):
+  clip_ratio/low_mean, /high_mean, /region_mean are the plain mean over the
+  B ROWS of the row's indicator (sum_i [.] / B, not weighted by L_i);
+  clip_ratio/low_min and /high_max the min / max over rows of the row's
+  indicator (0 or 1). kl and entropy stay pooled means over tokens.
+- loss_type "cispo":
+      w[i,t] = min(rho[i,t], epsilon_high)   DETACHED (a constant weight)
+      l[i,t] = -w[i,t] A_i logp[i,t]          (+ beta kl[i,t])
+  epsilon_high is an ABSOLUTE cap on the ratio (not 1 + epsilon_high), from
+  above only (whatever the sign of A); unset it is epsilon, 0.2, below every
+  ratio near 1, so every token's weight is 0.2. The gradient is -w A dlogp;
+  the loss value is not ~0 at rho = 1 (it contains logp). Pooled as dapo
+  (sum m l / max(num_items_in_batch, 1)). Logged instead of clip_ratio/*:
+  cispo_clip_ratio = pooled mean over tokens of [rho > epsilon_high and
+  A_i > 0].
+- loss_type "sapo":
+      tau_i  = sapo_temperature_pos if A_i > 0 else sapo_temperature_neg
+               (defaults 1.0 and 1.05; A_i = 0 takes the negative one)
+      l[i,t] = -sigmoid(tau_i (rho[i,t] - 1)) * 4 / tau_i * A_i   (+ beta kl[i,t])
+  No clipping (epsilon, epsilon_high unused). At rho = 1 the value is
+  -2 A_i / tau_i (the first step's loss is not 0 when the temperatures
+  differ) and the gradient -A_i dlogp (d l / d logp = -4 s (1 - s) rho A_i,
+  s the sigmoid). Pooled as grpo: (1/B) sum_i sum_t m l / max(L_i, 1).
+  No clip metric is logged (neither clip_ratio/* nor cispo_clip_ratio).
+- use_bias_correction_kl False: kl[i,t] = exp(x) - x - 1 without the factor
+  rho, its gradient beta (1 - exp(x)) dlogp; the "kl" metric is its pooled
+  mean (equal in value to the corrected one where rho = 1).
+
+The cases (every other setting as the base cases': SGD lr 0.1, start
+"fresh", 8 rows, G = 4, max_completion_length 6, no gradient clipping):
+grpo.b0.04.mu2.gspo and dapo.b0.0.mu2.gspo (sequence
+level); cispo.b0.0.mu2 (epsilon_high 1.05, SGD lr 1.0: no token capped at
+step 1, some with A > 0 at step 2); cispo.b0.04.mu2.ref (epsilon_high unset,
+so 0.2; policy adapters/init, reference adapters/ref); sapo.b0.0.mu2 (SGD lr
+1.0); sapo.b0.04.mu2.temps (temperatures 2.0 and 0.5);
+dapo.b0.04.mu2.ref.nobias and dapo.b0.5.mu1.ref.nobias (the .ref cases with
+use_bias_correction_kl False).
 """
 
 
@@ -577,6 +694,11 @@ def reward_matrix(rows):
 # ---------------------------------------------------------------------------
 # Inputs: rollouts and adapters.
 
+def write_formulas():
+    with open(os.path.join(OUT, "FORMULAS.md"), "w") as f:
+        f.write(FORMULAS)
+
+
 @step("inputs")
 def write_inputs():
     from peft import get_peft_model
@@ -599,8 +721,7 @@ def write_inputs():
         with open(os.path.join(OUT, name), "w") as f:
             for r in rollout_rows(rewards):
                 f.write(json.dumps(r) + "\n")
-    with open(os.path.join(OUT, "FORMULAS.md"), "w") as f:
-        f.write(FORMULAS)
+    write_formulas()
     # Random adapters: every LoRA tensor from N(0, 0.1).
     for name, seed in [("init", 1), ("ref", 2)]:
         torch.manual_seed(seed)
@@ -737,6 +858,11 @@ def run_trl(c):
             extra["reward_weights"] = REWARD_WEIGHTS
         if c["epsilon_high"] is not None:
             extra["epsilon_high"] = c["epsilon_high"]
+        for key in ("importance_sampling_level", "use_bias_correction_kl", "sapo_temperature_pos",
+                    "sapo_temperature_neg"):
+            default = TRL_DEFAULTS.get(key, TRL_VARIANT_DEFAULTS.get(key))
+            if c[key] != default:
+                extra[key] = c[key]
         args = GRPOConfig(
             output_dir=tmp, per_device_train_batch_size=len(rows), num_generations=G,
             max_completion_length=MAX_COMPLETION, gradient_accumulation_steps=1, max_steps=c["max_steps"],
@@ -748,6 +874,9 @@ def run_trl(c):
             disable_tqdm=True, **extra)
         assert args.steps_per_generation == 1 and args.generation_batch_size == len(rows)
         assert args.pad_to_multiple_of is None
+        for key in ("importance_sampling_level", "use_bias_correction_kl", "sapo_temperature_pos",
+                    "sapo_temperature_neg"):
+            assert getattr(args, key) == c[key], (key, getattr(args, key), c[key])
         kw = {}
         if c["start"] == "fresh":
             model = base_model()
@@ -762,6 +891,7 @@ def run_trl(c):
         trainer.fixture_generated, trainer.fixture_inputs = [], []
         trainer.fixture_losses, trainer.fixture_policy_logps = [], []
         assert trainer.eos_token_ids == [EOS_ID, 2], trainer.eos_token_ids
+        assert trainer.epsilon_high == settings_of(c)["epsilon_high"], (trainer.epsilon_high, c["name"])
         pm = trainer.model
         has_ref = "ref" in pm.peft_config
         assert has_ref == (c["start"] != "fresh" and c["beta"] != 0.0), (c["name"], list(pm.peft_config))
@@ -924,47 +1054,76 @@ def hand(c, rows):
             p.grad = None
         lp, ent = token_stats(pol, rows, T)
         old_s = lp.detach() if mu == 1 else old
-        coef1 = torch.exp(lp - old_s)
-        coef2 = torch.clamp(coef1, 1 - eps_lo, 1 + eps_hi)
+        lt = c["loss_type"]
+        clipped = lt in ("grpo", "dr_grpo", "dapo", "bnpo")
+        if c["importance_sampling_level"] == "token":
+            coef1 = torch.exp(lp - old_s)
+        else:  # "sequence": one weight per row, [N, 1], broadcast over its tokens
+            log_w = ((lp - old_s) * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+            coef1 = torch.exp(log_w)[:, None]
         a = A[:, None]
-        ptl = -torch.min(coef1 * a, coef2 * a)
+        if lt == "cispo":  # the ratio capped at epsilon_high itself, a constant weight
+            ptl = -torch.clamp(coef1, max=eps_hi).detach() * a * lp
+        elif lt == "sapo":
+            tau = torch.where(a > 0, torch.full_like(a, c["sapo_temperature_pos"]),
+                              torch.full_like(a, c["sapo_temperature_neg"]))
+            ptl = -(torch.sigmoid(tau * (coef1 - 1)) * 4 / tau) * a
+        else:
+            coef2 = torch.clamp(coef1, 1 - eps_lo, 1 + eps_hi)
+            ptl = -torch.min(coef1 * a, coef2 * a)
         if beta != 0.0:
             x = ref - lp
-            kl = (torch.exp(x) - x - 1) * coef1  # use_bias_correction_kl
+            kl = torch.exp(x) - x - 1
+            if c["use_bias_correction_kl"]:
+                kl = kl * coef1
             ptl = ptl + beta * kl
-        lt = c["loss_type"]
-        if lt == "grpo":
+        if lt in ("grpo", "sapo"):
             loss = ((ptl * mask).sum(-1) / mask.sum(-1)).mean()
         elif lt == "dr_grpo":
             loss = (ptl * mask).sum() / (N * MAX_COMPLETION)
-        else:  # bnpo, dapo (one process, no accumulation: the same)
+        else:  # bnpo, dapo, cispo (one process, no accumulation: the same)
             loss = (ptl * mask).sum() / mask.sum()
         loss.backward()
         grads = {k: named[pname[k]].grad.detach().clone() for k in keys}
         gnorm = torch.sqrt(sum((g ** 2).sum() for g in grads.values())).item()
 
         def gmean(t):
+            if t.size(1) == 1:  # sequence level: the plain mean over rows
+                return (t.sum() / t.size(0)).item()
             return ((t * mask).sum() / mask.sum()).item()
 
         def seq_mean(t):
+            if t.size(1) == 1:
+                return t[:, 0]
             return (t * mask).sum(-1) / mask.sum(-1)
-        lo = ((coef1 < 1 - eps_lo) & (a < 0)).double()
-        hi = ((coef1 > 1 + eps_hi) & (a > 0)).double()
         met = {"loss": loss.item(), "grad_norm": gnorm, "learning_rate": lr, "epoch": k_step / mu,
-               "entropy": gmean(ent.detach()), "clip_ratio/low_mean": gmean(lo), "clip_ratio/high_mean": gmean(hi),
-               "clip_ratio/region_mean": gmean(torch.maximum(lo, hi)),
-               "clip_ratio/low_min": seq_mean(lo).min().item(), "clip_ratio/high_max": seq_mean(hi).max().item()}
+               "entropy": gmean(ent.detach())}
+        if clipped:
+            lo = ((coef1 < 1 - eps_lo) & (a < 0)).double()
+            hi = ((coef1 > 1 + eps_hi) & (a > 0)).double()
+            met.update({"clip_ratio/low_mean": gmean(lo), "clip_ratio/high_mean": gmean(hi),
+                        "clip_ratio/region_mean": gmean(torch.maximum(lo, hi)),
+                        "clip_ratio/low_min": seq_mean(lo).min().item(),
+                        "clip_ratio/high_max": seq_mean(hi).max().item()})
+        elif lt == "cispo":
+            met["cispo_clip_ratio"] = gmean(((coef1 > eps_hi) & (a > 0)).double())
         if beta != 0.0:
             met["kl"] = gmean(kl.detach())
         if k_step == 1:  # logged once per generation
             met.update(reward_metrics)
             met.update(completion_metrics(rows))
         # Every clipping decision is far from its bound (no f32/f64 flip).
-        bounds = [1 - eps_lo, 1 + eps_hi] + ([1 + eps_lo] if eps_hi != eps_lo else [])
-        margin = min((coef1.detach() - b).abs()[mask.bool()].min().item() for b in bounds)
+        if clipped:
+            bounds = [1 - eps_lo, 1 + eps_hi] + ([1 + eps_lo] if eps_hi != eps_lo else [])
+        else:  # cispo: its cap; sapo: no bound
+            bounds = [eps_hi] if lt == "cispo" else []
+        ratios = coef1.detach().expand_as(mask)[mask.bool()]
+        margin = min([(ratios - b).abs().min().item() for b in bounds] + [math.inf])
         assert margin > 1e-4, ("a ratio within 1e-4 of a clipping bound", c["name"], k_step, margin)
         # eps_high: tokens whose clipping the asymmetric bound decides
         between = ((coef1 > 1 + eps_lo) & (coef1 <= 1 + eps_hi) & (a > 0)).double().sum().item()
+        with torch.no_grad():
+            r_min, r_max = ratios.min().item(), ratios.max().item()
         with torch.no_grad():
             for k in keys:
                 p, g = named[pname[k]], grads[k]
@@ -977,7 +1136,8 @@ def hand(c, rows):
                     bc1, bc2 = 1 - 0.9 ** k_step, 1 - 0.999 ** k_step
                     p -= (lr / bc1) * m / (v.sqrt() / math.sqrt(bc2) + 1e-8)
         after = {k: named[pname[k]].detach().clone() for k in keys}
-        steps.append({"metrics": met, "after": after, "between_eps": between, "margin": margin})
+        steps.append({"metrics": met, "after": after, "between_eps": between, "margin": margin,
+                      "ratio_range": (r_min, r_max)})
     rows_lp = [old[i, :len(r["completion_ids"])].tolist() for i, r in enumerate(rows)]
     rows_ref = None if ref is None else [ref[i, :len(r["completion_ids"])].tolist() for i, r in enumerate(rows)]
     return {"steps": steps, "advantages": A.tolist(), "logps": rows_lp, "ref_logps": rows_ref}
@@ -990,7 +1150,10 @@ def settings_of(c):
     reference = {"fresh": "base (adapter disabled)", "init": "adapters/init (TRL's 'ref' copy of the policy's adapter)",
                  "ref": "adapters/ref (loaded into TRL's 'ref' adapter)"}[c["start"]]
     rows = read_rollouts(c["rollouts"])
-    return {"loss_type": c["loss_type"], "beta": c["beta"], "num_iterations": c["num_iterations"],
+    extra = {}
+    if c["loss_type"] == "sapo":
+        extra = {"sapo_temperature_pos": c["sapo_temperature_pos"], "sapo_temperature_neg": c["sapo_temperature_neg"]}
+    return {**extra, "loss_type": c["loss_type"], "beta": c["beta"], "num_iterations": c["num_iterations"],
             "max_steps": c["max_steps"], "epsilon": c["epsilon"], "epsilon_high": eps_hi,
             "epsilon_high_given": c["epsilon_high"], "scale_rewards": c["scale_rewards"],
             "temperature": c["temperature"], "optim": OPTS[c["opt"]]["optim"], "learning_rate": c["learning_rate"],
@@ -1000,8 +1163,9 @@ def settings_of(c):
             "start": c["start"], "policy_adapter": "adapters/fresh" if c["start"] == "fresh" else "adapters/init",
             "reference": reference if c["beta"] != 0.0 else "none (beta 0)",
             "per_device_train_batch_size": 8, "num_generations": G, "max_completion_length": MAX_COMPLETION,
-            "gradient_accumulation_steps": 1, "steps_per_generation": 1, "use_bias_correction_kl": True,
-            "importance_sampling_level": "token", "mask_truncated_completions": False,
+            "gradient_accumulation_steps": 1, "steps_per_generation": 1,
+            "use_bias_correction_kl": c["use_bias_correction_kl"],
+            "importance_sampling_level": c["importance_sampling_level"], "mask_truncated_completions": False,
             "top_entropy_quantile": 1.0, "multi_objective_aggregation": "sum_then_normalize", "seed": SEED}
 
 
@@ -1038,28 +1202,25 @@ def run_case(c):
     return name, entry, tensors, diffs, h
 
 
-@step("cases")
-def cases():
+def run_cases(case_list, stem, checked_defaults, meta_extra, check):
+    """Runs `case_list` (TRL and the f64 recomputation), writes
+    <stem>.json and <stem>.safetensors; `check(name, entry, h)` adds the
+    checks of particular cases."""
     import peft, trl, transformers, accelerate, datasets
     from trl import GRPOConfig
     import dataclasses
     defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
-    for k, v in {**TRL_DEFAULTS, **HF_DEFAULTS}.items():
+    for k, v in checked_defaults.items():
         assert defaults[k] == v, ("TRL default differs from TRL_DEFAULTS", k, defaults[k], v)
     expected, tensors = {}, {}
     worst = {}
-    for c in CASES:
+    for c in case_list:
         name, entry, after, diffs, h = run_case(c)
         for k, v in diffs.items():
             worst[k] = max(worst.get(k, 0.0), v)
         expected[name] = entry
         tensors.update(after)
-        if name.endswith(".eps_high"):
-            s2 = entry["steps"][1]["logged"]
-            assert s2["clip_ratio/high_mean"] > 0 and s2["clip_ratio/low_mean"] > 0, s2
-            between = h["steps"][1]["between_eps"]
-            assert between > 0, "no ratio in (1 + epsilon, 1 + epsilon_high] with A > 0"
-            print(f"  {name}: step 2 has {between:.0f} token(s) with A > 0 and ratio in (1.2, 1.28]")
+        check(name, entry, h)
     expected["_meta"] = {
         "versions": {"torch": torch.__version__, "trl": trl.__version__, "transformers": transformers.__version__,
                      "peft": peft.__version__, "accelerate": accelerate.__version__,
@@ -1070,13 +1231,47 @@ def cases():
         "trl_eos_token_ids": [EOS_ID, 2],
         "trl_grpo_defaults": TRL_DEFAULTS, "trainingarguments_defaults": HF_DEFAULTS,
         "f64_check_max_abs_diff": worst,
+        **meta_extra,
     }
-    with open(os.path.join(OUT, "expected.json"), "w") as f:
+    with open(os.path.join(OUT, stem + ".json"), "w") as f:
         json.dump(expected, f, indent=1, sort_keys=True)
         f.write("\n")
-    save_file(contiguous(tensors), os.path.join(OUT, "expected.safetensors"))
+    save_file(contiguous(tensors), os.path.join(OUT, stem + ".safetensors"))
     print("f64 check, worst over all cases:", worst)
     assert all(v < 1e-5 for v in worst.values()), worst
+
+
+@step("cases")
+def cases():
+    def check(name, entry, h):
+        if name.endswith(".eps_high"):
+            s2 = entry["steps"][1]["logged"]
+            assert s2["clip_ratio/high_mean"] > 0 and s2["clip_ratio/low_mean"] > 0, s2
+            between = h["steps"][1]["between_eps"]
+            assert between > 0, "no ratio in (1 + epsilon, 1 + epsilon_high] with A > 0"
+            print(f"  {name}: step 2 has {between:.0f} token(s) with A > 0 and ratio in (1.2, 1.28]")
+    run_cases(CASES, "expected", {**TRL_DEFAULTS, **HF_DEFAULTS}, {}, check)
+
+
+@step("variants")
+def variants():
+    def check(name, entry, h):
+        if len(entry["steps"]) == 1:
+            return
+        s1, s2 = (s["logged"] for s in entry["steps"])
+        lo, hi = h["steps"][1]["ratio_range"]
+        print(f"  {name}: step 2 ratios (per {entry['settings']['importance_sampling_level']}) in "
+              f"[{lo:.4f}, {hi:.4f}]")
+        # At step 2 the ratios have moved away from 1 (each case tests them).
+        assert hi - lo > 1e-3, (name, lo, hi)
+        if name == "cispo.b0.0.mu2":
+            assert s1["cispo_clip_ratio"] == 0 and s2["cispo_clip_ratio"] > 0, (s1, s2)
+            print(f"  {name}: cispo_clip_ratio step 1 {s1['cispo_clip_ratio']}, step 2 "
+                  f"{s2['cispo_clip_ratio']:.6f} (ratio > epsilon_high 1.05 with A > 0)")
+        if name == "cispo.b0.04.mu2.ref":  # TRL's default cap 0.2 clips every token with A > 0
+            assert s1["cispo_clip_ratio"] == s2["cispo_clip_ratio"] > 0, (s1, s2)
+    run_cases(VARIANT_CASES, "expected_variants", {**TRL_DEFAULTS, **HF_DEFAULTS, **TRL_VARIANT_DEFAULTS},
+              {"trl_grpo_variant_defaults": TRL_VARIANT_DEFAULTS}, check)
 
 
 if __name__ == "__main__":
@@ -1086,8 +1281,12 @@ if __name__ == "__main__":
           tokenizers.__version__, "safetensors", safetensors.__version__)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
-    if sys.argv[1:]:
-        sys.exit(f"usage: {sys.argv[0]}")
-    write_inputs()
-    cases()
+    if sys.argv[1:] == ["--variants"]:
+        write_formulas()
+        variants()
+    elif sys.argv[1:]:
+        sys.exit(f"usage: {sys.argv[0]} [--variants]")
+    else:
+        write_inputs()
+        cases()
     finish()

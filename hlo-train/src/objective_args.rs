@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::Args;
 use hlo_engine::grpo::{GrpoSpec, RewardSpec, RewardWeight, DEFAULT_REWARD_TIMEOUT};
-use hlo_engine::models::grpo::{GrpoLossType, ScaleRewards};
+use hlo_engine::models::grpo::{GrpoLossType, ImportanceSampling, ScaleRewards};
 use hlo_engine::models::kto::KtoLossType;
 use hlo_engine::models::preference::Reference;
 use hlo_engine::objectives::KtoSpec;
@@ -102,9 +102,33 @@ pub struct GrpoArgs {
     #[arg(long, value_parser = named::<ScaleRewards>(), default_value = "group")]
     pub scale_rewards: ScaleRewards,
 
-    /// GRPO: how the per-token losses are pooled, as TRL's loss_type.
+    /// GRPO: the loss, as TRL's loss_type: the clipped ratio pooled per
+    /// completion (grpo), over completions × --max-completion-length
+    /// (dr_grpo), over the batch's completion tokens (dapo, bnpo); cispo
+    /// (each token's log-probability weighted by its ratio clipped above
+    /// at --epsilon-high, without gradient); sapo (a soft gate of the
+    /// ratio at --sapo-temperature-pos or -neg).
     #[arg(long, value_parser = named::<GrpoLossType>(), default_value = "dapo")]
     pub loss_type: GrpoLossType,
+
+    /// GRPO: the importance ratio of each token (token), or one of each
+    /// completion, its tokens' mean log-ratio (sequence: GSPO), as TRL's
+    /// importance_sampling_level.
+    #[arg(long, value_parser = named::<ImportanceSampling>(), default_value = "token")]
+    pub importance_sampling_level: ImportanceSampling,
+
+    /// GRPO: weight the KL estimate by the importance ratio (TRL's
+    /// use_bias_correction_kl); false leaves it unweighted.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub use_bias_correction_kl: bool,
+
+    /// GRPO with --loss-type sapo: the temperature of a positive advantage.
+    #[arg(long, default_value_t = 1.0, value_parser = crate::args::positive)]
+    pub sapo_temperature_pos: f64,
+
+    /// GRPO with --loss-type sapo: the temperature of a non-positive advantage.
+    #[arg(long, default_value_t = 1.05, value_parser = crate::args::positive)]
+    pub sapo_temperature_neg: f64,
 
     /// GRPO: tokens a completion has at most.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
@@ -189,6 +213,10 @@ impl GrpoArgs {
             num_iterations: self.num_iterations as usize,
             scale_rewards: self.scale_rewards,
             loss_type: self.loss_type,
+            importance_sampling: self.importance_sampling_level,
+            bias_correction_kl: self.use_bias_correction_kl,
+            sapo_temperature_pos: self.sapo_temperature_pos,
+            sapo_temperature_neg: self.sapo_temperature_neg,
             max_completion_length: self.max_completion_length as usize,
             temperature: self.temperature,
             top_p: self.top_p,

@@ -25,8 +25,16 @@ fn grpo(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// Every case of `expected.json` and `expected_variants.json`.
 fn expected() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(grpo("expected.json")).unwrap()).unwrap()
+    let read = |f: &str| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(grpo(f)).unwrap()).unwrap()
+    };
+    let mut all = read("expected.json");
+    if let (Some(a), Value::Object(b)) = (all.as_object_mut(), read("expected_variants.json")) {
+        a.extend(b);
+    }
+    all
 }
 
 /// The flags of a fixture case, from the settings TRL ran with.
@@ -92,6 +100,18 @@ fn flags(settings: &Value) -> Vec<String> {
     }
     if let Some(e) = s("epsilon_high_given").as_f64() {
         f.extend(["--epsilon-high".into(), e.to_string()]);
+    }
+    // The variants' settings (GSPO, CISPO, SAPO, the KL's weighting).
+    if let Some(level) = s("importance_sampling_level").as_str() {
+        f.extend(["--importance-sampling-level".into(), level.into()]);
+    }
+    if let Some(on) = s("use_bias_correction_kl").as_bool() {
+        f.extend(["--use-bias-correction-kl".into(), on.to_string()]);
+    }
+    if s("loss_type").as_str() == Some("sapo") {
+        for key in ["sapo_temperature_pos", "sapo_temperature_neg"] {
+            f.extend([format!("--{}", key.replace('_', "-")), num(key)]);
+        }
     }
     let adapter = |a: &str| grpo(a).display().to_string();
     match s("start").as_str().unwrap() {
@@ -165,7 +185,8 @@ fn check(name: &str, extra: &[&str]) {
     }
     let last = want["steps"].as_array().unwrap().len();
     let ours = read_safetensors(&out.join("adapter_model.safetensors")).unwrap();
-    let theirs = read_safetensors(&grpo("expected.safetensors")).unwrap();
+    let mut theirs = read_safetensors(&grpo("expected.safetensors")).unwrap();
+    theirs.extend(read_safetensors(&grpo("expected_variants.safetensors")).unwrap());
     assert!(!ours.is_empty());
     for (key, t) in &ours {
         let trl = &theirs
@@ -907,4 +928,27 @@ fn rewards_whose_statistics_overflow_are_refused() {
     ]));
     assert!(e.contains("overflow their statistics"), "{e}");
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// TRL 1.16's newer GRPO variants: sequence ratios (GSPO) with two loss
+/// types, CISPO (with a reference too), SAPO at its default and at given
+/// temperatures, and the KL estimate without its importance weighting;
+/// every one over two steps on one device, GSPO and CISPO on the mesh too.
+#[test]
+fn gspo_cispo_sapo_and_the_unweighted_kl_equal_trl() {
+    for name in [
+        "grpo.b0.04.mu2.gspo",
+        "dapo.b0.0.mu2.gspo",
+        "cispo.b0.0.mu2",
+        "cispo.b0.04.mu2.ref",
+        "sapo.b0.0.mu2",
+        "sapo.b0.04.mu2.temps",
+        "dapo.b0.04.mu2.ref.nobias",
+        "dapo.b0.5.mu1.ref.nobias",
+    ] {
+        check(name, &[]);
+    }
+    let mesh = ["--devices", "4", "--mesh", "dp=1,fsdp=2,mp=2"];
+    check("grpo.b0.04.mu2.gspo", &mesh);
+    check("cispo.b0.04.mu2.ref", &mesh);
 }

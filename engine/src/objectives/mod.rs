@@ -152,8 +152,8 @@ impl Objective {
     /// The metrics a step of this objective computes (TRL's names, and
     /// `logps/accuracies`), besides the learning rate, gradient norm and
     /// speed every step has.
-    pub fn metrics(self) -> Vec<&'static str> {
-        self.def().metrics()
+    pub fn metrics(self, specs: &ObjectiveSpecs) -> Vec<&'static str> {
+        self.def().metrics(specs)
     }
 }
 
@@ -282,9 +282,9 @@ pub trait ObjectiveDef: Sync {
     /// samples a row).
     fn batch_fields(&self, packed: bool) -> Vec<BatchField>;
 
-    /// The metrics its step computes (TRL's names), besides the learning
-    /// rate, gradient norm and speed every step has.
-    fn metrics(&self) -> Vec<&'static str>;
+    /// The metrics its step computes under `specs` (TRL's names),
+    /// besides the learning rate, gradient norm and speed every step has.
+    fn metrics(&self, specs: &ObjectiveSpecs) -> Vec<&'static str>;
 
     /// Its words in a run's header for a step minimising `loss` (what it
     /// computes, against what), e.g. `dpo against the base (adapter

@@ -49,7 +49,7 @@ impl ObjectiveDef for Sft {
         fields
     }
 
-    fn metrics(&self) -> Vec<&'static str> {
+    fn metrics(&self, _specs: &ObjectiveSpecs) -> Vec<&'static str> {
         vec!["loss"]
     }
 }

@@ -517,7 +517,11 @@ mod tests {
                     .map(|b| b.name.as_str())
                     .take_while(|n| !n.contains("lora") && !n.starts_with("opt.") && *n != "step")
                     .collect();
-                assert_eq!(names, &objective.metrics()[1..], "{objective}");
+                assert_eq!(
+                    names,
+                    &objective.metrics(&spec.objectives)[1..],
+                    "{objective}"
+                );
                 // Pairs, and KTO's examples with their KL rows: twice
                 // the rows.
                 let doubled = objective.is_preference() || objective == Objective::Kto;

@@ -26,14 +26,24 @@ pub enum GrpoLossType {
     /// The sum over every completion token, over this batch's completion
     /// tokens.
     Bnpo,
+    /// CISPO: each token's log-probability weighted by its importance
+    /// ratio clipped above at `epsilon_high` (without gradient) and its
+    /// advantage; pooled as `dapo`.
+    Cispo,
+    /// SAPO: a soft gate of the ratio, `σ(τ (r − 1)) · 4 / τ`, with τ
+    /// the positive or the negative temperature by the advantage's sign;
+    /// pooled as `grpo`.
+    Sapo,
 }
 
 impl GrpoLossType {
-    pub const ALL: [GrpoLossType; 4] = [
+    pub const ALL: [GrpoLossType; 6] = [
         GrpoLossType::Grpo,
         GrpoLossType::DrGrpo,
         GrpoLossType::Dapo,
         GrpoLossType::Bnpo,
+        GrpoLossType::Cispo,
+        GrpoLossType::Sapo,
     ];
 
     /// The name, as `--loss-type` and TRL spell it.
@@ -43,11 +53,36 @@ impl GrpoLossType {
             GrpoLossType::DrGrpo => "dr_grpo",
             GrpoLossType::Dapo => "dapo",
             GrpoLossType::Bnpo => "bnpo",
+            GrpoLossType::Cispo => "cispo",
+            GrpoLossType::Sapo => "sapo",
         }
     }
 
     pub fn parse(s: &str) -> Option<GrpoLossType> {
         GrpoLossType::ALL.into_iter().find(|t| t.name() == s)
+    }
+}
+
+/// Where the importance ratio is taken (TRL's `importance_sampling_level`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImportanceSampling {
+    /// Each token's own ratio.
+    Token,
+    /// One ratio a completion, the exponent of its tokens' mean log-ratio
+    /// (GSPO).
+    Sequence,
+}
+
+impl ImportanceSampling {
+    pub const ALL: [ImportanceSampling; 2] =
+        [ImportanceSampling::Token, ImportanceSampling::Sequence];
+
+    /// The name, as TRL spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ImportanceSampling::Token => "token",
+            ImportanceSampling::Sequence => "sequence",
+        }
     }
 }
 
@@ -99,6 +134,15 @@ pub struct GrpoLoss {
     /// log-probabilities when the rollouts were made) rather than being
     /// the current ones without gradient.
     pub old_logps: bool,
+    /// Token or sequence ratios (GSPO).
+    pub importance_sampling: ImportanceSampling,
+    /// The KL estimate weighted by the importance ratio (with its
+    /// gradient): TRL's `use_bias_correction_kl`, true by default.
+    pub bias_correction_kl: bool,
+    /// SAPO's temperatures for a positive and a non-positive advantage
+    /// (1.0 and 1.05).
+    pub sapo_temperature_pos: f64,
+    pub sapo_temperature_neg: f64,
 }
 
 impl Default for GrpoLoss {
@@ -111,6 +155,10 @@ impl Default for GrpoLoss {
             temperature: 1.0,
             max_completion_length: 256,
             old_logps: false,
+            importance_sampling: ImportanceSampling::Token,
+            bias_correction_kl: true,
+            sapo_temperature_pos: 1.0,
+            sapo_temperature_neg: 1.05,
         }
     }
 }
@@ -142,7 +190,7 @@ impl GrpoLoss {
     /// The loss and metrics of `t`.
     pub fn compute(&self, t: GrpoTokens) -> GrpoOutputs {
         let d = t.logps.dims();
-        let (rows, _) = (d[0], d[1]);
+        let rows = d[0];
         let zero = t.logps.scalar_like(0.0);
         let mask = t.mask;
         let on = mask.gt(zero);
@@ -151,20 +199,28 @@ impl GrpoLoss {
             Some(o) if self.old_logps => o,
             _ => t.logps.stop_gradient(),
         };
-        let coef_1 = masked(t.logps - old).exp();
-        let coef_2 = coef_1
-            .maximum(coef_1.scalar_like(1.0 - self.epsilon))
-            .minimum(coef_1.scalar_like(1.0 + self.epsilon_high));
+        let n = mask.sum(&[1]);
+        let per_row_mean = |x: Tensor| (x * mask).sum(&[1]) / n.maximum(n.scalar_like(1.0));
+        let coef_1 = match self.importance_sampling {
+            ImportanceSampling::Token => masked(t.logps - old).exp(),
+            ImportanceSampling::Sequence => per_row_mean(masked(t.logps - old))
+                .exp()
+                .broadcast_in_dim(&d, &[0]),
+        };
         let adv = t.advantages.broadcast_in_dim(&d, &[0]);
-        let mut per_token = -(coef_1 * adv).minimum(coef_2 * adv);
+        let mut per_token = self.policy_term(coef_1, adv, t.logps);
         let kl = (self.beta != 0.0).then(|| {
             let r = t
                 .ref_logps
                 .expect("a KL penalty reads the reference's log-probs");
             let diff = masked(r - t.logps);
-            // TRL's default `use_bias_correction_kl`: the estimate is
+            let kl = diff.exp() - diff - 1.0;
+            // TRL's `use_bias_correction_kl` (its default): the estimate
             // weighted by the importance ratio (with its gradient).
-            (diff.exp() - diff - 1.0) * coef_1
+            match self.bias_correction_kl {
+                true => kl * coef_1,
+                false => kl,
+            }
         });
         if let Some(kl) = kl {
             per_token = per_token + kl * self.beta;
@@ -172,13 +228,13 @@ impl GrpoLoss {
         let total = |x: Tensor| (masked(x) * mask).sum(&[0, 1]);
         let tokens = mask.sum(&[0, 1]);
         let loss = match self.loss_type {
-            GrpoLossType::Grpo => {
-                let per_row = (masked(per_token) * mask).sum(&[1]);
-                let n = mask.sum(&[1]);
-                (per_row / n.maximum(n.scalar_like(1.0))).sum(&[0]) / rows as f64
+            GrpoLossType::Grpo | GrpoLossType::Sapo => {
+                per_row_mean(masked(per_token)).sum(&[0]) / rows as f64
             }
             GrpoLossType::DrGrpo => total(per_token) / (rows * self.max_completion_length) as f64,
-            GrpoLossType::Dapo | GrpoLossType::Bnpo => mean((total(per_token), tokens)),
+            GrpoLossType::Dapo | GrpoLossType::Bnpo | GrpoLossType::Cispo => {
+                mean((total(per_token), tokens))
+            }
         };
         // Metrics: token means over the batch, and per-row extremes.
         let token_mean = |x: Tensor| mean((total(x.stop_gradient()), tokens));
@@ -187,35 +243,92 @@ impl GrpoLoss {
             metrics.push(("kl", token_mean(kl)));
         }
         metrics.push(("entropy", token_mean(t.entropy)));
-        let c = coef_1.stop_gradient();
-        let a = t.advantages.stop_gradient().broadcast_in_dim(&d, &[0]);
+        metrics.extend(self.clip_metrics(coef_1.stop_gradient(), &t.advantages, mask));
+        GrpoOutputs { loss, metrics }
+    }
+
+    /// Each token's policy term (before the KL penalty) under the loss
+    /// type, from the importance ratio `coef_1` and the advantages `adv`
+    /// (both `[rows, seq]`).
+    fn policy_term(&self, coef_1: Tensor, adv: Tensor, logps: Tensor) -> Tensor {
+        match self.loss_type {
+            GrpoLossType::Cispo => {
+                let clamped = coef_1.minimum(coef_1.scalar_like(self.epsilon_high));
+                -(clamped.stop_gradient() * adv * logps)
+            }
+            GrpoLossType::Sapo => {
+                let pos = adv.gt(adv.scalar_like(0.0));
+                let tau = pos.where_(
+                    adv.scalar_like(self.sapo_temperature_pos)
+                        .broadcast_to(&adv.dims()),
+                    adv.scalar_like(self.sapo_temperature_neg)
+                        .broadcast_to(&adv.dims()),
+                );
+                let soft = ((coef_1 - 1.0) * tau).logistic() * 4.0 / tau;
+                -(soft * adv)
+            }
+            _ => {
+                let coef_2 = coef_1
+                    .maximum(coef_1.scalar_like(1.0 - self.epsilon))
+                    .minimum(coef_1.scalar_like(1.0 + self.epsilon_high));
+                -(coef_1 * adv).minimum(coef_2 * adv)
+            }
+        }
+    }
+
+    /// The clipping metrics TRL logs for the loss type (`c`: the ratio
+    /// without gradient, `[rows, seq]`): the clipped shares for the
+    /// clipped losses, CISPO's `cispo_clip_ratio`, none for SAPO. With
+    /// sequence ratios a share is over completions, not tokens.
+    fn clip_metrics(
+        &self,
+        c: Tensor,
+        advantages: &Tensor,
+        mask: Tensor,
+    ) -> Vec<(&'static str, Tensor)> {
+        let d = c.dims();
+        let zero = c.scalar_like(0.0);
+        let a = advantages.stop_gradient().broadcast_in_dim(&d, &[0]);
         let f32_of = |b: Tensor| b.cast(DType::F32);
-        let low = f32_of(c.lt(c.scalar_like(1.0 - self.epsilon)).and(a.lt(zero)));
+        let n = mask.sum(&[1]);
+        let has = n.gt(n.scalar_like(0.0));
+        // Per row: the share of its tokens clipped (with sequence ratios,
+        // the row's own value).
+        let row_share = |x: Tensor| (x * mask).sum(&[1]) / n.maximum(n.scalar_like(1.0));
+        let global = |x: Tensor| match self.importance_sampling {
+            ImportanceSampling::Token => mean(((x * mask).sum(&[0, 1]), mask.sum(&[0, 1]))),
+            ImportanceSampling::Sequence => row_share(x).sum(&[0]) / d[0] as f64,
+        };
         let high = f32_of(c.gt(c.scalar_like(1.0 + self.epsilon_high)).and(a.gt(zero)));
+        match self.loss_type {
+            GrpoLossType::Sapo => return Vec::new(),
+            GrpoLossType::Cispo => {
+                let clipped = f32_of(c.gt(c.scalar_like(self.epsilon_high)).and(a.gt(zero)));
+                return vec![("cispo_clip_ratio", global(clipped))];
+            }
+            _ => {}
+        }
+        let low = f32_of(c.lt(c.scalar_like(1.0 - self.epsilon)).and(a.lt(zero)));
         let region = f32_of(
             c.lt(c.scalar_like(1.0 - self.epsilon))
                 .and(a.lt(zero))
                 .or(c.gt(c.scalar_like(1.0 + self.epsilon_high)).and(a.gt(zero))),
         );
-        // Per row: the share of its tokens clipped (rows without tokens
-        // are left out of the min and max, as TRL's nanmin/nanmax do).
-        let n = mask.sum(&[1]);
-        let has = n.gt(n.scalar_like(0.0));
-        let row_share = |x: Tensor| (x * mask).sum(&[1]) / n.maximum(n.scalar_like(1.0));
+        // Rows without tokens are left out of the min and max, as TRL's
+        // nanmin/nanmax do.
         let low_min = has
             .where_(row_share(low), n.scalar_like(f64::INFINITY))
             .min(&[0]);
         let high_max = has
             .where_(row_share(high), n.scalar_like(f64::NEG_INFINITY))
             .max(&[0]);
-        metrics.extend([
-            ("clip_ratio/low_mean", token_mean(low)),
+        vec![
+            ("clip_ratio/low_mean", global(low)),
             ("clip_ratio/low_min", low_min),
-            ("clip_ratio/high_mean", token_mean(high)),
+            ("clip_ratio/high_mean", global(high)),
             ("clip_ratio/high_max", high_max),
-            ("clip_ratio/region_mean", token_mean(region)),
-        ]);
-        GrpoOutputs { loss, metrics }
+            ("clip_ratio/region_mean", global(region)),
+        ]
     }
 }
 

@@ -14,7 +14,7 @@
 
 use std::path::PathBuf;
 
-use hlo_models::grpo::{GrpoLoss, GrpoLossType, ScaleRewards};
+use hlo_models::grpo::{GrpoLoss, GrpoLossType, ImportanceSampling, ScaleRewards};
 
 use hlo_models::adapter::Adapter;
 use hlo_models::preference::Reference;
@@ -60,6 +60,15 @@ pub struct GrpoSpec {
     pub num_iterations: usize,
     pub scale_rewards: ScaleRewards,
     pub loss_type: GrpoLossType,
+    /// Token or sequence (GSPO) importance ratios
+    /// (`importance_sampling_level`): token.
+    pub importance_sampling: ImportanceSampling,
+    /// The KL estimate weighted by the importance ratio
+    /// (`use_bias_correction_kl`): true.
+    pub bias_correction_kl: bool,
+    /// SAPO's temperatures (`sapo_temperature_pos`, `_neg`): 1.0, 1.05.
+    pub sapo_temperature_pos: f64,
+    pub sapo_temperature_neg: f64,
     /// Tokens a completion has at most: 512.
     pub max_completion_length: usize,
     /// Sampling: temperature 1 (the loss divides the logits by it too),
@@ -100,6 +109,10 @@ impl Default for GrpoSpec {
             num_iterations: 1,
             scale_rewards: ScaleRewards::Group,
             loss_type: GrpoLossType::Dapo,
+            importance_sampling: ImportanceSampling::Token,
+            bias_correction_kl: true,
+            sapo_temperature_pos: 1.0,
+            sapo_temperature_neg: 1.05,
             max_completion_length: 512,
             temperature: 1.0,
             top_p: 1.0,
@@ -128,6 +141,10 @@ impl GrpoSpec {
             temperature: self.temperature,
             max_completion_length: self.max_completion_length as i64,
             old_logps: self.num_iterations > 1,
+            importance_sampling: self.importance_sampling,
+            bias_correction_kl: self.bias_correction_kl,
+            sapo_temperature_pos: self.sapo_temperature_pos,
+            sapo_temperature_neg: self.sapo_temperature_neg,
         }
     }
 
@@ -203,18 +220,23 @@ impl ObjectiveDef for Grpo {
         ]
     }
 
-    /// The step's own (with β also `kl`, first); the rollouts' figures
-    /// (`reward`, `completions/…`) come with the batch.
-    fn metrics(&self) -> Vec<&'static str> {
-        vec![
-            "loss",
-            "entropy",
-            "clip_ratio/low_mean",
-            "clip_ratio/low_min",
-            "clip_ratio/high_mean",
-            "clip_ratio/high_max",
-            "clip_ratio/region_mean",
-        ]
+    /// The step's own (with β also `kl`, first; the clipping figures of
+    /// its loss type); the rollouts' figures (`reward`,
+    /// `completions/…`) come with the batch.
+    fn metrics(&self, specs: &ObjectiveSpecs) -> Vec<&'static str> {
+        let mut m = vec!["loss", "entropy"];
+        match specs.grpo.loss_type {
+            GrpoLossType::Sapo => {}
+            GrpoLossType::Cispo => m.push("cispo_clip_ratio"),
+            _ => m.extend([
+                "clip_ratio/low_mean",
+                "clip_ratio/low_min",
+                "clip_ratio/high_mean",
+                "clip_ratio/high_max",
+                "clip_ratio/region_mean",
+            ]),
+        }
+        m
     }
 
     fn describe(&self, specs: &ObjectiveSpecs, loss: &Loss) -> Option<String> {
@@ -289,6 +311,24 @@ fn check_settings(spec: &RunSpec) -> Result<()> {
             }
         }
     }
+    for (what, t) in [
+        ("sapo-temperature-pos", g.sapo_temperature_pos),
+        ("sapo-temperature-neg", g.sapo_temperature_neg),
+    ] {
+        if !t.is_finite() || t <= 0.0 {
+            return refuse(format!("--{what} must be a finite number > 0, not {t}"));
+        }
+    }
+    let default = GrpoSpec::default();
+    let temperatures = (g.sapo_temperature_pos, g.sapo_temperature_neg);
+    if g.loss_type != GrpoLossType::Sapo
+        && temperatures != (default.sapo_temperature_pos, default.sapo_temperature_neg)
+    {
+        return refuse(format!(
+            "--sapo-temperature-pos and --sapo-temperature-neg are the sapo loss's; --loss-type is {}",
+            g.loss_type.name()
+        ));
+    }
     if !g.beta.is_finite() || g.beta < 0.0 {
         return refuse(format!(
             "--beta must be a finite number >= 0, not {}",
@@ -339,6 +379,10 @@ fn record_settings(s: &mut RunSettings, spec: &RunSpec) {
     s.set("num-iterations", g.num_iterations as u64);
     s.set("scale-rewards", g.scale_rewards.name());
     s.set("loss-type", g.loss_type.name());
+    s.set("importance-sampling-level", g.importance_sampling.name());
+    s.set("use-bias-correction-kl", g.bias_correction_kl);
+    s.set("sapo-temperature-pos", g.sapo_temperature_pos);
+    s.set("sapo-temperature-neg", g.sapo_temperature_neg);
     s.set("max-completion-length", g.max_completion_length as u64);
     s.set("temperature", g.temperature);
     s.set("top-p", g.top_p);

@@ -119,7 +119,7 @@ impl ObjectiveDef for KtoObjective {
         ]
     }
 
-    fn metrics(&self) -> Vec<&'static str> {
+    fn metrics(&self, _specs: &ObjectiveSpecs) -> Vec<&'static str> {
         vec![
             "loss",
             "kl",

@@ -166,7 +166,7 @@ impl ObjectiveDef for PairMethod {
         fields
     }
 
-    fn metrics(&self) -> Vec<&'static str> {
+    fn metrics(&self, _specs: &ObjectiveSpecs) -> Vec<&'static str> {
         let mut m = vec![
             "loss",
             "rewards/chosen",
