@@ -17,9 +17,11 @@
 //!   devices; [`Trainer`]: the loop (evaluation, honest step times,
 //!   checkpoints, signals) reporting through [`Hooks`] (several compose as
 //!   a [`HookList`]); [`checkpoint`]: saving and resuming.
-//! - Preference objectives ([`Objective`]: DPO, IPO, SimPO, ORPO) run on
-//!   the same `Run` and `Session`; [`reference`] computes a reference's
-//!   log-probabilities before training (`--precompute-ref`).
+//! - [`objectives`]: what each [`Objective`] adds to a run, behind one
+//!   trait ([`ObjectiveDef`]), each in its folder. Preference objectives
+//!   (DPO, IPO, SimPO, ORPO) and KTO run on the same `Run` and `Session`;
+//!   [`reference`] computes a reference's log-probabilities before
+//!   training (`--precompute-ref`).
 //! - GRPO ([`Objective::Grpo`]): [`grpo`] makes each step's rollouts with
 //!   the session's own arrays ([`Generator::over`]), scores them with
 //!   rewards, and feeds the trainer through a [`trainer::BatchSource`].

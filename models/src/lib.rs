@@ -9,7 +9,9 @@
 //! optimizer state of X, batch field, step counter, cache); losses,
 //! optimizers and schedules ([`train`], [`loss`]); preference losses
 //! (DPO, IPO, SimPO, ORPO as TRL defines them, [`preference`]); GRPO's
-//! loss as TRL's `GRPOTrainer` computes it ([`grpo`]); attention in the naive
+//! loss as TRL's `GRPOTrainer` computes it ([`grpo`]); KTO's as
+//! `KTOTrainer` does ([`kto`]); each loss's place in the step behind one
+//! trait, [`train::StepLoss`]; attention in the naive
 //! and the blockwise (FlashAttention) form ([`attention`]); safetensors checkpoints (HF in,
 //! bitsandbytes 4-bit and gpt-oss's MXFP4 experts too, [`checkpoint`],
 //! [`mxfp4`]) and PEFT adapters in and out

@@ -395,6 +395,7 @@ mod tests {
         for t in GrpoLossType::ALL {
             assert_eq!(GrpoLossType::parse(t.name()), Some(t));
         }
-        assert_eq!(GrpoLossType::parse("cispo"), None);
+        // TRL 1.16's vespo and luspo are not built.
+        assert_eq!(GrpoLossType::parse("vespo"), None);
     }
 }
