@@ -7,7 +7,8 @@ accelerate, safetensors and PyTorch are installed (made with torch 2.9.1 run
 on CPU, trl 1.16.0, transformers 5.24.0, peft 0.21.2, datasets 5.2.0); it
 needs no GPU and no network:
 
-    python3 scripts/make_kto_fixtures.py
+    python3 scripts/make_kto_fixtures.py                 # all but expected_precompute.*
+    python3 scripts/make_kto_fixtures.py --precompute    # expected_precompute.* only
 
 (e.g. `PYTHONPATH=DIR python3 scripts/make_kto_fixtures.py` with the
 packages of scripts/make_preference_fixtures.py installed in DIR.) Two runs
@@ -25,7 +26,7 @@ against KTOTrainer's own), tests/fixtures/preference/adapters/init (A and B
 ~ N(0, 0.1)), and tests/fixtures/preference/data.jsonl / data_ids.jsonl (4
 preference pairs, the .paired case) and tests/fixtures/preference/adapters/ref
 (A and B ~ N(0, 0.1), the reference of the expected_ref cases). It writes
-tests/fixtures/kto/ (about 110 KB):
+tests/fixtures/kto/ (about 140 KB):
 
   data.jsonl            4 unpaired string rows {"prompt","completion","label"}
                         (ROWS; labels true, false, true, false; no BOS/EOS in
@@ -53,6 +54,11 @@ tests/fixtures/kto/ (about 110 KB):
                         adapter_model.safetensors writes them)
   expected_ref.json,    the same for REF_CASES (below), whose reference
   expected_ref.safetensors  differs from the policy at step 1
+  expected_precompute.json,  the same for PRECOMPUTE_CASES (below,
+  expected_precompute.safetensors  precompute_ref_log_probs=True), written
+                        only by --precompute (which writes nothing else;
+                        it reads expected.json / expected_ref.json); each
+                        case also has "precomputed" and "vs_non_precomputed"
   FORMULAS.md           what TRL 1.16's KTOTrainer computes, exactly, with
                         the data layout (FORMULAS below)
 
@@ -117,6 +123,30 @@ preference fixtures' "ref" start). There r != 0; on data.jsonl the kl is
 positive (0.515, the unclamped path), on the .paired data mean(KL_policy -
 KL_ref) is negative (-0.449), so kl is clamped to 0.
 
+With --precompute the script runs only PRECOMPUTE_CASES, into
+expected_precompute.json / expected_precompute.safetensors (same layout):
+  kto.fresh.sgd.precompute, kto.ref.sgd.precompute, apo.ref.sgd.precompute,
+  kto.ref.adamw.precompute
+each the case of the same name without ".precompute" (expected.json for
+start fresh, expected_ref.json for start ref) with KTOConfig
+precompute_ref_log_probs=True (precompute_ref_batch_size None: TRL
+precomputes with per_device_train_batch_size, 4; checked). TRL precomputes
+the reference log-probs at the end of KTOTrainer.__init__ (section 10 of
+FORMULAS.md), after it has made its "ref" adapter, so for start "ref" the
+script's subclass overrides _precompute_ref_logps to overwrite "ref" with
+adapters/ref first (installing it after the trainer is built, as the
+expected_ref cases do, would leave precomputed values of the fresh copy);
+the script checks it: the precomputed sums must match the f64 reference
+sums of adapters/ref to 1e-5 relative and differ from the policy's (fresh)
+by more than 1e-2. Each case's "precomputed" holds, per row in dataset
+order (here the one batch), the f32 values TRL stored in its dataset:
+"ref_logps" and (loss kto only) "ref_KL_logps", with "batch_size" and
+"dtype"; the first batch must carry them unchanged, and the strings and
+ids runs must agree on them bitwise (with the other checks above, all
+kept). "vs_non_precomputed" compares the case with the stored figures of
+its non-precomputed case (loss, logged_loss, metrics, rows_f64, adapter
+after the step): all four are bitwise identical (max_abs_diff 0).
+
 The f64 recomputation uses HF's Llama in f64, which still computes RMSNorm,
 the RoPE angles and the attention softmax in f32 (transformers' code), so
 its numbers are f64 up to ~1e-8 relative and can move by that much on
@@ -166,6 +196,10 @@ CASES = [(loss, start, opt, None) for loss in LOSSES for start in ("fresh", "ini
 # expected_ref.*: a reference that differs from the policy at step 1.
 REF_CASES = [("kto", "ref", "sgd", None), ("kto", "ref", "adamw", None), ("apo", "ref", "sgd", None),
              ("kto", "ref", "sgd", "paired")]
+# expected_precompute.* (--precompute): precompute_ref_log_probs=True.
+PRECOMPUTE_CASES = [("kto", "fresh", "sgd", "precompute"), ("kto", "ref", "sgd", "precompute"),
+                    ("apo", "ref", "sgd", "precompute"), ("kto", "ref", "adamw", "precompute")]
+PRECOMPUTED = ("ref_logps", "ref_KL_logps")
 # The adapter each start trains, and its reference (None: the base).
 POLICY = {"fresh": "fresh", "init": "init", "ref": "fresh"}
 REFERENCE = {"fresh": None, "init": "init", "ref": "ref"}
@@ -328,6 +362,67 @@ and apo alike (so kto.X and apo.X agree there). expected_ref.json's cases
 (start "ref": policy adapters/fresh, TRL's "ref" adapter overwritten with
 preference/adapters/ref) have r_i != 0; kl = 0.515 on data.jsonl, and on the
 paired data mean(KL_policy - KL_ref) < 0, so kl is clamped to 0.
+
+## 10. precompute_ref_log_probs (expected_precompute.json)
+KTOConfig precompute_ref_log_probs=True (default False) changes only where
+the reference sums S0_i and KL_ref_i come from; the formulas of sections
+3-7 are unchanged. (KTOTrainer `__init__` end, `_precompute_ref_logps`,
+`compute_ref_log_probs`, `_compute_loss`.)
+- When: ONCE, at the very end of KTOTrainer.__init__ (after
+  Trainer.__init__, after the "ref" adapter of section 4 is made and copied
+  from "default", after the model is hashed), for the train dataset (and
+  each eval dataset; a dataset passed to evaluate() is precomputed then).
+  Whatever changes the reference after the trainer is built is not seen.
+  The model is in training mode then (dropout disabled by disable_dropout).
+- Rows: the prepared dataset of section 1 (tokenized, KL rows already
+  rotated), in dataset order: a DataLoader with shuffle False, batch size
+  `precompute_ref_batch_size or per_device_train_batch_size` (for eval
+  datasets: `or per_device_eval_batch_size`), the trainer's collator
+  (section 2: right-padded to the longest row of each PRECOMPUTE batch; KL
+  rows to their own longest). The KL pairing is fixed at preprocessing by
+  per_device_train_batch_size, so the precompute batch size changes only
+  the padding.
+- Forward (`compute_ref_log_probs`): under torch.no_grad(), gradient
+  checkpointing off, accelerator.autocast() (a no-op in f32), the reference
+  of section 4: no ref_model and a PeftModel -> `use_adapter(model, "ref"
+  if a "ref" adapter exists else None)` (the "ref" adapter; the base,
+  adapter disabled, with a peft_config); a ref_model -> that model.
+  `model(input_ids, attention_mask, labels = ids with -100 off the
+  completion, fused_lm_head=True)`: S0_i = the sum of section 3; for loss
+  "kto" also the KL rows: KL_ref_i. Loss "apo_zero_unpaired": no KL rows
+  exist, no KL forward, only S0_i.
+- Stored: gathered over processes, concatenated, written (dataset.map into
+  an arrow cache file) as f32 columns "ref_logps" (S0_i) and, for "kto"
+  only, "ref_KL_logps" (KL_ref_i), appended to the dataset. The cache file
+  is named from hash(dataset fingerprint, sha256 of the model's state_dict
+  at hash time, calculate_KL) when datasets caching is on and the dataset
+  has cache files (a later run then reuses it); otherwise (the fixture) a
+  random name, never reused.
+- Training: the collator makes f32 tensors batch["ref_logps"] (and
+  batch["ref_KL_logps"]) of the batch's rows; `_compute_loss` takes S0 of
+  the chosen / rejected rows from ref_logps (index_select by label) and
+  KL_ref from ref_KL_logps (None for apo: kl = 0) and runs NO reference
+  forward; the policy's KL forward (no_grad) and main forward are as
+  without precompute.
+- Equal to the per-step reference: with precompute_ref_batch_size None and
+  sequential sampling a precompute batch is the training batch (same rows,
+  same padding), so the stored sums equal those the per-step reference
+  forward computes, bitwise: the four fixture cases equal their
+  non-precomputed cases bitwise (loss, metrics, adapter after the step).
+  Another precompute_ref_batch_size pads differently: equal in exact
+  arithmetic (right padding, causal mask), in f32 up to rounding (batch 1 on
+  data.jsonl: two ref_logps differ by 1 ulp, 9.5e-7).
+- The fixture's start "ref": "ref" must hold adapters/ref before the
+  precompute, so the script overwrites it inside __init__ (its
+  _precompute_ref_logps override; the model hash is retaken). Overwritten
+  after __init__ (as for expected_ref.json), the precomputed values stay the
+  fresh copy's (= the base's: loss 0.5, kl 0) while the "ref" adapter holds
+  adapters/ref.
+Precomputed (f32) on data.jsonl, rows 1-4: base (kto.fresh.sgd.precompute)
+ref_logps -16.153530, -36.126480, -11.337513, -29.198433; ref_KL_logps
+-25.829788, -15.466124, -37.440823, -10.138912; adapters/ref (the three ref
+cases; apo: ref_logps only) ref_logps -15.088039, -36.281738, -11.187407,
+-30.192657; ref_KL_logps -27.283428, -16.409430, -36.880203, -10.360813.
 """
 
 
@@ -425,6 +520,8 @@ def config_kwargs(loss, opt, variant):
               report_to="none", dataloader_num_workers=0, disable_tqdm=True, **OPTS[opt])
     if variant == "weights":
         kw.update(desirable_weight=1.5, undesirable_weight=0.5)
+    if variant == "precompute":
+        kw.update(precompute_ref_log_probs=True, precompute_ref_batch_size=None)
     return kw
 
 
@@ -438,6 +535,25 @@ def kto_class():
     from trl import KTOTrainer
 
     class KTO(KTOTrainer):
+        def __init__(self, *a, ref_before_precompute=False, **k):
+            # Set before KTOTrainer.__init__, which precomputes (below).
+            self.ref_before_precompute = ref_before_precompute
+            self.precompute_calls = []
+            super().__init__(*a, **k)
+
+        def _precompute_ref_logps(self, dataset, name, batch_size):
+            """TRL calls this at the end of __init__, after it made its
+            "ref" adapter (a copy of "default") and hashed the model; with
+            ref_before_precompute the "ref" adapter gets adapters/ref first
+            (install_ref) and the hash (which only names TRL's cache file)
+            is retaken, so TRL precomputes with the intended reference."""
+            if self.ref_before_precompute and not self.precompute_calls:
+                from trl.trainer.utils import hash_module
+                install_ref(self.model)
+                self._precompute_model_hash = hash_module(self.model)
+            self.precompute_calls.append((name, batch_size, len(dataset)))
+            return super()._precompute_ref_logps(dataset, name, batch_size)
+
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             out = super().compute_loss(model, inputs, return_outputs=return_outputs,
                                        num_items_in_batch=num_items_in_batch)
@@ -467,9 +583,16 @@ def build_trainer(loss, start, opt, variant, rows, tmp):
         kw["peft_config"] = lora_config()
     else:
         model = load_adapter(adapter_dir(POLICY[start]))
+    if variant == "precompute":
+        # TRL precomputes the reference log-probs inside __init__, so the
+        # "ref" start installs adapters/ref there, before the precompute.
+        kw["ref_before_precompute"] = start == "ref"
     trainer = kto_class()(model=model, args=args, train_dataset=Dataset.from_list(rows),
                           processing_class=tokenizer(), **kw)
-    if start == "ref":
+    if variant == "precompute":
+        assert trainer.precompute_calls == [("train", args.per_device_train_batch_size, len(rows))], \
+            trainer.precompute_calls
+    elif start == "ref":
         install_ref(trainer.model)
     return trainer
 
@@ -726,8 +849,9 @@ def case_settings(loss, start, opt, variant):
             "calculate_kl": loss == "kto", "policy_adapter": rel(adapter_dir(POLICY[start])),
             "reference": {"fresh": "base (adapter disabled)",
                           "init": f"{rel(adapter_dir('init'))} (TRL's frozen 'ref' copy of the policy adapter)",
-                          "ref": f"{rel(adapter_dir('ref'))} (loaded into TRL's frozen 'ref' adapter after the "
-                                 "trainer is built)"}[start]}
+                          "ref": f"{rel(adapter_dir('ref'))} (loaded into TRL's frozen 'ref' adapter "
+                                 + ("inside KTOTrainer.__init__, before TRL precomputes the reference log-probs)"
+                                    if variant == "precompute" else "after the trainer is built)")}[start]}
 
 
 def run_case(loss, start, opt, variant):
@@ -739,7 +863,8 @@ def run_case(loss, start, opt, variant):
     check_same(name, a, b)
     ids_rows = b[5]
     batch = config_kwargs(loss, opt, variant)["per_device_train_batch_size"]
-    h = hand(loss, start, variant, ids_rows, batch, a[4])
+    trl_batch = {k: v for k, v in a[4].items() if k not in PRECOMPUTED}
+    h = hand(loss, start, variant, ids_rows, batch, trl_batch)
     diffs = f64_diffs(opt, a, h)
     first_loss, logs, _, after, _, _ = a
     print(f"{name:24s} loss {first_loss:.7f} kl {logs['kl']:.3g} grad_norm {logs['grad_norm']:.6f}  f64 check "
@@ -747,7 +872,70 @@ def run_case(loss, start, opt, variant):
     metrics = {k: v for k, v in logs.items() if k not in ("loss", "epoch", "step")}
     entry = {"settings": case_settings(loss, start, opt, variant), "loss": first_loss,
              "logged_loss": logs["loss"], "metrics": metrics, "rows_f64": h[4]}
+    if variant == "precompute":
+        entry["precomputed"], diffs["precomputed"] = check_precomputed(name, loss, start, a, h[4], batch)
+        entry["vs_non_precomputed"] = vs_non_precomputed(name, entry, after)
     return name, entry, {f"{name}.{k}": v for k, v in after.items()}, diffs
+
+
+def check_precomputed(name, loss, start, trl, per_row, batch):
+    """The reference log-prob sums TRL precomputed into its dataset (f32,
+    the "ref_logps" / "ref_KL_logps" columns; the strings and ids runs
+    already agree bitwise): the first batch carries them unchanged, they
+    match the f64 reference sums (ref_sum, kl_ref_sum) to TOL, and for start
+    "ref" they are adapters/ref's, far from the policy adapter's (fresh:
+    policy_sum, kl_policy_sum). Returns (the "precomputed" entry, the
+    largest relative difference to f64)."""
+    _, _, _, _, first_batch, prepared = trl
+    cols = PRECOMPUTED if loss == "kto" else PRECOMPUTED[:1]
+    assert [k for k in PRECOMPUTED if k in prepared[0]] == list(cols), (name, sorted(prepared[0]))
+    assert [k for k in PRECOMPUTED if k in first_batch] == list(cols), (name, sorted(first_batch))
+    out, worst = {}, 0.0
+    for col, f64_key, policy_key in zip(cols, ("ref_sum", "kl_ref_sum"), ("policy_sum", "kl_policy_sum")):
+        values = [r[col] for r in prepared]
+        t = first_batch[col]
+        assert t.dtype == torch.float32 and torch.equal(t, torch.tensor(values[:batch])), (name, col, t)
+        assert all(torch.tensor(v, dtype=torch.float32).item() == v for v in values), (name, col, "not f32")
+        want = per_row[f64_key]
+        d = max(abs(w - v) / max(abs(w), 1.0) for w, v in zip(want, values[:batch]))
+        assert d < TOL, (name, col, "differs from the f64 reference sums", values, want)
+        if start == "ref":
+            far = max(abs(w - v) / max(abs(w), 1.0) for w, v in zip(per_row[policy_key], values[:batch]))
+            assert far > 1e3 * TOL, (name, col, "precomputed with the policy adapter, not adapters/ref", far)
+        worst = max(worst, d)
+        out[col] = values
+    # build_trainer checked that TRL precomputed once, with batch
+    # per_device_train_batch_size (precompute_ref_batch_size None).
+    out.update(batch_size=batch, dtype="float32")
+    print(f"  precomputed {', '.join(cols)} (f32, batch {batch}): f64 check {worst:.1e}")
+    for col in cols:
+        print(f"    {col}: {out[col]}")
+    return out, worst
+
+
+def vs_non_precomputed(name, entry, after):
+    """The figures of the same case without precompute (expected.json or
+    expected_ref.json, read, not written): whether this case's loss,
+    logged metrics, rows_f64 and adapter after the step equal them, and
+    the largest absolute differences."""
+    from safetensors.torch import load_file
+    base = name[:-len(".precompute")]
+    stem = "expected" if base.split(".")[1] != "ref" else "expected_ref"
+    with open(os.path.join(OUT, stem + ".json")) as f:
+        other = json.load(f)[base]
+    theirs = load_file(os.path.join(OUT, stem + ".safetensors"))
+    d = {"loss": abs(entry["loss"] - other["loss"]), "logged_loss": abs(entry["logged_loss"] - other["logged_loss"])}
+    assert entry["metrics"].keys() == other["metrics"].keys(), (name, sorted(entry["metrics"]),
+                                                                sorted(other["metrics"]))
+    d["metrics"] = max(abs(entry["metrics"][k] - other["metrics"][k]) for k in entry["metrics"])
+    assert entry["rows_f64"].keys() == other["rows_f64"].keys(), name
+    d["rows_f64"] = float(max(abs(x - y) for k in entry["rows_f64"]
+                        for x, y in zip(entry["rows_f64"][k], other["rows_f64"][k], strict=True)))
+    d["adapter"] = max((after[k] - theirs[f"{base}.{k}"]).abs().max().item() for k in after)
+    assert set(after) == {k[len(base) + 1:] for k in theirs if k.startswith(base + ".base_model.")}, name
+    same = all(v == 0 for v in d.values())
+    print(f"  vs {base} ({stem}.json): {'identical' if same else 'DIFFERENT'}, max |difference| {d}")
+    return {"case": base, "file": rel(os.path.join(OUT, stem + ".json")), "identical": same, "max_abs_diff": d}
 
 
 def meta(worst):
@@ -764,16 +952,17 @@ def meta(worst):
     }
 
 
-def write_cases(case_list, stem):
-    """Runs the cases; writes OUT/<stem>.json and OUT/<stem>.safetensors."""
+def write_cases(case_list, stem, notes=None):
+    """Runs the cases; writes OUT/<stem>.json and OUT/<stem>.safetensors
+    (`notes`: more "_meta" entries)."""
     expected, tensors = {}, {}
     worst = {"loss": 0.0, "logged_loss": 0.0, "metrics": 0.0, "adapter": 0.0}
     for case in case_list:
         name, entry, after, diffs = run_case(*case)
-        worst = {k: max(worst[k], diffs[k]) for k in worst}
+        worst = {k: max(worst.get(k, 0.0), diffs[k]) for k in {**worst, **diffs}}
         expected[name] = entry
         tensors.update(after)
-    expected["_meta"] = meta(worst)
+    expected["_meta"] = {**meta(worst), **(notes or {})}
     with open(os.path.join(OUT, stem + ".json"), "w") as f:
         json.dump(expected, f, indent=1, sort_keys=True)
         f.write("\n")
@@ -792,17 +981,31 @@ def ref_cases():
     write_cases(REF_CASES, "expected_ref")
 
 
+@step("precompute_cases")
+def precompute_cases():
+    write_cases(PRECOMPUTE_CASES, "expected_precompute", notes={
+        "precomputed": "per row of the dataset (in dataset order; here the step-1 batch): the f32 reference "
+                       "log-prob sums TRL precomputed into its ref_logps / ref_KL_logps columns (ref_KL_logps "
+                       "only where loss_type is kto), batch_size the batch TRL precomputed them in",
+        "vs_non_precomputed": "the same case without precompute_ref_log_probs (read from the file named): "
+                              "identical when loss, logged_loss, metrics, rows_f64 and the adapter after the "
+                              "step are bitwise equal; max_abs_diff the largest absolute differences"})
+
+
 if __name__ == "__main__":
     import accelerate, datasets, peft, safetensors, tokenizers, transformers, trl
     print("torch", torch.__version__, "trl", trl.__version__, "transformers", transformers.__version__, "peft",
           peft.__version__, "accelerate", accelerate.__version__, "datasets", datasets.__version__, "tokenizers",
           tokenizers.__version__, "safetensors", safetensors.__version__)
-    if sys.argv[1:]:
-        sys.exit(f"usage: {sys.argv[0]}")
+    if sys.argv[1:] not in ([], ["--precompute"]):
+        sys.exit(f"usage: {sys.argv[0]} [--precompute]")
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
-    write_inputs()
-    write_ids()
-    cases()
-    ref_cases()
+    if sys.argv[1:]:
+        precompute_cases()
+    else:
+        write_inputs()
+        write_ids()
+        cases()
+        ref_cases()
     finish()

@@ -182,12 +182,7 @@ impl Loader {
             .map(|u| (u.example, u.desirable))
             .unzip();
         let mismatched = match kl {
-            true => examples
-                .chunks(per_batch.max(1))
-                .flat_map(|c| {
-                    (0..c.len()).map(move |k| kl_example(&c[k], &c[(k + c.len() - 1) % c.len()]))
-                })
-                .collect(),
+            true => kl_rows(&examples, per_batch),
             false => Vec::new(),
         };
         Loader {
@@ -246,8 +241,13 @@ impl Loader {
     /// Pairs with their reference log-probabilities (chosen, rejected),
     /// one per pair in the order given to [`Loader::pairs`]: batches then
     /// carry them in `ref_logps`.
+    /// (KTO's unpaired examples: each example's and its KL row's.)
     pub fn with_reference(mut self, reference: Vec<[f32; 2]>) -> Loader {
-        assert_eq!(reference.len(), self.rejected.len(), "one per pair");
+        assert_eq!(
+            reference.len(),
+            self.examples.len(),
+            "one per pair or example"
+        );
         self.reference = reference;
         self
     }
@@ -295,14 +295,24 @@ impl Loader {
         let rows = if kl { 2 * n } else { n };
         let mut out = Batch::empty(rows, seq);
         out.desirable = vec![0.0; rows];
+        if !self.reference.is_empty() {
+            out.ref_logps = vec![0.0; rows];
+        }
         for row in 0..n {
             let i = (self.cursor % self.examples.len().max(1) as u64) as usize;
             out.put(&self.examples[i], row, 0, seq, 1);
             let label = if self.labels[i] { 1.0 } else { 0.0 };
             out.desirable[row] = label;
+            let reference = self.reference.get(i);
+            if let Some(&[r, _]) = reference {
+                out.ref_logps[row] = r;
+            }
             if kl {
                 out.put(&self.rejected[i], n + row, 0, seq, 1);
                 out.desirable[n + row] = label;
+                if let Some(&[_, r]) = reference {
+                    out.ref_logps[n + row] = r;
+                }
             }
             self.cursor += 1;
         }
@@ -342,6 +352,16 @@ impl Loader {
         self.cursor = k;
         out
     }
+}
+
+/// KTO's KL rows of `examples` in batches of `per_batch` (TRL's): each
+/// example's prompt with the completion of the example before it in its
+/// batch, the batch's first with its last.
+pub fn kl_rows(examples: &[Example], per_batch: usize) -> Vec<Example> {
+    examples
+        .chunks(per_batch.max(1))
+        .flat_map(|c| (0..c.len()).map(move |k| kl_example(&c[k], &c[(k + c.len() - 1) % c.len()])))
+        .collect()
 }
 
 /// `prompt`'s prompt followed by `other`'s completion (a KL row).

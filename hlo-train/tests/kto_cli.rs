@@ -25,14 +25,17 @@ fn preference(name: &str) -> PathBuf {
     fixture_file("preference", name)
 }
 
-/// Every case of `expected.json` and `expected_ref.json`.
+/// Every case of `expected.json`, `expected_ref.json` and
+/// `expected_precompute.json`.
 fn expected() -> Value {
     let read = |f: &str| -> Value {
         serde_json::from_str(&std::fs::read_to_string(kto(f)).unwrap()).unwrap()
     };
     let mut all = read("expected.json");
-    if let (Some(a), Value::Object(b)) = (all.as_object_mut(), read("expected_ref.json")) {
-        a.extend(b);
+    for more in ["expected_ref.json", "expected_precompute.json"] {
+        if let (Some(a), Value::Object(b)) = (all.as_object_mut(), read(more)) {
+            a.extend(b);
+        }
     }
     all
 }
@@ -74,6 +77,9 @@ fn flags(name: &str) -> Vec<String> {
         _ => &["--lr", "1e-3", "--weight-decay", "0"],
     };
     f.extend(more.iter().map(|s| s.to_string()));
+    if parts.contains(&"precompute") {
+        f.push("--precompute-ref".into());
+    }
     if parts.get(3) == Some(&"weights") {
         f.extend(["--desirable-weight", "1.5", "--undesirable-weight", "0.5"].map(String::from));
     }
@@ -151,7 +157,12 @@ fn check(name: &str, extra: &[&str]) {
         recipe.contains("kto_loss_type") && !recipe.contains("simpo_gamma"),
         "{recipe}"
     );
-    let theirs = ["expected.safetensors", "expected_ref.safetensors"].map(kto);
+    let theirs = [
+        "expected.safetensors",
+        "expected_ref.safetensors",
+        "expected_precompute.safetensors",
+    ]
+    .map(kto);
     assert_adapter_as_fixture(&out, &theirs, name, 1e-6);
     std::fs::remove_dir_all(tmp).unwrap();
 }
@@ -237,6 +248,25 @@ fn pairs_string_rows_and_a_mesh_equal_trl() {
     check("kto.ref.sgd", &strings);
     check(
         "kto.ref.sgd",
+        &["--devices", "4", "--mesh", "dp=1,fsdp=2,mp=2"],
+    );
+}
+
+/// The reference's log-probabilities computed before training
+/// (`--precompute-ref`, TRL's `precompute_ref_log_probs`): each example's
+/// and its KL row's, the step then running no reference forward.
+#[test]
+fn a_reference_computed_before_training_equals_trl() {
+    for name in [
+        "kto.fresh.sgd.precompute",
+        "kto.ref.sgd.precompute",
+        "apo.ref.sgd.precompute",
+        "kto.ref.adamw.precompute",
+    ] {
+        check(name, &[]);
+    }
+    check(
+        "kto.ref.sgd.precompute",
         &["--devices", "4", "--mesh", "dp=1,fsdp=2,mp=2"],
     );
 }

@@ -114,7 +114,7 @@ impl RowInputs {
             super::preference::reference_scores(backend, model, tc, reference, pairs, spec.seed)
         };
         if spec.objective.data() == Data::Unpaired {
-            return self.unpaired_feed(spec, tc);
+            return self.unpaired_feed(spec, (backend, model), tc, reference);
         }
         let preference = spec.objective.is_preference();
         let (loader, learning) = if preference {
@@ -159,8 +159,15 @@ impl RowInputs {
 
     /// The loader of unpaired examples, in file order (see
     /// `Loader::unpaired`), the step's rows telling whether each example
-    /// brings a KL row; no held-out set.
-    fn unpaired_feed(self, spec: &RunSpec, tc: &TrainConfig) -> Result<RowFeed> {
+    /// brings a KL row; a precomputed reference scores each example and
+    /// its KL row first; no held-out set.
+    fn unpaired_feed(
+        self,
+        spec: &RunSpec,
+        (backend, model): (&Backend, &Model),
+        tc: &TrainConfig,
+        reference: Option<&Adapter>,
+    ) -> Result<RowFeed> {
         let (seq, per_batch) = (spec.step.seq as usize, spec.step.batch as usize);
         let rows = self.data.learning_unpaired(seq)?;
         if rows.len() < per_batch {
@@ -174,7 +181,25 @@ impl RowInputs {
         }
         let kl = tc.loss.kind().rows_per_example() == 2;
         let learning = rows.len() - rows.len() % per_batch;
+        let scores = match tc.loss.kind().reference() {
+            Some(Reference::Precomputed) => {
+                let examples: Vec<_> = rows[..learning].iter().map(|u| u.example.clone()).collect();
+                Some(unpaired_reference(
+                    backend,
+                    model,
+                    tc,
+                    reference,
+                    &examples,
+                    (per_batch, spec.seed),
+                )?)
+            }
+            _ => None,
+        };
         let loader = Loader::unpaired(rows, seq, per_batch, kl);
+        let loader = match scores {
+            Some(s) => loader.with_reference(s),
+            None => loader,
+        };
         let unpacked_fill = loader.mean_len().min(seq as f64) / seq as f64;
         Ok(RowFeed {
             loader,
@@ -184,4 +209,37 @@ impl RowInputs {
             unpacked_fill,
         })
     }
+}
+
+/// Each unpaired example's reference log-probability, and its KL row's
+/// (TRL's `ref_logps`, `ref_KL_logps`), computed before training as a
+/// preference run's pairs are: each example beside its KL row (itself
+/// where the loss has none).
+fn unpaired_reference(
+    backend: &Backend,
+    model: &Model,
+    tc: &TrainConfig,
+    reference: Option<&Adapter>,
+    examples: &[hlo_data::Example],
+    (per_batch, seed): (usize, u64),
+) -> Result<Vec<[f32; 2]>> {
+    let kl = tc.loss.kind().rows_per_example() == 2;
+    let others = match kl {
+        true => hlo_data::kl_rows(examples, per_batch),
+        false => examples.to_vec(),
+    };
+    let pairs: Vec<PreferencePair> = examples
+        .iter()
+        .zip(others)
+        .map(|(e, o)| PreferencePair {
+            chosen: e.clone(),
+            rejected: o,
+        })
+        .collect();
+    // Scored `per_batch` at a time, two rows each.
+    let scoring = TrainConfig {
+        batch: 2 * per_batch as i64,
+        ..tc.clone()
+    };
+    super::preference::reference::precompute(backend, model, &scoring, reference, &pairs, seed)
 }

@@ -2,8 +2,9 @@
 //! (rows `0..B` each prompt with its completion, then, where the loss
 //! estimates the KL term, rows `B..2B` each prompt with the completion
 //! TRL pairs it with for the estimate), the policy's and the reference's
-//! log-probabilities, the loss and TRL's metrics; and the train step
-//! around it.
+//! log-probabilities (the reference's read from the batch's `ref_logps`
+//! when computed before training), the loss and TRL's metrics; and the
+//! train step around it.
 
 use hlo_ir::{scope, trace, DType, Outputs, Tensor};
 
@@ -22,9 +23,8 @@ use crate::ModelError;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Kto {
     pub loss: KtoLoss,
-    /// The base with the adapter off, or a frozen adapter (`ref.`
-    /// tensors); a reference computed before training is not built for
-    /// KTO.
+    /// The base with the adapter off, a frozen adapter (`ref.` tensors),
+    /// or each row's sums computed before training (`ref_logps`).
     pub reference: Reference,
     /// A reference adapter's own LoRA settings, where not the trained
     /// adapter's (as [`crate::train::Preference::reference_lora`]).
@@ -55,11 +55,6 @@ pub fn kto_loss(
             packed: tc.packing,
         });
     }
-    if kto.reference == Reference::Precomputed {
-        return Err(ModelError::GrpoBatch {
-            why: "KTO's reference is not computed before training".into(),
-        });
-    }
     let (_, _, mut inputs) = loss_inputs(config, tc)?;
     let reference = ReferenceModel::new(
         config,
@@ -76,13 +71,17 @@ pub fn kto_loss(
         let sums = |t: &TokenStats| (t.logps * maskf).sum(&[1]);
         let tokens = scope("policy", || stats(i));
         let mine = sums(&tokens);
-        let theirs = scope("reference", || {
-            let theirs = sums(&reference.stats(i, tc, stats));
-            match reference.same(i) {
-                Some(same) => where_same(same, mine, theirs),
-                None => theirs,
-            }
-        });
+        let theirs = match kto.reference {
+            // Read from the batch: the same rows' sums, computed once.
+            Reference::Precomputed => i[BatchField::RefLogps.name()],
+            _ => scope("reference", || {
+                let theirs = sums(&reference.stats(i, tc, stats));
+                match reference.same(i) {
+                    Some(same) => where_same(same, mine, theirs),
+                    None => theirs,
+                }
+            }),
+        };
         let first = |t: Tensor| t.slice(&[0], &[b]);
         let desirable = first(i[BatchField::Desirable.name()]);
         let logps = KtoLogps {
@@ -147,6 +146,9 @@ impl StepLoss for Kto {
 
     fn batch_fields(&self, fields: &mut Vec<BatchField>) {
         fields.push(BatchField::Desirable);
+        if self.reference == Reference::Precomputed {
+            fields.push(BatchField::RefLogps);
+        }
     }
 
     fn train_step(&self, config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelError> {

@@ -69,9 +69,11 @@ impl ObjectiveDef for KtoObjective {
         Data::Unpaired
     }
 
-    /// Its own settings, β and the reference adapter.
+    /// Its own settings, β and the reference (its adapter, or its
+    /// log-probabilities computed before training).
     fn reads(&self, name: &str) -> bool {
-        matches!(name, "beta" | "ref-adapter") || settings::SETTINGS.iter().any(|s| s.name == name)
+        matches!(name, "beta" | "ref-adapter" | "precompute-ref")
+            || settings::SETTINGS.iter().any(|s| s.name == name)
     }
 
     fn settings(&self) -> &'static [Setting] {
@@ -167,6 +169,7 @@ impl ObjectiveDef for KtoObjective {
         if let Some(dir) = &p.ref_adapter {
             s.set("ref-adapter", crate::run::absolute(dir));
         }
+        s.set("precompute-ref", p.precompute_ref);
     }
 
     /// As DPO's ([`super::preference::reference_adapter`]); full
@@ -175,7 +178,7 @@ impl ObjectiveDef for KtoObjective {
         if spec.step.lora.is_none() {
             return Err(EngineError::Objective {
                 objective: "kto",
-                why: "full finetuning would keep a second copy of the base as the reference; train LoRA".into(),
+                why: "full finetuning of KTO is not built yet (its reference would be a second copy of the base, or computed before training, which no test covers yet); train LoRA".into(),
             });
         }
         super::preference::reference_adapter(spec, model)
