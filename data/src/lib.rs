@@ -33,7 +33,7 @@ pub mod unpaired;
 
 pub use chat::{ChatTemplate, Message};
 pub use error::DataError;
-pub use loader::{eval_batches, eval_pair_batches, kl_rows, Batch, Loader};
+pub use loader::{eval_batches, eval_pair_batches, Batch, Loader};
 pub use pairs::{
     demo_pairs, eos_token_text, first_row, is_preference_data, is_preference_row, PreferencePair,
 };

@@ -238,6 +238,19 @@ impl Loader {
         idx
     }
 
+    /// Each example beside its second row (a pair's rejected side, a KTO
+    /// example's KL row; itself where it has none), in the order
+    /// [`Loader::with_reference`] takes their scores.
+    pub fn scored_sides(&self) -> Vec<PreferencePair> {
+        let second = |i: usize| self.rejected.get(i).unwrap_or(&self.examples[i]).clone();
+        (0..self.examples.len())
+            .map(|i| PreferencePair {
+                chosen: self.examples[i].clone(),
+                rejected: second(i),
+            })
+            .collect()
+    }
+
     /// Pairs with their reference log-probabilities (chosen, rejected),
     /// one per pair in the order given to [`Loader::pairs`]: batches then
     /// carry them in `ref_logps`.
@@ -357,7 +370,7 @@ impl Loader {
 /// KTO's KL rows of `examples` in batches of `per_batch` (TRL's): each
 /// example's prompt with the completion of the example before it in its
 /// batch, the batch's first with its last.
-pub fn kl_rows(examples: &[Example], per_batch: usize) -> Vec<Example> {
+fn kl_rows(examples: &[Example], per_batch: usize) -> Vec<Example> {
     examples
         .chunks(per_batch.max(1))
         .flat_map(|c| (0..c.len()).map(move |k| kl_example(&c[k], &c[(k + c.len() - 1) % c.len()])))

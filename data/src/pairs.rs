@@ -60,7 +60,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use crate::chat::Message;
-use crate::reader::{collect_rows, cut_text, data_files, id_list, visit_rows, Example, Reader};
+use crate::reader::{collect_path, cut_text, data_files, id_list, visit_rows, Example, Reader};
 use crate::DataError;
 
 /// One preference pair: the same prompt followed by the preferred
@@ -91,7 +91,7 @@ impl PreferencePair {
 
 /// The fields that make a row a preference row.
 const TEXT_FIELDS: [&str; 3] = ["prompt", "chosen", "rejected"];
-const ID_FIELDS: [&str; 3] = ["prompt_ids", "chosen_ids", "rejected_ids"];
+pub(crate) const ID_FIELDS: [&str; 3] = ["prompt_ids", "chosen_ids", "rejected_ids"];
 
 /// What a preference row is expected to hold.
 const EXPECTED: &str = "expected a preference row: {\"prompt\", \"chosen\", \"rejected\"} (strings or message lists; without \"prompt\" the shared start is the prompt) or {\"prompt_ids\", \"chosen_ids\", \"rejected_ids\"}";
@@ -148,6 +148,7 @@ pub fn eos_token_text(dir: &Path) -> Result<Option<String>, DataError> {
 }
 
 /// A field of a text row: a string or a message list.
+#[derive(Clone)]
 pub(crate) enum Part {
     Text(String),
     Messages(Vec<Message>),
@@ -220,13 +221,7 @@ impl Reader<'_> {
         path: &Path,
         eos_token: Option<&str>,
     ) -> Result<Vec<PreferencePair>, DataError> {
-        let mut out = Vec::new();
-        for file in data_files(path)? {
-            out.extend(collect_rows(&file, visit_rows, |row| {
-                self.parse_pair_row(row, eos_token)
-            })?);
-        }
-        Ok(out)
+        collect_path(path, |row| self.parse_pair_row(row, eos_token))
     }
 
     /// Reads one preference row (a JSONL line's object, or a Parquet row

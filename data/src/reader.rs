@@ -490,6 +490,19 @@ pub(crate) fn collect_rows<T>(
     Ok(out)
 }
 
+/// Every row of a data path (a file, or a folder's data files in order)
+/// parsed by `parse`, an error naming the file and the line or row.
+pub(crate) fn collect_path<T>(
+    path: &Path,
+    parse: impl Fn(&Value) -> Result<T, String>,
+) -> Result<Vec<T>, DataError> {
+    let mut out = Vec::new();
+    for file in data_files(path)? {
+        out.extend(collect_rows(&file, visit_rows, &parse)?);
+    }
+    Ok(out)
+}
+
 /// Passes each row of a data file, as JSON, to `each` until it returns
 /// false: `.parquet` files as Parquet, anything else as JSONL.
 pub(crate) fn visit_rows(path: &Path, each: &mut RowFn) -> Result<(), DataError> {

@@ -19,8 +19,10 @@
 
 use serde_json::{Map, Value};
 
-use crate::pairs::{is_preference_row, join, part, split_messages, split_text, Eos, Part};
-use crate::reader::{collect_rows, data_files, id_list, visit_rows, Example, Reader};
+use crate::pairs::{
+    is_preference_row, join, part, split_messages, split_text, Eos, Part, ID_FIELDS,
+};
+use crate::reader::{collect_path, id_list, Example, Reader};
 use crate::DataError;
 
 /// One unpaired example: a prompt and its completion (learned), and
@@ -53,12 +55,7 @@ impl Reader<'_> {
         path: &std::path::Path,
         eos_token: Option<&str>,
     ) -> Result<Vec<Unpaired>, DataError> {
-        let mut rows = Vec::new();
-        for file in data_files(path)? {
-            rows.extend(collect_rows(&file, visit_rows, |row| {
-                self.parse_unpaired_row(row, eos_token)
-            })?);
-        }
+        let rows = collect_path(path, |row| self.parse_unpaired_row(row, eos_token))?;
         let mut out = Vec::with_capacity(rows.len());
         let mut block: Vec<(Unpaired, Unpaired)> = Vec::new();
         let flush = |block: &mut Vec<(Unpaired, Unpaired)>, out: &mut Vec<Unpaired>| {
@@ -163,32 +160,35 @@ impl Reader<'_> {
 
     /// A preference row's two completions, each tokenized alone with the
     /// row's prompt (explicit, or the shared start as TRL's
-    /// `extract_prompt` takes it).
+    /// `extract_prompt` takes it); a pre-tokenized pair as given.
     fn unpaired_pair(
         &self,
         obj: &Map<String, Value>,
         eos: Eos,
     ) -> Result<(Unpaired, Unpaired), String> {
-        let pair = self.parse_pair_row(&Value::Object(obj.clone()), None)?;
-        let (prompt, chosen, rejected) = match obj.contains_key("prompt_ids") {
-            true => return Ok(labelled(pair.chosen, pair.rejected)),
-            false => {
-                let (c, r) = (part(obj, "chosen")?, part(obj, "rejected")?);
-                match (obj.contains_key("prompt"), c, r) {
-                    (true, c, r) => (part(obj, "prompt")?, c, r),
-                    (false, Part::Text(c), Part::Text(r)) => {
-                        let (p, c, r) = split_text(&c, &r)?;
-                        (Part::Text(p), Part::Text(c), Part::Text(r))
-                    }
-                    (false, Part::Messages(c), Part::Messages(r)) => {
-                        let (p, c, r) = split_messages(c, r)?;
-                        (Part::Messages(p), Part::Messages(c), Part::Messages(r))
-                    }
-                    _ => return Err("a pair's fields are all strings or all message lists".into()),
-                }
+        if ID_FIELDS.iter().any(|k| obj.contains_key(*k)) {
+            let pair = self.parse_pair_row(&Value::Object(obj.clone()), None)?;
+            return Ok(labelled(pair.chosen, pair.rejected));
+        }
+        for key in ["chosen", "rejected"] {
+            if !obj.contains_key(key) {
+                return Err(format!("no `{key}`: {EXPECTED}"));
             }
+        }
+        let (c, r) = (part(obj, "chosen")?, part(obj, "rejected")?);
+        let (prompt, chosen, rejected) = match (obj.contains_key("prompt"), c, r) {
+            (true, c, r) => (part(obj, "prompt")?, c, r),
+            (false, Part::Text(c), Part::Text(r)) => {
+                let (p, c, r) = split_text(&c, &r)?;
+                (Part::Text(p), Part::Text(c), Part::Text(r))
+            }
+            (false, Part::Messages(c), Part::Messages(r)) => {
+                let (p, c, r) = split_messages(c, r)?;
+                (Part::Messages(p), Part::Messages(c), Part::Messages(r))
+            }
+            _ => return Err("a pair's fields are all strings or all message lists".into()),
         };
-        let chosen = self.unpaired_text(clone_part(&prompt), chosen, eos)?;
+        let chosen = self.unpaired_text(prompt.clone(), chosen, eos)?;
         let rejected = self.unpaired_text(prompt, rejected, eos)?;
         for e in [&chosen, &rejected] {
             self.check_unpaired(e)?;
@@ -244,13 +244,6 @@ fn labelled(chosen: Example, rejected: Example) -> (Unpaired, Unpaired) {
             desirable: false,
         },
     )
-}
-
-fn clone_part(p: &Part) -> Part {
-    match p {
-        Part::Text(t) => Part::Text(t.clone()),
-        Part::Messages(m) => Part::Messages(m.clone()),
-    }
 }
 
 /// `sequence` learned after the leading tokens it shares with `prompt`.

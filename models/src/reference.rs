@@ -123,3 +123,14 @@ pub(crate) fn where_same(same: Tensor, mine: Tensor, theirs: Tensor) -> Tensor {
     s.gt(s.scalar_like(0.5))
         .where_(mine.stop_gradient(), theirs)
 }
+
+/// A reference adapter's own LoRA settings beside a trained adapter of
+/// settings `trained`: kept where they differ (another rank, alpha or
+/// target set, as a PEFT model holding two adapters allows), else None
+/// (the reference runs in the trained adapter's form).
+pub(crate) fn own_lora(
+    trained: Option<&LoraConfig>,
+    reference: Option<&LoraConfig>,
+) -> Option<LoraConfig> {
+    reference.filter(|&r| Some(r) != trained).cloned()
+}

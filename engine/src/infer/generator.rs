@@ -195,24 +195,9 @@ impl Generator {
             param_index.insert(name, params.len());
             params.push(array);
         }
-        let cache_spec = cache_spec(mesh, config);
-        let eager = eager_executor(backend, mode)?;
-        Ok(Generator {
-            backend: backend.clone(),
-            config: config.clone(),
-            lora,
-            dtype,
-            mode,
-            eager,
-            params,
-            param_index,
-            specs,
-            cache_spec,
-            programs: RefCell::new(HashMap::new()),
-            timings: RefCell::new(Timings::default()),
-            compile_s: Cell::new(0.0),
-            batches: Cell::new(0),
-        })
+        let mut g = Generator::over(backend, config, dtype, lora, mode, specs)?;
+        (g.params, g.param_index) = (params, param_index);
+        Ok(g)
     }
 
     /// A generator that owns no parameters: each completion reads them

@@ -180,27 +180,25 @@ impl RowInputs {
             });
         }
         let kl = tc.loss.kind().rows_per_example() == 2;
-        let learning = rows.len() - rows.len() % per_batch;
-        let scores = match tc.loss.kind().reference() {
-            Some(Reference::Precomputed) => {
-                let examples: Vec<_> = rows[..learning].iter().map(|u| u.example.clone()).collect();
-                Some(unpaired_reference(
-                    backend,
-                    model,
-                    tc,
-                    reference,
-                    &examples,
-                    (per_batch, spec.seed),
-                )?)
-            }
-            _ => None,
-        };
         let loader = Loader::unpaired(rows, seq, per_batch, kl);
-        let loader = match scores {
-            Some(s) => loader.with_reference(s),
-            None => loader,
+        let loader = match tc.loss.kind().reference() {
+            Some(Reference::Precomputed) => {
+                let sides = loader.scored_sides();
+                // Scored `per_batch` examples at a time, two rows each.
+                let scoring = TrainConfig {
+                    batch: 2 * per_batch as i64,
+                    ..tc.clone()
+                };
+                let scores = super::preference::reference::precompute(
+                    backend, model, &scoring, reference, &sides, spec.seed,
+                )?;
+                loader.with_reference(scores)
+            }
+            _ => loader,
         };
         let unpacked_fill = loader.mean_len().min(seq as f64) / seq as f64;
+        // The examples of whole batches, those the loader keeps.
+        let learning = loader.len();
         Ok(RowFeed {
             loader,
             eval: Vec::new(),
@@ -209,37 +207,4 @@ impl RowInputs {
             unpacked_fill,
         })
     }
-}
-
-/// Each unpaired example's reference log-probability, and its KL row's
-/// (TRL's `ref_logps`, `ref_KL_logps`), computed before training as a
-/// preference run's pairs are: each example beside its KL row (itself
-/// where the loss has none).
-fn unpaired_reference(
-    backend: &Backend,
-    model: &Model,
-    tc: &TrainConfig,
-    reference: Option<&Adapter>,
-    examples: &[hlo_data::Example],
-    (per_batch, seed): (usize, u64),
-) -> Result<Vec<[f32; 2]>> {
-    let kl = tc.loss.kind().rows_per_example() == 2;
-    let others = match kl {
-        true => hlo_data::kl_rows(examples, per_batch),
-        false => examples.to_vec(),
-    };
-    let pairs: Vec<PreferencePair> = examples
-        .iter()
-        .zip(others)
-        .map(|(e, o)| PreferencePair {
-            chosen: e.clone(),
-            rejected: o,
-        })
-        .collect();
-    // Scored `per_batch` at a time, two rows each.
-    let scoring = TrainConfig {
-        batch: 2 * per_batch as i64,
-        ..tc.clone()
-    };
-    super::preference::reference::precompute(backend, model, &scoring, reference, &pairs, seed)
 }

@@ -271,12 +271,14 @@ impl RunSpec {
     /// own checks refuse.
     pub fn check_objective_settings(&self) -> Result<()> {
         let objective = self.objective.name();
-        let unread = |owners: &[Objective], s: &Setting| {
-            !owners.contains(&self.objective) && !self.objective.reads(s.name) && s.given(self)
-        };
+        let unread = |s: &&Setting| !self.objective.reads(s.name) && s.given(self);
+        let (sole, shared): (Vec<_>, Vec<_>) = crate::objectives::objective_tables()
+            .into_iter()
+            .partition(|(_, owners)| owners.len() == 1);
         // A table one objective owns first: its setting names it.
-        for (table, owners) in crate::objectives::objective_tables() {
-            if let ([owner], Some(s)) = (&owners[..], table.iter().find(|s| unread(&owners, s))) {
+        for (table, owners) in sole {
+            if let Some(s) = table.iter().find(unread) {
+                let owner = owners[0];
                 return Err(EngineError::Objective {
                     objective: owner.name(),
                     why: format!(
@@ -288,17 +290,13 @@ impl RunSpec {
             }
         }
         self.objective.def().check_settings(self)?;
-        let shared = crate::objectives::objective_tables()
-            .into_iter()
-            .filter(|(_, owners)| owners.len() > 1)
-            .flat_map(|(table, _)| table.iter());
-        if let Some(s) = shared.into_iter().find(|s| unread(&[], s)) {
+        let shared = shared.into_iter().flat_map(|(table, _)| table.iter());
+        if let Some(s) = shared.into_iter().find(unread) {
             let referenced = self.objective.reads("ref-adapter");
             let why = match s.name {
                 "ref-adapter" | "precompute-ref" if !referenced => {
                     "compares with no reference model"
                 }
-                "precompute-ref" => "computes its reference in the step",
                 _ => "has no such setting",
             };
             return Err(EngineError::Objective {

@@ -32,6 +32,18 @@ pub struct Kto {
 }
 
 impl Kto {
+    /// KTO with a reference adapter of settings `reference` beside a
+    /// trained adapter of settings `trained` (as
+    /// [`crate::train::Preference::with_reference_lora`]).
+    pub fn with_reference_lora(
+        mut self,
+        trained: Option<&LoraConfig>,
+        reference: Option<&LoraConfig>,
+    ) -> Kto {
+        self.reference_lora = crate::reference::own_lora(trained, reference);
+        self
+    }
+
     /// Examples a batch of `rows` rows holds.
     pub fn examples(&self, rows: i64) -> i64 {
         rows / self.rows_per_example()

@@ -46,7 +46,7 @@ impl Preference {
         trained: Option<&LoraConfig>,
         reference: Option<&LoraConfig>,
     ) -> Preference {
-        self.reference_lora = reference.filter(|&r| Some(r) != trained).cloned();
+        self.reference_lora = crate::reference::own_lora(trained, reference);
         self
     }
 }

@@ -109,7 +109,7 @@ impl ObjectiveDef for KtoObjective {
         reference: &LoraConfig,
     ) {
         if let Loss::Kto(k) = loss {
-            k.reference_lora = Some(reference).filter(|&r| Some(r) != trained).cloned();
+            *k = k.clone().with_reference_lora(trained, Some(reference));
         }
     }
 
