@@ -155,3 +155,23 @@ def q_v_lora(targets):
     from peft import LoraConfig
     return LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0, bias="none",
                       task_type="CAUSAL_LM")
+
+
+def hand_step(params, grads, opt, lr, k_step, adam):
+    """One optimizer step by hand, in place, on the tensors `params` (a
+    dict by key) with `grads` (same keys): SGD without momentum, or AdamW
+    without weight decay (betas 0.9/0.999, eps 1e-8; `adam` holds each
+    key's (m, v), zeros before step 1) at step `k_step` from 1."""
+    import math
+    import torch
+    with torch.no_grad():
+        for k, p in params.items():
+            g = grads[k]
+            if opt == "sgd":
+                p -= lr * g
+            else:
+                m, v = adam[k]
+                m.mul_(0.9).add_(0.1 * g)
+                v.mul_(0.999).add_(0.001 * g * g)
+                bc1, bc2 = 1 - 0.9 ** k_step, 1 - 0.999 ** k_step
+                p -= (lr / bc1) * m / (v.sqrt() / math.sqrt(bc2) + 1e-8)

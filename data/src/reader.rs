@@ -175,6 +175,22 @@ impl Reader<'_> {
                 shapes[0], shapes[1]
             ));
         }
+        let ex = self.example_of(obj)?;
+        if ex.ids.len() < 2 {
+            return Err("fewer than two tokens: nothing to predict".into());
+        }
+        if let Some(bad) = ex.ids.iter().find(|&&t| t as i64 >= self.vocab) {
+            return Err(format!(
+                "token id {bad} is outside the vocabulary (size {})",
+                self.vocab
+            ));
+        }
+        Ok(ex)
+    }
+
+    /// The example of a row of one shape (its nulls dropped, a common
+    /// shape converted).
+    fn example_of(&self, obj: &serde_json::Map<String, Value>) -> Result<Example, String> {
         let limit = self.char_limit();
         let with_eos = |mut ids: Vec<u32>| {
             if let Some(e) = self.eos {
@@ -240,15 +256,6 @@ impl Reader<'_> {
                     .into(),
             );
         };
-        if ex.ids.len() < 2 {
-            return Err("fewer than two tokens: nothing to predict".into());
-        }
-        if let Some(bad) = ex.ids.iter().find(|&&t| t as i64 >= self.vocab) {
-            return Err(format!(
-                "token id {bad} is outside the vocabulary (size {})",
-                self.vocab
-            ));
-        }
         Ok(ex)
     }
 

@@ -24,7 +24,9 @@
 //!   training (`--precompute-ref`).
 //! - GRPO ([`Objective::Grpo`]): [`grpo`] makes each step's rollouts with
 //!   the session's own arrays ([`Generator::over`]), scores them with
-//!   rewards, and feeds the trainer through a [`trainer::BatchSource`].
+//!   rewards, and feeds the trainer through a [`trainer::BatchSource`];
+//!   RLOO ([`Objective::Rloo`]) takes the same rollouts with its own
+//!   advantages ([`grpo::AdvantageRule`]).
 //! - [`Generator`]: generation with a KV cache and on-device sampling;
 //!   [`Batcher`]: continuous batching of many requests over many LoRA
 //!   adapters in one batch (what `serve` runs on).

@@ -12,7 +12,8 @@ use hlo_engine::grpo::{GrpoSpec, RewardSpec, RewardWeight, DEFAULT_REWARD_TIMEOU
 use hlo_engine::models::grpo::{GrpoLossType, ImportanceSampling, ScaleRewards};
 use hlo_engine::models::kto::KtoLossType;
 use hlo_engine::models::preference::Reference;
-use hlo_engine::objectives::KtoSpec;
+use hlo_engine::objectives::rloo::{DEFAULT_BETA, DEFAULT_NUM_GENERATIONS};
+use hlo_engine::objectives::{KtoSpec, RlooSpec};
 use hlo_engine::{Objective, PreferenceSpec};
 
 use crate::args::named;
@@ -35,8 +36,9 @@ pub fn planned_reference(objective: Objective, precompute_ref: bool) -> Result<R
 #[derive(Args, Clone, Debug)]
 pub struct PreferenceArgs {
     /// The preference loss's β: DPO's and IPO's (the reference's weight),
-    /// SimPO's reward scale, ORPO's λ (default 0.1); GRPO's KL penalty
-    /// weight (default 0: no reference model).
+    /// SimPO's reward scale, ORPO's λ, KTO's (default 0.1); GRPO's KL
+    /// penalty weight (default 0: no reference model) and RLOO's (default
+    /// 0.05).
     #[arg(long, value_parser = crate::args::non_negative)]
     pub beta: Option<f64>,
 
@@ -54,7 +56,8 @@ pub struct PreferenceArgs {
     #[arg(long, default_value_t = 1.0, value_parser = crate::args::non_negative)]
     pub cpo_alpha: f64,
 
-    /// DPO's and IPO's reference model: this PEFT adapter on the base (same
+    /// The reference model of DPO, IPO, KTO and of GRPO's and RLOO's KL
+    /// penalty: this PEFT adapter on the base (same
     /// LoRA settings as the trained one). Default: the policy as training
     /// starts (the base for a fresh adapter, a frozen copy of
     /// --init-adapter).
@@ -79,19 +82,20 @@ impl PreferenceArgs {
 /// GRPO's settings (TRL's `GRPOConfig` names), as `train` takes them.
 #[derive(Args, Clone, Debug)]
 pub struct GrpoArgs {
-    /// GRPO: completions per prompt, one group (TRL's num_generations).
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..))]
-    pub num_generations: u32,
+    /// GRPO, RLOO: completions per prompt, one group (TRL's
+    /// num_generations; default 8 for grpo, 2 for rloo).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(2..))]
+    pub num_generations: Option<u32>,
 
-    /// GRPO: the importance ratio is clipped to [1 − ε, 1 + ε_high].
+    /// GRPO, RLOO: the importance ratio is clipped to [1 − ε, 1 + ε_high].
     #[arg(long, default_value_t = 0.2, value_parser = crate::args::non_negative)]
     pub epsilon: f64,
 
-    /// GRPO: the upper clip ε_high (default: --epsilon; DAPO uses 0.28).
+    /// GRPO, RLOO: the upper clip ε_high (default: --epsilon; DAPO uses 0.28).
     #[arg(long, value_parser = crate::args::non_negative)]
     pub epsilon_high: Option<f64>,
 
-    /// GRPO: steps trained on each batch of rollouts (μ), against the
+    /// GRPO, RLOO: steps trained on each batch of rollouts (μ), against the
     /// policy's log-probabilities from when they were made.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub num_iterations: u32,
@@ -130,25 +134,25 @@ pub struct GrpoArgs {
     #[arg(long, default_value_t = 1.05, value_parser = crate::args::positive)]
     pub sapo_temperature_neg: f64,
 
-    /// GRPO: tokens a completion has at most.
+    /// GRPO, RLOO: tokens a completion has at most.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_completion_length: u32,
 
-    /// GRPO: the sampling temperature (the loss divides the logits by it
+    /// GRPO, RLOO: the sampling temperature (the loss divides the logits by it
     /// too, as TRL does).
     #[arg(long, default_value_t = 1.0, value_parser = crate::args::positive)]
     pub temperature: f64,
 
-    /// GRPO: sample from the smallest set of tokens with this much
+    /// GRPO, RLOO: sample from the smallest set of tokens with this much
     /// probability (1: all).
     #[arg(long, default_value_t = 1.0, value_parser = crate::args::positive)]
     pub top_p: f64,
 
-    /// GRPO: sample from the k most likely tokens (0: all).
+    /// GRPO, RLOO: sample from the k most likely tokens (0: all).
     #[arg(long, default_value_t = 0)]
     pub top_k: u32,
 
-    /// GRPO: a reward, NAME or NAME:WEIGHT, repeatable (summed with their
+    /// GRPO, RLOO: a reward, NAME or NAME:WEIGHT, repeatable (summed with their
     /// weights): accuracy (the completion's final answer, its last
     /// \boxed{} or number or word, equals the row's --answer-column),
     /// format (matches --format-regex), length (−tokens/max), command
@@ -156,46 +160,46 @@ pub struct GrpoArgs {
     #[arg(long)]
     pub reward: Vec<RewardSpec>,
 
-    /// GRPO: train on logged rollouts, one JSON object a line
+    /// GRPO, RLOO: train on logged rollouts, one JSON object a line
     /// {"prompt_ids", "completion_ids", "reward"} (consecutive lines of a
     /// prompt form its group), instead of generating.
     #[arg(long, conflicts_with = "data")]
     pub rollouts: Option<PathBuf>,
 
-    /// GRPO: the weights of the named rewards logged rollouts give as
+    /// GRPO, RLOO: the weights of the named rewards logged rollouts give as
     /// {"rewards": {NAME: value, ...}}: NAME:WEIGHT for each, comma
     /// separated (TRL's reward_weights; default: each 1). The advantage is
     /// of their weighted sum.
     #[arg(long, value_delimiter = ',')]
     pub reward_weights: Vec<RewardWeight>,
 
-    /// GRPO: the prompts' column --reward accuracy compares with.
+    /// GRPO, RLOO: the prompts' column --reward accuracy compares with.
     #[arg(long, default_value = "answer")]
     pub answer_column: String,
 
-    /// GRPO: the regular expression --reward format looks for.
+    /// GRPO, RLOO: the regular expression --reward format looks for.
     #[arg(long)]
     pub format_regex: Option<String>,
 
-    /// GRPO: the command --reward command starts once (by `sh -c`); it
+    /// GRPO, RLOO: the command --reward command starts once (by `sh -c`); it
     /// reads one JSON object per line (prompt, completion, their ids, the
     /// prompt's row) and answers one number per line.
     #[arg(long)]
     pub reward_command: Option<String>,
 
-    /// GRPO: the endpoint --reward http posts each batch of completions
+    /// GRPO, RLOO: the endpoint --reward http posts each batch of completions
     /// to, as a JSON array of objects (as --reward-command's lines); it
     /// answers a JSON array of as many numbers.
     #[arg(long)]
     pub reward_url: Option<String>,
 
-    /// GRPO: the longest wait, in seconds, for one answer of
+    /// GRPO, RLOO: the longest wait, in seconds, for one answer of
     /// --reward-command (a line) or --reward-url (a response); past it the
     /// run stops, naming the reward.
     #[arg(long, default_value_t = DEFAULT_REWARD_TIMEOUT)]
     pub reward_timeout: f64,
 
-    /// GRPO: show this many completions with their rewards every
+    /// GRPO, RLOO: show this many completions with their rewards every
     /// --log-every steps (in the log and the metrics file).
     #[arg(long, default_value_t = 0)]
     pub log_completions: u32,
@@ -203,11 +207,12 @@ pub struct GrpoArgs {
 
 impl GrpoArgs {
     /// The engine's settings, with the KL penalty's weight `beta` (the
-    /// shared `--beta`; 0 unless given).
-    pub fn spec(&self, beta: Option<f64>) -> GrpoSpec {
+    /// shared `--beta`); `defaults` are the objective's β and completions
+    /// per prompt where not given (GRPO's: 0 and 8).
+    pub fn spec(&self, beta: Option<f64>, defaults: (f64, usize)) -> GrpoSpec {
         GrpoSpec {
-            num_generations: self.num_generations as usize,
-            beta: beta.unwrap_or(0.0),
+            num_generations: self.num_generations.map_or(defaults.1, |n| n as usize),
+            beta: beta.unwrap_or(defaults.0),
             epsilon: self.epsilon,
             epsilon_high: self.epsilon_high,
             num_iterations: self.num_iterations as usize,
@@ -260,5 +265,51 @@ impl KtoArgs {
             desirable_weight: self.desirable_weight,
             undesirable_weight: self.undesirable_weight,
         }
+    }
+}
+
+/// RLOO's own settings (TRL's `RLOOConfig` names), as `train` takes them;
+/// its rollouts take GRPO's flags, its KL penalty `--beta` (default 0.05)
+/// and `--ref-adapter`.
+#[derive(Args, Clone, Debug)]
+pub struct RlooArgs {
+    /// RLOO: standardise the advantages over the batch (mean 0, standard
+    /// deviation 1), as TRL's normalize_advantages.
+    #[arg(long)]
+    pub normalize_advantages: bool,
+
+    /// RLOO: clamp each reward to MIN,MAX before the KL penalty (TRL's
+    /// reward_clip_range).
+    #[arg(long, value_parser = clip_range, allow_hyphen_values = true)]
+    pub reward_clip_range: Option<(f64, f64)>,
+}
+
+impl RlooArgs {
+    /// The engine's settings.
+    pub fn spec(&self) -> RlooSpec {
+        RlooSpec {
+            normalize_advantages: self.normalize_advantages,
+            reward_clip_range: self.reward_clip_range,
+        }
+    }
+
+    /// The β and completions per prompt a rollout objective takes where
+    /// not given: RLOO's (TRL's RLOOConfig), else GRPO's.
+    pub fn rollout_defaults(objective: Objective) -> (f64, usize) {
+        match objective {
+            Objective::Rloo => (DEFAULT_BETA, DEFAULT_NUM_GENERATIONS),
+            _ => (0.0, GrpoSpec::default().num_generations),
+        }
+    }
+}
+
+/// `MIN,MAX`: two finite numbers, the least first.
+fn clip_range(s: &str) -> std::result::Result<(f64, f64), String> {
+    let bad = || format!("`{s}` is not MIN,MAX (two finite numbers, the least first)");
+    let (lo, hi) = s.split_once(',').ok_or_else(bad)?;
+    let num = |x: &str| x.trim().parse::<f64>().ok().filter(|v| v.is_finite());
+    match (num(lo), num(hi)) {
+        (Some(lo), Some(hi)) if lo <= hi => Ok((lo, hi)),
+        _ => Err(bad()),
     }
 }

@@ -73,17 +73,18 @@ pub struct PlanArgs {
     /// The step's loss: sft, a preference objective (dpo, ipo, simpo,
     /// orpo; --batch then counts pairs, whose two sides a step holds, and
     /// DPO and IPO add the reference's forward: the base with the adapter
-    /// off), or grpo (--batch counts completions; the rollouts that
-    /// generate them are planned too), or kto (--batch counts examples,
-    /// each with its KL row, and the reference's forward).
+    /// off), or grpo or rloo (--batch counts completions; the rollouts
+    /// that generate them are planned too), or kto (--batch counts
+    /// examples, each with its KL row, and the reference's forward).
     #[arg(long, value_parser = crate::args::named::<Objective>(), default_value = "sft")]
     pub objective: Objective,
 
-    /// With grpo: completions per prompt (--batch must be a multiple).
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..))]
-    pub num_generations: u32,
+    /// With grpo or rloo: completions per prompt (--batch must be a
+    /// multiple; default 8 for grpo, 2 for rloo).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(2..))]
+    pub num_generations: Option<u32>,
 
-    /// With grpo: tokens a completion has at most (default 512, or half
+    /// With grpo or rloo: tokens a completion has at most (default 512, or half
     /// of --seq when that leaves no room); the rest of --seq is the
     /// prompt the rollouts prefill.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
@@ -243,14 +244,14 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
 /// which take no such flag.
 fn rollout_shape(args: &PlanArgs) -> Result<Option<RolloutShape>> {
     let grpo = args.objective.data() == hlo_engine::Data::Rollouts;
-    let given = args.num_generations != 8 || args.max_completion_length.is_some();
+    let given = args.num_generations.is_some() || args.max_completion_length.is_some();
     if !grpo {
         if given {
-            bail!("--num-generations and --max-completion-length are GRPO settings; they need --objective grpo");
+            bail!("--num-generations and --max-completion-length are rollout settings; they need --objective grpo or rloo");
         }
         return Ok(None);
     }
-    let g = i64::from(args.num_generations);
+    let g = num_generations(args) as i64;
     let c = match args.max_completion_length {
         Some(c) => i64::from(c),
         None => 512.min(args.step.seq / 2).max(1),
@@ -453,7 +454,7 @@ fn print_json(r: &Report, suggestions: &[Fit]) -> Result<()> {
         "rows": tc.rows(),
         "objective": r.args.objective.name(),
         "rollout": p.rollout.as_ref().map(|m| json!({
-            "num_generations": r.args.num_generations,
+            "num_generations": num_generations(r.args),
             "max_completion_length": m.completion_tokens,
             "prompt_tokens": m.prompt_tokens,
             "cache_tokens": m.cache_tokens,
@@ -606,8 +607,14 @@ fn step_kind(tc: &TrainConfig) -> String {
 /// GRPO completions of `num_generations` a prompt.
 fn batch_text(r: &Report) -> String {
     let mut specs = hlo_engine::ObjectiveSpecs::default();
-    specs.grpo.num_generations = r.args.num_generations as usize;
+    specs.grpo.num_generations = num_generations(r.args);
     r.args.objective.def().batch_words(&specs, r.tc.batch)
+}
+
+/// Completions per prompt: given, or the objective's default.
+fn num_generations(args: &PlanArgs) -> usize {
+    let default = crate::objective_args::RlooArgs::rollout_defaults(args.objective).1;
+    args.num_generations.map_or(default, |n| n as usize)
 }
 
 /// The `plan:` line: the model, the step and its batch, the mesh, the

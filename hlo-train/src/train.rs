@@ -55,6 +55,9 @@ pub struct TrainArgs {
     /// own completions, scored by --reward; --batch counts completions.
     /// Or kto (KTOTrainer's): unpaired completions labelled desirable or
     /// not (or pairs, unpaired), in file order; --batch counts examples.
+    /// Or rloo (RLOOTrainer's): GRPO's rollouts, each completion weighed
+    /// by its reward less its siblings' mean, with a KL penalty in the
+    /// reward; --batch counts completions.
     #[arg(long, value_parser = named::<Objective>(), default_value = "sft")]
     pub objective: Objective,
 
@@ -70,6 +73,9 @@ pub struct TrainArgs {
 
     #[command(flatten)]
     pub grpo: crate::objective_args::GrpoArgs,
+
+    #[command(flatten)]
+    pub rloo: crate::objective_args::RlooArgs,
 
     #[command(flatten)]
     pub kto: crate::objective_args::KtoArgs,
@@ -181,8 +187,12 @@ impl TrainArgs {
                 precompute_ref: self.precompute_ref,
                 ..self.preference.spec()
             },
-            grpo: self.grpo.spec(self.preference.beta),
+            grpo: self.grpo.spec(
+                self.preference.beta,
+                crate::objective_args::RlooArgs::rollout_defaults(self.objective),
+            ),
             kto: self.kto.spec(),
+            rloo: self.rloo.spec(),
         }
     }
 }

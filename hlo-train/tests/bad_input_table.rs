@@ -580,7 +580,7 @@ fn bad_input_table() {
             ]),
         ),
         (
-            "plan: GRPO's settings without --objective grpo",
+            "plan: rollout settings without --objective grpo or rloo",
             vec!["plan".into(), "--num-generations".into(), "4".into()],
         ),
         (
@@ -660,6 +660,10 @@ fn bad_input_table() {
         (
             "a GRPO setting without --objective grpo",
             train(&["--num-generations", "4"]),
+        ),
+        (
+            "a GRPO loss setting with --objective rloo",
+            train(&["--objective", "rloo", "--reward", "length", "--loss-type", "grpo"]),
         ),
         (
             "bench --precompute-ref for an objective without a reference",

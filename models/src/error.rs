@@ -57,6 +57,12 @@ pub enum ModelError {
     PreferenceBatch { rows: i64, packed: bool },
     #[error("GRPO: {why}")]
     GrpoBatch { why: String },
+    /// A batch of rollouts an objective's step cannot take.
+    #[error("{objective}: {why}")]
+    RolloutBatch {
+        objective: &'static str,
+        why: String,
+    },
     /// The router's load-balancing loss (`output_router_logits`) with a
     /// setting it is not built for yet.
     #[error("the router's load-balancing loss (config.json's output_router_logits) is not supported {with} yet; set output_router_logits to false to train without it")]

@@ -20,6 +20,7 @@ pub use crate::preference::step::{
     preference_loss, preference_train_step, reference_logps_step, Preference,
 };
 use crate::preference::{reference_of, Reference};
+use crate::rloo::RlooLoss;
 use crate::roles::{BatchField, Moment, Role, Step, StepInput};
 use crate::ModelError;
 
@@ -125,6 +126,10 @@ pub enum Loss {
     /// KTO's loss over unpaired examples (see
     /// [`crate::kto::step::kto_loss`]).
     Kto(Kto),
+    /// RLOO's loss over rollouts (see [`crate::rloo::step::rloo_loss`]):
+    /// the batch carries each completion's advantage, and the old
+    /// log-probabilities where the loss reads them.
+    Rloo(RlooLoss),
 }
 
 impl Loss {
@@ -135,6 +140,7 @@ impl Loss {
             Loss::Preference(p) => p,
             Loss::Grpo(g) => g,
             Loss::Kto(k) => k,
+            Loss::Rloo(r) => r,
         }
     }
 

@@ -6,7 +6,8 @@
 //! SFT's samples and a preference objective's pairs are rows of a
 //! dataset ([`sft`]); a preference objective may compute its reference
 //! before training ([`preference`]); GRPO makes its batches by generating
-//! and rewarding ([`grpo`]).
+//! and rewarding ([`grpo`]), and RLOO takes GRPO's rollouts with its own
+//! advantages ([`rloo`]).
 //!
 //! Adding an objective (see docs/architecture.md): its folder here with
 //! a type implementing [`ObjectiveDef`] (its settings in its own table and
@@ -17,6 +18,7 @@
 pub mod grpo;
 pub mod kto;
 pub mod preference;
+pub mod rloo;
 pub(crate) mod sft;
 
 use hlo_data::{DataStats, Tokenizer};
@@ -36,6 +38,7 @@ use crate::train::checkpoint::RunSettings;
 pub use grpo::GrpoSpec;
 pub use kto::KtoSpec;
 pub use preference::PreferenceSpec;
+pub use rloo::RlooSpec;
 
 /// What the run's loss is, with the batch fields it reads and the metrics
 /// it reports: supervised finetuning, or a preference method over pairs
@@ -65,10 +68,13 @@ pub enum Objective {
     /// KTO (TRL's `KTOTrainer`): unpaired completions labelled desirable
     /// or not, against a reference model.
     Kto,
+    /// RLOO (TRL's `RLOOTrainer`): GRPO's rollouts, each weighted by its
+    /// reward less the mean of its siblings' (and less a KL penalty).
+    Rloo,
 }
 
 /// Every objective, in the order `--objective` lists them.
-pub const OBJECTIVES: [Objective; 7] = [
+pub const OBJECTIVES: [Objective; 8] = [
     Objective::Sft,
     Objective::Dpo,
     Objective::Ipo,
@@ -76,6 +82,7 @@ pub const OBJECTIVES: [Objective; 7] = [
     Objective::Orpo,
     Objective::Grpo,
     Objective::Kto,
+    Objective::Rloo,
 ];
 
 impl Objective {
@@ -90,6 +97,7 @@ impl Objective {
             Objective::Orpo => &preference::ORPO,
             Objective::Grpo => &grpo::GRPO,
             Objective::Kto => &kto::KTO,
+            Objective::Rloo => &rloo::RLOO,
         }
     }
 }
@@ -205,10 +213,12 @@ pub struct ObjectiveSpecs {
     /// GRPO's too).
     pub preference: PreferenceSpec,
     /// GRPO's (its `beta` is the `beta` setting when the objective is
-    /// GRPO).
+    /// GRPO or RLOO; its rollout settings are RLOO's too).
     pub grpo: GrpoSpec,
     /// KTO's (β is the preference objectives').
     pub kto: KtoSpec,
+    /// RLOO's own (its rollouts are GRPO's).
+    pub rloo: RlooSpec,
 }
 
 /// What rows an objective's data holds, and so how its batches are made:
@@ -314,6 +324,12 @@ pub trait ObjectiveDef: Sync {
     /// off, or no reference).
     fn reference(&self, _spec: &RunSpec, _model: &Model) -> Result<Option<Adapter>> {
         Ok(None)
+    }
+
+    /// How its rollouts' rewards become advantages (an objective whose
+    /// data is [`Data::Rollouts`]); None for the others.
+    fn advantages(&self, _specs: &ObjectiveSpecs) -> Option<Box<dyn grpo::AdvantageRule>> {
+        None
     }
 }
 

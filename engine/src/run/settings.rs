@@ -337,10 +337,10 @@ mod tests {
             assert!(s.value.is_some(), "{} has no value to compare", s.name);
         }
         // The shared preference table is listed once, owned by the four;
-        // GRPO's and KTO's each by its own.
+        // GRPO's, KTO's and RLOO's each by its own.
         let tables = crate::objectives::objective_tables();
         let owners: Vec<usize> = tables.iter().map(|(_, o)| o.len()).collect();
-        assert_eq!(owners, [4, 1, 1]);
+        assert_eq!(owners, [4, 1, 1, 1]);
     }
 
     #[test]

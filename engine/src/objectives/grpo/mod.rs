@@ -159,6 +159,15 @@ impl GrpoSpec {
     }
 }
 
+/// An error of the rollout machinery GRPO shares ([`EngineError::Grpo`])
+/// as `objective`'s.
+pub(crate) fn as_objective(objective: &'static str) -> impl Fn(EngineError) -> EngineError {
+    move |e| match e {
+        EngineError::Grpo(why) if objective != "grpo" => EngineError::Objective { objective, why },
+        e => e,
+    }
+}
+
 /// GRPO as an objective of a run.
 pub(crate) struct Grpo;
 
@@ -268,10 +277,69 @@ impl ObjectiveDef for Grpo {
     fn reference(&self, spec: &RunSpec, model: &Model) -> Result<Option<Adapter>> {
         RolloutInputs::reference(spec, model)
     }
+
+    /// Each reward less its group's mean, scaled as `--scale-rewards` says.
+    fn advantages(&self, specs: &ObjectiveSpecs) -> Option<Box<dyn AdvantageRule>> {
+        Some(Box::new(GroupNormalised {
+            group: specs.grpo.num_generations,
+            scale: specs.grpo.scale_rewards,
+        }))
+    }
 }
 
 /// Refuses GRPO settings that cannot go together.
 fn check_settings(spec: &RunSpec) -> Result<()> {
+    check_rollout_settings(spec)?;
+    let g = &spec.objectives.grpo;
+    let refuse = |why: String| Err(EngineError::Grpo(why));
+    for (what, t) in [
+        ("sapo-temperature-pos", g.sapo_temperature_pos),
+        ("sapo-temperature-neg", g.sapo_temperature_neg),
+    ] {
+        if !t.is_finite() || t <= 0.0 {
+            return refuse(format!("--{what} must be a finite number > 0, not {t}"));
+        }
+    }
+    let default = GrpoSpec::default();
+    let temperatures = (g.sapo_temperature_pos, g.sapo_temperature_neg);
+    if g.loss_type != GrpoLossType::Sapo
+        && temperatures != (default.sapo_temperature_pos, default.sapo_temperature_neg)
+    {
+        return refuse(format!(
+            "--sapo-temperature-pos and --sapo-temperature-neg are the sapo loss's; --loss-type is {}",
+            g.loss_type.name()
+        ));
+    }
+    Ok(())
+}
+
+/// The rollout settings GRPO shares with the other objectives that train
+/// on rollouts (its own are the loss's: `scale-rewards`, `loss-type`,
+/// `importance-sampling-level`, `use-bias-correction-kl`, SAPO's
+/// temperatures).
+pub(crate) const ROLLOUT_SETTINGS: &[&str] = &[
+    "num-generations",
+    "epsilon",
+    "epsilon-high",
+    "num-iterations",
+    "max-completion-length",
+    "temperature",
+    "top-p",
+    "top-k",
+    "reward",
+    "rollouts",
+    "reward-weights",
+    "answer-column",
+    "format-regex",
+    "reward-command",
+    "reward-url",
+    "reward-timeout",
+    "log-completions",
+];
+
+/// Refuses rollout settings (GRPO's, shared) that cannot go together;
+/// errors name GRPO (see [`as_objective`]).
+pub(crate) fn check_rollout_settings(spec: &RunSpec) -> Result<()> {
     let g = &spec.objectives.grpo;
     let refuse = |why: String| Err(EngineError::Grpo(why));
     if g.num_generations < 2 {
@@ -311,24 +379,6 @@ fn check_settings(spec: &RunSpec) -> Result<()> {
             }
         }
     }
-    for (what, t) in [
-        ("sapo-temperature-pos", g.sapo_temperature_pos),
-        ("sapo-temperature-neg", g.sapo_temperature_neg),
-    ] {
-        if !t.is_finite() || t <= 0.0 {
-            return refuse(format!("--{what} must be a finite number > 0, not {t}"));
-        }
-    }
-    let default = GrpoSpec::default();
-    let temperatures = (g.sapo_temperature_pos, g.sapo_temperature_neg);
-    if g.loss_type != GrpoLossType::Sapo
-        && temperatures != (default.sapo_temperature_pos, default.sapo_temperature_neg)
-    {
-        return refuse(format!(
-            "--sapo-temperature-pos and --sapo-temperature-neg are the sapo loss's; --loss-type is {}",
-            g.loss_type.name()
-        ));
-    }
     if !g.beta.is_finite() || g.beta < 0.0 {
         return refuse(format!(
             "--beta must be a finite number >= 0, not {}",
@@ -356,7 +406,10 @@ fn check_settings(spec: &RunSpec) -> Result<()> {
         );
     }
     if spec.eval.data.is_some() {
-        return refuse("GRPO has no held-out loss; leave out --eval-data".into());
+        return refuse(format!(
+            "{} has no held-out loss; leave out --eval-data",
+            spec.objective.name().to_uppercase()
+        ));
     }
     if spec.objectives.preference.ref_adapter.is_some() && g.beta == 0.0 {
         return refuse(
@@ -368,6 +421,19 @@ fn check_settings(spec: &RunSpec) -> Result<()> {
 
 /// GRPO's settings, as a run records them with its identities.
 fn record_settings(s: &mut RunSettings, spec: &RunSpec) {
+    record_rollout_settings(s, spec);
+    let g = &spec.objectives.grpo;
+    s.set("scale-rewards", g.scale_rewards.name());
+    s.set("loss-type", g.loss_type.name());
+    s.set("importance-sampling-level", g.importance_sampling.name());
+    s.set("use-bias-correction-kl", g.bias_correction_kl);
+    s.set("sapo-temperature-pos", g.sapo_temperature_pos);
+    s.set("sapo-temperature-neg", g.sapo_temperature_neg);
+}
+
+/// The rollout settings ([`ROLLOUT_SETTINGS`]) with β and the reference
+/// adapter, as a run records them with its identities.
+pub(crate) fn record_rollout_settings(s: &mut RunSettings, spec: &RunSpec) {
     use crate::run::{absolute, written_list};
     let g = &spec.objectives.grpo;
     s.set("beta", g.beta);
@@ -377,12 +443,6 @@ fn record_settings(s: &mut RunSettings, spec: &RunSpec) {
         s.set("epsilon-high", e);
     }
     s.set("num-iterations", g.num_iterations as u64);
-    s.set("scale-rewards", g.scale_rewards.name());
-    s.set("loss-type", g.loss_type.name());
-    s.set("importance-sampling-level", g.importance_sampling.name());
-    s.set("use-bias-correction-kl", g.bias_correction_kl);
-    s.set("sapo-temperature-pos", g.sapo_temperature_pos);
-    s.set("sapo-temperature-neg", g.sapo_temperature_neg);
     s.set("max-completion-length", g.max_completion_length as u64);
     s.set("temperature", g.temperature);
     s.set("top-p", g.top_p);

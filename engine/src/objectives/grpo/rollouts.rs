@@ -186,7 +186,7 @@ pub(super) fn terminated<'a>(completion: &'a [u32], eos: &[u32]) -> (&'a [u32], 
 /// Refuses rewards too large for their statistics: a group's mean or
 /// deviation that overflows f64, or an advantage past f32 (what the step
 /// reads), would train on zeros or infinities without a word.
-pub(super) fn check_reward_statistics(rewards: &[f64], advantages: &[f64]) -> Result<()> {
+pub(crate) fn check_reward_statistics(rewards: &[f64], advantages: &[f64]) -> Result<()> {
     let largest = rewards.iter().fold(0.0f64, |m, r| m.max(r.abs()));
     // The sum of squared deviations is at most n·(2·largest)².
     let deviations = (2.0 * largest).powi(2) * rewards.len() as f64;
@@ -202,21 +202,67 @@ pub(super) fn check_reward_statistics(rewards: &[f64], advantages: &[f64]) -> Re
     Ok(())
 }
 
+/// Each completion's advantage, with the figures TRL logs of them.
+pub type Advantaged = (Vec<f64>, Vec<(String, f64)>);
+
+/// How a batch of rollouts' rewards become the advantages the step
+/// reads: GRPO's group normalisation ([`GroupNormalised`]) or another
+/// rollout objective's rule, applied once the batch is laid out and
+/// scored.
+pub trait AdvantageRule: Send {
+    /// Whether the rule reads the policy's per-token log-probabilities
+    /// from when the rollouts were made (`batch.old_logps`) and the
+    /// reference's (`batch.ref_token_logps`, scored whenever β ≠ 0).
+    fn reads_old_logps(&self) -> bool;
+
+    /// Each completion's advantage of `rewards` (their weighted sums),
+    /// with the figures TRL logs of them, for `batch` (its loss mask and
+    /// any scored log-probabilities).
+    fn advantages(&self, rewards: &[f64], batch: &Batch) -> Result<Advantaged>;
+}
+
+/// GRPO's advantages: each reward less its group's mean, scaled as
+/// `scale_rewards` says ([`advantages`]).
+pub struct GroupNormalised {
+    pub group: usize,
+    pub scale: hlo_models::grpo::ScaleRewards,
+}
+
+impl AdvantageRule for GroupNormalised {
+    fn reads_old_logps(&self) -> bool {
+        false
+    }
+
+    fn advantages(
+        &self,
+        rewards: &[f64],
+        _batch: &Batch,
+    ) -> Result<(Vec<f64>, Vec<(String, f64)>)> {
+        let (adv, zero_std) = advantages(rewards, self.group, self.scale);
+        check_reward_statistics(rewards, &adv)?;
+        Ok((adv, vec![("frac_reward_zero_std".into(), share(&zero_std))]))
+    }
+}
+
+/// The share of `flags` that are set (TRL's `frac_reward_zero_std`).
+pub fn share(flags: &[bool]) -> f64 {
+    flags.iter().filter(|&&z| z).count() as f64 / flags.len().max(1) as f64
+}
+
 /// The batch of `rollouts` (rows of `seq`: prompt then completion,
 /// right-padded; the mask on the completion's tokens up to its first EOS)
-/// with their advantages, and the metrics TRL logs of a generation batch.
+/// with the metrics TRL logs of a generation batch (its completions and
+/// rewards); the advantages are an [`AdvantageRule`]'s, once the batch is
+/// scored.
 pub fn rollout_batch(
     rollouts: &[Rollout],
     seq: usize,
     eos: &[u32],
-    spec: &GrpoSpec,
     reward_names: &[&str],
 ) -> Result<(Batch, Vec<(String, f64)>)> {
     let rows = rollouts.len();
     let mut b = Batch::empty(rows, seq);
     let rewards: Vec<f64> = rollouts.iter().map(|r| r.reward).collect();
-    let (adv, zero_std) = advantages(&rewards, spec.num_generations, spec.scale_rewards);
-    check_reward_statistics(&rewards, &adv)?;
     let mut lengths = Vec::with_capacity(rows);
     let mut term_lengths = Vec::new();
     for (r, ro) in rollouts.iter().enumerate() {
@@ -245,7 +291,6 @@ pub fn rollout_batch(
             term_lengths.push(completion.len() as f64);
         }
     }
-    b.advantages = adv.iter().map(|&a| a as f32).collect();
     let n = rows as f64;
     let mean = |x: &[f64]| x.iter().sum::<f64>() / x.len().max(1) as f64;
     let std = |x: &[f64]| {
@@ -292,10 +337,6 @@ pub fn rollout_batch(
     }
     m.push(("reward".to_string(), mean(&rewards)));
     m.push(("reward_std".to_string(), std(&rewards)));
-    m.push((
-        "frac_reward_zero_std".to_string(),
-        zero_std.iter().filter(|&&z| z).count() as f64 / n,
-    ));
     Ok((b, m))
 }
 

@@ -54,17 +54,22 @@ pub struct RolloutSource {
     old: Option<Scorer>,
     reference: Option<Scorer>,
     log_every: i64,
+    /// How the rewards become advantages (GRPO's, or the objective's).
+    rule: Box<dyn AdvantageRule>,
+    /// The objective its errors name.
+    objective: &'static str,
 }
 
 impl RolloutSource {
     /// Rollouts of `origin` for a session taking `rows` completions a step
     /// (a multiple of `num_generations`) of `seq` tokens, resuming after
     /// `cursor` steps; `reference` is the KL's reference adapter (None:
-    /// the base with the adapter off).
+    /// the base with the adapter off); `rule` makes the advantages.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         session: &Session,
         spec: &GrpoSpec,
+        rule: Box<dyn AdvantageRule>,
         origin: RolloutOrigin,
         eos: Vec<u32>,
         tokenizer: Option<Tokenizer>,
@@ -75,7 +80,7 @@ impl RolloutSource {
     ) -> Result<RolloutSource> {
         let tc = session.config();
         let rows = tc.batch as usize;
-        let old = if spec.num_iterations > 1 {
+        let old = if spec.num_iterations > 1 || rule.reads_old_logps() {
             Some(Scorer::new(session, true, None, spec.temperature)?)
         } else {
             None
@@ -98,6 +103,8 @@ impl RolloutSource {
             old,
             reference,
             log_every,
+            rule,
+            objective: "grpo",
         })
     }
 
@@ -270,6 +277,27 @@ fn chosen_prompts(n: usize, g: u64, groups: usize, seed: u64) -> Vec<usize> {
 
 impl BatchSource for RolloutSource {
     fn next_batch(&mut self, session: &Session) -> Result<SourcedBatch> {
+        let objective = self.objective;
+        self.make_batch(session).map_err(as_objective(objective))
+    }
+
+    fn cursor(&self) -> u64 {
+        self.steps
+    }
+
+    fn watch(&mut self, stop: StopFlag) {
+        self.watch_rewards(stop)
+    }
+
+    fn saved(&self, cursor: u64) -> Result<Vec<(String, Vec<u8>)>> {
+        self.saved_rollouts(cursor)
+    }
+}
+
+impl RolloutSource {
+    /// The next step's batch: the current rollouts again (within μ), or
+    /// new ones made, rewarded, scored and given their advantages.
+    fn make_batch(&mut self, session: &Session) -> Result<SourcedBatch> {
         let iteration = self.steps % self.spec.num_iterations.max(1) as u64;
         let g = self.generation();
         self.steps += 1;
@@ -289,14 +317,17 @@ impl BatchSource for RolloutSource {
             // The logged rewards: one named `reward`, or the rows' names.
             RolloutOrigin::Logged(l) => l.names.iter().map(String::as_str).collect(),
         };
-        let (mut batch, mut metrics) =
-            rollout_batch(&rollouts, self.seq, &self.eos, &self.spec, &names)?;
+        let (mut batch, mut metrics) = rollout_batch(&rollouts, self.seq, &self.eos, &names)?;
         if let Some(s) = &self.old {
             batch.old_logps = s.score(session, &batch.ids, self.rows, self.seq)?;
         }
         if let Some(s) = &self.reference {
             batch.ref_token_logps = s.score(session, &batch.ids, self.rows, self.seq)?;
         }
+        let rewards: Vec<f64> = rollouts.iter().map(|r| r.reward).collect();
+        let (advantages, mut figures_of_rule) = self.rule.advantages(&rewards, &batch)?;
+        batch.advantages = advantages.iter().map(|&a| a as f32).collect();
+        metrics.append(&mut figures_of_rule);
         let step = self.steps as i64;
         let show = self.spec.log_completions;
         let samples = if show > 0 && self.log_every > 0 && (step == 1 || step % self.log_every == 0)
@@ -333,11 +364,7 @@ impl BatchSource for RolloutSource {
         })
     }
 
-    fn cursor(&self) -> u64 {
-        self.steps
-    }
-
-    fn watch(&mut self, stop: StopFlag) {
+    fn watch_rewards(&mut self, stop: StopFlag) {
         if let RolloutOrigin::Online { rewards, .. } = &mut self.origin {
             rewards.watch(stop);
         }
@@ -345,7 +372,7 @@ impl BatchSource for RolloutSource {
 
     /// In the middle of a batch's μ iterations, the batch (its old
     /// log-probabilities were the policy's before the steps since).
-    fn saved(&self, cursor: u64) -> Result<Vec<(String, Vec<u8>)>> {
+    fn saved_rollouts(&self, cursor: u64) -> Result<Vec<(String, Vec<u8>)>> {
         let mu = self.spec.num_iterations.max(1) as u64;
         // Mid-generation at `cursor`, the current batch is that
         // generation's, whether or not the next step's was drawn.
@@ -482,6 +509,14 @@ impl RolloutInputs {
         model: &crate::inputs::model::Model,
         tokenizer: Option<&Tokenizer>,
     ) -> Result<RolloutInputs> {
+        Self::read_for(spec, model, tokenizer).map_err(as_objective(spec.objective.name()))
+    }
+
+    fn read_for(
+        spec: &crate::run::spec::RunSpec,
+        model: &crate::inputs::model::Model,
+        tokenizer: Option<&Tokenizer>,
+    ) -> Result<RolloutInputs> {
         let g = &spec.objectives.grpo;
         let path = g.rollouts.as_ref().or(spec.data.path.as_ref());
         let origin = match (&g.rollouts, path) {
@@ -548,9 +583,10 @@ impl RolloutInputs {
     ) -> Result<Option<Adapter>> {
         let beta = spec.objectives.grpo.beta;
         if spec.step.lora.is_none() && beta != 0.0 {
-            return Err(EngineError::Grpo(
-                "full finetuning with --beta would keep a second copy of the base as the reference; train LoRA, or leave out --beta".into(),
-            ));
+            return Err(EngineError::Objective {
+                objective: spec.objective.name(),
+                why: "full finetuning with --beta would keep a second copy of the base as the reference; train LoRA, or leave out --beta".into(),
+            });
         }
         match (beta != 0.0, crate::objectives::reference_dir(spec)) {
             (true, Some(dir)) => Ok(Some(Adapter::load(dir, &model.config)?)),
@@ -579,9 +615,17 @@ impl RolloutInputs {
         };
         let tokenizer = session.model().tokenizer(None)?;
         let eos = completion_ends(session.model(), tokenizer.as_ref())?;
+        let rule = spec
+            .objective
+            .def()
+            .advantages(&spec.objectives)
+            .ok_or_else(|| {
+                EngineError::Internal(format!("{} makes no advantages", spec.objective))
+            })?;
         let mut source = RolloutSource::new(
             session,
             g,
+            rule,
             origin,
             eos,
             tokenizer,
@@ -590,6 +634,7 @@ impl RolloutInputs {
             cursor,
             spec.report.log_every,
         )?;
+        source.objective = spec.objective.name();
         let mu = g.num_iterations.max(1) as u64;
         if let (Some(dir), true) = (&spec.output.resume, !cursor.is_multiple_of(mu)) {
             let tc = session.config();
