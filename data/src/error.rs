@@ -38,6 +38,9 @@ pub enum DataError {
     #[error("{} holds no *.parquet or *.jsonl files", path.display())]
     NoDataFiles { path: PathBuf },
     /// A data file holds no examples.
+    /// Rows that cannot go together (each readable alone).
+    #[error("{}: {message}", path.display())]
+    Rows { path: PathBuf, message: String },
     #[error("{} has no examples", path.display())]
     Empty { path: PathBuf },
     /// A tokenizer folder without a chat template.

@@ -28,6 +28,7 @@ pub mod loader;
 pub mod pairs;
 pub mod prompts;
 pub mod reader;
+pub mod reward;
 pub mod tokenizer;
 pub mod unpaired;
 
@@ -35,12 +36,14 @@ pub use chat::{ChatTemplate, Message};
 pub use error::DataError;
 pub use loader::{eval_batches, eval_pair_batches, Batch, Loader};
 pub use pairs::{
-    demo_pairs, eos_token_text, first_row, is_preference_data, is_preference_row, PreferencePair,
+    demo_pairs, eos_token_text, first_row, is_preference_data, is_preference_row,
+    special_token_text, PreferencePair,
 };
 pub use prompts::{jsonl_lines, read_prompts, Prompt, PromptLine};
 pub use reader::{
     alpaca_prompt, data_files, demo_examples, demo_prompt_rows, is_parquet, parse_line, stats,
     ChatData, DataStats, Example, Reader,
 };
+pub use reward::RewardPair;
 pub use tokenizer::Tokenizer;
 pub use unpaired::Unpaired;

@@ -36,6 +36,9 @@ pub struct Batch {
     /// A KTO batch's label of each row, 1 desirable or 0 (empty
     /// otherwise).
     pub desirable: Vec<f32>,
+    /// A reward model's batch: each pair's margin on both its rows (empty
+    /// unless the data gives margins).
+    pub margin: Vec<f32>,
     /// Tokens whose prediction counts.
     pub targets: usize,
 }
@@ -53,6 +56,7 @@ impl Batch {
             old_logps: Vec::new(),
             ref_token_logps: Vec::new(),
             desirable: Vec::new(),
+            margin: Vec::new(),
             targets: 0,
         }
     }
@@ -73,6 +77,12 @@ impl Batch {
             }
         }
         len
+    }
+
+    /// Writes `ex` alone at the start of row `row` of a batch of rows of
+    /// `seq` tokens (cut to the row), as one segment.
+    pub fn put_row(&mut self, ex: &Example, row: usize, seq: usize) {
+        self.put(ex, row, 0, seq, 1);
     }
 
     /// Slots holding a real token, over all slots.
@@ -147,6 +157,11 @@ pub struct Loader {
     /// Each example's label (KTO's unpaired examples, read in order;
     /// empty otherwise): see [`Loader::unpaired`].
     labels: Vec<bool>,
+    /// Each pair's margin (a reward model's pairs; empty otherwise): see
+    /// [`Loader::with_margins`].
+    margins: Vec<f32>,
+    /// Every epoch in file order (see [`Loader::in_file_order`]).
+    sequential: bool,
     /// Examples handed out so far (the resume cursor; with packing a batch
     /// takes as many as fit, so the cursor alone fixes what comes next).
     pub cursor: u64,
@@ -163,6 +178,8 @@ impl Loader {
             seed,
             packing: false,
             labels: Vec::new(),
+            margins: Vec::new(),
+            sequential: false,
             cursor: 0,
         }
     }
@@ -206,6 +223,15 @@ impl Loader {
         }
     }
 
+    /// Pairs with their margins (a reward model's `margin` column), one
+    /// per pair in the order given to [`Loader::pairs`]: batches then
+    /// carry each on both of its pair's rows, in `margin`.
+    pub fn with_margins(mut self, margins: Vec<f32>) -> Loader {
+        assert_eq!(margins.len(), self.examples.len(), "one per pair");
+        self.margins = margins;
+        self
+    }
+
     /// Packs rows: each takes whole samples, in order, while they fit (a
     /// sample longer than a row is cut and fills one alone).
     pub fn packed(mut self, packing: bool) -> Loader {
@@ -227,8 +253,19 @@ impl Loader {
         self.examples.is_empty()
     }
 
-    /// The permutation of epoch `epoch` (Fisher–Yates, seeded by seed and epoch).
+    /// Every epoch in file order (`sequential`: transformers'
+    /// `train_sampling_strategy="sequential"`), not a seeded shuffle.
+    pub fn in_file_order(mut self, sequential: bool) -> Loader {
+        self.sequential = sequential;
+        self
+    }
+
+    /// The permutation of epoch `epoch` (Fisher–Yates, seeded by seed and
+    /// epoch; the identity in file order).
     fn order(&self, epoch: u64) -> Vec<usize> {
+        if self.sequential {
+            return (0..self.examples.len()).collect();
+        }
         let mut rng = Rng::new(self.seed.wrapping_mul(0x9e37_79b9).wrapping_add(epoch));
         let mut idx: Vec<usize> = (0..self.examples.len()).collect();
         for i in (1..idx.len()).rev() {
@@ -288,11 +325,17 @@ impl Loader {
         if !self.reference.is_empty() {
             out.ref_logps = vec![0.0; 2 * pairs];
         }
+        if !self.margins.is_empty() {
+            out.margin = vec![0.0; 2 * pairs];
+        }
         let mut cache = (u64::MAX, Vec::new());
         for row in 0..pairs {
             let i = self.index_at(self.cursor, &mut cache);
             out.put(&self.examples[i], row, 0, seq, 1);
             out.put(&self.rejected[i], pairs + row, 0, seq, 1);
+            if let Some(&m) = self.margins.get(i) {
+                (out.margin[row], out.margin[pairs + row]) = (m, m);
+            }
             if let Some(&[c, r]) = self.reference.get(i) {
                 (out.ref_logps[row], out.ref_logps[pairs + row]) = (c, r);
             }

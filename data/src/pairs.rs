@@ -132,6 +132,13 @@ pub fn is_preference_data(path: &Path) -> Result<bool, DataError> {
 /// (a string or an AddedToken object): what TRL appends to string
 /// completions. None when the file names none.
 pub fn eos_token_text(dir: &Path) -> Result<Option<String>, DataError> {
+    special_token_text(dir, "eos_token")
+}
+
+/// The text of special token `key` (`eos_token`, `pad_token`, ...) in a
+/// tokenizer folder's `tokenizer_config.json` (a string or an AddedToken
+/// object); None when the file names none.
+pub fn special_token_text(dir: &Path, key: &str) -> Result<Option<String>, DataError> {
     let path = dir.join("tokenizer_config.json");
     let text = std::fs::read_to_string(&path).map_err(|cause| DataError::Read {
         path: path.clone(),
@@ -139,7 +146,7 @@ pub fn eos_token_text(dir: &Path) -> Result<Option<String>, DataError> {
     })?;
     let config: Value =
         serde_json::from_str(&text).map_err(|cause| DataError::Json { path, cause })?;
-    let text = match config.get("eos_token") {
+    let text = match config.get(key) {
         Some(Value::String(s)) => Some(s.as_str()),
         Some(Value::Object(o)) => o.get("content").and_then(Value::as_str),
         _ => None,
@@ -208,6 +215,30 @@ pub(crate) enum Eos<'a> {
     None,
 }
 
+/// A row's fields that are not null (a null field is an absent one: a
+/// Parquet table of rows of several shapes has every column).
+pub(crate) fn present_fields(row: &Value) -> Result<Map<String, Value>, String> {
+    Ok(row
+        .as_object()
+        .ok_or("not a JSON object")?
+        .iter()
+        .filter(|(_, v)| !v.is_null())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect())
+}
+
+impl Reader<'_> {
+    /// What ends a string completion: `eos_token` (the tokenizer's EOS
+    /// text), else the EOS id, else nothing.
+    pub(crate) fn eos_of<'a>(&self, eos_token: Option<&'a str>) -> Eos<'a> {
+        match (eos_token, self.eos) {
+            (Some(t), _) => Eos::Text(t),
+            (None, Some(id)) => Eos::Id(id),
+            (None, None) => Eos::None,
+        }
+    }
+}
+
 impl Reader<'_> {
     /// Reads preference pairs from a data file or a folder of them
     /// (Parquet or JSONL, as [`Reader::read_path`]); a bad row is an
@@ -233,13 +264,7 @@ impl Reader<'_> {
         row: &Value,
         eos_token: Option<&str>,
     ) -> Result<PreferencePair, String> {
-        let obj: Map<String, Value> = row
-            .as_object()
-            .ok_or("not a JSON object")?
-            .iter()
-            .filter(|(_, v)| !v.is_null())
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let obj = present_fields(row)?;
         let text = TEXT_FIELDS.iter().find(|k| obj.contains_key(**k));
         let ids = ID_FIELDS.iter().find(|k| obj.contains_key(**k));
         let pair = match (text, ids) {
@@ -256,11 +281,7 @@ impl Reader<'_> {
                         return Err(format!("no `{key}`: {EXPECTED}"));
                     }
                 }
-                let eos = match (eos_token, self.eos) {
-                    (Some(t), _) => Eos::Text(t),
-                    (None, Some(id)) => Eos::Id(id),
-                    (None, None) => Eos::None,
-                };
+                let eos = self.eos_of(eos_token);
                 self.text_pair(&obj, eos)?
             }
         };

@@ -20,7 +20,7 @@
 use serde_json::{Map, Value};
 
 use crate::pairs::{
-    is_preference_row, join, part, split_messages, split_text, Eos, Part, ID_FIELDS,
+    is_preference_row, join, part, present_fields, split_messages, split_text, Eos, Part, ID_FIELDS,
 };
 use crate::reader::{collect_path, id_list, Example, Reader};
 use crate::DataError;
@@ -83,18 +83,8 @@ impl Reader<'_> {
     /// Reads one row (see [`crate::unpaired`]); a null field is an absent
     /// one.
     fn parse_unpaired_row(&self, row: &Value, eos_token: Option<&str>) -> Result<Row, String> {
-        let obj: Map<String, Value> = row
-            .as_object()
-            .ok_or("not a JSON object")?
-            .iter()
-            .filter(|(_, v)| !v.is_null())
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let eos = match (eos_token, self.eos) {
-            (Some(t), _) => Eos::Text(t),
-            (None, Some(id)) => Eos::Id(id),
-            (None, None) => Eos::None,
-        };
+        let obj = present_fields(row)?;
+        let eos = self.eos_of(eos_token);
         if is_preference_row(row) {
             if obj.contains_key("label") {
                 return Err("holds `label` and a pair: a row is one labelled completion or a pair, not both".into());

@@ -254,6 +254,7 @@ impl ChatArgs {
             seq: seq as usize,
             pairs: false,
             unpaired: false,
+            whole_pairs: false,
         }
     }
 }
@@ -322,7 +323,7 @@ impl DtypeArgs {
 }
 
 /// `--tokenizer`.
-#[derive(Args, Clone, Debug)]
+#[derive(Args, Clone, Debug, Default)]
 pub struct TokenizerArgs {
     /// HF tokenizer.json (default: the checkpoint's; byte-level for
     /// tiny); or a hub id (its tokenizer.json).
@@ -481,6 +482,15 @@ pub fn learning_rate(s: &str) -> Result<f64, String> {
         Ok(v) if v <= 1e30 => Ok(v),
         Ok(_) => Err("must be at most 1e30 (the schedule is computed in f32)".into()),
         Err(e) => Err(e),
+    }
+}
+
+/// A finite number.
+pub fn finite(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        Ok(_) => Err("must be a finite number".into()),
+        Err(e) => Err(e.to_string()),
     }
 }
 

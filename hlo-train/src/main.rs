@@ -22,6 +22,7 @@ mod plan;
 mod plot;
 mod recipe;
 mod saved_run;
+mod score;
 mod serve;
 mod train;
 
@@ -64,6 +65,9 @@ pub(crate) enum Command {
     Data(Box<data::DataArgs>),
     /// Fold a PEFT adapter into a model's weights and write an HF folder.
     Merge(merge::MergeArgs),
+    /// A reward model's scores of preference pairs (each side whole), and
+    /// how often it ranks the chosen side higher.
+    Score(Box<score::ScoreArgs>),
     /// Time the compiled train step: tokens/s, MFU, compile time, memory.
     Bench(Box<bench::BenchArgs>),
     /// What the train step needs in each device's memory, and whether it fits.
@@ -175,6 +179,7 @@ fn main() -> ExitCode {
         Command::Train(a) => a.plugin.check_launch("train"),
         Command::Generate(a) => a.plugin.check_launch("generate"),
         Command::Eval(a) => a.plugin.check_launch("eval"),
+        Command::Score(a) => a.plugin.check_launch("score"),
         Command::Bench(a) => a.plugin.check_launch("bench"),
         Command::Serve(a) => a.plugin.check_launch("serve"),
         Command::Data(_) | Command::Merge(_) | Command::Plan(_) | Command::Plot(_) => Ok(()),
@@ -188,6 +193,7 @@ fn main() -> ExitCode {
         Command::DumpHlo(args) => dump_hlo::run(&args),
         Command::Generate(args) => generate::run(&args),
         Command::Eval(args) => eval::run(&args),
+        Command::Score(args) => score::run(&args),
         Command::Data(args) => data::run(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Train(args) => {

@@ -14,9 +14,10 @@ use hlo_engine::ir::{DType, Literal};
 use hlo_engine::model::quantized_config;
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::checkpoint::Checkpoint;
+use hlo_engine::models::decoder::SCORE;
 use hlo_engine::models::io::{copy_side_files, write_atomic, write_safetensors};
 use hlo_engine::models::nf4::{self, Nf4Tensor};
-use hlo_engine::ModelSource;
+use hlo_engine::{Model, ModelSource};
 
 use crate::saved_run::AdapterRuns;
 
@@ -68,6 +69,9 @@ pub fn run(args: &MergeArgs) -> Result<()> {
     let name = checkpoint.display().to_string();
     ckpt.config = quantized_config(&ckpt.config, &name, args.quantize.nf4_for(&runs)?)?;
     runs.announce("merge");
+    if reward_adapter(args)? {
+        ckpt.config = reward_model_config(&checkpoint, &runs)?;
+    }
     let adapter = Adapter::load(&args.adapter, &ckpt.config)?;
     if args.out.exists() && args.out.canonicalize()? == checkpoint.canonicalize()? {
         bail!("--out must differ from --checkpoint");
@@ -86,20 +90,13 @@ pub fn run(args: &MergeArgs) -> Result<()> {
     for (name, _) in ckpt.config.parameter_shapes() {
         let merged = match nf4.filter(|_| nf4::is_quantized(&name)) {
             // The NF4 base dequantized (in f32), the adapter added, bf16.
-            Some(q) => {
-                let base = if ckpt.is_prequantized(&name) {
-                    ckpt.read_nf4(&name)?
-                } else {
-                    let dtype = ckpt.dtype(&name).context("checked on open")?;
-                    Nf4Tensor::from_literal(&ckpt.read(&name, dtype)?, q.double_quant)
-                };
-                let base = base.dequantized_literal(DType::F32);
-                let merged = adapter.merge(&ckpt.config, &name, &base);
-                let bf16 = Literal::from_f64s(merged.ty.with_dtype(DType::BF16), &merged.to_f64s());
-                let merged = Literal::from_f64s(merged.ty.with_dtype(out_dtype), &bf16.to_f64s());
-                check_finite(&name, &base, &merged, args)?;
-                merged
-            }
+            Some(q) => merged_nf4(&ckpt, &adapter, &name, (q, out_dtype), args)?,
+            // A causal LM's checkpoint has no classifier head: the
+            // adapter's is the merged model's.
+            None if name == SCORE && ckpt.dtype(&name).is_none() => adapter
+                .get(&name)
+                .cloned()
+                .context("the adapter saves no score head")?,
             None => {
                 let dtype = ckpt.dtype(&name).context("checked on open")?;
                 let base = ckpt.read(&name, dtype)?;
@@ -125,8 +122,9 @@ pub fn run(args: &MergeArgs) -> Result<()> {
     let tensors = hlo_engine::models::checkpoint::hf_layout(&ckpt.config, tensors);
     write_safetensors(&args.out.join("model.safetensors"), &tensors)?;
     let config = checkpoint.join("config.json");
-    let mut bytes =
+    let bytes =
         std::fs::read(&config).with_context(|| format!("cannot read {}", config.display()))?;
+    let mut bytes = hlo_engine::models::decoder::with_head(&bytes, &ckpt.config)?;
     if nf4.is_some() {
         // The merged weights are plain: HF must not load them as 4-bit.
         let mut json: serde_json::Value = serde_json::from_slice(&bytes)
@@ -155,6 +153,50 @@ pub fn run(args: &MergeArgs) -> Result<()> {
         tensors.len()
     );
     Ok(())
+}
+
+/// An NF4 base weight dequantized (in f32), the adapter added, rounded to
+/// bf16 as PEFT rounds, written in `out_dtype`.
+fn merged_nf4(
+    ckpt: &Checkpoint,
+    adapter: &Adapter,
+    name: &str,
+    (q, out_dtype): (nf4::Nf4Config, DType),
+    args: &MergeArgs,
+) -> Result<Literal> {
+    let base = if ckpt.is_prequantized(name) {
+        ckpt.read_nf4(name)?
+    } else {
+        let dtype = ckpt.dtype(name).context("checked on open")?;
+        Nf4Tensor::from_literal(&ckpt.read(name, dtype)?, q.double_quant)
+    };
+    let base = base.dequantized_literal(DType::F32);
+    let merged = adapter.merge(&ckpt.config, name, &base);
+    let bf16 = Literal::from_f64s(merged.ty.with_dtype(DType::BF16), &merged.to_f64s());
+    let merged = Literal::from_f64s(merged.ty.with_dtype(out_dtype), &bf16.to_f64s());
+    check_finite(name, &base, &merged, args)?;
+    Ok(merged)
+}
+
+/// Whether the adapter is a reward model's (its score head saved whole:
+/// the merged model is a sequence classifier, as TRL trained it).
+fn reward_adapter(args: &MergeArgs) -> Result<bool> {
+    Ok(Adapter::read_config(&args.adapter)?
+        .modules_to_save
+        .iter()
+        .any(|m| m == "score"))
+}
+
+/// The config of `checkpoint` made a reward model's, pooled by the pad
+/// token the run padded with (its tokenizer's).
+fn reward_model_config(
+    checkpoint: &std::path::Path,
+    runs: &AdapterRuns,
+) -> Result<hlo_engine::models::decoder::ModelConfig> {
+    let source = ModelSource::Checkpoint(checkpoint.to_path_buf());
+    let tokenizer = crate::args::TokenizerArgs::default().tokenizer_for(runs)?;
+    let model = Model::open(&source)?.with_tokenizer_file(tokenizer);
+    Ok(model.as_reward_model()?.config)
 }
 
 /// Refuses a merged tensor with NaN or infinite values, saying whether

@@ -13,7 +13,7 @@ use hlo_engine::models::grpo::{GrpoLossType, ImportanceSampling, ScaleRewards};
 use hlo_engine::models::kto::KtoLossType;
 use hlo_engine::models::preference::Reference;
 use hlo_engine::objectives::rloo::{DEFAULT_BETA, DEFAULT_NUM_GENERATIONS};
-use hlo_engine::objectives::{KtoSpec, RlooSpec};
+use hlo_engine::objectives::{KtoSpec, RewardModelSpec, RlooSpec};
 use hlo_engine::{Objective, PreferenceSpec};
 
 use crate::args::named;
@@ -311,5 +311,25 @@ fn clip_range(s: &str) -> std::result::Result<(f64, f64), String> {
     match (num(lo), num(hi)) {
         (Some(lo), Some(hi)) if lo <= hi => Ok((lo, hi)),
         _ => Err(bad()),
+    }
+}
+
+/// A reward model's settings (TRL's `RewardConfig` names), as `train`
+/// takes them.
+#[derive(Args, Clone, Debug)]
+pub struct RewardArgs {
+    /// Reward model: add this weight times the mean squared sum of each
+    /// pair's rewards to the loss, keeping them centred on 0 (TRL's
+    /// center_rewards_coefficient; default none).
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::args::finite)]
+    pub center_rewards_coefficient: Option<f64>,
+}
+
+impl RewardArgs {
+    /// The engine's settings.
+    pub fn spec(&self) -> RewardModelSpec {
+        RewardModelSpec {
+            center_rewards_coefficient: self.center_rewards_coefficient,
+        }
     }
 }

@@ -157,6 +157,11 @@ fn device_memory(s: &str) -> Result<f64, String> {
 pub fn run(args: &PlanArgs) -> Result<bool> {
     let started = std::time::Instant::now();
     let model = args.quantize.apply(Model::open(&args.model.source())?)?;
+    // A reward model's step is a classifier's.
+    let model = match args.objective.def().classifier() {
+        true => model.as_reward_model()?,
+        false => model,
+    };
     let config = &model.config;
     let options = BackendOptions {
         devices: args.devices,

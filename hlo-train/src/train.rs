@@ -57,7 +57,9 @@ pub struct TrainArgs {
     /// not (or pairs, unpaired), in file order; --batch counts examples.
     /// Or rloo (RLOOTrainer's): GRPO's rollouts, each completion weighed
     /// by its reward less its siblings' mean, with a KL penalty in the
-    /// reward; --batch counts completions.
+    /// reward; --batch counts completions. Or reward (RewardTrainer's): a
+    /// reward model, a sequence classifier (a new score head on a causal
+    /// LM's checkpoint) scoring each side of a pair; --batch counts pairs.
     #[arg(long, value_parser = named::<Objective>(), default_value = "sft")]
     pub objective: Objective,
 
@@ -79,6 +81,9 @@ pub struct TrainArgs {
 
     #[command(flatten)]
     pub kto: crate::objective_args::KtoArgs,
+
+    #[command(flatten)]
+    pub reward: crate::objective_args::RewardArgs,
 
     #[command(flatten)]
     pub step: StepArgs,
@@ -114,6 +119,12 @@ pub struct TrainArgs {
     /// sharegpt (default: the bundled demo task).
     #[arg(long)]
     pub data: Option<PathBuf>,
+
+    /// The order a run takes its samples (or pairs) in: a seeded shuffle
+    /// of each epoch (random), or the file's, epoch after epoch
+    /// (sequential), as transformers' train_sampling_strategy.
+    #[arg(long, default_value = "random", value_parser = ["random", "sequential"])]
+    pub train_sampling_strategy: String,
 
     /// Optimizer steps to reach (a resumed run counts its saved steps).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..))]
@@ -193,6 +204,7 @@ impl TrainArgs {
             ),
             kto: self.kto.spec(),
             rloo: self.rloo.spec(),
+            reward: self.reward.spec(),
         }
     }
 }
@@ -210,6 +222,7 @@ fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
             path: args.data.clone(),
             chat_template: args.chat.chat_template.clone(),
             train_on_inputs: args.chat.train_on_inputs,
+            sequential: args.train_sampling_strategy == "sequential",
         },
         objective: args.objective,
         objectives: args.objective_specs(),

@@ -457,7 +457,12 @@ impl Adapter {
             .into_iter()
             .map(|(k, r)| (k, r as i64))
             .collect();
-        let modules = string_list(&obj, "modules_to_save");
+        let mut modules = string_list(&obj, "modules_to_save");
+        // PEFT's SEQ_CLS task adds both names a classifier head goes by;
+        // the decoders here call theirs `score`.
+        if obj.get("task_type").and_then(Value::as_str) == Some("SEQ_CLS") {
+            modules.retain(|m| m != "classifier");
+        }
         let mut all: Vec<&str> = targets.iter().map(String::as_str).collect();
         all.extend(parameters.iter().map(String::as_str));
         LoraConfig::new(
@@ -552,7 +557,12 @@ impl Adapter {
         let modules = (!self.lora.modules_to_save.is_empty()).then_some(&self.lora.modules_to_save);
         let config = json!({
             "peft_type": "LORA",
-            "task_type": "CAUSAL_LM",
+            // PEFT's task: a sequence classifier's adapter saves its head.
+            "task_type": if self.lora.modules_to_save.iter().any(|m| m == "score") {
+                "SEQ_CLS"
+            } else {
+                "CAUSAL_LM"
+            },
             "base_model_name_or_path": base_model,
             "r": self.lora.rank,
             "lora_alpha": number(self.lora.alpha),

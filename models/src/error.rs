@@ -57,9 +57,9 @@ pub enum ModelError {
     PreferenceBatch { rows: i64, packed: bool },
     #[error("GRPO: {why}")]
     GrpoBatch { why: String },
-    /// A batch of rollouts an objective's step cannot take.
+    /// A batch (or model) an objective's step cannot take.
     #[error("{objective}: {why}")]
-    RolloutBatch {
+    ObjectiveBatch {
         objective: &'static str,
         why: String,
     },
@@ -139,7 +139,7 @@ pub enum LoraError {
     NoTargets,
     #[error("the pattern `{key}` is not a regex: {reason}")]
     Pattern { key: String, reason: String },
-    #[error("modules_to_save `{0}` is not supported (only lm_head, embed_tokens, and a mixture of experts' router: gate, router)")]
+    #[error("modules_to_save `{0}` is not supported (only lm_head, embed_tokens, a sequence classifier's score, and a mixture of experts' router: gate, router)")]
     ModuleToSave(String),
     #[error("modules_to_save `{0}`: the model has no such module (lm_head tied to the embeddings, or a router on a model without experts)")]
     ModuleNotInModel(String),

@@ -10,7 +10,7 @@
 //! optimizers and schedules ([`train`], [`loss`]); preference losses
 //! (DPO, IPO, SimPO, ORPO as TRL defines them, [`preference`]); GRPO's
 //! loss as TRL's `GRPOTrainer` computes it ([`grpo`]); KTO's as
-//! `KTOTrainer` does ([`kto`]); RLOO's as `RLOOTrainer` does ([`rloo`]); each loss's place in the step behind one
+//! `KTOTrainer` does ([`kto`]); RLOO's as `RLOOTrainer` does ([`rloo`]); reward models' as `RewardTrainer` does ([`reward`]); each loss's place in the step behind one
 //! trait, [`train::StepLoss`]; attention in the naive
 //! and the blockwise (FlashAttention) form ([`attention`]); safetensors checkpoints (HF in,
 //! bitsandbytes 4-bit and gpt-oss's MXFP4 experts too, [`checkpoint`],
@@ -49,6 +49,7 @@ pub mod nf4;
 pub mod preference;
 mod projections;
 mod reference;
+pub mod reward;
 pub mod rloo;
 pub mod roles;
 mod safetensors_file;

@@ -31,6 +31,9 @@ pub enum BatchField {
     /// A KTO batch's label of each row: 1 desirable, 0 undesirable
     /// (`[rows]`, f32).
     Desirable,
+    /// A reward model's pair margin, on each of the pair's rows (`[rows]`
+    /// f32; the loss reads the chosen rows').
+    Margin,
 }
 
 impl BatchField {
@@ -46,6 +49,7 @@ impl BatchField {
             BatchField::OldLogps => "old_logps",
             BatchField::RefTokenLogps => "ref_token_logps",
             BatchField::Desirable => "desirable",
+            BatchField::Margin => "pair_margin",
         }
     }
 }

@@ -20,6 +20,7 @@ pub use crate::preference::step::{
     preference_loss, preference_train_step, reference_logps_step, Preference,
 };
 use crate::preference::{reference_of, Reference};
+use crate::reward::RewardLoss;
 use crate::rloo::RlooLoss;
 use crate::roles::{BatchField, Moment, Role, Step, StepInput};
 use crate::ModelError;
@@ -130,6 +131,9 @@ pub enum Loss {
     /// the batch carries each completion's advantage, and the old
     /// log-probabilities where the loss reads them.
     Rloo(RlooLoss),
+    /// A reward model's Bradley–Terry loss over preference pairs (see
+    /// [`crate::reward::step::reward_loss`]).
+    Reward(RewardLoss),
 }
 
 impl Loss {
@@ -141,6 +145,7 @@ impl Loss {
             Loss::Grpo(g) => g,
             Loss::Kto(k) => k,
             Loss::Rloo(r) => r,
+            Loss::Reward(r) => r,
         }
     }
 
@@ -386,9 +391,10 @@ pub(crate) fn loss_inputs(
     for field in batch_fields(tc) {
         let ty = match field {
             BatchField::LossMask => TensorType::new(DType::F32, [tc.batch, tc.seq]),
-            BatchField::RefLogps | BatchField::Advantages | BatchField::Desirable => {
-                TensorType::new(DType::F32, [tc.batch])
-            }
+            BatchField::RefLogps
+            | BatchField::Advantages
+            | BatchField::Desirable
+            | BatchField::Margin => TensorType::new(DType::F32, [tc.batch]),
             BatchField::OldLogps | BatchField::RefTokenLogps => {
                 TensorType::new(DType::F32, [tc.batch, tc.seq])
             }
@@ -456,6 +462,7 @@ pub(crate) fn role_of(tc: &TrainConfig) -> impl Fn(&str) -> StepInput + '_ {
             BatchField::OldLogps,
             BatchField::RefTokenLogps,
             BatchField::Desirable,
+            BatchField::Margin,
         ]
         .into_iter()
         .find(|f| f.name() == name);

@@ -48,6 +48,8 @@ pub fn synthetic_batch(rows: usize, seq: usize, vocab: i64) -> Batch {
         ref_token_logps: vec![-1.0; n],
         // A KTO step's labels: desirable and undesirable in turn.
         desirable: (0..rows).map(|r| (r % 2) as f32).collect(),
+        // A reward model's pair margins.
+        margin: vec![0.5; rows],
         targets: n,
     }
 }

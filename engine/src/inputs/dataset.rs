@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use hlo_data::{
     data_files, demo_examples, demo_pairs, is_preference_data, stats, ChatData, DataStats, Example,
-    PreferencePair, Reader, Unpaired,
+    PreferencePair, Reader, RewardPair, Unpaired,
 };
 
 use crate::error::{EngineError, Result};
@@ -31,6 +31,9 @@ pub struct DataSpec {
     /// Read unpaired labelled completions (KTO's; preference pairs are
     /// unpaired as TRL unpairs them).
     pub unpaired: bool,
+    /// With `pairs`: a reward model's pairs, each side a whole sequence
+    /// (scored at its end, nothing masked), with optional margins.
+    pub whole_pairs: bool,
 }
 
 /// The identity of a data file, or of a folder's data files (their
@@ -94,6 +97,12 @@ pub struct Dataset {
     pub pairs: Vec<PreferencePair>,
     /// Unpaired labelled examples (empty unless read so).
     pub unpaired: Vec<Unpaired>,
+    /// Each pair's margin (a reward model's pairs that give one; else
+    /// empty).
+    pub margins: Vec<f32>,
+    /// The pairs are whole sequences (a reward model's): kept when both
+    /// sides fit in a row.
+    pub whole: bool,
     pub stats: DataStats,
     /// The file's FNV-1a fingerprint (`demo` for the demo task).
     pub fingerprint: String,
@@ -157,6 +166,11 @@ impl Dataset {
                     return Ok(Self::of_unpaired(rows, spec.seq, fingerprint));
                 }
                 check_shape(path, spec.pairs)?;
+                if spec.whole_pairs {
+                    let pairs =
+                        reader.read_reward_pairs(path, model.eos_token_text()?.as_deref())?;
+                    return Ok(Self::of_reward_pairs(pairs, spec.seq, fingerprint));
+                }
                 if spec.pairs {
                     let pairs = reader.read_pairs(path, model.eos_token_text()?.as_deref())?;
                     return Ok(Self::of_pairs(pairs, spec.seq, fingerprint));
@@ -171,7 +185,12 @@ impl Dataset {
             None if spec.pairs => {
                 let t = tokenizer.as_ref().ok_or(EngineError::DemoNeedsTokenizer)?;
                 let pairs = demo_pairs(t, eos, demo, seed);
-                return Ok(Self::of_pairs(pairs, spec.seq, "demo".into()));
+                // A reward model scores each side whole: prompt and completion.
+                let whole = spec.whole_pairs;
+                return Ok(Dataset {
+                    whole,
+                    ..Self::of_pairs(pairs, spec.seq, "demo".into())
+                });
             }
             None => {
                 let t = tokenizer.as_ref().ok_or(EngineError::DemoNeedsTokenizer)?;
@@ -183,6 +202,8 @@ impl Dataset {
             examples,
             pairs: Vec::new(),
             unpaired: Vec::new(),
+            margins: Vec::new(),
+            whole: false,
             stats,
             fingerprint,
         })
@@ -196,6 +217,8 @@ impl Dataset {
             examples,
             pairs: Vec::new(),
             unpaired,
+            margins: Vec::new(),
+            whole: false,
             fingerprint,
         }
     }
@@ -220,8 +243,52 @@ impl Dataset {
             examples,
             pairs,
             unpaired: Vec::new(),
+            margins: Vec::new(),
+            whole: false,
             fingerprint,
         }
+    }
+
+    /// A reward model's pairs: each side a whole sequence, every token
+    /// counted (nothing is masked), with their margins.
+    fn of_reward_pairs(pairs: Vec<RewardPair>, seq: usize, fingerprint: String) -> Dataset {
+        let whole = |ids: Vec<u32>| Example {
+            target: vec![true; ids.len()],
+            ids,
+        };
+        let margins = pairs
+            .iter()
+            .filter_map(|p| p.margin.map(|m| m as f32))
+            .collect();
+        let pairs = pairs
+            .into_iter()
+            .map(|p| PreferencePair {
+                chosen: whole(p.chosen),
+                rejected: whole(p.rejected),
+            })
+            .collect();
+        Dataset {
+            margins,
+            whole: true,
+            ..Self::of_pairs(pairs, seq, fingerprint)
+        }
+    }
+
+    /// A reward model's pairs whose sides both fit in a row (TRL's
+    /// `max_length` filter), with their margins (empty when the data
+    /// gives none); an error when none fits.
+    pub fn fitting_pairs(self, seq: usize) -> Result<(Vec<PreferencePair>, Vec<f32>)> {
+        let margins = self.margins;
+        let indexed: Vec<(usize, PreferencePair)> = self.pairs.into_iter().enumerate().collect();
+        let fits = |(_, p): &(usize, PreferencePair)| {
+            p.chosen.ids.len() <= seq && p.rejected.ids.len() <= seq
+        };
+        let kept = kept_within(indexed, seq, fits)?;
+        let margins = match margins.is_empty() {
+            true => Vec::new(),
+            false => kept.iter().map(|(k, _)| margins[*k]).collect(),
+        };
+        Ok((kept.into_iter().map(|(_, p)| p).collect(), margins))
     }
 
     /// The pairs that keep a completion token within a row (TRL's

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use hlo_data::{ChatTemplate, Tokenizer};
 use hlo_ir::{DType, Literal, TensorType};
 use hlo_models::checkpoint::Checkpoint;
-use hlo_models::decoder::{init_tensor, is_stacked, stack_literals, unstacked_names, ModelConfig};
+use hlo_models::decoder::{
+    init_tensor, is_stacked, stack_literals, unstacked_names, Head, ModelConfig, SCORE,
+};
 use hlo_models::nf4::{self, Nf4Tensor};
 
 use crate::error::{EngineError, Result};
@@ -106,6 +108,69 @@ impl Model {
         self
     }
 
+    /// The model as a reward model, a sequence classifier of one label
+    /// pooled at the last token that is not the tokenizer's pad token
+    /// (its EOS when it has none; without a tokenizer config, a
+    /// classifier's own), as TRL's `RewardTrainer` sets it up: a
+    /// causal LM gets a `score` head (random, normal with
+    /// `initializer_range`, seeded, as transformers initialises a new
+    /// head; its LM head is left unread), a classifier keeps its own.
+    pub fn as_reward_model(mut self) -> Result<Model> {
+        // A classifier's own pad token where no tokenizer says otherwise.
+        let pad = match (self.tokenizer_dir(), self.config.head) {
+            (
+                None,
+                Head::SequenceClassification {
+                    pad_token_id: Some(p),
+                    ..
+                },
+            ) => Some(p),
+            _ => self.pad_token_id()?,
+        };
+        self.config = match self.config.head {
+            Head::SequenceClassification { num_labels: 1, .. } | Head::CausalLm => {
+                self.config.clone().with_score_head(1, pad)
+            }
+            Head::SequenceClassification { num_labels, .. } => {
+                return Err(EngineError::Objective {
+                    objective: "reward",
+                    why: format!(
+                        "{} classifies into {num_labels} labels; a reward model has one",
+                        self.name
+                    ),
+                })
+            }
+        };
+        Ok(self)
+    }
+
+    /// The tokenizer's pad token id (its `tokenizer_config.json`'s
+    /// `pad_token`), else its EOS token's, else the config's first EOS
+    /// id: what TRL pads with.
+    pub fn pad_token_id(&self) -> Result<Option<i64>> {
+        if let (Some(dir), Some(t)) = (self.tokenizer_dir(), self.tokenizer(None)?) {
+            for key in ["pad_token", "eos_token"] {
+                if let Some(text) = hlo_data::special_token_text(&dir, key)? {
+                    if let [id] = t.encode(&text, false)?[..] {
+                        return Ok(Some(i64::from(id)));
+                    }
+                }
+            }
+        }
+        Ok(self.eos_ids().first().map(|&id| i64::from(id)))
+    }
+
+    /// The folder of the tokenizer's `tokenizer_config.json`: the given
+    /// tokenizer file's, else the checkpoint's (None: neither has one).
+    fn tokenizer_dir(&self) -> Option<PathBuf> {
+        let dir = match (&self.tokenizer_file, &self.checkpoint) {
+            (Some(file), _) => file.parent().map(Path::to_path_buf),
+            (None, Some(c)) => Some(c.dir.clone()),
+            (None, None) => None,
+        };
+        dir.filter(|d| d.join("tokenizer_config.json").is_file())
+    }
+
     /// The same model with its projections in NF4 when `nf4` asks (QLoRA;
     /// see [`quantized_config`]).
     pub fn quantized(mut self, nf4: Option<nf4::Nf4Config>) -> Result<Model> {
@@ -172,7 +237,11 @@ impl Model {
             ModelSource::Preset(_) => None,
         };
         let config = match config {
-            Some(p) => std::fs::read(&p).map_err(EngineError::io("read", &p))?,
+            // A causal LM's config made a reward model's names its head.
+            Some(p) => hlo_models::decoder::with_head(
+                &std::fs::read(&p).map_err(EngineError::io("read", &p))?,
+                &self.config,
+            )?,
             None => self.config.to_json().into_bytes(),
         };
         write_atomic(&out.join("config.json"), &config)?;
@@ -246,6 +315,8 @@ impl Model {
             }
         }
         match &self.checkpoint {
+            // A causal LM's checkpoint made a reward model: its new head.
+            Some(c) if name == SCORE && c.dtype(SCORE).is_none() => self.random(name, dtype, seed),
             Some(c) => Ok(c.read(name, dtype)?),
             None => self.random(name, dtype, seed),
         }
@@ -316,16 +387,9 @@ impl Model {
     /// checkpoint's): what TRL appends to string completions. None when
     /// there is no such file or it names none.
     pub fn eos_token_text(&self) -> Result<Option<String>> {
-        let dir = match (&self.tokenizer_file, &self.checkpoint) {
-            (Some(file), _) => file.parent().map(Path::to_path_buf),
-            (None, Some(c)) => Some(c.dir.clone()),
-            (None, None) => None,
-        };
-        match dir {
-            Some(dir) if dir.join("tokenizer_config.json").is_file() => {
-                Ok(hlo_data::eos_token_text(&dir)?)
-            }
-            _ => Ok(None),
+        match self.tokenizer_dir() {
+            Some(dir) => Ok(hlo_data::eos_token_text(&dir)?),
+            None => Ok(None),
         }
     }
 

@@ -18,6 +18,7 @@
 pub mod grpo;
 pub mod kto;
 pub mod preference;
+pub mod reward;
 pub mod rloo;
 pub(crate) mod sft;
 
@@ -38,6 +39,7 @@ use crate::train::checkpoint::RunSettings;
 pub use grpo::GrpoSpec;
 pub use kto::KtoSpec;
 pub use preference::PreferenceSpec;
+pub use reward::RewardModelSpec;
 pub use rloo::RlooSpec;
 
 /// What the run's loss is, with the batch fields it reads and the metrics
@@ -71,10 +73,13 @@ pub enum Objective {
     /// RLOO (TRL's `RLOOTrainer`): GRPO's rollouts, each weighted by its
     /// reward less the mean of its siblings' (and less a KL penalty).
     Rloo,
+    /// A reward model (TRL's `RewardTrainer`): a sequence classifier
+    /// scoring each side of a preference pair, the chosen one higher.
+    Reward,
 }
 
 /// Every objective, in the order `--objective` lists them.
-pub const OBJECTIVES: [Objective; 8] = [
+pub const OBJECTIVES: [Objective; 9] = [
     Objective::Sft,
     Objective::Dpo,
     Objective::Ipo,
@@ -83,6 +88,7 @@ pub const OBJECTIVES: [Objective; 8] = [
     Objective::Grpo,
     Objective::Kto,
     Objective::Rloo,
+    Objective::Reward,
 ];
 
 impl Objective {
@@ -98,6 +104,7 @@ impl Objective {
             Objective::Grpo => &grpo::GRPO,
             Objective::Kto => &kto::KTO,
             Objective::Rloo => &rloo::RLOO,
+            Objective::Reward => &reward::REWARD,
         }
     }
 }
@@ -219,6 +226,8 @@ pub struct ObjectiveSpecs {
     pub kto: KtoSpec,
     /// RLOO's own (its rollouts are GRPO's).
     pub rloo: RlooSpec,
+    /// A reward model's.
+    pub reward: RewardModelSpec,
 }
 
 /// What rows an objective's data holds, and so how its batches are made:
@@ -324,6 +333,13 @@ pub trait ObjectiveDef: Sync {
     /// off, or no reference).
     fn reference(&self, _spec: &RunSpec, _model: &Model) -> Result<Option<Adapter>> {
         Ok(None)
+    }
+
+    /// Whether it trains a sequence classifier (a reward model: its pairs
+    /// are whole sequences, scored by a `score` head) rather than a
+    /// causal LM.
+    fn classifier(&self) -> bool {
+        false
     }
 
     /// How its rollouts' rewards become advantages (an objective whose

@@ -84,6 +84,7 @@ impl RowInputs {
             seq: spec.step.seq as usize,
             pairs: spec.objective.is_preference(),
             unpaired: spec.objective.data() == Data::Unpaired,
+            whole_pairs: spec.objective.def().classifier(),
         };
         let data = Dataset::read(model, &data_spec, spec.seed)?;
         let held_out = Dataset::held_out(model, &data_spec, spec.eval.data.as_deref(), spec.seed)?;
@@ -115,6 +116,9 @@ impl RowInputs {
         };
         if spec.objective.data() == Data::Unpaired {
             return self.unpaired_feed(spec, (backend, model), tc, reference);
+        }
+        if self.data.whole {
+            return self.whole_pairs_feed(spec);
         }
         let preference = spec.objective.is_preference();
         let (loader, learning) = if preference {
@@ -149,9 +153,34 @@ impl RowInputs {
             tc.packing = crate::run::step::auto_packing(unpacked_fill);
         }
         Ok(RowFeed {
-            loader: loader.packed(tc.packing),
+            loader: loader
+                .packed(tc.packing)
+                .in_file_order(spec.data.sequential),
             eval,
             has_eval,
+            learning,
+            unpacked_fill,
+        })
+    }
+
+    /// The loader of a reward model's pairs: those whose sides both fit
+    /// in a row (TRL's filter), each pair's margin on its rows (0 where
+    /// the data gives none); no held-out set yet.
+    fn whole_pairs_feed(self, spec: &RunSpec) -> Result<RowFeed> {
+        let (seq, per_batch) = (spec.step.seq as usize, spec.step.batch as usize);
+        let (pairs, mut margins) = self.data.fitting_pairs(seq)?;
+        let learning = pairs.len();
+        if margins.is_empty() {
+            margins = vec![0.0; learning];
+        }
+        let loader = Loader::pairs(pairs, seq, per_batch, spec.seed)
+            .with_margins(margins)
+            .in_file_order(spec.data.sequential);
+        let unpacked_fill = loader.mean_len().min(seq as f64) / seq as f64;
+        Ok(RowFeed {
+            loader,
+            eval: Vec::new(),
+            has_eval: false,
             learning,
             unpacked_fill,
         })

@@ -163,6 +163,12 @@ fn identities(spec: &RunSpec, model: &Model, fingerprint: &str) -> Result<RunSet
     s.set("save-every", spec.output.save_every);
     s.set("log-every", spec.report.log_every);
     s.set("train-on-inputs", spec.data.train_on_inputs);
+    let sampling = if spec.data.sequential {
+        "sequential"
+    } else {
+        "random"
+    };
+    s.set("train-sampling-strategy", sampling);
     s.set("objective", spec.objective.name());
     spec.objective.def().record_settings(&mut s, spec);
     s.set("steps", spec.steps);
@@ -345,6 +351,19 @@ fn open_model(spec: &RunSpec) -> Result<Model> {
     let model = Model::open(&spec.model)?
         .with_tokenizer_file(spec.tokenizer.clone())
         .quantized(spec.quantize)?;
+    let model = match (spec.objective.def().classifier(), model.config.is_causal_lm()) {
+        (true, _) => model.as_reward_model()?,
+        (false, true) => model,
+        (false, false) => {
+            return Err(EngineError::Objective {
+                objective: spec.objective.name(),
+                why: format!(
+                    "{} is a sequence classifier (a score head, no LM head); train it with --objective reward",
+                    model.name
+                ),
+            })
+        }
+    };
     if spec.step.lora.is_none() && model.config.quantization.is_some() {
         return Err(EngineError::FullOfNf4);
     }

@@ -163,6 +163,14 @@ static MODEL_DATA: &[Setting] = &[
     common("train-on-inputs", |s, v| {
         put(&mut s.data.train_on_inputs, v.as_bool()?)
     }),
+    common("train-sampling-strategy", |s, v| {
+        let sequential = match v.as_str()? {
+            "sequential" => true,
+            "random" => false,
+            _ => return None,
+        };
+        put(&mut s.data.sequential, sequential)
+    }),
     common("objective", |s, v| {
         put(&mut s.objective, v.as_str()?.parse().ok()?)
     }),
@@ -337,10 +345,10 @@ mod tests {
             assert!(s.value.is_some(), "{} has no value to compare", s.name);
         }
         // The shared preference table is listed once, owned by the four;
-        // GRPO's, KTO's and RLOO's each by its own.
+        // GRPO's, KTO's, RLOO's and the reward model's each by its own.
         let tables = crate::objectives::objective_tables();
         let owners: Vec<usize> = tables.iter().map(|(_, o)| o.len()).collect();
-        assert_eq!(owners, [4, 1, 1, 1]);
+        assert_eq!(owners, [4, 1, 1, 1, 1]);
     }
 
     #[test]

@@ -43,6 +43,10 @@ pub struct DataSource {
     pub chat_template: Option<PathBuf>,
     /// Learn every token of a conversation, not only the replies.
     pub train_on_inputs: bool,
+    /// Examples (or pairs) in file order, epoch after epoch
+    /// (transformers' `train_sampling_strategy="sequential"`), rather than
+    /// in a seeded shuffle of each epoch.
+    pub sequential: bool,
 }
 
 /// Held-out evaluation.
@@ -466,9 +470,14 @@ mod tests {
 
     #[test]
     fn an_objectives_batch_fields_are_its_traced_steps() {
-        let config = hlo_models::decoder::ModelConfig::preset("tiny").unwrap();
+        let causal = hlo_models::decoder::ModelConfig::preset("tiny").unwrap();
         let mesh = "dp=1,fsdp=1,mp=1".parse().unwrap();
         for objective in OBJECTIVES {
+            // A reward model's step is a classifier's.
+            let config = match objective.def().classifier() {
+                true => causal.clone().with_score_head(1, Some(257)),
+                false => causal.clone(),
+            };
             for packed in [false, true] {
                 // Only SFT packs its rows.
                 if packed && objective != Objective::Sft {

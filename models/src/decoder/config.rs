@@ -74,6 +74,16 @@ impl Family {
         }
     }
 
+    /// Its sequence-classification class, as transformers names it.
+    pub fn classifier_architecture(self) -> String {
+        match self {
+            Family::Gemma3 => "Gemma3TextForSequenceClassification".into(),
+            f => f
+                .architecture()
+                .replace("ForCausalLM", "ForSequenceClassification"),
+        }
+    }
+
     pub(super) fn from_model_type(t: &str) -> Option<Family> {
         FAMILIES.into_iter().find(|f| f.model_type() == t)
     }
@@ -274,6 +284,25 @@ impl MoeConfig {
     }
 }
 
+/// A sequence-classification head's weight, `[num_labels, hidden]`.
+pub const SCORE: &str = "score.weight";
+
+/// What a decoder's last hidden states feed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Head {
+    /// The LM head (`lm_head`, or the embeddings when tied): next-token
+    /// logits at every position.
+    #[default]
+    CausalLm,
+    /// `score` (`[num_labels, hidden]`, no bias) at one position a row:
+    /// the rightmost token that is not `pad_token_id` (the last position
+    /// without one), as transformers' `GenericForSequenceClassification`.
+    SequenceClassification {
+        num_labels: i64,
+        pad_token_id: Option<i64>,
+    },
+}
+
 /// A decoder's shape and its family's differences from Llama, resolved.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -294,6 +323,9 @@ pub struct ModelConfig {
     pub sliding_rope: Option<Rope>,
     pub max_position_embeddings: i64,
     pub tie_word_embeddings: bool,
+    /// What the decoder's last hidden states feed: the LM head, or a
+    /// sequence-classification head (`<Family>ForSequenceClassification`).
+    pub head: Head,
     pub bos_token_id: Option<i64>,
     pub eos_token_ids: Vec<i64>,
     /// Standard deviation of random initial weights (HF's `initializer_range`).
@@ -432,10 +464,33 @@ impl ModelConfig {
             }
         }
         out.push(("model.norm.weight".to_string(), vec![h]));
-        if !self.tie_word_embeddings {
-            out.push(("lm_head.weight".to_string(), vec![self.vocab_size, h]));
+        match self.head {
+            Head::SequenceClassification { num_labels, .. } => {
+                out.push((SCORE.to_string(), vec![num_labels, h]));
+            }
+            Head::CausalLm if !self.tie_word_embeddings => {
+                out.push(("lm_head.weight".to_string(), vec![self.vocab_size, h]));
+            }
+            Head::CausalLm => {}
         }
         out
+    }
+
+    /// The config with a sequence-classification head of `num_labels`
+    /// (`score`, no LM head) pooled at the last token that is not
+    /// `pad_token_id`, as transformers' `AutoModelForSequenceClassification`
+    /// builds one from a causal LM's config.
+    pub fn with_score_head(mut self, num_labels: i64, pad_token_id: Option<i64>) -> ModelConfig {
+        self.head = Head::SequenceClassification {
+            num_labels,
+            pad_token_id,
+        };
+        self
+    }
+
+    /// Whether the model has the LM head (it can generate).
+    pub fn is_causal_lm(&self) -> bool {
+        self.head == Head::CausalLm
     }
 
     /// This config with its base projections stored in NF4 (QLoRA).

@@ -7,11 +7,11 @@
 use std::path::Path;
 
 use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 use super::config::{
-    Activation, ExpertStyle, Family, LayerType, Llama3Scaling, ModelConfig, MoeConfig, NormStyle,
-    Rope, RopeScaling, YarnScaling, FAMILIES,
+    Activation, ExpertStyle, Family, Head, LayerType, Llama3Scaling, ModelConfig, MoeConfig,
+    NormStyle, Rope, RopeScaling, YarnScaling, FAMILIES,
 };
 use crate::nf4::Nf4Config;
 use crate::{ConfigError, ModelError};
@@ -84,7 +84,9 @@ fn family_of(obj: &Map<String, Value>) -> Result<Family, ConfigError> {
             None => Family::Llama,
         },
     };
-    if !architectures.is_empty() && !architectures.contains(&family.architecture()) {
+    let classifier = family.classifier_architecture();
+    let known = |a: &&str| *a == family.architecture() || *a == classifier;
+    if !architectures.is_empty() && !architectures.iter().any(known) {
         return unsupported(format!(
             "architectures {architectures:?} for model_type `{}` ({})",
             family.model_type(),
@@ -92,6 +94,55 @@ fn family_of(obj: &Map<String, Value>) -> Result<Family, ConfigError> {
         ));
     }
     Ok(family)
+}
+
+/// `raw` (a `config.json`'s bytes) as `config`'s: for a sequence
+/// classifier, `architectures`, `id2label`, `label2id` and `pad_token_id`
+/// set as transformers writes them (a causal LM's config made a reward
+/// model's), every other field kept; a causal LM's as it is.
+pub fn with_head(raw: &[u8], config: &ModelConfig) -> Result<Vec<u8>, ConfigError> {
+    let Head::SequenceClassification { .. } = config.head else {
+        return Ok(raw.to_vec());
+    };
+    let mut v: Value = serde_json::from_slice(raw)
+        .map_err(|e| ConfigError::Unsupported(format!("config.json is not JSON: {e}")))?;
+    let ours: Value = serde_json::from_str(&config.to_json()).expect("to_json writes JSON");
+    if let (Some(o), Some(src)) = (v.as_object_mut(), ours.as_object()) {
+        o.remove("num_labels");
+        for key in ["architectures", "id2label", "label2id", "pad_token_id"] {
+            o.insert(key.into(), src[key].clone());
+        }
+    }
+    Ok(serde_json::to_string_pretty(&v)
+        .expect("JSON values serialise")
+        .into_bytes())
+}
+
+/// The head `architectures` names: a sequence classifier's `score` of
+/// `num_labels` (else as many as `id2label` names, else transformers'
+/// default 2), pooled by `pad_token_id`; else the LM head.
+fn head_of(family: Family, obj: &Map<String, Value>) -> Result<Head, ConfigError> {
+    let classifier = family.classifier_architecture();
+    let named = matches!(obj.get("architectures"), Some(Value::Array(a))
+        if a.iter().any(|v| v.as_str() == Some(classifier.as_str())));
+    if !named {
+        return Ok(Head::CausalLm);
+    }
+    let labels = match (obj.get("num_labels"), obj.get("id2label")) {
+        (Some(n), _) => n.as_i64(),
+        (None, Some(Value::Object(m))) => Some(m.len() as i64),
+        (None, _) => Some(2),
+    };
+    let num_labels = labels.filter(|&n| n >= 1).ok_or_else(|| {
+        ConfigError::Unsupported(format!(
+            "{classifier} with num_labels {:?}",
+            obj.get("num_labels")
+        ))
+    })?;
+    Ok(Head::SequenceClassification {
+        num_labels,
+        pad_token_id: ids(&obj.get("pad_token_id").cloned()).first().copied(),
+    })
 }
 
 /// A `rope_parameters`/`rope_scaling` object as a [`Rope`], its theta
@@ -864,6 +915,7 @@ impl ModelConfig {
             sliding_rope,
             max_position_embeddings: raw.max_position_embeddings,
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(gemma),
+            head: head_of(family, obj)?,
             bos_token_id: ids(&raw.bos_token_id).first().copied(),
             eos_token_ids: ids(&raw.eos_token_id),
             initializer_range: raw.initializer_range,
@@ -950,6 +1002,26 @@ impl ModelConfig {
             "initializer_range": self.initializer_range,
         });
         let o = v.as_object_mut().expect("an object");
+        if let Head::SequenceClassification {
+            num_labels,
+            pad_token_id,
+        } = self.head
+        {
+            let labels = 0..num_labels;
+            o.insert("architectures".into(), json!([f.classifier_architecture()]));
+            o.insert(
+                "id2label".into(),
+                labels
+                    .clone()
+                    .map(|k| (k.to_string(), json!(format!("LABEL_{k}"))))
+                    .collect(),
+            );
+            o.insert(
+                "label2id".into(),
+                labels.map(|k| (format!("LABEL_{k}"), json!(k))).collect(),
+            );
+            o.insert("pad_token_id".into(), json!(pad_token_id));
+        }
         self.family_json(o);
         if let Some(m) = &self.moe {
             self.experts_json(m, o);

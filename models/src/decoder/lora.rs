@@ -71,11 +71,12 @@ impl PartialEq for LoraConfig {
 /// declares them (PEFT nests its wrappers in this order).
 pub const EXPERT_PARAMETERS: [&str; 2] = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"];
 
-/// The modules `modules_to_save` may name: `lm_head`, `embed_tokens`, and
-/// a mixture of experts' router (`gate`: Qwen3-MoE's and Mixtral's
+/// The modules `modules_to_save` may name: `lm_head`, `embed_tokens`, a
+/// sequence classifier's head `score` (PEFT's `SEQ_CLS` task saves it),
+/// and a mixture of experts' router (`gate`: Qwen3-MoE's and Mixtral's
 /// `mlp.gate`; `router`: gpt-oss's `mlp.router`, bias included), which
 /// is then trained whole, as PEFT trains a module to save.
-pub const MODULES_TO_SAVE: [&str; 4] = ["lm_head", "embed_tokens", "gate", "router"];
+pub const MODULES_TO_SAVE: [&str; 5] = ["lm_head", "embed_tokens", "gate", "router", "score"];
 
 /// The module to save (of [`MODULES_TO_SAVE`]) that base weight `name`
 /// belongs to, if any; a stacked layer weight (`model.layers.mlp.gate.weight`)
@@ -89,6 +90,7 @@ pub const MODULES_TO_SAVE: [&str; 4] = ["lm_head", "embed_tokens", "gate", "rout
 pub fn module_to_save_of(name: &str) -> Option<&'static str> {
     match name {
         "lm_head.weight" => return Some("lm_head"),
+        "score.weight" => return Some("score"),
         "model.embed_tokens.weight" => return Some("embed_tokens"),
         _ => {}
     }

@@ -7,6 +7,7 @@
 mod config;
 mod decode;
 mod hf_config;
+pub use hf_config::with_head;
 mod lora;
 mod model;
 mod moe;
@@ -15,8 +16,8 @@ mod rules;
 mod serving;
 
 pub use config::{
-    Activation, ExpertStyle, Family, LayerType, Llama3Scaling, ModelConfig, MoeConfig, NormStyle,
-    Rope, RopeScaling, YarnScaling, FAMILIES,
+    Activation, ExpertStyle, Family, Head, LayerType, Llama3Scaling, ModelConfig, MoeConfig,
+    NormStyle, Rope, RopeScaling, YarnScaling, FAMILIES, SCORE,
 };
 pub use decode::{argmax, cache_types, decode_step, hashed_uniform, sample_rows, sample_tokens};
 pub use lora::{

@@ -21,7 +21,7 @@ use crate::attention::{
     CudnnCase, MaskSpec,
 };
 
-use super::config::{Activation, LayerType, ModelConfig, NormStyle};
+use super::config::{Activation, Head, LayerType, ModelConfig, NormStyle, SCORE};
 use super::lora::LoraConfig;
 use super::moe::{MoeKind, RouterStats};
 
@@ -781,6 +781,41 @@ impl Decoder<'_> {
     /// transpose when they are tied; soft-capped where the config says.
     pub(crate) fn lm_head(&self, p: &Params, h: Tensor) -> Tensor {
         self.logits(p.get(self.lm_head_name()), h)
+    }
+
+    /// A sequence classifier's logits, `[rows, num_labels]` f32: `score` on
+    /// `h` (`[rows, seq, hidden]`) at each row's rightmost position that
+    /// holds a real token (`real`, `[rows, seq]` bool) other than the pad
+    /// id, or at position 0 where none does — transformers' pooling (a
+    /// trailing EOS that is also the pad token is skipped). None without
+    /// such a head.
+    pub(crate) fn classify(
+        &self,
+        p: &Params,
+        h: Tensor,
+        ids: Tensor,
+        real: Tensor,
+    ) -> Option<Tensor> {
+        let Head::SequenceClassification { pad_token_id, .. } = self.config.head else {
+            return None;
+        };
+        Some(scope("score", || {
+            let dims = ids.dims();
+            let at = iota(TensorType::new(DType::I32, dims.clone()), 1);
+            let keep = match pad_token_id {
+                Some(pad) => real.and(ids.ne(ids.scalar_like(pad as f64))),
+                None => real,
+            };
+            let zero = at.scalar_like(0.0);
+            let last = keep.where_(at, zero).max(&[1]);
+            let chosen = at.eq(last.broadcast_in_dim(&dims, &[0]));
+            let hd = h.dims();
+            let pooled = chosen
+                .broadcast_in_dim(&hd, &[0, 1])
+                .where_(h, h.scalar_like(0.0))
+                .sum(&[1]);
+            linear(pooled, p.get(SCORE), None).cast(DType::F32)
+        }))
     }
 
     /// The LM head's weight (`[vocab, hidden]`): the embeddings when tied.

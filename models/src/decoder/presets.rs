@@ -4,8 +4,8 @@
 //! by transformers on the meta device).
 
 use super::config::{
-    Activation, ExpertStyle, Family, LayerType, Llama3Scaling, ModelConfig, MoeConfig, NormStyle,
-    Rope, RopeScaling, YarnScaling,
+    Activation, ExpertStyle, Family, Head, LayerType, Llama3Scaling, ModelConfig, MoeConfig,
+    NormStyle, Rope, RopeScaling, YarnScaling,
 };
 use crate::ConfigError;
 
@@ -53,6 +53,7 @@ fn base(family: Family, sizes: Sizes, rope: Rope, eps: f64, tied: bool) -> Model
         sliding_rope: None,
         max_position_embeddings: 131072,
         tie_word_embeddings: tied,
+        head: Head::CausalLm,
         bos_token_id: None,
         eos_token_ids: Vec::new(),
         initializer_range: 0.02,

@@ -42,6 +42,9 @@ pub fn partition_rules(config: &ModelConfig) -> Rules {
     Rules::new(&[
         (r"embed_tokens\.weight$", p(&[&["mp"], &["fsdp"]])),
         (r"lm_head\.weight$", p(&[&["mp"], &["fsdp"]])),
+        // A classifier's few labels stay whole; its features split as
+        // the hidden states' are.
+        (r"^score\.weight$", p(&[&[], &["fsdp"]])),
         // LoRA on fused experts: per expert, split as the experts are.
         (
             r"mlp\.experts\.(gate_up_proj|down_proj)\.lora_[ab]$",
@@ -85,7 +88,10 @@ pub fn partition_rules(config: &ModelConfig) -> Rules {
             p(&[&["dp", "fsdp"], &[]]),
         ),
         // A preference batch's per-row reference log-probs, split as rows.
-        (r"^(ref_logps|advantages|desirable)$", p(&[&["dp", "fsdp"]])),
+        (
+            r"^(ref_logps|advantages|desirable|pair_margin)$",
+            p(&[&["dp", "fsdp"]]),
+        ),
     ])
     .expect("the decoder rules compile")
 }

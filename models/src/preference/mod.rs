@@ -101,7 +101,7 @@ pub struct PreferenceOutputs {
 }
 
 /// `log σ(x)`, without overflow: `min(x, 0) − log(1 + e^−|x|)`.
-fn log_sigmoid(x: Tensor) -> Tensor {
+pub(crate) fn log_sigmoid(x: Tensor) -> Tensor {
     x.minimum(x.scalar_like(0.0)) - (-x.abs()).exp().log1p()
 }
 

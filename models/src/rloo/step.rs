@@ -23,7 +23,7 @@ pub fn rloo_loss(
     loss: &RlooLoss,
 ) -> Result<hlo_ir::Function, ModelError> {
     let refuse = |why: String| {
-        Err(ModelError::RolloutBatch {
+        Err(ModelError::ObjectiveBatch {
             objective: "RLOO",
             why,
         })
@@ -83,7 +83,7 @@ impl StepLoss for RlooLoss {
     }
 
     fn eval_step(&self, _config: &ModelConfig, _tc: &TrainConfig) -> Result<Step, ModelError> {
-        Err(ModelError::RolloutBatch {
+        Err(ModelError::ObjectiveBatch {
             objective: "RLOO",
             why: "RLOO has no held-out loss".into(),
         })

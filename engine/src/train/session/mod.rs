@@ -495,6 +495,7 @@ pub(crate) fn field_array(batch: &Batch, field: BatchField, dims: &[i64]) -> Res
         BatchField::OldLogps => HostArray::new(dims, &batch.old_logps)?,
         BatchField::RefTokenLogps => HostArray::new(dims, &batch.ref_token_logps)?,
         BatchField::Desirable => HostArray::new(&dims[..dims.len() - 1], &batch.desirable)?,
+        BatchField::Margin => HostArray::new(&dims[..dims.len() - 1], &batch.margin)?,
     })
 }
 

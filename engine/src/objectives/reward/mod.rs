@@ -1,0 +1,135 @@
+//! Reward models (TRL 1.16's `RewardTrainer`) beyond their loss
+//! (`hlo_models::reward`): the model made a sequence classifier of one
+//! label (a causal LM's checkpoint gets a new `score` head, a
+//! classifier's keeps its own; see `Model::as_reward_model`), its pairs
+//! read whole with their margins, LoRA with `score` trained whole beside
+//! the adapter (PEFT's `SEQ_CLS` task, `modules_to_save=["score"]`).
+
+mod score;
+pub(crate) mod settings;
+
+pub use score::RewardScorer;
+
+use hlo_models::preference::Reference;
+use hlo_models::reward::RewardLoss;
+use hlo_models::roles::BatchField;
+use hlo_models::train::Loss;
+
+use super::{Data, ObjectiveDef, ObjectiveSpecs};
+use crate::error::{EngineError, Result};
+use crate::run::settings::Setting;
+use crate::run::spec::RunSpec;
+use crate::run::step::StepSpec;
+use crate::train::checkpoint::RunSettings;
+
+/// A reward model's settings (TRL 1.16's names and defaults).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RewardModelSpec {
+    /// The weight of the mean squared sum of a pair's rewards, which
+    /// keeps them centred on 0 (`center_rewards_coefficient`): none.
+    pub center_rewards_coefficient: Option<f64>,
+}
+
+/// A reward model as an objective of a run.
+pub(crate) struct RewardModel;
+
+pub(crate) static REWARD: RewardModel = RewardModel;
+
+impl ObjectiveDef for RewardModel {
+    fn name(&self) -> &'static str {
+        "reward"
+    }
+
+    fn data(&self) -> Data {
+        Data::Pairs
+    }
+
+    fn reads(&self, name: &str) -> bool {
+        settings::SETTINGS.iter().any(|s| s.name == name)
+    }
+
+    fn settings(&self) -> &'static [Setting] {
+        settings::SETTINGS
+    }
+
+    /// `batch` pairs a step, twice the rows, unpacked, in one
+    /// micro-batch; with LoRA the classifier's head is trained whole
+    /// beside the adapter (PEFT's `SEQ_CLS` task saves `score`).
+    fn step_spec(&self, step: &StepSpec, _specs: &ObjectiveSpecs) -> Result<StepSpec> {
+        let mut step = super::one_unpacked_batch(step, "reward", "pairs")?;
+        step.batch *= 2;
+        if let Some(lora) = step.lora.as_mut() {
+            if !lora.modules_to_save.iter().any(|m| m == "score") {
+                lora.modules_to_save.push("score".into());
+            }
+        }
+        Ok(step)
+    }
+
+    fn loss(&self, specs: &ObjectiveSpecs, _reference: Reference) -> Loss {
+        Loss::Reward(RewardLoss {
+            center_rewards_coefficient: specs.reward.center_rewards_coefficient,
+        })
+    }
+
+    fn batch_fields(&self, _packed: bool) -> Vec<BatchField> {
+        vec![
+            BatchField::InputIds,
+            BatchField::LossMask,
+            BatchField::SegmentIds,
+            BatchField::Margin,
+        ]
+    }
+
+    fn metrics(&self, _specs: &ObjectiveSpecs) -> Vec<&'static str> {
+        vec![
+            "loss",
+            "accuracy",
+            "margin",
+            "min_reward",
+            "mean_reward",
+            "max_reward",
+        ]
+    }
+
+    fn describe(&self, specs: &ObjectiveSpecs, _loss: &Loss) -> Option<String> {
+        Some(match specs.reward.center_rewards_coefficient {
+            Some(c) => {
+                format!("reward model (Bradley–Terry loss, rewards centred with weight {c})")
+            }
+            None => "reward model (Bradley–Terry loss)".into(),
+        })
+    }
+
+    fn check_settings(&self, spec: &RunSpec) -> Result<()> {
+        let refuse = |why: String| {
+            Err(EngineError::Objective {
+                objective: "reward",
+                why,
+            })
+        };
+        if let Some(c) = spec.objectives.reward.center_rewards_coefficient {
+            if !c.is_finite() {
+                return refuse(format!(
+                    "--center-rewards-coefficient must be finite, not {c}"
+                ));
+            }
+        }
+        if spec.eval.data.is_some() {
+            return refuse(
+                "held-out scoring of a reward model is not built yet; leave out --eval-data".into(),
+            );
+        }
+        Ok(())
+    }
+
+    fn record_settings(&self, s: &mut RunSettings, spec: &RunSpec) {
+        if let Some(c) = spec.objectives.reward.center_rewards_coefficient {
+            s.set("center-rewards-coefficient", c);
+        }
+    }
+
+    fn classifier(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,135 @@
+//! `hlo-train score`: a reward model's scores of preference pairs (each
+//! side whole, as `train --objective reward` reads them), one JSON line a
+//! pair, and the share of pairs it ranks as the data does.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use hlo_engine::data::{ChatData, Reader};
+use hlo_engine::models::adapter::Adapter;
+use hlo_engine::objectives::reward::RewardScorer;
+use hlo_engine::partitioner::Mesh;
+use hlo_engine::{Backend, Model};
+use serde_json::json;
+
+use crate::args::{DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};
+use crate::saved_run::AdapterRuns;
+
+#[derive(Args, Debug)]
+pub struct ScoreArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    #[command(flatten)]
+    pub dtype: DtypeArgs,
+
+    #[command(flatten)]
+    pub tokenizer: TokenizerArgs,
+
+    #[command(flatten)]
+    pub plugin: PluginArgs,
+
+    /// Device mesh for the weights (default dp=1,fsdp=N,mp=1 over
+    /// --devices).
+    #[arg(long)]
+    pub mesh: Option<Mesh>,
+
+    /// A reward model's PEFT adapter (a `train --objective reward` run, or
+    /// a SEQ_CLS adapter with its score head), applied unmerged. Without
+    /// it the checkpoint must be a sequence classifier.
+    #[arg(long, value_parser = crate::args::hub_adapter)]
+    pub adapter: Option<PathBuf>,
+
+    /// Pairs to score, as `train --objective reward` reads them:
+    /// {"chosen", "rejected"} strings or message lists (with an optional
+    /// "prompt"), or {"chosen_ids", "rejected_ids"}.
+    #[arg(long)]
+    pub data: PathBuf,
+
+    /// Tokens a sequence may hold: longer pairs are left out (TRL's
+    /// max_length filter), and counted.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(i64).range(2..=10_000_000))]
+    pub seq: i64,
+
+    /// Sequences scored together.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
+    pub batch: i64,
+
+    /// Write the scores here (JSONL) rather than to stdout.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+pub fn run(args: &ScoreArgs) -> Result<()> {
+    let runs = AdapterRuns::read(args.adapter.as_deref())?;
+    let model = Model::open(&args.model.source_for(&runs)?)?
+        .with_tokenizer_file(args.tokenizer.tokenizer_for(&runs)?)
+        .as_reward_model()?;
+    let dtype = args.dtype.dtype_for(args.plugin.is_cpu(), &runs)?;
+    runs.announce("score");
+    let adapter = match &args.adapter {
+        Some(dir) => Some(Adapter::load(dir, &model.config)?),
+        None => None,
+    };
+    let pairs = read_pairs(args, &model)?;
+    let seq = args.seq as usize;
+    let (kept, left_out): (Vec<_>, Vec<_>) = pairs.into_iter().partition(|p| p.fits(seq));
+    let backend = Backend::open(&args.plugin.backend(args.mesh.as_ref()))?;
+    let scorer = RewardScorer::new(
+        backend,
+        &model,
+        dtype,
+        (args.batch, args.seq),
+        adapter.as_ref(),
+    )?;
+    let sequences: Vec<Vec<u32>> = kept
+        .iter()
+        .flat_map(|p| [p.chosen.clone(), p.rejected.clone()])
+        .collect();
+    let scores = scorer.score(&sequences)?;
+    let mut out: Box<dyn Write> = match &args.out {
+        Some(path) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(path)
+                .with_context(|| format!("cannot create {}", path.display()))?,
+        )),
+        None => Box::new(std::io::stdout().lock()),
+    };
+    let mut won = 0;
+    for pair in scores.chunks(2) {
+        let (chosen, rejected) = (pair[0], pair[1]);
+        won += usize::from(chosen > rejected);
+        writeln!(out, "{}", json!({"chosen": chosen, "rejected": rejected}))?;
+    }
+    out.flush()?;
+    eprintln!(
+        "scored {} pairs: the chosen side higher in {won} ({:.4}){}",
+        kept.len(),
+        won as f64 / kept.len().max(1) as f64,
+        match left_out.len() {
+            0 => String::new(),
+            n => format!("; {n} pairs longer than --seq {seq} left out"),
+        }
+    );
+    Ok(())
+}
+
+/// The data's pairs, tokenized as `train --objective reward` does.
+fn read_pairs(args: &ScoreArgs, model: &Model) -> Result<Vec<hlo_engine::data::RewardPair>> {
+    let tokenizer = model.tokenizer(None)?;
+    let template = model.chat_template(None)?;
+    let chat = template.as_ref().map(|template| ChatData {
+        template,
+        stop: model.eos_ids(),
+        train_on_inputs: false,
+    });
+    let reader = Reader {
+        tokenizer: tokenizer.as_ref(),
+        eos: model.eos_ids().first().copied(),
+        vocab: model.config.vocab_size,
+        chat: chat.as_ref(),
+        max_tokens: None,
+    };
+    Ok(reader.read_reward_pairs(&args.data, model.eos_token_text()?.as_deref())?)
+}
