@@ -193,6 +193,13 @@ pub struct GrpoArgs {
     #[arg(long)]
     pub reward_url: Option<String>,
 
+    /// GRPO, RLOO: the reward model --reward model scores each prompt and
+    /// completion with: a sequence classifier's folder (`hlo-train merge`
+    /// of a reward run, or an HF reward model), run in this process on
+    /// the same devices.
+    #[arg(long)]
+    pub reward_model: Option<PathBuf>,
+
     /// GRPO, RLOO: the longest wait, in seconds, for one answer of
     /// --reward-command (a line) or --reward-url (a response); past it the
     /// run stops, naming the reward.
@@ -233,6 +240,7 @@ impl GrpoArgs {
             format_regex: self.format_regex.clone(),
             reward_command: self.reward_command.clone(),
             reward_url: self.reward_url.clone(),
+            reward_model: self.reward_model.clone(),
             reward_timeout: self.reward_timeout,
             log_completions: self.log_completions as usize,
         }

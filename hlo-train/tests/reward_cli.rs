@@ -426,3 +426,97 @@ fn reward_data_and_settings_it_cannot_take_are_refused_in_one_line() {
     }
     std::fs::remove_dir_all(tmp).unwrap();
 }
+
+/// `--reward model`: a trained reward model scores each GRPO and RLOO
+/// completion in the run's process, as `score` scores the prompt and
+/// completion joined (TRL's texts, tokenized without special tokens). The
+/// byte-level model of the `tiny` preset on both sides, so any completion's
+/// text tokenizes within the reward model's vocabulary.
+#[test]
+fn a_reward_model_scores_grpo_and_rloo_rollouts_as_score_does() {
+    let tmp = scratch("reward", "model-reward");
+    let rm = tmp.join("rm");
+    ok(&hlo_train(&[
+        "train",
+        "--objective",
+        "reward",
+        "--full",
+        "--steps",
+        "2",
+        "--batch",
+        "4",
+        "--seq",
+        "16",
+        "--out",
+        rm.to_str().unwrap(),
+    ]));
+    let prompts = tmp.join("prompts.jsonl");
+    std::fs::write(&prompts, "{\"prompt\":\"cat=\"}\n{\"prompt\":\"rust=\"}\n").unwrap();
+    let bytes = hlo_engine::data::Tokenizer::bytes();
+    for objective in ["grpo", "rloo"] {
+        let metrics = tmp.join(format!("{objective}.jsonl"));
+        ok(&hlo_train(&[
+            "train",
+            "--objective",
+            objective,
+            "--data",
+            prompts.to_str().unwrap(),
+            "--reward",
+            "model",
+            "--reward-model",
+            rm.to_str().unwrap(),
+            "--num-generations",
+            "2",
+            "--batch",
+            "4",
+            "--max-completion-length",
+            "6",
+            "--seq",
+            "16",
+            "--steps",
+            "1",
+            "--log-every",
+            "1",
+            "--log-completions",
+            "4",
+            "--metrics",
+            metrics.to_str().unwrap(),
+            "--out",
+            tmp.join(objective).to_str().unwrap(),
+        ]));
+        let line: Value = std::fs::read_to_string(&metrics)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .find(|l: &Value| l.get("completions").is_some())
+            .unwrap();
+        let completions = line["completions"].as_array().unwrap();
+        assert_eq!(completions.len(), 4);
+        let pairs = tmp.join(format!("{objective}-texts.jsonl"));
+        let rows: String = completions
+            .iter()
+            .map(|c| {
+                let text = format!(
+                    "{}{}",
+                    c["prompt"].as_str().unwrap(),
+                    c["completion"].as_str().unwrap()
+                );
+                let ids = bytes.encode(&text, false).unwrap();
+                format!("{{\"chosen_ids\":{ids:?},\"rejected_ids\":{ids:?}}}\n")
+            })
+            .collect();
+        std::fs::write(&pairs, rows).unwrap();
+        let scored = scores(&[
+            "score",
+            "--checkpoint",
+            rm.to_str().unwrap(),
+            "--data",
+            pairs.to_str().unwrap(),
+        ]);
+        for (c, (want, _)) in completions.iter().zip(&scored) {
+            let got = c["rewards/model"].as_f64().unwrap();
+            close(&format!("{objective}: {c}"), got, *want, 1e-5);
+        }
+    }
+    std::fs::remove_dir_all(tmp).unwrap();
+}

@@ -398,7 +398,7 @@ pub(crate) fn reference_dir(spec: &RunSpec) -> Option<&std::path::PathBuf> {
 /// compiles.
 pub(crate) enum RunInputs {
     /// SFT's examples, a preference objective's pairs.
-    Rows(sft::RowInputs),
+    Rows(Box<sft::RowInputs>),
     /// GRPO's prompts, or its logged rollouts.
     Rollouts(grpo::RolloutInputs),
 }
@@ -411,7 +411,7 @@ impl RunInputs {
                 RunInputs::Rollouts(grpo::RolloutInputs::read(spec, model, tokenizer)?)
             }
             Data::Samples | Data::Pairs | Data::Unpaired => {
-                RunInputs::Rows(sft::RowInputs::read(spec, model)?)
+                RunInputs::Rows(Box::new(sft::RowInputs::read(spec, model)?))
             }
         })
     }

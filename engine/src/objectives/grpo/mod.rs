@@ -91,6 +91,9 @@ pub struct GrpoSpec {
     pub reward_command: Option<String>,
     /// The endpoint `http` posts each batch of completions to.
     pub reward_url: Option<String>,
+    /// The reward model `model` scores with (a sequence classifier's
+    /// folder).
+    pub reward_model: Option<PathBuf>,
     /// The longest wait, in seconds, for one answer of `command` (a line)
     /// or `http` (a response): 300.
     pub reward_timeout: f64,
@@ -124,6 +127,7 @@ impl Default for GrpoSpec {
             format_regex: None,
             reward_command: None,
             reward_url: None,
+            reward_model: None,
             reward_timeout: DEFAULT_REWARD_TIMEOUT,
             log_completions: 0,
         }
@@ -333,6 +337,7 @@ pub(crate) const ROLLOUT_SETTINGS: &[&str] = &[
     "format-regex",
     "reward-command",
     "reward-url",
+    "reward-model",
     "reward-timeout",
     "log-completions",
 ];
@@ -391,6 +396,7 @@ pub(crate) fn check_rollout_settings(spec: &RunSpec) -> Result<()> {
             ("format-regex", g.format_regex.is_some()),
             ("reward-command", g.reward_command.is_some()),
             ("reward-url", g.reward_url.is_some()),
+            ("reward-model", g.reward_model.is_some()),
         ] {
             if given {
                 return refuse(format!("--rollouts carries its rewards; leave out --{key}"));
@@ -463,6 +469,9 @@ pub(crate) fn record_rollout_settings(s: &mut RunSettings, spec: &RunSpec) {
     }
     if let Some(u) = &g.reward_url {
         s.set("reward-url", u.as_str());
+    }
+    if let Some(d) = &g.reward_model {
+        s.set("reward-model", absolute(d));
     }
     s.set("reward-timeout", g.reward_timeout);
     s.set("log-completions", g.log_completions as u64);

@@ -19,7 +19,8 @@ use crate::train::trainer::StopFlag;
 /// else its last word — equals the row's answer column: 1, else 0),
 /// `format` (the completion matches `--format-regex`: 1, else 0),
 /// `length` (−len/`max_completion_length`: shorter is better), `command`
-/// (an external program's answer), `http` (an endpoint's).
+/// (an external program's answer), `http` (an endpoint's), `model` (a
+/// reward model's score of the prompt and completion, `--reward-model`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RewardSpec {
     pub kind: RewardKind,
@@ -33,15 +34,17 @@ pub enum RewardKind {
     Length,
     Command,
     Http,
+    Model,
 }
 
 impl RewardKind {
-    pub const ALL: [RewardKind; 5] = [
+    pub const ALL: [RewardKind; 6] = [
         RewardKind::Accuracy,
         RewardKind::Format,
         RewardKind::Length,
         RewardKind::Command,
         RewardKind::Http,
+        RewardKind::Model,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -50,6 +53,7 @@ impl RewardKind {
             RewardKind::Length => "length",
             RewardKind::Command => "command",
             RewardKind::Http => "http",
+            RewardKind::Model => "model",
         }
     }
 }
@@ -74,7 +78,7 @@ impl std::str::FromStr for RewardSpec {
             .into_iter()
             .find(|k| k.name() == name)
             .ok_or_else(|| {
-                format!("`{name}` is not a reward (accuracy, format, length, command, http)")
+                format!("`{name}` is not a reward (accuracy, format, length, command, http, model)")
             })?;
         Ok(RewardSpec { kind, weight })
     }
@@ -466,6 +470,16 @@ pub struct Rewards {
     command: Option<RewardCommand>,
     url: Option<String>,
     max_completion_length: usize,
+    /// `--reward-model`'s folder, and its scorer once placed on the run's
+    /// devices ([`Rewards::place_model`]).
+    model_dir: Option<std::path::PathBuf>,
+    model: Option<Box<ModelReward>>,
+}
+
+/// A reward model on the run's devices, with the tokenizer its texts take.
+struct ModelReward {
+    scorer: crate::objectives::reward::RewardScorer,
+    tokenizer: hlo_data::Tokenizer,
 }
 
 impl Rewards {
@@ -474,7 +488,7 @@ impl Rewards {
         let refuse = |why: String| EngineError::Grpo(why);
         if spec.rewards.is_empty() {
             return Err(refuse(
-                "give at least one --reward (accuracy, format, length, command, http), or --rollouts"
+                "give at least one --reward (accuracy, format, length, command, http, model), or --rollouts"
                     .into(),
             ));
         }
@@ -516,6 +530,16 @@ impl Rewards {
             }
             (None, false) => None,
         };
+        let model_dir = match (&spec.reward_model, has(RewardKind::Model)) {
+            (Some(d), true) => Some(d.clone()),
+            (None, true) => return Err(refuse("--reward model needs --reward-model DIR".into())),
+            (Some(_), false) => {
+                return Err(refuse(
+                    "--reward-model is read by --reward model only".into(),
+                ))
+            }
+            (None, false) => None,
+        };
         if !(spec.reward_timeout.is_finite() && spec.reward_timeout > 0.0) {
             return Err(refuse(format!(
                 "--reward-timeout must be a positive number of seconds, not {}",
@@ -534,7 +558,84 @@ impl Rewards {
             command,
             url,
             max_completion_length: spec.max_completion_length,
+            model_dir,
+            model: None,
         })
+    }
+
+    /// Places `--reward-model` (a sequence classifier's folder: a merged
+    /// reward run, or an HF reward model) on `backend`, in `dtype`, to
+    /// score `rows` texts of up to `seq` tokens at a time, with its own
+    /// tokenizer or else `tokenizer` (the policy's); a no-op without it.
+    pub fn place_model(
+        &mut self,
+        backend: &crate::device::backend::Backend,
+        dtype: hlo_ir::DType,
+        (rows, seq): (i64, i64),
+        tokenizer: Option<hlo_data::Tokenizer>,
+    ) -> Result<()> {
+        let Some(dir) = &self.model_dir else {
+            return Ok(());
+        };
+        let source = crate::inputs::model::ModelSource::Checkpoint(dir.clone());
+        let model = crate::inputs::model::Model::open(&source)?.as_reward_model()?;
+        let tokenizer = match (model.tokenizer(None)?, tokenizer) {
+            (Some(own), _) => own,
+            (None, Some(policy)) => policy,
+            (None, None) => {
+                return Err(EngineError::Reward {
+                    name: "model".into(),
+                    why: format!(
+                        "{} has no tokenizer.json, and the run has none",
+                        dir.display()
+                    ),
+                })
+            }
+        };
+        let scorer = crate::objectives::reward::RewardScorer::new(
+            backend.clone(),
+            &model,
+            dtype,
+            (rows, seq),
+            None,
+        )?;
+        self.model = Some(Box::new(ModelReward { scorer, tokenizer }));
+        Ok(())
+    }
+
+    /// The reward model's score of each item's prompt and completion, as
+    /// TRL scores them: the two texts joined, tokenized without special
+    /// tokens.
+    fn model_rewards(&self, items: &[Scored]) -> Result<Vec<f64>> {
+        let fail = |why: String| EngineError::Reward {
+            name: "model".into(),
+            why,
+        };
+        let m = self
+            .model
+            .as_ref()
+            .ok_or_else(|| fail("the reward model is not placed on the devices".into()))?;
+        let ids = items
+            .iter()
+            .map(|s| {
+                if s.row.get("messages").is_some() {
+                    return Err(fail(
+                        "conversational prompts are not scored by a reward model yet".into(),
+                    ));
+                }
+                // The row's prompt as written (TRL's), else its decoded ids.
+                let prompt = s
+                    .row
+                    .get("prompt")
+                    .and_then(Value::as_str)
+                    .unwrap_or(s.prompt);
+                let text = format!("{prompt}{}", s.completion);
+                m.tokenizer
+                    .encode(&text, false)
+                    .map_err(|e| fail(e.to_string()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        m.scorer.score(&ids).map_err(|e| fail(e.to_string()))
     }
 
     /// Ends any wait for an external reward when `stop` is set (with
@@ -596,6 +697,7 @@ impl Rewards {
                     items,
                     &self.wait,
                 )?,
+                RewardKind::Model => self.model_rewards(items)?,
             };
             if let Some((k, v)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
                 return Err(EngineError::Reward {

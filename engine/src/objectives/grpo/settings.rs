@@ -149,6 +149,11 @@ pub(crate) static SETTINGS: &[Setting] = &[
         },
     ),
     of(
+        "reward-model",
+        |s| shown_path(&s.objectives.grpo.reward_model),
+        |s, v| put(&mut s.objectives.grpo.reward_model, path(v)?),
+    ),
+    of(
         "log-completions",
         |s| json!(s.objectives.grpo.log_completions),
         |s, v| put(&mut s.objectives.grpo.log_completions, v.as_u64()? as usize),

@@ -498,7 +498,7 @@ pub(crate) struct RolloutInputs {
 
 enum Inputs {
     Logged(Logged),
-    Online(PromptSet, Rewards),
+    Online(PromptSet, Box<Rewards>),
 }
 
 impl RolloutInputs {
@@ -528,12 +528,12 @@ impl RolloutInputs {
             (None, Some(path)) => {
                 let chat = model.chat_template(spec.data.chat_template.as_deref())?;
                 let prompts = PromptSet::read(path, tokenizer, chat.as_ref())?;
-                Inputs::Online(prompts, Rewards::new(g)?)
+                Inputs::Online(prompts, Box::new(Rewards::new(g)?))
             }
             (None, None) => {
                 let t = tokenizer.ok_or(EngineError::DemoNeedsTokenizer)?;
                 let prompts = PromptSet::demo(t, DEMO_PROMPTS, spec.seed)?;
-                Inputs::Online(prompts, Rewards::new(g)?)
+                Inputs::Online(prompts, Box::new(Rewards::new(g)?))
             }
         };
         let ids: Vec<&[u32]> = match &origin {
@@ -605,15 +605,23 @@ impl RolloutInputs {
         cursor: u64,
     ) -> Result<Box<dyn BatchSource>> {
         let g = &spec.objectives.grpo;
+        let tokenizer = session.model().tokenizer(None)?;
         let origin = match self.origin {
             Inputs::Logged(rows) => RolloutOrigin::Logged(rows),
-            Inputs::Online(prompts, rewards) => RolloutOrigin::Online {
-                prompts,
-                rewards: Box::new(rewards),
-                generator: Box::new(session_generator(session)?),
-            },
+            Inputs::Online(prompts, mut rewards) => {
+                // A reward model scores a batch's texts: prompt and
+                // completion, up to twice the run's rows long.
+                let c = session.config();
+                let shape = (c.batch, 2 * c.seq);
+                let policy_tokenizer = session.model().tokenizer(None)?;
+                rewards.place_model(session.backend(), c.dtype, shape, policy_tokenizer)?;
+                RolloutOrigin::Online {
+                    prompts,
+                    rewards,
+                    generator: Box::new(session_generator(session)?),
+                }
+            }
         };
-        let tokenizer = session.model().tokenizer(None)?;
         let eos = completion_ends(session.model(), tokenizer.as_ref())?;
         let rule = spec
             .objective

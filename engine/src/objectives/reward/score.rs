@@ -26,6 +26,7 @@ pub struct RewardScorer {
     specs: Vec<hlo_partitioner::PartitionSpec>,
     rows: i64,
     seq: i64,
+    vocab: i64,
 }
 
 impl RewardScorer {
@@ -90,6 +91,7 @@ impl RewardScorer {
             specs,
             rows,
             seq,
+            vocab: model.config.vocab_size,
         })
     }
 
@@ -103,6 +105,19 @@ impl RewardScorer {
                 why: format!(
                     "a sequence of {} tokens: scored sequences hold 1 to --seq {seq}",
                     long.len()
+                ),
+            });
+        }
+        if let Some(t) = sequences
+            .iter()
+            .flatten()
+            .find(|&&t| i64::from(t) >= self.vocab)
+        {
+            return Err(EngineError::Objective {
+                objective: "reward",
+                why: format!(
+                    "token id {t} is outside the reward model's vocabulary of {}",
+                    self.vocab
                 ),
             });
         }
