@@ -85,6 +85,8 @@ pub fn run(args: &DataArgs) -> Result<()> {
         );
     }
     spec.pairs = args.objective.is_preference();
+    // A reward model's pairs: each side whole, every token scored.
+    spec.whole_pairs = args.objective.def().classifier();
     let data = Dataset::read(&model, &spec, args.seed)?;
     if spec.pairs {
         return show_pairs(args, &model, data);

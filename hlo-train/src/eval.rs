@@ -175,6 +175,9 @@ fn preference_of(args: &EvalArgs, objective: Objective) -> Result<Option<Prefere
     if objective.data() == Data::Unpaired {
         bail!("--objective {objective}: held-out scoring of unpaired examples is not built yet");
     }
+    if objective.def().classifier() {
+        bail!("--objective {objective}: held-out scoring of a reward model is not built yet; `hlo-train score` gives its scores of the pairs and the share it ranks as they do");
+    }
     if objective.data() == Data::Rollouts {
         bail!("--objective {objective} has no held-out loss to score (its reward is measured while training)");
     }

@@ -424,6 +424,21 @@ fn reward_data_and_settings_it_cannot_take_are_refused_in_one_line() {
         ));
         assert!(e.contains(says), "{extra:?}: {e}");
     }
+    let e = one_line_error(&hlo_train(&[
+        "eval",
+        "--objective",
+        "reward",
+        "--checkpoint",
+        reward("seqcls").to_str().unwrap(),
+        "--tokenizer",
+        &tokenizer(),
+        "--data",
+        reward("pairs_ids.jsonl").to_str().unwrap(),
+    ]));
+    assert!(
+        e.contains("held-out scoring of a reward model is not built yet"),
+        "{e}"
+    );
     std::fs::remove_dir_all(tmp).unwrap();
 }
 
