@@ -7,8 +7,9 @@ accelerate, safetensors and PyTorch are installed (made with torch 2.9.1 run
 on CPU, trl 1.16.0, transformers 5.24.0, peft 0.21.2, datasets 5.2.0); it
 needs no GPU and no network:
 
-    python3 scripts/make_kto_fixtures.py                 # all but expected_precompute.*
+    python3 scripts/make_kto_fixtures.py                 # all but expected_precompute.*, expected_full.*
     python3 scripts/make_kto_fixtures.py --precompute    # expected_precompute.* only
+    python3 scripts/make_kto_fixtures.py --full          # expected_full.* only
 
 (e.g. `PYTHONPATH=DIR python3 scripts/make_kto_fixtures.py` with the
 packages of scripts/make_preference_fixtures.py installed in DIR.) Two runs
@@ -26,7 +27,7 @@ against KTOTrainer's own), tests/fixtures/preference/adapters/init (A and B
 ~ N(0, 0.1)), and tests/fixtures/preference/data.jsonl / data_ids.jsonl (4
 preference pairs, the .paired case) and tests/fixtures/preference/adapters/ref
 (A and B ~ N(0, 0.1), the reference of the expected_ref cases). It writes
-tests/fixtures/kto/ (about 140 KB):
+tests/fixtures/kto/ (about 140 KB, plus 450 KB of expected_full.*):
 
   data.jsonl            4 unpaired string rows {"prompt","completion","label"}
                         (ROWS; labels true, false, true, false; no BOS/EOS in
@@ -59,6 +60,12 @@ tests/fixtures/kto/ (about 140 KB):
                         only by --precompute (which writes nothing else;
                         it reads expected.json / expected_ref.json); each
                         case also has "precomputed" and "vs_non_precomputed"
+  expected_full.json,   the same for FULL_CASES (below: full finetuning,
+  expected_full.safetensors  precompute_ref_log_probs=True), written only by
+                        --full (which writes and reads nothing else of
+                        tests/fixtures/kto but data_ids.jsonl); the
+                        safetensors hold every weight after the step
+                        (below)
   FORMULAS.md           what TRL 1.16's KTOTrainer computes, exactly, with
                         the data layout (FORMULAS below)
 
@@ -147,6 +154,62 @@ kept). "vs_non_precomputed" compares the case with the stored figures of
 its non-precomputed case (loss, logged_loss, metrics, rows_f64, adapter
 after the step): all four are bitwise identical (max_abs_diff 0).
 
+With --full the script runs only FULL_CASES, into expected_full.json /
+expected_full.safetensors:
+  kto.full.sgd, kto.full.adamw, apo.full.sgd, apo.full.adamw
+(<loss>.full.<opt>): FULL finetuning, start "full": the trainer gets the
+plain f32 LlamaForCausalLM of tests/fixtures/llama/gqa_llama3 (no
+peft_config, no adapter, no ref_model), so every one of its 21 weights
+(26784 numbers) is trained, with KTOConfig precompute_ref_log_probs=True
+(precompute_ref_batch_size None: batch 4) on the data of the precompute
+cases (tests/fixtures/kto/data.jsonl, 4 rows, batch 4, the KL rows of
+section 9 of FORMULAS.md: (x1,y4), (x2,y1), (x3,y2), (x4,y3), loss kto
+only). Every other setting as above (beta 0.1, weights 1.0, max_steps 1,
+max_grad_norm 0, constant lr, seed 42, f32, ...); the optimizers: sgd lr 0.1
+(as above); adamw lr 1e-4 (not 1e-3: AdamW's first step moves each weight by
+lr * g / (|g| + 1e-8), and one gradient entry here, of
+model.layers.1.self_attn.v_proj.weight, is 6.5e-9, at eps, where f32's
+gradient is 12% off and the update 3% of lr off; lr 1e-4 keeps that below
+TOL of the tensor's largest weight, 4.5e-6, while all but that weight of
+those with a nonzero gradient move by 0.9e-4 to 1e-4; 110 unused rows of
+embed_tokens have gradient 0 and stay). TRL 1.16 with a non-PEFT model,
+ref_model None and precompute_ref_log_probs makes NO reference copy
+(ref_model stays None; a copy is loaded by the model's name only without
+precompute) and precomputes the reference sums with the policy itself at
+the end of KTOTrainer.__init__, before any step, i.e. with the initial
+weights (checked: the KTO subclass records the model's weights and
+ref_model at the precompute; they are the checkpoint's and None). So, as in
+expected.json, the policy equals the reference at step 1: r = 0, kl = 0
+(the policy's KL sums equal the precomputed ones bitwise), loss 0.5, and
+kto.full.X and apo.full.X have bitwise the same weights after the step.
+Each case's entry has the schema of expected_precompute.json (settings,
+with "start" "full", "full" true, "policy" the model, "ref_model" null;
+loss, logged_loss, metrics, rows_f64, precomputed), but
+"vs_non_precomputed" compares with a run the script makes (not written):
+the same case with a second load of the checkpoint passed as ref_model and
+precompute_ref_log_probs False (all four identical, max_abs_diff 0).
+expected_full.safetensors holds, per case, every weight after the one step
+(f32) as "<case>.<name>", the name as in the model's model.safetensors
+(HF checkpoint names), 21 per case, 84 in all:
+  <case>.model.embed_tokens.weight, <case>.lm_head.weight,
+  <case>.model.norm.weight, and for L in 0, 1:
+  <case>.model.layers.L.input_layernorm.weight,
+  <case>.model.layers.L.post_attention_layernorm.weight,
+  <case>.model.layers.L.self_attn.{q,k,v,o}_proj.weight,
+  <case>.model.layers.L.mlp.{gate,up,down}_proj.weight,
+e.g. "kto.full.sgd.model.layers.0.self_attn.q_proj.weight". The strings and
+ids runs must agree bitwise and the batch must equal the f64 one, as above;
+the f64 check is extended to every weight: the gradient w.r.t. every
+parameter of an f64 load of the checkpoint (autograd; the reference a second
+f64 load), the step by fixture_steps.hand_step (SGD p - lr*g; AdamW step 1
+from zero moments, bias-corrected), every weight after the step against
+TRL's relative to the tensor's largest entry ("weights"), the loss, logged
+loss and metrics (grad_norm over every weight) and the precomputed sums, all
+to TOL 1e-5, else the script fails. "_meta" also reports, not held to TOL,
+"update": TRL's weight change (after minus before, two f32 weights) against
+the f64 one relative to the tensor's largest update (SGD ~6e-5, the f32
+rounding of the weights; AdamW ~3e-2, the entry at eps above).
+
 The f64 recomputation uses HF's Llama in f64, which still computes RMSNorm,
 the RoPE angles and the attention softmax in f32 (transformers' code), so
 its numbers are f64 up to ~1e-8 relative and can move by that much on
@@ -200,9 +263,25 @@ REF_CASES = [("kto", "ref", "sgd", None), ("kto", "ref", "adamw", None), ("apo",
 PRECOMPUTE_CASES = [("kto", "fresh", "sgd", "precompute"), ("kto", "ref", "sgd", "precompute"),
                     ("apo", "ref", "sgd", "precompute"), ("kto", "ref", "adamw", "precompute")]
 PRECOMPUTED = ("ref_logps", "ref_KL_logps")
-# The adapter each start trains, and its reference (None: the base).
-POLICY = {"fresh": "fresh", "init": "init", "ref": "fresh"}
-REFERENCE = {"fresh": None, "init": "init", "ref": "ref"}
+# expected_full.* (--full): full finetuning (no adapter, every weight
+# trained) with precompute_ref_log_probs=True.
+FULL_CASES = [(loss, "full", opt, None) for loss in LOSSES for opt in OPTS]
+# Their optimizers: SGD as OPTS (lr 0.1: the largest update of a tensor is
+# 6e-4 to 9e-3 of its largest weight); AdamW lr 1e-4, not 1e-3: its step 1
+# moves every weight by lr * g / (|g| + 1e-8), and one gradient entry of
+# the data (model.layers.1.self_attn.v_proj.weight, |g| 6.5e-9 in f64) sits
+# at eps, where f32's gradient is 12% off and its update 3% of lr off: with
+# lr 1e-3 that is 4.5e-5 of the tensor's largest weight (above TOL), with
+# 1e-4 4.5e-6, while every other weight with a gradient moves by 0.9e-4 to
+# 1e-4 (hundreds to thousands of f32 ulps; a tensor's largest update is 7e-5
+# to 1.7e-4 of its largest weight).
+FULL_OPTS = {"sgd": OPTS["sgd"], "adamw": dict(OPTS["adamw"], learning_rate=1e-4)}
+# f64-check figures reported, not held to TOL ("update": see f64_full_diffs).
+INFO_DIFFS = ("update",)
+# The adapter each start trains, and its reference (None: the base; start
+# "full" trains the base itself, its reference is the base's initial weights).
+POLICY = {"fresh": "fresh", "init": "init", "ref": "fresh", "full": None}
+REFERENCE = {"fresh": None, "init": "init", "ref": "ref", "full": None}
 TOL = 1e-5
 
 FORMULAS = r"""# KTO of TRL 1.16.0, exactly
@@ -510,8 +589,9 @@ def case_data(variant):
             {"data": "tests/fixtures/kto/data.jsonl", "data_ids": "tests/fixtures/kto/data_ids.jsonl"})
 
 
-def config_kwargs(loss, opt, variant):
-    """Every KTOConfig argument the cases set (besides output_dir)."""
+def config_kwargs(loss, opt, variant, start=None):
+    """Every KTOConfig argument the cases set (besides output_dir); start
+    "full" (full finetuning) always precomputes the reference log-probs."""
     kw = dict(loss_type=LOSSES[loss], beta=BETA, desirable_weight=1.0, undesirable_weight=1.0,
               per_device_train_batch_size=8 if variant == "paired" else 4, gradient_accumulation_steps=1,
               max_steps=1, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=0.0,
@@ -520,8 +600,10 @@ def config_kwargs(loss, opt, variant):
               report_to="none", dataloader_num_workers=0, disable_tqdm=True, **OPTS[opt])
     if variant == "weights":
         kw.update(desirable_weight=1.5, undesirable_weight=0.5)
-    if variant == "precompute":
+    if variant == "precompute" or start == "full":
         kw.update(precompute_ref_log_probs=True, precompute_ref_batch_size=None)
+    if start == "full":
+        kw.update(FULL_OPTS[opt])
     return kw
 
 
@@ -551,6 +633,12 @@ def kto_class():
                 from trl.trainer.utils import hash_module
                 install_ref(self.model)
                 self._precompute_model_hash = hash_module(self.model)
+            if not hasattr(self.model, "peft_config"):
+                # Full finetuning: what TRL precomputes with (checked by
+                # check_reference: no ref_model, the policy itself, still
+                # holding the checkpoint's weights).
+                self.precompute_with = (self.ref_model, {k: v.detach().clone()
+                                                         for k, v in self.model.state_dict().items()})
             self.precompute_calls.append((name, batch_size, len(dataset)))
             return super()._precompute_ref_logps(dataset, name, batch_size)
 
@@ -573,12 +661,24 @@ def kto_class():
     return KTO
 
 
-def build_trainer(loss, start, opt, variant, rows, tmp):
+def build_trainer(loss, start, opt, variant, rows, tmp, explicit_ref=False):
+    """explicit_ref (start "full" only): pass a second load of the
+    checkpoint as ref_model and do not precompute (the vs_non_precomputed
+    run of a full case)."""
     from datasets import Dataset
     from trl import KTOConfig
-    args = KTOConfig(output_dir=tmp, **config_kwargs(loss, opt, variant))
+    kwargs = config_kwargs(loss, opt, variant, start)
+    if explicit_ref:
+        assert start == "full", start
+        kwargs.update(precompute_ref_log_probs=False)
+    args = KTOConfig(output_dir=tmp, **kwargs)
     kw = {}
-    if start == "fresh":
+    if start == "full":
+        # No peft_config, a plain (not PEFT) model: every weight trained.
+        model = base_model()
+        if explicit_ref:
+            kw["ref_model"] = base_model()
+    elif start == "fresh":
         model = base_model()
         kw["peft_config"] = lora_config()
     else:
@@ -589,9 +689,11 @@ def build_trainer(loss, start, opt, variant, rows, tmp):
         kw["ref_before_precompute"] = start == "ref"
     trainer = kto_class()(model=model, args=args, train_dataset=Dataset.from_list(rows),
                           processing_class=tokenizer(), **kw)
-    if variant == "precompute":
+    if args.precompute_ref_log_probs:
         assert trainer.precompute_calls == [("train", args.per_device_train_batch_size, len(rows))], \
             trainer.precompute_calls
+    elif explicit_ref:
+        assert trainer.precompute_calls == [], trainer.precompute_calls
     elif start == "ref":
         install_ref(trainer.model)
     return trainer
@@ -612,11 +714,61 @@ def install_ref(pm):
     assert n == len(want), (n, len(want))
 
 
-def check_reference(trainer, start):
+def checkpoint_state():
+    """The tiny Llama's weights as its model.safetensors holds them."""
+    from safetensors.torch import load_file
+    return load_file(os.path.join(MODEL_DIR, "model.safetensors"))
+
+
+def model_state(model, start):
+    """What a case trains, by the key it is stored under: the adapter (PEFT
+    keys), or for start "full" every weight (HF checkpoint names)."""
+    if start != "full":
+        return adapter_state(model)
+    return {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+
+
+def start_state(start):
+    return checkpoint_state() if start == "full" else saved_adapter(POLICY[start])
+
+
+def check_full(trainer, explicit_ref):
+    """start "full": a plain LlamaForCausalLM (no PEFT), every parameter
+    trainable, named as the checkpoint's tensors. TRL 1.16 with
+    precompute_ref_log_probs and no ref_model makes NO reference copy
+    (ref_model None) and precomputes with the policy itself, at the end of
+    __init__, while it still holds the checkpoint's weights (recorded by
+    the KTO subclass); with explicit_ref, the ref_model given, a separate
+    module holding the checkpoint's weights, frozen by nobody but never
+    stepped (not in the optimizer)."""
+    from transformers import LlamaForCausalLM
+    pm = trainer.model
+    assert type(pm) is LlamaForCausalLM and not hasattr(pm, "peft_config"), type(pm)
+    names = {n for n, _ in pm.named_parameters()}
+    want = checkpoint_state()
+    assert names == set(want) == set(pm.state_dict()), sorted(names ^ set(want))
+    assert all(p.requires_grad for p in pm.parameters()), "a frozen weight"
+    if not explicit_ref:
+        assert trainer.ref_model is None, "KTOTrainer made a ref_model"
+        ref, weights = trainer.precompute_with
+        assert ref is None, "TRL precomputed with a ref_model"
+        assert weights.keys() == want.keys() and all(torch.equal(weights[k], want[k]) for k in want), \
+            "TRL precomputed with weights other than the checkpoint's"
+    else:
+        ref = trainer.ref_model
+        assert ref is not None and ref is not pm, "no separate ref_model"
+        sd = ref.state_dict()
+        assert sd.keys() == want.keys() and all(torch.equal(sd[k], want[k]) for k in want), \
+            "the ref_model is not the checkpoint"
+
+
+def check_reference(trainer, start, explicit_ref=False):
     """fresh: no "ref" adapter (reference = adapters disabled); init: TRL's
     frozen "ref" adapter, a copy of adapters/init; ref: that adapter holding
-    adapters/ref; never a ref_model."""
+    adapters/ref; never a ref_model. full: check_full."""
     pm = trainer.model
+    if start == "full":
+        return check_full(trainer, explicit_ref)
     assert trainer.ref_model is None, "KTOTrainer made a ref_model"
     if start == "fresh":
         assert list(pm.peft_config) == ["default"], list(pm.peft_config)
@@ -630,23 +782,26 @@ def check_reference(trainer, start):
         ("'ref' is not adapters/" + REFERENCE[start])
 
 
-def run_trl(loss, start, opt, variant, form):
+def run_trl(loss, start, opt, variant, form, explicit_ref=False):
     """One optimizer step of KTOTrainer. Returns (loss, step-1 logs, adapter
-    before, adapter after, first batch, prepared rows)."""
+    (start "full": every weight) before, the same after, first batch,
+    prepared rows)."""
     strings, ids, _ = case_data(variant)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = build_trainer(loss, start, opt, variant, strings if form == "strings" else ids, tmp)
-        check_reference(trainer, start)
-        init = adapter_state(trainer.model)
-        want = saved_adapter(POLICY[start])
+        trainer = build_trainer(loss, start, opt, variant, strings if form == "strings" else ids, tmp,
+                                explicit_ref=explicit_ref)
+        check_reference(trainer, start, explicit_ref)
+        init = model_state(trainer.model, start)
+        want = start_state(start)
         assert init.keys() == want.keys() and all(torch.equal(init[k], want[k]) for k in want), \
-            ("the trainer's starting adapter is not adapters/" + POLICY[start])
+            ("the trainer's starting " + ("weights are not the checkpoint's" if start == "full"
+                                          else "adapter is not adapters/" + POLICY[start]))
         prepared = trainer.train_dataset.to_list()
         trainer.train()
-        check_reference(trainer, start)  # "ref" unchanged by the step
+        check_reference(trainer, start, explicit_ref)  # "ref" (the ref_model) unchanged by the step
         logs = dict(trainer.state.log_history[0])
         assert logs["step"] == 1, logs
-        return trainer.first_loss, logs, init, adapter_state(trainer.model), trainer.first_batch, prepared
+        return trainer.first_loss, logs, init, model_state(trainer.model, start), trainer.first_batch, prepared
 
 
 # ---------------------------------------------------------------------------
@@ -729,9 +884,9 @@ def hand_forward(start, rows, kl_on, trl_batch):
     assert trl_batch.keys() == got.keys(), (sorted(trl_batch), sorted(got))
     for k in got:
         assert torch.equal(trl_batch[k], got[k]), ("the f64 batch differs from TRL's", k)
-    pol = f64_model(adapter_dir(POLICY[start]))
+    pol = f64_model(None if POLICY[start] is None else adapter_dir(POLICY[start]))
     for n, p in pol.named_parameters():
-        p.requires_grad_("lora_" in n)
+        p.requires_grad_(start == "full" or "lora_" in n)
     S, logits = sums(pol, *main)
     out = {"S": S, "logits": logits.detach(), "main": main, "pol": pol}
     with torch.no_grad():
@@ -776,7 +931,9 @@ def hand_metrics(f, labels, r, kl):
 
 def hand(loss, start, variant, rows, batch, trl_batch):
     """Loss, metrics, start adapter, gradients (by PEFT key) and per-row
-    numbers of the first batch, in f64."""
+    numbers of the first batch, in f64 (start "full": every weight and its
+    gradient, by HF checkpoint name; the reference a second f64 load of the
+    checkpoint)."""
     from peft import get_peft_model_state_dict
     kw = config_kwargs(loss, "sgd", variant)
     rows = rows[:batch]
@@ -788,8 +945,12 @@ def hand(loss, start, variant, rows, batch, trl_batch):
     value.backward()
     pol = f["pol"]
     named = dict(pol.named_parameters())
-    params = {k: v.detach().clone() for k, v in get_peft_model_state_dict(pol).items()}
-    grads = {k: named[k.replace(".weight", ".default.weight")].grad.detach().clone() for k in params}
+    if start == "full":
+        params = {k: v.detach().clone() for k, v in named.items()}
+        grads = {k: v.grad.detach().clone() for k, v in named.items()}
+    else:
+        params = {k: v.detach().clone() for k, v in get_peft_model_state_dict(pol).items()}
+        grads = {k: named[k.replace(".weight", ".default.weight")].grad.detach().clone() for k in params}
     metrics["grad_norm"] = sum((g ** 2).sum() for g in grads.values()).sqrt().item()
     per_row = {"label": [bool(x) for x in labels], "policy_sum": f["S"].tolist(), "ref_sum": f["S0"].tolist(),
                "completion_tokens": [float(x) for x in f["main"][2][:, 1:].sum(1)]}
@@ -840,11 +1001,55 @@ def f64_diffs(opt, trl, h):
             "logged_loss": abs(h_loss - logs["loss"]) / max(abs(h_loss), 1.0)}
 
 
+def f64_full_diffs(loss, opt, trl, h):
+    """f64_diffs for start "full": every weight after the step against the
+    f64 weights stepped by hand (fixture_steps.hand_step: SGD p - lr*g;
+    AdamW step 1 from zero moments, bias-corrected), relative to the
+    tensor's largest entry ("weights"); and the update (weight after minus
+    before) relative to the tensor's largest f64 update ("update": TRL's
+    update is the difference of two f32 weights, so it carries their
+    rounding, ~6e-8 absolute; also catches an AdamW sign flip, a gradient
+    entry whose sign f32 gets wrong)."""
+    from fixture_steps import hand_step
+    loss_value, logs, init, after, _, _ = trl
+    h_loss, h_metrics, h_params, h_grads, _ = h
+    missing = sorted(set(h_metrics) ^ (set(logs) - {"loss", "epoch", "step", "learning_rate"}))
+    assert not missing, ("logged metrics differ from the hand-computed set", missing)
+    d_met = max(abs(h_metrics[k] - logs[k]) / max(abs(h_metrics[k]), 1.0) for k in h_metrics)
+    lr = config_kwargs(loss, opt, None, "full")["learning_rate"]
+    assert logs["learning_rate"] == lr, (logs["learning_rate"], lr)
+    assert h_params.keys() == after.keys() == init.keys(), sorted(set(h_params) ^ set(after))
+    want = {k: p.clone() for k, p in h_params.items()}
+    hand_step(want, h_grads, opt, lr, 1, {k: (torch.zeros_like(p), torch.zeros_like(p)) for k, p in want.items()})
+    d_w = d_u = 0.0
+    moved = {}
+    for k, w in want.items():
+        assert torch.equal(h_params[k], init[k].double()), (k, "the f64 start is not TRL's")
+        d_w = max(d_w, ((w - after[k].double()).abs().max() / w.abs().max()).item())
+        du = w - h_params[k]
+        d_u = max(d_u, ((du - (after[k].double() - init[k].double())).abs().max() / du.abs().max()).item())
+        moved[k] = (du.abs().max() / w.abs().max()).item()
+    low = min(moved, key=moved.get)
+    print(f"  largest update per tensor, relative to its largest weight: {min(moved.values()):.2e} ({low}) "
+          f"to {max(moved.values()):.2e}; f64 check: weights {d_w:.1e}, update {d_u:.1e}")
+    return {"loss": abs(h_loss - loss_value) / max(abs(h_loss), 1.0), "metrics": d_met, "weights": d_w,
+            "logged_loss": abs(h_loss - logs["loss"]) / max(abs(h_loss), 1.0), "update": d_u}
+
+
 def case_settings(loss, start, opt, variant):
-    kw = config_kwargs(loss, opt, variant)
+    kw = config_kwargs(loss, opt, variant, start)
     for k in ("logging_steps", "save_strategy", "report_to", "dataloader_num_workers", "disable_tqdm", "fp16",
               "data_seed"):
         kw.pop(k)
+    if start == "full":
+        return {"trainer": "KTOTrainer", **kw, **case_data(variant)[2], "start": start, "full": True,
+                "dtype": "float32", "calculate_kl": loss == "kto",
+                "policy": f"{rel(MODEL_DIR)} (no adapter, no peft_config: every weight trained, "
+                          f"{sum(v.numel() for v in checkpoint_state().values())} parameters)",
+                "ref_model": None,
+                "reference": f"{rel(MODEL_DIR)}'s initial weights: with precompute_ref_log_probs and no ref_model "
+                             "TRL makes no reference copy (ref_model None) and precomputes the reference log-probs "
+                             "with the policy itself at the end of KTOTrainer.__init__, before any step"}
     return {"trainer": "KTOTrainer", **kw, **case_data(variant)[2], "start": start, "dtype": "float32",
             "calculate_kl": loss == "kto", "policy_adapter": rel(adapter_dir(POLICY[start])),
             "reference": {"fresh": "base (adapter disabled)",
@@ -858,24 +1063,53 @@ def run_case(loss, start, opt, variant):
     """One case through TRL twice (strings, ids: bitwise equal) and once in
     f64. Returns (name, expected entry, tensors, f64 diffs)."""
     name = case_name(loss, start, opt, variant)
+    full = start == "full"
     a = run_trl(loss, start, opt, variant, "strings")
     b = run_trl(loss, start, opt, variant, "ids")
     check_same(name, a, b)
     ids_rows = b[5]
-    batch = config_kwargs(loss, opt, variant)["per_device_train_batch_size"]
+    batch = config_kwargs(loss, opt, variant, start)["per_device_train_batch_size"]
     trl_batch = {k: v for k, v in a[4].items() if k not in PRECOMPUTED}
     h = hand(loss, start, variant, ids_rows, batch, trl_batch)
-    diffs = f64_diffs(opt, a, h)
+    diffs = f64_full_diffs(loss, opt, a, h) if full else f64_diffs(opt, a, h)
     first_loss, logs, _, after, _, _ = a
     print(f"{name:24s} loss {first_loss:.7f} kl {logs['kl']:.3g} grad_norm {logs['grad_norm']:.6f}  f64 check "
-          f"(relative): loss {diffs['loss']:.1e} metrics {diffs['metrics']:.1e} adapter {diffs['adapter']:.1e}")
+          f"(relative): loss {diffs['loss']:.1e} metrics {diffs['metrics']:.1e} "
+          + (f"weights {diffs['weights']:.1e}" if full else f"adapter {diffs['adapter']:.1e}"))
     metrics = {k: v for k, v in logs.items() if k not in ("loss", "epoch", "step")}
     entry = {"settings": case_settings(loss, start, opt, variant), "loss": first_loss,
              "logged_loss": logs["loss"], "metrics": metrics, "rows_f64": h[4]}
-    if variant == "precompute":
+    if variant == "precompute" or full:
         entry["precomputed"], diffs["precomputed"] = check_precomputed(name, loss, start, a, h[4], batch)
-        entry["vs_non_precomputed"] = vs_non_precomputed(name, entry, after)
+        entry["vs_non_precomputed"] = (vs_explicit_ref(name, loss, start, opt, variant, a) if full
+                                       else vs_non_precomputed(name, entry, after))
     return name, entry, {f"{name}.{k}": v for k, v in after.items()}, diffs
+
+
+def vs_explicit_ref(name, loss, start, opt, variant, trl):
+    """A full case has no non-precomputed counterpart on file (TRL would
+    load a reference copy by the model's name, which the fixture model
+    lacks), so the script runs one: the same case (strings) with a second
+    load of the checkpoint passed as ref_model and precompute_ref_log_probs
+    False (TRL's per-step reference forward). Whether loss, logged metrics
+    (but the timings), every weight after the step and the first batch
+    (without the precomputed columns) equal the precompute run's, and the
+    largest absolute differences; the script fails if they are not equal."""
+    loss_a, logs_a, _, after_a, batch_a, _ = trl
+    loss_b, logs_b, _, after_b, batch_b, _ = run_trl(loss, start, opt, variant, "strings", explicit_ref=True)
+    assert logs_a.keys() == logs_b.keys(), (name, sorted(logs_a), sorted(logs_b))
+    keys = [k for k in logs_a if k not in TIMING_KEYS + ("epoch", "step")]
+    d = {"loss": abs(loss_a - loss_b), "logged_loss": abs(logs_a["loss"] - logs_b["loss"]),
+         "metrics": max(abs(logs_a[k] - logs_b[k]) for k in keys if k != "loss"),
+         "weights": max((after_a[k] - after_b[k]).abs().max().item() for k in after_a)}
+    assert after_a.keys() == after_b.keys(), name
+    assert set(batch_a) - set(PRECOMPUTED) == set(batch_b), (name, sorted(batch_a), sorted(batch_b))
+    assert all(torch.equal(batch_a[k], batch_b[k]) for k in batch_b), (name, "batch")
+    same = all(v == 0 for v in d.values())
+    print(f"  vs {name} with an explicit ref_model, no precompute: {'identical' if same else 'DIFFERENT'}, "
+          f"max |difference| {d}")
+    return {"case": f"{name} with ref_model = a second load of {rel(MODEL_DIR)} and precompute_ref_log_probs "
+                    "False (run by this script, not written)", "identical": same, "max_abs_diff": d}
 
 
 def check_precomputed(name, loss, start, trl, per_row, batch):
@@ -954,21 +1188,21 @@ def meta(worst):
 
 def write_cases(case_list, stem, notes=None):
     """Runs the cases; writes OUT/<stem>.json and OUT/<stem>.safetensors
-    (`notes`: more "_meta" entries)."""
+    (`notes`: more "_meta" entries; a note None drops meta's entry)."""
     expected, tensors = {}, {}
-    worst = {"loss": 0.0, "logged_loss": 0.0, "metrics": 0.0, "adapter": 0.0}
+    worst = {}
     for case in case_list:
         name, entry, after, diffs = run_case(*case)
         worst = {k: max(worst.get(k, 0.0), diffs[k]) for k in {**worst, **diffs}}
         expected[name] = entry
         tensors.update(after)
-    expected["_meta"] = {**meta(worst), **(notes or {})}
+    expected["_meta"] = {k: v for k, v in {**meta(worst), **(notes or {})}.items() if v is not None}
     with open(os.path.join(OUT, stem + ".json"), "w") as f:
         json.dump(expected, f, indent=1, sort_keys=True)
         f.write("\n")
     save_file(contiguous(tensors), os.path.join(OUT, stem + ".safetensors"))
     print(f"{stem}: f64 check, worst relative difference over all cases:", worst)
-    assert all(v < TOL for v in worst.values()), worst
+    assert all(v < TOL for k, v in worst.items() if k not in INFO_DIFFS), worst
 
 
 @step("cases")
@@ -992,17 +1226,40 @@ def precompute_cases():
                               "step are bitwise equal; max_abs_diff the largest absolute differences"})
 
 
+@step("full_cases")
+def full_cases():
+    write_cases(FULL_CASES, "expected_full", notes={
+        "lora": None,
+        "full": "full finetuning: no adapter, every weight of the model trained; the tensors of "
+                "expected_full.safetensors are every weight after the step, '<case>.<HF checkpoint name>' "
+                "(the names of the model's model.safetensors), f32",
+        "precomputed": "per row of the dataset (in dataset order; here the step-1 batch): the f32 reference "
+                       "log-prob sums TRL precomputed (with the initial weights) into its ref_logps / "
+                       "ref_KL_logps columns (ref_KL_logps only where loss_type is kto), batch_size the batch "
+                       "TRL precomputed them in",
+        "vs_non_precomputed": "the same case run by this script (not written) with a second load of the "
+                              "checkpoint as ref_model and precompute_ref_log_probs False: identical when loss, "
+                              "logged_loss, metrics (but timings) and every weight after the step are bitwise "
+                              "equal; max_abs_diff the largest absolute differences",
+        "f64_check": "relative differences: loss, logged_loss, metrics (|d| / max(|value|, 1)); weights (every "
+                     "weight after the step, |d| relative to the tensor's largest f64 entry); update (weight "
+                     "after minus before, relative to the tensor's largest f64 update); precomputed (the "
+                     "precomputed sums against the f64 reference sums)"})
+
+
 if __name__ == "__main__":
     import accelerate, datasets, peft, safetensors, tokenizers, transformers, trl
     print("torch", torch.__version__, "trl", trl.__version__, "transformers", transformers.__version__, "peft",
           peft.__version__, "accelerate", accelerate.__version__, "datasets", datasets.__version__, "tokenizers",
           tokenizers.__version__, "safetensors", safetensors.__version__)
-    if sys.argv[1:] not in ([], ["--precompute"]):
-        sys.exit(f"usage: {sys.argv[0]} [--precompute]")
+    if sys.argv[1:] not in ([], ["--precompute"], ["--full"]):
+        sys.exit(f"usage: {sys.argv[0]} [--precompute | --full]")
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
-    if sys.argv[1:]:
+    if sys.argv[1:] == ["--precompute"]:
         precompute_cases()
+    elif sys.argv[1:] == ["--full"]:
+        full_cases()
     else:
         write_inputs()
         write_ids()

@@ -1119,3 +1119,68 @@ impl ModelConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decoder::SCORE;
+
+    /// transformers 5.24's sequence-classification class of each family
+    /// (read from its modeling files).
+    #[test]
+    fn each_family_names_its_classifier_as_transformers_does() {
+        let classes = [
+            (Family::Llama, "LlamaForSequenceClassification"),
+            (Family::Qwen2, "Qwen2ForSequenceClassification"),
+            (Family::Qwen3, "Qwen3ForSequenceClassification"),
+            (Family::Mistral, "MistralForSequenceClassification"),
+            (Family::Gemma3, "Gemma3TextForSequenceClassification"),
+            (Family::Qwen3Moe, "Qwen3MoeForSequenceClassification"),
+            (Family::Mixtral, "MixtralForSequenceClassification"),
+            (Family::GptOss, "GptOssForSequenceClassification"),
+        ];
+        assert_eq!(classes.len(), FAMILIES.len());
+        for (family, class) in classes {
+            assert_eq!(family.classifier_architecture(), class);
+        }
+    }
+
+    #[test]
+    fn a_classifier_config_reads_its_labels_and_pad_and_writes_them_back() {
+        let causal = ModelConfig::preset("tiny").unwrap();
+        let mut json: Value = serde_json::from_str(&causal.to_json()).unwrap();
+        json["architectures"] = json!(["LlamaForSequenceClassification"]);
+        json["id2label"] = json!({"0": "LABEL_0", "1": "LABEL_1", "2": "LABEL_2"});
+        json["pad_token_id"] = json!(257);
+        let c = ModelConfig::from_json(&json.to_string()).unwrap();
+        let head = Head::SequenceClassification {
+            num_labels: 3,
+            pad_token_id: Some(257),
+        };
+        assert_eq!(c.head, head);
+        assert!(c
+            .parameter_shapes()
+            .contains(&(SCORE.to_string(), vec![3, 64])));
+        assert!(!c
+            .parameter_shapes()
+            .iter()
+            .any(|(n, _)| n == "lm_head.weight"));
+        // Written back, and a causal LM's config made one keeps its fields.
+        assert_eq!(ModelConfig::from_json(&c.to_json()).unwrap().head, head);
+        let made = with_head(causal.to_json().as_bytes(), &c).unwrap();
+        let made: Value = serde_json::from_slice(&made).unwrap();
+        assert_eq!(
+            made["architectures"],
+            json!(["LlamaForSequenceClassification"])
+        );
+        assert_eq!(made["label2id"]["LABEL_2"], json!(2));
+        assert_eq!(made["vocab_size"], json!(264));
+        // No labels named: transformers' default of 2.
+        json.as_object_mut().unwrap().remove("id2label");
+        let c = ModelConfig::from_json(&json.to_string()).unwrap();
+        assert!(matches!(
+            c.head,
+            Head::SequenceClassification { num_labels: 2, .. }
+        ));
+    }
+}

@@ -172,15 +172,11 @@ impl ObjectiveDef for KtoObjective {
         s.set("precompute-ref", p.precompute_ref);
     }
 
-    /// As DPO's ([`super::preference::reference_adapter`]); full
-    /// finetuning would need a second copy of the base: refused.
+    /// As DPO's ([`super::preference::reference_adapter`]): full
+    /// finetuning takes its reference computed before training (the base
+    /// as it starts, `--precompute-ref`); a second copy of the base in the
+    /// step is refused.
     fn reference(&self, spec: &RunSpec, model: &Model) -> Result<Option<Adapter>> {
-        if spec.step.lora.is_none() {
-            return Err(EngineError::Objective {
-                objective: "kto",
-                why: "full finetuning of KTO is not built yet (its reference would be a second copy of the base, or computed before training, which no test covers yet); train LoRA".into(),
-            });
-        }
         super::preference::reference_adapter(spec, model)
     }
 }
