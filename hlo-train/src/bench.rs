@@ -67,6 +67,11 @@ pub struct BenchArgs {
     #[arg(long, value_parser = crate::args::positive, allow_negative_numbers = true)]
     pub peak_tflops: Option<f64>,
 
+    /// With distillation: the teacher, a preset's name, an HF checkpoint
+    /// folder or a config.json (random weights), run in the step.
+    #[arg(long)]
+    pub teacher: Option<String>,
+
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -99,7 +104,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         println!("{}", choices.line());
     }
     let reference = crate::objective_args::planned_reference(objective, args.precompute_ref)?;
-    tc.loss = objective.loss(&ObjectiveSpecs::default(), reference);
+    let teacher = match &args.teacher {
+        Some(t) => Some(crate::objective_args::teacher_model(t)?),
+        None => None,
+    };
+    let mut specs = ObjectiveSpecs::default();
+    specs.distill.teacher_config = teacher.as_ref().map(|t| Box::new(t.config.clone()));
+    tc.loss = objective.loss(&specs, reference);
     let name = model.name.clone();
     let vocab = model.config.vocab_size;
     let mut session = Session::new(
@@ -108,6 +119,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         tc.clone(),
         SessionOptions {
             weights: Weights::Synthetic,
+            teacher,
             ..SessionOptions::default()
         },
     )?;

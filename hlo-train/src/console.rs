@@ -335,7 +335,11 @@ fn objective_words(run: &Run) -> String {
 /// groups, and the prompts or logged rollouts it draws.
 fn print_rollouts_header(run: &Run, on: &str, compiled: &str) {
     let c = run.session().config();
-    let spec = &run.spec().objectives.grpo;
+    let spec = &run
+        .spec()
+        .objective
+        .def()
+        .rollout_spec(&run.spec().objectives);
     let stats = run.data_stats();
     let groups = c.batch as usize / spec.num_generations;
     println!("{on}; {} × seq {}; {compiled}", objective_words(run), c.seq);

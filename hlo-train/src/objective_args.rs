@@ -13,7 +13,7 @@ use hlo_engine::models::grpo::{GrpoLossType, ImportanceSampling, ScaleRewards};
 use hlo_engine::models::kto::KtoLossType;
 use hlo_engine::models::preference::Reference;
 use hlo_engine::objectives::rloo::{DEFAULT_BETA, DEFAULT_NUM_GENERATIONS};
-use hlo_engine::objectives::{KtoSpec, RewardModelSpec, RlooSpec};
+use hlo_engine::objectives::{DistillSpec, KtoSpec, RewardModelSpec, RlooSpec};
 use hlo_engine::{Objective, PreferenceSpec};
 
 use crate::args::named;
@@ -304,9 +304,14 @@ impl RlooArgs {
     /// The β and completions per prompt a rollout objective takes where
     /// not given: RLOO's (TRL's RLOOConfig), else GRPO's.
     pub fn rollout_defaults(objective: Objective) -> (f64, usize) {
+        let generations = GrpoSpec::default().num_generations;
         match objective {
             Objective::Rloo => (DEFAULT_BETA, DEFAULT_NUM_GENERATIONS),
-            _ => (0.0, GrpoSpec::default().num_generations),
+            // β is the divergence's (TRL's reverse KL); one completion a
+            // prompt whatever the setting says, which distillation does
+            // not read.
+            Objective::Distillation => (hlo_engine::objectives::distill::DEFAULT_BETA, generations),
+            _ => (0.0, generations),
         }
     }
 }
@@ -338,6 +343,43 @@ impl RewardArgs {
     pub fn spec(&self) -> RewardModelSpec {
         RewardModelSpec {
             center_rewards_coefficient: self.center_rewards_coefficient,
+        }
+    }
+}
+
+/// Distillation's settings (TRL's `DistillationConfig` names), as `train`
+/// takes them; its β (default 1.0), temperature, completion length and
+/// sampling are the shared flags.
+#[derive(Args, Clone, Debug)]
+pub struct DistillArgs {
+    /// Distillation: the teacher's checkpoint folder (TRL's
+    /// teacher_model): a causal LM of the student's vocabulary, any size,
+    /// held frozen on the same devices.
+    #[arg(long)]
+    pub teacher: Option<PathBuf>,
+}
+
+/// A teacher as `plan` and `bench` take one: a preset's name, an HF
+/// checkpoint folder, or a `config.json` (random weights).
+pub fn teacher_model(source: &str) -> Result<hlo_engine::Model> {
+    use hlo_engine::ModelSource;
+    let path = PathBuf::from(source);
+    let source = if path.is_dir() {
+        ModelSource::Checkpoint(path)
+    } else if path.is_file() {
+        ModelSource::Config(path)
+    } else {
+        ModelSource::Preset(source.to_string())
+    };
+    Ok(hlo_engine::Model::open(&source)?)
+}
+
+impl DistillArgs {
+    /// The engine's settings.
+    pub fn spec(&self) -> DistillSpec {
+        DistillSpec {
+            teacher: self.teacher.clone(),
+            teacher_config: None,
         }
     }
 }

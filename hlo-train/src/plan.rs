@@ -79,6 +79,12 @@ pub struct PlanArgs {
     #[arg(long, value_parser = crate::args::named::<Objective>(), default_value = "sft")]
     pub objective: Objective,
 
+    /// With distillation: the teacher, a preset's name, an HF checkpoint
+    /// folder or a config.json (its weights are planned beside the
+    /// student's).
+    #[arg(long)]
+    pub teacher: Option<String>,
+
     /// With grpo or rloo: completions per prompt (--batch must be a
     /// multiple; default 8 for grpo, 2 for rloo).
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..))]
@@ -204,6 +210,10 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
         // LoRA tensors.
         reference: crate::objective_args::planned_reference(args.objective, args.precompute_ref)?,
         rollout,
+        teacher: match &args.teacher {
+            Some(t) => Some(crate::objective_args::teacher_model(t)?.config),
+            None => None,
+        },
         target,
     };
     let tc = to_plan.train_config()?;
@@ -270,12 +280,21 @@ fn rollout_shape(args: &PlanArgs) -> Result<Option<RolloutShape>> {
                 max_completion_length: c as usize,
                 ..Default::default()
             },
+            distill: hlo_engine::objectives::DistillSpec {
+                teacher: args.teacher.as_ref().map(std::path::PathBuf::from),
+                teacher_config: None,
+            },
             ..Default::default()
         },
         step: args.step.spec(),
         ..Default::default()
     }
     .check_objective_settings()?;
+    // Distillation's rollouts: one completion a prompt.
+    let g = match args.objective.def().rewarded() {
+        true => g,
+        false => 1,
+    };
     if c >= args.step.seq {
         bail!(
             "--max-completion-length {c} leaves no room for a prompt in --seq {}",

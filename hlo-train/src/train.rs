@@ -60,6 +60,9 @@ pub struct TrainArgs {
     /// reward; --batch counts completions. Or reward (RewardTrainer's): a
     /// reward model, a sequence classifier (a new score head on a causal
     /// LM's checkpoint) scoring each side of a pair; --batch counts pairs.
+    /// Or distillation (DistillationTrainer's): the student's own
+    /// completions of prompts, taught a --teacher's next-token
+    /// distributions; --batch counts completions.
     #[arg(long, value_parser = named::<Objective>(), default_value = "sft")]
     pub objective: Objective,
 
@@ -84,6 +87,9 @@ pub struct TrainArgs {
 
     #[command(flatten)]
     pub reward: crate::objective_args::RewardArgs,
+
+    #[command(flatten)]
+    pub distill: crate::objective_args::DistillArgs,
 
     #[command(flatten)]
     pub step: StepArgs,
@@ -205,6 +211,7 @@ impl TrainArgs {
             kto: self.kto.spec(),
             rloo: self.rloo.spec(),
             reward: self.reward.spec(),
+            distill: self.distill.spec(),
         }
     }
 }
@@ -285,7 +292,8 @@ fn hooks(run: &Run, argv: &[OsString]) -> Result<(HookList, ProgressBar, RewardC
     let bar = progress.bar.clone();
     hooks.add("progress", progress);
     let course = RewardCourse::default();
-    if run.spec().objective.data() == Data::Rollouts {
+    let rewarded = |o: hlo_engine::Objective| o.data() == Data::Rollouts && o.def().rewarded();
+    if rewarded(run.spec().objective) {
         hooks.add("reward-course", course.clone());
     }
     if let Some(path) = &report.metrics {
@@ -307,7 +315,7 @@ fn hooks(run: &Run, argv: &[OsString]) -> Result<(HookList, ProgressBar, RewardC
                 metrics: report.metrics.clone(),
                 title: format!("{}: loss", run.session().model().name),
                 curves: LossCurves::default(),
-                rewards: run.spec().objective.data() == Data::Rollouts,
+                rewards: rewarded(run.spec().objective),
             },
         );
         let command = TrainArgs::augment_args(clap::Command::new("train"));

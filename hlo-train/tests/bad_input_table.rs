@@ -666,6 +666,15 @@ fn bad_input_table() {
             train(&["--objective", "rloo", "--reward", "length", "--loss-type", "grpo"]),
         ),
         (
+            "a distillation teacher of another vocabulary",
+            train(&[
+                "--objective",
+                "distillation",
+                "--teacher",
+                copy_model("head_dim", &root.join("teacher")).to_str().unwrap(),
+            ]),
+        ),
+        (
             "bench --precompute-ref for an objective without a reference",
             ["bench", "--objective", "orpo", "--precompute-ref", "--steps", "1"]
                 .map(String::from)

@@ -10,7 +10,7 @@
 //! optimizers and schedules ([`train`], [`loss`]); preference losses
 //! (DPO, IPO, SimPO, ORPO as TRL defines them, [`preference`]); GRPO's
 //! loss as TRL's `GRPOTrainer` computes it ([`grpo`]); KTO's as
-//! `KTOTrainer` does ([`kto`]); RLOO's as `RLOOTrainer` does ([`rloo`]); reward models' as `RewardTrainer` does ([`reward`]); each loss's place in the step behind one
+//! `KTOTrainer` does ([`kto`]); RLOO's as `RLOOTrainer` does ([`rloo`]); reward models' as `RewardTrainer` does ([`reward`]); on-policy distillation's as `DistillationTrainer` does ([`distill`]); each loss's place in the step behind one
 //! trait, [`train::StepLoss`]; attention in the naive
 //! and the blockwise (FlashAttention) form ([`attention`]); safetensors checkpoints (HF in,
 //! bitsandbytes 4-bit and gpt-oss's MXFP4 experts too, [`checkpoint`],
@@ -38,6 +38,7 @@ pub mod adapter;
 pub mod attention;
 pub mod checkpoint;
 pub mod decoder;
+pub mod distill;
 mod error;
 pub mod grpo;
 pub mod io;

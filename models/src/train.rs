@@ -9,6 +9,7 @@ use crate::decoder::{
     base_parameter_types, is_stacked, lora_parameter_types, stack_types, Decoder, LoraConfig,
     ModelConfig, Params,
 };
+use crate::distill::step::Distill;
 pub use crate::grpo::step::{grpo_loss, grpo_train_step, token_logps_step};
 use crate::grpo::GrpoLoss;
 use crate::kto::step::Kto;
@@ -134,6 +135,9 @@ pub enum Loss {
     /// A reward model's Bradley–Terry loss over preference pairs (see
     /// [`crate::reward::step::reward_loss`]).
     Reward(RewardLoss),
+    /// On-policy distillation's divergence from a teacher (see
+    /// [`crate::distill::step::distill_loss`]).
+    Distill(Distill),
 }
 
 impl Loss {
@@ -146,6 +150,7 @@ impl Loss {
             Loss::Kto(k) => k,
             Loss::Rloo(r) => r,
             Loss::Reward(r) => r,
+            Loss::Distill(d) => d,
         }
     }
 
@@ -485,7 +490,9 @@ pub(crate) fn role_of(tc: &TrainConfig) -> impl Fn(&str) -> StepInput + '_ {
             let lora = reference_of(name).is_none()
                 && (name.ends_with(".lora_a") || name.ends_with(".lora_b"));
             let saved = tc.lora.as_ref().is_some_and(|l| l.saves_weight(name));
-            let trained = lora || saved || tc.lora.is_none();
+            // A distillation teacher's weights are frozen.
+            let teacher = name.starts_with("teacher.");
+            let trained = !teacher && (lora || saved || tc.lora.is_none());
             let role = if trained {
                 Role::Trainable
             } else {

@@ -246,6 +246,8 @@ pub struct StepToPlan {
     pub reference: Reference,
     /// GRPO's rollouts (None for the other objectives).
     pub rollout: Option<RolloutShape>,
+    /// Distillation's teacher (its weights are the step's too).
+    pub teacher: Option<ModelConfig>,
     /// The devices planned for, which decide the step's `auto` choices
     /// ([`crate::run::policy`]).
     pub target: Target,
@@ -271,6 +273,7 @@ impl StepToPlan {
             specs.grpo.num_generations = r.num_generations.max(1) as usize;
             specs.grpo.max_completion_length = r.max_completion_length.max(1) as usize;
         }
+        specs.distill.teacher_config = self.teacher.clone().map(Box::new);
         tc.loss = self.objective.loss(&specs, self.reference);
         Ok(tc)
     }
@@ -731,6 +734,7 @@ mod tests {
             objective: Objective::Sft,
             reference: Reference::Base,
             rollout: None,
+            teacher: None,
             target: Target::cpu(),
         }
     }

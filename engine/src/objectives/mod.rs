@@ -15,6 +15,7 @@
 //! its arm of [`Objective::def`], and its spec's field in
 //! [`ObjectiveSpecs`]. Nothing else in the engine names it.
 
+pub mod distill;
 pub mod grpo;
 pub mod kto;
 pub mod preference;
@@ -36,6 +37,7 @@ use crate::run::spec::RunSpec;
 use crate::run::step::StepSpec;
 use crate::train::checkpoint::RunSettings;
 
+pub use distill::DistillSpec;
 pub use grpo::GrpoSpec;
 pub use kto::KtoSpec;
 pub use preference::PreferenceSpec;
@@ -76,10 +78,14 @@ pub enum Objective {
     /// A reward model (TRL's `RewardTrainer`): a sequence classifier
     /// scoring each side of a preference pair, the chosen one higher.
     Reward,
+    /// On-policy distillation (TRL's `DistillationTrainer`): the student's
+    /// own completions, scored against a teacher's next-token
+    /// distributions.
+    Distillation,
 }
 
 /// Every objective, in the order `--objective` lists them.
-pub const OBJECTIVES: [Objective; 9] = [
+pub const OBJECTIVES: [Objective; 10] = [
     Objective::Sft,
     Objective::Dpo,
     Objective::Ipo,
@@ -89,6 +95,7 @@ pub const OBJECTIVES: [Objective; 9] = [
     Objective::Kto,
     Objective::Rloo,
     Objective::Reward,
+    Objective::Distillation,
 ];
 
 impl Objective {
@@ -105,6 +112,7 @@ impl Objective {
             Objective::Kto => &kto::KTO,
             Objective::Rloo => &rloo::RLOO,
             Objective::Reward => &reward::REWARD,
+            Objective::Distillation => &distill::DISTILLATION,
         }
     }
 }
@@ -228,6 +236,9 @@ pub struct ObjectiveSpecs {
     pub rloo: RlooSpec,
     /// A reward model's.
     pub reward: RewardModelSpec,
+    /// Distillation's own (its rollouts and temperature are GRPO's, its
+    /// β the shared `beta`).
+    pub distill: DistillSpec,
 }
 
 /// What rows an objective's data holds, and so how its batches are made:
@@ -340,6 +351,28 @@ pub trait ObjectiveDef: Sync {
     /// causal LM.
     fn classifier(&self) -> bool {
         false
+    }
+
+    /// The settings of its rollouts (an objective whose data is
+    /// [`Data::Rollouts`]): GRPO's, or an objective's own form of them.
+    fn rollout_spec(&self, specs: &ObjectiveSpecs) -> GrpoSpec {
+        specs.grpo.clone()
+    }
+
+    /// Whether its rollouts are rewarded (distillation's are not).
+    fn rewarded(&self) -> bool {
+        true
+    }
+
+    /// The teacher it distils from, opened (None: it has none).
+    fn teacher(&self, _spec: &RunSpec) -> Result<Option<Model>> {
+        Ok(None)
+    }
+
+    /// Reads what its loss needs beyond the run's settings, once the
+    /// student is open (distillation: the teacher's config).
+    fn resolve(&self, _spec: &mut RunSpec, _model: &Model) -> Result<()> {
+        Ok(())
     }
 
     /// How its rollouts' rewards become advantages (an objective whose

@@ -384,6 +384,8 @@ impl Run {
         let out = output_folder(&spec, main)?;
         let trace_values = trace_values(&spec)?;
         let model = open_model(&spec)?;
+        spec.objective.def().resolve(&mut spec, &model)?;
+        let teacher = spec.objective.def().teacher(&spec)?;
         let tokenizer = model.tokenizer(None)?;
         let inputs = RunInputs::read(&spec, &model, tokenizer.as_ref())?;
         let backend = Backend::open(&spec.backend)?;
@@ -424,6 +426,7 @@ impl Run {
             init_adapter: init,
             // Only a reference in the step needs its tensors placed.
             reference_adapter: reference.clone().filter(|_| in_step),
+            teacher,
             eval: matches!(&feed, Feed::Rows(f) if f.has_eval),
             ..SessionOptions::default()
         };

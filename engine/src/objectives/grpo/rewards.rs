@@ -563,6 +563,24 @@ impl Rewards {
         })
     }
 
+    /// No rewards (an objective whose rollouts are not rewarded).
+    pub fn none(spec: &GrpoSpec) -> Rewards {
+        Rewards {
+            specs: Vec::new(),
+            wait: Wait {
+                timeout: Duration::from_secs_f64(DEFAULT_REWARD_TIMEOUT),
+                stop: StopFlag::default(),
+            },
+            answer_column: spec.answer_column.clone(),
+            format: None,
+            command: None,
+            url: None,
+            max_completion_length: spec.max_completion_length,
+            model_dir: None,
+            model: None,
+        }
+    }
+
     /// Places `--reward-model` (a sequence classifier's folder: a merged
     /// reward run, or an HF reward model) on `backend`, in `dtype`, to
     /// score `rows` texts of up to `seq` tokens at a time, with its own

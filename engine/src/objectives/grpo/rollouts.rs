@@ -60,6 +60,17 @@ fn line_rewards(v: &Value) -> std::result::Result<(Vec<String>, Vec<f64>), &'sta
 /// `reward_weights`; none given: each 1); consecutive lines of one prompt
 /// form its group, so the count must be a multiple of `group`.
 pub fn read_rollouts(path: &Path, group: usize, weights: &[RewardWeight]) -> Result<Logged> {
+    read_logged(path, group, weights, true)
+}
+
+/// Reads logged rollouts (see [`read_rollouts`]); `rewarded` false: an
+/// objective without rewards (distillation), whose lines carry none.
+pub fn read_logged(
+    path: &Path,
+    group: usize,
+    weights: &[RewardWeight],
+    rewarded: bool,
+) -> Result<Logged> {
     let text = std::fs::read_to_string(path).map_err(|cause| {
         EngineError::Grpo(format!(
             "cannot read --rollouts {}: {cause}",
@@ -86,7 +97,15 @@ pub fn read_rollouts(path: &Path, group: usize, weights: &[RewardWeight]) -> Res
         if prompt_ids.is_empty() {
             return Err(bad("`prompt_ids` is empty"));
         }
-        let (row_names, rewards) = line_rewards(&v).map_err(bad)?;
+        let (row_names, rewards) = match rewarded {
+            true => line_rewards(&v).map_err(bad)?,
+            false if v.get("reward").is_some() || v.get("rewards").is_some() => {
+                return Err(bad(
+                    "the objective has no rewards; the rollouts carry some (drop `reward`)",
+                ))
+            }
+            false => (Vec::new(), Vec::new()),
+        };
         match &names {
             None => names = Some(row_names),
             Some(first) if *first != row_names => {
@@ -258,7 +277,7 @@ pub fn rollout_batch(
     rollouts: &[Rollout],
     seq: usize,
     eos: &[u32],
-    reward_names: &[&str],
+    reward_names: Option<&[&str]>,
 ) -> Result<(Batch, Vec<(String, f64)>)> {
     let rows = rollouts.len();
     let mut b = Batch::empty(rows, seq);
@@ -330,13 +349,16 @@ pub fn rollout_batch(
             max(&term_lengths),
         ),
     ];
-    for (k, name) in reward_names.iter().enumerate() {
-        let v: Vec<f64> = rollouts.iter().map(|r| r.rewards[k]).collect();
-        m.push((format!("rewards/{name}/mean"), mean(&v)));
-        m.push((format!("rewards/{name}/std"), std(&v)));
+    // An objective without rewards (None) logs none.
+    if let Some(names) = reward_names {
+        for (k, name) in names.iter().enumerate() {
+            let v: Vec<f64> = rollouts.iter().map(|r| r.rewards[k]).collect();
+            m.push((format!("rewards/{name}/mean"), mean(&v)));
+            m.push((format!("rewards/{name}/std"), std(&v)));
+        }
+        m.push(("reward".to_string(), mean(&rewards)));
+        m.push(("reward_std".to_string(), std(&rewards)));
     }
-    m.push(("reward".to_string(), mean(&rewards)));
-    m.push(("reward_std".to_string(), std(&rewards)));
     Ok((b, m))
 }
 

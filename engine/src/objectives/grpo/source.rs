@@ -58,6 +58,8 @@ pub struct RolloutSource {
     rule: Box<dyn AdvantageRule>,
     /// The objective its errors name.
     objective: &'static str,
+    /// Its rollouts are rewarded (and their rewards reported).
+    rewarded: bool,
 }
 
 impl RolloutSource {
@@ -105,6 +107,7 @@ impl RolloutSource {
             log_every,
             rule,
             objective: "grpo",
+            rewarded: true,
         })
     }
 
@@ -317,7 +320,8 @@ impl RolloutSource {
             // The logged rewards: one named `reward`, or the rows' names.
             RolloutOrigin::Logged(l) => l.names.iter().map(String::as_str).collect(),
         };
-        let (mut batch, mut metrics) = rollout_batch(&rollouts, self.seq, &self.eos, &names)?;
+        let rewarded = self.rewarded.then_some(&names[..]);
+        let (mut batch, mut metrics) = rollout_batch(&rollouts, self.seq, &self.eos, rewarded)?;
         if let Some(s) = &self.old {
             batch.old_logps = s.score(session, &batch.ids, self.rows, self.seq)?;
         }
@@ -517,23 +521,32 @@ impl RolloutInputs {
         model: &crate::inputs::model::Model,
         tokenizer: Option<&Tokenizer>,
     ) -> Result<RolloutInputs> {
-        let g = &spec.objectives.grpo;
+        let def = spec.objective.def();
+        let g = &def.rollout_spec(&spec.objectives);
+        let rewarded = def.rewarded();
+        let rewards = || -> Result<Box<Rewards>> {
+            Ok(Box::new(match rewarded {
+                true => Rewards::new(g)?,
+                false => Rewards::none(g),
+            }))
+        };
         let path = g.rollouts.as_ref().or(spec.data.path.as_ref());
         let origin = match (&g.rollouts, path) {
-            (Some(rollouts), _) => Inputs::Logged(read_rollouts(
+            (Some(rollouts), _) => Inputs::Logged(read_logged(
                 rollouts,
                 g.num_generations,
                 &g.reward_weights,
+                rewarded,
             )?),
             (None, Some(path)) => {
                 let chat = model.chat_template(spec.data.chat_template.as_deref())?;
                 let prompts = PromptSet::read(path, tokenizer, chat.as_ref())?;
-                Inputs::Online(prompts, Box::new(Rewards::new(g)?))
+                Inputs::Online(prompts, rewards()?)
             }
             (None, None) => {
                 let t = tokenizer.ok_or(EngineError::DemoNeedsTokenizer)?;
                 let prompts = PromptSet::demo(t, DEMO_PROMPTS, spec.seed)?;
-                Inputs::Online(prompts, Box::new(Rewards::new(g)?))
+                Inputs::Online(prompts, rewards()?)
             }
         };
         let ids: Vec<&[u32]> = match &origin {
@@ -581,7 +594,7 @@ impl RolloutInputs {
         spec: &crate::run::spec::RunSpec,
         model: &crate::inputs::model::Model,
     ) -> Result<Option<Adapter>> {
-        let beta = spec.objectives.grpo.beta;
+        let beta = spec.objective.def().rollout_spec(&spec.objectives).beta;
         if spec.step.lora.is_none() && beta != 0.0 {
             return Err(EngineError::Objective {
                 objective: spec.objective.name(),
@@ -604,7 +617,7 @@ impl RolloutInputs {
         reference: Option<&Adapter>,
         cursor: u64,
     ) -> Result<Box<dyn BatchSource>> {
-        let g = &spec.objectives.grpo;
+        let g = &spec.objective.def().rollout_spec(&spec.objectives);
         let tokenizer = session.model().tokenizer(None)?;
         let origin = match self.origin {
             Inputs::Logged(rows) => RolloutOrigin::Logged(rows),
@@ -643,6 +656,7 @@ impl RolloutInputs {
             spec.report.log_every,
         )?;
         source.objective = spec.objective.name();
+        source.rewarded = spec.objective.def().rewarded();
         let mu = g.num_iterations.max(1) as u64;
         if let (Some(dir), true) = (&spec.output.resume, !cursor.is_multiple_of(mu)) {
             let tc = session.config();

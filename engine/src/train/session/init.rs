@@ -10,6 +10,10 @@ use hlo_partitioner::FunctionShardings;
 use hlo_runtime::{DeviceArray, HostArray, Mode, Program};
 
 use super::Session;
+use crate::inputs::model::Model;
+
+/// The prefix of a distillation teacher's weights among the step's inputs.
+const TEACHER: &str = "teacher.";
 use crate::error::{EngineError, Result};
 
 impl Session {
@@ -19,6 +23,7 @@ impl Session {
         &self,
         init_adapter: Option<&Adapter>,
         reference: Option<&Adapter>,
+        teacher: Option<&Model>,
     ) -> Result<Vec<Option<DeviceArray>>> {
         let lora = self.config.lora.clone();
         let fresh;
@@ -56,6 +61,12 @@ impl Session {
                             })
                         }
                     }
+                }
+                Role::Weight if b.name.starts_with(TEACHER) => {
+                    let (t, name) = teacher.zip(b.name.strip_prefix(TEACHER)).ok_or_else(|| {
+                        EngineError::Internal(format!("no teacher for `{}`", b.name))
+                    })?;
+                    t.weight(name, self.config.dtype, self.seed)?
                 }
                 Role::Weight if b.name.starts_with("ref.") => {
                     let (r, name) =
@@ -108,7 +119,10 @@ impl Session {
     }
 
     /// State made on the devices (see [`Weights::Synthetic`]).
-    pub(super) fn synthetic_state(&self) -> Result<Vec<Option<DeviceArray>>> {
+    pub(super) fn synthetic_state(
+        &self,
+        teacher: Option<&Model>,
+    ) -> Result<Vec<Option<DeviceArray>>> {
         let f = self.step.function();
         let mut state = Vec::with_capacity(f.inputs.len());
         for (k, b) in f.inputs.iter().enumerate() {
@@ -121,6 +135,24 @@ impl Session {
                 Role::Batch(_) => {
                     state.push(None);
                     continue;
+                }
+                // A teacher's weights: read, or as its config initialises them.
+                Role::Weight if b.name.starts_with(TEACHER) => {
+                    let t = teacher.ok_or_else(|| {
+                        EngineError::Internal(format!("no teacher for `{}`", b.name))
+                    })?;
+                    let name = &b.name[TEACHER.len()..];
+                    match t.checkpoint.is_some() {
+                        true => {
+                            let lit = t.weight(name, self.config.dtype, 0)?;
+                            state.push(Some(
+                                self.backend
+                                    .place(&HostArray::from(lit), self.step.input_spec(k))?,
+                            ));
+                            continue;
+                        }
+                        false => initializer(&t.config, name, &ty),
+                    }
                 }
                 _ if base && self.model.checkpoint.is_some() => {
                     let lit = self.model.weight(&b.name, self.config.dtype, 0)?;

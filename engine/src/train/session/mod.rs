@@ -57,6 +57,8 @@ pub struct SessionOptions {
     pub init_adapter: Option<Adapter>,
     /// A preference loss's frozen reference adapter (its `ref.` inputs).
     pub reference_adapter: Option<Adapter>,
+    /// A distillation's teacher (its `teacher.` inputs).
+    pub teacher: Option<Model>,
     /// Also compile the eval step (always JIT).
     pub eval: bool,
     pub weights: Weights,
@@ -69,6 +71,7 @@ impl Default for SessionOptions {
             seed: 0,
             init_adapter: None,
             reference_adapter: None,
+            teacher: None,
             eval: false,
             weights: Weights::FromModel,
         }
@@ -176,8 +179,9 @@ impl Session {
             Weights::FromModel => session.initial_state(
                 options.init_adapter.as_ref(),
                 options.reference_adapter.as_ref(),
+                options.teacher.as_ref(),
             )?,
-            Weights::Synthetic => session.synthetic_state()?,
+            Weights::Synthetic => session.synthetic_state(options.teacher.as_ref())?,
         };
         Ok(session)
     }

@@ -1,0 +1,262 @@
+//! On-policy distillation (TRL 1.16's `DistillationTrainer`) beyond its
+//! loss (`hlo_models::distill`): the student generates one completion a
+//! prompt with GRPO's rollout machinery (no rewards), and a teacher — another
+//! checkpoint of the same vocabulary, opened here and held frozen on the
+//! same devices, its weights the step's `teacher.` inputs — scores them in
+//! the step.
+
+pub(crate) mod settings;
+
+use std::path::PathBuf;
+
+use hlo_data::Batch;
+use hlo_models::decoder::ModelConfig;
+use hlo_models::distill::step::Distill;
+use hlo_models::distill::DistillLoss;
+use hlo_models::preference::Reference;
+use hlo_models::roles::BatchField;
+use hlo_models::train::Loss;
+
+use super::grpo::{self, as_objective, AdvantageRule, Advantaged, GrpoSpec};
+use super::{Data, ObjectiveDef, ObjectiveSpecs};
+use crate::error::{EngineError, Result};
+use crate::inputs::model::{Model, ModelSource};
+use crate::run::settings::Setting;
+use crate::run::spec::RunSpec;
+use crate::run::step::StepSpec;
+use crate::train::checkpoint::RunSettings;
+
+/// Distillation's β unless `--beta` says otherwise (TRL 1.16: the reverse
+/// KL).
+pub const DEFAULT_BETA: f64 = 1.0;
+
+/// Distillation's own settings.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DistillSpec {
+    /// The teacher's checkpoint folder (TRL's `teacher_model`).
+    pub teacher: Option<PathBuf>,
+    /// Its config, read once the run opens the student (not a setting).
+    pub teacher_config: Option<Box<ModelConfig>>,
+}
+
+/// Distillation as an objective of a run.
+pub(crate) struct Distillation;
+
+pub(crate) static DISTILLATION: Distillation = Distillation;
+
+/// The rollout settings distillation reads (GRPO's, less its rewards,
+/// groups and iterations), with β and the teacher.
+const READS: &[&str] = &[
+    "beta",
+    "temperature",
+    "top-p",
+    "top-k",
+    "max-completion-length",
+    "rollouts",
+    "log-completions",
+];
+
+impl ObjectiveDef for Distillation {
+    fn name(&self) -> &'static str {
+        "distillation"
+    }
+
+    fn data(&self) -> Data {
+        Data::Rollouts
+    }
+
+    fn reads(&self, name: &str) -> bool {
+        READS.contains(&name) || settings::SETTINGS.iter().any(|s| s.name == name)
+    }
+
+    fn settings(&self) -> &'static [Setting] {
+        settings::SETTINGS
+    }
+
+    /// GRPO's: completions in one unpacked batch, unstacked layers.
+    fn step_spec(&self, step: &StepSpec, specs: &ObjectiveSpecs) -> Result<StepSpec> {
+        grpo::GRPO
+            .step_spec(step, specs)
+            .map_err(as_objective("distillation"))
+    }
+
+    fn loss(&self, specs: &ObjectiveSpecs, _reference: Reference) -> Loss {
+        Loss::Distill(Distill {
+            loss: DistillLoss {
+                beta: specs.grpo.beta,
+                temperature: specs.grpo.temperature,
+            },
+            teacher: specs.distill.teacher_config.clone(),
+        })
+    }
+
+    fn batch_fields(&self, _packed: bool) -> Vec<BatchField> {
+        vec![BatchField::InputIds, BatchField::LossMask]
+    }
+
+    /// The step's; the completions' figures come with the batch.
+    fn metrics(&self, _specs: &ObjectiveSpecs) -> Vec<&'static str> {
+        vec!["loss", "entropy"]
+    }
+
+    fn describe(&self, specs: &ObjectiveSpecs, _loss: &Loss) -> Option<String> {
+        let beta = specs.grpo.beta;
+        let divergence = match beta {
+            0.0 => "forward KL".to_string(),
+            1.0 => "reverse KL".to_string(),
+            b => format!("generalized JSD, beta {b}"),
+        };
+        let teacher = specs
+            .distill
+            .teacher
+            .as_ref()
+            .map_or(String::new(), |t| format!(" from {}", t.display()));
+        Some(format!(
+            "distillation{teacher} ({divergence}, temperature {})",
+            specs.grpo.temperature
+        ))
+    }
+
+    fn batch_words(&self, _specs: &ObjectiveSpecs, rows: i64) -> String {
+        format!("{rows} completions (one a prompt)")
+    }
+
+    fn check_settings(&self, spec: &RunSpec) -> Result<()> {
+        check_settings(spec)
+    }
+
+    fn record_settings(&self, s: &mut RunSettings, spec: &RunSpec) {
+        use crate::run::absolute;
+        let g = &spec.objectives.grpo;
+        s.set("beta", g.beta);
+        s.set("temperature", g.temperature);
+        s.set("top-p", g.top_p);
+        s.set("top-k", g.top_k);
+        s.set("max-completion-length", g.max_completion_length as u64);
+        s.set("log-completions", g.log_completions as u64);
+        if let Some(p) = &g.rollouts {
+            s.set("rollouts", absolute(p));
+        }
+        if let Some(t) = &spec.objectives.distill.teacher {
+            s.set("teacher", absolute(t));
+        }
+    }
+
+    /// One completion a prompt, no rewards, no KL reference, one step a
+    /// batch.
+    fn rollout_spec(&self, specs: &ObjectiveSpecs) -> GrpoSpec {
+        GrpoSpec {
+            num_generations: 1,
+            beta: 0.0,
+            num_iterations: 1,
+            rewards: Vec::new(),
+            ..specs.grpo.clone()
+        }
+    }
+
+    fn rewarded(&self) -> bool {
+        false
+    }
+
+    fn advantages(&self, _specs: &ObjectiveSpecs) -> Option<Box<dyn AdvantageRule>> {
+        Some(Box::new(Unrewarded))
+    }
+
+    fn teacher(&self, spec: &RunSpec) -> Result<Option<Model>> {
+        Ok(Some(open_teacher(spec)?))
+    }
+
+    /// The teacher's config, its vocabulary the student's (refused else).
+    fn resolve(&self, spec: &mut RunSpec, model: &Model) -> Result<()> {
+        let teacher = open_teacher(spec)?;
+        let (theirs, ours) = (teacher.config.vocab_size, model.config.vocab_size);
+        if theirs != ours {
+            return Err(refuse(format!(
+                "the teacher {} has a vocabulary of {theirs}, the student {ours}: distillation compares their next-token distributions, which needs one vocabulary",
+                teacher.name
+            )));
+        }
+        spec.objectives.distill.teacher_config = Some(Box::new(teacher.config));
+        Ok(())
+    }
+}
+
+fn refuse(why: String) -> EngineError {
+    EngineError::Objective {
+        objective: "distillation",
+        why,
+    }
+}
+
+/// `--teacher`'s checkpoint, a causal LM.
+fn open_teacher(spec: &RunSpec) -> Result<Model> {
+    let dir = spec
+        .objectives
+        .distill
+        .teacher
+        .as_ref()
+        .ok_or_else(|| refuse("give --teacher DIR, the checkpoint to distil from".into()))?;
+    let teacher = Model::open(&ModelSource::Checkpoint(dir.clone()))?;
+    if !teacher.config.is_causal_lm() {
+        return Err(refuse(format!(
+            "the teacher {} is a sequence classifier, not a causal LM",
+            dir.display()
+        )));
+    }
+    Ok(teacher)
+}
+
+/// Refuses distillation settings that cannot go together.
+fn check_settings(spec: &RunSpec) -> Result<()> {
+    let g = &spec.objectives.grpo;
+    if spec.objectives.distill.teacher.is_none() {
+        return Err(refuse(
+            "give --teacher DIR, the checkpoint to distil from".into(),
+        ));
+    }
+    if !(0.0..=1.0).contains(&g.beta) {
+        return Err(refuse(format!(
+            "--beta must be in [0, 1] (0 the forward KL, 1 the reverse), not {}",
+            g.beta
+        )));
+    }
+    if !g.temperature.is_finite() || g.temperature <= 0.0 {
+        return Err(refuse(format!(
+            "--temperature must be above 0, not {}",
+            g.temperature
+        )));
+    }
+    if g.top_p.is_nan() || g.top_p <= 0.0 || g.top_p > 1.0 {
+        return Err(refuse(format!(
+            "--top-p must be in (0, 1], not {}",
+            g.top_p
+        )));
+    }
+    if g.max_completion_length < 1 {
+        return Err(refuse("--max-completion-length must be at least 1".into()));
+    }
+    if g.rollouts.is_some() && spec.data.path.is_some() {
+        return Err(refuse(
+            "--rollouts is the training data; leave out --data".into(),
+        ));
+    }
+    if spec.eval.data.is_some() {
+        return Err(refuse(
+            "held-out scoring of distillation is not built yet; leave out --eval-data".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Distillation's completions have no advantages: the step reads none.
+struct Unrewarded;
+
+impl AdvantageRule for Unrewarded {
+    fn reads_old_logps(&self) -> bool {
+        false
+    }
+
+    fn advantages(&self, rewards: &[f64], _batch: &Batch) -> Result<Advantaged> {
+        Ok((vec![0.0; rewards.len()], Vec::new()))
+    }
+}
