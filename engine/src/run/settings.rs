@@ -345,10 +345,11 @@ mod tests {
             assert!(s.value.is_some(), "{} has no value to compare", s.name);
         }
         // The shared preference table is listed once, owned by the four;
-        // GRPO's, KTO's, RLOO's and the reward model's each by its own.
+        // GRPO's, KTO's, RLOO's, the reward model's and distillation's
+        // each by its own.
         let tables = crate::objectives::objective_tables();
         let owners: Vec<usize> = tables.iter().map(|(_, o)| o.len()).collect();
-        assert_eq!(owners, [4, 1, 1, 1, 1]);
+        assert_eq!(owners, [4, 1, 1, 1, 1, 1]);
     }
 
     #[test]

@@ -483,7 +483,7 @@ mod tests {
                 if packed && objective != Objective::Sft {
                     continue;
                 }
-                let spec = RunSpec {
+                let mut spec = RunSpec {
                     objective,
                     step: StepSpec {
                         batch: 2,
@@ -493,6 +493,8 @@ mod tests {
                     },
                     ..RunSpec::default()
                 };
+                // Distillation's teacher: the student's config again.
+                spec.objectives.distill.teacher_config = Some(Box::new(causal.clone()));
                 let tc = spec
                     .train_config(
                         &config,

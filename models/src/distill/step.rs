@@ -51,7 +51,7 @@ pub fn distill_loss(
         })
     };
     let Some(teacher) = distill.teacher.as_deref() else {
-        return refuse("the step has no teacher".into());
+        return refuse("the step has no teacher (give --teacher)".into());
     };
     if teacher.vocab_size != config.vocab_size {
         return refuse(format!(

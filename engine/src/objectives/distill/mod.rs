@@ -208,12 +208,8 @@ fn open_teacher(spec: &RunSpec) -> Result<Model> {
 
 /// Refuses distillation settings that cannot go together.
 fn check_settings(spec: &RunSpec) -> Result<()> {
+    // (No teacher is refused when the run opens it: `open_teacher`.)
     let g = &spec.objectives.grpo;
-    if spec.objectives.distill.teacher.is_none() {
-        return Err(refuse(
-            "give --teacher DIR, the checkpoint to distil from".into(),
-        ));
-    }
     if !(0.0..=1.0).contains(&g.beta) {
         return Err(refuse(format!(
             "--beta must be in [0, 1] (0 the forward KL, 1 the reverse), not {}",
