@@ -204,9 +204,11 @@ fn unsupported_architectures_and_settings_are_refused_naming_what_runs() {
             json!({"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"]}),
             format!("unsupported: model_type `gemma3` {runs}"),
         ),
+        // A sequence classifier is read (a reward model); a token
+        // classifier is not.
         (
-            json!({"model_type": "qwen2", "architectures": ["Qwen2ForSequenceClassification"]}),
-            "unsupported: architectures [\"Qwen2ForSequenceClassification\"] for model_type `qwen2`".into(),
+            json!({"model_type": "qwen2", "architectures": ["Qwen2ForTokenClassification"]}),
+            "unsupported: architectures [\"Qwen2ForTokenClassification\"] for model_type `qwen2`".into(),
         ),
         (
             json!({"model_type": "qwen3", "attention_bias": true}),
