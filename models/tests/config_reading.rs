@@ -208,7 +208,8 @@ fn unsupported_architectures_and_settings_are_refused_naming_what_runs() {
         // classifier is not.
         (
             json!({"model_type": "qwen2", "architectures": ["Qwen2ForTokenClassification"]}),
-            "unsupported: architectures [\"Qwen2ForTokenClassification\"] for model_type `qwen2`".into(),
+            "unsupported: architectures [\"Qwen2ForTokenClassification\"] for model_type `qwen2`"
+                .into(),
         ),
         (
             json!({"model_type": "qwen3", "attention_bias": true}),
