@@ -129,6 +129,16 @@ fn check(name: &str, extra: &[&str]) {
             .unwrap_or_else(|| panic!("{} is not written", what(key)));
         close(&what(key), got, v.as_f64().unwrap(), 1e-5);
     }
+    // The run's recipe holds distillation's settings, no rollout
+    // objective's groups or rewards.
+    let recipe = std::fs::read_to_string(out.join("recipe.yaml")).unwrap();
+    assert!(
+        recipe.contains("teacher:")
+            && recipe.contains("beta:")
+            && !recipe.contains("num_generations")
+            && !recipe.contains("reward"),
+        "{recipe}"
+    );
     let lr = want["settings"]["learning_rate"].as_f64().unwrap();
     let tol = 1e-6 * (lr / 0.1).max(1.0);
     assert_adapter_as_fixture(&out, &[distill("expected.safetensors")], name, tol);

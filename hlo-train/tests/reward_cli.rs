@@ -140,6 +140,17 @@ fn check(name: &str, extra: &[&str]) {
             .unwrap();
     assert_eq!(config["task_type"], "SEQ_CLS", "{config}");
     assert_eq!(config["modules_to_save"], serde_json::json!(["score"]));
+    // The run's recipe holds the reward model's settings, no other
+    // objective's.
+    let recipe = std::fs::read_to_string(out.join("recipe.yaml")).unwrap();
+    let centred = expected()[name]["settings"]["center_rewards_coefficient"].is_number();
+    assert!(
+        recipe.contains("objective: reward")
+            && recipe.contains("\nbatch: 4\n")
+            && !recipe.contains("center_rewards_coefficient: null") == centred
+            && !recipe.contains("beta"),
+        "{recipe}"
+    );
     let theirs = [reward("expected.safetensors")];
     assert_adapter_as_fixture(&out, &theirs, &format!("{name}.step2"), 1e-6);
     std::fs::remove_dir_all(tmp).unwrap();
@@ -195,6 +206,49 @@ fn full_finetuning_equals_trl() {
         config.contains("LlamaForSequenceClassification"),
         "{config}"
     );
+    std::fs::remove_dir_all(tmp).unwrap();
+}
+
+/// A run saved after its first step and resumed takes the second batch
+/// of pairs (file order) and ends as TRL's two steps.
+#[test]
+fn a_run_resumed_after_its_first_step_ends_as_trl() {
+    let tmp = scratch("reward", "resume");
+    let out = tmp.join("run");
+    let want = &expected()["lora.sgd"];
+    let metrics = tmp.join("metrics.jsonl");
+    let mut args = flags(&want["settings"]);
+    for (flag, path) in [("--out", &out), ("--metrics", &metrics)] {
+        args.extend([flag.into(), path.display().to_string()]);
+    }
+    let args = with_flags(args, &["--steps", "1"]);
+    ok(&hlo_train(
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    ));
+    ok(&hlo_train(&[
+        "train",
+        "--resume",
+        out.to_str().unwrap(),
+        "--steps",
+        "2",
+    ]));
+    let step2: Value = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .find(|l: &Value| l["step"] == 2 && l.get("loss").is_some())
+        .unwrap();
+    let trl = &want["steps"][1]["logged"];
+    for key in ["loss", "accuracy", "margin", "mean_reward"] {
+        close(
+            &format!("resumed step 2 {key}"),
+            step2[key].as_f64().unwrap(),
+            trl[key].as_f64().unwrap(),
+            1e-5,
+        );
+    }
+    let theirs = [reward("expected.safetensors")];
+    assert_adapter_as_fixture(&out, &theirs, "lora.sgd.step2", 1e-6);
     std::fs::remove_dir_all(tmp).unwrap();
 }
 

@@ -124,6 +124,8 @@ impl ObjectiveDef for RewardModel {
     }
 
     fn record_settings(&self, s: &mut RunSettings, spec: &RunSpec) {
+        // `--batch` counts pairs (the step's rows are twice as many).
+        s.set("batch", spec.step.batch);
         if let Some(c) = spec.objectives.reward.center_rewards_coefficient {
             s.set("center-rewards-coefficient", c);
         }
