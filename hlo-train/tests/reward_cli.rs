@@ -147,7 +147,7 @@ fn check(name: &str, extra: &[&str]) {
     assert!(
         recipe.contains("objective: reward")
             && recipe.contains("\nbatch: 4\n")
-            && !recipe.contains("center_rewards_coefficient: null") == centred
+            && recipe.contains("center_rewards_coefficient: null") != centred
             && !recipe.contains("beta"),
         "{recipe}"
     );
