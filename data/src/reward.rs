@@ -29,14 +29,6 @@ pub struct RewardPair {
     pub margin: Option<f64>,
 }
 
-impl RewardPair {
-    /// Whether both sequences fit in `seq` tokens (TRL's `max_length`
-    /// filter drops the pairs that do not).
-    pub fn fits(&self, seq: usize) -> bool {
-        self.chosen.len() <= seq && self.rejected.len() <= seq
-    }
-}
-
 const EXPECTED: &str = "expected a reward pair: {\"chosen\", \"rejected\"} (strings or message lists, with an optional \"prompt\") or {\"chosen_ids\", \"rejected_ids\"}, and an optional \"margin\"";
 
 impl Reader<'_> {

@@ -80,10 +80,7 @@ pub struct BenchArgs {
 pub fn run(args: &BenchArgs) -> Result<()> {
     let model = args.quantize.apply(Model::open(&args.model.source())?)?;
     // A reward model's step is a classifier's.
-    let model = match args.objective.def().classifier() {
-        true => model.as_reward_model()?,
-        false => model,
-    };
+    let model = args.objective.model(model)?;
     let backend = Backend::open(&args.plugin.backend(args.mesh.as_ref()))?;
     let dtype = args.dtype.dtype(args.plugin.is_cpu());
     // A preference objective's step: `--batch` pairs, the reference the

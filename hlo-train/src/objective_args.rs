@@ -300,19 +300,20 @@ impl RlooArgs {
             reward_clip_range: self.reward_clip_range,
         }
     }
+}
 
-    /// The β and completions per prompt a rollout objective takes where
-    /// not given: RLOO's (TRL's RLOOConfig), else GRPO's.
-    pub fn rollout_defaults(objective: Objective) -> (f64, usize) {
-        let generations = GrpoSpec::default().num_generations;
-        match objective {
-            Objective::Rloo => (DEFAULT_BETA, DEFAULT_NUM_GENERATIONS),
-            // β is the divergence's (TRL's reverse KL); one completion a
-            // prompt whatever the setting says, which distillation does
-            // not read.
-            Objective::Distillation => (hlo_engine::objectives::distill::DEFAULT_BETA, generations),
-            _ => (0.0, generations),
-        }
+/// The β and completions per prompt the rollout flags give `objective`
+/// where not given: RLOO's and distillation's (their TRL configs'), else
+/// GRPO's.
+pub fn rollout_defaults(objective: Objective) -> (f64, usize) {
+    let generations = GrpoSpec::default().num_generations;
+    match objective {
+        Objective::Rloo => (DEFAULT_BETA, DEFAULT_NUM_GENERATIONS),
+        // β is the divergence's (TRL's reverse KL); one completion a
+        // prompt whatever the setting says, which distillation does
+        // not read.
+        Objective::Distillation => (hlo_engine::objectives::distill::DEFAULT_BETA, generations),
+        _ => (0.0, generations),
     }
 }
 

@@ -164,10 +164,7 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
     let started = std::time::Instant::now();
     let model = args.quantize.apply(Model::open(&args.model.source())?)?;
     // A reward model's step is a classifier's.
-    let model = match args.objective.def().classifier() {
-        true => model.as_reward_model()?,
-        false => model,
-    };
+    let model = args.objective.model(model)?;
     let config = &model.config;
     let options = BackendOptions {
         devices: args.devices,
@@ -637,7 +634,7 @@ fn batch_text(r: &Report) -> String {
 
 /// Completions per prompt: given, or the objective's default.
 fn num_generations(args: &PlanArgs) -> usize {
-    let default = crate::objective_args::RlooArgs::rollout_defaults(args.objective).1;
+    let default = crate::objective_args::rollout_defaults(args.objective).1;
     args.num_generations.map_or(default, |n| n as usize)
 }
 

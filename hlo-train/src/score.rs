@@ -7,11 +7,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use hlo_engine::data::{ChatData, Reader};
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::objectives::reward::RewardScorer;
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::{Backend, Model};
+use hlo_engine::{Backend, DataSpec, Dataset, Model};
 use serde_json::json;
 
 use crate::args::{DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};
@@ -75,7 +74,9 @@ pub fn run(args: &ScoreArgs) -> Result<()> {
     };
     let pairs = read_pairs(args, &model)?;
     let seq = args.seq as usize;
-    let (kept, left_out): (Vec<_>, Vec<_>) = pairs.into_iter().partition(|p| p.fits(seq));
+    let (kept, left_out): (Vec<_>, Vec<_>) = pairs
+        .into_iter()
+        .partition(|(c, r)| c.len() <= seq && r.len() <= seq);
     let backend = Backend::open(&args.plugin.backend(args.mesh.as_ref()))?;
     let scorer = RewardScorer::new(
         backend,
@@ -86,7 +87,7 @@ pub fn run(args: &ScoreArgs) -> Result<()> {
     )?;
     let sequences: Vec<Vec<u32>> = kept
         .iter()
-        .flat_map(|p| [p.chosen.clone(), p.rejected.clone()])
+        .flat_map(|(c, r)| [c.clone(), r.clone()])
         .collect();
     let scores = scorer.score(&sequences)?;
     let mut out: Box<dyn Write> = match &args.out {
@@ -115,21 +116,22 @@ pub fn run(args: &ScoreArgs) -> Result<()> {
     Ok(())
 }
 
-/// The data's pairs, tokenized as `train --objective reward` does.
-fn read_pairs(args: &ScoreArgs, model: &Model) -> Result<Vec<hlo_engine::data::RewardPair>> {
-    let tokenizer = model.tokenizer(None)?;
-    let template = model.chat_template(None)?;
-    let chat = template.as_ref().map(|template| ChatData {
-        template,
-        stop: model.eos_ids(),
+/// The data's pairs, each side's ids, read as `train --objective reward`
+/// reads them.
+fn read_pairs(args: &ScoreArgs, model: &Model) -> Result<Vec<(Vec<u32>, Vec<u32>)>> {
+    let spec = DataSpec {
+        path: Some(args.data.clone()),
+        chat_template: None,
         train_on_inputs: false,
-    });
-    let reader = Reader {
-        tokenizer: tokenizer.as_ref(),
-        eos: model.eos_ids().first().copied(),
-        vocab: model.config.vocab_size,
-        chat: chat.as_ref(),
-        max_tokens: None,
+        seq: args.seq as usize,
+        pairs: true,
+        unpaired: false,
+        whole_pairs: true,
     };
-    Ok(reader.read_reward_pairs(&args.data, model.eos_token_text()?.as_deref())?)
+    let data = Dataset::read(model, &spec, 0)?;
+    Ok(data
+        .pairs
+        .into_iter()
+        .map(|p| (p.chosen.ids, p.rejected.ids))
+        .collect())
 }

@@ -206,7 +206,7 @@ impl TrainArgs {
             },
             grpo: self.grpo.spec(
                 self.preference.beta,
-                crate::objective_args::RlooArgs::rollout_defaults(self.objective),
+                crate::objective_args::rollout_defaults(self.objective),
             ),
             kto: self.kto.spec(),
             rloo: self.rloo.spec(),

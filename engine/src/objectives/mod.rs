@@ -154,6 +154,23 @@ impl Objective {
         !owned || self.def().reads(key)
     }
 
+    /// `model` as this objective trains it: a reward model's a sequence
+    /// classifier ([`Model::as_reward_model`]); a classifier refused by
+    /// the objectives that train a causal LM.
+    pub fn model(self, model: Model) -> Result<Model> {
+        match (self.def().classifier(), model.config.is_causal_lm()) {
+            (true, _) => model.as_reward_model(),
+            (false, true) => Ok(model),
+            (false, false) => Err(crate::error::EngineError::Objective {
+                objective: self.name(),
+                why: format!(
+                    "{} is a sequence classifier (a score head, no LM head); train it with --objective reward",
+                    model.name
+                ),
+            }),
+        }
+    }
+
     /// The step this objective takes of `step` under `specs`
     /// ([`ObjectiveDef::step_spec`]).
     pub fn step_spec(self, step: &StepSpec, specs: &ObjectiveSpecs) -> Result<StepSpec> {

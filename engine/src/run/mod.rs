@@ -351,19 +351,7 @@ fn open_model(spec: &RunSpec) -> Result<Model> {
     let model = Model::open(&spec.model)?
         .with_tokenizer_file(spec.tokenizer.clone())
         .quantized(spec.quantize)?;
-    let model = match (spec.objective.def().classifier(), model.config.is_causal_lm()) {
-        (true, _) => model.as_reward_model()?,
-        (false, true) => model,
-        (false, false) => {
-            return Err(EngineError::Objective {
-                objective: spec.objective.name(),
-                why: format!(
-                    "{} is a sequence classifier (a score head, no LM head); train it with --objective reward",
-                    model.name
-                ),
-            })
-        }
-    };
+    let model = spec.objective.model(model)?;
     if spec.step.lora.is_none() && model.config.quantization.is_some() {
         return Err(EngineError::FullOfNf4);
     }
