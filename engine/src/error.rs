@@ -56,9 +56,11 @@ pub enum EngineError {
         has: usize,
         plugin: String,
     },
-    /// A GRPO setting or input that cannot be used.
-    #[error("--objective grpo: {0}")]
-    Grpo(String),
+    /// A rollout setting or input that cannot be used, as the rollout
+    /// machinery says it (the objectives over it give it as theirs:
+    /// `objectives::rollouts::as_objective`).
+    #[error("rollouts: {0}")]
+    Rollout(String),
     /// A reward failed or gave a non-finite value.
     #[error("--reward {name}: {why}")]
     Reward { name: String, why: String },

@@ -22,11 +22,11 @@
 //!   (DPO, IPO, SimPO, ORPO) and KTO run on the same `Run` and `Session`;
 //!   [`reference`] computes a reference's log-probabilities before
 //!   training (`--precompute-ref`).
-//! - GRPO ([`Objective::Grpo`]): [`grpo`] makes each step's rollouts with
-//!   the session's own arrays ([`Generator::over`]), scores them with
-//!   rewards, and feeds the trainer through a [`trainer::BatchSource`];
-//!   RLOO ([`Objective::Rloo`]) takes the same rollouts with its own
-//!   advantages ([`grpo::AdvantageRule`]).
+//! - Rollouts: [`rollouts`] makes each step's rollouts with the session's
+//!   own arrays ([`Generator::over`]), scores them with rewards, and feeds
+//!   the trainer through a [`trainer::BatchSource`]; GRPO, RLOO and
+//!   distillation each take them with their own advantages
+//!   ([`rollouts::AdvantageRule`]) and loss.
 //! - [`Generator`]: generation with a KV cache and on-device sampling;
 //!   [`Batcher`]: continuous batching of many requests over many LoRA
 //!   adapters in one batch (what `serve` runs on).
@@ -73,6 +73,7 @@ pub use infer::{batcher, generator};
 pub use inputs::{dataset, model};
 pub use objectives::grpo;
 pub use objectives::preference::reference;
+pub use objectives::rollouts;
 pub use run::policy;
 pub use train::{checkpoint, hooks, session, trainer};
 

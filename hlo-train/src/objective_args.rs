@@ -8,12 +8,14 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use hlo_engine::grpo::{GrpoSpec, RewardSpec, RewardWeight, DEFAULT_REWARD_TIMEOUT};
+use hlo_engine::grpo::GrpoSpec;
 use hlo_engine::models::grpo::{GrpoLossType, ImportanceSampling, ScaleRewards};
 use hlo_engine::models::kto::KtoLossType;
 use hlo_engine::models::preference::Reference;
-use hlo_engine::objectives::rloo::{DEFAULT_BETA, DEFAULT_NUM_GENERATIONS};
 use hlo_engine::objectives::{DistillSpec, KtoSpec, RewardModelSpec, RlooSpec};
+use hlo_engine::rollouts::{
+    RewardSpec, RewardWeight, RolloutDefaults, RolloutSpec, DEFAULT_REWARD_TIMEOUT,
+};
 use hlo_engine::{Objective, PreferenceSpec};
 
 use crate::args::named;
@@ -79,9 +81,10 @@ impl PreferenceArgs {
     }
 }
 
-/// GRPO's settings (TRL's `GRPOConfig` names), as `train` takes them.
+/// The rollout settings (TRL's `GRPOConfig` names, shared by
+/// `RLOOConfig` and `DistillationConfig`), as `train` takes them.
 #[derive(Args, Clone, Debug)]
-pub struct GrpoArgs {
+pub struct RolloutArgs {
     /// GRPO, RLOO: completions per prompt, one group (TRL's
     /// num_generations; default 8 for grpo, 2 for rloo).
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..))]
@@ -100,55 +103,21 @@ pub struct GrpoArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub num_iterations: u32,
 
-    /// GRPO: how rewards become advantages: less the group's mean, over
-    /// the group's standard deviation (group), the batch's (batch), or
-    /// not scaled (none).
-    #[arg(long, value_parser = named::<ScaleRewards>(), default_value = "group")]
-    pub scale_rewards: ScaleRewards,
-
-    /// GRPO: the loss, as TRL's loss_type: the clipped ratio pooled per
-    /// completion (grpo), over completions × --max-completion-length
-    /// (dr_grpo), over the batch's completion tokens (dapo, bnpo); cispo
-    /// (each token's log-probability weighted by its ratio clipped above
-    /// at --epsilon-high, without gradient); sapo (a soft gate of the
-    /// ratio at --sapo-temperature-pos or -neg).
-    #[arg(long, value_parser = named::<GrpoLossType>(), default_value = "dapo")]
-    pub loss_type: GrpoLossType,
-
-    /// GRPO: the importance ratio of each token (token), or one of each
-    /// completion, its tokens' mean log-ratio (sequence: GSPO), as TRL's
-    /// importance_sampling_level.
-    #[arg(long, value_parser = named::<ImportanceSampling>(), default_value = "token")]
-    pub importance_sampling_level: ImportanceSampling,
-
-    /// GRPO: weight the KL estimate by the importance ratio (TRL's
-    /// use_bias_correction_kl); false leaves it unweighted.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub use_bias_correction_kl: bool,
-
-    /// GRPO with --loss-type sapo: the temperature of a positive advantage.
-    #[arg(long, default_value_t = 1.0, value_parser = crate::args::positive)]
-    pub sapo_temperature_pos: f64,
-
-    /// GRPO with --loss-type sapo: the temperature of a non-positive advantage.
-    #[arg(long, default_value_t = 1.05, value_parser = crate::args::positive)]
-    pub sapo_temperature_neg: f64,
-
-    /// GRPO, RLOO: tokens a completion has at most.
+    /// GRPO, RLOO, distillation: tokens a completion has at most.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_completion_length: u32,
 
-    /// GRPO, RLOO: the sampling temperature (the loss divides the logits by it
+    /// GRPO, RLOO, distillation: the sampling temperature (the loss divides the logits by it
     /// too, as TRL does).
     #[arg(long, default_value_t = 1.0, value_parser = crate::args::positive)]
     pub temperature: f64,
 
-    /// GRPO, RLOO: sample from the smallest set of tokens with this much
+    /// GRPO, RLOO, distillation: sample from the smallest set of tokens with this much
     /// probability (1: all).
     #[arg(long, default_value_t = 1.0, value_parser = crate::args::positive)]
     pub top_p: f64,
 
-    /// GRPO, RLOO: sample from the k most likely tokens (0: all).
+    /// GRPO, RLOO, distillation: sample from the k most likely tokens (0: all).
     #[arg(long, default_value_t = 0)]
     pub top_k: u32,
 
@@ -160,7 +129,7 @@ pub struct GrpoArgs {
     #[arg(long)]
     pub reward: Vec<RewardSpec>,
 
-    /// GRPO, RLOO: train on logged rollouts, one JSON object a line
+    /// GRPO, RLOO, distillation: train on logged rollouts, one JSON object a line
     /// {"prompt_ids", "completion_ids", "reward"} (consecutive lines of a
     /// prompt form its group), instead of generating.
     #[arg(long, conflicts_with = "data")]
@@ -206,29 +175,25 @@ pub struct GrpoArgs {
     #[arg(long, default_value_t = DEFAULT_REWARD_TIMEOUT)]
     pub reward_timeout: f64,
 
-    /// GRPO, RLOO: show this many completions with their rewards every
+    /// GRPO, RLOO, distillation: show this many completions with their rewards every
     /// --log-every steps (in the log and the metrics file).
     #[arg(long, default_value_t = 0)]
     pub log_completions: u32,
 }
 
-impl GrpoArgs {
+impl RolloutArgs {
     /// The engine's settings, with the KL penalty's weight `beta` (the
     /// shared `--beta`); `defaults` are the objective's β and completions
-    /// per prompt where not given (GRPO's: 0 and 8).
-    pub fn spec(&self, beta: Option<f64>, defaults: (f64, usize)) -> GrpoSpec {
-        GrpoSpec {
-            num_generations: self.num_generations.map_or(defaults.1, |n| n as usize),
-            beta: beta.unwrap_or(defaults.0),
+    /// per prompt where not given.
+    pub fn spec(&self, beta: Option<f64>, defaults: RolloutDefaults) -> RolloutSpec {
+        RolloutSpec {
+            num_generations: self
+                .num_generations
+                .map_or(defaults.num_generations, |n| n as usize),
+            beta: beta.unwrap_or(defaults.beta),
             epsilon: self.epsilon,
             epsilon_high: self.epsilon_high,
             num_iterations: self.num_iterations as usize,
-            scale_rewards: self.scale_rewards,
-            loss_type: self.loss_type,
-            importance_sampling: self.importance_sampling_level,
-            bias_correction_kl: self.use_bias_correction_kl,
-            sapo_temperature_pos: self.sapo_temperature_pos,
-            sapo_temperature_neg: self.sapo_temperature_neg,
             max_completion_length: self.max_completion_length as usize,
             temperature: self.temperature,
             top_p: self.top_p,
@@ -243,6 +208,59 @@ impl GrpoArgs {
             reward_model: self.reward_model.clone(),
             reward_timeout: self.reward_timeout,
             log_completions: self.log_completions as usize,
+        }
+    }
+}
+
+/// GRPO's own settings (TRL's `GRPOConfig` names: its loss's), as `train`
+/// takes them.
+#[derive(Args, Clone, Debug)]
+pub struct GrpoArgs {
+    /// GRPO: how rewards become advantages: less the group's mean, over
+    /// the group's standard deviation (group), the batch's (batch), or
+    /// not scaled (none).
+    #[arg(long, value_parser = named::<ScaleRewards>(), default_value = "group")]
+    pub scale_rewards: ScaleRewards,
+
+    /// GRPO: the loss, as TRL's loss_type: the clipped ratio pooled per
+    /// completion (grpo), over completions × --max-completion-length
+    /// (dr_grpo), over the batch's completion tokens (dapo, bnpo); cispo
+    /// (each token's log-probability weighted by its ratio clipped above
+    /// at --epsilon-high, without gradient); sapo (a soft gate of the
+    /// ratio at --sapo-temperature-pos or -neg).
+    #[arg(long, value_parser = named::<GrpoLossType>(), default_value = "dapo")]
+    pub loss_type: GrpoLossType,
+
+    /// GRPO: the importance ratio of each token (token), or one of each
+    /// completion, its tokens' mean log-ratio (sequence: GSPO), as TRL's
+    /// importance_sampling_level.
+    #[arg(long, value_parser = named::<ImportanceSampling>(), default_value = "token")]
+    pub importance_sampling_level: ImportanceSampling,
+
+    /// GRPO: weight the KL estimate by the importance ratio (TRL's
+    /// use_bias_correction_kl); false leaves it unweighted.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub use_bias_correction_kl: bool,
+
+    /// GRPO with --loss-type sapo: the temperature of a positive advantage.
+    #[arg(long, default_value_t = 1.0, value_parser = crate::args::positive)]
+    pub sapo_temperature_pos: f64,
+
+    /// GRPO with --loss-type sapo: the temperature of a non-positive advantage.
+    #[arg(long, default_value_t = 1.05, value_parser = crate::args::positive)]
+    pub sapo_temperature_neg: f64,
+}
+
+impl GrpoArgs {
+    /// The engine's settings.
+    pub fn spec(&self) -> GrpoSpec {
+        GrpoSpec {
+            scale_rewards: self.scale_rewards,
+            loss_type: self.loss_type,
+            importance_sampling: self.importance_sampling_level,
+            bias_correction_kl: self.use_bias_correction_kl,
+            sapo_temperature_pos: self.sapo_temperature_pos,
+            sapo_temperature_neg: self.sapo_temperature_neg,
         }
     }
 }
@@ -299,21 +317,6 @@ impl RlooArgs {
             normalize_advantages: self.normalize_advantages,
             reward_clip_range: self.reward_clip_range,
         }
-    }
-}
-
-/// The β and completions per prompt the rollout flags give `objective`
-/// where not given: RLOO's and distillation's (their TRL configs'), else
-/// GRPO's.
-pub fn rollout_defaults(objective: Objective) -> (f64, usize) {
-    let generations = GrpoSpec::default().num_generations;
-    match objective {
-        Objective::Rloo => (DEFAULT_BETA, DEFAULT_NUM_GENERATIONS),
-        // β is the divergence's (TRL's reverse KL); one completion a
-        // prompt whatever the setting says, which distillation does
-        // not read.
-        Objective::Distillation => (hlo_engine::objectives::distill::DEFAULT_BETA, generations),
-        _ => (0.0, generations),
     }
 }
 

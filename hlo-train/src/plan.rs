@@ -73,9 +73,11 @@ pub struct PlanArgs {
     /// The step's loss: sft, a preference objective (dpo, ipo, simpo,
     /// orpo; --batch then counts pairs, whose two sides a step holds, and
     /// DPO and IPO add the reference's forward: the base with the adapter
-    /// off), or grpo or rloo (--batch counts completions; the rollouts
-    /// that generate them are planned too), or kto (--batch counts
-    /// examples, each with its KL row, and the reference's forward).
+    /// off), or grpo, rloo or distillation (--batch counts completions;
+    /// the rollouts that generate them are planned too, and
+    /// distillation's teacher), or kto (--batch counts examples, each
+    /// with its KL row, and the reference's forward), or reward (--batch
+    /// counts pairs, scored by a classifier).
     #[arg(long, value_parser = crate::args::named::<Objective>(), default_value = "sft")]
     pub objective: Objective,
 
@@ -90,7 +92,7 @@ pub struct PlanArgs {
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..))]
     pub num_generations: Option<u32>,
 
-    /// With grpo or rloo: tokens a completion has at most (default 512, or half
+    /// With grpo, rloo or distillation: tokens a completion has at most (default 512, or half
     /// of --seq when that leaves no room); the rest of --seq is the
     /// prompt the rollouts prefill.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
@@ -252,14 +254,14 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
     Ok(fits)
 }
 
-/// GRPO's rollouts from the flags, checked: None for other objectives,
+/// The rollouts from the flags, checked: None for other objectives,
 /// which take no such flag.
 fn rollout_shape(args: &PlanArgs) -> Result<Option<RolloutShape>> {
     let grpo = args.objective.data() == hlo_engine::Data::Rollouts;
     let given = args.num_generations.is_some() || args.max_completion_length.is_some();
     if !grpo {
         if given {
-            bail!("--num-generations and --max-completion-length are rollout settings; they need --objective grpo or rloo");
+            bail!("--num-generations and --max-completion-length are rollout settings; they need --objective grpo, rloo or distillation");
         }
         return Ok(None);
     }
@@ -272,7 +274,7 @@ fn rollout_shape(args: &PlanArgs) -> Result<Option<RolloutShape>> {
     hlo_engine::RunSpec {
         objective: args.objective,
         objectives: hlo_engine::ObjectiveSpecs {
-            grpo: hlo_engine::grpo::GrpoSpec {
+            rollouts: hlo_engine::rollouts::RolloutSpec {
                 num_generations: g as usize,
                 max_completion_length: c as usize,
                 ..Default::default()
@@ -628,13 +630,13 @@ fn step_kind(tc: &TrainConfig) -> String {
 /// GRPO completions of `num_generations` a prompt.
 fn batch_text(r: &Report) -> String {
     let mut specs = hlo_engine::ObjectiveSpecs::default();
-    specs.grpo.num_generations = num_generations(r.args);
+    specs.rollouts.num_generations = num_generations(r.args);
     r.args.objective.def().batch_words(&specs, r.tc.batch)
 }
 
 /// Completions per prompt: given, or the objective's default.
 fn num_generations(args: &PlanArgs) -> usize {
-    let default = crate::objective_args::rollout_defaults(args.objective).1;
+    let default = args.objective.def().rollout_defaults().num_generations;
     args.num_generations.map_or(default, |n| n as usize)
 }
 

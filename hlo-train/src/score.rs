@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use hlo_engine::infer::reward_scorer::RewardScorer;
 use hlo_engine::models::adapter::Adapter;
-use hlo_engine::objectives::reward::RewardScorer;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::{Backend, DataSpec, Dataset, Model};
 use serde_json::json;

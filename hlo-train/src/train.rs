@@ -77,6 +77,9 @@ pub struct TrainArgs {
     pub precompute_ref: bool,
 
     #[command(flatten)]
+    pub rollouts: crate::objective_args::RolloutArgs,
+
+    #[command(flatten)]
     pub grpo: crate::objective_args::GrpoArgs,
 
     #[command(flatten)]
@@ -204,10 +207,11 @@ impl TrainArgs {
                 precompute_ref: self.precompute_ref,
                 ..self.preference.spec()
             },
-            grpo: self.grpo.spec(
+            rollouts: self.rollouts.spec(
                 self.preference.beta,
-                crate::objective_args::rollout_defaults(self.objective),
+                self.objective.def().rollout_defaults(),
             ),
+            grpo: self.grpo.spec(),
             kto: self.kto.spec(),
             rloo: self.rloo.spec(),
             reward: self.reward.spec(),

@@ -580,7 +580,7 @@ fn bad_input_table() {
             ]),
         ),
         (
-            "plan: rollout settings without --objective grpo or rloo",
+            "plan: rollout settings without a rollout objective",
             vec!["plan".into(), "--num-generations".into(), "4".into()],
         ),
         (
@@ -658,7 +658,7 @@ fn bad_input_table() {
             ]),
         ),
         (
-            "a GRPO setting without --objective grpo",
+            "a rollout setting without a rollout objective",
             train(&["--num-generations", "4"]),
         ),
         (

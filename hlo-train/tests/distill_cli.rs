@@ -267,7 +267,7 @@ fn a_teacher_it_cannot_use_and_settings_it_does_not_read_are_refused_in_one_line
                 "--num-generations",
                 "4",
             ],
-            "--num-generations is a GRPO setting",
+            "distillation has no such setting; leave out --num-generations (it is read by grpo, rloo)",
         ),
         (
             vec![
@@ -276,7 +276,7 @@ fn a_teacher_it_cannot_use_and_settings_it_does_not_read_are_refused_in_one_line
                 "--reward",
                 "length",
             ],
-            "--reward is a GRPO setting",
+            "distillation has no such setting; leave out --reward (it is read by grpo, rloo)",
         ),
     ];
     for (extra, says) in cases {

@@ -270,8 +270,8 @@ impl StepToPlan {
             )?;
         let mut specs = crate::objectives::ObjectiveSpecs::default();
         if let Some(r) = self.rollout {
-            specs.grpo.num_generations = r.num_generations.max(1) as usize;
-            specs.grpo.max_completion_length = r.max_completion_length.max(1) as usize;
+            specs.rollouts.num_generations = r.num_generations.max(1) as usize;
+            specs.rollouts.max_completion_length = r.max_completion_length.max(1) as usize;
         }
         specs.distill.teacher_config = self.teacher.clone().map(Box::new);
         tc.loss = self.objective.loss(&specs, self.reference);

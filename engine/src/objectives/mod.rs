@@ -5,9 +5,9 @@
 //!
 //! SFT's samples and a preference objective's pairs are rows of a
 //! dataset ([`sft`]); a preference objective may compute its reference
-//! before training ([`preference`]); GRPO makes its batches by generating
-//! and rewarding ([`grpo`]), and RLOO takes GRPO's rollouts with its own
-//! advantages ([`rloo`]).
+//! before training ([`preference`]); GRPO, RLOO and distillation make
+//! their batches by generating (and rewarding) with the shared rollout
+//! machinery ([`rollouts`]), each with its own advantages and loss.
 //!
 //! Adding an objective (see docs/architecture.md): its folder here with
 //! a type implementing [`ObjectiveDef`] (its settings in its own table and
@@ -21,7 +21,11 @@ pub mod kto;
 pub mod preference;
 pub mod reward;
 pub mod rloo;
+pub mod rollouts;
 pub(crate) mod sft;
+
+#[cfg(test)]
+mod isolation;
 
 use hlo_data::{DataStats, Tokenizer};
 use hlo_models::adapter::Adapter;
@@ -43,6 +47,7 @@ pub use kto::KtoSpec;
 pub use preference::PreferenceSpec;
 pub use reward::RewardModelSpec;
 pub use rloo::RlooSpec;
+pub use rollouts::{RolloutDefaults, RolloutSpec};
 
 /// What the run's loss is, with the batch fields it reads and the metrics
 /// it reports: supervised finetuning, or a preference method over pairs
@@ -72,7 +77,7 @@ pub enum Objective {
     /// KTO (TRL's `KTOTrainer`): unpaired completions labelled desirable
     /// or not, against a reference model.
     Kto,
-    /// RLOO (TRL's `RLOOTrainer`): GRPO's rollouts, each weighted by its
+    /// RLOO (TRL's `RLOOTrainer`): rollouts as GRPO's, each weighted by its
     /// reward less the mean of its siblings' (and less a KL penalty).
     Rloo,
     /// A reward model (TRL's `RewardTrainer`): a sequence classifier
@@ -210,13 +215,11 @@ pub(crate) fn objective_settings() -> impl Iterator<Item = &'static Setting> {
 pub(crate) fn objective_tables() -> Vec<(&'static [Setting], Vec<Objective>)> {
     let mut tables: Vec<(&'static [Setting], Vec<Objective>)> = Vec::new();
     for o in OBJECTIVES {
-        let t = o.def().settings();
-        if t.is_empty() {
-            continue;
-        }
-        match tables.iter_mut().find(|(seen, _)| std::ptr::eq(*seen, t)) {
-            Some((_, owners)) => owners.push(o),
-            None => tables.push((t, vec![o])),
+        for t in o.def().settings() {
+            match tables.iter_mut().find(|(seen, _)| std::ptr::eq(*seen, t)) {
+                Some((_, owners)) => owners.push(o),
+                None => tables.push((t, vec![o])),
+            }
         }
     }
     tables
@@ -241,20 +244,22 @@ impl std::str::FromStr for Objective {
 /// defaults TRL 1.16's).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ObjectiveSpecs {
-    /// The preference objectives' (β and the reference adapter are
-    /// GRPO's too).
+    /// The preference objectives' (β and the reference adapter are the
+    /// rollout objectives' too).
     pub preference: PreferenceSpec,
-    /// GRPO's (its `beta` is the `beta` setting when the objective is
-    /// GRPO or RLOO; its rollout settings are RLOO's too).
+    /// The rollouts' (GRPO's, RLOO's, distillation's; its `beta` is the
+    /// `beta` setting when the objective trains on rollouts).
+    pub rollouts: RolloutSpec,
+    /// GRPO's own (its loss's).
     pub grpo: GrpoSpec,
     /// KTO's (β is the preference objectives').
     pub kto: KtoSpec,
-    /// RLOO's own (its rollouts are GRPO's).
+    /// RLOO's own.
     pub rloo: RlooSpec,
     /// A reward model's.
     pub reward: RewardModelSpec,
-    /// Distillation's own (its rollouts and temperature are GRPO's, its
-    /// β the shared `beta`).
+    /// Distillation's own (its temperature is the rollouts', its β the
+    /// shared `beta`).
     pub distill: DistillSpec,
 }
 
@@ -290,11 +295,11 @@ pub trait ObjectiveDef: Sync {
     /// tables'; every objective reads the run's common settings).
     fn reads(&self, name: &str) -> bool;
 
-    /// The settings it owns, declared as [`crate::run::settings`]
-    /// declares every setting (a table several objectives share is
-    /// listed once).
-    fn settings(&self) -> &'static [Setting] {
-        &[]
+    /// The settings tables it owns, declared as [`crate::run::settings`]
+    /// declares every setting (a table several objectives share, as the
+    /// preference objectives' or the rollouts', is listed by each).
+    fn settings(&self) -> Vec<&'static [Setting]> {
+        Vec::new()
     }
 
     /// The step it takes of `step` under `specs`, refusing what it
@@ -371,9 +376,15 @@ pub trait ObjectiveDef: Sync {
     }
 
     /// The settings of its rollouts (an objective whose data is
-    /// [`Data::Rollouts`]): GRPO's, or an objective's own form of them.
-    fn rollout_spec(&self, specs: &ObjectiveSpecs) -> GrpoSpec {
-        specs.grpo.clone()
+    /// [`Data::Rollouts`]): the run's, or an objective's own form of them.
+    fn rollout_spec(&self, specs: &ObjectiveSpecs) -> RolloutSpec {
+        specs.rollouts.clone()
+    }
+
+    /// The β and completions per prompt its rollouts take where the run
+    /// does not give them (its TRL config's).
+    fn rollout_defaults(&self) -> RolloutDefaults {
+        RolloutDefaults::default()
     }
 
     /// Whether its rollouts are rewarded (distillation's are not).
@@ -394,7 +405,7 @@ pub trait ObjectiveDef: Sync {
 
     /// How its rollouts' rewards become advantages (an objective whose
     /// data is [`Data::Rollouts`]); None for the others.
-    fn advantages(&self, _specs: &ObjectiveSpecs) -> Option<Box<dyn grpo::AdvantageRule>> {
+    fn advantages(&self, _specs: &ObjectiveSpecs) -> Option<Box<dyn rollouts::AdvantageRule>> {
         None
     }
 }
@@ -449,8 +460,8 @@ pub(crate) fn reference_dir(spec: &RunSpec) -> Option<&std::path::PathBuf> {
 pub(crate) enum RunInputs {
     /// SFT's examples, a preference objective's pairs.
     Rows(Box<sft::RowInputs>),
-    /// GRPO's prompts, or its logged rollouts.
-    Rollouts(grpo::RolloutInputs),
+    /// A rollout objective's prompts, or its logged rollouts.
+    Rollouts(rollouts::RolloutInputs),
 }
 
 impl RunInputs {
@@ -458,7 +469,7 @@ impl RunInputs {
     pub fn read(spec: &RunSpec, model: &Model, tokenizer: Option<&Tokenizer>) -> Result<RunInputs> {
         Ok(match spec.objective.def().data() {
             Data::Rollouts => {
-                RunInputs::Rollouts(grpo::RolloutInputs::read(spec, model, tokenizer)?)
+                RunInputs::Rollouts(rollouts::RolloutInputs::read(spec, model, tokenizer)?)
             }
             Data::Samples | Data::Pairs | Data::Unpaired => {
                 RunInputs::Rows(Box::new(sft::RowInputs::read(spec, model)?))

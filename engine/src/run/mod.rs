@@ -41,7 +41,7 @@ use crate::analysis::flops;
 use crate::device::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::inputs::model::{Model, ModelSource};
-use crate::objectives::grpo::RolloutInputs;
+use crate::objectives::rollouts::RolloutInputs;
 use crate::objectives::sft::RowFeed;
 use crate::objectives::RunInputs;
 use crate::run::policy::Target;

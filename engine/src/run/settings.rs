@@ -344,12 +344,13 @@ mod tests {
             );
             assert!(s.value.is_some(), "{} has no value to compare", s.name);
         }
-        // The shared preference table is listed once, owned by the four;
-        // GRPO's, KTO's, RLOO's, the reward model's and distillation's
-        // each by its own.
+        // The shared preference table is listed once, owned by the four,
+        // and the rollouts' by GRPO, RLOO and distillation; GRPO's, KTO's,
+        // RLOO's, the reward model's and distillation's own each by its
+        // objective.
         let tables = crate::objectives::objective_tables();
         let owners: Vec<usize> = tables.iter().map(|(_, o)| o.len()).collect();
-        assert_eq!(owners, [4, 1, 1, 1, 1, 1]);
+        assert_eq!(owners, [4, 1, 3, 1, 1, 1, 1]);
     }
 
     #[test]

@@ -25,6 +25,7 @@ use crate::error::{EngineError, Result};
 use crate::inputs::model::ModelSource;
 pub use crate::objectives::grpo::GrpoSpec;
 pub use crate::objectives::preference::PreferenceSpec;
+pub use crate::objectives::rollouts::RolloutSpec;
 pub use crate::objectives::{Objective, ObjectiveSpecs, OBJECTIVES};
 use crate::run::policy::Target;
 pub use crate::run::settings::settings;
@@ -298,15 +299,23 @@ impl RunSpec {
         if let Some(s) = shared.into_iter().find(unread) {
             let referenced = self.objective.reads("ref-adapter");
             let why = match s.name {
-                "ref-adapter" | "precompute-ref" if !referenced => {
-                    "compares with no reference model"
+                "ref-adapter" | "precompute-ref" if !referenced => format!(
+                    "{objective} compares with no reference model; leave out --{}",
+                    s.name
+                ),
+                name => {
+                    let readers: Vec<&str> = crate::objectives::OBJECTIVES
+                        .iter()
+                        .filter(|o| o.def().reads(name))
+                        .map(|o| o.name())
+                        .collect();
+                    format!(
+                        "{objective} has no such setting; leave out --{name} (it is read by {})",
+                        readers.join(", ")
+                    )
                 }
-                _ => "has no such setting",
             };
-            return Err(EngineError::Objective {
-                objective,
-                why: format!("{objective} {why}; leave out --{}", s.name),
-            });
+            return Err(EngineError::Objective { objective, why });
         }
         Ok(())
     }

@@ -1,6 +1,6 @@
 //! On-policy distillation (TRL 1.16's `DistillationTrainer`) beyond its
 //! loss (`hlo_models::distill`): the student generates one completion a
-//! prompt with GRPO's rollout machinery (no rewards), and a teacher — another
+//! prompt with the shared rollout machinery (no rewards), and a teacher — another
 //! checkpoint of the same vocabulary, opened here and held frozen on the
 //! same devices, its weights the step's `teacher.` inputs — scores them in
 //! the step.
@@ -17,7 +17,9 @@ use hlo_models::preference::Reference;
 use hlo_models::roles::BatchField;
 use hlo_models::train::Loss;
 
-use super::grpo::{self, as_objective, AdvantageRule, Advantaged, GrpoSpec};
+use super::rollouts::{
+    self, as_objective, AdvantageRule, Advantaged, RolloutDefaults, RolloutSpec,
+};
 use super::{Data, ObjectiveDef, ObjectiveSpecs};
 use crate::error::{EngineError, Result};
 use crate::inputs::model::{Model, ModelSource};
@@ -44,8 +46,8 @@ pub(crate) struct Distillation;
 
 pub(crate) static DISTILLATION: Distillation = Distillation;
 
-/// The rollout settings distillation reads (GRPO's, less its rewards,
-/// groups and iterations), with β and the teacher.
+/// The rollout settings distillation reads (less the rewards, groups,
+/// clipping and iterations), with β.
 const READS: &[&str] = &[
     "beta",
     "temperature",
@@ -69,22 +71,19 @@ impl ObjectiveDef for Distillation {
         READS.contains(&name) || settings::SETTINGS.iter().any(|s| s.name == name)
     }
 
-    fn settings(&self) -> &'static [Setting] {
-        settings::SETTINGS
+    fn settings(&self) -> Vec<&'static [Setting]> {
+        vec![settings::SETTINGS, rollouts::settings::SETTINGS]
     }
 
-    /// GRPO's: completions in one unpacked batch, unstacked layers.
-    fn step_spec(&self, step: &StepSpec, specs: &ObjectiveSpecs) -> Result<StepSpec> {
-        grpo::GRPO
-            .step_spec(step, specs)
-            .map_err(as_objective("distillation"))
+    fn step_spec(&self, step: &StepSpec, _specs: &ObjectiveSpecs) -> Result<StepSpec> {
+        rollouts::step_spec(step).map_err(as_objective("distillation"))
     }
 
     fn loss(&self, specs: &ObjectiveSpecs, _reference: Reference) -> Loss {
         Loss::Distill(Distill {
             loss: DistillLoss {
-                beta: specs.grpo.beta,
-                temperature: specs.grpo.temperature,
+                beta: specs.rollouts.beta,
+                temperature: specs.rollouts.temperature,
             },
             teacher: specs.distill.teacher_config.clone(),
         })
@@ -100,7 +99,7 @@ impl ObjectiveDef for Distillation {
     }
 
     fn describe(&self, specs: &ObjectiveSpecs, _loss: &Loss) -> Option<String> {
-        let beta = specs.grpo.beta;
+        let beta = specs.rollouts.beta;
         let divergence = match beta {
             0.0 => "forward KL".to_string(),
             1.0 => "reverse KL".to_string(),
@@ -113,7 +112,7 @@ impl ObjectiveDef for Distillation {
             .map_or(String::new(), |t| format!(" from {}", t.display()));
         Some(format!(
             "distillation{teacher} ({divergence}, temperature {})",
-            specs.grpo.temperature
+            specs.rollouts.temperature
         ))
     }
 
@@ -126,31 +125,29 @@ impl ObjectiveDef for Distillation {
     }
 
     fn record_settings(&self, s: &mut RunSettings, spec: &RunSpec) {
-        use crate::run::absolute;
-        let g = &spec.objectives.grpo;
-        s.set("beta", g.beta);
-        s.set("temperature", g.temperature);
-        s.set("top-p", g.top_p);
-        s.set("top-k", g.top_k);
-        s.set("max-completion-length", g.max_completion_length as u64);
-        s.set("log-completions", g.log_completions as u64);
-        if let Some(p) = &g.rollouts {
-            s.set("rollouts", absolute(p));
-        }
+        rollouts::record(s, spec, |name| DISTILLATION.reads(name));
         if let Some(t) = &spec.objectives.distill.teacher {
-            s.set("teacher", absolute(t));
+            s.set("teacher", crate::run::absolute(t));
         }
     }
 
     /// One completion a prompt, no rewards, no KL reference, one step a
     /// batch.
-    fn rollout_spec(&self, specs: &ObjectiveSpecs) -> GrpoSpec {
-        GrpoSpec {
+    fn rollout_spec(&self, specs: &ObjectiveSpecs) -> RolloutSpec {
+        RolloutSpec {
             num_generations: 1,
             beta: 0.0,
             num_iterations: 1,
             rewards: Vec::new(),
-            ..specs.grpo.clone()
+            ..specs.rollouts.clone()
+        }
+    }
+
+    /// β is the divergence's (`DistillationConfig`'s reverse KL).
+    fn rollout_defaults(&self) -> RolloutDefaults {
+        RolloutDefaults {
+            beta: DEFAULT_BETA,
+            ..RolloutDefaults::default()
         }
     }
 
@@ -209,39 +206,18 @@ fn open_teacher(spec: &RunSpec) -> Result<Model> {
 /// Refuses distillation settings that cannot go together.
 fn check_settings(spec: &RunSpec) -> Result<()> {
     // (No teacher is refused when the run opens it: `open_teacher`.)
-    let g = &spec.objectives.grpo;
-    if !(0.0..=1.0).contains(&g.beta) {
+    let beta = spec.objectives.rollouts.beta;
+    if !(0.0..=1.0).contains(&beta) {
         return Err(refuse(format!(
-            "--beta must be in [0, 1] (0 the forward KL, 1 the reverse), not {}",
-            g.beta
+            "--beta must be in [0, 1] (0 the forward KL, 1 the reverse), not {beta}"
         )));
-    }
-    if !g.temperature.is_finite() || g.temperature <= 0.0 {
-        return Err(refuse(format!(
-            "--temperature must be above 0, not {}",
-            g.temperature
-        )));
-    }
-    if g.top_p.is_nan() || g.top_p <= 0.0 || g.top_p > 1.0 {
-        return Err(refuse(format!(
-            "--top-p must be in (0, 1], not {}",
-            g.top_p
-        )));
-    }
-    if g.max_completion_length < 1 {
-        return Err(refuse("--max-completion-length must be at least 1".into()));
-    }
-    if g.rollouts.is_some() && spec.data.path.is_some() {
-        return Err(refuse(
-            "--rollouts is the training data; leave out --data".into(),
-        ));
     }
     if spec.eval.data.is_some() {
         return Err(refuse(
             "held-out scoring of distillation is not built yet; leave out --eval-data".into(),
         ));
     }
-    Ok(())
+    rollouts::check(spec, false)
 }
 
 /// Distillation's completions have no advantages: the step reads none.

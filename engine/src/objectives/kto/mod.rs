@@ -76,8 +76,8 @@ impl ObjectiveDef for KtoObjective {
             || settings::SETTINGS.iter().any(|s| s.name == name)
     }
 
-    fn settings(&self) -> &'static [Setting] {
-        settings::SETTINGS
+    fn settings(&self) -> Vec<&'static [Setting]> {
+        vec![settings::SETTINGS]
     }
 
     /// `batch` examples a step in one unpacked micro-batch, each with its

@@ -125,8 +125,8 @@ impl ObjectiveDef for PairMethod {
         name == "beta" || self.reads.contains(&name)
     }
 
-    fn settings(&self) -> &'static [Setting] {
-        settings::SETTINGS
+    fn settings(&self) -> Vec<&'static [Setting]> {
+        vec![settings::SETTINGS]
     }
 
     /// `batch` pairs a step, so twice the rows, unpacked, in one

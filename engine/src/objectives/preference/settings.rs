@@ -1,5 +1,5 @@
-//! The preference objectives' settings (β and the reference are GRPO's
-//! too), declared as `crate::run::settings` declares every setting.
+//! The preference objectives' settings (β and the reference are the
+//! rollout objectives' too), declared as `crate::run::settings` declares every setting.
 
 use serde_json::json;
 
@@ -13,7 +13,7 @@ pub(crate) static SETTINGS: &[Setting] = &[
             // One β, whichever objective reads it (GRPO's has its own
             // default, 0).
             let beta = v.as_f64()?;
-            s.objectives.grpo.beta = beta;
+            s.objectives.rollouts.beta = beta;
             put(&mut s.objectives.preference.beta, beta)
         },
     ),

@@ -5,10 +5,7 @@
 //! read whole with their margins, LoRA with `score` trained whole beside
 //! the adapter (PEFT's `SEQ_CLS` task, `modules_to_save=["score"]`).
 
-mod score;
 pub(crate) mod settings;
-
-pub use score::RewardScorer;
 
 use hlo_models::preference::Reference;
 use hlo_models::reward::RewardLoss;
@@ -48,8 +45,8 @@ impl ObjectiveDef for RewardModel {
         settings::SETTINGS.iter().any(|s| s.name == name)
     }
 
-    fn settings(&self) -> &'static [Setting] {
-        settings::SETTINGS
+    fn settings(&self) -> Vec<&'static [Setting]> {
+        vec![settings::SETTINGS]
     }
 
     /// `batch` pairs a step, twice the rows, unpacked, in one

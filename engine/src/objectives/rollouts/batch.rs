@@ -1,11 +1,10 @@
-//! GRPO's rollouts as data: prompts to complete, logged rollouts read
+//! Rollouts as data: prompts to complete, logged rollouts read
 //! from a file, and a group of completions laid out as a batch with its
 //! advantages.
 
 use std::path::Path;
 
 use hlo_data::{Batch, ChatTemplate, Prompt, Tokenizer};
-use hlo_models::grpo::advantages;
 use serde_json::Value;
 
 use super::*;
@@ -72,7 +71,7 @@ pub fn read_logged(
     rewarded: bool,
 ) -> Result<Logged> {
     let text = std::fs::read_to_string(path).map_err(|cause| {
-        EngineError::Grpo(format!(
+        EngineError::Rollout(format!(
             "cannot read --rollouts {}: {cause}",
             path.display()
         ))
@@ -81,7 +80,7 @@ pub fn read_logged(
     let mut names: Option<Vec<String>> = None;
     for (n, line) in hlo_data::jsonl_lines(&text) {
         let bad =
-            |why: &str| EngineError::Grpo(format!("{} line {}: {why}", path.display(), n + 1));
+            |why: &str| EngineError::Rollout(format!("{} line {}: {why}", path.display(), n + 1));
         let v: Value = serde_json::from_str(line).map_err(|e| bad(&format!("not JSON: {e}")))?;
         let ids = |key: &str| -> Result<Vec<u32>> {
             v.get(key)
@@ -125,13 +124,13 @@ pub fn read_logged(
         });
     }
     let Some(names) = names else {
-        return Err(EngineError::Grpo(format!(
+        return Err(EngineError::Rollout(format!(
             "{} holds no rollouts",
             path.display()
         )));
     };
     if out.len() % group != 0 {
-        return Err(EngineError::Grpo(format!(
+        return Err(EngineError::Rollout(format!(
             "{} holds {} rollouts, not a multiple of --num-generations {group} (consecutive lines of one prompt form its group)",
             path.display(),
             out.len()
@@ -139,7 +138,7 @@ pub fn read_logged(
     }
     for (g, rows) in out.chunks(group).enumerate() {
         if rows.iter().any(|r| r.prompt_ids != rows[0].prompt_ids) {
-            return Err(EngineError::Grpo(format!(
+            return Err(EngineError::Rollout(format!(
                 "{}: the rollouts of group {} (lines {}-{}) do not share one prompt (consecutive lines of one prompt form its group of --num-generations {group})",
                 path.display(),
                 g + 1,
@@ -168,7 +167,7 @@ pub(super) fn logged_weights(
     if weights.is_empty() {
         return Ok(vec![1.0; names.len()]);
     }
-    let refuse = |why: String| Err(EngineError::Grpo(why));
+    let refuse = |why: String| Err(EngineError::Rollout(why));
     for (k, w) in weights.iter().enumerate() {
         if !names.contains(&w.name) {
             return refuse(format!(
@@ -186,7 +185,7 @@ pub(super) fn logged_weights(
         .iter()
         .map(|n| match weights.iter().find(|w| &w.name == n) {
             Some(w) => Ok(w.weight),
-            None => Err(EngineError::Grpo(format!(
+            None => Err(EngineError::Rollout(format!(
                 "--reward-weights gives no weight for `{n}` (give one for each of {})",
                 names.join(", ")
             ))),
@@ -214,7 +213,7 @@ pub(crate) fn check_reward_statistics(rewards: &[f64], advantages: &[f64]) -> Re
             .iter()
             .any(|&a| !a.is_finite() || a.abs() > f64::from(f32::MAX));
     if overflows {
-        return Err(EngineError::Grpo(format!(
+        return Err(EngineError::Rollout(format!(
             "rewards as large as {largest:e} overflow their statistics (the group's mean and standard deviation, the advantages in f32); scale the rewards down"
         )));
     }
@@ -225,8 +224,8 @@ pub(crate) fn check_reward_statistics(rewards: &[f64], advantages: &[f64]) -> Re
 pub type Advantaged = (Vec<f64>, Vec<(String, f64)>);
 
 /// How a batch of rollouts' rewards become the advantages the step
-/// reads: GRPO's group normalisation ([`GroupNormalised`]) or another
-/// rollout objective's rule, applied once the batch is laid out and
+/// reads: an objective's rule (GRPO's group normalisation, RLOO's leave
+/// one out), applied once the batch is laid out and
 /// scored.
 pub trait AdvantageRule: Send {
     /// Whether the rule reads the policy's per-token log-probabilities
@@ -238,29 +237,6 @@ pub trait AdvantageRule: Send {
     /// with the figures TRL logs of them, for `batch` (its loss mask and
     /// any scored log-probabilities).
     fn advantages(&self, rewards: &[f64], batch: &Batch) -> Result<Advantaged>;
-}
-
-/// GRPO's advantages: each reward less its group's mean, scaled as
-/// `scale_rewards` says ([`advantages`]).
-pub struct GroupNormalised {
-    pub group: usize,
-    pub scale: hlo_models::grpo::ScaleRewards,
-}
-
-impl AdvantageRule for GroupNormalised {
-    fn reads_old_logps(&self) -> bool {
-        false
-    }
-
-    fn advantages(
-        &self,
-        rewards: &[f64],
-        _batch: &Batch,
-    ) -> Result<(Vec<f64>, Vec<(String, f64)>)> {
-        let (adv, zero_std) = advantages(rewards, self.group, self.scale);
-        check_reward_statistics(rewards, &adv)?;
-        Ok((adv, vec![("frac_reward_zero_std".into(), share(&zero_std))]))
-    }
 }
 
 /// The share of `flags` that are set (TRL's `frac_reward_zero_std`).
@@ -288,7 +264,7 @@ pub fn rollout_batch(
         let (completion, ended) = terminated(&ro.completion_ids, eos);
         let p = ro.prompt_ids.len();
         if p + completion.len() > seq {
-            return Err(EngineError::Grpo(format!(
+            return Err(EngineError::Rollout(format!(
                 "a prompt of {p} tokens and its completion of {} do not fit in --seq {seq}",
                 completion.len()
             )));
@@ -385,7 +361,7 @@ impl PromptSet {
             };
             let ids = l.prompt.encode(tokenizer, chat)?;
             if ids.is_empty() {
-                return Err(EngineError::Grpo(format!(
+                return Err(EngineError::Rollout(format!(
                     "{} line {}: the prompt is empty",
                     path.display(),
                     l.number

@@ -1,4 +1,4 @@
-//! The trainer's batches for GRPO: each step's rollouts made (or read),
+//! The trainer's batches of rollouts: each step's rollouts made (or read),
 //! rewarded and scored, and the batch saved for a resume between
 //! iterations.
 
@@ -23,7 +23,7 @@ use crate::train::trainer::{BatchSource, SourcedBatch, StopFlag};
 /// of making them.
 pub(super) type Made = (Vec<Rollout>, Vec<(String, String)>, Vec<(String, f64)>);
 
-/// Where a GRPO run's rollouts come from.
+/// Where a run's rollouts come from.
 pub enum RolloutOrigin {
     /// Logged rollouts, group after group in file order (cycling).
     Logged(Logged),
@@ -36,11 +36,11 @@ pub enum RolloutOrigin {
     },
 }
 
-/// GRPO's batches: rollouts made (or read) every μ steps, with their
+/// An objective's batches of rollouts: made (or read) every μ steps, with their
 /// advantages and, where the loss reads them, the policy's and the
 /// reference's per-token log-probabilities from when they were made.
 pub struct RolloutSource {
-    spec: GrpoSpec,
+    spec: RolloutSpec,
     origin: RolloutOrigin,
     seq: usize,
     rows: usize,
@@ -65,49 +65,50 @@ pub struct RolloutSource {
 impl RolloutSource {
     /// Rollouts of `origin` for a session taking `rows` completions a step
     /// (a multiple of `num_generations`) of `seq` tokens, resuming after
-    /// `cursor` steps; `reference` is the KL's reference adapter (None:
-    /// the base with the adapter off); `rule` makes the advantages.
-    #[allow(clippy::too_many_arguments)]
+    /// `cursor` steps, as `spec`'s objective makes them (its rollout
+    /// settings, its advantages, rewarded or not); `reference` is the KL's
+    /// reference adapter (None: the base with the adapter off).
     pub fn new(
         session: &Session,
-        spec: &GrpoSpec,
-        rule: Box<dyn AdvantageRule>,
+        spec: &crate::run::spec::RunSpec,
         origin: RolloutOrigin,
-        eos: Vec<u32>,
-        tokenizer: Option<Tokenizer>,
+        (eos, tokenizer): (Vec<u32>, Option<Tokenizer>),
         reference: Option<&Adapter>,
-        seed: u64,
         cursor: u64,
-        log_every: i64,
     ) -> Result<RolloutSource> {
+        let def = spec.objective.def();
+        let g = def.rollout_spec(&spec.objectives);
+        let rule = def.advantages(&spec.objectives).ok_or_else(|| {
+            EngineError::Internal(format!("{} makes no advantages", spec.objective))
+        })?;
         let tc = session.config();
         let rows = tc.batch as usize;
-        let old = if spec.num_iterations > 1 || rule.reads_old_logps() {
-            Some(Scorer::new(session, true, None, spec.temperature)?)
+        let old = if g.num_iterations > 1 || rule.reads_old_logps() {
+            Some(Scorer::new(session, true, None, g.temperature)?)
         } else {
             None
         };
-        let reference = if spec.beta != 0.0 {
-            Some(Scorer::new(session, false, reference, spec.temperature)?)
+        let reference = if g.beta != 0.0 {
+            Some(Scorer::new(session, false, reference, g.temperature)?)
         } else {
             None
         };
         Ok(RolloutSource {
-            spec: spec.clone(),
+            spec: g,
             origin,
             seq: tc.seq as usize,
             rows,
             eos,
-            seed,
+            seed: spec.seed,
             tokenizer,
             steps: cursor,
             current: None,
             old,
             reference,
-            log_every,
+            log_every: spec.report.log_every,
             rule,
-            objective: "grpo",
-            rewarded: true,
+            objective: def.name(),
+            rewarded: def.rewarded(),
         })
     }
 
@@ -153,7 +154,7 @@ impl RolloutSource {
                     .collect();
                 let room = (self.spec.max_completion_length, self.seq);
                 if let Some(p) = batch_prompts.iter().find(|p| p.len() + room.0 > room.1) {
-                    return Err(EngineError::Grpo(format!(
+                    return Err(EngineError::Rollout(format!(
                         "a prompt of {} tokens and --max-completion-length {} do not fit in --seq {}",
                         p.len(),
                         room.0,
@@ -488,10 +489,10 @@ pub fn session_generator(session: &Session) -> Result<Generator> {
     )
 }
 
-/// Prompts of the bundled task a GRPO run without data draws.
+/// Prompts of the bundled task a rollout run without data draws.
 const DEMO_PROMPTS: usize = 2000;
 
-/// GRPO's data for a run, read and checked before anything compiles:
+/// A rollout objective's data for a run, read and checked before anything compiles:
 /// logged rollouts, or prompts (the file's, else the bundled task's) and
 /// the rewards that will score their completions.
 pub(crate) struct RolloutInputs {
@@ -563,7 +564,7 @@ impl RolloutInputs {
             .flat_map(|i| i.iter())
             .find(|&&t| t as i64 >= vocab)
         {
-            return Err(EngineError::Grpo(format!(
+            return Err(EngineError::Rollout(format!(
                 "{}: token id {t} is outside the model's vocabulary of {vocab}",
                 path.map_or(Path::new("the demo task"), |p| p.as_path())
                     .display()
@@ -618,6 +619,7 @@ impl RolloutInputs {
         cursor: u64,
     ) -> Result<Box<dyn BatchSource>> {
         let g = &spec.objective.def().rollout_spec(&spec.objectives);
+        let theirs = as_objective(spec.objective.name());
         let tokenizer = session.model().tokenizer(None)?;
         let origin = match self.origin {
             Inputs::Logged(rows) => RolloutOrigin::Logged(rows),
@@ -627,7 +629,9 @@ impl RolloutInputs {
                 let c = session.config();
                 let shape = (c.batch, 2 * c.seq);
                 let policy_tokenizer = session.model().tokenizer(None)?;
-                rewards.place_model(session.backend(), c.dtype, shape, policy_tokenizer)?;
+                rewards
+                    .place_model(session.backend(), c.dtype, shape, policy_tokenizer)
+                    .map_err(&theirs)?;
                 RolloutOrigin::Online {
                     prompts,
                     rewards,
@@ -636,27 +640,9 @@ impl RolloutInputs {
             }
         };
         let eos = completion_ends(session.model(), tokenizer.as_ref())?;
-        let rule = spec
-            .objective
-            .def()
-            .advantages(&spec.objectives)
-            .ok_or_else(|| {
-                EngineError::Internal(format!("{} makes no advantages", spec.objective))
-            })?;
-        let mut source = RolloutSource::new(
-            session,
-            g,
-            rule,
-            origin,
-            eos,
-            tokenizer,
-            reference,
-            spec.seed,
-            cursor,
-            spec.report.log_every,
-        )?;
-        source.objective = spec.objective.name();
-        source.rewarded = spec.objective.def().rewarded();
+        let mut source =
+            RolloutSource::new(session, spec, origin, (eos, tokenizer), reference, cursor)
+                .map_err(&theirs)?;
         let mu = g.num_iterations.max(1) as u64;
         if let (Some(dir), true) = (&spec.output.resume, !cursor.is_multiple_of(mu)) {
             let tc = session.config();

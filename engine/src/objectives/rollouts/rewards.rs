@@ -478,14 +478,14 @@ pub struct Rewards {
 
 /// A reward model on the run's devices, with the tokenizer its texts take.
 struct ModelReward {
-    scorer: crate::objectives::reward::RewardScorer,
+    scorer: crate::infer::reward_scorer::RewardScorer,
     tokenizer: hlo_data::Tokenizer,
 }
 
 impl Rewards {
     /// Checks the settings each reward reads and starts the command.
-    pub fn new(spec: &GrpoSpec) -> Result<Rewards> {
-        let refuse = |why: String| EngineError::Grpo(why);
+    pub fn new(spec: &RolloutSpec) -> Result<Rewards> {
+        let refuse = |why: String| EngineError::Rollout(why);
         if spec.rewards.is_empty() {
             return Err(refuse(
                 "give at least one --reward (accuracy, format, length, command, http, model), or --rollouts"
@@ -564,7 +564,7 @@ impl Rewards {
     }
 
     /// No rewards (an objective whose rollouts are not rewarded).
-    pub fn none(spec: &GrpoSpec) -> Rewards {
+    pub fn none(spec: &RolloutSpec) -> Rewards {
         Rewards {
             specs: Vec::new(),
             wait: Wait {
@@ -610,7 +610,7 @@ impl Rewards {
                 })
             }
         };
-        let scorer = crate::objectives::reward::RewardScorer::new(
+        let scorer = crate::infer::reward_scorer::RewardScorer::new(
             backend.clone(),
             &model,
             dtype,
