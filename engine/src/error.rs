@@ -207,6 +207,9 @@ pub enum EngineError {
     /// Full finetuning asked of an NF4 base.
     #[error("--full trains every weight, and NF4 weights are frozen: finetune a LoRA adapter on the quantized base (QLoRA), or drop --quantize")]
     FullOfNf4,
+    /// A random initialisation asked of a LoRA run.
+    #[error("--init random trains a model from scratch, every weight of it: add --full (a LoRA adapter over random weights learns nothing a base can use)")]
+    RandomInitLora,
     /// An output folder that holds another run.
     #[error("--out {} holds a run already: continue it with --resume {}, or pass --overwrite to replace it", out.display(), out.display())]
     OutHoldsRun { out: PathBuf },

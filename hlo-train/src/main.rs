@@ -15,6 +15,7 @@ mod devices;
 mod dump_hlo;
 mod eval;
 mod generate;
+mod init;
 mod merge;
 mod objective_args;
 mod outputs;
@@ -65,6 +66,9 @@ pub(crate) enum Command {
     Data(Box<data::DataArgs>),
     /// Fold a PEFT adapter into a model's weights and write an HF folder.
     Merge(merge::MergeArgs),
+    /// Write an HF model folder of a config's weights made as
+    /// transformers initialises a new model (train --init random's start).
+    Init(Box<init::InitArgs>),
     /// A reward model's scores of preference pairs (each side whole), and
     /// how often it ranks the chosen side higher.
     Score(Box<score::ScoreArgs>),
@@ -182,7 +186,11 @@ fn main() -> ExitCode {
         Command::Score(a) => a.plugin.check_launch("score"),
         Command::Bench(a) => a.plugin.check_launch("bench"),
         Command::Serve(a) => a.plugin.check_launch("serve"),
-        Command::Data(_) | Command::Merge(_) | Command::Plan(_) | Command::Plot(_) => Ok(()),
+        Command::Data(_)
+        | Command::Merge(_)
+        | Command::Init(_)
+        | Command::Plan(_)
+        | Command::Plot(_) => Ok(()),
     };
     if let Err(e) = launch {
         eprintln!("error: {}", one_line(&format!("{e:#}")));
@@ -215,6 +223,7 @@ fn main() -> ExitCode {
             train::run(*args, &given, &argv)
         }
         Command::Merge(args) => merge::run(&args),
+        Command::Init(args) => init::run(&args),
         // A step that does not fit exits 1, its report printed.
         Command::Plan(args) => match plan::run(&args) {
             Ok(false) => return ExitCode::from(1),

@@ -123,6 +123,14 @@ pub struct TrainArgs {
     #[arg(long, conflicts_with = "full", value_parser = crate::args::hub_adapter)]
     pub init_adapter: Option<PathBuf>,
 
+    /// random: train from scratch, every weight made as transformers'
+    /// `_init_weights` makes a new model's (normal with the config's
+    /// initializer_range, zero biases, unit norms), with --full; a
+    /// --checkpoint then gives its config and tokenizer, not its weights
+    /// (a preset or --config is random already).
+    #[arg(long, value_parser = ["random"])]
+    pub init: Option<String>,
+
     /// Training data: a JSONL or Parquet file, or a folder of their shards;
     /// rows of text, prompt/completion, messages, input_ids, alpaca or
     /// sharegpt (default: the bundled demo task).
@@ -239,6 +247,7 @@ fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
         objectives: args.objective_specs(),
         step: args.step.spec(),
         init_adapter: args.init_adapter.clone(),
+        random_init: args.init.as_deref() == Some("random"),
         optim: args.optim.spec(args.step.optimizer),
         steps: args.steps,
         seed: args.seed,

@@ -658,6 +658,10 @@ fn bad_input_table() {
             ]),
         ),
         (
+            "--init random without --full",
+            train(&["--init", "random"]),
+        ),
+        (
             "a rollout setting without a rollout objective",
             train(&["--num-generations", "4"]),
         ),

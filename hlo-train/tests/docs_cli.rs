@@ -9,9 +9,9 @@ mod common;
 
 use common::*;
 
-const COMMANDS: [&str; 12] = [
-    "train", "data", "eval", "generate", "serve", "merge", "score", "bench", "plan", "plot",
-    "dump-hlo", "devices",
+const COMMANDS: [&str; 13] = [
+    "train", "data", "eval", "generate", "serve", "merge", "init", "score", "bench", "plan",
+    "plot", "dump-hlo", "devices",
 ];
 
 /// (flag, help text) of every option `--help` lists, `--help` excluded.

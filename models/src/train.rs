@@ -861,7 +861,8 @@ fn optimizer_update(
                     i[format!("opt.m.{name}").as_str()],
                     i[format!("opt.v.{name}").as_str()],
                 );
-                let hyper = (*beta1, *beta2, *eps, *weight_decay);
+                let decay = if decays(name) { *weight_decay } else { 0.0 };
+                let hyper = (*beta1, *beta2, *eps, decay);
                 let (p, m, v) = adamw(p, *g, moments, (lr, t), hyper);
                 new.push((name.clone(), p.cast(ty.dtype)));
                 new.push((format!("opt.m.{name}"), m));
@@ -892,6 +893,31 @@ fn clip_by_global_norm(g: &[Tensor], clip_norm: Option<f64>) -> (Vec<Tensor>, Te
         None => g32,
     };
     (g32, norm)
+}
+
+/// Whether weight decay applies to parameter `name`: every one but the
+/// biases and the norms' scales, as transformers' `Trainer` groups them
+/// (`get_decay_parameter_names`: no name containing `bias`, `layernorm`,
+/// `rmsnorm`, a `norm` component or a `_norm` suffix of a component), so
+/// AdamW decays the matrices (and embeddings) only, as pretraining
+/// recipes do.
+///
+/// ```
+/// use hlo_models::train::decays;
+/// assert!(decays("model.layers.0.mlp.up_proj.weight") && decays("model.embed_tokens.weight"));
+/// assert!(decays("model.layers.0.self_attn.q_proj.lora_a"));
+/// assert!(!decays("model.norm.weight") && !decays("model.layers.0.input_layernorm.weight"));
+/// assert!(!decays("model.layers.0.self_attn.q_norm.weight") && !decays("model.layers.0.self_attn.q_proj.bias"));
+/// ```
+pub fn decays(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    let forbidden = lower.contains("bias")
+        || lower.contains("layernorm")
+        || lower.contains("rmsnorm")
+        || lower
+            .split('.')
+            .any(|part| part == "norm" || part.ends_with("_norm"));
+    !forbidden
 }
 
 /// One `torch.optim.AdamW` step of parameter `p` (f32) by gradient `g`

@@ -67,6 +67,9 @@ pub struct Model {
     /// A `tokenizer.json` that overrides the checkpoint's.
     pub tokenizer_file: Option<PathBuf>,
     source: ModelSource,
+    /// Its weights made as HF initialises a new model of its config
+    /// (`--init random`), whatever its source stores.
+    random_init: bool,
 }
 
 impl Model {
@@ -82,6 +85,7 @@ impl Model {
                     checkpoint: Some(ckpt),
                     tokenizer_file: None,
                     source: source.clone(),
+                    random_init: false,
                 }
             }
             ModelSource::Config(path) => Model {
@@ -90,6 +94,7 @@ impl Model {
                 name: path.display().to_string(),
                 tokenizer_file: None,
                 source: source.clone(),
+                random_init: false,
             },
             ModelSource::Preset(name) => Model {
                 config: ModelConfig::preset(name)?,
@@ -97,8 +102,29 @@ impl Model {
                 name: name.clone(),
                 tokenizer_file: None,
                 source: source.clone(),
+                random_init: false,
             },
         })
+    }
+
+    /// The same model with its weights made at random as HF's
+    /// `_init_weights` makes them for its config (`random`: training from
+    /// scratch); its checkpoint, if any, still gives the tokenizer, chat
+    /// template and generation settings.
+    pub fn with_random_weights(mut self, random: bool) -> Model {
+        self.random_init = random;
+        self
+    }
+
+    /// Whether its weights are made at random (a preset, a config, or
+    /// `--init random`).
+    pub fn is_random(&self) -> bool {
+        self.stored().is_none()
+    }
+
+    /// The checkpoint its weights are read from (None: random weights).
+    fn stored(&self) -> Option<&Checkpoint> {
+        self.checkpoint.as_ref().filter(|_| !self.random_init)
     }
 
     /// The same model with `tokenizer.json` from `path` (None: the
@@ -215,6 +241,9 @@ impl Model {
             }
             (_, None) => parts.push(format!("preset:{}", self.name).into_bytes()),
         }
+        if self.random_init {
+            parts.push(b"random-init".to_vec());
+        }
         let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
         Ok(format!("{:016x}", hlo_ir::rng::fingerprint(&refs)))
     }
@@ -271,7 +300,7 @@ impl Model {
     /// Refuses random weights for models too large to make on the host.
     pub fn check_weights(&self) -> Result<()> {
         let parameters = self.config.parameter_count();
-        if self.checkpoint.is_none() && parameters > MAX_RANDOM_PARAMETERS {
+        if self.is_random() && parameters > MAX_RANDOM_PARAMETERS {
             return Err(EngineError::TooLargeForRandomWeights {
                 model: self.name.clone(),
                 parameters,
@@ -300,10 +329,7 @@ impl Model {
             let scales = name.strip_suffix(nf4::ABSMAX_SUFFIX);
             let weight = scales.unwrap_or(name);
             if nf4::is_quantized(weight) {
-                let stored = self
-                    .checkpoint
-                    .as_ref()
-                    .is_some_and(|c| c.is_prequantized(weight));
+                let stored = self.stored().is_some_and(|c| c.is_prequantized(weight));
                 return Ok(match (scales, stored) {
                     (Some(_), true) => self.nf4_weight(weight, seed)?.absmax_literal(),
                     // The scales alone need no codes.
@@ -314,12 +340,24 @@ impl Model {
                 });
             }
         }
-        match &self.checkpoint {
+        match self.stored() {
             // A causal LM's checkpoint made a reward model: its new head.
             Some(c) if name == SCORE && c.dtype(SCORE).is_none() => self.random(name, dtype, seed),
             Some(c) => Ok(c.read(name, dtype)?),
             None => self.random(name, dtype, seed),
         }
+    }
+
+    /// Every base weight in `dtype`, by name (unstacked), as
+    /// [`Model::weight`] makes each: what a run of this model seeded by
+    /// `seed` starts from. The whole model on the host: refused past the
+    /// size random weights are made at ([`Model::check_weights`]).
+    pub fn base_weights(&self, dtype: DType, seed: u64) -> Result<Vec<(String, Literal)>> {
+        self.check_weights()?;
+        hlo_models::decoder::base_parameter_types(&self.config, dtype)
+            .into_iter()
+            .map(|(name, ty)| Ok((name.clone(), self.weight(&name, ty.dtype, seed)?)))
+            .collect()
     }
 
     /// Base weight `name` made as HF initialises it, seeded by `seed`.
@@ -341,7 +379,7 @@ impl Model {
     /// A layer projection in NF4: as a bitsandbytes checkpoint stores it,
     /// else quantized from its f32 values.
     fn nf4_weight(&self, name: &str, seed: u64) -> Result<Nf4Tensor> {
-        if let Some(c) = self.checkpoint.as_ref().filter(|c| c.is_prequantized(name)) {
+        if let Some(c) = self.stored().filter(|c| c.is_prequantized(name)) {
             return Ok(c.read_nf4(name)?);
         }
         let double = self.config.quantization.is_some_and(|q| q.double_quant);
@@ -354,7 +392,7 @@ impl Model {
     /// A weight before quantization, as stored (no f64 copy of it) or
     /// made in f32.
     fn full_weight(&self, name: &str, seed: u64) -> Result<Literal> {
-        match &self.checkpoint {
+        match self.stored() {
             Some(c) => {
                 let dtype = c.dtype(name).unwrap_or(DType::F32);
                 Ok(c.read(name, dtype)?)

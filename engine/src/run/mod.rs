@@ -133,6 +133,9 @@ fn identities(spec: &RunSpec, model: &Model, fingerprint: &str) -> Result<RunSet
         ModelSource::Checkpoint(p) => s.set("checkpoint", absolute(p)),
     }
     s.set("model-fingerprint", model.fingerprint()?);
+    if spec.random_init {
+        s.set("init", "random");
+    }
     // The base as the run holds it (a bitsandbytes checkpoint's own NF4 too).
     if let Some(q) = model.config.quantization {
         s.set("quantize", "nf4");
@@ -350,10 +353,14 @@ fn trace_values(spec: &RunSpec) -> Result<Option<Regex>> {
 fn open_model(spec: &RunSpec) -> Result<Model> {
     let model = Model::open(&spec.model)?
         .with_tokenizer_file(spec.tokenizer.clone())
+        .with_random_weights(spec.random_init)
         .quantized(spec.quantize)?;
     let model = spec.objective.model(model)?;
     if spec.step.lora.is_none() && model.config.quantization.is_some() {
         return Err(EngineError::FullOfNf4);
+    }
+    if spec.random_init && spec.step.lora.is_some() {
+        return Err(EngineError::RandomInitLora);
     }
     model.check_weights()?;
     Ok(model)

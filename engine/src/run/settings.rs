@@ -137,6 +137,7 @@ static MODEL_DATA: &[Setting] = &[
     common("checkpoint", |s, v| {
         put(&mut s.model, ModelSource::Checkpoint(path(v)??))
     }),
+    common("init", |s, v| put(&mut s.random_init, text(v)? == "random")),
     common("quantize", |s, v| {
         (v.as_str()? == "nf4").then_some(())?;
         s.quantize.get_or_insert(Nf4Config {

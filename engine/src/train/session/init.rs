@@ -142,7 +142,7 @@ impl Session {
                         EngineError::Internal(format!("no teacher for `{}`", b.name))
                     })?;
                     let name = &b.name[TEACHER.len()..];
-                    match t.checkpoint.is_some() {
+                    match !t.is_random() {
                         true => {
                             let lit = t.weight(name, self.config.dtype, 0)?;
                             state.push(Some(
@@ -154,7 +154,7 @@ impl Session {
                         false => initializer(&t.config, name, &ty),
                     }
                 }
-                _ if base && self.model.checkpoint.is_some() => {
+                _ if base && !self.model.is_random() => {
                     let lit = self.model.weight(&b.name, self.config.dtype, 0)?;
                     state.push(Some(
                         self.backend

@@ -1,0 +1,64 @@
+//! `hlo-train init`: an HF model folder of a configuration's weights made
+//! as transformers initialises a new model (`AutoModelForCausalLM.
+//! from_config`: normal with `initializer_range`, zero biases, unit norms),
+//! seeded as `train --full --init random --seed N` makes them: the start
+//! of a from-scratch run, saved, for another framework to take or to
+//! check a first step against.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use hlo_engine::ir::DType;
+use hlo_engine::Model;
+
+#[derive(Args, Debug)]
+pub struct InitArgs {
+    #[command(flatten)]
+    pub model: crate::args::ModelArgs,
+
+    /// Output folder (config.json, model.safetensors, and a checkpoint's
+    /// tokenizer files); it must not hold a model already.
+    #[arg(long)]
+    pub out: PathBuf,
+
+    /// The seed of the weights (train's --seed makes the same ones).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// The weights' dtype: f32 (what the CPU plugin trains in) or bf16.
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
+    pub dtype: String,
+}
+
+pub fn run(args: &InitArgs) -> Result<()> {
+    let model = Model::open(&args.model.source())?.with_random_weights(true);
+    if !model.config.is_causal_lm() {
+        bail!(
+            "{} is a sequence classifier; init makes causal LMs",
+            model.name
+        );
+    }
+    if args.out.join("model.safetensors").exists() || args.out.join("config.json").exists() {
+        bail!(
+            "--out {} holds a model already; give an empty or new folder",
+            args.out.display()
+        );
+    }
+    let dtype = match args.dtype.as_str() {
+        "bf16" => DType::BF16,
+        _ => DType::F32,
+    };
+    let weights = model.base_weights(dtype, args.seed)?;
+    std::fs::create_dir_all(&args.out)?;
+    model.save_hf(&args.out, &weights)?;
+    let parameters: usize = weights.iter().map(|(_, w)| w.ty.element_count()).sum();
+    println!(
+        "init: {} — {parameters} parameters, {} tensors in {} (seed {})",
+        model.name,
+        weights.len(),
+        args.out.display(),
+        args.seed
+    );
+    Ok(())
+}
