@@ -20,7 +20,9 @@ It writes, for each model:
                                          (f32) of the four fixture rows
   families/<name>/train_step_router.safetensors
                                          one SGD (lr 0.05) and one AdamW (lr
-                                         1e-3) step on HF's loss (the aux
+                                         1e-3, decay 0.01 on all but biases
+                                         and norms, as transformers' Trainer
+                                         groups it) step on HF's loss (the aux
                                          loss in it), `<opt>.loss` and
                                          `<opt>.<saved key>` as
                                          save_pretrained names the tensors
@@ -39,6 +41,8 @@ from safetensors.torch import load_file, save_file
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "tests", "fixtures")
 ROUTER = {"qwen3_moe": "gate", "mixtral": "gate", "gpt_oss": "router"}
+# transformers' Trainer.get_decay_parameter_names: no decay on these.
+DECAY_FORBIDDEN = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
 
 
 def contiguous(d):
@@ -49,6 +53,7 @@ def main():
     import peft
     import transformers
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+    from transformers.trainer_pt_utils import get_parameter_names
 
     print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__)
     for seed, (name, router) in enumerate(ROUTER.items()):
@@ -88,7 +93,15 @@ def main():
                     if n in start:
                         p.copy_(start[n])
             params = [p for n, p in pm.named_parameters() if p.requires_grad]
-            opt = torch.optim.SGD(params, lr=0.05) if opt_name == "sgd" else torch.optim.AdamW(params, lr=1e-3)
+            # AdamW's decay (torch's default 0.01) as transformers' Trainer
+            # groups it: not on biases or norms (the router's bias).
+            decayed = set(get_parameter_names(pm, [torch.nn.LayerNorm], DECAY_FORBIDDEN))
+            groups = [
+                {"params": [p for n, p in pm.named_parameters() if p.requires_grad and n in decayed]},
+                {"params": [p for n, p in pm.named_parameters() if p.requires_grad and n not in decayed],
+                 "weight_decay": 0.0},
+            ]
+            opt = torch.optim.SGD(params, lr=0.05) if opt_name == "sgd" else torch.optim.AdamW(groups, lr=1e-3)
             pm.train()
             opt.zero_grad()
             loss = pm(input_ids=ids, labels=ids).loss
