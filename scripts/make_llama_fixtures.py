@@ -67,6 +67,13 @@ PRESETS = {
                          num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False),
     "llama3.1-405b": dict(vocab_size=128256, hidden_size=16384, intermediate_size=53248, num_hidden_layers=126,
                           num_attention_heads=128, num_key_value_heads=8, tie_word_embeddings=False),
+    # MPT's sizes as Llama configs (hlo-train's mpt-scale presets).
+    "mpt-scale-1b": dict(vocab_size=50432, hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
+                         num_attention_heads=16, num_key_value_heads=16, head_dim=128, tie_word_embeddings=True),
+    "mpt-scale-3b": dict(vocab_size=50432, hidden_size=2560, intermediate_size=6912, num_hidden_layers=32,
+                         num_attention_heads=20, num_key_value_heads=20, head_dim=128, tie_word_embeddings=True),
+    "mpt-scale-7b": dict(vocab_size=50432, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=32, head_dim=128, tie_word_embeddings=True),
 }
 
 @step("models")

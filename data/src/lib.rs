@@ -30,6 +30,7 @@ pub mod prompts;
 pub mod reader;
 pub mod reward;
 pub mod tokenizer;
+pub mod tokens;
 pub mod unpaired;
 
 pub use chat::{ChatTemplate, Message};
@@ -46,4 +47,5 @@ pub use reader::{
 };
 pub use reward::RewardPair;
 pub use tokenizer::Tokenizer;
+pub use tokens::{is_token_dir, TokenShards};
 pub use unpaired::Unpaired;

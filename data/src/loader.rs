@@ -8,10 +8,15 @@
 //! `t` predicts a token that counts (`t + 1` is a completion or text token,
 //! not prompt or padding). Padding is token 0 with mask 0.
 
+use std::borrow::Cow;
+use std::sync::Arc;
+
 use hlo_ir::rng::Rng;
 
 use crate::pairs::PreferencePair;
 use crate::reader::Example;
+use crate::tokens::order::Permutation;
+use crate::tokens::TokenShards;
 use crate::unpaired::Unpaired;
 
 /// A batch: `ids`, `loss_mask`, `positions` and `segment_ids`, each
@@ -162,6 +167,12 @@ pub struct Loader {
     margins: Vec<f32>,
     /// Every epoch in file order (see [`Loader::in_file_order`]).
     sequential: bool,
+    /// Samples read from prepared token shards, in place of `examples`
+    /// (see [`Loader::from_shards`]).
+    shards: Option<Arc<TokenShards>>,
+    /// The rows this process fills (None: all); see
+    /// [`Loader::with_owned_rows`].
+    owned: Option<Vec<bool>>,
     /// Examples handed out so far (the resume cursor; with packing a batch
     /// takes as many as fit, so the cursor alone fixes what comes next).
     pub cursor: u64,
@@ -180,8 +191,34 @@ impl Loader {
             labels: Vec::new(),
             margins: Vec::new(),
             sequential: false,
+            shards: None,
+            owned: None,
             cursor: 0,
         }
+    }
+
+    /// Samples of prepared token shards (memory-mapped, read one sample
+    /// at a time), in a seeded global order epoch after epoch: a Feistel
+    /// permutation of all the samples, computed one index at a time, so
+    /// the loader's memory does not grow with the data (see
+    /// [`crate::tokens::order`]). The cursor counts samples, as for
+    /// examples in memory.
+    pub fn from_shards(shards: Arc<TokenShards>, seq: usize, batch: usize, seed: u64) -> Loader {
+        Loader {
+            shards: Some(shards),
+            ..Loader::new(Vec::new(), seq, batch, seed)
+        }
+    }
+
+    /// Fills only the rows `owned` marks (one flag a row of a batch):
+    /// this process's share of each global batch. The other rows are left
+    /// empty, their samples still taken in order (told apart by their
+    /// lengths alone, which packing needs), so every process's loader
+    /// walks the same global sequence whatever the number of processes.
+    pub fn with_owned_rows(mut self, owned: Vec<bool>) -> Loader {
+        assert_eq!(owned.len(), self.batch, "one flag a row");
+        self.owned = Some(owned);
+        self
     }
 
     /// KTO's unpaired examples in file order (TRL's sequential sampling,
@@ -241,16 +278,22 @@ impl Loader {
 
     /// Mean sample length (tokens), for deciding whether to pack.
     pub fn mean_len(&self) -> f64 {
+        if let Some(s) = &self.shards {
+            return s.manifest.tokens as f64 / s.manifest.samples.max(1) as f64;
+        }
         self.examples.iter().map(|e| e.ids.len()).sum::<usize>() as f64
             / self.examples.len().max(1) as f64
     }
 
     pub fn len(&self) -> usize {
-        self.examples.len()
+        match &self.shards {
+            Some(s) => s.len(),
+            None => self.examples.len(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.examples.is_empty()
+        self.len() == 0
     }
 
     /// Every epoch in file order (`sequential`: transformers'
@@ -305,17 +348,40 @@ impl Loader {
     /// The index of the example at cursor position `k` (epochs
     /// reshuffled).
     fn index_at(&self, k: u64, cache: &mut (u64, Vec<usize>)) -> usize {
-        let n = self.examples.len() as u64;
+        let n = self.len() as u64;
         let (epoch, pos) = (k / n, (k % n) as usize);
+        if self.shards.is_some() {
+            if self.sequential {
+                return pos;
+            }
+            let seed = self.seed.wrapping_mul(0x9e37_79b9).wrapping_add(epoch);
+            return Permutation::new(n, seed).at(pos as u64) as usize;
+        }
         if cache.0 != epoch || cache.1.is_empty() {
             *cache = (epoch, self.order(epoch));
         }
         cache.1[pos]
     }
 
-    /// The example at cursor position `k`.
-    fn at(&self, k: u64, cache: &mut (u64, Vec<usize>)) -> &Example {
-        &self.examples[self.index_at(k, cache)]
+    /// The length of sample `i`, in tokens.
+    fn sample_len(&self, i: usize) -> usize {
+        match &self.shards {
+            Some(s) => s.sample_len(i),
+            None => self.examples[i].ids.len(),
+        }
+    }
+
+    /// Sample `i` (from shards: its first `seq` tokens, read now).
+    fn sample(&self, i: usize) -> Cow<'_, Example> {
+        match &self.shards {
+            Some(s) => Cow::Owned(s.sample(i, self.seq)),
+            None => Cow::Borrowed(&self.examples[i]),
+        }
+    }
+
+    /// Whether this process fills row `row`.
+    fn owns(&self, row: usize) -> bool {
+        self.owned.as_ref().is_none_or(|o| o[row])
     }
 
     /// The next batch of pairs.
@@ -389,15 +455,19 @@ impl Loader {
         let mut cache = (u64::MAX, Vec::new());
         let mut k = self.cursor;
         for row in 0..rows {
+            let own = self.owns(row);
             let mut at = 0;
             let mut segment = 1;
             loop {
-                let ex = self.at(k, &mut cache);
-                let len = ex.ids.len().min(seq);
+                let i = self.index_at(k, &mut cache);
+                let len = self.sample_len(i).min(seq);
                 if at > 0 && at + len > seq {
                     break;
                 }
-                at += out.put(ex, row, at, seq, segment);
+                if own {
+                    out.put(&self.sample(i), row, at, seq, segment);
+                }
+                at += len;
                 segment += 1;
                 k += 1;
                 if !self.packing || at >= seq {

@@ -87,6 +87,19 @@ impl Tokenizer {
         }
     }
 
+    /// The tokenizer's identity: FNV-1a of its `tokenizer.json` as the
+    /// `tokenizers` crate writes it back (`bytes` for the byte-level one),
+    /// what a prepared token set is checked against.
+    pub fn fingerprint(&self) -> String {
+        match self {
+            Tokenizer::Hf(t) => {
+                let json = t.to_string(false).unwrap_or_default();
+                format!("{:016x}", hlo_ir::rng::fnv1a(json.as_bytes()))
+            }
+            Tokenizer::Bytes => "bytes".into(),
+        }
+    }
+
     pub fn vocab_size(&self) -> usize {
         match self {
             Tokenizer::Hf(t) => t.get_vocab_size(true),

@@ -211,7 +211,9 @@ pub struct ModelArgs {
     /// llama3.2-1b, llama3.2-3b, llama3.1-8b, llama3.1-70b, llama3.1-405b,
     /// qwen2.5-0.5b, qwen2.5-7b, qwen3-0.6b, qwen3-8b, mistral-7b,
     /// gemma3-270m, gemma3-1b, qwen3-30b-a3b, qwen3-235b-a22b, mixtral-8x7b,
-    /// gpt-oss-20b, gpt-oss-120b (default: tiny).
+    /// gpt-oss-20b, gpt-oss-120b; mpt-scale-1b, mpt-scale-3b, mpt-scale-7b
+    /// (MPT's sizes as Llama configs, for pretraining plans) (default:
+    /// tiny).
     #[arg(long)]
     pub model: Option<String>,
 

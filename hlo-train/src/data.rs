@@ -19,6 +19,9 @@ use crate::args::{named, open_model, ChatArgs, ModelArgs, TokenizerArgs};
 
 #[derive(Args, Debug)]
 pub struct DataArgs {
+    #[command(subcommand)]
+    pub command: Option<DataCommand>,
+
     #[command(flatten)]
     pub model: ModelArgs,
 
@@ -68,7 +71,19 @@ pub struct DataArgs {
     pub seed: u64,
 }
 
+/// `data`'s own commands.
+#[derive(clap::Subcommand, Debug)]
+pub enum DataCommand {
+    /// Tokenize a dataset once, on every core, into a folder of
+    /// memory-mapped token shards that `train --data DIR` streams
+    /// (resumable).
+    Prepare(Box<crate::prepare::PrepareArgs>),
+}
+
 pub fn run(args: &DataArgs) -> Result<()> {
+    if let Some(DataCommand::Prepare(p)) = &args.command {
+        return crate::prepare::run(p);
+    }
     let model = open_model(&args.model, &args.tokenizer)?;
     let seq = args.seq as usize;
     let mut spec = args.chat.spec(args.data.clone(), args.seq);
@@ -91,6 +106,14 @@ pub fn run(args: &DataArgs) -> Result<()> {
     if spec.pairs {
         return show_pairs(args, &model, data);
     }
+    let shown = data.examples.iter().take(args.samples).cloned().collect();
+    let shown = match &data.shards {
+        // Prepared tokens: the first samples, read from their shards.
+        Some(s) => (0..args.samples.min(s.len()))
+            .map(|i| s.sample(i, usize::MAX))
+            .collect(),
+        None => shown,
+    };
     // Data that teaches nothing: the line `train` refuses it with.
     if data.stats.no_signal == data.stats.samples {
         return Ok(data.learning(seq).map(|_| ())?);
@@ -98,7 +121,8 @@ pub fn run(args: &DataArgs) -> Result<()> {
     let tokenizer = model
         .tokenizer(None)?
         .context("showing samples needs a tokenizer: pass --checkpoint or --tokenizer")?;
-    for (k, e) in data.examples.iter().take(args.samples).enumerate() {
+    let shown: Vec<hlo_engine::data::Example> = shown;
+    for (k, e) in shown.iter().enumerate() {
         let kept = e.ids.len().min(seq);
         let learned = e.target[..kept].iter().skip(1).filter(|&&t| t).count();
         println!(
@@ -134,10 +158,12 @@ pub fn run(args: &DataArgs) -> Result<()> {
     );
     // What `train` with these flags does: the samples that teach, packed
     // or not as it decides.
-    let examples = data.learning(seq)?;
-    let useful = examples.len();
     let rows = args.batch * args.grad_accum;
-    let loader = Loader::new(examples, seq, rows as usize, args.seed);
+    let loader = match data.shards.clone() {
+        Some(shards) => Loader::from_shards(shards, seq, rows as usize, args.seed),
+        None => Loader::new(data.learning(seq)?, seq, rows as usize, args.seed),
+    };
+    let useful = loader.len();
     let fill = loader.mean_len().min(seq as f64) / seq as f64;
     let packing = match args.packing {
         Toggle::On => true,

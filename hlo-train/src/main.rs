@@ -21,6 +21,7 @@ mod objective_args;
 mod outputs;
 mod plan;
 mod plot;
+mod prepare;
 mod recipe;
 mod saved_run;
 mod score;
@@ -62,7 +63,9 @@ pub(crate) enum Command {
     /// data: what `train` reports as eval_loss.
     Eval(Box<eval::EvalArgs>),
     /// Show training data as the model will see it (learned tokens
-    /// marked) and what it holds: samples, tokens, learned tokens, cuts.
+    /// marked) and what it holds: samples, tokens, learned tokens, cuts;
+    /// `data prepare` tokenizes it once into shards a run streams.
+    #[command(args_conflicts_with_subcommands = true)]
     Data(Box<data::DataArgs>),
     /// Fold a PEFT adapter into a model's weights and write an HF folder.
     Merge(merge::MergeArgs),

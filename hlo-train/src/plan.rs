@@ -14,7 +14,7 @@ use hlo_engine::models::train::TrainConfig;
 use hlo_engine::partitioner::{draw_sharding, Mesh};
 use hlo_engine::plan::{
     compute_estimate, layout_groups, nearest_fits, Change, ComputeEstimate, Fit, Found,
-    LayoutGroup, MemoryPlan, RolloutShape, StepToPlan, Tried,
+    LayoutGroup, MemoryPlan, RolloutShape, StepToPlan, Throughput, Tried,
 };
 use hlo_engine::{BackendOptions, Model, Objective};
 use serde_json::{json, Value};
@@ -150,6 +150,13 @@ pub struct PlanArgs {
     /// with a drawing over the mesh (in --json too).
     #[arg(long)]
     pub show_sharding: bool,
+
+    /// The model FLOPs utilisation the throughput projection assumes (0
+    /// to 1): the step's tokens/s at it, and the time to a compute-optimal
+    /// budget of 20 tokens a parameter (Chinchilla). An assumption, not a
+    /// measurement: `bench` measures MFU on the device.
+    #[arg(long, default_value_t = 0.4, value_parser = crate::args::positive)]
+    pub mfu: f64,
 }
 
 /// GB of one device's memory: a finite number above 0, at most a million.
@@ -552,6 +559,9 @@ fn print_json(r: &Report, suggestions: &[Fit]) -> Result<()> {
             "peak_tflops": r.compute.map(|c| c.peak_tflops),
         },
     });
+    if let Some(t) = throughput(r) {
+        v["throughput"] = throughput_json(&t, r.args.mfu);
+    }
     if r.args.show_sharding {
         v["layouts"] = r.layouts.iter().map(layout_json).collect();
     }
@@ -604,6 +614,7 @@ fn print_text(r: &Report) {
         r.memory.compile_s
     );
     print_communication(r);
+    print_throughput(r);
     for g in &r.layouts {
         print_layout(&r.mesh, g);
     }
@@ -790,6 +801,68 @@ fn print_communication(r: &Report) {
         gb(comm.total_bytes().round() as u64),
         ms(comm.total_ms())
     );
+}
+
+/// The step's throughput: the bound at the devices' peak, and at the
+/// assumed MFU with the time to a compute-optimal budget.
+fn throughput(r: &Report) -> Option<Throughput> {
+    let c = r.compute?;
+    let tokens = r.tc.batch * r.tc.grad_accum * r.tc.seq;
+    Some(Throughput::of(
+        r.model.config.parameter_count(),
+        tokens,
+        c,
+        r.comm.total_ms(),
+    ))
+}
+
+/// The throughput as `--json` gives it, at the assumed MFU `m`.
+fn throughput_json(t: &Throughput, m: f64) -> Value {
+    json!({
+        "tokens_per_step": t.tokens_per_step,
+        "bound_tokens_per_s": t.bound_tokens_per_s(),
+        "mfu_unoverlapped": t.mfu_unoverlapped(),
+        "assumed_mfu": m,
+        "tokens_per_s": t.tokens_per_s(m),
+        "budget_tokens": t.budget_tokens,
+        "budget_hours": t.budget_hours(m),
+    })
+}
+
+fn print_throughput(r: &Report) {
+    let Some(t) = throughput(r) else {
+        return;
+    };
+    let m = r.args.mfu;
+    let devices = format!("{} × {}", r.mesh.size(), r.target.device().name);
+    let unoverlapped = match t.mfu_unoverlapped() {
+        Some(u) => format!(
+            "; {:.0}% MFU left if communication is not overlapped",
+            100.0 * u
+        ),
+        None => String::new(),
+    };
+    println!(
+        "throughput ({} tokens a step): at most {:.0} tokens/s ({devices} at their peak){unoverlapped}",
+        t.tokens_per_step,
+        t.bound_tokens_per_s(),
+    );
+    println!(
+        "  at {:.0}% MFU (--mfu, assumed): {:.0} tokens/s; 20 tokens a parameter ({:.1}B tokens) in {}",
+        100.0 * m,
+        t.tokens_per_s(m),
+        t.budget_tokens / 1e9,
+        duration(t.budget_hours(m))
+    );
+}
+
+/// Hours as hours or days.
+fn duration(hours: f64) -> String {
+    if hours < 48.0 {
+        format!("{hours:.1} h")
+    } else {
+        format!("{:.1} days", hours / 24.0)
+    }
 }
 
 /// Shows a layout: spec, shapes, bytes, the tensors sharing it, and a

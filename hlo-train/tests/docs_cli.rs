@@ -9,14 +9,28 @@ mod common;
 
 use common::*;
 
-const COMMANDS: [&str; 13] = [
-    "train", "data", "eval", "generate", "serve", "merge", "init", "score", "bench", "plan",
-    "plot", "dump-hlo", "devices",
+const COMMANDS: [&str; 14] = [
+    "train",
+    "data",
+    "data prepare",
+    "eval",
+    "generate",
+    "serve",
+    "merge",
+    "init",
+    "score",
+    "bench",
+    "plan",
+    "plot",
+    "dump-hlo",
+    "devices",
 ];
 
 /// (flag, help text) of every option `--help` lists, `--help` excluded.
 fn flags(command: &str) -> Vec<(String, String)> {
-    let help = ok(&hlo_train(&[command, "--help"]));
+    let mut args: Vec<&str> = command.split(' ').collect();
+    args.push("--help");
+    let help = ok(&hlo_train(&args));
     let mut out: Vec<(String, String)> = Vec::new();
     for line in help.lines() {
         let trimmed = line.trim_start();

@@ -198,3 +198,43 @@ fn a_grpo_plan_counts_its_rollouts_and_suggests_only_what_grpo_takes() {
     let err = stderr(&run(&plan_args(&[], &["--num-generations", "4"])));
     assert!(err.contains("they need --objective grpo"), "{err}");
 }
+
+/// The throughput a plan projects follows from its own figures: the
+/// step's tokens over its compute time at peak (the bound), scaled by
+/// `--mfu`, and 20 tokens a parameter of the model (the tiny one, 107840
+/// parameters) over that rate.
+#[test]
+fn the_throughput_projection_follows_from_the_steps_compute() {
+    let out = run(&plan_args(
+        &pairs("--grad-accum 2"),
+        &["--mfu", "0.5", "--json"],
+    ));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let t = &v["throughput"];
+    let compute_ms = v["communication_total"]["compute_ms"].as_f64().unwrap();
+    let tokens = (8 * 2 * 32) as f64;
+    assert_eq!(t["tokens_per_step"].as_f64(), Some(tokens));
+    let bound = tokens / (compute_ms / 1e3);
+    close(
+        "bound",
+        t["bound_tokens_per_s"].as_f64().unwrap(),
+        bound,
+        1e-12,
+    );
+    close(
+        "at 50%",
+        t["tokens_per_s"].as_f64().unwrap(),
+        bound / 2.0,
+        1e-12,
+    );
+    assert_eq!(t["budget_tokens"].as_f64(), Some(20.0 * 107840.0));
+    let hours = 20.0 * 107840.0 / (bound / 2.0) / 3600.0;
+    close("hours", t["budget_hours"].as_f64().unwrap(), hours, 1e-12);
+    // Said in the report too.
+    let text = ok(&run(&plan_args(&[], &[])));
+    assert!(
+        text.contains("throughput (256 tokens a step): at most"),
+        "{text}"
+    );
+    assert!(text.contains("at 40% MFU (--mfu, assumed)"), "{text}");
+}

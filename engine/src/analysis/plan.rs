@@ -54,6 +54,71 @@ pub fn compute_estimate(
     Some(ComputeEstimate { peak_tflops, ms })
 }
 
+/// Tokens a parameter of a compute-optimal budget (Chinchilla: Hoffmann
+/// et al. 2022), what LLM Foundry trained its MPT models to.
+pub const CHINCHILLA_TOKENS_PER_PARAMETER: f64 = 20.0;
+
+/// What a step's compute bounds a run's throughput to, and the time to a
+/// compute-optimal token budget at an assumed MFU.
+///
+/// ```
+/// use hlo_engine::plan::{ComputeEstimate, Throughput};
+/// let t = Throughput::of(1_000_000_000, 16_384, ComputeEstimate { peak_tflops: 989.0, ms: 100.0 }, Some(50.0));
+/// assert_eq!(t.bound_tokens_per_s(), 163_840.0);
+/// assert_eq!(t.tokens_per_s(0.5), 81_920.0);
+/// assert_eq!(t.budget_tokens, 20e9);
+/// assert_eq!(t.mfu_unoverlapped(), Some(100.0 / 150.0));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Throughput {
+    /// Tokens a step takes (every row of every micro-batch).
+    pub tokens_per_step: i64,
+    pub compute: ComputeEstimate,
+    /// The step's communication at the links' peak (None: a link of
+    /// unknown speed).
+    pub communication_ms: Option<f64>,
+    /// The compute-optimal budget of the model's parameters.
+    pub budget_tokens: f64,
+}
+
+impl Throughput {
+    pub fn of(
+        parameters: i64,
+        tokens_per_step: i64,
+        compute: ComputeEstimate,
+        communication_ms: Option<f64>,
+    ) -> Throughput {
+        Throughput {
+            tokens_per_step,
+            compute,
+            communication_ms,
+            budget_tokens: CHINCHILLA_TOKENS_PER_PARAMETER * parameters as f64,
+        }
+    }
+
+    /// Tokens/s with every device at its peak (MFU 100%), communication
+    /// hidden behind compute: no run does better.
+    pub fn bound_tokens_per_s(&self) -> f64 {
+        self.tokens_per_s(1.0)
+    }
+
+    /// Tokens/s at MFU `mfu` (0 to 1).
+    pub fn tokens_per_s(&self, mfu: f64) -> f64 {
+        self.tokens_per_step as f64 * mfu / (self.compute.ms / 1e3)
+    }
+
+    /// The MFU left when communication is not overlapped at all (compute
+    /// then communication, both at peak).
+    pub fn mfu_unoverlapped(&self) -> Option<f64> {
+        Some(self.compute.ms / (self.compute.ms + self.communication_ms?))
+    }
+
+    /// Hours to the compute-optimal budget at MFU `mfu`.
+    pub fn budget_hours(&self, mfu: f64) -> f64 {
+        self.budget_tokens / self.tokens_per_s(mfu) / 3600.0
+    }
+}
+
 /// Bytes per device.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MemoryPlan {

@@ -4,9 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
 use hlo_data::{
-    data_files, demo_examples, demo_pairs, is_preference_data, stats, ChatData, DataStats, Example,
-    PreferencePair, Reader, RewardPair, Unpaired,
+    data_files, demo_examples, demo_pairs, is_preference_data, is_token_dir, stats, ChatData,
+    DataStats, Example, PreferencePair, Reader, RewardPair, TokenShards, Unpaired,
 };
 
 use crate::error::{EngineError, Result};
@@ -37,8 +39,12 @@ pub struct DataSpec {
 }
 
 /// The identity of a data file, or of a folder's data files (their
-/// names and contents, in the order they are read).
+/// names and contents, in the order they are read), or of a prepared
+/// token set (its manifest's tokenizer and shard checksums).
 pub(crate) fn data_fingerprint(path: &Path) -> Result<String> {
+    if is_token_dir(path) {
+        return Ok(TokenShards::open(path)?.fingerprint());
+    }
     if !path.is_dir() {
         return file_fingerprint(path);
     }
@@ -106,6 +112,8 @@ pub struct Dataset {
     pub stats: DataStats,
     /// The file's FNV-1a fingerprint (`demo` for the demo task).
     pub fingerprint: String,
+    /// A prepared token set, memory-mapped, in place of `examples`.
+    pub shards: Option<Arc<TokenShards>>,
 }
 
 impl Dataset {
@@ -143,6 +151,9 @@ impl Dataset {
         seed: u64,
         demo: usize,
     ) -> Result<Dataset> {
+        if let Some(path) = path.filter(|p| is_token_dir(p)) {
+            return Self::of_tokens(model, spec, path);
+        }
         let tokenizer = model.tokenizer(None)?;
         let eos = model.eos_ids().first().copied();
         let (examples, fingerprint) = match path {
@@ -206,7 +217,63 @@ impl Dataset {
             whole: false,
             stats,
             fingerprint,
+            shards: None,
         })
+    }
+
+    /// A prepared token set (`hlo-train data prepare`): SFT samples,
+    /// memory-mapped, prepared with the model's tokenizer and the run's
+    /// way of reading conversations, every id in the model's vocabulary.
+    fn of_tokens(model: &Model, spec: &DataSpec, path: &Path) -> Result<Dataset> {
+        let refuse = |why: String| EngineError::DataForObjective {
+            path: path.to_path_buf(),
+            why,
+        };
+        if spec.pairs || spec.unpaired {
+            return Err(refuse(
+                "is a prepared token set, which holds samples for --objective sft; pairs and labelled examples are read from JSONL or Parquet".into(),
+            ));
+        }
+        let shards = TokenShards::open(path)?;
+        let m = &shards.manifest;
+        let ours = model.tokenizer(None)?.map(|t| t.fingerprint());
+        if ours.as_deref() != Some(m.tokenizer.as_str()) {
+            return Err(refuse(format!(
+                "was prepared with another tokenizer ({}) than the model's ({}); prepare it again with this model",
+                m.tokenizer,
+                ours.as_deref().unwrap_or("none")
+            )));
+        }
+        if spec.chat_template.is_some() || spec.train_on_inputs != m.source.train_on_inputs {
+            return Err(refuse(
+                "fixed how conversations are read when it was prepared; leave out --chat-template and --train-on-inputs, or prepare it again with them".into(),
+            ));
+        }
+        if i64::from(m.max_id) >= model.config.vocab_size {
+            return Err(refuse(format!(
+                "holds token id {}, outside the model's vocabulary of {}",
+                m.max_id, model.config.vocab_size
+            )));
+        }
+        Ok(Dataset {
+            examples: Vec::new(),
+            pairs: Vec::new(),
+            unpaired: Vec::new(),
+            margins: Vec::new(),
+            whole: false,
+            stats: shards.stats(spec.seq),
+            fingerprint: shards.fingerprint(),
+            shards: Some(Arc::new(shards)),
+        })
+    }
+
+    /// Every sample, in memory (a held-out set read from prepared
+    /// tokens: each cut to `seq`).
+    pub fn all_examples(&self, seq: usize) -> Vec<Example> {
+        match &self.shards {
+            Some(s) => (0..s.len()).map(|i| s.sample(i, seq)).collect(),
+            None => self.examples.clone(),
+        }
     }
 
     /// Unpaired examples, with their statistics.
@@ -220,6 +287,7 @@ impl Dataset {
             margins: Vec::new(),
             whole: false,
             fingerprint,
+            shards: None,
         }
     }
 
@@ -246,6 +314,7 @@ impl Dataset {
             margins: Vec::new(),
             whole: false,
             fingerprint,
+            shards: None,
         }
     }
 
@@ -320,4 +389,69 @@ impl Dataset {
             .filter(|e| e.learns_within(seq))
             .collect())
     }
+}
+
+/// How `hlo-train data prepare` tokenizes: into which folder, how many
+/// source rows a shard, on how many threads.
+#[derive(Clone, Debug)]
+pub struct PrepareSpec {
+    pub out: PathBuf,
+    pub rows_per_shard: u64,
+    pub threads: usize,
+}
+
+/// Tokenizes `spec`'s data (a JSONL or Parquet file, or a folder of them)
+/// with `model`'s tokenizer and chat template, as `train --data` reads it
+/// but whole (a run cuts to its `--seq`), into prepared token shards
+/// ([`hlo_data::tokens`]); `report` gets the manifest after each shard.
+/// Resumes an interrupted preparation of the same data; a complete one is
+/// left as it is.
+pub fn prepare_tokens(
+    model: &Model,
+    spec: &DataSpec,
+    prepare: &PrepareSpec,
+    report: &mut dyn FnMut(&hlo_data::tokens::Manifest),
+) -> Result<hlo_data::tokens::Manifest> {
+    let path = spec
+        .path
+        .as_deref()
+        .ok_or_else(|| EngineError::Internal("prepare without data".into()))?;
+    let tokenizer = model
+        .tokenizer(None)?
+        .ok_or(EngineError::Data(hlo_data::DataError::NoTokenizer))?;
+    let template = model.chat_template(spec.chat_template.as_deref())?;
+    let chat = template.as_ref().map(|template| ChatData {
+        template,
+        stop: model.eos_ids(),
+        train_on_inputs: spec.train_on_inputs,
+    });
+    let eos = model.eos_ids().first().copied();
+    let reader = Reader {
+        tokenizer: Some(&tokenizer),
+        eos,
+        vocab: model.config.vocab_size,
+        chat: chat.as_ref(),
+        max_tokens: None,
+    };
+    let options = hlo_data::tokens::PrepareOptions {
+        out: prepare.out.clone(),
+        source: hlo_data::tokens::Source {
+            path: path.display().to_string(),
+            fingerprint: data_fingerprint(path)?,
+            chat_template: template
+                .as_ref()
+                .map(|t| format!("{:016x}", hlo_ir::rng::fnv1a(t.source.as_bytes()))),
+            train_on_inputs: spec.train_on_inputs,
+            eos,
+        },
+        tokenizer: tokenizer.fingerprint(),
+        rows_per_shard: prepare.rows_per_shard.max(1),
+        threads: prepare.threads.max(1),
+    };
+    Ok(hlo_data::tokens::prepare(
+        &data_files(path)?,
+        &reader,
+        &options,
+        report,
+    )?)
 }

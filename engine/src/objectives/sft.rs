@@ -132,6 +132,14 @@ impl RowInputs {
                 None => loader,
             };
             (loader, n)
+        } else if let Some(shards) = self.data.shards.clone() {
+            // Prepared tokens: every sample, in a global order computed
+            // one index at a time.
+            let n = shards.len();
+            (
+                Loader::from_shards(shards, seq, tc.rows() as usize, spec.seed),
+                n,
+            )
         } else {
             // Samples with nothing to learn within a row are left out.
             let examples = self.data.learning(seq)?;
@@ -145,7 +153,7 @@ impl RowInputs {
                 let scores = score(&e.pairs)?;
                 eval_pair_batches(&e.pairs, seq, per_batch, scores.as_deref())
             }
-            Some(e) => eval_batches(&e.examples, seq, per_batch),
+            Some(e) => eval_batches(&e.all_examples(seq), seq, per_batch),
             None => Vec::new(),
         };
         let unpacked_fill = loader.mean_len().min(seq as f64) / seq as f64;

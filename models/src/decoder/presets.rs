@@ -10,7 +10,7 @@ use super::config::{
 use crate::ConfigError;
 
 /// Every preset name, in the order `--help` and errors list them.
-pub const PRESETS: [&str; 18] = [
+pub const PRESETS: [&str; 21] = [
     "tiny",
     "llama3.2-1b",
     "llama3.2-3b",
@@ -29,6 +29,9 @@ pub const PRESETS: [&str; 18] = [
     "mixtral-8x7b",
     "gpt-oss-20b",
     "gpt-oss-120b",
+    "mpt-scale-1b",
+    "mpt-scale-3b",
+    "mpt-scale-7b",
 ];
 
 /// The sizes every family names alike: (vocab, hidden, intermediate,
@@ -88,6 +91,17 @@ fn llama(s: Sizes, tied: bool, factor: f64) -> ModelConfig {
         bos_token_id: Some(128000),
         eos_token_ids: vec![128001, 128008, 128009],
         ..base(Family::Llama, s, rope, 1e-5, tied)
+    }
+}
+
+/// An MPT-sized Llama (see [`ModelConfig::preset`]): GPT-NeoX's EOS (0)
+/// as BOS and EOS, theta 1e4, 2048 positions.
+fn mpt_scale(s: Sizes) -> ModelConfig {
+    ModelConfig {
+        max_position_embeddings: 2048,
+        bos_token_id: Some(0),
+        eos_token_ids: vec![0],
+        ..base(Family::Llama, s, Rope::new(10000.0), 1e-5, true)
     }
 }
 
@@ -237,6 +251,14 @@ impl ModelConfig {
                 )
             },
             "llama3.2-1b" => llama((128256, 2048, 8192, 16, 32, 8, 64), true, 32.0),
+            // LLM Foundry's MPT sizes (1B and 3B pretrained on 64 MI250,
+            // 7B) as Llama-architecture configs, for planning pretraining
+            // from scratch: MPT's width, depth, heads, tied embeddings,
+            // vocabulary (GPT-NeoX's, padded) and sequence of 2048, with a
+            // SwiGLU MLP of about 2.7× the width for MPT's 4× GELU MLP.
+            "mpt-scale-1b" => mpt_scale((50432, 2048, 5632, 24, 16, 16, 128)),
+            "mpt-scale-3b" => mpt_scale((50432, 2560, 6912, 32, 20, 20, 128)),
+            "mpt-scale-7b" => mpt_scale((50432, 4096, 11008, 32, 32, 32, 128)),
             "llama3.2-3b" => llama((128256, 3072, 8192, 28, 24, 8, 128), true, 32.0),
             "llama3.1-8b" => llama((128256, 4096, 14336, 32, 32, 8, 128), false, 8.0),
             "llama3.1-70b" => llama((128256, 8192, 28672, 80, 64, 8, 128), false, 8.0),

@@ -1,0 +1,333 @@
+//! Prepared token shards: a dataset tokenized once ([`prepare`], what
+//! `hlo-train data prepare` runs) into a folder that a run memory-maps
+//! ([`TokenShards`]) instead of reading and tokenizing its data again, so
+//! a run's memory does not grow with the data and its first step does not
+//! wait for the tokenizer.
+//!
+//! The format, version 1, is plain enough to read without us (numpy's
+//! `memmap` reads each file):
+//!
+//! - `manifest.json`: `format` (`"hlo-train tokens"`), `version` (1), the
+//!   tokenizer's fingerprint, how the rows were read (`source`: the data's
+//!   path and fingerprint, the chat template's fingerprint, whether inputs
+//!   are learned, the EOS appended to text), the totals (`samples`,
+//!   `tokens`, `learned`, the largest id `max_id`), `complete` (false while a prepare is under way
+//!   or was interrupted) and the shards in order, each with the source
+//!   rows it holds, its counts and the FNV-1a checksum of each file.
+//! - `shard-NNNNN.ids`: the token ids of the shard's samples one after
+//!   another, little-endian `u32`.
+//! - `shard-NNNNN.mask`: one byte a token, 1 where the token is learned
+//!   (predicted and counted in the loss), else 0.
+//! - `shard-NNNNN.offsets`: little-endian `u64`, one more than the
+//!   shard's samples: sample `i` is `ids[offsets[i]..offsets[i + 1]]`.
+//!
+//! A sample is one source row (a JSONL line or a Parquet row) exactly as
+//! `train --data` reads it: whole, never cut (a run cuts to its `--seq`).
+
+pub mod order;
+mod prepare;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::reader::Example;
+use crate::DataError;
+
+pub use prepare::{prepare, PrepareOptions};
+
+/// The manifest's `format`.
+pub const FORMAT: &str = "hlo-train tokens";
+/// The manifest's `version`.
+pub const VERSION: u32 = 1;
+/// The manifest's file name.
+pub const MANIFEST: &str = "manifest.json";
+
+/// How the rows of a prepared set were read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Source {
+    /// The data file or folder, as given.
+    pub path: String,
+    /// Its fingerprint (its files' names and contents).
+    pub fingerprint: String,
+    /// The chat template's fingerprint (None: no template).
+    pub chat_template: Option<String>,
+    /// Every token of a conversation learned, not only the replies.
+    pub train_on_inputs: bool,
+    /// The id appended to text rows.
+    pub eos: Option<u32>,
+}
+
+/// FNV-1a checksums of a shard's files, hex.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checksums {
+    pub ids: String,
+    pub mask: String,
+    pub offsets: String,
+}
+
+/// One shard: source rows `first_row..first_row + samples`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shard {
+    pub name: String,
+    pub first_row: u64,
+    pub samples: u64,
+    pub tokens: u64,
+    pub learned: u64,
+    pub max_id: u32,
+    pub fnv1a: Checksums,
+}
+
+/// A prepared set's `manifest.json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub version: u32,
+    /// The tokenizer's fingerprint ([`crate::Tokenizer::fingerprint`]).
+    pub tokenizer: String,
+    pub source: Source,
+    /// Source rows a shard holds (the last may hold fewer).
+    pub rows_per_shard: u64,
+    pub samples: u64,
+    pub tokens: u64,
+    /// Learned tokens (the first token of a sample is never predicted,
+    /// and is not counted).
+    pub learned: u64,
+    /// The largest token id (a model's vocabulary must hold it).
+    pub max_id: u32,
+    /// Every source row is in the shards.
+    pub complete: bool,
+    pub shards: Vec<Shard>,
+}
+
+impl Manifest {
+    /// The manifest in `dir`, if it holds one of this format.
+    pub fn read(dir: &Path) -> Result<Option<Manifest>, DataError> {
+        let path = dir.join(MANIFEST);
+        if !path.is_file() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&path).map_err(|cause| DataError::Read {
+            path: path.clone(),
+            cause,
+        })?;
+        let m: Manifest = serde_json::from_str(&text).map_err(|cause| DataError::Json {
+            path: path.clone(),
+            cause,
+        })?;
+        if m.format != FORMAT || m.version != VERSION {
+            return Err(DataError::Rows {
+                path,
+                message: format!(
+                    "is {} version {}, not {FORMAT} version {VERSION}",
+                    m.format, m.version
+                ),
+            });
+        }
+        Ok(Some(m))
+    }
+
+    /// Writes it to `dir` whole (a temporary file renamed over the last).
+    pub fn write(&self, dir: &Path) -> Result<(), DataError> {
+        let text = serde_json::to_string_pretty(self).expect("a manifest serialises");
+        write_whole(&dir.join(MANIFEST), text.as_bytes())
+    }
+}
+
+/// Whether `path` is a folder of prepared token shards.
+pub fn is_token_dir(path: &Path) -> bool {
+    path.join(MANIFEST).is_file()
+}
+
+/// `bytes` written to `path` through a temporary file renamed over it, so
+/// a reader sees the old file or the new one, whole.
+pub(crate) fn write_whole(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let io = |cause| DataError::Read {
+        path: path.to_path_buf(),
+        cause,
+    };
+    std::fs::write(&tmp, bytes).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// One shard's files, memory-mapped.
+struct Mapped {
+    ids: memmap2::Mmap,
+    mask: memmap2::Mmap,
+    offsets: memmap2::Mmap,
+}
+
+/// A prepared set, memory-mapped: samples by index, read from the pages
+/// the system keeps (the process holds none of them itself).
+pub struct TokenShards {
+    pub manifest: Manifest,
+    pub dir: PathBuf,
+    shards: Vec<Mapped>,
+    /// The first sample of each shard, and the total after the last.
+    starts: Vec<u64>,
+}
+
+impl TokenShards {
+    /// Opens a complete prepared set, each file's size checked against
+    /// the manifest (the checksums are checked by [`TokenShards::verify`]).
+    pub fn open(dir: &Path) -> Result<TokenShards, DataError> {
+        let bad = |message: String| DataError::Rows {
+            path: dir.to_path_buf(),
+            message,
+        };
+        let manifest = Manifest::read(dir)?.ok_or_else(|| {
+            bad(format!(
+                "holds no {MANIFEST}: prepare it with `hlo-train data prepare`"
+            ))
+        })?;
+        if !manifest.complete {
+            return Err(bad(
+                "its preparation did not finish: run the same `hlo-train data prepare` again to complete it".into(),
+            ));
+        }
+        let mut shards = Vec::with_capacity(manifest.shards.len());
+        let mut starts = vec![0u64];
+        for s in &manifest.shards {
+            let map = |ext: &str, len: u64| -> Result<memmap2::Mmap, DataError> {
+                let path = dir.join(format!("{}.{ext}", s.name));
+                let file = std::fs::File::open(&path).map_err(|cause| DataError::Read {
+                    path: path.clone(),
+                    cause,
+                })?;
+                // Safety: the files are read only, and a prepared set is
+                // not written once complete.
+                let m = unsafe { memmap2::Mmap::map(&file) }.map_err(|cause| DataError::Read {
+                    path: path.clone(),
+                    cause,
+                })?;
+                if m.len() as u64 != len {
+                    return Err(bad(format!(
+                        "{} holds {} bytes, the manifest says {len}: the set is damaged; prepare it again",
+                        path.display(),
+                        m.len()
+                    )));
+                }
+                Ok(m)
+            };
+            shards.push(Mapped {
+                ids: map("ids", 4 * s.tokens)?,
+                mask: map("mask", s.tokens)?,
+                offsets: map("offsets", 8 * (s.samples + 1))?,
+            });
+            starts.push(starts[starts.len() - 1] + s.samples);
+        }
+        Ok(TokenShards {
+            manifest,
+            dir: dir.to_path_buf(),
+            shards,
+            starts,
+        })
+    }
+
+    /// Checks every file against its checksum (reads the whole set).
+    pub fn verify(&self) -> Result<(), DataError> {
+        for (s, m) in self.manifest.shards.iter().zip(&self.shards) {
+            for (ext, bytes, want) in [
+                ("ids", &m.ids[..], &s.fnv1a.ids),
+                ("mask", &m.mask[..], &s.fnv1a.mask),
+                ("offsets", &m.offsets[..], &s.fnv1a.offsets),
+            ] {
+                if &checksum(bytes) != want {
+                    return Err(DataError::Rows {
+                        path: self.dir.join(format!("{}.{ext}", s.name)),
+                        message:
+                            "does not match its checksum: the set is damaged; prepare it again"
+                                .into(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Samples in the set.
+    pub fn len(&self) -> usize {
+        self.manifest.samples as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.manifest.samples == 0
+    }
+
+    /// The shard of sample `i` and its place there.
+    fn locate(&self, i: usize) -> (usize, usize) {
+        let i = i as u64;
+        let shard = self.starts.partition_point(|&s| s <= i) - 1;
+        (shard, (i - self.starts[shard]) as usize)
+    }
+
+    /// Where sample `i`'s tokens are in its shard.
+    fn span(&self, i: usize) -> (usize, std::ops::Range<usize>) {
+        let (shard, k) = self.locate(i);
+        let o = &self.shards[shard].offsets;
+        let at = |j: usize| {
+            u64::from_le_bytes(o[8 * j..8 * j + 8].try_into().expect("8 bytes")) as usize
+        };
+        (shard, at(k)..at(k + 1))
+    }
+
+    /// The length of sample `i`, in tokens (reads its offsets only).
+    pub fn sample_len(&self, i: usize) -> usize {
+        self.span(i).1.len()
+    }
+
+    /// Sample `i`, its first `limit` tokens at most.
+    pub fn sample(&self, i: usize, limit: usize) -> Example {
+        let (shard, span) = self.span(i);
+        let end = span.end.min(span.start.saturating_add(limit));
+        let m = &self.shards[shard];
+        let ids = m.ids[4 * span.start..4 * end]
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect();
+        let target = m.mask[span.start..end].iter().map(|&b| b != 0).collect();
+        Example { ids, target }
+    }
+
+    /// What the set holds for rows of `seq` tokens, as
+    /// [`crate::reader::stats`] counts examples: its samples and tokens,
+    /// the learned tokens within a row and the samples cut. Reads every
+    /// sample's offsets and the first `seq` mask bytes of each (not the
+    /// ids); `no_signal` is left 0, since a loader over shards takes every
+    /// sample in order (one with nothing to learn within a row adds no
+    /// loss).
+    pub fn stats(&self, seq: usize) -> crate::DataStats {
+        let mut s = crate::DataStats {
+            samples: self.len(),
+            tokens: self.manifest.tokens as usize,
+            ..crate::DataStats::default()
+        };
+        for i in 0..self.len() {
+            let (shard, span) = self.span(i);
+            let kept = span.len().min(seq);
+            let mask = &self.shards[shard].mask[span.start..span.start + kept];
+            s.learned += mask.iter().skip(1).filter(|&&b| b != 0).count();
+            s.cut += usize::from(span.len() > seq);
+        }
+        s
+    }
+
+    /// The set's identity: its manifest's tokenizer, source and shard
+    /// checksums.
+    pub fn fingerprint(&self) -> String {
+        let text = serde_json::to_string(&(&self.manifest.tokenizer, &self.manifest.shards))
+            .expect("serialises");
+        format!("tokens:{:016x}", hlo_ir::rng::fnv1a(text.as_bytes()))
+    }
+}
+
+/// The FNV-1a checksum of `bytes`, hex.
+pub(crate) fn checksum(bytes: &[u8]) -> String {
+    format!("{:016x}", hlo_ir::rng::fnv1a(bytes))
+}
+
+#[cfg(test)]
+mod tests;
