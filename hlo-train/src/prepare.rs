@@ -34,7 +34,8 @@ pub struct PrepareArgs {
     #[arg(long)]
     pub out: PathBuf,
 
-    /// Source rows a shard holds.
+    /// Source rows a shard holds (held in memory while they are
+    /// tokenized: lower it for long documents).
     #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u64).range(1..))]
     pub rows_per_shard: u64,
 
