@@ -15,6 +15,7 @@ use hlo_ir::rng::Rng;
 
 use crate::pairs::PreferencePair;
 use crate::reader::Example;
+use crate::tokens::mixture::Mixture;
 use crate::tokens::order::Permutation;
 use crate::tokens::TokenShards;
 use crate::unpaired::Unpaired;
@@ -168,8 +169,10 @@ pub struct Loader {
     /// Every epoch in file order (see [`Loader::in_file_order`]).
     sequential: bool,
     /// Samples read from prepared token shards, in place of `examples`
-    /// (see [`Loader::from_shards`]).
-    shards: Option<Arc<TokenShards>>,
+    /// (see [`Loader::from_shards`], [`Loader::from_mixture`]).
+    shards: Option<Arc<Mixture>>,
+    /// Tokens each set of a mixture gave the last batch (every row's).
+    set_tokens: Vec<usize>,
     /// The rows this process fills (None: all); see
     /// [`Loader::with_owned_rows`].
     owned: Option<Vec<bool>>,
@@ -192,6 +195,7 @@ impl Loader {
             margins: Vec::new(),
             sequential: false,
             shards: None,
+            set_tokens: Vec::new(),
             owned: None,
             cursor: 0,
         }
@@ -204,9 +208,38 @@ impl Loader {
     /// [`crate::tokens::order`]). The cursor counts samples, as for
     /// examples in memory.
     pub fn from_shards(shards: Arc<TokenShards>, seq: usize, batch: usize, seed: u64) -> Loader {
+        Loader::from_mixture(Arc::new(Mixture::single(shards)), seq, batch, seed)
+    }
+
+    /// Samples of several prepared sets in their proportions (see
+    /// [`crate::tokens::mixture`]): each set walked in its own seeded
+    /// order, the cursor counting draws over all of them.
+    pub fn from_mixture(mixture: Arc<Mixture>, seq: usize, batch: usize, seed: u64) -> Loader {
         Loader {
-            shards: Some(shards),
+            set_tokens: vec![0; mixture.sets.len()],
+            shards: Some(mixture),
             ..Loader::new(Vec::new(), seq, batch, seed)
+        }
+    }
+
+    /// Each set's tokens in the last batch, by name (a mixture of more
+    /// than one set; else none): what the metrics report per set.
+    pub fn set_figures(&self) -> Vec<(String, f64)> {
+        match &self.shards {
+            Some(m) if m.sets.len() > 1 => {
+                let all: usize = self.set_tokens.iter().sum();
+                m.sets
+                    .iter()
+                    .zip(&self.set_tokens)
+                    .flat_map(|((name, _), &t)| {
+                        [
+                            (format!("data/{name}/tokens"), t as f64),
+                            (format!("data/{name}/share"), t as f64 / all.max(1) as f64),
+                        ]
+                    })
+                    .collect()
+            }
+            _ => Vec::new(),
         }
     }
 
@@ -278,8 +311,8 @@ impl Loader {
 
     /// Mean sample length (tokens), for deciding whether to pack.
     pub fn mean_len(&self) -> f64 {
-        if let Some(s) = &self.shards {
-            return s.manifest.tokens as f64 / s.manifest.samples.max(1) as f64;
+        if let Some(m) = &self.shards {
+            return m.mean_len();
         }
         self.examples.iter().map(|e| e.ids.len()).sum::<usize>() as f64
             / self.examples.len().max(1) as f64
@@ -345,36 +378,49 @@ impl Loader {
         self
     }
 
+    /// The set and sample of draw `k` (epochs reshuffled): of a mixture
+    /// of prepared sets, the set the schedule gives and the next sample
+    /// of that set's own order; else the example's index.
+    fn pick(&self, k: u64, cache: &mut Draws) -> (usize, usize) {
+        let Some(m) = &self.shards else {
+            return (0, self.index_at(k, &mut cache.order));
+        };
+        let (set, c) = m.draw(k, self.seed, &mut cache.block);
+        let n = m.sets[set].1.len() as u64;
+        let (epoch, pos) = (c / n, c % n);
+        if self.sequential {
+            return (set, pos as usize);
+        }
+        // (Set 0's order is that of a set alone.)
+        let seed = self.seed.wrapping_mul(0x9e37_79b9).wrapping_add(epoch)
+            ^ (set as u64).wrapping_mul(0xa24b_aed4_963e_e407);
+        (set, Permutation::new(n, seed).at(pos) as usize)
+    }
+
     /// The index of the example at cursor position `k` (epochs
     /// reshuffled).
     fn index_at(&self, k: u64, cache: &mut (u64, Vec<usize>)) -> usize {
-        let n = self.len() as u64;
+        let n = self.examples.len() as u64;
         let (epoch, pos) = (k / n, (k % n) as usize);
-        if self.shards.is_some() {
-            if self.sequential {
-                return pos;
-            }
-            let seed = self.seed.wrapping_mul(0x9e37_79b9).wrapping_add(epoch);
-            return Permutation::new(n, seed).at(pos as u64) as usize;
-        }
         if cache.0 != epoch || cache.1.is_empty() {
             *cache = (epoch, self.order(epoch));
         }
         cache.1[pos]
     }
 
-    /// The length of sample `i`, in tokens.
-    fn sample_len(&self, i: usize) -> usize {
+    /// The length of sample `i` of set `set`, in tokens.
+    fn sample_len(&self, (set, i): (usize, usize)) -> usize {
         match &self.shards {
-            Some(s) => s.sample_len(i),
+            Some(m) => m.sets[set].1.sample_len(i),
             None => self.examples[i].ids.len(),
         }
     }
 
-    /// Sample `i` (from shards: its first `seq` tokens, read now).
-    fn sample(&self, i: usize) -> Cow<'_, Example> {
+    /// Sample `i` of set `set` (from shards: its first `seq` tokens, read
+    /// now).
+    fn sample(&self, (set, i): (usize, usize)) -> Cow<'_, Example> {
         match &self.shards {
-            Some(s) => Cow::Owned(s.sample(i, self.seq)),
+            Some(m) => Cow::Owned(m.sets[set].1.sample(i, self.seq)),
             None => Cow::Borrowed(&self.examples[i]),
         }
     }
@@ -452,17 +498,21 @@ impl Loader {
         }
         let (seq, rows) = (self.seq, self.batch);
         let mut out = Batch::empty(rows, seq);
-        let mut cache = (u64::MAX, Vec::new());
+        let mut cache = Draws::default();
+        self.set_tokens.iter_mut().for_each(|t| *t = 0);
         let mut k = self.cursor;
         for row in 0..rows {
             let own = self.owns(row);
             let mut at = 0;
             let mut segment = 1;
             loop {
-                let i = self.index_at(k, &mut cache);
+                let i = self.pick(k, &mut cache);
                 let len = self.sample_len(i).min(seq);
                 if at > 0 && at + len > seq {
                     break;
+                }
+                if let Some(t) = self.set_tokens.get_mut(i.0) {
+                    *t += len;
                 }
                 if own {
                     out.put(&self.sample(i), row, at, seq, segment);
@@ -477,6 +527,22 @@ impl Loader {
         }
         self.cursor = k;
         out
+    }
+}
+
+/// What draws computed last, kept while a batch is made: an epoch's
+/// order of examples in memory, a block of a mixture's schedule.
+struct Draws {
+    order: (u64, Vec<usize>),
+    block: (u64, Vec<(u16, u32)>),
+}
+
+impl Default for Draws {
+    fn default() -> Draws {
+        Draws {
+            order: (u64::MAX, Vec::new()),
+            block: (u64::MAX, Vec::new()),
+        }
     }
 }
 

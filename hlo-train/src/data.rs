@@ -106,14 +106,7 @@ pub fn run(args: &DataArgs) -> Result<()> {
     if spec.pairs {
         return show_pairs(args, &model, data);
     }
-    let shown = data.examples.iter().take(args.samples).cloned().collect();
-    let shown = match &data.shards {
-        // Prepared tokens: the first samples, read from their shards.
-        Some(s) => (0..args.samples.min(s.len()))
-            .map(|i| s.sample(i, usize::MAX))
-            .collect(),
-        None => shown,
-    };
+    let shown = first_samples(&data, args.samples);
     // Data that teaches nothing: the line `train` refuses it with.
     if data.stats.no_signal == data.stats.samples {
         return Ok(data.learning(seq).map(|_| ())?);
@@ -121,7 +114,6 @@ pub fn run(args: &DataArgs) -> Result<()> {
     let tokenizer = model
         .tokenizer(None)?
         .context("showing samples needs a tokenizer: pass --checkpoint or --tokenizer")?;
-    let shown: Vec<hlo_engine::data::Example> = shown;
     for (k, e) in shown.iter().enumerate() {
         let kept = e.ids.len().min(seq);
         let learned = e.target[..kept].iter().skip(1).filter(|&&t| t).count();
@@ -160,7 +152,7 @@ pub fn run(args: &DataArgs) -> Result<()> {
     // or not as it decides.
     let rows = args.batch * args.grad_accum;
     let loader = match data.shards.clone() {
-        Some(shards) => Loader::from_shards(shards, seq, rows as usize, args.seed),
+        Some(sets) => Loader::from_mixture(sets, seq, rows as usize, args.seed),
         None => Loader::new(data.learning(seq)?, seq, rows as usize, args.seed),
     };
     let useful = loader.len();
@@ -179,6 +171,19 @@ pub fn run(args: &DataArgs) -> Result<()> {
         100.0 * fill
     );
     Ok(())
+}
+
+/// The first `n` samples (of prepared tokens: read from their shards).
+fn first_samples(data: &Dataset, n: usize) -> Vec<hlo_engine::data::Example> {
+    match &data.shards {
+        Some(m) => m
+            .sets
+            .iter()
+            .flat_map(|(_, s)| (0..s.len()).map(move |i| s.sample(i, usize::MAX)))
+            .take(n)
+            .collect(),
+        None => data.examples.iter().take(n).cloned().collect(),
+    }
 }
 
 /// Tokens as text, runs of learned ones ⟦marked⟧ (the first token is

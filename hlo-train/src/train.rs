@@ -134,7 +134,8 @@ pub struct TrainArgs {
     /// Training data: a JSONL or Parquet file, or a folder of their shards;
     /// rows of text, prompt/completion, messages, input_ids, alpaca or
     /// sharegpt (default: the bundled demo task); or a folder of token
-    /// shards `data prepare` made, streamed from memory-mapped files.
+    /// shards `data prepare` made, streamed from memory-mapped files, or a
+    /// JSON file of `streams` mixing several in proportions.
     #[arg(long)]
     pub data: Option<PathBuf>,
 

@@ -190,3 +190,51 @@ fn shards_prepared_otherwise_are_refused() {
     ]));
     assert!(e.contains("prepared otherwise"), "{e}");
 }
+
+/// A mixture of two prepared sets in proportions (LLM Foundry's
+/// `streams`): each step's metrics give every set's tokens and share,
+/// the shares follow the proportions, and a run saved and resumed equals
+/// the uninterrupted one.
+#[test]
+fn a_mixture_of_sets_reports_each_and_resumes_exactly() {
+    let tmp = scratch("tokens", "mixture");
+    let data = corpus(&tmp);
+    let text = std::fs::read_to_string(&data).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    for (name, part) in [("first", &lines[..30]), ("second", &lines[30..])] {
+        let path = tmp.join(format!("{name}.jsonl"));
+        std::fs::write(&path, part.join("\n") + "\n").unwrap();
+        prepare(&path, &tmp.join(name), &[]);
+    }
+    let mix = tmp.join("mix.json");
+    std::fs::write(
+        &mix,
+        r#"{"streams": {"first": {"local": "first", "proportion": 3}, "second": {"local": "second", "proportion": 1}}}"#,
+    )
+    .unwrap();
+    let flags = ["--packing", "off"];
+    let whole = train(&mix, &tmp.join("whole"), "8", &flags);
+    let metrics = tmp.join("whole/metrics.jsonl");
+    let first: f64 = metric(&metrics, "data/first/tokens")
+        .iter()
+        .map(|(_, v)| v)
+        .sum();
+    let second: f64 = metric(&metrics, "data/second/tokens")
+        .iter()
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(metric(&metrics, "data/first/share").len(), 8);
+    // 3:1 by draws; by tokens, as long as the two sets' rows are alike.
+    let share = first / (first + second);
+    assert!((0.6..0.9).contains(&share), "{share}");
+    let part = tmp.join("part");
+    train(&mix, &part, "4", &flags);
+    ok(&hlo_train(&[
+        "train",
+        "--resume",
+        part.to_str().unwrap(),
+        "--steps",
+        "8",
+    ]));
+    assert_eq!(losses(&part.join("metrics.jsonl")), whole);
+}

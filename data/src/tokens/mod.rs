@@ -24,6 +24,7 @@
 //! A sample is one source row (a JSONL line or a Parquet row) exactly as
 //! `train --data` reads it: whole, never cut (a run cuts to its `--seq`).
 
+pub mod mixture;
 pub mod order;
 mod prepare;
 

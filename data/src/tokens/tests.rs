@@ -251,3 +251,85 @@ fn an_interrupted_preparation_resumes_and_another_is_refused() {
     .unwrap_err();
     assert!(e.to_string().contains("bad.jsonl: row 2"), "{e}");
 }
+
+/// A prepared set of `n` text rows each opening with `mark`, in `dir`.
+fn marked_set(dir: &Path, name: &str, mark: char, n: usize) -> PathBuf {
+    let text: String = (0..n)
+        .map(|i| format!("{{\"text\": \"{mark}{i:04}\"}}\n"))
+        .collect();
+    let data = dir.join(format!("{name}.jsonl"));
+    std::fs::write(&data, text).unwrap();
+    let out = dir.join(name);
+    let t = Tokenizer::bytes();
+    prepare(&[data], &reader(&t), &options(&out, 8, name), &mut |_| {}).unwrap();
+    out
+}
+
+#[test]
+fn a_mixture_draws_its_sets_in_proportion_each_in_its_own_order() {
+    use super::mixture::{Mixture, BLOCK};
+    let dir = scratch("mixture");
+    marked_set(&dir, "a", 'A', 30);
+    marked_set(&dir, "b", 'B', 50);
+    let file = dir.join("mix.json");
+    std::fs::write(
+        &file,
+        r#"{"streams": {"a": {"local": "a", "proportion": 0.7}, "b": {"local": "b", "proportion": 0.3}}}"#,
+    )
+    .unwrap();
+    assert!(Mixture::is_mixture(&file));
+    let mix = Arc::new(Mixture::read(&file).unwrap());
+    assert_eq!(mix.proportions(), [717.0 / 1024.0, 307.0 / 1024.0]);
+    // One sample a row: each row's first token says its set, the rest
+    // which sample.
+    let rows = 64;
+    let mut loader = Loader::from_mixture(mix.clone(), 16, rows, 3);
+    let mut draws: Vec<(u8, String)> = Vec::new();
+    for _ in 0..3 * BLOCK / rows {
+        let b = loader.next_batch();
+        let figures = loader.set_figures();
+        let mut tokens = [0usize; 2];
+        for r in 0..rows {
+            // (After the byte tokenizer's BOS.)
+            let ids = &b.ids[r * 16 + 1..r * 16 + 7];
+            let set = ids[0] as u8;
+            tokens[usize::from(set == b'B')] += b.segment_ids[r * 16..(r + 1) * 16]
+                .iter()
+                .filter(|&&s| s > 0)
+                .count();
+            draws.push((set, ids[1..5].iter().map(|&c| c as u8 as char).collect()));
+        }
+        assert_eq!(figures[0], ("data/a/tokens".to_string(), tokens[0] as f64));
+        assert_eq!(figures[2], ("data/b/tokens".to_string(), tokens[1] as f64));
+    }
+    // Every block holds the proportions exactly.
+    for block in draws.chunks(BLOCK) {
+        assert_eq!(block.iter().filter(|d| d.0 == b'A').count(), 717);
+    }
+    // Each set is walked in its own order: every 30 draws of `a` (an
+    // epoch of it) are its 30 samples once each.
+    let of_a: Vec<&String> = draws.iter().filter(|d| d.0 == b'A').map(|d| &d.1).collect();
+    for epoch in of_a.chunks_exact(30) {
+        let mut seen: Vec<&String> = epoch.to_vec();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), 30);
+    }
+    // A loader resumed at a cursor, or of another process's rows, goes on
+    // as this one.
+    let mut resumed = Loader::from_mixture(mix.clone(), 16, rows, 3);
+    resumed.cursor = 5 * rows as u64;
+    let mut again = Loader::from_mixture(mix.clone(), 16, rows, 3);
+    for _ in 0..5 {
+        again.next_batch();
+    }
+    assert_eq!(resumed.next_batch(), again.next_batch());
+    // Streams that cannot be read are refused.
+    std::fs::write(
+        &file,
+        r#"{"streams": {"a": {"local": "a", "proportion": 0}}}"#,
+    )
+    .unwrap();
+    let e = Mixture::read(&file).err().unwrap().to_string();
+    assert!(e.contains("proportion"), "{e}");
+}

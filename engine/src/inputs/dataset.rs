@@ -6,10 +6,19 @@ use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
 
+use hlo_data::tokens::mixture::Mixture;
 use hlo_data::{
     data_files, demo_examples, demo_pairs, is_preference_data, is_token_dir, stats, ChatData,
     DataStats, Example, PreferencePair, Reader, RewardPair, TokenShards, Unpaired,
 };
+
+/// A folder of prepared tokens, or a mixture file naming several.
+fn token_sets(path: &Path) -> Result<Mixture> {
+    Ok(match Mixture::is_mixture(path) {
+        true => Mixture::read(path)?,
+        false => Mixture::single(Arc::new(TokenShards::open(path)?)),
+    })
+}
 
 use crate::error::{EngineError, Result};
 use crate::inputs::model::Model;
@@ -42,8 +51,8 @@ pub struct DataSpec {
 /// names and contents, in the order they are read), or of a prepared
 /// token set (its manifest's tokenizer and shard checksums).
 pub(crate) fn data_fingerprint(path: &Path) -> Result<String> {
-    if is_token_dir(path) {
-        return Ok(TokenShards::open(path)?.fingerprint());
+    if is_token_dir(path) || Mixture::is_mixture(path) {
+        return Ok(token_sets(path)?.fingerprint());
     }
     if !path.is_dir() {
         return file_fingerprint(path);
@@ -112,8 +121,9 @@ pub struct Dataset {
     pub stats: DataStats,
     /// The file's FNV-1a fingerprint (`demo` for the demo task).
     pub fingerprint: String,
-    /// A prepared token set, memory-mapped, in place of `examples`.
-    pub shards: Option<Arc<TokenShards>>,
+    /// Prepared token sets (one, or a mixture), memory-mapped, in place
+    /// of `examples`.
+    pub shards: Option<Arc<Mixture>>,
 }
 
 impl Dataset {
@@ -151,7 +161,7 @@ impl Dataset {
         seed: u64,
         demo: usize,
     ) -> Result<Dataset> {
-        if let Some(path) = path.filter(|p| is_token_dir(p)) {
+        if let Some(path) = path.filter(|p| is_token_dir(p) || Mixture::is_mixture(p)) {
             return Self::of_tokens(model, spec, path);
         }
         let tokenizer = model.tokenizer(None)?;
@@ -234,26 +244,9 @@ impl Dataset {
                 "is a prepared token set, which holds samples for --objective sft; pairs and labelled examples are read from JSONL or Parquet".into(),
             ));
         }
-        let shards = TokenShards::open(path)?;
-        let m = &shards.manifest;
-        let ours = model.tokenizer(None)?.map(|t| t.fingerprint());
-        if ours.as_deref() != Some(m.tokenizer.as_str()) {
-            return Err(refuse(format!(
-                "was prepared with another tokenizer ({}) than the model's ({}); prepare it again with this model",
-                m.tokenizer,
-                ours.as_deref().unwrap_or("none")
-            )));
-        }
-        if spec.chat_template.is_some() || spec.train_on_inputs != m.source.train_on_inputs {
-            return Err(refuse(
-                "fixed how conversations are read when it was prepared; leave out --chat-template and --train-on-inputs, or prepare it again with them".into(),
-            ));
-        }
-        if i64::from(m.max_id) >= model.config.vocab_size {
-            return Err(refuse(format!(
-                "holds token id {}, outside the model's vocabulary of {}",
-                m.max_id, model.config.vocab_size
-            )));
+        let sets = token_sets(path)?;
+        for (_, shards) in &sets.sets {
+            check_tokens(model, spec, path, shards)?;
         }
         Ok(Dataset {
             examples: Vec::new(),
@@ -261,9 +254,9 @@ impl Dataset {
             unpaired: Vec::new(),
             margins: Vec::new(),
             whole: false,
-            stats: shards.stats(spec.seq),
-            fingerprint: shards.fingerprint(),
-            shards: Some(Arc::new(shards)),
+            stats: sets.stats(spec.seq),
+            fingerprint: sets.fingerprint(),
+            shards: Some(Arc::new(sets)),
         })
     }
 
@@ -271,7 +264,11 @@ impl Dataset {
     /// tokens: each cut to `seq`).
     pub fn all_examples(&self, seq: usize) -> Vec<Example> {
         match &self.shards {
-            Some(s) => (0..s.len()).map(|i| s.sample(i, seq)).collect(),
+            Some(m) => m
+                .sets
+                .iter()
+                .flat_map(|(_, s)| (0..s.len()).map(|i| s.sample(i, seq)))
+                .collect(),
             None => self.examples.clone(),
         }
     }
@@ -389,6 +386,37 @@ impl Dataset {
             .filter(|e| e.learns_within(seq))
             .collect())
     }
+}
+
+/// Refuses a prepared set `shards` (of `path`) the run cannot read as it
+/// was prepared: another tokenizer than the model's, another way of
+/// reading conversations, an id outside the model's vocabulary.
+fn check_tokens(model: &Model, spec: &DataSpec, path: &Path, shards: &TokenShards) -> Result<()> {
+    let refuse = |why: String| EngineError::DataForObjective {
+        path: path.to_path_buf(),
+        why,
+    };
+    let m = &shards.manifest;
+    let ours = model.tokenizer(None)?.map(|t| t.fingerprint());
+    if ours.as_deref() != Some(m.tokenizer.as_str()) {
+        return Err(refuse(format!(
+            "was prepared with another tokenizer ({}) than the model's ({}); prepare it again with this model",
+            m.tokenizer,
+            ours.as_deref().unwrap_or("none")
+        )));
+    }
+    if spec.chat_template.is_some() || spec.train_on_inputs != m.source.train_on_inputs {
+        return Err(refuse(
+            "fixed how conversations are read when it was prepared; leave out --chat-template and --train-on-inputs, or prepare it again with them".into(),
+        ));
+    }
+    if i64::from(m.max_id) >= model.config.vocab_size {
+        return Err(refuse(format!(
+            "holds token id {}, outside the model's vocabulary of {}",
+            m.max_id, model.config.vocab_size
+        )));
+    }
+    Ok(())
 }
 
 /// How `hlo-train data prepare` tokenizes: into which folder, how many

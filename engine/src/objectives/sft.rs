@@ -137,7 +137,7 @@ impl RowInputs {
             // one index at a time.
             let n = shards.len();
             (
-                Loader::from_shards(shards, seq, tc.rows() as usize, spec.seed),
+                Loader::from_mixture(shards, seq, tc.rows() as usize, spec.seed),
                 n,
             )
         } else {

@@ -129,9 +129,11 @@ pub struct SourcedBatch {
 
 impl BatchSource for Loader {
     fn next_batch(&mut self, _: &Session) -> Result<SourcedBatch> {
+        let batch = Loader::next_batch(self);
         Ok(SourcedBatch {
-            batch: Loader::next_batch(self),
-            metrics: Vec::new(),
+            batch,
+            // A mixture's tokens by set.
+            metrics: self.set_figures(),
             samples: Vec::new(),
         })
     }
