@@ -15,7 +15,7 @@ use hlo_engine::model::quantized_config;
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::checkpoint::Checkpoint;
 use hlo_engine::models::decoder::SCORE;
-use hlo_engine::models::io::{copy_side_files, write_atomic, write_safetensors};
+use hlo_engine::models::io::{copy_side_files, write_atomic, write_hf_weights, MAX_SHARD_BYTES};
 use hlo_engine::models::nf4::{self, Nf4Tensor};
 use hlo_engine::{Model, ModelSource};
 
@@ -120,7 +120,7 @@ pub fn run(args: &MergeArgs) -> Result<()> {
     hlo_engine::checkpoint::remove_stale_temporaries(&args.out);
     // As transformers writes them (mixtures of experts per expert).
     let tensors = hlo_engine::models::checkpoint::hf_layout(&ckpt.config, tensors);
-    write_safetensors(&args.out.join("model.safetensors"), &tensors)?;
+    write_hf_weights(&args.out, &tensors, MAX_SHARD_BYTES)?;
     let config = checkpoint.join("config.json");
     let bytes =
         std::fs::read(&config).with_context(|| format!("cannot read {}", config.display()))?;
