@@ -260,6 +260,20 @@ impl Decoder<'_> {
         })
     }
 
+    /// `x` (batch first) constrained to rows split over the batch axes:
+    /// the residual stream's layout at each layer's edge. Without it,
+    /// under FSDP (weights and rows split over the same axis) XLA's SPMD
+    /// propagation may keep the weights split and gather the rows instead,
+    /// so each device holds (and computes) every row.
+    pub(super) fn rows_split(&self, x: Tensor) -> Tensor {
+        if self.batch_axes.is_empty() {
+            return x;
+        }
+        let mut dims = vec![Vec::new(); x.rank()];
+        dims[0] = self.batch_axes.clone();
+        x.with_sharding_constraint(dims)
+    }
+
     /// An RMSNorm of the family's style with weight `{name}.weight`.
     pub(super) fn norm(&self, p: &Params, name: &str, x: Tensor) -> Tensor {
         let c = self.config;
@@ -585,11 +599,11 @@ impl Decoder<'_> {
                 let kind = c.layer_types[l as usize];
                 let (rotary, visible) = (rotary.of(kind), visible.of(kind));
                 let layer = || self.layer(p, &prefix, h, rotary, visible);
-                h = if self.remat_layers {
+                h = self.rows_split(if self.remat_layers {
                     checkpoint(&prefix, layer)
                 } else {
                     scope(&prefix, layer)
-                };
+                });
             }
         }
         scope("model.norm", || self.norm(p, "model.norm", h))
@@ -676,7 +690,7 @@ impl Decoder<'_> {
                     cudnn @ Visible::Cudnn(_) => cudnn, // one static window
                 };
                 (
-                    vec![self.layer(&lp, "layer", l["h"], rotary, visible)],
+                    vec![self.rows_split(self.layer(&lp, "layer", l["h"], rotary, visible))],
                     vec![],
                 )
             })
