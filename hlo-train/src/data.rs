@@ -106,7 +106,7 @@ pub fn run(args: &DataArgs) -> Result<()> {
     if spec.pairs {
         return show_pairs(args, &model, data);
     }
-    let shown = first_samples(&data, args.samples);
+    let shown = data.first_examples(args.samples, usize::MAX);
     // Data that teaches nothing: the line `train` refuses it with.
     if data.stats.no_signal == data.stats.samples {
         return Ok(data.learning(seq).map(|_| ())?);
@@ -171,19 +171,6 @@ pub fn run(args: &DataArgs) -> Result<()> {
         100.0 * fill
     );
     Ok(())
-}
-
-/// The first `n` samples (of prepared tokens: read from their shards).
-fn first_samples(data: &Dataset, n: usize) -> Vec<hlo_engine::data::Example> {
-    match &data.shards {
-        Some(m) => m
-            .sets
-            .iter()
-            .flat_map(|(_, s)| (0..s.len()).map(move |i| s.sample(i, usize::MAX)))
-            .take(n)
-            .collect(),
-        None => data.examples.iter().take(n).cloned().collect(),
-    }
 }
 
 /// Tokens as text, runs of learned ones ⟦marked⟧ (the first token is

@@ -49,7 +49,9 @@ pub fn run(args: &InitArgs) -> Result<()> {
         "bf16" => DType::BF16,
         _ => DType::F32,
     };
-    let weights = model.base_weights(dtype, args.seed)?;
+    // As a run seeded so makes each (`Model::weight`'s random weights).
+    model.check_weights()?;
+    let weights = hlo_engine::models::decoder::init_base(&model.config, dtype, args.seed);
     std::fs::create_dir_all(&args.out)?;
     model.save_hf(&args.out, &weights)?;
     let parameters: usize = weights.iter().map(|(_, w)| w.ty.element_count()).sum();

@@ -45,10 +45,11 @@ impl Mixture {
         }
     }
 
-    /// Whether `path` is a mixture file (a JSON file with `streams`).
+    /// Whether `path` is a mixture file (a small JSON file with
+    /// `streams`; a large `.json` data file is not read to tell).
     pub fn is_mixture(path: &Path) -> bool {
-        path.is_file()
-            && path.extension().is_some_and(|e| e == "json")
+        path.extension().is_some_and(|e| e == "json")
+            && std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() < 1 << 20)
             && std::fs::read_to_string(path)
                 .ok()
                 .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
@@ -174,9 +175,6 @@ impl Mixture {
     /// The sets of block `block`'s draws, with each draw's count of earlier
     /// draws of its set in the block.
     pub(crate) fn block(&self, block: u64, seed: u64) -> Vec<(u16, u32)> {
-        if self.sets.len() == 1 {
-            return (0..BLOCK as u32).map(|p| (0, p)).collect();
-        }
         let order = Permutation::new(
             BLOCK as u64,
             seed ^ 0x6d69_7874 ^ block.wrapping_mul(0x9e37_79b9),
@@ -207,6 +205,10 @@ impl Mixture {
         seed: u64,
         cache: &mut (u64, Vec<(u16, u32)>),
     ) -> (usize, u64) {
+        // One set takes every draw.
+        if self.sets.len() == 1 {
+            return (0, k);
+        }
         let (block, at) = (k / BLOCK as u64, (k % BLOCK as u64) as usize);
         if cache.0 != block || cache.1.is_empty() {
             *cache = (block, self.block(block, seed));

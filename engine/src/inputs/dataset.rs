@@ -9,7 +9,7 @@ use std::sync::Arc;
 use hlo_data::tokens::mixture::Mixture;
 use hlo_data::{
     data_files, demo_examples, demo_pairs, is_preference_data, is_token_dir, stats, ChatData,
-    DataStats, Example, PreferencePair, Reader, RewardPair, TokenShards, Unpaired,
+    ChatTemplate, DataStats, Example, PreferencePair, Reader, RewardPair, TokenShards, Unpaired,
 };
 
 /// A folder of prepared tokens, or a mixture file naming several.
@@ -168,35 +168,10 @@ impl Dataset {
         let eos = model.eos_ids().first().copied();
         let (examples, fingerprint) = match path {
             Some(path) => {
-                let template = model.chat_template(spec.chat_template.as_deref())?;
-                let chat = template.as_ref().map(|template| ChatData {
-                    template,
-                    stop: model.eos_ids(),
-                    train_on_inputs: spec.train_on_inputs,
-                });
-                let reader = Reader {
-                    tokenizer: tokenizer.as_ref(),
-                    eos,
-                    vocab: model.config.vocab_size,
-                    chat: chat.as_ref(),
-                    max_tokens: Some(spec.seq),
+                let read = |reader: &Reader, _: Option<&ChatTemplate>| {
+                    Self::of_file(model, spec, path, reader)
                 };
-                let fingerprint = data_fingerprint(path)?;
-                if spec.unpaired {
-                    let rows = reader.read_unpaired(path, model.eos_token_text()?.as_deref())?;
-                    return Ok(Self::of_unpaired(rows, spec.seq, fingerprint));
-                }
-                check_shape(path, spec.pairs)?;
-                if spec.whole_pairs {
-                    let pairs =
-                        reader.read_reward_pairs(path, model.eos_token_text()?.as_deref())?;
-                    return Ok(Self::of_reward_pairs(pairs, spec.seq, fingerprint));
-                }
-                if spec.pairs {
-                    let pairs = reader.read_pairs(path, model.eos_token_text()?.as_deref())?;
-                    return Ok(Self::of_pairs(pairs, spec.seq, fingerprint));
-                }
-                (reader.read_path(path)?, fingerprint)
+                return with_reader(model, spec, tokenizer.as_ref(), Some(spec.seq), read);
             }
             None if spec.unpaired => {
                 let t = tokenizer.as_ref().ok_or(EngineError::DemoNeedsTokenizer)?;
@@ -218,17 +193,45 @@ impl Dataset {
                 (demo_examples(t, eos, demo, seed), "demo".to_string())
             }
         };
-        let stats = stats(&examples, spec.seq);
-        Ok(Dataset {
+        Ok(Self::of_examples(examples, spec.seq, fingerprint))
+    }
+
+    /// `path`'s rows read by `reader` as `spec` asks: SFT rows, pairs
+    /// (whole, for a reward model) or unpaired labelled examples.
+    fn of_file(model: &Model, spec: &DataSpec, path: &Path, reader: &Reader) -> Result<Dataset> {
+        let fingerprint = data_fingerprint(path)?;
+        if spec.unpaired {
+            let rows = reader.read_unpaired(path, model.eos_token_text()?.as_deref())?;
+            return Ok(Self::of_unpaired(rows, spec.seq, fingerprint));
+        }
+        check_shape(path, spec.pairs)?;
+        if spec.whole_pairs {
+            let pairs = reader.read_reward_pairs(path, model.eos_token_text()?.as_deref())?;
+            return Ok(Self::of_reward_pairs(pairs, spec.seq, fingerprint));
+        }
+        if spec.pairs {
+            let pairs = reader.read_pairs(path, model.eos_token_text()?.as_deref())?;
+            return Ok(Self::of_pairs(pairs, spec.seq, fingerprint));
+        }
+        Ok(Self::of_examples(
+            reader.read_path(path)?,
+            spec.seq,
+            fingerprint,
+        ))
+    }
+
+    /// SFT examples, with their statistics.
+    fn of_examples(examples: Vec<Example>, seq: usize, fingerprint: String) -> Dataset {
+        Dataset {
+            stats: stats(&examples, seq),
             examples,
             pairs: Vec::new(),
             unpaired: Vec::new(),
             margins: Vec::new(),
             whole: false,
-            stats,
             fingerprint,
             shards: None,
-        })
+        }
     }
 
     /// A prepared token set (`hlo-train data prepare`): SFT samples,
@@ -260,16 +263,17 @@ impl Dataset {
         })
     }
 
-    /// Every sample, in memory (a held-out set read from prepared
-    /// tokens: each cut to `seq`).
-    pub fn all_examples(&self, seq: usize) -> Vec<Example> {
+    /// The first `n` samples in memory, in file order (of prepared
+    /// tokens: read from their shards, each cut to `seq`).
+    pub fn first_examples(&self, n: usize, seq: usize) -> Vec<Example> {
         match &self.shards {
             Some(m) => m
                 .sets
                 .iter()
-                .flat_map(|(_, s)| (0..s.len()).map(|i| s.sample(i, seq)))
+                .flat_map(|(_, s)| (0..s.len()).map(move |i| s.sample(i, seq)))
+                .take(n)
                 .collect(),
-            None => self.examples.clone(),
+            None => self.examples.iter().take(n).cloned().collect(),
         }
     }
 
@@ -447,39 +451,51 @@ pub fn prepare_tokens(
     let tokenizer = model
         .tokenizer(None)?
         .ok_or(EngineError::Data(hlo_data::DataError::NoTokenizer))?;
+    // Samples whole: a run cuts them to its --seq.
+    with_reader(model, spec, Some(&tokenizer), None, |reader, template| {
+        let source = hlo_data::tokens::Source {
+            path: path.display().to_string(),
+            fingerprint: data_fingerprint(path)?,
+            chat_template: template
+                .map(|t| format!("{:016x}", hlo_ir::rng::fnv1a(t.source.as_bytes()))),
+            train_on_inputs: spec.train_on_inputs,
+            eos: reader.eos,
+        };
+        let options = hlo_data::tokens::PrepareOptions {
+            out: prepare.out.clone(),
+            source,
+            tokenizer: tokenizer.fingerprint(),
+            rows_per_shard: prepare.rows_per_shard.max(1),
+            threads: prepare.threads.max(1),
+        };
+        let files = data_files(path)?;
+        Ok(hlo_data::tokens::prepare(&files, reader, &options, report)?)
+    })
+}
+
+/// Runs `read` with `model`'s way of reading `spec`'s rows: `tokenizer`,
+/// the model's EOS (appended to text) and vocabulary, its chat template
+/// (also passed to `read`) with `spec`'s `train_on_inputs`, text cut to
+/// what `max_tokens` can use (None: whole).
+fn with_reader<T>(
+    model: &Model,
+    spec: &DataSpec,
+    tokenizer: Option<&hlo_data::Tokenizer>,
+    max_tokens: Option<usize>,
+    read: impl FnOnce(&Reader, Option<&ChatTemplate>) -> Result<T>,
+) -> Result<T> {
     let template = model.chat_template(spec.chat_template.as_deref())?;
     let chat = template.as_ref().map(|template| ChatData {
         template,
         stop: model.eos_ids(),
         train_on_inputs: spec.train_on_inputs,
     });
-    let eos = model.eos_ids().first().copied();
     let reader = Reader {
-        tokenizer: Some(&tokenizer),
-        eos,
+        tokenizer,
+        eos: model.eos_ids().first().copied(),
         vocab: model.config.vocab_size,
         chat: chat.as_ref(),
-        max_tokens: None,
+        max_tokens,
     };
-    let options = hlo_data::tokens::PrepareOptions {
-        out: prepare.out.clone(),
-        source: hlo_data::tokens::Source {
-            path: path.display().to_string(),
-            fingerprint: data_fingerprint(path)?,
-            chat_template: template
-                .as_ref()
-                .map(|t| format!("{:016x}", hlo_ir::rng::fnv1a(t.source.as_bytes()))),
-            train_on_inputs: spec.train_on_inputs,
-            eos,
-        },
-        tokenizer: tokenizer.fingerprint(),
-        rows_per_shard: prepare.rows_per_shard.max(1),
-        threads: prepare.threads.max(1),
-    };
-    Ok(hlo_data::tokens::prepare(
-        &data_files(path)?,
-        &reader,
-        &options,
-        report,
-    )?)
+    read(&reader, template.as_ref())
 }

@@ -350,18 +350,6 @@ impl Model {
         }
     }
 
-    /// Every base weight in `dtype`, by name (unstacked), as
-    /// [`Model::weight`] makes each: what a run of this model seeded by
-    /// `seed` starts from. The whole model on the host: refused past the
-    /// size random weights are made at ([`Model::check_weights`]).
-    pub fn base_weights(&self, dtype: DType, seed: u64) -> Result<Vec<(String, Literal)>> {
-        self.check_weights()?;
-        hlo_models::decoder::base_parameter_types(&self.config, dtype)
-            .into_iter()
-            .map(|(name, ty)| Ok((name.clone(), self.weight(&name, ty.dtype, seed)?)))
-            .collect()
-    }
-
     /// Base weight `name` made as HF initialises it, seeded by `seed`.
     fn random(&self, name: &str, dtype: DType, seed: u64) -> Result<Literal> {
         let shape = self

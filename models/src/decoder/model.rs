@@ -246,12 +246,7 @@ impl Decoder<'_> {
                         p.get(&format!("{module}.lora_b")),
                     );
                     // PEFT runs the branch in the adapter's dtype; never forms A·B.
-                    let mut xa = x.cast(a.dtype()).matmul(a);
-                    if !self.batch_axes.is_empty() {
-                        let mut dims = vec![Vec::new(); xa.rank()];
-                        dims[0] = self.batch_axes.clone();
-                        xa = xa.with_sharding_constraint(dims);
-                    }
+                    let xa = self.rows_split(x.cast(a.dtype()).matmul(a));
                     let delta = xa.matmul(b) * l.scale_of(&layer_path(module));
                     add_lora(y, delta)
                 }
