@@ -47,6 +47,9 @@ pub struct Batch {
     pub margin: Vec<f32>,
     /// Tokens whose prediction counts.
     pub targets: usize,
+    /// Slots of rows another process fills that hold a real token
+    /// (counted, not written: see [`Loader::with_owned_rows`]).
+    pub filled_elsewhere: usize,
 }
 
 impl Batch {
@@ -64,6 +67,7 @@ impl Batch {
             desirable: Vec::new(),
             margin: Vec::new(),
             targets: 0,
+            filled_elsewhere: 0,
         }
     }
 
@@ -91,9 +95,11 @@ impl Batch {
         self.put(ex, row, 0, seq, 1);
     }
 
-    /// Slots holding a real token, over all slots.
+    /// Slots holding a real token, over all slots (those of rows another
+    /// process fills too).
     pub fn fill(&self) -> f64 {
-        self.segment_ids.iter().filter(|&&s| s > 0).count() as f64 / self.ids.len().max(1) as f64
+        let here = self.segment_ids.iter().filter(|&&s| s > 0).count();
+        (here + self.filled_elsewhere) as f64 / self.ids.len().max(1) as f64
     }
 }
 
@@ -248,6 +254,9 @@ impl Loader {
     /// empty, their samples still taken in order (told apart by their
     /// lengths alone, which packing needs), so every process's loader
     /// walks the same global sequence whatever the number of processes.
+    /// Their learned tokens and filled slots are still counted (from the
+    /// loss masks alone), so a batch's `targets` and `fill` are the global
+    /// batch's in every process.
     pub fn with_owned_rows(mut self, owned: Vec<bool>) -> Loader {
         assert_eq!(owned.len(), self.batch, "one flag a row");
         self.owned = Some(owned);
@@ -416,6 +425,21 @@ impl Loader {
         }
     }
 
+    /// The predictions a row holding the first `len` tokens of sample
+    /// `i` of set `set` counts (as [`Batch::put`] counts them).
+    fn learned_within(&self, (set, i): (usize, usize), len: usize) -> usize {
+        match &self.shards {
+            Some(m) => m.sets[set].1.learned_within(i, len),
+            None => {
+                let target = &self.examples[i].target;
+                target[1.min(len)..len.min(target.len())]
+                    .iter()
+                    .filter(|&&t| t)
+                    .count()
+            }
+        }
+    }
+
     /// Sample `i` of set `set` (from shards: its first `seq` tokens, read
     /// now).
     fn sample(&self, (set, i): (usize, usize)) -> Cow<'_, Example> {
@@ -516,6 +540,10 @@ impl Loader {
                 }
                 if own {
                     out.put(&self.sample(i), row, at, seq, segment);
+                } else {
+                    let used = len.min(seq - at);
+                    out.targets += self.learned_within(i, used);
+                    out.filled_elsewhere += used;
                 }
                 at += len;
                 segment += 1;
@@ -584,6 +612,34 @@ mod tests {
         Example {
             ids: (first..first + n as u32).collect(),
             target: (0..n).map(|t| t >= prompt).collect(),
+        }
+    }
+
+    /// Two processes each filling half the rows of examples in memory:
+    /// together the global batch, and each counts its learned tokens and
+    /// fill.
+    #[test]
+    fn owned_rows_split_a_batch_and_each_process_counts_the_whole() {
+        let examples: Vec<Example> = (0..10)
+            .map(|k| side(1 + k % 3, 2 + k % 4, 10 * k as u32))
+            .collect();
+        let (seq, rows) = (8, 4);
+        for packing in [false, true] {
+            let make = || Loader::new(examples.clone(), seq, rows, 3).packed(packing);
+            let mut global = make();
+            let mut halves: Vec<Loader> = (0..2)
+                .map(|p| make().with_owned_rows((0..rows).map(|r| r / 2 == p).collect()))
+                .collect();
+            for _ in 0..5 {
+                let want = global.next_batch();
+                for (p, half) in halves.iter_mut().enumerate() {
+                    let got = half.next_batch();
+                    let mine = 2 * p * seq..2 * (p + 1) * seq;
+                    assert_eq!(got.ids[mine.clone()], want.ids[mine.clone()]);
+                    assert_eq!(got.loss_mask[mine.clone()], want.loss_mask[mine]);
+                    assert_eq!((got.targets, got.fill()), (want.targets, want.fill()));
+                }
+            }
         }
     }
 

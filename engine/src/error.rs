@@ -258,6 +258,13 @@ pub enum EngineError {
         bad: usize,
         total: usize,
     },
+    /// A sharded state that cannot be read as saved: a file missing,
+    /// damaged, or not covering a tensor.
+    #[error("{}: {message}", path.display())]
+    ShardedState { path: PathBuf, message: String },
+    /// A run folder `export` cannot make an HF folder of.
+    #[error("export: {0}")]
+    Export(String),
     /// A saved run that cannot be continued as asked.
     #[error("--resume: {0}")]
     Resume(String),

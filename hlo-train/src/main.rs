@@ -14,6 +14,7 @@ mod data;
 mod devices;
 mod dump_hlo;
 mod eval;
+mod export;
 mod generate;
 mod init;
 mod merge;
@@ -69,6 +70,9 @@ pub(crate) enum Command {
     Data(Box<data::DataArgs>),
     /// Fold a PEFT adapter into a model's weights and write an HF folder.
     Merge(merge::MergeArgs),
+    /// Write a full-training run's saved state as an HF model folder
+    /// (weights streamed from every process's shards).
+    Export(export::ExportArgs),
     /// Write an HF model folder of a config's weights made as
     /// transformers initialises a new model (train --init random's start).
     Init(Box<init::InitArgs>),
@@ -191,6 +195,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => a.plugin.check_launch("serve"),
         Command::Data(_)
         | Command::Merge(_)
+        | Command::Export(_)
         | Command::Init(_)
         | Command::Plan(_)
         | Command::Plot(_) => Ok(()),
@@ -226,6 +231,7 @@ fn main() -> ExitCode {
             train::run(*args, &given, &argv)
         }
         Command::Merge(args) => merge::run(&args),
+        Command::Export(args) => export::run(&args),
         Command::Init(args) => init::run(&args),
         // A step that does not fit exits 1, its report printed.
         Command::Plan(args) => match plan::run(&args) {

@@ -155,6 +155,8 @@ pub struct TrainArgs {
 
     /// Where the adapter (or a complete HF model folder with --full) and
     /// train_state/ go (default with --resume: the resumed folder).
+    /// train_state/ is sharded: each process writes what its devices hold,
+    /// and --resume restores it onto any mesh or process count.
     #[arg(long)]
     pub out: Option<PathBuf>,
 
@@ -381,6 +383,9 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
     }
     print_header(&run)?;
     println!("{}", run.choices());
+    if let Some(restored) = run.restored() {
+        println!("{}", crate::console::resumed_line(restored));
+    }
     let (mut hooks, bar, course) = hooks(&run, argv)?;
     let summary = run.train(&mut hooks).inspect_err(|_| bar.abandon())?;
     print_summary(&run, &summary, &course);

@@ -679,6 +679,15 @@ fn bad_input_table() {
             ]),
         ),
         (
+            "export of a folder that holds no run",
+            vec![
+                "export".to_string(),
+                root.to_str().unwrap().to_string(),
+                "--out".to_string(),
+                root.join("exported").to_str().unwrap().to_string(),
+            ],
+        ),
+        (
             "bench --precompute-ref for an objective without a reference",
             ["bench", "--objective", "orpo", "--precompute-ref", "--steps", "1"]
                 .map(String::from)

@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 
-const COMMANDS: [&str; 14] = [
+const COMMANDS: [&str; 15] = [
     "train",
     "data",
     "data prepare",
@@ -17,6 +17,7 @@ const COMMANDS: [&str; 14] = [
     "generate",
     "serve",
     "merge",
+    "export",
     "init",
     "score",
     "bench",

@@ -8,6 +8,7 @@ mod common;
 use std::path::Path;
 
 use common::*;
+use hlo_engine::checkpoint::sharded::block_crc;
 use hlo_engine::models::io::{read_safetensors, write_safetensors};
 
 /// A short tiny-model run on the demo task.
@@ -28,13 +29,18 @@ fn state(out: &Path) -> serde_json::Value {
         .unwrap()
 }
 
+/// The one shard file of a one-process run's saved state.
+fn shard(out: &Path) -> std::path::PathBuf {
+    out.join("train_state/shard-00000-of-00001.safetensors")
+}
+
 #[test]
 fn a_folder_holding_a_run_is_not_overwritten() {
     let dir = scratch("safety", "overwrite");
     let out = dir.join("run");
     let o = out.to_str().unwrap();
     ok(&run(&tiny("6", &["--out", o])));
-    let before = std::fs::read(out.join("train_state/state.safetensors")).unwrap();
+    let before = std::fs::read(shard(&out)).unwrap();
     let err = one_line_error(&run(&tiny("3", &["--out", o])));
     assert!(
         err.contains(&format!("--out {o} holds a run already"))
@@ -44,10 +50,7 @@ fn a_folder_holding_a_run_is_not_overwritten() {
     );
     // Nothing changed.
     assert_eq!(state(&out)["step"], 6);
-    assert_eq!(
-        std::fs::read(out.join("train_state/state.safetensors")).unwrap(),
-        before
-    );
+    assert_eq!(std::fs::read(shard(&out)).unwrap(), before);
     // --overwrite replaces it.
     ok(&run(&tiny("3", &["--out", o, "--overwrite"])));
     assert_eq!(state(&out)["step"], 3);
@@ -189,8 +192,10 @@ fn saved_state_is_checked_on_the_way_in() {
     let out = dir.join("run");
     let o = out.to_str().unwrap();
     ok(&run(&tiny("2", &["--out", o])));
-    let state_file = out.join("train_state/state.safetensors");
+    let state_file = shard(&out);
     let json_file = out.join("train_state/state.json");
+    let manifest_file = out.join("train_state/manifest.json");
+    let good_manifest = std::fs::read_to_string(&manifest_file).unwrap();
     let (good_bytes, good_json) = (
         std::fs::read(&state_file).unwrap(),
         std::fs::read_to_string(&json_file).unwrap(),
@@ -218,12 +223,12 @@ fn saved_state_is_checked_on_the_way_in() {
     values[0] = f64::NAN;
     *lit = hlo_engine::ir::Literal::from_f64s(lit.ty.clone(), &values);
     write_safetensors(&state_file, &tensors).unwrap();
-    let sum = hlo_engine::checkpoint::file_fingerprint(&state_file).unwrap();
-    let old_sum = serde_json::from_str::<serde_json::Value>(&good_json).unwrap()["checksum"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    std::fs::write(&json_file, good_json.replace(&old_sum, &sum)).unwrap();
+    std::fs::write(&json_file, &good_json).unwrap();
+    // The block's checksum made to match (one device: the block is the tensor).
+    let (_, lit) = tensors.iter().find(|(n, _)| n == &name).unwrap();
+    let mut manifest: serde_json::Value = serde_json::from_str(&good_manifest).unwrap();
+    manifest["tensors"][&name]["blocks"][0]["crc32"] = block_crc(&lit.bytes).into();
+    std::fs::write(&manifest_file, manifest.to_string()).unwrap();
     let err = one_line_error(&hlo_train(&["train", "--resume", o, "--steps", "4"]));
     assert!(
         err.contains(&format!("`{name}` has 1 non-finite values")),
@@ -261,8 +266,8 @@ fn a_run_that_diverges_saves_nothing_non_finite() {
         err.contains("non-finite") || err.contains("stopped"),
         "{err}"
     );
-    if out.join("train_state/state.safetensors").is_file() {
-        for (name, lit) in read_safetensors(&out.join("train_state/state.safetensors")).unwrap() {
+    if shard(&out).is_file() {
+        for (name, lit) in read_safetensors(&shard(&out)).unwrap() {
             assert!(
                 lit.to_f64s().iter().all(|v| v.is_finite()),
                 "{name} saved non-finite"

@@ -48,49 +48,76 @@ pub struct Checkpoint {
 /// `block_sparse_moe.experts.{e}.w1/w3/w2.weight`, its router
 /// `block_sparse_moe.gate.weight`); every other parameter as it is.
 pub fn hf_layout(config: &ModelConfig, params: Vec<(String, Literal)>) -> Vec<(String, Literal)> {
-    // gpt-oss's are saved fused, as the model holds them.
-    if config.moe.as_ref().is_some_and(|m| m.transposed()) {
-        return params;
-    }
-    let (module, [gate, up, down]) = per_expert_names(config);
     let mut out = Vec::with_capacity(params.len());
     for (name, lit) in params {
-        let Some((layer, what)) = name
-            .strip_prefix("model.layers.")
-            .and_then(|r| r.split_once('.'))
-            .filter(|(l, _)| l.parse::<i64>().is_ok_and(|l| config.is_sparse(l)))
-        else {
-            out.push((name, lit));
+        let mut parts = hf_parts(config, &name, &lit.ty);
+        if parts.len() == 1 && parts[0].2 == (0..lit.bytes.len()) {
+            let (hf_name, ty, _) = parts.remove(0);
+            out.push((
+                hf_name,
+                Literal {
+                    ty,
+                    bytes: lit.bytes,
+                },
+            ));
             continue;
-        };
-        let at = format!("model.layers.{layer}.{module}");
-        let names: &[&str] = match what {
-            "mlp.gate.weight" => {
-                out.push((format!("{at}.gate.weight"), lit));
-                continue;
-            }
-            "mlp.experts.gate_up_proj" => &[gate, up],
-            "mlp.experts.down_proj" => &[down],
-            _ => {
-                out.push((name, lit));
-                continue;
-            }
-        };
-        // [E, rows, cols]: each expert's rows, split evenly among `names`.
-        let (e, rows, cols) = (lit.ty.dims[0], lit.ty.dims[1], lit.ty.dims[2]);
-        let part_rows = rows / names.len() as i64;
-        let size = (part_rows * cols) as usize * lit.ty.dtype.size_in_bytes();
-        for x in 0..e {
-            for (k, w) in names.iter().enumerate() {
-                let start = (x as usize * names.len() + k) * size;
-                out.push((
-                    format!("{at}.experts.{x}.{w}.weight"),
-                    Literal {
-                        ty: TensorType::new(lit.ty.dtype, [part_rows, cols]),
-                        bytes: lit.bytes[start..start + size].to_vec(),
-                    },
-                ));
-            }
+        }
+        for (hf_name, ty, range) in parts {
+            let bytes = lit.bytes[range].to_vec();
+            out.push((hf_name, Literal { ty, bytes }));
+        }
+    }
+    out
+}
+
+/// How [`hf_layout`] writes parameter `name` of type `ty`: each tensor it
+/// becomes (name, type, and the byte range of the parameter it holds).
+/// Known from names and types alone, so a writer can lay out files before
+/// reading any weight.
+pub fn hf_parts(
+    config: &ModelConfig,
+    name: &str,
+    ty: &TensorType,
+) -> Vec<(String, TensorType, std::ops::Range<usize>)> {
+    let whole = vec![(name.to_string(), ty.clone(), 0..ty.size_in_bytes())];
+    // gpt-oss's are saved fused, as the model holds them.
+    if config.moe.as_ref().is_some_and(|m| m.transposed()) {
+        return whole;
+    }
+    let (module, [gate, up, down]) = per_expert_names(config);
+    let Some((layer, what)) = name
+        .strip_prefix("model.layers.")
+        .and_then(|r| r.split_once('.'))
+        .filter(|(l, _)| l.parse::<i64>().is_ok_and(|l| config.is_sparse(l)))
+    else {
+        return whole;
+    };
+    let at = format!("model.layers.{layer}.{module}");
+    let names: &[&str] = match what {
+        "mlp.gate.weight" => {
+            return vec![(
+                format!("{at}.gate.weight"),
+                whole[0].1.clone(),
+                whole[0].2.clone(),
+            )]
+        }
+        "mlp.experts.gate_up_proj" => &[gate, up],
+        "mlp.experts.down_proj" => &[down],
+        _ => return whole,
+    };
+    // [E, rows, cols]: each expert's rows, split evenly among `names`.
+    let (e, rows, cols) = (ty.dims[0], ty.dims[1], ty.dims[2]);
+    let part_rows = rows / names.len() as i64;
+    let size = (part_rows * cols) as usize * ty.dtype.size_in_bytes();
+    let mut out = Vec::with_capacity(e as usize * names.len());
+    for x in 0..e {
+        for (k, w) in names.iter().enumerate() {
+            let start = (x as usize * names.len() + k) * size;
+            out.push((
+                format!("{at}.experts.{x}.{w}.weight"),
+                TensorType::new(ty.dtype, [part_rows, cols]),
+                start..start + size,
+            ));
         }
     }
     out

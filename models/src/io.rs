@@ -8,14 +8,7 @@ use crate::{safetensors_file, ModelError};
 /// Writes `bytes` to `path` through a temporary file in the same folder,
 /// synced and then renamed over `path`.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| ModelError::NotAFile(path.to_path_buf()))?;
-    let tmp = path.with_file_name(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+    let tmp = temporary(path)?;
     let result = (|| {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
@@ -26,6 +19,19 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
         let _ = std::fs::remove_file(&tmp);
     }
     result.map_err(ModelError::io("write", path))
+}
+
+/// The temporary `path` is written under until it is renamed into place:
+/// `.NAME.tmp-PID` beside it (what a later run removes when PID is dead).
+fn temporary(path: &Path) -> Result<std::path::PathBuf, ModelError> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| ModelError::NotAFile(path.to_path_buf()))?;
+    Ok(path.with_file_name(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    )))
 }
 
 /// Every tensor of a safetensors file (validated, copied out), in file order.
@@ -96,44 +102,68 @@ pub fn write_hf_weights(
     tensors: &[(String, hlo_ir::Literal)],
     max_bytes: u64,
 ) -> Result<Vec<String>, ModelError> {
-    let size = |l: &hlo_ir::Literal| l.bytes.len() as u64;
-    let total: u64 = tensors.iter().map(|(_, l)| size(l)).sum();
+    let types: Vec<(String, hlo_ir::TensorType)> = tensors
+        .iter()
+        .map(|(n, l)| (n.clone(), l.ty.clone()))
+        .collect();
+    write_hf_weights_with(dir, &types, max_bytes, |i| {
+        Ok(std::borrow::Cow::Borrowed(&tensors[i].1.bytes))
+    })
+}
+
+/// [`write_hf_weights`] for `tensors` (name, type) whose bytes come from
+/// `bytes_of(i)` one tensor at a time, in order: the files are laid out
+/// from the types alone, so a writer holds one tensor, never the model.
+pub fn write_hf_weights_with<'a>(
+    dir: &Path,
+    tensors: &[(String, hlo_ir::TensorType)],
+    max_bytes: u64,
+    mut bytes_of: impl FnMut(usize) -> Result<std::borrow::Cow<'a, [u8]>, ModelError>,
+) -> Result<Vec<String>, ModelError> {
+    let size = |t: &hlo_ir::TensorType| t.size_in_bytes() as u64;
+    let total: u64 = tensors.iter().map(|(_, t)| size(t)).sum();
     let index = dir.join(WEIGHTS_INDEX);
-    if total <= max_bytes {
-        remove_if_there(&index)?;
-        write_safetensors(&dir.join("model.safetensors"), tensors)?;
-        let written = vec!["model.safetensors".to_string()];
-        remove_stale_weights(dir, &written)?;
-        return Ok(written);
-    }
-    let mut groups: Vec<Vec<(String, hlo_ir::Literal)>> = vec![Vec::new()];
+    // Tensors in order, a file closed when the next would overflow it.
+    let mut groups: Vec<Vec<usize>> = vec![Vec::new()];
     let mut filled = 0u64;
-    for (name, l) in tensors {
+    for (i, (_, t)) in tensors.iter().enumerate() {
         let last = groups.last_mut().expect("a group");
-        if !last.is_empty() && filled + size(l) > max_bytes {
+        if !last.is_empty() && filled + size(t) > max_bytes {
             groups.push(Vec::new());
             filled = 0;
         }
-        groups
-            .last_mut()
-            .expect("a group")
-            .push((name.clone(), l.clone()));
-        filled += size(l);
+        groups.last_mut().expect("a group").push(i);
+        filled += size(t);
     }
     let n = groups.len();
+    let file_name = |k: usize| match n {
+        1 => "model.safetensors".to_string(),
+        _ => format!("model-{:05}-of-{n:05}.safetensors", k + 1),
+    };
+    if n == 1 {
+        remove_if_there(&index)?;
+    }
     let mut map = serde_json::Map::new();
     let mut written = Vec::with_capacity(n);
     for (k, group) in groups.iter().enumerate() {
-        let file = format!("model-{:05}-of-{n:05}.safetensors", k + 1);
-        write_safetensors(&dir.join(&file), group)?;
-        for (name, _) in group {
-            map.insert(name.clone(), serde_json::Value::String(file.clone()));
+        let file = file_name(k);
+        let types: Vec<_> = group.iter().map(|&i| tensors[i].clone()).collect();
+        let mut writer = SafetensorsWriter::create(&dir.join(&file), &types)?;
+        for &i in group {
+            writer.write(&tensors[i].0, &bytes_of(i)?)?;
+            map.insert(
+                tensors[i].0.clone(),
+                serde_json::Value::String(file.clone()),
+            );
         }
+        writer.finish()?;
         written.push(file);
     }
-    let json = serde_json::json!({"metadata": {"total_size": total}, "weight_map": map});
-    let text = serde_json::to_string_pretty(&json).expect("an index serialises");
-    write_atomic(&index, text.as_bytes())?;
+    if n > 1 {
+        let json = serde_json::json!({"metadata": {"total_size": total}, "weight_map": map});
+        let text = serde_json::to_string_pretty(&json).expect("an index serialises");
+        write_atomic(&index, text.as_bytes())?;
+    }
     remove_stale_weights(dir, &written)?;
     Ok(written)
 }
@@ -190,6 +220,159 @@ pub fn copy_side_files(from: &Path, to: &Path) -> Result<Vec<&'static str>, Mode
         }
     }
     Ok(copied)
+}
+
+/// The name safetensors gives `dtype`.
+pub fn safetensors_dtype(dtype: hlo_ir::DType) -> Result<&'static str, ModelError> {
+    use hlo_ir::DType;
+    Ok(match dtype {
+        DType::F32 => "F32",
+        DType::BF16 => "BF16",
+        DType::F16 => "F16",
+        DType::F64 => "F64",
+        DType::I32 => "I32",
+        DType::I64 => "I64",
+        DType::U8 => "U8",
+        other => return Err(ModelError::UnwritableDType(other)),
+    })
+}
+
+/// A safetensors file written one tensor at a time: the header (every
+/// tensor's name, type and place) first, then each tensor's bytes in the
+/// order given, so a writer holds one tensor, never the file. Written
+/// under a temporary name, synced and renamed at [`SafetensorsWriter::finish`];
+/// dropped unfinished, the temporary is removed.
+pub struct SafetensorsWriter {
+    path: std::path::PathBuf,
+    tmp: std::path::PathBuf,
+    file: Option<std::io::BufWriter<std::fs::File>>,
+    /// Names and byte sizes, in write order.
+    expected: Vec<(String, usize)>,
+    next: usize,
+    crc: crc32fast::Hasher,
+}
+
+impl SafetensorsWriter {
+    /// Starts `path` for `tensors` (name, type), written in this order.
+    pub fn create(
+        path: &Path,
+        tensors: &[(String, hlo_ir::TensorType)],
+    ) -> Result<SafetensorsWriter, ModelError> {
+        let mut header = serde_json::Map::new();
+        let mut at = 0usize;
+        let mut expected = Vec::with_capacity(tensors.len());
+        for (name, ty) in tensors {
+            let size = ty.size_in_bytes();
+            header.insert(
+                name.clone(),
+                serde_json::json!({
+                    "dtype": safetensors_dtype(ty.dtype)?,
+                    "shape": ty.dims,
+                    "data_offsets": [at, at + size],
+                }),
+            );
+            expected.push((name.clone(), size));
+            at += size;
+        }
+        let mut text = serde_json::Value::Object(header).to_string().into_bytes();
+        // Padded with spaces to 8 bytes, so the data that follows is aligned.
+        text.resize(text.len().div_ceil(8) * 8, b' ');
+        let tmp = temporary(path)?;
+        let file = std::fs::File::create(&tmp).map_err(ModelError::io("create", &tmp))?;
+        let mut writer = SafetensorsWriter {
+            path: path.to_path_buf(),
+            tmp,
+            file: Some(std::io::BufWriter::with_capacity(1 << 22, file)),
+            expected,
+            next: 0,
+            crc: crc32fast::Hasher::new(),
+        };
+        writer.put(&(text.len() as u64).to_le_bytes())?;
+        writer.put(&text)?;
+        Ok(writer)
+    }
+
+    fn put(&mut self, bytes: &[u8]) -> Result<(), ModelError> {
+        self.crc.update(bytes);
+        let file = self.file.as_mut().expect("open until finished");
+        file.write_all(bytes)
+            .map_err(ModelError::io("write", &self.tmp))
+    }
+
+    /// Writes the next tensor's bytes; `name` must be the next named at
+    /// creation, with its size.
+    pub fn write(&mut self, name: &str, bytes: &[u8]) -> Result<(), ModelError> {
+        let misplaced = |message: String| ModelError::Checkpoint {
+            file: self.path.display().to_string(),
+            message,
+        };
+        let Some((want, size)) = self.expected.get(self.next) else {
+            return Err(misplaced(format!("`{name}` is one tensor too many")));
+        };
+        if want != name || *size != bytes.len() {
+            return Err(misplaced(format!(
+                "`{name}` ({} bytes) written where `{want}` ({size} bytes) comes",
+                bytes.len()
+            )));
+        }
+        self.next += 1;
+        self.put(bytes)
+    }
+
+    /// Syncs and renames the file into place once every tensor is
+    /// written; returns the CRC-32 of its bytes.
+    pub fn finish(mut self) -> Result<u32, ModelError> {
+        if self.next != self.expected.len() {
+            return Err(ModelError::Checkpoint {
+                file: self.path.display().to_string(),
+                message: format!("`{}` was never written", self.expected[self.next].0),
+            });
+        }
+        let file = self.file.take().expect("open until finished");
+        let done = file
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .and_then(|f| f.sync_all())
+            .and_then(|_| std::fs::rename(&self.tmp, &self.path));
+        done.map_err(ModelError::io("write", &self.path))?;
+        Ok(self.crc.clone().finalize())
+    }
+}
+
+impl Drop for SafetensorsWriter {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// A safetensors file mapped into memory, its tensors found by name
+/// (a checkpoint's shards are read block by block from such maps).
+pub struct MappedSafetensors {
+    map: memmap2::Mmap,
+    tensors: std::collections::HashMap<String, safetensors_file::StoredTensor>,
+}
+
+impl MappedSafetensors {
+    pub fn open(path: &Path) -> Result<MappedSafetensors, ModelError> {
+        let map = safetensors_file::mmap(path)?;
+        let tensors = safetensors_file::index_file(path, &map)?
+            .into_iter()
+            .map(|t| (t.name.clone(), t))
+            .collect();
+        Ok(MappedSafetensors { map, tensors })
+    }
+
+    /// The tensor `name`: its type and bytes.
+    pub fn get(&self, name: &str) -> Option<(hlo_ir::TensorType, &[u8])> {
+        self.tensors.get(name).map(|t| {
+            (
+                hlo_ir::TensorType::new(t.dtype, t.shape.clone()),
+                &self.map[t.start..t.end],
+            )
+        })
+    }
 }
 
 #[cfg(test)]
@@ -255,6 +438,52 @@ mod tests {
             "{left:?}"
         );
         read_back(&dir);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A file written tensor by tensor reads back as written (by our
+    /// reader and the safetensors crate), and a tensor out of order or of
+    /// another size is refused, leaving no file.
+    #[test]
+    fn a_streamed_file_reads_back_and_refuses_a_misplaced_tensor() {
+        use hlo_ir::{DType, Literal, TensorType};
+        let dir = std::env::temp_dir().join(format!("hlo-models-stream-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let a = Literal::from_f64s(
+            TensorType::new(DType::F32, [2, 3]),
+            &[1., 2., 3., 4., 5., 6.],
+        );
+        let b = Literal::from_f64s(TensorType::new(DType::BF16, [3]), &[0.5, -1., 2.]);
+        let types = vec![
+            ("a".to_string(), a.ty.clone()),
+            ("b".to_string(), b.ty.clone()),
+        ];
+        let path = dir.join("s.safetensors");
+        let mut w = SafetensorsWriter::create(&path, &types).unwrap();
+        w.write("a", &a.bytes).unwrap();
+        w.write("b", &b.bytes).unwrap();
+        let crc = w.finish().unwrap();
+        assert_eq!(crc, crc32fast::hash(&std::fs::read(&path).unwrap()));
+        let back = read_safetensors(&path).unwrap();
+        assert_eq!(
+            back,
+            vec![("a".to_string(), a.clone()), ("b".to_string(), b.clone())]
+        );
+        let bytes = std::fs::read(&path).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        assert_eq!(st.tensor("b").unwrap().data(), &b.bytes[..]);
+        // Out of order, and unfinished: refused, no file left.
+        let other = dir.join("t.safetensors");
+        let mut w = SafetensorsWriter::create(&other, &types).unwrap();
+        let err = w.write("b", &b.bytes).unwrap_err().to_string();
+        assert!(err.contains("written where `a`"), "{err}");
+        assert!(w.finish().is_err());
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("s.safetensors")]);
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

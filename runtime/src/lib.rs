@@ -64,5 +64,5 @@ pub use jit::{CompiledFunction, Jit, COMPILE_CACHE_CAPACITY};
 pub use lru::Lru;
 pub use plugin::{AttrValue, Plugin, MIN_API_VERSION};
 pub use program::{Mode, Program};
-pub use sharded::{DeviceArray, ShardedFunction};
+pub use sharded::{blocks_to_write, copy_overlap, rows_held, DeviceArray, ShardedFunction};
 pub use signature::{main_parameters, ParamType};

@@ -76,6 +76,88 @@ fn copy_block(
     }
 }
 
+/// Copies where two blocks of one array overlap: `src` (dims `src_dims`,
+/// starting at `src_at` in the array) into `dst` (`dst_dims` at
+/// `dst_at`). Returns the elements copied (0 when they do not meet).
+pub fn copy_overlap(
+    src: &[u8],
+    src_at: &[i64],
+    src_dims: &[i64],
+    dst: &mut [u8],
+    dst_at: &[i64],
+    dst_dims: &[i64],
+    elem: usize,
+) -> u64 {
+    let rank = src_dims.len();
+    let lo: Vec<i64> = (0..rank).map(|k| src_at[k].max(dst_at[k])).collect();
+    let hi: Vec<i64> = (0..rank)
+        .map(|k| (src_at[k] + src_dims[k]).min(dst_at[k] + dst_dims[k]))
+        .collect();
+    if (0..rank).any(|k| lo[k] >= hi[k]) {
+        return 0;
+    }
+    let block: Vec<i64> = (0..rank).map(|k| hi[k] - lo[k]).collect();
+    let rel = |at: &[i64]| -> Vec<i64> { (0..rank).map(|k| lo[k] - at[k]).collect() };
+    copy_block(
+        src,
+        src_dims,
+        &rel(src_at),
+        dst,
+        dst_dims,
+        &rel(dst_at),
+        &block,
+        elem,
+    );
+    block.iter().product::<i64>() as u64
+}
+
+/// The blocks of an array of `dims` laid out by `sharding` that the
+/// process holding mesh positions `held` writes when every process saves
+/// its part once: each distinct block is written by the lowest mesh
+/// position that holds it (replicas are skipped), so over all processes
+/// every block is written exactly once. Returns (position, offset) pairs.
+pub fn blocks_to_write(
+    sharding: &Sharding,
+    dims: &[i64],
+    held: &[usize],
+) -> Vec<(usize, Vec<i64>)> {
+    let (mesh, spec) = (&sharding.mesh, &sharding.spec);
+    let mut seen = std::collections::HashSet::new();
+    (0..mesh.size() as usize)
+        .filter_map(|d| {
+            let at = spec.shard_offset(mesh, dims, d as i64);
+            (seen.insert(at.clone()) && held.contains(&d)).then_some((d, at))
+        })
+        .collect()
+}
+
+/// Which rows of an array of `dims` laid out by `sharding` the process
+/// holding mesh positions `held` holds: one flag per row, the rows being
+/// every index of the dimensions but the last (a batch's `[rows, seq]`,
+/// or `[micro-batches, rows, seq]` flattened): the rows a process fills.
+pub fn rows_held(sharding: &Sharding, dims: &[i64], held: &[usize]) -> Vec<bool> {
+    let (mesh, spec) = (&sharding.mesh, &sharding.spec);
+    let outer = &dims[..dims.len().saturating_sub(1)];
+    let n: i64 = outer.iter().product();
+    let block = spec.shard_shape(mesh, dims);
+    let mut out = vec![false; n as usize];
+    for &d in held {
+        let at = spec.shard_offset(mesh, dims, d as i64);
+        for (r, flag) in out.iter_mut().enumerate() {
+            // Row r's index in each outer dimension, row-major.
+            let mut rest = r as i64;
+            let mut inside = true;
+            for k in (0..outer.len()).rev() {
+                let i = rest % outer[k];
+                rest /= outer[k];
+                inside &= at[k] <= i && i < at[k] + block[k];
+            }
+            *flag |= inside;
+        }
+    }
+    out
+}
+
 /// A global array laid out over a mesh: its type, its sharding, and the
 /// block each mesh device holds.
 pub struct DeviceArray {
@@ -102,12 +184,42 @@ impl DeviceArray {
         devices: &[Device],
     ) -> Result<Self> {
         let ty = host.ty();
-        let (mesh, spec) = (&sharding.mesh, &sharding.spec);
-        mesh.check_devices(devices.len())?;
-        spec.validate(mesh, &ty.dims, "array")?;
-        let block = spec.shard_shape(mesh, &ty.dims);
         let elem = ty.dtype.size_in_bytes();
-        let n: i64 = block.iter().product();
+        Self::from_blocks::<Error>(client, &ty, sharding, devices, |at, block| {
+            let n: i64 = block.iter().product();
+            let mut bytes = vec![0u8; n as usize * elem];
+            copy_block(
+                host.bytes(),
+                &ty.dims,
+                at,
+                &mut bytes,
+                block,
+                &vec![0; block.len()],
+                block,
+                elem,
+            );
+            HostArray::from_bytes(ty.dtype, block, bytes)
+        })
+    }
+
+    /// An array of type `ty` laid out by `sharding` whose blocks come from
+    /// `fill(offset, block dims)`, asked once per distinct block this
+    /// process's devices hold (a restore reads each from a checkpoint, so
+    /// the whole array is never on the host). `devices` as for
+    /// [`DeviceArray::shard`].
+    pub fn from_blocks<E: From<Error>>(
+        client: &Client,
+        ty: &TensorType,
+        sharding: &Sharding,
+        devices: &[Device],
+        mut fill: impl FnMut(&[i64], &[i64]) -> std::result::Result<HostArray, E>,
+    ) -> std::result::Result<Self, E> {
+        let (mesh, spec) = (&sharding.mesh, &sharding.spec);
+        mesh.check_devices(devices.len()).map_err(Error::from)?;
+        spec.validate(mesh, &ty.dims, "array")
+            .map_err(Error::from)?;
+        let block = spec.shard_shape(mesh, &ty.dims);
+        let mut read: std::collections::HashMap<Vec<i64>, HostArray> = Default::default();
         let mut buffers = Vec::with_capacity(devices.len());
         let mut positions = Vec::with_capacity(devices.len());
         for (d, device) in devices.iter().enumerate() {
@@ -116,28 +228,49 @@ impl DeviceArray {
             }
             positions.push(d);
             let at = spec.shard_offset(mesh, &ty.dims, d as i64);
-            let mut bytes = vec![0u8; n as usize * elem];
-            copy_block(
-                host.bytes(),
-                &ty.dims,
-                &at,
-                &mut bytes,
-                &block,
-                &vec![0; block.len()],
-                &block,
-                elem,
-            );
-            let piece = HostArray::from_bytes(ty.dtype, &block, bytes)?;
-            buffers.push(client.buffer_from_host(&piece, device)?);
+            if !read.contains_key(&at) {
+                let piece = fill(&at, &block)?;
+                if piece.dtype() != ty.dtype || piece.dims() != block.as_slice() {
+                    return Err(Error::InvalidArgument(format!(
+                        "the block at {at:?} of a {ty} array is {}, not {block:?}",
+                        piece.ty()
+                    ))
+                    .into());
+                }
+                read.insert(at.clone(), piece);
+            }
+            buffers.push(client.buffer_from_host(&read[&at], device)?);
         }
         Ok(DeviceArray {
-            ty,
+            ty: ty.clone(),
             sharding: sharding.clone(),
             buffers,
             positions,
             client: client.clone(),
             devices: devices.to_vec(),
         })
+    }
+
+    /// The dims of each device's block.
+    pub fn block_dims(&self) -> Vec<i64> {
+        let (mesh, spec) = (&self.sharding.mesh, &self.sharding.spec);
+        spec.shard_shape(mesh, &self.ty.dims)
+    }
+
+    /// The blocks this process writes when every process saves its part
+    /// of the array once: see [`blocks_to_write`].
+    pub fn blocks_to_write(&self) -> Vec<(usize, Vec<i64>)> {
+        blocks_to_write(&self.sharding, &self.ty.dims, &self.positions)
+    }
+
+    /// The block at mesh position `d` copied to the host (this process
+    /// must hold it).
+    pub fn block_to_host(&self, d: usize) -> Result<HostArray> {
+        self.buffer_at(d)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("this process holds no block at mesh position {d}"))
+            })?
+            .to_host()
     }
 
     /// Assembles the global array on the host (one read per distinct block).
@@ -485,5 +618,101 @@ impl ShardedFunction {
             .collect::<Result<Vec<_>>>()?;
         let refs: Vec<&DeviceArray> = arrays.iter().collect();
         self.run(&refs)?.iter().map(DeviceArray::gather).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hlo_partitioner::Mesh;
+
+    /// Two processes of 4 devices each over `dp=2, fsdp=4`: every block of
+    /// an array is written once, by a process that holds it, whatever the
+    /// layout.
+    #[test]
+    fn every_block_is_written_once_by_a_process_holding_it() {
+        let mesh: Mesh = "dp=2,fsdp=4".parse().unwrap();
+        let dims = [8i64, 12];
+        for spec in [
+            PartitionSpec::new(&[&["fsdp"], &[]]),
+            PartitionSpec::new(&[&["dp", "fsdp"], &[]]),
+            PartitionSpec::new(&[&[], &["dp"]]),
+            PartitionSpec::replicated(),
+        ] {
+            let sharding = Sharding::new(mesh.clone(), spec.clone());
+            let processes: [Vec<usize>; 2] = [(0..4).collect(), (4..8).collect()];
+            let mut written: Vec<Vec<i64>> = Vec::new();
+            for held in &processes {
+                for (d, at) in blocks_to_write(&sharding, &dims, held) {
+                    assert!(held.contains(&d), "{spec}: {d} is not this process's");
+                    written.push(at);
+                }
+            }
+            let distinct: std::collections::HashSet<Vec<i64>> =
+                (0..8).map(|d| spec.shard_offset(&mesh, &dims, d)).collect();
+            let once: std::collections::HashSet<Vec<i64>> = written.iter().cloned().collect();
+            assert_eq!(written.len(), distinct.len(), "{spec}: {written:?}");
+            assert_eq!(once, distinct, "{spec}");
+        }
+    }
+
+    /// Rows split over `dp=2, fsdp=2` (4 devices, 2 processes of 2):
+    /// each process holds its half of each micro-batch, together all.
+    #[test]
+    fn each_process_holds_its_rows_of_every_micro_batch() {
+        let mesh: Mesh = "dp=2,fsdp=2".parse().unwrap();
+        let spec = PartitionSpec::new(&[&[], &["dp", "fsdp"], &[]]);
+        let sharding = Sharding::new(mesh, spec);
+        let dims = [2i64, 8, 16]; // 2 micro-batches of 8 rows
+        let first = rows_held(&sharding, &dims, &[0, 1]);
+        let second = rows_held(&sharding, &dims, &[2, 3]);
+        let want_first: Vec<bool> = (0..16).map(|r| r % 8 < 4).collect();
+        assert_eq!(first, want_first);
+        assert!(first.iter().zip(&second).all(|(a, b)| a != b));
+        assert!(rows_held(&sharding, &dims, &[0, 1, 2, 3])
+            .iter()
+            .all(|&x| x));
+    }
+
+    /// Blocks of one layout read into another's: each element lands where
+    /// a host f64 index computation says.
+    #[test]
+    fn overlapping_blocks_copy_exactly_their_common_region() {
+        let dims = [6i64, 4];
+        let value = |r: i64, c: i64| (r * 10 + c) as f32;
+        // Saved as 3 row blocks of [2, 4]; read as 2 column blocks of [6, 2].
+        let saved: Vec<(Vec<i64>, Vec<u8>)> = (0..3)
+            .map(|b| {
+                let bytes = (0..2)
+                    .flat_map(|r| (0..4).map(move |c| value(b * 2 + r, c)))
+                    .flat_map(f32::to_le_bytes)
+                    .collect();
+                (vec![b * 2, 0], bytes)
+            })
+            .collect();
+        for col in [0i64, 2] {
+            let mut out = vec![0u8; 6 * 2 * 4];
+            let copied: u64 = saved
+                .iter()
+                .map(|(at, bytes)| {
+                    copy_overlap(bytes, at, &[2, 4], &mut out, &[0, col], &[6, 2], 4)
+                })
+                .sum();
+            assert_eq!(copied, 12);
+            let got: Vec<f32> = out
+                .chunks(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            let want: Vec<f32> = (0..dims[0])
+                .flat_map(|r| (col..col + 2).map(move |c| value(r, c)))
+                .collect();
+            assert_eq!(got, want);
+        }
+        // Blocks that do not meet copy nothing.
+        let mut out = vec![0u8; 4];
+        assert_eq!(
+            copy_overlap(&saved[0].1, &[0, 0], &[2, 4], &mut out, &[5, 3], &[1, 1], 4),
+            0
+        );
     }
 }

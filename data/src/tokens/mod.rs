@@ -280,6 +280,20 @@ impl TokenShards {
         self.span(i).1.len()
     }
 
+    /// How many of sample `i`'s first `len` tokens after its first are
+    /// learned: the predictions a row holding those `len` tokens counts
+    /// (reads the mask only: what a process counts of rows it does not
+    /// fill).
+    pub fn learned_within(&self, i: usize, len: usize) -> usize {
+        let (shard, span) = self.span(i);
+        let end = span.end.min(span.start.saturating_add(len));
+        let from = (span.start + 1).min(end);
+        self.shards[shard].mask[from..end]
+            .iter()
+            .filter(|&&b| b != 0)
+            .count()
+    }
+
     /// Sample `i`, its first `limit` tokens at most.
     pub fn sample(&self, i: usize, limit: usize) -> Example {
         let (shard, span) = self.span(i);

@@ -147,6 +147,11 @@ fn every_process_count_walks_the_same_global_batches() {
                 assert_eq!(got.loss_mask[span.clone()], want.loss_mask[span.clone()]);
                 assert_eq!(got.segment_ids[span.clone()], want.segment_ids[span]);
             }
+            // Each process counts the global batch's learned tokens and fill.
+            for part in &parts {
+                assert_eq!(part.targets, want.targets, "P {processes} step {step}");
+                assert_eq!(part.fill(), want.fill(), "P {processes} step {step}");
+            }
         }
         assert!(each.iter().all(|l| l.cursor == one.cursor));
     }

@@ -51,6 +51,7 @@ pub fn synthetic_batch(rows: usize, seq: usize, vocab: i64) -> Batch {
         // A reward model's pair margins.
         margin: vec![0.5; rows],
         targets: n,
+        filled_elsewhere: 0,
     }
 }
 

@@ -315,6 +315,19 @@ impl Backend {
         )?)
     }
 
+    /// An array of type `ty` laid out over the mesh by `spec`, each block
+    /// this process's devices hold from `fill(offset, dims)` (see
+    /// [`DeviceArray::from_blocks`]): a restore never holds the whole.
+    pub fn place_blocks(
+        &self,
+        ty: &hlo_ir::TensorType,
+        spec: &PartitionSpec,
+        fill: impl FnMut(&[i64], &[i64]) -> Result<HostArray>,
+    ) -> Result<DeviceArray> {
+        let sharding = Sharding::new(self.mesh.clone(), spec.clone());
+        DeviceArray::from_blocks(&self.client, ty, &sharding, &self.devices, fill)
+    }
+
     /// `host` on every device of the mesh.
     pub fn replicate(&self, host: &HostArray) -> Result<DeviceArray> {
         self.place(host, &PartitionSpec::replicated())

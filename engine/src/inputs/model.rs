@@ -250,16 +250,24 @@ impl Model {
 
     /// Writes a complete HF model folder to `out`: `model.safetensors`
     /// from `weights` (every parameter; past 5 GB, files of at most 5 GB
-    /// and their index, as transformers writes them), the `config.json` the model came
-    /// from, and the
-    /// checkpoint's tokenizer, chat template and generation settings (a
-    /// `generation_config.json` made from the config when there is none).
+    /// and their index, as transformers writes them) and
+    /// [`Model::save_hf_side_files`].
     pub fn save_hf(&self, out: &Path, weights: &[(String, Literal)]) -> Result<()> {
-        use hlo_models::io::{copy_side_files, write_atomic, write_hf_weights, MAX_SHARD_BYTES};
+        use hlo_models::io::{write_hf_weights, MAX_SHARD_BYTES};
         // As transformers writes them (mixtures of experts per expert; in
         // files of at most 5 GB with an index past that).
         let weights = hlo_models::checkpoint::hf_layout(&self.config, weights.to_vec());
         write_hf_weights(out, &weights, MAX_SHARD_BYTES)?;
+        self.save_hf_side_files(out)
+    }
+
+    /// The files of an HF model folder besides its weights: the
+    /// `config.json` the model came from (a preset's written out), and
+    /// the checkpoint's tokenizer, chat template and generation settings
+    /// (a `generation_config.json` made from the config when there is
+    /// none).
+    pub fn save_hf_side_files(&self, out: &Path) -> Result<()> {
+        use hlo_models::io::{copy_side_files, write_atomic};
         // The config as the user gave it (every field transformers reads
         // kept); a preset's written out.
         let config = match &self.source {

@@ -27,8 +27,9 @@ pub mod spec;
 pub mod step;
 
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
-use hlo_data::{Batch, DataStats, Tokenizer};
+use hlo_data::{Batch, DataStats, Loader, Tokenizer};
 use hlo_ir::DType;
 use hlo_models::adapter::Adapter;
 use hlo_models::decoder::ModelConfig;
@@ -47,7 +48,7 @@ use crate::objectives::RunInputs;
 use crate::run::policy::Target;
 use crate::run::spec::{differences, RunSpec};
 use crate::run::step::Toggle;
-use crate::train::checkpoint::{self, RunSettings, Saved};
+use crate::train::checkpoint::{self, RunSettings, Saved, StateTransfer};
 use crate::train::hooks::{Hooks, Quiet, RunStart, TrainSummary};
 use crate::train::session::{Session, SessionOptions};
 use crate::train::trainer::{BatchSource, StopFlag, Trainer, TrainerOptions};
@@ -68,6 +69,8 @@ pub struct Run {
     main: bool,
     out: Option<PathBuf>,
     resumed: bool,
+    /// The state a resumed run read and placed, timed.
+    restored: Option<StateTransfer>,
     trace_values: Option<Regex>,
     tokenizer: Option<Tokenizer>,
     stop: StopFlag,
@@ -366,6 +369,41 @@ fn open_model(spec: &RunSpec) -> Result<Model> {
     Ok(model)
 }
 
+/// Restores the saved run `spec` resumes onto `session`, timed from
+/// `read_s` (the seconds reading it took).
+fn restore(
+    session: &mut Session,
+    saved: Option<&Saved>,
+    spec: &RunSpec,
+    read_s: f64,
+) -> Result<Option<StateTransfer>> {
+    let (Some(saved), Some(dir)) = (saved, &spec.output.resume) else {
+        return Ok(None);
+    };
+    let placing = Instant::now();
+    let bytes = session.restore_saved(&saved.tensors)?;
+    Ok(Some(StateTransfer {
+        step: saved.state.step,
+        dir: dir.clone(),
+        bytes,
+        seconds: read_s + placing.elapsed().as_secs_f64(),
+        model_seconds: 0.0,
+        model: "",
+    }))
+}
+
+/// Across processes each fills only its rows of a batch of samples
+/// (pairs and unpaired rows are still filled whole).
+fn own_rows(loader: Loader, session: &Session, spec: &RunSpec) -> Result<Loader> {
+    if spec.objective.data() != crate::Data::Samples {
+        return Ok(loader);
+    }
+    Ok(match session.owned_rows()? {
+        Some(owned) => loader.with_owned_rows(owned),
+        None => loader,
+    })
+}
+
 impl Run {
     /// Resolves `spec` (resuming its saved run if it names one), reads
     /// the data, compiles the step and places (or restores) its state.
@@ -373,7 +411,9 @@ impl Run {
     /// batches) comes from the objective's own module
     /// ([`crate::objectives`]).
     pub fn new(mut spec: RunSpec) -> Result<Run> {
+        let reading = Instant::now();
         let saved = take_saved(&mut spec)?;
+        let read_s = reading.elapsed().as_secs_f64();
         let resumed = saved.is_some();
         let main = is_main(&spec);
         let out = output_folder(&spec, main)?;
@@ -426,11 +466,8 @@ impl Run {
             ..SessionOptions::default()
         };
         let mut session = Session::new(backend, model, tc, options)?;
-        let mut cursor = 0;
-        if let Some(saved) = &saved {
-            session.restore(&saved.tensors)?;
-            cursor = saved.state.data_cursor;
-        }
+        let restored = restore(&mut session, saved.as_ref(), &spec, read_s)?;
+        let cursor = saved.as_ref().map_or(0, |s| s.state.data_cursor);
         let (loader, eval, learning, unpacked_fill) = match feed {
             Feed::Rows(RowFeed {
                 mut loader,
@@ -441,7 +478,7 @@ impl Run {
             }) => {
                 loader.cursor = cursor;
                 (
-                    Box::new(loader) as Box<dyn BatchSource>,
+                    Box::new(own_rows(loader, &session, &spec)?) as Box<dyn BatchSource>,
                     eval,
                     learning,
                     unpacked_fill,
@@ -465,6 +502,7 @@ impl Run {
             main,
             out,
             resumed,
+            restored,
             trace_values,
             tokenizer,
             stop: StopFlag::default(),
@@ -575,5 +613,10 @@ impl Run {
     /// Whether the run continues a saved one.
     pub fn resumed(&self) -> bool {
         self.resumed
+    }
+
+    /// What a resumed run read and placed, and how long it took.
+    pub fn restored(&self) -> Option<&StateTransfer> {
+        self.restored.as_ref()
     }
 }

@@ -5,12 +5,12 @@
 //! GoMLX's train loop calls its named `OnStep` hooks), so a progress bar,
 //! a metrics file, TensorBoard and a checkpoint callback stay apart.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use hlo_partitioner::Mesh;
 
 use crate::error::Result;
-use crate::train::checkpoint::RunSettings;
+use crate::train::checkpoint::{RunSettings, StateTransfer};
 use crate::train::session::EvalResult;
 
 /// One finished step's figures.
@@ -122,7 +122,7 @@ pub trait Hooks {
         Ok(())
     }
     /// A checkpoint of step `step` was written to `out`.
-    fn on_save(&mut self, _step: i64, _out: &Path) -> Result<()> {
+    fn on_save(&mut self, _saved: &StateTransfer) -> Result<()> {
         Ok(())
     }
     fn on_traced_value(&mut self, _value: &TracedValue) {}
@@ -195,8 +195,8 @@ impl Hooks for HookList {
     fn on_eval(&mut self, report: &EvalReport) -> Result<()> {
         self.each(|h| h.on_eval(report))
     }
-    fn on_save(&mut self, step: i64, out: &Path) -> Result<()> {
-        self.each(|h| h.on_save(step, out))
+    fn on_save(&mut self, saved: &StateTransfer) -> Result<()> {
+        self.each(|h| h.on_save(saved))
     }
     fn on_traced_value(&mut self, value: &TracedValue) {
         for (_, h) in &mut self.hooks {

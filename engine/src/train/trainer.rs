@@ -316,9 +316,9 @@ impl<'a> Trainer<'a> {
             checksum: None,
         };
         let extra = self.loader.saved(cursor)?;
-        checkpoint::save_with(&out, self.session, &state, &extra)?;
+        let saved = checkpoint::save_with(&out, self.session, &state, &extra)?;
         self.saved_step = Some(state.step);
-        hooks.on_save(state.step, &out)
+        hooks.on_save(&saved)
     }
 
     /// Runs steps until the session has taken `steps` (or the stop flag is

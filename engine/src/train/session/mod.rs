@@ -25,6 +25,7 @@ use hlo_models::adapter::Adapter;
 use hlo_models::decoder::{is_stacked, partition_rules, unstack_literal, unstacked_names};
 use hlo_models::roles::{BatchField, Role, Step};
 use hlo_models::train::{batch_fields, step_flops, train_step, TrainConfig};
+use hlo_partitioner::Sharding;
 use hlo_runtime::{
     CompiledMemoryStats, DeviceArray, EagerStats, HostArray, Mode, Observer, Program, ReadyTime,
 };
@@ -33,6 +34,8 @@ use crate::device::backend::Backend;
 use crate::device::pipeline::ShardedStep;
 use crate::error::{EngineError, Result};
 use crate::inputs::model::Model;
+use crate::train::checkpoint::sharded::StateArray;
+use crate::train::checkpoint::SavedTensors;
 
 /// Where the state's initial values come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -319,6 +322,96 @@ impl Session {
             self.steps_done = s;
         }
         Ok(())
+    }
+
+    /// Restores a saved run's tensors: whole ones as
+    /// [`Session::restore`]; a sharded state block by block, each device
+    /// reading only its block from the saved blocks it overlaps (any mesh
+    /// and process count).
+    /// Returns the bytes placed on this process's devices (each distinct
+    /// block once).
+    pub fn restore_saved(&mut self, saved: &SavedTensors) -> Result<u64> {
+        let state = match saved {
+            SavedTensors::Whole(tensors) => {
+                self.restore(tensors)?;
+                return Ok(tensors.iter().map(|(_, l)| l.bytes.len() as u64).sum());
+            }
+            SavedTensors::Sharded(state) => state,
+        };
+        let mut bytes = 0u64;
+        let f = self.step.function().clone();
+        for k in self.step().inputs_where(Role::is_checkpointed) {
+            let b = &f.inputs[k];
+            let want = f.ty(b.value);
+            match state.tensor_type(&b.name)? {
+                None => {
+                    return Err(EngineError::Resume(format!(
+                        "the saved state has no `{}`",
+                        b.name
+                    )))
+                }
+                Some(ty) if &ty != want => {
+                    return Err(EngineError::Resume(format!(
+                        "`{}` is saved as {ty}, the step needs {want}",
+                        b.name
+                    )))
+                }
+                Some(_) => {}
+            }
+            let spec = self.step.input_spec(k).clone();
+            let array = self.backend.place_blocks(want, &spec, |at, dims| {
+                let block = state.read_region(&b.name, at, dims)?;
+                bytes += block.bytes().len() as u64;
+                Ok(block)
+            })?;
+            if self.step().inputs[k].role == Role::StepCounter {
+                self.steps_done = scalar(&array)? as i64;
+            }
+            self.state[k] = Some(array);
+        }
+        Ok(bytes)
+    }
+
+    /// The rows of each batch this process fills (a flag per row of the
+    /// loader's `batch × grad_accum`): those its devices hold under the
+    /// step's batch layout. None when it holds every row (one process,
+    /// or rows replicated).
+    pub fn owned_rows(&self) -> Result<Option<Vec<bool>>> {
+        let Some(k) = self.step().batch_input(BatchField::InputIds) else {
+            return Ok(None);
+        };
+        let f = self.step.function();
+        let dims = &f.ty(f.inputs[k].value).dims;
+        let mut held = Vec::new();
+        for (d, device) in self.backend.devices().iter().enumerate() {
+            if device.is_addressable()? {
+                held.push(d);
+            }
+        }
+        let sharding = Sharding::new(self.backend.mesh().clone(), self.step.input_spec(k).clone());
+        let rows = hlo_runtime::rows_held(&sharding, dims, &held);
+        Ok((!rows.iter().all(|&r| r)).then_some(rows))
+    }
+
+    /// The checkpointed state on the devices (trainable parameters,
+    /// optimizer state, step counter), under the step's names: what a
+    /// sharded save writes.
+    pub fn state_arrays(&self) -> Vec<StateArray<'_>> {
+        let f = self.step.function();
+        self.step()
+            .inputs_where(Role::is_checkpointed)
+            .into_iter()
+            .map(|k| StateArray {
+                name: f.inputs[k].name.clone(),
+                role: match self.step().inputs[k].role {
+                    Role::Trainable => "parameter",
+                    Role::OptimizerState { .. } => "optimizer",
+                    Role::StepCounter => "step",
+                    _ => "state",
+                },
+                array: self.state[k].as_ref().expect("state is set"),
+            })
+            .collect()
     }
 
     /// Places `batch` ([rows, seq] vectors; [K, batch, seq] under gradient

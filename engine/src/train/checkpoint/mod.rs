@@ -13,12 +13,15 @@ use std::path::{Path, PathBuf};
 use hlo_ir::rng::Fnv1a;
 use hlo_ir::Literal;
 use hlo_models::adapter::Adapter;
-use hlo_models::io::{read_safetensors, write_atomic, write_safetensors};
+use hlo_models::io::{read_safetensors, write_atomic};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{EngineError, Result};
 use crate::train::session::Session;
+
+pub mod export;
+pub mod sharded;
 
 /// The settings a run's result depends on, by the name of the flag that
 /// sets each (`lr`, `lora-rank`, `data`, ...), plus identities that no flag
@@ -238,13 +241,43 @@ pub fn holds_run(dir: &Path) -> bool {
 }
 
 /// Writes the session's state into `out`: the adapter (PEFT) or an HF
-/// model folder, and `train_state/`. Refuses (writing nothing) when a
-/// trained tensor is not finite.
-/// Across processes every process gathers (a collective program) and only
-/// process 0 writes.
-pub fn save(out: &Path, session: &Session, state: &RunState) -> Result<()> {
+/// model folder, and `train_state/` (sharded: [`sharded`]). Refuses
+/// (leaving the previous save) when a trained tensor is not finite.
+/// Across processes each process writes its own blocks, and process 0 the
+/// manifest, the adapter or HF folder, and the swap.
+pub fn save(out: &Path, session: &Session, state: &RunState) -> Result<StateTransfer> {
     save_with(out, session, state, &[])
 }
+
+/// A save or a restore of a run's state, timed: what `train` reports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StateTransfer {
+    /// The step saved or resumed.
+    pub step: i64,
+    /// The run's folder.
+    pub dir: PathBuf,
+    /// The state's bytes this process wrote (its shard file) or placed
+    /// on its devices.
+    pub bytes: u64,
+    /// Seconds the state took: writing the shards, manifest and swap; or
+    /// reading, checking and placing them.
+    pub seconds: f64,
+    /// Seconds a save spent after the state on the adapter or HF weights.
+    pub model_seconds: f64,
+    /// What a save wrote after the state: `adapter` or `HF weights`.
+    pub model: &'static str,
+}
+
+impl StateTransfer {
+    /// The state's rate, GB (1e9 bytes) a second.
+    pub fn gb_per_s(&self) -> f64 {
+        self.bytes as f64 / 1e9 / self.seconds.max(1e-9)
+    }
+}
+
+/// Saves made by this process: each process makes the same saves in the
+/// same order, so the count names a save's meeting points alike in all.
+static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// [`save`], with `extra` files (name, bytes) written into `train_state/`
 /// beside the state, replaced with it at once.
@@ -253,47 +286,146 @@ pub fn save_with(
     session: &Session,
     state: &RunState,
     extra: &[(String, Vec<u8>)],
-) -> Result<()> {
-    // Gathered once: the trained part is what the adapter or model holds.
-    let tensors = session.checkpoint_tensors()?;
-    check_finite(&tensors, &format!("step {}", state.step))?;
-    if !session.backend().is_main() {
-        return Ok(());
-    }
-    std::fs::create_dir_all(out).map_err(EngineError::io("create", out))?;
-    let trained = session.trained_part(&tensors);
-    match &session.config().lora {
-        Some(lora) => Adapter {
-            lora: lora.clone(),
-            tensors: trained,
+) -> Result<StateTransfer> {
+    let started = std::time::Instant::now();
+    let what = format!("step {}", state.step);
+    // The adapter is small: gathered, and checked before anything is written.
+    let adapter = match &session.config().lora {
+        Some(lora) => {
+            let tensors = session.trained_tensors()?;
+            check_finite(&tensors, &what)?;
+            Some(Adapter {
+                lora: lora.clone(),
+                tensors,
+            })
         }
-        .save(out, Some(&session.model().base_name()))?,
-        None => session.model().save_hf(out, &trained)?,
-    }
+        None => None,
+    };
+    let backend = session.backend();
+    let main = backend.is_main();
+    let group = backend.group();
+    let (process, processes) = group.map_or((0, 1), |g| (g.process_id(), g.num_processes()));
+    let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let fresh = out.join("train_state.new");
-    let _ = std::fs::remove_dir_all(&fresh);
-    std::fs::create_dir_all(&fresh).map_err(EngineError::io("create", &fresh))?;
-    let weights = fresh.join("state.safetensors");
-    write_safetensors(&weights, &tensors)?;
+    let made_out = !out.exists();
+    if main {
+        std::fs::create_dir_all(out).map_err(EngineError::io("create", out))?;
+        let _ = std::fs::remove_dir_all(&fresh);
+        std::fs::create_dir_all(&fresh).map_err(EngineError::io("create", &fresh))?;
+    }
+    if let Some(g) = group {
+        g.all_gather(&format!("save-{n}-begin"), b"")?;
+    }
+    let arrays = session.state_arrays();
+    let mine = sharded::write_process_shards(&fresh, &arrays, process, processes, |_| true, &what);
+    let written = match group {
+        Some(g) => exchange_shards(g, n, mine, &fresh),
+        None => mine.map(|m| vec![m]),
+    };
+    let written = match written {
+        Ok(w) => w,
+        Err(e) => {
+            if main {
+                let _ = std::fs::remove_dir_all(&fresh);
+                if made_out {
+                    let _ = std::fs::remove_dir(out);
+                }
+            }
+            return Err(e);
+        }
+    };
+    let file = fresh.join(sharded::shard_file(process, processes));
+    let mut transfer = StateTransfer {
+        step: state.step,
+        dir: out.to_path_buf(),
+        bytes: std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0),
+        seconds: 0.0,
+        model_seconds: 0.0,
+        model: if adapter.is_some() {
+            "adapter"
+        } else {
+            "HF weights"
+        },
+    };
+    if !main {
+        transfer.seconds = started.elapsed().as_secs_f64();
+        return Ok(transfer);
+    }
+    let manifest = sharded::Manifest::new(&arrays, &written)?;
+    write_json(&fresh.join(sharded::MANIFEST), &manifest)?;
     let state = RunState {
-        checksum: Some(file_fingerprint(&weights)?),
+        version: 3,
+        checksum: None,
         ..state.clone()
     };
-    let json = serde_json::to_string_pretty(&state).map_err(|cause| EngineError::Json {
-        path: fresh.join("state.json"),
-        cause,
-    })?;
-    write_atomic(&fresh.join("state.json"), json.as_bytes())?;
+    write_json(&fresh.join("state.json"), &state)?;
     for (name, bytes) in extra {
         write_atomic(&fresh.join(name), bytes)?;
     }
+    swap_in(out, &fresh)?;
+    transfer.seconds = started.elapsed().as_secs_f64();
+    match adapter {
+        Some(a) => a.save(out, Some(&session.model().base_name()))?,
+        None => {
+            let saved = sharded::ShardedState::open(&out.join("train_state"))?;
+            export::write_hf_weights(&saved, &session.model().config, out)?;
+            session.model().save_hf_side_files(out)?;
+        }
+    }
+    transfer.model_seconds = started.elapsed().as_secs_f64() - transfer.seconds;
+    Ok(transfer)
+}
+
+/// Every process's account of its shards (`mine` is this one's), or the
+/// first failure: this process's own error, else a line naming the
+/// process that failed.
+fn exchange_shards(
+    group: &crate::device::processes::ProcessGroup,
+    n: u64,
+    mine: Result<sharded::ProcessShards>,
+    fresh: &Path,
+) -> Result<Vec<sharded::ProcessShards>> {
+    let report: std::result::Result<&sharded::ProcessShards, String> =
+        mine.as_ref().map_err(|e| e.to_string());
+    let bytes = serde_json::to_vec(&report).expect("a report serialises");
+    let all = group.all_gather(&format!("save-{n}-written"), &bytes)?;
+    mine?;
+    all.iter()
+        .enumerate()
+        .map(|(p, raw)| {
+            let failed = |message: String| EngineError::ShardedState {
+                path: fresh.to_path_buf(),
+                message: format!("process {p} could not write its shards: {message}"),
+            };
+            match serde_json::from_slice::<std::result::Result<sharded::ProcessShards, String>>(raw)
+            {
+                Ok(Ok(s)) => Ok(s),
+                Ok(Err(message)) => Err(failed(message)),
+                Err(e) => Err(failed(format!("its report is not readable: {e}"))),
+            }
+        })
+        .collect()
+}
+
+/// `value` as pretty JSON at `path`, atomically.
+fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
+    let json = serde_json::to_string_pretty(value).map_err(|cause| EngineError::Json {
+        path: path.to_path_buf(),
+        cause,
+    })?;
+    Ok(write_atomic(path, json.as_bytes())?)
+}
+
+/// Makes `fresh` the run's `train_state/`: the current one moved to
+/// `.old` first, so a crash at any moment leaves one readable.
+fn swap_in(out: &Path, fresh: &Path) -> Result<()> {
     let current = out.join("train_state");
     let old = out.join("train_state.old");
     if current.exists() {
         let _ = std::fs::remove_dir_all(&old);
         std::fs::rename(&current, &old).map_err(EngineError::io("replace", &current))?;
     }
-    std::fs::rename(&fresh, &current).map_err(EngineError::io("write", &current))?;
+    std::fs::rename(fresh, &current).map_err(EngineError::io("write", &current))?;
     // The renames are durable once the folder itself is synced.
     std::fs::File::open(out)
         .and_then(|d| d.sync_all())
@@ -305,7 +437,14 @@ pub fn save_with(
 /// A saved run read back: its state and tensors.
 pub struct Saved {
     pub state: RunState,
-    pub tensors: Vec<(String, Literal)>,
+    pub tensors: SavedTensors,
+}
+
+/// A saved run's tensors: whole (`state.safetensors`, as runs saved
+/// before sharded states), or a sharded state read block by block.
+pub enum SavedTensors {
+    Whole(Vec<(String, Literal)>),
+    Sharded(Box<sharded::ShardedState>),
 }
 
 /// The folder holding a saved run's state: `train_state/`, or the `.old`
@@ -377,6 +516,31 @@ pub fn load(dir: &Path) -> Result<Saved> {
             checksum: None,
         }
     };
+    let counter_matches = |saved: f64| -> Result<()> {
+        if saved as i64 != step {
+            return Err(bad(format!(
+                "`step` is {step} but the saved step counter is {saved}"
+            )));
+        }
+        Ok(())
+    };
+    if state_dir.join(sharded::MANIFEST).is_file() {
+        let sharded = sharded::ShardedState::open(&state_dir)?;
+        if sharded.tensor_type("step")?.is_some() {
+            counter_matches(
+                sharded
+                    .read("step")?
+                    .to_f64_vec()
+                    .first()
+                    .copied()
+                    .unwrap_or(-1.0),
+            )?;
+        }
+        return Ok(Saved {
+            state,
+            tensors: SavedTensors::Sharded(Box::new(sharded)),
+        });
+    }
     let weights = state_dir.join("state.safetensors");
     if let Some(want) = &state.checksum {
         let got = file_fingerprint(&weights)?;
@@ -388,13 +552,11 @@ pub fn load(dir: &Path) -> Result<Saved> {
     }
     let tensors = read_safetensors(&weights)?;
     if let Some((_, counter)) = tensors.iter().find(|(n, _)| n == "step") {
-        let saved = counter.to_f64s().first().copied().unwrap_or(-1.0) as i64;
-        if saved != step {
-            return Err(bad(format!(
-                "`step` is {step} but the saved step counter is {saved}"
-            )));
-        }
+        counter_matches(counter.to_f64s().first().copied().unwrap_or(-1.0))?;
     }
     check_finite(&tensors, &format!("the state saved in {}", dir.display()))?;
-    Ok(Saved { state, tensors })
+    Ok(Saved {
+        state,
+        tensors: SavedTensors::Whole(tensors),
+    })
 }

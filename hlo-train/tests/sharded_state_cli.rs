@@ -1,0 +1,113 @@
+//! Full training saved as a sharded state on an 8-device mesh
+//! (`dp=2, fsdp=4`) and continued on another mesh (`fsdp=8`), on one
+//! device, and on the same mesh: each continuation's losses are the
+//! uninterrupted run's to 1e-6. `export` writes the run's HF folder
+//! from the state (the weights the run itself wrote, byte for byte), and
+//! refuses what it cannot export in one line.
+
+mod common;
+
+use common::*;
+
+fn full(steps: &str, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "train", "--full", "--batch", "8", "--seq", "16", "--lr", "3e-3", "--steps", steps,
+    ]
+    .map(String::from)
+    .to_vec();
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+fn run_ok(args: &[String]) -> String {
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    ok(&hlo_train(&refs))
+}
+
+const SAVED_ON: [&str; 4] = ["--devices", "8", "--mesh", "dp=2,fsdp=4,mp=1"];
+
+#[test]
+fn a_sharded_state_continues_on_another_mesh_as_if_uninterrupted() {
+    let dir = scratch("sharded", "resume");
+    let whole = dir.join("whole.jsonl");
+    let mut args = SAVED_ON.to_vec();
+    args.extend(["--metrics", whole.to_str().unwrap()]);
+    run_ok(&full("6", &args));
+    let reference = losses(&whole);
+    assert_eq!(reference.len(), 6);
+    for (k, mesh) in [
+        &["--devices", "8", "--mesh", "dp=1,fsdp=8,mp=1"][..],
+        &["--devices", "1"][..],
+        &SAVED_ON[..],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let out = dir.join(format!("run{k}"));
+        let o = out.to_str().unwrap();
+        let mut first = SAVED_ON.to_vec();
+        first.extend(["--out", o]);
+        run_ok(&full("3", &first));
+        let manifest: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.join("train_state/manifest.json")).unwrap(),
+        )
+        .unwrap();
+        let saved_mesh = serde_json::json!([["dp", 2], ["fsdp", 4], ["mp", 1]]);
+        assert_eq!(manifest["mesh"], saved_mesh);
+        let metrics = dir.join(format!("resumed{k}.jsonl"));
+        let mut resume = vec!["train", "--resume", o, "--steps", "6", "--metrics"];
+        resume.push(metrics.to_str().unwrap());
+        resume.extend(mesh);
+        ok(&hlo_train(&resume));
+        let resumed = losses(&metrics);
+        assert_eq!(resumed.len(), 3, "{mesh:?}");
+        for (got, want) in resumed.iter().zip(&reference[3..]) {
+            assert!(
+                (got - want).abs() <= 1e-6 * want.abs(),
+                "{mesh:?}: {got} vs {want} uninterrupted"
+            );
+        }
+        // export writes what the run wrote into its own folder.
+        let exported = dir.join(format!("hf{k}"));
+        let said = ok(&hlo_train(&[
+            "export",
+            o,
+            "--out",
+            exported.to_str().unwrap(),
+        ]));
+        assert!(said.starts_with("export: "), "{said}");
+        for f in ["model.safetensors", "config.json", "generation_config.json"] {
+            assert_eq!(
+                std::fs::read(exported.join(f)).unwrap(),
+                std::fs::read(out.join(f)).unwrap(),
+                "{f}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn export_refuses_what_it_cannot_export() {
+    let dir = scratch("sharded", "export-refusals");
+    let (lora, hf) = (dir.join("lora"), dir.join("hf"));
+    let err = one_line_error(&hlo_train(&[
+        "export",
+        dir.join("none").to_str().unwrap(),
+        "--out",
+        hf.to_str().unwrap(),
+    ]));
+    assert!(err.contains("holds no saved run"), "{err}");
+    let mut lora_run = full("1", &["--lora-rank", "4", "--out", lora.to_str().unwrap()]);
+    lora_run.retain(|a| a != "--full");
+    run_ok(&lora_run);
+    let err = one_line_error(&hlo_train(&[
+        "export",
+        lora.to_str().unwrap(),
+        "--out",
+        hf.to_str().unwrap(),
+    ]));
+    assert!(err.contains("is a LoRA run"), "{err}");
+    assert!(!hf.exists());
+    std::fs::remove_dir_all(dir).unwrap();
+}
