@@ -109,5 +109,20 @@ fn export_refuses_what_it_cannot_export() {
     ]));
     assert!(err.contains("is a LoRA run"), "{err}");
     assert!(!hf.exists());
+    // A folder holding a model (here the run itself) is never written over.
+    let full_run = dir.join("full");
+    run_ok(&full("1", &["--out", full_run.to_str().unwrap()]));
+    let before = std::fs::read(full_run.join("model.safetensors")).unwrap();
+    let err = one_line_error(&hlo_train(&[
+        "export",
+        full_run.to_str().unwrap(),
+        "--out",
+        full_run.to_str().unwrap(),
+    ]));
+    assert!(err.contains("holds a model already"), "{err}");
+    assert_eq!(
+        std::fs::read(full_run.join("model.safetensors")).unwrap(),
+        before
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }

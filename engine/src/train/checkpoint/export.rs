@@ -148,6 +148,18 @@ pub fn export(run: &Path, out: &Path) -> Result<Vec<String>> {
             out: out.to_path_buf(),
         });
     }
+    // A model already there is the user's: never written over.
+    let weights = [
+        "config.json",
+        "model.safetensors",
+        hlo_models::io::WEIGHTS_INDEX,
+    ];
+    if weights.iter().any(|f| out.join(f).exists()) {
+        return Err(EngineError::Export(format!(
+            "--out {} holds a model already; give an empty or new folder",
+            out.display()
+        )));
+    }
     std::fs::create_dir_all(out).map_err(EngineError::io("create", out))?;
     let files = write_hf_weights(&state, &config, out)?;
     let config_bytes =
