@@ -75,6 +75,12 @@ pub struct Shard {
     pub samples: u64,
     pub tokens: u64,
     pub learned: u64,
+    /// Every token of every sample but its first is learned (plain text):
+    /// what a row learns is then known from the samples' lengths alone,
+    /// without reading the mask (false in sets prepared before this was
+    /// recorded).
+    #[serde(default)]
+    pub learned_everywhere: bool,
     pub max_id: u32,
     pub fnv1a: Checksums,
 }
@@ -310,8 +316,8 @@ impl TokenShards {
     /// What the set holds for rows of `seq` tokens, as
     /// [`crate::reader::stats`] counts examples: its samples and tokens,
     /// the learned tokens within a row and the samples cut. Reads every
-    /// sample's offsets and the first `seq` mask bytes of each (not the
-    /// ids); `no_signal` is left 0, since a loader over shards takes every
+    /// sample's offsets, and the first `seq` mask bytes of each in shards
+    /// not learned everywhere (never the ids); `no_signal` is left 0, since a loader over shards takes every
     /// sample in order (one with nothing to learn within a row adds no
     /// loss).
     pub fn stats(&self, seq: usize) -> crate::DataStats {
@@ -323,8 +329,12 @@ impl TokenShards {
         for i in 0..self.len() {
             let (shard, span) = self.span(i);
             let kept = span.len().min(seq);
-            let mask = &self.shards[shard].mask[span.start..span.start + kept];
-            s.learned += mask.iter().skip(1).filter(|&&b| b != 0).count();
+            s.learned += if self.manifest.shards[shard].learned_everywhere {
+                kept.saturating_sub(1)
+            } else {
+                let mask = &self.shards[shard].mask[span.start..span.start + kept];
+                mask.iter().skip(1).filter(|&&b| b != 0).count()
+            };
             s.cut += usize::from(span.len() > seq);
         }
         s

@@ -226,6 +226,7 @@ fn write_shard(
     let mut mask = Vec::with_capacity(tokens);
     let mut offsets = Vec::with_capacity(8 * (examples.len() + 1));
     let mut learned = 0u64;
+    let mut everywhere = true;
     offsets.extend_from_slice(&0u64.to_le_bytes());
     for e in examples {
         for &id in &e.ids {
@@ -233,6 +234,7 @@ fn write_shard(
         }
         mask.extend(e.target.iter().map(|&t| u8::from(t)));
         learned += e.target.iter().skip(1).filter(|&&t| t).count() as u64;
+        everywhere &= e.target.iter().skip(1).all(|&t| t);
         offsets.extend_from_slice(&((ids.len() / 4) as u64).to_le_bytes());
     }
     for (ext, bytes) in [("ids", &ids), ("mask", &mask), ("offsets", &offsets)] {
@@ -244,6 +246,7 @@ fn write_shard(
         samples: examples.len() as u64,
         tokens: tokens as u64,
         learned,
+        learned_everywhere: everywhere,
         max_id: examples
             .iter()
             .flat_map(|e| e.ids.iter().copied())

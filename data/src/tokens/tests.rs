@@ -104,6 +104,44 @@ fn shards_hold_the_rows_as_train_reads_them() {
         }
         assert_eq!(a.cursor, b.cursor);
     }
+    // The header's figures equal those of the rows read directly: shards
+    // holding prompts scan their masks, shards of text alone are known
+    // from the lengths (every shard of a text-only set).
+    assert!(m.shards.iter().all(|s| !s.learned_everywhere));
+    let text_only = dir.join("text.jsonl");
+    let rows: String = std::fs::read_to_string(&data)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("\"text\""))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&text_only, rows).unwrap();
+    let t_out = dir.join("text-out");
+    let tm = prepare(
+        std::slice::from_ref(&text_only),
+        &reader(&t),
+        &options(&t_out, 16, "b"),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert!(tm.shards.iter().all(|s| s.learned_everywhere));
+    let text_rows = reader(&t).read_path(&text_only).unwrap();
+    for seq in [4, 24, 1000] {
+        let want = |e: &[crate::Example]| crate::reader::stats(e, seq);
+        let got = |d: &Path| TokenShards::open(d).unwrap().stats(seq);
+        let (a, b) = (got(&dir.join("out")), want(&direct));
+        assert_eq!(
+            (a.samples, a.tokens, a.learned, a.cut),
+            (b.samples, b.tokens, b.learned, b.cut),
+            "seq {seq}"
+        );
+        let (a, b) = (got(&t_out), want(&text_rows));
+        assert_eq!(
+            (a.samples, a.tokens, a.learned, a.cut),
+            (b.samples, b.tokens, b.learned, b.cut),
+            "seq {seq}"
+        );
+    }
 }
 
 #[test]
