@@ -430,13 +430,7 @@ impl Loader {
     fn learned_within(&self, (set, i): (usize, usize), len: usize) -> usize {
         match &self.shards {
             Some(m) => m.sets[set].1.learned_within(i, len),
-            None => {
-                let target = &self.examples[i].target;
-                target[1.min(len)..len.min(target.len())]
-                    .iter()
-                    .filter(|&&t| t)
-                    .count()
-            }
+            None => self.examples[i].learned_within(len),
         }
     }
 

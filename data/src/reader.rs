@@ -37,6 +37,13 @@ impl Example {
             .skip(1)
             .any(|&t| t)
     }
+
+    /// The predictions a row holding this example's first `len` tokens
+    /// counts: its learned tokens among them, the first never predicted.
+    pub fn learned_within(&self, len: usize) -> usize {
+        let end = len.min(self.target.len());
+        self.target[..end].iter().skip(1).filter(|&&t| t).count()
+    }
 }
 
 /// How `{"messages"}` lines become examples.
@@ -90,7 +97,7 @@ pub fn stats(examples: &[Example], seq: usize) -> DataStats {
     for e in examples {
         s.tokens += e.ids.len();
         let kept = e.ids.len().min(seq);
-        s.learned += e.target[..kept].iter().skip(1).filter(|&&t| t).count();
+        s.learned += e.learned_within(kept);
         s.cut += usize::from(e.ids.len() > seq);
         s.no_signal += usize::from(!e.learns_within(seq));
     }

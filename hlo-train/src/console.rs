@@ -16,7 +16,7 @@ use hlo_engine::{
 };
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::args::printable;
+use crate::args::{gb, printable};
 
 /// The progress bar, a log line every `log_every` steps, eval lines and
 /// `--trace-values` lines.
@@ -118,38 +118,32 @@ impl Hooks for Progress {
     }
 }
 
-/// `saved step 40 to out/: train_state 1.3 GB in 2.10 s (0.62 GB/s), HF weights 0.40 s`.
+/// `saved step 40 to out/: train_state 1.30 GB in 2.10 s (0.62 GB/s), HF weights 0.40 s`.
 pub fn saved_line(s: &StateTransfer) -> String {
+    let after = match s.model {
+        Some((what, seconds)) => format!(", {what} {seconds:.2} s"),
+        None => String::new(),
+    };
     format!(
-        "saved step {} to {}: train_state {} in {:.2} s ({:.2} GB/s), {} {:.2} s",
+        "saved step {} to {}: train_state {} in {:.2} s ({:.2} GB/s){after}",
         s.step,
         s.dir.display(),
-        bytes(s.bytes),
+        gb(s.bytes),
         s.seconds,
         s.gb_per_s(),
-        s.model,
-        s.model_seconds
     )
 }
 
-/// `resumed step 40 from out/: train_state 1.3 GB read and placed in 1.20 s (1.08 GB/s)`.
+/// `resumed step 40 from out/: train_state 1.30 GB read and placed in 1.20 s (1.08 GB/s)`.
 pub fn resumed_line(s: &StateTransfer) -> String {
     format!(
         "resumed step {} from {}: train_state {} read and placed in {:.2} s ({:.2} GB/s)",
         s.step,
         s.dir.display(),
-        bytes(s.bytes),
+        gb(s.bytes),
         s.seconds,
         s.gb_per_s()
     )
-}
-
-/// A byte count in MB under a GB, else GB.
-fn bytes(n: u64) -> String {
-    match n {
-        n if n < 1_000_000_000 => format!("{:.1} MB", n as f64 / 1e6),
-        n => format!("{:.2} GB", n as f64 / 1e9),
-    }
 }
 
 /// A preference step's figures for a log line (nothing for SFT): TRL's

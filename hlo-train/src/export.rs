@@ -28,12 +28,12 @@ pub fn run(args: &ExportArgs) -> Result<()> {
         .map(|m| m.len())
         .sum();
     println!(
-        "export: {} -> {}: {} weight file{} ({:.1} MB) in {:.1} s",
+        "export: {} -> {}: {} weight file{} ({}) in {:.1} s",
         args.run.display(),
         args.out.display(),
         files.len(),
         if files.len() == 1 { "" } else { "s" },
-        bytes as f64 / 1e6,
+        crate::args::gb(bytes),
         started.elapsed().as_secs_f64()
     );
     Ok(())

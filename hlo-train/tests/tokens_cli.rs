@@ -109,6 +109,17 @@ fn a_run_on_shards_equals_a_run_on_the_jsonl() {
     );
 }
 
+/// Continues the run saved in `part` to `steps`.
+fn resume(part: &Path, steps: &str) {
+    ok(&hlo_train(&[
+        "train",
+        "--resume",
+        part.to_str().unwrap(),
+        "--steps",
+        steps,
+    ]));
+}
+
 #[test]
 fn a_shuffled_run_on_shards_resumes_exactly() {
     let tmp = scratch("tokens", "resume");
@@ -118,13 +129,7 @@ fn a_shuffled_run_on_shards_resumes_exactly() {
     let part = tmp.join("part");
     train(&shards, &part, "4", &["--packing", "on"]);
     let metrics = part.join("metrics.jsonl");
-    ok(&hlo_train(&[
-        "train",
-        "--resume",
-        part.to_str().unwrap(),
-        "--steps",
-        "8",
-    ]));
+    resume(&part, "8");
     assert_eq!(losses(&metrics), whole);
 }
 
@@ -229,12 +234,6 @@ fn a_mixture_of_sets_reports_each_and_resumes_exactly() {
     assert!((0.6..0.9).contains(&share), "{share}");
     let part = tmp.join("part");
     train(&mix, &part, "4", &flags);
-    ok(&hlo_train(&[
-        "train",
-        "--resume",
-        part.to_str().unwrap(),
-        "--steps",
-        "8",
-    ]));
+    resume(&part, "8");
     assert_eq!(losses(&part.join("metrics.jsonl")), whole);
 }

@@ -257,12 +257,6 @@ impl DeviceArray {
         spec.shard_shape(mesh, &self.ty.dims)
     }
 
-    /// The blocks this process writes when every process saves its part
-    /// of the array once: see [`blocks_to_write`].
-    pub fn blocks_to_write(&self) -> Vec<(usize, Vec<i64>)> {
-        blocks_to_write(&self.sharding, &self.ty.dims, &self.positions)
-    }
-
     /// The block at mesh position `d` copied to the host (this process
     /// must hold it).
     pub fn block_to_host(&self, d: usize) -> Result<HostArray> {

@@ -233,7 +233,7 @@ fn write_shard(
             ids.extend_from_slice(&id.to_le_bytes());
         }
         mask.extend(e.target.iter().map(|&t| u8::from(t)));
-        learned += e.target.iter().skip(1).filter(|&&t| t).count() as u64;
+        learned += e.learned_within(e.target.len()) as u64;
         everywhere &= e.target.iter().skip(1).all(|&t| t);
         offsets.extend_from_slice(&((ids.len() / 4) as u64).to_le_bytes());
     }

@@ -387,8 +387,7 @@ fn restore(
         dir: dir.clone(),
         bytes,
         seconds: read_s + placing.elapsed().as_secs_f64(),
-        model_seconds: 0.0,
-        model: "",
+        model: None,
     }))
 }
 

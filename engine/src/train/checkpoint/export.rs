@@ -79,7 +79,7 @@ fn read_source(state: &ShardedState, tensor: &str, layer: Option<i64>) -> Result
         }
         None => state.read(tensor)?,
     };
-    Ok(host.bytes().to_vec())
+    Ok(hlo_ir::Literal::from(host).bytes)
 }
 
 /// Writes `state`'s parameters into `out` as an HF model's weights

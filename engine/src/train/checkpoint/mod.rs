@@ -1,7 +1,8 @@
 //! Saving a run so it can be used and continued: the PEFT adapter (or a
 //! complete HF model folder when finetuning fully) and `train_state/`
-//! (trainable parameters, optimizer moments, step counter, data cursor,
-//! the run's effective settings and a checksum). `train_state/` is built
+//! (trainable parameters, optimizer moments and step counter as a sharded
+//! state, [`sharded`]; the data cursor and the run's effective settings in
+//! `state.json`). `train_state/` is built
 //! under a temporary name and swapped in whole, so a crash at any moment
 //! leaves the previous one (or its `.old` copy) readable; temporaries a
 //! killed process left behind are removed by the next run.
@@ -33,7 +34,8 @@ pub struct RunSettings(pub BTreeMap<String, Value>);
 /// What `train_state/state.json` records.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunState {
-    /// 2 since settings are recorded in full; 1 recorded eight of them.
+    /// 3 since the tensors are a sharded state; 2 recorded the settings in
+    /// full beside `state.safetensors`; 1 recorded eight of them.
     pub version: u32,
     /// Steps taken.
     pub step: i64,
@@ -41,7 +43,8 @@ pub struct RunState {
     pub data_cursor: u64,
     #[serde(default)]
     pub settings: RunSettings,
-    /// FNV-1a of `state.safetensors`, hex.
+    /// FNV-1a of `state.safetensors`, hex (versions 1 and 2; a sharded
+    /// state's checksums are in its manifest).
     #[serde(default)]
     pub checksum: Option<String>,
 }
@@ -176,18 +179,23 @@ pub fn file_fingerprint(path: &Path) -> Result<String> {
 /// Every tensor of `tensors` is finite, or an error naming the first that
 /// is not.
 pub fn check_finite(tensors: &[(String, Literal)], what: &str) -> Result<()> {
-    for (name, lit) in tensors {
-        let bad = lit.non_finite_count();
-        if bad > 0 {
-            return Err(EngineError::NonFiniteState {
-                what: what.to_string(),
-                tensor: name.clone(),
-                bad,
-                total: lit.ty.element_count(),
-            });
-        }
+    tensors
+        .iter()
+        .try_for_each(|(name, lit)| check_finite_one(name, lit, what))
+}
+
+/// `lit` (tensor `name`, or a block of it) is finite, or an error naming
+/// it and `what` it belongs to.
+pub fn check_finite_one(name: &str, lit: &Literal, what: &str) -> Result<()> {
+    match lit.non_finite_count() {
+        0 => Ok(()),
+        bad => Err(EngineError::NonFiniteState {
+            what: what.to_string(),
+            tensor: name.to_string(),
+            bad,
+            total: lit.ty.element_count(),
+        }),
     }
-    Ok(())
 }
 
 /// Checks that `out` can receive a run before any work is done: it is (or
@@ -262,10 +270,9 @@ pub struct StateTransfer {
     /// Seconds the state took: writing the shards, manifest and swap; or
     /// reading, checking and placing them.
     pub seconds: f64,
-    /// Seconds a save spent after the state on the adapter or HF weights.
-    pub model_seconds: f64,
-    /// What a save wrote after the state: `adapter` or `HF weights`.
-    pub model: &'static str,
+    /// What a save wrote after the state (`adapter` or `HF weights`) and
+    /// the seconds it took; None for a restore.
+    pub model: Option<(&'static str, f64)>,
 }
 
 impl StateTransfer {
@@ -340,12 +347,7 @@ pub fn save_with(
         dir: out.to_path_buf(),
         bytes: std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0),
         seconds: 0.0,
-        model_seconds: 0.0,
-        model: if adapter.is_some() {
-            "adapter"
-        } else {
-            "HF weights"
-        },
+        model: None,
     };
     if !main {
         transfer.seconds = started.elapsed().as_secs_f64();
@@ -364,15 +366,19 @@ pub fn save_with(
     }
     swap_in(out, &fresh)?;
     transfer.seconds = started.elapsed().as_secs_f64();
-    match adapter {
-        Some(a) => a.save(out, Some(&session.model().base_name()))?,
+    let what = match adapter {
+        Some(a) => {
+            a.save(out, Some(&session.model().base_name()))?;
+            "adapter"
+        }
         None => {
             let saved = sharded::ShardedState::open(&out.join("train_state"))?;
             export::write_hf_weights(&saved, &session.model().config, out)?;
             session.model().save_hf_side_files(out)?;
+            "HF weights"
         }
-    }
-    transfer.model_seconds = started.elapsed().as_secs_f64() - transfer.seconds;
+    };
+    transfer.model = Some((what, started.elapsed().as_secs_f64() - transfer.seconds));
     Ok(transfer)
 }
 

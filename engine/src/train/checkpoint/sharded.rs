@@ -158,15 +158,7 @@ pub fn write_process_shards(
     let mut blocks = Vec::with_capacity(plan.len());
     for (a, d, offset, key) in plan {
         let host = Literal::from(a.array.block_to_host(d)?);
-        let bad = host.non_finite_count();
-        if bad > 0 {
-            return Err(EngineError::NonFiniteState {
-                what: what.to_string(),
-                tensor: a.name.clone(),
-                bad,
-                total: host.ty.element_count(),
-            });
-        }
+        super::check_finite_one(&a.name, &host, what)?;
         writer.write(&key, &host.bytes)?;
         blocks.push((
             a.name.clone(),
@@ -387,15 +379,8 @@ impl ShardedState {
             ty: TensorType::new(dtype, dims.to_vec()),
             bytes: out,
         };
-        let bad = lit.non_finite_count();
-        if bad > 0 {
-            return Err(EngineError::NonFiniteState {
-                what: format!("the state saved in {}", self.dir.display()),
-                tensor: name.to_string(),
-                bad,
-                total: lit.ty.element_count(),
-            });
-        }
+        let what = format!("the state saved in {}", self.dir.display());
+        super::check_finite_one(name, &lit, &what)?;
         Ok(HostArray::from(lit))
     }
 

@@ -20,7 +20,7 @@ pub use eval::{EvalResult, Evaluator};
 use std::time::Instant;
 
 use hlo_data::Batch;
-use hlo_ir::Literal;
+use hlo_ir::{Literal, TensorType};
 use hlo_models::adapter::Adapter;
 use hlo_models::decoder::{is_stacked, partition_rules, unstack_literal, unstacked_names};
 use hlo_models::roles::{BatchField, Role, Step};
@@ -297,19 +297,9 @@ impl Session {
         for k in self.step().inputs_where(Role::is_checkpointed) {
             let b = &f.inputs[k];
             let want = f.ty(b.value);
-            let lit = tensors
-                .iter()
-                .find(|(n, _)| n == &b.name)
-                .map(|(_, l)| l)
-                .ok_or_else(|| {
-                    EngineError::Resume(format!("the saved state has no `{}`", b.name))
-                })?;
-            if &lit.ty != want {
-                return Err(EngineError::Resume(format!(
-                    "`{}` is saved as {}, the step needs {want}",
-                    b.name, lit.ty
-                )));
-            }
+            let lit = tensors.iter().find(|(n, _)| n == &b.name).map(|(_, l)| l);
+            check_saved(&b.name, lit.map(|l| &l.ty), want)?;
+            let lit = lit.expect("checked");
             if self.step().inputs[k].role == Role::StepCounter {
                 steps = lit.to_f64s().first().map(|&s| s as i64);
             }
@@ -343,21 +333,7 @@ impl Session {
         for k in self.step().inputs_where(Role::is_checkpointed) {
             let b = &f.inputs[k];
             let want = f.ty(b.value);
-            match state.tensor_type(&b.name)? {
-                None => {
-                    return Err(EngineError::Resume(format!(
-                        "the saved state has no `{}`",
-                        b.name
-                    )))
-                }
-                Some(ty) if &ty != want => {
-                    return Err(EngineError::Resume(format!(
-                        "`{}` is saved as {ty}, the step needs {want}",
-                        b.name
-                    )))
-                }
-                Some(_) => {}
-            }
+            check_saved(&b.name, state.tensor_type(&b.name)?.as_ref(), want)?;
             let spec = self.step.input_spec(k).clone();
             let array = self.backend.place_blocks(want, &spec, |at, dims| {
                 let block = state.read_region(&b.name, at, dims)?;
@@ -576,6 +552,20 @@ impl Session {
             })),
             None => Ok(None),
         }
+    }
+}
+
+/// A saved state holds input `name` (its type `saved`), of the type
+/// `want` the step needs.
+fn check_saved(name: &str, saved: Option<&TensorType>, want: &TensorType) -> Result<()> {
+    match saved {
+        None => Err(EngineError::Resume(format!(
+            "the saved state has no `{name}`"
+        ))),
+        Some(ty) if ty != want => Err(EngineError::Resume(format!(
+            "`{name}` is saved as {ty}, the step needs {want}"
+        ))),
+        Some(_) => Ok(()),
     }
 }
 
