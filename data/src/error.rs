@@ -58,6 +58,9 @@ pub enum DataError {
     /// A conversation to render, and no chat template.
     #[error("`messages` prompts need the model's chat template (--chat or --chat-template DIR)")]
     NoChatTemplate,
+    /// Another process writes the folder (see [`crate::lock`]).
+    #[error("{} is held by {holder}: one writer a folder; wait for it to finish, or give another folder", path.display())]
+    Locked { path: PathBuf, holder: String },
     /// The tokenizer failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),

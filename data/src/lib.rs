@@ -17,7 +17,7 @@
 //! use hlo_data::{demo_examples, Loader, Tokenizer};
 //! let examples = demo_examples(&Tokenizer::bytes(), Some(hlo_data::tokenizer::BYTE_EOS), 32, 0);
 //! let mut loader = Loader::new(examples, 16, 4, 0);
-//! let batch = loader.next_batch();
+//! let batch = loader.next_batch().unwrap();
 //! assert_eq!(batch.ids.len(), 4 * 16);
 //! assert_eq!(loader.cursor, 4);
 //! ```
@@ -25,6 +25,7 @@
 pub mod chat;
 mod error;
 pub mod loader;
+pub mod lock;
 pub mod pairs;
 pub mod prompts;
 pub mod reader;

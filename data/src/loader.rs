@@ -19,6 +19,7 @@ use crate::tokens::mixture::Mixture;
 use crate::tokens::order::Permutation;
 use crate::tokens::TokenShards;
 use crate::unpaired::Unpaired;
+use crate::DataError;
 
 /// A batch: `ids`, `loss_mask`, `positions` and `segment_ids`, each
 /// `[batch, seq]` row-major (segment 0 is padding; unpacked rows hold one
@@ -177,8 +178,9 @@ pub struct Loader {
     /// Samples read from prepared token shards, in place of `examples`
     /// (see [`Loader::from_shards`], [`Loader::from_mixture`]).
     shards: Option<Arc<Mixture>>,
-    /// Tokens each set of a mixture gave the last batch (every row's).
-    set_tokens: Vec<usize>,
+    /// Tokens and samples each set of a mixture gave the last batch
+    /// (every row's).
+    set_tokens: Vec<(usize, usize)>,
     /// The rows this process fills (None: all); see
     /// [`Loader::with_owned_rows`].
     owned: Option<Vec<bool>>,
@@ -222,25 +224,37 @@ impl Loader {
     /// order, the cursor counting draws over all of them.
     pub fn from_mixture(mixture: Arc<Mixture>, seq: usize, batch: usize, seed: u64) -> Loader {
         Loader {
-            set_tokens: vec![0; mixture.sets.len()],
+            set_tokens: vec![(0, 0); mixture.sets.len()],
             shards: Some(mixture),
             ..Loader::new(Vec::new(), seq, batch, seed)
         }
     }
 
-    /// Each set's tokens in the last batch, by name (a mixture of more
-    /// than one set; else none): what the metrics report per set.
+    /// Each set's tokens and samples in the last batch, by name (a
+    /// mixture of more than one set; else none): what the metrics report
+    /// per set. `share` is the set's share of the batch's tokens,
+    /// `draws` its share of the samples drawn (what the proportions fix;
+    /// a set of longer samples takes a larger share of the tokens).
     pub fn set_figures(&self) -> Vec<(String, f64)> {
         match &self.shards {
             Some(m) if m.sets.len() > 1 => {
-                let all: usize = self.set_tokens.iter().sum();
+                let tokens: usize = self.set_tokens.iter().map(|t| t.0).sum();
+                let samples: usize = self.set_tokens.iter().map(|t| t.1).sum();
                 m.sets
                     .iter()
                     .zip(&self.set_tokens)
-                    .flat_map(|((name, _), &t)| {
+                    .flat_map(|((name, _), &(t, n))| {
                         [
                             (format!("data/{name}/tokens"), t as f64),
-                            (format!("data/{name}/share"), t as f64 / all.max(1) as f64),
+                            (
+                                format!("data/{name}/share"),
+                                t as f64 / tokens.max(1) as f64,
+                            ),
+                            (format!("data/{name}/samples"), n as f64),
+                            (
+                                format!("data/{name}/draws"),
+                                n as f64 / samples.max(1) as f64,
+                            ),
                         ]
                     })
                     .collect()
@@ -427,19 +441,19 @@ impl Loader {
 
     /// The predictions a row holding the first `len` tokens of sample
     /// `i` of set `set` counts (as [`Batch::put`] counts them).
-    fn learned_within(&self, (set, i): (usize, usize), len: usize) -> usize {
+    fn learned_within(&self, (set, i): (usize, usize), len: usize) -> Result<usize, DataError> {
         match &self.shards {
             Some(m) => m.sets[set].1.learned_within(i, len),
-            None => self.examples[i].learned_within(len),
+            None => Ok(self.examples[i].learned_within(len)),
         }
     }
 
     /// Sample `i` of set `set` (from shards: its first `seq` tokens, read
     /// now).
-    fn sample(&self, (set, i): (usize, usize)) -> Cow<'_, Example> {
+    fn sample(&self, (set, i): (usize, usize)) -> Result<Cow<'_, Example>, DataError> {
         match &self.shards {
-            Some(m) => Cow::Owned(m.sets[set].1.sample(i, self.seq)),
-            None => Cow::Borrowed(&self.examples[i]),
+            Some(m) => Ok(Cow::Owned(m.sets[set].1.sample(i, self.seq)?)),
+            None => Ok(Cow::Borrowed(&self.examples[i])),
         }
     }
 
@@ -506,18 +520,19 @@ impl Loader {
     }
 
     /// The next batch; the cursor advances by the examples it holds
-    /// (`batch` of them, unpacked; `batch` pairs of them).
-    pub fn next_batch(&mut self) -> Batch {
+    /// (`batch` of them, unpacked; `batch` pairs of them). An error only
+    /// from prepared shards: a shard found damaged when first read.
+    pub fn next_batch(&mut self) -> Result<Batch, DataError> {
         if !self.labels.is_empty() {
-            return self.next_unpaired();
+            return Ok(self.next_unpaired());
         }
         if !self.rejected.is_empty() {
-            return self.next_pairs();
+            return Ok(self.next_pairs());
         }
         let (seq, rows) = (self.seq, self.batch);
         let mut out = Batch::empty(rows, seq);
         let mut cache = Draws::default();
-        self.set_tokens.iter_mut().for_each(|t| *t = 0);
+        self.set_tokens.iter_mut().for_each(|t| *t = (0, 0));
         let mut k = self.cursor;
         for row in 0..rows {
             let own = self.owns(row);
@@ -530,13 +545,14 @@ impl Loader {
                     break;
                 }
                 if let Some(t) = self.set_tokens.get_mut(i.0) {
-                    *t += len;
+                    *t = (t.0 + len, t.1 + 1);
                 }
                 if own {
-                    out.put(&self.sample(i), row, at, seq, segment);
+                    let sample = self.sample(i)?;
+                    out.put(&sample, row, at, seq, segment);
                 } else {
                     let used = len.min(seq - at);
-                    out.targets += self.learned_within(i, used);
+                    out.targets += self.learned_within(i, used)?;
                     out.filled_elsewhere += used;
                 }
                 at += len;
@@ -548,7 +564,7 @@ impl Loader {
             }
         }
         self.cursor = k;
-        out
+        Ok(out)
     }
 }
 
@@ -625,9 +641,9 @@ mod tests {
                 .map(|p| make().with_owned_rows((0..rows).map(|r| r / 2 == p).collect()))
                 .collect();
             for _ in 0..5 {
-                let want = global.next_batch();
+                let want = global.next_batch().unwrap();
                 for (p, half) in halves.iter_mut().enumerate() {
-                    let got = half.next_batch();
+                    let got = half.next_batch().unwrap();
                     let mine = 2 * p * seq..2 * (p + 1) * seq;
                     assert_eq!(got.ids[mine.clone()], want.ids[mine.clone()]);
                     assert_eq!(got.loss_mask[mine.clone()], want.loss_mask[mine]);
@@ -649,7 +665,7 @@ mod tests {
         let mut loader = Loader::pairs(pairs.clone(), seq, 2, 7);
         let mut seen = Vec::new();
         for _ in 0..3 {
-            let b = loader.next_batch();
+            let b = loader.next_batch().unwrap();
             assert_eq!(b.ids.len(), 4 * seq);
             for row in 0..2 {
                 // Row `row` and row `2 + row` are one pair's two sides.

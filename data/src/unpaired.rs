@@ -356,7 +356,7 @@ mod tests {
         let mut loader = Loader::unpaired(rows.clone(), 4, 2, true);
         let row = |b: &crate::Batch, r: usize| b.ids[r * 4..r * 4 + 3].to_vec();
         for first in [0i32, 2, 0] {
-            let b = loader.next_batch();
+            let b = loader.next_batch().unwrap();
             let (a, c) = (first, first + 1);
             assert_eq!(row(&b, 0), [10 + a, 20 + a, 30 + a]);
             assert_eq!(row(&b, 1), [10 + c, 20 + c, 30 + c]);
@@ -370,7 +370,7 @@ mod tests {
             assert_eq!(&b.loss_mask[..4], [1.0, 1.0, 0.0, 0.0]);
         }
         // Without the KL estimate, the examples alone.
-        let b = Loader::unpaired(rows, 4, 2, false).next_batch();
+        let b = Loader::unpaired(rows, 4, 2, false).next_batch().unwrap();
         assert_eq!((b.ids.len(), b.desirable.len()), (8, 2));
     }
 }

@@ -106,7 +106,7 @@ pub fn run(args: &DataArgs) -> Result<()> {
     if spec.pairs {
         return show_pairs(args, &model, data);
     }
-    let shown = data.first_examples(args.samples, usize::MAX);
+    let shown = data.first_examples(args.samples, usize::MAX)?;
     // Data that teaches nothing: the line `train` refuses it with.
     if data.stats.no_signal == data.stats.samples {
         return Ok(data.learning(seq).map(|_| ())?);

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::Args;
+use hlo_engine::data::lock::FolderLock;
 use hlo_engine::dataset::{prepare_tokens, PrepareSpec};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -50,6 +51,11 @@ pub fn run(args: &PrepareArgs) -> Result<()> {
         || std::thread::available_parallelism().map_or(1, |n| n.get()),
         |t| t as usize,
     );
+    // One preparation a folder: a second is refused naming the first.
+    let lock = FolderLock::create(&args.out, "data prepare")?;
+    if let Some(line) = lock.took_over_line() {
+        println!("{line}");
+    }
     // The row length is the run's; here samples are kept whole.
     let spec = args.chat.spec(Some(args.data.clone()), i64::MAX);
     let bar = ProgressBar::new_spinner();
@@ -91,5 +97,6 @@ pub fn run(args: &PrepareArgs) -> Result<()> {
         args.out.display(),
         made as f64 / seconds.max(1e-9),
     );
+    drop(lock);
     Ok(())
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::Args;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::{
@@ -381,6 +381,9 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
         run.train(&mut hlo_engine::Quiet)?;
         return Ok(());
     }
+    if let Some(line) = run.lock_note() {
+        println!("{line}");
+    }
     print_header(&run)?;
     println!("{}", run.choices());
     if let Some(restored) = run.restored() {
@@ -389,6 +392,16 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
     let (mut hooks, bar, course) = hooks(&run, argv)?;
     let summary = run.train(&mut hooks).inspect_err(|_| bar.abandon())?;
     print_summary(&run, &summary, &course);
+    if let Some(out) = run
+        .out()
+        .filter(|_| summary.interrupted && summary.saved_step.is_none())
+    {
+        // Exit 0 only where a --resume has a state to continue.
+        bail!(
+            "stopped by a signal before any step was saved: {} holds no state to --resume; run again from the start",
+            out.display()
+        );
+    }
     show("after", &run)
 }
 
@@ -397,14 +410,15 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
 fn print_summary(run: &Run, summary: &TrainSummary, course: &RewardCourse) {
     let session = run.session();
     if summary.interrupted {
-        match run.out() {
-            Some(out) => println!(
-                "stopped by a signal after step {}; saved to {} (continue with --resume {})",
+        match (run.out(), summary.saved_step) {
+            (Some(out), Some(kept)) => println!(
+                "stopped by a signal after step {}; saved to {} (step {kept}; continue with --resume {})",
                 summary.step,
                 out.display(),
                 out.display()
             ),
-            None => println!(
+            (Some(_), None) => {}
+            (None, _) => println!(
                 "stopped by a signal after step {} (nothing saved: no --out)",
                 summary.step
             ),

@@ -140,6 +140,7 @@ fn bad_input_table() {
         v.extend(extra.iter().map(|s| s.to_string()));
         v
     };
+    let sets = PreparedSets::make(&root);
     let cases: Vec<(&str, Vec<String>)> = vec![
         ("checkpoint folder missing", gen(format!("{r}/nowhere"))),
         (
@@ -688,6 +689,34 @@ fn bad_input_table() {
             ],
         ),
         (
+            "a prepared set holding an id its manifest does not",
+            train(&["--data", &sets.large_id]),
+        ),
+        (
+            "a prepared set's manifest with another sample count",
+            train(&["--data", &sets.miscounted]),
+        ),
+        (
+            "a mixture whose proportions overflow",
+            train(&["--data", &sets.overflowing_mixture]),
+        ),
+        (
+            "a mixture file with a key hlo-train does not read",
+            train(&["--data", &sets.remote_mixture]),
+        ),
+        (
+            "data prepare into a folder another process writes",
+            [
+                "data", "prepare", "--data", &sets.corpus, "--out", &sets.held,
+            ]
+            .map(String::from)
+            .to_vec(),
+        ),
+        (
+            "train --out a folder another run writes",
+            train(&["--out", &sets.held]),
+        ),
+        (
             "bench --precompute-ref for an objective without a reference",
             ["bench", "--objective", "orpo", "--precompute-ref", "--steps", "1"]
                 .map(String::from)
@@ -785,6 +814,7 @@ fn bad_input_table() {
         assert_eq!(walk(&root), before, "{what}: files were left behind");
         let shown = err
             .replace(&r, "DIR")
+            .replace(&sets.holder, "pid PID on host HOST")
             .replace(&guarded_at, "127.0.0.1:PORT")
             .replace('|', "\\|");
         let command = args[0];
@@ -816,6 +846,81 @@ fn bad_input_table() {
             table,
             "the README's bad-input table is stale: run HLO_TRAIN_UPDATE_README=1 cargo test -p hlo-train --test bad_input_table"
         );
+    }
+}
+
+/// Prepared token sets made bad, mixtures of them, and a folder whose
+/// lock this test holds.
+struct PreparedSets {
+    corpus: String,
+    large_id: String,
+    miscounted: String,
+    overflowing_mixture: String,
+    remote_mixture: String,
+    held: String,
+    /// How the lock names this process (`pid N on host H`).
+    holder: String,
+    _lock: hlo_engine::data::lock::FolderLock,
+}
+
+impl PreparedSets {
+    fn make(root: &Path) -> PreparedSets {
+        use hlo_engine::data::tokens::Manifest;
+        let corpus = root.join("corpus.jsonl");
+        let rows: String = (0..12)
+            .map(|i| format!("{{\"text\": \"row {i} of the corpus\"}}\n"))
+            .collect();
+        std::fs::write(&corpus, rows).unwrap();
+        let prepared = |name: &str, edit: &dyn Fn(&Path, &mut Manifest)| {
+            let out = root.join(name);
+            ok(&hlo_train(&[
+                "data",
+                "prepare",
+                "--data",
+                corpus.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--rows-per-shard",
+                "16",
+            ]));
+            let mut m = Manifest::read(&out).unwrap().unwrap();
+            edit(&out, &mut m);
+            m.write(&out).unwrap();
+            out.to_str().unwrap().to_string()
+        };
+        let large_id = prepared("large-id", &|dir, m| {
+            let path = dir.join(format!("{}.ids", m.shards[0].name));
+            let mut ids = std::fs::read(&path).unwrap();
+            ids[4..8].copy_from_slice(&4_000_000_000u32.to_le_bytes());
+            std::fs::write(&path, &ids).unwrap();
+            m.shards[0].fnv1a.ids = format!("{:016x}", hlo_engine::ir::rng::fnv1a(&ids));
+        });
+        let miscounted = prepared("miscounted", &|_, m| m.samples += 3);
+        prepared("good", &|_, _| {});
+        let mixture = |name: &str, body: &str| {
+            let path = root.join(name);
+            std::fs::write(&path, body).unwrap();
+            path.to_str().unwrap().to_string()
+        };
+        let held = root.join("held");
+        let lock = hlo_engine::data::lock::FolderLock::create(&held, "train").unwrap();
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+        PreparedSets {
+            corpus: corpus.to_str().unwrap().to_string(),
+            large_id,
+            miscounted,
+            overflowing_mixture: mixture(
+                "overflowing.json",
+                r#"{"streams": {"a": {"local": "good", "proportion": 1e308}, "b": {"local": "good", "proportion": 1e308}}}"#,
+            ),
+            remote_mixture: mixture(
+                "remote.json",
+                r#"{"streams": {"a": {"local": "good", "proportion": 1, "remote": "s3://bucket/a"}}}"#,
+            ),
+            held: held.to_str().unwrap().to_string(),
+            holder: format!("pid {} on host {}", std::process::id(), host.trim()),
+            _lock: lock,
+        }
     }
 }
 

@@ -34,6 +34,8 @@ pub struct Mixture {
     pub sets: Vec<(String, Arc<TokenShards>)>,
     /// Each set's draws in a block of [`BLOCK`].
     per_block: Vec<usize>,
+    /// The proportions' sum as the file gives them (1 for one set).
+    pub given_sum: f64,
 }
 
 impl Mixture {
@@ -42,6 +44,7 @@ impl Mixture {
         Mixture {
             sets: vec![("data".into(), shards)],
             per_block: vec![BLOCK],
+            given_sum: 1.0,
         }
     }
 
@@ -56,7 +59,10 @@ impl Mixture {
                 .is_some_and(|v| v.get("streams").is_some())
     }
 
-    /// Reads a mixture file and opens its sets.
+    /// Reads a mixture file and opens its sets. Proportions are relative
+    /// weights, normalised to sum to 1 (the sum given is kept in
+    /// [`Mixture::given_sum`]); each must be finite and above 0, and so
+    /// must their sum. Keys we do not read are refused.
     pub fn read(path: &Path) -> Result<Mixture, DataError> {
         let bad = |message: String| DataError::Rows {
             path: path.to_path_buf(),
@@ -71,6 +77,7 @@ impl Mixture {
                 path: path.to_path_buf(),
                 cause,
             })?;
+        only_keys(&v, &["streams"], "the mixture file").map_err(bad)?;
         let streams = v["streams"]
             .as_object()
             .filter(|s| !s.is_empty())
@@ -79,6 +86,7 @@ impl Mixture {
         let mut sets = Vec::new();
         let mut weights = Vec::new();
         for (name, s) in streams {
+            only_keys(s, &["local", "proportion"], &format!("stream `{name}`")).map_err(bad)?;
             let local = s["local"]
                 .as_str()
                 .ok_or_else(|| bad(format!("stream `{name}` has no `local` folder")))?;
@@ -87,7 +95,7 @@ impl Mixture {
                 .filter(|p| p.is_finite() && *p > 0.0)
                 .ok_or_else(|| {
                     bad(format!(
-                        "stream `{name}`'s `proportion` must be a number above 0"
+                        "stream `{name}`'s `proportion` must be a finite number above 0"
                     ))
                 })?;
             sets.push((
@@ -95,6 +103,12 @@ impl Mixture {
                 Arc::new(TokenShards::open(&folder.join(local))?),
             ));
             weights.push(p);
+        }
+        let given_sum: f64 = weights.iter().sum();
+        if !given_sum.is_finite() {
+            return Err(bad(
+                "its proportions sum past the largest number: give relative weights such as 0.7 and 0.3".into(),
+            ));
         }
         let tokenizers: Vec<&str> = sets
             .iter()
@@ -112,7 +126,30 @@ impl Mixture {
                 sets[k].0
             )));
         }
-        Ok(Mixture { sets, per_block })
+        Ok(Mixture {
+            sets,
+            per_block,
+            given_sum,
+        })
+    }
+
+    /// The streams and their shares of the draws, and whether the
+    /// proportions given were normalised: `web 0.700, code 0.300`.
+    pub fn describe(&self) -> String {
+        let shares: Vec<String> = self
+            .sets
+            .iter()
+            .zip(self.proportions())
+            .map(|((name, _), p)| format!("{name} {p:.3}"))
+            .collect();
+        let note = match (self.given_sum - 1.0).abs() > 1e-9 {
+            true => format!(
+                " (the proportions given sum to {}; normalised)",
+                self.given_sum
+            ),
+            false => String::new(),
+        };
+        format!("{}{note}", shares.join(", "))
     }
 
     /// Each set's share of the draws (its draws a block over the block).
@@ -216,6 +253,25 @@ impl Mixture {
         let (set, before) = cache.1[at];
         let set = set as usize;
         (set, block * self.per_block[set] as u64 + u64::from(before))
+    }
+}
+
+/// Refuses a key of `v` (an object) that is not in `known`, naming
+/// `what` and the keys read.
+fn only_keys(v: &serde_json::Value, known: &[&str], what: &str) -> Result<(), String> {
+    let Some(o) = v.as_object() else {
+        return Err(format!("{what} must be a JSON object"));
+    };
+    match o.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(k) => Err(format!(
+            "{what} has the key `{k}`, which hlo-train does not read (it reads {})",
+            known
+                .iter()
+                .map(|k| format!("`{k}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        None => Ok(()),
     }
 }
 

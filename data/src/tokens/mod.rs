@@ -29,6 +29,7 @@ pub mod order;
 mod prepare;
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
@@ -139,6 +140,45 @@ impl Manifest {
         let text = serde_json::to_string_pretty(self).expect("a manifest serialises");
         write_whole(&dir.join(MANIFEST), text.as_bytes())
     }
+
+    /// The totals agree with the shards, each of which holds samples: a
+    /// manifest edited or cut short is refused before any shard is read.
+    fn check_totals(&self) -> Result<(), String> {
+        if self.shards.is_empty() {
+            return Err(format!("{MANIFEST} names no shards: {DAMAGED}"));
+        }
+        if let Some(s) = self.shards.iter().find(|s| s.samples == 0) {
+            return Err(format!(
+                "{MANIFEST}: shard {} holds no samples: {DAMAGED}",
+                s.name
+            ));
+        }
+        let sum = |f: fn(&Shard) -> u64| {
+            self.shards
+                .iter()
+                .try_fold(0u64, |a, s| a.checked_add(f(s)))
+        };
+        let largest = self.shards.iter().map(|s| s.max_id).max();
+        for (what, total, shards) in [
+            ("samples", Some(self.samples), sum(|s| s.samples)),
+            ("tokens", Some(self.tokens), sum(|s| s.tokens)),
+            ("learned", Some(self.learned), sum(|s| s.learned)),
+            (
+                "max_id",
+                Some(u64::from(self.max_id)),
+                largest.map(u64::from),
+            ),
+        ] {
+            if total != shards {
+                return Err(format!(
+                    "{MANIFEST} gives {what} {}, its shards {}: {DAMAGED}",
+                    total.unwrap_or(0),
+                    shards.map_or("more than 2^64".into(), |n| n.to_string())
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Whether `path` is a folder of prepared token shards.
@@ -167,19 +207,152 @@ struct Mapped {
     offsets: memmap2::Mmap,
 }
 
+impl Mapped {
+    /// Shard `s`'s files in `dir`, each of the size the manifest gives.
+    fn open(dir: &Path, s: &Shard) -> Result<Mapped, DataError> {
+        let map = |ext: &str, len: Option<u64>| -> Result<memmap2::Mmap, DataError> {
+            let path = dir.join(format!("{}.{ext}", s.name));
+            let file = std::fs::File::open(&path).map_err(|cause| DataError::Read {
+                path: path.clone(),
+                cause,
+            })?;
+            // Safety: the files are read only, and a prepared set is
+            // not written once complete.
+            let m = unsafe { memmap2::Mmap::map(&file) }.map_err(|cause| DataError::Read {
+                path: path.clone(),
+                cause,
+            })?;
+            if Some(m.len() as u64) != len {
+                return Err(DataError::Rows {
+                    path: path.clone(),
+                    message: format!(
+                        "holds {} bytes, the manifest says {}: {DAMAGED}",
+                        m.len(),
+                        len.map_or("more than 2^64".into(), |n| n.to_string())
+                    ),
+                });
+            }
+            Ok(m)
+        };
+        Ok(Mapped {
+            ids: map("ids", s.tokens.checked_mul(4))?,
+            mask: map("mask", Some(s.tokens))?,
+            offsets: map(
+                "offsets",
+                s.samples.checked_add(1).and_then(|n| n.checked_mul(8)),
+            )?,
+        })
+    }
+
+    /// Offset `j` (in tokens).
+    fn offset(&self, j: usize) -> u64 {
+        let b: [u8; 8] = self.offsets[8 * j..8 * j + 8]
+            .try_into()
+            .expect("8 bytes, sizes checked at open");
+        u64::from_le_bytes(b)
+    }
+
+    /// The offsets run from 0 to the shard's tokens, never decreasing.
+    fn check_offsets(&self, s: &Shard) -> Result<(), String> {
+        let n = s.samples as usize;
+        if self.offset(0) != 0 || self.offset(n) != s.tokens {
+            return Err(format!(
+                "its offsets run from {} to {}, not from 0 to its {} tokens",
+                self.offset(0),
+                self.offset(n),
+                s.tokens
+            ));
+        }
+        match (0..n).find(|&j| self.offset(j + 1) < self.offset(j)) {
+            Some(j) => Err(format!("sample {j}'s offsets decrease")),
+            None => Ok(()),
+        }
+    }
+
+    /// The whole shard against its manifest entry: the checksums, the
+    /// largest id, the mask (bytes 0 or 1, its learned count, every token
+    /// but a sample's first learned where the shard says so).
+    fn check_whole(&self, s: &Shard, dir: &Path) -> Result<(), (PathBuf, String)> {
+        let file = |ext: &str| dir.join(format!("{}.{ext}", s.name));
+        for (ext, bytes, want) in [
+            ("ids", &self.ids[..], &s.fnv1a.ids),
+            ("mask", &self.mask[..], &s.fnv1a.mask),
+            ("offsets", &self.offsets[..], &s.fnv1a.offsets),
+        ] {
+            if &checksum(bytes) != want {
+                return Err((file(ext), "does not match its checksum".into()));
+            }
+        }
+        let largest = self
+            .ids
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .max()
+            .unwrap_or(0);
+        if largest != s.max_id {
+            return Err((
+                file("ids"),
+                format!(
+                    "holds token id {largest}, the manifest says at most {}",
+                    s.max_id
+                ),
+            ));
+        }
+        if self.mask.iter().any(|&b| b > 1) {
+            return Err((file("mask"), "holds bytes other than 0 and 1".into()));
+        }
+        let mut learned = 0u64;
+        for j in 0..s.samples as usize {
+            let (from, to) = (self.offset(j) as usize, self.offset(j + 1) as usize);
+            let after_first = &self.mask[(from + 1).min(to)..to];
+            let n = after_first.iter().filter(|&&b| b == 1).count();
+            if s.learned_everywhere && n != after_first.len() {
+                return Err((
+                    file("mask"),
+                    format!("sample {j} has unlearned tokens in a shard marked learned everywhere"),
+                ));
+            }
+            learned += n as u64;
+        }
+        if learned != s.learned {
+            return Err((
+                file("mask"),
+                format!(
+                    "marks {learned} tokens learned, the manifest says {}",
+                    s.learned
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A prepared set, memory-mapped: samples by index, read from the pages
 /// the system keeps (the process holds none of them itself).
+///
+/// What is cheap is checked when the set is opened: the manifest's totals
+/// against its shards, each file's size, each shard's offsets (monotone,
+/// from 0 to its tokens). What needs a whole shard read (its checksums,
+/// every id within the manifest's largest, the mask's learned count) is
+/// checked the first time a run touches the shard, before any of its
+/// samples is returned ([`TokenShards::sample`]).
 pub struct TokenShards {
     pub manifest: Manifest,
     pub dir: PathBuf,
     shards: Vec<Mapped>,
     /// The first sample of each shard, and the total after the last.
     starts: Vec<u64>,
+    /// Each shard's whole check, made once (the error's message).
+    checked: Vec<OnceLock<Result<(), (PathBuf, String)>>>,
 }
 
+/// The words every refusal of a damaged set ends with.
+const DAMAGED: &str = "the set is damaged; prepare it again";
+
 impl TokenShards {
-    /// Opens a complete prepared set, each file's size checked against
-    /// the manifest (the checksums are checked by [`TokenShards::verify`]).
+    /// Opens a complete prepared set: the manifest's totals, each file's
+    /// size and each shard's offsets checked (the rest of each shard the
+    /// first time it is read; all of it by [`TokenShards::verify`]).
     pub fn open(dir: &Path) -> Result<TokenShards, DataError> {
         let bad = |message: String| DataError::Rows {
             path: dir.to_path_buf(),
@@ -195,38 +368,20 @@ impl TokenShards {
                 "its preparation did not finish: run the same `hlo-train data prepare` again to complete it".into(),
             ));
         }
+        manifest.check_totals().map_err(bad)?;
         let mut shards = Vec::with_capacity(manifest.shards.len());
         let mut starts = vec![0u64];
         for s in &manifest.shards {
-            let map = |ext: &str, len: u64| -> Result<memmap2::Mmap, DataError> {
-                let path = dir.join(format!("{}.{ext}", s.name));
-                let file = std::fs::File::open(&path).map_err(|cause| DataError::Read {
-                    path: path.clone(),
-                    cause,
-                })?;
-                // Safety: the files are read only, and a prepared set is
-                // not written once complete.
-                let m = unsafe { memmap2::Mmap::map(&file) }.map_err(|cause| DataError::Read {
-                    path: path.clone(),
-                    cause,
-                })?;
-                if m.len() as u64 != len {
-                    return Err(bad(format!(
-                        "{} holds {} bytes, the manifest says {len}: the set is damaged; prepare it again",
-                        path.display(),
-                        m.len()
-                    )));
-                }
-                Ok(m)
-            };
-            shards.push(Mapped {
-                ids: map("ids", 4 * s.tokens)?,
-                mask: map("mask", s.tokens)?,
-                offsets: map("offsets", 8 * (s.samples + 1))?,
-            });
+            let mapped = Mapped::open(dir, s)?;
+            mapped.check_offsets(s).map_err(|m| DataError::Rows {
+                path: dir.join(format!("{}.offsets", s.name)),
+                message: format!("{m}: {DAMAGED}"),
+            })?;
+            shards.push(mapped);
             starts.push(starts[starts.len() - 1] + s.samples);
         }
         Ok(TokenShards {
+            checked: manifest.shards.iter().map(|_| OnceLock::new()).collect(),
             manifest,
             dir: dir.to_path_buf(),
             shards,
@@ -234,25 +389,23 @@ impl TokenShards {
         })
     }
 
-    /// Checks every file against its checksum (reads the whole set).
+    /// Checks every shard whole (reads the whole set).
     pub fn verify(&self) -> Result<(), DataError> {
-        for (s, m) in self.manifest.shards.iter().zip(&self.shards) {
-            for (ext, bytes, want) in [
-                ("ids", &m.ids[..], &s.fnv1a.ids),
-                ("mask", &m.mask[..], &s.fnv1a.mask),
-                ("offsets", &m.offsets[..], &s.fnv1a.offsets),
-            ] {
-                if &checksum(bytes) != want {
-                    return Err(DataError::Rows {
-                        path: self.dir.join(format!("{}.{ext}", s.name)),
-                        message:
-                            "does not match its checksum: the set is damaged; prepare it again"
-                                .into(),
-                    });
-                }
-            }
-        }
-        Ok(())
+        (0..self.shards.len()).try_for_each(|k| self.touch(k))
+    }
+
+    /// Shard `k` checked whole, the first time only: its checksums, its
+    /// ids within its recorded largest, its mask's bytes and learned
+    /// count.
+    fn touch(&self, k: usize) -> Result<(), DataError> {
+        let (s, m) = (&self.manifest.shards[k], &self.shards[k]);
+        self.checked[k]
+            .get_or_init(|| m.check_whole(s, &self.dir))
+            .clone()
+            .map_err(|(path, message)| DataError::Rows {
+                path,
+                message: format!("{message}: {DAMAGED}"),
+            })
     }
 
     /// Samples in the set.
@@ -274,11 +427,8 @@ impl TokenShards {
     /// Where sample `i`'s tokens are in its shard.
     fn span(&self, i: usize) -> (usize, std::ops::Range<usize>) {
         let (shard, k) = self.locate(i);
-        let o = &self.shards[shard].offsets;
-        let at = |j: usize| {
-            u64::from_le_bytes(o[8 * j..8 * j + 8].try_into().expect("8 bytes")) as usize
-        };
-        (shard, at(k)..at(k + 1))
+        let m = &self.shards[shard];
+        (shard, m.offset(k) as usize..m.offset(k + 1) as usize)
     }
 
     /// The length of sample `i`, in tokens (reads its offsets only).
@@ -290,19 +440,22 @@ impl TokenShards {
     /// learned: the predictions a row holding those `len` tokens counts
     /// (reads the mask only: what a process counts of rows it does not
     /// fill).
-    pub fn learned_within(&self, i: usize, len: usize) -> usize {
+    pub fn learned_within(&self, i: usize, len: usize) -> Result<usize, DataError> {
         let (shard, span) = self.span(i);
+        self.touch(shard)?;
         let end = span.end.min(span.start.saturating_add(len));
         let from = (span.start + 1).min(end);
-        self.shards[shard].mask[from..end]
+        Ok(self.shards[shard].mask[from..end]
             .iter()
             .filter(|&&b| b != 0)
-            .count()
+            .count())
     }
 
-    /// Sample `i`, its first `limit` tokens at most.
-    pub fn sample(&self, i: usize, limit: usize) -> Example {
+    /// Sample `i`, its first `limit` tokens at most (its shard checked
+    /// whole first, the first time it is read).
+    pub fn sample(&self, i: usize, limit: usize) -> Result<Example, DataError> {
         let (shard, span) = self.span(i);
+        self.touch(shard)?;
         let end = span.end.min(span.start.saturating_add(limit));
         let m = &self.shards[shard];
         let ids = m.ids[4 * span.start..4 * end]
@@ -310,7 +463,7 @@ impl TokenShards {
             .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
             .collect();
         let target = m.mask[span.start..end].iter().map(|&b| b != 0).collect();
-        Example { ids, target }
+        Ok(Example { ids, target })
     }
 
     /// What the set holds for rows of `seq` tokens, as

@@ -43,6 +43,9 @@ struct Progress<'a> {
 /// the same preparation, complete, is left as it is; one interrupted is
 /// resumed after its last shard; one holding another preparation is
 /// refused.
+///
+/// The caller holds `opts.out`'s lock ([`crate::lock::FolderLock`]): two
+/// preparations into one folder would each write the other's shards.
 pub fn prepare(
     files: &[PathBuf],
     reader: &Reader,

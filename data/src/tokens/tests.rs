@@ -80,8 +80,11 @@ fn shards_hold_the_rows_as_train_reads_them() {
     shards.verify().unwrap();
     let direct = reader(&t).read_path(&data).unwrap();
     for (i, e) in direct.iter().enumerate() {
-        assert_eq!(&shards.sample(i, usize::MAX), e, "sample {i}");
-        assert_eq!(shards.sample(i, 5).ids, e.ids[..5.min(e.ids.len())]);
+        assert_eq!(&shards.sample(i, usize::MAX).unwrap(), e, "sample {i}");
+        assert_eq!(
+            shards.sample(i, 5).unwrap().ids,
+            e.ids[..5.min(e.ids.len())]
+        );
     }
     let tokens: usize = direct.iter().map(|e| e.ids.len()).sum();
     assert_eq!(m.tokens as usize, tokens);
@@ -100,7 +103,7 @@ fn shards_hold_the_rows_as_train_reads_them() {
         .packed(packing)
         .in_file_order(true);
         for _ in 0..20 {
-            assert_eq!(a.next_batch(), b.next_batch());
+            assert_eq!(a.next_batch().unwrap(), b.next_batch().unwrap());
         }
         assert_eq!(a.cursor, b.cursor);
     }
@@ -166,14 +169,14 @@ fn every_process_count_walks_the_same_global_batches() {
         }
     };
     let mut one = loader(None);
-    let global: Vec<_> = (0..12).map(|_| one.next_batch()).collect();
+    let global: Vec<_> = (0..12).map(|_| one.next_batch().unwrap()).collect();
     for processes in [2, 4] {
         // Process p holds rows p·rows/P .. (p+1)·rows/P of each batch.
         let mut each: Vec<Loader> = (0..processes)
             .map(|p| loader(Some((0..rows).map(|r| r * processes / rows == p).collect())))
             .collect();
         for (step, want) in global.iter().enumerate() {
-            let parts: Vec<_> = each.iter_mut().map(|l| l.next_batch()).collect();
+            let parts: Vec<_> = each.iter_mut().map(|l| l.next_batch().unwrap()).collect();
             for r in 0..rows {
                 let got = &parts[r * processes / rows];
                 let span = r * seq..(r + 1) * seq;
@@ -201,16 +204,17 @@ fn every_process_count_walks_the_same_global_batches() {
             .packed(true)
             .in_file_order(true)
             .next_batch()
+            .unwrap()
     );
     let mut resumed = loader(None);
     resumed.cursor = {
         let mut l = loader(None);
         (0..5).for_each(|_| {
-            l.next_batch();
+            l.next_batch().unwrap();
         });
         l.cursor
     };
-    assert_eq!(resumed.next_batch(), global[5]);
+    assert_eq!(resumed.next_batch().unwrap(), global[5]);
 }
 
 #[test]
@@ -329,7 +333,7 @@ fn a_mixture_draws_its_sets_in_proportion_each_in_its_own_order() {
     let mut loader = Loader::from_mixture(mix.clone(), 16, rows, 3);
     let mut draws: Vec<(u8, String)> = Vec::new();
     for _ in 0..3 * BLOCK / rows {
-        let b = loader.next_batch();
+        let b = loader.next_batch().unwrap();
         let figures = loader.set_figures();
         let mut tokens = [0usize; 2];
         for r in 0..rows {
@@ -343,7 +347,18 @@ fn a_mixture_draws_its_sets_in_proportion_each_in_its_own_order() {
             draws.push((set, ids[1..5].iter().map(|&c| c as u8 as char).collect()));
         }
         assert_eq!(figures[0], ("data/a/tokens".to_string(), tokens[0] as f64));
-        assert_eq!(figures[2], ("data/b/tokens".to_string(), tokens[1] as f64));
+        assert_eq!(figures[4], ("data/b/tokens".to_string(), tokens[1] as f64));
+        // Each set's draws in the batch, and their share (what the
+        // proportions fix).
+        let of_a = draws[draws.len() - rows..]
+            .iter()
+            .filter(|d| d.0 == b'A')
+            .count();
+        assert_eq!(figures[2], ("data/a/samples".to_string(), of_a as f64));
+        assert_eq!(
+            figures[3],
+            ("data/a/draws".to_string(), of_a as f64 / rows as f64)
+        );
     }
     // Every block holds the proportions exactly.
     for block in draws.chunks(BLOCK) {
@@ -364,9 +379,9 @@ fn a_mixture_draws_its_sets_in_proportion_each_in_its_own_order() {
     resumed.cursor = 5 * rows as u64;
     let mut again = Loader::from_mixture(mix.clone(), 16, rows, 3);
     for _ in 0..5 {
-        again.next_batch();
+        again.next_batch().unwrap();
     }
-    assert_eq!(resumed.next_batch(), again.next_batch());
+    assert_eq!(resumed.next_batch().unwrap(), again.next_batch().unwrap());
     // Streams that cannot be read are refused.
     std::fs::write(
         &file,
@@ -375,4 +390,189 @@ fn a_mixture_draws_its_sets_in_proportion_each_in_its_own_order() {
     .unwrap();
     let e = Mixture::read(&file).err().unwrap().to_string();
     assert!(e.contains("proportion"), "{e}");
+}
+
+/// A fresh set of 30 rows in 3 shards, in its own folder.
+fn fresh_set(name: &str) -> PathBuf {
+    let dir = scratch(name);
+    let data = corpus(&dir, 30);
+    let t = Tokenizer::bytes();
+    let out = dir.join("out");
+    prepare(
+        std::slice::from_ref(&data),
+        &reader(&t),
+        &options(&out, 10, "a"),
+        &mut |_| {},
+    )
+    .unwrap();
+    out
+}
+
+/// Rewrites shard `k`'s file `ext` through `edit`, and its checksum in
+/// the manifest when `fix_checksum` (an edit a checksum alone cannot
+/// catch).
+fn edit_shard(set: &Path, k: usize, ext: &str, fix_checksum: bool, edit: impl Fn(&mut Vec<u8>)) {
+    let mut m = Manifest::read(set).unwrap().unwrap();
+    let path = set.join(format!("{}.{ext}", m.shards[k].name));
+    let mut bytes = std::fs::read(&path).unwrap();
+    edit(&mut bytes);
+    std::fs::write(&path, &bytes).unwrap();
+    if fix_checksum {
+        let sums = &mut m.shards[k].fnv1a;
+        *match ext {
+            "ids" => &mut sums.ids,
+            "mask" => &mut sums.mask,
+            _ => &mut sums.offsets,
+        } = checksum(&bytes);
+        m.write(set).unwrap();
+    }
+}
+
+/// The error of reading every sample of `set` (None: all read).
+fn read_all(set: &Path) -> Option<String> {
+    let s = match TokenShards::open(set) {
+        Ok(s) => s,
+        Err(e) => return Some(format!("open: {e}")),
+    };
+    (0..s.len())
+        .try_for_each(|i| s.sample(i, usize::MAX).map(|_| ()))
+        .err()
+        .map(|e| format!("sample: {e}"))
+}
+
+#[test]
+fn a_damaged_shard_is_refused_before_any_of_its_samples_is_read() {
+    // An id far outside any vocabulary, the checksum left as it was.
+    let set = fresh_set("bad-id");
+    edit_shard(&set, 1, "ids", false, |b| {
+        b[8..12].copy_from_slice(&4_000_000_000u32.to_le_bytes())
+    });
+    let shards = TokenShards::open(&set).unwrap();
+    // The shard's samples are refused; another shard's still read.
+    assert!(shards.sample(0, usize::MAX).is_ok());
+    let e = shards.sample(10, usize::MAX).unwrap_err().to_string();
+    assert!(
+        e.contains("shard-00001.ids") && e.contains("does not match its checksum"),
+        "{e}"
+    );
+    assert!(shards.learned_within(12, 4).is_err());
+    assert!(shards.verify().is_err());
+
+    // The same with its checksum made to match: the largest id is read.
+    let set = fresh_set("bad-id-summed");
+    edit_shard(&set, 1, "ids", true, |b| {
+        b[8..12].copy_from_slice(&4_000_000_000u32.to_le_bytes())
+    });
+    let e = read_all(&set).unwrap();
+    assert!(
+        e.contains("holds token id 4000000000, the manifest says at most"),
+        "{e}"
+    );
+
+    // A zeroed mask, summed again: its learned count is not the manifest's.
+    let set = fresh_set("zero-mask");
+    edit_shard(&set, 2, "mask", true, |b| b.fill(0));
+    let e = read_all(&set).unwrap();
+    assert!(
+        e.contains("shard-00002.mask") && e.contains("tokens learned, the manifest says"),
+        "{e}"
+    );
+
+    // A mask byte that is neither 0 nor 1.
+    let set = fresh_set("mask-byte");
+    edit_shard(&set, 0, "mask", true, |b| b[3] = 7);
+    assert!(read_all(&set).unwrap().contains("other than 0 and 1"));
+}
+
+#[test]
+fn a_manifest_that_disagrees_with_its_shards_is_refused_at_open() {
+    type Damage = fn(&mut Manifest);
+    let cases: [(&str, Damage, &str); 5] = [
+        (
+            "samples",
+            |m| m.samples += 5,
+            "gives samples 35, its shards 30",
+        ),
+        ("no-shards", |m| m.shards.clear(), "names no shards"),
+        (
+            "empty-shard",
+            |m| m.shards[1].samples = 0,
+            "shard-00001 holds no samples",
+        ),
+        ("tokens", |m| m.shards[0].tokens += 1, "gives tokens"),
+        ("max-id", |m| m.max_id = 3, "gives max_id 3"),
+    ];
+    for (name, damage, want) in cases {
+        let set = fresh_set(name);
+        let mut m = Manifest::read(&set).unwrap().unwrap();
+        damage(&mut m);
+        m.write(&set).unwrap();
+        let e = TokenShards::open(&set)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.contains(want) && e.contains("prepare it again"),
+            "{name}: {e}"
+        );
+    }
+    // Offsets past the end, and decreasing, each summed again.
+    let set = fresh_set("offsets-past");
+    edit_shard(&set, 0, "offsets", true, |b| {
+        let n = b.len();
+        b[n - 8..].copy_from_slice(&1_000_000u64.to_le_bytes());
+    });
+    let e = read_all(&set).unwrap();
+    assert!(
+        e.starts_with("open:") && e.contains("not from 0 to its"),
+        "{e}"
+    );
+    let set = fresh_set("offsets-down");
+    edit_shard(&set, 0, "offsets", true, |b| {
+        b[16..24].copy_from_slice(&0u64.to_le_bytes())
+    });
+    let e = read_all(&set).unwrap();
+    assert!(
+        e.starts_with("open:") && e.contains("sample 1's offsets decrease"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_mixture_file_is_read_strictly() {
+    use super::mixture::Mixture;
+    let dir = scratch("mixture-strict");
+    let a = marked_set(&dir, "a", 'a', 20);
+    let b = marked_set(&dir, "b", 'b', 20);
+    let (a, b) = (a.display().to_string(), b.display().to_string());
+    let mix = |body: String| {
+        let path = dir.join("mix.json");
+        std::fs::write(&path, body).unwrap();
+        Mixture::read(&path)
+            .map(|m| m.describe())
+            .map_err(|e| e.to_string())
+    };
+    let two = |pa: &str, pb: &str, extra: &str| {
+        format!(
+            r#"{{"streams": {{"a": {{"local": "{a}", "proportion": {pa}{extra}}}, "b": {{"local": "{b}", "proportion": {pb}}}}}}}"#
+        )
+    };
+    let e = mix(two("1e308", "1e308", "")).unwrap_err();
+    assert!(e.contains("sum past the largest number"), "{e}");
+    for p in ["-0.5", "0", "\"x\""] {
+        let e = mix(two(p, "0.5", "")).unwrap_err();
+        assert!(e.contains("finite number above 0"), "{p}: {e}");
+    }
+    let e = mix(two("0.5", "0.5", r#", "remote": "s3://x""#)).unwrap_err();
+    assert!(e.contains("key `remote`"), "{e}");
+    let top =
+        format!(r#"{{"shuffle": true, "streams": {{"a": {{"local": "{a}", "proportion": 1}}}}}}"#);
+    let e = mix(top).unwrap_err();
+    assert!(e.contains("the mixture file has the key `shuffle`"), "{e}");
+    // Relative weights are normalised, and the description says so.
+    assert_eq!(mix(two("0.7", "0.3", "")).unwrap(), "a 0.700, b 0.300");
+    assert_eq!(
+        mix(two("7", "3", "")).unwrap(),
+        "a 0.700, b 0.300 (the proportions given sum to 10; normalised)"
+    );
 }

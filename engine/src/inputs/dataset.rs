@@ -264,16 +264,17 @@ impl Dataset {
     }
 
     /// The first `n` samples in memory, in file order (of prepared
-    /// tokens: read from their shards, each cut to `seq`).
-    pub fn first_examples(&self, n: usize, seq: usize) -> Vec<Example> {
+    /// tokens: read from their shards, each cut to `seq`, each shard
+    /// checked whole as it is first read).
+    pub fn first_examples(&self, n: usize, seq: usize) -> Result<Vec<Example>> {
         match &self.shards {
-            Some(m) => m
+            Some(m) => Ok(m
                 .sets
                 .iter()
                 .flat_map(|(_, s)| (0..s.len()).map(move |i| s.sample(i, seq)))
                 .take(n)
-                .collect(),
-            None => self.examples.iter().take(n).cloned().collect(),
+                .collect::<std::result::Result<_, _>>()?),
+            None => Ok(self.examples.iter().take(n).cloned().collect()),
         }
     }
 
@@ -370,7 +371,13 @@ impl Dataset {
 
     /// The examples that teach something within a row (at least one
     /// learned token); an error when none does.
+    /// (Prepared tokens are read into memory, each sample cut to `seq`:
+    /// what a held-out set or `eval` scores.)
     pub fn learning(self, seq: usize) -> Result<Vec<Example>> {
+        if self.shards.is_some() {
+            let examples = self.first_examples(usize::MAX, seq)?;
+            return Self::of_examples(examples, seq, self.fingerprint).learning(seq);
+        }
         if self.stats.no_signal == self.stats.samples {
             let earliest = self
                 .examples

@@ -153,7 +153,7 @@ impl RowInputs {
                 let scores = score(&e.pairs)?;
                 eval_pair_batches(&e.pairs, seq, per_batch, scores.as_deref())
             }
-            Some(e) => eval_batches(&e.first_examples(usize::MAX, seq), seq, per_batch),
+            Some(e) => eval_batches(&e.first_examples(usize::MAX, seq)?, seq, per_batch),
             None => Vec::new(),
         };
         let unpacked_fill = loader.mean_len().min(seq as f64) / seq as f64;

@@ -29,6 +29,7 @@ pub mod step;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use hlo_data::lock::FolderLock;
 use hlo_data::{Batch, DataStats, Loader, Tokenizer};
 use hlo_ir::DType;
 use hlo_models::adapter::Adapter;
@@ -68,6 +69,8 @@ pub struct Run {
     unpacked_fill: f64,
     main: bool,
     out: Option<PathBuf>,
+    /// The run folder's lock (process 0's), held while the run lives.
+    lock: Option<FolderLock>,
     resumed: bool,
     /// The state a resumed run read and placed, timed.
     restored: Option<StateTransfer>,
@@ -87,20 +90,30 @@ fn is_main(spec: &RunSpec) -> bool {
 }
 
 /// Refuses an `out` that holds another run (unless replacing it, or it
-/// is the run being resumed), and prepares it.
-fn guard_out(spec: &RunSpec, out: &Path) -> Result<()> {
+/// is the run being resumed), or that another run writes (its lock held),
+/// and prepares it; the lock held for the run's life.
+fn guard_out(spec: &RunSpec, out: &Path) -> Result<FolderLock> {
     let canonical = |p: &Path| std::fs::canonicalize(p).ok();
     let continuing = spec
         .output
         .resume
         .as_deref()
         .is_some_and(|r| canonical(r).is_some() && canonical(r) == canonical(out));
+    if out.exists() && !out.is_dir() {
+        return Err(EngineError::OutIsFile {
+            out: out.to_path_buf(),
+        });
+    }
+    // Before anything in the folder is read or removed: another run's
+    // save in progress is not stale.
+    let lock = FolderLock::create(out, "train")?;
     if checkpoint::holds_run(out) && !continuing && !spec.output.overwrite {
         return Err(EngineError::OutHoldsRun {
             out: out.to_path_buf(),
         });
     }
-    checkpoint::prepare_out(out)
+    checkpoint::prepare_out(out)?;
+    Ok(lock)
 }
 
 /// An absolute path, for what a run records.
@@ -307,21 +320,56 @@ enum Feed {
     Rollouts(RolloutInputs),
 }
 
+/// A run's batches from `cursor` on, its held-out batches, the samples
+/// it learns from and the unpacked fill.
+type Source = (Box<dyn BatchSource>, Vec<Batch>, usize, f64);
+
+impl Feed {
+    /// The batch source of the placed `session` (`samples`: the data's,
+    /// what rollouts count as learned from).
+    fn source(
+        self,
+        session: &Session,
+        spec: &RunSpec,
+        reference: Option<&Adapter>,
+        (cursor, samples): (u64, usize),
+    ) -> Result<Source> {
+        Ok(match self {
+            Feed::Rows(RowFeed {
+                mut loader,
+                eval,
+                learning,
+                unpacked_fill,
+                ..
+            }) => {
+                loader.cursor = cursor;
+                let rows = own_rows(loader, session, spec)?;
+                (Box::new(rows), eval, learning, unpacked_fill)
+            }
+            Feed::Rollouts(r) => {
+                let source = r.source(session, spec, reference, cursor)?;
+                (source, Vec::new(), samples, 1.0)
+            }
+        })
+    }
+}
+
 /// Where the run writes (`out`, else the folder it resumes), checked
 /// and prepared by the process that writes (`main`).
-fn output_folder(spec: &RunSpec, main: bool) -> Result<Option<PathBuf>> {
+fn output_folder(spec: &RunSpec, main: bool) -> Result<(Option<PathBuf>, Option<FolderLock>)> {
     let out = spec
         .output
         .out
         .clone()
         .or_else(|| spec.output.resume.clone());
-    if let Some(out) = out.as_ref().filter(|_| main) {
-        guard_out(spec, out)?;
-    }
     if spec.output.save_every > 0 && out.is_none() {
         return Err(EngineError::SaveEveryNeedsOut);
     }
-    Ok(out)
+    let lock = match out.as_ref().filter(|_| main) {
+        Some(out) => Some(guard_out(spec, out)?),
+        None => None,
+    };
+    Ok((out, lock))
 }
 
 /// The saved run `spec` resumes (its settings taken back into `spec`),
@@ -415,7 +463,7 @@ impl Run {
         let read_s = reading.elapsed().as_secs_f64();
         let resumed = saved.is_some();
         let main = is_main(&spec);
-        let out = output_folder(&spec, main)?;
+        let (out, lock) = output_folder(&spec, main)?;
         let trace_values = trace_values(&spec)?;
         let model = open_model(&spec)?;
         spec.objective.def().resolve(&mut spec, &model)?;
@@ -467,27 +515,8 @@ impl Run {
         let mut session = Session::new(backend, model, tc, options)?;
         let restored = restore(&mut session, saved.as_ref(), &spec, read_s)?;
         let cursor = saved.as_ref().map_or(0, |s| s.state.data_cursor);
-        let (loader, eval, learning, unpacked_fill) = match feed {
-            Feed::Rows(RowFeed {
-                mut loader,
-                eval,
-                learning,
-                unpacked_fill,
-                ..
-            }) => {
-                loader.cursor = cursor;
-                (
-                    Box::new(own_rows(loader, &session, &spec)?) as Box<dyn BatchSource>,
-                    eval,
-                    learning,
-                    unpacked_fill,
-                )
-            }
-            Feed::Rollouts(r) => {
-                let source = r.source(&session, &spec, reference.as_ref(), cursor)?;
-                (source, Vec::new(), stats.samples, 1.0)
-            }
-        };
+        let (loader, eval, learning, unpacked_fill) =
+            feed.source(&session, &spec, reference.as_ref(), (cursor, stats.samples))?;
         Ok(Run {
             spec,
             session,
@@ -500,6 +529,7 @@ impl Run {
             unpacked_fill,
             main,
             out,
+            lock,
             resumed,
             restored,
             trace_values,
@@ -602,6 +632,12 @@ impl Run {
     /// Where the run saves.
     pub fn out(&self) -> Option<&Path> {
         self.out.as_deref()
+    }
+
+    /// The line to print when the run folder's lock was taken over from
+    /// a run that died holding it.
+    pub fn lock_note(&self) -> Option<String> {
+        self.lock.as_ref().and_then(FolderLock::took_over_line)
     }
 
     /// Whether this process writes and reports.

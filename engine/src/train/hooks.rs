@@ -82,8 +82,9 @@ pub struct TrainSummary {
     pub interrupted: bool,
     /// Mean share of the row slots holding real tokens.
     pub fill: Option<f64>,
-    /// Saved to `out` at the end (or at the interruption).
-    pub saved: bool,
+    /// The step whose state `out` holds for a `--resume` (saved by this
+    /// run, or the one it resumed from); None: nothing kept.
+    pub saved_step: Option<i64>,
     /// Wall-clock seconds of the loop.
     pub wall_s: f64,
 }

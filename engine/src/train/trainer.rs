@@ -129,7 +129,7 @@ pub struct SourcedBatch {
 
 impl BatchSource for Loader {
     fn next_batch(&mut self, _: &Session) -> Result<SourcedBatch> {
-        let batch = Loader::next_batch(self);
+        let batch = Loader::next_batch(self)?;
         Ok(SourcedBatch {
             batch,
             // A mixture's tokens by set.
@@ -399,7 +399,7 @@ impl<'a> Trainer<'a> {
                 hooks,
             )?;
         }
-        self.summary.saved = self.options.out.is_some();
+        self.summary.saved_step = self.saved_step.filter(|_| self.options.out.is_some());
         self.summary.wall_s = self.started.elapsed().as_secs_f64();
         Ok(self.summary.clone())
     }
