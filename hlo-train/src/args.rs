@@ -23,7 +23,7 @@ use hlo_engine::run::step::{
     Toggle,
 };
 use hlo_engine::runtime::{parse_xla_option, PluginKind, PluginSpec, XlaOption};
-use hlo_engine::{BackendOptions, DataSpec, Model, ModelSource};
+use hlo_engine::{BackendOptions, DataSpec, Model, ModelSource, Objective};
 use serde_json::json;
 
 /// `--plugin` and `--devices`.
@@ -162,6 +162,19 @@ impl PluginArgs {
 pub fn named<T: Named>() -> impl TypedValueParser<Value = T> {
     PossibleValuesParser::new(T::ALL.iter().map(|v| v.name()))
         .try_map(|s| T::from_name(&s).ok_or_else(|| format!("`{s}` is not one of its values")))
+}
+
+/// The value parser of `--objective` for a command that takes only the
+/// objectives `takes` keeps (`eval`, `data`): those alone listed in
+/// `--help`, any other refused by clap naming them.
+pub fn objectives_where(takes: fn(Objective) -> bool) -> impl TypedValueParser<Value = Objective> {
+    let names: Vec<&'static str> = <Objective as Named>::ALL
+        .iter()
+        .copied()
+        .filter(|o| takes(*o))
+        .map(Objective::name)
+        .collect();
+    PossibleValuesParser::new(names).try_map(|s| s.parse::<Objective>())
 }
 
 /// A path flag that also takes a Hugging Face hub id

@@ -37,8 +37,10 @@ pub struct DataArgs {
     pub data: Option<PathBuf>,
 
     /// Read the data as `train --objective` does: sft rows, or preference
-    /// pairs (dpo, ipo, simpo, orpo; --batch then counts pairs).
-    #[arg(long, value_parser = named::<Objective>(), default_value = "sft")]
+    /// pairs (dpo, ipo, simpo, orpo; reward: each side whole; --batch then
+    /// counts pairs). Prompts and unpaired examples, the other
+    /// objectives' data, are counted in `train`'s header.
+    #[arg(long, value_parser = crate::args::objectives_where(shown), default_value = "sft")]
     pub objective: Objective,
 
     /// Tokens per row, as for `train`.
@@ -80,6 +82,12 @@ pub enum DataCommand {
     Prepare(Box<crate::prepare::PrepareArgs>),
 }
 
+/// The objectives whose data `data` shows: samples and pairs (not
+/// prompts or unpaired examples).
+fn shown(objective: Objective) -> bool {
+    matches!(objective.data(), Data::Samples | Data::Pairs)
+}
+
 pub fn run(args: &DataArgs) -> Result<()> {
     if let Some(DataCommand::Prepare(p)) = &args.command {
         return crate::prepare::run(p);
@@ -87,18 +95,6 @@ pub fn run(args: &DataArgs) -> Result<()> {
     let model = open_model(&args.model, &args.tokenizer)?;
     let seq = args.seq as usize;
     let mut spec = args.chat.spec(args.data.clone(), args.seq);
-    if args.objective.data() == Data::Rollouts {
-        let o = args.objective;
-        anyhow::bail!(
-            "--objective {o}: its data is prompts (or --rollouts), which `train --objective {o}` reads; `data` shows SFT rows and preference pairs"
-        );
-    }
-    if args.objective.data() == Data::Unpaired {
-        anyhow::bail!(
-            "--objective {}: `data` shows SFT rows and preference pairs, not unpaired examples yet; `train` reads and counts them in its header",
-            args.objective
-        );
-    }
     spec.pairs = args.objective.is_preference();
     // A reward model's pairs: each side whole, every token scored.
     spec.whole_pairs = args.objective.def().classifier();

@@ -71,8 +71,10 @@ pub struct EvalArgs {
     /// What to score: sft (the masked mean loss of each learned token),
     /// or held-out preference pairs by dpo, ipo, simpo or orpo (the loss
     /// and TRL's metrics; --batch then counts pairs). DPO's and IPO's
-    /// reference is the base with the adapter off, or --ref-adapter.
-    #[arg(long, value_parser = crate::args::named::<Objective>(), default_value = "sft")]
+    /// reference is the base with the adapter off, or --ref-adapter. The
+    /// other objectives have no held-out loss here (`hlo-train score`
+    /// scores a reward model's pairs).
+    #[arg(long, value_parser = crate::args::objectives_where(scored), default_value = "sft")]
     pub objective: Objective,
 
     #[command(flatten)]
@@ -169,18 +171,16 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     Ok(())
 }
 
+/// The objectives `eval` scores: a causal LM's loss over samples or
+/// pairs (unpaired examples, rollouts and a reward model's pairs have no
+/// held-out loss here).
+fn scored(objective: Objective) -> bool {
+    matches!(objective.data(), Data::Samples | Data::Pairs) && !objective.def().classifier()
+}
+
 /// The preference loss `--objective` names (None for sft), its settings
-/// checked as `train` checks them; GRPO has no held-out loss.
+/// checked as `train` checks them.
 fn preference_of(args: &EvalArgs, objective: Objective) -> Result<Option<Preference>> {
-    if objective.data() == Data::Unpaired {
-        bail!("--objective {objective}: held-out scoring of unpaired examples is not built yet");
-    }
-    if objective.def().classifier() {
-        bail!("--objective {objective}: held-out scoring of a reward model is not built yet; `hlo-train score` gives its scores of the pairs and the share it ranks as they do");
-    }
-    if objective.data() == Data::Rollouts {
-        bail!("--objective {objective} has no held-out loss to score (its reward is measured while training)");
-    }
     // A setting the objective does not read is refused, as by `train`.
     let spec = RunSpec {
         objective,

@@ -16,6 +16,7 @@ mod dump_hlo;
 mod eval;
 mod export;
 mod generate;
+mod hints;
 mod init;
 mod merge;
 mod objective_args;
@@ -178,7 +179,11 @@ fn main() -> ExitCode {
                 let _ = e.print();
                 return ExitCode::SUCCESS;
             }
-            eprintln!("{}", args::usage_error(&e));
+            // A TRL or transformers name gets the flag that means it.
+            match hints::usage_hint(&e, &argv, &Cli::command()) {
+                Some(hint) => eprintln!("error: {hint}"),
+                None => eprintln!("{}", args::usage_error(&e)),
+            }
             return ExitCode::from(2);
         }
     };

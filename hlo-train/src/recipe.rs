@@ -5,7 +5,8 @@
 //! before the command line is parsed, so a recipe's values are checked
 //! exactly as flags are.
 //!
-//! A key no recipe command knows is an error naming it and the file; a key
+//! A key no recipe command knows is an error naming it and the file (and,
+//! for a TRL or transformers name, the key that means it: `hints`); a key
 //! of another recipe command is left to that command (a train recipe can
 //! be planned, and `steps` does not change a plan). `train --out DIR`
 //! writes the run's effective `recipe.yaml` there: every setting, defaults
@@ -224,6 +225,19 @@ fn recipe_flags(
         let Some(arg) = arg else {
             if known_elsewhere.contains(&flag) {
                 continue; // another command's setting
+            }
+            // A TRL or transformers name: the key that means it.
+            let hint = crate::hints::find(&key).filter(|h| {
+                crate::hints::flags_named(h)
+                    .iter()
+                    .all(|f| known_elsewhere.contains(*f))
+            });
+            if let Some(h) = hint {
+                bail!(
+                    "recipe {}: unknown key `{key}`: {}",
+                    path.display(),
+                    crate::hints::answer(h, true)
+                );
             }
             bail!(
                 "recipe {}: unknown key `{key}` (no command of {} has --{flag})",
@@ -500,6 +514,14 @@ mod tests {
                 "key `run_token`: a run token is a secret and is not read from a recipe",
             ),
             ("seq: [1, 2\n", "not YAML"),
+            (
+                "learning_rate: 1.0e-4\n",
+                "unknown key `learning_rate`: hlo-train's key for TRL's learning_rate is `lr`",
+            ),
+            (
+                "max-steps: 10\n",
+                "unknown key `max-steps`: hlo-train's key for transformers' max_steps is `steps`",
+            ),
             ("lr: .inf\n", "key `lr` is .inf, not a finite number"),
             ("lr: -.inf\n", "key `lr` is -.inf"),
             ("lr: .nan\n", "key `lr` is .nan"),
