@@ -258,6 +258,15 @@ pub enum EngineError {
         bad: usize,
         total: usize,
     },
+    /// A saved state holding values that are not finite, found when it is
+    /// read (a resume, an export).
+    #[error("{what}: `{tensor}` has {bad} non-finite values of {total}; this state cannot be resumed or exported (resume or export an earlier checkpoint)")]
+    NonFiniteSaved {
+        what: String,
+        tensor: String,
+        bad: usize,
+        total: usize,
+    },
     /// A sharded state that cannot be read as saved: a file missing,
     /// damaged, or not covering a tensor.
     #[error("{}: {message}", path.display())]

@@ -141,10 +141,72 @@ fn a_damaged_or_incomplete_state_is_refused() {
         .find(|(_, t)| t.blocks.len() > 1)
         .unwrap();
     let name = name.clone();
-    t.blocks.pop();
+    let lost = t.blocks.pop().unwrap();
     std::fs::write(&path, serde_json::to_string(&manifest).unwrap()).unwrap();
     let err = ShardedState::open(&dir).err().unwrap().to_string();
     assert!(err.contains(&format!("`{name}`: its blocks hold")), "{err}");
+    // Two blocks at one offset (their sizes still adding up to the
+    // tensor's): half of it would be zeros.
+    let t = manifest.tensors.get_mut(&name).unwrap();
+    t.blocks.push(lost);
+    let last = t.blocks.len() - 1;
+    t.blocks[last].offset = t.blocks[0].offset.clone();
+    std::fs::write(&path, serde_json::to_string(&manifest).unwrap()).unwrap();
+    let err = ShardedState::open(&dir).err().unwrap().to_string();
+    assert!(
+        err.contains(&format!("`{name}`: blocks")) && err.contains("overlap"),
+        "{err}"
+    );
+    // A block past the tensor's end.
+    let t = manifest.tensors.get_mut(&name).unwrap();
+    t.blocks[last].offset[0] = t.shape[0];
+    std::fs::write(&path, serde_json::to_string(&manifest).unwrap()).unwrap();
+    let err = ShardedState::open(&dir).err().unwrap().to_string();
+    assert!(err.contains("lies outside its shape"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A saved block holding a NaN, its checksum made to match: a restore
+/// says the state cannot be resumed (not the save's "nothing was saved").
+#[test]
+fn a_non_finite_saved_block_is_refused_on_restore() {
+    let mut saved_from = session("dp=2,fsdp=4,mp=1");
+    distinct_state(&mut saved_from);
+    let dir = scratch("non-finite-read");
+    save_as_two_processes(&saved_from, &dir);
+    let path = dir.join(MANIFEST);
+    let mut manifest: Manifest =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let (name, t) = manifest
+        .tensors
+        .iter_mut()
+        .find(|(_, t)| t.dtype == "F32" && t.role == "parameter")
+        .unwrap();
+    let name = name.clone();
+    let block = &mut t.blocks[0];
+    let file = dir.join(&block.file);
+    let mut bytes = std::fs::read(&file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let start = 8 + n + header[&block.key]["data_offsets"][0].as_u64().unwrap() as usize;
+    let end = 8 + n + header[&block.key]["data_offsets"][1].as_u64().unwrap() as usize;
+    bytes[start..start + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&file, &bytes).unwrap();
+    block.crc32 = checkpoint::sharded::block_crc(&bytes[start..end]);
+    std::fs::write(&path, serde_json::to_string(&manifest).unwrap()).unwrap();
+    let saved = SavedTensors::Sharded(Box::new(ShardedState::open(&dir).unwrap()));
+    let err = session("dp=1,fsdp=8,mp=1")
+        .restore_saved(&saved)
+        .unwrap_err();
+    match &err {
+        EngineError::NonFiniteSaved { tensor, .. } => assert_eq!(tensor, &name),
+        other => panic!("{other}"),
+    }
+    let text = err.to_string();
+    assert!(
+        text.contains("cannot be resumed or exported") && !text.contains("nothing was saved"),
+        "{text}"
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
 

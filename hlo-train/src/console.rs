@@ -351,6 +351,9 @@ fn print_rows_header(run: &Run, on: &str, compiled: &str) {
         c.seq,
         if c.packing { "about " } else { "" },
     );
+    if let Some(streams) = run.streams() {
+        println!("data: a mixture drawn as {streams}");
+    }
 }
 
 /// The objective's words and the step's batch in its units, e.g. `dpo

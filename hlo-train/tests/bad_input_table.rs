@@ -689,6 +689,18 @@ fn bad_input_table() {
             ],
         ),
         (
+            "a TRL flag name (--learning-rate)",
+            train(&["--learning-rate", "1e-4"]),
+        ),
+        (
+            "--num-train-epochs (no epoch count)",
+            train(&["--num-train-epochs", "3"]),
+        ),
+        (
+            "a recipe key spelled as TRL spells it",
+            train(&["--recipe", &jsonl("trl.yaml", "learning_rate: 1e-4\n")]),
+        ),
+        (
             "a prepared set holding an id its manifest does not",
             train(&["--data", &sets.large_id]),
         ),

@@ -863,6 +863,44 @@ fn rewards_can_never_hang_a_run_or_shift_its_rewards() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// SIGTERM while the first batch's rewards are awaited: nothing was
+/// saved, so the run says so and exits non-zero (a `--resume` would have
+/// nothing to continue).
+#[test]
+fn a_signal_before_the_first_save_keeps_nothing_and_says_so() {
+    let dir = scratch("grpo", "signal-first");
+    let (out, metrics) = (dir.join("run"), dir.join("metrics.jsonl"));
+    let asked = dir.join("asked");
+    let silent = format!("while read -r l; do touch {}; done", asked.display());
+    let mut args = online(&dir, &out, &metrics, &silent);
+    args.extend(["--steps", "2", "--reward-timeout", "600"].map(String::from));
+    let proc = std::process::Command::new(env!("CARGO_BIN_EXE_hlo-train"))
+        .args(&args)
+        .env_remove("HLO_TRAIN_PLUGIN")
+        .env("HF_HUB_OFFLINE", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let waited = (0..1200).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        asked.exists()
+    });
+    assert!(waited, "the run never asked for the first batch's rewards");
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &proc.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let e = one_line_error(&proc.wait_with_output().unwrap());
+    assert!(
+        e.contains("stopped by a signal before any step was saved"),
+        "{e}"
+    );
+    assert!(!out.join("train_state").exists());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// An endpoint that accepts and never answers is given --reward-timeout.
 #[test]
 fn an_http_reward_that_never_answers_ends_the_run_at_its_timeout() {

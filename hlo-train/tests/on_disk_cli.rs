@@ -227,3 +227,84 @@ fn one_writer_a_folder_and_a_dead_holders_lock_is_taken_over() {
     assert!(e.contains(&me) && e.contains("(train)"), "{e}");
     drop(held);
 }
+
+#[test]
+fn a_mixture_is_named_in_the_header_and_reported_by_draws() {
+    let dir = scratch("on-disk", "mixture");
+    let data = corpus(&dir);
+    prepare(&data, &dir.join("a"));
+    prepare(&data, &dir.join("b"));
+    let mix = dir.join("mix.json");
+    std::fs::write(
+        &mix,
+        r#"{"streams": {"a": {"local": "a", "proportion": 3}, "b": {"local": "b", "proportion": 1}}}"#,
+    )
+    .unwrap();
+    let metrics = dir.join("m.jsonl");
+    let said = ok(&hlo_train(&[
+        "train",
+        "--data",
+        mix.to_str().unwrap(),
+        "--seq",
+        "24",
+        "--batch",
+        "8",
+        "--steps",
+        "2",
+        "--packing",
+        "off",
+        "--log-every",
+        "1",
+        "--metrics",
+        metrics.to_str().unwrap(),
+    ]));
+    assert!(
+        said.contains("data: a mixture drawn as a 0.750, b 0.250 (the proportions given sum to 4; normalised)"),
+        "{said}"
+    );
+    // Unpacked, a row a draw: each step's draws of a set are its samples.
+    let (a, b) = (
+        metric(&metrics, "data/a/samples"),
+        metric(&metrics, "data/b/samples"),
+    );
+    let draws = metric(&metrics, "data/a/draws");
+    assert_eq!(a.len(), 2);
+    for k in 0..2 {
+        assert_eq!(a[k].1 + b[k].1, 8.0);
+        assert!((draws[k].1 - a[k].1 / 8.0).abs() < 1e-12);
+    }
+}
+
+#[test]
+fn a_saved_cursor_the_data_cannot_have_reached_is_refused() {
+    let dir = scratch("on-disk", "cursor");
+    let out = dir.join("run");
+    ok(&hlo_train(&[
+        "train",
+        "--steps",
+        "2",
+        "--batch",
+        "2",
+        "--seq",
+        "8",
+        "--out",
+        out.to_str().unwrap(),
+    ]));
+    let path = out.join("train_state/state.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut state: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(state["data_cursor"].as_u64().unwrap() <= 2 * 2 * 8);
+    state["data_cursor"] = u64::MAX.into();
+    std::fs::write(&path, state.to_string()).unwrap();
+    let e = one_line_error(&hlo_train(&[
+        "train",
+        "--resume",
+        out.to_str().unwrap(),
+        "--steps",
+        "3",
+    ]));
+    assert!(
+        e.contains("data_cursor 18446744073709551615 is past"),
+        "{e}"
+    );
+}

@@ -124,5 +124,69 @@ fn export_refuses_what_it_cannot_export() {
         std::fs::read(full_run.join("model.safetensors")).unwrap(),
         before
     );
+    // A state that is not the config's model: exported and resumed only
+    // when it is exactly that model's tensors.
+    let export_err = |name: &str, edit: &dyn Fn(&mut serde_json::Value, &mut serde_json::Value)| {
+        let run = dir.join(name);
+        copy_dir(&full_run, &run);
+        let manifest = run.join("train_state/manifest.json");
+        let mut m: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+        let mut c: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(run.join("config.json")).unwrap())
+                .unwrap();
+        edit(&mut m, &mut c);
+        std::fs::write(&manifest, m.to_string()).unwrap();
+        std::fs::write(run.join("config.json"), c.to_string()).unwrap();
+        let out = dir.join(format!("{name}-hf"));
+        let e = one_line_error(&hlo_train(&[
+            "export",
+            run.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]));
+        assert!(
+            !out.join("model.safetensors").exists(),
+            "{name}: weights written"
+        );
+        (run, e)
+    };
+    let (_, e) = export_err("role", &|m, _| {
+        m["tensors"]["lm_head.weight"]["role"] = "optimizer".into();
+    });
+    assert!(e.contains("has no parameter `lm_head.weight`"), "{e}");
+    let (_, e) = export_err("layers", &|_, c| {
+        c["num_hidden_layers"] = (c["num_hidden_layers"].as_i64().unwrap() + 1).into();
+    });
+    assert!(
+        e.contains("differs from config.json") && e.contains("has no parameter"),
+        "{e}"
+    );
+    let (extra, e) = export_err("extra", &|m, _| {
+        let t = m["tensors"]["lm_head.weight"].clone();
+        m["tensors"]["model.extra.weight"] = t;
+    });
+    assert!(e.contains("holds `model.extra.weight`"), "{e}");
+    let e = one_line_error(&hlo_train(&[
+        "train",
+        "--resume",
+        extra.to_str().unwrap(),
+        "--steps",
+        "2",
+    ]));
+    assert!(e.contains("holds `model.extra.weight`"), "{e}");
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `from`'s files and folders copied into `to`.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(e.file_name());
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
 }

@@ -485,6 +485,14 @@ impl RunInputs {
         }
     }
 
+    /// A mixture's streams and shares, for the run's header.
+    pub fn streams(&self) -> Option<String> {
+        match self {
+            RunInputs::Rows(r) => r.streams(),
+            RunInputs::Rollouts(_) => None,
+        }
+    }
+
     /// What the data holds, for the run's header.
     pub fn stats(&self) -> DataStats {
         match self {

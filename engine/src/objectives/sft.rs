@@ -99,6 +99,13 @@ impl RowInputs {
         self.data.stats
     }
 
+    /// A mixture's streams and their shares of the draws (None for one
+    /// set or data read from files).
+    pub fn streams(&self) -> Option<String> {
+        let m = self.data.shards.as_ref().filter(|m| m.sets.len() > 1)?;
+        Some(m.describe())
+    }
+
     /// The loader and held-out batches of step `tc`, whose packing is
     /// decided here when `auto`; a precomputed reference (`reference`)
     /// scores the pairs first.

@@ -65,6 +65,8 @@ pub struct Run {
     settings: RunSettings,
     identities: RunSettings,
     stats: DataStats,
+    /// A mixture's streams and their shares of the draws.
+    streams: Option<String>,
     learning: usize,
     unpacked_fill: f64,
     main: bool,
@@ -372,6 +374,27 @@ fn output_folder(spec: &RunSpec, main: bool) -> Result<(Option<PathBuf>, Option<
     Ok((out, lock))
 }
 
+/// Where a resumed run's data continues: the saved cursor, refused when
+/// the saved step count cannot have reached it (a row holds at most
+/// `seq` samples; one batch more was drawn ahead).
+fn saved_cursor(saved: Option<&Saved>, session: &Session) -> Result<u64> {
+    let Some(saved) = saved else {
+        return Ok(0);
+    };
+    let (cursor, step) = (saved.state.data_cursor, saved.state.step.max(0) as u64);
+    let c = session.config();
+    let per_step = (c.rows().max(1) as u64).saturating_mul(c.seq.max(1) as u64);
+    let reachable = step.saturating_add(1).saturating_mul(per_step);
+    if cursor > reachable {
+        return Err(EngineError::Resume(format!(
+            "the saved data_cursor {cursor} is past what {step} steps of {} rows of {} tokens can have drawn ({reachable}): state.json was changed or damaged",
+            c.rows(),
+            c.seq
+        )));
+    }
+    Ok(cursor)
+}
+
 /// The saved run `spec` resumes (its settings taken back into `spec`),
 /// with the objective's settings then checked.
 fn take_saved(spec: &mut RunSpec) -> Result<Option<Saved>> {
@@ -486,7 +509,7 @@ impl Run {
         let (mut tc, mut choices) =
             train_config(&spec, &model, &backend, dtype, references, resumed)?;
         let identities = identities(&spec, &model, inputs.fingerprint())?;
-        let stats = inputs.stats();
+        let (stats, streams) = (inputs.stats(), inputs.streams());
         let feed = match inputs {
             RunInputs::Rows(rows) => {
                 let placed = (&backend, &model);
@@ -514,7 +537,7 @@ impl Run {
         };
         let mut session = Session::new(backend, model, tc, options)?;
         let restored = restore(&mut session, saved.as_ref(), &spec, read_s)?;
-        let cursor = saved.as_ref().map_or(0, |s| s.state.data_cursor);
+        let cursor = saved_cursor(saved.as_ref(), &session)?;
         let (loader, eval, learning, unpacked_fill) =
             feed.source(&session, &spec, reference.as_ref(), (cursor, stats.samples))?;
         Ok(Run {
@@ -525,6 +548,7 @@ impl Run {
             settings,
             identities,
             stats,
+            streams,
             learning,
             unpacked_fill,
             main,
@@ -612,6 +636,12 @@ impl Run {
     /// What the training data holds.
     pub fn data_stats(&self) -> &DataStats {
         &self.stats
+    }
+
+    /// A mixture's streams and their shares of the draws (`web 0.700,
+    /// code 0.300`), said in the header.
+    pub fn streams(&self) -> Option<&str> {
+        self.streams.as_deref()
     }
 
     /// Samples that teach something within a row.

@@ -66,6 +66,46 @@ fn layout(state: &ShardedState, config: &ModelConfig) -> Result<Vec<(String, Ten
     Ok(plan)
 }
 
+/// The HF tensors of the export `plan` are exactly those of `config`'s
+/// model, with its shapes; else the first difference (transformers would
+/// fill a missing weight with random values, and ignore an extra one).
+fn check_against_config(plan: &[(String, TensorType, Source)], config: &ModelConfig) -> Result<()> {
+    let mut want: std::collections::BTreeMap<String, Vec<i64>> = Default::default();
+    for (name, shape) in config.parameter_shapes() {
+        let ty = TensorType::new(hlo_ir::DType::F32, shape);
+        for (hf, hf_ty, _) in hf_parts(config, &name, &ty) {
+            want.insert(hf, hf_ty.dims);
+        }
+    }
+    let differ = |m: String| {
+        Err(EngineError::Export(format!(
+            "the saved state differs from config.json: {m}"
+        )))
+    };
+    for (name, ty, _) in plan {
+        match want.remove(name) {
+            None => {
+                return differ(format!(
+                    "it holds `{name}`, which the config's model does not have"
+                ))
+            }
+            Some(dims) if dims != ty.dims => {
+                return differ(format!(
+                    "`{name}` is saved as {:?}, the config's model has {dims:?}",
+                    ty.dims
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    match want.keys().next() {
+        Some(missing) => differ(format!(
+            "it has no parameter `{missing}`, which the config's model has"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The bytes of `tensor` (layer `layer` of it when stacked).
 fn read_source(state: &ShardedState, tensor: &str, layer: Option<i64>) -> Result<Vec<u8>> {
     let ty = state.tensor_type(tensor)?.expect("listed");
@@ -91,6 +131,7 @@ pub fn write_hf_weights(
     out: &Path,
 ) -> Result<Vec<String>> {
     let plan = layout(state, config)?;
+    check_against_config(&plan, config)?;
     let types: Vec<(String, TensorType)> = plan
         .iter()
         .map(|(n, t, _)| (n.clone(), t.clone()))

@@ -229,6 +229,35 @@ impl Manifest {
     }
 }
 
+/// Whether `blocks` tile a tensor of `shape` exactly: each inside it,
+/// no two sharing an element, together as many elements as it has (so
+/// covering it).
+fn tiles(shape: &[i64], blocks: &[BlockEntry]) -> std::result::Result<(), String> {
+    for (k, b) in blocks.iter().enumerate() {
+        let inside = b.offset.len() == shape.len()
+            && b.shape.len() == shape.len()
+            && (0..shape.len()).all(|d| {
+                b.offset[d] >= 0 && b.shape[d] >= 0 && b.offset[d] <= shape[d] - b.shape[d]
+            });
+        if !inside {
+            return Err(format!(
+                "block `{}` at {:?} of {:?} lies outside its shape {shape:?}",
+                b.key, b.offset, b.shape
+            ));
+        }
+        if let Some(o) = blocks[..k]
+            .iter()
+            .find(|o| meets(&o.offset, &o.shape, &b.offset, &b.shape))
+        {
+            return Err(format!(
+                "blocks `{}` and `{}` overlap (at {:?} and {:?})",
+                o.key, b.key, o.offset, b.offset
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Whether the block at `a` of `a_dims` and the region at `b` of
 /// `b_dims` share an element.
 fn meets(a: &[i64], a_dims: &[i64], b: &[i64], b_dims: &[i64]) -> bool {
@@ -293,10 +322,11 @@ impl ShardedState {
     }
 
     /// Every block names a file of the manifest and a key of that file
-    /// with the block's type, and a tensor's blocks add up to it.
+    /// with the block's type, and a tensor's blocks tile it exactly.
     fn check_blocks(&self) -> Result<()> {
         for (name, t) in &self.manifest.tensors {
             let dtype = self.dtype(name, t)?;
+            tiles(&t.shape, &t.blocks).map_err(|m| self.bad(format!("`{name}`: {m}")))?;
             let mut elements = 0i64;
             for b in &t.blocks {
                 let want = TensorType::new(dtype, b.shape.clone());
@@ -379,8 +409,17 @@ impl ShardedState {
             ty: TensorType::new(dtype, dims.to_vec()),
             bytes: out,
         };
-        let what = format!("the state saved in {}", self.dir.display());
-        super::check_finite_one(name, &lit, &what)?;
+        match lit.non_finite_count() {
+            0 => {}
+            bad => {
+                return Err(EngineError::NonFiniteSaved {
+                    what: format!("the state saved in {}", self.dir.display()),
+                    tensor: name.to_string(),
+                    bad,
+                    total: lit.ty.element_count(),
+                })
+            }
+        }
         Ok(HostArray::from(lit))
     }
 

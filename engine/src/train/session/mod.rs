@@ -330,7 +330,22 @@ impl Session {
         };
         let mut bytes = 0u64;
         let f = self.step.function().clone();
-        for k in self.step().inputs_where(Role::is_checkpointed) {
+        let wanted = self.step().inputs_where(Role::is_checkpointed);
+        // A tensor the step does not have (a layer past the model's, say)
+        // is refused, not left unread.
+        let names: std::collections::HashSet<&str> =
+            wanted.iter().map(|&k| f.inputs[k].name.as_str()).collect();
+        if let Some(extra) = state
+            .manifest()
+            .tensors
+            .keys()
+            .find(|n| !names.contains(n.as_str()))
+        {
+            return Err(EngineError::Resume(format!(
+                "the saved state holds `{extra}`, which the run's model and step do not have"
+            )));
+        }
+        for k in wanted {
             let b = &f.inputs[k];
             let want = f.ty(b.value);
             check_saved(&b.name, state.tensor_type(&b.name)?.as_ref(), want)?;
