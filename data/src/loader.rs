@@ -332,13 +332,19 @@ impl Loader {
         self
     }
 
-    /// Mean sample length (tokens), for deciding whether to pack.
-    pub fn mean_len(&self) -> f64 {
+    /// The share of a row's slots a sample fills unpacked, each sample
+    /// cut to the row (a pair's two sides both counted; a mixture's sets
+    /// by their shares of the draws): what decides `--packing auto`, and
+    /// what packing is compared with.
+    pub fn unpacked_fill(&self) -> f64 {
         if let Some(m) = &self.shards {
-            return m.mean_len();
+            return m.unpacked_fill(self.seq);
         }
-        self.examples.iter().map(|e| e.ids.len()).sum::<usize>() as f64
-            / self.examples.len().max(1) as f64
+        let seq = self.seq.max(1);
+        let sides = self.examples.iter().chain(&self.rejected);
+        let kept: usize = sides.map(|e| e.ids.len().min(seq)).sum();
+        let n = self.examples.len() + self.rejected.len();
+        kept as f64 / (n.max(1) * seq) as f64
     }
 
     pub fn len(&self) -> usize {
@@ -651,6 +657,23 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Samples of 4 and 12 tokens in rows of 8: unpacked, the second is
+    /// cut to 8, so 12 of 16 slots hold tokens (their mean length, 8,
+    /// would say every slot); a pair counts both its sides.
+    #[test]
+    fn the_unpacked_fill_counts_samples_as_cut_to_the_row() {
+        let examples = vec![side(1, 3, 0), side(2, 10, 50)];
+        assert_eq!(Loader::new(examples.clone(), 8, 2, 0).unpacked_fill(), 0.75);
+        let pairs = vec![PreferencePair {
+            chosen: side(1, 1, 0),
+            rejected: side(2, 10, 9),
+        }];
+        assert_eq!(Loader::pairs(pairs, 8, 1, 0).unpacked_fill(), 10.0 / 16.0);
+        // Filled whole, the rows hold what the figure says.
+        let b = Loader::new(examples, 8, 2, 0).next_batch().unwrap();
+        assert_eq!(b.fill(), 0.75);
     }
 
     #[test]

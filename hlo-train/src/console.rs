@@ -146,10 +146,11 @@ pub fn resumed_line(s: &StateTransfer) -> String {
     )
 }
 
-/// A preference step's figures for a log line (nothing for SFT): TRL's
-/// reward accuracy and margin, and the share of pairs whose chosen side
-/// the policy finds likelier: ` accuracy 0.75 margin 0.0312 prefers
-/// chosen 0.81`.
+/// An objective's step figures for a log line (nothing for SFT): a
+/// preference objective's reward accuracy and margin, and the share of
+/// pairs whose chosen side the policy finds likelier (` accuracy 0.75
+/// margin 0.0312 prefers chosen 0.81`); a rollout objective's reward;
+/// else its [`HEADLINE`] figures.
 fn pair_figures(metrics: &[(String, f64)]) -> String {
     let get = |name: &str| metrics.iter().find(|(n, _)| n == name).map(|m| m.1);
     match (
@@ -164,10 +165,26 @@ fn pair_figures(metrics: &[(String, f64)]) -> String {
             // GRPO: the rollouts' mean reward, and how fast they came.
             (Some(r), Some(t)) => format!(" reward {r:.4} rollout tokens/s {t:.0}"),
             (Some(r), None) => format!(" reward {r:.4}"),
-            _ => String::new(),
+            // KTO's and a reward model's own figures, as TRL logs them.
+            _ => HEADLINE
+                .iter()
+                .filter_map(|&name| get(name).map(|v| format!(" {name} {v:.4}")))
+                .collect(),
         },
     }
 }
+
+/// The figures of an objective's step that its log line shows when it
+/// computes them (TRL's names): KTO's KL estimate and rewards, a reward
+/// model's accuracy and margin.
+const HEADLINE: [&str; 6] = [
+    "kl",
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/margins",
+    "accuracy",
+    "margin",
+];
 
 /// `1h02m`, `3m05s`, `12s`.
 fn duration(s: f64) -> String {

@@ -152,7 +152,7 @@ pub fn run(args: &DataArgs) -> Result<()> {
         None => Loader::new(data.learning(seq)?, seq, rows as usize, args.seed),
     };
     let useful = loader.len();
-    let fill = loader.mean_len().min(seq as f64) / seq as f64;
+    let fill = loader.unpacked_fill();
     let packing = match args.packing {
         Toggle::On => true,
         Toggle::Off => false,

@@ -281,6 +281,11 @@ pub fn usage_hint(e: &clap::Error, argv: &[OsString], cli: &clap::Command) -> Op
         ErrorKind::InvalidValue => {
             let flag = arg.split_whitespace().next()?;
             let value = context(e, ContextKind::InvalidValue)?;
+            if flag == "--objective" && value == "reward" && cmd.get_name() == "eval" {
+                return Some(
+                    "eval --objective reward: held-out scoring of a reward model is not built into eval; `hlo-train score` gives its scores of held-out pairs and the share it ranks as they do".into(),
+                );
+            }
             if flag != "--loss-type" {
                 return None;
             }

@@ -143,7 +143,7 @@ fn check(name: &str, extra: &[&str]) {
     }
     let args = with_flags(args, extra);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    ok(&hlo_train(&args));
+    let said = ok(&hlo_train(&args));
     let want = &expected()[name];
     let text = std::fs::read_to_string(&metrics).unwrap();
     let step: Value = text
@@ -151,6 +151,17 @@ fn check(name: &str, extra: &[&str]) {
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
         .find(|l| l.get("loss").is_some())
         .unwrap();
+    // The step's log line shows KTO's own figures, as TRL logs them.
+    let line = said.lines().find(|l| l.starts_with("step ")).unwrap();
+    for key in [
+        "kl",
+        "rewards/chosen",
+        "rewards/rejected",
+        "rewards/margins",
+    ] {
+        let shown = format!(" {key} {:.4}", step[key].as_f64().unwrap());
+        assert!(line.contains(&shown), "{line}: no{shown}");
+    }
     let what = |k: &str| format!("{name} {extra:?}: {k}");
     let trl = want["loss"].as_f64().unwrap();
     close(&what("loss"), step["loss"].as_f64().unwrap(), trl, 1e-5);

@@ -102,7 +102,7 @@ fn run_case(name: &str, out: &Path, extra: &[&str]) {
         args.extend([flag.into(), path.display().to_string()]);
     }
     let args = with_flags(args, extra);
-    ok(&hlo_train(
+    let said = ok(&hlo_train(
         &args.iter().map(String::as_str).collect::<Vec<_>>(),
     ));
     let lines: Vec<Value> = std::fs::read_to_string(&metrics)
@@ -110,6 +110,18 @@ fn run_case(name: &str, out: &Path, extra: &[&str]) {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
+    // The last step's log line shows the reward model's accuracy and
+    // margin.
+    let last = lines
+        .iter()
+        .rev()
+        .find(|l| l.get("loss").is_some())
+        .unwrap();
+    let line = said.lines().rev().find(|l| l.starts_with("step ")).unwrap();
+    for key in ["accuracy", "margin"] {
+        let shown = format!(" {key} {:.4}", last[key].as_f64().unwrap());
+        assert!(line.contains(&shown), "{line}: no{shown}");
+    }
     for trl in want["steps"].as_array().unwrap() {
         let step = trl["step"].as_u64().unwrap();
         let ours = lines
@@ -490,7 +502,8 @@ fn reward_data_and_settings_it_cannot_take_are_refused_in_one_line() {
         reward("pairs_ids.jsonl").to_str().unwrap(),
     ]));
     assert!(
-        e.contains("held-out scoring of a reward model is not built yet"),
+        e.contains("held-out scoring of a reward model is not built into eval")
+            && e.contains("hlo-train score"),
         "{e}"
     );
     std::fs::remove_dir_all(tmp).unwrap();

@@ -169,12 +169,14 @@ impl Mixture {
         self.len() == 0
     }
 
-    /// Tokens a sample averages over the mixture, as drawn.
-    pub fn mean_len(&self) -> f64 {
+    /// The share of a row of `seq` slots a sample fills unpacked (each
+    /// cut to the row), over the mixture as drawn: each set's by its
+    /// share of the draws.
+    pub fn unpacked_fill(&self, seq: usize) -> f64 {
         self.sets
             .iter()
             .zip(self.proportions())
-            .map(|((_, s), p)| p * s.manifest.tokens as f64 / s.manifest.samples.max(1) as f64)
+            .map(|((_, s), p)| p * s.unpacked_fill(seq))
             .sum()
     }
 

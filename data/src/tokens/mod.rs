@@ -493,6 +493,14 @@ impl TokenShards {
         s
     }
 
+    /// The share of a row of `seq` slots a sample fills unpacked, each
+    /// cut to the row (reads every sample's offsets).
+    pub fn unpacked_fill(&self, seq: usize) -> f64 {
+        let seq = seq.max(1);
+        let kept: usize = (0..self.len()).map(|i| self.sample_len(i).min(seq)).sum();
+        kept as f64 / (self.len().max(1) * seq) as f64
+    }
+
     /// The set's identity: its manifest's tokenizer, source and shard
     /// checksums.
     pub fn fingerprint(&self) -> String {

@@ -88,6 +88,10 @@ fn shards_hold_the_rows_as_train_reads_them() {
     }
     let tokens: usize = direct.iter().map(|e| e.ids.len()).sum();
     assert_eq!(m.tokens as usize, tokens);
+    // The unpacked fill from the offsets alone, each sample cut to the row.
+    let kept: usize = direct.iter().map(|e| e.ids.len().min(12)).sum();
+    let want = kept as f64 / (12 * direct.len()) as f64;
+    assert!((shards.unpacked_fill(12) - want).abs() < 1e-12);
     // In file order, a loader over the shards gives the same batches as
     // one over the rows read directly, packed or not.
     for packing in [false, true] {

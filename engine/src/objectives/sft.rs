@@ -163,7 +163,7 @@ impl RowInputs {
             Some(e) => eval_batches(&e.first_examples(usize::MAX, seq)?, seq, per_batch),
             None => Vec::new(),
         };
-        let unpacked_fill = loader.mean_len().min(seq as f64) / seq as f64;
+        let unpacked_fill = loader.unpacked_fill();
         if spec.step.packing == Toggle::Auto && !preference {
             tc.packing = crate::run::step::auto_packing(unpacked_fill);
         }
@@ -191,7 +191,7 @@ impl RowInputs {
         let loader = Loader::pairs(pairs, seq, per_batch, spec.seed)
             .with_margins(margins)
             .in_file_order(spec.data.sequential);
-        let unpacked_fill = loader.mean_len().min(seq as f64) / seq as f64;
+        let unpacked_fill = loader.unpacked_fill();
         Ok(RowFeed {
             loader,
             eval: Vec::new(),
@@ -240,7 +240,7 @@ impl RowInputs {
             }
             _ => loader,
         };
-        let unpacked_fill = loader.mean_len().min(seq as f64) / seq as f64;
+        let unpacked_fill = loader.unpacked_fill();
         // The examples of whole batches, those the loader keeps.
         let learning = loader.len();
         Ok(RowFeed {
