@@ -299,21 +299,79 @@ fn decide_packed(
     backend: &Backend,
     config: &ModelConfig,
 ) -> Result<Option<String>> {
-    if !tc.packing
-        || tc.attention != hlo_models::attention::AttentionKind::Cudnn
-        || spec.step.attention != crate::run::step::AttentionChoice::Auto
-    {
+    if !tc.packing || !chose_cudnn(spec, tc) {
         return Ok(None);
     }
+    let (step, line) = without_cudnn(spec, tc, backend, config)?;
+    *tc = step;
+    Ok(Some(line))
+}
+
+/// Whether `auto` chose cuDNN's attention for the step.
+fn chose_cudnn(spec: &RunSpec, tc: &TrainConfig) -> bool {
+    tc.attention == hlo_models::attention::AttentionKind::Cudnn
+        && spec.step.attention == crate::run::step::AttentionChoice::Auto
+}
+
+/// The step `tc` as `auto` decides it without cuDNN's attention (as for
+/// packed rows, which it cannot take), and the choices' line.
+fn without_cudnn(
+    spec: &RunSpec,
+    tc: &TrainConfig,
+    backend: &Backend,
+    config: &ModelConfig,
+) -> Result<(TrainConfig, String)> {
     let mut packed = spec.clone();
     packed.step.packing = Toggle::On;
     let target = Target::of_backend(backend)?;
     let policy = packed.policy(config, tc.dtype, backend.mesh(), &target)?;
+    let mut tc = tc.clone();
     tc.attention = policy.attention;
     tc.scan_layers = policy.scan_layers();
     tc.remat_layers = policy.remat_layers();
     tc.remat_mlp = policy.remat_mlp();
-    Ok(Some(policy.line()))
+    Ok((tc, policy.line()))
+}
+
+/// The adapters a session starts from: the initial one, the reference,
+/// the teacher.
+type Adapters = (Option<Adapter>, Option<Adapter>, Option<Model>);
+
+/// The session of step `tc`, compiled and its state placed (`eval`: with
+/// its eval step), and the choices' line: under `auto`, cuDNN's attention
+/// that fails to compile falls back to XLA's, and the line says so.
+fn open_session(
+    spec: &RunSpec,
+    (backend, model): (Backend, Model),
+    tc: TrainConfig,
+    (init, reference, teacher): Adapters,
+    (eval, choices): (bool, String),
+) -> Result<(Session, String)> {
+    let fallback = match chose_cudnn(spec, &tc) {
+        true => Some(without_cudnn(spec, &tc, &backend, &model.config)?),
+        false => None,
+    };
+    let in_step = tc.loss.kind().reference() == Some(Reference::Adapter);
+    let options = SessionOptions {
+        mode: spec.mode,
+        seed: spec.seed,
+        init_adapter: init,
+        // Only a reference in the step needs its tensors placed.
+        reference_adapter: reference.filter(|_| in_step),
+        teacher,
+        eval,
+        fallback: fallback.as_ref().map(|(step, _)| step.clone()),
+        ..SessionOptions::default()
+    };
+    let session = Session::new(backend, model, tc, options)?;
+    let choices = match (session.fell_back(), fallback) {
+        (Some(why), Some((_, line))) => format!(
+            "{line} (cuDNN's attention, chosen first, failed to compile: {})",
+            why.lines().next().unwrap_or_default()
+        ),
+        _ => choices,
+    };
+    Ok((session, choices))
 }
 
 /// What feeds the trainer, by objective.
@@ -524,18 +582,10 @@ impl Run {
         let mut settings = RunSettings::of_config(&tc, spec.seed);
         settings.extend(&identities);
         check_resumed(saved.as_ref(), &settings, &spec)?;
-        let in_step = tc.loss.kind().reference() == Some(Reference::Adapter);
-        let options = SessionOptions {
-            mode: spec.mode,
-            seed: spec.seed,
-            init_adapter: init,
-            // Only a reference in the step needs its tensors placed.
-            reference_adapter: reference.clone().filter(|_| in_step),
-            teacher,
-            eval: matches!(&feed, Feed::Rows(f) if f.has_eval),
-            ..SessionOptions::default()
-        };
-        let mut session = Session::new(backend, model, tc, options)?;
+        let adapters = (init, reference.clone(), teacher);
+        let eval = matches!(&feed, Feed::Rows(f) if f.has_eval);
+        let (mut session, choices) =
+            open_session(&spec, (backend, model), tc, adapters, (eval, choices))?;
         let restored = restore(&mut session, saved.as_ref(), &spec, read_s)?;
         let cursor = saved_cursor(saved.as_ref(), &session)?;
         let (loader, eval, learning, unpacked_fill) =

@@ -65,6 +65,10 @@ pub struct SessionOptions {
     /// Also compile the eval step (always JIT).
     pub eval: bool,
     pub weights: Weights,
+    /// The step to compile instead when the given one fails to compile
+    /// (cuDNN's attention chosen under `auto`: the same step with XLA's
+    /// attention); see [`Session::fell_back`].
+    pub fallback: Option<TrainConfig>,
 }
 
 impl Default for SessionOptions {
@@ -77,6 +81,7 @@ impl Default for SessionOptions {
             teacher: None,
             eval: false,
             weights: Weights::FromModel,
+            fallback: None,
         }
     }
 }
@@ -141,6 +146,9 @@ pub struct Session {
     steps_done: i64,
     compile_s: f64,
     seed: u64,
+    /// Why the step given failed to compile, when its fallback was
+    /// compiled instead.
+    fell_back: Option<String>,
 }
 
 impl Session {
@@ -156,10 +164,24 @@ impl Session {
             model.check_weights()?;
         }
         let rules = partition_rules(&model.config);
-        let traced = train_step(&model.config, &config)?;
-        let step = ShardedStep::new(&traced, backend.mesh(), &rules)?;
+        let compile = |config: &TrainConfig| -> Result<(ShardedStep, Program)> {
+            let traced = train_step(&model.config, config)?;
+            let step = ShardedStep::new(&traced, backend.mesh(), &rules)?;
+            let program = step.compile(&backend, options.mode)?;
+            Ok((step, program))
+        };
         let t0 = Instant::now();
-        let program = step.compile(&backend, options.mode)?;
+        let mut config = config;
+        let mut fell_back = None;
+        let (step, program) = match (compile(&config), options.fallback) {
+            (Ok(compiled), _) => compiled,
+            (Err(e), Some(other)) => {
+                fell_back = Some(e.to_string());
+                config = other;
+                compile(&config)?
+            }
+            (Err(e), None) => return Err(e),
+        };
         let eval = if options.eval {
             Some(EvalProgram::build(&model, &config, &backend, &step)?)
         } else {
@@ -177,6 +199,7 @@ impl Session {
             steps_done: 0,
             compile_s,
             seed: options.seed,
+            fell_back,
         };
         session.state = match options.weights {
             Weights::FromModel => session.initial_state(
@@ -191,6 +214,12 @@ impl Session {
 
     pub fn backend(&self) -> &Backend {
         &self.backend
+    }
+
+    /// Why the step asked for failed to compile, when the session
+    /// compiled its fallback ([`SessionOptions::fallback`]) instead.
+    pub fn fell_back(&self) -> Option<&str> {
+        self.fell_back.as_deref()
     }
 
     /// Waits until the last launched step has updated the trained
