@@ -356,10 +356,17 @@ fn print_rows_header(run: &Run, on: &str, compiled: &str) {
         0 => String::new(),
         n => format!("; {n} samples cut to --seq"),
     };
-    let left_out = match stats.no_signal {
+    let mut left_out = match stats.no_signal {
         0 => String::new(),
         n => format!("; {n} samples left out (no learned token within --seq)"),
     };
+    // Unpaired examples come in whole batches of a fixed shape.
+    let past = (stats.samples - stats.no_signal).saturating_sub(learning);
+    if run.spec().objective.data() == Data::Unpaired && past > 0 {
+        left_out += &format!(
+            "; {past} examples past the last whole batch of {rows} left out (TRL trains a shorter last batch)"
+        );
+    }
     println!(
         "data: {} {samples}, {} tokens, {} learned within --seq {}{cut}{left_out}; {}{epochs:.2} epochs in {remaining} steps",
         stats.samples,

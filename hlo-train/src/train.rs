@@ -342,7 +342,13 @@ fn hooks(run: &Run, argv: &[OsString]) -> Result<(HookList, ProgressBar, RewardC
 }
 
 pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Result<()> {
-    let mut run = Run::new(spec(&args, given))?.with_stop(StopFlag::on_signals());
+    // What the seconds before the header are (shown on a terminal only).
+    let starting = ProgressBar::new_spinner();
+    starting.set_message("reading the model and the data, tracing and compiling the step");
+    starting.enable_steady_tick(std::time::Duration::from_millis(200));
+    let run = Run::new(spec(&args, given));
+    starting.finish_and_clear();
+    let mut run = run?.with_stop(StopFlag::on_signals());
     let main = run.is_main();
     if let Some(dir) = args.dump_hlo.as_ref().filter(|_| main) {
         dump_hlo::write_texts(
@@ -358,6 +364,7 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
     // (A preference objective's demo shows its held-out figures instead.)
     let demo = main
         && spec.data.path.is_none()
+        && spec.objectives.rollouts.rollouts.is_none()
         && !spec.objective.is_preference()
         && spec.step.lora.is_some()
         && spec.backend.launch.is_none();

@@ -353,3 +353,68 @@ fn devices_and_mesh_agree_or_are_refused() {
         "{out}"
     );
 }
+
+/// An axis the mesh leaves out has size 1: `--mesh dp=2,fsdp=2` trains as
+/// dp=2,fsdp=2,mp=1 (and is recorded so), `fsdp=2` plans as
+/// dp=1,fsdp=2,mp=1; an axis no rule splits over is still refused.
+#[test]
+fn a_mesh_that_leaves_an_axis_out_has_it_of_size_one() {
+    let dir = scratch("cli", "mesh-axes");
+    let out = dir.join("run");
+    let text = ok(&hlo_train(&[
+        "train",
+        "--devices",
+        "4",
+        "--mesh",
+        "dp=2,fsdp=2",
+        "--steps",
+        "1",
+        "--batch",
+        "4",
+        "--seq",
+        "8",
+        "--out",
+        out.to_str().unwrap(),
+    ]));
+    assert!(
+        text.contains("on dp=2,fsdp=2,mp=1 (4 virtual CPU devices)"),
+        "{text}"
+    );
+    let recipe = std::fs::read_to_string(out.join("recipe.yaml")).unwrap();
+    assert!(recipe.contains("dp=2,fsdp=2,mp=1"), "{recipe}");
+    let v: serde_json::Value = serde_json::from_str(&ok(&hlo_train(&[
+        "plan", "--mesh", "fsdp=2", "--batch", "4", "--seq", "8", "--json",
+    ])))
+    .unwrap();
+    assert_eq!(v["mesh"], "dp=1,fsdp=2,mp=1");
+    let err = one_line_error(&hlo_train(&[
+        "train",
+        "--mesh",
+        "dp=2,xx=2",
+        "--steps",
+        "1",
+    ]));
+    assert!(err.contains("has an axis `xx`"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// On a terminal, the seconds before a run's header say what they are
+/// (reading, tracing, compiling); piped, nothing extra is printed.
+#[test]
+fn a_run_says_what_it_does_before_its_header_on_a_terminal() {
+    let bin = env!("CARGO_BIN_EXE_hlo-train");
+    let line = format!("{bin} train --steps 1 --batch 2 --seq 8");
+    // `script` gives the command a terminal.
+    let out = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .env_remove("HLO_TRAIN_PLUGIN")
+        .output()
+        .expect("run script");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("tracing and compiling the step"), "{text}");
+    let piped = ok(&hlo_train(&[
+        "train", "--steps", "1", "--batch", "2", "--seq", "8",
+    ]));
+    assert!(!piped.contains("compiling the step"), "{piped}");
+}

@@ -155,7 +155,10 @@ fn check(name: &str, extra: &[&str]) {
     }
     let args = with_flags(args, extra);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    ok(&hlo_train(&args));
+    let said = ok(&hlo_train(&args));
+    // Logged rollouts are the data: no generations of the bundled demo
+    // prompts from the user's model.
+    assert!(!said.contains("before:"), "{said}");
     let lines: Vec<Value> = std::fs::read_to_string(&metrics)
         .unwrap()
         .lines()

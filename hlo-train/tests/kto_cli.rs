@@ -338,3 +338,33 @@ fn a_reference_computed_before_training_equals_trl() {
         &["--devices", "4", "--mesh", "dp=1,fsdp=2,mp=2"],
     );
 }
+
+/// Examples past the last whole batch are not trained (a step's shape is
+/// fixed; TRL trains a shorter last batch): the header says how many.
+#[test]
+fn the_header_says_which_examples_a_whole_batch_leaves_out() {
+    let mut args = flags("kto.fresh.sgd.paired");
+    args.insert(0, "train".into());
+    let args = with_flags(args, &["--batch", "3"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let said = ok(&hlo_train(&args));
+    let data = said.lines().find(|l| l.starts_with("data: ")).unwrap();
+    let n: usize = data["data: ".len()..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(data.contains(" examples,"), "{data}");
+    let past = n % 3;
+    assert!(
+        past > 0,
+        "the fixture's {n} examples fill whole batches of 3"
+    );
+    assert!(
+        data.contains(&format!(
+            "; {past} examples past the last whole batch of 3 left out"
+        )),
+        "{data}"
+    );
+}

@@ -264,6 +264,56 @@ fn a_run_resumed_after_its_first_step_ends_as_trl() {
     std::fs::remove_dir_all(tmp).unwrap();
 }
 
+/// `score` refuses in one line what it cannot score: data none of whose
+/// pairs fits within `--seq` (no "0 pairs" with exit 0), and a `--seq`
+/// beyond the model's positions (which padded every batch to it). Without
+/// `--seq` it takes the model's 64 positions; a pair's scores do not
+/// depend on how long the rows are.
+#[test]
+fn score_refuses_nothing_to_score_and_a_seq_beyond_the_positions() {
+    let data = reward("pairs_ids.jsonl");
+    let seqcls = reward("seqcls");
+    let tok = tokenizer();
+    let base = [
+        "score",
+        "--checkpoint",
+        seqcls.to_str().unwrap(),
+        "--tokenizer",
+        tok.as_str(),
+        "--data",
+        data.to_str().unwrap(),
+    ];
+    let with = |extra: &[&'static str]| {
+        let mut args = base.to_vec();
+        args.extend(extra);
+        args
+    };
+    let e = one_line_error(&hlo_train(&with(&["--seq", "4"])));
+    assert!(
+        e.contains("none of the 8 pairs fits within --seq 4")
+            && e.contains("the shortest pair's longer side holds 5 tokens"),
+        "{e}"
+    );
+    let e = one_line_error(&hlo_train(&with(&["--seq", "100000"])));
+    assert!(
+        e.contains("--seq 100000 is above the model's 64 positions"),
+        "{e}"
+    );
+    let all = scores(&base);
+    assert_eq!(all, scores(&with(&["--seq", "64"])));
+    // --seq 8 leaves out the second pair (a side of 9 tokens).
+    let short = scores(&with(&["--seq", "8"]));
+    assert_eq!(short.len(), 7);
+    for (k, (got, want)) in short
+        .iter()
+        .zip(all.iter().take(1).chain(all.iter().skip(2)))
+        .enumerate()
+    {
+        close(&format!("pair {k} chosen"), got.0, want.0, 1e-6);
+        close(&format!("pair {k} rejected"), got.1, want.1, 1e-6);
+    }
+}
+
 /// `score`'s lines: each pair's (chosen, rejected).
 fn scores(args: &[&str]) -> Vec<(f64, f64)> {
     let out = hlo_train(args);
@@ -600,5 +650,45 @@ fn a_reward_model_scores_grpo_and_rloo_rollouts_as_score_does() {
             close(&format!("{objective}: {c}"), got, *want, 1e-5);
         }
     }
+    // A LoRA reward run, not merged, is pointed to `merge`.
+    let lora = tmp.join("rm-lora");
+    ok(&hlo_train(&[
+        "train",
+        "--objective",
+        "reward",
+        "--steps",
+        "1",
+        "--batch",
+        "4",
+        "--seq",
+        "16",
+        "--out",
+        lora.to_str().unwrap(),
+    ]));
+    let e = one_line_error(&hlo_train(&[
+        "train",
+        "--objective",
+        "grpo",
+        "--data",
+        prompts.to_str().unwrap(),
+        "--reward",
+        "model",
+        "--reward-model",
+        lora.to_str().unwrap(),
+        "--num-generations",
+        "2",
+        "--batch",
+        "4",
+        "--max-completion-length",
+        "6",
+        "--seq",
+        "16",
+        "--steps",
+        "1",
+    ]));
+    assert!(
+        e.contains("LoRA adapter") && e.contains("hlo-train merge"),
+        "{e}"
+    );
     std::fs::remove_dir_all(tmp).unwrap();
 }

@@ -595,6 +595,16 @@ impl Rewards {
         let Some(dir) = &self.model_dir else {
             return Ok(());
         };
+        if !dir.join("config.json").is_file() && dir.join("adapter_config.json").is_file() {
+            return Err(EngineError::Reward {
+                name: "model".into(),
+                why: format!(
+                    "--reward-model {} is a reward run's LoRA adapter: fold it into its base with `hlo-train merge --adapter {} --out MERGED` and give --reward-model MERGED",
+                    dir.display(),
+                    dir.display()
+                ),
+            });
+        }
         let source = crate::inputs::model::ModelSource::Checkpoint(dir.clone());
         let model = crate::inputs::model::Model::open(&source)?.as_reward_model()?;
         let tokenizer = match (model.tokenizer(None)?, tokenizer) {
