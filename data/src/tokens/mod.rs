@@ -29,7 +29,7 @@ pub mod order;
 mod prepare;
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
@@ -323,7 +323,19 @@ impl Mapped {
                 ),
             ));
         }
+        self.release_pages();
         Ok(())
+    }
+
+    /// Drops the pages a whole read mapped into the process (they stay
+    /// in the system's cache), so checking a set does not count its size
+    /// in the process's resident memory.
+    fn release_pages(&self) {
+        for m in [&self.ids, &self.mask] {
+            // Safety: the mapping is read only; its pages are read again
+            // from the file when next touched.
+            let _ = unsafe { m.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+        }
     }
 }
 
@@ -392,6 +404,19 @@ impl TokenShards {
     /// Checks every shard whole (reads the whole set).
     pub fn verify(&self) -> Result<(), DataError> {
         (0..self.shards.len()).try_for_each(|k| self.touch(k))
+    }
+
+    /// Starts checking every shard whole, in order, on a thread of its
+    /// own (while a run compiles, say), so a run's first batches seldom
+    /// wait for it. A sample is still never read before its shard's
+    /// check has passed: a read of a shard being checked waits for it.
+    pub fn check_ahead(self: &Arc<Self>) {
+        let shards = Arc::clone(self);
+        std::thread::spawn(move || {
+            for k in 0..shards.shards.len() {
+                let _ = shards.touch(k);
+            }
+        });
     }
 
     /// Shard `k` checked whole, the first time only: its checksums, its

@@ -13,11 +13,21 @@ use hlo_data::{
 };
 
 /// A folder of prepared tokens, or a mixture file naming several.
-fn token_sets(path: &Path) -> Result<Mixture> {
+fn open_sets(path: &Path) -> Result<Mixture> {
     Ok(match Mixture::is_mixture(path) {
         true => Mixture::read(path)?,
         false => Mixture::single(Arc::new(TokenShards::open(path)?)),
     })
+}
+
+/// [`open_sets`] for reading: each set's shards checked ahead, on a
+/// thread of their own.
+fn token_sets(path: &Path) -> Result<Mixture> {
+    let sets = open_sets(path)?;
+    for (_, s) in &sets.sets {
+        s.check_ahead();
+    }
+    Ok(sets)
 }
 
 use crate::error::{EngineError, Result};
@@ -52,7 +62,7 @@ pub struct DataSpec {
 /// token set (its manifest's tokenizer and shard checksums).
 pub(crate) fn data_fingerprint(path: &Path) -> Result<String> {
     if is_token_dir(path) || Mixture::is_mixture(path) {
-        return Ok(token_sets(path)?.fingerprint());
+        return Ok(open_sets(path)?.fingerprint());
     }
     if !path.is_dir() {
         return file_fingerprint(path);
