@@ -1,6 +1,7 @@
 //! Times what a run checks of a prepared set: opening it (the manifest's
 //! totals, file sizes, offsets) and each shard's whole check (checksums,
-//! largest id, mask), as a run does the first time it touches the shard.
+//! largest id, mask), as a run does the first time it touches the shard;
+//! and a folder's lock taken and released.
 //! The figures of BENCHMARKS.md:
 //! `cargo run --release -p hlo-data --example check_shards -- DIR`.
 
@@ -44,4 +45,13 @@ fn main() {
         first += s.samples as usize;
     }
     println!("every shard: {total:.2} s");
+    // What one writer a folder costs: taking and releasing a lock.
+    let folder = std::env::temp_dir().join(format!("check-shards-lock-{}", std::process::id()));
+    let t = Instant::now();
+    for _ in 0..100 {
+        drop(hlo_data::lock::FolderLock::create(&folder, "bench").expect("a lock"));
+    }
+    let per = t.elapsed().as_secs_f64() / 100.0;
+    println!("a folder's lock taken and released: {:.2} ms", 1e3 * per);
+    let _ = std::fs::remove_dir_all(&folder);
 }

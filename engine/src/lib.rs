@@ -77,7 +77,7 @@ pub use objectives::rollouts;
 pub use run::policy;
 pub use train::{checkpoint, hooks, session, trainer};
 
-pub use backend::{check_mesh_axes, Backend, BackendOptions, MESH_AXES};
+pub use backend::{check_mesh_axes, full_mesh, Backend, BackendOptions, MESH_AXES};
 pub use batcher::{
     AdapterInfo, Batcher, BatcherHandle, BatcherOptions, BatcherStats, Event, FinishReason,
     GenerationRequest, SubmitError,

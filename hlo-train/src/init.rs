@@ -51,7 +51,23 @@ pub fn run(args: &InitArgs) -> Result<()> {
     };
     // As a run seeded so makes each (`Model::weight`'s random weights).
     model.check_weights()?;
+    let range = model.config.initializer_range;
+    if !(range.is_finite() && range >= 0.0) {
+        bail!(
+            "{}: initializer_range {range:?} is no standard deviation: give a finite number, 0 or more (transformers' default is 0.02)",
+            model.name
+        );
+    }
     let weights = hlo_engine::models::decoder::init_base(&model.config, dtype, args.seed);
+    // A deviation the dtype cannot hold makes infinities: nothing written.
+    if let Some((name, w)) = weights.iter().find(|(_, w)| w.non_finite_count() > 0) {
+        bail!(
+            "{}: initializer_range {range:?} makes {} of the {} values of {name} overflow {dtype}: give a smaller initializer_range (transformers' default is 0.02); nothing written",
+            model.name,
+            w.non_finite_count(),
+            w.ty.element_count()
+        );
+    }
     std::fs::create_dir_all(&args.out)?;
     model.save_hf(&args.out, &weights)?;
     let parameters: usize = weights.iter().map(|(_, w)| w.ty.element_count()).sum();

@@ -217,24 +217,7 @@ fn main() -> ExitCode {
         Command::Score(args) => score::run(&args),
         Command::Data(args) => data::run(&args),
         Command::Serve(args) => serve::run(&args),
-        Command::Train(args) => {
-            // Which flags the command line gives (for --resume).
-            let sub = matches.subcommand_matches("train");
-            let given: BTreeSet<String> = sub
-                .map(|m| {
-                    m.ids()
-                        .filter(|id| {
-                            matches!(
-                                m.value_source(id.as_str()),
-                                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
-                            )
-                        })
-                        .map(|id| id.as_str().to_string())
-                        .collect()
-                })
-                .unwrap_or_default();
-            train::run(*args, &given, &argv)
-        }
+        Command::Train(args) => train::run(*args, &given_flags(&matches, "train"), &argv),
         Command::Merge(args) => merge::run(&args),
         Command::Export(args) => export::run(&args),
         Command::Init(args) => init::run(&args),
@@ -253,6 +236,23 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// The flags of `command` the command line (or the environment) gives,
+/// not their defaults: what `train --resume` takes anew.
+fn given_flags(matches: &clap::ArgMatches, command: &str) -> BTreeSet<String> {
+    let Some(m) = matches.subcommand_matches(command) else {
+        return BTreeSet::new();
+    };
+    m.ids()
+        .filter(|id| {
+            matches!(
+                m.value_source(id.as_str()),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            )
+        })
+        .map(|id| id.as_str().to_string())
+        .collect()
 }
 
 /// Joins a multi-line message (an MLIR diagnostic, say) into one line.

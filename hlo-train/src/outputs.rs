@@ -150,13 +150,40 @@ impl Hooks for TensorBoard {
 pub struct LossChart {
     pub out: PathBuf,
     pub metrics: Option<PathBuf>,
+    /// `<model>: loss`; once the run starts, the objective's name is put
+    /// before `loss` (`tiny: RLOO loss`), SFT's left out.
     pub title: String,
     pub curves: LossCurves,
-    /// Also chart GRPO's rewards (`reward.svg`).
+    /// Also chart the rollouts' rewards (`reward.svg`, titled
+    /// `<model>: <OBJECTIVE> reward`).
     pub rewards: bool,
 }
 
+impl LossChart {
+    /// The title of the rewards' chart: the loss chart's, of the reward.
+    fn reward_title(&self) -> String {
+        match self.title.strip_suffix("loss") {
+            Some(head) => format!("{head}reward"),
+            None => format!("{}: reward", self.title),
+        }
+    }
+}
+
 impl Hooks for LossChart {
+    fn on_start(&mut self, start: &RunStart) -> hlo_engine::Result<()> {
+        // The objective as the run recorded it (what a resume runs).
+        let objective = start
+            .settings
+            .0
+            .get("objective")
+            .and_then(serde_json::Value::as_str)
+            .filter(|o| *o != "sft");
+        if let (Some(o), Some(model)) = (objective, self.title.strip_suffix(": loss")) {
+            self.title = format!("{model}: {} loss", o.to_uppercase());
+        }
+        Ok(())
+    }
+
     fn on_step(&mut self, r: &StepReport) -> hlo_engine::Result<()> {
         self.curves.train.push((r.step, r.loss));
         Ok(())
@@ -177,7 +204,8 @@ impl Hooks for LossChart {
                 .write_svg(&self.out.join("loss.svg"), &self.title)
                 .map_err(report)?;
         }
-        // GRPO: the rollouts' mean reward per step, and its moving mean.
+        // GRPO, RLOO: the rollouts' mean reward per step, and its moving
+        // mean.
         if let (Some(m), true) = (&self.metrics, self.rewards) {
             let rewards = LossCurves::read_smoothed(m, "reward", 20).map_err(report)?;
             if !rewards.is_empty() {
@@ -187,7 +215,7 @@ impl Hooks for LossChart {
                     eval: "mean of the last 20 steps",
                     eval_markers: false,
                 };
-                let title = self.title.replace(": loss", ": GRPO reward");
+                let title = self.reward_title();
                 rewards
                     .write_chart(&self.out.join("reward.svg"), &title, labels)
                     .map_err(report)?;

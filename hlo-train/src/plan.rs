@@ -17,6 +17,7 @@ use hlo_engine::plan::{
     LayoutGroup, MemoryPlan, RolloutShape, StepToPlan, Throughput, Tried,
 };
 use hlo_engine::{BackendOptions, Model, Objective};
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::args::{gb, DtypeArgs, ModelArgs, OptimArgs, StepArgs};
@@ -456,73 +457,19 @@ impl Report<'_> {
     fn fits(&self) -> bool {
         self.memory.total_bytes <= self.capacity
     }
-
-    /// XLA's figures (argument, output, aliased, temporary bytes).
-    fn xla(&self) -> (u64, u64, u64, u64) {
-        let x = &self.memory.xla;
-        (
-            x.argument_size_in_bytes.max(0) as u64,
-            x.output_size_in_bytes.max(0) as u64,
-            x.alias_size_in_bytes.max(0) as u64,
-            x.temp_size_in_bytes.max(0) as u64,
-        )
-    }
 }
 
-/// The report as one JSON object (`layouts` only with `--show-sharding`),
-/// with the settings that fit when the step does not.
+/// The report as one JSON object: the [`Summary`] the text prints, with
+/// the settings that fit when the step does not, the communication, the
+/// throughput and (with `--show-sharding`) the layouts.
 fn print_json(r: &Report, suggestions: &[Fit]) -> Result<()> {
-    let (config, tc, p, comm) = (&r.model.config, &r.tc, &r.memory, &r.comm);
-    let (arg, out, alias, temp) = r.xla();
-    let mut v = json!({
-        "model": r.model.name,
-        "mesh": r.mesh.to_string(),
-        "dtype": r.dtype.to_string(),
-        "seq": tc.seq,
-        // The step's rows (a preference step's: its pairs' two sides) and
-        // what it computes.
-        "rows": tc.rows(),
-        "objective": r.args.objective.name(),
-        "rollout": p.rollout.as_ref().map(|m| json!({
-            "num_generations": num_generations(r.args),
-            "max_completion_length": m.completion_tokens,
-            "prompt_tokens": m.prompt_tokens,
-            "cache_tokens": m.cache_tokens,
-            "cache_bytes": m.cache_bytes,
-            "xla": {
-                "argument_bytes": m.xla.argument_size_in_bytes.max(0),
-                "output_bytes": m.xla.output_size_in_bytes.max(0),
-                "alias_bytes": m.xla.alias_size_in_bytes.max(0),
-                "temp_bytes": m.xla.temp_size_in_bytes.max(0),
-            },
-            "total_bytes": m.total_bytes,
-            "compile_s": m.compile_s,
-        })),
-        "reference": tc.loss.preference().filter(|p| p.loss.needs_reference()).map(|p| match p.reference {
-            Reference::Base => "base",
-            Reference::Adapter => "adapter",
-            Reference::Precomputed => "precomputed",
-        }),
-        "attention": crate::args::attention_json(tc),
-        "remat_layers": tc.remat_layers,
-        "choices": r.choices,
-        "loss_chunk": tc.loss_chunk_for(config.vocab_size),
-        "per_device": {
-            "weights_bytes": p.weights_bytes,
-            "nf4_weights_bytes": p.nf4_bytes,
-            "dequantized_bytes": p.dequantized_bytes,
-            "lora_bytes": p.lora_bytes,
-            "optimizer_bytes": p.optimizer_bytes,
-            "xla": {"argument_bytes": arg, "output_bytes": out, "alias_bytes": alias, "temp_bytes": temp},
-            "total_bytes": p.total_bytes,
-        },
-        "device_memory_bytes": r.capacity,
-        "fits": r.fits(),
+    let comm = &r.comm;
+    let mut v = serde_json::to_value(Summary::of(r))?;
+    let rest = json!({
         "suggestions": suggestions.iter().map(|f| json!({
             "flags": flags(&f.change, r.args),
             "total_bytes": f.total_bytes,
         })).collect::<Vec<_>>(),
-        "compile_s": p.compile_s,
         "nodes": comm.nodes,
         "devices_per_node": comm.devices_per_node,
         "axes": comm.axes.iter().map(|(axis, size, span)| {
@@ -559,6 +506,9 @@ fn print_json(r: &Report, suggestions: &[Fit]) -> Result<()> {
             "peak_tflops": r.compute.map(|c| c.peak_tflops),
         },
     });
+    if let (Value::Object(all), Value::Object(rest)) = (&mut v, rest) {
+        all.extend(rest);
+    }
     if let Some(t) = throughput(r) {
         v["throughput"] = throughput_json(&t, r.args.mfu);
     }
@@ -567,6 +517,189 @@ fn print_json(r: &Report, suggestions: &[Fit]) -> Result<()> {
     }
     println!("{}", serde_json::to_string_pretty(&v)?);
     Ok(())
+}
+
+/// What `plan` says of the step and its memory, decided once: the text
+/// prints it and `--json` serializes it, so the two cannot disagree.
+#[derive(Serialize)]
+struct Summary {
+    model: String,
+    parameters: i64,
+    mesh: String,
+    dtype: String,
+    /// `nf4`, `nf4 double quantized`, or None (no quantized projections).
+    quantization: Option<&'static str>,
+    seq: i64,
+    /// The step's rows (a preference step's: its pairs' two sides).
+    rows: i64,
+    /// `--batch` in the objective's units (`4 pairs (8 rows)`).
+    batch: String,
+    objective: &'static str,
+    /// What the step trains: `lora` or `full`.
+    training: &'static str,
+    /// The step's loss, where it is not the causal-LM loss.
+    loss: Option<&'static str>,
+    /// How the step has its reference model, where it has one in the
+    /// step (GRPO's and RLOO's are scored outside it).
+    reference: Option<ReferenceUse>,
+    scan_layers: bool,
+    attention: Value,
+    remat_layers: bool,
+    loss_chunk: i64,
+    /// The attention and loss in words, as the text's `plan:` line ends.
+    long_context: String,
+    /// The step's `auto` choices and why.
+    choices: String,
+    per_device: PerDevice,
+    /// GRPO, RLOO, distillation: what generating the rollouts holds.
+    rollout: Option<RolloutSummary>,
+    device_memory_bytes: u64,
+    /// `--device-memory` gave the device's memory.
+    device_memory_given: bool,
+    fits: bool,
+    compile_s: f64,
+}
+
+/// How a step has its reference model's log-probabilities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum ReferenceUse {
+    /// The base with the adapter off, run in the step.
+    Base,
+    /// A frozen adapter, run in the step.
+    Adapter,
+    /// Computed before training: no reference forward in the step.
+    Precomputed,
+}
+
+impl From<Reference> for ReferenceUse {
+    fn from(r: Reference) -> ReferenceUse {
+        match r {
+            Reference::Base => ReferenceUse::Base,
+            Reference::Adapter => ReferenceUse::Adapter,
+            Reference::Precomputed => ReferenceUse::Precomputed,
+        }
+    }
+}
+
+/// Memory per device, as XLA and the plan count it.
+#[derive(Serialize)]
+struct PerDevice {
+    weights_bytes: u64,
+    nf4_weights_bytes: u64,
+    dequantized_bytes: u64,
+    lora_bytes: u64,
+    optimizer_bytes: u64,
+    xla: XlaBytes,
+    total_bytes: u64,
+}
+
+/// XLA's figures for a compiled program.
+#[derive(Serialize)]
+struct XlaBytes {
+    argument_bytes: u64,
+    output_bytes: u64,
+    alias_bytes: u64,
+    temp_bytes: u64,
+}
+
+impl XlaBytes {
+    fn of(x: &hlo_engine::runtime::CompiledMemoryStats) -> XlaBytes {
+        XlaBytes {
+            argument_bytes: x.argument_size_in_bytes.max(0) as u64,
+            output_bytes: x.output_size_in_bytes.max(0) as u64,
+            alias_bytes: x.alias_size_in_bytes.max(0) as u64,
+            temp_bytes: x.temp_size_in_bytes.max(0) as u64,
+        }
+    }
+}
+
+/// The rollouts' memory: completions of up to `max_completion_length`
+/// tokens after a prefill of `prompt_tokens` into a cache of
+/// `cache_tokens`.
+#[derive(Serialize)]
+struct RolloutSummary {
+    num_generations: usize,
+    max_completion_length: i64,
+    prompt_tokens: i64,
+    cache_tokens: i64,
+    cache_bytes: u64,
+    xla: XlaBytes,
+    total_bytes: u64,
+    compile_s: f64,
+}
+
+impl Summary {
+    fn of(r: &Report) -> Summary {
+        let (config, tc, p) = (&r.model.config, &r.tc, &r.memory);
+        let loss = tc.loss.kind();
+        Summary {
+            model: r.model.name.clone(),
+            parameters: config.parameter_count(),
+            mesh: r.mesh.to_string(),
+            dtype: r.dtype.to_string(),
+            quantization: config.quantization.map(|q| match q.double_quant {
+                true => "nf4 double quantized",
+                false => "nf4",
+            }),
+            seq: tc.seq,
+            rows: tc.rows(),
+            batch: batch_text(r),
+            objective: r.args.objective.name(),
+            training: if tc.lora.is_some() { "lora" } else { "full" },
+            loss: loss.name(),
+            reference: loss.reference().map(ReferenceUse::from),
+            scan_layers: tc.scan_layers,
+            attention: crate::args::attention_json(tc),
+            remat_layers: tc.remat_layers,
+            loss_chunk: tc.loss_chunk_for(config.vocab_size),
+            long_context: tc.long_context_summary(config.vocab_size),
+            choices: r.choices.clone(),
+            per_device: PerDevice {
+                weights_bytes: p.weights_bytes,
+                nf4_weights_bytes: p.nf4_bytes,
+                dequantized_bytes: p.dequantized_bytes,
+                lora_bytes: p.lora_bytes,
+                optimizer_bytes: p.optimizer_bytes,
+                xla: XlaBytes::of(&p.xla),
+                total_bytes: p.total_bytes,
+            },
+            rollout: p.rollout.as_ref().map(|m| RolloutSummary {
+                num_generations: num_generations(r.args),
+                max_completion_length: m.completion_tokens,
+                prompt_tokens: m.prompt_tokens,
+                cache_tokens: m.cache_tokens,
+                cache_bytes: m.cache_bytes,
+                xla: XlaBytes::of(&m.xla),
+                total_bytes: m.total_bytes,
+                compile_s: m.compile_s,
+            }),
+            device_memory_bytes: r.capacity,
+            device_memory_given: r.args.device_memory.is_some(),
+            fits: r.fits(),
+            compile_s: p.compile_s,
+        }
+    }
+
+    /// What the step trains and minimises: `LoRA` or `full`, then the
+    /// loss's name with how it has its reference (nothing for the
+    /// causal-LM loss).
+    fn step_kind(&self) -> String {
+        let reference = match self.reference {
+            Some(ReferenceUse::Precomputed) => " (reference precomputed)",
+            Some(ReferenceUse::Base | ReferenceUse::Adapter) => " (with the reference's forward)",
+            None => "",
+        };
+        format!(
+            "{}{}",
+            match self.training {
+                "lora" => "LoRA",
+                other => other,
+            },
+            self.loss
+                .map_or(String::new(), |n| format!(" {n}{reference}"))
+        )
+    }
 }
 
 fn layout_json(g: &LayoutGroup) -> Value {
@@ -596,7 +729,8 @@ fn print_choices(r: &Report) {
 /// The report as text: the step, its memory per device, its
 /// communication, and with `--show-sharding` each layout.
 fn print_text(r: &Report) {
-    print_step(r);
+    let summary = Summary::of(r);
+    print_step(&summary);
     print_choices(r);
     if r.args.mesh.is_none() && r.args.devices.is_none() {
         println!(
@@ -604,37 +738,20 @@ fn print_text(r: &Report) {
             r.target
         );
     }
-    print_memory(r);
+    print_memory(&summary, r.target);
     println!(
         "compiled for {} in {:.1}s",
         match r.mesh.size() {
             1 => "1 CPU device".to_string(),
             n => format!("{n} virtual CPU devices"),
         },
-        r.memory.compile_s
+        summary.compile_s
     );
     print_communication(r);
     print_throughput(r);
     for g in &r.layouts {
         print_layout(&r.mesh, g);
     }
-}
-
-/// What the step trains and minimises: `LoRA` or `full`, then the
-/// loss's name with how it has its reference (nothing for causal LM).
-fn step_kind(tc: &TrainConfig) -> String {
-    let loss = tc.loss.kind();
-    let reference = match loss.reference() {
-        Some(Reference::Precomputed) => " (reference precomputed)",
-        Some(_) => " (with the reference's forward)",
-        None => "",
-    };
-    format!(
-        "{}{}",
-        if tc.lora.is_some() { "LoRA" } else { "full" },
-        loss.name()
-            .map_or(String::new(), |n| format!(" {n}{reference}"))
-    )
 }
 
 /// The step's batch in the objective's units: rows, preference pairs, or
@@ -653,81 +770,81 @@ fn num_generations(args: &PlanArgs) -> usize {
 
 /// The `plan:` line: the model, the step and its batch, the mesh, the
 /// layers' scan and the long-context settings.
-fn print_step(r: &Report) {
-    let (config, tc, dtype) = (&r.model.config, &r.tc, r.dtype);
-    let kind = step_kind(tc);
-    let batch = batch_text(r);
+fn print_step(s: &Summary) {
     println!(
-        "plan: {} ({} parameters, {dtype}{}), {kind} step, batch {batch} × seq {}, mesh {}{}, {}",
-        r.model.name,
-        config.parameter_count(),
-        match config.quantization {
-            Some(q) if q.double_quant => ", projections in NF4 with double quantization",
-            Some(_) => ", projections in NF4",
+        "plan: {} ({} parameters, {}{}), {} step, batch {} × seq {}, mesh {}{}, {}",
+        s.model,
+        s.parameters,
+        s.dtype,
+        match s.quantization {
+            Some("nf4") => ", projections in NF4",
+            Some(_) => ", projections in NF4 with double quantization",
             None => "",
         },
-        tc.seq,
-        r.mesh,
-        if tc.scan_layers {
+        s.step_kind(),
+        s.batch,
+        s.seq,
+        s.mesh,
+        if s.scan_layers {
             ", layers scanned (rematerialized per layer)"
         } else {
             ""
         },
-        tc.long_context_summary(config.vocab_size)
+        s.long_context
     );
 }
 
 /// Memory per device: the weights (NF4's share), LoRA, optimizer state,
 /// XLA's arguments, outputs and temporaries, the rollouts', and the total
 /// against the device's memory.
-fn print_memory(r: &Report) {
-    let (p, dtype) = (&r.memory, r.dtype);
-    let (arg, out, alias, temp) = r.xla();
+fn print_memory(s: &Summary, target: Target) {
+    let (p, x) = (&s.per_device, &s.per_device.xla);
     println!("per device:");
     println!("  weights            {:>12}", gb(p.weights_bytes));
-    if p.nf4_bytes > 0 {
+    if p.nf4_weights_bytes > 0 {
         println!(
-            "    of which NF4     {:>12}  (codes and block scales; the largest projection dequantized before its matmul: {} in {dtype}, within the temporaries)",
-            gb(p.nf4_bytes),
-            gb(p.dequantized_bytes)
+            "    of which NF4     {:>12}  (codes and block scales; the largest projection dequantized before its matmul: {} in {}, within the temporaries)",
+            gb(p.nf4_weights_bytes),
+            gb(p.dequantized_bytes),
+            s.dtype
         );
     }
     println!("  LoRA parameters    {:>12}", gb(p.lora_bytes));
     println!("  optimizer state    {:>12}", gb(p.optimizer_bytes));
-    println!("  XLA arguments      {:>12}", gb(arg));
+    println!("  XLA arguments      {:>12}", gb(x.argument_bytes));
     println!(
         "  XLA outputs        {:>12}  ({} reuse donated arguments)",
-        gb(out),
-        gb(alias)
+        gb(x.output_bytes),
+        gb(x.alias_bytes)
     );
-    println!("  XLA temporaries    {:>12}", gb(temp));
-    if let Some(m) = &p.rollout {
+    println!("  XLA temporaries    {:>12}", gb(x.temp_bytes));
+    if let Some(m) = &s.rollout {
         println!(
             "  rollouts           {:>12}  (completions of up to {} tokens: a prefill of {} prompt tokens a row into a cache of {}: cache {}, temporaries {}; with the weights, adapter and idle optimizer state)",
             gb(m.total_bytes),
-            m.completion_tokens,
+            m.max_completion_length,
             m.prompt_tokens,
             m.cache_tokens,
             gb(m.cache_bytes),
-            gb(m.xla.temp_size_in_bytes.max(0) as u64)
+            gb(m.xla.temp_bytes)
         );
     }
     println!(
         "  total              {:>12}  {}of {}{} on {}: {}",
         gb(p.total_bytes),
-        if p.rollout.is_some() {
+        if s.rollout.is_some() {
             "(the step's or the rollouts', the larger) "
         } else {
             ""
         },
-        gb(r.capacity),
-        if r.args.device_memory.is_some() {
+        gb(s.device_memory_bytes),
+        if s.device_memory_given {
             " (--device-memory)"
         } else {
             ""
         },
-        r.target,
-        if r.fits() { "fits" } else { "does NOT fit" }
+        target,
+        if s.fits { "fits" } else { "does NOT fit" }
     );
 }
 

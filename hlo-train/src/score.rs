@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use hlo_engine::infer::reward_scorer::RewardScorer;
 use hlo_engine::models::adapter::Adapter;
@@ -48,9 +48,10 @@ pub struct ScoreArgs {
     pub data: PathBuf,
 
     /// Tokens a sequence may hold: longer pairs are left out (TRL's
-    /// max_length filter), and counted.
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(i64).range(2..=10_000_000))]
-    pub seq: i64,
+    /// max_length filter), and counted. At most the model's positions
+    /// (default: 1024, or the model's positions where fewer).
+    #[arg(long, value_parser = clap::value_parser!(i64).range(2..=10_000_000))]
+    pub seq: Option<i64>,
 
     /// Sequences scored together.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
@@ -72,17 +73,36 @@ pub fn run(args: &ScoreArgs) -> Result<()> {
         Some(dir) => Some(Adapter::load(dir, &model.config)?),
         None => None,
     };
-    let pairs = read_pairs(args, &model)?;
-    let seq = args.seq as usize;
+    let positions = model.config.max_position_embeddings;
+    let seq = match args.seq {
+        Some(s) => {
+            model.config.check_positions("--seq", s)?;
+            s as usize
+        }
+        None => DEFAULT_SEQ.min(positions) as usize,
+    };
+    let pairs = read_pairs(args, &model, seq)?;
+    let total = pairs.len();
     let (kept, left_out): (Vec<_>, Vec<_>) = pairs
         .into_iter()
         .partition(|(c, r)| c.len() <= seq && r.len() <= seq);
+    // Nothing to score is no score (train refuses such data too).
+    let Some(longest) = kept.iter().map(|(c, r)| c.len().max(r.len())).max() else {
+        let shortest = left_out.iter().map(|(c, r)| c.len().max(r.len())).min();
+        bail!(
+            "none of the {total} pairs fits within --seq {seq}: a pair is scored when both its sides do{}; give a longer --seq (at most the model's {positions} positions)",
+            shortest.map_or(String::new(), |k| format!(" (the shortest pair's longer side holds {k} tokens)"))
+        );
+    };
     let backend = Backend::open(&args.plugin.backend(args.mesh.as_ref()))?;
+    // Rows as long as the longest pair kept, not --seq: padding to --seq
+    // would only add work (the scores read each sequence's last token).
+    let rows_len = longest.max(2) as i64;
     let scorer = RewardScorer::new(
         backend,
         &model,
         dtype,
-        (args.batch, args.seq),
+        (args.batch, rows_len),
         adapter.as_ref(),
     )?;
     let sequences: Vec<Vec<u32>> = kept
@@ -116,14 +136,18 @@ pub fn run(args: &ScoreArgs) -> Result<()> {
     Ok(())
 }
 
+/// `--seq` when not given, where the model has as many positions (TRL's
+/// `max_length`).
+const DEFAULT_SEQ: i64 = 1024;
+
 /// The data's pairs, each side's ids, read as `train --objective reward`
 /// reads them.
-fn read_pairs(args: &ScoreArgs, model: &Model) -> Result<Vec<(Vec<u32>, Vec<u32>)>> {
+fn read_pairs(args: &ScoreArgs, model: &Model, seq: usize) -> Result<Vec<(Vec<u32>, Vec<u32>)>> {
     let spec = DataSpec {
         path: Some(args.data.clone()),
         chat_template: None,
         train_on_inputs: false,
-        seq: args.seq as usize,
+        seq,
         pairs: true,
         unpaired: false,
         whole_pairs: true,

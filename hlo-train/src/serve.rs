@@ -174,11 +174,10 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         }
     }
     let max_model_len = match args.max_model_len {
-        Some(n) if i64::from(n) > config.max_position_embeddings => bail!(
-            "--max-model-len {n} is above the model's {} positions",
-            config.max_position_embeddings
-        ),
-        Some(n) => i64::from(n),
+        Some(n) => {
+            config.check_positions("--max-model-len", i64::from(n))?;
+            i64::from(n)
+        }
         None => config.max_position_embeddings.min(2048),
     };
     let eos_ids = model.generation_eos_ids()?;

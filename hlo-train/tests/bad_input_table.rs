@@ -141,6 +141,25 @@ fn bad_input_table() {
         v
     };
     let sets = PreparedSets::make(&root);
+    let score = |extra: &[&str]| {
+        let mut a: Vec<String> = vec![
+            "score".into(),
+            "--checkpoint".into(),
+            fixture_file("reward", "seqcls").to_str().unwrap().into(),
+            "--tokenizer".into(),
+            fixture_file("preference", "tokenizer/tokenizer.json")
+                .to_str()
+                .unwrap()
+                .into(),
+            "--data".into(),
+            fixture_file("reward", "pairs_ids.jsonl")
+                .to_str()
+                .unwrap()
+                .into(),
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
     let cases: Vec<(&str, Vec<String>)> = vec![
         ("checkpoint folder missing", gen(format!("{r}/nowhere"))),
         (
@@ -699,6 +718,32 @@ fn bad_input_table() {
         (
             "a recipe key spelled as TRL spells it",
             train(&["--recipe", &jsonl("trl.yaml", "learning_rate: 1e-4\n")]),
+        ),
+        (
+            "--xla-option a value XLA would abort on",
+            train(&["--xla-option", "xla_cpu_parallel_codegen_split_count=-5"]),
+        ),
+        (
+            "init with an initializer_range its weights cannot hold",
+            vec![
+                "init".into(),
+                "--config".into(),
+                jsonl("huge-range.json", &{
+                    let mut c: Value = serde_json::from_str(&fixture_config).unwrap();
+                    c["initializer_range"] = serde_json::json!(3e38);
+                    c.to_string()
+                }),
+                "--out".into(),
+                format!("{r}/init-out"),
+            ],
+        ),
+        (
+            "score with no pair within --seq",
+            score(&["--seq", "4"]),
+        ),
+        (
+            "score --seq beyond the model's positions",
+            score(&["--seq", "100000"]),
         ),
         (
             "a prepared set holding an id its manifest does not",

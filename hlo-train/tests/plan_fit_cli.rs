@@ -238,3 +238,74 @@ fn the_throughput_projection_follows_from_the_steps_compute() {
     );
     assert!(text.contains("at 40% MFU (--mfu, assumed)"), "{text}");
 }
+
+/// The text and `--json` of `plan` say the same of the step's loss and
+/// reference: KTO runs its reference's forward in the step (JSON
+/// `"reference": "base"`, not null), DPO's precomputed reference is
+/// named so in both, RLOO scores its reference outside the step, SFT has
+/// none; the `plan:` line is the JSON's `model`, `training`, `loss`,
+/// `batch`, `seq` and `mesh`.
+#[test]
+fn plan_text_and_json_agree_on_the_loss_and_its_reference() {
+    for (objective, extra, reference, words) in [
+        (
+            "kto",
+            None,
+            Some("base"),
+            " kto (with the reference's forward) step",
+        ),
+        (
+            "dpo",
+            Some("--precompute-ref"),
+            Some("precomputed"),
+            " dpo (reference precomputed) step",
+        ),
+        ("rloo", None, None, " rloo step"),
+        ("sft", None, None, "LoRA step"),
+    ] {
+        let mut args = vec![
+            "plan",
+            "--model",
+            "tiny",
+            "--target",
+            "cpu",
+            "--batch",
+            "4",
+            "--seq",
+            "16",
+            "--objective",
+            objective,
+        ];
+        args.extend(extra);
+        let text = ok(&hlo_train(&args));
+        args.push("--json");
+        let v: Value = serde_json::from_str(&ok(&hlo_train(&args))).unwrap();
+        assert_eq!(v["reference"].as_str(), reference, "{objective}: {v}");
+        let line = text.lines().next().unwrap();
+        assert!(line.contains(words), "{objective}: {line}");
+        let loss = v["loss"]
+            .as_str()
+            .map_or(String::new(), |l| format!(" {l}"));
+        let training = match v["training"].as_str().unwrap() {
+            "lora" => "LoRA",
+            other => other,
+        };
+        let want = format!(
+            "plan: {} ({} parameters, {}), {training}{loss}",
+            v["model"].as_str().unwrap(),
+            v["parameters"],
+            v["dtype"].as_str().unwrap()
+        );
+        assert!(
+            line.starts_with(&want),
+            "{objective}: {line} (JSON: {want})"
+        );
+        let shape = format!(
+            "step, batch {} × seq {}, mesh {}",
+            v["batch"].as_str().unwrap(),
+            v["seq"],
+            v["mesh"].as_str().unwrap()
+        );
+        assert!(line.contains(&shape), "{objective}: {line} (JSON: {shape})");
+    }
+}

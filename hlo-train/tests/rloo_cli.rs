@@ -310,6 +310,14 @@ fn online_rloo_generates_rewards_and_reports_as_trl_names() {
         let r = l["rewards/length/mean"].as_f64().unwrap();
         assert!((-1.0..=0.0).contains(&r), "{l}");
     }
+    // The charts name the objective: RLOO's reward, not GRPO's.
+    let svg = |name: &str| std::fs::read_to_string(tmp.join("run").join(name)).unwrap();
+    let (rewards, loss) = (svg("reward.svg"), svg("loss.svg"));
+    assert!(
+        rewards.contains("RLOO reward") && !rewards.contains("GRPO"),
+        "{rewards}"
+    );
+    assert!(loss.contains("RLOO loss"), "{loss}");
     std::fs::remove_dir_all(tmp).unwrap();
 }
 

@@ -185,6 +185,39 @@ fn init_writes_the_weights_a_seeded_run_starts_from() {
     assert!(e.contains("holds a model already"), "{e}");
 }
 
+/// An `initializer_range` whose weights overflow the dtype (3e38 in f32),
+/// or that is no deviation (negative), is refused in one line, and nothing
+/// is written.
+#[test]
+fn init_refuses_an_initializer_range_its_weights_cannot_hold() {
+    let tmp = scratch("scratch", "init-range");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(scratch_fixture("config.json")).unwrap())
+            .unwrap();
+    for (range, dtype, want) in [
+        (3e38, "f32", "overflow f32"),
+        (3e38, "bf16", "overflow bf16"),
+        (-0.02, "f32", "is no standard deviation"),
+    ] {
+        config["initializer_range"] = serde_json::json!(range);
+        let path = tmp.join("config.json");
+        std::fs::write(&path, config.to_string()).unwrap();
+        let out = tmp.join("init");
+        let e = one_line_error(&hlo_train(&[
+            "init",
+            "--config",
+            path.to_str().unwrap(),
+            "--dtype",
+            dtype,
+            "--out",
+            out.to_str().unwrap(),
+        ]));
+        assert!(e.contains(want), "{range} {dtype}: {e}");
+        assert!(!out.exists(), "{range} {dtype}: something was written");
+    }
+    std::fs::remove_dir_all(tmp).unwrap();
+}
+
 #[test]
 fn two_steps_from_scratch_equal_the_trainers() {
     let e = expected();

@@ -72,3 +72,29 @@ fn a_bad_option_is_one_line() {
         assert!(err.contains(want), "{option}: {err} (wanted {want})");
     }
 }
+
+/// A value XLA takes for a flag and then aborts the process on (a C++
+/// exception Rust cannot catch: exit 134) is refused in one line before
+/// anything compiles, by every command that compiles; so is one XLA
+/// would spend memory without bound on. A value inside the range runs.
+#[test]
+fn values_xla_would_abort_on_are_refused_before_compiling() {
+    let key = "xla_cpu_parallel_codegen_split_count";
+    for value in ["-5", "0", " -5", "4097", "2147483647"] {
+        let option = format!("{key}={value}");
+        for command in [
+            vec!["train", "--steps", "1", "--batch", "2", "--seq", "8"],
+            vec!["eval", "--batch", "2", "--seq", "8"],
+            vec!["generate", "--prompt", "a", "--max-new-tokens", "2"],
+        ] {
+            let mut args = command.clone();
+            args.extend(["--xla-option", &option]);
+            let err = one_line_error(&hlo_train(&args));
+            assert!(
+                err.contains(&format!("{key}={value}: XLA takes 1 to 4096")),
+                "{command:?} {option}: {err}"
+            );
+        }
+    }
+    ok(&train(&["--xla-option", &format!("{key}=2")]));
+}

@@ -52,6 +52,14 @@ pub enum ModelError {
         size: i64,
         seq: i64,
     },
+    /// A length a command was given that the model's positions
+    /// (`max_position_embeddings`) cannot hold.
+    #[error("{what} {len} is above the model's {positions} positions")]
+    BeyondPositions {
+        what: String,
+        len: i64,
+        positions: i64,
+    },
     /// A preference batch must hold whole pairs of unpacked rows.
     #[error("a preference batch holds chosen then rejected rows of whole pairs, unpacked; got {rows} rows{}", if *.packed { ", packed" } else { "" })]
     PreferenceBatch { rows: i64, packed: bool },

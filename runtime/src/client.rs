@@ -345,6 +345,12 @@ impl Client {
                 options.num_replicas, options.num_partitions
             )));
         }
+        // A value XLA would abort on, however the options were made (the
+        // command line checks them as it reads them).
+        for (key, value) in &options.env_option_overrides {
+            crate::compile_options::check_xla_value(key, value)
+                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        }
         if let Some(ids) = &options.device_assignment {
             // Every process compiles the same assignment over all devices;
             // an id the client does not know would be a CHECK failure.

@@ -113,6 +113,82 @@ pub enum XlaOptionError {
     /// A key that is no XLA flag name.
     #[error("XLA option key `{0}` is not an XLA flag name: lowercase letters, digits and `_` only (e.g. xla_gpu_enable_triton_gemm)")]
     BadKey(String),
+    /// A value XLA would take for the flag and then abort the process on
+    /// (see [`check_xla_value`]).
+    #[error("XLA option {key}={value}: XLA takes {min} to {max}; {why}")]
+    OutOfRange {
+        key: String,
+        value: String,
+        min: i64,
+        max: i64,
+        why: &'static str,
+    },
+}
+
+/// An integer flag whose values outside `min..=max` XLA takes and then
+/// dies of: an abort the process cannot catch, or memory without bound,
+/// rather than a compile error.
+struct IntRange {
+    key: &'static str,
+    min: i64,
+    max: i64,
+    why: &'static str,
+}
+
+/// The flags whose values XLA does not check before using them, each
+/// found by giving the CPU plugin `-5`, `0` and `2^31 - 1` for every
+/// integer flag it has (and `-1`, `99` for each enum) and by reading
+/// XLA's code (`xla/service/cpu/cpu_compiler.cc`). Every other value
+/// reached XLA's own checks there, which refuse it as a compile error.
+/// Not covered: the GPU compiler's flags (`xla_gpu_*`, not tried on a GPU
+/// yet) and what a value does to a program rather than to the compiler.
+const INT_RANGES: &[IntRange] = &[IntRange {
+    key: "xla_cpu_parallel_codegen_split_count",
+    min: 1,
+    // XLA's default is 32. It makes every part up front: 4096 took 20 MB
+    // more than 32 to train the tiny model, 2^31 - 1 more than 10 GB
+    // before it was stopped.
+    max: 4096,
+    why: "XLA:CPU reads it as an unsigned count, so a negative one aborts the process, 0 fails every compile and a huge one takes memory without bound (default 32)",
+}];
+
+/// Refuses a value XLA takes for flag `key` but cannot survive (see
+/// [`INT_RANGES`]): checked before anything is compiled, since XLA's
+/// failure there kills the process. A string value is read as XLA reads
+/// it for an integer flag (surrounding spaces and a `+` allowed).
+///
+/// ```
+/// use hlo_runtime::{check_xla_value, XlaOption};
+/// let key = "xla_cpu_parallel_codegen_split_count";
+/// assert!(check_xla_value(key, &XlaOption::Int(8)).is_ok());
+/// assert!(check_xla_value(key, &XlaOption::Int(-5)).is_err());
+/// assert!(check_xla_value(key, &XlaOption::Str(" -5".into())).is_err());
+/// assert!(check_xla_value("xla_cpu_enable_fast_math", &XlaOption::Int(-5)).is_ok());
+/// ```
+pub fn check_xla_value(key: &str, value: &XlaOption) -> Result<(), XlaOptionError> {
+    let Some(range) = INT_RANGES.iter().find(|r| r.key == key) else {
+        return Ok(());
+    };
+    let n = match value {
+        XlaOption::Int(n) => *n,
+        // As absl::SimpleAtoi reads it; text that is no integer is XLA's
+        // to refuse (a compile error).
+        XlaOption::Str(s) => match s.trim().parse::<i64>() {
+            Ok(n) => n,
+            Err(_) => return Ok(()),
+        },
+        XlaOption::Bool(_) | XlaOption::Double(_) => return Ok(()),
+    };
+    match (range.min..=range.max).contains(&n) {
+        true => Ok(()),
+        false => Err(XlaOptionError::OutOfRange {
+            key: key.to_string(),
+            value: value.to_string(),
+            min: range.min,
+            max: range.max,
+            why: range.why,
+        }),
+    }
 }
 
 /// Checks that `key` can name an XLA flag: non-empty, `[a-z0-9_]` (XLA
@@ -129,7 +205,8 @@ pub fn check_xla_key(key: &str) -> Result<(), XlaOptionError> {
 }
 
 /// One option from `KEY=VALUE`, as `XLA_FLAGS` spells flags too (leading
-/// dashes are dropped: `--xla_foo=1` is `xla_foo=1`).
+/// dashes are dropped: `--xla_foo=1` is `xla_foo=1`), its value checked
+/// where XLA would die of it ([`check_xla_value`]).
 ///
 /// ```
 /// use hlo_runtime::{parse_xla_option, XlaOption};
@@ -144,7 +221,9 @@ pub fn parse_xla_option(text: &str) -> Result<(String, XlaOption), XlaOptionErro
         .ok_or_else(|| XlaOptionError::NotAssignment(text.to_string()))?;
     let key = key.trim_start_matches('-');
     check_xla_key(key)?;
-    Ok((key.to_string(), XlaOption::parse(value)))
+    let value = XlaOption::parse(value);
+    check_xla_value(key, &value)?;
+    Ok((key.to_string(), value))
 }
 
 /// What we tell the compiler about the program's devices and partitioning.
@@ -450,6 +529,22 @@ mod tests {
             (k.as_str(), v),
             ("xla_dump_to", XlaOption::Str("/tmp/a=b".into()))
         );
+    }
+
+    #[test]
+    fn values_xla_would_abort_on_are_refused_as_they_are_read() {
+        let key = "xla_cpu_parallel_codegen_split_count";
+        for bad in ["-5", "0", "4097", " -1 ", "+0", "-9223372036854775808"] {
+            let e = parse_xla_option(&format!("{key}={bad}")).unwrap_err();
+            assert!(matches!(e, XlaOptionError::OutOfRange { .. }), "{bad}: {e}");
+            assert!(e.to_string().contains("XLA takes 1 to 4096"), "{e}");
+        }
+        // Inside the range, or not an integer (XLA's to refuse), or
+        // another flag: passed on.
+        for good in ["1", "32", "4096", "+8", " 7 ", "many", "2.5", "true"] {
+            assert!(parse_xla_option(&format!("{key}={good}")).is_ok(), "{good}");
+        }
+        assert!(parse_xla_option("xla_cpu_prefer_vector_width=-5").is_ok());
     }
 
     #[test]

@@ -53,7 +53,7 @@ mod signature;
 pub use buffer::{Buffer, ReadyTime};
 pub use client::{Client, ClientOptions, Device, DeviceMemoryStats, OptionValue};
 pub use compile_options::{
-    check_xla_key, parse_xla_option, CompileOptions, XlaOption, XlaOptionError,
+    check_xla_key, check_xla_value, parse_xla_option, CompileOptions, XlaOption, XlaOptionError,
 };
 pub use discovery::{find_jax_plugin, PluginKind, PluginSpec, CPU_PLUGIN_RELATIVE};
 pub use eager::{Eager, EagerStats, Observer, EAGER_CACHE_CAPACITY};

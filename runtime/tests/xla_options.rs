@@ -78,3 +78,24 @@ fn xla_refuses_an_unknown_option_and_a_value_of_the_wrong_type() {
         "{wrong}"
     );
 }
+
+/// A value XLA would abort the process on, made without
+/// `parse_xla_option` (a library caller's own options), is refused by the
+/// compile before XLA sees it: an error, not exit 134.
+#[test]
+fn a_value_xla_would_abort_on_is_refused_by_the_compile() {
+    let key = "xla_cpu_parallel_codegen_split_count".to_string();
+    for value in [XlaOption::Int(-5), XlaOption::Str("-5".into())] {
+        let c = client().with_xla_options(&[(key.clone(), value.clone())]);
+        let Err(e) = c.compile(DOUBLE, &CompileOptions::default()) else {
+            panic!("{value}: compiled");
+        };
+        assert!(
+            e.to_string().contains("XLA takes 1 to 4096"),
+            "{value}: {e}"
+        );
+    }
+    let c = client().with_xla_options(&[(key, XlaOption::Int(4))]);
+    c.compile(DOUBLE, &CompileOptions::default())
+        .expect("a count in range compiles");
+}

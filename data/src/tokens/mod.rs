@@ -274,21 +274,16 @@ impl Mapped {
     /// but a sample's first learned where the shard says so).
     fn check_whole(&self, s: &Shard, dir: &Path) -> Result<(), (PathBuf, String)> {
         let file = |ext: &str| dir.join(format!("{}.{ext}", s.name));
-        for (ext, bytes, want) in [
-            ("ids", &self.ids[..], &s.fnv1a.ids),
-            ("mask", &self.mask[..], &s.fnv1a.mask),
-            ("offsets", &self.offsets[..], &s.fnv1a.offsets),
+        let (ids_sum, largest) = self.read_ids();
+        for (ext, got, want) in [
+            ("ids", ids_sum, &s.fnv1a.ids),
+            ("mask", checksum(&self.mask), &s.fnv1a.mask),
+            ("offsets", checksum(&self.offsets), &s.fnv1a.offsets),
         ] {
-            if &checksum(bytes) != want {
+            if &got != want {
                 return Err((file(ext), "does not match its checksum".into()));
             }
         }
-        let largest = self
-            .ids
-            .chunks_exact(4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .max()
-            .unwrap_or(0);
         if largest != s.max_id {
             return Err((
                 file("ids"),
@@ -327,17 +322,44 @@ impl Mapped {
         Ok(())
     }
 
-    /// Drops the pages a whole read mapped into the process (they stay
-    /// in the system's cache), so checking a set does not count its size
-    /// in the process's resident memory.
-    fn release_pages(&self) {
-        for m in [&self.ids, &self.mask] {
-            // Safety: the mapping is read only; its pages are read again
-            // from the file when next touched.
-            let _ = unsafe { m.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+    /// The ids' checksum and largest id, read a chunk at a time, each
+    /// chunk's pages released once read.
+    fn read_ids(&self) -> (String, u32) {
+        let mut sum = hlo_ir::rng::Fnv1a::new();
+        let mut largest = 0u32;
+        for (k, chunk) in self.ids.chunks(CHECK_CHUNK).enumerate() {
+            sum.update(chunk);
+            let most = chunk
+                .chunks_exact(4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .max();
+            largest = largest.max(most.unwrap_or(0));
+            release(&self.ids, k * CHECK_CHUNK, chunk.len());
         }
+        (format!("{:016x}", sum.finish()), largest)
+    }
+
+    /// Drops the mask's pages a whole read mapped into the process (the
+    /// ids' go as they are read).
+    fn release_pages(&self) {
+        release(&self.mask, 0, self.mask.len());
     }
 }
+
+/// Bytes of a shard's ids a whole check reads before releasing them (a
+/// multiple of the page size and of 4).
+const CHECK_CHUNK: usize = 64 << 20;
+
+/// Drops `len` bytes at `at` of `map` from the process (they stay in the
+/// system's page cache), so checking a set does not count its size in
+/// the process's resident memory.
+fn release(map: &memmap2::Mmap, at: usize, len: usize) {
+    // Safety: the mapping is read only; its pages are read again from
+    // the file when next touched.
+    let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, at, len) };
+}
+
+impl Mapped {}
 
 /// A prepared set, memory-mapped: samples by index, read from the pages
 /// the system keeps (the process holds none of them itself).
@@ -410,13 +432,21 @@ impl TokenShards {
     /// own (while a run compiles, say), so a run's first batches seldom
     /// wait for it. A sample is still never read before its shard's
     /// check has passed: a read of a shard being checked waits for it.
+    /// One thread a core, each taking the next shard not yet checked.
     pub fn check_ahead(self: &Arc<Self>) {
-        let shards = Arc::clone(self);
-        std::thread::spawn(move || {
-            for k in 0..shards.shards.len() {
+        let n = self.shards.len();
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        for _ in 0..cores.min(n) {
+            let (shards, next) = (Arc::clone(self), Arc::clone(&next));
+            std::thread::spawn(move || loop {
+                let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if k >= n {
+                    break;
+                }
                 let _ = shards.touch(k);
-            }
-        });
+            });
+        }
     }
 
     /// Shard `k` checked whole, the first time only: its checksums, its

@@ -44,22 +44,22 @@ impl BackendOptions {
     }
 
     /// The mesh these options give, checked against an explicit device
-    /// count: `mesh`, or `dp=1,fsdp=devices,mp=1`.
+    /// count: `mesh` (the axes it leaves out of size 1, see
+    /// [`full_mesh`]), or `dp=1,fsdp=devices,mp=1`.
     ///
     /// ```
     /// use hlo_engine::BackendOptions;
     /// let mut o = BackendOptions::cpu();
     /// o.devices = Some(4);
     /// assert_eq!(o.mesh_or(None).unwrap().to_string(), "dp=1,fsdp=4,mp=1");
+    /// o.mesh = Some("dp=2,fsdp=2".parse().unwrap());
+    /// assert_eq!(o.mesh_or(None).unwrap().to_string(), "dp=2,fsdp=2,mp=1");
     /// o.mesh = Some("dp=1,fsdp=2,mp=1".parse().unwrap());
     /// assert!(o.mesh_or(None).is_err()); // 2 devices, 4 asked for
     /// ```
     pub fn mesh_or(&self, default: Option<&Mesh>) -> Result<Mesh> {
         let mesh = match (&self.mesh, default) {
-            (Some(m), _) => {
-                check_mesh_axes(m)?;
-                m.clone()
-            }
+            (Some(m), _) => full_mesh(m)?,
             (None, Some(d)) if self.devices.is_none() => d.clone(),
             (None, _) => Mesh::new(&[
                 ("dp", 1),
@@ -83,6 +83,38 @@ impl BackendOptions {
 /// The axes the partition rules split over; a mesh's axes must be among
 /// them (an axis no rule names would only repeat the same work).
 pub const MESH_AXES: [&str; 3] = ["dp", "fsdp", "mp"];
+
+/// `mesh` with every axis of [`MESH_AXES`] it leaves out added at size
+/// 1 (an axis of one device splits nothing, so the devices keep their
+/// places), each where the axes' order puts it; refused when the mesh has
+/// an axis no partition rule names ([`check_mesh_axes`]).
+///
+/// ```
+/// use hlo_engine::full_mesh;
+/// let full = |m: &str| full_mesh(&m.parse().unwrap()).map(|m| m.to_string());
+/// assert_eq!(full("dp=2,fsdp=2").unwrap(), "dp=2,fsdp=2,mp=1");
+/// assert_eq!(full("fsdp=4").unwrap(), "dp=1,fsdp=4,mp=1");
+/// assert_eq!(full("mp=2,dp=2").unwrap(), "mp=2,dp=2,fsdp=1");
+/// assert_eq!(full("dp=1,fsdp=2,mp=1").unwrap(), "dp=1,fsdp=2,mp=1");
+/// assert!(full("dp=2,xx=2").is_err());
+/// ```
+pub fn full_mesh(mesh: &Mesh) -> Result<Mesh> {
+    check_mesh_axes(mesh)?;
+    let rank = |name: &str| MESH_AXES.iter().position(|a| *a == name);
+    let mut axes: Vec<(&str, i64)> = mesh.axes().iter().map(|(n, s)| (n.as_str(), *s)).collect();
+    for (k, missing) in MESH_AXES.iter().enumerate() {
+        if mesh.axis_index(missing).is_some() {
+            continue;
+        }
+        // After the last axis that comes before it, else first.
+        let at = axes
+            .iter()
+            .rposition(|(n, _)| rank(n).is_some_and(|r| r < k))
+            .map_or(0, |i| i + 1);
+        axes.insert(at, (missing, 1));
+    }
+    Ok(Mesh::new(&axes)?)
+}
 
 /// Refuses a mesh with an axis no partition rule names.
 ///

@@ -367,6 +367,27 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// Refuses a length of `len` tokens, given as `what` (a flag:
+    /// `--seq`), beyond the model's positions (`max_position_embeddings`):
+    /// the one check of every command that bounds a length by them.
+    ///
+    /// ```
+    /// let c = hlo_models::decoder::ModelConfig::preset("tiny").unwrap();
+    /// assert!(c.check_positions("--seq", c.max_position_embeddings).is_ok());
+    /// let e = c.check_positions("--seq", c.max_position_embeddings + 1).unwrap_err();
+    /// assert!(e.to_string().starts_with("--seq "), "{e}");
+    /// ```
+    pub fn check_positions(&self, what: &str, len: i64) -> Result<(), crate::ModelError> {
+        match len > self.max_position_embeddings {
+            true => Err(crate::ModelError::BeyondPositions {
+                what: what.to_string(),
+                len,
+                positions: self.max_position_embeddings,
+            }),
+            false => Ok(()),
+        }
+    }
+
     /// Whether layer `l`'s MLP is a mixture of experts.
     pub fn is_sparse(&self, l: i64) -> bool {
         self.moe

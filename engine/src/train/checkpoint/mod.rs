@@ -461,7 +461,8 @@ pub(crate) fn state_dir(dir: &Path) -> Result<PathBuf> {
         .find(|d| d.join("state.json").is_file())
         .ok_or_else(|| {
             EngineError::Resume(format!(
-                "{} has no train_state/ to resume from",
+                "{} has no train_state/ to resume from (a run stopped before its first save keeps none): start it again with --out {}",
+                dir.display(),
                 dir.display()
             ))
         })
