@@ -58,6 +58,12 @@ pub enum DataError {
     /// A conversation to render, and no chat template.
     #[error("`messages` prompts need the model's chat template (--chat or --chat-template DIR)")]
     NoChatTemplate,
+    /// A folder could not be made.
+    #[error("cannot create {}: {cause}", path.display())]
+    Create {
+        path: PathBuf,
+        cause: std::io::Error,
+    },
     /// Another process writes the folder (see [`crate::lock`]).
     #[error("{} is held by {holder}: one writer a folder; wait for it to finish, or give another folder", path.display())]
     Locked { path: PathBuf, holder: String },

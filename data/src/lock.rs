@@ -50,7 +50,7 @@ fn host_name() -> String {
 impl FolderLock {
     /// Makes `dir` (and its parents) where missing, and takes its lock.
     pub fn create(dir: &Path, what: &str) -> Result<FolderLock, DataError> {
-        std::fs::create_dir_all(dir).map_err(|cause| DataError::Read {
+        std::fs::create_dir_all(dir).map_err(|cause| DataError::Create {
             path: dir.to_path_buf(),
             cause,
         })?;

@@ -108,7 +108,8 @@ fn guard_out(spec: &RunSpec, out: &Path) -> Result<FolderLock> {
     }
     // Before anything in the folder is read or removed: another run's
     // save in progress is not stale.
-    let lock = FolderLock::create(out, "train")?;
+    std::fs::create_dir_all(out).map_err(EngineError::io("create", out))?;
+    let lock = FolderLock::acquire(out, "train")?;
     if checkpoint::holds_run(out) && !continuing && !spec.output.overwrite {
         return Err(EngineError::OutHoldsRun {
             out: out.to_path_buf(),
