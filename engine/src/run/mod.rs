@@ -101,14 +101,9 @@ fn guard_out(spec: &RunSpec, out: &Path) -> Result<FolderLock> {
         .resume
         .as_deref()
         .is_some_and(|r| canonical(r).is_some() && canonical(r) == canonical(out));
-    if out.exists() && !out.is_dir() {
-        return Err(EngineError::OutIsFile {
-            out: out.to_path_buf(),
-        });
-    }
+    checkpoint::make_out(out)?;
     // Before anything in the folder is read or removed: another run's
     // save in progress is not stale.
-    std::fs::create_dir_all(out).map_err(EngineError::io("create", out))?;
     let lock = FolderLock::acquire(out, "train")?;
     if checkpoint::holds_run(out) && !continuing && !spec.output.overwrite {
         return Err(EngineError::OutHoldsRun {
@@ -348,9 +343,12 @@ fn open_session(
     (init, reference, teacher): Adapters,
     (eval, choices): (bool, String),
 ) -> Result<(Session, String)> {
-    let fallback = match chose_cudnn(spec, &tc) {
-        true => Some(without_cudnn(spec, &tc, &backend, &model.config)?),
-        false => None,
+    let (fallback, line) = match chose_cudnn(spec, &tc) {
+        true => {
+            let (step, line) = without_cudnn(spec, &tc, &backend, &model.config)?;
+            (Some(step), Some(line))
+        }
+        false => (None, None),
     };
     let in_step = tc.loss.kind().reference() == Some(Reference::Adapter);
     let options = SessionOptions {
@@ -361,12 +359,12 @@ fn open_session(
         reference_adapter: reference.filter(|_| in_step),
         teacher,
         eval,
-        fallback: fallback.as_ref().map(|(step, _)| step.clone()),
+        fallback,
         ..SessionOptions::default()
     };
     let session = Session::new(backend, model, tc, options)?;
-    let choices = match (session.fell_back(), fallback) {
-        (Some(why), Some((_, line))) => format!(
+    let choices = match (session.fell_back(), line) {
+        (Some(why), Some(line)) => format!(
             "{line} (cuDNN's attention, chosen first, failed to compile: {})",
             why.lines().next().unwrap_or_default()
         ),

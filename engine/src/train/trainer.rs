@@ -399,7 +399,8 @@ impl<'a> Trainer<'a> {
                 hooks,
             )?;
         }
-        self.summary.saved_step = self.saved_step.filter(|_| self.options.out.is_some());
+        // (Set only where the run has an `out`.)
+        self.summary.saved_step = self.saved_step;
         self.summary.wall_s = self.started.elapsed().as_secs_f64();
         Ok(self.summary.clone())
     }

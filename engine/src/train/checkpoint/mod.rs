@@ -198,16 +198,21 @@ pub fn check_finite_one(name: &str, lit: &Literal, what: &str) -> Result<()> {
     }
 }
 
-/// Checks that `out` can receive a run before any work is done: it is (or
-/// can be made) a folder, and a file can be created and removed in it.
-/// Temporaries a killed run left there are removed.
-pub fn prepare_out(out: &Path) -> Result<()> {
+/// `out` as a folder: made where missing, refused when a file.
+pub fn make_out(out: &Path) -> Result<()> {
     if out.exists() && !out.is_dir() {
         return Err(EngineError::OutIsFile {
             out: out.to_path_buf(),
         });
     }
-    std::fs::create_dir_all(out).map_err(EngineError::io("create", out))?;
+    std::fs::create_dir_all(out).map_err(EngineError::io("create", out))
+}
+
+/// Checks that the folder `out` ([`make_out`]) can receive a run before
+/// any work is done: a file can be created and removed in it.
+/// Temporaries a killed run left there are removed (the caller holds
+/// the folder's lock, so none is another live run's).
+pub fn prepare_out(out: &Path) -> Result<()> {
     let probe = out.join(format!(".hlo-train-probe-{}", std::process::id()));
     std::fs::write(&probe, b"probe").map_err(EngineError::io("write to", out))?;
     std::fs::remove_file(&probe).map_err(EngineError::io("write to", out))?;
