@@ -134,6 +134,12 @@ pub struct PlanArgs {
     #[arg(long)]
     pub no_suggestions: bool,
 
+    /// How long plan may take in all, its search for settings that fit
+    /// included (a compile started in time may end after it); a setting
+    /// whose compile would end later is listed unplanned.
+    #[arg(long, value_name = "S", default_value_t = 60.0, value_parser = search_seconds)]
+    pub search_seconds: f64,
+
     /// Nodes the mesh's devices are spread over, as many on each (process
     /// p holding devices p·L to p·L+L-1, the mesh laid over them in
     /// row-major order): the communication table then says which axes
@@ -314,13 +320,17 @@ fn rollout_shape(args: &PlanArgs) -> Result<Option<RolloutShape>> {
     }))
 }
 
-/// How long `plan` takes at most, its search included (a compile started
-/// in time may end after it).
-const PLAN_SECONDS: f64 = 60.0;
+/// `--search-seconds`: a positive, finite number of seconds.
+fn search_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a positive number of seconds")),
+    }
+}
 
 /// The nearest settings that fit (none with `--no-suggestions`), each
 /// plan's outcome on stderr as it ends; the search spends what is left of
-/// [`PLAN_SECONDS`] since `started`.
+/// `--search-seconds` since `started`.
 fn search(r: &Report, to_plan: &StepToPlan, started: std::time::Instant) -> Result<Found> {
     if r.args.no_suggestions {
         return Ok(Found::default());
@@ -336,7 +346,8 @@ fn search(r: &Report, to_plan: &StepToPlan, started: std::time::Instant) -> Resu
             Tried::Planned(Ok(p)) => format!("{}, does not fit", gb(p.total_bytes)),
             Tried::Planned(Err(e)) => format!("cannot be planned: {e}"),
             Tried::OverBudget { expected_s } => format!(
-                "not planned: its compile (about {expected_s:.0}s) would end past plan's {PLAN_SECONDS:.0}s; plan it with these flags"
+                "not planned: its compile (about {expected_s:.0}s) would end past plan's {:.0}s (--search-seconds); plan it with these flags",
+                r.args.search_seconds
             ),
         };
         if let Tried::Planned(_) = tried {
@@ -348,7 +359,7 @@ fn search(r: &Report, to_plan: &StepToPlan, started: std::time::Instant) -> Resu
             t0.elapsed().as_secs_f64()
         );
     };
-    let budget = PLAN_SECONDS - started.elapsed().as_secs_f64();
+    let budget = r.args.search_seconds - started.elapsed().as_secs_f64();
     let found = nearest_fits(to_plan, &r.memory, r.capacity, budget, &mut progress)?;
     eprintln!(
         "planned {plans} settings in {:.1}s; {} more ruled out uncompiled (even their least memory would not fit)",

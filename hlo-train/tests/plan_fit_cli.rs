@@ -73,6 +73,24 @@ fn without_a_mesh_the_plan_is_for_one_device_of_the_target() {
         assert!(text.contains(want), "{want}: {text}");
     }
     assert!(!text.contains("Nearest settings"), "{text}");
+    // With no time left to search, the settings are named, not planned.
+    let out = run(&plan_args(
+        &[],
+        &["--device-memory", "0.003", "--search-seconds", "0.001"],
+    ));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("None of the nearby settings planned fits;")
+            && text.contains("were not planned for lack of time"),
+        "{text}"
+    );
+    let err = stderr(&out);
+    assert!(
+        err.contains("--remat layers: not planned: its compile")
+            && err.contains("would end past plan's 0s (--search-seconds)"),
+        "{err}"
+    );
     // Without --target: one device of the default target.
     let text = ok(&hlo_train(&["plan", "--batch", "8", "--seq", "32"]));
     assert!(
@@ -89,8 +107,18 @@ fn without_a_mesh_the_plan_is_for_one_device_of_the_target() {
 
 #[test]
 fn a_step_that_does_not_fit_exits_1_with_settings_that_fit() {
-    // 3.6 MB in 3 MB.
-    let out = run(&plan_args(&[], &["--device-memory", "0.003", "--json"]));
+    // 3.6 MB in 3 MB, with time to plan every setting however slow the
+    // machine (the default 60 s is a user's wait, not a test's).
+    let out = run(&plan_args(
+        &[],
+        &[
+            "--device-memory",
+            "0.003",
+            "--search-seconds",
+            "600",
+            "--json",
+        ],
+    ));
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert_eq!(v["fits"], false);
