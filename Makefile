@@ -6,10 +6,15 @@ PYTHON ?= python3
 # XLA's INFO logs are noise in test output; errors reach us through PJRT.
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 
-.PHONY: setup demo test lint build clean-plugins fuzz
+.PHONY: setup setup-targets demo test lint build clean-plugins fuzz
 
 setup:
 	@$(PYTHON) scripts/install_cpu_plugin.py
+
+# XLA's CUDA and ROCm compilers, for compiling GPU programs without a GPU
+# (.plugins/cuda, .plugins/rocm; once). Downloads about 380 MB the first time.
+setup-targets:
+	@$(PYTHON) scripts/install_gpu_compilers.py
 
 build:
 	$(CARGO) build --release --locked
@@ -43,7 +48,7 @@ demo: setup build
 # a run's event files through the `tensorboard` package (both installed
 # into .plugins/python once), then the Rust API example (a LoRA finetune
 # whose loss must fall).
-test: setup lint
+test: setup setup-targets lint
 	$(CARGO) test --workspace --locked
 	$(PYTHON) scripts/serve_openai_check.py target/debug/hlo-train
 	$(PYTHON) scripts/tensorboard_check.py target/debug/hlo-train

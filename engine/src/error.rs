@@ -86,6 +86,13 @@ pub enum EngineError {
         path: PathBuf,
         cause: std::io::Error,
     },
+    /// A compiled step's file that cannot be read, or that is not this
+    /// run's step.
+    #[error("{0}")]
+    Executable(String),
+    /// A GPU target its compiler cannot compile for as asked.
+    #[error("--target {target}: {why}")]
+    Target { target: String, why: String },
     /// The peak FLOP/s given for MFU is not a positive number.
     #[error("the peak TFLOP/s must be a positive number, got {0}")]
     PeakTflops(f64),

@@ -75,6 +75,14 @@ pub struct DumpHloArgs {
     /// choices).
     #[arg(long, value_enum)]
     pub target: Option<crate::plan::Target>,
+
+    /// Compile the program with --target's own XLA compiler (no GPU
+    /// needed: `make setup-targets` installs it) and write the HLO it
+    /// optimized (after fusion, remat and collectives), with a summary:
+    /// fusions by kind, library calls, collectives and their bytes, the
+    /// matmuls' output types, what XLA recomputed, memory per device.
+    #[arg(long, requires = "target")]
+    pub optimized: bool,
 }
 
 pub fn run(args: &DumpHloArgs) -> Result<()> {
@@ -92,9 +100,17 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
         None => hlo_engine::policy::Target::cpu(),
     };
     let choices = args.step.spec().policy(config, dtype, &mesh, &target)?;
-    let tc = args
+    let mut tc = args
         .step
         .train_config(&args.optim, config, dtype, (&mesh, &choices), 1000)?;
+    if args.optimized && tc.attention == hlo_engine::models::attention::AttentionKind::Cudnn {
+        // cuDNN's engines cannot be compiled without a GPU.
+        tc.attention = hlo_engine::plan::cudnn_stand_in(tc.seq);
+        eprintln!(
+            "cuDNN's attention compiled as {}: cuDNN cannot be compiled without a GPU",
+            hlo_engine::policy::attention_name(tc.attention)
+        );
+    }
     let step = match args.what {
         What::TrainStep => train_step(config, &tc)?,
         What::Forward => forward_step(
@@ -106,7 +122,7 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
             tc.scan_layers,
         )?,
     };
-    let sharded = if laid_out {
+    let sharded = if laid_out || args.optimized {
         ShardedStep::new(&step, &mesh, &partition_rules(config))?
     } else {
         ShardedStep::unsharded(&step)
@@ -115,6 +131,11 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
         What::TrainStep => "train_step",
         What::Forward => "forward",
     };
+    if let Some(target) = args.target.filter(|_| args.optimized) {
+        optimized(args, target, name, &sharded)?;
+        eprintln!("{}", choices.line());
+        return Ok(());
+    }
     match &args.out {
         None => {
             for (_, text) in texts(name, &sharded, args.format) {
@@ -143,6 +164,61 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
     }
     // Last, so that a failure stays one line.
     eprintln!("{}", choices.line());
+    Ok(())
+}
+
+/// `--optimized`: the program compiled by `target`'s XLA compiler, its
+/// optimized HLO written (to `--out`, else stdout) and summarized.
+fn optimized(
+    args: &DumpHloArgs,
+    target: crate::plan::Target,
+    name: &str,
+    step: &ShardedStep,
+) -> Result<()> {
+    let device = target.device();
+    let devices = step.mesh().size() as usize;
+    let compiler = hlo_engine::device::target::TargetCompiler::open(device, devices)?;
+    let options = hlo_engine::runtime::CompileOptions {
+        env_option_overrides: args.plugin.backend(args.mesh.as_ref()).xla_options,
+        ..Default::default()
+    };
+    let (compiled, text) = compiler.compile_optimized(step, &options)?;
+    let summary = hlo_engine::analysis::optimized::OptimizedSummary::of(&text);
+    let x = &compiled.xla;
+    let mut report = format!(
+        "{} compiled by {} in {:.1}s (without a device: nothing autotuned)\n",
+        name,
+        compiler.describe(),
+        compiled.compile_s
+    );
+    report.push_str(&summary.text());
+    report.push_str(&format!(
+        "memory per device: arguments {}, outputs {} ({} reuse donated arguments), temporaries {}, total {}{}\n",
+        crate::args::gb(x.argument_size_in_bytes.max(0) as u64),
+        crate::args::gb(x.output_size_in_bytes.max(0) as u64),
+        crate::args::gb(x.alias_size_in_bytes.max(0) as u64),
+        crate::args::gb(x.temp_size_in_bytes.max(0) as u64),
+        crate::args::gb(x.total_device_bytes().max(0) as u64),
+        match x.peak_memory_in_bytes {
+            p if p > 0 => format!(", XLA's peak {}", crate::args::gb(p as u64)),
+            _ => String::new(),
+        }
+    ));
+    match &args.out {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            let file = format!("{name}.{}.optimized.hlo.txt", device.target);
+            let path = dir.join(file);
+            write_atomic(&path, text.as_bytes())?;
+            eprintln!("wrote {}", path.display());
+            print!("{report}");
+        }
+        None => {
+            print!("{text}");
+            eprint!("{report}");
+        }
+    }
     Ok(())
 }
 

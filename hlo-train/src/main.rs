@@ -9,6 +9,7 @@
 
 mod args;
 mod bench;
+mod compile;
 mod console;
 mod data;
 mod devices;
@@ -84,6 +85,10 @@ pub(crate) enum Command {
     Bench(Box<bench::BenchArgs>),
     /// What the train step needs in each device's memory, and whether it fits.
     Plan(Box<plan::PlanArgs>),
+    /// Compile the train step `train` runs with the same flags, once, for
+    /// --target's devices (a GPU's own XLA compiler needs no GPU), into a
+    /// file `train --executable` loads instead of compiling.
+    Compile(Box<compile::CompileArgs>),
     /// Draw the train and eval loss of a metrics file as an SVG chart.
     Plot(plot::PlotArgs),
     /// Serve a model and many LoRA adapters over an OpenAI-compatible HTTP
@@ -193,6 +198,7 @@ fn main() -> ExitCode {
         Command::Devices(a) => a.plugin.check_launch("devices"),
         Command::DumpHlo(a) => a.plugin.check_launch("dump-hlo"),
         Command::Train(a) => a.plugin.check_launch("train"),
+        Command::Compile(a) => a.train.plugin.check_launch("compile"),
         Command::Generate(a) => a.plugin.check_launch("generate"),
         Command::Eval(a) => a.plugin.check_launch("eval"),
         Command::Score(a) => a.plugin.check_launch("score"),
@@ -218,6 +224,7 @@ fn main() -> ExitCode {
         Command::Data(args) => data::run(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Train(args) => train::run(*args, &given_flags(&matches, "train"), &argv),
+        Command::Compile(args) => compile::run(&args, &given_flags(&matches, "compile")),
         Command::Merge(args) => merge::run(&args),
         Command::Export(args) => export::run(&args),
         Command::Init(args) => init::run(&args),

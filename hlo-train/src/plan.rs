@@ -13,7 +13,7 @@ use hlo_engine::models::preference::Reference;
 use hlo_engine::models::train::TrainConfig;
 use hlo_engine::partitioner::{draw_sharding, Mesh};
 use hlo_engine::plan::{
-    compute_estimate, layout_groups, nearest_fits, Change, ComputeEstimate, Fit, Found,
+    compute_estimate, layout_groups, nearest_fits, Change, CompiledBy, ComputeEstimate, Fit, Found,
     LayoutGroup, MemoryPlan, RolloutShape, StepToPlan, Throughput, Tried,
 };
 use hlo_engine::{BackendOptions, Model, Objective};
@@ -26,9 +26,13 @@ use crate::args::{gb, DtypeArgs, ModelArgs, OptimArgs, StepArgs};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Target {
     Mi300x,
+    Mi325x,
     Mi250,
+    /// One GCD of an MI250X (XLA's device: half the card).
+    Mi250x,
     H100,
     H200,
+    B200,
     A100,
     // A 24 GB consumer card (GeForce RTX 4090).
     Rtx4090,
@@ -40,9 +44,12 @@ impl Target {
     pub fn device(self) -> &'static Device {
         match self {
             Target::Mi300x => Kind::Mi300x,
+            Target::Mi325x => Kind::Mi325x,
             Target::Mi250 => Kind::Mi250Gcd,
+            Target::Mi250x => Kind::Mi250xGcd,
             Target::H100 => Kind::H100,
             Target::H200 => Kind::H200,
+            Target::B200 => Kind::B200,
             Target::A100 => Kind::A100,
             Target::Rtx4090 => Kind::Rtx4090,
             Target::Cpu => Kind::Host,
@@ -228,10 +235,11 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
             None => None,
         },
         target,
+        compile_for: device.gpu_target_config().map(|_| device),
     };
+    let (to_plan, step, memory, rechosen) = to_plan.plan_chosen()?;
     let tc = to_plan.train_config()?;
     let choices = to_plan.policy()?;
-    let (step, memory) = to_plan.plan_step()?;
     let report = Report {
         model: &model,
         comm: StepCommunication::new(config, &tc, &mesh, nodes, device.links()),
@@ -248,6 +256,8 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
         capacity,
         target: args.target,
         choices: choices.line(),
+        estimate_bytes: choices.memory.map(|m| m.total()),
+        rechosen,
         args,
     };
     let fits = report.fits();
@@ -461,6 +471,11 @@ struct Report<'a> {
     layouts: Vec<LayoutGroup>,
     /// The step's `auto` choices and why.
     choices: String,
+    /// The policy's estimate of the step's bytes (None on the CPU).
+    estimate_bytes: Option<u64>,
+    /// Why the form planned is not the policy's first (the target's
+    /// compiler found that one too large).
+    rechosen: Option<String>,
     args: &'a PlanArgs,
 }
 
@@ -569,6 +584,43 @@ struct Summary {
     device_memory_given: bool,
     fits: bool,
     compile_s: f64,
+    /// Whose figures decided the fit: XLA's compiler for the target GPU,
+    /// or the CPU plugin's compile standing in for it.
+    compiled_by: CompiledBySummary,
+    /// The step policy's estimate of the step's bytes a device (GPU
+    /// targets), beside XLA's.
+    policy_estimate_bytes: Option<u64>,
+    /// Why the form planned is not the policy's first choice.
+    rechosen: Option<String>,
+}
+
+/// Which compiler's figures a plan trusts.
+#[derive(Serialize)]
+struct CompiledBySummary {
+    /// `XLA's CUDA compiler for one H100`, or `the CPU plugin`.
+    compiler: String,
+    /// True: the target's own compiler, without a device (so nothing was
+    /// autotuned).
+    target_compiler: bool,
+    /// Why the target's compiler did not compile it (not installed).
+    fallback: Option<String>,
+}
+
+impl CompiledBySummary {
+    fn of(by: &CompiledBy) -> CompiledBySummary {
+        match by {
+            CompiledBy::Target { compiler } => CompiledBySummary {
+                compiler: compiler.clone(),
+                target_compiler: true,
+                fallback: None,
+            },
+            CompiledBy::Cpu { why } => CompiledBySummary {
+                compiler: "the CPU plugin".into(),
+                target_compiler: false,
+                fallback: why.clone(),
+            },
+        }
+    }
 }
 
 /// How a step has its reference model's log-probabilities.
@@ -689,6 +741,9 @@ impl Summary {
             device_memory_given: r.args.device_memory.is_some(),
             fits: r.fits(),
             compile_s: p.compile_s,
+            compiled_by: CompiledBySummary::of(&p.compiled_by),
+            policy_estimate_bytes: r.estimate_bytes,
+            rechosen: r.rechosen.clone(),
         }
     }
 
@@ -730,8 +785,12 @@ fn layout_json(g: &LayoutGroup) -> Value {
 fn print_choices(r: &Report) {
     println!("{}", r.choices);
     if r.tc.attention == AttentionKind::Cudnn {
+        let why = match r.memory.compiled_by {
+            CompiledBy::Target { .. } => "cuDNN's engines cannot be compiled without a GPU",
+            CompiledBy::Cpu { .. } => "the CPU plugin that compiles the plan has no cuDNN",
+        };
         println!(
-            "  (cuDNN's attention planned as {}, which keeps as little: the CPU plugin that compiles the plan has no cuDNN)",
+            "  (cuDNN's attention planned as {}, which keeps as little: {why})",
             hlo_engine::policy::attention_name(hlo_engine::plan::cudnn_stand_in(r.tc.seq))
         );
     }
@@ -750,18 +809,50 @@ fn print_text(r: &Report) {
         );
     }
     print_memory(&summary, r.target);
-    println!(
-        "compiled for {} in {:.1}s",
-        match r.mesh.size() {
-            1 => "1 CPU device".to_string(),
-            n => format!("{n} virtual CPU devices"),
-        },
-        summary.compile_s
-    );
+    print_compiled_by(&summary, r);
     print_communication(r);
     print_throughput(r);
     for g in &r.layouts {
         print_layout(&r.mesh, g);
+    }
+}
+
+/// Which compiler's figures the fit was decided by, the policy's estimate
+/// beside them, and what to install for the target's own.
+fn print_compiled_by(s: &Summary, r: &Report) {
+    let by = &s.compiled_by;
+    if by.target_compiler {
+        println!(
+            "compiled by {} in {:.1}s, without a device (nothing autotuned): the fit is decided by XLA's own figure for the {}",
+            by.compiler, s.compile_s, r.target
+        );
+    } else {
+        println!(
+            "compiled for {} in {:.1}s",
+            match r.mesh.size() {
+                1 => "1 CPU device".to_string(),
+                n => format!("{n} virtual CPU devices"),
+            },
+            s.compile_s
+        );
+        if let Some(why) = &by.fallback {
+            println!(
+                "  the fit is decided by the CPU compile standing in for the {} ({why}); its own compiler gives its own figure",
+                r.target
+            );
+        }
+    }
+    if let Some(e) = s.policy_estimate_bytes {
+        let xla = s.per_device.total_bytes as f64;
+        println!(
+            "  the step policy estimated {} ({:+.0}% from XLA's {})",
+            gb(e),
+            (e as f64 - xla) / xla.max(1.0) * 100.0,
+            gb(s.per_device.total_bytes)
+        );
+    }
+    if let Some(why) = &s.rechosen {
+        println!("  {why}");
     }
 }
 

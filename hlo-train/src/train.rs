@@ -164,6 +164,13 @@ pub struct TrainArgs {
     #[arg(long)]
     pub overwrite: bool,
 
+    /// Load the train step `hlo-train compile` wrote (with the same step
+    /// flags, for these devices) instead of compiling it; refused in one
+    /// line unless it is this run's step, for these devices, by this
+    /// plugin build.
+    #[arg(long, value_name = "FILE")]
+    pub executable: Option<PathBuf>,
+
     /// Also save every N steps (needs --out).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
     pub save_every: i64,
@@ -234,7 +241,7 @@ impl TrainArgs {
 
 /// The engine's run of these flags; `given` (clap ids) are the settings
 /// the command line chose, which a resumed run must agree with.
-fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
+pub(crate) fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
     let quantize = args.quantize.nf4();
     RunSpec {
         model: args.model.source(),
@@ -280,6 +287,8 @@ fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
         trace_values: args.trace_values.clone(),
         peak_tflops: args.peak_tflops,
         chosen: Chosen::Only(given.iter().map(|id| id.replace('_', "-")).collect()),
+        executable: args.executable.clone(),
+        compile_for: None,
     }
 }
 

@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 
-const COMMANDS: [&str; 15] = [
+const COMMANDS: [&str; 16] = [
     "train",
     "data",
     "data prepare",
@@ -22,6 +22,7 @@ const COMMANDS: [&str; 15] = [
     "score",
     "bench",
     "plan",
+    "compile",
     "plot",
     "dump-hlo",
     "devices",

@@ -139,55 +139,8 @@ impl Client {
         kv: Option<Arc<KvClient>>,
     ) -> Result<Client> {
         let api = plugin.api.clone();
-        // The named values point into `names`/`strings`, which outlive the call.
-        let names: Vec<&str> = options.options.iter().map(|(k, _)| k.as_str()).collect();
-        let values: Vec<ffi::PJRT_NamedValue> = options
-            .options
-            .iter()
-            .zip(&names)
-            .map(|((_, v), name)| {
-                let (type_, value, value_size) = match v {
-                    OptionValue::Int64(i) => (
-                        ffi::PJRT_NamedValue_kInt64,
-                        ffi::PJRT_NamedValue_Value { int64_value: *i },
-                        1,
-                    ),
-                    OptionValue::Bool(b) => (
-                        ffi::PJRT_NamedValue_kBool,
-                        ffi::PJRT_NamedValue_Value { bool_value: *b },
-                        1,
-                    ),
-                    OptionValue::Float(x) => (
-                        ffi::PJRT_NamedValue_kFloat,
-                        ffi::PJRT_NamedValue_Value { float_value: *x },
-                        1,
-                    ),
-                    OptionValue::String(s) => (
-                        ffi::PJRT_NamedValue_kString,
-                        ffi::PJRT_NamedValue_Value {
-                            string_value: s.as_ptr() as *const c_char,
-                        },
-                        s.len(),
-                    ),
-                    OptionValue::Int64List(v) => (
-                        ffi::PJRT_NamedValue_kInt64List,
-                        ffi::PJRT_NamedValue_Value {
-                            int64_array_value: v.as_ptr(),
-                        },
-                        v.len(),
-                    ),
-                };
-                ffi::PJRT_NamedValue {
-                    struct_size: std::mem::size_of::<ffi::PJRT_NamedValue>(),
-                    extension_start: std::ptr::null_mut(),
-                    name: name.as_ptr() as *const c_char,
-                    name_size: name.len(),
-                    type_,
-                    value,
-                    value_size,
-                }
-            })
-            .collect();
+        // The named values point into `options`, which outlives the call.
+        let values = named_values(&options.options);
         let mut a = ffi::PJRT_Client_Create_Args::new();
         a.create_options = values.as_ptr();
         a.num_options = values.len();
@@ -338,19 +291,9 @@ impl Client {
     /// client's XLA options, [`Client::with_xla_options`]).
     pub fn compile(&self, mlir: &str, options: &CompileOptions) -> Result<LoadedExecutable> {
         let options = &*self.effective_options(options);
-        if options.num_replicas != 1 || options.num_partitions < 1 {
-            // XLA CHECK-fails (kills the process) on some of these; refuse first.
-            return Err(Error::InvalidArgument(format!(
-                "compile options need num_replicas = 1 and num_partitions >= 1, got {} and {}",
-                options.num_replicas, options.num_partitions
-            )));
-        }
-        // A value XLA would abort on, however the options were made (the
-        // command line checks them as it reads them).
-        for (key, value) in &options.env_option_overrides {
-            crate::compile_options::check_xla_value(key, value)
-                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-        }
+        // XLA CHECK-fails (kills the process) on some options; refuse
+        // them first, however they were made.
+        crate::compile_options::check_before_compile(options)?;
         if let Some(ids) = &options.device_assignment {
             // Every process compiles the same assignment over all devices;
             // an id the client does not know would be a CHECK failure.
@@ -380,12 +323,7 @@ impl Client {
                 devices.len()
             )));
         }
-        let format = "mlir";
-        let mut program = ffi::PJRT_Program::new();
-        program.code = mlir.as_ptr() as *const c_char;
-        program.code_size = mlir.len();
-        program.format = format.as_ptr() as *const c_char;
-        program.format_size = format.len();
+        let program = ffi::PJRT_Program::mlir(mlir);
         let encoded = options.encode();
         let mut a = ffi::PJRT_Client_Compile_Args::new();
         a.client = self.inner.raw;
@@ -583,4 +521,54 @@ impl Device {
             bytes_limit: a.bytes_limit_is_set.then_some(a.bytes_limit),
         })
     }
+}
+
+/// `options` as PJRT named values, pointing into `options` (which must
+/// outlive their use).
+pub(crate) fn named_values(options: &[(String, OptionValue)]) -> Vec<ffi::PJRT_NamedValue> {
+    options
+        .iter()
+        .map(|(name, v)| {
+            let (type_, value, value_size) = match v {
+                OptionValue::Int64(i) => (
+                    ffi::PJRT_NamedValue_kInt64,
+                    ffi::PJRT_NamedValue_Value { int64_value: *i },
+                    1,
+                ),
+                OptionValue::Bool(b) => (
+                    ffi::PJRT_NamedValue_kBool,
+                    ffi::PJRT_NamedValue_Value { bool_value: *b },
+                    1,
+                ),
+                OptionValue::Float(x) => (
+                    ffi::PJRT_NamedValue_kFloat,
+                    ffi::PJRT_NamedValue_Value { float_value: *x },
+                    1,
+                ),
+                OptionValue::String(s) => (
+                    ffi::PJRT_NamedValue_kString,
+                    ffi::PJRT_NamedValue_Value {
+                        string_value: s.as_ptr() as *const c_char,
+                    },
+                    s.len(),
+                ),
+                OptionValue::Int64List(v) => (
+                    ffi::PJRT_NamedValue_kInt64List,
+                    ffi::PJRT_NamedValue_Value {
+                        int64_array_value: v.as_ptr(),
+                    },
+                    v.len(),
+                ),
+            };
+            ffi::PJRT_NamedValue {
+                struct_size: std::mem::size_of::<ffi::PJRT_NamedValue>(),
+                extension_start: std::ptr::null_mut(),
+                name: name.as_ptr() as *const c_char,
+                name_size: name.len(),
+                type_,
+                value,
+                value_size,
+            }
+        })
+        .collect()
 }

@@ -226,6 +226,21 @@ pub fn parse_xla_option(text: &str) -> Result<(String, XlaOption), XlaOptionErro
     Ok((key.to_string(), value))
 }
 
+/// Refuses options XLA would CHECK-fail on (killing the process): other
+/// than one replica, no partition, or a value it aborts on.
+pub(crate) fn check_before_compile(options: &CompileOptions) -> Result<(), crate::Error> {
+    if options.num_replicas != 1 || options.num_partitions < 1 {
+        return Err(crate::Error::InvalidArgument(format!(
+            "compile options need num_replicas = 1 and num_partitions >= 1, got {} and {}",
+            options.num_replicas, options.num_partitions
+        )));
+    }
+    for (key, value) in &options.env_option_overrides {
+        check_xla_value(key, value).map_err(|e| crate::Error::InvalidArgument(e.to_string()))?;
+    }
+    Ok(())
+}
+
 /// What we tell the compiler about the program's devices and partitioning.
 ///
 /// ```

@@ -47,9 +47,9 @@ impl PluginKind {
         match self {
             PluginKind::Cpu => "virtual devices come from the `cpu_device_count` create option",
             PluginKind::Cuda => {
-                "needs the NVIDIA libraries of the JAX CUDA wheels (found next to the plugin); \
-                 set XLA_FLAGS=--xla_gpu_cuda_data_dir=DIR before loading if ptxas/libdevice \
-                 are elsewhere"
+                "compiling needs ptxas and libdevice: XLA looks beside the plugin (cuda/bin, \
+                 cuda/nvvm/libdevice) and in the CUDA wheels; set XLA_FLAGS=--xla_gpu_cuda_data_dir=DIR \
+                 if they are elsewhere"
             }
             PluginKind::Rocm => "load from the main thread; ROCm initialises per-thread state",
         }
@@ -129,6 +129,83 @@ impl PluginSpec {
             }),
         }
     }
+}
+
+/// Where `make setup-targets` installs XLA's GPU compilers (the official
+/// CUDA and ROCm plugins), inside the project folder.
+pub const CUDA_COMPILER_RELATIVE: &str = ".plugins/cuda/xla_cuda_plugin.so";
+pub const ROCM_COMPILER_RELATIVE: &str = ".plugins/rocm/xla_rocm_plugin.so";
+
+/// An installed GPU compiler: the plugin and the libraries to load before
+/// it (ROCm's stand-ins for the runtime libraries it links against, which
+/// compiling never calls; none for CUDA).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompilerInstall {
+    pub plugin: PathBuf,
+    pub preload: Vec<PathBuf>,
+}
+
+/// The GPU compiler for `kind` (CUDA or ROCm) that `make setup-targets`
+/// installed, or what to run to install it.
+pub fn find_target_compiler(kind: PluginKind) -> Result<CompilerInstall> {
+    let relative = match kind {
+        PluginKind::Cuda => CUDA_COMPILER_RELATIVE,
+        PluginKind::Rocm => ROCM_COMPILER_RELATIVE,
+        PluginKind::Cpu => {
+            return Err(Error::PluginDiscovery(
+                "the CPU plugin compiles for the CPU only; targets are CUDA or ROCm GPUs".into(),
+            ))
+        }
+    };
+    // `$HLO_TRAIN_COMPILERS` names the one folder holding `cuda/` and
+    // `rocm/` (compilers kept elsewhere); else the project folder's
+    // `.plugins/`.
+    let plugin = match std::env::var_os("HLO_TRAIN_COMPILERS") {
+        Some(dir) => {
+            let under = Path::new(relative)
+                .strip_prefix(".plugins")
+                .unwrap_or(Path::new(relative));
+            vec![PathBuf::from(dir).join(under)]
+        }
+        None => project_roots()
+            .into_iter()
+            .map(|r| r.join(relative))
+            .collect(),
+    }
+    .into_iter()
+    .find(|p| p.is_file())
+    .ok_or_else(|| {
+        Error::PluginDiscovery(format!(
+            "XLA's {kind:?} compiler is not installed ({relative} not found in the project \
+             folder or $HLO_TRAIN_COMPILERS); run `make setup-targets`"
+        ))
+    })?;
+    let stubs = plugin.with_file_name("stubs");
+    let order = stubs.join("LOAD_ORDER");
+    let preload = match kind {
+        PluginKind::Rocm => {
+            let text = std::fs::read_to_string(&order).map_err(|e| {
+                Error::PluginDiscovery(format!(
+                    "the ROCm compiler's stand-in libraries are missing ({}: {e}); run \
+                     `make setup-targets`",
+                    order.display()
+                ))
+            })?;
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(|l| stubs.join(l))
+                .collect()
+        }
+        _ => Vec::new(),
+    };
+    if let Some(missing) = preload.iter().find(|p| !p.is_file()) {
+        return Err(Error::PluginDiscovery(format!(
+            "{} is missing; run `make setup-targets`",
+            missing.display()
+        )));
+    }
+    Ok(CompilerInstall { plugin, preload })
 }
 
 /// Folders that may hold `.plugins/`, most specific first.

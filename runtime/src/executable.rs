@@ -167,22 +167,14 @@ impl LoadedExecutable {
     /// Per-device memory the compiler planned for this program.
     pub fn compiled_memory_stats(&self) -> Result<CompiledMemoryStats> {
         let exe = self.executable()?;
-        let mut a = ffi::PJRT_Executable_GetCompiledMemoryStats_Args::new();
-        a.executable = exe.raw;
-        // SAFETY: matching args.
-        unsafe {
-            self.client
-                .api
-                .call(Slot::PJRT_Executable_GetCompiledMemoryStats, &mut a)?
-        };
-        Ok(CompiledMemoryStats {
-            generated_code_size_in_bytes: a.generated_code_size_in_bytes,
-            argument_size_in_bytes: a.argument_size_in_bytes,
-            output_size_in_bytes: a.output_size_in_bytes,
-            alias_size_in_bytes: a.alias_size_in_bytes,
-            temp_size_in_bytes: a.temp_size_in_bytes,
-            peak_memory_in_bytes: a.peak_memory_in_bytes,
-        })
+        memory_stats_of(&self.client.api, exe.raw)
+    }
+
+    /// The plugin's serialization of this program, for
+    /// [`Client::load_serialized`] by a client of the same plugin.
+    pub fn serialize(&self) -> Result<Vec<u8>> {
+        let exe = self.executable()?;
+        crate::topology::serialize_executable(&self.client.api, exe.raw)
     }
 
     /// Runs the program. `args[d]` are the arguments for `self.devices()[d]`
@@ -302,4 +294,23 @@ impl LoadedExecutable {
         }
         Ok(())
     }
+}
+
+/// `PJRT_Executable_GetCompiledMemoryStats` of `raw`.
+pub(crate) fn memory_stats_of(
+    api: &crate::plugin::Api,
+    raw: *mut ffi::PJRT_Executable,
+) -> Result<CompiledMemoryStats> {
+    let mut a = ffi::PJRT_Executable_GetCompiledMemoryStats_Args::new();
+    a.executable = raw;
+    // SAFETY: matching args.
+    unsafe { api.call(Slot::PJRT_Executable_GetCompiledMemoryStats, &mut a)? };
+    Ok(CompiledMemoryStats {
+        generated_code_size_in_bytes: a.generated_code_size_in_bytes,
+        argument_size_in_bytes: a.argument_size_in_bytes,
+        output_size_in_bytes: a.output_size_in_bytes,
+        alias_size_in_bytes: a.alias_size_in_bytes,
+        temp_size_in_bytes: a.temp_size_in_bytes,
+        peak_memory_in_bytes: a.peak_memory_in_bytes,
+    })
 }

@@ -46,6 +46,14 @@ pub struct PJRT_Executable {
     _private: [u8; 0],
 }
 #[repr(C)]
+pub struct PJRT_TopologyDescription {
+    _private: [u8; 0],
+}
+#[repr(C)]
+pub struct PJRT_SerializedExecutable {
+    _private: [u8; 0],
+}
+#[repr(C)]
 pub struct PJRT_LoadedExecutable {
     _private: [u8; 0],
 }
@@ -111,10 +119,12 @@ pub enum Slot {
     PJRT_Executable_NumPartitions = 43,
     PJRT_Executable_NumOutputs = 44,
     PJRT_Executable_OptimizedProgram = 48,
+    PJRT_Executable_Serialize = 49,
     PJRT_LoadedExecutable_Destroy = 50,
     PJRT_LoadedExecutable_GetExecutable = 51,
     PJRT_LoadedExecutable_AddressableDevices = 52,
     PJRT_LoadedExecutable_Execute = 55,
+    PJRT_Executable_DeserializeAndLoad = 56,
     PJRT_Buffer_Destroy = 58,
     PJRT_Buffer_ElementType = 59,
     PJRT_Buffer_Dimensions = 60,
@@ -124,6 +134,12 @@ pub enum Slot {
     PJRT_Buffer_IsDeleted = 68,
     PJRT_Buffer_ToHostBuffer = 70,
     PJRT_Buffer_ReadyEvent = 72,
+    PJRT_TopologyDescription_Create = 82,
+    PJRT_TopologyDescription_Destroy = 83,
+    PJRT_TopologyDescription_PlatformName = 84,
+    PJRT_TopologyDescription_PlatformVersion = 85,
+    PJRT_TopologyDescription_GetDeviceDescriptions = 86,
+    PJRT_Compile = 89,
     PJRT_Executable_OutputElementTypes = 90,
     PJRT_Executable_OutputDimensions = 91,
     PJRT_Executable_Fingerprint = 94,
@@ -476,6 +492,54 @@ pjrt_args! {
         indefinite_allocations: i64,
         peak_unpadded_heap_bytes: i64,
     }
+    PJRT_Executable_Serialize_Args(56) {
+        executable: *const PJRT_Executable,
+        serialized_bytes: *const c_char,
+        serialized_bytes_size: usize,
+        serialized_executable: *mut PJRT_SerializedExecutable,
+        serialized_executable_deleter: Option<unsafe extern "C" fn(*mut PJRT_SerializedExecutable)>,
+    }
+    PJRT_Executable_DeserializeAndLoad_Args(64) {
+        client: *mut PJRT_Client,
+        serialized_executable: *const c_char,
+        serialized_executable_size: usize,
+        loaded_executable: *mut PJRT_LoadedExecutable,
+        // Null: the options the program was compiled with.
+        overridden_serialized_compile_options: *const c_char,
+        overridden_serialized_compile_options_size: usize,
+    }
+    PJRT_TopologyDescription_Create_Args(56) {
+        topology_name: *const c_char,
+        topology_name_size: usize,
+        create_options: *const PJRT_NamedValue,
+        num_options: usize,
+        topology: *mut PJRT_TopologyDescription,
+    }
+    PJRT_TopologyDescription_Destroy_Args(24) { topology: *mut PJRT_TopologyDescription }
+    PJRT_TopologyDescription_PlatformName_Args(40) {
+        topology: *mut PJRT_TopologyDescription,
+        platform_name: *const c_char,
+        platform_name_size: usize,
+    }
+    PJRT_TopologyDescription_PlatformVersion_Args(40) {
+        topology: *mut PJRT_TopologyDescription,
+        platform_version: *const c_char,
+        platform_version_size: usize,
+    }
+    PJRT_TopologyDescription_GetDeviceDescriptions_Args(40) {
+        topology: *mut PJRT_TopologyDescription,
+        descriptions: *const *mut PJRT_DeviceDescription,
+        num_descriptions: usize,
+    }
+    /// `PJRT_Compile`: compiles for a topology, no client needed.
+    PJRT_Compile_Args(64) {
+        topology: *const PJRT_TopologyDescription,
+        program: *const PJRT_Program,
+        compile_options: *const c_char,
+        compile_options_size: usize,
+        client: *mut PJRT_Client,
+        executable: *mut PJRT_Executable,
+    }
     PJRT_LoadedExecutable_Destroy_Args(24) { executable: *mut PJRT_LoadedExecutable }
     PJRT_LoadedExecutable_GetExecutable_Args(32) {
         loaded_executable: *mut PJRT_LoadedExecutable,
@@ -536,6 +600,20 @@ pjrt_args! {
         event: *mut PJRT_Event,
     }
     PJRT_Buffer_ReadyEvent_Args(32) { buffer: *mut PJRT_Buffer, event: *mut PJRT_Event }
+}
+
+impl PJRT_Program {
+    /// StableHLO text as a program (borrowing `mlir`, which must outlive
+    /// the call it is passed to).
+    pub fn mlir(mlir: &str) -> PJRT_Program {
+        const FORMAT: &str = "mlir";
+        let mut program = PJRT_Program::new();
+        program.code = mlir.as_ptr() as *const c_char;
+        program.code_size = mlir.len();
+        program.format = FORMAT.as_ptr() as *const c_char;
+        program.format_size = FORMAT.len();
+        program
+    }
 }
 
 /// `PJRT_Api* GetPjrtApi(void)`, the one symbol a plugin exports.

@@ -24,6 +24,9 @@ type CacheEntry = (String, CompileOptions, Arc<LoadedExecutable>);
 pub(crate) struct CompileCache {
     entries: Mutex<Lru<u64, Vec<CacheEntry>>>,
     hits: std::sync::atomic::AtomicUsize,
+    /// Executables compiled elsewhere, by the fingerprint of the program
+    /// text they were compiled from ([`Client::preload`]).
+    preloaded: Mutex<HashMap<u64, Arc<LoadedExecutable>>>,
 }
 
 /// Programs a client keeps compiled: far more than one run uses (a train
@@ -36,6 +39,7 @@ impl Default for CompileCache {
         CompileCache {
             entries: Mutex::new(Lru::new(COMPILE_CACHE_CAPACITY)),
             hits: Default::default(),
+            preloaded: Default::default(),
         }
     }
 }
@@ -64,7 +68,15 @@ impl Client {
                 }
             }
         }
-        let exe = Arc::new(self.compile(mlir, options)?);
+        let preloaded = cache
+            .preloaded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&program_fingerprint(mlir));
+        let exe = match preloaded {
+            Some(exe) => exe,
+            None => Arc::new(self.compile(mlir, options)?),
+        };
         let mut entries = cache.entries.lock().unwrap_or_else(|p| p.into_inner());
         let entry = (mlir.to_string(), options.clone(), exe.clone());
         match entries.get(&key) {
@@ -72,6 +84,18 @@ impl Client {
             None => entries.insert(key, vec![entry]),
         }
         Ok(exe)
+    }
+
+    /// Takes `exe` (compiled elsewhere, loaded: [`Client::load_serialized`])
+    /// as the program whose text has fingerprint `program`
+    /// ([`program_fingerprint`]): the next compile of that text uses it
+    /// instead of compiling. The caller checks that it is that program.
+    pub fn preload(&self, program: u64, exe: LoadedExecutable) {
+        self.cache
+            .preloaded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(program, Arc::new(exe));
     }
 
     /// (programs compiled and cached, cache hits) so far.
@@ -86,6 +110,11 @@ impl Client {
             .sum();
         (n, cache.hits.load(std::sync::atomic::Ordering::Relaxed))
     }
+}
+
+/// The fingerprint of a program's text, as [`Client::preload`] keys it.
+pub fn program_fingerprint(mlir: &str) -> u64 {
+    fingerprint(&[mlir.as_bytes()])
 }
 
 /// Checks that `types` are exactly `f`'s input types, in number and

@@ -49,20 +49,25 @@ mod plugin;
 mod program;
 mod sharded;
 mod signature;
+mod topology;
 
 pub use buffer::{Buffer, ReadyTime};
 pub use client::{Client, ClientOptions, Device, DeviceMemoryStats, OptionValue};
 pub use compile_options::{
     check_xla_key, check_xla_value, parse_xla_option, CompileOptions, XlaOption, XlaOptionError,
 };
-pub use discovery::{find_jax_plugin, PluginKind, PluginSpec, CPU_PLUGIN_RELATIVE};
+pub use discovery::{
+    find_jax_plugin, find_target_compiler, CompilerInstall, PluginKind, PluginSpec,
+    CPU_PLUGIN_RELATIVE, CUDA_COMPILER_RELATIVE, ROCM_COMPILER_RELATIVE,
+};
 pub use eager::{Eager, EagerStats, Observer, EAGER_CACHE_CAPACITY};
 pub use error::{Error, ErrorCode, Result};
 pub use executable::{CompiledMemoryStats, LoadedExecutable};
 pub use host::{element_count, Element, HostArray};
-pub use jit::{CompiledFunction, Jit, COMPILE_CACHE_CAPACITY};
+pub use jit::{program_fingerprint, CompiledFunction, Jit, COMPILE_CACHE_CAPACITY};
 pub use lru::Lru;
 pub use plugin::{AttrValue, Plugin, MIN_API_VERSION};
 pub use program::{Mode, Program};
 pub use sharded::{blocks_to_write, copy_overlap, rows_held, DeviceArray, ShardedFunction};
 pub use signature::{main_parameters, ParamType};
+pub use topology::{CompiledForTarget, Topology};

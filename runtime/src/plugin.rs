@@ -293,6 +293,26 @@ impl Plugin {
         Ok(plugin)
     }
 
+    /// Loads `libraries` into the process's global namespace, in order,
+    /// then the plugin at `path` ([`Plugin::load`]): the libraries answer
+    /// the plugin's own dependencies by their sonames.
+    pub fn load_after(path: impl AsRef<Path>, libraries: &[PathBuf]) -> Result<Plugin> {
+        for lib in libraries {
+            let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL;
+            // SAFETY: the libraries are plain C libraries whose initialisers
+            // do nothing; they stay loaded for the process's life.
+            let l =
+                unsafe { libloading::os::unix::Library::open(Some(lib), flags) }.map_err(|e| {
+                    Error::NotAPlugin {
+                        path: path.as_ref().to_path_buf(),
+                        reason: format!("its dependency {} did not load: {e}", lib.display()),
+                    }
+                })?;
+            std::mem::forget(l);
+        }
+        Self::load(path)
+    }
+
     fn load_uncached(path: &Path) -> Result<Plugin> {
         let not_a_plugin = |reason: String| Error::NotAPlugin {
             path: path.to_path_buf(),

@@ -153,6 +153,14 @@ impl Program {
         }
     }
 
+    /// The plugin's serialization of the compiled program (JIT only).
+    pub fn serialize(&self) -> Result<Option<Vec<u8>>> {
+        match &self.executor {
+            Executor::Jit(exe) => Ok(Some(exe.executable().serialize()?)),
+            Executor::Eager(_) => Ok(None),
+        }
+    }
+
     /// The eager executor's counts (eager only).
     pub fn eager_stats(&self) -> Option<EagerStats> {
         match &self.executor {

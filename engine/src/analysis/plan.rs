@@ -22,6 +22,7 @@ use hlo_runtime::{CompiledMemoryStats, Mode, PluginSpec};
 use crate::analysis::hardware::Device;
 use crate::device::backend::Backend;
 use crate::device::pipeline::ShardedStep;
+use crate::device::target::TargetCompiler;
 use crate::error::Result;
 use crate::infer::generator::{cache_bucket, cache_spec, prompt_bucket};
 use crate::inputs::model::quantized_config;
@@ -137,11 +138,23 @@ pub struct MemoryPlan {
     pub xla: CompiledMemoryStats,
     /// Arguments + outputs − aliased + temporaries.
     pub total_bytes: u64,
-    /// Seconds XLA took to compile the step on the CPU.
+    /// Seconds XLA took to compile the step.
     pub compile_s: f64,
+    /// Which compiler's figures these are.
+    pub compiled_by: CompiledBy,
     /// GRPO: what generating the rollouts holds, beside the state; the
     /// total is then the larger of the step's and the rollouts'.
     pub rollout: Option<RolloutMemory>,
+}
+
+/// Which compiler gave a plan's figures.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CompiledBy {
+    /// The CPU plugin, with as many virtual devices as the mesh; `why`
+    /// the target's own compiler did not (None: none was asked for).
+    Cpu { why: Option<String> },
+    /// XLA's compiler for the target GPU ([`TargetCompiler::describe`]).
+    Target { compiler: String },
 }
 
 /// GRPO's rollouts as a plan sees them: each step generates `--batch`
@@ -181,6 +194,7 @@ pub fn plan(
     config: &ModelConfig,
     tc: &TrainConfig,
     mesh: &Mesh,
+    compile_for: Option<&'static Device>,
 ) -> Result<(ShardedStep, MemoryPlan)> {
     let mut tc = tc.clone();
     if tc.attention == AttentionKind::Cudnn {
@@ -214,13 +228,7 @@ pub fn plan(
             _ => {}
         }
     }
-    let backend = Backend::open_for(&PluginSpec::Cpu, mesh.clone())?;
-    let t0 = Instant::now();
-    let program = step.compile(&backend, Mode::Jit)?;
-    let compile_s = t0.elapsed().as_secs_f64();
-    let xla = program
-        .compiled_memory_stats()?
-        .expect("a JIT program has memory figures");
+    let (xla, compile_s, compiled_by) = compile_step(&step, mesh, compile_for)?;
     let total_bytes = xla.total_device_bytes().max(0) as u64;
     Ok((
         step,
@@ -233,9 +241,39 @@ pub fn plan(
             xla,
             total_bytes,
             compile_s,
+            compiled_by,
             rollout: None,
         },
     ))
+}
+
+/// Compiles `step` with the compiler of `compile_for` where it is
+/// installed, else on the CPU plugin (saying why): XLA's figures, the
+/// seconds it took and which compiler.
+fn compile_step(
+    step: &ShardedStep,
+    mesh: &Mesh,
+    compile_for: Option<&'static Device>,
+) -> Result<(CompiledMemoryStats, f64, CompiledBy)> {
+    let why = match compile_for.map(|d| TargetCompiler::open(d, mesh.size() as usize)) {
+        Some(Ok(compiler)) => {
+            let t = compiler.compile(step, &hlo_runtime::CompileOptions::default())?;
+            let by = CompiledBy::Target {
+                compiler: compiler.describe(),
+            };
+            return Ok((t.xla, t.compile_s, by));
+        }
+        Some(Err(e)) => Some(e.to_string()),
+        None => None,
+    };
+    let backend = Backend::open_for(&PluginSpec::Cpu, mesh.clone())?;
+    let t0 = Instant::now();
+    let program = step.compile(&backend, Mode::Jit)?;
+    let compile_s = t0.elapsed().as_secs_f64();
+    let xla = program
+        .compiled_memory_stats()?
+        .expect("a JIT program has memory figures");
+    Ok((xla, compile_s, CompiledBy::Cpu { why }))
 }
 
 /// What `plan` compiles in place of cuDNN's attention for rows of `seq`
@@ -316,6 +354,9 @@ pub struct StepToPlan {
     /// The devices planned for, which decide the step's `auto` choices
     /// ([`crate::run::policy`]).
     pub target: Target,
+    /// The GPU whose XLA compiler compiles the step where installed
+    /// (None, or not installed: the CPU plugin).
+    pub compile_for: Option<&'static Device>,
 }
 
 impl StepToPlan {
@@ -354,7 +395,7 @@ impl StepToPlan {
     /// ([`plan_rollout`]).
     pub fn plan_step(&self) -> Result<(ShardedStep, MemoryPlan)> {
         let tc = self.train_config()?;
-        let (step, mut memory) = plan(&self.config, &tc, &self.mesh)?;
+        let (step, mut memory) = plan(&self.config, &tc, &self.mesh, self.compile_for)?;
         if let Some(shape) = self
             .rollout
             .filter(|_| self.objective.data() == Data::Rollouts)
@@ -364,6 +405,44 @@ impl StepToPlan {
             memory.rollout = Some(r);
         }
         Ok((step, memory))
+    }
+
+    /// Plans the step as the policy decides it; then, where the target's
+    /// own compiler gave the figure and the step does not fit by it, the
+    /// policy's later forms (more recomputed, less attention kept) in its
+    /// order, until XLA's figure fits: the estimate chose, the compiler
+    /// corrects. Returns the step planned (its spec fixed to the form
+    /// taken), and, when another form was taken, why.
+    pub fn plan_chosen(&self) -> Result<(StepToPlan, ShardedStep, MemoryPlan, Option<String>)> {
+        let (step, memory) = self.plan_step()?;
+        let capacity = self.target.memory_bytes.unwrap_or(u64::MAX);
+        let by_target = matches!(memory.compiled_by, CompiledBy::Target { .. });
+        if !by_target || memory.total_bytes <= capacity {
+            return Ok((self.clone(), step, memory, None));
+        }
+        let chosen = self.policy()?;
+        let forms = self
+            .spec
+            .candidates(&self.config, self.dtype, &self.mesh, &self.target)?;
+        let later = forms
+            .iter()
+            .skip_while(|f| **f != (chosen.layers, chosen.attention))
+            .skip(1);
+        for &(layers, attention) in later {
+            let mut next = self.clone();
+            next.spec = self.spec.fixed_to(layers, attention);
+            let (s, m) = next.plan_step()?;
+            if m.total_bytes <= capacity {
+                let why = format!(
+                    "XLA's figure for the policy's form ({}) is {:.1} GB, over the device's {:.1} GB; compiled the next forms in the policy's order and took the first that fits",
+                    crate::run::policy::form_name(chosen.layers, chosen.attention),
+                    memory.total_bytes as f64 / 1e9,
+                    capacity as f64 / 1e9
+                );
+                return Ok((next, s, m, Some(why)));
+            }
+        }
+        Ok((self.clone(), step, memory, None))
     }
 
     /// Plans the step ([`StepToPlan::plan_step`]).
@@ -801,6 +880,7 @@ mod tests {
             rollout: None,
             teacher: None,
             target: Target::cpu(),
+            compile_for: None,
         }
     }
 

@@ -83,6 +83,99 @@ pub struct Run {
     choices: String,
 }
 
+/// A run's train step as [`Run::step_to_compile`] gives it.
+pub struct StepToCompile {
+    pub step: crate::device::pipeline::ShardedStep,
+    /// The devices the step is laid out over (the run's plugin's).
+    pub backend: Backend,
+    pub config: TrainConfig,
+    /// The step's `auto` choices and why.
+    pub choices: String,
+    /// The settings that shape the step
+    /// ([`crate::device::compiled::step_settings`]).
+    pub settings: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+/// What [`Run::new`] reads and decides before compiling: the model, the
+/// data, the devices, the adapters and the step's configuration with
+/// every `auto` decided (packing by the data too).
+struct PreparedStep {
+    model: Model,
+    teacher: Option<Model>,
+    tokenizer: Option<Tokenizer>,
+    backend: Backend,
+    init: Option<Adapter>,
+    reference: Option<Adapter>,
+    tc: TrainConfig,
+    choices: String,
+    identities: RunSettings,
+    stats: DataStats,
+    streams: Option<String>,
+    feed: Feed,
+}
+
+impl PreparedStep {
+    fn new(spec: &mut RunSpec, resumed: bool) -> Result<PreparedStep> {
+        let model = open_model(spec)?;
+        spec.objective.def().resolve(spec, &model)?;
+        let spec = &*spec;
+        let teacher = spec.objective.def().teacher(spec)?;
+        let tokenizer = model.tokenizer(None)?;
+        let inputs = RunInputs::read(spec, &model, tokenizer.as_ref())?;
+        let backend = Backend::open(&spec.backend)?;
+        let init = init_adapter(spec, &model, resumed)?;
+        let reference = spec.objective.def().reference(spec, &model)?;
+        // A preference objective's reference runs in its step; GRPO's is
+        // scored outside it.
+        let step_reference = reference
+            .as_ref()
+            .filter(|_| spec.objective.def().reference_in_step());
+        let dtype = spec.dtype.unwrap_or(match spec.backend.plugin.kind() {
+            PluginKind::Cpu if spec.compile_for.is_none() => DType::F32,
+            _ => DType::BF16,
+        });
+        let references = (init.as_ref(), step_reference);
+        let (mut tc, mut choices) =
+            train_config(spec, &model, &backend, dtype, references, resumed)?;
+        let identities = identities(spec, &model, inputs.fingerprint())?;
+        let (stats, streams) = (inputs.stats(), inputs.streams());
+        let feed = match inputs {
+            RunInputs::Rows(rows) => {
+                let placed = (&backend, &model);
+                Feed::Rows(rows.feed(spec, placed, &mut tc, reference.as_ref())?)
+            }
+            RunInputs::Rollouts(rollouts) => Feed::Rollouts(rollouts),
+        };
+        // Packed rows may need the step's choices again.
+        if let Some(line) = decide_packed(spec, &mut tc, &backend, &model.config)? {
+            choices = line;
+        }
+        Ok(PreparedStep {
+            model,
+            teacher,
+            tokenizer,
+            backend,
+            init,
+            reference,
+            tc,
+            choices,
+            identities,
+            stats,
+            streams,
+            feed,
+        })
+    }
+}
+
+/// The devices the step's `auto` choices are for: `compile`'s target,
+/// else the run's own.
+fn policy_target(spec: &RunSpec, backend: &Backend) -> Result<Target> {
+    match spec.compile_for {
+        Some(device) => Ok(Target::of_device(device)),
+        None => Target::of_backend(backend),
+    }
+}
+
 /// Whether this process writes and reports (process 0, or the only one).
 fn is_main(spec: &RunSpec) -> bool {
     spec.backend
@@ -256,7 +349,7 @@ fn train_config(
         Some(_) => Reference::Adapter,
         None => Reference::Base,
     };
-    let target = Target::of_backend(backend)?;
+    let target = policy_target(spec, backend)?;
     let policy = spec.policy(&model.config, dtype, backend.mesh(), &target)?;
     let choices = policy.line();
     let mut tc = spec.train_config(&model.config, dtype, backend.mesh(), kind, &policy)?;
@@ -319,7 +412,7 @@ fn without_cudnn(
 ) -> Result<(TrainConfig, String)> {
     let mut packed = spec.clone();
     packed.step.packing = Toggle::On;
-    let target = Target::of_backend(backend)?;
+    let target = policy_target(spec, backend)?;
     let policy = packed.policy(config, tc.dtype, backend.mesh(), &target)?;
     let mut tc = tc.clone();
     tc.attention = policy.attention;
@@ -351,6 +444,17 @@ fn open_session(
         false => (None, None),
     };
     let in_step = tc.loss.kind().reference() == Some(Reference::Adapter);
+    let executable = match &spec.executable {
+        Some(_) if spec.mode != hlo_runtime::Mode::Jit => {
+            return Err(EngineError::Executable(
+                "--executable loads a compiled step; --eager compiles op by op".into(),
+            ))
+        }
+        Some(path) => Some(std::sync::Arc::new(
+            crate::device::compiled::CompiledStep::read(path)?,
+        )),
+        None => None,
+    };
     let options = SessionOptions {
         mode: spec.mode,
         seed: spec.seed,
@@ -360,16 +464,23 @@ fn open_session(
         teacher,
         eval,
         fallback,
+        executable,
         ..SessionOptions::default()
     };
     let session = Session::new(backend, model, tc, options)?;
-    let choices = match (session.fell_back(), line) {
+    let mut choices = match (session.fell_back(), line) {
         (Some(why), Some(line)) => format!(
             "{line} (cuDNN's attention, chosen first, failed to compile: {})",
             why.lines().next().unwrap_or_default()
         ),
         _ => choices,
     };
+    if let Some(path) = &spec.executable {
+        choices.push_str(&format!(
+            "; the train step loaded from {} (compiled by `hlo-train compile`), not compiled",
+            path.display()
+        ));
+    }
     Ok((session, choices))
 }
 
@@ -545,59 +656,37 @@ impl Run {
         let main = is_main(&spec);
         let (out, lock) = output_folder(&spec, main)?;
         let trace_values = trace_values(&spec)?;
-        let model = open_model(&spec)?;
-        spec.objective.def().resolve(&mut spec, &model)?;
-        let teacher = spec.objective.def().teacher(&spec)?;
-        let tokenizer = model.tokenizer(None)?;
-        let inputs = RunInputs::read(&spec, &model, tokenizer.as_ref())?;
-        let backend = Backend::open(&spec.backend)?;
-        let init = init_adapter(&spec, &model, resumed)?;
-        let reference = spec.objective.def().reference(&spec, &model)?;
-        // A preference objective's reference runs in its step; GRPO's is
-        // scored outside it.
-        let step_reference = reference
-            .as_ref()
-            .filter(|_| spec.objective.def().reference_in_step());
-        let dtype = spec.dtype.unwrap_or(match spec.backend.plugin.kind() {
-            PluginKind::Cpu => DType::F32,
-            _ => DType::BF16,
-        });
-        let references = (init.as_ref(), step_reference);
-        let (mut tc, mut choices) =
-            train_config(&spec, &model, &backend, dtype, references, resumed)?;
-        let identities = identities(&spec, &model, inputs.fingerprint())?;
-        let (stats, streams) = (inputs.stats(), inputs.streams());
-        let feed = match inputs {
-            RunInputs::Rows(rows) => {
-                let placed = (&backend, &model);
-                Feed::Rows(rows.feed(&spec, placed, &mut tc, reference.as_ref())?)
-            }
-            RunInputs::Rollouts(rollouts) => Feed::Rollouts(rollouts),
-        };
-        // Packed rows may need the step's choices again.
-        if let Some(line) = decide_packed(&spec, &mut tc, &backend, &model.config)? {
-            choices = line;
-        }
-        let mut settings = RunSettings::of_config(&tc, spec.seed);
-        settings.extend(&identities);
+        let p = PreparedStep::new(&mut spec, resumed)?;
+        let mut settings = RunSettings::of_config(&p.tc, spec.seed);
+        settings.extend(&p.identities);
         check_resumed(saved.as_ref(), &settings, &spec)?;
-        let adapters = (init, reference.clone(), teacher);
-        let eval = matches!(&feed, Feed::Rows(f) if f.has_eval);
-        let (mut session, choices) =
-            open_session(&spec, (backend, model), tc, adapters, (eval, choices))?;
+        let reference = p.reference.clone();
+        let adapters = (p.init, p.reference, p.teacher);
+        let eval = matches!(&p.feed, Feed::Rows(f) if f.has_eval);
+        let (mut session, choices) = open_session(
+            &spec,
+            (p.backend, p.model),
+            p.tc,
+            adapters,
+            (eval, p.choices),
+        )?;
         let restored = restore(&mut session, saved.as_ref(), &spec, read_s)?;
         let cursor = saved_cursor(saved.as_ref(), &session)?;
-        let (loader, eval, learning, unpacked_fill) =
-            feed.source(&session, &spec, reference.as_ref(), (cursor, stats.samples))?;
+        let (loader, eval, learning, unpacked_fill) = p.feed.source(
+            &session,
+            &spec,
+            reference.as_ref(),
+            (cursor, p.stats.samples),
+        )?;
         Ok(Run {
             spec,
             session,
             loader: Some(loader),
             eval,
             settings,
-            identities,
-            stats,
-            streams,
+            identities: p.identities,
+            stats: p.stats,
+            streams: p.streams,
             learning,
             unpacked_fill,
             main,
@@ -606,9 +695,36 @@ impl Run {
             resumed,
             restored,
             trace_values,
-            tokenizer,
+            tokenizer: p.tokenizer,
             stop: StopFlag::default(),
             choices,
+        })
+    }
+
+    /// The run's train step, traced and laid out as [`Run::new`] would
+    /// compile it (for `spec.compile_for`'s devices where given), with
+    /// neither compiling nor placing anything: what `hlo-train compile`
+    /// compiles for another machine. Under `auto`, cuDNN's attention,
+    /// which cannot be compiled without a GPU, is replaced by XLA's (a
+    /// run loading the result falls back to the same step).
+    pub fn step_to_compile(mut spec: RunSpec) -> Result<StepToCompile> {
+        let mut p = PreparedStep::new(&mut spec, false)?;
+        let mut choices = p.choices;
+        if chose_cudnn(&spec, &p.tc) {
+            let (tc, line) = without_cudnn(&spec, &p.tc, &p.backend, &p.model.config)?;
+            p.tc = tc;
+            choices = format!("{line} (cuDNN's attention, chosen first, cannot be compiled without a GPU; a run loading this step falls back to it)");
+        }
+        let traced = hlo_models::train::train_step(&p.model.config, &p.tc)?;
+        let rules = hlo_models::decoder::partition_rules(&p.model.config);
+        let step = crate::device::pipeline::ShardedStep::new(&traced, p.backend.mesh(), &rules)?;
+        let settings = crate::device::compiled::step_settings(&p.model, &p.tc, p.backend.mesh());
+        Ok(StepToCompile {
+            step,
+            backend: p.backend,
+            config: p.tc,
+            choices,
+            settings,
         })
     }
 

@@ -53,8 +53,8 @@ impl Platform {
     /// The platform of a device kind of the hardware table.
     pub fn of_kind(kind: Kind) -> Platform {
         match kind {
-            Kind::Mi300x | Kind::Mi250Gcd => Platform::Rocm,
-            Kind::H100 | Kind::H200 | Kind::A100 | Kind::Rtx4090 => Platform::Cuda,
+            Kind::Mi300x | Kind::Mi325x | Kind::Mi250Gcd | Kind::Mi250xGcd => Platform::Rocm,
+            Kind::H100 | Kind::H200 | Kind::B200 | Kind::A100 | Kind::Rtx4090 => Platform::Cuda,
             Kind::Host => Platform::Cpu,
         }
     }
@@ -410,6 +410,40 @@ pub fn decide(shape: &StepShape, target: &Target, fixed: Fixed) -> StepPolicy {
     let chosen = last.expect("every list of candidates has one");
     let policy = gpu_policy(target, fixed, chosen, usable, false);
     with_cudnn_note(policy, shape, target, fixed)
+}
+
+/// A form in words: `layers unrolled, MLP recomputed, naive attention`.
+pub fn form_name(layers: Layers, attention: AttentionKind) -> String {
+    let layers = match layers {
+        Layers::Unrolled => "layers unrolled",
+        Layers::UnrolledMlpRemat => "layers unrolled, each MLP recomputed",
+        Layers::UnrolledRemat => "layers unrolled, each recomputed",
+        Layers::Scanned => "layers scanned (each recomputed)",
+    };
+    format!("{layers}, {} attention", attention_name(attention))
+}
+
+/// The (layers, attention) forms [`decide`] tries on a GPU, in its order
+/// (fewest FLOPs first, least memory last); on the CPU, its one choice.
+/// A compiler's own figure can then pick the first that fits where the
+/// estimate picked wrong.
+pub fn candidates(
+    shape: &StepShape,
+    target: &Target,
+    fixed: Fixed,
+) -> Vec<(Layers, AttentionKind)> {
+    if !target.platform.is_gpu() {
+        let p = decide_cpu(shape, fixed);
+        return vec![(p.layers, p.attention)];
+    }
+    layer_candidates(shape.config, fixed)
+        .into_iter()
+        .flat_map(|layers| {
+            attention_candidates(shape, target, fixed, layers)
+                .into_iter()
+                .map(move |a| (layers, a))
+        })
+        .collect()
 }
 
 /// On CUDA, why cuDNN's attention was not taken when the user left it

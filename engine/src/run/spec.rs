@@ -161,6 +161,12 @@ pub struct RunSpec {
     /// measured for CPUs).
     pub peak_tflops: Option<f64>,
     pub chosen: Chosen,
+    /// `compile`: the devices the step is compiled for (its `auto`
+    /// choices are theirs, and bf16 by default), not run.
+    pub compile_for: Option<&'static crate::analysis::hardware::Device>,
+    /// `train --executable`: the step compiled earlier (`compile`),
+    /// loaded instead of compiled.
+    pub executable: Option<PathBuf>,
 }
 
 impl Default for RunSpec {
@@ -187,6 +193,8 @@ impl Default for RunSpec {
             trace_values: None,
             peak_tflops: None,
             chosen: Chosen::All,
+            compile_for: None,
+            executable: None,
         }
     }
 }

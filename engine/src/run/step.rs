@@ -17,7 +17,7 @@ use hlo_partitioner::Mesh;
 
 use crate::error::{EngineError, Result};
 use crate::run::named::Named;
-use crate::run::policy::{self, Fixed, Remat, StepPolicy, StepShape, Target};
+use crate::run::policy::{self, Fixed, Layers, Remat, StepPolicy, StepShape, Target};
 
 /// On, off, or decided by the run (`auto`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -277,6 +277,52 @@ impl StepSpec {
         mesh: &Mesh,
         target: &Target,
     ) -> Result<StepPolicy> {
+        let shape = self.shape(config, dtype, mesh)?;
+        let fixed = self.fixed()?;
+        if fixed.attention == Some(AttentionKind::Cudnn) {
+            policy::cudnn_for(&shape, target, fixed.scan_layers == Some(true))
+                .map_err(EngineError::Cudnn)?;
+        }
+        Ok(policy::decide(&shape, target, fixed))
+    }
+
+    /// The forms the policy tries for this step, in its order
+    /// ([`policy::candidates`]).
+    pub fn candidates(
+        &self,
+        config: &ModelConfig,
+        dtype: DType,
+        mesh: &Mesh,
+        target: &Target,
+    ) -> Result<Vec<(Layers, AttentionKind)>> {
+        let shape = self.shape(config, dtype, mesh)?;
+        Ok(policy::candidates(&shape, target, self.fixed()?))
+    }
+
+    /// This step with `layers` and `attention` as if given by flags.
+    pub fn fixed_to(&self, layers: Layers, attention: AttentionKind) -> StepSpec {
+        let mut s = self.clone();
+        (s.scan_layers, s.remat) = match layers {
+            Layers::Unrolled => (Toggle::Off, RematChoice::None),
+            Layers::UnrolledMlpRemat => (Toggle::Off, RematChoice::Mlp),
+            Layers::UnrolledRemat => (Toggle::Off, RematChoice::Layers),
+            Layers::Scanned => (Toggle::On, self.remat),
+        };
+        (s.attention, s.attention_block) = match attention {
+            AttentionKind::Naive => (AttentionChoice::Naive, None),
+            AttentionKind::Cudnn => (AttentionChoice::Cudnn, None),
+            AttentionKind::Blockwise { block } => (AttentionChoice::Blockwise, Some(block)),
+        };
+        s
+    }
+
+    /// The shapes the policy's memory depends on, per device.
+    fn shape<'a>(
+        &self,
+        config: &'a ModelConfig,
+        dtype: DType,
+        mesh: &Mesh,
+    ) -> Result<StepShape<'a>> {
         let size = |axes: &[&str]| -> i64 {
             axes.iter()
                 .filter_map(|a| mesh.axis_size(a))
@@ -284,7 +330,7 @@ impl StepSpec {
                 .max(1)
         };
         let rows = (self.batch / size(&["dp", "fsdp"])).max(1);
-        let shape = StepShape {
+        Ok(StepShape {
             config,
             dtype,
             rows,
@@ -294,13 +340,7 @@ impl StepSpec {
             lora_rank: self.lora.as_ref().map(|l| l.rank),
             loss_chunk: self.loss_chunk(config, mesh)?,
             packed: self.packing == Toggle::On,
-        };
-        let fixed = self.fixed()?;
-        if fixed.attention == Some(AttentionKind::Cudnn) {
-            policy::cudnn_for(&shape, target, fixed.scan_layers == Some(true))
-                .map_err(EngineError::Cudnn)?;
-        }
-        Ok(policy::decide(&shape, target, fixed))
+        })
     }
 
     /// Positions the loss computes logits for at a time: `--loss-chunk`,

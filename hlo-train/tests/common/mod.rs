@@ -25,10 +25,17 @@ pub fn hlo_train_env(args: &[&str], env: &[(&str, &Path)]) -> Output {
         .env_remove("WORLD_SIZE")
         .env_remove("HLO_TRAIN_RUN_TOKEN")
         .env("HF_HUB_OFFLINE", "1")
+        // Plans for a GPU compile on the CPU plugin, standing in for the
+        // GPU's compiler (fast, and the figures the tests were written
+        // for); tests of the GPU compilers set it to `.plugins`.
+        .env("HLO_TRAIN_COMPILERS", NO_COMPILERS)
         .envs(env.iter().copied())
         .output()
         .expect("run hlo-train")
 }
+
+/// Where no GPU compiler is installed.
+pub const NO_COMPILERS: &str = "/nonexistent/hlo-train-compilers";
 
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()

@@ -69,6 +69,9 @@ pub struct SessionOptions {
     /// (cuDNN's attention chosen under `auto`: the same step with XLA's
     /// attention); see [`Session::fell_back`].
     pub fallback: Option<TrainConfig>,
+    /// The step compiled earlier (`train --executable`), loaded in place
+    /// of compiling it; refused unless it is this step for these devices.
+    pub executable: Option<std::sync::Arc<crate::device::compiled::CompiledStep>>,
 }
 
 impl Default for SessionOptions {
@@ -82,6 +85,7 @@ impl Default for SessionOptions {
             eval: false,
             weights: Weights::FromModel,
             fallback: None,
+            executable: None,
         }
     }
 }
@@ -151,6 +155,29 @@ pub struct Session {
     fell_back: Option<String>,
 }
 
+/// Loads `compiled` into `backend`'s client as `step`'s program (the
+/// step's next compile then takes it), or refuses it: not this step, not
+/// these devices, not this plugin.
+fn preload(
+    backend: &Backend,
+    model: &Model,
+    config: &TrainConfig,
+    step: &ShardedStep,
+    compiled: &crate::device::compiled::CompiledStep,
+) -> Result<()> {
+    let program = step.stablehlo();
+    let settings = crate::device::compiled::step_settings(model, config, backend.mesh());
+    compiled.check(backend, &program, &settings)?;
+    let options = hlo_runtime::CompileOptions::spmd(backend.mesh().size());
+    let loaded = backend
+        .client()
+        .load_serialized(&compiled.executable, &options)?;
+    backend
+        .client()
+        .preload(hlo_runtime::program_fingerprint(&program), loaded);
+    Ok(())
+}
+
 impl Session {
     /// Traces the step for `model` under `config`, lays it out over the
     /// backend's mesh, compiles it, and places the initial state.
@@ -167,6 +194,9 @@ impl Session {
         let compile = |config: &TrainConfig| -> Result<(ShardedStep, Program)> {
             let traced = train_step(&model.config, config)?;
             let step = ShardedStep::new(&traced, backend.mesh(), &rules)?;
+            if let Some(compiled) = &options.executable {
+                preload(&backend, &model, config, &step, compiled)?;
+            }
             let program = step.compile(&backend, options.mode)?;
             Ok((step, program))
         };

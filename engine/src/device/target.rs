@@ -1,0 +1,180 @@
+//! Compiling a step for a GPU that is not here: XLA's own CUDA or ROCm
+//! compiler (the official plugins, installed by `make setup-targets`),
+//! given a topology of N devices of a kind of the hardware table and that
+//! kind's target description, compiles the step's StableHLO as it would
+//! on the device's host, with no device and no driver. What comes back is
+//! XLA's memory figures for that GPU, the HLO it optimized, and the
+//! executable's bytes (the real cubin or HSACO), loadable on the GPU's
+//! host by the same plugin.
+//!
+//! Two things differ from a compile on the device: nothing is autotuned
+//! (matmuls get fallback tiles: memory and fusion are the device's,
+//! speed is not), and cuDNN's fused attention cannot be compiled without
+//! libcuda, so a step that would take it compiles with its stand-in
+//! ([`crate::plan::cudnn_stand_in`]) and says so.
+
+use std::time::Instant;
+
+use hlo_runtime::{
+    find_target_compiler, CompileOptions, CompiledForTarget, CompiledMemoryStats, Plugin,
+    PluginKind, Topology,
+};
+
+use crate::analysis::hardware::Device;
+use crate::device::pipeline::ShardedStep;
+use crate::error::{EngineError, Result};
+
+/// XLA's compiler for `devices` devices of one GPU kind.
+pub struct TargetCompiler {
+    topology: Topology,
+    device: &'static Device,
+    devices: usize,
+}
+
+impl std::fmt::Debug for TargetCompiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TargetCompiler")
+            .field("device", &self.device.name)
+            .field("devices", &self.devices)
+            .finish()
+    }
+}
+
+/// A step compiled for a target.
+pub struct TargetCompile {
+    pub executable: CompiledForTarget,
+    /// XLA's figures for one device of the target.
+    pub xla: CompiledMemoryStats,
+    /// Seconds the compile took here.
+    pub compile_s: f64,
+}
+
+impl TargetCompiler {
+    /// The compiler for `devices` of `device`'s kind, if installed: the
+    /// error says what to run when it is not.
+    pub fn open(device: &'static Device, devices: usize) -> Result<TargetCompiler> {
+        let (Some(config), Some(platform)) =
+            (device.gpu_target_config(), device.compiler_platform())
+        else {
+            return Err(EngineError::Target {
+                target: device.name.to_string(),
+                why: "no GPU compiler targets it: targets are the GPUs of the hardware table"
+                    .into(),
+            });
+        };
+        let kind = match platform {
+            "rocm" => PluginKind::Rocm,
+            _ => PluginKind::Cuda,
+        };
+        let install = find_target_compiler(kind)?;
+        let plugin = Plugin::load_after(&install.plugin, &install.preload)?;
+        let topology = Topology::gpu(&plugin, 1, devices, config)?;
+        Ok(TargetCompiler {
+            topology,
+            device,
+            devices,
+        })
+    }
+
+    pub fn device(&self) -> &'static Device {
+        self.device
+    }
+
+    /// The plugin that compiles.
+    pub fn plugin(&self) -> &Plugin {
+        self.topology.plugin()
+    }
+
+    pub fn devices(&self) -> usize {
+        self.devices
+    }
+
+    /// The compiler in words: `XLA's CUDA compiler for 8 × H100`.
+    pub fn describe(&self) -> String {
+        let platform = match self.device.compiler_platform() {
+            Some("rocm") => "ROCm",
+            _ => "CUDA",
+        };
+        let devices = match self.devices {
+            1 => format!("one {}", self.device.name),
+            n => format!("{n} × {}", self.device.name),
+        };
+        format!("XLA's {platform} compiler for {devices}")
+    }
+
+    /// Compiles `step` (its mesh's size must be the topology's) with
+    /// `options` added (XLA flags).
+    pub fn compile(&self, step: &ShardedStep, options: &CompileOptions) -> Result<TargetCompile> {
+        let n = step.mesh().size();
+        if n as usize != self.devices {
+            return Err(EngineError::Target {
+                target: self.device.name.to_string(),
+                why: format!(
+                    "the step is laid out over {n} devices; the compiler's topology has {}",
+                    self.devices
+                ),
+            });
+        }
+        let mut options = options.clone();
+        (options.num_replicas, options.num_partitions) = (1, n);
+        options.use_spmd_partitioning = true;
+        options.use_shardy_partitioner = true;
+        let t0 = Instant::now();
+        let executable = self.topology.compile(&step.stablehlo(), &options)?;
+        let compile_s = t0.elapsed().as_secs_f64();
+        let xla = executable.compiled_memory_stats()?;
+        Ok(TargetCompile {
+            executable,
+            xla,
+            compile_s,
+        })
+    }
+
+    /// Compiles `step` as [`TargetCompiler::compile`] does and returns
+    /// the HLO XLA optimized too (after fusion, remat and collectives).
+    pub fn compile_optimized(
+        &self,
+        step: &ShardedStep,
+        options: &CompileOptions,
+    ) -> Result<(TargetCompile, String)> {
+        let dir = DumpDir::new()?;
+        let mut options = options.clone();
+        (options.num_replicas, options.num_partitions) = (1, step.mesh().size());
+        options.use_spmd_partitioning = true;
+        options.use_shardy_partitioner = true;
+        let t0 = Instant::now();
+        let (executable, text) =
+            self.topology
+                .compile_optimized_text(&step.stablehlo(), &options, &dir.0)?;
+        let compile_s = t0.elapsed().as_secs_f64();
+        let xla = executable.compiled_memory_stats()?;
+        Ok((
+            TargetCompile {
+                executable,
+                xla,
+                compile_s,
+            },
+            text,
+        ))
+    }
+}
+
+/// A folder of its own for one compile's dump, removed when dropped.
+struct DumpDir(std::path::PathBuf);
+
+impl DumpDir {
+    fn new() -> Result<DumpDir> {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("hlo-train-xla-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(EngineError::io("create", &dir))?;
+        Ok(DumpDir(dir))
+    }
+}
+
+impl Drop for DumpDir {
+    fn drop(&mut self) {
+        // What XLA wrote is read already; a leftover in /tmp harms nothing.
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
