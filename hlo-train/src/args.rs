@@ -53,7 +53,7 @@ pub struct PluginArgs {
 }
 
 /// `--xla-option`'s value.
-fn xla_option(s: &str) -> Result<(String, XlaOption), String> {
+pub(crate) fn xla_option(s: &str) -> Result<(String, XlaOption), String> {
     parse_xla_option(s).map_err(|e| e.to_string())
 }
 

@@ -141,6 +141,13 @@ pub struct PlanArgs {
     #[arg(long)]
     pub no_suggestions: bool,
 
+    /// An XLA compiler flag for the target's compiler (when installed),
+    /// KEY=VALUE (repeatable): `xla_gpu_enable_triton_gemm=false` makes
+    /// matmuls cuBLASLt/hipBLASLt calls, which compile faster than the
+    /// untuned Triton ones a deviceless compile otherwise makes.
+    #[arg(long = "xla-option", value_name = "KEY=VALUE", value_parser = crate::args::xla_option)]
+    pub xla_option: Vec<(String, hlo_engine::runtime::XlaOption)>,
+
     /// How long plan may take in all, its search for settings that fit
     /// included (a compile started in time may end after it); a setting
     /// whose compile would end later is listed unplanned.
@@ -236,6 +243,7 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
         },
         target,
         compile_for: device.gpu_target_config().map(|_| device),
+        xla_options: args.xla_option.clone(),
     };
     let (to_plan, step, memory, rechosen) = to_plan.plan_chosen()?;
     let tc = to_plan.train_config()?;

@@ -194,7 +194,7 @@ pub fn plan(
     config: &ModelConfig,
     tc: &TrainConfig,
     mesh: &Mesh,
-    compile_for: Option<&'static Device>,
+    (compile_for, xla_options): (Option<&'static Device>, &[(String, hlo_runtime::XlaOption)]),
 ) -> Result<(ShardedStep, MemoryPlan)> {
     let mut tc = tc.clone();
     if tc.attention == AttentionKind::Cudnn {
@@ -228,7 +228,7 @@ pub fn plan(
             _ => {}
         }
     }
-    let (xla, compile_s, compiled_by) = compile_step(&step, mesh, compile_for)?;
+    let (xla, compile_s, compiled_by) = compile_step(&step, mesh, compile_for, xla_options)?;
     let total_bytes = xla.total_device_bytes().max(0) as u64;
     Ok((
         step,
@@ -254,10 +254,15 @@ fn compile_step(
     step: &ShardedStep,
     mesh: &Mesh,
     compile_for: Option<&'static Device>,
+    xla_options: &[(String, hlo_runtime::XlaOption)],
 ) -> Result<(CompiledMemoryStats, f64, CompiledBy)> {
     let why = match compile_for.map(|d| TargetCompiler::open(d, mesh.size() as usize)) {
         Some(Ok(compiler)) => {
-            let t = compiler.compile(step, &hlo_runtime::CompileOptions::default())?;
+            let options = hlo_runtime::CompileOptions {
+                env_option_overrides: xla_options.to_vec(),
+                ..Default::default()
+            };
+            let t = compiler.compile(step, &options)?;
             let by = CompiledBy::Target {
                 compiler: compiler.describe(),
             };
@@ -357,6 +362,8 @@ pub struct StepToPlan {
     /// The GPU whose XLA compiler compiles the step where installed
     /// (None, or not installed: the CPU plugin).
     pub compile_for: Option<&'static Device>,
+    /// XLA flags for the target's compiler.
+    pub xla_options: Vec<(String, hlo_runtime::XlaOption)>,
 }
 
 impl StepToPlan {
@@ -395,7 +402,8 @@ impl StepToPlan {
     /// ([`plan_rollout`]).
     pub fn plan_step(&self) -> Result<(ShardedStep, MemoryPlan)> {
         let tc = self.train_config()?;
-        let (step, mut memory) = plan(&self.config, &tc, &self.mesh, self.compile_for)?;
+        let compiler = (self.compile_for, self.xla_options.as_slice());
+        let (step, mut memory) = plan(&self.config, &tc, &self.mesh, compiler)?;
         if let Some(shape) = self
             .rollout
             .filter(|_| self.objective.data() == Data::Rollouts)
@@ -881,6 +889,7 @@ mod tests {
             teacher: None,
             target: Target::cpu(),
             compile_for: None,
+            xla_options: Vec::new(),
         }
     }
 

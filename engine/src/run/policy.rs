@@ -640,6 +640,36 @@ mod tests {
         Target::of_device(kind.device())
     }
 
+    /// The forms a compiler's figure may pick from are decide's, in its
+    /// order: its choice is the first whose estimate fits, on a GPU of
+    /// each vendor, short and long rows.
+    #[test]
+    fn candidates_are_the_forms_decide_tries_in_its_order() {
+        let c = llama8b();
+        for kind in [Kind::H100, Kind::Mi300x] {
+            let target = gpu(kind);
+            let usable = (target.memory_bytes.unwrap() as f64 * USABLE_SHARE) as u64;
+            for (rows, seq) in [(4, 1024), (1, 16384), (1, 65536)] {
+                let s = shape(&c, rows, seq);
+                let forms = candidates(&s, &target, Fixed::default());
+                let chosen = decide(&s, &target, Fixed::default());
+                let first = forms
+                    .iter()
+                    .find(|(l, a)| s.memory(*l, *a).total() <= usable)
+                    .or(forms.last())
+                    .copied();
+                assert_eq!(
+                    first,
+                    Some((chosen.layers, chosen.attention)),
+                    "{kind:?} {rows}×{seq}"
+                );
+                for (i, f) in forms.iter().enumerate() {
+                    assert!(!forms[..i].contains(f), "{f:?} twice");
+                }
+            }
+        }
+    }
+
     /// The estimate against what an H200 measured (peak memory, naive
     /// attention, layers unrolled, no remat): 52.4 GiB at 4 × 1024 and
     /// 100.6 GiB at 1 × 4096.

@@ -474,3 +474,37 @@ pub fn epochs(
     };
     steps.max(0) as f64 * per_step / learning.max(1) as f64
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::hardware::Kind;
+
+    /// A form fixed as flags would fix it is the form the policy then
+    /// returns, for every form it would try (what `plan` compiles when
+    /// XLA's figure overrules the estimate).
+    #[test]
+    fn a_form_fixed_is_the_form_decided() {
+        let config = ModelConfig::preset("llama3.1-8b").unwrap();
+        let mesh: Mesh = "dp=1,fsdp=1,mp=1".parse().unwrap();
+        for kind in [Kind::H100, Kind::Mi300x] {
+            let target = Target::of_device(kind.device());
+            let spec = StepSpec {
+                batch: 1,
+                seq: 16384,
+                ..StepSpec::default()
+            };
+            let forms = spec
+                .candidates(&config, DType::BF16, &mesh, &target)
+                .unwrap();
+            assert!(forms.len() > 2, "{forms:?}");
+            for (layers, attention) in forms {
+                let p = spec
+                    .fixed_to(layers, attention)
+                    .policy(&config, DType::BF16, &mesh, &target)
+                    .unwrap();
+                assert_eq!((p.layers, p.attention), (layers, attention), "{kind:?}");
+            }
+        }
+    }
+}
