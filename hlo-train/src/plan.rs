@@ -248,6 +248,15 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
     let (to_plan, step, memory, rechosen) = to_plan.plan_chosen()?;
     let tc = to_plan.train_config()?;
     let choices = to_plan.policy()?;
+    let rechosen = rechosen.map(|r| {
+        let why = format!(
+            "XLA's figure for the policy's first form ({}) was {}, over {}: the policy's later forms were compiled in its order and the first that fits taken",
+            r.first_form,
+            gb(r.first_bytes),
+            gb(capacity)
+        );
+        (r.line, why)
+    });
     let report = Report {
         model: &model,
         comm: StepCommunication::new(config, &tc, &mesh, nodes, device.links()),
@@ -263,9 +272,11 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
         memory,
         capacity,
         target: args.target,
-        choices: choices.line(),
+        choices: rechosen
+            .as_ref()
+            .map_or_else(|| choices.line(), |(line, _)| line.clone()),
         estimate_bytes: choices.memory.map(|m| m.total()),
-        rechosen,
+        rechosen: rechosen.map(|(_, why)| why),
         args,
     };
     let fits = report.fits();

@@ -342,6 +342,18 @@ fn bad_input_table() {
             "plan: device memory of 0 GB",
             vec!["plan".into(), "--device-memory".into(), "0".into()],
         ),
+        (
+            "compile without a file to write",
+            vec!["compile".into(), "--batch".into(), "2".into()],
+        ),
+        (
+            "train --executable: a file compile did not write",
+            train(&["--executable", &not_plugin]),
+        ),
+        (
+            "train --executable with --eager",
+            train(&["--executable", &not_plugin, "--eager"]),
+        ),
         ("mesh with an unknown axis", train(&["--mesh", "dp=1,tp=2"])),
         (
             "mesh whose sizes multiply past any machine",

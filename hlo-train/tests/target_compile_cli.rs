@@ -70,6 +70,19 @@ fn plan_compiles_the_step_for_an_h100_and_two_mi300x() {
         text.contains("the fit is decided by the CPU compile standing in for the H100"),
         "{text}"
     );
+    // A broken install (a plugin file that is none): the CPU stands in,
+    // and the plan says how to install the compiler again.
+    let broken = tempfile_dir("broken_compilers");
+    std::fs::create_dir_all(broken.join("cuda")).unwrap();
+    std::fs::write(broken.join("cuda/xla_cuda_plugin.so"), "not a plugin").unwrap();
+    let v: Value = serde_json::from_str(&ok(&plan(&["--target", "h100", "--json"], &broken)))
+        .expect("one JSON object");
+    let why = v["compiled_by"]["fallback"].as_str().expect("why not");
+    assert!(
+        why.contains("does not load")
+            && why.contains("run `make setup-targets` to install it again"),
+        "{why}"
+    );
     // An SPMD step over 2 × MI300X (gfx942).
     let text = ok(&plan(&["--target", "mi300x", "--devices", "2"], &dir));
     assert!(
@@ -133,4 +146,37 @@ fn tempfile_dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// Where XLA's figure for the policy's first form does not fit (3 MB for
+/// a step whose estimate fits them, XLA's is 3.6 MB), `plan` compiles the
+/// policy's next forms and takes the first that fits by XLA's figure.
+#[test]
+fn xla_s_figure_overrules_the_estimate_s_choice() {
+    let dir = compilers();
+    let out = plan(
+        &[
+            "--target",
+            "h100",
+            "--device-memory",
+            "0.003",
+            "--no-suggestions",
+            "--json",
+        ],
+        &dir,
+    );
+    let v: Value = serde_json::from_str(&ok(&out)).expect("one JSON object");
+    assert_eq!(v["fits"], true, "{v}");
+    assert!(v["per_device"]["total_bytes"].as_u64().unwrap() <= 3_000_000);
+    let why = v["rechosen"].as_str().expect("rechosen");
+    assert!(
+        why.contains("the policy's first form (layers unrolled, cudnn attention)")
+            && why.contains("over 3.00 MB"),
+        "{why}"
+    );
+    let choices = v["choices"].as_str().unwrap();
+    assert!(
+        choices.contains("each MLP recomputed") && choices.contains("does not fit"),
+        "{choices}"
+    );
 }

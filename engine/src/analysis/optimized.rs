@@ -247,7 +247,12 @@ fn attribute<'a>(line: &'a str, key: &str, end: char) -> Option<&'a str> {
 fn fusion_kind(line: &str) -> String {
     let kind = attribute(line, "kind=k", ',').unwrap_or("?");
     if kind == "Custom" {
-        if let Some(k) = attribute(line, "\"fusion_backend_config\":{\"kind\":\"", '"') {
+        // The backend kind is a field of `fusion_backend_config`, after
+        // its tiling where XLA chose one.
+        let config = line
+            .find("\"fusion_backend_config\":")
+            .map(|at| &line[at..]);
+        if let Some(k) = config.and_then(|c| attribute(c, "\"kind\":\"", '"')) {
             return k.to_string();
         }
     }
@@ -258,7 +263,9 @@ fn fusion_kind(line: &str) -> String {
 mod tests {
     use super::*;
 
-    /// A hand-written module: two gemm fusions (f32 and bf16 results), a
+    /// A hand-written module: three gemm fusions (one f32 and two bf16
+    /// results, one with its tiling before its kind, as XLA prints a
+    /// tiled one), a
     /// loop fusion, a cuBLASLt call, an all-gather of 2 × 1024 × 4096
     /// bf16 (16 MiB) as start/done, an all-reduce of 4096 f32, a remat
     /// clone and a while loop.
@@ -275,6 +282,7 @@ ENTRY %main (p: bf16[8,1024,128]) -> f32[4096] {
   %gemm_fusion_dot = f32[8,1024,1024]{2,1,0} fusion(%p, %p), kind=kCustom, calls=%fused_computation.1, backend_config={"operation_queue_id":"0","fusion_backend_config":{"kind":"__triton_nested_gemm_fusion"}}
   %gemm_fusion_dot.1 = bf16[8,1024,128]{2,1,0} fusion(%p, %p), kind=kCustom, calls=%c, backend_config={"operation_queue_id":"0","fusion_backend_config":{"kind":"__triton_nested_gemm_fusion"}}
   %loop_fusion.remat = bf16[8,1024,128]{2,1,0} fusion(%p), kind=kLoop, calls=%c2, backend_config={"operation_queue_id":"0"}
+  %gemm_fusion_dot.2 = bf16[4,8,512,128]{3,2,1,0} fusion(%p, %p), kind=kCustom, calls=%c3, backend_config={"device_type":"DEVICE_TYPE_INVALID","fusion_backend_config":{"block_level_fusion_config":{"num_warps":"2"},"kind":"__triton_nested_gemm_fusion"}}
   %custom-call.1 = (bf16[1024,4096]{1,0}, s8[4194304]{0}) custom-call(%p, %p), custom_call_target="__cublas$lt$matmul", backend_config={"operation_queue_id":"0"}
   %all-gather-start = (bf16[1024,4096]{1,0}, bf16[2,1024,4096]{2,1,0}) all-gather-start(%x), replica_groups={{0,1}}, dimensions={0}, backend_config={"operation_queue_id":"0"}
   %all-gather-done = bf16[2,1024,4096]{2,1,0} all-gather-done(%all-gather-start), backend_config={"operation_queue_id":"0"}
@@ -287,7 +295,7 @@ ENTRY %main (p: bf16[8,1024,128]) -> f32[4096] {
     #[test]
     fn counts_what_the_module_holds() {
         let s = OptimizedSummary::of(HLO);
-        assert_eq!(s.fusions["__triton_nested_gemm_fusion"], 2);
+        assert_eq!(s.fusions["__triton_nested_gemm_fusion"], 3);
         assert_eq!(s.fusions["loop"], 1);
         assert_eq!(s.library_calls["__cublas$lt$matmul"], 1);
         let ag = &s.collectives["all-gather"];
@@ -297,7 +305,7 @@ ENTRY %main (p: bf16[8,1024,128]) -> f32[4096] {
         // The gemm fusions and the library matmul; the dot inside the
         // fused computation is the first fusion's, not another matmul.
         assert_eq!(s.matmul_outputs["f32"], 1);
-        assert_eq!(s.matmul_outputs["bf16"], 2);
+        assert_eq!(s.matmul_outputs["bf16"], 3);
         assert_eq!(s.rematerialized, 1);
         assert_eq!(s.loops, 1);
         let text = s.text();

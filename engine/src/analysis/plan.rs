@@ -420,8 +420,8 @@ impl StepToPlan {
     /// policy's later forms (more recomputed, less attention kept) in its
     /// order, until XLA's figure fits: the estimate chose, the compiler
     /// corrects. Returns the step planned (its spec fixed to the form
-    /// taken), and, when another form was taken, why.
-    pub fn plan_chosen(&self) -> Result<(StepToPlan, ShardedStep, MemoryPlan, Option<String>)> {
+    /// taken) and, when another form was taken, what and why.
+    pub fn plan_chosen(&self) -> Result<(StepToPlan, ShardedStep, MemoryPlan, Option<Rechosen>)> {
         let (step, memory) = self.plan_step()?;
         let capacity = self.target.memory_bytes.unwrap_or(u64::MAX);
         let by_target = matches!(memory.compiled_by, CompiledBy::Target { .. });
@@ -441,13 +441,17 @@ impl StepToPlan {
             next.spec = self.spec.fixed_to(layers, attention);
             let (s, m) = next.plan_step()?;
             if m.total_bytes <= capacity {
-                let why = format!(
-                    "XLA's figure for the policy's form ({}) is {:.1} GB, over the device's {:.1} GB; compiled the next forms in the policy's order and took the first that fits",
-                    crate::run::policy::form_name(chosen.layers, chosen.attention),
-                    memory.total_bytes as f64 / 1e9,
-                    capacity as f64 / 1e9
+                let mut policy = next.policy()?;
+                policy.why = format!(
+                    "the policy's next form: XLA's own figure for its first ({}) does not fit",
+                    crate::run::policy::form_name(chosen.layers, chosen.attention)
                 );
-                return Ok((next, s, m, Some(why)));
+                let rechosen = Rechosen {
+                    line: policy.line(),
+                    first_form: crate::run::policy::form_name(chosen.layers, chosen.attention),
+                    first_bytes: memory.total_bytes,
+                };
+                return Ok((next, s, m, Some(rechosen)));
             }
         }
         Ok((self.clone(), step, memory, None))
@@ -457,6 +461,17 @@ impl StepToPlan {
     pub fn plan(&self) -> Result<MemoryPlan> {
         Ok(self.plan_step()?.1)
     }
+}
+
+/// A form the target's compiler chose over the policy's first: XLA's
+/// figure for that one did not fit.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rechosen {
+    /// The step's choices line for the form taken.
+    pub line: String,
+    /// The policy's first form, in words, and XLA's bytes for it.
+    pub first_form: String,
+    pub first_bytes: u64,
 }
 
 /// Devices the search for a mesh that fits goes up to (more when the mesh

@@ -67,8 +67,18 @@ impl TargetCompiler {
             _ => PluginKind::Cuda,
         };
         let install = find_target_compiler(kind)?;
-        let plugin = Plugin::load_after(&install.plugin, &install.preload)?;
-        let topology = Topology::gpu(&plugin, 1, devices, config)?;
+        // Installed but broken: say how to install it again.
+        let broken = |e: hlo_runtime::Error| {
+            EngineError::Target {
+            target: device.name.to_string(),
+            why: format!(
+                "XLA's compiler at {} does not load: {e}; run `make setup-targets` to install it again",
+                install.plugin.display()
+            ),
+        }
+        };
+        let plugin = Plugin::load_after(&install.plugin, &install.preload).map_err(broken)?;
+        let topology = Topology::gpu(&plugin, 1, devices, config).map_err(broken)?;
         Ok(TargetCompiler {
             topology,
             device,
