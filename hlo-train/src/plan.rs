@@ -211,18 +211,7 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
     }
     let rollout = rollout_shape(args)?;
     let device = args.target.device();
-    let capacity = match args.device_memory {
-        Some(gb) => (gb * 1e9) as u64,
-        None => match device.memory_bytes() {
-            Some(bytes) => bytes,
-            None => bail!("cannot read the host's memory size from /proc/meminfo"),
-        },
-    };
-    // The step's `auto` choices are the target's, at the memory planned.
-    let mut target = hlo_engine::policy::Target::of_device(device);
-    if args.device_memory.is_some() {
-        target.memory_bytes = Some(capacity);
-    }
+    let (capacity, target) = capacity_and_target(args)?;
     let to_plan = StepToPlan {
         config: config.clone(),
         name: model.name.clone(),
@@ -251,9 +240,7 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
     let rechosen = rechosen.map(|r| {
         let why = format!(
             "XLA's figure for the policy's first form ({}) was {}, over {}: the policy's later forms were compiled in its order and the first that fits taken",
-            r.first_form,
-            gb(r.first_bytes),
-            gb(capacity)
+            r.first_form, gb(r.first_bytes), gb(capacity)
         );
         (r.line, why)
     });
@@ -295,6 +282,25 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
         }
     }
     Ok(fits)
+}
+
+/// The memory of one device planned for (`--device-memory`, else the
+/// target's), and the target the step's `auto` choices are decided for,
+/// at that memory.
+fn capacity_and_target(args: &PlanArgs) -> Result<(u64, hlo_engine::policy::Target)> {
+    let device = args.target.device();
+    let capacity = match args.device_memory {
+        Some(gb) => (gb * 1e9) as u64,
+        None => match device.memory_bytes() {
+            Some(bytes) => bytes,
+            None => bail!("cannot read the host's memory size from /proc/meminfo"),
+        },
+    };
+    let mut target = hlo_engine::policy::Target::of_device(device);
+    if args.device_memory.is_some() {
+        target.memory_bytes = Some(capacity);
+    }
+    Ok((capacity, target))
 }
 
 /// The rollouts from the flags, checked: None for other objectives,
