@@ -103,9 +103,7 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
     let mut tc = args
         .step
         .train_config(&args.optim, config, dtype, (&mesh, &choices), 1000)?;
-    if args.optimized && tc.attention == hlo_engine::models::attention::AttentionKind::Cudnn {
-        // cuDNN's engines cannot be compiled without a GPU.
-        tc.attention = hlo_engine::plan::cudnn_stand_in(tc.seq);
+    if args.optimized && hlo_engine::plan::stand_in_for_cudnn(&mut tc) {
         eprintln!(
             "cuDNN's attention compiled as {}: cuDNN cannot be compiled without a GPU",
             hlo_engine::policy::attention_name(tc.attention)

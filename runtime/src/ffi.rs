@@ -137,7 +137,6 @@ pub enum Slot {
     PJRT_TopologyDescription_Create = 82,
     PJRT_TopologyDescription_Destroy = 83,
     PJRT_TopologyDescription_PlatformName = 84,
-    PJRT_TopologyDescription_PlatformVersion = 85,
     PJRT_TopologyDescription_GetDeviceDescriptions = 86,
     PJRT_Compile = 89,
     PJRT_Executable_OutputElementTypes = 90,
@@ -520,11 +519,6 @@ pjrt_args! {
         topology: *mut PJRT_TopologyDescription,
         platform_name: *const c_char,
         platform_name_size: usize,
-    }
-    PJRT_TopologyDescription_PlatformVersion_Args(40) {
-        topology: *mut PJRT_TopologyDescription,
-        platform_version: *const c_char,
-        platform_version_size: usize,
     }
     PJRT_TopologyDescription_GetDeviceDescriptions_Args(40) {
         topology: *mut PJRT_TopologyDescription,

@@ -68,11 +68,15 @@ impl Client {
                 }
             }
         }
-        let preloaded = cache
-            .preloaded
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&program_fingerprint(mlir));
+        let preloaded = {
+            let mut preloaded = cache.preloaded.lock().unwrap_or_else(|p| p.into_inner());
+            // Hash the text only when something waits to be taken (eager
+            // runs miss the cache once per op).
+            match preloaded.is_empty() {
+                true => None,
+                false => preloaded.remove(&program_fingerprint(mlir)),
+            }
+        };
         let exe = match preloaded {
             Some(exe) => exe,
             None => Arc::new(self.compile(mlir, options)?),

@@ -903,24 +903,7 @@ mod tests {
             let (platform, isa) = expected_target(kind);
             assert_eq!(d.compiler_platform(), Some(platform), "{kind:?}");
             let platform_name = string(&top, "platform_name");
-            let found = match platform_name {
-                Some("CUDA") => {
-                    let extension = match word(info, "cuda_compute_capability.feature_extension") {
-                        Some("ACCELERATED_FEATURES") => "a",
-                        Some("NONE") => "",
-                        other => panic!("{kind:?}: feature extension {other:?} (set it)"),
-                    };
-                    format!(
-                        "sm_{}{}{extension}",
-                        number(info, "cuda_compute_capability.major"),
-                        number(info, "cuda_compute_capability.minor"),
-                    )
-                }
-                Some("ROCM") => string(info, "rocm_compute_capability.gcn_arch_name")
-                    .unwrap()
-                    .to_string(),
-                other => panic!("{kind:?}: platform_name {other:?}"),
-            };
+            let found = config_isa(kind, platform_name, info);
             assert_eq!(
                 platform_name.map(str::to_lowercase).as_deref(),
                 Some(platform)
@@ -943,61 +926,96 @@ mod tests {
                 assert_eq!(string(info, "name"), Some(card), "{kind:?}");
             }
 
-            // Memory: the data sheets' "GB" of HBM or GDDR are binary
-            // (GiB), and the driver offers all but a little of it (ROCm
-            // keeps back 16 MiB, CUDA up to 1.5%): between 98% and all of
-            // the GiB, and never under the table's GB of 10⁹ bytes.
-            let Figures::Datasheet(sheet) = d.figures else {
-                unreachable!()
-            };
-            let offered = number(info, "device_memory_size") as u64;
-            let gib = sheet.memory_bytes / GB * (1 << 30);
-            assert!(
-                offered <= gib && offered as f64 >= 0.98 * gib as f64,
-                "{kind:?}: {offered} bytes against {gib}"
-            );
-            assert!(offered >= sheet.memory_bytes, "{kind:?}");
-
-            // The compute the config describes is the data sheet's dense
-            // bf16 peak: exactly (to the sheet's rounding), but for the
-            // B200, whose tensor clock in XLA's description (1.835 GHz)
-            // gives 2225 TFLOP/s against the sheet's 2250.
-            let derived = config_bf16_tflops(kind, info);
-            let within = if kind == Kind::B200 { 0.012 } else { 0.001 };
-            assert!(
-                (derived / sheet.bf16_tflops - 1.0).abs() < within,
-                "{kind:?}: the config gives {derived:.1} TFLOP/s, the sheet {}",
-                sheet.bf16_tflops
-            );
-
-            // CUDA: the host's software versions, as strings inside
-            // gpu_device_info (where this XLA reads them), one stack for
-            // every card.
+            check_memory(d, info);
+            check_peak(d, info);
             if platform == "cuda" {
-                let versions: Vec<String> = [
-                    "driver_version",
-                    "runtime_version",
-                    "compile_time_toolkit_version",
-                    "dnn_version",
-                ]
-                .iter()
-                .map(|f| {
-                    let v = string(info, f).unwrap_or_else(|| panic!("{kind:?}: no {f}"));
-                    v.to_string()
-                })
-                .collect();
-                for v in &versions {
-                    let parts: Vec<&str> = v.split('.').collect();
-                    assert!(
-                        parts.len() == 3 && parts.iter().all(|p| p.parse::<u32>().is_ok()),
-                        "{kind:?}: version {v}"
-                    );
-                }
-                cuda_versions.push(versions);
+                cuda_versions.push(cuda_stack(kind, info));
             }
         }
         assert_eq!(cuda_versions.len(), 5);
         assert!(cuda_versions.windows(2).all(|w| w[0] == w[1]));
+    }
+
+    /// The ISA a config names: `sm_90a`, `gfx942:sramecc+:xnack-`.
+    fn config_isa(kind: Kind, platform_name: Option<&str>, info: &[(String, Value)]) -> String {
+        match platform_name {
+            Some("CUDA") => {
+                let extension = match word(info, "cuda_compute_capability.feature_extension") {
+                    Some("ACCELERATED_FEATURES") => "a",
+                    Some("NONE") => "",
+                    other => panic!("{kind:?}: feature extension {other:?} (set it)"),
+                };
+                format!(
+                    "sm_{}{}{extension}",
+                    number(info, "cuda_compute_capability.major"),
+                    number(info, "cuda_compute_capability.minor"),
+                )
+            }
+            Some("ROCM") => string(info, "rocm_compute_capability.gcn_arch_name")
+                .unwrap()
+                .to_string(),
+            other => panic!("{kind:?}: platform_name {other:?}"),
+        }
+    }
+
+    /// Memory: the data sheets' "GB" of HBM or GDDR are binary (GiB), and
+    /// the driver offers all but a little of it (ROCm keeps back 16 MiB,
+    /// CUDA up to 1.5%): between 98% and all of the GiB, and never under
+    /// the table's GB of 10⁹ bytes.
+    fn check_memory(d: &Device, info: &[(String, Value)]) {
+        let kind = d.kind;
+        let Figures::Datasheet(sheet) = d.figures else {
+            unreachable!()
+        };
+        let offered = number(info, "device_memory_size") as u64;
+        let gib = sheet.memory_bytes / GB * (1 << 30);
+        assert!(
+            offered <= gib && offered as f64 >= 0.98 * gib as f64,
+            "{kind:?}: {offered} bytes against {gib}"
+        );
+        assert!(offered >= sheet.memory_bytes, "{kind:?}");
+    }
+
+    /// The compute the config describes is the data sheet's dense bf16
+    /// peak: exactly (to the sheet's rounding), but for the B200, whose
+    /// tensor clock in XLA's description (1.835 GHz) gives 2225 TFLOP/s
+    /// against the sheet's 2250.
+    fn check_peak(d: &Device, info: &[(String, Value)]) {
+        let (kind, Figures::Datasheet(sheet)) = (d.kind, d.figures) else {
+            unreachable!()
+        };
+        let derived = config_bf16_tflops(kind, info);
+        let within = if kind == Kind::B200 { 0.012 } else { 0.001 };
+        assert!(
+            (derived / sheet.bf16_tflops - 1.0).abs() < within,
+            "{kind:?}: the config gives {derived:.1} TFLOP/s, the sheet {}",
+            sheet.bf16_tflops
+        );
+    }
+
+    /// CUDA: the host's software versions, as strings inside
+    /// gpu_device_info (where this XLA reads them), each `a.b.c`.
+    fn cuda_stack(kind: Kind, info: &[(String, Value)]) -> Vec<String> {
+        let versions: Vec<String> = [
+            "driver_version",
+            "runtime_version",
+            "compile_time_toolkit_version",
+            "dnn_version",
+        ]
+        .iter()
+        .map(|f| {
+            let v = string(info, f).unwrap_or_else(|| panic!("{kind:?}: no {f}"));
+            v.to_string()
+        })
+        .collect();
+        for v in &versions {
+            let parts: Vec<&str> = v.split('.').collect();
+            assert!(
+                parts.len() == 3 && parts.iter().all(|p| p.parse::<u32>().is_ok()),
+                "{kind:?}: version {v}"
+            );
+        }
+        versions
     }
 
     #[test]

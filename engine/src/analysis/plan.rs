@@ -15,7 +15,7 @@ use hlo_models::decoder::{partition_rules, ModelConfig};
 use hlo_models::nf4;
 use hlo_models::preference::Reference;
 use hlo_models::roles::Role;
-use hlo_models::train::{step_flops, train_step, TrainConfig};
+use hlo_models::train::{step_flops, TrainConfig};
 use hlo_partitioner::{Mesh, PartitionSpec};
 use hlo_runtime::{CompiledMemoryStats, Mode, PluginSpec};
 
@@ -197,11 +197,9 @@ pub fn plan(
     (compile_for, xla_options): (Option<&'static Device>, &[(String, hlo_runtime::XlaOption)]),
 ) -> Result<(ShardedStep, MemoryPlan)> {
     let mut tc = tc.clone();
-    if tc.attention == AttentionKind::Cudnn {
-        tc.attention = cudnn_stand_in(tc.seq);
-    }
+    stand_in_for_cudnn(&mut tc);
     let tc = &tc;
-    let step = ShardedStep::new(&train_step(config, tc)?, mesh, &partition_rules(config))?;
+    let step = ShardedStep::train(config, tc, mesh)?;
     let (mut weights, mut lora, mut optimizer) = (0u64, 0u64, 0u64);
     let (mut nf4_bytes, mut dequantized) = (0u64, 0u64);
     let f = step.function();
@@ -281,6 +279,16 @@ fn compile_step(
     Ok((xla, compile_s, CompiledBy::Cpu { why }))
 }
 
+/// `tc` with cuDNN's attention, which compiles only with a GPU present,
+/// replaced by its stand-in ([`cudnn_stand_in`]); whether it was.
+pub fn stand_in_for_cudnn(tc: &mut TrainConfig) -> bool {
+    let replaced = tc.attention == AttentionKind::Cudnn;
+    if replaced {
+        tc.attention = cudnn_stand_in(tc.seq);
+    }
+    replaced
+}
+
 /// What `plan` compiles in place of cuDNN's attention for rows of `seq`
 /// tokens.
 pub fn cudnn_stand_in(seq: i64) -> AttentionKind {
@@ -314,13 +322,8 @@ pub fn plan_rollout(
         .filter(|&k| laid.step.inputs[k].role == Role::KvCache)
         .map(|k| laid.input_bytes_per_device(k))
         .sum();
-    let backend = Backend::open_for(&PluginSpec::Cpu, mesh.clone())?;
-    let t0 = Instant::now();
-    let program = laid.compile(&backend, Mode::Jit)?;
-    let compile_s = t0.elapsed().as_secs_f64();
-    let xla = program
-        .compiled_memory_stats()?
-        .expect("a JIT program has memory figures");
+    // On the CPU: the generator's programs are not compiled for a target.
+    let (xla, compile_s, _) = compile_step(&laid, mesh, None, &[])?;
     Ok(RolloutMemory {
         completion_tokens: completion,
         prompt_tokens: prompt,

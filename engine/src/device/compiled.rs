@@ -18,7 +18,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use hlo_runtime::{CompileOptions, Mode, XlaOption};
+
+use crate::analysis::hardware::Device;
 use crate::device::backend::Backend;
+use crate::device::pipeline::ShardedStep;
+use crate::device::target::TargetCompiler;
 use crate::error::{EngineError, Result};
 
 /// The first line of the file.
@@ -37,6 +42,11 @@ pub struct PluginIdentity {
 }
 
 impl PluginIdentity {
+    /// The plugin of `client`, as it names its platform.
+    pub fn of_client(client: &hlo_runtime::Client) -> Result<PluginIdentity> {
+        PluginIdentity::of(client.plugin().path(), &client.platform_name()?)
+    }
+
     /// The plugin at `path`, of `platform`.
     pub fn of(path: &Path, platform: &str) -> Result<PluginIdentity> {
         let mut hash = Sha256::new();
@@ -91,6 +101,54 @@ impl CompiledStep {
             executable,
             path: None,
         }
+    }
+
+    /// Compiles `step` (laid out over `backend`'s mesh) for `target`'s
+    /// devices by their own XLA compiler with its XLA flags, or, without
+    /// a target, by `backend`'s plugin as `train` compiles it; `settings`
+    /// are what shaped the step ([`step_settings`]).
+    pub fn compile(
+        step: &ShardedStep,
+        backend: &Backend,
+        (target, xla_options): (Option<&'static Device>, &[(String, XlaOption)]),
+        settings: BTreeMap<String, Value>,
+    ) -> Result<CompiledStep> {
+        let devices = backend.mesh().size();
+        let t0 = std::time::Instant::now();
+        let (executable, compiler, plugin, device) = match target {
+            Some(device) => {
+                let compiler = TargetCompiler::open(device, devices as usize)?;
+                let options = CompileOptions {
+                    env_option_overrides: xla_options.to_vec(),
+                    ..Default::default()
+                };
+                let compiled = compiler.compile(step, &options)?;
+                let plugin =
+                    PluginIdentity::of(compiler.plugin().path(), &compiler.platform_name()?)?;
+                let bytes = compiled.executable.serialize()?;
+                (bytes, compiler.describe(), plugin, device.name.to_string())
+            }
+            None => {
+                let program = step.compile(backend, Mode::Jit)?;
+                let plugin = PluginIdentity::of_client(backend.client())?;
+                let bytes = program.serialize()?.ok_or_else(|| {
+                    EngineError::Executable("a JIT program has no executable".into())
+                })?;
+                let compiler = format!("the {} plugin", plugin.platform);
+                (bytes, compiler, plugin, device_name(backend)?)
+            }
+        };
+        let manifest = Manifest {
+            program_fingerprint: fingerprint_hex(&step.stablehlo()),
+            settings,
+            device,
+            devices,
+            plugin,
+            compiler,
+            compile_s: t0.elapsed().as_secs_f64(),
+            executable_sha256: String::new(),
+        };
+        Ok(CompiledStep::new(manifest, executable))
     }
 
     /// Writes the file (under a temporary name, then renamed).
@@ -159,9 +217,7 @@ impl CompiledStep {
         settings: &BTreeMap<String, Value>,
     ) -> Result<()> {
         let m = &self.manifest;
-        let client = backend.client();
-        let platform = client.platform_name()?;
-        let plugin = PluginIdentity::of(client.plugin().path(), &platform)?;
+        let plugin = PluginIdentity::of_client(backend.client())?;
         if plugin != m.plugin {
             return Err(EngineError::Executable(format!(
                 "it was compiled by {} {} (sha256 {}), and this run's plugin is {} {} (sha256 {}): an executable loads only in the plugin build that made it",
@@ -181,8 +237,7 @@ impl CompiledStep {
                 m.devices, m.device
             )));
         }
-        let fingerprint = format!("{:016x}", hlo_runtime::program_fingerprint(program));
-        if fingerprint == m.program_fingerprint {
+        if fingerprint_hex(program) == m.program_fingerprint {
             return Ok(());
         }
         let differs = settings_difference(&m.settings, settings)
@@ -235,6 +290,11 @@ fn settings_difference(
             format!("{k}: {} compiled, {} in this run", show(a), show(b))
         })
     })
+}
+
+/// A program's fingerprint as the manifest records it.
+fn fingerprint_hex(program: &str) -> String {
+    format!("{:016x}", hlo_runtime::program_fingerprint(program))
 }
 
 fn short(sha: &str) -> &str {

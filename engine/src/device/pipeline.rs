@@ -41,6 +41,18 @@ impl ShardedStep {
         })
     }
 
+    /// The train step of `config` under `tc`, laid out over `mesh` by its
+    /// family's rules: what `train` compiles, `plan` plans and `compile`
+    /// writes.
+    pub fn train(
+        config: &hlo_models::decoder::ModelConfig,
+        tc: &hlo_models::train::TrainConfig,
+        mesh: &Mesh,
+    ) -> Result<ShardedStep> {
+        let traced = hlo_models::train::train_step(config, tc)?;
+        ShardedStep::new(&traced, mesh, &hlo_models::decoder::partition_rules(config))
+    }
+
     /// `step`, simplified once, with input `k` laid out as `input(k)`:
     /// state returned updated keeps its input's layout, other outputs are
     /// replicated. For generation programs, whose weights are laid out as

@@ -86,17 +86,14 @@ impl TargetCompiler {
         })
     }
 
-    pub fn device(&self) -> &'static Device {
-        self.device
-    }
-
     /// The plugin that compiles.
     pub fn plugin(&self) -> &Plugin {
         self.topology.plugin()
     }
 
-    pub fn devices(&self) -> usize {
-        self.devices
+    /// The platform the plugin compiles for (`cuda`, `rocm`), as it says.
+    pub fn platform_name(&self) -> Result<String> {
+        Ok(self.topology.platform_name()?)
     }
 
     /// The compiler in words: `XLA's CUDA compiler for 8 × H100`.
@@ -112,9 +109,36 @@ impl TargetCompiler {
         format!("XLA's {platform} compiler for {devices}")
     }
 
-    /// Compiles `step` (its mesh's size must be the topology's) with
-    /// `options` added (XLA flags).
+    /// Compiles `step` (its mesh's size must be the topology's) with the
+    /// XLA flags of `options`.
     pub fn compile(&self, step: &ShardedStep, options: &CompileOptions) -> Result<TargetCompile> {
+        let options = self.spmd_options(step, options)?;
+        self.timed(|| Ok(self.topology.compile(&step.stablehlo(), &options)?))
+    }
+
+    /// Compiles `step` as [`TargetCompiler::compile`] does and returns
+    /// the HLO XLA optimized too (after fusion, remat and collectives).
+    pub fn compile_optimized(
+        &self,
+        step: &ShardedStep,
+        options: &CompileOptions,
+    ) -> Result<(TargetCompile, String)> {
+        let options = self.spmd_options(step, options)?;
+        let dir = DumpDir::new()?;
+        let mut text = String::new();
+        let compiled = self.timed(|| {
+            let (executable, optimized) =
+                self.topology
+                    .compile_optimized_text(&step.stablehlo(), &options, &dir.0)?;
+            text = optimized;
+            Ok(executable)
+        })?;
+        Ok((compiled, text))
+    }
+
+    /// `step`'s SPMD options over the topology's devices, with the XLA
+    /// flags of `options`.
+    fn spmd_options(&self, step: &ShardedStep, options: &CompileOptions) -> Result<CompileOptions> {
         let n = step.mesh().size();
         if n as usize != self.devices {
             return Err(EngineError::Target {
@@ -125,12 +149,16 @@ impl TargetCompiler {
                 ),
             });
         }
-        let mut options = options.clone();
-        (options.num_replicas, options.num_partitions) = (1, n);
-        options.use_spmd_partitioning = true;
-        options.use_shardy_partitioner = true;
+        Ok(CompileOptions {
+            env_option_overrides: options.env_option_overrides.clone(),
+            ..CompileOptions::spmd(n)
+        })
+    }
+
+    /// Runs `compile`, timed, with XLA's figures of what it made.
+    fn timed(&self, compile: impl FnOnce() -> Result<CompiledForTarget>) -> Result<TargetCompile> {
         let t0 = Instant::now();
-        let executable = self.topology.compile(&step.stablehlo(), &options)?;
+        let executable = compile()?;
         let compile_s = t0.elapsed().as_secs_f64();
         let xla = executable.compiled_memory_stats()?;
         Ok(TargetCompile {
@@ -138,34 +166,6 @@ impl TargetCompiler {
             xla,
             compile_s,
         })
-    }
-
-    /// Compiles `step` as [`TargetCompiler::compile`] does and returns
-    /// the HLO XLA optimized too (after fusion, remat and collectives).
-    pub fn compile_optimized(
-        &self,
-        step: &ShardedStep,
-        options: &CompileOptions,
-    ) -> Result<(TargetCompile, String)> {
-        let dir = DumpDir::new()?;
-        let mut options = options.clone();
-        (options.num_replicas, options.num_partitions) = (1, step.mesh().size());
-        options.use_spmd_partitioning = true;
-        options.use_shardy_partitioner = true;
-        let t0 = Instant::now();
-        let (executable, text) =
-            self.topology
-                .compile_optimized_text(&step.stablehlo(), &options, &dir.0)?;
-        let compile_s = t0.elapsed().as_secs_f64();
-        let xla = executable.compiled_memory_stats()?;
-        Ok((
-            TargetCompile {
-                executable,
-                xla,
-                compile_s,
-            },
-            text,
-        ))
     }
 }
 

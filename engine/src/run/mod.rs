@@ -41,6 +41,7 @@ use regex::Regex;
 
 use crate::analysis::flops;
 use crate::device::backend::Backend;
+use crate::device::compiled::CompiledStep;
 use crate::error::{EngineError, Result};
 use crate::inputs::model::{Model, ModelSource};
 use crate::objectives::rollouts::RolloutInputs;
@@ -81,19 +82,6 @@ pub struct Run {
     stop: StopFlag,
     /// The step's decided `auto` choices ([`crate::run::policy::StepPolicy::line`]).
     choices: String,
-}
-
-/// A run's train step as [`Run::step_to_compile`] gives it.
-pub struct StepToCompile {
-    pub step: crate::device::pipeline::ShardedStep,
-    /// The devices the step is laid out over (the run's plugin's).
-    pub backend: Backend,
-    pub config: TrainConfig,
-    /// The step's `auto` choices and why.
-    pub choices: String,
-    /// The settings that shape the step
-    /// ([`crate::device::compiled::step_settings`]).
-    pub settings: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// What [`Run::new`] reads and decides before compiling: the model, the
@@ -450,9 +438,7 @@ fn open_session(
                 "--executable loads a compiled step; --eager compiles op by op".into(),
             ))
         }
-        Some(path) => Some(std::sync::Arc::new(
-            crate::device::compiled::CompiledStep::read(path)?,
-        )),
+        Some(path) => Some(std::sync::Arc::new(CompiledStep::read(path)?)),
         None => None,
     };
     let options = SessionOptions {
@@ -701,31 +687,27 @@ impl Run {
         })
     }
 
-    /// The run's train step, traced and laid out as [`Run::new`] would
-    /// compile it (for `spec.compile_for`'s devices where given), with
-    /// neither compiling nor placing anything: what `hlo-train compile`
-    /// compiles for another machine. Under `auto`, cuDNN's attention,
-    /// which cannot be compiled without a GPU, is replaced by XLA's (a
-    /// run loading the result falls back to the same step).
-    pub fn step_to_compile(mut spec: RunSpec) -> Result<StepToCompile> {
+    /// The run's train step, traced as [`Run::new`] would compile it and
+    /// compiled for `spec.compile_for`'s devices (their own XLA compiler,
+    /// no GPU needed) or else by the run's plugin, with no state placed:
+    /// what `hlo-train compile` writes for `train --executable`, and the
+    /// step's choices line. Under `auto`, cuDNN's attention, which cannot
+    /// be compiled without a GPU, is replaced by XLA's (a run loading the
+    /// result falls back to the same step).
+    pub fn compile(mut spec: RunSpec) -> Result<(CompiledStep, String)> {
         let mut p = PreparedStep::new(&mut spec, false)?;
         let mut choices = p.choices;
-        if chose_cudnn(&spec, &p.tc) {
+        if spec.compile_for.is_some() && chose_cudnn(&spec, &p.tc) {
             let (tc, line) = without_cudnn(&spec, &p.tc, &p.backend, &p.model.config)?;
             p.tc = tc;
             choices = format!("{line} (cuDNN's attention, chosen first, cannot be compiled without a GPU; a run loading this step falls back to it)");
         }
-        let traced = hlo_models::train::train_step(&p.model.config, &p.tc)?;
-        let rules = hlo_models::decoder::partition_rules(&p.model.config);
-        let step = crate::device::pipeline::ShardedStep::new(&traced, p.backend.mesh(), &rules)?;
-        let settings = crate::device::compiled::step_settings(&p.model, &p.tc, p.backend.mesh());
-        Ok(StepToCompile {
-            step,
-            backend: p.backend,
-            config: p.tc,
-            choices,
-            settings,
-        })
+        let mesh = p.backend.mesh();
+        let step = crate::device::pipeline::ShardedStep::train(&p.model.config, &p.tc, mesh)?;
+        let settings = crate::device::compiled::step_settings(&p.model, &p.tc, mesh);
+        let target = (spec.compile_for, spec.backend.xla_options.as_slice());
+        let compiled = CompiledStep::compile(&step, &p.backend, target, settings)?;
+        Ok((compiled, choices))
     }
 
     /// Stops the run when `stop` is set (after the step in flight, saving

@@ -22,9 +22,9 @@ use std::time::Instant;
 use hlo_data::Batch;
 use hlo_ir::{Literal, TensorType};
 use hlo_models::adapter::Adapter;
-use hlo_models::decoder::{is_stacked, partition_rules, unstack_literal, unstacked_names};
+use hlo_models::decoder::{is_stacked, unstack_literal, unstacked_names};
 use hlo_models::roles::{BatchField, Role, Step};
-use hlo_models::train::{batch_fields, step_flops, train_step, TrainConfig};
+use hlo_models::train::{batch_fields, step_flops, TrainConfig};
 use hlo_partitioner::Sharding;
 use hlo_runtime::{
     CompiledMemoryStats, DeviceArray, EagerStats, HostArray, Mode, Observer, Program, ReadyTime,
@@ -190,10 +190,8 @@ impl Session {
         if options.weights == Weights::FromModel {
             model.check_weights()?;
         }
-        let rules = partition_rules(&model.config);
         let compile = |config: &TrainConfig| -> Result<(ShardedStep, Program)> {
-            let traced = train_step(&model.config, config)?;
-            let step = ShardedStep::new(&traced, backend.mesh(), &rules)?;
+            let step = ShardedStep::train(&model.config, config, backend.mesh())?;
             if let Some(compiled) = &options.executable {
                 preload(&backend, &model, config, &step, compiled)?;
             }
