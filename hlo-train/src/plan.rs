@@ -263,6 +263,7 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
             .as_ref()
             .map_or_else(|| choices.line(), |(line, _)| line.clone()),
         estimate_bytes: choices.memory.map(|m| m.total()),
+        stand_in_estimate_bytes: to_plan.stand_in_estimate()?,
         rechosen: rechosen.map(|(_, why)| why),
         args,
     };
@@ -498,6 +499,9 @@ struct Report<'a> {
     choices: String,
     /// The policy's estimate of the step's bytes (None on the CPU).
     estimate_bytes: Option<u64>,
+    /// The estimate of the blockwise stand-in compiled in place of
+    /// cuDNN's attention (None where the step has none).
+    stand_in_estimate_bytes: Option<u64>,
     /// Why the form planned is not the policy's first (the target's
     /// compiler found that one too large).
     rechosen: Option<String>,
@@ -615,6 +619,10 @@ struct Summary {
     /// The step policy's estimate of the step's bytes a device (GPU
     /// targets), beside XLA's.
     policy_estimate_bytes: Option<u64>,
+    /// The policy's estimate of what was compiled in place of cuDNN's
+    /// attention (its blockwise stand-in), which XLA's figure is compared
+    /// with; `policy_estimate_bytes` stays cuDNN's own.
+    stand_in_estimate_bytes: Option<u64>,
     /// Why the form planned is not the policy's first choice.
     rechosen: Option<String>,
 }
@@ -768,6 +776,7 @@ impl Summary {
             compile_s: p.compile_s,
             compiled_by: CompiledBySummary::of(&p.compiled_by),
             policy_estimate_bytes: r.estimate_bytes,
+            stand_in_estimate_bytes: r.stand_in_estimate_bytes,
             rechosen: r.rechosen.clone(),
         }
     }
@@ -867,14 +876,23 @@ fn print_compiled_by(s: &Summary, r: &Report) {
             );
         }
     }
-    if let Some(e) = s.policy_estimate_bytes {
-        let xla = s.per_device.total_bytes as f64;
-        println!(
+    let xla = s.per_device.total_bytes as f64;
+    let off = |e: u64| (e as f64 - xla) / xla.max(1.0) * 100.0;
+    match (s.policy_estimate_bytes, s.stand_in_estimate_bytes) {
+        (Some(e), Some(compiled)) => println!(
+            "  the step policy estimated {} for cuDNN's attention, and {} for the blockwise stand-in compiled ({:+.0}% from XLA's {})",
+            gb(e),
+            gb(compiled),
+            off(compiled),
+            gb(s.per_device.total_bytes)
+        ),
+        (Some(e), None) => println!(
             "  the step policy estimated {} ({:+.0}% from XLA's {})",
             gb(e),
-            (e as f64 - xla) / xla.max(1.0) * 100.0,
+            off(e),
             gb(s.per_device.total_bytes)
-        );
+        ),
+        _ => {}
     }
     if let Some(why) = &s.rechosen {
         println!("  {why}");

@@ -401,6 +401,23 @@ impl StepToPlan {
             .policy(&self.config, self.dtype, &self.mesh, &self.target)
     }
 
+    /// The policy's estimate of the program compiled, where that is not
+    /// the form the policy chose: cuDNN's attention, which compiles only
+    /// on a GPU, is compiled as its blockwise stand-in
+    /// ([`stand_in_for_cudnn`]), which keeps more (None otherwise, or on
+    /// the CPU, where the policy estimates nothing).
+    pub fn stand_in_estimate(&self) -> Result<Option<u64>> {
+        let chosen = self.policy()?;
+        if chosen.attention != AttentionKind::Cudnn {
+            return Ok(None);
+        }
+        let mut stand_in = self.clone();
+        stand_in.spec = self
+            .spec
+            .fixed_to(chosen.layers, cudnn_stand_in(self.spec.seq));
+        Ok(stand_in.policy()?.memory.map(|m| m.total()))
+    }
+
     /// Plans the step ([`plan`]), and GRPO's rollouts beside it
     /// ([`plan_rollout`]).
     pub fn plan_step(&self) -> Result<(ShardedStep, MemoryPlan)> {

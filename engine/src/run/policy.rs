@@ -272,13 +272,30 @@ impl StepShape<'_> {
         }
     }
 
+    /// What blockwise attention keeps a layer beyond the other forms: its
+    /// backward walks the layer's queries in the accumulator's dtype, and
+    /// XLA keeps that copy for it (the 8B bf16 step compiled for an H100:
+    /// an f32 `[b, kv_heads, groups, s, d]` buffer a layer, 2.1 GB in all
+    /// at 4 × 1,024). Nothing where the dtype is its own accumulator.
+    fn blockwise_queries_bytes(&self, attention: AttentionKind) -> f64 {
+        let acc = self.dtype.accumulator();
+        if !matches!(attention, AttentionKind::Blockwise { .. }) || acc == self.dtype {
+            return 0.0;
+        }
+        let c = self.config;
+        let heads = (c.num_attention_heads / self.model_shards.max(1)).max(1);
+        let tokens = self.rows as f64 * self.seq as f64;
+        tokens * (heads * c.head_dim) as f64 * acc.size_in_bytes() as f64
+    }
+
     /// The step's estimated memory with `layers` and `attention`. The
     /// backward of a naive layer holds its scores' gradient beside the
     /// kept scores; a recomputed layer holds both anew.
     pub fn memory(&self, layers: Layers, attention: AttentionKind) -> StepMemory {
         let c = self.config;
         let tokens = self.rows as f64 * self.seq as f64;
-        let kept = tokens * kept_per_token_layer(c, self.dtype, self.model_shards);
+        let kept = tokens * kept_per_token_layer(c, self.dtype, self.model_shards)
+            + self.blockwise_queries_bytes(attention);
         let mlp = tokens * mlp_per_token(c, self.dtype, self.model_shards);
         let scores = self.scores_bytes(attention);
         let n = c.num_hidden_layers as f64;
@@ -495,10 +512,17 @@ fn decide_cpu(shape: &StepShape, fixed: Fixed) -> StepPolicy {
 /// 126 layers over 8 devices did not compile for `plan` in 10 minutes).
 pub const MAX_UNROLLED_LAYERS: i64 = 48;
 
+/// The same for mixture-of-experts layers, whose unrolled program holds
+/// every layer's routing, dispatch and experts: Qwen3-30B-A3B's 48 layers
+/// unrolled for 8 × H100 had not compiled after 25 minutes on 2 cores
+/// (scanned: 43 s); Mixtral's 32 stay unrolled.
+pub const MAX_UNROLLED_MOE_LAYERS: i64 = 32;
+
 /// The layer forms to try, fewest FLOPs first: unrolled without remat,
 /// then with each MLP recomputed, then each layer recomputed (scanned
 /// from 24 layers, where unrolling costs compile time and the recompute
-/// is the same); past [`MAX_UNROLLED_LAYERS`], and for NF4 bases (whose
+/// is the same); past [`MAX_UNROLLED_LAYERS`] (mixtures of experts:
+/// [`MAX_UNROLLED_MOE_LAYERS`]), and for NF4 bases (whose
 /// unrolled layers would keep every weight dequantized for the backward,
 /// undoing what NF4 saves), only the scan. `--remat none` means no
 /// recompute at all, so layers unrolled unless `--scan-layers on`.
@@ -508,7 +532,12 @@ fn layer_candidates(c: &ModelConfig, fixed: Fixed) -> Vec<Layers> {
     } else {
         Layers::UnrolledRemat
     };
-    let scan_only = c.num_hidden_layers > MAX_UNROLLED_LAYERS || c.quantization.is_some();
+    let most = if c.moe.is_some() {
+        MAX_UNROLLED_MOE_LAYERS
+    } else {
+        MAX_UNROLLED_LAYERS
+    };
+    let scan_only = c.num_hidden_layers > most || c.quantization.is_some();
     match (fixed.scan_layers, fixed.remat) {
         (None, None | Some(Remat::Layers)) if scan_only => vec![Layers::Scanned],
         (Some(true), _) => vec![Layers::Scanned],
@@ -687,6 +716,30 @@ mod tests {
     }
 
     #[test]
+    fn blockwise_attention_keeps_each_layers_queries_in_f32() {
+        let c = llama8b();
+        let s = shape(&c, 4, 1024);
+        for layers in [Layers::Unrolled, Layers::Scanned] {
+            let cudnn = s.memory(layers, AttentionKind::Cudnn).total();
+            let blockwise = s
+                .memory(layers, AttentionKind::Blockwise { block: 128 })
+                .total();
+            // f32 [4 × 1,024 tokens, 32 heads × 128] a layer kept.
+            let kept = if layers == Layers::Unrolled { 32 } else { 1 };
+            let queries = kept * 4 * 1024 * 32 * 128 * 4;
+            assert!(blockwise.abs_diff(cudnn + queries) <= 2, "{layers:?}");
+        }
+        let f32_step = StepShape {
+            dtype: DType::F32,
+            ..shape(&c, 4, 1024)
+        };
+        assert_eq!(
+            f32_step.memory(Layers::Unrolled, AttentionKind::Cudnn),
+            f32_step.memory(Layers::Unrolled, AttentionKind::Blockwise { block: 128 })
+        );
+    }
+
+    #[test]
     fn cpu_keeps_its_measured_choices() {
         let c = llama8b();
         let p = decide(&shape(&c, 4, 1024), &Target::cpu(), Fixed::default());
@@ -839,6 +892,17 @@ mod tests {
             };
             let p = decide(&s, &gpu(Kind::Mi300x), Fixed::default());
             assert_eq!(p.layers, Layers::Scanned, "{name}");
+        }
+        // Mixtures of experts from fewer layers; Mixtral's 32 unrolled.
+        for (name, scanned) in [("qwen3-30b-a3b", true), ("mixtral-8x7b", false)] {
+            let c = ModelConfig::preset(name).unwrap();
+            assert_eq!(c.num_hidden_layers > 32, scanned, "{name}");
+            let s = StepShape {
+                weight_shards: 8,
+                ..shape(&c, 1, 64)
+            };
+            let p = decide(&s, &gpu(Kind::H100), Fixed::default());
+            assert_eq!(p.layers == Layers::Scanned, scanned, "{name}");
         }
         let mut nf4 = ModelConfig::preset("llama3.2-1b").unwrap();
         nf4.quantization = Some(hlo_models::nf4::Nf4Config {
