@@ -64,6 +64,12 @@ pub enum DataError {
         path: PathBuf,
         cause: std::io::Error,
     },
+    /// A file could not be written whole ([`hlo_fs::write_atomic`]).
+    #[error("cannot write {}: {cause}", path.display())]
+    Write {
+        path: PathBuf,
+        cause: hlo_fs::WriteError,
+    },
     /// Another process writes the folder (see [`crate::lock`]).
     #[error("{} is held by {holder}: one writer a folder; wait for it to finish, or give another folder", path.display())]
     Locked { path: PathBuf, holder: String },

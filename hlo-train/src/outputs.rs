@@ -261,9 +261,9 @@ impl Hooks for RecipeFile {
         resolved.push(("devices".into(), start.mesh.size().into()));
         let text = recipe::effective(&self.command, &self.matches, &resolved);
         let path = out.join("recipe.yaml");
-        let tmp = out.join(".recipe.yaml.tmp");
-        std::fs::write(&tmp, text)
-            .and_then(|()| std::fs::rename(&tmp, &path))
-            .map_err(io("write", &path))
+        Ok(hlo_engine::models::io::write_atomic(
+            &path,
+            text.as_bytes(),
+        )?)
     }
 }

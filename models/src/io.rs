@@ -5,33 +5,12 @@ use std::path::Path;
 
 use crate::{safetensors_file, ModelError};
 
-/// Writes `bytes` to `path` through a temporary file in the same folder,
-/// synced and then renamed over `path`.
+/// Writes `bytes` to `path` whole ([`hlo_fs::write_atomic`]).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
-    let tmp = temporary(path)?;
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.map_err(ModelError::io("write", path))
-}
-
-/// The temporary `path` is written under until it is renamed into place:
-/// `.NAME.tmp-PID` beside it (what a later run removes when PID is dead).
-fn temporary(path: &Path) -> Result<std::path::PathBuf, ModelError> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| ModelError::NotAFile(path.to_path_buf()))?;
-    Ok(path.with_file_name(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    )))
+    hlo_fs::write_atomic(path, bytes).map_err(|e| match e {
+        hlo_fs::WriteError::NotAFile(p) => ModelError::NotAFile(p),
+        hlo_fs::WriteError::Io(cause) => ModelError::io("write", path)(cause),
+    })
 }
 
 /// Every tensor of a safetensors file (validated, copied out), in file order.
@@ -277,7 +256,8 @@ impl SafetensorsWriter {
         let mut text = serde_json::Value::Object(header).to_string().into_bytes();
         // Padded with spaces to 8 bytes, so the data that follows is aligned.
         text.resize(text.len().div_ceil(8) * 8, b' ');
-        let tmp = temporary(path)?;
+        let tmp =
+            hlo_fs::temporary_path(path).ok_or_else(|| ModelError::NotAFile(path.to_path_buf()))?;
         let file = std::fs::File::create(&tmp).map_err(ModelError::io("create", &tmp))?;
         let mut writer = SafetensorsWriter {
             path: path.to_path_buf(),
@@ -332,8 +312,7 @@ impl SafetensorsWriter {
         let done = file
             .into_inner()
             .map_err(|e| e.into_error())
-            .and_then(|f| f.sync_all())
-            .and_then(|_| std::fs::rename(&self.tmp, &self.path));
+            .and_then(|f| hlo_fs::rename_into_place(f, &self.tmp, &self.path));
         done.map_err(ModelError::io("write", &self.path))?;
         Ok(self.crc.clone().finalize())
     }

@@ -1,33 +1,15 @@
 //! Writing a whole file so that no reader ever sees part of it.
 
-use std::io::Write;
 use std::path::Path;
 
 use crate::error::{ReportError, Result};
 
-/// Writes `bytes` to a temporary file beside `path` and renames it over
-/// `path` (a rename within one folder is atomic); the temporary file is
-/// removed when anything fails.
+/// Writes `bytes` to `path` whole ([`hlo_fs::write_atomic`]).
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let name = path.file_name().ok_or_else(|| ReportError::NotAFile {
-        path: path.to_path_buf(),
-    })?;
-    // Hidden and named by process, so concurrent writers do not collide.
-    let tmp = path.with_file_name(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.map_err(ReportError::io("write", path))
+    hlo_fs::write_atomic(path, bytes).map_err(|e| match e {
+        hlo_fs::WriteError::NotAFile(p) => ReportError::NotAFile { path: p },
+        hlo_fs::WriteError::Io(cause) => ReportError::io("write", path)(cause),
+    })
 }
 
 #[cfg(test)]

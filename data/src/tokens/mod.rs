@@ -186,18 +186,13 @@ pub fn is_token_dir(path: &Path) -> bool {
     path.join(MANIFEST).is_file()
 }
 
-/// `bytes` written to `path` through a temporary file renamed over it, so
-/// a reader sees the old file or the new one, whole.
+/// `bytes` written to `path` whole ([`hlo_fs::write_atomic`]), so a
+/// reader sees the old file or the new one.
 pub(crate) fn write_whole(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let io = |cause| DataError::Read {
+    hlo_fs::write_atomic(path, bytes).map_err(|cause| DataError::Write {
         path: path.to_path_buf(),
         cause,
-    };
-    std::fs::write(&tmp, bytes).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    })
 }
 
 /// One shard's files, memory-mapped.

@@ -239,10 +239,7 @@ pub fn remove_stale_temporaries(dir: &Path) {
     };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let stale = name
-            .strip_prefix('.')
-            .and_then(|n| n.rsplit_once(".tmp-"))
-            .and_then(|(_, pid)| pid.parse::<u32>().ok())
+        let stale = hlo_fs::temporary_writer(&name)
             .is_some_and(|pid| pid != std::process::id() && !alive(pid));
         if stale {
             let _ = std::fs::remove_file(e.path());
