@@ -206,6 +206,111 @@ fn check_coordinator(name: &str, value: &str) -> Result<(), LaunchError> {
     }
 }
 
+/// How many processes the run has: `--num-processes`, else the launcher's
+/// count. `None`: a run of one, which needs no rendezvous (and flags
+/// naming a process or coordinator without a count are a mistake).
+fn resolve_num_processes(
+    flags: &LaunchFlags,
+    from_env: Option<&Launch>,
+) -> Result<Option<u32>, LaunchError> {
+    let num_processes = match (flags.num_processes, from_env) {
+        (Some(n), _) => n,
+        (None, Some(l)) => l.num_processes,
+        (None, None) => {
+            if flags.process_id.is_some() || flags.coordinator.is_some() {
+                return Err(LaunchError::Incomplete(
+                    "--process-id and --coordinator need --num-processes (or a SLURM or torchrun launch)".into(),
+                ));
+            }
+            return Ok(None);
+        }
+    };
+    if num_processes == 0 {
+        return Err(LaunchError::BadValue {
+            name: "--num-processes".into(),
+            value: "0".into(),
+            reason: "a run has at least one process".into(),
+        });
+    }
+    Ok((num_processes > 1).then_some(num_processes))
+}
+
+/// This process's index: `--process-id`, else the launcher's when its
+/// count is the run's (`env_fits`). An index out of range is blamed on
+/// whichever flag or variable gave it.
+fn resolve_process_id(
+    flags: &LaunchFlags,
+    env_fits: Option<&Launch>,
+    num_processes: u32,
+) -> Result<u32, LaunchError> {
+    let process_id = match (flags.process_id, env_fits) {
+        (Some(k), _) => k,
+        (None, Some(l)) => l.process_id,
+        (None, None) => {
+            return Err(LaunchError::Incomplete(format!(
+                "--num-processes {num_processes} needs --process-id K (0 to {})",
+                num_processes - 1
+            )))
+        }
+    };
+    if process_id >= num_processes {
+        let name = match (flags.process_id, env_fits) {
+            (None, Some(l)) if l.source == LaunchSource::Torchrun => "RANK",
+            (None, Some(_)) => "SLURM_PROCID",
+            _ => "--process-id",
+        };
+        return Err(LaunchError::BadValue {
+            name: name.into(),
+            value: process_id.to_string(),
+            reason: format!(
+                "a run of {num_processes} processes numbers them 0 to {}",
+                num_processes - 1
+            ),
+        });
+    }
+    Ok(process_id)
+}
+
+/// Process 0's `HOST:PORT`: `--coordinator`, checked since it is typed
+/// by hand, else the launcher's when its count is the run's (`env_fits`).
+fn resolve_coordinator(
+    flags: &LaunchFlags,
+    env_fits: Option<&Launch>,
+    num_processes: u32,
+) -> Result<String, LaunchError> {
+    match (&flags.coordinator, env_fits) {
+        (Some(c), _) => {
+            check_coordinator("--coordinator", c)?;
+            Ok(c.clone())
+        }
+        (None, Some(l)) => Ok(l.coordinator.clone()),
+        (None, None) => Err(LaunchError::Incomplete(format!(
+            "--num-processes {num_processes} needs --coordinator HOST:PORT (process 0's address, the same for every process)"
+        ))),
+    }
+}
+
+/// The run token: `--run-token`, else `HLO_TRAIN_RUN_TOKEN`, whatever the
+/// launcher, since no launcher passes one.
+fn resolve_run_token(
+    flags: &LaunchFlags,
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<RunToken>, LaunchError> {
+    match &flags.run_token {
+        Some(t) => Ok(Some(t.clone())),
+        None => env(RUN_TOKEN_ENV)
+            .map(|text| {
+                // The message must not show the token: it is empty here.
+                RunToken::new(text).map_err(|e| LaunchError::BadValue {
+                    name: RUN_TOKEN_ENV.into(),
+                    value: String::new(),
+                    reason: format!("{e}; unset it, or set it to the run's secret"),
+                })
+            })
+            .transpose(),
+    }
+}
+
 impl Launch {
     /// This process's launch: each flag, else the torchrun-style
     /// variables (`WORLD_SIZE`, `RANK`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`,
@@ -218,37 +323,10 @@ impl Launch {
         flags: &LaunchFlags,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Option<Launch>, LaunchError> {
-        let from_env = if env("WORLD_SIZE").is_some() {
-            Some(Self::torchrun(&env)?)
-        } else if env("SLURM_JOB_ID").is_some()
-            && (env("SLURM_NTASKS").is_some() || env("SLURM_NPROCS").is_some())
-        {
-            Some(Self::slurm(&env)?)
-        } else {
-            None
-        };
-        let num_processes = match (flags.num_processes, &from_env) {
-            (Some(n), _) => n,
-            (None, Some(l)) => l.num_processes,
-            (None, None) => {
-                if flags.process_id.is_some() || flags.coordinator.is_some() {
-                    return Err(LaunchError::Incomplete(
-                        "--process-id and --coordinator need --num-processes (or a SLURM or torchrun launch)".into(),
-                    ));
-                }
-                return Ok(None);
-            }
-        };
-        if num_processes == 0 {
-            return Err(LaunchError::BadValue {
-                name: "--num-processes".into(),
-                value: "0".into(),
-                reason: "a run has at least one process".into(),
-            });
-        }
-        if num_processes == 1 {
+        let from_env = Self::from_launcher(&env)?;
+        let Some(num_processes) = resolve_num_processes(flags, from_env.as_ref())? else {
             return Ok(None);
-        }
+        };
         let source = match (flags.num_processes, &from_env) {
             (Some(_), _) | (None, None) => LaunchSource::Flags,
             (None, Some(l)) => l.source,
@@ -258,56 +336,9 @@ impl Launch {
         let env_fits = from_env
             .as_ref()
             .filter(|l| l.num_processes == num_processes);
-        let process_id = match (flags.process_id, env_fits) {
-            (Some(k), _) => k,
-            (None, Some(l)) => l.process_id,
-            (None, None) => {
-                return Err(LaunchError::Incomplete(format!(
-                    "--num-processes {num_processes} needs --process-id K (0 to {})",
-                    num_processes - 1
-                )))
-            }
-        };
-        if process_id >= num_processes {
-            let name = match (flags.process_id, env_fits) {
-                (None, Some(l)) if l.source == LaunchSource::Torchrun => "RANK",
-                (None, Some(_)) => "SLURM_PROCID",
-                _ => "--process-id",
-            };
-            return Err(LaunchError::BadValue {
-                name: name.into(),
-                value: process_id.to_string(),
-                reason: format!(
-                    "a run of {num_processes} processes numbers them 0 to {}",
-                    num_processes - 1
-                ),
-            });
-        }
-        let coordinator = match (&flags.coordinator, env_fits) {
-            (Some(c), _) => {
-                check_coordinator("--coordinator", c)?;
-                c.clone()
-            }
-            (None, Some(l)) => l.coordinator.clone(),
-            (None, None) => {
-                return Err(LaunchError::Incomplete(format!(
-                    "--num-processes {num_processes} needs --coordinator HOST:PORT (process 0's address, the same for every process)"
-                )))
-            }
-        };
-        let run_token = match &flags.run_token {
-            Some(t) => Some(t.clone()),
-            None => env(RUN_TOKEN_ENV)
-                .map(|text| {
-                    // The message must not show the token: it is empty here.
-                    RunToken::new(text).map_err(|e| LaunchError::BadValue {
-                        name: RUN_TOKEN_ENV.into(),
-                        value: String::new(),
-                        reason: format!("{e}; unset it, or set it to the run's secret"),
-                    })
-                })
-                .transpose()?,
-        };
+        let process_id = resolve_process_id(flags, env_fits, num_processes)?;
+        let coordinator = resolve_coordinator(flags, env_fits, num_processes)?;
+        let run_token = resolve_run_token(flags, &env)?;
         Ok(Some(Launch {
             num_processes,
             process_id,
@@ -318,6 +349,21 @@ impl Launch {
             source,
             run_token,
         }))
+    }
+
+    /// The launch a launcher's variables describe: torchrun's when
+    /// `WORLD_SIZE` is set, else SLURM's when the job has a task count;
+    /// `None` when neither launcher's variables are there.
+    fn from_launcher(env: &impl Fn(&str) -> Option<String>) -> Result<Option<Launch>, LaunchError> {
+        if env("WORLD_SIZE").is_some() {
+            Ok(Some(Self::torchrun(env)?))
+        } else if env("SLURM_JOB_ID").is_some()
+            && (env("SLURM_NTASKS").is_some() || env("SLURM_NPROCS").is_some())
+        {
+            Ok(Some(Self::slurm(env)?))
+        } else {
+            Ok(None)
+        }
     }
 
     fn torchrun(env: &impl Fn(&str) -> Option<String>) -> Result<Launch, LaunchError> {

@@ -235,10 +235,33 @@ pub fn loss_svg(curves: &LossCurves, title: &str) -> String {
 /// reward per step and its moving mean: `reward.svg`).
 pub fn chart_svg(curves: &LossCurves, title: &str, labels: Labels) -> String {
     let f = frame(curves);
-    let (left, right) = (f.x.px_lo, f.x.px_hi);
-    let (bottom, top) = (f.y.px_lo, f.y.px_hi);
     let mut s = String::new();
-    // `write!` to a String cannot fail.
+    // Written in painting order: each part is drawn over the ones before.
+    write_header(&mut s, &f, title);
+    write_grid(&mut s, &f);
+    write_tick_labels(&mut s, &f);
+    write_axes(&mut s, &f, labels.y);
+    let has_train = finite(&curves.train).next().is_some();
+    let has_eval = finite(&curves.eval).next().is_some();
+    if has_train {
+        write_train_curve(&mut s, &f, &curves.train);
+    }
+    if has_eval {
+        write_eval_curve(&mut s, &f, &curves.eval, labels.eval_markers);
+    }
+    if !has_train && !has_eval {
+        write_no_values(&mut s, &f);
+    }
+    write_legend(&mut s, &f, &legend_entries(labels, has_train, has_eval));
+    s.push_str("</svg>\n");
+    s
+}
+
+// `write!` to a String cannot fail, so the helpers below drop its result.
+
+/// The `<svg>` element's opening, a white background (viewers differ in
+/// what they show through a transparent one) and the title above the plot.
+fn write_header(s: &mut String, f: &Frame, title: &str) {
     let _ = writeln!(
         s,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
@@ -250,11 +273,16 @@ pub fn chart_svg(curves: &LossCurves, title: &str, labels: Labels) -> String {
     let _ = writeln!(
         s,
         r#"<text x="{:.2}" y="28" text-anchor="middle" font-size="16">{}</text>"#,
-        (left + right) / 2.0,
+        (f.x.px_lo + f.x.px_hi) / 2.0,
         escape(title)
     );
+}
 
-    // Grid lines and tick labels.
+/// A light line across the plot at every tick, so values can be read off
+/// the middle of the chart, drawn first so the curves cover it.
+fn write_grid(s: &mut String, f: &Frame) {
+    let (left, right) = (f.x.px_lo, f.x.px_hi);
+    let (bottom, top) = (f.y.px_lo, f.y.px_hi);
     let _ = writeln!(s, r##"<g class="grid" stroke="#e4e4e4" stroke-width="1">"##);
     for &v in &f.x_ticks.values {
         let x = f.x.px(v);
@@ -271,13 +299,18 @@ pub fn chart_svg(curves: &LossCurves, title: &str, labels: Labels) -> String {
         );
     }
     let _ = writeln!(s, "</g>");
+}
+
+/// Each tick's value: the steps below the x axis, the values left of the
+/// y axis, with only as many decimals as the tick step needs.
+fn write_tick_labels(s: &mut String, f: &Frame) {
     let _ = writeln!(s, r##"<g class="ticks" fill="#333">"##);
     for &v in &f.x_ticks.values {
         let _ = writeln!(
             s,
             r#"<text x="{:.2}" y="{:.2}" text-anchor="middle">{}</text>"#,
             f.x.px(v),
-            bottom + 18.0,
+            f.y.px_lo + 18.0,
             tick_label(v, f.x_ticks.step)
         );
     }
@@ -285,14 +318,19 @@ pub fn chart_svg(curves: &LossCurves, title: &str, labels: Labels) -> String {
         let _ = writeln!(
             s,
             r#"<text x="{:.2}" y="{:.2}" text-anchor="end">{}</text>"#,
-            left - 8.0,
+            f.x.px_lo - 8.0,
             f.y.px(v) + 4.0,
             tick_label(v, f.y_ticks.step)
         );
     }
     let _ = writeln!(s, "</g>");
+}
 
-    // Axes and their labels.
+/// The two axes as one path along the plot's left and bottom edges, and
+/// their names: `step` below, `y_label` turned upright on the left.
+fn write_axes(s: &mut String, f: &Frame, y_label: &str) {
+    let (left, right) = (f.x.px_lo, f.x.px_hi);
+    let (bottom, top) = (f.y.px_lo, f.y.px_hi);
     let _ = writeln!(
         s,
         r##"<path class="axes" d="M{left:.2},{top:.2} V{bottom:.2} H{right:.2}" fill="none" stroke="#333" stroke-width="1"/>"##
@@ -307,110 +345,138 @@ pub fn chart_svg(curves: &LossCurves, title: &str, labels: Labels) -> String {
         s,
         r#"<text transform="translate(18 {:.2}) rotate(-90)" text-anchor="middle">{}</text>"#,
         (top + bottom) / 2.0,
-        escape(labels.y)
+        escape(y_label)
     );
+}
 
-    // The curves.
-    let polyline = |points: &[(i64, f64)]| -> String {
-        finite(points)
-            .map(|(x, y)| format!("{:.2},{:.2}", f.x.px(x as f64), f.y.px(y)))
-            .collect::<Vec<_>>()
-            .join(" ")
+/// A curve's finite points in pixels, as a `<polyline>`'s `points` value.
+fn polyline_points(f: &Frame, points: &[(i64, f64)]) -> String {
+    finite(points)
+        .map(|(x, y)| format!("{:.2},{:.2}", f.x.px(x as f64), f.y.px(y)))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The first curve as a line, with a dot when it has a single point.
+fn write_train_curve(s: &mut String, f: &Frame, train: &[(i64, f64)]) {
+    let _ = writeln!(
+        s,
+        r#"<polyline class="train" points="{}" fill="none" stroke="{TRAIN_COLOR}" stroke-width="1.5" stroke-linejoin="round"/>"#,
+        polyline_points(f, train)
+    );
+    // A line through one point draws nothing.
+    if let [(x, y)] = finite(train).collect::<Vec<_>>()[..] {
+        let _ = writeln!(
+            s,
+            r#"<circle class="train-marker" cx="{:.2}" cy="{:.2}" r="3" fill="{TRAIN_COLOR}"/>"#,
+            f.x.px(x as f64),
+            f.y.px(y)
+        );
+    }
+}
+
+/// The second curve as a line and, when `markers`, a dot at each point
+/// (evaluations are few enough to mark; the dots' group is written
+/// either way).
+fn write_eval_curve(s: &mut String, f: &Frame, eval: &[(i64, f64)], markers: bool) {
+    let _ = writeln!(
+        s,
+        r#"<polyline class="eval" points="{}" fill="none" stroke="{EVAL_COLOR}" stroke-width="1.5" stroke-linejoin="round"/>"#,
+        polyline_points(f, eval)
+    );
+    let _ = writeln!(s, r#"<g class="eval-markers" fill="{EVAL_COLOR}">"#);
+    for (x, y) in finite(eval).filter(|_| markers) {
+        let _ = writeln!(
+            s,
+            r#"<circle cx="{:.2}" cy="{:.2}" r="3"/>"#,
+            f.x.px(x as f64),
+            f.y.px(y)
+        );
+    }
+    let _ = writeln!(s, "</g>");
+}
+
+/// A note in the middle of the plot, so an empty chart does not look like
+/// a broken one.
+fn write_no_values(s: &mut String, f: &Frame) {
+    let _ = writeln!(
+        s,
+        r##"<text x="{:.2}" y="{:.2}" text-anchor="middle" fill="#888">no finite loss values</text>"##,
+        (f.x.px_lo + f.x.px_hi) / 2.0,
+        (f.y.px_lo + f.y.px_hi) / 2.0
+    );
+}
+
+/// One line of the legend: a curve's name, its color and whether its
+/// points are marked with dots.
+struct LegendEntry<'a> {
+    name: &'a str,
+    color: &'a str,
+    marker: bool,
+}
+
+/// The legend's lines: only the curves that were drawn.
+fn legend_entries<'a>(labels: Labels<'a>, has_train: bool, has_eval: bool) -> Vec<LegendEntry<'a>> {
+    let train = LegendEntry {
+        name: labels.train,
+        color: TRAIN_COLOR,
+        marker: false,
     };
-    let has_train = finite(&curves.train).next().is_some();
-    let has_eval = finite(&curves.eval).next().is_some();
-    if has_train {
-        let _ = writeln!(
-            s,
-            r#"<polyline class="train" points="{}" fill="none" stroke="{TRAIN_COLOR}" stroke-width="1.5" stroke-linejoin="round"/>"#,
-            polyline(&curves.train)
-        );
-        // A line through one point draws nothing.
-        if let [(x, y)] = finite(&curves.train).collect::<Vec<_>>()[..] {
-            let _ = writeln!(
-                s,
-                r#"<circle class="train-marker" cx="{:.2}" cy="{:.2}" r="3" fill="{TRAIN_COLOR}"/>"#,
-                f.x.px(x as f64),
-                f.y.px(y)
-            );
-        }
-    }
-    if has_eval {
-        let _ = writeln!(
-            s,
-            r#"<polyline class="eval" points="{}" fill="none" stroke="{EVAL_COLOR}" stroke-width="1.5" stroke-linejoin="round"/>"#,
-            polyline(&curves.eval)
-        );
-        let _ = writeln!(s, r#"<g class="eval-markers" fill="{EVAL_COLOR}">"#);
-        for (x, y) in finite(&curves.eval).filter(|_| labels.eval_markers) {
-            let _ = writeln!(
-                s,
-                r#"<circle cx="{:.2}" cy="{:.2}" r="3"/>"#,
-                f.x.px(x as f64),
-                f.y.px(y)
-            );
-        }
-        let _ = writeln!(s, "</g>");
-    }
-    if !has_train && !has_eval {
-        let _ = writeln!(
-            s,
-            r##"<text x="{:.2}" y="{:.2}" text-anchor="middle" fill="#888">no finite loss values</text>"##,
-            (left + right) / 2.0,
-            (top + bottom) / 2.0
-        );
-    }
+    let eval = LegendEntry {
+        name: labels.eval,
+        color: EVAL_COLOR,
+        marker: labels.eval_markers,
+    };
+    [(train, has_train), (eval, has_eval)]
+        .into_iter()
+        .filter_map(|(entry, shown)| shown.then_some(entry))
+        .collect()
+}
 
-    // The legend, in the top right corner where falling losses leave room.
-    let entries: Vec<(&str, &str, bool)> = [
-        (labels.train, TRAIN_COLOR, false),
-        (labels.eval, EVAL_COLOR, labels.eval_markers),
-    ]
-    .into_iter()
-    .zip([has_train, has_eval])
-    .filter_map(|(entry, shown)| shown.then_some(entry))
-    .collect();
-    if !entries.is_empty() {
-        let longest = entries
-            .iter()
-            .map(|e| e.0.chars().count())
-            .max()
-            .unwrap_or(0);
-        let w = (48.0 + 7.0 * longest as f64).max(110.0);
-        let h = 8.0 + 18.0 * entries.len() as f64;
-        let (x0, y0) = (right - w - 8.0, top + 8.0);
-        let _ = writeln!(s, r#"<g class="legend">"#);
+/// The legend, in the top right corner where falling losses leave room,
+/// sized to its longest name; nothing when no curve was drawn.
+fn write_legend(s: &mut String, f: &Frame, entries: &[LegendEntry]) {
+    if entries.is_empty() {
+        return;
+    }
+    let longest = entries
+        .iter()
+        .map(|e| e.name.chars().count())
+        .max()
+        .unwrap_or(0);
+    let w = (48.0 + 7.0 * longest as f64).max(110.0);
+    let h = 8.0 + 18.0 * entries.len() as f64;
+    let (x0, y0) = (f.x.px_hi - w - 8.0, f.y.px_hi + 8.0);
+    let _ = writeln!(s, r#"<g class="legend">"#);
+    let _ = writeln!(
+        s,
+        r##"<rect x="{x0:.2}" y="{y0:.2}" width="{w}" height="{h}" fill="white" fill-opacity="0.85" stroke="#ccc"/>"##
+    );
+    for (i, e) in entries.iter().enumerate() {
+        let y = y0 + 13.0 + 18.0 * i as f64;
+        let color = e.color;
         let _ = writeln!(
             s,
-            r##"<rect x="{x0:.2}" y="{y0:.2}" width="{w}" height="{h}" fill="white" fill-opacity="0.85" stroke="#ccc"/>"##
+            r#"<line x1="{:.2}" y1="{y:.2}" x2="{:.2}" y2="{y:.2}" stroke="{color}" stroke-width="1.5"/>"#,
+            x0 + 8.0,
+            x0 + 32.0
         );
-        for (i, (name, color, marker)) in entries.iter().enumerate() {
-            let y = y0 + 13.0 + 18.0 * i as f64;
+        if e.marker {
             let _ = writeln!(
                 s,
-                r#"<line x1="{:.2}" y1="{y:.2}" x2="{:.2}" y2="{y:.2}" stroke="{color}" stroke-width="1.5"/>"#,
-                x0 + 8.0,
-                x0 + 32.0
-            );
-            if *marker {
-                let _ = writeln!(
-                    s,
-                    r#"<circle cx="{:.2}" cy="{y:.2}" r="3" fill="{color}"/>"#,
-                    x0 + 20.0
-                );
-            }
-            let _ = writeln!(
-                s,
-                r#"<text x="{:.2}" y="{:.2}">{}</text>"#,
-                x0 + 40.0,
-                y + 4.0,
-                escape(name)
+                r#"<circle cx="{:.2}" cy="{y:.2}" r="3" fill="{color}"/>"#,
+                x0 + 20.0
             );
         }
-        let _ = writeln!(s, "</g>");
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.2}" y="{:.2}">{}</text>"#,
+            x0 + 40.0,
+            y + 4.0,
+            escape(e.name)
+        );
     }
-    s.push_str("</svg>\n");
-    s
+    let _ = writeln!(s, "</g>");
 }
 
 #[cfg(test)]

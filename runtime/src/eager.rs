@@ -31,6 +31,9 @@ pub struct EagerStats {
     pub peak_live_bytes: u64,
     /// Bytes of all intermediate values of the last run, as if none were freed.
     pub intermediate_bytes: u64,
+    /// Ops whose result was written over their first operand's buffer
+    /// (donated where it died), over all runs.
+    pub donated: u64,
 }
 
 impl EagerStats {
@@ -65,6 +68,81 @@ fn device_bytes(a: &DeviceArray) -> u64 {
     let s = a.sharding();
     let block: i64 = s.spec.shard_shape(&s.mesh, &a.ty().dims).iter().product();
     (block as u64) * a.ty().dtype.size_in_bytes() as u64 * a.buffers().len() as u64
+}
+
+/// Where each value of `f` is last needed: the index of the last node
+/// that reads it (outputs: `usize::MAX`, never freed during the run).
+fn last_uses(f: &Function) -> Vec<usize> {
+    let mut last = vec![usize::MAX - 1; f.values.len()];
+    for (n, node) in f.nodes.iter().enumerate() {
+        for o in &node.operands {
+            last[o.index()] = n;
+        }
+    }
+    for b in &f.outputs {
+        last[b.value.index()] = usize::MAX;
+    }
+    last
+}
+
+/// Whether node `n` may write its result over its first operand's buffer:
+/// an elementwise op, the operand's last use, read once by the node, and
+/// held by nothing else.
+fn donates_first_operand(node: &Node, n: usize, operands: &[Value], last: &[usize]) -> bool {
+    let elementwise = matches!(
+        node.op,
+        Op::Unary(_) | Op::Binary(_) | Op::Select(_) | Op::Convert(_)
+    );
+    elementwise
+        && last[node.operands[0].index()] == n
+        && node
+            .operands
+            .iter()
+            .filter(|o| **o == node.operands[0])
+            .count()
+            == 1
+        // Two holders: the run's slot for the value and our clone of it
+        // in `operands` (an identity op's alias would be a third).
+        && matches!(&operands[0], Value::Owned(rc) if Rc::strong_count(rc) == 2)
+}
+
+/// Bytes held by a run's intermediate values, for [`EagerStats`].
+#[derive(Default)]
+struct LiveBytes {
+    /// Held now.
+    live: u64,
+    /// Most held at once.
+    peak: u64,
+    /// Made in all, as if none were freed.
+    total: u64,
+}
+
+impl LiveBytes {
+    fn made(&mut self, a: &DeviceArray) {
+        let bytes = device_bytes(a);
+        self.live += bytes;
+        self.total += bytes;
+    }
+}
+
+/// Frees the operands node `n` was the last to need. An array another
+/// value still shares (an identity's result) keeps its bytes live.
+fn free_last_uses(
+    node: &Node,
+    n: usize,
+    last: &[usize],
+    env: &mut [Option<Value>],
+    bytes: &mut LiveBytes,
+) {
+    for o in &node.operands {
+        if last[o.index()] == n {
+            if let Some(Value::Owned(rc)) = env[o.index()].take() {
+                if Rc::strong_count(&rc) == 1 {
+                    bytes.live = bytes.live.saturating_sub(device_bytes(&rc));
+                }
+            }
+        }
+    }
 }
 
 /// Sees each node's results as they are made (for `--trace-values`).
@@ -186,16 +264,54 @@ impl Eager {
                 output_specs.len()
             )));
         }
-        // Where each value is last needed (outputs: never freed here).
-        let mut last = vec![usize::MAX - 1; f.values.len()];
+        let last = last_uses(f);
+        let mut env = self.bind_inputs(f, inputs)?;
+        let mut bytes = LiveBytes::default();
         for (n, node) in f.nodes.iter().enumerate() {
-            for o in &node.operands {
-                last[o.index()] = n;
+            let operands: Vec<Value> = node
+                .operands
+                .iter()
+                .map(|o| env[o.index()].clone().expect("defined before use"))
+                .collect();
+            let results: Vec<Value> = if node.op.is_identity() {
+                vec![operands[0].clone()]
+            } else {
+                self.dispatch(node, n, &operands, &last)?
+                    .into_iter()
+                    .map(|a| {
+                        bytes.made(&a);
+                        Value::Owned(Rc::new(a))
+                    })
+                    .collect()
+            };
+            bytes.peak = bytes.peak.max(bytes.live);
+            if let Some(obs) = observe.as_mut() {
+                let arrays: Vec<&DeviceArray> = results.iter().map(Value::array).collect();
+                obs(node, &arrays)?;
             }
+            // Our clones of the operands go first, so that the frees below
+            // see which values nothing else holds.
+            drop(operands);
+            for (r, s) in node.results.iter().zip(results) {
+                env[r.index()] = Some(s);
+            }
+            free_last_uses(node, n, &last, &mut env, &mut bytes);
         }
-        for b in &f.outputs {
-            last[b.value.index()] = usize::MAX;
+        {
+            let mut shared = self.shared();
+            shared.stats.peak_live_bytes = shared.stats.peak_live_bytes.max(bytes.peak);
+            shared.stats.intermediate_bytes = bytes.total;
         }
+        self.take_outputs(f, env, output_specs)
+    }
+
+    /// The value environment of a run of `f`, its inputs bound; each input
+    /// must have its declared type and live on the executor's mesh.
+    fn bind_inputs<'a>(
+        &self,
+        f: &Function,
+        inputs: &[&'a DeviceArray],
+    ) -> Result<Vec<Option<Value<'a>>>> {
         let mut env: Vec<Option<Value>> = vec![None; f.values.len()];
         for (b, a) in f.inputs.iter().zip(inputs) {
             if a.ty() != f.ty(b.value) || a.sharding().mesh != self.mesh {
@@ -210,98 +326,70 @@ impl Eager {
             }
             env[b.value.index()] = Some(Value::Borrowed(a));
         }
-        let (mut live, mut peak, mut total) = (0u64, 0u64, 0u64);
-        for (n, node) in f.nodes.iter().enumerate() {
-            let operands: Vec<Value> = node
-                .operands
-                .iter()
-                .map(|o| env[o.index()].clone().expect("defined before use"))
-                .collect();
-            let results: Vec<Value> = if node.op.is_identity() {
-                vec![operands[0].clone()]
-            } else {
-                let types: Vec<TensorType> =
-                    operands.iter().map(|s| s.array().ty().clone()).collect();
-                let single = Function::single_op(node.op.clone(), &types).map_err(|e| {
-                    Error::InvalidArgument(format!("{} in `{}`: {e}", node.op.name(), node.scope))
-                })?;
-                let specs: Vec<PartitionSpec> = operands
-                    .iter()
-                    .map(|s| s.array().sharding().spec.canonical())
-                    .collect();
-                let pairs: Vec<(&TensorType, &PartitionSpec)> = types.iter().zip(&specs).collect();
-                let out_specs = propagate(&node.op, &pairs, &single.output_types(), &self.mesh);
-                // An elementwise op whose first operand dies here writes over it.
-                let elementwise = matches!(
-                    node.op,
-                    Op::Unary(_) | Op::Binary(_) | Op::Select(_) | Op::Convert(_)
-                );
-                let donate = elementwise
-                    && last[node.operands[0].index()] == n
-                    && node
-                        .operands
-                        .iter()
-                        .filter(|o| **o == node.operands[0])
-                        .count()
-                        == 1
-                    && matches!(&operands[0], Value::Owned(rc) if Rc::strong_count(rc) == 1)
-                    && types[0] == single.output_types()[0]
-                    && specs[0] == out_specs[0];
-                let donated: &[(usize, usize)] = if donate { &[(0, 0)] } else { &[] };
-                let shardings = FunctionShardings {
-                    mesh: self.mesh.clone(),
-                    inputs: specs,
-                    outputs: out_specs,
-                };
-                let program = self.program(&single, shardings, donated)?;
-                let arrays: Vec<&DeviceArray> = operands.iter().map(Value::array).collect();
-                let made = program.run(&arrays)?;
-                // One program in flight at a time on a multi-device mesh: the
-                // CPU plugin's collectives deadlock when several queued
-                // programs wait on each other's device threads.
-                if self.devices.len() > 1 {
-                    for a in &made {
-                        for b in a.buffers() {
-                            b.block_until_ready()?;
-                        }
-                    }
-                }
-                made.into_iter()
-                    .map(|a| {
-                        let bytes = device_bytes(&a);
-                        live += bytes;
-                        total += bytes;
-                        Value::Owned(Rc::new(a))
-                    })
-                    .collect()
-            };
-            peak = peak.max(live);
-            if let Some(obs) = observe.as_mut() {
-                let arrays: Vec<&DeviceArray> = results.iter().map(Value::array).collect();
-                obs(node, &arrays)?;
-            }
-            drop(operands);
-            for (r, s) in node.results.iter().zip(results) {
-                env[r.index()] = Some(s);
-            }
-            // Free what this node was the last to need.
-            for o in &node.operands {
-                if last[o.index()] == n {
-                    if let Some(Value::Owned(rc)) = env[o.index()].take() {
-                        if Rc::strong_count(&rc) == 1 {
-                            live = live.saturating_sub(device_bytes(&rc));
-                        }
-                    }
+        Ok(env)
+    }
+
+    /// Runs node `n` (not an identity) on `operands` as its one-op program:
+    /// result layouts from [`propagate`], the program from the cache, the
+    /// first operand's buffer donated where it dies here.
+    fn dispatch(
+        &self,
+        node: &Node,
+        n: usize,
+        operands: &[Value],
+        last: &[usize],
+    ) -> Result<Vec<DeviceArray>> {
+        let types: Vec<TensorType> = operands.iter().map(|s| s.array().ty().clone()).collect();
+        let single = Function::single_op(node.op.clone(), &types).map_err(|e| {
+            Error::InvalidArgument(format!("{} in `{}`: {e}", node.op.name(), node.scope))
+        })?;
+        let specs: Vec<PartitionSpec> = operands
+            .iter()
+            .map(|s| s.array().sharding().spec.canonical())
+            .collect();
+        let pairs: Vec<(&TensorType, &PartitionSpec)> = types.iter().zip(&specs).collect();
+        let out_specs = propagate(&node.op, &pairs, &single.output_types(), &self.mesh);
+        // Writing over the operand needs the result to have its type and
+        // layout exactly.
+        let donate = donates_first_operand(node, n, operands, last)
+            && types[0] == single.output_types()[0]
+            && specs[0] == out_specs[0];
+        let donated: &[(usize, usize)] = if donate {
+            self.shared().stats.donated += 1;
+            &[(0, 0)]
+        } else {
+            &[]
+        };
+        let shardings = FunctionShardings {
+            mesh: self.mesh.clone(),
+            inputs: specs,
+            outputs: out_specs,
+        };
+        let program = self.program(&single, shardings, donated)?;
+        let arrays: Vec<&DeviceArray> = operands.iter().map(Value::array).collect();
+        let made = program.run(&arrays)?;
+        // One program in flight at a time on a multi-device mesh: the
+        // CPU plugin's collectives deadlock when several queued
+        // programs wait on each other's device threads.
+        if self.devices.len() > 1 {
+            for a in &made {
+                for b in a.buffers() {
+                    b.block_until_ready()?;
                 }
             }
         }
-        {
-            let mut shared = self.shared();
-            shared.stats.peak_live_bytes = shared.stats.peak_live_bytes.max(peak);
-            shared.stats.intermediate_bytes = total;
-        }
-        // Outputs in the layouts asked for; a value the caller still holds
-        // (an input, or one output twice) is copied.
+        Ok(made)
+    }
+
+    /// `f`'s outputs, from the run's final `env`, in the layouts asked for;
+    /// a value the caller still holds (an input, or one output twice) is
+    /// copied.
+    fn take_outputs(
+        &self,
+        f: &Function,
+        mut env: Vec<Option<Value>>,
+        output_specs: &[PartitionSpec],
+    ) -> Result<Vec<DeviceArray>> {
         let mut remaining = vec![0usize; f.values.len()];
         for b in &f.outputs {
             remaining[b.value.index()] += 1;

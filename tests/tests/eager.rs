@@ -109,6 +109,8 @@ fn run_both_with(mesh: &str, attention: AttentionKind, loss_chunk: Option<i64>) 
         if s == 0 {
             misses_after_first = eager.stats().misses;
             assert!(misses_after_first > 50, "the first step compiles the ops");
+            // Elementwise ops write over the operands that die at them.
+            assert!(eager.stats().donated > 0, "{:?}", eager.stats());
             assert!(
                 eager.stats().peak_live_bytes < eager.stats().intermediate_bytes / 2,
                 "{:?}",

@@ -57,6 +57,114 @@ impl DotGeneral {
             .filter(|i| !batch.contains(&(*i as i64)) && !contracting.contains(&(*i as i64)))
             .collect()
     }
+
+    /// This op's precision and result type with other dimension numbers:
+    /// the gradient contractions compute at the forward's precision.
+    fn with_dims(
+        &self,
+        lhs_batch: &[i64],
+        rhs_batch: &[i64],
+        lhs_contracting: &[i64],
+        rhs_contracting: &[i64],
+    ) -> DotGeneral {
+        DotGeneral {
+            lhs_batch: lhs_batch.to_vec(),
+            rhs_batch: rhs_batch.to_vec(),
+            lhs_contracting: lhs_contracting.to_vec(),
+            rhs_contracting: rhs_contracting.to_vec(),
+            precision: self.precision,
+            preferred_element_type: self.preferred_element_type,
+        }
+    }
+
+    /// One operand's gradient: contract `g` with the other operand over the
+    /// other's free dims (`g_other_free`, their positions in `g`), then
+    /// permute into this operand's dim order.
+    fn operand_grad(
+        &self,
+        g: Tensor,
+        this: &Operand,
+        other: &Operand,
+        g_other_free: &[i64],
+    ) -> Tensor {
+        let g_batch: Vec<i64> = (0..self.lhs_batch.len() as i64).collect();
+        let (g_first, other_first) = this.grad_dim_orders(other);
+        let other_free: Vec<i64> = other.free.iter().map(|&i| i as i64).collect();
+        // Prefer the order that needs no transpose of the result (a
+        // weight gradient `xᵀ·g` then reaches XLA as a plain matmul
+        // rather than a transposed one).
+        let (grad, owner) = if !is_identity(&g_first) && is_identity(&other_first) {
+            let dims = self.with_dims(other.batch, &g_batch, &other_free, g_other_free);
+            (
+                other.t.dot_general(g.cast(other.t.dtype()), dims),
+                other_first,
+            )
+        } else {
+            let dims = self.with_dims(&g_batch, other.batch, g_other_free, &other_free);
+            (g.cast(other.t.dtype()).dot_general(other.t, dims), g_first)
+        };
+        into_dim_order(grad, &owner).cast(this.t.dtype())
+    }
+}
+
+/// One operand of a `dot_general` as its VJP sees it: the traced value and
+/// its dims by role.
+struct Operand<'a> {
+    t: Tensor,
+    batch: &'a [i64],
+    free: Vec<usize>,
+    contracting: &'a [i64],
+}
+
+impl<'a> Operand<'a> {
+    fn new(t: Tensor, batch: &'a [i64], contracting: &'a [i64]) -> Self {
+        let free = DotGeneral::free(t.rank(), batch, contracting);
+        Operand {
+            t,
+            batch,
+            free,
+            contracting,
+        }
+    }
+
+    /// This operand's dims in the order its gradient's contraction yields
+    /// them: as `g · other` (batch, free in g order, then the dims paired
+    /// with the other's contracting dims, in the other's dim order), and as
+    /// `other · g` (batch, paired dims, free).
+    fn grad_dim_orders(&self, other: &Operand) -> (Vec<i64>, Vec<i64>) {
+        let mut pairs: Vec<(i64, i64)> = other
+            .contracting
+            .iter()
+            .zip(self.contracting)
+            .map(|(&o, &t)| (o, t))
+            .collect();
+        pairs.sort();
+        let mut g_first: Vec<i64> = self.batch.to_vec();
+        g_first.extend(self.free.iter().map(|&i| i as i64));
+        g_first.extend(pairs.iter().map(|&(_, t)| t));
+        let mut other_first: Vec<i64> = self.batch.to_vec();
+        other_first.extend(pairs.iter().map(|&(_, t)| t));
+        other_first.extend(self.free.iter().map(|&i| i as i64));
+        (g_first, other_first)
+    }
+}
+
+/// Whether `dims` is `0, 1, 2, ..`: the permutation that moves nothing.
+fn is_identity(dims: &[i64]) -> bool {
+    dims.iter().enumerate().all(|(i, &d)| i as i64 == d)
+}
+
+/// `grad`, whose dim `k` is the operand's dim `owner[k]`, transposed into the
+/// operand's dim order (no transpose when it already is).
+fn into_dim_order(grad: Tensor, owner: &[i64]) -> Tensor {
+    let perm: Vec<i64> = (0..owner.len() as i64)
+        .map(|d| owner.iter().position(|&o| o == d).expect("every dim") as i64)
+        .collect();
+    if is_identity(&perm) {
+        grad
+    } else {
+        grad.transpose(&perm)
+    }
 }
 
 impl OpRule for DotGeneral {
@@ -174,108 +282,18 @@ impl OpRule for DotGeneral {
         Lowering::Op(s)
     }
     fn vjp(&self, a: &Vjp) -> Result<Vec<Option<Tensor>>, String> {
-        let (l, r, g) = (a.operands[0], a.operands[1], a.g());
-        let (lr, rr) = (l.rank(), r.rank());
-        let nb = self.lhs_batch.len();
-        let lf = Self::free(lr, &self.lhs_batch, &self.lhs_contracting);
-        let rf = Self::free(rr, &self.rhs_batch, &self.rhs_contracting);
+        let g = a.g();
+        let lhs = Operand::new(a.operands[0], &self.lhs_batch, &self.lhs_contracting);
+        let rhs = Operand::new(a.operands[1], &self.rhs_batch, &self.rhs_contracting);
         // g dims: [batch.., lhs free.., rhs free..].
-        let g_batch: Vec<i64> = (0..nb as i64).collect();
-        let g_lf: Vec<i64> = (nb..nb + lf.len()).map(|i| i as i64).collect();
-        let g_rf: Vec<i64> = (nb + lf.len()..nb + lf.len() + rf.len())
+        let nb = self.lhs_batch.len();
+        let g_lf: Vec<i64> = (nb..nb + lhs.free.len()).map(|i| i as i64).collect();
+        let g_rf: Vec<i64> = (nb + lhs.free.len()..nb + lhs.free.len() + rhs.free.len())
             .map(|i| i as i64)
             .collect();
-        // One side's gradient: contract g with the other operand over the
-        // other's free dims, then permute into this operand's dim order.
-        let side = |this: Tensor,
-                    this_batch: &[i64],
-                    this_free: &[usize],
-                    this_contracting: &[i64],
-                    other: Tensor,
-                    other_batch: &[i64],
-                    other_free: &[usize],
-                    other_contracting: &[i64],
-                    g_other_free: &[i64]| {
-            // This operand's dims in the order `g · other` yields them: batch,
-            // free (in g order), then the dims paired with the other's
-            // contracting dims, in the other's dim order.
-            let mut pairs: Vec<(i64, i64)> = other_contracting
-                .iter()
-                .zip(this_contracting)
-                .map(|(&o, &t)| (o, t))
-                .collect();
-            pairs.sort();
-            let mut g_first: Vec<i64> = this_batch.to_vec();
-            g_first.extend(this_free.iter().map(|&i| i as i64));
-            g_first.extend(pairs.iter().map(|&(_, t)| t));
-            // And as `other · g` yields them: batch, paired dims, free.
-            let mut other_first: Vec<i64> = this_batch.to_vec();
-            other_first.extend(pairs.iter().map(|&(_, t)| t));
-            other_first.extend(this_free.iter().map(|&i| i as i64));
-            let in_order = |dims: &[i64]| dims.iter().enumerate().all(|(i, &d)| i as i64 == d);
-            let other_free: Vec<i64> = other_free.iter().map(|&i| i as i64).collect();
-            // Prefer the order that needs no transpose of the result (a
-            // weight gradient `xᵀ·g` then reaches XLA as a plain matmul
-            // rather than a transposed one).
-            let (grad, owner) = if !in_order(&g_first) && in_order(&other_first) {
-                let dims = DotGeneral {
-                    lhs_batch: other_batch.to_vec(),
-                    rhs_batch: g_batch.clone(),
-                    lhs_contracting: other_free,
-                    rhs_contracting: g_other_free.to_vec(),
-                    precision: self.precision,
-                    preferred_element_type: self.preferred_element_type,
-                };
-                (other.dot_general(g.cast(other.dtype()), dims), other_first)
-            } else {
-                let dims = DotGeneral {
-                    lhs_batch: g_batch.clone(),
-                    rhs_batch: other_batch.to_vec(),
-                    lhs_contracting: g_other_free.to_vec(),
-                    rhs_contracting: other_free,
-                    precision: self.precision,
-                    preferred_element_type: self.preferred_element_type,
-                };
-                (g.cast(other.dtype()).dot_general(other, dims), g_first)
-            };
-            let rank = owner.len();
-            let perm: Vec<i64> = (0..rank as i64)
-                .map(|d| owner.iter().position(|&o| o == d).expect("every dim") as i64)
-                .collect();
-            let grad = if in_order(&perm) {
-                grad
-            } else {
-                grad.transpose(&perm)
-            };
-            grad.cast(this.dtype())
-        };
         Ok(vec![
-            a.when(0, || {
-                side(
-                    l,
-                    &self.lhs_batch,
-                    &lf,
-                    &self.lhs_contracting,
-                    r,
-                    &self.rhs_batch,
-                    &rf,
-                    &self.rhs_contracting,
-                    &g_rf,
-                )
-            }),
-            a.when(1, || {
-                side(
-                    r,
-                    &self.rhs_batch,
-                    &rf,
-                    &self.rhs_contracting,
-                    l,
-                    &self.lhs_batch,
-                    &lf,
-                    &self.lhs_contracting,
-                    &g_lf,
-                )
-            }),
+            a.when(0, || self.operand_grad(g, &lhs, &rhs, &g_rf)),
+            a.when(1, || self.operand_grad(g, &rhs, &lhs, &g_lf)),
         ])
     }
     fn eval(&self, operands: &[Literal], results: &[TensorType]) -> Result<Vec<Literal>, String> {
