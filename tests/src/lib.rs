@@ -164,6 +164,60 @@ pub fn check_grads(
         name.bytes()
             .fold(17u64, |h, b| h.wrapping_mul(131).wrapping_add(b as u64)),
     );
+    let (f, probe_types) = probed_loss(name, args, body);
+    let g = hlo_ir::value_and_grad(&f, "loss", wrt).unwrap_or_else(|e| panic!("grad {name}: {e}"));
+    let mut values: Vec<Literal> = args
+        .iter()
+        .map(|a| rng.literal(a.ty.clone(), a.lo, a.hi))
+        .collect();
+    values.extend(
+        probe_types
+            .iter()
+            .map(|t| rng.literal(t.clone(), -1.0, 1.0)),
+    );
+    let backward = CompiledFunction::new(client(), &g)
+        .unwrap_or_else(|e| panic!("compile {name} gradient: {e}\n{g}"));
+    dump(&backward);
+    let got: Vec<Literal> = backward
+        .run(&host(&values))
+        .expect("run gradient")
+        .into_iter()
+        .map(Literal::from)
+        .collect();
+    let reference = interpret(&g, &values).expect("reference gradient");
+    for (k, (a, b)) in got.iter().zip(&reference).enumerate() {
+        let (r, t) = tolerance(b.ty.dtype);
+        assert_close(
+            &format!("{name} gradient output {k} vs reference"),
+            &a.to_f64s(),
+            &b.to_f64s(),
+            (r * 100.0, t * 100.0),
+        );
+    }
+    let grads: Vec<Vec<f64>> = got[1..].iter().map(|l| l.to_f64s()).collect();
+    let check = DirectionalCheck {
+        name,
+        args,
+        wrt,
+        rtol,
+    };
+    check.run(&f, &values, &grads, &mut rng);
+    g
+}
+
+/// `values` as host arrays for a compiled function.
+fn host(values: &[Literal]) -> Vec<HostArray> {
+    values.iter().cloned().map(HostArray::from).collect()
+}
+
+/// `body`'s outputs reduced to the scalar `loss = Σ_k sum(out_k ·
+/// probe_k)` (in f64), the probes `probe.K` inputs after `args`, so every
+/// output element contributes; with the probes' types.
+fn probed_loss(
+    name: &str,
+    args: &[Arg],
+    body: impl Fn(&hlo_ir::Inputs) -> Vec<hlo_ir::Tensor>,
+) -> (Function, Vec<TensorType>) {
     let mut inputs: Vec<(String, TensorType)> = args
         .iter()
         .map(|a| (a.name.to_string(), a.ty.clone()))
@@ -191,85 +245,72 @@ pub fn check_grads(
         vec![("loss", loss.expect("at least one output"))]
     })
     .unwrap_or_else(|e| panic!("trace {name}: {e}"));
-    let g = hlo_ir::value_and_grad(&f, "loss", wrt).unwrap_or_else(|e| panic!("grad {name}: {e}"));
+    (f, probe_types)
+}
 
-    let mut values: Vec<Literal> = args
-        .iter()
-        .map(|a| rng.literal(a.ty.clone(), a.lo, a.hi))
-        .collect();
-    values.extend(
-        probe_types
+/// The finite-difference half of [`check_grads`]: for three random
+/// directions `v`, the gradient's `Σ <grad, v>` against central
+/// differences of the loss run on the plugin.
+struct DirectionalCheck<'a> {
+    name: &'a str,
+    args: &'a [Arg],
+    wrt: &'a [&'a str],
+    rtol: f64,
+}
+
+impl DirectionalCheck<'_> {
+    fn run(&self, f: &Function, values: &[Literal], grads: &[Vec<f64>], rng: &mut Rng) {
+        let name = self.name;
+        let forward =
+            CompiledFunction::new(client(), f).unwrap_or_else(|e| panic!("compile {name}: {e}"));
+        let loss = |v: &[Literal]| -> f64 {
+            let out = forward.run(&host(v)).expect("run forward");
+            Literal::from(out.into_iter().next().expect("loss")).to_f64s()[0]
+        };
+        let index: Vec<usize> = self
+            .wrt
             .iter()
-            .map(|t| rng.literal(t.clone(), -1.0, 1.0)),
-    );
-    let host = |v: &[Literal]| v.iter().cloned().map(HostArray::from).collect::<Vec<_>>();
-    let forward =
-        CompiledFunction::new(client(), &f).unwrap_or_else(|e| panic!("compile {name}: {e}"));
-    let backward = CompiledFunction::new(client(), &g)
-        .unwrap_or_else(|e| panic!("compile {name} gradient: {e}\n{g}"));
-    dump(&backward);
-    let got: Vec<Literal> = backward
-        .run(&host(&values))
-        .expect("run gradient")
-        .into_iter()
-        .map(Literal::from)
-        .collect();
-    let reference = interpret(&g, &values).expect("reference gradient");
-    for (k, (a, b)) in got.iter().zip(&reference).enumerate() {
-        let (r, t) = tolerance(b.ty.dtype);
-        assert_close(
-            &format!("{name} gradient output {k} vs reference"),
-            &a.to_f64s(),
-            &b.to_f64s(),
-            (r * 100.0, t * 100.0),
-        );
-    }
-    let loss = |v: &[Literal]| -> f64 {
-        let out = forward.run(&host(v)).expect("run forward");
-        Literal::from(out.into_iter().next().expect("loss")).to_f64s()[0]
-    };
-    let grads: Vec<Vec<f64>> = got[1..].iter().map(|l| l.to_f64s()).collect();
-    let index: Vec<usize> = wrt
-        .iter()
-        .map(|w| {
-            args.iter()
-                .position(|a| a.name == *w)
-                .expect("wrt names an arg")
-        })
-        .collect();
-    for trial in 0..3 {
-        let dirs: Vec<Vec<f64>> = index
-            .iter()
-            .map(|&i| {
-                (0..args[i].ty.element_count())
-                    .map(|_| rng.uniform(-1.0, 1.0))
-                    .collect()
+            .map(|w| {
+                self.args
+                    .iter()
+                    .position(|a| a.name == *w)
+                    .expect("wrt names an arg")
             })
             .collect();
-        let directional: f64 = grads
-            .iter()
-            .zip(&dirs)
-            .map(|(g, d)| g.iter().zip(d).map(|(a, b)| a * b).sum::<f64>())
-            .sum();
-        let h = 1e-5;
-        let shifted = |sign: f64| {
-            let mut v = values.clone();
-            for (&i, d) in index.iter().zip(&dirs) {
-                let x = v[i].to_f64s();
-                let moved: Vec<f64> = x.iter().zip(d).map(|(a, b)| a + sign * h * b).collect();
-                v[i] = Literal::from_f64s(v[i].ty.clone(), &moved);
-            }
-            loss(&v)
-        };
-        let fd = (shifted(1.0) - shifted(-1.0)) / (2.0 * h);
-        let scale = directional.abs().max(fd.abs()).max(1e-6);
-        let err = (directional - fd).abs() / scale;
-        assert!(
-            err < rtol,
-            "{name}: direction {trial}: gradient gives {directional}, central differences {fd} (relative error {err:.2e} > {rtol:.0e})"
-        );
+        for trial in 0..3 {
+            let dirs: Vec<Vec<f64>> = index
+                .iter()
+                .map(|&i| {
+                    (0..self.args[i].ty.element_count())
+                        .map(|_| rng.uniform(-1.0, 1.0))
+                        .collect()
+                })
+                .collect();
+            let directional: f64 = grads
+                .iter()
+                .zip(&dirs)
+                .map(|(g, d)| g.iter().zip(d).map(|(a, b)| a * b).sum::<f64>())
+                .sum();
+            let h = 1e-5;
+            let shifted = |sign: f64| {
+                let mut v = values.to_vec();
+                for (&i, d) in index.iter().zip(&dirs) {
+                    let x = v[i].to_f64s();
+                    let moved: Vec<f64> = x.iter().zip(d).map(|(a, b)| a + sign * h * b).collect();
+                    v[i] = Literal::from_f64s(v[i].ty.clone(), &moved);
+                }
+                loss(&v)
+            };
+            let fd = (shifted(1.0) - shifted(-1.0)) / (2.0 * h);
+            let scale = directional.abs().max(fd.abs()).max(1e-6);
+            let err = (directional - fd).abs() / scale;
+            let rtol = self.rtol;
+            assert!(
+                err < rtol,
+                "{name}: direction {trial}: gradient gives {directional}, central differences {fd} (relative error {err:.2e} > {rtol:.0e})"
+            );
+        }
     }
-    g
 }
 
 /// Folder `path` under `tests/fixtures` (`llama/gqa_llama3`, `families/gemma3`).
