@@ -824,7 +824,7 @@ fn print_choices(r: &Report) {
             CompiledBy::Cpu { .. } => "the CPU plugin that compiles the plan has no cuDNN",
         };
         println!(
-            "  (cuDNN's attention planned as {}, which keeps as little: {why})",
+            "  (cuDNN's attention planned as {}, which keeps a little more, each layer's queries in f32: {why})",
             hlo_engine::policy::attention_name(hlo_engine::plan::cudnn_stand_in(r.tc.seq))
         );
     }

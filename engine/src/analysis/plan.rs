@@ -188,8 +188,9 @@ pub struct RolloutMemory {
 
 /// Plans the train step of `config` under `tc` on `mesh`. The CPU plugin
 /// that compiles it has no cuDNN: a step with cuDNN's attention is
-/// planned with blockwise attention ([`cudnn_stand_in`]), which keeps as
-/// little (the output and one f32 statistic a query and head).
+/// planned with blockwise attention ([`cudnn_stand_in`]), which keeps the
+/// output and one f32 statistic a query and head as cuDNN does, and
+/// besides them each layer's queries in f32.
 pub fn plan(
     config: &ModelConfig,
     tc: &TrainConfig,
