@@ -345,7 +345,7 @@ fn print_rows_header(run: &Run, on: &str, compiled: &str) {
     // pairs.
     let (rows, samples) = match run.spec().objective.data() {
         Data::Pairs => (c.batch / 2, "pair sides"),
-        Data::Unpaired => (c.batch / c.loss.kind().rows_per_example(), "examples"),
+        Data::Unpaired => (c.batch / c.loss.step_loss().rows_per_example(), "examples"),
         Data::Samples | Data::Rollouts => (c.rows(), "samples"),
     };
     let batch = objective_words(run);

@@ -728,7 +728,7 @@ struct RolloutSummary {
 impl Summary {
     fn of(r: &Report) -> Summary {
         let (config, tc, p) = (&r.model.config, &r.tc, &r.memory);
-        let loss = tc.loss.kind();
+        let loss = tc.loss.step_loss();
         Summary {
             model: r.model.name.clone(),
             parameters: config.parameter_count(),

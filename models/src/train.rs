@@ -111,7 +111,7 @@ pub struct TrainConfig {
 }
 
 /// What a step minimises: one variant per objective's loss, each
-/// implementing [`StepLoss`] in its own module. [`Loss::kind`] is the one
+/// implementing [`StepLoss`] in its own module. [`Loss::step_loss`] is the one
 /// match over them, so a new loss is one variant and one arm there.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub enum Loss {
@@ -141,8 +141,9 @@ pub enum Loss {
 }
 
 impl Loss {
-    /// What this loss does to the step.
-    pub fn kind(&self) -> &dyn StepLoss {
+    /// The loss's part in the step (its batch fields, train and eval
+    /// steps, reference), behind [`StepLoss`].
+    pub fn step_loss(&self) -> &dyn StepLoss {
         match self {
             Loss::CausalLm => &CausalLm,
             Loss::Preference(p) => p,
@@ -151,22 +152,6 @@ impl Loss {
             Loss::Rloo(r) => r,
             Loss::Reward(r) => r,
             Loss::Distill(d) => d,
-        }
-    }
-
-    /// The preference objective, if this is one.
-    pub fn preference(&self) -> Option<&Preference> {
-        match self {
-            Loss::Preference(p) => Some(p),
-            _ => None,
-        }
-    }
-
-    /// GRPO's loss, if this is it.
-    pub fn grpo(&self) -> Option<&GrpoLoss> {
-        match self {
-            Loss::Grpo(g) => Some(g),
-            _ => None,
         }
     }
 }
@@ -447,7 +432,7 @@ pub fn batch_fields(tc: &TrainConfig) -> Vec<BatchField> {
     if tc.packing {
         fields.extend([BatchField::Positions, BatchField::SegmentIds]);
     }
-    tc.loss.kind().batch_fields(&mut fields);
+    tc.loss.step_loss().batch_fields(&mut fields);
     fields
 }
 
@@ -578,7 +563,7 @@ pub(crate) fn model<'a>(config: &'a ModelConfig, tc: &'a TrainConfig) -> Decoder
 /// with its metrics as the train step logs them; no gradients. Its
 /// inputs are the train step's weights, LoRA tensors and batch, by name.
 pub fn eval_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
-    tc.loss.kind().eval_step(config, tc)
+    tc.loss.step_loss().eval_step(config, tc)
 }
 
 /// The [`TokenStats`] of the batch in `i` under `m` (`input_ids`, rows
@@ -624,7 +609,7 @@ pub(crate) fn token_stats_of(
 /// parameters, optimizer state and counter under their input names
 /// (donated).
 pub fn train_step(config: &ModelConfig, tc: &TrainConfig) -> Result<Step, ModelError> {
-    tc.loss.kind().train_step(config, tc)
+    tc.loss.step_loss().train_step(config, tc)
 }
 
 /// The causal-LM train step ([`train_step`] of [`Loss::CausalLm`]).
@@ -999,7 +984,7 @@ pub fn step_flops(config: &ModelConfig, tc: &TrainConfig) -> f64 {
     // scored outside the step.
     let reference = tc
         .loss
-        .kind()
+        .step_loss()
         .reference()
         .is_some_and(|r| r != Reference::Precomputed);
     train + if reference { forward * tokens } else { 0.0 }

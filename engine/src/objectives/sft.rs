@@ -223,9 +223,9 @@ impl RowInputs {
                 ),
             });
         }
-        let kl = tc.loss.kind().rows_per_example() == 2;
+        let kl = tc.loss.step_loss().rows_per_example() == 2;
         let loader = Loader::unpaired(rows, seq, per_batch, kl);
-        let loader = match tc.loss.kind().reference() {
+        let loader = match tc.loss.step_loss().reference() {
             Some(Reference::Precomputed) => {
                 let sides = loader.scored_sides();
                 // Scored `per_batch` examples at a time, two rows each.

@@ -431,7 +431,7 @@ fn open_session(
         }
         false => (None, None),
     };
-    let in_step = tc.loss.kind().reference() == Some(Reference::Adapter);
+    let in_step = tc.loss.step_loss().reference() == Some(Reference::Adapter);
     let executable = match &spec.executable {
         Some(_) if spec.mode != hlo_runtime::Mode::Jit => {
             return Err(EngineError::Executable(

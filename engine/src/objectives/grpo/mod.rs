@@ -135,7 +135,9 @@ impl ObjectiveDef for Grpo {
     }
 
     fn describe(&self, specs: &ObjectiveSpecs, loss: &Loss) -> Option<String> {
-        let g = loss.grpo()?;
+        let Loss::Grpo(g) = loss else {
+            return None;
+        };
         Some(format!(
             "grpo ({} loss, beta {}, epsilon {}..{}, {} iteration(s) per rollout batch)",
             g.loss_type.name(),

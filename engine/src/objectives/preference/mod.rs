@@ -211,7 +211,7 @@ impl ObjectiveDef for PairMethod {
 
 /// What a step minimising `loss` compares with, in words.
 pub(crate) fn reference_words(loss: &Loss) -> &'static str {
-    match loss.kind().reference() {
+    match loss.step_loss().reference() {
         None => "no reference model",
         Some(Reference::Base) => "the base (adapter off)",
         Some(Reference::Adapter) => "a frozen reference adapter",
@@ -271,10 +271,10 @@ pub(crate) fn reference_scores(
     pairs: &[PreferencePair],
     seed: u64,
 ) -> Result<Option<Vec<[f32; 2]>>> {
-    match tc.loss.preference().map(|p| p.reference) {
-        Some(Reference::Precomputed) => Ok(Some(reference::precompute(
-            backend, model, tc, reference, pairs, seed,
-        )?)),
+    match &tc.loss {
+        Loss::Preference(p) if p.reference == Reference::Precomputed => Ok(Some(
+            reference::precompute(backend, model, tc, reference, pairs, seed)?,
+        )),
         _ => Ok(None),
     }
 }

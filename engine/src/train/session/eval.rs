@@ -89,7 +89,7 @@ impl EvalProgram {
             .collect::<Result<_>>()?;
         Ok(EvalProgram {
             program,
-            preference: config.loss.preference().is_some(),
+            preference: matches!(config.loss, Loss::Preference(_)),
             output_names: output_names(&laid),
             sources,
         })
@@ -228,7 +228,7 @@ impl Evaluator {
         let laid = ShardedStep::new(&traced, backend.mesh(), &partition_rules(&model.config))?;
         let program = EvalProgram {
             program: laid.compile(&backend, Mode::Jit)?,
-            preference: config.loss.preference().is_some(),
+            preference: matches!(config.loss, Loss::Preference(_)),
             output_names: output_names(&laid),
             sources: laid
                 .step
