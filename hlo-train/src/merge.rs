@@ -63,11 +63,7 @@ fn base(args: &MergeArgs, runs: &AdapterRuns) -> Result<PathBuf> {
 pub fn run(args: &MergeArgs) -> Result<()> {
     let runs = AdapterRuns::read([args.adapter.as_path()])?;
     let checkpoint = base(args, &runs)?;
-    let mut ckpt = Checkpoint::open(&checkpoint)?;
-    // The base the adapter was trained on: NF4 when stored so, asked for,
-    // or as the adapter's run held it.
-    let name = checkpoint.display().to_string();
-    ckpt.config = quantized_config(&ckpt.config, &name, args.quantize.nf4_for(&runs)?)?;
+    let mut ckpt = open_base(args, &checkpoint, &runs)?;
     runs.announce("merge");
     if reward_adapter(args)? {
         ckpt.config = reward_model_config(&checkpoint, &runs)?;
@@ -77,43 +73,104 @@ pub fn run(args: &MergeArgs) -> Result<()> {
         bail!("--out must differ from --checkpoint");
     }
     let scale = adapter.lora.scale();
-    let mut tensors = Vec::new();
-    let nf4 = ckpt.config.quantization;
-    // The dtype of what is not quantized (the embeddings'): every tensor is
-    // written in it, so config.json's dtype describes them all. The merged
-    // projections are rounded to bf16 as PEFT's are; f32 and bf16 hold
-    // those values exactly. A base in another dtype is written in bf16.
-    let out_dtype = match nf4.and_then(|_| ckpt.dtype("model.embed_tokens.weight")) {
-        Some(stored @ (DType::F32 | DType::BF16)) => stored,
-        _ => DType::BF16,
-    };
-    for (name, _) in ckpt.config.parameter_shapes() {
-        let merged = match nf4.filter(|_| nf4::is_quantized(&name)) {
-            // The NF4 base dequantized (in f32), the adapter added, bf16.
-            Some(q) => merged_nf4(&ckpt, &adapter, &name, (q, out_dtype), args)?,
-            // A causal LM's checkpoint has no classifier head: the
-            // adapter's is the merged model's.
-            None if name == SCORE && ckpt.dtype(&name).is_none() => adapter
-                .get(&name)
-                .cloned()
-                .context("the adapter saves no score head")?,
-            None => {
-                let dtype = ckpt.dtype(&name).context("checked on open")?;
-                let base = ckpt.read(&name, dtype)?;
-                let merged = adapter.merge(&ckpt.config, &name, &base);
-                check_finite(&name, &base, &merged, args)?;
-                match nf4 {
-                    Some(_) if merged.ty.dtype != out_dtype => {
-                        Literal::from_f64s(merged.ty.with_dtype(out_dtype), &merged.to_f64s())
-                    }
-                    _ => merged,
-                }
-            }
-        };
-        tensors.push((name, merged));
-    }
+    let out_dtype = out_dtype(&ckpt);
+    let tensors = merge_all(&ckpt, &adapter, out_dtype, args)?;
     // Only now, with every tensor merged and checked: a refused merge
     // leaves nothing behind.
+    let written = write_merged(args, &checkpoint, &ckpt, tensors, out_dtype)?;
+    eprintln!(
+        "wrote {} ({} tensors, adapter folded in with scale {scale})",
+        args.out.display(),
+        written
+    );
+    Ok(())
+}
+
+/// Opens the base checkpoint as the adapter was trained on it: NF4 when
+/// stored so, asked for, or as the adapter's run held it.
+fn open_base(
+    args: &MergeArgs,
+    checkpoint: &std::path::Path,
+    runs: &AdapterRuns,
+) -> Result<Checkpoint> {
+    let mut ckpt = Checkpoint::open(checkpoint)?;
+    let name = checkpoint.display().to_string();
+    ckpt.config = quantized_config(&ckpt.config, &name, args.quantize.nf4_for(runs)?)?;
+    Ok(ckpt)
+}
+
+/// The dtype of what is not quantized (the embeddings'): every tensor is
+/// written in it, so config.json's dtype describes them all. The merged
+/// projections are rounded to bf16 as PEFT's are; f32 and bf16 hold those
+/// values exactly. A base in another dtype is written in bf16.
+fn out_dtype(ckpt: &Checkpoint) -> DType {
+    let nf4 = ckpt.config.quantization;
+    match nf4.and_then(|_| ckpt.dtype("model.embed_tokens.weight")) {
+        Some(stored @ (DType::F32 | DType::BF16)) => stored,
+        _ => DType::BF16,
+    }
+}
+
+/// Every parameter of the model merged, in the config's order, each
+/// checked before the next is read.
+fn merge_all(
+    ckpt: &Checkpoint,
+    adapter: &Adapter,
+    out_dtype: DType,
+    args: &MergeArgs,
+) -> Result<Vec<(String, Literal)>> {
+    let mut tensors = Vec::new();
+    for (name, _) in ckpt.config.parameter_shapes() {
+        let merged = merged_tensor(ckpt, adapter, &name, out_dtype, args)?;
+        tensors.push((name, merged));
+    }
+    Ok(tensors)
+}
+
+/// One parameter merged: an NF4 projection dequantized first, a score head
+/// the base lacks taken from the adapter, anything else merged in its own
+/// dtype (then written in `out_dtype` when the base is NF4).
+fn merged_tensor(
+    ckpt: &Checkpoint,
+    adapter: &Adapter,
+    name: &str,
+    out_dtype: DType,
+    args: &MergeArgs,
+) -> Result<Literal> {
+    let nf4 = ckpt.config.quantization;
+    Ok(match nf4.filter(|_| nf4::is_quantized(name)) {
+        // The NF4 base dequantized (in f32), the adapter added, bf16.
+        Some(q) => merged_nf4(ckpt, adapter, name, (q, out_dtype), args)?,
+        // A causal LM's checkpoint has no classifier head: the
+        // adapter's is the merged model's.
+        None if name == SCORE && ckpt.dtype(name).is_none() => adapter
+            .get(name)
+            .cloned()
+            .context("the adapter saves no score head")?,
+        None => {
+            let dtype = ckpt.dtype(name).context("checked on open")?;
+            let base = ckpt.read(name, dtype)?;
+            let merged = adapter.merge(&ckpt.config, name, &base);
+            check_finite(name, &base, &merged, args)?;
+            match nf4 {
+                Some(_) if merged.ty.dtype != out_dtype => {
+                    Literal::from_f64s(merged.ty.with_dtype(out_dtype), &merged.to_f64s())
+                }
+                _ => merged,
+            }
+        }
+    })
+}
+
+/// Writes the merged model's folder: weights, config.json and the base's
+/// side files; returns how many tensors were written.
+fn write_merged(
+    args: &MergeArgs,
+    checkpoint: &std::path::Path,
+    ckpt: &Checkpoint,
+    tensors: Vec<(String, Literal)>,
+    out_dtype: DType,
+) -> Result<usize> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     // What a merge killed before it finished left behind.
@@ -121,38 +178,44 @@ pub fn run(args: &MergeArgs) -> Result<()> {
     // As transformers writes them (mixtures of experts per expert).
     let tensors = hlo_engine::models::checkpoint::hf_layout(&ckpt.config, tensors);
     write_hf_weights(&args.out, &tensors, MAX_SHARD_BYTES)?;
+    let bytes = merged_config_json(checkpoint, ckpt, out_dtype)?;
+    write_atomic(&args.out.join("config.json"), &bytes)?;
+    copy_side_files(checkpoint, &args.out)?;
+    Ok(tensors.len())
+}
+
+/// The base's config.json with the merged model's head; for an NF4 base,
+/// without its quantization_config (the merged weights are plain: HF must
+/// not load them as 4-bit) and with the dtype they are written in.
+fn merged_config_json(
+    checkpoint: &std::path::Path,
+    ckpt: &Checkpoint,
+    out_dtype: DType,
+) -> Result<Vec<u8>> {
     let config = checkpoint.join("config.json");
     let bytes =
         std::fs::read(&config).with_context(|| format!("cannot read {}", config.display()))?;
-    let mut bytes = hlo_engine::models::decoder::with_head(&bytes, &ckpt.config)?;
-    if nf4.is_some() {
-        // The merged weights are plain: HF must not load them as 4-bit.
-        let mut json: serde_json::Value = serde_json::from_slice(&bytes)
-            .with_context(|| format!("{} is not JSON", config.display()))?;
-        if let Some(o) = json.as_object_mut() {
-            o.remove("quantization_config");
-            // transformers 4 reads `torch_dtype`, 5 writes `dtype`.
-            let name = if out_dtype == DType::F32 {
-                "float32"
-            } else {
-                "bfloat16"
-            };
-            for key in ["torch_dtype", "dtype"] {
-                if o.contains_key(key) || key == "dtype" {
-                    o.insert(key.to_string(), name.into());
-                }
+    let bytes = hlo_engine::models::decoder::with_head(&bytes, &ckpt.config)?;
+    if ckpt.config.quantization.is_none() {
+        return Ok(bytes);
+    }
+    let mut json: serde_json::Value = serde_json::from_slice(&bytes)
+        .with_context(|| format!("{} is not JSON", config.display()))?;
+    if let Some(o) = json.as_object_mut() {
+        o.remove("quantization_config");
+        // transformers 4 reads `torch_dtype`, 5 writes `dtype`.
+        let name = if out_dtype == DType::F32 {
+            "float32"
+        } else {
+            "bfloat16"
+        };
+        for key in ["torch_dtype", "dtype"] {
+            if o.contains_key(key) || key == "dtype" {
+                o.insert(key.to_string(), name.into());
             }
         }
-        bytes = serde_json::to_string_pretty(&json)?.into_bytes();
     }
-    write_atomic(&args.out.join("config.json"), &bytes)?;
-    copy_side_files(&checkpoint, &args.out)?;
-    eprintln!(
-        "wrote {} ({} tensors, adapter folded in with scale {scale})",
-        args.out.display(),
-        tensors.len()
-    );
-    Ok(())
+    Ok(serde_json::to_string_pretty(&json)?.into_bytes())
 }
 
 /// An NF4 base weight dequantized (in f32), the adapter added, rounded to

@@ -14,7 +14,7 @@ use hlo_engine::models::train::TrainConfig;
 use hlo_engine::partitioner::{draw_sharding, Mesh};
 use hlo_engine::plan::{
     compute_estimate, layout_groups, nearest_fits, Change, CompiledBy, ComputeEstimate, Fit, Found,
-    LayoutGroup, MemoryPlan, RolloutShape, StepToPlan, Throughput, Tried,
+    LayoutGroup, MemoryPlan, Rechosen, RolloutShape, StepToPlan, Throughput, Tried,
 };
 use hlo_engine::{BackendOptions, Model, Objective};
 use serde::Serialize;
@@ -196,54 +196,15 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
     // A reward model's step is a classifier's.
     let model = args.objective.model(model)?;
     let config = &model.config;
-    let options = BackendOptions {
-        devices: args.devices,
-        mesh: args.mesh.clone(),
-        ..BackendOptions::cpu()
-    };
-    let mesh = options.mesh_or(None)?;
-    let nodes = i64::from(args.nodes);
-    if mesh.size() % nodes != 0 {
-        bail!(
-            "--nodes {nodes} does not divide the mesh {mesh}'s {} devices: each node must hold as many",
-            mesh.size()
-        );
-    }
+    let (mesh, nodes) = planned_mesh(args)?;
     let rollout = rollout_shape(args)?;
     let device = args.target.device();
     let (capacity, target) = capacity_and_target(args)?;
-    let to_plan = StepToPlan {
-        config: config.clone(),
-        name: model.name.clone(),
-        spec: args.step.spec(),
-        // The optimizer's numbers do not change what a step holds.
-        optim: OptimArgs::default().spec(args.step.optimizer),
-        dtype: args.dtype.dtype(args.target == Target::Cpu),
-        mesh: mesh.clone(),
-        steps: 1000,
-        objective: args.objective,
-        // A fresh adapter's reference; a reference adapter adds only its
-        // LoRA tensors.
-        reference: crate::objective_args::planned_reference(args.objective, args.precompute_ref)?,
-        rollout,
-        teacher: match &args.teacher {
-            Some(t) => Some(crate::objective_args::teacher_model(t)?.config),
-            None => None,
-        },
-        target,
-        compile_for: device.gpu_target_config().map(|_| device),
-        xla_options: args.xla_option.clone(),
-    };
+    let to_plan = step_to_plan(args, &model, &mesh, rollout, target)?;
     let (to_plan, step, memory, rechosen) = to_plan.plan_chosen()?;
     let tc = to_plan.train_config()?;
     let choices = to_plan.policy()?;
-    let rechosen = rechosen.map(|r| {
-        let why = format!(
-            "XLA's figure for the policy's first form ({}) was {}, over {}: the policy's later forms were compiled in its order and the first that fits taken",
-            r.first_form, gb(r.first_bytes), gb(capacity)
-        );
-        (r.line, why)
-    });
+    let rechosen = rechosen.map(|r| rechosen_line_and_why(r, capacity));
     let report = Report {
         model: &model,
         comm: StepCommunication::new(config, &tc, &mesh, nodes, device.links()),
@@ -267,19 +228,93 @@ pub fn run(args: &PlanArgs) -> Result<bool> {
         rechosen: rechosen.map(|(_, why)| why),
         args,
     };
+    print_report(&report, &to_plan, started)
+}
+
+/// The mesh planned over (virtual CPU devices standing in for the
+/// target's) and the node count, which must divide the mesh's devices
+/// evenly.
+fn planned_mesh(args: &PlanArgs) -> Result<(Mesh, i64)> {
+    let options = BackendOptions {
+        devices: args.devices,
+        mesh: args.mesh.clone(),
+        ..BackendOptions::cpu()
+    };
+    let mesh = options.mesh_or(None)?;
+    let nodes = i64::from(args.nodes);
+    if mesh.size() % nodes != 0 {
+        bail!(
+            "--nodes {nodes} does not divide the mesh {mesh}'s {} devices: each node must hold as many",
+            mesh.size()
+        );
+    }
+    Ok((mesh, nodes))
+}
+
+/// The step as the flags describe it, for the engine to plan (the
+/// reference is read before the teacher, as their errors are reported).
+fn step_to_plan(
+    args: &PlanArgs,
+    model: &Model,
+    mesh: &Mesh,
+    rollout: Option<RolloutShape>,
+    target: hlo_engine::policy::Target,
+) -> Result<StepToPlan> {
+    let device = args.target.device();
+    Ok(StepToPlan {
+        config: model.config.clone(),
+        name: model.name.clone(),
+        spec: args.step.spec(),
+        // The optimizer's numbers do not change what a step holds.
+        optim: OptimArgs::default().spec(args.step.optimizer),
+        dtype: args.dtype.dtype(args.target == Target::Cpu),
+        mesh: mesh.clone(),
+        steps: 1000,
+        objective: args.objective,
+        // A fresh adapter's reference; a reference adapter adds only its
+        // LoRA tensors.
+        reference: crate::objective_args::planned_reference(args.objective, args.precompute_ref)?,
+        rollout,
+        teacher: match &args.teacher {
+            Some(t) => Some(crate::objective_args::teacher_model(t)?.config),
+            None => None,
+        },
+        target,
+        compile_for: device.gpu_target_config().map(|_| device),
+        xla_options: args.xla_option.clone(),
+    })
+}
+
+/// The choices line of the form taken instead of the policy's first, and
+/// why: the target's compiler found the first over the device's memory.
+fn rechosen_line_and_why(r: Rechosen, capacity: u64) -> (String, String) {
+    let why = format!(
+        "XLA's figure for the policy's first form ({}) was {}, over {}: the policy's later forms were compiled in its order and the first that fits taken",
+        r.first_form, gb(r.first_bytes), gb(capacity)
+    );
+    (r.line, why)
+}
+
+/// Prints the plan (JSON or text), searching nearby settings that fit when
+/// it does not; returns whether it fits.
+fn print_report(
+    report: &Report,
+    to_plan: &StepToPlan,
+    started: std::time::Instant,
+) -> Result<bool> {
     let fits = report.fits();
-    if args.json {
+    if report.args.json {
         let suggestions = if fits {
             Vec::new()
         } else {
-            search(&report, &to_plan, started)?.fits
+            search(report, to_plan, started)?.fits
         };
-        print_json(&report, &suggestions)?;
+        print_json(report, &suggestions)?;
     } else {
-        print_text(&report);
+        print_text(report);
         if !fits {
-            let suggestions = search(&report, &to_plan, started)?;
-            print_suggestions(&report, &suggestions);
+            let suggestions = search(report, to_plan, started)?;
+            print_suggestions(report, &suggestions);
         }
     }
     Ok(fits)

@@ -8,9 +8,10 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use hlo_engine::models::decoder::LoraSelect;
+use hlo_engine::ir::DType;
+use hlo_engine::models::decoder::{LoraSelect, ModelConfig};
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::{Batcher, BatcherOptions, Model};
+use hlo_engine::{Batcher, BatcherHandle, BatcherOptions, Model};
 use hlo_serve::ServerConfig;
 
 use crate::args::{DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};
@@ -153,11 +154,38 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         .quantized(args.quantize.nf4_for(&runs)?)?;
     let dtype = args.dtype.dtype_for(args.plugin.is_cpu(), &runs)?;
     runs.announce("serve");
-    let config = model.config.clone();
     let tokenizer = model.tokenizer(tokenizer_file.as_deref())?;
     // A checkpoint without a template serves completions only.
     let chat_template = model.chat_template(args.chat_template.as_deref())?;
-    let model_name = match &args.served_model_name {
+    let model_name = served_model_name(args, &model);
+    check_adapter_names(args, &model_name)?;
+    let max_model_len = max_model_len(args, &model.config)?;
+    let eos_ids = model.generation_eos_ids()?;
+    let options = batcher_options(args, max_model_len, dtype);
+    let batcher = start_batcher(args, model, options, &model_name)?;
+    let server = ServerConfig {
+        model_name: model_name.clone(),
+        api_key: args.api_key.clone(),
+        eos_ids,
+        tokenizer,
+        chat_template,
+        sse_keep_alive: std::time::Duration::from_secs(args.sse_keep_alive),
+    };
+    let adapters = batcher.adapters();
+    hlo_serve::run(
+        batcher,
+        server,
+        SocketAddr::new(args.host, args.port),
+        |addr| print_serving(&model_name, &adapters, addr),
+    )?;
+    eprintln!("stopped: every request finished");
+    Ok(())
+}
+
+/// The name clients give for the base model: --served-model-name, else the
+/// checkpoint folder's name (resolved through links), else the model's.
+fn served_model_name(args: &ServeArgs, model: &Model) -> String {
+    match &args.served_model_name {
         Some(n) => n.clone(),
         None => match &model.checkpoint {
             Some(c) => std::fs::canonicalize(&c.dir)
@@ -167,21 +195,35 @@ pub fn run(args: &ServeArgs) -> Result<()> {
                 .unwrap_or_else(|| model.name.clone()),
             None => model.name.clone(),
         },
-    };
+    }
+}
+
+/// Refuses an adapter named as the base model, which clients could not tell
+/// apart from it.
+fn check_adapter_names(args: &ServeArgs, model_name: &str) -> Result<()> {
     for (name, _) in &args.adapter {
         if *name == model_name {
             bail!("--adapter {name}: the name is the base model's (--served-model-name)");
         }
     }
-    let max_model_len = match args.max_model_len {
+    Ok(())
+}
+
+/// --max-model-len checked against the model's positions, or by default
+/// the model's positions capped at 2048.
+fn max_model_len(args: &ServeArgs, config: &ModelConfig) -> Result<i64> {
+    Ok(match args.max_model_len {
         Some(n) => {
             config.check_positions("--max-model-len", i64::from(n))?;
             i64::from(n)
         }
         None => config.max_position_embeddings.min(2048),
-    };
-    let eos_ids = model.generation_eos_ids()?;
-    let options = BatcherOptions {
+    })
+}
+
+/// The batcher's options from the serving flags.
+fn batcher_options(args: &ServeArgs, max_model_len: i64, dtype: DType) -> BatcherOptions {
+    BatcherOptions {
         max_batch_size: args.max_batch_size as usize,
         max_loras: args.max_loras as usize,
         max_cpu_loras: args.max_cpu_loras as usize,
@@ -197,44 +239,38 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         max_num_batched_tokens: args.max_num_batched_tokens as usize,
         background_compile: true,
         prefix_caching: !args.no_prefix_caching,
-    };
+    }
+}
+
+/// Spawns the batcher, saying first what it is doing: placing the weights
+/// and compiling take seconds to minutes before the port opens.
+fn start_batcher(
+    args: &ServeArgs,
+    model: Model,
+    options: BatcherOptions,
+    model_name: &str,
+) -> Result<BatcherHandle> {
     let backend = args.plugin.backend(args.mesh.as_ref());
-    // Placing the weights and compiling take seconds to minutes before
-    // the port opens.
     let starting = format!(
         "starting: placing {model_name}'s weights and compiling its serving programs ({} step shapes), then listening on {}",
         hlo_engine::batcher::step_shapes(&options).len(),
         SocketAddr::new(args.host, args.port)
     );
     let announce = Box::new(move || eprintln!("{starting}"));
-    let batcher =
-        Batcher::spawn_announced(backend, model, options, &args.adapter, args.seed, announce)
-            .context("cannot start serving")?;
-    let server = ServerConfig {
-        model_name: model_name.clone(),
-        api_key: args.api_key.clone(),
-        eos_ids,
-        tokenizer,
-        chat_template,
-        sse_keep_alive: std::time::Duration::from_secs(args.sse_keep_alive),
-    };
-    let adapters = batcher.adapters();
-    hlo_serve::run(
-        batcher,
-        server,
-        SocketAddr::new(args.host, args.port),
-        |addr| {
-            println!(
-                "serving {model_name} (adapters: {}) on http://{addr}",
-                if adapters.is_empty() {
-                    "none".to_string()
-                } else {
-                    adapters.join(", ")
-                }
-            );
-            let _ = std::io::stdout().flush();
-        },
-    )?;
-    eprintln!("stopped: every request finished");
-    Ok(())
+    Batcher::spawn_announced(backend, model, options, &args.adapter, args.seed, announce)
+        .context("cannot start serving")
+}
+
+/// Prints the line that says the server listens (at `addr`, which may be a
+/// port picked for --port 0), flushed so that a watching parent sees it.
+fn print_serving(model_name: &str, adapters: &[String], addr: SocketAddr) {
+    println!(
+        "serving {model_name} (adapters: {}) on http://{addr}",
+        if adapters.is_empty() {
+            "none".to_string()
+        } else {
+            adapters.join(", ")
+        }
+    );
+    let _ = std::io::stdout().flush();
 }

@@ -1250,6 +1250,17 @@ mod tests {
         let repo_dir = tmp.0.join("models--org--model");
 
         let got = resolve_with(Path::new("org/model"), HubFiles::Model, &env).unwrap();
+        check_first_download(&hub, &got, &repo_dir);
+        check_cached_snapshot_is_reused(&hub, &got, &env);
+        check_other_revision_of_same_commit(&hub, &got, &env, &repo_dir);
+        check_by_commit_writes_no_ref(&env);
+        check_download_errors(&hub, &env);
+    }
+
+    /// The first download fetches only the model's files, small ones first,
+    /// into a snapshot whose files link into blobs/ as huggingface_hub's do,
+    /// and records the branch's commit under refs/.
+    fn check_first_download(hub: &MockHub, got: &Path, repo_dir: &Path) {
         assert_eq!(got, repo_dir.join("snapshots").join(SHA));
         assert_eq!(
             *hub.fetched.lock().unwrap(),
@@ -1270,8 +1281,10 @@ mod tests {
         assert!(!got.join("pytorch_model.bin").exists());
         assert!(!got.join("original").exists());
         assert!(!got.join("README.md").exists());
+    }
 
-        // Cached now: offline works, and online asks nothing more.
+    /// Cached now: offline works, and online asks nothing more.
+    fn check_cached_snapshot_is_reused(hub: &MockHub, got: &Path, env: &HubEnv) {
         let offline = HubEnv {
             offline: true,
             ..env.clone()
@@ -1281,21 +1294,31 @@ mod tests {
             got
         );
         assert_eq!(
-            resolve_with(Path::new("org/model"), HubFiles::Model, &env).unwrap(),
+            resolve_with(Path::new("org/model"), HubFiles::Model, env).unwrap(),
             got
         );
         assert_eq!(hub.fetched.lock().unwrap().len(), 3);
+    }
 
-        // Another revision of the same commit downloads nothing again.
-        let pr = resolve_with(Path::new("org/model@refs/pr/1"), HubFiles::Model, &env).unwrap();
+    /// Another revision of the same commit downloads nothing again, but
+    /// gets a ref of its own.
+    fn check_other_revision_of_same_commit(
+        hub: &MockHub,
+        got: &Path,
+        env: &HubEnv,
+        repo_dir: &Path,
+    ) {
+        let pr = resolve_with(Path::new("org/model@refs/pr/1"), HubFiles::Model, env).unwrap();
         assert_eq!(pr, got);
         assert_eq!(hub.fetched.lock().unwrap().len(), 3);
         assert_eq!(
             std::fs::read_to_string(repo_dir.join("refs/refs/pr/1")).unwrap(),
             SHA
         );
+    }
 
-        // By commit: no ref is written.
+    /// By commit, into a fresh cache: the snapshot is made, no ref is written.
+    fn check_by_commit_writes_no_ref(env: &HubEnv) {
         let tmp2 = TempDir::new("download-commit");
         let env2 = HubEnv {
             hub_cache: Some(tmp2.0.clone()),
@@ -1311,9 +1334,12 @@ mod tests {
                 .join("tokenizer.json")
         );
         assert!(!tmp2.0.join("models--org--model/refs").exists());
+    }
 
-        // Wrong use of a repo, unknown revision, unknown repo, gated repo.
-        let err = resolve_with(Path::new("org/model"), HubFiles::Adapter, &env).unwrap_err();
+    /// Wrong use of a repo, unknown revision, unknown repo, gated repo: each
+    /// one line that names what is wrong.
+    fn check_download_errors(hub: &MockHub, env: &HubEnv) {
+        let err = resolve_with(Path::new("org/model"), HubFiles::Adapter, env).unwrap_err();
         assert_eq!(
             err.to_string(),
             format!(
@@ -1321,7 +1347,7 @@ mod tests {
                 hub.endpoint
             )
         );
-        let err = resolve_with(Path::new("org/model@v9"), HubFiles::Model, &env).unwrap_err();
+        let err = resolve_with(Path::new("org/model@v9"), HubFiles::Model, env).unwrap_err();
         assert_eq!(
             err.to_string(),
             format!(
@@ -1329,13 +1355,13 @@ mod tests {
                 hub.endpoint
             )
         );
-        let err = resolve_with(Path::new("org/none"), HubFiles::Model, &env).unwrap_err();
+        let err = resolve_with(Path::new("org/none"), HubFiles::Model, env).unwrap_err();
         assert!(
             err.to_string()
                 .ends_with("HTTP 404: org/none or its revision `main` does not exist"),
             "{err}"
         );
-        let err = resolve_with(Path::new("org/gated"), HubFiles::Model, &env).unwrap_err();
+        let err = resolve_with(Path::new("org/gated"), HubFiles::Model, env).unwrap_err();
         assert!(
             err.to_string().contains("is gated") && err.to_string().contains("HF_TOKEN"),
             "{err}"

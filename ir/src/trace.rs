@@ -434,7 +434,19 @@ where
     N: AsRef<str>,
     O: Into<Outputs>,
 {
-    // Inputs are found by name: two of one name would leave one unread.
+    check_input_names_unique(inputs)?;
+    let id = NEXT_TRACE.fetch_add(1, Ordering::Relaxed);
+    let mut b = new_builder(id, name);
+    check_input_sizes(inputs)?;
+    let args = bind_inputs(&mut b, inputs);
+    let (mut b, outputs) = run_on_stack(b, &args, f);
+    bind_outputs(&mut b, outputs);
+    finish_trace(b)
+}
+
+/// Rejects a repeated input name: inputs are found by name, so two of one
+/// name would leave one unread.
+fn check_input_names_unique<N: AsRef<str>>(inputs: &[(N, TensorType)]) -> Result<(), TraceError> {
     let mut seen = std::collections::HashSet::new();
     if let Some((n, ty)) = inputs.iter().find(|(n, _)| !seen.insert(n.as_ref())) {
         return Err(TraceError {
@@ -444,8 +456,25 @@ where
             message: format!("the input `{}` is named twice", n.as_ref()),
         });
     }
-    let id = NEXT_TRACE.fetch_add(1, Ordering::Relaxed);
-    let mut b = Builder {
+    Ok(())
+}
+
+/// Rejects an input whose byte size overflows, before any value is made of it.
+fn check_input_sizes<N: AsRef<str>>(inputs: &[(N, TensorType)]) -> Result<(), TraceError> {
+    if let Some((n, ty)) = inputs.iter().find(|(_, t)| t.checked_bytes().is_none()) {
+        return Err(TraceError {
+            op: "input".into(),
+            scope: String::new(),
+            operands: vec![ty.clone()],
+            message: format!("`{}`: {}", n.as_ref(), too_large(ty)),
+        });
+    }
+    Ok(())
+}
+
+/// A fresh builder for trace `id`, with an empty function called `name`.
+fn new_builder(id: u32, name: &str) -> Builder {
+    Builder {
         id,
         f: Function {
             name: name.to_string(),
@@ -455,15 +484,12 @@ where
         checkpoint: None,
         error: None,
         poisoned: Vec::new(),
-    };
-    if let Some((n, ty)) = inputs.iter().find(|(_, t)| t.checked_bytes().is_none()) {
-        return Err(TraceError {
-            op: "input".into(),
-            scope: String::new(),
-            operands: vec![ty.clone()],
-            message: format!("`{}`: {}", n.as_ref(), too_large(ty)),
-        });
     }
+}
+
+/// Makes one input value per input, in order, binds each under its name, and
+/// returns the tensors `f` will see.
+fn bind_inputs<N: AsRef<str>>(b: &mut Builder, inputs: &[(N, TensorType)]) -> Inputs {
     let mut tensors = Vec::with_capacity(inputs.len());
     for (i, (n, ty)) in inputs.iter().enumerate() {
         let value = b.new_value(ty.clone(), ValueDef::Input(i), false);
@@ -471,14 +497,23 @@ where
             name: n.as_ref().to_string(),
             value,
         });
-        tensors.push(Tensor { trace: id, value });
+        tensors.push(Tensor { trace: b.id, value });
     }
-    let args = Inputs {
+    Inputs {
         names: inputs.iter().map(|(n, _)| n.as_ref().to_string()).collect(),
         tensors,
-    };
+    }
+}
+
+/// Runs `f` with `b` as the current builder, and takes `b` back with what `f`
+/// returned; the builder is popped even if `f` panics, so the stack stays
+/// consistent.
+fn run_on_stack<O: Into<Outputs>>(
+    b: Builder,
+    args: &Inputs,
+    f: impl FnOnce(&Inputs) -> O,
+) -> (Builder, Outputs) {
     STACK.with(|s| s.borrow_mut().push(b));
-    // Pops the builder if `f` panics, so the stack stays consistent.
     struct PopOnUnwind;
     impl Drop for PopOnUnwind {
         fn drop(&mut self) {
@@ -488,11 +523,17 @@ where
         }
     }
     let guard = PopOnUnwind;
-    let outputs: Outputs = f(&args).into();
+    let outputs: Outputs = f(args).into();
     std::mem::forget(guard);
-    let mut b = STACK.with(|s| s.borrow_mut().pop()).expect("pushed above");
+    let b = STACK.with(|s| s.borrow_mut().pop()).expect("pushed above");
+    (b, outputs)
+}
+
+/// Binds each output in order; one from another trace is recorded as the
+/// trace's error (if it is the first) and left out.
+fn bind_outputs(b: &mut Builder, outputs: Outputs) {
     for (name, t) in outputs.0 {
-        if t.trace != id {
+        if t.trace != b.id {
             b.fail(
                 "output",
                 vec![],
@@ -505,6 +546,11 @@ where
             value: t.value,
         });
     }
+}
+
+/// The traced function, or the first error recorded while tracing, or an
+/// error for an output that is a poisoned (untraced) value.
+fn finish_trace(b: Builder) -> Result<Function, TraceError> {
     if let Some(e) = b.error {
         return Err(e);
     }

@@ -569,7 +569,7 @@ mod tests {
     }
 
     #[test]
-    fn launches_come_from_flags_then_torchrun_then_slurm() {
+    fn launches_come_from_flags() {
         let none = env_of(&[]);
         assert_eq!(
             Launch::resolve(&LaunchFlags::default(), &none).unwrap(),
@@ -599,7 +599,10 @@ mod tests {
                 LaunchSource::Flags
             )
         );
+    }
 
+    #[test]
+    fn launches_come_from_torchrun() {
         let torchrun = env_of(&[
             ("WORLD_SIZE", "16"),
             ("RANK", "9"),
@@ -628,8 +631,11 @@ mod tests {
             .unwrap();
         assert_eq!(l.coordinator, "127.0.0.1:29501");
         assert_eq!(l.visible_device(), None);
+    }
 
-        let slurm = env_of(&[
+    /// Task 11 of a 16-task Slurm step over two nodes of 8 tasks each.
+    fn slurm_step_of_two_nodes() -> impl Fn(&str) -> Option<String> {
+        env_of(&[
             ("SLURM_JOB_ID", "123456"),
             ("SLURM_NTASKS", "16"),
             ("SLURM_PROCID", "11"),
@@ -637,7 +643,12 @@ mod tests {
             ("SLURM_NODEID", "1"),
             ("SLURM_STEP_TASKS_PER_NODE", "8(x2)"),
             ("SLURM_STEP_NODELIST", "mi300x-[003-004]"),
-        ]);
+        ])
+    }
+
+    #[test]
+    fn launches_come_from_slurm() {
+        let slurm = slurm_step_of_two_nodes();
         let l = Launch::resolve(&LaunchFlags::default(), &slurm)
             .unwrap()
             .unwrap();
@@ -647,7 +658,21 @@ mod tests {
             format!("mi300x-003:{}", 61440 + 123456 % 4096)
         );
         assert_eq!(l.visible_device(), Some(3));
-        // Flags win field by field; --num-processes 1 runs alone.
+        // A one-task allocation is one process.
+        let one = env_of(&[
+            ("SLURM_JOB_ID", "7"),
+            ("SLURM_NTASKS", "1"),
+            ("SLURM_PROCID", "0"),
+        ]);
+        assert_eq!(
+            Launch::resolve(&LaunchFlags::default(), &one).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn flags_win_over_slurm_field_by_field() {
+        let slurm = slurm_step_of_two_nodes();
         let l = Launch::resolve(
             &LaunchFlags {
                 coordinator: Some("127.0.0.1:7000".into()),
@@ -661,21 +686,12 @@ mod tests {
             (l.process_id, l.coordinator.as_str()),
             (11, "127.0.0.1:7000")
         );
+        // --num-processes 1 runs alone.
         let alone = LaunchFlags {
             num_processes: Some(1),
             ..Default::default()
         };
         assert_eq!(Launch::resolve(&alone, &slurm).unwrap(), None);
-        // A one-task allocation is one process.
-        let one = env_of(&[
-            ("SLURM_JOB_ID", "7"),
-            ("SLURM_NTASKS", "1"),
-            ("SLURM_PROCID", "0"),
-        ]);
-        assert_eq!(
-            Launch::resolve(&LaunchFlags::default(), &one).unwrap(),
-            None
-        );
     }
 
     #[test]

@@ -424,59 +424,16 @@ impl AppState {
     fn submit(&self, plan: &Plan) -> Result<Vec<Job>, ApiError> {
         let c = &plan.common;
         let max_len = self.batcher.options().max_model_len;
-        let sampling = Sampling {
-            temperature: Some(c.temperature.unwrap_or(1.0)),
-            top_k: c.top_k(),
-            top_p: c.top_p,
-            seed: c.seed().unwrap_or_else(fresh_seed),
-        };
+        let sampling = sampling_of(c);
         let stop_ids = if c.ignore_eos {
             Vec::new()
         } else {
             self.config.eos_ids.clone()
         };
-        // More prompts than the queue holds can never be accepted, however
-        // long the client waits: the request's fault, not the load's.
-        let max_queue = self.batcher.options().max_queue;
-        if plan.prompts.len() > max_queue {
-            return Err(ApiError::bad(
-                format!(
-                    "the request has {} prompts and the queue holds at most {max_queue} (--max-queue); send at most {max_queue} a request",
-                    plan.prompts.len()
-                ),
-                Some(if plan.chat { "messages" } else { "prompt" }),
-            ));
-        }
+        self.check_queue_holds(plan)?;
         let mut jobs = Vec::new();
-        let field_name = plan.max_tokens_field;
         for prompt in &plan.prompts {
-            let len = prompt.len();
-            let room = usize::try_from(max_len)
-                .unwrap_or(usize::MAX)
-                .saturating_sub(len);
-            if room == 0 {
-                return Err(ApiError::bad(
-                    format!(
-                        "this model's maximum context length is {max_len} tokens, and the prompt has {len}: no room is left to generate"
-                    ),
-                    Some(if plan.chat { "messages" } else { "prompt" }),
-                ));
-            }
-            // OpenAI's defaults: 16 tokens for a completion, the rest of
-            // the context for a chat reply. Checked >= 1 already.
-            let max_tokens = match plan.max_tokens {
-                Some(m) => usize::try_from(m).unwrap_or(usize::MAX),
-                None if plan.chat => room,
-                None => 16.min(room),
-            };
-            if max_tokens > room {
-                return Err(ApiError::bad(
-                    format!(
-                        "this model's maximum context length is {max_len} tokens; the prompt has {len}, so {field_name} can be at most {room}, got {max_tokens}"
-                    ),
-                    Some(field_name),
-                ));
-            }
+            let max_tokens = max_tokens_for(plan, prompt.len(), max_len)?;
             let rx = self
                 .batcher
                 .submit(GenerationRequest {
@@ -486,25 +443,7 @@ impl AppState {
                     sampling: sampling.clone(),
                     stop_ids: stop_ids.clone(),
                 })
-                .map_err(|e| match e {
-                    SubmitError::QueueFull(_) => {
-                        ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string(), None)
-                    }
-                    SubmitError::ShuttingDown | SubmitError::Failed(_) => {
-                        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), None)
-                    }
-                    SubmitError::UnknownAdapter(_) => {
-                        ApiError::new(StatusCode::NOT_FOUND, e.to_string(), Some("model"))
-                    }
-                    SubmitError::Invalid(field, m) => ApiError::bad(
-                        m,
-                        Some(if field == "max_tokens" {
-                            field_name
-                        } else {
-                            field
-                        }),
-                    ),
-                })?;
+                .map_err(|e| submit_error(e, plan.max_tokens_field))?;
             jobs.push(Job {
                 rx,
                 text: TextStream::new(self.tokenizer.clone(), prompt, c.stops()),
@@ -516,6 +455,104 @@ impl AppState {
         Ok(jobs)
     }
 
+    /// More prompts than the queue holds can never be accepted, however
+    /// long the client waits: the request's fault, not the load's, so it
+    /// is refused before any prompt is submitted.
+    fn check_queue_holds(&self, plan: &Plan) -> Result<(), ApiError> {
+        let max_queue = self.batcher.options().max_queue;
+        if plan.prompts.len() > max_queue {
+            return Err(ApiError::bad(
+                format!(
+                    "the request has {} prompts and the queue holds at most {max_queue} (--max-queue); send at most {max_queue} a request",
+                    plan.prompts.len()
+                ),
+                Some(prompt_field(plan)),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The sampling settings a request asks for, with OpenAI's temperature
+/// default (1.0) and a fresh seed when it names none.
+fn sampling_of(c: &Common) -> Sampling {
+    Sampling {
+        temperature: Some(c.temperature.unwrap_or(1.0)),
+        top_k: c.top_k(),
+        top_p: c.top_p,
+        seed: c.seed().unwrap_or_else(fresh_seed),
+    }
+}
+
+/// The request field that holds the prompts, for errors about them.
+fn prompt_field(plan: &Plan) -> &'static str {
+    if plan.chat {
+        "messages"
+    } else {
+        "prompt"
+    }
+}
+
+/// How many tokens a prompt of `len` tokens may generate under a context
+/// of `max_len`: the request's own limit, or OpenAI's default, refused when
+/// the prompt leaves no room or the limit asks for more than is left.
+fn max_tokens_for(plan: &Plan, len: usize, max_len: i64) -> Result<usize, ApiError> {
+    let field_name = plan.max_tokens_field;
+    let room = usize::try_from(max_len)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(len);
+    if room == 0 {
+        return Err(ApiError::bad(
+            format!(
+                "this model's maximum context length is {max_len} tokens, and the prompt has {len}: no room is left to generate"
+            ),
+            Some(prompt_field(plan)),
+        ));
+    }
+    // OpenAI's defaults: 16 tokens for a completion, the rest of
+    // the context for a chat reply. Checked >= 1 already.
+    let max_tokens = match plan.max_tokens {
+        Some(m) => usize::try_from(m).unwrap_or(usize::MAX),
+        None if plan.chat => room,
+        None => 16.min(room),
+    };
+    if max_tokens > room {
+        return Err(ApiError::bad(
+            format!(
+                "this model's maximum context length is {max_len} tokens; the prompt has {len}, so {field_name} can be at most {room}, got {max_tokens}"
+            ),
+            Some(field_name),
+        ));
+    }
+    Ok(max_tokens)
+}
+
+/// The HTTP answer to a batcher's refusal: a full queue is the load's
+/// fault (429), a stopping or failed engine is unavailable (503), and an
+/// invalid `max_tokens` is reported under the field it came from.
+fn submit_error(e: SubmitError, field_name: &'static str) -> ApiError {
+    match e {
+        SubmitError::QueueFull(_) => {
+            ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string(), None)
+        }
+        SubmitError::ShuttingDown | SubmitError::Failed(_) => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), None)
+        }
+        SubmitError::UnknownAdapter(_) => {
+            ApiError::new(StatusCode::NOT_FOUND, e.to_string(), Some("model"))
+        }
+        SubmitError::Invalid(field, m) => ApiError::bad(
+            m,
+            Some(if field == "max_tokens" {
+                field_name
+            } else {
+                field
+            }),
+        ),
+    }
+}
+
+impl AppState {
     /// Runs `job` to its end, handing `emit` each token with the text it
     /// releases (often nothing: held back), then the rest of the text with
     /// no token (false from `emit`: the client is gone, stop). Records

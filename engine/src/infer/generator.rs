@@ -126,6 +126,32 @@ fn eager_executor(backend: &Backend, mode: Mode) -> Result<Option<Eager>> {
     })
 }
 
+/// The prompts left-padded to `t` tokens, row after row (every row's
+/// last prompt token at slot `t - 1`), and each row's padding.
+fn left_padded(prompts: &[Vec<u32>], t: usize) -> (Vec<i32>, Vec<i32>) {
+    let mut ids = vec![0i32; prompts.len() * t];
+    let mut offsets = Vec::with_capacity(prompts.len());
+    for (r, p) in prompts.iter().enumerate() {
+        let off = t - p.len();
+        offsets.push(off as i32);
+        for (j, &tok) in p.iter().enumerate() {
+            ids[r * t + off + j] = tok as i32;
+        }
+    }
+    (ids, offsets)
+}
+
+/// What every step of a batch takes besides the caches and the tokens:
+/// the rows' padding, the sampler's settings, and its random state (each
+/// step's replaced by the one the step returns).
+struct StepInputs {
+    offsets: DeviceArray,
+    temperature: DeviceArray,
+    top_k: DeviceArray,
+    top_p: DeviceArray,
+    rng: DeviceArray,
+}
+
 /// A compiled generation program and where its parameters go.
 struct Compiled {
     program: Program,
@@ -383,6 +409,10 @@ impl Generator {
         self.complete_rows_with(&|n| self.own(n), prompts, max_new, sampling, stop)
     }
 
+    /// Completes `prompts` as [`Generator::complete_rows`] says, reading
+    /// the parameters through `params`: one prefill step over the
+    /// left-padded prompts, then one decode step a token until every row
+    /// is done or has `max_new` tokens.
     fn complete_rows_with<'p>(
         &self,
         params: &ParamLookup<'p>,
@@ -399,35 +429,9 @@ impl Generator {
         let t = prompt_bucket(longest);
         let max_len = cache_bucket(t, max_new);
         let b = batch as i64;
-        // Left padding: every row's last prompt token sits at slot t - 1.
-        let mut ids = vec![0i32; batch * t as usize];
-        let mut offsets = Vec::with_capacity(batch);
-        for (r, p) in prompts.iter().enumerate() {
-            let off = t as usize - p.len();
-            offsets.push(off as i32);
-            for (j, &tok) in p.iter().enumerate() {
-                ids[r * t as usize + off + j] = tok as i32;
-            }
-        }
-        let c = &self.config;
-        let cache_ty = [b, c.num_key_value_heads, max_len, c.head_dim];
-        let zeros = HostArray::from(Literal::splat(TensorType::new(self.dtype, cache_ty), 0.0));
-        let mut caches: Vec<DeviceArray> = (0..2 * c.num_hidden_layers)
-            .map(|_| self.backend.place(&zeros, &self.cache_spec))
-            .collect::<Result<_>>()?;
-        let offsets = self.place(HostArray::new(&[b], &offsets)?)?;
-        let temperature = self.place(HostArray::scalar(sampling.temperature() as f32))?;
-        let top_k = self.place(HostArray::scalar(sampling.top_k.unwrap_or(0) as i32))?;
-        let top_p = self.place(HostArray::scalar(sampling.top_p.unwrap_or(1.0) as f32))?;
-        // The sampler's state: the seed, and which batch of this
-        // generator's this is, so no two batches draw alike (rows of one
-        // batch draw from rows of one random tensor).
-        let stream = self.batches.get();
-        self.batches.set(stream + 1);
-        let mut rng = self.place(HostArray::from(Literal::from_i128s(
-            TensorType::new(DType::U64, [2]),
-            &[sampling.seed as i128, stream as i128],
-        )))?;
+        let (ids, offsets) = left_padded(prompts, t as usize);
+        let mut caches = self.empty_caches(b, max_len)?;
+        let mut fixed = self.step_inputs(&offsets, sampling)?;
         let mut out: Vec<Vec<u32>> = vec![Vec::new(); batch];
         let mut failed: Vec<Option<usize>> = vec![None; batch];
         let mut done = vec![false; batch];
@@ -442,23 +446,8 @@ impl Generator {
         for _ in 0..max_new {
             let started = Instant::now();
             let compiling = self.compile_s.get();
-            let cur_arr = self.place(HostArray::scalar(cur as i32))?;
-            let mut inputs: Vec<&DeviceArray> = caches.iter().collect();
-            inputs.extend([
-                &input,
-                &offsets,
-                &cur_arr,
-                &temperature,
-                &top_k,
-                &top_p,
-                &rng,
-            ]);
-            let mut outputs = self.run((b, new, max_len), params, &inputs)?;
-            // Outputs: next, logits, caches.., rng.
-            rng = outputs.pop().expect("rng");
-            let next_arr = outputs.remove(0);
-            caches = outputs.split_off(1);
-            let mut next: Vec<i32> = next_arr.gather()?.to_vec()?;
+            let shape = (b, new, max_len);
+            let mut next = self.step(shape, params, &mut caches, &input, cur, &mut fixed)?;
             let took = started.elapsed().as_secs_f64() - (self.compile_s.get() - compiling);
             if cur == 0 {
                 timings.prefill_s = took;
@@ -481,6 +470,75 @@ impl Generator {
             .zip(failed)
             .map(|(tokens, f)| f.map_or(Ok(tokens), Err))
             .collect())
+    }
+
+    /// Zeroed K and V caches `[batch, kv_heads, max_len, head_dim]` for
+    /// every layer, laid out by the cache layout.
+    fn empty_caches(&self, batch: i64, max_len: i64) -> Result<Vec<DeviceArray>> {
+        let c = &self.config;
+        let cache_ty = [batch, c.num_key_value_heads, max_len, c.head_dim];
+        let zeros = HostArray::from(Literal::splat(TensorType::new(self.dtype, cache_ty), 0.0));
+        (0..2 * c.num_hidden_layers)
+            .map(|_| self.backend.place(&zeros, &self.cache_spec))
+            .collect()
+    }
+
+    /// The inputs a batch's steps share, placed once: the rows' padding
+    /// `offsets` and the sampler's settings, and its random state, which
+    /// starts this batch's own stream (taking the stream's number).
+    fn step_inputs(&self, offsets: &[i32], sampling: &Sampling) -> Result<StepInputs> {
+        let offsets = self.place(HostArray::new(&[offsets.len() as i64], offsets)?)?;
+        let temperature = self.place(HostArray::scalar(sampling.temperature() as f32))?;
+        let top_k = self.place(HostArray::scalar(sampling.top_k.unwrap_or(0) as i32))?;
+        let top_p = self.place(HostArray::scalar(sampling.top_p.unwrap_or(1.0) as f32))?;
+        // The sampler's state: the seed, and which batch of this
+        // generator's this is, so no two batches draw alike (rows of one
+        // batch draw from rows of one random tensor).
+        let stream = self.batches.get();
+        self.batches.set(stream + 1);
+        let rng = self.place(HostArray::from(Literal::from_i128s(
+            TensorType::new(DType::U64, [2]),
+            &[sampling.seed as i128, stream as i128],
+        )))?;
+        Ok(StepInputs {
+            offsets,
+            temperature,
+            top_k,
+            top_p,
+            rng,
+        })
+    }
+
+    /// One prefill or decode step of `shape` on the tokens `input` at
+    /// position `cur`: the caches and the sampler's random state become
+    /// the program's new ones, and each row's sampled token comes back
+    /// (-1 where its logits were not finite).
+    fn step<'p>(
+        &self,
+        shape: (i64, i64, i64),
+        params: &ParamLookup<'p>,
+        caches: &mut Vec<DeviceArray>,
+        input: &DeviceArray,
+        cur: i64,
+        fixed: &mut StepInputs,
+    ) -> Result<Vec<i32>> {
+        let cur_arr = self.place(HostArray::scalar(cur as i32))?;
+        let mut inputs: Vec<&DeviceArray> = caches.iter().collect();
+        inputs.extend([
+            input,
+            &fixed.offsets,
+            &cur_arr,
+            &fixed.temperature,
+            &fixed.top_k,
+            &fixed.top_p,
+            &fixed.rng,
+        ]);
+        let mut outputs = self.run(shape, params, &inputs)?;
+        // Outputs: next, logits, caches.., rng.
+        fixed.rng = outputs.pop().expect("rng");
+        let next_arr = outputs.remove(0);
+        *caches = outputs.split_off(1);
+        Ok(next_arr.gather()?.to_vec()?)
     }
 
     /// [`Generator::complete_batch`] for one prompt.

@@ -260,10 +260,15 @@ impl StepShape<'_> {
         (weights + adapters) / self.weight_shards.max(1) as f64
     }
 
+    /// The attention heads one device computes (split over `mp`).
+    fn heads_per_shard(&self) -> i64 {
+        (self.config.num_attention_heads / self.model_shards.max(1)).max(1)
+    }
+
     /// Attention's f32 scores one layer keeps for the backward (naive
     /// form; the others keep one f32 statistic a query and head).
     fn scores_bytes(&self, attention: AttentionKind) -> f64 {
-        let heads = (self.config.num_attention_heads / self.model_shards.max(1)).max(1);
+        let heads = self.heads_per_shard();
         match attention {
             AttentionKind::Naive => {
                 4.0 * self.rows as f64 * heads as f64 * (self.seq as f64).powi(2)
@@ -282,10 +287,8 @@ impl StepShape<'_> {
         if !matches!(attention, AttentionKind::Blockwise { .. }) || acc == self.dtype {
             return 0.0;
         }
-        let c = self.config;
-        let heads = (c.num_attention_heads / self.model_shards.max(1)).max(1);
         let tokens = self.rows as f64 * self.seq as f64;
-        tokens * (heads * c.head_dim) as f64 * acc.size_in_bytes() as f64
+        tokens * (self.heads_per_shard() * self.config.head_dim) as f64 * acc.size_in_bytes() as f64
     }
 
     /// The step's estimated memory with `layers` and `attention`. The

@@ -141,6 +141,63 @@ fn connect_once(coordinator: &str, within: Duration) -> io::Result<TcpStream> {
     Err(last)
 }
 
+/// One attempt at the membership connection: connects within what is left
+/// of `timeout` since `start`, proves the token, and sends the hello that
+/// registers `process_id`. Its answer is read by [`read_hello_answer`].
+fn say_hello(
+    coordinator: &str,
+    process_id: u32,
+    num_processes: u32,
+    timeout: Duration,
+    start: Instant,
+    token: Option<&RunToken>,
+) -> Result<TcpStream, Handshake> {
+    let left = timeout.saturating_sub(start.elapsed());
+    let mut s = connect_once(
+        coordinator,
+        left.clamp(Duration::from_millis(10), Duration::from_secs(1)),
+    )?;
+    let _ = s.set_nodelay(true);
+    // The server answers a hello at once, but give a slow
+    // start-up a moment beyond the caller's deadline.
+    let wait = timeout
+        .saturating_sub(start.elapsed())
+        .max(Duration::from_secs(1));
+    s.set_read_timeout(Some(wait))?;
+    s.set_write_timeout(Some(wait))?;
+    handshake(&mut s, token, coordinator)?;
+    let mut hello = MAGIC.to_vec();
+    hello.extend_from_slice(&num_processes.to_be_bytes());
+    write_request(&mut s, op::HELLO, process_id, NO_TIMEOUT, "", &hello)?;
+    Ok(s)
+}
+
+/// The coordinator's answer to our hello: whether it took this process's
+/// id. A connection lost here is the coordinator being `unreachable`; a
+/// refusal or another process count is its final word.
+fn read_hello_answer(
+    stream: &mut TcpStream,
+    unreachable: impl Fn(String) -> KvError,
+) -> Result<(), KvError> {
+    let (st, payload) = match read_response(stream) {
+        Ok(answer) => answer,
+        Err(ReadError::Protocol(msg)) => return Err(KvError::Protocol(msg)),
+        Err(ReadError::Eof) => return Err(unreachable("connection closed".into())),
+        Err(ReadError::Io(e)) => return Err(unreachable(e.to_string())),
+    };
+    match st {
+        status::OK => Ok(()),
+        status::REFUSED => Err(KvError::Refused {
+            reason: String::from_utf8_lossy(&payload).into_owned(),
+        }),
+        status::COUNT_MISMATCH => Err(count_mismatch(&payload)?),
+        status::PROTOCOL => Err(KvError::Protocol(
+            String::from_utf8_lossy(&payload).into_owned(),
+        )),
+        other => Err(KvError::Protocol(format!("hello answered with {other}"))),
+    }
+}
+
 impl KvClient {
     /// Connects to `coordinator` (`"HOST:PORT"`) as process `process_id` of
     /// `num_processes` and registers that id. Connections that are refused or
@@ -188,27 +245,14 @@ impl KvClient {
             cause,
         };
         let mut stream = loop {
-            let left = timeout.saturating_sub(start.elapsed());
-            let attempt = connect_once(
+            let attempt = say_hello(
                 coordinator,
-                left.clamp(Duration::from_millis(10), Duration::from_secs(1)),
-            )
-            .map_err(Handshake::Io)
-            .and_then(|mut s| {
-                let _ = s.set_nodelay(true);
-                // The server answers a hello at once, but give a slow
-                // start-up a moment beyond the caller's deadline.
-                let wait = timeout
-                    .saturating_sub(start.elapsed())
-                    .max(Duration::from_secs(1));
-                s.set_read_timeout(Some(wait))?;
-                s.set_write_timeout(Some(wait))?;
-                handshake(&mut s, token.as_ref(), coordinator)?;
-                let mut hello = MAGIC.to_vec();
-                hello.extend_from_slice(&num_processes.to_be_bytes());
-                write_request(&mut s, op::HELLO, process_id, NO_TIMEOUT, "", &hello)?;
-                Ok(s)
-            });
+                process_id,
+                num_processes,
+                timeout,
+                start,
+                token.as_ref(),
+            );
             match attempt {
                 Ok(s) => break s,
                 Err(Handshake::Fatal(e)) => return Err(e),
@@ -225,27 +269,7 @@ impl KvClient {
                 }
             }
         };
-        let (st, payload) = match read_response(&mut stream) {
-            Ok(answer) => answer,
-            Err(ReadError::Protocol(msg)) => return Err(KvError::Protocol(msg)),
-            Err(ReadError::Eof) => return Err(unreachable("connection closed".into())),
-            Err(ReadError::Io(e)) => return Err(unreachable(e.to_string())),
-        };
-        match st {
-            status::OK => {}
-            status::REFUSED => {
-                return Err(KvError::Refused {
-                    reason: String::from_utf8_lossy(&payload).into_owned(),
-                })
-            }
-            status::COUNT_MISMATCH => return Err(count_mismatch(&payload)?),
-            status::PROTOCOL => {
-                return Err(KvError::Protocol(
-                    String::from_utf8_lossy(&payload).into_owned(),
-                ))
-            }
-            other => return Err(KvError::Protocol(format!("hello answered with {other}"))),
-        }
+        read_hello_answer(&mut stream, unreachable)?;
         // Nobody reads the membership connection: no timeouts on it.
         stream.set_read_timeout(None)?;
         let addr = stream.peer_addr()?;

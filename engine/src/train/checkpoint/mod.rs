@@ -303,47 +303,26 @@ pub fn save_with(
 ) -> Result<StateTransfer> {
     let started = std::time::Instant::now();
     let what = format!("step {}", state.step);
-    // The adapter is small: gathered, and checked before anything is written.
-    let adapter = match &session.config().lora {
-        Some(lora) => {
-            let tensors = session.trained_tensors()?;
-            check_finite(&tensors, &what)?;
-            Some(Adapter {
-                lora: lora.clone(),
-                tensors,
-            })
-        }
-        None => None,
-    };
+    let adapter = gathered_adapter(session, &what)?;
     let backend = session.backend();
     let main = backend.is_main();
-    let group = backend.group();
+    let group = backend.group().map(|g| &**g);
     let (process, processes) = group.map_or((0, 1), |g| (g.process_id(), g.num_processes()));
     let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let fresh = out.join("train_state.new");
     let made_out = !out.exists();
     if main {
-        std::fs::create_dir_all(out).map_err(EngineError::io("create", out))?;
-        let _ = std::fs::remove_dir_all(&fresh);
-        std::fs::create_dir_all(&fresh).map_err(EngineError::io("create", &fresh))?;
+        make_fresh(out, &fresh)?;
     }
     if let Some(g) = group {
         g.all_gather(&format!("save-{n}-begin"), b"")?;
     }
     let arrays = session.state_arrays();
-    let mine = sharded::write_process_shards(&fresh, &arrays, process, processes, |_| true, &what);
-    let written = match group {
-        Some(g) => exchange_shards(g, n, mine, &fresh),
-        None => mine.map(|m| vec![m]),
-    };
-    let written = match written {
+    let written = match write_shards(group, n, &fresh, &arrays, (process, processes), &what) {
         Ok(w) => w,
         Err(e) => {
             if main {
-                let _ = std::fs::remove_dir_all(&fresh);
-                if made_out {
-                    let _ = std::fs::remove_dir(out);
-                }
+                discard_fresh(out, &fresh, made_out);
             }
             return Err(e);
         }
@@ -360,7 +339,77 @@ pub fn save_with(
         transfer.seconds = started.elapsed().as_secs_f64();
         return Ok(transfer);
     }
-    let manifest = sharded::Manifest::new(&arrays, &written)?;
+    complete_train_state(&fresh, &arrays, &written, state, extra)?;
+    swap_in(out, &fresh)?;
+    transfer.seconds = started.elapsed().as_secs_f64();
+    let what = save_model(out, session, adapter)?;
+    transfer.model = Some((what, started.elapsed().as_secs_f64() - transfer.seconds));
+    Ok(transfer)
+}
+
+/// The trained adapter of a LoRA session (None when finetuning fully),
+/// gathered and checked finite before a save writes anything: it is
+/// small, and a save refused here leaves the previous one untouched.
+fn gathered_adapter(session: &Session, what: &str) -> Result<Option<Adapter>> {
+    let Some(lora) = &session.config().lora else {
+        return Ok(None);
+    };
+    let tensors = session.trained_tensors()?;
+    check_finite(&tensors, what)?;
+    Ok(Some(Adapter {
+        lora: lora.clone(),
+        tensors,
+    }))
+}
+
+/// Makes `out` and an empty `fresh` (`train_state.new/`) to build the
+/// state in, dropping what an unfinished save left there (process 0).
+fn make_fresh(out: &Path, fresh: &Path) -> Result<()> {
+    std::fs::create_dir_all(out).map_err(EngineError::io("create", out))?;
+    let _ = std::fs::remove_dir_all(fresh);
+    std::fs::create_dir_all(fresh).map_err(EngineError::io("create", fresh))?;
+    Ok(())
+}
+
+/// Writes this process's shards of `arrays` into `fresh` and returns
+/// every process's account of its own (across processes, exchanged at
+/// save `n`'s meeting point), or the first failure.
+fn write_shards(
+    group: Option<&crate::device::processes::ProcessGroup>,
+    n: u64,
+    fresh: &Path,
+    arrays: &[sharded::StateArray],
+    (process, processes): (u32, u32),
+    what: &str,
+) -> Result<Vec<sharded::ProcessShards>> {
+    let mine = sharded::write_process_shards(fresh, arrays, process, processes, |_| true, what);
+    match group {
+        Some(g) => exchange_shards(g, n, mine, fresh),
+        None => mine.map(|m| vec![m]),
+    }
+}
+
+/// Undoes a failed save's folders: `fresh`, and `out` too when this save
+/// made it (and it is empty), so a failure leaves no trace.
+fn discard_fresh(out: &Path, fresh: &Path, made_out: bool) {
+    let _ = std::fs::remove_dir_all(fresh);
+    if made_out {
+        let _ = std::fs::remove_dir(out);
+    }
+}
+
+/// Completes the state in `fresh` once every shard is written: the
+/// manifest, `state.json` (as version 3, with no checksum: the manifest
+/// holds them) and the `extra` files; all before the swap makes it the
+/// run's state.
+fn complete_train_state(
+    fresh: &Path,
+    arrays: &[sharded::StateArray],
+    written: &[sharded::ProcessShards],
+    state: &RunState,
+    extra: &[(String, Vec<u8>)],
+) -> Result<()> {
+    let manifest = sharded::Manifest::new(arrays, written)?;
     write_json(&fresh.join(sharded::MANIFEST), &manifest)?;
     let state = RunState {
         version: 3,
@@ -371,9 +420,14 @@ pub fn save_with(
     for (name, bytes) in extra {
         write_atomic(&fresh.join(name), bytes)?;
     }
-    swap_in(out, &fresh)?;
-    transfer.seconds = started.elapsed().as_secs_f64();
-    let what = match adapter {
+    Ok(())
+}
+
+/// Writes the usable model after the state is swapped in: the `adapter`
+/// (PEFT), or for full finetuning an HF folder exported from the saved
+/// state. Returns what it wrote, as [`StateTransfer::model`] names it.
+fn save_model(out: &Path, session: &Session, adapter: Option<Adapter>) -> Result<&'static str> {
+    Ok(match adapter {
         Some(a) => {
             a.save(out, Some(&session.model().base_name()))?;
             "adapter"
@@ -384,9 +438,7 @@ pub fn save_with(
             session.model().save_hf_side_files(out)?;
             "HF weights"
         }
-    };
-    transfer.model = Some((what, started.elapsed().as_secs_f64() - transfer.seconds));
-    Ok(transfer)
+    })
 }
 
 /// Every process's account of its shards (`mine` is this one's), or the

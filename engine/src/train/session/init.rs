@@ -25,9 +25,8 @@ impl Session {
         reference: Option<&Adapter>,
         teacher: Option<&Model>,
     ) -> Result<Vec<Option<DeviceArray>>> {
-        let lora = self.config.lora.clone();
         let fresh;
-        let adapter = match (&lora, init_adapter) {
+        let adapter = match (&self.config.lora, init_adapter) {
             (Some(_), Some(a)) => Some(a),
             (Some(l), None) => {
                 fresh = Adapter::init(&self.model.config, l, self.seed);
@@ -35,61 +34,28 @@ impl Session {
             }
             (None, _) => None,
         };
-        let f = self.step.function();
-        let layers = self.model.config.num_hidden_layers;
-        let make = |k: usize| -> Result<Option<Literal>> {
-            let b = &f.inputs[k];
-            let ty = f.ty(b.value).clone();
-            Ok(Some(match &self.step().inputs[k].role {
-                Role::Batch(_) => return Ok(None),
-                Role::StepCounter => Literal::scalar(DType::I32, self.steps_done as f64),
-                Role::OptimizerState { .. } => Literal::splat(ty, 0.0),
-                Role::Trainable if lora.is_some() => {
-                    let a = adapter.expect("an adapter for a LoRA session");
-                    match adapter_tensor(a, &b.name, layers) {
-                        Some(t) => t,
-                        // A fresh adapter's modules to save start as the
-                        // base's weights, as PEFT copies them.
-                        None if init_adapter.is_none()
-                            && lora.as_ref().is_some_and(|l| l.saves_weight(&b.name)) =>
-                        {
-                            self.model.weight(&b.name, self.config.dtype, self.seed)?
-                        }
-                        None => {
-                            return Err(EngineError::AdapterLacks {
-                                tensor: b.name.clone(),
-                            })
-                        }
-                    }
-                }
-                Role::Weight if b.name.starts_with(TEACHER) => {
-                    let (t, name) = teacher.zip(b.name.strip_prefix(TEACHER)).ok_or_else(|| {
-                        EngineError::Internal(format!("no teacher for `{}`", b.name))
-                    })?;
-                    t.weight(name, self.config.dtype, self.seed)?
-                }
-                Role::Weight if b.name.starts_with("ref.") => {
-                    let (r, name) =
-                        reference.zip(b.name.strip_prefix("ref.")).ok_or_else(|| {
-                            EngineError::Internal(format!("no reference adapter for `{}`", b.name))
-                        })?;
-                    adapter_tensor(r, name, layers).ok_or_else(|| EngineError::AdapterLacks {
-                        tensor: name.to_string(),
-                    })?
-                }
-                Role::Trainable | Role::Weight => {
-                    self.model.weight(&b.name, self.config.dtype, self.seed)?
-                }
-                other => {
-                    return Err(EngineError::Internal(format!(
-                        "a train step has no {other:?} input"
-                    )))
-                }
-            }))
+        let sources = Sources {
+            adapter,
+            fresh: init_adapter.is_none(),
+            reference,
+            teacher,
         };
+        self.place_made(|k| self.initial_value(k, &sources))
+    }
+
+    /// Makes every input's value with `make` (None: an input left out),
+    /// one chunk of as many inputs as there are cores at a time, each
+    /// chunk's made in parallel and placed before the next is made: host
+    /// memory holds one chunk's tensors at most.
+    fn place_made(
+        &self,
+        make: impl Fn(usize) -> Result<Option<Literal>> + Sync,
+    ) -> Result<Vec<Option<DeviceArray>>> {
+        let make = &make;
+        let inputs = self.step.function().inputs.len();
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let order: Vec<usize> = (0..f.inputs.len()).collect();
-        let mut state = Vec::with_capacity(f.inputs.len());
+        let order: Vec<usize> = (0..inputs).collect();
+        let mut state = Vec::with_capacity(inputs);
         for chunk in order.chunks(threads) {
             let values: Vec<Result<Option<Literal>>> = std::thread::scope(|scope| {
                 let handles: Vec<_> = chunk
@@ -116,6 +82,72 @@ impl Session {
             }
         }
         Ok(state)
+    }
+
+    /// Input `k`'s initial value on the host, by its role (None for the
+    /// batch, which each step gives).
+    fn initial_value(&self, k: usize, sources: &Sources) -> Result<Option<Literal>> {
+        let f = self.step.function();
+        let b = &f.inputs[k];
+        let ty = f.ty(b.value).clone();
+        Ok(Some(match &self.step().inputs[k].role {
+            Role::Batch(_) => return Ok(None),
+            Role::StepCounter => Literal::scalar(DType::I32, self.steps_done as f64),
+            Role::OptimizerState { .. } => Literal::splat(ty, 0.0),
+            Role::Trainable if self.config.lora.is_some() => {
+                self.adapter_value(&b.name, sources)?
+            }
+            Role::Weight if b.name.starts_with(TEACHER) => {
+                let (t, name) = sources
+                    .teacher
+                    .zip(b.name.strip_prefix(TEACHER))
+                    .ok_or_else(|| EngineError::Internal(format!("no teacher for `{}`", b.name)))?;
+                t.weight(name, self.config.dtype, self.seed)?
+            }
+            Role::Weight if b.name.starts_with("ref.") => {
+                let (r, name) = sources
+                    .reference
+                    .zip(b.name.strip_prefix("ref."))
+                    .ok_or_else(|| {
+                        EngineError::Internal(format!("no reference adapter for `{}`", b.name))
+                    })?;
+                adapter_tensor(r, name, self.model.config.num_hidden_layers).ok_or_else(|| {
+                    EngineError::AdapterLacks {
+                        tensor: name.to_string(),
+                    }
+                })?
+            }
+            Role::Trainable | Role::Weight => {
+                self.model.weight(&b.name, self.config.dtype, self.seed)?
+            }
+            other => {
+                return Err(EngineError::Internal(format!(
+                    "a train step has no {other:?} input"
+                )))
+            }
+        }))
+    }
+
+    /// A LoRA session's trainable tensor `name`: the adapter's; for a
+    /// fresh adapter, a module it saves whole starts as the base's weight
+    /// (as PEFT copies them); else the adapter lacks it.
+    fn adapter_value(&self, name: &str, sources: &Sources) -> Result<Literal> {
+        let a = sources.adapter.expect("an adapter for a LoRA session");
+        match adapter_tensor(a, name, self.model.config.num_hidden_layers) {
+            Some(t) => Ok(t),
+            None if sources.fresh
+                && self
+                    .config
+                    .lora
+                    .as_ref()
+                    .is_some_and(|l| l.saves_weight(name)) =>
+            {
+                self.model.weight(name, self.config.dtype, self.seed)
+            }
+            None => Err(EngineError::AdapterLacks {
+                tensor: name.to_string(),
+            }),
+        }
     }
 
     /// State made on the devices (see [`Weights::Synthetic`]).
@@ -194,6 +226,18 @@ impl Session {
         }
         Ok(state)
     }
+}
+
+/// Where [`Session::initial_state`] takes values from besides the model.
+struct Sources<'a> {
+    /// The LoRA session's adapter: the one given, or a fresh one.
+    adapter: Option<&'a Adapter>,
+    /// Whether `adapter` is fresh (none was given).
+    fresh: bool,
+    /// The reference adapter, for the step's `ref.` inputs.
+    reference: Option<&'a Adapter>,
+    /// The distillation teacher, for the step's `teacher.` inputs.
+    teacher: Option<&'a Model>,
 }
 
 /// An adapter tensor by the step's name: stacked across layers for a
