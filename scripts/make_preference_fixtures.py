@@ -12,6 +12,7 @@ no GPU and no network:
     python3 scripts/make_preference_fixtures.py          # the files below
     python3 scripts/make_preference_fixtures.py --more   # only the --more files
     python3 scripts/make_preference_fixtures.py --two-adapters  # only its files
+    python3 scripts/make_preference_fixtures.py --cpo    # only cpo/'s files
 
 (e.g. `pip install --target DIR torch==2.9.1 trl==1.16.0 transformers==5.24.0
 peft==0.21.2 accelerate==1.15.0 datasets==5.2.0 tokenizers==0.23.3
@@ -208,6 +209,34 @@ into a fresh PeftModel (same fused LM head) and differ from the base's
 (adapters disabled) and from the policy's (fresh: lora_B = 0, so the base
 at step 1); the f64 recomputation loads the policy and adapters/ref_other
 as two separate PeftModels. Strings == ids bitwise as above.
+
+--cpo writes only tests/fixtures/preference/cpo/ (it reads tokenizer/,
+data_ids.jsonl, adapters/fresh and adapters/init; no file outside cpo/ is
+written, FORMULAS.md is not touched; made with the versions above, torch
+2.9.1+cu128 run on CPU, on an AMD EPYC machine where the default run
+reproduces every committed file above byte for byte, while --two-adapters'
+files come out up to 3e-6 off):
+
+  cpo/FORMULAS.md            what TRL 1.16's CPOTrainer computes for
+                             loss_type "sigmoid" (CPO_FORMULAS below)
+  cpo/expected.json,         as expected.json / expected.safetensors (same
+  cpo/expected.safetensors   per-case keys: settings, loss, logged_loss,
+                             metrics, pairs_f64; "<case>.<PEFT key>" the
+                             adapter after the step), for the cases below
+
+Cases (CPO_CASES): experimental CPOTrainer with loss_type "sigmoid" (CPO:
+summed completion log-probs, no reference model), every other setting as
+the simpo cases (beta 0.1, the optimizers, seeds and data above):
+  cpo     cpo_alpha 1.0 (TRL's default: with the NLL term), label_smoothing
+          0: cpo.fresh.sgd, cpo.fresh.adamw, cpo.init.sgd, cpo.init.adamw
+  cpo_ls  label_smoothing 0.1, cpo_alpha 0.5: cpo_ls.fresh.sgd,
+          cpo_ls.init.adamw
+  cpo_a0  cpo_alpha 0.0 (no NLL term; nll_loss logged as 0.0):
+          cpo_a0.fresh.sgd
+settings has no simpo_gamma for them (CPOTrainer reads it only for
+loss_type "simpo"); pairs_f64 gives the per-pair SUMS
+(policy_chosen_sum, policy_rejected_sum) and token counts. Checks as
+above: strings == ids bitwise, and the f64 recomputation within 1e-5.
 """
 
 import json
@@ -254,6 +283,21 @@ METHODS = {
     "simpo_a0": ("cpo", dict(loss_type="simpo", cpo_alpha=0.0)),
     "orpo": ("orpo", dict()),
 }
+# --cpo: CPOTrainer's loss_type "sigmoid" (CPO), in cpo/ (not in CASES).
+CPO_OUT = os.path.join(OUT, "cpo")
+CPO_METHODS = {
+    "cpo": ("cpo", dict(loss_type="sigmoid")),
+    "cpo_ls": ("cpo", dict(loss_type="sigmoid", label_smoothing=0.1, cpo_alpha=0.5)),
+    "cpo_a0": ("cpo", dict(loss_type="sigmoid", cpo_alpha=0.0)),
+}
+CPO_CASES = [("cpo", "fresh", "sgd"), ("cpo", "fresh", "adamw"), ("cpo", "init", "sgd"), ("cpo", "init", "adamw"),
+             ("cpo_ls", "fresh", "sgd"), ("cpo_ls", "init", "adamw"), ("cpo_a0", "fresh", "sgd")]
+
+
+def method_spec(method):
+    """(trainer kind, config keywords) of a method of METHODS or CPO_METHODS."""
+    return METHODS[method] if method in METHODS else CPO_METHODS[method]
+
 
 FORMULAS = r"""# Preference losses of TRL 1.16.0, exactly
 
@@ -516,6 +560,116 @@ of an f32 adapter on the NF4 base (what hlo-train trains), with everything
 else as TRL runs it. ORPOTrainer keeps f32 by itself. With the init
 adapter the policy equals DPO's "ref" copy, so the step-1 DPO loss is
 log 2 and the IPO loss (1 / (2 beta))^2 = 25.
+"""
+
+CPO_FORMULAS = r"""# CPO (CPOTrainer, loss_type "sigmoid") of TRL 1.16.0, exactly
+
+Read from trl 1.16.0's source: trl/experimental/cpo/cpo_trainer.py (line
+numbers below are of that file unless another is named), cpo_config.py,
+trl/experimental/utils.py (DPODataCollatorWithPadding, pad_to_length) and
+trl/trainer/utils.py (selective_log_softmax), with transformers 5.24.0 and
+peft 0.21.2; checked numerically by scripts/make_preference_fixtures.py
+--cpo (every case recomputed in f64 from these formulas, within 1e-5).
+B = pairs in the batch, i indexes pairs. Tokenization, batch layout and the
+pad id are those of ../FORMULAS.md sections 1-2 (CPOTrainer's tokenize_row;
+for the fixture data: prompt_ids = [BOS] + tok(prompt), completion_ids =
+tok(completion) + [EOS], data_ids.jsonl).
+
+## 1. Config (CPOConfig, cpo_config.py)
+loss_type "sigmoid" is CPOConfig's DEFAULT (choices "sigmoid", "hinge",
+"ipo", "simpo", "alphapo"; "alphapo" becomes "simpo" with cpo_alpha 0 in
+__post_init__). beta 0.1, label_smoothing 0.0, cpo_alpha 1.0, alpha 0.0
+(AlphaPO reward shaping, off), simpo_gamma 0.5 (read only for "simpo",
+line 367), max_length 1024, disable_dropout True. A label_smoothing > 0
+is warned about and ignored only for "hinge" and "ipo" (lines 345-349); for
+"sigmoid" it is used.
+
+## 2. Labels and the batch
+tokenize_row (lines 476-612) builds chosen_labels / rejected_labels = the
+sequence's ids with -100 on the prompt tokens; DPODataCollatorWithPadding
+(experimental/utils.py) right-pads *_input_ids with the pad id (EOS, 1,
+here), *_attention_mask with 0 and *_labels with -100; concatenated_inputs
+(lines 614-676) pads chosen and rejected to the same length L and stacks
+them: rows 0..B-1 prompt_i + chosen_i, rows B..2B-1 prompt_i + rejected_i.
+One forward (lines 818-824): model(input_ids, attention_mask,
+use_cache=False), full logits [2B, L, V] (no position_ids). So the labels
+that count are exactly the completion tokens (EOS included), never the
+prompt or the padding.
+
+## 3. Sequence log-probabilities: SUMS for "sigmoid"
+get_batch_logps (lines 752-790): labels[:, 1:], logits[:, :-1] (the logits
+at position t-1 score token t), loss_mask = labels != -100,
+per-token logp_t = selective_log_softmax(logits, labels) (trl/trainer/
+utils.py line 538; on the CPU in f32/f64: gather(logits) - logsumexp(logits)
+per position), then
+  S = sum_{t in C} logp_t            (average_log_prob False)
+  A = S / |C|                        (average_log_prob True)
+with C the row's completion tokens. concatenated_forward passes
+average_log_prob = loss_type in ["ipo", "simpo"] (line 850), so "sigmoid"
+(and "hinge") use the SUM S; "ipo" and "simpo" the average A. Policy
+only: CPOTrainer has no reference model. c_i = S(chosen row i),
+r_i = S(rejected row i), N(c_i) = |C| of chosen row i.
+
+## 4. Loss
+cpo_loss (lines 678-749), alpha == 0 (the default; lines 707-709):
+  z_i = c_i - r_i
+loss_type "sigmoid" (lines 723-728), ls = label_smoothing:
+  L_i = -logsigmoid(beta z_i) (1 - ls) - logsigmoid(-beta z_i) ls
+(for ls = 0: -logsigmoid(beta (c_i - r_i)), the DPO sigmoid loss without a
+reference: CPO's Eq. 3). No gamma/margin term (that is "simpo" only,
+lines 715-717).
+NLL term (concatenated_forward lines 826-845):
+  nll = nn.CrossEntropyLoss()(logits[:B, :-1].flatten, labels[:B, 1:].flatten)
+i.e. reduction "mean", ignore_index -100: the mean of -logp_t over ALL
+chosen completion tokens of the batch POOLED (sum over the B chosen rows'
+completion tokens / their total count, EOS included; not a mean of
+per-row means; the rejected rows never enter). If cpo_alpha == 0 it is not
+computed: nll = tensor(0.0) (lines 842-843).
+  loss = mean_i L_i + cpo_alpha * nll                         (line 890)
+(plus aux_loss_coef * aux_loss only for MoE models with
+output_router_logits). The NLL's log-softmax is torch's cross_entropy, the
+sums' is selective_log_softmax: the same values up to f32 rounding.
+
+## 5. Logged metrics (get_batch_loss_metrics, lines 865-917; names as
+logged; step 1 = this batch, before the optimizer step)
+rewards (cpo_loss lines 745-747, alpha == 0): chosen_reward_i = beta c_i,
+rejected_reward_i = beta r_i (policy SUMS, detached; no reference).
+- loss               = the loss above (logged by transformers' Trainer)
+- rewards/chosen     = mean_i beta c_i                          (line 894)
+- rewards/rejected   = mean_i beta r_i                          (line 895)
+- rewards/accuracies = mean_i [beta c_i > beta r_i] (strict, as f32)
+                                                            (lines 891, 896)
+- rewards/margins    = mean_i (beta c_i - beta r_i)         (lines 897-899)
+- logps/rejected     = mean_i r_i  (sums)                   (lines 900-902)
+- logps/chosen       = mean_i c_i  (sums)                   (lines 903-905)
+- logits/rejected    = mean of the WHOLE rejected-half logits tensor
+                       [B, L, V]: every position (prompt, completion, right
+                       padding, the last position too) and every vocabulary
+                       entry                                (lines 906-908)
+- logits/chosen      = the same over the chosen half        (lines 909-911)
+- nll_loss           = nll, UNweighted (not times cpo_alpha); 0.0 when
+                       cpo_alpha == 0                       (line 912)
+- grad_norm          = transformers' global L2 norm of the trainable
+                       gradients before clipping (logged also with
+                       max_grad_norm 0); learning_rate; epoch
+Each metric is a Python float per batch, stored (store_metrics, line
+1000) and at logging time averaged over the stored batches as
+torch.tensor(list).mean() (f32; log, lines 1068-1069): with one step
+logged per batch (logging_steps 1), the batch's value rounded to f32.
+
+## 6. The fixture's cases (cpo/expected.json, cpo/expected.safetensors)
+CPOTrainer, loss_type "sigmoid", beta 0.1, no reference; settings and
+optimizers as ../FORMULAS.md's simpo cases (one step, 4 pairs in one
+batch, SGD lr 0.1 or AdamW lr 1e-3, weight decay 0, no clipping, constant
+schedule, seed 42, f32, CPU):
+- cpo.{fresh,init}.{sgd,adamw}: cpo_alpha 1.0, label_smoothing 0;
+- cpo_ls.fresh.sgd, cpo_ls.init.adamw: label_smoothing 0.1, cpo_alpha 0.5;
+- cpo_a0.fresh.sgd: cpo_alpha 0.0 (nll_loss logged 0.0).
+fresh: the trainer wraps the base with peft_config (adapters/fresh, lora_B
+= 0, so at step 1 the policy IS the base, and lora_A's gradient is 0: the
+step changes only lora_B); init: a PeftModel loaded from adapters/init.
+pairs_f64: per pair the f64 recomputation's policy_chosen_sum (c_i),
+policy_rejected_sum (r_i), chosen_tokens and rejected_tokens (|C|).
 """
 
 
@@ -1171,7 +1325,7 @@ def run_trl(method, start, opt, form, variant=None):
     from trl import DPOConfig
     from trl.experimental.cpo import CPOConfig
     from trl.experimental.orpo import ORPOConfig
-    kind, method_kw = METHODS[method]
+    kind, method_kw = method_spec(method)
     cls = trainer_classes()[kind]
     config_cls = {"dpo": DPOConfig, "cpo": CPOConfig, "orpo": ORPOConfig}[kind]
     nf4 = variant == "nf4"
@@ -1343,6 +1497,16 @@ def hand(method, policy_dir, ref_dir, rows, beta=0.1, gamma=0.5, nf4=False):
             out["nll_loss"] = nll.item() if alpha else 0.0
             out["logits/chosen"] = logits_d[:B].mean().item()
             out["logits/rejected"] = logits_d[B:].mean().item()
+        elif method in CPO_METHODS:  # CPOTrainer loss_type "sigmoid": sums S, no reference
+            kw = CPO_METHODS[method][1]
+            alpha, ls = kw.get("cpo_alpha", 1.0), kw.get("label_smoothing", 0.0)
+            z = S[:B] - S[B:]
+            L_i = -F.logsigmoid(beta * z) * (1 - ls) - F.logsigmoid(-beta * z) * ls
+            nll = -(lp[:B] * m[:B]).sum() / m[:B].sum()
+            loss = L_i.mean() + alpha * nll
+            out["nll_loss"] = nll.item() if alpha else 0.0
+            out["logits/chosen"] = logits_d[:B].mean().item()
+            out["logits/rejected"] = logits_d[B:].mean().item()
         else:  # orpo
             def log1mexp(x):
                 return torch.log(-torch.expm1(x))
@@ -1354,10 +1518,16 @@ def hand(method, policy_dir, ref_dir, rows, beta=0.1, gamma=0.5, nf4=False):
                         "log_odds_chosen": lo.mean().item(),
                         "logits/chosen": logits_d[:B, :-1].mean().item(),
                         "logits/rejected": logits_d[B:, :-1].mean().item()})
-        rc, rj = beta * A[:B].detach(), beta * A[B:].detach()
-        logps_c, logps_r = A[:B], A[B:]
-        pairs = {"policy_chosen_avg": A[:B], "policy_rejected_avg": A[B:], "chosen_tokens": N[:B],
-                 "rejected_tokens": N[B:]}
+        if method in CPO_METHODS:
+            rc, rj = beta * S[:B].detach(), beta * S[B:].detach()
+            logps_c, logps_r = S[:B], S[B:]
+            pairs = {"policy_chosen_sum": S[:B], "policy_rejected_sum": S[B:], "chosen_tokens": N[:B],
+                     "rejected_tokens": N[B:]}
+        else:
+            rc, rj = beta * A[:B].detach(), beta * A[B:].detach()
+            logps_c, logps_r = A[:B], A[B:]
+            pairs = {"policy_chosen_avg": A[:B], "policy_rejected_avg": A[B:], "chosen_tokens": N[:B],
+                     "rejected_tokens": N[B:]}
     out.update({"rewards/chosen": rc.mean().item(), "rewards/rejected": rj.mean().item(),
                 "rewards/accuracies": (rc > rj).double().mean().item(), "rewards/margins": (rc - rj).mean().item(),
                 "logps/chosen": logps_c.mean().item(), "logps/rejected": logps_r.mean().item()})
@@ -1388,7 +1558,7 @@ def run_case(method, start, opt, variant=None):
     f64. Returns (name, expected entry, tensors, diffs to the f64 check)."""
     name = f"{method}.{start}.{opt}" + (f".{variant}" if variant else "")
     nf4 = variant == "nf4"
-    kind = METHODS[method][0]
+    kind, method_kw = method_spec(method)
     loss, logs, init, after, batch = run_trl(method, start, opt, "strings", variant)
     loss2, logs2, init2, after2, batch2 = run_trl(method, start, opt, "ids", variant)
     # Strings through TRL's tokenization == the pre-tokenized rows verbatim.
@@ -1432,7 +1602,7 @@ def run_case(method, start, opt, variant=None):
     print(f"{name:26s} loss {loss:.7f}  f64 check: |dloss| {d_loss:.1e}  max|dmetric| {d_met:.1e}  "
           f"max|dadapter| {d_ad:.1e}")
     settings = {"trainer": {"dpo": "DPOTrainer", "cpo": "CPOTrainer", "orpo": "ORPOTrainer"}[kind],
-                **{k: v for k, v in METHODS[method][1].items()}, "beta": 0.1,
+                **{k: v for k, v in method_kw.items()}, "beta": 0.1,
                 "start": start, "policy_adapter": rel(policy_dir),
                 "reference": ("none" if kind != "dpo" else "base (adapter disabled)" if start == "fresh" else
                               f"{rel(ref_dir)} " + {"init": "(TRL's 'ref' copy)",
@@ -1442,7 +1612,10 @@ def run_case(method, start, opt, variant=None):
                 "optim": OPTS[opt]["optim"], "learning_rate": LR[opt], "weight_decay": 0.0,
                 "max_grad_norm": 0.0, "lr_scheduler_type": "constant", "batch_pairs": 4}
     if kind == "cpo":
-        settings.update(simpo_gamma=0.5, cpo_alpha=METHODS[method][1].get("cpo_alpha", 1.0), label_smoothing=0.0)
+        if method_kw["loss_type"] == "simpo":
+            settings["simpo_gamma"] = 0.5  # read by CPOTrainer only for loss_type "simpo"
+        settings.update(cpo_alpha=method_kw.get("cpo_alpha", 1.0),
+                        label_smoothing=method_kw.get("label_smoothing", 0.0))
     if variant is not None:
         settings.update(MORE_SETTINGS[variant](kind))
     if start == "ref_other":
@@ -1604,6 +1777,44 @@ def two_cases():
     assert all(v < 1e-5 for v in worst.values()), worst
 
 
+# ---------------------------------------------------------------------------
+# --cpo: CPOTrainer loss_type "sigmoid", in cpo/expected.json and
+# cpo/expected.safetensors (same layout as expected.*), cpo/FORMULAS.md.
+
+@step("cpo_cases")
+def cpo_cases():
+    import peft, trl, transformers
+    os.makedirs(CPO_OUT, exist_ok=True)
+    with open(os.path.join(CPO_OUT, "FORMULAS.md"), "w") as f:
+        f.write(CPO_FORMULAS)
+    expected, tensors = {}, {}
+    worst = {"loss": 0.0, "metrics": 0.0, "adapter": 0.0, "grad_norm": 0.0}
+    for method, start, opt in CPO_CASES:
+        name, entry, after, diffs = run_case(method, start, opt)
+        worst = {k: max(worst[k], diffs[k]) for k in worst}
+        values = [entry["loss"], entry["logged_loss"], *entry["metrics"].values()]
+        values += [x for v in entry["pairs_f64"].values() for x in v]
+        assert all(torch.isfinite(torch.tensor(v, dtype=torch.float64)) for v in values), name
+        assert all(torch.isfinite(t).all() for t in after.values()), name
+        expected[name] = entry
+        tensors.update(after)
+    expected["_meta"] = {
+        "versions": {"torch": torch.__version__, "trl": trl.__version__, "transformers": transformers.__version__,
+                     "peft": peft.__version__},
+        "lora": {"r": 4, "lora_alpha": 8, "target_modules": TARGETS, "dropout": 0.0},
+        "data": "data.jsonl (TRL's tokenization) and data_ids.jsonl (verbatim): the same",
+        "adapters": {"fresh": rel(adapter_dir("fresh")), "init": rel(adapter_dir("init"))},
+        "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 1,
+        "f64_check_max_abs_diff": worst,
+    }
+    with open(os.path.join(CPO_OUT, "expected.json"), "w") as f:
+        json.dump(expected, f, indent=1, sort_keys=True)
+        f.write("\n")
+    save_file(contiguous(tensors), os.path.join(CPO_OUT, "expected.safetensors"))
+    print("f64 check, worst over all cases:", worst)
+    assert all(v < 1e-5 for v in worst.values()), worst
+
+
 if __name__ == "__main__":
     import accelerate, datasets, peft, safetensors, tokenizers, transformers, trl
     print("torch", torch.__version__, "trl", trl.__version__, "transformers", transformers.__version__, "peft",
@@ -1621,8 +1832,10 @@ if __name__ == "__main__":
     elif sys.argv[1:] == ["--two-adapters"]:
         write_two_inputs()
         two_cases()
+    elif sys.argv[1:] == ["--cpo"]:
+        cpo_cases()
     elif sys.argv[1:]:
-        sys.exit(f"usage: {sys.argv[0]} [--more | --two-adapters]")
+        sys.exit(f"usage: {sys.argv[0]} [--more | --two-adapters | --cpo]")
     else:
         write_inputs()
         write_ids()

@@ -157,12 +157,7 @@ impl PluginArgs {
     }
 }
 
-/// The value parser of a flag whose values are an engine setting's names
-/// ([`Named`]): the engine's enum itself, its names listed in `--help`.
-pub fn named<T: Named>() -> impl TypedValueParser<Value = T> {
-    PossibleValuesParser::new(T::ALL.iter().map(|v| v.name()))
-        .try_map(|s| T::from_name(&s).ok_or_else(|| format!("`{s}` is not one of its values")))
-}
+pub use hlo_engine::objectives::settings::{named, non_negative, positive};
 
 /// The value parser of `--objective` for a command that takes only the
 /// objectives `takes` keeps (`eval`, `data`): those alone listed in
@@ -496,42 +491,6 @@ pub fn learning_rate(s: &str) -> Result<f64, String> {
     match non_negative(s) {
         Ok(v) if v <= 1e30 => Ok(v),
         Ok(_) => Err("must be at most 1e30 (the schedule is computed in f32)".into()),
-        Err(e) => Err(e),
-    }
-}
-
-/// A finite number.
-pub fn finite(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() => Ok(v),
-        Ok(_) => Err("must be a finite number".into()),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-/// A finite number >= 0.
-pub fn non_negative(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        Ok(_) => Err("must be a finite number >= 0".into()),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-/// A finite number > 0.
-/// A label smoothing in [0, 0.5] (above a half the labels swap).
-pub fn label_smoothing(s: &str) -> Result<f64, String> {
-    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
-    if !(0.0..=0.5).contains(&v) {
-        return Err("must be between 0 and 0.5".into());
-    }
-    Ok(v)
-}
-
-pub fn positive(s: &str) -> Result<f64, String> {
-    match non_negative(s) {
-        Ok(v) if v > 0.0 => Ok(v),
-        Ok(_) => Err("must be > 0".into()),
         Err(e) => Err(e),
     }
 }

@@ -29,7 +29,7 @@ pub struct BenchArgs {
     pub dtype: DtypeArgs,
 
     /// The step's loss: sft, or a preference objective (dpo, ipo, simpo,
-    /// orpo; --batch then counts pairs, and DPO's and IPO's reference is
+    /// orpo, cpo; --batch then counts pairs, and DPO's and IPO's reference is
     /// the base with the adapter off), or kto (--batch counts examples,
     /// each with its KL row; the reference the base).
     #[arg(long, value_parser = crate::args::named::<Objective>(), default_value = "sft")]
@@ -105,7 +105,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         Some(t) => Some(crate::objective_args::teacher_model(t)?),
         None => None,
     };
-    let mut specs = ObjectiveSpecs::default();
+    let mut specs = ObjectiveSpecs::default().resolved(objective);
     specs.distill.teacher_config = teacher.as_ref().map(|t| Box::new(t.config.clone()));
     tc.loss = objective.loss(&specs, reference);
     let name = model.name.clone();

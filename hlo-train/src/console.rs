@@ -402,7 +402,7 @@ fn print_rollouts_header(run: &Run, on: &str, compiled: &str) {
         .def()
         .rollout_spec(&run.spec().objectives);
     let stats = run.data_stats();
-    let groups = c.batch as usize / spec.num_generations;
+    let groups = c.batch as usize / spec.num_generations();
     println!("{on}; {} × seq {}; {compiled}", objective_words(run), c.seq);
     let remaining = (run.spec().steps - run.session().steps_done()).max(0);
     let generations = remaining as usize / spec.num_iterations.max(1);
@@ -410,7 +410,7 @@ fn print_rollouts_header(run: &Run, on: &str, compiled: &str) {
         Some(path) => println!(
             "data: {} logged rollouts ({} prompts) from {}; {:.2} epochs in {} steps",
             stats.samples,
-            stats.samples / spec.num_generations,
+            stats.samples / spec.num_generations(),
             path.display(),
             (generations * c.batch as usize) as f64 / stats.samples.max(1) as f64,
             remaining
@@ -418,7 +418,7 @@ fn print_rollouts_header(run: &Run, on: &str, compiled: &str) {
         None => println!(
             "data: {} prompts; {} completions each, up to {} tokens, sampled at temperature {} by the policy being trained; {:.2} epochs in {} steps",
             stats.samples,
-            spec.num_generations,
+            spec.num_generations(),
             spec.max_completion_length,
             spec.temperature,
             (generations * groups) as f64 / stats.samples.max(1) as f64,

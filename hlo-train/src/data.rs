@@ -37,7 +37,7 @@ pub struct DataArgs {
     pub data: Option<PathBuf>,
 
     /// Read the data as `train --objective` does: sft rows, or preference
-    /// pairs (dpo, ipo, simpo, orpo; reward: each side whole; --batch then
+    /// pairs (dpo, ipo, simpo, orpo, cpo; reward: each side whole; --batch then
     /// counts pairs). Prompts and unpaired examples, the other
     /// objectives' data, are counted in `train`'s header.
     #[arg(long, value_parser = crate::args::objectives_where(shown), default_value = "sft")]

@@ -69,7 +69,7 @@ pub struct EvalArgs {
     pub batch: i64,
 
     /// What to score: sft (the masked mean loss of each learned token),
-    /// or held-out preference pairs by dpo, ipo, simpo or orpo (the loss
+    /// or held-out preference pairs by dpo, ipo, simpo, orpo or cpo (the loss
     /// and TRL's metrics; --batch then counts pairs). DPO's and IPO's
     /// reference is the base with the adapter off, or --ref-adapter. The
     /// other objectives have no held-out loss here (`hlo-train score`
@@ -78,7 +78,7 @@ pub struct EvalArgs {
     pub objective: Objective,
 
     #[command(flatten)]
-    pub preference: crate::objective_args::PreferenceArgs,
+    pub preference: hlo_engine::PreferenceSpec,
 
     /// Print one JSON object.
     #[arg(long)]
@@ -182,12 +182,16 @@ fn scored(objective: Objective) -> bool {
 /// checked as `train` checks them.
 fn preference_of(args: &EvalArgs, objective: Objective) -> Result<Option<Preference>> {
     // A setting the objective does not read is refused, as by `train`.
+    if args.preference.precompute_ref {
+        bail!("--precompute-ref: eval scores with the reference model itself; leave it out");
+    }
+    let objectives = ObjectiveSpecs {
+        preference: args.preference.clone(),
+        ..ObjectiveSpecs::default()
+    };
     let spec = RunSpec {
         objective,
-        objectives: ObjectiveSpecs {
-            preference: args.preference.spec(),
-            ..ObjectiveSpecs::default()
-        },
+        objectives: objectives.resolved(objective),
         ..RunSpec::default()
     };
     spec.check_objective_settings()?;

@@ -79,7 +79,7 @@ pub struct PlanArgs {
     pub dtype: DtypeArgs,
 
     /// The step's loss: sft, a preference objective (dpo, ipo, simpo,
-    /// orpo; --batch then counts pairs, whose two sides a step holds, and
+    /// orpo, cpo; --batch then counts pairs, whose two sides a step holds, and
     /// DPO and IPO add the reference's forward: the base with the adapter
     /// off), or grpo, rloo or distillation (--batch counts completions;
     /// the rollouts that generate them are planned too, and
@@ -360,7 +360,7 @@ fn rollout_shape(args: &PlanArgs) -> Result<Option<RolloutShape>> {
         objective: args.objective,
         objectives: hlo_engine::ObjectiveSpecs {
             rollouts: hlo_engine::rollouts::RolloutSpec {
-                num_generations: g as usize,
+                num_generations: Some(g as usize),
                 max_completion_length: c as usize,
                 ..Default::default()
             },
@@ -938,7 +938,7 @@ fn print_compiled_by(s: &Summary, r: &Report) {
 /// GRPO completions of `num_generations` a prompt.
 fn batch_text(r: &Report) -> String {
     let mut specs = hlo_engine::ObjectiveSpecs::default();
-    specs.rollouts.num_generations = num_generations(r.args);
+    specs.rollouts.num_generations = Some(num_generations(r.args));
     r.args.objective.def().batch_words(&specs, r.tc.batch)
 }
 

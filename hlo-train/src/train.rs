@@ -11,7 +11,7 @@ use clap::Args;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::{
     Chosen, Data, DataSource, EvalSpec, HookList, Mode, Objective, ObjectiveSpecs, OutputSpec,
-    PreferenceSpec, ReportSpec, Run, RunSpec, StopFlag, TrainSummary,
+    ReportSpec, Run, RunSpec, StopFlag, TrainSummary,
 };
 use hlo_report::{EventWriter, LossCurves};
 use indicatif::ProgressBar;
@@ -49,8 +49,8 @@ pub struct TrainArgs {
     /// What the run's loss is: sft, the causal-LM loss on the data's
     /// learned tokens (supervised finetuning); or a preference method over
     /// pairs of chosen and rejected completions, as TRL 1.16 computes it:
-    /// dpo (DPOTrainer's sigmoid loss), ipo, simpo (CPOTrainer's) or orpo
-    /// (ORPOTrainer's). With pairs, --batch counts pairs. Or grpo
+    /// dpo (DPOTrainer's sigmoid loss), ipo, simpo and cpo (CPOTrainer's
+    /// simpo and sigmoid losses) or orpo (ORPOTrainer's). With pairs, --batch counts pairs. Or grpo
     /// (GRPOTrainer's): online RL over prompts, the policy generating its
     /// own completions, scored by --reward; --batch counts completions.
     /// Or kto (KTOTrainer's): unpaired completions labelled desirable or
@@ -66,33 +66,9 @@ pub struct TrainArgs {
     #[arg(long, value_parser = named::<Objective>(), default_value = "sft")]
     pub objective: Objective,
 
+    // Each objective's own settings, declared once in its spec.
     #[command(flatten)]
-    pub preference: crate::objective_args::PreferenceArgs,
-
-    /// DPO and IPO: compute the reference's log-probabilities of every
-    /// pair once before training, so the step runs no reference forward
-    /// and the reference holds no device memory while training (and full
-    /// finetuning has a reference: the base as it starts).
-    #[arg(long)]
-    pub precompute_ref: bool,
-
-    #[command(flatten)]
-    pub rollouts: crate::objective_args::RolloutArgs,
-
-    #[command(flatten)]
-    pub grpo: crate::objective_args::GrpoArgs,
-
-    #[command(flatten)]
-    pub rloo: crate::objective_args::RlooArgs,
-
-    #[command(flatten)]
-    pub kto: crate::objective_args::KtoArgs,
-
-    #[command(flatten)]
-    pub reward: crate::objective_args::RewardArgs,
-
-    #[command(flatten)]
-    pub distill: crate::objective_args::DistillArgs,
+    pub objectives: ObjectiveSpecs,
 
     #[command(flatten)]
     pub step: StepArgs,
@@ -219,23 +195,10 @@ pub struct TrainArgs {
 }
 
 impl TrainArgs {
-    /// Each objective's settings, from its flag group.
+    /// Each objective's settings, as the run's objective takes them (β
+    /// and the completions per prompt its defaults where not given).
     pub fn objective_specs(&self) -> ObjectiveSpecs {
-        ObjectiveSpecs {
-            preference: PreferenceSpec {
-                precompute_ref: self.precompute_ref,
-                ..self.preference.spec()
-            },
-            rollouts: self.rollouts.spec(
-                self.preference.beta,
-                self.objective.def().rollout_defaults(),
-            ),
-            grpo: self.grpo.spec(),
-            kto: self.kto.spec(),
-            rloo: self.rloo.spec(),
-            reward: self.reward.spec(),
-            distill: self.distill.spec(),
-        }
+        self.objectives.clone().resolved(self.objective)
     }
 }
 

@@ -1,4 +1,4 @@
-//! `hlo-train train --objective dpo|ipo|simpo|orpo` against TRL 1.16's
+//! `hlo-train train --objective dpo|ipo|simpo|orpo|cpo` against TRL 1.16's
 //! own trainers (fixtures made by `scripts/make_preference_fixtures.py`;
 //! formulas in `tests/fixtures/preference/FORMULAS.md`): on the tiny f32
 //! Llama and four pairs, one step's loss and every metric the run writes
@@ -23,14 +23,18 @@ fn preference(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Every case of `expected.json`, `expected_more.json` and
-/// `expected_two.json`.
+/// Every case of `expected.json`, `expected_more.json`,
+/// `expected_two.json` and CPO's `cpo/expected.json`.
 fn expected() -> Value {
     let read = |f: &str| -> Value {
         serde_json::from_str(&std::fs::read_to_string(preference(f)).unwrap()).unwrap()
     };
     let mut all = read("expected.json");
-    for more in ["expected_more.json", "expected_two.json"] {
+    for more in [
+        "expected_more.json",
+        "expected_two.json",
+        "cpo/expected.json",
+    ] {
         if let (Some(a), Value::Object(b)) = (all.as_object_mut(), read(more)) {
             a.extend(b);
         }
@@ -72,6 +76,7 @@ impl Case {
     fn flags(&self) -> Vec<String> {
         let objective = match self.method {
             "simpo_a0" => "simpo",
+            "cpo_ls" | "cpo_a0" => "cpo",
             m => m,
         };
         let nf4 = self.variant == Some("nf4");
@@ -110,9 +115,12 @@ impl Case {
             .into_iter()
             .map(String::from),
         );
-        if self.method == "simpo_a0" {
-            f.extend(["--cpo-alpha".into(), "0".into()]);
-        }
+        let settings: &[&str] = match self.method {
+            "simpo_a0" | "cpo_a0" => &["--cpo-alpha", "0"],
+            "cpo_ls" => &["--label-smoothing", "0.1", "--cpo-alpha", "0.5"],
+            _ => &[],
+        };
+        f.extend(settings.iter().map(|s| s.to_string()));
         if nf4 {
             f.extend(["--quantize".into(), "nf4".into()]);
         }
@@ -227,6 +235,7 @@ fn check(case: &Case, data: &Path, extra: &[&str]) {
         "expected.safetensors",
         "expected_more.safetensors",
         "expected_two.safetensors",
+        "cpo/expected.safetensors",
     ]
     .map(preference);
     assert_adapter_as_fixture(&out, &theirs, &name, 1e-6);
@@ -292,6 +301,25 @@ fn simpo_and_orpo_equal_trl_from_a_fresh_and_a_trained_adapter() {
         let case = Case::new(method, "init", "adamw");
         check(&case, &ids(), &[]);
     }
+}
+
+/// CPO (`CPOTrainer`, `loss_type="sigmoid"`) with its NLL term at TRL's
+/// default weight, with label smoothing and half the weight, and without
+/// it; on one device and on a 1×2×2 mesh.
+#[test]
+fn cpo_equals_trl_on_one_device_and_a_mesh() {
+    for (method, start, optimizer) in [
+        ("cpo", "fresh", "sgd"),
+        ("cpo", "init", "sgd"),
+        ("cpo", "init", "adamw"),
+        ("cpo_ls", "init", "adamw"),
+        ("cpo_a0", "fresh", "sgd"),
+    ] {
+        check(&Case::new(method, start, optimizer), &ids(), &[]);
+    }
+    let mesh = ["--devices", "4", "--mesh", "dp=1,fsdp=2,mp=2"];
+    check(&Case::new("cpo", "init", "sgd"), &ids(), &mesh);
+    check(&Case::new("cpo_ls", "fresh", "sgd"), &ids(), &mesh);
 }
 
 /// For each method, string pairs through the fixture's tokenizer (TRL's

@@ -37,6 +37,7 @@
 pub mod adapter;
 pub mod attention;
 pub mod checkpoint;
+pub mod cpo;
 pub mod decoder;
 pub mod distill;
 mod error;

@@ -17,6 +17,7 @@ use hlo_e2e::{client, fixture_dir};
 use hlo_ir::{value_and_grad, DType, Literal, TensorType};
 use hlo_models::adapter::Adapter;
 use hlo_models::checkpoint::Checkpoint;
+use hlo_models::cpo::CpoLoss;
 use hlo_models::io::read_safetensors;
 use hlo_models::preference::{reference_name, PreferenceLoss, Reference};
 use hlo_models::train::{
@@ -83,9 +84,15 @@ fn batch(pad: u32) -> Batch {
     b
 }
 
-/// The fixture's `expected.json`.
+/// The fixture's `expected.json` (of `dir`: `""`, or `"cpo/"` for CPO's
+/// cases, `scripts/make_preference_fixtures.py --cpo`).
+fn expected_in(dir: &str) -> Value {
+    let path = preference(&format!("{dir}expected.json"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
 fn expected() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(preference("expected.json")).unwrap()).unwrap()
+    expected_in("")
 }
 
 struct Case {
@@ -96,12 +103,18 @@ struct Case {
     /// The reference's adapter (None: the base).
     reference: Option<&'static str>,
     expected: Value,
+    /// The fixture folder of its expected figures (`""` or `"cpo/"`).
+    dir: &'static str,
 }
 
 /// The case `<method>.<start>.<optimizer>`: TRL's reference for a
 /// fresh adapter is the base, for a trained one a frozen copy of it; the
 /// `ref` cases start fresh against `adapters/ref`.
 fn case(name: &str, loss: PreferenceLoss, start: &'static str) -> Case {
+    case_in("", name, loss, start)
+}
+
+fn case_in(dir: &'static str, name: &str, loss: PreferenceLoss, start: &'static str) -> Case {
     let (adapter, reference) = match start {
         "fresh" => ("fresh", None),
         "init" => ("init", Some("init")),
@@ -112,7 +125,8 @@ fn case(name: &str, loss: PreferenceLoss, start: &'static str) -> Case {
         loss,
         adapter,
         reference: reference.filter(|_| loss.needs_reference()),
-        expected: expected()[name].clone(),
+        expected: expected_in(dir)[name].clone(),
+        dir,
     }
 }
 
@@ -290,7 +304,8 @@ impl Setup {
         ));
         stepped.save(&dir, None).unwrap();
         let ours = read_safetensors(&dir.join("adapter_model.safetensors")).unwrap();
-        let theirs = read_safetensors(&preference("expected.safetensors")).unwrap();
+        let theirs =
+            read_safetensors(&preference(&format!("{}expected.safetensors", c.dir))).unwrap();
         for (key, t) in &ours {
             let want = &theirs
                 .iter()
@@ -315,8 +330,9 @@ fn policy_preference(c: &Case) -> f64 {
             .map(|x| x.as_f64().unwrap())
             .collect()
     };
-    // SimPO and ORPO compare per-token means.
-    let (chosen, rejected) = match c.loss.needs_reference() {
+    // SimPO and ORPO compare per-token means; CPO sums, as DPO.
+    let sums = c.loss.needs_reference() || matches!(c.loss, PreferenceLoss::Cpo(_));
+    let (chosen, rejected) = match sums {
         true => (list("policy_chosen_sum"), list("policy_rejected_sum")),
         false => (list("policy_chosen_avg"), list("policy_rejected_avg")),
     };
@@ -362,6 +378,36 @@ fn simpo_and_orpo_equal_trl_from_a_fresh_and_a_trained_adapter() {
         "orpo",
         PreferenceLoss::Orpo { beta: 0.1 },
         &["fresh", "init"],
+    );
+}
+
+/// CPO (`CPOTrainer`, `loss_type="sigmoid"`): with its NLL term at TRL's
+/// default weight, with label smoothing and half the weight, and without
+/// it.
+#[test]
+fn cpo_equals_trl_from_a_fresh_and_a_trained_adapter() {
+    let cpo = |label_smoothing, cpo_alpha| {
+        PreferenceLoss::Cpo(CpoLoss {
+            beta: 0.1,
+            label_smoothing,
+            cpo_alpha,
+        })
+    };
+    for start in ["fresh", "init"] {
+        for (optim, sgd) in [("sgd", true), ("adamw", false)] {
+            let name = format!("cpo.{start}.{optim}");
+            check(&case_in("cpo/", &name, cpo(0.0, 1.0), start), sgd);
+        }
+    }
+    for (name, start, sgd) in [
+        ("cpo_ls.fresh.sgd", "fresh", true),
+        ("cpo_ls.init.adamw", "init", false),
+    ] {
+        check(&case_in("cpo/", name, cpo(0.1, 0.5), start), sgd);
+    }
+    check(
+        &case_in("cpo/", "cpo_a0.fresh.sgd", cpo(0.0, 0.0), "fresh"),
+        true,
     );
 }
 

@@ -385,9 +385,9 @@ impl StepToPlan {
                 self.steps,
                 &self.policy()?,
             )?;
-        let mut specs = crate::objectives::ObjectiveSpecs::default();
+        let mut specs = crate::objectives::ObjectiveSpecs::default().resolved(self.objective);
         if let Some(r) = self.rollout {
-            specs.rollouts.num_generations = r.num_generations.max(1) as usize;
+            specs.rollouts.num_generations = Some(r.num_generations.max(1) as usize);
             specs.rollouts.max_completion_length = r.max_completion_length.max(1) as usize;
         }
         specs.distill.teacher_config = self.teacher.clone().map(Box::new);

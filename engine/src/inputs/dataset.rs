@@ -84,7 +84,7 @@ pub(crate) fn data_fingerprint(path: &Path) -> Result<String> {
 fn check_shape(path: &Path, pairs: bool) -> Result<()> {
     let holds_pairs = is_preference_data(path)?;
     let why = match (pairs, holds_pairs) {
-        (false, true) => "holds preference pairs (chosen/rejected); train on them with --objective dpo (or ipo, simpo, orpo)",
+        (false, true) => "holds preference pairs (chosen/rejected); train on them with --objective dpo (or ipo, simpo, orpo, cpo)",
         (true, false) => "holds no preference pairs: a preference objective reads rows of {\"prompt\", \"chosen\", \"rejected\"} (strings or message lists) or {\"prompt_ids\", \"chosen_ids\", \"rejected_ids\"}",
         _ => return Ok(()),
     };

@@ -1,6 +1,6 @@
 //! The objectives a run trains with, each in its own module: what it
 //! adds to a run beyond the step `hlo-models` traces for its loss (its
-//! data, reference, settings with their table, checks and record, its
+//! data, reference, settings, checks, its
 //! batches and metrics), behind one trait, [`ObjectiveDef`].
 //!
 //! SFT's samples and a preference objective's pairs are rows of a
@@ -10,11 +10,13 @@
 //! machinery ([`rollouts`]), each with its own advantages and loss.
 //!
 //! Adding an objective (see docs/architecture.md): its folder here with
-//! a type implementing [`ObjectiveDef`] (its settings in its own table and
-//! its own spec); in this file, its module, its [`Objective`] variant with
-//! its arm of [`Objective::def`], and its spec's field in
-//! [`ObjectiveSpecs`]. Nothing else in the engine names it.
+//! a type implementing [`ObjectiveDef`] and its spec (its settings, each
+//! declared once as a field: [`settings`]); in this file, its module, its
+//! [`Objective`] variant with its arm of [`Objective::def`], and its
+//! spec's field in [`ObjectiveSpecs`]. Nothing else in the engine names
+//! it.
 
+pub mod cpo;
 pub mod distill;
 pub mod grpo;
 pub mod kto;
@@ -22,24 +24,25 @@ pub mod preference;
 pub mod reward;
 pub mod rloo;
 pub mod rollouts;
+pub mod settings;
 pub(crate) mod sft;
 
 #[cfg(test)]
 mod isolation;
 
+use clap::Args;
 use hlo_data::{DataStats, Tokenizer};
 use hlo_models::adapter::Adapter;
 use hlo_models::decoder::LoraConfig;
 use hlo_models::preference::Reference;
 use hlo_models::roles::BatchField;
 use hlo_models::train::Loss;
+use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 use crate::inputs::model::Model;
-use crate::run::settings::Setting;
 use crate::run::spec::RunSpec;
 use crate::run::step::StepSpec;
-use crate::train::checkpoint::RunSettings;
 
 pub use distill::DistillSpec;
 pub use grpo::GrpoSpec;
@@ -87,10 +90,12 @@ pub enum Objective {
     /// own completions, scored against a teacher's next-token
     /// distributions.
     Distillation,
+    /// CPO (TRL's `CPOTrainer`, `loss_type="sigmoid"`), no reference.
+    Cpo,
 }
 
 /// Every objective, in the order `--objective` lists them.
-pub const OBJECTIVES: [Objective; 10] = [
+pub const OBJECTIVES: [Objective; 11] = [
     Objective::Sft,
     Objective::Dpo,
     Objective::Ipo,
@@ -101,6 +106,7 @@ pub const OBJECTIVES: [Objective; 10] = [
     Objective::Rloo,
     Objective::Reward,
     Objective::Distillation,
+    Objective::Cpo,
 ];
 
 impl Objective {
@@ -118,6 +124,7 @@ impl Objective {
             Objective::Rloo => &rloo::RLOO,
             Objective::Reward => &reward::REWARD,
             Objective::Distillation => &distill::DISTILLATION,
+            Objective::Cpo => &cpo::CPO,
         }
     }
 }
@@ -155,7 +162,7 @@ impl Objective {
     /// assert!(!Objective::Dpo.reads("num-generations") && !Objective::Sft.reads("beta"));
     /// ```
     pub fn reads(self, key: &str) -> bool {
-        let owned = objective_settings().any(|s| s.name == key);
+        let owned = ObjectiveSpecs::names().iter().any(|s| s == key);
         !owned || self.def().reads(key)
     }
 
@@ -202,29 +209,6 @@ impl Objective {
     }
 }
 
-/// Every objective's own settings, each table once (objectives may
-/// share one), in the order of [`OBJECTIVES`].
-pub(crate) fn objective_settings() -> impl Iterator<Item = &'static Setting> {
-    objective_tables()
-        .into_iter()
-        .flat_map(|(table, _)| table.iter())
-}
-
-/// The objectives' settings tables, each once, with the objectives that
-/// own it (several share the preference methods').
-pub(crate) fn objective_tables() -> Vec<(&'static [Setting], Vec<Objective>)> {
-    let mut tables: Vec<(&'static [Setting], Vec<Objective>)> = Vec::new();
-    for o in OBJECTIVES {
-        for t in o.def().settings() {
-            match tables.iter_mut().find(|(seen, _)| std::ptr::eq(*seen, t)) {
-                Some((_, owners)) => owners.push(o),
-                None => tables.push((t, vec![o])),
-            }
-        }
-    }
-    tables
-}
-
 impl std::fmt::Display for Objective {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -241,26 +225,93 @@ impl std::str::FromStr for Objective {
 }
 
 /// Each objective's own settings, read by that objective only (their
-/// defaults TRL 1.16's).
-#[derive(Clone, Debug, Default, PartialEq)]
+/// defaults TRL 1.16's), declared once as fields of their specs
+/// ([`settings`]): the command line's flag groups, a run's record, and
+/// what a resumed run takes back.
+#[derive(Args, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ObjectiveSpecs {
-    /// The preference objectives' (β and the reference adapter are the
-    /// rollout objectives' too).
+    // The preference objectives' (β and the reference adapter are the
+    // rollout objectives' too).
+    #[command(flatten)]
+    #[serde(flatten)]
     pub preference: PreferenceSpec,
-    /// The rollouts' (GRPO's, RLOO's, distillation's; its `beta` is the
-    /// `beta` setting when the objective trains on rollouts).
+    // The rollouts' (GRPO's, RLOO's, distillation's).
+    #[command(flatten)]
+    #[serde(flatten)]
     pub rollouts: RolloutSpec,
-    /// GRPO's own (its loss's).
+    // GRPO's own (its loss's).
+    #[command(flatten)]
+    #[serde(flatten)]
     pub grpo: GrpoSpec,
-    /// KTO's (β is the preference objectives').
+    // KTO's (β is the preference objectives').
+    #[command(flatten)]
+    #[serde(flatten)]
     pub kto: KtoSpec,
-    /// RLOO's own.
+    // RLOO's own.
+    #[command(flatten)]
+    #[serde(flatten)]
     pub rloo: RlooSpec,
-    /// A reward model's.
+    // A reward model's.
+    #[command(flatten)]
+    #[serde(flatten)]
     pub reward: RewardModelSpec,
-    /// Distillation's own (its temperature is the rollouts', its β the
-    /// shared `beta`).
+    // Distillation's own (its temperature is the rollouts', its β the
+    // shared `beta`).
+    #[command(flatten)]
+    #[serde(flatten)]
     pub distill: DistillSpec,
+}
+
+impl ObjectiveSpecs {
+    /// Every objective setting's name (its flag's).
+    pub fn names() -> &'static [String] {
+        static NAMES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+        NAMES.get_or_init(settings::names::<ObjectiveSpecs>)
+    }
+
+    /// The names of the settings of the specs several objectives read
+    /// (the preference objectives', the rollouts').
+    pub fn shared_names() -> &'static [String] {
+        static NAMES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+        NAMES.get_or_init(|| {
+            let mut names = settings::names::<PreferenceSpec>();
+            names.extend(settings::names::<RolloutSpec>());
+            names
+        })
+    }
+
+    /// The settings as `objective` computes with them: β and the
+    /// completions per prompt its defaults where not given (and where it
+    /// reads them).
+    pub fn resolved(mut self, objective: Objective) -> ObjectiveSpecs {
+        let defaults = objective.def().rollout_defaults();
+        if objective.reads("beta") && self.preference.beta.is_none() {
+            self.preference.beta = Some(defaults.beta);
+        }
+        if objective.reads("num-generations") && self.rollouts.num_generations.is_none() {
+            self.rollouts.num_generations = Some(defaults.num_generations);
+        }
+        self
+    }
+
+    /// β as `objective` computes with it: given, or its default.
+    pub fn beta(&self, objective: Objective) -> f64 {
+        self.preference
+            .beta
+            .unwrap_or_else(|| objective.def().rollout_defaults().beta)
+    }
+
+    /// The settings `objective` reads, by name, as a run records them.
+    pub fn record(&self, objective: Objective) -> serde_json::Map<String, serde_json::Value> {
+        let mut record = settings::record(&self.clone().resolved(objective));
+        record.retain(|key, _| objective.def().reads(key));
+        record
+    }
+
+    /// The objective settings given a value other than their default.
+    pub fn given(&self) -> Vec<String> {
+        settings::given(self)
+    }
 }
 
 /// What rows an objective's data holds, and so how its batches are made:
@@ -291,16 +342,10 @@ pub trait ObjectiveDef: Sync {
     /// What rows its data holds.
     fn data(&self) -> Data;
 
-    /// Whether it reads objective setting `name` (one of an objective's
-    /// tables'; every objective reads the run's common settings).
+    /// Whether it reads objective setting `name` (a field of one of
+    /// [`ObjectiveSpecs`]' specs; every objective reads the run's common
+    /// settings).
     fn reads(&self, name: &str) -> bool;
-
-    /// The settings tables it owns, declared as [`crate::run::settings`]
-    /// declares every setting (a table several objectives share, as the
-    /// preference objectives' or the rollouts', is listed by each).
-    fn settings(&self) -> Vec<&'static [Setting]> {
-        Vec::new()
-    }
 
     /// The step it takes of `step` under `specs`, refusing what it
     /// cannot take.
@@ -359,9 +404,6 @@ pub trait ObjectiveDef: Sync {
         Ok(())
     }
 
-    /// Records its settings with the run's.
-    fn record_settings(&self, _settings: &mut RunSettings, _spec: &RunSpec) {}
-
     /// Its reference adapter for `spec` (None: the base with the adapter
     /// off, or no reference).
     fn reference(&self, _spec: &RunSpec, _model: &Model) -> Result<Option<Adapter>> {
@@ -378,13 +420,19 @@ pub trait ObjectiveDef: Sync {
     /// The settings of its rollouts (an objective whose data is
     /// [`Data::Rollouts`]): the run's, or an objective's own form of them.
     fn rollout_spec(&self, specs: &ObjectiveSpecs) -> RolloutSpec {
-        specs.rollouts.clone()
+        let mut rollouts = specs.rollouts.clone();
+        let defaults = self.rollout_defaults().num_generations;
+        rollouts.num_generations.get_or_insert(defaults);
+        rollouts
     }
 
     /// The β and completions per prompt its rollouts take where the run
     /// does not give them (its TRL config's).
     fn rollout_defaults(&self) -> RolloutDefaults {
-        RolloutDefaults::default()
+        RolloutDefaults {
+            beta: preference::DEFAULT_BETA,
+            num_generations: RolloutDefaults::GRPO.num_generations,
+        }
     }
 
     /// Whether its rollouts are rewarded (distillation's are not).

@@ -195,13 +195,7 @@ fn guard_out(spec: &RunSpec, out: &Path) -> Result<FolderLock> {
     Ok(lock)
 }
 
-/// An absolute path, for what a run records.
-pub(crate) fn absolute(p: &Path) -> String {
-    std::fs::canonicalize(p)
-        .unwrap_or_else(|_| p.to_path_buf())
-        .display()
-        .to_string()
-}
+pub(crate) use crate::objectives::settings::absolute;
 
 /// An absolute path for `p`, which may not exist yet (a metrics file).
 fn absolute_new(p: &Path) -> Result<String> {
@@ -210,11 +204,6 @@ fn absolute_new(p: &Path) -> Result<String> {
     }
     let cwd = std::env::current_dir().map_err(EngineError::io("read", "the working folder"))?;
     Ok(cwd.join(p).display().to_string())
-}
-
-/// Settings recorded as a list of their command-line spellings.
-pub(crate) fn written_list<T: std::fmt::Display>(items: &[T]) -> serde_json::Value {
-    items.iter().map(|t| t.to_string()).collect()
 }
 
 /// The settings a run records beyond the session's own: which model,
@@ -268,7 +257,12 @@ fn identities(spec: &RunSpec, model: &Model, fingerprint: &str) -> Result<RunSet
     };
     s.set("train-sampling-strategy", sampling);
     s.set("objective", spec.objective.name());
-    spec.objective.def().record_settings(&mut s, spec);
+    for (key, value) in spec.objectives.record(spec.objective) {
+        s.set(&key, value);
+    }
+    // `--batch` in the objective's units (pairs, examples), not the rows
+    // of the step it takes.
+    s.set("batch", spec.step.batch);
     s.set("steps", spec.steps);
     // As `--xla-option` spells each, so a recipe and a resume read them back.
     let xla: Vec<String> = spec
@@ -560,6 +554,7 @@ fn take_saved(spec: &mut RunSpec) -> Result<Option<Saved>> {
         }
         None => None,
     };
+    spec.objectives = std::mem::take(&mut spec.objectives).resolved(spec.objective);
     spec.check_objective_settings()?;
     Ok(saved)
 }

@@ -1,23 +1,20 @@
-//! Every setting a run records, declared once ([`all`]; an objective's
-//! own in its folder, `objectives/*/settings.rs`): its name
-//! (the `hlo-train train` flag's, so a recipe, a saved state and an error
-//! speak one vocabulary), what kind of setting it is, which objectives
-//! read it, and how a saved value comes back into a [`RunSpec`]. From the
-//! table follow the saved-settings vocabulary ([`settings`]), the resume
-//! merge and comparison, the recipe's keys
-//! ([`Objective::reads`](crate::objectives::Objective::reads)) and the
-//! refusal of a setting the objective does not read.
+//! The run's own settings (not an objective's), each declared once
+//! ([`all`]): its name (the `hlo-train train` flag's, so a recipe, a
+//! saved state and an error speak one vocabulary), what kind of setting
+//! it is, and how a saved value comes back into a [`RunSpec`]. From the
+//! table follow the saved-settings vocabulary ([`settings`]) and the
+//! resume merge and comparison. An objective's settings are its spec's
+//! fields, declared once there (`crate::objectives::settings`).
 //!
-//! Adding a setting: a field on the spec it belongs to (its default in
-//! that spec's `Default`), one entry here or in its objective's table,
-//! the writer that records it (the objective's `record_settings`, `Run`'s
-//! identities, or `RunSettings::of_config` for what the step decides),
-//! and its flag in the CLI's flag group.
+//! Adding a run setting: a field on the spec it belongs to (its default
+//! in that spec's `Default`), one entry here, the writer that records it
+//! (`Run`'s identities, or `RunSettings::of_config` for what the step
+//! decides), and its flag in the CLI's flag group.
 
 use std::path::PathBuf;
 
 use hlo_models::nf4::Nf4Config;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::named::Named;
 use super::spec::RunSpec;
@@ -41,23 +38,9 @@ pub enum Kind {
 pub struct Setting {
     pub name: &'static str,
     pub kind: Kind,
-    /// Its value in a spec, for an objective's own settings (those its
-    /// [`ObjectiveDef::reads`](crate::objectives::ObjectiveDef::reads)
-    /// names; every objective reads the others): compared with a default
-    /// spec's to tell whether it was given, and an objective that does
-    /// not read it refuses it given.
-    pub value: Option<fn(&RunSpec) -> Value>,
     /// Takes a saved value back into a spec; None when the value is not
     /// of this setting's kind.
     pub restore: fn(&mut RunSpec, &Value) -> Option<()>,
-}
-
-impl Setting {
-    /// Whether `spec` sets it to something other than its default.
-    pub fn given(&self, spec: &RunSpec) -> bool {
-        self.value
-            .is_some_and(|v| v(spec) != v(&RunSpec::default()))
-    }
 }
 
 /// A setting every objective reads.
@@ -65,22 +48,6 @@ const fn common(name: &'static str, restore: fn(&mut RunSpec, &Value) -> Option<
     Setting {
         name,
         kind: Kind::Compared,
-        value: None,
-        restore,
-    }
-}
-
-/// An objective's own setting (read by the objectives whose
-/// `ObjectiveDef::reads` names it).
-pub(crate) const fn of(
-    name: &'static str,
-    value: fn(&RunSpec) -> Value,
-    restore: fn(&mut RunSpec, &Value) -> Option<()>,
-) -> Setting {
-    Setting {
-        name,
-        kind: Kind::Compared,
-        value: Some(value),
         restore,
     }
 }
@@ -90,7 +57,6 @@ const fn output(name: &'static str, restore: fn(&mut RunSpec, &Value) -> Option<
     Setting {
         name,
         kind: Kind::Output,
-        value: None,
         restore,
     }
 }
@@ -104,25 +70,6 @@ pub(crate) fn path(v: &Value) -> Option<Option<PathBuf>> {
 
 pub(crate) fn text(v: &Value) -> Option<String> {
     v.as_str().map(str::to_string)
-}
-
-pub(crate) fn shown<T: std::fmt::Display>(items: &[T]) -> Value {
-    items.iter().map(|t| t.to_string()).collect()
-}
-
-pub(crate) fn shown_path(p: &Option<PathBuf>) -> Value {
-    p.as_ref()
-        .map_or(Value::Null, |p| json!(p.display().to_string()))
-}
-
-/// A saved list of settings each written as a string (`reward`,
-/// `reward-weights`), read back; None if any is not one.
-pub(crate) fn parsed_list<T: std::str::FromStr>(value: &Value) -> Option<Vec<T>> {
-    value
-        .as_array()?
-        .iter()
-        .map(|v| v.as_str()?.parse().ok())
-        .collect()
 }
 
 /// The model's and the data's settings.
@@ -252,7 +199,6 @@ static OUTPUT: &[Setting] = &[
     Setting {
         name: "xla-option",
         kind: Kind::Compile,
-        value: None,
         restore: |s, v| {
             s.backend.xla_options = v
                 .as_array()?
@@ -287,16 +233,13 @@ fn lora(s: &mut RunSpec, set: impl FnOnce(&mut LoraSpec) -> Option<()>) -> Optio
     }
 }
 
-/// Every setting a run records, in the order a resumed run takes them
-/// back (the objective before its β, `full` before the LoRA settings,
-/// `quantize` before `double-quant`): the model's and the data's, each
-/// objective's own (declared in its folder), the step's, what the run
-/// writes.
+/// Every setting of the run's own a run records, in the order a resumed
+/// run takes them back (`full` before the LoRA settings, `quantize`
+/// before `double-quant`): the model's and the data's, the step's, what
+/// the run writes. The objectives' settings are their specs' fields
+/// ([`crate::objectives::settings`]).
 pub fn all() -> impl Iterator<Item = &'static Setting> {
-    MODEL_DATA
-        .iter()
-        .chain(crate::objectives::objective_settings())
-        .chain(STEP.iter().chain(OUTPUT))
+    MODEL_DATA.iter().chain(STEP.iter().chain(OUTPUT))
 }
 
 /// The setting named `name`.
@@ -304,64 +247,46 @@ pub fn setting(name: &str) -> Option<&'static Setting> {
     all().find(|s| s.name == name)
 }
 
-/// The settings a resumed run must agree on ([`Kind::Compared`]), by name.
+/// The settings a resumed run must agree on ([`Kind::Compared`], and
+/// every objective's), by name.
 pub fn settings() -> impl Iterator<Item = &'static str> {
-    all().filter(|s| s.kind == Kind::Compared).map(|s| s.name)
+    let objectives = crate::objectives::ObjectiveSpecs::names().iter();
+    all()
+        .filter(|s| s.kind == Kind::Compared)
+        .map(|s| s.name)
+        .chain(objectives.map(String::as_str))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::objectives::OBJECTIVES;
+    use serde_json::json;
 
     #[test]
-    fn each_setting_is_declared_once_and_restores_what_it_reads() {
-        let mut names: Vec<&str> = all().map(|s| s.name).collect();
+    fn each_setting_is_declared_once() {
+        let mut names: Vec<&str> = settings().chain(all().map(|s| s.name)).collect();
         names.sort_unstable();
         names.dedup();
-        assert_eq!(names.len(), all().count());
-        // A value of the setting's kind in, the same value out.
-        for s in all().filter(|s| s.value.is_some()) {
-            let value = s.value.map(|v| v(&RunSpec::default())).unwrap_or_default();
-            let mut spec = RunSpec::default();
-            // As read by the first objective that reads it.
-            if let Some(o) = OBJECTIVES.into_iter().find(|o| o.def().reads(s.name)) {
-                spec.objective = o;
-            }
-            if !value.is_null() {
-                assert!((s.restore)(&mut spec, &value).is_some(), "{}", s.name);
-                assert!(!s.given(&spec), "{} given by its default", s.name);
-            }
-        }
+        let objectives = crate::objectives::ObjectiveSpecs::names().len();
+        assert_eq!(names.len(), all().count() + objectives);
     }
 
     #[test]
-    fn every_objective_setting_is_read_by_an_objective_and_owned_once() {
-        for s in crate::objectives::objective_settings() {
+    fn every_objective_setting_is_read_by_an_objective() {
+        for name in crate::objectives::ObjectiveSpecs::names() {
             assert!(
-                OBJECTIVES.iter().any(|o| o.def().reads(s.name)),
-                "no objective reads {}",
-                s.name
+                crate::objectives::OBJECTIVES
+                    .iter()
+                    .any(|o| o.def().reads(name)),
+                "no objective reads {name}"
             );
-            assert!(s.value.is_some(), "{} has no value to compare", s.name);
         }
-        // The shared preference table is listed once, owned by the four,
-        // and the rollouts' by GRPO, RLOO and distillation; GRPO's, KTO's,
-        // RLOO's, the reward model's and distillation's own each by its
-        // objective.
-        let tables = crate::objectives::objective_tables();
-        let owners: Vec<usize> = tables.iter().map(|(_, o)| o.len()).collect();
-        assert_eq!(owners, [4, 1, 3, 1, 1, 1, 1]);
     }
 
     #[test]
     fn a_value_of_another_kind_restores_nothing() {
         let mut spec = RunSpec::default();
-        for (name, bad) in [
-            ("lr", json!("high")),
-            ("optimizer", json!("lion")),
-            ("top-k", json!(-1)),
-        ] {
+        for (name, bad) in [("lr", json!("high")), ("optimizer", json!("lion"))] {
             let s = setting(name).unwrap();
             assert!((s.restore)(&mut spec, &bad).is_none(), "{name}");
         }

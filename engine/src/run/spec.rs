@@ -29,7 +29,6 @@ pub use crate::objectives::rollouts::RolloutSpec;
 pub use crate::objectives::{Objective, ObjectiveSpecs, OBJECTIVES};
 use crate::run::policy::Target;
 pub use crate::run::settings::settings;
-use crate::run::settings::Setting;
 use crate::run::step::{OptimSpec, StepSpec};
 use crate::train::checkpoint::RunSettings;
 
@@ -288,42 +287,45 @@ impl RunSpec {
     /// own checks refuse.
     pub fn check_objective_settings(&self) -> Result<()> {
         let objective = self.objective.name();
-        let unread = |s: &&Setting| !self.objective.reads(s.name) && s.given(self);
-        let (sole, shared): (Vec<_>, Vec<_>) = crate::objectives::objective_tables()
-            .into_iter()
-            .partition(|(_, owners)| owners.len() == 1);
-        // A table one objective owns first: its setting names it.
-        for (table, owners) in sole {
-            if let Some(s) = table.iter().find(unread) {
-                let owner = owners[0];
+        let given = self.objectives.given();
+        let unread: Vec<&str> = given
+            .iter()
+            .map(String::as_str)
+            .filter(|key| !self.objective.reads(key))
+            .collect();
+        let readers = |key: &str| -> Vec<Objective> {
+            OBJECTIVES
+                .into_iter()
+                .filter(|o| o.def().reads(key))
+                .collect()
+        };
+        // A setting of an objective's own spec first (not of the specs
+        // several share: the preference objectives', the rollouts'): it
+        // names its owner.
+        let shared = crate::objectives::ObjectiveSpecs::shared_names();
+        for key in unread.iter().filter(|k| !shared.iter().any(|s| s == *k)) {
+            if let [owner] = readers(key)[..] {
                 return Err(EngineError::Objective {
                     objective: owner.name(),
                     why: format!(
-                        "--{} is a {} setting; it needs --objective {owner} (not {objective})",
-                        s.name,
+                        "--{key} is a {} setting; it needs --objective {owner} (not {objective})",
                         owner.name().to_uppercase(),
                     ),
                 });
             }
         }
         self.objective.def().check_settings(self)?;
-        let shared = shared.into_iter().flat_map(|(table, _)| table.iter());
-        if let Some(s) = shared.into_iter().find(unread) {
+        if let Some(&key) = unread.first() {
             let referenced = self.objective.reads("ref-adapter");
-            let why = match s.name {
-                "ref-adapter" | "precompute-ref" if !referenced => format!(
-                    "{objective} compares with no reference model; leave out --{}",
-                    s.name
-                ),
-                name => {
-                    let readers: Vec<&str> = crate::objectives::OBJECTIVES
-                        .iter()
-                        .filter(|o| o.def().reads(name))
-                        .map(|o| o.name())
-                        .collect();
+            let why = match key {
+                "ref-adapter" | "precompute-ref" if !referenced => {
+                    format!("{objective} compares with no reference model; leave out --{key}")
+                }
+                _ => {
+                    let names: Vec<&str> = readers(key).iter().map(|o| o.name()).collect();
                     format!(
-                        "{objective} has no such setting; leave out --{name} (it is read by {})",
-                        readers.join(", ")
+                        "{objective} has no such setting; leave out --{key} (it is read by {})",
+                        names.join(", ")
                     )
                 }
             };
@@ -349,6 +351,13 @@ impl RunSpec {
             }
             (setting.restore)(self, value).ok_or_else(|| unreadable(key, value))?;
         }
+        let saved_map = saved.0.clone().into_iter().collect();
+        let take = |key: &str| !self.chosen.contains(key);
+        self.objectives = crate::objectives::settings::restore(&self.objectives, &saved_map, take)
+            .map_err(|key| match saved.get(&key) {
+                Some(value) => unreadable(&key, value),
+                None => EngineError::Resume(format!("the saved settings cannot be read: {key}")),
+            })?;
         Ok(())
     }
 }
@@ -586,7 +595,10 @@ mod tests {
         let cases = [
             (
                 Objective::Sft,
-                PreferenceSpec { beta: 0.5, ..d() },
+                PreferenceSpec {
+                    beta: Some(0.5),
+                    ..d()
+                },
                 "--beta",
             ),
             (Objective::Dpo, gamma, "--simpo-gamma"),

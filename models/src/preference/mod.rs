@@ -10,6 +10,8 @@ pub mod step;
 
 use hlo_ir::Tensor;
 
+use crate::cpo::CpoLoss;
+
 /// A method's loss, with its settings (TRL 1.16's names and defaults).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum PreferenceLoss {
@@ -32,6 +34,9 @@ pub enum PreferenceLoss {
         label_smoothing: f64,
         cpo_alpha: f64,
     },
+    /// CPO as TRL's `CPOTrainer` computes it with `loss_type="sigmoid"`
+    /// (no reference): [`crate::cpo`].
+    Cpo(CpoLoss),
     /// ORPO (no reference): the chosen rows' negative log-likelihood less
     /// `beta` (the paper's λ) times `logσ` of the log odds ratio of chosen
     /// over rejected (per-token mean log-probs `p`, odds `p − log(1 − eᵖ)`).
@@ -115,7 +120,7 @@ fn masked_mean(x: Tensor, valid: Tensor) -> Tensor {
 }
 
 /// The smoothed sigmoid loss of `z` per pair.
-fn sigmoid_loss(z: Tensor, label_smoothing: f64) -> Tensor {
+pub(crate) fn sigmoid_loss(z: Tensor, label_smoothing: f64) -> Tensor {
     let loss = -log_sigmoid(z);
     if label_smoothing == 0.0 {
         return loss;
@@ -130,6 +135,7 @@ impl PreferenceLoss {
             PreferenceLoss::Dpo { .. } => "dpo",
             PreferenceLoss::Ipo { .. } => "ipo",
             PreferenceLoss::Simpo { .. } => "simpo",
+            PreferenceLoss::Cpo(_) => "cpo",
             PreferenceLoss::Orpo { .. } => "orpo",
         }
     }
@@ -147,7 +153,10 @@ impl PreferenceLoss {
     /// token but the first (ORPO).
     pub fn nll(&self) -> Option<NllSpan> {
         match *self {
-            PreferenceLoss::Simpo { cpo_alpha, .. } if cpo_alpha != 0.0 => {
+            PreferenceLoss::Simpo { cpo_alpha, .. }
+            | PreferenceLoss::Cpo(CpoLoss { cpo_alpha, .. })
+                if cpo_alpha != 0.0 =>
+            {
                 Some(NllSpan::Completion)
             }
             PreferenceLoss::Orpo { .. } => Some(NllSpan::WholeRow),
@@ -166,15 +175,55 @@ impl PreferenceLoss {
         reference: Option<PairLogps>,
         nll: Option<Tensor>,
     ) -> PreferenceOutputs {
-        let (pc, pr) = policy.means();
         let valid = policy
             .chosen_tokens
             .gt(policy.chosen_tokens.scalar_like(0.0));
         let mean = |x: Tensor| masked_mean(x, valid);
+        let (losses, (chosen_rewards, rejected_rewards), logged, mut extra) =
+            self.terms(policy, reference, nll, &mean);
+        let (c, r) = (
+            chosen_rewards.stop_gradient(),
+            rejected_rewards.stop_gradient(),
+        );
+        let mut metrics = vec![
+            ("rewards/chosen", mean(c)),
+            ("rewards/rejected", mean(r)),
+            ("rewards/accuracies", mean(c.gt(r).cast(c.dtype()))),
+            ("rewards/margins", mean(c - r)),
+            ("logps/chosen", mean(logged.0.stop_gradient())),
+            ("logps/rejected", mean(logged.1.stop_gradient())),
+            // Not TRL's: the share of pairs whose chosen completion the
+            // policy itself finds likelier (by the log-probs above), which
+            // a held-out set reads before training too (the rewards are
+            // all 0 then).
+            (
+                "logps/accuracies",
+                mean(logged.0.gt(logged.1).cast(c.dtype()).stop_gradient()),
+            ),
+        ];
+        for (_, t) in extra.iter_mut() {
+            *t = t.stop_gradient();
+        }
+        metrics.extend(extra);
+        PreferenceOutputs {
+            loss: mean(losses),
+            metrics,
+        }
+    }
+
+    /// The method's per-pair losses, the chosen and rejected rewards (what
+    /// each completion's log-prob gained, scaled), the log-probs it logs
+    /// (the ones the loss reads: sums or means) and its own metrics.
+    fn terms(
+        &self,
+        policy: PairLogps,
+        reference: Option<PairLogps>,
+        nll: Option<Tensor>,
+        mean: &dyn Fn(Tensor) -> Tensor,
+    ) -> PairTerms {
+        let (pc, pr) = policy.means();
         let sums = (policy.chosen, policy.rejected);
-        // Rewards: what each completion's log-prob gained, scaled. The
-        // logged log-probs are the ones the loss reads (sums or means).
-        let (losses, (chosen_rewards, rejected_rewards), logged, mut extra) = match *self {
+        match *self {
             PreferenceLoss::Dpo { beta } | PreferenceLoss::Ipo { beta } => {
                 let r = reference.expect("DPO and IPO compare with a reference");
                 let (rc, rr) = (r.chosen.stop_gradient(), r.rejected.stop_gradient());
@@ -211,6 +260,15 @@ impl PreferenceLoss {
                     vec![("nll_loss", nll)],
                 )
             }
+            PreferenceLoss::Cpo(cpo) => {
+                let pairs = cpo.pairs(&policy);
+                let nll = match nll {
+                    Some(n) if cpo.cpo_alpha != 0.0 => n,
+                    _ => pc.sum(&[0]).scalar_like(0.0),
+                };
+                let losses = pairs.losses + nll * cpo.cpo_alpha;
+                (losses, pairs.rewards, sums, vec![("nll_loss", nll)])
+            }
             PreferenceLoss::Orpo { beta } => {
                 let nll = nll.expect("ORPO adds the chosen rows' NLL");
                 // log(1 − eᵖ) for p < 0, as log1p(−eᵖ).
@@ -223,37 +281,18 @@ impl PreferenceLoss {
                 ];
                 (nll - ratio * beta, (pc * beta, pr * beta), (pc, pr), extra)
             }
-        };
-        let (c, r) = (
-            chosen_rewards.stop_gradient(),
-            rejected_rewards.stop_gradient(),
-        );
-        let mut metrics = vec![
-            ("rewards/chosen", mean(c)),
-            ("rewards/rejected", mean(r)),
-            ("rewards/accuracies", mean(c.gt(r).cast(c.dtype()))),
-            ("rewards/margins", mean(c - r)),
-            ("logps/chosen", mean(logged.0.stop_gradient())),
-            ("logps/rejected", mean(logged.1.stop_gradient())),
-            // Not TRL's: the share of pairs whose chosen completion the
-            // policy itself finds likelier (by the log-probs above), which
-            // a held-out set reads before training too (the rewards are
-            // all 0 then).
-            (
-                "logps/accuracies",
-                mean(logged.0.gt(logged.1).cast(c.dtype()).stop_gradient()),
-            ),
-        ];
-        for (_, t) in extra.iter_mut() {
-            *t = t.stop_gradient();
-        }
-        metrics.extend(extra);
-        PreferenceOutputs {
-            loss: mean(losses),
-            metrics,
         }
     }
 }
+
+/// A method's per-pair losses, its chosen and rejected rewards, the
+/// chosen and rejected log-probs it logs, and its own metrics.
+type PairTerms = (
+    Tensor,
+    (Tensor, Tensor),
+    (Tensor, Tensor),
+    Vec<(&'static str, Tensor)>,
+);
 
 /// Which of the chosen rows' tokens a preference loss's negative
 /// log-likelihood counts.

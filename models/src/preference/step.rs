@@ -260,7 +260,9 @@ fn logits_means(
             let n = m.sum(&[0, 1]);
             (half(k, mean_logit, s) * m).sum(&[0, 1]) / n.maximum(n.scalar_like(1.0))
         }
-        PreferenceLoss::Simpo { .. } => half(k, mean_logit, s).mean(&[0, 1]),
+        PreferenceLoss::Simpo { .. } | PreferenceLoss::Cpo(_) => {
+            half(k, mean_logit, s).mean(&[0, 1])
+        }
         PreferenceLoss::Orpo { .. } => half(k, mean_logit, s - 1).mean(&[0, 1]),
     };
     (mean_of(0), mean_of(1))

@@ -5,8 +5,6 @@
 //! same devices, its weights the step's `teacher.` inputs — scores them in
 //! the step.
 
-pub(crate) mod settings;
-
 use std::path::PathBuf;
 
 use hlo_data::Batch;
@@ -20,24 +18,35 @@ use hlo_models::train::Loss;
 use super::rollouts::{
     self, as_objective, AdvantageRule, Advantaged, RolloutDefaults, RolloutSpec,
 };
-use super::{Data, ObjectiveDef, ObjectiveSpecs};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use super::{settings, Data, Objective, ObjectiveDef, ObjectiveSpecs};
 use crate::error::{EngineError, Result};
 use crate::inputs::model::{Model, ModelSource};
-use crate::run::settings::Setting;
 use crate::run::spec::RunSpec;
 use crate::run::step::StepSpec;
-use crate::train::checkpoint::RunSettings;
 
 /// Distillation's β unless `--beta` says otherwise (TRL 1.16: the reverse
 /// KL).
 pub const DEFAULT_BETA: f64 = 1.0;
 
-/// Distillation's own settings.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// Distillation's own settings (TRL 1.16's `DistillationConfig` names);
+/// its β (default 1.0), temperature, completion length and sampling are
+/// the shared settings.
+#[derive(Args, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct DistillSpec {
-    /// The teacher's checkpoint folder (TRL's `teacher_model`).
+    /// Distillation: the teacher's checkpoint folder (TRL's
+    /// teacher_model): a causal LM of the student's vocabulary, any size,
+    /// held frozen on the same devices.
+    #[arg(long)]
+    #[serde(serialize_with = "settings::absolute_path")]
     pub teacher: Option<PathBuf>,
+
     /// Its config, read once the run opens the student (not a setting).
+    #[arg(skip)]
+    #[serde(skip)]
     pub teacher_config: Option<Box<ModelConfig>>,
 }
 
@@ -68,11 +77,7 @@ impl ObjectiveDef for Distillation {
     }
 
     fn reads(&self, name: &str) -> bool {
-        READS.contains(&name) || settings::SETTINGS.iter().any(|s| s.name == name)
-    }
-
-    fn settings(&self) -> Vec<&'static [Setting]> {
-        vec![settings::SETTINGS, rollouts::settings::SETTINGS]
+        READS.contains(&name) || settings::names::<DistillSpec>().iter().any(|s| s == name)
     }
 
     fn step_spec(&self, step: &StepSpec, _specs: &ObjectiveSpecs) -> Result<StepSpec> {
@@ -82,7 +87,7 @@ impl ObjectiveDef for Distillation {
     fn loss(&self, specs: &ObjectiveSpecs, _reference: Reference) -> Loss {
         Loss::Distill(Distill {
             loss: DistillLoss {
-                beta: specs.rollouts.beta,
+                beta: specs.beta(Objective::Distillation),
                 temperature: specs.rollouts.temperature,
             },
             teacher: specs.distill.teacher_config.clone(),
@@ -99,7 +104,7 @@ impl ObjectiveDef for Distillation {
     }
 
     fn describe(&self, specs: &ObjectiveSpecs, _loss: &Loss) -> Option<String> {
-        let beta = specs.rollouts.beta;
+        let beta = specs.beta(Objective::Distillation);
         let divergence = match beta {
             0.0 => "forward KL".to_string(),
             1.0 => "reverse KL".to_string(),
@@ -124,21 +129,13 @@ impl ObjectiveDef for Distillation {
         check_settings(spec)
     }
 
-    fn record_settings(&self, s: &mut RunSettings, spec: &RunSpec) {
-        rollouts::record(s, spec, |name| DISTILLATION.reads(name));
-        if let Some(t) = &spec.objectives.distill.teacher {
-            s.set("teacher", crate::run::absolute(t));
-        }
-    }
-
     /// One completion a prompt, no rewards, no KL reference, one step a
     /// batch.
     fn rollout_spec(&self, specs: &ObjectiveSpecs) -> RolloutSpec {
         RolloutSpec {
-            num_generations: 1,
-            beta: 0.0,
+            num_generations: Some(1),
             num_iterations: 1,
-            rewards: Vec::new(),
+            reward: Vec::new(),
             ..specs.rollouts.clone()
         }
     }
@@ -147,7 +144,7 @@ impl ObjectiveDef for Distillation {
     fn rollout_defaults(&self) -> RolloutDefaults {
         RolloutDefaults {
             beta: DEFAULT_BETA,
-            ..RolloutDefaults::default()
+            ..RolloutDefaults::GRPO
         }
     }
 
@@ -206,7 +203,7 @@ fn open_teacher(spec: &RunSpec) -> Result<Model> {
 /// Refuses distillation settings that cannot go together.
 fn check_settings(spec: &RunSpec) -> Result<()> {
     // (No teacher is refused when the run opens it: `open_teacher`.)
-    let beta = spec.objectives.rollouts.beta;
+    let beta = spec.objectives.beta(Objective::Distillation);
     if !(0.0..=1.0).contains(&beta) {
         return Err(refuse(format!(
             "--beta must be in [0, 1] (0 the forward KL, 1 the reverse), not {beta}"

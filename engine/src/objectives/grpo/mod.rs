@@ -12,61 +12,89 @@ use hlo_models::roles::BatchField;
 use hlo_models::train::Loss;
 
 use super::rollouts::{
-    self, check_reward_statistics, share, AdvantageRule, Advantaged, RolloutInputs, RolloutSpec,
+    self, check_reward_statistics, share, AdvantageRule, Advantaged, RolloutDefaults,
+    RolloutInputs, RolloutSpec,
 };
-use super::{Data, ObjectiveDef, ObjectiveSpecs};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use super::{settings, Data, Objective, ObjectiveDef, ObjectiveSpecs};
 use crate::error::{EngineError, Result};
 use crate::inputs::model::Model;
-use crate::run::settings::Setting;
+use crate::run::named::Named;
 use crate::run::spec::RunSpec;
 use crate::run::step::StepSpec;
-use crate::train::checkpoint::RunSettings;
 
-pub(crate) mod settings;
-
-/// GRPO's own settings (TRL 1.16's names and defaults); its rollouts'
-/// are [`RolloutSpec`]'s.
-#[derive(Clone, Debug, PartialEq)]
+/// GRPO's own settings (TRL 1.16's `GRPOConfig` names and defaults: its
+/// loss's); its rollouts' are [`RolloutSpec`]'s.
+#[derive(Args, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct GrpoSpec {
+    /// GRPO: how rewards become advantages: less the group's mean, over
+    /// the group's standard deviation (group), the batch's (batch), or
+    /// not scaled (none).
+    #[arg(long, value_parser = settings::named::<ScaleRewards>(), default_value = "group")]
+    #[serde(with = "settings::by_name")]
     pub scale_rewards: ScaleRewards,
+
+    /// GRPO: the loss, as TRL's loss_type: the clipped ratio pooled per
+    /// completion (grpo), over completions × --max-completion-length
+    /// (dr_grpo), over the batch's completion tokens (dapo, bnpo); cispo
+    /// (each token's log-probability weighted by its ratio clipped above
+    /// at --epsilon-high, without gradient); sapo (a soft gate of the
+    /// ratio at --sapo-temperature-pos or -neg).
+    #[arg(long, value_parser = settings::named::<GrpoLossType>(), default_value = "dapo")]
+    #[serde(with = "settings::by_name")]
     pub loss_type: GrpoLossType,
-    /// Token or sequence (GSPO) importance ratios
-    /// (`importance_sampling_level`): token.
-    pub importance_sampling: ImportanceSampling,
-    /// The KL estimate weighted by the importance ratio
-    /// (`use_bias_correction_kl`): true.
-    pub bias_correction_kl: bool,
-    /// SAPO's temperatures (`sapo_temperature_pos`, `_neg`): 1.0, 1.05.
+
+    /// GRPO: the importance ratio of each token (token), or one of each
+    /// completion, its tokens' mean log-ratio (sequence: GSPO), as TRL's
+    /// importance_sampling_level.
+    #[arg(long, value_parser = settings::named::<ImportanceSampling>(), default_value = "token")]
+    #[serde(with = "settings::by_name")]
+    pub importance_sampling_level: ImportanceSampling,
+
+    /// GRPO: weight the KL estimate by the importance ratio (TRL's
+    /// use_bias_correction_kl); false leaves it unweighted.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub use_bias_correction_kl: bool,
+
+    /// GRPO with --loss-type sapo: the temperature of a positive advantage.
+    #[arg(long, default_value_t = 1.0, value_parser = settings::positive)]
     pub sapo_temperature_pos: f64,
+
+    /// GRPO with --loss-type sapo: the temperature of a non-positive advantage.
+    #[arg(long, default_value_t = 1.05, value_parser = settings::positive)]
     pub sapo_temperature_neg: f64,
 }
 
 impl Default for GrpoSpec {
     fn default() -> GrpoSpec {
-        GrpoSpec {
-            scale_rewards: ScaleRewards::Group,
-            loss_type: GrpoLossType::Dapo,
-            importance_sampling: ImportanceSampling::Token,
-            bias_correction_kl: true,
-            sapo_temperature_pos: 1.0,
-            sapo_temperature_neg: 1.05,
-        }
+        settings::defaults()
+    }
+}
+
+impl Named for ImportanceSampling {
+    const ALL: &'static [ImportanceSampling] = &ImportanceSampling::ALL;
+    fn name(self) -> &'static str {
+        ImportanceSampling::name(self)
     }
 }
 
 impl GrpoSpec {
-    /// The traced loss's settings, over rollouts of `r`.
-    pub fn loss(&self, r: &RolloutSpec) -> GrpoLoss {
+    /// The traced loss's settings, over rollouts of `r`, with the KL
+    /// penalty's weight `beta`.
+    pub fn loss(&self, r: &RolloutSpec, beta: f64) -> GrpoLoss {
         GrpoLoss {
             loss_type: self.loss_type,
-            beta: r.beta,
+            beta,
             epsilon: r.epsilon,
             epsilon_high: r.epsilon_high(),
             temperature: r.temperature,
             max_completion_length: r.max_completion_length as i64,
             old_logps: r.num_iterations > 1,
-            importance_sampling: self.importance_sampling,
-            bias_correction_kl: self.bias_correction_kl,
+            importance_sampling: self.importance_sampling_level,
+            bias_correction_kl: self.use_bias_correction_kl,
             sapo_temperature_pos: self.sapo_temperature_pos,
             sapo_temperature_neg: self.sapo_temperature_neg,
         }
@@ -92,19 +120,24 @@ impl ObjectiveDef for Grpo {
     fn reads(&self, name: &str) -> bool {
         matches!(name, "beta" | "ref-adapter")
             || rollouts::is_setting(name)
-            || settings::SETTINGS.iter().any(|s| s.name == name)
-    }
-
-    fn settings(&self) -> Vec<&'static [Setting]> {
-        vec![settings::SETTINGS, rollouts::settings::SETTINGS]
+            || settings::names::<GrpoSpec>().iter().any(|s| s == name)
     }
 
     fn step_spec(&self, step: &StepSpec, _specs: &ObjectiveSpecs) -> Result<StepSpec> {
         rollouts::step_spec(step).map_err(rollouts::as_objective("grpo"))
     }
 
+    /// `GRPOConfig`'s: no KL penalty, 8 completions a prompt.
+    fn rollout_defaults(&self) -> RolloutDefaults {
+        RolloutDefaults::GRPO
+    }
+
     fn loss(&self, specs: &ObjectiveSpecs, _reference: Reference) -> Loss {
-        Loss::Grpo(specs.grpo.loss(&specs.rollouts))
+        Loss::Grpo(
+            specs
+                .grpo
+                .loss(&specs.rollouts, specs.beta(Objective::Grpo)),
+        )
     }
 
     fn batch_fields(&self, _packed: bool) -> Vec<BatchField> {
@@ -149,15 +182,11 @@ impl ObjectiveDef for Grpo {
     }
 
     fn batch_words(&self, specs: &ObjectiveSpecs, rows: i64) -> String {
-        rollouts::batch_words(&specs.rollouts, rows)
+        rollouts::batch_words(&self.rollout_spec(specs), rows)
     }
 
     fn check_settings(&self, spec: &RunSpec) -> Result<()> {
         check_settings(spec)
-    }
-
-    fn record_settings(&self, settings: &mut RunSettings, spec: &RunSpec) {
-        record_settings(settings, spec)
     }
 
     fn reference(&self, spec: &RunSpec, model: &Model) -> Result<Option<Adapter>> {
@@ -167,7 +196,7 @@ impl ObjectiveDef for Grpo {
     /// Each reward less its group's mean, scaled as `--scale-rewards` says.
     fn advantages(&self, specs: &ObjectiveSpecs) -> Option<Box<dyn AdvantageRule>> {
         Some(Box::new(GroupNormalised {
-            group: specs.rollouts.num_generations,
+            group: self.rollout_spec(specs).num_generations(),
             scale: specs.grpo.scale_rewards,
         }))
     }
@@ -202,18 +231,6 @@ fn check_settings(spec: &RunSpec) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// GRPO's settings, as a run records them with its identities.
-fn record_settings(s: &mut RunSettings, spec: &RunSpec) {
-    rollouts::record(s, spec, |name| GRPO.reads(name));
-    let g = &spec.objectives.grpo;
-    s.set("scale-rewards", g.scale_rewards.name());
-    s.set("loss-type", g.loss_type.name());
-    s.set("importance-sampling-level", g.importance_sampling.name());
-    s.set("use-bias-correction-kl", g.bias_correction_kl);
-    s.set("sapo-temperature-pos", g.sapo_temperature_pos);
-    s.set("sapo-temperature-neg", g.sapo_temperature_neg);
 }
 
 /// GRPO's advantages: each reward less its group's mean, scaled as

@@ -3,8 +3,6 @@
 //! pairs unpaired, in file order: TRL's sequential sampling, each batch
 //! with its KL rows) and its reference, chosen as for DPO.
 
-pub(crate) mod settings;
-
 use hlo_models::adapter::Adapter;
 use hlo_models::decoder::LoraConfig;
 use hlo_models::kto::step::Kto;
@@ -13,33 +11,46 @@ use hlo_models::preference::Reference;
 use hlo_models::roles::BatchField;
 use hlo_models::train::Loss;
 
-use super::{Data, ObjectiveDef, ObjectiveSpecs};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use super::{settings, Data, Objective, ObjectiveDef, ObjectiveSpecs};
 use crate::error::{EngineError, Result};
 use crate::inputs::model::Model;
-use crate::run::settings::Setting;
+use crate::run::named::Named;
 use crate::run::spec::RunSpec;
 use crate::run::step::StepSpec;
-use crate::train::checkpoint::RunSettings;
 
-/// KTO's settings (TRL 1.16's names and defaults; β is the preference
-/// objectives' `beta`, 0.1).
-#[derive(Clone, Debug, PartialEq)]
+/// KTO's settings (TRL 1.16's `KTOConfig` names and defaults; β and the
+/// reference adapter are the preference objectives').
+#[derive(Args, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct KtoSpec {
-    /// `kto` (with the KL estimate) or `apo_zero_unpaired`.
-    pub loss_type: KtoLossType,
-    /// The weight of a desirable example's loss: 1.
+    /// KTO: its loss, as TRL's loss_type: kto (with the KL estimate from
+    /// mismatched prompt/completion pairs) or apo_zero_unpaired.
+    #[arg(long, value_parser = settings::named::<KtoLossType>(), default_value = "kto")]
+    #[serde(with = "settings::by_name")]
+    pub kto_loss_type: KtoLossType,
+
+    /// KTO: the weight of a desirable example's loss.
+    #[arg(long, default_value_t = 1.0, value_parser = settings::non_negative)]
     pub desirable_weight: f64,
-    /// The weight of an undesirable example's loss: 1.
+
+    /// KTO: the weight of an undesirable example's loss.
+    #[arg(long, default_value_t = 1.0, value_parser = settings::non_negative)]
     pub undesirable_weight: f64,
 }
 
 impl Default for KtoSpec {
     fn default() -> KtoSpec {
-        KtoSpec {
-            loss_type: KtoLossType::Kto,
-            desirable_weight: 1.0,
-            undesirable_weight: 1.0,
-        }
+        settings::defaults()
+    }
+}
+
+impl Named for KtoLossType {
+    const ALL: &'static [KtoLossType] = &[KtoLossType::Kto, KtoLossType::ApoZeroUnpaired];
+    fn name(self) -> &'static str {
+        KtoLossType::name(self)
     }
 }
 
@@ -47,7 +58,7 @@ impl KtoSpec {
     /// The traced loss's settings, with β.
     pub fn loss(&self, beta: f64) -> KtoLoss {
         KtoLoss {
-            loss_type: self.loss_type,
+            loss_type: self.kto_loss_type,
             beta,
             desirable_weight: self.desirable_weight,
             undesirable_weight: self.undesirable_weight,
@@ -73,18 +84,14 @@ impl ObjectiveDef for KtoObjective {
     /// log-probabilities computed before training).
     fn reads(&self, name: &str) -> bool {
         matches!(name, "beta" | "ref-adapter" | "precompute-ref")
-            || settings::SETTINGS.iter().any(|s| s.name == name)
-    }
-
-    fn settings(&self) -> Vec<&'static [Setting]> {
-        vec![settings::SETTINGS]
+            || settings::names::<KtoSpec>().iter().any(|s| s == name)
     }
 
     /// `batch` examples a step in one unpacked micro-batch, each with its
     /// KL row where the loss estimates the KL term.
     fn step_spec(&self, step: &StepSpec, specs: &ObjectiveSpecs) -> Result<StepSpec> {
         let mut step = super::one_unpacked_batch(step, "kto", "examples")?;
-        if specs.kto.loss_type == KtoLossType::Kto {
+        if specs.kto.kto_loss_type == KtoLossType::Kto {
             step.batch *= 2;
         }
         Ok(step)
@@ -92,7 +99,7 @@ impl ObjectiveDef for KtoObjective {
 
     fn loss(&self, specs: &ObjectiveSpecs, reference: Reference) -> Loss {
         Loss::Kto(Kto {
-            loss: specs.kto.loss(specs.preference.beta),
+            loss: specs.kto.loss(specs.beta(Objective::Kto)),
             reference,
             reference_lora: None,
         })
@@ -140,8 +147,8 @@ impl ObjectiveDef for KtoObjective {
         let k = &specs.kto;
         Some(format!(
             "kto ({} loss, beta {}, weights {} desirable / {} undesirable) against {}",
-            k.loss_type.name(),
-            specs.preference.beta,
+            k.kto_loss_type.name(),
+            specs.beta(Objective::Kto),
             k.desirable_weight,
             k.undesirable_weight,
             super::preference::reference_words(loss),
@@ -149,7 +156,7 @@ impl ObjectiveDef for KtoObjective {
     }
 
     fn batch_words(&self, specs: &ObjectiveSpecs, rows: i64) -> String {
-        match specs.kto.loss_type {
+        match specs.kto.kto_loss_type {
             KtoLossType::Kto => format!("{} examples (+ {} KL rows)", rows / 2, rows / 2),
             KtoLossType::ApoZeroUnpaired => format!("{rows} examples"),
         }
@@ -157,19 +164,6 @@ impl ObjectiveDef for KtoObjective {
 
     fn check_settings(&self, spec: &RunSpec) -> Result<()> {
         check_settings(spec)
-    }
-
-    fn record_settings(&self, s: &mut RunSettings, spec: &RunSpec) {
-        let (k, p) = (&spec.objectives.kto, &spec.objectives.preference);
-        s.set("batch", spec.step.batch);
-        s.set("beta", p.beta);
-        s.set("kto-loss-type", k.loss_type.name());
-        s.set("desirable-weight", k.desirable_weight);
-        s.set("undesirable-weight", k.undesirable_weight);
-        if let Some(dir) = &p.ref_adapter {
-            s.set("ref-adapter", crate::run::absolute(dir));
-        }
-        s.set("precompute-ref", p.precompute_ref);
     }
 
     /// As DPO's ([`super::preference::reference_adapter`]): full
@@ -183,7 +177,7 @@ impl ObjectiveDef for KtoObjective {
 
 /// Refuses KTO settings that cannot go together (as TRL refuses them).
 fn check_settings(spec: &RunSpec) -> Result<()> {
-    let (k, beta) = (&spec.objectives.kto, spec.objectives.preference.beta);
+    let (k, beta) = (&spec.objectives.kto, spec.objectives.beta(Objective::Kto));
     let refuse = |why: String| {
         Err(EngineError::Objective {
             objective: "kto",
@@ -201,7 +195,7 @@ fn check_settings(spec: &RunSpec) -> Result<()> {
             return refuse(format!("--{what} must be a finite number >= 0, not {w}"));
         }
     }
-    if k.loss_type == KtoLossType::Kto && spec.step.batch < 2 {
+    if k.kto_loss_type == KtoLossType::Kto && spec.step.batch < 2 {
         return refuse(
             "--batch must be at least 2: the KL estimate pairs each prompt with another example's completion of its batch".into(),
         );

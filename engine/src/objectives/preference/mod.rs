@@ -3,7 +3,6 @@
 //! log-probabilities computed once before training ([`reference`]).
 
 pub mod reference;
-pub(crate) mod settings;
 
 use std::path::PathBuf;
 
@@ -14,57 +13,77 @@ use hlo_models::preference::{NllSpan, PreferenceLoss, Reference};
 use hlo_models::roles::BatchField;
 use hlo_models::train::{Loss, Preference, TrainConfig};
 
-use super::{Data, ObjectiveDef, ObjectiveSpecs};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use super::{settings, Data, Objective, ObjectiveDef, ObjectiveSpecs};
 use crate::device::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::inputs::model::Model;
-use crate::run::settings::Setting;
 use crate::run::spec::RunSpec;
 use crate::run::step::StepSpec;
-use crate::train::checkpoint::RunSettings;
 
-/// A preference objective's settings (TRL 1.16's defaults).
-#[derive(Clone, Debug, PartialEq)]
+/// The preference objectives' settings (TRL 1.16's names and defaults;
+/// β and the reference adapter are the rollout objectives' too).
+#[derive(Args, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct PreferenceSpec {
-    /// DPO's and IPO's β (TRL's `beta`), SimPO's β, ORPO's λ (TRL's
-    /// `beta` in `ORPOConfig`): 0.1.
-    pub beta: f64,
-    /// SimPO's target margin γ (`simpo_gamma`): 0.5.
+    /// The preference loss's β: DPO's and IPO's (the reference's weight),
+    /// SimPO's reward scale, CPO's, ORPO's λ, KTO's (default 0.1); GRPO's
+    /// KL penalty weight (default 0: no reference model), RLOO's (default
+    /// 0.05) and distillation's (default 1).
+    #[arg(long, value_parser = settings::non_negative)]
+    pub beta: Option<f64>,
+
+    /// SimPO's target reward margin γ.
+    #[arg(long, default_value_t = 0.5, allow_negative_numbers = true)]
     pub simpo_gamma: f64,
-    /// SimPO's label smoothing ε (`CPOConfig.label_smoothing`): 0. (TRL
-    /// 1.16's DPO losses here take none.)
+
+    /// SimPO's and CPO's label smoothing ε (TRL's label_smoothing): the
+    /// loss mixes in ε of the loss with chosen and rejected swapped.
+    #[arg(long, default_value_t = 0.0, value_parser = settings::label_smoothing)]
     pub label_smoothing: f64,
-    /// The weight of the chosen completions' NLL in SimPO (`cpo_alpha`):
-    /// 1.0 (0: the paper's SimPO).
+
+    /// SimPO's and CPO's weight of the chosen completions' NLL (TRL's
+    /// cpo_alpha; 0: the paper's SimPO, CPO without its behaviour
+    /// cloning term).
+    #[arg(long, default_value_t = 1.0, value_parser = settings::non_negative)]
     pub cpo_alpha: f64,
-    /// DPO's and IPO's reference adapter (None: the policy as training
-    /// starts: the base for a fresh adapter, a frozen copy of
-    /// `init_adapter`).
+
+    /// The reference model of DPO, IPO, KTO and of GRPO's and RLOO's KL
+    /// penalty: this PEFT adapter on the base (same
+    /// LoRA settings as the trained one). Default: the policy as training
+    /// starts (the base for a fresh adapter, a frozen copy of
+    /// --init-adapter).
+    #[arg(long, value_parser = settings::hub_adapter)]
+    #[serde(serialize_with = "settings::absolute_path")]
     pub ref_adapter: Option<PathBuf>,
-    /// Compute the reference's log-probabilities once before training
-    /// (no reference forward in the step, nothing of it on the devices
-    /// while training; full finetuning then has a reference too).
+
+    /// DPO, IPO and KTO: compute the reference's log-probabilities of every
+    /// pair once before training, so the step runs no reference forward
+    /// and the reference holds no device memory while training (and full
+    /// finetuning has a reference: the base as it starts).
+    #[arg(long)]
     pub precompute_ref: bool,
 }
 
 impl Default for PreferenceSpec {
     fn default() -> PreferenceSpec {
-        PreferenceSpec {
-            beta: 0.1,
-            simpo_gamma: 0.5,
-            label_smoothing: 0.0,
-            cpo_alpha: 1.0,
-            ref_adapter: None,
-            precompute_ref: false,
-        }
+        settings::defaults()
     }
 }
+
+/// The preference objectives' β unless `--beta` says otherwise (TRL's
+/// `DPOConfig`'s, `CPOConfig`'s, `ORPOConfig`'s and `KTOConfig`'s).
+pub const DEFAULT_BETA: f64 = 0.1;
 
 /// A preference method over pairs: its loss under the settings, the
 /// settings it reads and the metrics it reports beyond the pairs'.
 pub(crate) struct PairMethod {
     name: &'static str,
-    loss: fn(&PreferenceSpec) -> PreferenceLoss,
+    objective: Objective,
+    /// Its loss under the settings and β.
+    loss: fn(&PreferenceSpec, f64) -> PreferenceLoss,
     /// The preference settings it reads besides β.
     reads: &'static [&'static str],
     /// Its metrics between the log-probabilities' and the logits'.
@@ -77,7 +96,8 @@ const REFERENCE: &[&str] = &["ref-adapter", "precompute-ref"];
 
 pub(crate) static DPO: PairMethod = PairMethod {
     name: "dpo",
-    loss: |p| PreferenceLoss::Dpo { beta: p.beta },
+    objective: Objective::Dpo,
+    loss: |_, beta| PreferenceLoss::Dpo { beta },
     reads: REFERENCE,
     extra_metrics: &[],
     token_metrics: true,
@@ -85,7 +105,8 @@ pub(crate) static DPO: PairMethod = PairMethod {
 
 pub(crate) static IPO: PairMethod = PairMethod {
     name: "ipo",
-    loss: |p| PreferenceLoss::Ipo { beta: p.beta },
+    objective: Objective::Ipo,
+    loss: |_, beta| PreferenceLoss::Ipo { beta },
     reads: REFERENCE,
     extra_metrics: &[],
     token_metrics: true,
@@ -93,8 +114,9 @@ pub(crate) static IPO: PairMethod = PairMethod {
 
 pub(crate) static SIMPO: PairMethod = PairMethod {
     name: "simpo",
-    loss: |p| PreferenceLoss::Simpo {
-        beta: p.beta,
+    objective: Objective::Simpo,
+    loss: |p, beta| PreferenceLoss::Simpo {
+        beta,
         gamma: p.simpo_gamma,
         label_smoothing: p.label_smoothing,
         cpo_alpha: p.cpo_alpha,
@@ -106,7 +128,8 @@ pub(crate) static SIMPO: PairMethod = PairMethod {
 
 pub(crate) static ORPO: PairMethod = PairMethod {
     name: "orpo",
-    loss: |p| PreferenceLoss::Orpo { beta: p.beta },
+    objective: Objective::Orpo,
+    loss: |_, beta| PreferenceLoss::Orpo { beta },
     reads: &[],
     extra_metrics: &["nll_loss", "log_odds_ratio", "log_odds_chosen"],
     token_metrics: false,
@@ -125,21 +148,15 @@ impl ObjectiveDef for PairMethod {
         name == "beta" || self.reads.contains(&name)
     }
 
-    fn settings(&self) -> Vec<&'static [Setting]> {
-        vec![settings::SETTINGS]
-    }
-
-    /// `batch` pairs a step, so twice the rows, unpacked, in one
-    /// micro-batch (what such a step can take: packing and accumulation
-    /// are refused).
     fn step_spec(&self, step: &StepSpec, _specs: &ObjectiveSpecs) -> Result<StepSpec> {
-        let mut step = super::one_unpacked_batch(step, self.name, "pairs")?;
-        step.batch *= 2;
-        Ok(step)
+        pairs_step(step, self.name)
     }
 
     fn loss(&self, specs: &ObjectiveSpecs, reference: Reference) -> Loss {
-        Loss::Preference(Preference::new((self.loss)(&specs.preference), reference))
+        Loss::Preference(Preference::new(
+            (self.loss)(&specs.preference, specs.beta(self.objective)),
+            reference,
+        ))
     }
 
     fn reference_in_step(&self) -> bool {
@@ -160,29 +177,14 @@ impl ObjectiveDef for PairMethod {
     fn batch_fields(&self, _packed: bool) -> Vec<BatchField> {
         let mut fields = vec![BatchField::InputIds, BatchField::LossMask];
         // ORPO's likelihood term counts each row's real tokens.
-        if (self.loss)(&PreferenceSpec::default()).nll() == Some(NllSpan::WholeRow) {
+        if (self.loss)(&PreferenceSpec::default(), DEFAULT_BETA).nll() == Some(NllSpan::WholeRow) {
             fields.push(BatchField::SegmentIds);
         }
         fields
     }
 
     fn metrics(&self, _specs: &ObjectiveSpecs) -> Vec<&'static str> {
-        let mut m = vec![
-            "loss",
-            "rewards/chosen",
-            "rewards/rejected",
-            "rewards/accuracies",
-            "rewards/margins",
-            "logps/chosen",
-            "logps/rejected",
-            "logps/accuracies",
-        ];
-        m.extend(self.extra_metrics);
-        m.extend(["logits/chosen", "logits/rejected"]);
-        if self.token_metrics {
-            m.extend(["entropy", "mean_token_accuracy"]);
-        }
-        m
+        pair_metrics(self.extra_metrics, self.token_metrics)
     }
 
     fn describe(&self, _specs: &ObjectiveSpecs, loss: &Loss) -> Option<String> {
@@ -190,23 +192,55 @@ impl ObjectiveDef for PairMethod {
     }
 
     fn check_settings(&self, spec: &RunSpec) -> Result<()> {
-        let beta = spec.objectives.preference.beta;
-        if beta.is_nan() || beta <= 0.0 {
-            return Err(EngineError::Objective {
-                objective: self.name,
-                why: format!("--beta must be > 0, not {beta}"),
-            });
-        }
-        Ok(())
-    }
-
-    fn record_settings(&self, settings: &mut RunSettings, spec: &RunSpec) {
-        record_settings(settings, spec)
+        check_beta(spec, self.objective)
     }
 
     fn reference(&self, spec: &RunSpec, model: &Model) -> Result<Option<Adapter>> {
         reference_adapter(spec, model)
     }
+}
+
+/// `batch` pairs a step, so twice the rows, unpacked, in one micro-batch
+/// (what such a step can take: packing and accumulation are refused).
+pub(crate) fn pairs_step(step: &StepSpec, objective: &'static str) -> Result<StepSpec> {
+    let mut step = super::one_unpacked_batch(step, objective, "pairs")?;
+    step.batch *= 2;
+    Ok(step)
+}
+
+/// The metrics of a step over pairs (TRL's names, and ours
+/// `logps/accuracies`), with a method's `extra` between the
+/// log-probabilities' and the logits', and the chosen tokens' entropy and
+/// accuracy where it reports them (`token_metrics`).
+pub(crate) fn pair_metrics(extra: &[&'static str], token_metrics: bool) -> Vec<&'static str> {
+    let mut m = vec![
+        "loss",
+        "rewards/chosen",
+        "rewards/rejected",
+        "rewards/accuracies",
+        "rewards/margins",
+        "logps/chosen",
+        "logps/rejected",
+        "logps/accuracies",
+    ];
+    m.extend(extra);
+    m.extend(["logits/chosen", "logits/rejected"]);
+    if token_metrics {
+        m.extend(["entropy", "mean_token_accuracy"]);
+    }
+    m
+}
+
+/// Refuses a β a pair method cannot take (TRL's: above 0).
+pub(crate) fn check_beta(spec: &RunSpec, objective: Objective) -> Result<()> {
+    let beta = spec.objectives.beta(objective);
+    if beta.is_nan() || beta <= 0.0 {
+        return Err(EngineError::Objective {
+            objective: objective.name(),
+            why: format!("--beta must be > 0, not {beta}"),
+        });
+    }
+    Ok(())
 }
 
 /// What a step minimising `loss` compares with, in words.
@@ -277,19 +311,4 @@ pub(crate) fn reference_scores(
         )),
         _ => Ok(None),
     }
-}
-
-/// A preference objective's settings, as a run records them with its
-/// identities: `batch` counts pairs (the step's rows are twice as many).
-pub(crate) fn record_settings(s: &mut crate::train::checkpoint::RunSettings, spec: &RunSpec) {
-    s.set("batch", spec.step.batch);
-    let p = &spec.objectives.preference;
-    s.set("beta", p.beta);
-    s.set("simpo-gamma", p.simpo_gamma);
-    s.set("label-smoothing", p.label_smoothing);
-    s.set("cpo-alpha", p.cpo_alpha);
-    if let Some(dir) = &p.ref_adapter {
-        s.set("ref-adapter", crate::run::absolute(dir));
-    }
-    s.set("precompute-ref", p.precompute_ref);
 }

@@ -5,25 +5,28 @@
 //! read whole with their margins, LoRA with `score` trained whole beside
 //! the adapter (PEFT's `SEQ_CLS` task, `modules_to_save=["score"]`).
 
-pub(crate) mod settings;
-
 use hlo_models::preference::Reference;
 use hlo_models::reward::RewardLoss;
 use hlo_models::roles::BatchField;
 use hlo_models::train::Loss;
 
-use super::{Data, ObjectiveDef, ObjectiveSpecs};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use super::{settings, Data, ObjectiveDef, ObjectiveSpecs};
 use crate::error::{EngineError, Result};
-use crate::run::settings::Setting;
 use crate::run::spec::RunSpec;
 use crate::run::step::StepSpec;
-use crate::train::checkpoint::RunSettings;
 
-/// A reward model's settings (TRL 1.16's names and defaults).
-#[derive(Clone, Debug, Default, PartialEq)]
+/// A reward model's settings (TRL 1.16's `RewardConfig` names and
+/// defaults).
+#[derive(Args, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct RewardModelSpec {
-    /// The weight of the mean squared sum of a pair's rewards, which
-    /// keeps them centred on 0 (`center_rewards_coefficient`): none.
+    /// Reward model: add this weight times the mean squared sum of each
+    /// pair's rewards to the loss, keeping them centred on 0 (TRL's
+    /// center_rewards_coefficient; default none).
+    #[arg(long, allow_negative_numbers = true, value_parser = settings::finite)]
     pub center_rewards_coefficient: Option<f64>,
 }
 
@@ -42,11 +45,9 @@ impl ObjectiveDef for RewardModel {
     }
 
     fn reads(&self, name: &str) -> bool {
-        settings::SETTINGS.iter().any(|s| s.name == name)
-    }
-
-    fn settings(&self) -> Vec<&'static [Setting]> {
-        vec![settings::SETTINGS]
+        settings::names::<RewardModelSpec>()
+            .iter()
+            .any(|s| s == name)
     }
 
     /// `batch` pairs a step, twice the rows, unpacked, in one
@@ -118,14 +119,6 @@ impl ObjectiveDef for RewardModel {
             );
         }
         Ok(())
-    }
-
-    fn record_settings(&self, s: &mut RunSettings, spec: &RunSpec) {
-        // `--batch` counts pairs (the step's rows are twice as many).
-        s.set("batch", spec.step.batch);
-        if let Some(c) = spec.objectives.reward.center_rewards_coefficient {
-            s.set("center-rewards-coefficient", c);
-        }
     }
 
     fn classifier(&self) -> bool {

@@ -5,8 +5,6 @@
 //! mean of its siblings' ([`LeaveOneOutRule`]). Its settings beyond the
 //! rollout settings are its own ([`RlooSpec`]).
 
-pub(crate) mod settings;
-
 use hlo_data::Batch;
 use hlo_models::adapter::Adapter;
 use hlo_models::preference::Reference;
@@ -17,28 +15,41 @@ use hlo_models::train::Loss;
 use super::rollouts::{
     self, as_objective, AdvantageRule, Advantaged, RolloutDefaults, RolloutInputs,
 };
-use super::{Data, ObjectiveDef, ObjectiveSpecs};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use super::{settings, Data, Objective, ObjectiveDef, ObjectiveSpecs};
 use crate::error::{EngineError, Result};
 use crate::inputs::model::Model;
-use crate::run::settings::Setting;
 use crate::run::spec::RunSpec;
 use crate::run::step::StepSpec;
-use crate::train::checkpoint::RunSettings;
 
 /// RLOO's β unless `--beta` says otherwise (TRL 1.16's `RLOOConfig`).
 pub const DEFAULT_BETA: f64 = 0.05;
 /// Completions per prompt unless `--num-generations` says otherwise.
 pub const DEFAULT_NUM_GENERATIONS: usize = 2;
 
-/// RLOO's own settings (TRL 1.16's names and defaults).
-#[derive(Clone, Debug, Default, PartialEq)]
+/// RLOO's own settings (TRL 1.16's `RLOOConfig` names and defaults); its
+/// rollouts take the rollout settings, its KL penalty `--beta` (default
+/// 0.05) and `--ref-adapter`.
+#[derive(Args, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct RlooSpec {
-    /// The advantages standardised over the batch
-    /// (`normalize_advantages`): false.
+    /// RLOO: standardise the advantages over the batch (mean 0, standard
+    /// deviation 1), as TRL's normalize_advantages.
+    #[arg(long)]
     pub normalize_advantages: bool,
-    /// Rewards clamped to `[min, max]` before the KL penalty
-    /// (`reward_clip_range`): none.
+
+    /// RLOO: clamp each reward to MIN,MAX before the KL penalty (TRL's
+    /// reward_clip_range).
+    #[arg(long, value_parser = settings::clip_range, allow_hyphen_values = true)]
     pub reward_clip_range: Option<(f64, f64)>,
+}
+
+impl Default for RlooSpec {
+    fn default() -> RlooSpec {
+        settings::defaults()
+    }
 }
 
 /// RLOO as an objective of a run.
@@ -59,11 +70,7 @@ impl ObjectiveDef for Rloo {
     fn reads(&self, name: &str) -> bool {
         matches!(name, "beta" | "ref-adapter")
             || rollouts::is_setting(name)
-            || settings::SETTINGS.iter().any(|s| s.name == name)
-    }
-
-    fn settings(&self) -> Vec<&'static [Setting]> {
-        vec![settings::SETTINGS, rollouts::settings::SETTINGS]
+            || settings::names::<RlooSpec>().iter().any(|s| s == name)
     }
 
     fn step_spec(&self, step: &StepSpec, _specs: &ObjectiveSpecs) -> Result<StepSpec> {
@@ -107,7 +114,10 @@ impl ObjectiveDef for Rloo {
         let r = &specs.rloo;
         let mut words = format!(
             "rloo (beta {}, epsilon {}..{}, {} iteration(s) per rollout batch",
-            specs.rollouts.beta, l.epsilon, l.epsilon_high, specs.rollouts.num_iterations,
+            specs.beta(Objective::Rloo),
+            l.epsilon,
+            l.epsilon_high,
+            specs.rollouts.num_iterations,
         );
         if r.normalize_advantages {
             words += ", advantages normalized";
@@ -119,7 +129,7 @@ impl ObjectiveDef for Rloo {
     }
 
     fn batch_words(&self, specs: &ObjectiveSpecs, rows: i64) -> String {
-        rollouts::batch_words(&specs.rollouts, rows)
+        rollouts::batch_words(&self.rollout_spec(specs), rows)
     }
 
     fn check_settings(&self, spec: &RunSpec) -> Result<()> {
@@ -137,15 +147,6 @@ impl ObjectiveDef for Rloo {
         Ok(())
     }
 
-    fn record_settings(&self, s: &mut RunSettings, spec: &RunSpec) {
-        rollouts::record(s, spec, |name| RLOO.reads(name));
-        let r = &spec.objectives.rloo;
-        s.set("normalize-advantages", r.normalize_advantages);
-        if let Some((lo, hi)) = r.reward_clip_range {
-            s.set("reward-clip-range", format!("{lo},{hi}").as_str());
-        }
-    }
-
     fn reference(&self, spec: &RunSpec, model: &Model) -> Result<Option<Adapter>> {
         RolloutInputs::reference(spec, model)
     }
@@ -160,8 +161,8 @@ impl ObjectiveDef for Rloo {
 
     fn advantages(&self, specs: &ObjectiveSpecs) -> Option<Box<dyn AdvantageRule>> {
         Some(Box::new(LeaveOneOutRule(LeaveOneOut {
-            group: specs.rollouts.num_generations,
-            beta: specs.rollouts.beta,
+            group: self.rollout_spec(specs).num_generations(),
+            beta: specs.beta(Objective::Rloo),
             clip: specs.rloo.reward_clip_range,
             normalize: specs.rloo.normalize_advantages,
         })))

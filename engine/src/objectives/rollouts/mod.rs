@@ -6,7 +6,7 @@
 //! batch and given their advantages by the objective's
 //! [`AdvantageRule`] ([`RolloutSource`], a
 //! [`BatchSource`](crate::train::trainer::BatchSource) the trainer draws
-//! from). Its settings are one table ([`settings::SETTINGS`]) and one spec
+//! from). Its settings are one spec
 //! ([`RolloutSpec`]); each objective over it reads them and adds its own
 //! in its own folder. Nothing here names an objective: its errors are
 //! [`EngineError::Rollout`], which [`as_objective`] turns into the
@@ -21,16 +21,19 @@
 
 use std::path::PathBuf;
 
+use clap::builder::RangedU64ValueParser;
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use super::settings;
 use crate::error::{EngineError, Result};
 use crate::infer::generator::Sampling;
 use crate::run::spec::RunSpec;
 use crate::run::step::{StepSpec, Toggle};
-use crate::train::checkpoint::RunSettings;
 
 mod batch;
 mod rewards;
 mod scorer;
-pub(crate) mod settings;
 mod source;
 
 pub use batch::*;
@@ -42,77 +45,115 @@ pub use source::*;
 /// seconds, unless `--reward-timeout` says otherwise.
 pub const DEFAULT_REWARD_TIMEOUT: f64 = 300.0;
 
-/// The rollout settings (TRL 1.16's names and `GRPOConfig`'s defaults;
-/// an objective's own defaults are its [`RolloutDefaults`]).
-#[derive(Clone, Debug, PartialEq)]
+/// The rollout settings (TRL 1.16's `GRPOConfig` names and defaults,
+/// shared by `RLOOConfig` and `DistillationConfig`; an objective's own
+/// defaults are its [`RolloutDefaults`]).
+#[derive(Args, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct RolloutSpec {
-    /// Completions per prompt, `G` (`num_generations`): 8.
-    pub num_generations: usize,
-    /// The KL penalty's weight (`beta`; distillation's is its
-    /// divergence's): 0, no reference model.
-    pub beta: f64,
-    /// The importance ratio's clip below (`epsilon`): 0.2.
+    /// GRPO, RLOO: completions per prompt, one group (TRL's
+    /// num_generations; default 8 for grpo, 2 for rloo).
+    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(2..))]
+    pub num_generations: Option<usize>,
+
+    /// GRPO, RLOO: the importance ratio is clipped to [1 − ε, 1 + ε_high].
+    #[arg(long, default_value_t = 0.2, value_parser = settings::non_negative)]
     pub epsilon: f64,
-    /// And above (`epsilon_high`; None: `epsilon`).
+
+    /// GRPO, RLOO: the upper clip ε_high (default: --epsilon; DAPO uses 0.28).
+    #[arg(long, value_parser = settings::non_negative)]
     pub epsilon_high: Option<f64>,
-    /// Steps trained on each batch of rollouts, μ (`num_iterations`): 1.
+
+    /// GRPO, RLOO: steps trained on each batch of rollouts (μ), against the
+    /// policy's log-probabilities from when they were made.
+    #[arg(long, default_value_t = 1, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     pub num_iterations: usize,
-    /// Tokens a completion has at most: 512.
+
+    /// GRPO, RLOO, distillation: tokens a completion has at most.
+    #[arg(long, default_value_t = 512, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_completion_length: usize,
-    /// Sampling: temperature 1 (the loss divides the logits by it too),
-    /// top-p 1, top-k 0 (none).
+
+    /// GRPO, RLOO, distillation: the sampling temperature (the loss divides the logits by it
+    /// too, as TRL does).
+    #[arg(long, default_value_t = 1.0, value_parser = settings::positive)]
     pub temperature: f64,
+
+    /// GRPO, RLOO, distillation: sample from the smallest set of tokens with this much
+    /// probability (1: all).
+    #[arg(long, default_value_t = 1.0, value_parser = settings::positive)]
     pub top_p: f64,
+
+    /// GRPO, RLOO, distillation: sample from the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
     pub top_k: u32,
-    /// The rewards, with their weights (online only).
-    pub rewards: Vec<RewardSpec>,
-    /// Train on these logged rollouts instead of generating.
+
+    /// GRPO, RLOO: a reward, NAME or NAME:WEIGHT, repeatable (summed with their
+    /// weights): accuracy (the completion's final answer, its last
+    /// \boxed{} or number or word, equals the row's --answer-column),
+    /// format (matches --format-regex), length (−tokens/max), command
+    /// (--reward-command's answer), http (--reward-url's).
+    #[arg(long)]
+    #[serde(with = "settings::as_written")]
+    pub reward: Vec<RewardSpec>,
+
+    /// GRPO, RLOO, distillation: train on logged rollouts, one JSON object a line
+    /// {"prompt_ids", "completion_ids", "reward"} (consecutive lines of a
+    /// prompt form its group), instead of generating.
+    #[arg(long)]
+    #[serde(serialize_with = "settings::absolute_path")]
     pub rollouts: Option<PathBuf>,
-    /// The weights of logged rollouts' named rewards (TRL's
-    /// `reward_weights`; none given: each 1).
+
+    /// GRPO, RLOO: the weights of the named rewards logged rollouts give as
+    /// {"rewards": {NAME: value, ...}}: NAME:WEIGHT for each, comma
+    /// separated (TRL's reward_weights; default: each 1). The advantage is
+    /// of their weighted sum.
+    #[arg(long, value_delimiter = ',')]
+    #[serde(with = "settings::as_written")]
     pub reward_weights: Vec<RewardWeight>,
-    /// The dataset column `accuracy` compares the final answer with.
+
+    /// GRPO, RLOO: the prompts' column --reward accuracy compares with.
+    #[arg(long, default_value = "answer")]
     pub answer_column: String,
-    /// The pattern `format` requires of a completion.
+
+    /// GRPO, RLOO: the regular expression --reward format looks for.
+    #[arg(long)]
     pub format_regex: Option<String>,
-    /// The command `command` starts once and asks for each reward.
+
+    /// GRPO, RLOO: the command --reward command starts once (by `sh -c`); it
+    /// reads one JSON object per line (prompt, completion, their ids, the
+    /// prompt's row) and answers one number per line.
+    #[arg(long)]
     pub reward_command: Option<String>,
-    /// The endpoint `http` posts each batch of completions to.
+
+    /// GRPO, RLOO: the endpoint --reward http posts each batch of completions
+    /// to, as a JSON array of objects (as --reward-command's lines); it
+    /// answers a JSON array of as many numbers.
+    #[arg(long)]
     pub reward_url: Option<String>,
-    /// The reward model `model` scores with (a sequence classifier's
-    /// folder).
+
+    /// GRPO, RLOO: the reward model --reward model scores each prompt and
+    /// completion with: a sequence classifier's folder (`hlo-train merge`
+    /// of a reward run, or an HF reward model), run in this process on
+    /// the same devices.
+    #[arg(long)]
+    #[serde(serialize_with = "settings::absolute_path")]
     pub reward_model: Option<PathBuf>,
-    /// The longest wait, in seconds, for one answer of `command` (a line)
-    /// or `http` (a response): 300.
+
+    /// GRPO, RLOO: the longest wait, in seconds, for one answer of
+    /// --reward-command (a line) or --reward-url (a response); past it the
+    /// run stops, naming the reward.
+    #[arg(long, default_value_t = DEFAULT_REWARD_TIMEOUT)]
     pub reward_timeout: f64,
-    /// Show this many completions with their rewards every `log_every`
-    /// steps (0: none).
+
+    /// GRPO, RLOO, distillation: show this many completions with their rewards every
+    /// --log-every steps (in the log and the metrics file).
+    #[arg(long, default_value_t = 0)]
     pub log_completions: usize,
 }
 
 impl Default for RolloutSpec {
     fn default() -> RolloutSpec {
-        RolloutSpec {
-            num_generations: 8,
-            beta: 0.0,
-            epsilon: 0.2,
-            epsilon_high: None,
-            num_iterations: 1,
-            max_completion_length: 512,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: 0,
-            rewards: Vec::new(),
-            rollouts: None,
-            reward_weights: Vec::new(),
-            answer_column: "answer".into(),
-            format_regex: None,
-            reward_command: None,
-            reward_url: None,
-            reward_model: None,
-            reward_timeout: DEFAULT_REWARD_TIMEOUT,
-            log_completions: 0,
-        }
+        settings::defaults()
     }
 }
 
@@ -127,34 +168,50 @@ impl RolloutSpec {
         }
     }
 
+    /// Completions per prompt, `G`: given, or the objective's default
+    /// once its [`rollout_spec`](super::ObjectiveDef::rollout_spec) has
+    /// put it in (else GRPO's, 8).
+    pub fn num_generations(&self) -> usize {
+        self.num_generations
+            .unwrap_or(RolloutDefaults::GRPO.num_generations)
+    }
+
     /// The upper clip (`epsilon_high`, else `epsilon`).
     pub fn epsilon_high(&self) -> f64 {
         self.epsilon_high.unwrap_or(self.epsilon)
     }
 }
 
-/// The β and completions per prompt an objective's rollouts take where
-/// the run does not give them (its TRL config's defaults).
+/// The β and completions per prompt an objective takes where the run
+/// does not give them (its TRL config's defaults).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RolloutDefaults {
     pub beta: f64,
     pub num_generations: usize,
 }
 
-impl Default for RolloutDefaults {
+impl RolloutDefaults {
     /// `GRPOConfig`'s: no KL penalty, 8 completions a prompt.
-    fn default() -> RolloutDefaults {
-        let d = RolloutSpec::default();
-        RolloutDefaults {
-            beta: d.beta,
-            num_generations: d.num_generations,
-        }
-    }
+    pub const GRPO: RolloutDefaults = RolloutDefaults {
+        beta: 0.0,
+        num_generations: 8,
+    };
 }
 
-/// Whether `name` is a rollout setting (of [`settings::SETTINGS`]).
+/// Whether `name` is a rollout setting (a field of [`RolloutSpec`]).
 pub(crate) fn is_setting(name: &str) -> bool {
-    settings::SETTINGS.iter().any(|s| s.name == name)
+    settings::names::<RolloutSpec>().iter().any(|s| s == name)
+}
+
+/// The weight of the rollouts' KL penalty against a reference: β where
+/// the objective rewards its rollouts (GRPO, RLOO); 0 where β is another
+/// loss's weight (distillation's divergence), whose rollouts have no
+/// reference.
+pub(crate) fn kl_beta(spec: &RunSpec) -> f64 {
+    match spec.objective.def().rewarded() {
+        true => spec.objectives.beta(spec.objective),
+        false => 0.0,
+    }
 }
 
 /// A step over rollouts: its completions in one unpacked batch, from
@@ -184,7 +241,7 @@ pub(crate) fn step_spec(step: &StepSpec) -> Result<StepSpec> {
 
 /// A step's `rows` as completions in whole groups of a prompt.
 pub(crate) fn batch_words(spec: &RolloutSpec, rows: i64) -> String {
-    let g = spec.num_generations.max(1) as i64;
+    let g = spec.num_generations().max(1) as i64;
     format!("{rows} completions ({} prompts × {g})", rows / g)
 }
 
@@ -207,17 +264,17 @@ pub(crate) fn check(spec: &RunSpec, relative: bool) -> Result<()> {
 fn check_rollouts(spec: &RunSpec, relative: bool) -> Result<()> {
     let g = &spec.objective.def().rollout_spec(&spec.objectives);
     let refuse = |why: String| Err(EngineError::Rollout(why));
-    if relative && g.num_generations < 2 {
+    if relative && g.num_generations() < 2 {
         return refuse(format!(
             "--num-generations must be at least 2 (a group's advantages are relative), not {}",
-            g.num_generations
+            g.num_generations()
         ));
     }
     let batch = spec.step.batch;
-    if batch < 1 || !(batch as usize).is_multiple_of(g.num_generations.max(1)) {
+    if batch < 1 || !(batch as usize).is_multiple_of(g.num_generations().max(1)) {
         return refuse(format!(
             "--batch {batch} must be a multiple of --num-generations {} (it counts completions, whole groups of them)",
-            g.num_generations
+            g.num_generations()
         ));
     }
     if g.num_iterations < 1 {
@@ -245,11 +302,9 @@ fn check_rollouts(spec: &RunSpec, relative: bool) -> Result<()> {
             }
         }
     }
-    if !g.beta.is_finite() || g.beta < 0.0 {
-        return refuse(format!(
-            "--beta must be a finite number >= 0, not {}",
-            g.beta
-        ));
+    let beta = kl_beta(spec);
+    if !beta.is_finite() || beta < 0.0 {
+        return refuse(format!("--beta must be a finite number >= 0, not {beta}"));
     }
     check_sources(spec, g)?;
     if spec.eval.data.is_some() {
@@ -258,7 +313,7 @@ fn check_rollouts(spec: &RunSpec, relative: bool) -> Result<()> {
             spec.objective.name().to_uppercase()
         ));
     }
-    if spec.objectives.preference.ref_adapter.is_some() && g.beta == 0.0 {
+    if spec.objectives.preference.ref_adapter.is_some() && beta == 0.0 {
         return refuse(
             "--ref-adapter is the KL penalty's reference, and --beta is 0 (no penalty); give --beta".into(),
         );
@@ -272,7 +327,7 @@ fn check_sources(spec: &RunSpec, g: &RolloutSpec) -> Result<()> {
     let refuse = |why: String| Err(EngineError::Rollout(why));
     if g.rollouts.is_some() {
         for (key, given) in [
-            ("reward", !g.rewards.is_empty()),
+            ("reward", !g.reward.is_empty()),
             ("format-regex", g.format_regex.is_some()),
             ("reward-command", g.reward_command.is_some()),
             ("reward-url", g.reward_url.is_some()),
@@ -292,58 +347,6 @@ fn check_sources(spec: &RunSpec, g: &RolloutSpec) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// The rollout settings the run's objective `reads` (by name), β and the
-/// reference adapter among them, as a run records them with its
-/// identities.
-pub(crate) fn record(s: &mut RunSettings, spec: &RunSpec, reads: impl Fn(&str) -> bool) {
-    use crate::run::{absolute, written_list};
-    let g = &spec.objectives.rollouts;
-    let mut set = |name: &str, value: serde_json::Value| {
-        if reads(name) {
-            s.set(name, value);
-        }
-    };
-    set("beta", g.beta.into());
-    set("num-generations", (g.num_generations as u64).into());
-    set("epsilon", g.epsilon.into());
-    if let Some(e) = g.epsilon_high {
-        set("epsilon-high", e.into());
-    }
-    set("num-iterations", (g.num_iterations as u64).into());
-    set(
-        "max-completion-length",
-        (g.max_completion_length as u64).into(),
-    );
-    set("temperature", g.temperature.into());
-    set("top-p", g.top_p.into());
-    set("top-k", g.top_k.into());
-    set("reward", written_list(&g.rewards));
-    if let Some(p) = &g.rollouts {
-        set("rollouts", absolute(p).into());
-    }
-    if !g.reward_weights.is_empty() {
-        set("reward-weights", written_list(&g.reward_weights));
-    }
-    set("answer-column", g.answer_column.as_str().into());
-    for (name, value) in [
-        ("format-regex", &g.format_regex),
-        ("reward-command", &g.reward_command),
-        ("reward-url", &g.reward_url),
-    ] {
-        if let Some(v) = value {
-            set(name, v.as_str().into());
-        }
-    }
-    if let Some(d) = &g.reward_model {
-        set("reward-model", absolute(d).into());
-    }
-    set("reward-timeout", g.reward_timeout.into());
-    set("log-completions", (g.log_completions as u64).into());
-    if let Some(dir) = &spec.objectives.preference.ref_adapter {
-        set("ref-adapter", absolute(dir).into());
-    }
 }
 
 #[cfg(test)]

@@ -486,15 +486,15 @@ impl Rewards {
     /// Checks the settings each reward reads and starts the command.
     pub fn new(spec: &RolloutSpec) -> Result<Rewards> {
         let refuse = |why: String| EngineError::Rollout(why);
-        if spec.rewards.is_empty() {
+        if spec.reward.is_empty() {
             return Err(refuse(
                 "give at least one --reward (accuracy, format, length, command, http, model), or --rollouts"
                     .into(),
             ));
         }
-        let has = |k: RewardKind| spec.rewards.iter().any(|r| r.kind == k);
+        let has = |k: RewardKind| spec.reward.iter().any(|r| r.kind == k);
         for k in RewardKind::ALL {
-            if spec.rewards.iter().filter(|r| r.kind == k).count() > 1 {
+            if spec.reward.iter().filter(|r| r.kind == k).count() > 1 {
                 return Err(refuse(format!("--reward {} is given twice", k.name())));
             }
         }
@@ -551,7 +551,7 @@ impl Rewards {
             stop: StopFlag::default(),
         };
         Ok(Rewards {
-            specs: spec.rewards.clone(),
+            specs: spec.reward.clone(),
             wait,
             answer_column: spec.answer_column.clone(),
             format,

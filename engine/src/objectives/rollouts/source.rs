@@ -88,7 +88,7 @@ impl RolloutSource {
         } else {
             None
         };
-        let reference = if g.beta != 0.0 {
+        let reference = if super::kl_beta(spec) != 0.0 {
             Some(Scorer::new(session, false, reference, g.temperature)?)
         } else {
             None
@@ -120,7 +120,7 @@ impl RolloutSource {
     /// Makes the rollouts of generation `g`: (rollouts, texts of prompt
     /// and completion, figures).
     fn make(&mut self, session: &Session, g: u64) -> Result<Made> {
-        let group = self.spec.num_generations;
+        let group = self.spec.num_generations();
         let groups = self.rows / group;
         match &mut self.origin {
             RolloutOrigin::Logged(Logged { rollouts: all, .. }) => {
@@ -535,7 +535,7 @@ impl RolloutInputs {
         let origin = match (&g.rollouts, path) {
             (Some(rollouts), _) => Inputs::Logged(read_logged(
                 rollouts,
-                g.num_generations,
+                g.num_generations(),
                 &g.reward_weights,
                 rewarded,
             )?),
@@ -595,7 +595,7 @@ impl RolloutInputs {
         spec: &crate::run::spec::RunSpec,
         model: &crate::inputs::model::Model,
     ) -> Result<Option<Adapter>> {
-        let beta = spec.objective.def().rollout_spec(&spec.objectives).beta;
+        let beta = super::kl_beta(spec);
         if spec.step.lora.is_none() && beta != 0.0 {
             return Err(EngineError::Objective {
                 objective: spec.objective.name(),

@@ -26,7 +26,7 @@ fn the_final_answer_is_the_last_boxed_else_number_else_word() {
 #[test]
 fn rewards_read_their_settings_and_weigh() {
     let spec = |rewards: &str| RolloutSpec {
-        rewards: rewards.split(',').map(|r| r.parse().unwrap()).collect(),
+        reward: rewards.split(',').map(|r| r.parse().unwrap()).collect(),
         format_regex: Some("^[A-Z]+$".into()),
         max_completion_length: 4,
         ..RolloutSpec::default()
