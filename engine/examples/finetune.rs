@@ -7,7 +7,7 @@
 //! two adapters must be equal to the bit, and the loss must have fallen.
 use std::path::Path;
 
-use hlo_engine::run::step::{LoraSpec, ScheduleKind};
+use hlo_engine::step::{LoraSpec, ScheduleKind};
 use hlo_engine::{Hooks, Run, RunSpec, StepReport, StepSpec, StopFlag};
 
 /// The engine calls this after every step: prints every 100th, and stops

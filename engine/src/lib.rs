@@ -61,8 +61,10 @@ pub mod device;
 mod error;
 pub mod infer;
 pub mod inputs;
+pub mod named;
 pub mod objectives;
 pub mod run;
+pub mod step;
 pub mod train;
 
 // The modules by their names before the folders, so that paths such as
@@ -73,8 +75,8 @@ pub use infer::{batcher, generator};
 pub use inputs::{dataset, model};
 pub use objectives::grpo;
 pub use objectives::preference::reference;
-pub use objectives::rollouts;
-pub use run::policy;
+pub mod rollouts;
+pub use step::policy;
 pub use train::{checkpoint, hooks, session, trainer};
 
 pub use backend::{check_mesh_axes, full_mesh, Backend, BackendOptions, MESH_AXES};
@@ -82,7 +84,7 @@ pub use batcher::{
     AdapterInfo, Batcher, BatcherHandle, BatcherOptions, BatcherStats, Event, FinishReason,
     GenerationRequest, SubmitError,
 };
-pub use dataset::{DataSpec, Dataset};
+pub use dataset::{DataSource, DataSpec, Dataset};
 pub use error::{EngineError, Result};
 pub use generator::{Generator, RowCompletion, Sampling, Timings};
 pub use hooks::{
@@ -92,12 +94,12 @@ pub use model::{Model, ModelSource};
 pub use objectives::{Data, ObjectiveDef};
 pub use pipeline::ShardedStep;
 pub use run::spec::{
-    Chosen, DataSource, EvalSpec, GrpoSpec, Objective, ObjectiveSpecs, OutputSpec, PreferenceSpec,
-    ReportSpec, RunSpec,
+    Chosen, EvalSpec, GrpoSpec, Objective, ObjectiveSpecs, OutputSpec, PreferenceSpec, ReportSpec,
+    RunSpec,
 };
-pub use run::step::{OptimSpec, StepSpec, Toggle};
 pub use run::Run;
 pub use session::{EvalResult, Evaluator, Session, SessionOptions, Weights};
+pub use step::{OptimSpec, StepSpec, Toggle};
 pub use trainer::{StopFlag, Trainer, TrainerOptions};
 
 pub use hlo_data as data;

@@ -14,15 +14,15 @@ use hlo_engine::models::attention::AttentionKind;
 use hlo_engine::models::decoder::ModelConfig;
 use hlo_engine::models::nf4::Nf4Config;
 use hlo_engine::models::train::TrainConfig;
+use hlo_engine::named::Named;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::policy::StepPolicy;
 use hlo_engine::processes::{Launch, LaunchFlags, RunToken};
-use hlo_engine::run::named::Named;
-use hlo_engine::run::step::{
+use hlo_engine::runtime::{parse_xla_option, PluginKind, PluginSpec, XlaOption};
+use hlo_engine::step::{
     AttentionChoice, LoraSpec, OptimSpec, OptimizerKind, RematChoice, ScheduleKind, StepSpec,
     Toggle,
 };
-use hlo_engine::runtime::{parse_xla_option, PluginKind, PluginSpec, XlaOption};
 use hlo_engine::{BackendOptions, DataSpec, Model, ModelSource, Objective};
 use serde_json::json;
 

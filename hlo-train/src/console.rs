@@ -350,7 +350,7 @@ fn print_rows_header(run: &Run, on: &str, compiled: &str) {
     };
     let batch = objective_words(run);
     let (fill, learning) = (run.unpacked_fill(), run.learning_samples());
-    let epochs = hlo_engine::run::step::epochs(remaining, rows, c.seq, c.packing, fill, learning);
+    let epochs = hlo_engine::step::epochs(remaining, rows, c.seq, c.packing, fill, learning);
     println!("{on}; {batch} × seq {}{accum}{long}; {compiled}", c.seq);
     let cut = match stats.cut {
         0 => String::new(),
@@ -396,11 +396,10 @@ fn objective_words(run: &Run) -> String {
 /// groups, and the prompts or logged rollouts it draws.
 fn print_rollouts_header(run: &Run, on: &str, compiled: &str) {
     let c = run.session().config();
-    let spec = &run
-        .spec()
-        .objective
-        .def()
-        .rollout_spec(&run.spec().objectives);
+    let Some(rollouts) = run.spec().objective.def().rollouts() else {
+        return;
+    };
+    let spec = &rollouts.rollout_spec(&run.spec().objectives);
     let stats = run.data_stats();
     let groups = c.batch as usize / spec.num_generations();
     println!("{on}; {} × seq {}; {compiled}", objective_words(run), c.seq);

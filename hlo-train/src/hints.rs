@@ -9,7 +9,7 @@ use std::ffi::OsString;
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use hlo_engine::models::kto::KtoLossType;
-use hlo_engine::run::named::Named;
+use hlo_engine::named::Named;
 
 /// A setting of another trainer and hlo-train's way of saying it.
 pub struct Hint {

@@ -8,28 +8,13 @@
 //! panics on user input.
 
 mod args;
-mod bench;
-mod compile;
+mod commands;
 mod console;
-mod data;
-mod devices;
-mod dump_hlo;
-mod eval;
-mod export;
-mod generate;
 mod hints;
-mod init;
-mod merge;
 mod objective_args;
 mod outputs;
-mod plan;
-mod plot;
-mod prepare;
 mod recipe;
 mod saved_run;
-mod score;
-mod serve;
-mod train;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeSet;
@@ -39,6 +24,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+
+use commands::{
+    bench, compile, data, devices, dump_hlo, eval, export, generate, init, merge, plan, plot,
+    score, serve, train,
+};
 
 #[derive(Parser)]
 #[command(

@@ -476,7 +476,7 @@ mod tests {
         use clap::Args;
         // A path relative to the test's folder (the crate's): one that
         // exists, so it must come out absolute.
-        let train = crate::train::TrainArgs::augment_args(clap::Command::new("train"));
+        let train = crate::commands::train::TrainArgs::augment_args(clap::Command::new("train"));
         let sub = train
             .clone()
             .try_get_matches_from(["train", "--eval-data", "Cargo.toml"])

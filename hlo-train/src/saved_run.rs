@@ -14,7 +14,7 @@ use clap::Args;
 use hlo_engine::ir::DType;
 use hlo_engine::models::attention::AttentionKind;
 use hlo_engine::models::nf4::Nf4Config;
-use hlo_engine::run::step::{AttentionChoice, StepSpec};
+use hlo_engine::step::{AttentionChoice, StepSpec};
 use hlo_engine::{ModelSource, RunSpec};
 
 use crate::args::{named, DtypeArgs, ModelArgs, QuantizeArgs, TokenizerArgs};

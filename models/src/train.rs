@@ -154,6 +154,21 @@ impl Loss {
             Loss::Distill(d) => d,
         }
     }
+
+    /// The loss with a reference adapter of settings `reference` in the
+    /// step beside a trained adapter of settings `trained`: a reference
+    /// in the step runs in its own LoRA settings where they are not the
+    /// trained adapter's. Losses without a reference adapter in the step
+    /// are unchanged.
+    pub fn with_reference_lora(self, trained: Option<&LoraConfig>, reference: &LoraConfig) -> Loss {
+        match self {
+            Loss::Preference(p) => {
+                Loss::Preference(p.with_reference_lora(trained, Some(reference)))
+            }
+            Loss::Kto(k) => Loss::Kto(k.with_reference_lora(trained, Some(reference))),
+            other => other,
+        }
+    }
 }
 
 /// What a loss makes of the step: the batch fields it reads, its train

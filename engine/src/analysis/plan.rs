@@ -27,9 +27,9 @@ use crate::error::Result;
 use crate::infer::generator::{cache_bucket, cache_spec, prompt_bucket};
 use crate::inputs::model::quantized_config;
 use crate::objectives::{Data, ObjectiveSpecs};
-use crate::run::policy::Target;
 use crate::run::spec::Objective;
-use crate::run::step::{OptimSpec, RematChoice, StepSpec};
+use crate::step::policy::Target;
+use crate::step::{OptimSpec, RematChoice, StepSpec};
 
 /// A train step's compute time at a device's data sheet peak.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -361,7 +361,7 @@ pub struct StepToPlan {
     /// Distillation's teacher (its weights are the step's too).
     pub teacher: Option<ModelConfig>,
     /// The devices planned for, which decide the step's `auto` choices
-    /// ([`crate::run::policy`]).
+    /// ([`crate::step::policy`]).
     pub target: Target,
     /// The GPU whose XLA compiler compiles the step where installed
     /// (None, or not installed: the CPU plugin).
@@ -376,6 +376,7 @@ impl StepToPlan {
     pub fn train_config(&self) -> Result<TrainConfig> {
         let mut tc = self
             .objective
+            .def()
             .step_spec(&self.spec, &ObjectiveSpecs::default())?
             .train_config(
                 &self.optim,
@@ -391,13 +392,14 @@ impl StepToPlan {
             specs.rollouts.max_completion_length = r.max_completion_length.max(1) as usize;
         }
         specs.distill.teacher_config = self.teacher.clone().map(Box::new);
-        tc.loss = self.objective.loss(&specs, self.reference);
+        tc.loss = self.objective.def().loss(&specs, self.reference);
         Ok(tc)
     }
 
     /// The step's `auto` choices on the target ([`StepSpec::policy`]).
-    pub fn policy(&self) -> Result<crate::run::policy::StepPolicy> {
+    pub fn policy(&self) -> Result<crate::step::policy::StepPolicy> {
         self.objective
+            .def()
             .step_spec(&self.spec, &ObjectiveSpecs::default())?
             .policy(&self.config, self.dtype, &self.mesh, &self.target)
     }
@@ -465,11 +467,11 @@ impl StepToPlan {
                 let mut policy = next.policy()?;
                 policy.why = format!(
                     "the policy's next form: XLA's own figure for its first ({}) does not fit",
-                    crate::run::policy::form_name(chosen.layers, chosen.attention)
+                    crate::step::policy::form_name(chosen.layers, chosen.attention)
                 );
                 let rechosen = Rechosen {
                     line: policy.line(),
-                    first_form: crate::run::policy::form_name(chosen.layers, chosen.attention),
+                    first_form: crate::step::policy::form_name(chosen.layers, chosen.attention),
                     first_bytes: memory.total_bytes,
                 };
                 return Ok((next, s, m, Some(rechosen)));

@@ -34,6 +34,43 @@ use crate::error::{EngineError, Result};
 use crate::inputs::model::Model;
 use crate::train::checkpoint::file_fingerprint;
 
+/// Where a run's training data comes from, and how it is read.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DataSource {
+    /// A JSONL or Parquet file, or a folder of them; None: the bundled
+    /// demo task.
+    pub path: Option<PathBuf>,
+    /// The folder whose chat template renders `{"messages"}` rows
+    /// (default: the checkpoint's).
+    pub chat_template: Option<PathBuf>,
+    /// Learn every token of a conversation, not only the replies.
+    pub train_on_inputs: bool,
+    /// The order a run takes its examples (or pairs) in.
+    pub sampling: SamplingStrategy,
+}
+
+/// The order a run takes its examples (or pairs) in, as transformers'
+/// `train_sampling_strategy` names it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SamplingStrategy {
+    /// A seeded shuffle of each epoch.
+    #[default]
+    Random,
+    /// The file's order, epoch after epoch.
+    Sequential,
+}
+
+impl crate::named::Named for SamplingStrategy {
+    const ALL: &'static [SamplingStrategy] =
+        &[SamplingStrategy::Random, SamplingStrategy::Sequential];
+    fn name(self) -> &'static str {
+        match self {
+            SamplingStrategy::Random => "random",
+            SamplingStrategy::Sequential => "sequential",
+        }
+    }
+}
+
 /// Which data, read how.
 #[derive(Clone, Debug)]
 pub struct DataSpec {

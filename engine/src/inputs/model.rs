@@ -14,6 +14,22 @@ use hlo_models::nf4::{self, Nf4Tensor};
 
 use crate::error::{EngineError, Result};
 
+/// How a run makes its weights instead of reading them (`--init`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Init {
+    /// As transformers' `_init_weights` makes a new model's.
+    Random,
+}
+
+impl crate::named::Named for Init {
+    const ALL: &'static [Init] = &[Init::Random];
+    fn name(self) -> &'static str {
+        match self {
+            Init::Random => "random",
+        }
+    }
+}
+
 /// Where a model comes from.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ModelSource {

@@ -23,7 +23,6 @@ pub mod kto;
 pub mod preference;
 pub mod reward;
 pub mod rloo;
-pub mod rollouts;
 pub mod settings;
 pub(crate) mod sft;
 
@@ -33,24 +32,24 @@ mod isolation;
 use clap::Args;
 use hlo_data::{DataStats, Tokenizer};
 use hlo_models::adapter::Adapter;
-use hlo_models::decoder::LoraConfig;
 use hlo_models::preference::Reference;
-use hlo_models::roles::BatchField;
 use hlo_models::train::Loss;
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
-use crate::inputs::model::Model;
-use crate::run::spec::RunSpec;
-use crate::run::step::StepSpec;
+use std::path::Path;
 
+use crate::error::Result;
+use crate::inputs::dataset::DataSource;
+use crate::inputs::model::Model;
+use crate::step::StepSpec;
+
+pub use crate::rollouts::{RolloutDefaults, RolloutObjective, RolloutSpec};
 pub use distill::DistillSpec;
 pub use grpo::GrpoSpec;
 pub use kto::KtoSpec;
 pub use preference::PreferenceSpec;
 pub use reward::RewardModelSpec;
 pub use rloo::RlooSpec;
-pub use rollouts::{RolloutDefaults, RolloutSpec};
 
 /// What the run's loss is, with the batch fields it reads and the metrics
 /// it reports: supervised finetuning, or a preference method over pairs
@@ -182,30 +181,12 @@ impl Objective {
             }),
         }
     }
+}
 
-    /// The step this objective takes of `step` under `specs`
-    /// ([`ObjectiveDef::step_spec`]).
-    pub fn step_spec(self, step: &StepSpec, specs: &ObjectiveSpecs) -> Result<StepSpec> {
-        self.def().step_spec(step, specs)
-    }
-
-    /// What the traced step minimises under the objective's settings,
-    /// against `reference` where it has one.
-    pub fn loss(self, specs: &ObjectiveSpecs, reference: Reference) -> Loss {
-        self.def().loss(specs, reference)
-    }
-
-    /// The batch fields a step of this objective reads, by row (`packed`:
-    /// several samples a row).
-    pub fn batch_fields(self, packed: bool) -> Vec<BatchField> {
-        self.def().batch_fields(packed)
-    }
-
-    /// The metrics a step of this objective computes (TRL's names, and
-    /// `logps/accuracies`), besides the learning rate, gradient norm and
-    /// speed every step has.
-    pub fn metrics(self, specs: &ObjectiveSpecs) -> Vec<&'static str> {
-        self.def().metrics(specs)
+impl crate::named::Named for Objective {
+    const ALL: &'static [Objective] = &OBJECTIVES;
+    fn name(self) -> &'static str {
+        Objective::name(self)
     }
 }
 
@@ -219,7 +200,7 @@ impl std::str::FromStr for Objective {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Objective, String> {
         let names: Vec<&str> = OBJECTIVES.iter().map(|o| o.name()).collect();
-        <Objective as crate::run::named::Named>::from_name(s)
+        <Objective as crate::named::Named>::from_name(s)
             .ok_or_else(|| format!("`{s}` is not an objective ({})", names.join(", ")))
     }
 }
@@ -314,6 +295,31 @@ impl ObjectiveSpecs {
     }
 }
 
+/// What an objective's hooks may read of the run it is part of: the
+/// objectives' settings, the step's, and what the run was given. The run
+/// makes it (`RunSpec::view`); no objective sees the run's whole spec.
+#[derive(Clone, Copy, Debug)]
+pub struct RunView<'a> {
+    /// The run's objective.
+    pub objective: Objective,
+    /// Every objective's settings (each objective reads its own).
+    pub objectives: &'a ObjectiveSpecs,
+    /// The step's settings, as given.
+    pub step: &'a StepSpec,
+    /// The training data.
+    pub data: &'a DataSource,
+    /// The held-out data, if any.
+    pub eval_data: Option<&'a Path>,
+    /// The adapter training starts from, if any.
+    pub init_adapter: Option<&'a Path>,
+    /// The folder of the run this one resumes, if any.
+    pub resume: Option<&'a Path>,
+    /// The run's seed.
+    pub seed: u64,
+    /// Steps between log lines.
+    pub log_every: i64,
+}
+
 /// What rows an objective's data holds, and so how its batches are made:
 /// the engine's ways of feeding a step, which objectives share.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -334,7 +340,8 @@ pub enum Data {
 
 /// What an objective is to a run. One implementation per objective, in
 /// its own module; everything the engine does differently by objective
-/// asks it.
+/// asks it. An objective over rollouts answers the rollout machinery's
+/// own questions too ([`ObjectiveDef::rollouts`]).
 pub trait ObjectiveDef: Sync {
     /// The setting's value (`sft`, `dpo`, ...).
     fn name(&self) -> &'static str;
@@ -347,6 +354,15 @@ pub trait ObjectiveDef: Sync {
     /// settings).
     fn reads(&self, name: &str) -> bool;
 
+    /// The β and completions per prompt it takes where the run does not
+    /// give them (its TRL config's).
+    fn rollout_defaults(&self) -> RolloutDefaults {
+        RolloutDefaults {
+            beta: preference::DEFAULT_BETA,
+            num_generations: RolloutDefaults::GRPO.num_generations,
+        }
+    }
+
     /// The step it takes of `step` under `specs`, refusing what it
     /// cannot take.
     fn step_spec(&self, step: &StepSpec, _specs: &ObjectiveSpecs) -> Result<StepSpec> {
@@ -356,32 +372,6 @@ pub trait ObjectiveDef: Sync {
     /// What the traced step minimises under `specs`, against `reference`
     /// where it has one.
     fn loss(&self, specs: &ObjectiveSpecs, reference: Reference) -> Loss;
-
-    /// Whether its reference is a model the step runs (an adapter's
-    /// tables placed on the devices), not scored outside it.
-    fn reference_in_step(&self) -> bool {
-        false
-    }
-
-    /// `loss` with a reference adapter of settings `reference` in the step
-    /// beside a trained adapter of settings `trained` (a reference in the
-    /// step runs in its own LoRA settings where they are not the trained
-    /// adapter's).
-    fn with_reference_lora(
-        &self,
-        _loss: &mut Loss,
-        _trained: Option<&LoraConfig>,
-        _reference: &LoraConfig,
-    ) {
-    }
-
-    /// The batch fields a step of it reads, by row (`packed`: several
-    /// samples a row).
-    fn batch_fields(&self, packed: bool) -> Vec<BatchField>;
-
-    /// The metrics its step computes under `specs` (TRL's names),
-    /// besides the learning rate, gradient norm and speed every step has.
-    fn metrics(&self, specs: &ObjectiveSpecs) -> Vec<&'static str>;
 
     /// Its words in a run's header for a step minimising `loss` (what it
     /// computes, against what), e.g. `dpo against the base (adapter
@@ -400,13 +390,13 @@ pub trait ObjectiveDef: Sync {
     }
 
     /// Refuses its settings where they cannot go together.
-    fn check_settings(&self, _spec: &RunSpec) -> Result<()> {
+    fn check_settings(&self, _spec: &RunView) -> Result<()> {
         Ok(())
     }
 
     /// Its reference adapter for `spec` (None: the base with the adapter
     /// off, or no reference).
-    fn reference(&self, _spec: &RunSpec, _model: &Model) -> Result<Option<Adapter>> {
+    fn reference(&self, _spec: &RunView, _model: &Model) -> Result<Option<Adapter>> {
         Ok(None)
     }
 
@@ -417,43 +407,9 @@ pub trait ObjectiveDef: Sync {
         false
     }
 
-    /// The settings of its rollouts (an objective whose data is
-    /// [`Data::Rollouts`]): the run's, or an objective's own form of them.
-    fn rollout_spec(&self, specs: &ObjectiveSpecs) -> RolloutSpec {
-        let mut rollouts = specs.rollouts.clone();
-        let defaults = self.rollout_defaults().num_generations;
-        rollouts.num_generations.get_or_insert(defaults);
-        rollouts
-    }
-
-    /// The β and completions per prompt its rollouts take where the run
-    /// does not give them (its TRL config's).
-    fn rollout_defaults(&self) -> RolloutDefaults {
-        RolloutDefaults {
-            beta: preference::DEFAULT_BETA,
-            num_generations: RolloutDefaults::GRPO.num_generations,
-        }
-    }
-
-    /// Whether its rollouts are rewarded (distillation's are not).
-    fn rewarded(&self) -> bool {
-        true
-    }
-
-    /// The teacher it distils from, opened (None: it has none).
-    fn teacher(&self, _spec: &RunSpec) -> Result<Option<Model>> {
-        Ok(None)
-    }
-
-    /// Reads what its loss needs beyond the run's settings, once the
-    /// student is open (distillation: the teacher's config).
-    fn resolve(&self, _spec: &mut RunSpec, _model: &Model) -> Result<()> {
-        Ok(())
-    }
-
-    /// How its rollouts' rewards become advantages (an objective whose
-    /// data is [`Data::Rollouts`]); None for the others.
-    fn advantages(&self, _specs: &ObjectiveSpecs) -> Option<Box<dyn rollouts::AdvantageRule>> {
+    /// What the rollout machinery asks of it, for an objective whose data
+    /// is [`Data::Rollouts`] (None for the others).
+    fn rollouts(&self) -> Option<&dyn RolloutObjective> {
         None
     }
 }
@@ -475,7 +431,7 @@ pub(crate) fn one_unpacked_batch(
     units: &str,
 ) -> Result<StepSpec> {
     let refuse = |why: String| crate::error::EngineError::Objective { objective, why };
-    if step.packing == crate::run::step::Toggle::On {
+    if step.packing == crate::step::Toggle::On {
         return Err(refuse(format!(
             "{units} are not packed (leave out --packing)"
         )));
@@ -487,7 +443,7 @@ pub(crate) fn one_unpacked_batch(
         )));
     }
     let mut step = step.clone();
-    step.packing = crate::run::step::Toggle::Off;
+    step.packing = crate::step::Toggle::Off;
     Ok(step)
 }
 
@@ -495,12 +451,12 @@ pub(crate) fn one_unpacked_batch(
 /// reference: `ref_adapter`, else a frozen copy of the adapter training
 /// starts from (read again on resume); None: the base with the adapter
 /// off.
-pub(crate) fn reference_dir(spec: &RunSpec) -> Option<&std::path::PathBuf> {
+pub(crate) fn reference_dir<'a>(spec: &RunView<'a>) -> Option<&'a Path> {
     spec.objectives
         .preference
         .ref_adapter
-        .as_ref()
-        .or(spec.init_adapter.as_ref())
+        .as_deref()
+        .or(spec.init_adapter)
 }
 
 /// An objective's data for a run, read and checked before anything
@@ -509,16 +465,16 @@ pub(crate) enum RunInputs {
     /// SFT's examples, a preference objective's pairs.
     Rows(Box<sft::RowInputs>),
     /// A rollout objective's prompts, or its logged rollouts.
-    Rollouts(rollouts::RolloutInputs),
+    Rollouts(crate::rollouts::RolloutInputs),
 }
 
 impl RunInputs {
     /// Reads the data `spec`'s objective trains on.
-    pub fn read(spec: &RunSpec, model: &Model, tokenizer: Option<&Tokenizer>) -> Result<RunInputs> {
+    pub fn read(spec: &RunView, model: &Model, tokenizer: Option<&Tokenizer>) -> Result<RunInputs> {
         Ok(match spec.objective.def().data() {
-            Data::Rollouts => {
-                RunInputs::Rollouts(rollouts::RolloutInputs::read(spec, model, tokenizer)?)
-            }
+            Data::Rollouts => RunInputs::Rollouts(crate::rollouts::RolloutInputs::read(
+                spec, model, tokenizer,
+            )?),
             Data::Samples | Data::Pairs | Data::Unpaired => {
                 RunInputs::Rows(Box::new(sft::RowInputs::read(spec, model)?))
             }

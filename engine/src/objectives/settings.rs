@@ -26,7 +26,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
-use crate::run::named::Named;
+use crate::named::Named;
 
 /// A spec's values with no flag given: the defaults its `#[arg]`s
 /// declare. Each spec's `Default` is this.

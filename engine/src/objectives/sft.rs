@@ -8,16 +8,15 @@ use hlo_models::adapter::Adapter;
 use hlo_models::train::TrainConfig;
 
 use hlo_models::preference::Reference;
-use hlo_models::roles::BatchField;
 use hlo_models::train::Loss;
 
 use super::{Data, ObjectiveDef, ObjectiveSpecs};
 use crate::device::backend::Backend;
 use crate::error::Result;
-use crate::inputs::dataset::{DataSpec, Dataset};
+use crate::inputs::dataset::{DataSpec, Dataset, SamplingStrategy};
 use crate::inputs::model::Model;
-use crate::run::spec::RunSpec;
-use crate::run::step::Toggle;
+use crate::objectives::RunView;
+use crate::step::Toggle;
 
 /// Supervised finetuning: the causal-LM loss over samples.
 pub(crate) struct Sft;
@@ -39,18 +38,6 @@ impl ObjectiveDef for Sft {
 
     fn loss(&self, _specs: &ObjectiveSpecs, _reference: Reference) -> Loss {
         Loss::CausalLm
-    }
-
-    fn batch_fields(&self, packed: bool) -> Vec<BatchField> {
-        let mut fields = vec![BatchField::InputIds, BatchField::LossMask];
-        if packed {
-            fields.extend([BatchField::Positions, BatchField::SegmentIds]);
-        }
-        fields
-    }
-
-    fn metrics(&self, _specs: &ObjectiveSpecs) -> Vec<&'static str> {
-        vec!["loss"]
     }
 }
 
@@ -76,7 +63,7 @@ pub(crate) struct RowFeed {
 impl RowInputs {
     /// Reads the run's data (pairs for a preference objective) and its
     /// held-out set.
-    pub fn read(spec: &RunSpec, model: &Model) -> Result<RowInputs> {
+    pub fn read(spec: &RunView, model: &Model) -> Result<RowInputs> {
         let data_spec = DataSpec {
             path: spec.data.path.clone(),
             chat_template: spec.data.chat_template.clone(),
@@ -87,7 +74,7 @@ impl RowInputs {
             whole_pairs: spec.objective.def().classifier(),
         };
         let data = Dataset::read(model, &data_spec, spec.seed)?;
-        let held_out = Dataset::held_out(model, &data_spec, spec.eval.data.as_deref(), spec.seed)?;
+        let held_out = Dataset::held_out(model, &data_spec, spec.eval_data, spec.seed)?;
         Ok(RowInputs { data, held_out })
     }
 
@@ -111,7 +98,7 @@ impl RowInputs {
     /// scores the pairs first.
     pub fn feed(
         self,
-        spec: &RunSpec,
+        spec: &RunView,
         (backend, model): (&Backend, &Model),
         tc: &mut TrainConfig,
         reference: Option<&Adapter>,
@@ -165,12 +152,12 @@ impl RowInputs {
         };
         let unpacked_fill = loader.unpacked_fill();
         if spec.step.packing == Toggle::Auto && !preference {
-            tc.packing = crate::run::step::auto_packing(unpacked_fill);
+            tc.packing = crate::step::auto_packing(unpacked_fill);
         }
         Ok(RowFeed {
             loader: loader
                 .packed(tc.packing)
-                .in_file_order(spec.data.sequential),
+                .in_file_order(spec.data.sampling == SamplingStrategy::Sequential),
             eval,
             has_eval,
             learning,
@@ -181,7 +168,7 @@ impl RowInputs {
     /// The loader of a reward model's pairs: those whose sides both fit
     /// in a row (TRL's filter), each pair's margin on its rows (0 where
     /// the data gives none); no held-out set yet.
-    fn whole_pairs_feed(self, spec: &RunSpec) -> Result<RowFeed> {
+    fn whole_pairs_feed(self, spec: &RunView) -> Result<RowFeed> {
         let (seq, per_batch) = (spec.step.seq as usize, spec.step.batch as usize);
         let (pairs, mut margins) = self.data.fitting_pairs(seq)?;
         let learning = pairs.len();
@@ -190,7 +177,7 @@ impl RowInputs {
         }
         let loader = Loader::pairs(pairs, seq, per_batch, spec.seed)
             .with_margins(margins)
-            .in_file_order(spec.data.sequential);
+            .in_file_order(spec.data.sampling == SamplingStrategy::Sequential);
         let unpacked_fill = loader.unpacked_fill();
         Ok(RowFeed {
             loader,
@@ -207,7 +194,7 @@ impl RowInputs {
     /// its KL row first; no held-out set.
     fn unpaired_feed(
         self,
-        spec: &RunSpec,
+        spec: &RunView,
         (backend, model): (&Backend, &Model),
         tc: &TrainConfig,
         reference: Option<&Adapter>,

@@ -2,8 +2,8 @@
 //! takes a saved run's settings back when resuming, refuses an output
 //! folder that holds another run, reads the data, decides every `auto`
 //! (packing from the data; loss chunk and batch axes from the model and
-//! mesh, [`crate::run::step::StepSpec::train_config`]; scan, remat and attention from the
-//! devices and memory, [`crate::run::policy`]), compiles the session
+//! mesh, [`crate::step::StepSpec::train_config`]; scan, remat and attention from the
+//! devices and memory, [`crate::step::policy`]), compiles the session
 //! and restores its state; [`Run::train`] then runs the loop, reporting
 //! through [`Hooks`] on process 0 only, and finishes the process group.
 //! Every front end (the CLI, `engine/examples/finetune.rs`, the training
@@ -20,11 +20,8 @@
 //! # Ok::<(), hlo_engine::EngineError>(())
 //! ```
 
-pub mod named;
-pub mod policy;
 pub mod settings;
 pub mod spec;
-pub mod step;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -43,13 +40,13 @@ use crate::analysis::flops;
 use crate::device::backend::Backend;
 use crate::device::compiled::CompiledStep;
 use crate::error::{EngineError, Result};
-use crate::inputs::model::{Model, ModelSource};
-use crate::objectives::rollouts::RolloutInputs;
+use crate::inputs::model::{Init, Model, ModelSource};
 use crate::objectives::sft::RowFeed;
 use crate::objectives::RunInputs;
-use crate::run::policy::Target;
+use crate::rollouts::RolloutInputs;
 use crate::run::spec::{differences, RunSpec};
-use crate::run::step::Toggle;
+use crate::step::policy::Target;
+use crate::step::Toggle;
 use crate::train::checkpoint::{self, RunSettings, Saved, StateTransfer};
 use crate::train::hooks::{Hooks, Quiet, RunStart, TrainSummary};
 use crate::train::session::{Session, SessionOptions};
@@ -80,7 +77,7 @@ pub struct Run {
     trace_values: Option<Regex>,
     tokenizer: Option<Tokenizer>,
     stop: StopFlag,
-    /// The step's decided `auto` choices ([`crate::run::policy::StepPolicy::line`]).
+    /// The step's decided `auto` choices ([`crate::step::policy::StepPolicy::line`]).
     choices: String,
 }
 
@@ -105,19 +102,25 @@ struct PreparedStep {
 impl PreparedStep {
     fn new(spec: &mut RunSpec, resumed: bool) -> Result<PreparedStep> {
         let model = open_model(spec)?;
-        spec.objective.def().resolve(spec, &model)?;
+        let rollouts = spec.objective.def().rollouts();
+        if let Some(r) = rollouts {
+            spec.objectives = r.resolve(&spec.view(), &model)?;
+        }
         let spec = &*spec;
-        let teacher = spec.objective.def().teacher(spec)?;
+        let teacher = match rollouts {
+            Some(r) => r.teacher(&spec.view())?,
+            None => None,
+        };
         let tokenizer = model.tokenizer(None)?;
-        let inputs = RunInputs::read(spec, &model, tokenizer.as_ref())?;
+        let inputs = RunInputs::read(&spec.view(), &model, tokenizer.as_ref())?;
         let backend = Backend::open(&spec.backend)?;
         let init = init_adapter(spec, &model, resumed)?;
-        let reference = spec.objective.def().reference(spec, &model)?;
-        // A preference objective's reference runs in its step; GRPO's is
-        // scored outside it.
+        let reference = spec.objective.def().reference(&spec.view(), &model)?;
+        // A preference objective's reference runs in its step; the
+        // rollouts score theirs outside it.
         let step_reference = reference
             .as_ref()
-            .filter(|_| spec.objective.def().reference_in_step());
+            .filter(|_| spec.objective.data() != crate::objectives::Data::Rollouts);
         let dtype = spec.dtype.unwrap_or(match spec.backend.plugin.kind() {
             PluginKind::Cpu if spec.compile_for.is_none() => DType::F32,
             _ => DType::BF16,
@@ -130,7 +133,7 @@ impl PreparedStep {
         let feed = match inputs {
             RunInputs::Rows(rows) => {
                 let placed = (&backend, &model);
-                Feed::Rows(rows.feed(spec, placed, &mut tc, reference.as_ref())?)
+                Feed::Rows(rows.feed(&spec.view(), placed, &mut tc, reference.as_ref())?)
             }
             RunInputs::Rollouts(rollouts) => Feed::Rollouts(rollouts),
         };
@@ -217,8 +220,8 @@ fn identities(spec: &RunSpec, model: &Model, fingerprint: &str) -> Result<RunSet
         ModelSource::Checkpoint(p) => s.set("checkpoint", absolute(p)),
     }
     s.set("model-fingerprint", model.fingerprint()?);
-    if spec.random_init {
-        s.set("init", "random");
+    if let Some(init) = spec.init {
+        s.set("init", crate::named::Named::name(init));
     }
     // The base as the run holds it (a bitsandbytes checkpoint's own NF4 too).
     if let Some(q) = model.config.quantization {
@@ -250,12 +253,10 @@ fn identities(spec: &RunSpec, model: &Model, fingerprint: &str) -> Result<RunSet
     s.set("save-every", spec.output.save_every);
     s.set("log-every", spec.report.log_every);
     s.set("train-on-inputs", spec.data.train_on_inputs);
-    let sampling = if spec.data.sequential {
-        "sequential"
-    } else {
-        "random"
-    };
-    s.set("train-sampling-strategy", sampling);
+    s.set(
+        "train-sampling-strategy",
+        crate::named::Named::name(spec.data.sampling),
+    );
     s.set("objective", spec.objective.name());
     for (key, value) in spec.objectives.record(spec.objective) {
         s.set(&key, value);
@@ -354,8 +355,7 @@ fn train_config(
     }
     if let (Some(r), Reference::Adapter) = (reference, kind) {
         let trained = tc.lora.clone();
-        let def = spec.objective.def();
-        def.with_reference_lora(&mut tc.loss, trained.as_ref(), &r.lora);
+        tc.loss = tc.loss.with_reference_lora(trained.as_ref(), &r.lora);
     }
     Ok((tc, choices))
 }
@@ -381,7 +381,7 @@ fn decide_packed(
 /// Whether `auto` chose cuDNN's attention for the step.
 fn chose_cudnn(spec: &RunSpec, tc: &TrainConfig) -> bool {
     tc.attention == hlo_models::attention::AttentionKind::Cudnn
-        && spec.step.attention == crate::run::step::AttentionChoice::Auto
+        && spec.step.attention == crate::step::AttentionChoice::Auto
 }
 
 /// The step `tc` as `auto` decides it without cuDNN's attention (as for
@@ -497,7 +497,7 @@ impl Feed {
                 (Box::new(rows), eval, learning, unpacked_fill)
             }
             Feed::Rollouts(r) => {
-                let source = r.source(session, spec, reference, cursor)?;
+                let source = r.source(session, &spec.view(), reference, cursor)?;
                 (source, Vec::new(), samples, 1.0)
             }
         })
@@ -576,13 +576,13 @@ fn trace_values(spec: &RunSpec) -> Result<Option<Regex>> {
 fn open_model(spec: &RunSpec) -> Result<Model> {
     let model = Model::open(&spec.model)?
         .with_tokenizer_file(spec.tokenizer.clone())
-        .with_random_weights(spec.random_init)
+        .with_random_weights(spec.init == Some(Init::Random))
         .quantized(spec.quantize)?;
     let model = spec.objective.model(model)?;
     if spec.step.lora.is_none() && model.config.quantization.is_some() {
         return Err(EngineError::FullOfNf4);
     }
-    if spec.random_init && spec.step.lora.is_some() {
+    if spec.init == Some(Init::Random) && spec.step.lora.is_some() {
         return Err(EngineError::RandomInitLora);
     }
     model.check_weights()?;
@@ -759,7 +759,7 @@ impl Run {
     }
 
     /// The step's decided `auto` choices and why, in one line
-    /// ([`crate::run::policy::StepPolicy::line`]).
+    /// ([`crate::step::policy::StepPolicy::line`]).
     pub fn choices(&self) -> &str {
         &self.choices
     }

@@ -16,10 +16,10 @@ use std::path::PathBuf;
 use hlo_models::nf4::Nf4Config;
 use serde_json::Value;
 
-use super::named::Named;
 use super::spec::RunSpec;
-use super::step::{LoraSpec, Toggle};
 use crate::inputs::model::ModelSource;
+use crate::named::Named;
+use crate::step::{LoraSpec, Toggle};
 
 /// How a recorded setting behaves on resume.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +84,7 @@ static MODEL_DATA: &[Setting] = &[
     common("checkpoint", |s, v| {
         put(&mut s.model, ModelSource::Checkpoint(path(v)??))
     }),
-    common("init", |s, v| put(&mut s.random_init, text(v)? == "random")),
+    common("init", |s, v| put(&mut s.init, Some(named(v)?))),
     common("quantize", |s, v| {
         (v.as_str()? == "nf4").then_some(())?;
         s.quantize.get_or_insert(Nf4Config {
@@ -112,12 +112,7 @@ static MODEL_DATA: &[Setting] = &[
         put(&mut s.data.train_on_inputs, v.as_bool()?)
     }),
     common("train-sampling-strategy", |s, v| {
-        let sequential = match v.as_str()? {
-            "sequential" => true,
-            "random" => false,
-            _ => return None,
-        };
-        put(&mut s.data.sequential, sequential)
+        put(&mut s.data.sampling, named(v)?)
     }),
     common("objective", |s, v| {
         put(&mut s.objective, v.as_str()?.parse().ok()?)

@@ -22,32 +22,16 @@ use serde_json::Value;
 
 use crate::device::backend::BackendOptions;
 use crate::error::{EngineError, Result};
-use crate::inputs::model::ModelSource;
+use crate::inputs::dataset::DataSource;
+use crate::inputs::model::{Init, ModelSource};
 pub use crate::objectives::grpo::GrpoSpec;
 pub use crate::objectives::preference::PreferenceSpec;
-pub use crate::objectives::rollouts::RolloutSpec;
 pub use crate::objectives::{Objective, ObjectiveSpecs, OBJECTIVES};
-use crate::run::policy::Target;
+pub use crate::rollouts::RolloutSpec;
 pub use crate::run::settings::settings;
-use crate::run::step::{OptimSpec, StepSpec};
+use crate::step::policy::Target;
+use crate::step::{OptimSpec, StepSpec};
 use crate::train::checkpoint::RunSettings;
-
-/// The training data.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct DataSource {
-    /// A JSONL or Parquet file, or a folder of them; None: the bundled
-    /// demo task.
-    pub path: Option<PathBuf>,
-    /// The folder whose chat template renders `{"messages"}` rows
-    /// (default: the checkpoint's).
-    pub chat_template: Option<PathBuf>,
-    /// Learn every token of a conversation, not only the replies.
-    pub train_on_inputs: bool,
-    /// Examples (or pairs) in file order, epoch after epoch
-    /// (transformers' `train_sampling_strategy="sequential"`), rather than
-    /// in a seeded shuffle of each epoch.
-    pub sequential: bool,
-}
 
 /// Held-out evaluation.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -138,9 +122,10 @@ pub struct RunSpec {
     pub step: StepSpec,
     /// Start LoRA from this PEFT adapter folder.
     pub init_adapter: Option<PathBuf>,
-    /// Full training from weights made as HF initialises a new model of
-    /// the config (`--init random`), whatever the checkpoint stores.
-    pub random_init: bool,
+    /// How the weights are made instead of read (`--init random`: as HF
+    /// initialises a new model of the config, whatever the checkpoint
+    /// stores); None: the checkpoint's.
+    pub init: Option<Init>,
     pub optim: OptimSpec,
     /// The step count the run ends at (a resumed run counts its saved
     /// steps).
@@ -180,7 +165,7 @@ impl Default for RunSpec {
             objectives: ObjectiveSpecs::default(),
             step: StepSpec::default(),
             init_adapter: None,
-            random_init: false,
+            init: None,
             optim: OptimSpec::default(),
             steps: 100,
             seed: 0,
@@ -257,8 +242,9 @@ impl RunSpec {
         dtype: DType,
         mesh: &hlo_partitioner::Mesh,
         target: &Target,
-    ) -> Result<crate::run::policy::StepPolicy> {
+    ) -> Result<crate::step::policy::StepPolicy> {
         self.objective
+            .def()
             .step_spec(&self.step, &self.objectives)?
             .policy(config, dtype, mesh, target)
     }
@@ -272,12 +258,30 @@ impl RunSpec {
         dtype: DType,
         mesh: &hlo_partitioner::Mesh,
         reference: Reference,
-        policy: &crate::run::policy::StepPolicy,
+        policy: &crate::step::policy::StepPolicy,
     ) -> Result<TrainConfig> {
-        let step = self.objective.step_spec(&self.step, &self.objectives)?;
+        let step = self
+            .objective
+            .def()
+            .step_spec(&self.step, &self.objectives)?;
         let mut tc = step.train_config(&self.optim, config, dtype, mesh, self.steps, policy)?;
-        tc.loss = self.objective.loss(&self.objectives, reference);
+        tc.loss = self.objective.def().loss(&self.objectives, reference);
         Ok(tc)
+    }
+
+    /// What the objective's hooks may read of this run.
+    pub fn view(&self) -> crate::objectives::RunView<'_> {
+        crate::objectives::RunView {
+            objective: self.objective,
+            objectives: &self.objectives,
+            step: &self.step,
+            data: &self.data,
+            eval_data: self.eval.data.as_deref(),
+            init_adapter: self.init_adapter.as_deref(),
+            resume: self.output.resume.as_deref(),
+            seed: self.seed,
+            log_every: self.report.log_every,
+        }
     }
 
     /// Refuses an objective's setting this objective does not read, set
@@ -314,7 +318,7 @@ impl RunSpec {
                 });
             }
         }
-        self.objective.def().check_settings(self)?;
+        self.objective.def().check_settings(&self.view())?;
         if let Some(&key) = unread.first() {
             let referenced = self.objective.reads("ref-adapter");
             let why = match key {
@@ -448,7 +452,7 @@ pub fn differences(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::run::step::{LoraSpec, ScheduleKind, Toggle};
+    use crate::step::{LoraSpec, ScheduleKind, Toggle};
     use hlo_models::roles::BatchField;
 
     fn settings(pairs: &[(&str, Value)]) -> RunSettings {
@@ -499,7 +503,7 @@ mod tests {
     }
 
     #[test]
-    fn an_objectives_batch_fields_are_its_traced_steps() {
+    fn every_objectives_step_traces_over_its_rows() {
         let causal = hlo_models::decoder::ModelConfig::preset("tiny").unwrap();
         let mesh = "dp=1,fsdp=1,mp=1".parse().unwrap();
         for objective in OBJECTIVES {
@@ -536,31 +540,14 @@ mod tests {
                             .unwrap(),
                     )
                     .unwrap();
+                // Its step traces, reading the ids (every objective's
+                // first batch field).
                 let traced = hlo_models::train::train_step(&config, &tc).unwrap();
-                let fields: Vec<BatchField> = traced
-                    .inputs
-                    .iter()
-                    .filter_map(|i| match i.role {
-                        hlo_models::roles::Role::Batch(f) => Some(f),
-                        _ => None,
-                    })
-                    .collect();
-                assert_eq!(
-                    fields,
-                    objective.batch_fields(packed),
-                    "{objective} packed {packed}"
-                );
-                // Its outputs: loss, gradient norm, lr, then the metrics.
-                let names: Vec<&str> = traced.function.outputs[3..]
-                    .iter()
-                    .map(|b| b.name.as_str())
-                    .take_while(|n| !n.contains("lora") && !n.starts_with("opt.") && *n != "step")
-                    .collect();
-                assert_eq!(
-                    names,
-                    &objective.metrics(&spec.objectives)[1..],
-                    "{objective}"
-                );
+                let first = traced.inputs.iter().find_map(|i| match i.role {
+                    hlo_models::roles::Role::Batch(f) => Some(f),
+                    _ => None,
+                });
+                assert_eq!(first, Some(BatchField::InputIds), "{objective}");
                 // Pairs, and KTO's examples with their KL rows: twice
                 // the rows.
                 let doubled = objective.is_preference() || objective == Objective::Kto;

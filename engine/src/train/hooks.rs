@@ -105,7 +105,7 @@ pub struct RunStart {
     pub steps: i64,
     /// Whether it continues a saved run.
     pub resumed: bool,
-    /// The step's `auto` choices and why ([`crate::run::policy::StepPolicy::line`]).
+    /// The step's `auto` choices and why ([`crate::step::policy::StepPolicy::line`]).
     pub choices: String,
 }
 

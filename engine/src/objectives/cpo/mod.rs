@@ -5,14 +5,13 @@
 
 use hlo_models::cpo::CpoLoss;
 use hlo_models::preference::{PreferenceLoss, Reference};
-use hlo_models::roles::BatchField;
 use hlo_models::train::{Loss, Preference};
 
-use super::preference::{check_beta, pair_metrics, pairs_step, reference_words};
+use super::preference::{check_beta, pairs_step, reference_words};
 use super::{Data, Objective, ObjectiveDef, ObjectiveSpecs};
 use crate::error::Result;
-use crate::run::spec::RunSpec;
-use crate::run::step::StepSpec;
+use crate::objectives::RunView;
+use crate::step::StepSpec;
 
 /// CPO as an objective of a run.
 pub(crate) struct Cpo;
@@ -47,19 +46,11 @@ impl ObjectiveDef for Cpo {
         Loss::Preference(Preference::new(PreferenceLoss::Cpo(cpo), reference))
     }
 
-    fn batch_fields(&self, _packed: bool) -> Vec<BatchField> {
-        vec![BatchField::InputIds, BatchField::LossMask]
-    }
-
-    fn metrics(&self, _specs: &ObjectiveSpecs) -> Vec<&'static str> {
-        pair_metrics(&["nll_loss"], false)
-    }
-
     fn describe(&self, _specs: &ObjectiveSpecs, loss: &Loss) -> Option<String> {
         Some(format!("cpo against {}", reference_words(loss)))
     }
 
-    fn check_settings(&self, spec: &RunSpec) -> Result<()> {
+    fn check_settings(&self, spec: &RunView) -> Result<()> {
         check_beta(spec, Objective::Cpo)
     }
 }

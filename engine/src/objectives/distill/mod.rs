@@ -12,11 +12,10 @@ use hlo_models::decoder::ModelConfig;
 use hlo_models::distill::step::Distill;
 use hlo_models::distill::DistillLoss;
 use hlo_models::preference::Reference;
-use hlo_models::roles::BatchField;
 use hlo_models::train::Loss;
 
-use super::rollouts::{
-    self, as_objective, AdvantageRule, Advantaged, RolloutDefaults, RolloutSpec,
+use crate::rollouts::{
+    self, as_objective, AdvantageRule, Advantaged, RolloutDefaults, RolloutObjective, RolloutSpec,
 };
 use clap::Args;
 use serde::{Deserialize, Serialize};
@@ -24,8 +23,8 @@ use serde::{Deserialize, Serialize};
 use super::{settings, Data, Objective, ObjectiveDef, ObjectiveSpecs};
 use crate::error::{EngineError, Result};
 use crate::inputs::model::{Model, ModelSource};
-use crate::run::spec::RunSpec;
-use crate::run::step::StepSpec;
+use crate::objectives::RunView;
+use crate::step::StepSpec;
 
 /// Distillation's β unless `--beta` says otherwise (TRL 1.16: the reverse
 /// KL).
@@ -94,15 +93,6 @@ impl ObjectiveDef for Distillation {
         })
     }
 
-    fn batch_fields(&self, _packed: bool) -> Vec<BatchField> {
-        vec![BatchField::InputIds, BatchField::LossMask]
-    }
-
-    /// The step's; the completions' figures come with the batch.
-    fn metrics(&self, _specs: &ObjectiveSpecs) -> Vec<&'static str> {
-        vec!["loss", "entropy"]
-    }
-
     fn describe(&self, specs: &ObjectiveSpecs, _loss: &Loss) -> Option<String> {
         let beta = specs.beta(Objective::Distillation);
         let divergence = match beta {
@@ -125,10 +115,24 @@ impl ObjectiveDef for Distillation {
         format!("{rows} completions (one a prompt)")
     }
 
-    fn check_settings(&self, spec: &RunSpec) -> Result<()> {
+    fn check_settings(&self, spec: &RunView) -> Result<()> {
         check_settings(spec)
     }
 
+    /// β is the divergence's (`DistillationConfig`'s reverse KL).
+    fn rollout_defaults(&self) -> RolloutDefaults {
+        RolloutDefaults {
+            beta: DEFAULT_BETA,
+            ..RolloutDefaults::GRPO
+        }
+    }
+
+    fn rollouts(&self) -> Option<&dyn RolloutObjective> {
+        Some(self)
+    }
+}
+
+impl RolloutObjective for Distillation {
     /// One completion a prompt, no rewards, no KL reference, one step a
     /// batch.
     fn rollout_spec(&self, specs: &ObjectiveSpecs) -> RolloutSpec {
@@ -140,28 +144,20 @@ impl ObjectiveDef for Distillation {
         }
     }
 
-    /// β is the divergence's (`DistillationConfig`'s reverse KL).
-    fn rollout_defaults(&self) -> RolloutDefaults {
-        RolloutDefaults {
-            beta: DEFAULT_BETA,
-            ..RolloutDefaults::GRPO
-        }
-    }
-
     fn rewarded(&self) -> bool {
         false
     }
 
-    fn advantages(&self, _specs: &ObjectiveSpecs) -> Option<Box<dyn AdvantageRule>> {
-        Some(Box::new(Unrewarded))
+    fn advantages(&self, _specs: &ObjectiveSpecs) -> Box<dyn AdvantageRule> {
+        Box::new(Unrewarded)
     }
 
-    fn teacher(&self, spec: &RunSpec) -> Result<Option<Model>> {
+    fn teacher(&self, spec: &RunView) -> Result<Option<Model>> {
         Ok(Some(open_teacher(spec)?))
     }
 
     /// The teacher's config, its vocabulary the student's (refused else).
-    fn resolve(&self, spec: &mut RunSpec, model: &Model) -> Result<()> {
+    fn resolve(&self, spec: &RunView, model: &Model) -> Result<ObjectiveSpecs> {
         let teacher = open_teacher(spec)?;
         let (theirs, ours) = (teacher.config.vocab_size, model.config.vocab_size);
         if theirs != ours {
@@ -170,8 +166,9 @@ impl ObjectiveDef for Distillation {
                 teacher.name
             )));
         }
-        spec.objectives.distill.teacher_config = Some(Box::new(teacher.config));
-        Ok(())
+        let mut specs = spec.objectives.clone();
+        specs.distill.teacher_config = Some(Box::new(teacher.config));
+        Ok(specs)
     }
 }
 
@@ -183,7 +180,7 @@ fn refuse(why: String) -> EngineError {
 }
 
 /// `--teacher`'s checkpoint, a causal LM.
-fn open_teacher(spec: &RunSpec) -> Result<Model> {
+fn open_teacher(spec: &RunView) -> Result<Model> {
     let dir = spec
         .objectives
         .distill
@@ -201,7 +198,7 @@ fn open_teacher(spec: &RunSpec) -> Result<Model> {
 }
 
 /// Refuses distillation settings that cannot go together.
-fn check_settings(spec: &RunSpec) -> Result<()> {
+fn check_settings(spec: &RunView) -> Result<()> {
     // (No teacher is refused when the run opens it: `open_teacher`.)
     let beta = spec.objectives.beta(Objective::Distillation);
     if !(0.0..=1.0).contains(&beta) {
@@ -209,7 +206,7 @@ fn check_settings(spec: &RunSpec) -> Result<()> {
             "--beta must be in [0, 1] (0 the forward KL, 1 the reverse), not {beta}"
         )));
     }
-    if spec.eval.data.is_some() {
+    if spec.eval_data.is_some() {
         return Err(refuse(
             "held-out scoring of distillation is not built yet; leave out --eval-data".into(),
         ));

@@ -1,5 +1,5 @@
 //! GRPO (TRL 1.16's `GRPOTrainer`) beyond its loss (`hlo_models::grpo`):
-//! the shared rollouts ([`super::rollouts`]) with GRPO's advantages, each
+//! the shared rollouts ([`crate::rollouts`]) with GRPO's advantages, each
 //! reward less its group's mean, scaled as `--scale-rewards` says
 //! ([`GroupNormalised`]), and its loss's own settings ([`GrpoSpec`]).
 
@@ -8,12 +8,11 @@ use hlo_models::grpo::{advantages, GrpoLoss, GrpoLossType, ImportanceSampling, S
 
 use hlo_models::adapter::Adapter;
 use hlo_models::preference::Reference;
-use hlo_models::roles::BatchField;
 use hlo_models::train::Loss;
 
-use super::rollouts::{
+use crate::rollouts::{
     self, check_reward_statistics, share, AdvantageRule, Advantaged, RolloutDefaults,
-    RolloutInputs, RolloutSpec,
+    RolloutInputs, RolloutObjective, RolloutSpec,
 };
 use clap::Args;
 use serde::{Deserialize, Serialize};
@@ -21,9 +20,9 @@ use serde::{Deserialize, Serialize};
 use super::{settings, Data, Objective, ObjectiveDef, ObjectiveSpecs};
 use crate::error::{EngineError, Result};
 use crate::inputs::model::Model;
-use crate::run::named::Named;
-use crate::run::spec::RunSpec;
-use crate::run::step::StepSpec;
+use crate::named::Named;
+use crate::objectives::RunView;
+use crate::step::StepSpec;
 
 /// GRPO's own settings (TRL 1.16's `GRPOConfig` names and defaults: its
 /// loss's); its rollouts' are [`RolloutSpec`]'s.
@@ -71,6 +70,20 @@ pub struct GrpoSpec {
 impl Default for GrpoSpec {
     fn default() -> GrpoSpec {
         settings::defaults()
+    }
+}
+
+impl Named for ScaleRewards {
+    const ALL: &'static [ScaleRewards] = &ScaleRewards::ALL;
+    fn name(self) -> &'static str {
+        ScaleRewards::name(self)
+    }
+}
+
+impl Named for GrpoLossType {
+    const ALL: &'static [GrpoLossType] = &GrpoLossType::ALL;
+    fn name(self) -> &'static str {
+        GrpoLossType::name(self)
     }
 }
 
@@ -140,33 +153,6 @@ impl ObjectiveDef for Grpo {
         )
     }
 
-    fn batch_fields(&self, _packed: bool) -> Vec<BatchField> {
-        vec![
-            BatchField::InputIds,
-            BatchField::LossMask,
-            BatchField::Advantages,
-        ]
-    }
-
-    /// The step's own (with β also `kl`, first; the clipping figures of
-    /// its loss type); the rollouts' figures (`reward`,
-    /// `completions/…`) come with the batch.
-    fn metrics(&self, specs: &ObjectiveSpecs) -> Vec<&'static str> {
-        let mut m = vec!["loss", "entropy"];
-        match specs.grpo.loss_type {
-            GrpoLossType::Sapo => {}
-            GrpoLossType::Cispo => m.push("cispo_clip_ratio"),
-            _ => m.extend([
-                "clip_ratio/low_mean",
-                "clip_ratio/low_min",
-                "clip_ratio/high_mean",
-                "clip_ratio/high_max",
-                "clip_ratio/region_mean",
-            ]),
-        }
-        m
-    }
-
     fn describe(&self, specs: &ObjectiveSpecs, loss: &Loss) -> Option<String> {
         let Loss::Grpo(g) = loss else {
             return None;
@@ -185,25 +171,35 @@ impl ObjectiveDef for Grpo {
         rollouts::batch_words(&self.rollout_spec(specs), rows)
     }
 
-    fn check_settings(&self, spec: &RunSpec) -> Result<()> {
+    fn check_settings(&self, spec: &RunView) -> Result<()> {
         check_settings(spec)
     }
 
-    fn reference(&self, spec: &RunSpec, model: &Model) -> Result<Option<Adapter>> {
+    fn reference(&self, spec: &RunView, model: &Model) -> Result<Option<Adapter>> {
         RolloutInputs::reference(spec, model)
     }
 
+    fn rollouts(&self) -> Option<&dyn RolloutObjective> {
+        Some(self)
+    }
+}
+
+impl RolloutObjective for Grpo {
+    fn rollout_spec(&self, specs: &ObjectiveSpecs) -> RolloutSpec {
+        rollouts::with_defaults(specs, self)
+    }
+
     /// Each reward less its group's mean, scaled as `--scale-rewards` says.
-    fn advantages(&self, specs: &ObjectiveSpecs) -> Option<Box<dyn AdvantageRule>> {
-        Some(Box::new(GroupNormalised {
+    fn advantages(&self, specs: &ObjectiveSpecs) -> Box<dyn AdvantageRule> {
+        Box::new(GroupNormalised {
             group: self.rollout_spec(specs).num_generations(),
             scale: specs.grpo.scale_rewards,
-        }))
+        })
     }
 }
 
 /// Refuses GRPO settings that cannot go together.
-fn check_settings(spec: &RunSpec) -> Result<()> {
+fn check_settings(spec: &RunView) -> Result<()> {
     rollouts::check(spec, true)?;
     let g = &spec.objectives.grpo;
     let refuse = |why: String| {

@@ -4,11 +4,9 @@
 //! with its KL rows) and its reference, chosen as for DPO.
 
 use hlo_models::adapter::Adapter;
-use hlo_models::decoder::LoraConfig;
 use hlo_models::kto::step::Kto;
 use hlo_models::kto::{KtoLoss, KtoLossType};
 use hlo_models::preference::Reference;
-use hlo_models::roles::BatchField;
 use hlo_models::train::Loss;
 
 use clap::Args;
@@ -17,9 +15,9 @@ use serde::{Deserialize, Serialize};
 use super::{settings, Data, Objective, ObjectiveDef, ObjectiveSpecs};
 use crate::error::{EngineError, Result};
 use crate::inputs::model::Model;
-use crate::run::named::Named;
-use crate::run::spec::RunSpec;
-use crate::run::step::StepSpec;
+use crate::named::Named;
+use crate::objectives::RunView;
+use crate::step::StepSpec;
 
 /// KTO's settings (TRL 1.16's `KTOConfig` names and defaults; β and the
 /// reference adapter are the preference objectives').
@@ -105,44 +103,6 @@ impl ObjectiveDef for KtoObjective {
         })
     }
 
-    fn reference_in_step(&self) -> bool {
-        true
-    }
-
-    fn with_reference_lora(
-        &self,
-        loss: &mut Loss,
-        trained: Option<&LoraConfig>,
-        reference: &LoraConfig,
-    ) {
-        if let Loss::Kto(k) = loss {
-            *k = k.clone().with_reference_lora(trained, Some(reference));
-        }
-    }
-
-    fn batch_fields(&self, _packed: bool) -> Vec<BatchField> {
-        vec![
-            BatchField::InputIds,
-            BatchField::LossMask,
-            BatchField::Desirable,
-        ]
-    }
-
-    fn metrics(&self, _specs: &ObjectiveSpecs) -> Vec<&'static str> {
-        vec![
-            "loss",
-            "kl",
-            "rewards/chosen",
-            "logps/chosen",
-            "rewards/rejected",
-            "logps/rejected",
-            "rewards/margins",
-            "entropy",
-            "logits/chosen",
-            "logits/rejected",
-        ]
-    }
-
     fn describe(&self, specs: &ObjectiveSpecs, loss: &Loss) -> Option<String> {
         let k = &specs.kto;
         Some(format!(
@@ -162,7 +122,7 @@ impl ObjectiveDef for KtoObjective {
         }
     }
 
-    fn check_settings(&self, spec: &RunSpec) -> Result<()> {
+    fn check_settings(&self, spec: &RunView) -> Result<()> {
         check_settings(spec)
     }
 
@@ -170,13 +130,13 @@ impl ObjectiveDef for KtoObjective {
     /// finetuning takes its reference computed before training (the base
     /// as it starts, `--precompute-ref`); a second copy of the base in the
     /// step is refused.
-    fn reference(&self, spec: &RunSpec, model: &Model) -> Result<Option<Adapter>> {
+    fn reference(&self, spec: &RunView, model: &Model) -> Result<Option<Adapter>> {
         super::preference::reference_adapter(spec, model)
     }
 }
 
 /// Refuses KTO settings that cannot go together (as TRL refuses them).
-fn check_settings(spec: &RunSpec) -> Result<()> {
+fn check_settings(spec: &RunView) -> Result<()> {
     let (k, beta) = (&spec.objectives.kto, spec.objectives.beta(Objective::Kto));
     let refuse = |why: String| {
         Err(EngineError::Objective {
@@ -200,7 +160,7 @@ fn check_settings(spec: &RunSpec) -> Result<()> {
             "--batch must be at least 2: the KL estimate pairs each prompt with another example's completion of its batch".into(),
         );
     }
-    if spec.eval.data.is_some() {
+    if spec.eval_data.is_some() {
         return refuse("held-out evaluation of KTO is not built yet; leave out --eval-data".into());
     }
     Ok(())

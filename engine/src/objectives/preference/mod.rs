@@ -8,9 +8,7 @@ use std::path::PathBuf;
 
 use hlo_data::PreferencePair;
 use hlo_models::adapter::Adapter;
-use hlo_models::decoder::LoraConfig;
-use hlo_models::preference::{NllSpan, PreferenceLoss, Reference};
-use hlo_models::roles::BatchField;
+use hlo_models::preference::{PreferenceLoss, Reference};
 use hlo_models::train::{Loss, Preference, TrainConfig};
 
 use clap::Args;
@@ -20,8 +18,8 @@ use super::{settings, Data, Objective, ObjectiveDef, ObjectiveSpecs};
 use crate::device::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::inputs::model::Model;
-use crate::run::spec::RunSpec;
-use crate::run::step::StepSpec;
+use crate::objectives::RunView;
+use crate::step::StepSpec;
 
 /// The preference objectives' settings (TRL 1.16's names and defaults;
 /// β and the reference adapter are the rollout objectives' too).
@@ -77,8 +75,8 @@ impl Default for PreferenceSpec {
 /// `DPOConfig`'s, `CPOConfig`'s, `ORPOConfig`'s and `KTOConfig`'s).
 pub const DEFAULT_BETA: f64 = 0.1;
 
-/// A preference method over pairs: its loss under the settings, the
-/// settings it reads and the metrics it reports beyond the pairs'.
+/// A preference method over pairs: its loss under the settings and β,
+/// and the settings it reads.
 pub(crate) struct PairMethod {
     name: &'static str,
     objective: Objective,
@@ -86,10 +84,6 @@ pub(crate) struct PairMethod {
     loss: fn(&PreferenceSpec, f64) -> PreferenceLoss,
     /// The preference settings it reads besides β.
     reads: &'static [&'static str],
-    /// Its metrics between the log-probabilities' and the logits'.
-    extra_metrics: &'static [&'static str],
-    /// Whether it reports the chosen tokens' entropy and accuracy.
-    token_metrics: bool,
 }
 
 const REFERENCE: &[&str] = &["ref-adapter", "precompute-ref"];
@@ -99,8 +93,6 @@ pub(crate) static DPO: PairMethod = PairMethod {
     objective: Objective::Dpo,
     loss: |_, beta| PreferenceLoss::Dpo { beta },
     reads: REFERENCE,
-    extra_metrics: &[],
-    token_metrics: true,
 };
 
 pub(crate) static IPO: PairMethod = PairMethod {
@@ -108,8 +100,6 @@ pub(crate) static IPO: PairMethod = PairMethod {
     objective: Objective::Ipo,
     loss: |_, beta| PreferenceLoss::Ipo { beta },
     reads: REFERENCE,
-    extra_metrics: &[],
-    token_metrics: true,
 };
 
 pub(crate) static SIMPO: PairMethod = PairMethod {
@@ -122,8 +112,6 @@ pub(crate) static SIMPO: PairMethod = PairMethod {
         cpo_alpha: p.cpo_alpha,
     },
     reads: &["simpo-gamma", "label-smoothing", "cpo-alpha"],
-    extra_metrics: &["nll_loss"],
-    token_metrics: false,
 };
 
 pub(crate) static ORPO: PairMethod = PairMethod {
@@ -131,8 +119,6 @@ pub(crate) static ORPO: PairMethod = PairMethod {
     objective: Objective::Orpo,
     loss: |_, beta| PreferenceLoss::Orpo { beta },
     reads: &[],
-    extra_metrics: &["nll_loss", "log_odds_ratio", "log_odds_chosen"],
-    token_metrics: false,
 };
 
 impl ObjectiveDef for PairMethod {
@@ -159,43 +145,15 @@ impl ObjectiveDef for PairMethod {
         ))
     }
 
-    fn reference_in_step(&self) -> bool {
-        true
-    }
-
-    fn with_reference_lora(
-        &self,
-        loss: &mut Loss,
-        trained: Option<&LoraConfig>,
-        reference: &LoraConfig,
-    ) {
-        if let Loss::Preference(p) = loss {
-            *p = p.clone().with_reference_lora(trained, Some(reference));
-        }
-    }
-
-    fn batch_fields(&self, _packed: bool) -> Vec<BatchField> {
-        let mut fields = vec![BatchField::InputIds, BatchField::LossMask];
-        // ORPO's likelihood term counts each row's real tokens.
-        if (self.loss)(&PreferenceSpec::default(), DEFAULT_BETA).nll() == Some(NllSpan::WholeRow) {
-            fields.push(BatchField::SegmentIds);
-        }
-        fields
-    }
-
-    fn metrics(&self, _specs: &ObjectiveSpecs) -> Vec<&'static str> {
-        pair_metrics(self.extra_metrics, self.token_metrics)
-    }
-
     fn describe(&self, _specs: &ObjectiveSpecs, loss: &Loss) -> Option<String> {
         Some(format!("{} against {}", self.name, reference_words(loss)))
     }
 
-    fn check_settings(&self, spec: &RunSpec) -> Result<()> {
+    fn check_settings(&self, spec: &RunView) -> Result<()> {
         check_beta(spec, self.objective)
     }
 
-    fn reference(&self, spec: &RunSpec, model: &Model) -> Result<Option<Adapter>> {
+    fn reference(&self, spec: &RunView, model: &Model) -> Result<Option<Adapter>> {
         reference_adapter(spec, model)
     }
 }
@@ -208,31 +166,8 @@ pub(crate) fn pairs_step(step: &StepSpec, objective: &'static str) -> Result<Ste
     Ok(step)
 }
 
-/// The metrics of a step over pairs (TRL's names, and ours
-/// `logps/accuracies`), with a method's `extra` between the
-/// log-probabilities' and the logits', and the chosen tokens' entropy and
-/// accuracy where it reports them (`token_metrics`).
-pub(crate) fn pair_metrics(extra: &[&'static str], token_metrics: bool) -> Vec<&'static str> {
-    let mut m = vec![
-        "loss",
-        "rewards/chosen",
-        "rewards/rejected",
-        "rewards/accuracies",
-        "rewards/margins",
-        "logps/chosen",
-        "logps/rejected",
-        "logps/accuracies",
-    ];
-    m.extend(extra);
-    m.extend(["logits/chosen", "logits/rejected"]);
-    if token_metrics {
-        m.extend(["entropy", "mean_token_accuracy"]);
-    }
-    m
-}
-
 /// Refuses a β a pair method cannot take (TRL's: above 0).
-pub(crate) fn check_beta(spec: &RunSpec, objective: Objective) -> Result<()> {
+pub(crate) fn check_beta(spec: &RunView, objective: Objective) -> Result<()> {
     let beta = spec.objectives.beta(objective);
     if beta.is_nan() || beta <= 0.0 {
         return Err(EngineError::Objective {
@@ -260,7 +195,7 @@ pub(crate) fn reference_words(loss: &Loss) -> &'static str {
 /// from (read again on resume), else None: the base with the adapter off
 /// (a fresh adapter's starting policy). Refused where the objective has
 /// no reference, or would need a second copy of the base.
-pub(crate) fn reference_adapter(spec: &RunSpec, model: &Model) -> Result<Option<Adapter>> {
+pub(crate) fn reference_adapter(spec: &RunView, model: &Model) -> Result<Option<Adapter>> {
     let objective = spec.objective;
     let refuse = |why: String| EngineError::Objective {
         objective: objective.name(),
@@ -268,7 +203,7 @@ pub(crate) fn reference_adapter(spec: &RunSpec, model: &Model) -> Result<Option<
     };
     let needs = spec.objective.reads("ref-adapter");
     // (A reference setting given to an objective without one is refused
-    // by `RunSpec::check_objective_settings`.)
+    // by `RunView::check_objective_settings`.)
     if !needs {
         return Ok(None);
     }

@@ -7,7 +7,6 @@
 
 use hlo_models::preference::Reference;
 use hlo_models::reward::RewardLoss;
-use hlo_models::roles::BatchField;
 use hlo_models::train::Loss;
 
 use clap::Args;
@@ -15,8 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{settings, Data, ObjectiveDef, ObjectiveSpecs};
 use crate::error::{EngineError, Result};
-use crate::run::spec::RunSpec;
-use crate::run::step::StepSpec;
+use crate::objectives::RunView;
+use crate::step::StepSpec;
 
 /// A reward model's settings (TRL 1.16's `RewardConfig` names and
 /// defaults).
@@ -70,26 +69,6 @@ impl ObjectiveDef for RewardModel {
         })
     }
 
-    fn batch_fields(&self, _packed: bool) -> Vec<BatchField> {
-        vec![
-            BatchField::InputIds,
-            BatchField::LossMask,
-            BatchField::SegmentIds,
-            BatchField::Margin,
-        ]
-    }
-
-    fn metrics(&self, _specs: &ObjectiveSpecs) -> Vec<&'static str> {
-        vec![
-            "loss",
-            "accuracy",
-            "margin",
-            "min_reward",
-            "mean_reward",
-            "max_reward",
-        ]
-    }
-
     fn describe(&self, specs: &ObjectiveSpecs, _loss: &Loss) -> Option<String> {
         Some(match specs.reward.center_rewards_coefficient {
             Some(c) => {
@@ -99,7 +78,7 @@ impl ObjectiveDef for RewardModel {
         })
     }
 
-    fn check_settings(&self, spec: &RunSpec) -> Result<()> {
+    fn check_settings(&self, spec: &RunView) -> Result<()> {
         let refuse = |why: String| {
             Err(EngineError::Objective {
                 objective: "reward",
@@ -113,7 +92,7 @@ impl ObjectiveDef for RewardModel {
                 ));
             }
         }
-        if spec.eval.data.is_some() {
+        if spec.eval_data.is_some() {
             return refuse(
                 "held-out scoring of a reward model is not built yet; leave out --eval-data".into(),
             );

@@ -86,7 +86,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     // A preference objective's step: `--batch` pairs, the reference the
     // base with the adapter off (a fresh adapter's).
     let objective = args.objective;
-    let step = objective.step_spec(&args.step.spec(), &ObjectiveSpecs::default())?;
+    let step = objective
+        .def()
+        .step_spec(&args.step.spec(), &ObjectiveSpecs::default())?;
     let target = Target::of_backend(&backend)?;
     let choices = step.policy(&model.config, dtype, backend.mesh(), &target)?;
     let mut tc = step.train_config(
@@ -107,7 +109,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     let mut specs = ObjectiveSpecs::default().resolved(objective);
     specs.distill.teacher_config = teacher.as_ref().map(|t| Box::new(t.config.clone()));
-    tc.loss = objective.loss(&specs, reference);
+    tc.loss = objective.def().loss(&specs, reference);
     let name = model.name.clone();
     let vocab = model.config.vocab_size;
     let mut session = Session::new(

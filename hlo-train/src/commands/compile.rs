@@ -8,8 +8,8 @@ use anyhow::{bail, Result};
 use clap::Args;
 use hlo_engine::Run;
 
-use crate::plan::Target;
-use crate::train::TrainArgs;
+use crate::commands::plan::Target;
+use crate::commands::train::TrainArgs;
 
 #[derive(Args, Debug)]
 pub struct CompileArgs {
@@ -24,7 +24,7 @@ pub struct CompileArgs {
 }
 
 pub fn run(args: &CompileArgs, given: &std::collections::BTreeSet<String>) -> Result<()> {
-    let mut spec = crate::train::spec(&args.train, given);
+    let mut spec = crate::commands::train::spec(&args.train, given);
     let Some(file) = spec.output.out.take() else {
         bail!("compile needs --out FILE: where to write the compiled step");
     };

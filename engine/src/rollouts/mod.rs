@@ -25,11 +25,12 @@ use clap::builder::RangedU64ValueParser;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use super::settings;
 use crate::error::{EngineError, Result};
 use crate::infer::generator::Sampling;
-use crate::run::spec::RunSpec;
-use crate::run::step::{StepSpec, Toggle};
+use crate::inputs::model::Model;
+use crate::objectives::RunView;
+use crate::objectives::{settings, ObjectiveDef, ObjectiveSpecs};
+use crate::step::{StepSpec, Toggle};
 
 mod batch;
 mod rewards;
@@ -169,7 +170,7 @@ impl RolloutSpec {
     }
 
     /// Completions per prompt, `G`: given, or the objective's default
-    /// once its [`rollout_spec`](super::ObjectiveDef::rollout_spec) has
+    /// once its [`RolloutObjective::rollout_spec`] has
     /// put it in (else GRPO's, 8).
     pub fn num_generations(&self) -> usize {
         self.num_generations
@@ -203,12 +204,67 @@ pub(crate) fn is_setting(name: &str) -> bool {
     settings::names::<RolloutSpec>().iter().any(|s| s == name)
 }
 
+/// What the rollout machinery asks of an objective over rollouts
+/// ([`ObjectiveDef::rollouts`](crate::objectives::ObjectiveDef::rollouts)): its form
+/// of the rollout settings, whether its rollouts are rewarded, how their
+/// rewards become advantages, and a teacher where its step scores with
+/// one.
+pub trait RolloutObjective: Sync {
+    /// The settings of its rollouts: the run's, its completions per
+    /// prompt its default where not given, or its own form of them.
+    fn rollout_spec(&self, specs: &ObjectiveSpecs) -> RolloutSpec;
+
+    /// Whether its rollouts are rewarded (distillation's are not).
+    fn rewarded(&self) -> bool {
+        true
+    }
+
+    /// How its rollouts' rewards become advantages.
+    fn advantages(&self, specs: &ObjectiveSpecs) -> Box<dyn AdvantageRule>;
+
+    /// The teacher its step scores with, opened (None: it has none).
+    fn teacher(&self, _spec: &RunView) -> Result<Option<Model>> {
+        Ok(None)
+    }
+
+    /// The objectives' settings with what its loss needs beyond the
+    /// run's settings, read once the student is open (distillation: the
+    /// teacher's config).
+    fn resolve(&self, spec: &RunView, _model: &Model) -> Result<ObjectiveSpecs> {
+        Ok(spec.objectives.clone())
+    }
+}
+
+/// The run's rollout settings with `objective`'s completions per prompt
+/// where not given: what [`RolloutObjective::rollout_spec`] is unless the
+/// objective has its own form of them.
+pub(crate) fn with_defaults(specs: &ObjectiveSpecs, objective: &dyn ObjectiveDef) -> RolloutSpec {
+    let mut rollouts = specs.rollouts.clone();
+    let defaults = objective.rollout_defaults().num_generations;
+    rollouts.num_generations.get_or_insert(defaults);
+    rollouts
+}
+
+/// The rollout machinery's questions to `spec`'s objective, which must be
+/// over rollouts.
+pub(crate) fn of(spec: &RunView) -> Result<&'static dyn RolloutObjective> {
+    spec.objective
+        .def()
+        .rollouts()
+        .ok_or_else(|| EngineError::Internal(format!("{} has no rollouts", spec.objective)))
+}
+
 /// The weight of the rollouts' KL penalty against a reference: β where
 /// the objective rewards its rollouts (GRPO, RLOO); 0 where β is another
 /// loss's weight (distillation's divergence), whose rollouts have no
 /// reference.
-pub(crate) fn kl_beta(spec: &RunSpec) -> f64 {
-    match spec.objective.def().rewarded() {
+pub(crate) fn kl_beta(spec: &RunView) -> f64 {
+    match spec
+        .objective
+        .def()
+        .rollouts()
+        .is_some_and(|r| r.rewarded())
+    {
         true => spec.objectives.beta(spec.objective),
         false => 0.0,
     }
@@ -257,12 +313,12 @@ pub(crate) fn as_objective(objective: &'static str) -> impl Fn(EngineError) -> E
 /// Refuses rollout settings that cannot go together, as the run's
 /// objective's errors; `relative`: its advantages are relative within a
 /// group, which needs two completions a prompt at least.
-pub(crate) fn check(spec: &RunSpec, relative: bool) -> Result<()> {
+pub(crate) fn check(spec: &RunView, relative: bool) -> Result<()> {
     check_rollouts(spec, relative).map_err(as_objective(spec.objective.name()))
 }
 
-fn check_rollouts(spec: &RunSpec, relative: bool) -> Result<()> {
-    let g = &spec.objective.def().rollout_spec(&spec.objectives);
+fn check_rollouts(spec: &RunView, relative: bool) -> Result<()> {
+    let g = &of(spec)?.rollout_spec(spec.objectives);
     let refuse = |why: String| Err(EngineError::Rollout(why));
     if relative && g.num_generations() < 2 {
         return refuse(format!(
@@ -307,7 +363,7 @@ fn check_rollouts(spec: &RunSpec, relative: bool) -> Result<()> {
         return refuse(format!("--beta must be a finite number >= 0, not {beta}"));
     }
     check_sources(spec, g)?;
-    if spec.eval.data.is_some() {
+    if spec.eval_data.is_some() {
         return refuse(format!(
             "{} has no held-out loss; leave out --eval-data",
             spec.objective.name().to_uppercase()
@@ -323,7 +379,7 @@ fn check_rollouts(spec: &RunSpec, relative: bool) -> Result<()> {
 
 /// Logged rollouts carry their rewards and are the data: no rewards and
 /// no `--data` beside them; online, rewards are weighed by `--reward`.
-fn check_sources(spec: &RunSpec, g: &RolloutSpec) -> Result<()> {
+fn check_sources(spec: &RunView, g: &RolloutSpec) -> Result<()> {
     let refuse = |why: String| Err(EngineError::Rollout(why));
     if g.rollouts.is_some() {
         for (key, given) in [

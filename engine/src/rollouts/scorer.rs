@@ -75,7 +75,7 @@ impl Scorer {
             !matches!(i.role, Role::Batch(_)) && spec_of(&f.inputs[*k].name).is_none()
         }) {
             return Err(EngineError::Internal(format!(
-                "GRPO's scoring program reads {}, which the session does not hold",
+                "the rollouts' scoring program reads {}, which the session does not hold",
                 f.inputs[k].name
             )));
         }

@@ -1,9 +1,11 @@
 //! The settings that shape a train step, typed, and how each `auto` among
 //! them is decided: the axes that split the batch, the loss chunk,
-//! packing, and (through [`crate::run::policy`], from the device and memory)
+//! packing, and (through [`crate::step::policy`], from the device and memory)
 //! layers scanned or not, remat and the attention. Every command that
 //! builds a train step (`train`, `bench`, `plan`, `dump-hlo`) resolves it
 //! here, so the same flags give the same step everywhere.
+
+pub mod policy;
 
 use std::fmt;
 use std::str::FromStr;
@@ -15,9 +17,9 @@ use hlo_models::loss::default_loss_chunk;
 use hlo_models::train::{Optimizer, Schedule, TrainConfig};
 use hlo_partitioner::Mesh;
 
+use self::policy::{Fixed, Layers, Remat, StepPolicy, StepShape, Target};
 use crate::error::{EngineError, Result};
-use crate::run::named::Named;
-use crate::run::policy::{self, Fixed, Layers, Remat, StepPolicy, StepShape, Target};
+use crate::named::Named;
 
 /// On, off, or decided by the run (`auto`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -66,7 +68,7 @@ pub enum AttentionChoice {
 /// What the backward pass recomputes instead of keeping (`--remat`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RematChoice {
-    /// [`crate::run::policy`] decides.
+    /// [`crate::step::policy`] decides.
     #[default]
     Auto,
     /// Nothing: every activation kept (layers unrolled unless scanned).
@@ -162,9 +164,9 @@ pub struct StepSpec {
     /// Several samples per row (`auto`: when samples average at most half
     /// a row, decided from the data).
     pub packing: Toggle,
-    /// The layers as one scan (`auto`: [`crate::run::policy`] decides).
+    /// The layers as one scan (`auto`: [`crate::step::policy`] decides).
     pub scan_layers: Toggle,
-    /// What the backward pass recomputes (`auto`: [`crate::run::policy`]
+    /// What the backward pass recomputes (`auto`: [`crate::step::policy`]
     /// decides: on a GPU only when the step would not fit without).
     pub remat: RematChoice,
     pub attention: AttentionChoice,
@@ -226,7 +228,7 @@ impl Default for OptimSpec {
 
 impl StepSpec {
     /// The attention the flags fix for rows of `seq` tokens (None:
-    /// `auto`, which [`crate::run::policy`] decides).
+    /// `auto`, which [`crate::step::policy`] decides).
     pub fn attention_fixed(&self) -> Result<Option<AttentionKind>> {
         let seq = self.seq;
         let block = match self.attention_block {
@@ -269,7 +271,7 @@ impl StepSpec {
     }
 
     /// The step's `auto` choices for `config` in `dtype` over `mesh` on
-    /// `target` ([`crate::run::policy::decide`]); commands print its line.
+    /// `target` ([`crate::step::policy::decide`]); commands print its line.
     pub fn policy(
         &self,
         config: &ModelConfig,
@@ -389,7 +391,7 @@ impl StepSpec {
     ///
     /// ```
     /// use hlo_engine::policy::Target;
-    /// use hlo_engine::run::step::{OptimSpec, StepSpec};
+    /// use hlo_engine::step::{OptimSpec, StepSpec};
     /// use hlo_engine::models::decoder::ModelConfig;
     /// let config = ModelConfig::preset("tiny").unwrap();
     /// let mesh = "dp=1,fsdp=2,mp=1".parse().unwrap();
@@ -473,6 +475,71 @@ pub fn epochs(
         rows as f64
     };
     steps.max(0) as f64 * per_step / learning.max(1) as f64
+}
+
+impl Named for Toggle {
+    const ALL: &'static [Toggle] = &[Toggle::On, Toggle::Off, Toggle::Auto];
+    fn name(self) -> &'static str {
+        match self {
+            Toggle::On => "on",
+            Toggle::Off => "off",
+            Toggle::Auto => "auto",
+        }
+    }
+}
+
+impl Named for AttentionChoice {
+    const ALL: &'static [AttentionChoice] = &[
+        AttentionChoice::Auto,
+        AttentionChoice::Naive,
+        AttentionChoice::Blockwise,
+        AttentionChoice::Cudnn,
+    ];
+    fn name(self) -> &'static str {
+        match self {
+            AttentionChoice::Auto => "auto",
+            AttentionChoice::Naive => "naive",
+            AttentionChoice::Blockwise => "blockwise",
+            AttentionChoice::Cudnn => "cudnn",
+        }
+    }
+}
+
+impl Named for RematChoice {
+    const ALL: &'static [RematChoice] = &[
+        RematChoice::Auto,
+        RematChoice::None,
+        RematChoice::Mlp,
+        RematChoice::Layers,
+    ];
+    fn name(self) -> &'static str {
+        match self {
+            RematChoice::Auto => "auto",
+            RematChoice::None => "none",
+            RematChoice::Mlp => "mlp",
+            RematChoice::Layers => "layers",
+        }
+    }
+}
+
+impl Named for OptimizerKind {
+    const ALL: &'static [OptimizerKind] = &[OptimizerKind::AdamW, OptimizerKind::Sgd];
+    fn name(self) -> &'static str {
+        match self {
+            OptimizerKind::AdamW => "adamw",
+            OptimizerKind::Sgd => "sgd",
+        }
+    }
+}
+
+impl Named for ScheduleKind {
+    const ALL: &'static [ScheduleKind] = &[ScheduleKind::Constant, ScheduleKind::Cosine];
+    fn name(self) -> &'static str {
+        match self {
+            ScheduleKind::Constant => "constant",
+            ScheduleKind::Cosine => "cosine",
+        }
+    }
 }
 
 #[cfg(test)]

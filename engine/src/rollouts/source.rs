@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use super::*;
 use crate::error::{EngineError, Result};
 use crate::infer::generator::Generator;
+use crate::objectives::RunView;
 use crate::train::session::Session;
 use crate::train::trainer::{BatchSource, SourcedBatch, StopFlag};
 
@@ -54,7 +55,7 @@ pub struct RolloutSource {
     old: Option<Scorer>,
     reference: Option<Scorer>,
     log_every: i64,
-    /// How the rewards become advantages (GRPO's, or the objective's).
+    /// How the rewards become advantages (the objective's rule).
     rule: Box<dyn AdvantageRule>,
     /// The objective its errors name.
     objective: &'static str,
@@ -70,17 +71,15 @@ impl RolloutSource {
     /// reference adapter (None: the base with the adapter off).
     pub fn new(
         session: &Session,
-        spec: &crate::run::spec::RunSpec,
+        spec: &RunView,
         origin: RolloutOrigin,
         (eos, tokenizer): (Vec<u32>, Option<Tokenizer>),
         reference: Option<&Adapter>,
         cursor: u64,
     ) -> Result<RolloutSource> {
-        let def = spec.objective.def();
-        let g = def.rollout_spec(&spec.objectives);
-        let rule = def.advantages(&spec.objectives).ok_or_else(|| {
-            EngineError::Internal(format!("{} makes no advantages", spec.objective))
-        })?;
+        let def = super::of(spec)?;
+        let g = def.rollout_spec(spec.objectives);
+        let rule = def.advantages(spec.objectives);
         let tc = session.config();
         let rows = tc.batch as usize;
         let old = if g.num_iterations > 1 || rule.reads_old_logps() {
@@ -105,9 +104,9 @@ impl RolloutSource {
             current: None,
             old,
             reference,
-            log_every: spec.report.log_every,
+            log_every: spec.log_every,
             rule,
-            objective: def.name(),
+            objective: spec.objective.name(),
             rewarded: def.rewarded(),
         })
     }
@@ -510,7 +509,7 @@ impl RolloutInputs {
     /// Reads `spec`'s rollouts or prompts; every token id must be in
     /// `model`'s vocabulary.
     pub fn read(
-        spec: &crate::run::spec::RunSpec,
+        spec: &RunView,
         model: &crate::inputs::model::Model,
         tokenizer: Option<&Tokenizer>,
     ) -> Result<RolloutInputs> {
@@ -518,12 +517,12 @@ impl RolloutInputs {
     }
 
     fn read_for(
-        spec: &crate::run::spec::RunSpec,
+        spec: &RunView,
         model: &crate::inputs::model::Model,
         tokenizer: Option<&Tokenizer>,
     ) -> Result<RolloutInputs> {
-        let def = spec.objective.def();
-        let g = &def.rollout_spec(&spec.objectives);
+        let def = super::of(spec)?;
+        let g = &def.rollout_spec(spec.objectives);
         let rewarded = def.rewarded();
         let rewards = || -> Result<Box<Rewards>> {
             Ok(Box::new(match rewarded {
@@ -592,7 +591,7 @@ impl RolloutInputs {
     /// else None, the base with the adapter off. Full finetuning with a
     /// KL would need a second copy of the base: refused.
     pub fn reference(
-        spec: &crate::run::spec::RunSpec,
+        spec: &RunView,
         model: &crate::inputs::model::Model,
     ) -> Result<Option<Adapter>> {
         let beta = super::kl_beta(spec);
@@ -614,11 +613,11 @@ impl RolloutInputs {
     pub fn source(
         self,
         session: &Session,
-        spec: &crate::run::spec::RunSpec,
+        spec: &RunView,
         reference: Option<&Adapter>,
         cursor: u64,
     ) -> Result<Box<dyn BatchSource>> {
-        let g = &spec.objective.def().rollout_spec(&spec.objectives);
+        let g = &super::of(spec)?.rollout_spec(spec.objectives);
         let theirs = as_objective(spec.objective.name());
         let tokenizer = session.model().tokenizer(None)?;
         let origin = match self.origin {
@@ -644,7 +643,7 @@ impl RolloutInputs {
             RolloutSource::new(session, spec, origin, (eos, tokenizer), reference, cursor)
                 .map_err(&theirs)?;
         let mu = g.num_iterations.max(1) as u64;
-        if let (Some(dir), true) = (&spec.output.resume, !cursor.is_multiple_of(mu)) {
+        if let (Some(dir), true) = (spec.resume, !cursor.is_multiple_of(mu)) {
             let tc = session.config();
             source.current = Some(saved_batch(
                 dir,

@@ -375,7 +375,12 @@ fn rollout_shape(args: &PlanArgs) -> Result<Option<RolloutShape>> {
     }
     .check_objective_settings()?;
     // Distillation's rollouts: one completion a prompt.
-    let g = match args.objective.def().rewarded() {
+    let g = match args
+        .objective
+        .def()
+        .rollouts()
+        .is_some_and(|r| r.rewarded())
+    {
         true => g,
         false => 1,
     };

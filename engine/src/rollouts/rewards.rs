@@ -1,4 +1,4 @@
-//! GRPO's rewards: the built-in ones (accuracy, format, length), a
+//! The rollouts' rewards: the built-in ones (accuracy, format, length), a
 //! command reading JSON lines and an HTTP endpoint, each bounded in time,
 //! weighed and summed as TRL sums them.
 

@@ -8,6 +8,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
+use hlo_engine::dataset::SamplingStrategy;
+use hlo_engine::model::Init;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::{
     Chosen, Data, DataSource, EvalSpec, HookList, Mode, Objective, ObjectiveSpecs, OutputSpec,
@@ -19,8 +21,8 @@ use indicatif::ProgressBar;
 use crate::args::{
     named, ChatArgs, DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs, TokenizerArgs,
 };
+use crate::commands::dump_hlo::{self, Format};
 use crate::console::{demo_show, print_header, Progress, RewardCourse};
-use crate::dump_hlo::{self, Format};
 use crate::outputs::{LossChart, MetricsFile, RecipeFile, TensorBoard};
 
 #[derive(Args, Clone, Debug)]
@@ -104,8 +106,8 @@ pub struct TrainArgs {
     /// initializer_range, zero biases, unit norms), with --full; a
     /// --checkpoint then gives its config and tokenizer, not its weights
     /// (a preset or --config is random already).
-    #[arg(long, value_parser = ["random"])]
-    pub init: Option<String>,
+    #[arg(long, value_parser = named::<Init>())]
+    pub init: Option<Init>,
 
     /// Training data: a JSONL or Parquet file, or a folder of their shards;
     /// rows of text, prompt/completion, messages, input_ids, alpaca or
@@ -118,8 +120,8 @@ pub struct TrainArgs {
     /// The order a run takes its samples (or pairs) in: a seeded shuffle
     /// of each epoch (random), or the file's, epoch after epoch
     /// (sequential), as transformers' train_sampling_strategy.
-    #[arg(long, default_value = "random", value_parser = ["random", "sequential"])]
-    pub train_sampling_strategy: String,
+    #[arg(long, default_value = "random", value_parser = named::<SamplingStrategy>())]
+    pub train_sampling_strategy: SamplingStrategy,
 
     /// Optimizer steps to reach (a resumed run counts its saved steps).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..))]
@@ -215,13 +217,13 @@ pub(crate) fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
             path: args.data.clone(),
             chat_template: args.chat.chat_template.clone(),
             train_on_inputs: args.chat.train_on_inputs,
-            sequential: args.train_sampling_strategy == "sequential",
+            sampling: args.train_sampling_strategy,
         },
         objective: args.objective,
         objectives: args.objective_specs(),
         step: args.step.spec(),
         init_adapter: args.init_adapter.clone(),
-        random_init: args.init.as_deref() == Some("random"),
+        init: args.init,
         optim: args.optim.spec(args.step.optimizer),
         steps: args.steps,
         seed: args.seed,
@@ -281,7 +283,7 @@ fn hooks(run: &Run, argv: &[OsString]) -> Result<(HookList, ProgressBar, RewardC
     let bar = progress.bar.clone();
     hooks.add("progress", progress);
     let course = RewardCourse::default();
-    let rewarded = |o: hlo_engine::Objective| o.data() == Data::Rollouts && o.def().rewarded();
+    let rewarded = |o: hlo_engine::Objective| o.def().rollouts().is_some_and(|r| r.rewarded());
     if rewarded(run.spec().objective) {
         hooks.add("reward-course", course.clone());
     }

@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use hlo_engine::data::Loader;
 use hlo_engine::data::Tokenizer;
-use hlo_engine::run::step::{auto_packing, epochs};
+use hlo_engine::step::{auto_packing, epochs};
 use hlo_engine::{Data, Dataset, Objective, Toggle};
 
 use crate::args::{named, open_model, ChatArgs, ModelArgs, TokenizerArgs};
@@ -79,7 +79,7 @@ pub enum DataCommand {
     /// Tokenize a dataset once, on every core, into a folder of
     /// memory-mapped token shards that `train --data DIR` streams
     /// (resumable).
-    Prepare(Box<crate::prepare::PrepareArgs>),
+    Prepare(Box<crate::commands::prepare::PrepareArgs>),
 }
 
 /// The objectives whose data `data` shows: samples and pairs (not
@@ -90,7 +90,7 @@ fn shown(objective: Objective) -> bool {
 
 pub fn run(args: &DataArgs) -> Result<()> {
     if let Some(DataCommand::Prepare(p)) = &args.command {
-        return crate::prepare::run(p);
+        return crate::commands::prepare::run(p);
     }
     let model = open_model(&args.model, &args.tokenizer)?;
     let seq = args.seq as usize;

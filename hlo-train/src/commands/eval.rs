@@ -199,7 +199,7 @@ fn preference_of(args: &EvalArgs, objective: Objective) -> Result<Option<Prefere
         Some(_) => Reference::Adapter,
         None => Reference::Base,
     };
-    Ok(match objective.loss(&spec.objectives, reference) {
+    Ok(match objective.def().loss(&spec.objectives, reference) {
         Loss::Preference(p) => Some(p),
         _ => None,
     })

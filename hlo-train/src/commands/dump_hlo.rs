@@ -74,7 +74,7 @@ pub struct DumpHloArgs {
     /// this device kind, as `plan --target` names them (default: the CPU's
     /// choices).
     #[arg(long, value_enum)]
-    pub target: Option<crate::plan::Target>,
+    pub target: Option<crate::commands::plan::Target>,
 
     /// Compile the program with --target's own XLA compiler (no GPU
     /// needed: `make setup-targets` installs it) and write the HLO it
@@ -169,7 +169,7 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
 /// optimized HLO written (to `--out`, else stdout) and summarized.
 fn optimized(
     args: &DumpHloArgs,
-    target: crate::plan::Target,
+    target: crate::commands::plan::Target,
     name: &str,
     step: &ShardedStep,
 ) -> Result<()> {
