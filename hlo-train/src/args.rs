@@ -212,6 +212,20 @@ pub struct RecipeArgs {
     pub recipe: Option<PathBuf>,
 }
 
+/// The base model as the commands that run it take it: which model,
+/// its weights in NF4 or not, and the dtype it computes in.
+#[derive(Args, Clone, Debug)]
+pub struct BaseArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    #[command(flatten)]
+    pub quantize: QuantizeArgs,
+
+    #[command(flatten)]
+    pub dtype: DtypeArgs,
+}
+
 /// `--model`, `--checkpoint`, `--config`: which model.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {

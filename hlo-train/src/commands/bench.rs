@@ -12,7 +12,7 @@ use hlo_engine::{
 };
 use serde_json::json;
 
-use crate::args::{gb, DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs};
+use crate::args::{gb, OptimArgs, PluginArgs, StepArgs};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -20,13 +20,7 @@ pub struct BenchArgs {
     pub recipe: crate::args::RecipeArgs,
 
     #[command(flatten)]
-    pub model: ModelArgs,
-
-    #[command(flatten)]
-    pub quantize: crate::args::QuantizeArgs,
-
-    #[command(flatten)]
-    pub dtype: DtypeArgs,
+    pub base: crate::args::BaseArgs,
 
     /// The step's loss: sft, or a preference objective (dpo, ipo, simpo,
     /// orpo, cpo; --batch then counts pairs, and DPO's and IPO's reference is
@@ -78,11 +72,14 @@ pub struct BenchArgs {
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
-    let model = args.quantize.apply(Model::open(&args.model.source())?)?;
+    let model = args
+        .base
+        .quantize
+        .apply(Model::open(&args.base.model.source())?)?;
     // A reward model's step is a classifier's.
     let model = args.objective.model(model)?;
     let backend = Backend::open(&args.plugin.backend(args.mesh.as_ref()))?;
-    let dtype = args.dtype.dtype(args.plugin.is_cpu());
+    let dtype = args.base.dtype.dtype(args.plugin.is_cpu());
     // A preference objective's step: `--batch` pairs, the reference the
     // base with the adapter off (a fresh adapter's).
     let objective = args.objective;

@@ -18,19 +18,13 @@ use hlo_engine::{Backend, Dataset, EvalResult, Evaluator, Model};
 use hlo_engine::{Data, ObjectiveSpecs};
 use serde_json::json;
 
-use crate::args::{ChatArgs, DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};
+use crate::args::{ChatArgs, PluginArgs, TokenizerArgs};
 use crate::saved_run::{AdapterRuns, AttentionArgs};
 
 #[derive(Args, Debug)]
 pub struct EvalArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
-
-    #[command(flatten)]
-    pub quantize: crate::args::QuantizeArgs,
-
-    #[command(flatten)]
-    pub dtype: DtypeArgs,
+    pub base: crate::args::BaseArgs,
 
     #[command(flatten)]
     pub tokenizer: TokenizerArgs,
@@ -90,10 +84,10 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     // (a QLoRA run's adapter is scored on its NF4 base, as its own
     // held-out loss was).
     let runs = AdapterRuns::read(args.adapter.as_deref())?;
-    let model = Model::open(&args.model.source_for(&runs)?)?
+    let model = Model::open(&args.base.model.source_for(&runs)?)?
         .with_tokenizer_file(args.tokenizer.tokenizer_for(&runs)?)
-        .quantized(args.quantize.nf4_for(&runs)?)?;
-    let dtype = args.dtype.dtype_for(args.plugin.is_cpu(), &runs)?;
+        .quantized(args.base.quantize.nf4_for(&runs)?)?;
+    let dtype = args.base.dtype.dtype_for(args.plugin.is_cpu(), &runs)?;
     let attention = args.attention.kind_for(args.seq, &runs)?;
     runs.announce("eval");
     let adapter = match &args.adapter {

@@ -15,19 +15,13 @@ use hlo_engine::partitioner::Mesh;
 use hlo_engine::{Backend, Generator, Mode, Model, Sampling, Timings};
 use serde_json::Value;
 
-use crate::args::{parse_ids, DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};
+use crate::args::{parse_ids, PluginArgs, TokenizerArgs};
 use crate::saved_run::AdapterRuns;
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
-
-    #[command(flatten)]
-    pub quantize: crate::args::QuantizeArgs,
-
-    #[command(flatten)]
-    pub dtype: DtypeArgs,
+    pub base: crate::args::BaseArgs,
 
     #[command(flatten)]
     pub tokenizer: TokenizerArgs,
@@ -127,11 +121,11 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     check_sampling(args)?;
     // What the flags leave open is as the adapters' run computed it.
     let runs = AdapterRuns::read(args.adapter.iter().map(PathBuf::as_path))?;
-    let model =
-        Model::open(&args.model.source_for(&runs)?)?.quantized(args.quantize.nf4_for(&runs)?)?;
+    let model = Model::open(&args.base.model.source_for(&runs)?)?
+        .quantized(args.base.quantize.nf4_for(&runs)?)?;
     let config = &model.config;
     let tokenizer = model.tokenizer(args.tokenizer.tokenizer_for(&runs)?.as_deref())?;
-    let dtype = args.dtype.dtype_for(args.plugin.is_cpu(), &runs)?;
+    let dtype = args.base.dtype.dtype_for(args.plugin.is_cpu(), &runs)?;
     runs.announce("generate");
     let chat = chat_template(args, &model)?;
     let requests = read_requests(args, tokenizer.as_ref(), chat.as_ref())?;

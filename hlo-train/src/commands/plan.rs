@@ -20,7 +20,7 @@ use hlo_engine::{BackendOptions, Model, Objective};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::args::{gb, DtypeArgs, ModelArgs, OptimArgs, StepArgs};
+use crate::args::{gb, OptimArgs, StepArgs};
 
 /// The `--target` values: kinds of the engine's hardware table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -70,13 +70,7 @@ pub struct PlanArgs {
     pub recipe: crate::args::RecipeArgs,
 
     #[command(flatten)]
-    pub model: ModelArgs,
-
-    #[command(flatten)]
-    pub quantize: crate::args::QuantizeArgs,
-
-    #[command(flatten)]
-    pub dtype: DtypeArgs,
+    pub base: crate::args::BaseArgs,
 
     /// The step's loss: sft, a preference objective (dpo, ipo, simpo,
     /// orpo, cpo; --batch then counts pairs, whose two sides a step holds, and
@@ -192,7 +186,10 @@ fn device_memory(s: &str) -> Result<f64, String> {
 /// nearest settings that do printed too), which exits 1.
 pub fn run(args: &PlanArgs) -> Result<bool> {
     let started = std::time::Instant::now();
-    let model = args.quantize.apply(Model::open(&args.model.source())?)?;
+    let model = args
+        .base
+        .quantize
+        .apply(Model::open(&args.base.model.source())?)?;
     // A reward model's step is a classifier's.
     let model = args.objective.model(model)?;
     let config = &model.config;
@@ -267,7 +264,7 @@ fn step_to_plan(
         spec: args.step.spec(),
         // The optimizer's numbers do not change what a step holds.
         optim: OptimArgs::default().spec(args.step.optimizer),
-        dtype: args.dtype.dtype(args.target == Target::Cpu),
+        dtype: args.base.dtype.dtype(args.target == Target::Cpu),
         mesh: mesh.clone(),
         steps: 1000,
         objective: args.objective,

@@ -14,7 +14,7 @@ use hlo_engine::partitioner::Mesh;
 use hlo_engine::{Batcher, BatcherHandle, BatcherOptions, Model};
 use hlo_serve::ServerConfig;
 
-use crate::args::{DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};
+use crate::args::{PluginArgs, TokenizerArgs};
 use crate::saved_run::AdapterRuns;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -30,13 +30,7 @@ pub struct ServeArgs {
     pub recipe: crate::args::RecipeArgs,
 
     #[command(flatten)]
-    pub model: ModelArgs,
-
-    #[command(flatten)]
-    pub quantize: crate::args::QuantizeArgs,
-
-    #[command(flatten)]
-    pub dtype: DtypeArgs,
+    pub base: crate::args::BaseArgs,
 
     #[command(flatten)]
     pub tokenizer: TokenizerArgs,
@@ -149,10 +143,10 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     // What the flags leave open is as the adapters' run computed it.
     let runs = AdapterRuns::read(args.adapter.iter().map(|(_, dir)| dir.as_path()))?;
     let tokenizer_file = args.tokenizer.tokenizer_for(&runs)?;
-    let model = Model::open(&args.model.source_for(&runs)?)?
+    let model = Model::open(&args.base.model.source_for(&runs)?)?
         .with_tokenizer_file(tokenizer_file.clone())
-        .quantized(args.quantize.nf4_for(&runs)?)?;
-    let dtype = args.dtype.dtype_for(args.plugin.is_cpu(), &runs)?;
+        .quantized(args.base.quantize.nf4_for(&runs)?)?;
+    let dtype = args.base.dtype.dtype_for(args.plugin.is_cpu(), &runs)?;
     runs.announce("serve");
     let tokenizer = model.tokenizer(tokenizer_file.as_deref())?;
     // A checkpoint without a template serves completions only.

@@ -18,9 +18,7 @@ use hlo_engine::{
 use hlo_report::{EventWriter, LossCurves};
 use indicatif::ProgressBar;
 
-use crate::args::{
-    named, ChatArgs, DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs, TokenizerArgs,
-};
+use crate::args::{named, ChatArgs, OptimArgs, PluginArgs, StepArgs, TokenizerArgs};
 use crate::commands::dump_hlo::{self, Format};
 use crate::console::{demo_show, print_header, Progress, RewardCourse};
 use crate::outputs::{LossChart, MetricsFile, RecipeFile, TensorBoard};
@@ -31,13 +29,7 @@ pub struct TrainArgs {
     pub recipe: crate::args::RecipeArgs,
 
     #[command(flatten)]
-    pub model: ModelArgs,
-
-    #[command(flatten)]
-    pub quantize: crate::args::QuantizeArgs,
-
-    #[command(flatten)]
-    pub dtype: DtypeArgs,
+    pub base: crate::args::BaseArgs,
 
     #[command(flatten)]
     pub tokenizer: TokenizerArgs,
@@ -207,12 +199,12 @@ impl TrainArgs {
 /// The engine's run of these flags; `given` (clap ids) are the settings
 /// the command line chose, which a resumed run must agree with.
 pub(crate) fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
-    let quantize = args.quantize.nf4();
+    let quantize = args.base.quantize.nf4();
     RunSpec {
-        model: args.model.source(),
+        model: args.base.model.source(),
         tokenizer: args.tokenizer.tokenizer.clone(),
         quantize,
-        dtype: args.dtype.dtype,
+        dtype: args.base.dtype.dtype,
         data: DataSource {
             path: args.data.clone(),
             chat_template: args.chat.chat_template.clone(),
