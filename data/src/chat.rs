@@ -30,7 +30,7 @@ impl Message {
 
 /// The roles chat templates render: a message of another role is most
 /// often dropped by the template without a word, so it is refused.
-pub const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+pub(crate) const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
 /// Refuses a message of a role no template renders, naming it as
 /// `field[i]`.

@@ -259,7 +259,7 @@ impl Reader<'_> {
     /// as JSON) in any of the three shapes of [`crate::pairs`]; a null
     /// field is an absent one (a Parquet table of mixed rows). Ambiguous
     /// or broken rows are refused naming the field.
-    pub fn parse_pair_row(
+    pub(crate) fn parse_pair_row(
         &self,
         row: &Value,
         eos_token: Option<&str>,

@@ -40,7 +40,7 @@ impl Example {
 
     /// The predictions a row holding this example's first `len` tokens
     /// counts: its learned tokens among them, the first never predicted.
-    pub fn learned_within(&self, len: usize) -> usize {
+    pub(crate) fn learned_within(&self, len: usize) -> usize {
         let end = len.min(self.target.len());
         self.target[..end].iter().skip(1).filter(|&&t| t).count()
     }
@@ -139,7 +139,7 @@ impl Reader<'_> {
     /// `input`, `output`: read as the prompt and completion of
     /// [`alpaca_prompt`]) and sharegpt rows (`conversations` of `{"from",
     /// "value"}`: read as `messages`).
-    pub fn parse_row(&self, row: &Value) -> Result<Example, String> {
+    pub(crate) fn parse_row(&self, row: &Value) -> Result<Example, String> {
         // A null field is an absent one: a table of rows of several shapes
         // (a Parquet file `datasets` made from mixed JSONL) has a column
         // for every field, null where a row lacks it.
@@ -466,7 +466,7 @@ impl Reader<'_> {
     /// memory is read in bounded memory: only its examples, cut to the row
     /// length, are kept). Columns are the JSONL fields; a bad row is an
     /// error naming the file and row (counted from 1).
-    pub fn read_parquet(&self, path: &Path) -> Result<Vec<Example>, DataError> {
+    pub(crate) fn read_parquet(&self, path: &Path) -> Result<Vec<Example>, DataError> {
         collect_rows(path, visit_parquet, |row| self.parse_row(row))
     }
 

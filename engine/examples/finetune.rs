@@ -7,8 +7,12 @@
 //! two adapters must be equal to the bit, and the loss must have fallen.
 use std::path::Path;
 
+use hlo_engine::run::spec::RunSpec;
+use hlo_engine::run::Run;
+use hlo_engine::step::StepSpec;
 use hlo_engine::step::{LoraSpec, ScheduleKind};
-use hlo_engine::{Hooks, Run, RunSpec, StepReport, StepSpec, StopFlag};
+use hlo_engine::train::hooks::{Hooks, StepReport};
+use hlo_engine::train::trainer::StopFlag;
 
 /// The engine calls this after every step: prints every 100th, and stops
 /// the run at `stop_at` (it saves and returns after the step in flight).

@@ -229,7 +229,7 @@ pub enum EngineError {
     /// A caller's hook failed (a report file could not be written, say).
     #[error(transparent)]
     Hook(Box<dyn std::error::Error + Send + Sync>),
-    /// [`crate::Run::train`] called again on a run that has trained.
+    /// [`crate::run::Run::train`] called again on a run that has trained.
     #[error("this run has trained already: build a new Run (resuming its output folder) to train further")]
     RunFinished,
     /// An adapter to start from that trains with dropout.

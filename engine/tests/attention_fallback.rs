@@ -3,10 +3,12 @@
 //! when one is given, and the session says why; without one the error is
 //! the compile's.
 
+use hlo_engine::device::backend::{Backend, BackendOptions};
+use hlo_engine::inputs::model::{Model, ModelSource};
 use hlo_engine::models::attention::AttentionKind;
 use hlo_engine::models::decoder::{LoraConfig, DEFAULT_TARGETS};
 use hlo_engine::models::train::TrainConfig;
-use hlo_engine::{Backend, BackendOptions, Model, ModelSource, Session, SessionOptions};
+use hlo_engine::train::session::{Session, SessionOptions};
 
 fn step(attention: AttentionKind) -> TrainConfig {
     let lora = LoraConfig::new(4, 8.0, &DEFAULT_TARGETS, false).unwrap();

@@ -9,14 +9,17 @@
 
 use std::path::{Path, PathBuf};
 
+use hlo_engine::device::backend::{Backend, BackendOptions};
+use hlo_engine::infer::batcher::{
+    Batcher, BatcherHandle, BatcherOptions, Event, FinishReason, GenerationRequest, SubmitError,
+};
+use hlo_engine::infer::generator::{Generator, Sampling};
+use hlo_engine::inputs::model::{Model, ModelSource};
 use hlo_engine::ir::rng::Rng;
 use hlo_engine::ir::{DType, Literal, TensorType};
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::decoder::{LoraConfig, LoraSelect, DEFAULT_TARGETS};
-use hlo_engine::{
-    Backend, BackendOptions, Batcher, BatcherHandle, BatcherOptions, Event, FinishReason,
-    GenerationRequest, Generator, Mode, Model, ModelSource, Sampling, SubmitError,
-};
+use hlo_engine::runtime::Mode;
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/llama/gqa_llama3")

@@ -2,13 +2,14 @@
 //! nothing) when a trained tensor is not finite, as after an update that
 //! overflowed while the loss before it was still finite.
 
-use hlo_engine::checkpoint::{self, RunSettings, RunState};
+use hlo_engine::device::backend::{Backend, BackendOptions};
+use hlo_engine::inputs::model::{Model, ModelSource};
 use hlo_engine::ir::Literal;
 use hlo_engine::models::decoder::{LoraConfig, DEFAULT_TARGETS};
 use hlo_engine::models::train::TrainConfig;
-use hlo_engine::{
-    Backend, BackendOptions, EngineError, Model, ModelSource, Session, SessionOptions,
-};
+use hlo_engine::train::checkpoint::{self, RunSettings, RunState};
+use hlo_engine::train::session::{Session, SessionOptions};
+use hlo_engine::EngineError;
 
 #[test]
 fn a_non_finite_parameter_is_never_saved() {

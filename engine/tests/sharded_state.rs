@@ -7,16 +7,19 @@
 
 use std::path::{Path, PathBuf};
 
-use hlo_engine::checkpoint::export::write_hf_weights;
-use hlo_engine::checkpoint::sharded::{write_process_shards, Manifest, ShardedState, MANIFEST};
-use hlo_engine::checkpoint::{self, RunSettings, RunState, SavedTensors};
+use hlo_engine::device::backend::{Backend, BackendOptions};
+use hlo_engine::inputs::model::{Model, ModelSource};
 use hlo_engine::ir::{DType, Literal};
 use hlo_engine::models::checkpoint::hf_layout;
 use hlo_engine::models::io::read_safetensors;
 use hlo_engine::models::train::TrainConfig;
-use hlo_engine::{
-    Backend, BackendOptions, EngineError, Model, ModelSource, Session, SessionOptions,
+use hlo_engine::train::checkpoint::export::write_hf_weights;
+use hlo_engine::train::checkpoint::sharded::{
+    write_process_shards, Manifest, ShardedState, MANIFEST,
 };
+use hlo_engine::train::checkpoint::{self, RunSettings, RunState, SavedTensors};
+use hlo_engine::train::session::{Session, SessionOptions};
+use hlo_engine::EngineError;
 
 fn session(mesh: &str) -> Session {
     std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "3");

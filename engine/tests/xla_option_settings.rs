@@ -4,9 +4,9 @@
 
 use std::collections::BTreeSet;
 
-use hlo_engine::checkpoint::RunSettings;
 use hlo_engine::run::spec::{Chosen, RunSpec};
 use hlo_engine::runtime::XlaOption;
+use hlo_engine::train::checkpoint::RunSettings;
 
 fn saved(value: serde_json::Value) -> RunSettings {
     let mut s = RunSettings::default();

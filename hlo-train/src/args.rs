@@ -7,24 +7,26 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
-use hlo_engine::backend::refuse_cpu_across_processes;
+use hlo_engine::device::backend::refuse_cpu_across_processes;
+use hlo_engine::device::backend::BackendOptions;
+use hlo_engine::device::processes::{Launch, LaunchFlags, RunToken};
 use hlo_engine::hub::{self, HubFiles};
+use hlo_engine::inputs::dataset::DataSpec;
+use hlo_engine::inputs::model::{Model, ModelSource};
 use hlo_engine::ir::DType;
 use hlo_engine::models::attention::AttentionKind;
 use hlo_engine::models::decoder::ModelConfig;
 use hlo_engine::models::nf4::Nf4Config;
 use hlo_engine::models::train::TrainConfig;
 use hlo_engine::named::Named;
+use hlo_engine::objectives::Objective;
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::policy::StepPolicy;
-use hlo_engine::processes::{Launch, LaunchFlags, RunToken};
 use hlo_engine::runtime::{parse_xla_option, PluginKind, PluginSpec, XlaOption};
+use hlo_engine::step::policy::StepPolicy;
 use hlo_engine::step::{
     AttentionChoice, LoraSpec, OptimSpec, OptimizerKind, RematChoice, ScheduleKind, StepSpec,
     Toggle,
 };
-use hlo_engine::{BackendOptions, DataSpec, Model, ModelSource, Objective};
-use serde_json::json;
 
 /// `--plugin` and `--devices`.
 #[derive(Args, Clone, Debug)]
@@ -617,13 +619,23 @@ pub fn printable(text: &str, ids: &[u32]) -> String {
     }
 }
 
-/// The attention of a step as JSON: `{"kind": "naive"}` or `{"kind":
-/// "blockwise", "block": 512}`.
-pub fn attention_json(tc: &TrainConfig) -> serde_json::Value {
-    match tc.attention {
-        AttentionKind::Naive => json!({"kind": "naive"}),
-        AttentionKind::Blockwise { block } => json!({"kind": "blockwise", "block": block}),
-        AttentionKind::Cudnn => json!({"kind": "cudnn"}),
+/// The attention of a step as `--json` gives it: `{"kind": "naive"}` or
+/// `{"kind": "blockwise", "block": 512}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum AttentionSummary {
+    Naive,
+    Blockwise { block: i64 },
+    Cudnn,
+}
+
+impl AttentionSummary {
+    pub fn of(tc: &TrainConfig) -> AttentionSummary {
+        match tc.attention {
+            AttentionKind::Naive => AttentionSummary::Naive,
+            AttentionKind::Blockwise { block } => AttentionSummary::Blockwise { block },
+            AttentionKind::Cudnn => AttentionSummary::Cudnn,
+        }
     }
 }
 

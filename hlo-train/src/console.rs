@@ -4,16 +4,17 @@
 //! it writes to files is `outputs`.)
 
 use anyhow::Result;
-use hlo_engine::checkpoint::StateTransfer;
 use hlo_engine::data::Tokenizer;
+use hlo_engine::infer::generator::{Generator, Sampling};
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::attention::AttentionKind;
 use hlo_engine::models::decoder::{LoraConfig, ModelConfig};
-use hlo_engine::Data;
-use hlo_engine::{
-    EvalReport, Generator, Hooks, Mode, Run, Sampling, Session, StepReport, TracedValue,
-    TrainSummary,
-};
+use hlo_engine::objectives::Data;
+use hlo_engine::run::Run;
+use hlo_engine::runtime::Mode;
+use hlo_engine::train::checkpoint::StateTransfer;
+use hlo_engine::train::hooks::{EvalReport, Hooks, StepReport, TracedValue, TrainSummary};
+use hlo_engine::train::session::Session;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::args::{gb, printable};

@@ -8,7 +8,8 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use hlo_engine::{EngineError, EvalReport, Hooks, RunStart, StepReport, TrainSummary};
+use hlo_engine::train::hooks::{EvalReport, Hooks, RunStart, StepReport, TrainSummary};
+use hlo_engine::EngineError;
 use hlo_report::{EventWriter, LossCurves, ReportError};
 use serde_json::json;
 

@@ -18,7 +18,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use clap::ArgAction;
-use hlo_engine::run::spec::Objective;
+use hlo_engine::objectives::Objective;
 use serde_json::Value;
 
 /// The commands that take `--recipe`.

@@ -11,11 +11,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use clap::Args;
+use hlo_engine::inputs::model::ModelSource;
 use hlo_engine::ir::DType;
 use hlo_engine::models::attention::AttentionKind;
 use hlo_engine::models::nf4::Nf4Config;
+use hlo_engine::run::spec::RunSpec;
 use hlo_engine::step::{AttentionChoice, StepSpec};
-use hlo_engine::{ModelSource, RunSpec};
 
 use crate::args::{named, DtypeArgs, ModelArgs, QuantizeArgs, TokenizerArgs};
 

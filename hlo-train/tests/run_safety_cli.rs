@@ -8,8 +8,8 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use hlo_engine::checkpoint::sharded::block_crc;
 use hlo_engine::models::io::{read_safetensors, write_safetensors};
+use hlo_engine::train::checkpoint::sharded::block_crc;
 
 /// A short tiny-model run on the demo task.
 fn tiny(steps: &str, extra: &[&str]) -> Vec<String> {

@@ -67,7 +67,7 @@ impl HubFiles {
     }
 
     /// Whether a download fetches the repo file `name` (a path in the repo).
-    pub fn wants(self, name: &str) -> bool {
+    pub(crate) fn wants(self, name: &str) -> bool {
         if name.contains('/') {
             return false;
         }
@@ -109,7 +109,7 @@ impl HubFiles {
 /// A Hub model id with its revision (a branch, tag, `refs/pr/N` or
 /// 40-hex commit; `main` when not given).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HubId {
+pub(crate) struct HubId {
     /// `ORG/NAME`.
     pub repo: String,
     /// What follows `@`, or `main`.
@@ -140,7 +140,7 @@ impl HubId {
     }
 
     /// The repo's folder in the cache: `models--ORG--NAME`.
-    pub fn folder_name(&self) -> String {
+    pub(crate) fn folder_name(&self) -> String {
         format!("models--{}", self.repo.replace('/', "--"))
     }
 }
@@ -216,7 +216,7 @@ impl HubEnv {
 
     /// Reads the settings through `var` (an environment lookup); empty
     /// values count as unset, a leading `~/` is the home folder.
-    pub fn from_vars(var: impl Fn(&str) -> Option<OsString>) -> HubEnv {
+    pub(crate) fn from_vars(var: impl Fn(&str) -> Option<OsString>) -> HubEnv {
         let get = |key: &str| var(key).filter(|v| !v.is_empty());
         let text = |key: &str| get(key).and_then(|v| v.into_string().ok());
         let truthy = |key: &str| {
@@ -269,7 +269,7 @@ impl HubEnv {
     /// The hub cache folder: `HF_HUB_CACHE`, else `$HF_HOME/hub`, else
     /// `$XDG_CACHE_HOME/huggingface/hub`, else `~/.cache/huggingface/hub`;
     /// `None` when none of them is set.
-    pub fn cache_dir(&self) -> Option<PathBuf> {
+    pub(crate) fn cache_dir(&self) -> Option<PathBuf> {
         self.hub_cache
             .clone()
             .or_else(|| Some(self.hf_home_dir()?.join("hub")))

@@ -140,20 +140,6 @@ impl Function {
         }
         Ok(())
     }
-
-    /// How many times each value is used (as an operand or an output).
-    pub fn use_counts(&self) -> Vec<usize> {
-        let mut uses = vec![0usize; self.values.len()];
-        for node in &self.nodes {
-            for o in &node.operands {
-                uses[o.index()] += 1;
-            }
-        }
-        for b in &self.outputs {
-            uses[b.value.index()] += 1;
-        }
-        uses
-    }
 }
 
 /// A function shared by the ops that hold one (a loop's condition and body,

@@ -151,7 +151,7 @@ impl Literal {
     }
 
     /// True when every element has the same bytes.
-    pub fn is_splat(&self) -> bool {
+    pub(crate) fn is_splat(&self) -> bool {
         let n = self.ty.dtype.size_in_bytes();
         self.bytes.chunks_exact(n).all(|c| c == &self.bytes[..n])
     }
@@ -173,7 +173,7 @@ impl Literal {
     /// One element's value as MLIR writes it inside `dense<...>`: hex bits
     /// for floats (exact, and the only spelling of inf and NaN), decimal for
     /// integers, `true`/`false` for pred.
-    pub fn mlir_element(&self, i: usize) -> String {
+    pub(crate) fn mlir_element(&self, i: usize) -> String {
         let d = self.ty.dtype;
         let n = d.size_in_bytes();
         let c = &self.bytes[i * n..(i + 1) * n];
@@ -190,7 +190,7 @@ impl Literal {
     }
 
     /// One element's value as HLO text writes it (`1.5`, `-inf`, `nan`, `7`, `true`).
-    pub fn hlo_element(&self, i: usize) -> String {
+    pub(crate) fn hlo_element(&self, i: usize) -> String {
         let d = self.ty.dtype;
         let (v, k) = self.element(i);
         if d == DType::Pred {

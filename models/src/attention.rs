@@ -48,7 +48,7 @@ pub fn default_block(seq: i64) -> i64 {
 }
 
 /// The largest divisor of `seq` that is at most `at_most` (at least 1).
-pub fn block_dividing(seq: i64, at_most: i64) -> i64 {
+pub(crate) fn block_dividing(seq: i64, at_most: i64) -> i64 {
     (1..=at_most.min(seq).max(1))
         .rev()
         .find(|b| seq % b == 0)

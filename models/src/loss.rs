@@ -7,13 +7,6 @@
 use hlo_ir::ops::Gather;
 use hlo_ir::{full, iota, scan, DType, Inputs, Tensor, TensorType};
 
-/// Mean cross-entropy of next-token prediction over masked positions:
-/// `sum(mask · (logsumexp(logits) − logit[label])) / max(sum(mask), 1)`,
-/// label `t` being token `t + 1`; no one-hot matrix is formed.
-pub fn masked_cross_entropy(logits: Tensor, input_ids: Tensor, loss_mask: Tensor) -> Tensor {
-    mean(masked_cross_entropy_sum(logits, input_ids, loss_mask))
-}
-
 /// `total / max(count, 1)`.
 pub fn mean((total, count): (Tensor, Tensor)) -> Tensor {
     total / count.maximum(count.scalar_like(1.0))
@@ -104,7 +97,7 @@ fn stats_of(logits: Tensor, labels: Tensor) -> [Tensor; 4] {
 }
 
 /// [`TokenStats`] of whole `logits: [b, s, vocab]` for `input_ids`.
-pub fn token_stats(logits: Tensor, input_ids: Tensor) -> TokenStats {
+pub(crate) fn token_stats(logits: Tensor, input_ids: Tensor) -> TokenStats {
     let d = logits.dims();
     let (b, s, v) = (d[0], d[1], d[2]);
     let lf = logits.cast(DType::F32).reshape(&[b * s, v]);
@@ -122,7 +115,7 @@ pub fn token_stats(logits: Tensor, input_ids: Tensor) -> TokenStats {
 /// [b, s, hidden]`, computed `chunk` positions of every row at a time in
 /// a scan (as [`chunked_cross_entropy_sum`] does): never more than `[b,
 /// chunk, vocab]` logits at once, forward or backward.
-pub fn chunked_token_stats(
+pub(crate) fn chunked_token_stats(
     h: Tensor,
     consts: &[(&str, Tensor)],
     head: impl Fn(&Inputs, Tensor) -> Tensor,
@@ -199,7 +192,7 @@ fn token_losses_sum(logits: Tensor, labels: Tensor, mask: Tensor) -> Tensor {
 /// `logits: [rows, s, vocab]`, `input_ids` and `loss_mask: [rows, s]`,
 /// the mask at `t` counting token `t + 1` as in
 /// [`masked_cross_entropy_sum`].
-pub fn masked_logps_per_row(
+pub(crate) fn masked_logps_per_row(
     logits: Tensor,
     input_ids: Tensor,
     loss_mask: Tensor,

@@ -11,7 +11,7 @@
 //! is exact in bf16 and f32.
 
 /// The value of each 4-bit e2m1 code (sign bit 3).
-pub const FP4_VALUES: [f64; 16] = [
+pub(crate) const FP4_VALUES: [f64; 16] = [
     0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
 ];
 
@@ -19,7 +19,7 @@ pub const FP4_VALUES: [f64; 16] = [
 pub const BLOCK: i64 = 32;
 
 /// The scale byte E8M0 reserves for NaN.
-pub const NAN_SCALE: u8 = 255;
+pub(crate) const NAN_SCALE: u8 = 255;
 
 /// 2¹²⁸: the first power of two past bf16's and f32's range. A
 /// dequantized value (a code's value times a power of two) below it is
@@ -31,8 +31,8 @@ pub const NAN_SCALE: u8 = 255;
 pub const RANGE: f64 = 3.402_823_669_209_385e38;
 
 /// The suffixes of a quantized tensor's two stored parts.
-pub const BLOCKS_SUFFIX: &str = "_blocks";
-pub const SCALES_SUFFIX: &str = "_scales";
+pub(crate) const BLOCKS_SUFFIX: &str = "_blocks";
+pub(crate) const SCALES_SUFFIX: &str = "_scales";
 
 /// The shapes of the blocks and scales that store a tensor held as
 /// `held` (`[experts, in, out]`); None when `in` is not whole blocks.

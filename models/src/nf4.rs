@@ -28,7 +28,7 @@ pub const BLOCK_SIZE: usize = 64;
 
 /// Values per block of the absmax's own quantization (double
 /// quantization), as bitsandbytes.
-pub const ABSMAX_BLOCK_SIZE: usize = 256;
+pub(crate) const ABSMAX_BLOCK_SIZE: usize = 256;
 
 /// The 16 NF4 levels: quantiles of a standard normal scaled to [-1, 1]
 /// with an exact zero (QLoRA, appendix E), in code order.
@@ -331,12 +331,12 @@ impl Nf4Tensor {
     }
 
     /// How many values the tensor holds.
-    pub fn numel(&self) -> usize {
+    pub(crate) fn numel(&self) -> usize {
         self.shape.iter().product()
     }
 
     /// Each block's scale (dequantized when doubly quantized).
-    pub fn block_absmax(&self) -> Vec<f32> {
+    pub(crate) fn block_absmax(&self) -> Vec<f32> {
         match &self.absmax {
             Absmax::Plain(a) => a.clone(),
             Absmax::Double(d) => d.absmax(),

@@ -147,7 +147,7 @@ impl PartitionSpec {
     }
 
     /// Which block (per dimension) device `device` holds.
-    pub fn block_index(&self, mesh: &Mesh, rank: usize, device: i64) -> Vec<i64> {
+    pub(crate) fn block_index(&self, mesh: &Mesh, rank: usize, device: i64) -> Vec<i64> {
         let c = mesh.coordinates(device);
         (0..rank)
             .map(|dim| {

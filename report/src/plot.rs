@@ -63,7 +63,7 @@ impl Axis {
 
     /// The data value at pixel coordinate `p` (the inverse of `px`).
     #[cfg(test)]
-    pub fn value_at(&self, p: f64) -> f64 {
+    pub(crate) fn value_at(&self, p: f64) -> f64 {
         self.lo + (p - self.px_lo) / (self.px_hi - self.px_lo) * (self.hi - self.lo)
     }
 }
@@ -216,7 +216,7 @@ pub struct Labels<'a> {
 }
 
 /// The loss chart's labels.
-pub const LOSS: Labels<'static> = Labels {
+pub(crate) const LOSS: Labels<'static> = Labels {
     y: "loss",
     train: "train loss",
     eval: "eval loss",

@@ -71,12 +71,6 @@ impl EventWriter {
         &self.path
     }
 
-    /// Writes `value` under `tag` at `step`. TensorBoard keeps scalars as
-    /// 32-bit floats; a non-finite value is written as it is.
-    pub fn add_scalar(&mut self, tag: &str, step: i64, value: f64) -> Result<()> {
-        self.add_scalars(step, &[(tag, value)])
-    }
-
     /// Writes several scalars of one step in one event.
     pub fn add_scalars(&mut self, step: i64, values: &[(&str, f64)]) -> Result<()> {
         let event = scalar_event(wall_time(), step, values);
@@ -222,7 +216,7 @@ const CRC32C_TABLE: [u32; 256] = {
 };
 
 /// The CRC-32C of `data`.
-pub fn crc32c(data: &[u8]) -> u32 {
+pub(crate) fn crc32c(data: &[u8]) -> u32 {
     let mut crc = !0u32;
     for &b in data {
         crc = CRC32C_TABLE[((crc ^ u32::from(b)) & 0xff) as usize] ^ (crc >> 8);
@@ -232,7 +226,7 @@ pub fn crc32c(data: &[u8]) -> u32 {
 
 /// TFRecord's masked CRC: a CRC of data that itself holds CRCs is weak,
 /// so the stored value is rotated and offset.
-pub fn masked_crc32c(data: &[u8]) -> u32 {
+pub(crate) fn masked_crc32c(data: &[u8]) -> u32 {
     let crc = crc32c(data);
     crc.rotate_right(15).wrapping_add(0xa282_ead8)
 }
@@ -360,8 +354,8 @@ mod tests {
         let before = wall_time();
         let path = {
             let mut w = EventWriter::create(&dir.join("tb")).unwrap();
-            w.add_scalar("train/loss", 1, 2.5).unwrap();
-            w.add_scalar("train/loss", 2, 0.1).unwrap();
+            w.add_scalars(1, &[("train/loss", 2.5)]).unwrap();
+            w.add_scalars(2, &[("train/loss", 0.1)]).unwrap();
             w.add_scalars(2, &[("eval/loss", 3.25), ("eval/nan", f64::NAN)])
                 .unwrap();
             w.path().to_path_buf()

@@ -121,18 +121,6 @@ impl Buffer {
         }
     }
 
-    pub fn on_device_size_in_bytes(&self) -> Result<usize> {
-        let mut a = ffi::PJRT_Buffer_OnDeviceSizeInBytes_Args::new();
-        a.buffer = self.raw;
-        // SAFETY: matching args.
-        unsafe {
-            self.client
-                .api
-                .call(Slot::PJRT_Buffer_OnDeviceSizeInBytes, &mut a)?
-        };
-        Ok(a.on_device_size_in_bytes)
-    }
-
     /// The device holding the buffer.
     pub fn device(&self) -> Result<Device> {
         let mut a = ffi::PJRT_Buffer_Device_Args::new();

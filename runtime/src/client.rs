@@ -283,7 +283,7 @@ impl Client {
     }
 
     /// Whether some of the client's devices belong to other processes.
-    pub fn spans_processes(&self) -> Result<bool> {
+    pub(crate) fn spans_processes(&self) -> Result<bool> {
         Ok(self.devices()?.len() > self.addressable_devices()?.len())
     }
 
@@ -479,18 +479,6 @@ impl Device {
                 .call(Slot::PJRT_DeviceDescription_Attributes, &mut a)?;
             Ok(read_named_values(a.attributes, a.num_attributes))
         }
-    }
-
-    pub fn local_hardware_id(&self) -> Result<i32> {
-        let mut a = ffi::PJRT_Device_LocalHardwareId_Args::new();
-        a.device = self.raw;
-        // SAFETY: matching args.
-        unsafe {
-            self.client
-                .api
-                .call(Slot::PJRT_Device_LocalHardwareId, &mut a)?
-        };
-        Ok(a.local_hardware_id)
     }
 
     pub fn is_addressable(&self) -> Result<bool> {

@@ -22,23 +22,23 @@ pub struct PJRT_Error {
     _private: [u8; 0],
 }
 #[repr(C)]
-pub struct PJRT_Client {
+pub(crate) struct PJRT_Client {
     _private: [u8; 0],
 }
 #[repr(C)]
-pub struct PJRT_Device {
+pub(crate) struct PJRT_Device {
     _private: [u8; 0],
 }
 #[repr(C)]
-pub struct PJRT_DeviceDescription {
+pub(crate) struct PJRT_DeviceDescription {
     _private: [u8; 0],
 }
 #[repr(C)]
-pub struct PJRT_Buffer {
+pub(crate) struct PJRT_Buffer {
     _private: [u8; 0],
 }
 #[repr(C)]
-pub struct PJRT_Event {
+pub(crate) struct PJRT_Event {
     _private: [u8; 0],
 }
 #[repr(C)]
@@ -46,15 +46,15 @@ pub struct PJRT_Executable {
     _private: [u8; 0],
 }
 #[repr(C)]
-pub struct PJRT_TopologyDescription {
+pub(crate) struct PJRT_TopologyDescription {
     _private: [u8; 0],
 }
 #[repr(C)]
-pub struct PJRT_SerializedExecutable {
+pub(crate) struct PJRT_SerializedExecutable {
     _private: [u8; 0],
 }
 #[repr(C)]
-pub struct PJRT_LoadedExecutable {
+pub(crate) struct PJRT_LoadedExecutable {
     _private: [u8; 0],
 }
 
@@ -187,7 +187,7 @@ macro_rules! pjrt_args {
 }
 
 /// Called once an event is ready; owns (and must destroy) `error`.
-pub type PJRT_Event_OnReadyCallback =
+pub(crate) type PJRT_Event_OnReadyCallback =
     unsafe extern "C" fn(error: *mut PJRT_Error, user_arg: *mut c_void);
 
 /// `PJRT_CallbackError`: the plugin's maker of a `PJRT_Error`, handed to
@@ -197,7 +197,7 @@ pub type PJRT_CallbackError =
 
 /// Frees a value our get callbacks returned; the plugin calls it after
 /// copying the value.
-pub type PJRT_KeyValueGetCallback_ValueDeleter = unsafe extern "C" fn(value: *mut c_char);
+pub(crate) type PJRT_KeyValueGetCallback_ValueDeleter = unsafe extern "C" fn(value: *mut c_char);
 
 /// `PJRT_KeyValueGetCallback_Args`: a blocking get, `timeout_in_ms` long.
 #[repr(C)]
@@ -253,27 +253,27 @@ pub type PJRT_KeyValuePutCallback =
 
 /// `PJRT_Buffer_Type`.
 pub type PJRT_Buffer_Type = u32;
-pub const PJRT_Buffer_Type_PRED: PJRT_Buffer_Type = 1;
-pub const PJRT_Buffer_Type_S8: PJRT_Buffer_Type = 2;
-pub const PJRT_Buffer_Type_S32: PJRT_Buffer_Type = 4;
-pub const PJRT_Buffer_Type_S64: PJRT_Buffer_Type = 5;
-pub const PJRT_Buffer_Type_U8: PJRT_Buffer_Type = 6;
-pub const PJRT_Buffer_Type_U32: PJRT_Buffer_Type = 8;
-pub const PJRT_Buffer_Type_U64: PJRT_Buffer_Type = 9;
-pub const PJRT_Buffer_Type_F16: PJRT_Buffer_Type = 10;
-pub const PJRT_Buffer_Type_F32: PJRT_Buffer_Type = 11;
-pub const PJRT_Buffer_Type_F64: PJRT_Buffer_Type = 12;
-pub const PJRT_Buffer_Type_BF16: PJRT_Buffer_Type = 13;
+pub(crate) const PJRT_Buffer_Type_PRED: PJRT_Buffer_Type = 1;
+pub(crate) const PJRT_Buffer_Type_S8: PJRT_Buffer_Type = 2;
+pub(crate) const PJRT_Buffer_Type_S32: PJRT_Buffer_Type = 4;
+pub(crate) const PJRT_Buffer_Type_S64: PJRT_Buffer_Type = 5;
+pub(crate) const PJRT_Buffer_Type_U8: PJRT_Buffer_Type = 6;
+pub(crate) const PJRT_Buffer_Type_U32: PJRT_Buffer_Type = 8;
+pub(crate) const PJRT_Buffer_Type_U64: PJRT_Buffer_Type = 9;
+pub(crate) const PJRT_Buffer_Type_F16: PJRT_Buffer_Type = 10;
+pub(crate) const PJRT_Buffer_Type_F32: PJRT_Buffer_Type = 11;
+pub(crate) const PJRT_Buffer_Type_F64: PJRT_Buffer_Type = 12;
+pub(crate) const PJRT_Buffer_Type_BF16: PJRT_Buffer_Type = 13;
 
 /// `PJRT_HostBufferSemantics`.
-pub const PJRT_HostBufferSemantics_kImmutableOnlyDuringCall: u32 = 0;
+pub(crate) const PJRT_HostBufferSemantics_kImmutableOnlyDuringCall: u32 = 0;
 
 /// `PJRT_NamedValue_Type`.
-pub const PJRT_NamedValue_kString: u32 = 0;
-pub const PJRT_NamedValue_kInt64: u32 = 1;
-pub const PJRT_NamedValue_kInt64List: u32 = 2;
-pub const PJRT_NamedValue_kFloat: u32 = 3;
-pub const PJRT_NamedValue_kBool: u32 = 4;
+pub(crate) const PJRT_NamedValue_kString: u32 = 0;
+pub(crate) const PJRT_NamedValue_kInt64: u32 = 1;
+pub(crate) const PJRT_NamedValue_kInt64List: u32 = 2;
+pub(crate) const PJRT_NamedValue_kFloat: u32 = 3;
+pub(crate) const PJRT_NamedValue_kBool: u32 = 4;
 
 /// The value union of `PJRT_NamedValue`.
 #[repr(C)]
@@ -611,4 +611,4 @@ impl PJRT_Program {
 }
 
 /// `PJRT_Api* GetPjrtApi(void)`, the one symbol a plugin exports.
-pub type GetPjrtApiFn = unsafe extern "C" fn() -> *const PJRT_Api;
+pub(crate) type GetPjrtApiFn = unsafe extern "C" fn() -> *const PJRT_Api;

@@ -104,7 +104,7 @@ impl HostArray {
     }
 
     /// An array from raw little-endian bytes.
-    pub fn from_bytes(dtype: DType, dims: &[i64], data: Vec<u8>) -> Result<Self> {
+    pub(crate) fn from_bytes(dtype: DType, dims: &[i64], data: Vec<u8>) -> Result<Self> {
         let want = element_count(dims)? * dtype.size_in_bytes();
         if data.len() != want {
             return Err(Error::InvalidArgument(format!(

@@ -203,7 +203,7 @@ impl CompiledFunction {
 
     /// Runs on device buffers (all on the executable's device); outputs stay
     /// on the device.
-    pub fn run_buffers(&self, inputs: &[&Buffer]) -> Result<Vec<Buffer>> {
+    pub(crate) fn run_buffers(&self, inputs: &[&Buffer]) -> Result<Vec<Buffer>> {
         let types = inputs
             .iter()
             .map(|b| Ok(TensorType::new(b.dtype()?, b.dims()?)))

@@ -11,7 +11,7 @@ use crate::error::ApiError;
 /// `prompt`: a text, texts, token ids, or lists of token ids.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(untagged)]
-pub enum PromptInput {
+pub(crate) enum PromptInput {
     Text(String),
     Texts(Vec<String>),
     Ids(Vec<u32>),
@@ -21,20 +21,20 @@ pub enum PromptInput {
 /// `stop`: one string or several.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(untagged)]
-pub enum StopInput {
+pub(crate) enum StopInput {
     One(String),
     Many(Vec<String>),
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
-pub struct StreamOptions {
+pub(crate) struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
 }
 
 /// What completions and chat completions share.
 #[derive(Clone, Debug, Default, Deserialize)]
-pub struct Common {
+pub(crate) struct Common {
     pub model: Option<String>,
     pub max_tokens: Option<i64>,
     pub temperature: Option<f64>,
@@ -49,6 +49,9 @@ pub struct Common {
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
     pub logit_bias: Option<Value>,
+    /// OpenAI's id of the end user: accepted, read by nothing (it
+    /// changes nothing generated).
+    #[allow(dead_code)]
     pub user: Option<String>,
     /// vLLM's: keep generating past the model's end-of-sequence tokens.
     #[serde(default)]
@@ -60,7 +63,7 @@ pub struct Common {
 
 /// `POST /v1/completions`.
 #[derive(Clone, Debug, Deserialize)]
-pub struct CompletionRequest {
+pub(crate) struct CompletionRequest {
     #[serde(flatten)]
     pub common: Common,
     pub prompt: PromptInput,
@@ -87,7 +90,7 @@ pub struct Part {
 }
 
 #[derive(Clone, Debug, Deserialize)]
-pub struct ChatMessage {
+pub(crate) struct ChatMessage {
     pub role: String,
     pub content: Content,
     pub name: Option<String>,
@@ -125,7 +128,7 @@ impl ChatMessage {
 
 /// `POST /v1/chat/completions`.
 #[derive(Clone, Debug, Deserialize)]
-pub struct ChatRequest {
+pub(crate) struct ChatRequest {
     #[serde(flatten)]
     pub common: Common,
     pub messages: Vec<ChatMessage>,
@@ -137,7 +140,7 @@ pub struct ChatRequest {
 /// `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AdapterRequest {
+pub(crate) struct AdapterRequest {
     pub lora_name: String,
     pub lora_path: Option<String>,
     /// vLLM's; reloading in place is not offered.
@@ -182,8 +185,8 @@ pub fn parse<T: for<'de> Deserialize<'de>>(body: &[u8], own: &[&str]) -> Result<
     serde_json::from_value(value).map_err(|e| ApiError::bad(format!("invalid request: {e}"), None))
 }
 
-pub const COMPLETION_KEYS: [&str; 5] = ["prompt", "echo", "logprobs", "best_of", "suffix"];
-pub const CHAT_KEYS: [&str; 4] = [
+pub(crate) const COMPLETION_KEYS: [&str; 5] = ["prompt", "echo", "logprobs", "best_of", "suffix"];
+pub(crate) const CHAT_KEYS: [&str; 4] = [
     "messages",
     "max_completion_tokens",
     "logprobs",
@@ -204,8 +207,8 @@ fn refuse(set: bool, param: &str, why: &str) -> Result<(), ApiError> {
 
 /// Stop strings a request may give, and the longest one (in bytes): each
 /// is searched for in the text after every token.
-pub const MAX_STOPS: usize = 16;
-pub const MAX_STOP_BYTES: usize = 1024;
+pub(crate) const MAX_STOPS: usize = 16;
+pub(crate) const MAX_STOP_BYTES: usize = 1024;
 
 impl Common {
     /// Checks every value in exact arithmetic (a number the server would

@@ -1,5 +1,5 @@
 //! `hlo-serve`: an OpenAI-compatible HTTP server (tokio + axum) over the
-//! engine's continuous [`Batcher`](hlo_engine::Batcher), serving one base
+//! engine's continuous [`Batcher`](hlo_engine::infer::batcher::Batcher), serving one base
 //! model and many LoRA adapters in one batch.
 //!
 //! It owns the HTTP side: routes (`/v1/models`, `/v1/completions`,
@@ -30,9 +30,12 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use hlo_engine::batcher::fresh_seed;
 use hlo_engine::data::{ChatTemplate, Prompt, Tokenizer};
-use hlo_engine::{BatcherHandle, Event, FinishReason, GenerationRequest, Sampling, SubmitError};
+use hlo_engine::infer::batcher::fresh_seed;
+use hlo_engine::infer::batcher::{
+    BatcherHandle, Event, FinishReason, GenerationRequest, SubmitError,
+};
+use hlo_engine::infer::generator::Sampling;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 

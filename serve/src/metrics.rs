@@ -6,7 +6,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use hlo_engine::BatcherStats;
+use hlo_engine::infer::batcher::BatcherStats;
 
 /// Upper bounds (seconds) of the latency histograms' buckets.
 const BUCKETS: [f64; 14] = [
@@ -85,11 +85,11 @@ impl Metrics {
         t.1 += completion as u64;
     }
 
-    pub fn time_to_first_token(&self, seconds: f64) {
+    pub(crate) fn time_to_first_token(&self, seconds: f64) {
         self.lock().ttft.observe(seconds);
     }
 
-    pub fn inter_token_latency(&self, seconds: f64) {
+    pub(crate) fn inter_token_latency(&self, seconds: f64) {
         self.lock().itl.observe(seconds);
     }
 

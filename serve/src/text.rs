@@ -11,7 +11,7 @@ use hlo_engine::data::Tokenizer;
 const CONTEXT: usize = 6;
 
 /// The text of one completion, token by token.
-pub struct TextStream {
+pub(crate) struct TextStream {
     tokenizer: Option<Arc<Tokenizer>>,
     context: Vec<u32>,
     context_text: String,

@@ -21,14 +21,15 @@ use axum::response::Response;
 use axum::Router;
 use futures_util::StreamExt;
 use hlo_engine::data::{ChatTemplate, Message, Prompt, Tokenizer};
+use hlo_engine::device::backend::{Backend, BackendOptions};
+use hlo_engine::infer::batcher::Event as EngineEvent;
+use hlo_engine::infer::batcher::{Batcher, BatcherHandle, BatcherOptions, GenerationRequest};
+use hlo_engine::infer::generator::{Generator, Sampling};
+use hlo_engine::inputs::model::{Model, ModelSource};
 use hlo_engine::ir::DType;
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::decoder::LoraConfig;
-use hlo_engine::Event as EngineEvent;
-use hlo_engine::{
-    Backend, BackendOptions, Batcher, BatcherHandle, BatcherOptions, GenerationRequest, Generator,
-    Mode, Model, ModelSource, Sampling,
-};
+use hlo_engine::runtime::Mode;
 use hlo_serve::{router, ServerConfig, DEFAULT_SSE_KEEP_ALIVE};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::error::TryRecvError;

@@ -41,7 +41,7 @@ pub use prepare::{prepare, PrepareOptions};
 /// The manifest's `format`.
 pub const FORMAT: &str = "hlo-train tokens";
 /// The manifest's `version`.
-pub const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 1;
 /// The manifest's file name.
 pub const MANIFEST: &str = "manifest.json";
 
@@ -482,7 +482,7 @@ impl TokenShards {
     }
 
     /// The length of sample `i`, in tokens (reads its offsets only).
-    pub fn sample_len(&self, i: usize) -> usize {
+    pub(crate) fn sample_len(&self, i: usize) -> usize {
         self.span(i).1.len()
     }
 
@@ -490,7 +490,7 @@ impl TokenShards {
     /// learned: the predictions a row holding those `len` tokens counts
     /// (reads the mask only: what a process counts of rows it does not
     /// fill).
-    pub fn learned_within(&self, i: usize, len: usize) -> Result<usize, DataError> {
+    pub(crate) fn learned_within(&self, i: usize, len: usize) -> Result<usize, DataError> {
         let (shard, span) = self.span(i);
         self.touch(shard)?;
         let end = span.end.min(span.start.saturating_add(len));

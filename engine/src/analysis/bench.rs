@@ -28,7 +28,7 @@ pub struct BenchResult {
 
 /// A batch of `rows` × `seq` spread-out token ids, every prediction
 /// counted, one sample per row.
-pub fn synthetic_batch(rows: usize, seq: usize, vocab: i64) -> Batch {
+pub(crate) fn synthetic_batch(rows: usize, seq: usize, vocab: i64) -> Batch {
     let n = rows * seq;
     Batch {
         ids: (0..n)

@@ -83,7 +83,7 @@ pub struct Transfer {
 /// Bytes per device of a ring collective over `n` devices: all-gather and
 /// reduce-scatter move `(n-1)/n` of the whole tensor (`whole_bytes`), an
 /// all-reduce twice that.
-pub fn ring_bytes(collective: Collective, n: i64, whole_bytes: f64) -> f64 {
+pub(crate) fn ring_bytes(collective: Collective, n: i64, whole_bytes: f64) -> f64 {
     if n <= 1 {
         return 0.0;
     }
@@ -372,7 +372,7 @@ impl std::fmt::Display for Span {
 /// (process `p` holds devices `p·L .. p·L+L-1`), and the mesh is laid over
 /// them in row-major order: a group crosses nodes iff its members' nodes
 /// differ. `devices_per_node` < 1 counts as 1.
-pub fn axis_span(mesh: &Mesh, axis: usize, devices_per_node: i64) -> Span {
+pub(crate) fn axis_span(mesh: &Mesh, axis: usize, devices_per_node: i64) -> Span {
     let axes = mesh.axes();
     let Some(&(_, n)) = axes.get(axis) else {
         return Span::Within;

@@ -11,7 +11,7 @@
 //! compiles for the card without one present.
 //!
 //! ```
-//! use hlo_engine::hardware::{lookup, Kind};
+//! use hlo_engine::analysis::hardware::{lookup, Kind};
 //! let h100 = lookup("NVIDIA H100 80GB HBM3").unwrap();
 //! assert_eq!(h100.kind, Kind::H100);
 //! assert_eq!(h100.peak_tflops(hlo_ir::DType::BF16), Some(989.0));
@@ -189,7 +189,7 @@ impl Device {
 
     /// The plugin that compiles for the kind: `cuda` or `rocm`; None for
     /// the host.
-    pub fn compiler_platform(&self) -> Option<&'static str> {
+    pub(crate) fn compiler_platform(&self) -> Option<&'static str> {
         self.gpu.map(|g| g.platform)
     }
 }
@@ -429,7 +429,7 @@ pub fn lookup(kind: &str) -> Option<&'static Device> {
 
 /// The host's memory in bytes (`MemTotal` of `/proc/meminfo`), None when
 /// it cannot be read.
-pub fn host_memory_bytes() -> Option<u64> {
+pub(crate) fn host_memory_bytes() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
     let kb = meminfo
         .lines()

@@ -26,8 +26,8 @@ use crate::device::target::TargetCompiler;
 use crate::error::Result;
 use crate::infer::generator::{cache_bucket, cache_spec, prompt_bucket};
 use crate::inputs::model::quantized_config;
+use crate::objectives::Objective;
 use crate::objectives::{Data, ObjectiveSpecs};
-use crate::run::spec::Objective;
 use crate::step::policy::Target;
 use crate::step::{OptimSpec, RematChoice, StepSpec};
 
@@ -57,13 +57,13 @@ pub fn compute_estimate(
 
 /// Tokens a parameter of a compute-optimal budget (Chinchilla: Hoffmann
 /// et al. 2022), what LLM Foundry trained its MPT models to.
-pub const CHINCHILLA_TOKENS_PER_PARAMETER: f64 = 20.0;
+pub(crate) const CHINCHILLA_TOKENS_PER_PARAMETER: f64 = 20.0;
 
 /// What a step's compute bounds a run's throughput to, and the time to a
 /// compute-optimal token budget at an assumed MFU.
 ///
 /// ```
-/// use hlo_engine::plan::{ComputeEstimate, Throughput};
+/// use hlo_engine::analysis::plan::{ComputeEstimate, Throughput};
 /// let t = Throughput::of(1_000_000_000, 16_384, ComputeEstimate { peak_tflops: 989.0, ms: 100.0 }, Some(50.0));
 /// assert_eq!(t.bound_tokens_per_s(), 163_840.0);
 /// assert_eq!(t.tokens_per_s(0.5), 81_920.0);
@@ -372,7 +372,7 @@ pub struct StepToPlan {
 
 impl StepToPlan {
     /// The traced step's configuration ([`StepSpec::train_config`], as
-    /// the objective takes it: [`Objective::step_spec`]).
+    /// the objective takes it: [`ObjectiveDef::step_spec`](crate::objectives::ObjectiveDef::step_spec)).
     pub fn train_config(&self) -> Result<TrainConfig> {
         let mut tc = self
             .objective

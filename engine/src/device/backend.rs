@@ -48,7 +48,7 @@ impl BackendOptions {
     /// [`full_mesh`]), or `dp=1,fsdp=devices,mp=1`.
     ///
     /// ```
-    /// use hlo_engine::BackendOptions;
+    /// use hlo_engine::device::backend::BackendOptions;
     /// let mut o = BackendOptions::cpu();
     /// o.devices = Some(4);
     /// assert_eq!(o.mesh_or(None).unwrap().to_string(), "dp=1,fsdp=4,mp=1");
@@ -90,7 +90,7 @@ pub const MESH_AXES: [&str; 3] = ["dp", "fsdp", "mp"];
 /// an axis no partition rule names ([`check_mesh_axes`]).
 ///
 /// ```
-/// use hlo_engine::full_mesh;
+/// use hlo_engine::device::backend::full_mesh;
 /// let full = |m: &str| full_mesh(&m.parse().unwrap()).map(|m| m.to_string());
 /// assert_eq!(full("dp=2,fsdp=2").unwrap(), "dp=2,fsdp=2,mp=1");
 /// assert_eq!(full("fsdp=4").unwrap(), "dp=1,fsdp=4,mp=1");
@@ -119,7 +119,7 @@ pub fn full_mesh(mesh: &Mesh) -> Result<Mesh> {
 /// Refuses a mesh with an axis no partition rule names.
 ///
 /// ```
-/// use hlo_engine::check_mesh_axes;
+/// use hlo_engine::device::backend::check_mesh_axes;
 /// assert!(check_mesh_axes(&"dp=1,fsdp=2,mp=1".parse().unwrap()).is_ok());
 /// assert!(check_mesh_axes(&"dp=1,fsdp=1,mp=1,xx=2".parse().unwrap()).is_err());
 /// ```
@@ -299,10 +299,6 @@ impl Backend {
         &self.devices
     }
 
-    pub fn plugin_kind(&self) -> PluginKind {
-        self.kind
-    }
-
     /// The platform's name (`cpu`, `cuda`, `rocm`).
     pub fn platform(&self) -> Result<String> {
         Ok(self.client.platform_name()?)
@@ -350,7 +346,7 @@ impl Backend {
     /// An array of type `ty` laid out over the mesh by `spec`, each block
     /// this process's devices hold from `fill(offset, dims)` (see
     /// [`DeviceArray::from_blocks`]): a restore never holds the whole.
-    pub fn place_blocks(
+    pub(crate) fn place_blocks(
         &self,
         ty: &hlo_ir::TensorType,
         spec: &PartitionSpec,
@@ -370,8 +366,8 @@ impl Backend {
 /// `visible_devices` when each process drives one GPU.
 ///
 /// ```
-/// use hlo_engine::backend::node_options;
-/// use hlo_engine::processes::{Launch, LaunchSource};
+/// use hlo_engine::device::backend::node_options;
+/// use hlo_engine::device::processes::{Launch, LaunchSource};
 /// let launch = Launch {
 ///     num_processes: 16, process_id: 9, local_id: Some(1), local_processes: Some(8),
 ///     coordinator: "node-a:29500".into(), init_timeout: std::time::Duration::from_secs(300),

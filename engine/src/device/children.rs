@@ -12,7 +12,7 @@ static GROUPS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 
 /// Starts `command` as the leader of a new process group, remembered
 /// until [`kill_group`].
-pub fn spawn_group(command: &mut Command) -> std::io::Result<Child> {
+pub(crate) fn spawn_group(command: &mut Command) -> std::io::Result<Child> {
     use std::os::unix::process::CommandExt;
     let child = command.process_group(0).spawn()?;
     lock().push(child.id());
@@ -30,7 +30,7 @@ pub fn kill_group(child: &mut Child) {
 
 /// Kills every group still remembered: the last thing a process that
 /// exits at once does.
-pub fn kill_all() {
+pub(crate) fn kill_all() {
     for id in lock().drain(..) {
         signal_group(id);
     }

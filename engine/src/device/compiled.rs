@@ -27,7 +27,7 @@ use crate::device::target::TargetCompiler;
 use crate::error::{EngineError, Result};
 
 /// The first line of the file.
-pub const FORMAT_LINE: &str = "hlo-train executable 1";
+pub(crate) const FORMAT_LINE: &str = "hlo-train executable 1";
 
 /// The plugin that compiled (or loads) a program.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,14 +43,14 @@ pub struct PluginIdentity {
 
 impl PluginIdentity {
     /// The plugin of `client`, as it names its platform.
-    pub fn of_client(client: &hlo_runtime::Client) -> Result<PluginIdentity> {
+    pub(crate) fn of_client(client: &hlo_runtime::Client) -> Result<PluginIdentity> {
         PluginIdentity::of(client.plugin().path(), &client.platform_name()?)
     }
 
     /// The plugin at `path`, of `platform`.
     pub fn of(path: &Path, platform: &str) -> Result<PluginIdentity> {
         let mut hash = Sha256::new();
-        crate::train::checkpoint::for_each_chunk(path, |chunk| hash.update(chunk))?;
+        crate::files::for_each_chunk(path, |chunk| hash.update(chunk))?;
         Ok(PluginIdentity {
             file: path
                 .file_name()
@@ -106,7 +106,8 @@ impl CompiledStep {
     /// Compiles `step` (laid out over `backend`'s mesh) for `target`'s
     /// devices by their own XLA compiler with its XLA flags, or, without
     /// a target, by `backend`'s plugin as `train` compiles it; `settings`
-    /// are what shaped the step ([`step_settings`]).
+    /// are what shaped the step
+    /// ([`crate::train::checkpoint::step_settings`]).
     pub fn compile(
         step: &ShardedStep,
         backend: &Backend,
@@ -248,23 +249,9 @@ impl CompiledStep {
     }
 }
 
-/// The settings that shape a step, as a refusal names them: the model,
-/// the step's configuration (as `train_state/` records it) and the mesh.
-pub fn step_settings(
-    model: &crate::inputs::model::Model,
-    tc: &hlo_models::train::TrainConfig,
-    mesh: &hlo_partitioner::Mesh,
-) -> BTreeMap<String, Value> {
-    let mut s = crate::train::checkpoint::RunSettings::of_config(tc, 0).0;
-    s.remove("seed");
-    s.insert("model".into(), model.name.clone().into());
-    s.insert("mesh".into(), mesh.to_string().into());
-    s
-}
-
 /// The device kind of `backend`'s first device, as the hardware table
 /// names it (the PJRT kind where the table lacks it).
-pub fn device_name(backend: &Backend) -> Result<String> {
+pub(crate) fn device_name(backend: &Backend) -> Result<String> {
     let kind = match backend.devices().first() {
         Some(d) => d.kind()?,
         None => String::new(),

@@ -134,12 +134,12 @@ impl ShardedStep {
     }
 
     /// The layout of input `k`.
-    pub fn input_spec(&self, k: usize) -> &PartitionSpec {
+    pub(crate) fn input_spec(&self, k: usize) -> &PartitionSpec {
         &self.shardings.inputs[k]
     }
 
     /// Bytes one device holds of input `k`.
-    pub fn input_bytes_per_device(&self, k: usize) -> u64 {
+    pub(crate) fn input_bytes_per_device(&self, k: usize) -> u64 {
         let f = self.function();
         let ty = f.ty(f.inputs[k].value);
         let block: i64 = self.shardings.inputs[k]

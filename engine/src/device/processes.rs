@@ -7,10 +7,10 @@
 //! ([`crate::rendezvous`]); the launch types are re-exported here, since a
 //! [`ProcessGroup`] is joined from a [`Launch`].
 //!
-//! [`Backend`]: crate::Backend
+//! [`Backend`]: crate::device::backend::Backend
 //!
 //! ```
-//! use hlo_engine::processes::{Launch, LaunchFlags};
+//! use hlo_engine::device::processes::{Launch, LaunchFlags};
 //! let flags = LaunchFlags {
 //!     num_processes: Some(2),
 //!     process_id: Some(1),

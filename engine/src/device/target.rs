@@ -11,7 +11,7 @@
 //! (matmuls get fallback tiles: memory and fusion are the device's,
 //! speed is not), and cuDNN's fused attention cannot be compiled without
 //! libcuda, so a step that would take it compiles with its stand-in
-//! ([`crate::plan::cudnn_stand_in`]) and says so.
+//! ([`crate::analysis::plan::cudnn_stand_in`]) and says so.
 
 use std::time::Instant;
 

@@ -46,13 +46,13 @@ impl Sampling {
 
 /// Prompt lengths are padded up to a bucket so a new length rarely means
 /// a new program: powers of two from 16.
-pub fn prompt_bucket(len: usize) -> i64 {
+pub(crate) fn prompt_bucket(len: usize) -> i64 {
     len.next_power_of_two().max(16) as i64
 }
 
 /// The cache's length for a bucket and a number of new tokens: a multiple
 /// of 128 (again so that programs are shared).
-pub fn cache_bucket(prompt_bucket: i64, max_new: usize) -> i64 {
+pub(crate) fn cache_bucket(prompt_bucket: i64, max_new: usize) -> i64 {
     (prompt_bucket + max_new as i64 + 127) / 128 * 128
 }
 
@@ -85,7 +85,7 @@ fn take_tokens(
 
 /// One row of a batch's completion: its tokens, or the index of the
 /// token at which its logits were NaN or infinite.
-pub type RowCompletion = std::result::Result<Vec<u32>, usize>;
+pub(crate) type RowCompletion = std::result::Result<Vec<u32>, usize>;
 
 /// Where the time of the last [`Generator::complete_batch`] went.
 #[derive(Clone, Debug, Default)]
@@ -162,7 +162,7 @@ struct Compiled {
 
 /// Finds a parameter's array by name (a generator's own, or those of a
 /// training session it generates for).
-pub type ParamLookup<'p> = dyn Fn(&str) -> Option<&'p DeviceArray> + 'p;
+pub(crate) type ParamLookup<'p> = dyn Fn(&str) -> Option<&'p DeviceArray> + 'p;
 
 /// Completes prompts with a model (and an adapter, applied unmerged).
 pub struct Generator {
@@ -259,7 +259,7 @@ impl Generator {
     /// Makes the next completed batch draw from random stream `n` (the
     /// n-th batch's, counting from 0): a resumed run continues the
     /// streams where it stopped.
-    pub fn set_stream(&self, n: u64) {
+    pub(crate) fn set_stream(&self, n: u64) {
         self.batches.set(n);
     }
 

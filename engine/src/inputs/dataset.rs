@@ -31,8 +31,8 @@ fn token_sets(path: &Path) -> Result<Mixture> {
 }
 
 use crate::error::{EngineError, Result};
+use crate::files::file_fingerprint;
 use crate::inputs::model::Model;
-use crate::train::checkpoint::file_fingerprint;
 
 /// Where a run's training data comes from, and how it is read.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -121,7 +121,7 @@ pub(crate) fn data_fingerprint(path: &Path) -> Result<String> {
 fn check_shape(path: &Path, pairs: bool) -> Result<()> {
     let holds_pairs = is_preference_data(path)?;
     let why = match (pairs, holds_pairs) {
-        (false, true) => "holds preference pairs (chosen/rejected); train on them with --objective dpo (or ipo, simpo, orpo, cpo)",
+        (false, true) => "holds preference pairs (chosen/rejected); train on them with a preference objective (--objective dpo; train --help lists the others)",
         (true, false) => "holds no preference pairs: a preference objective reads rows of {\"prompt\", \"chosen\", \"rejected\"} (strings or message lists) or {\"prompt_ids\", \"chosen_ids\", \"rejected_ids\"}",
         _ => return Ok(()),
     };
@@ -182,7 +182,7 @@ impl Dataset {
 
     /// The held-out set: `path`, or for the demo task a fresh draw of it
     /// (None when training on a file with no held-out file).
-    pub fn held_out(
+    pub(crate) fn held_out(
         model: &Model,
         spec: &DataSpec,
         path: Option<&Path>,
@@ -342,7 +342,7 @@ impl Dataset {
 
     /// The unpaired examples that keep a completion token within a row
     /// (TRL's filter, as for pairs); an error when none does.
-    pub fn learning_unpaired(self, seq: usize) -> Result<Vec<Unpaired>> {
+    pub(crate) fn learning_unpaired(self, seq: usize) -> Result<Vec<Unpaired>> {
         kept_within(self.unpaired, seq, |u| {
             let prompt = u.example.target.iter().position(|&t| t);
             prompt.is_some_and(|p| p < seq)
@@ -395,7 +395,7 @@ impl Dataset {
     /// A reward model's pairs whose sides both fit in a row (TRL's
     /// `max_length` filter), with their margins (empty when the data
     /// gives none); an error when none fits.
-    pub fn fitting_pairs(self, seq: usize) -> Result<(Vec<PreferencePair>, Vec<f32>)> {
+    pub(crate) fn fitting_pairs(self, seq: usize) -> Result<(Vec<PreferencePair>, Vec<f32>)> {
         let margins = self.margins;
         let indexed: Vec<(usize, PreferencePair)> = self.pairs.into_iter().enumerate().collect();
         let fits = |(_, p): &(usize, PreferencePair)| {

@@ -134,7 +134,7 @@ impl Model {
 
     /// Whether its weights are made at random (a preset, a config, or
     /// `--init random`).
-    pub fn is_random(&self) -> bool {
+    pub(crate) fn is_random(&self) -> bool {
         self.stored().is_none()
     }
 
@@ -227,7 +227,7 @@ impl Model {
     /// How an adapter names its base model: a checkpoint folder's absolute
     /// path (so PEFT finds it from any directory), else the preset or
     /// config name.
-    pub fn base_name(&self) -> String {
+    pub(crate) fn base_name(&self) -> String {
         match &self.checkpoint {
             Some(c) => std::fs::canonicalize(&c.dir)
                 .unwrap_or_else(|_| c.dir.clone())

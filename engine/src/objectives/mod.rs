@@ -4,10 +4,10 @@
 //! batches and metrics), behind one trait, [`ObjectiveDef`].
 //!
 //! SFT's samples and a preference objective's pairs are rows of a
-//! dataset ([`sft`]); a preference objective may compute its reference
+//! dataset (`sft`); a preference objective may compute its reference
 //! before training ([`preference`]); GRPO, RLOO and distillation make
 //! their batches by generating (and rewarding) with the shared rollout
-//! machinery ([`rollouts`]), each with its own advantages and loss.
+//! machinery ([`rollouts`](crate::rollouts)), each with its own advantages and loss.
 //!
 //! Adding an objective (see docs/architecture.md): its folder here with
 //! a type implementing [`ObjectiveDef`] and its spec (its settings, each
@@ -43,13 +43,13 @@ use crate::inputs::dataset::DataSource;
 use crate::inputs::model::Model;
 use crate::step::StepSpec;
 
-pub use crate::rollouts::{RolloutDefaults, RolloutObjective, RolloutSpec};
-pub use distill::DistillSpec;
-pub use grpo::GrpoSpec;
-pub use kto::KtoSpec;
-pub use preference::PreferenceSpec;
-pub use reward::RewardModelSpec;
-pub use rloo::RlooSpec;
+use crate::rollouts::{RolloutDefaults, RolloutObjective, RolloutSpec};
+use distill::DistillSpec;
+use grpo::GrpoSpec;
+use kto::KtoSpec;
+use preference::PreferenceSpec;
+use reward::RewardModelSpec;
+use rloo::RlooSpec;
 
 /// What the run's loss is, with the batch fields it reads and the metrics
 /// it reports: supervised finetuning, or a preference method over pairs
@@ -156,7 +156,7 @@ impl Objective {
     /// records, every objective reads).
     ///
     /// ```
-    /// use hlo_engine::run::spec::Objective;
+    /// use hlo_engine::objectives::Objective;
     /// assert!(Objective::Dpo.reads("lr") && Objective::Dpo.reads("beta"));
     /// assert!(!Objective::Dpo.reads("num-generations") && !Objective::Sft.reads("beta"));
     /// ```
@@ -252,7 +252,7 @@ impl ObjectiveSpecs {
 
     /// The names of the settings of the specs several objectives read
     /// (the preference objectives', the rollouts').
-    pub fn shared_names() -> &'static [String] {
+    pub(crate) fn shared_names() -> &'static [String] {
         static NAMES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
         NAMES.get_or_init(|| {
             let mut names = settings::names::<PreferenceSpec>();

@@ -11,7 +11,7 @@
 //!
 //! ```
 //! use hlo_engine::objectives::settings::{defaults, names, record};
-//! use hlo_engine::objectives::KtoSpec;
+//! use hlo_engine::objectives::kto::KtoSpec;
 //! let kto: KtoSpec = defaults();
 //! assert_eq!(kto.desirable_weight, 1.0);
 //! assert!(names::<KtoSpec>().contains(&"desirable-weight".to_string()));
@@ -139,7 +139,7 @@ pub fn label_smoothing(s: &str) -> Result<f64, String> {
 }
 
 /// `MIN,MAX`: two finite numbers, the least first.
-pub fn clip_range(s: &str) -> Result<(f64, f64), String> {
+pub(crate) fn clip_range(s: &str) -> Result<(f64, f64), String> {
     let bad = || format!("`{s}` is not MIN,MAX (two finite numbers, the least first)");
     let (lo, hi) = s.split_once(',').ok_or_else(bad)?;
     let num = |x: &str| x.trim().parse::<f64>().ok().filter(|v| v.is_finite());

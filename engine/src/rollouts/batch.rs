@@ -64,7 +64,7 @@ pub fn read_rollouts(path: &Path, group: usize, weights: &[RewardWeight]) -> Res
 
 /// Reads logged rollouts (see [`read_rollouts`]); `rewarded` false: an
 /// objective without rewards (distillation), whose lines carry none.
-pub fn read_logged(
+pub(crate) fn read_logged(
     path: &Path,
     group: usize,
     weights: &[RewardWeight],
@@ -221,7 +221,7 @@ pub(crate) fn check_reward_statistics(rewards: &[f64], advantages: &[f64]) -> Re
 }
 
 /// Each completion's advantage, with the figures TRL logs of them.
-pub type Advantaged = (Vec<f64>, Vec<(String, f64)>);
+pub(crate) type Advantaged = (Vec<f64>, Vec<(String, f64)>);
 
 /// How a batch of rollouts' rewards become the advantages the step
 /// reads: an objective's rule (GRPO's group normalisation, RLOO's leave

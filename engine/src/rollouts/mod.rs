@@ -9,7 +9,7 @@
 //! from). Its settings are one spec
 //! ([`RolloutSpec`]); each objective over it reads them and adds its own
 //! in its own folder. Nothing here names an objective: its errors are
-//! [`EngineError::Rollout`], which [`as_objective`] turns into the
+//! [`EngineError::Rollout`], which `as_objective` turns into the
 //! objective's.
 //!
 //! Where TRL 1.16's trainers fix a choice, this does the same: a
@@ -44,7 +44,7 @@ pub use source::*;
 
 /// How long an external reward may take to answer one request, in
 /// seconds, unless `--reward-timeout` says otherwise.
-pub const DEFAULT_REWARD_TIMEOUT: f64 = 300.0;
+pub(crate) const DEFAULT_REWARD_TIMEOUT: f64 = 300.0;
 
 /// The rollout settings (TRL 1.16's `GRPOConfig` names and defaults,
 /// shared by `RLOOConfig` and `DistillationConfig`; an objective's own
@@ -205,7 +205,7 @@ pub(crate) fn is_setting(name: &str) -> bool {
 }
 
 /// What the rollout machinery asks of an objective over rollouts
-/// ([`ObjectiveDef::rollouts`](crate::objectives::ObjectiveDef::rollouts)): its form
+/// ([`ObjectiveDef::rollouts`]): its form
 /// of the rollout settings, whether its rollouts are rewarded, how their
 /// rewards become advantages, and a teacher where its step scores with
 /// one.

@@ -127,7 +127,7 @@ impl std::fmt::Display for RewardWeight {
 /// The final answer of a completion: the content of its last
 /// `\boxed{...}`, else its last number, else its last word (ASCII
 /// punctuation around it trimmed).
-pub fn final_answer(text: &str) -> Option<String> {
+pub(crate) fn final_answer(text: &str) -> Option<String> {
     if let Some(at) = text.rfind("\\boxed{") {
         let rest = &text[at + 7..];
         let mut depth = 1;

@@ -403,11 +403,11 @@ impl RolloutSource {
 
 /// The file in `train_state/` holding the batch of rollouts a run saved in
 /// the middle of its μ iterations.
-pub const ROLLOUT_BATCH: &str = "rollout_batch.json";
+pub(crate) const ROLLOUT_BATCH: &str = "rollout_batch.json";
 
 /// The batch of rollouts saved in `dir`'s `train_state/` at step `steps`
 /// (see [`BatchSource::saved`]), to train its remaining iterations on.
-pub fn saved_batch(dir: &Path, steps: u64, rows: usize, seq: usize) -> Result<Batch> {
+pub(crate) fn saved_batch(dir: &Path, steps: u64, rows: usize, seq: usize) -> Result<Batch> {
     let state = crate::train::checkpoint::state_dir(dir)?;
     let path = state.join(ROLLOUT_BATCH);
     let bad = |why: String| EngineError::Resume(format!("{}: {why}", path.display()));
@@ -458,7 +458,7 @@ pub fn saved_batch(dir: &Path, steps: u64, rows: usize, seq: usize) -> Result<Ba
 
 /// The layouts of a session's weights and trainable parameters by name:
 /// what a generator over them compiles for.
-pub fn session_specs(session: &Session) -> HashMap<String, PartitionSpec> {
+pub(crate) fn session_specs(session: &Session) -> HashMap<String, PartitionSpec> {
     let f = session.sharded_step().function();
     session
         .step()
@@ -476,7 +476,7 @@ pub fn session_specs(session: &Session) -> HashMap<String, PartitionSpec> {
 }
 
 /// A generator that samples from the session's own arrays.
-pub fn session_generator(session: &Session) -> Result<Generator> {
+pub(crate) fn session_generator(session: &Session) -> Result<Generator> {
     let tc = session.config();
     Generator::over(
         session.backend(),

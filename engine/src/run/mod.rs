@@ -10,7 +10,9 @@
 //! methods to come) goes through it, so each gets the same policy once.
 //!
 //! ```no_run
-//! use hlo_engine::{Quiet, Run, RunSpec};
+//! use hlo_engine::train::hooks::Quiet;
+//! use hlo_engine::run::Run;
+//! use hlo_engine::run::spec::RunSpec;
 //! // `hlo-train train --steps 20 --out run` ...
 //! let mut spec = RunSpec { steps: 20, ..RunSpec::default() };
 //! spec.output.out = Some("run".into());
@@ -614,7 +616,7 @@ fn restore(
 /// Across processes each fills only its rows of a batch of samples
 /// (pairs and unpaired rows are still filled whole).
 fn own_rows(loader: Loader, session: &Session, spec: &RunSpec) -> Result<Loader> {
-    if spec.objective.data() != crate::Data::Samples {
+    if spec.objective.data() != crate::objectives::Data::Samples {
         return Ok(loader);
     }
     Ok(match session.owned_rows()? {
@@ -699,7 +701,7 @@ impl Run {
         }
         let mesh = p.backend.mesh();
         let step = crate::device::pipeline::ShardedStep::train(&p.model.config, &p.tc, mesh)?;
-        let settings = crate::device::compiled::step_settings(&p.model, &p.tc, mesh);
+        let settings = crate::train::checkpoint::step_settings(&p.model, &p.tc, mesh);
         let target = (spec.compile_for, spec.backend.xla_options.as_slice());
         let compiled = CompiledStep::compile(&step, &p.backend, target, settings)?;
         Ok((compiled, choices))

@@ -24,11 +24,8 @@ use crate::device::backend::BackendOptions;
 use crate::error::{EngineError, Result};
 use crate::inputs::dataset::DataSource;
 use crate::inputs::model::{Init, ModelSource};
-pub use crate::objectives::grpo::GrpoSpec;
-pub use crate::objectives::preference::PreferenceSpec;
-pub use crate::objectives::{Objective, ObjectiveSpecs, OBJECTIVES};
-pub use crate::rollouts::RolloutSpec;
-pub use crate::run::settings::settings;
+use crate::objectives::{Objective, ObjectiveSpecs, OBJECTIVES};
+use crate::run::settings::settings;
 use crate::step::policy::Target;
 use crate::step::{OptimSpec, StepSpec};
 use crate::train::checkpoint::RunSettings;
@@ -251,7 +248,7 @@ impl RunSpec {
 
     /// The traced step's settings for a model of `config` in `dtype` over
     /// `mesh`: the step spec's, and for a preference objective its loss
-    /// against `reference` (see [`Objective::step_spec`]).
+    /// against `reference` (see [`ObjectiveDef::step_spec`](crate::objectives::ObjectiveDef::step_spec)).
     pub fn train_config(
         &self,
         config: &hlo_models::decoder::ModelConfig,
@@ -452,6 +449,7 @@ pub fn differences(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::objectives::preference::PreferenceSpec;
     use crate::step::{LoraSpec, ScheduleKind, Toggle};
     use hlo_models::roles::BatchField;
 

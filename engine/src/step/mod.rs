@@ -302,7 +302,7 @@ impl StepSpec {
     }
 
     /// This step with `layers` and `attention` as if given by flags.
-    pub fn fixed_to(&self, layers: Layers, attention: AttentionKind) -> StepSpec {
+    pub(crate) fn fixed_to(&self, layers: Layers, attention: AttentionKind) -> StepSpec {
         let mut s = self.clone();
         (s.scan_layers, s.remat) = match layers {
             Layers::Unrolled => (Toggle::Off, RematChoice::None),
@@ -390,7 +390,7 @@ impl StepSpec {
     /// cosine schedule ends.
     ///
     /// ```
-    /// use hlo_engine::policy::Target;
+    /// use hlo_engine::step::policy::Target;
     /// use hlo_engine::step::{OptimSpec, StepSpec};
     /// use hlo_engine::models::decoder::ModelConfig;
     /// let config = ModelConfig::preset("tiny").unwrap();

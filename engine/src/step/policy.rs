@@ -42,7 +42,7 @@ impl Platform {
     /// From a PJRT plugin's platform name (`cpu`, `cuda`, `rocm`; also
     /// `gpu`, which older CUDA plugins report). Others are treated as the
     /// CPU, whose choices make no assumption about fused kernels.
-    pub fn from_pjrt(name: &str) -> Platform {
+    pub(crate) fn from_pjrt(name: &str) -> Platform {
         match name.to_ascii_lowercase().as_str() {
             "cuda" | "gpu" => Platform::Cuda,
             "rocm" => Platform::Rocm,
@@ -51,7 +51,7 @@ impl Platform {
     }
 
     /// The platform of a device kind of the hardware table.
-    pub fn of_kind(kind: Kind) -> Platform {
+    pub(crate) fn of_kind(kind: Kind) -> Platform {
         match kind {
             Kind::Mi300x | Kind::Mi325x | Kind::Mi250Gcd | Kind::Mi250xGcd => Platform::Rocm,
             Kind::H100 | Kind::H200 | Kind::B200 | Kind::A100 | Kind::Rtx4090 => Platform::Cuda,
@@ -327,7 +327,7 @@ impl StepShape<'_> {
 
 /// Share of a device's memory a step may plan to use: the rest is for
 /// XLA's temporaries, the runtime's workspace and fragmentation.
-pub const USABLE_SHARE: f64 = 0.9;
+pub(crate) const USABLE_SHARE: f64 = 0.9;
 
 /// The step's decided choices and why.
 #[derive(Clone, Debug, PartialEq)]
@@ -433,7 +433,7 @@ pub fn decide(shape: &StepShape, target: &Target, fixed: Fixed) -> StepPolicy {
 }
 
 /// A form in words: `layers unrolled, MLP recomputed, naive attention`.
-pub fn form_name(layers: Layers, attention: AttentionKind) -> String {
+pub(crate) fn form_name(layers: Layers, attention: AttentionKind) -> String {
     let layers = match layers {
         Layers::Unrolled => "layers unrolled",
         Layers::UnrolledMlpRemat => "layers unrolled, each MLP recomputed",
@@ -559,7 +559,7 @@ fn layer_candidates(c: &ModelConfig, fixed: Fixed) -> Vec<Layers> {
 
 /// Whether cuDNN's fused attention can run `shape`'s step on `target`
 /// (`scanned`: layers as one scan); the reason when not.
-pub fn cudnn_for(shape: &StepShape, target: &Target, scanned: bool) -> Result<(), String> {
+pub(crate) fn cudnn_for(shape: &StepShape, target: &Target, scanned: bool) -> Result<(), String> {
     let c = shape.config;
     if target.platform != Platform::Cuda {
         return Err(format!(

@@ -142,7 +142,7 @@ impl Hooks for Quiet {}
 /// error stops the call (and the run).
 ///
 /// ```
-/// use hlo_engine::{HookList, Hooks, Quiet, StepReport};
+/// use hlo_engine::train::hooks::{HookList, Hooks, Quiet, StepReport};
 /// struct Count(usize);
 /// impl Hooks for Count {
 ///     fn on_step(&mut self, _: &StepReport) -> hlo_engine::Result<()> {

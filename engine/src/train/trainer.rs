@@ -53,7 +53,7 @@ impl StopFlag {
         self.0.store(true, Ordering::SeqCst);
     }
 
-    pub fn is_set(&self) -> bool {
+    pub(crate) fn is_set(&self) -> bool {
         self.0.load(Ordering::SeqCst)
     }
 }
@@ -171,7 +171,7 @@ impl<'a> Trainer<'a> {
     }
 
     /// [`Trainer::new`] with batches from any source.
-    pub fn with_source(
+    pub(crate) fn with_source(
         session: &'a mut Session,
         mut loader: Box<dyn BatchSource + 'a>,
         eval_batches: Vec<Batch>,

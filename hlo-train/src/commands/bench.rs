@@ -5,12 +5,14 @@
 
 use anyhow::Result;
 use clap::Args;
+use hlo_engine::analysis::{bench, flops};
+use hlo_engine::device::backend::Backend;
+use hlo_engine::inputs::model::Model;
+use hlo_engine::objectives::{Objective, ObjectiveSpecs};
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::policy::Target;
-use hlo_engine::{
-    bench, flops, Backend, Model, Objective, ObjectiveSpecs, Session, SessionOptions, Weights,
-};
-use serde_json::json;
+use hlo_engine::step::policy::Target;
+use hlo_engine::train::session::{Session, SessionOptions, Weights};
+use serde::Serialize;
 
 use crate::args::{gb, OptimArgs, PluginArgs, StepArgs};
 
@@ -22,16 +24,16 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub base: crate::args::BaseArgs,
 
-    /// The step's loss: sft, or a preference objective (dpo, ipo, simpo,
-    /// orpo, cpo; --batch then counts pairs, and DPO's and IPO's reference is
-    /// the base with the adapter off), or kto (--batch counts examples,
-    /// each with its KL row; the reference the base).
+    /// The step's loss, as `train --objective`: --batch counts the rows,
+    /// pairs, unpaired examples or completions the objective reads; a
+    /// reference model, where the objective has one, is the base with
+    /// the adapter off. Only the step is timed (no rollouts).
     #[arg(long, value_parser = crate::args::named::<Objective>(), default_value = "sft")]
     pub objective: Objective,
 
-    /// With dpo or ipo: the reference's log-probabilities computed before
-    /// training (`train --precompute-ref`): no reference forward in the
-    /// step.
+    /// With an objective against a reference model: the reference's
+    /// log-probabilities computed before training (`train
+    /// --precompute-ref`): no reference forward in the step.
     #[arg(long)]
     pub precompute_ref: bool,
 
@@ -61,8 +63,9 @@ pub struct BenchArgs {
     #[arg(long, value_parser = crate::args::positive, allow_negative_numbers = true)]
     pub peak_tflops: Option<f64>,
 
-    /// With distillation: the teacher, a preset's name, an HF checkpoint
-    /// folder or a config.json (random weights), run in the step.
+    /// With an objective taught by a teacher: the teacher, a preset's
+    /// name, an HF checkpoint folder or a config.json (random weights),
+    /// run in the step.
     #[arg(long)]
     pub teacher: Option<String>,
 
@@ -122,50 +125,94 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let peak = flops::peak_flops(session.backend(), dtype, args.peak_tflops)?;
     let r = bench::bench(&mut session, args.warmup_steps, args.steps, peak)?;
     let backend = session.backend();
-    let mesh = backend.mesh();
-    let device = backend.devices()[0].kind()?;
-    let mode = if tc.lora.is_some() { "lora" } else { "full" };
-    let objective = match args.precompute_ref {
-        true => format!("{} (reference precomputed)", objective.name()),
-        false => objective.name().to_string(),
+    let report = BenchReport {
+        model: name,
+        mesh: backend.mesh().to_string(),
+        dtype: dtype.to_string(),
+        mode: if tc.lora.is_some() { "lora" } else { "full" },
+        objective: match args.precompute_ref {
+            true => format!("{} (reference precomputed)", objective.name()),
+            false => objective.name().to_string(),
+        },
+        batch: tc.batch,
+        seq: tc.seq,
+        scan_layers: tc.scan_layers,
+        remat_layers: tc.remat_layers,
+        attention: crate::args::AttentionSummary::of(&tc),
+        choices: choices.line(),
+        loss_chunk: tc.loss_chunk_for(vocab),
+        long_context: tc.long_context_summary(vocab),
+        tokens_per_s: r.tokens_per_s,
+        step_time_s: r.step_time_s,
+        steps: r.step_times.len(),
+        mfu: r.mfu,
+        peak_tflops: peak / 1e12,
+        compile_s: session.compile_s(),
+        peak_bytes: r.peak_bytes,
+        platform: backend.platform()?,
+        device: backend.devices()[0].kind()?,
     };
-    if args.json {
-        let v = json!({
-            "model": name,
-            "mesh": mesh.to_string(),
-            "dtype": dtype.to_string(),
-            "mode": mode,
-            "objective": objective,
-            "batch": tc.batch,
-            "seq": tc.seq,
-            "scan_layers": tc.scan_layers,
-            "remat_layers": tc.remat_layers,
-            "attention": crate::args::attention_json(&tc),
-            "choices": choices.line(),
-            "loss_chunk": tc.loss_chunk_for(vocab),
-            "tokens_per_s": r.tokens_per_s,
-            "step_time_s": r.step_time_s,
-            "mfu": r.mfu,
-            "peak_tflops": peak / 1e12,
-            "compile_s": session.compile_s(),
-            "peak_bytes": r.peak_bytes,
-            "platform": backend.platform()?,
-            "device": device,
-        });
-        println!("{v}");
-    } else {
-        println!(
-            "{name} {mode} {objective} on {mesh} ({device}): batch {} × seq {}, {}: median step {:.2} ms over {} steps, {:.0} tokens/s, MFU {:.1}%, compile {:.1}s, peak memory {} per device",
-            tc.batch,
-            tc.seq,
-            tc.long_context_summary(vocab),
-            r.step_time_s * 1e3,
-            r.step_times.len(),
-            r.tokens_per_s,
-            r.mfu * 100.0,
-            session.compile_s(),
-            gb(r.peak_bytes)
-        );
+    match args.json {
+        true => println!("{}", serde_json::to_string(&report)?),
+        false => report.print(),
     }
     Ok(())
+}
+
+/// What `bench` measured, decided once: `--json` serializes it and the
+/// text prints it.
+#[derive(Serialize)]
+struct BenchReport {
+    model: String,
+    mesh: String,
+    dtype: String,
+    /// What the step trains: `lora` or `full`.
+    mode: &'static str,
+    /// The objective, with `(reference precomputed)` where it is.
+    objective: String,
+    batch: i64,
+    seq: i64,
+    scan_layers: bool,
+    remat_layers: bool,
+    attention: crate::args::AttentionSummary,
+    /// The step's `auto` choices and why.
+    choices: String,
+    loss_chunk: i64,
+    /// The attention and loss in words.
+    #[serde(skip)]
+    long_context: String,
+    tokens_per_s: f64,
+    /// The median step's seconds.
+    step_time_s: f64,
+    /// Steps timed.
+    #[serde(skip)]
+    steps: usize,
+    mfu: f64,
+    peak_tflops: f64,
+    compile_s: f64,
+    peak_bytes: u64,
+    platform: String,
+    device: String,
+}
+
+impl BenchReport {
+    fn print(&self) {
+        println!(
+            "{} {} {} on {} ({}): batch {} × seq {}, {}: median step {:.2} ms over {} steps, {:.0} tokens/s, MFU {:.1}%, compile {:.1}s, peak memory {} per device",
+            self.model,
+            self.mode,
+            self.objective,
+            self.mesh,
+            self.device,
+            self.batch,
+            self.seq,
+            self.long_context,
+            self.step_time_s * 1e3,
+            self.steps,
+            self.tokens_per_s,
+            self.mfu * 100.0,
+            self.compile_s,
+            gb(self.peak_bytes)
+        );
+    }
 }

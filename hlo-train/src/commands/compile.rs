@@ -6,7 +6,7 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
-use hlo_engine::Run;
+use hlo_engine::run::Run;
 
 use crate::commands::plan::Target;
 use crate::commands::train::TrainArgs;

@@ -12,8 +12,10 @@ use anyhow::{Context, Result};
 use clap::Args;
 use hlo_engine::data::Loader;
 use hlo_engine::data::Tokenizer;
+use hlo_engine::inputs::dataset::Dataset;
+use hlo_engine::objectives::{Data, Objective};
+use hlo_engine::step::Toggle;
 use hlo_engine::step::{auto_packing, epochs};
-use hlo_engine::{Data, Dataset, Objective, Toggle};
 
 use crate::args::{named, open_model, ChatArgs, ModelArgs, TokenizerArgs};
 
@@ -36,10 +38,10 @@ pub struct DataArgs {
     #[arg(long)]
     pub data: Option<PathBuf>,
 
-    /// Read the data as `train --objective` does: sft rows, or preference
-    /// pairs (dpo, ipo, simpo, orpo, cpo; reward: each side whole; --batch then
-    /// counts pairs). Prompts and unpaired examples, the other
-    /// objectives' data, are counted in `train`'s header.
+    /// Read the data as `train --objective` does: sft rows, or a
+    /// preference objective's pairs (a reward model's each side whole;
+    /// --batch then counts pairs). Prompts and unpaired examples, the
+    /// other objectives' data, are counted in `train`'s header.
     #[arg(long, value_parser = crate::args::objectives_where(shown), default_value = "sft")]
     pub objective: Objective,
 
@@ -195,7 +197,11 @@ fn marked(tokenizer: &Tokenizer, ids: &[u32], target: &[bool]) -> Result<String>
 
 /// The first pairs, each side cut to `--seq` with its completion marked,
 /// and what `train` with these flags takes of them.
-fn show_pairs(args: &DataArgs, model: &hlo_engine::Model, data: Dataset) -> Result<()> {
+fn show_pairs(
+    args: &DataArgs,
+    model: &hlo_engine::inputs::model::Model,
+    data: Dataset,
+) -> Result<()> {
     let seq = args.seq as usize;
     let tokenizer = model
         .tokenizer(None)?

@@ -4,8 +4,8 @@ use anyhow::Result;
 use clap::Args;
 use serde_json::{json, Value};
 
+use hlo_engine::device::backend::Backend;
 use hlo_engine::runtime::{AttrValue, Device};
-use hlo_engine::Backend;
 
 use crate::args::PluginArgs;
 

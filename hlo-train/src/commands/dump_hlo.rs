@@ -6,11 +6,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
+use hlo_engine::device::backend::Backend;
+use hlo_engine::device::pipeline::ShardedStep;
+use hlo_engine::inputs::model::Model;
 use hlo_engine::models::decoder::{forward_step, partition_rules};
 use hlo_engine::models::io::write_atomic;
 use hlo_engine::models::train::train_step;
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::{Backend, Mode, Model, ShardedStep};
+use hlo_engine::runtime::Mode;
 
 use crate::args::{DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs};
 
@@ -96,17 +99,17 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
     let dtype = args.dtype.dtype(true);
     // Printed for the CPU's choices unless --target names a device.
     let target = match args.target {
-        Some(t) => hlo_engine::policy::Target::of_device(t.device()),
-        None => hlo_engine::policy::Target::cpu(),
+        Some(t) => hlo_engine::step::policy::Target::of_device(t.device()),
+        None => hlo_engine::step::policy::Target::cpu(),
     };
     let choices = args.step.spec().policy(config, dtype, &mesh, &target)?;
     let mut tc = args
         .step
         .train_config(&args.optim, config, dtype, (&mesh, &choices), 1000)?;
-    if args.optimized && hlo_engine::plan::stand_in_for_cudnn(&mut tc) {
+    if args.optimized && hlo_engine::analysis::plan::stand_in_for_cudnn(&mut tc) {
         eprintln!(
             "cuDNN's attention compiled as {}: cuDNN cannot be compiled without a GPU",
-            hlo_engine::policy::attention_name(tc.attention)
+            hlo_engine::step::policy::attention_name(tc.attention)
         );
     }
     let step = match args.what {

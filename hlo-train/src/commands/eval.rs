@@ -7,15 +7,19 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::Args;
 use hlo_engine::data::{eval_batches, eval_pair_batches};
+use hlo_engine::device::backend::Backend;
+use hlo_engine::inputs::dataset::Dataset;
+use hlo_engine::inputs::model::Model;
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::attention::AttentionKind;
 use hlo_engine::models::preference::Reference;
 use hlo_engine::models::train::{Loss, Preference};
+use hlo_engine::objectives::Objective;
+use hlo_engine::objectives::{Data, ObjectiveSpecs};
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::policy::{forward_attention, Platform, Target};
-use hlo_engine::run::spec::{Objective, RunSpec};
-use hlo_engine::{Backend, Dataset, EvalResult, Evaluator, Model};
-use hlo_engine::{Data, ObjectiveSpecs};
+use hlo_engine::run::spec::RunSpec;
+use hlo_engine::step::policy::{forward_attention, Platform, Target};
+use hlo_engine::train::session::{EvalResult, Evaluator};
 use serde_json::json;
 
 use crate::args::{ChatArgs, PluginArgs, TokenizerArgs};
@@ -63,16 +67,17 @@ pub struct EvalArgs {
     pub batch: i64,
 
     /// What to score: sft (the masked mean loss of each learned token),
-    /// or held-out preference pairs by dpo, ipo, simpo, orpo or cpo (the loss
-    /// and TRL's metrics; --batch then counts pairs). DPO's and IPO's
-    /// reference is the base with the adapter off, or --ref-adapter. The
-    /// other objectives have no held-out loss here (`hlo-train score`
-    /// scores a reward model's pairs).
+    /// or held-out preference pairs by a preference objective (the loss
+    /// and TRL's metrics; --batch then counts pairs); an objective's
+    /// reference, where it has one, is the base with the adapter off, or
+    /// --ref-adapter. Objectives over unpaired examples or rollouts have
+    /// no held-out loss here, and `hlo-train score` scores a reward
+    /// model's pairs.
     #[arg(long, value_parser = crate::args::objectives_where(scored), default_value = "sft")]
     pub objective: Objective,
 
     #[command(flatten)]
-    pub preference: hlo_engine::PreferenceSpec,
+    pub preference: hlo_engine::objectives::preference::PreferenceSpec,
 
     /// Print one JSON object.
     #[arg(long)]

@@ -21,7 +21,7 @@ pub struct ExportArgs {
 
 pub fn run(args: &ExportArgs) -> Result<()> {
     let started = std::time::Instant::now();
-    let files = hlo_engine::checkpoint::export::export(&args.run, &args.out)?;
+    let files = hlo_engine::train::checkpoint::export::export(&args.run, &args.out)?;
     let bytes: u64 = files
         .iter()
         .filter_map(|f| std::fs::metadata(args.out.join(f)).ok())

@@ -7,12 +7,15 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Result};
 use clap::Args;
 use hlo_engine::data::{read_prompts, ChatTemplate, Prompt, Tokenizer};
+use hlo_engine::device::backend::Backend;
+use hlo_engine::infer::generator::{Generator, Sampling, Timings};
+use hlo_engine::inputs::model::Model;
 use hlo_engine::ir::{DType, Literal, TensorType};
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::decoder::ModelConfig;
 use hlo_engine::models::io::write_safetensors;
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::{Backend, Generator, Mode, Model, Sampling, Timings};
+use hlo_engine::runtime::Mode;
 use serde_json::Value;
 
 use crate::args::{parse_ids, PluginArgs, TokenizerArgs};

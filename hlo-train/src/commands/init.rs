@@ -9,8 +9,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
+use hlo_engine::inputs::model::Model;
 use hlo_engine::ir::DType;
-use hlo_engine::Model;
 
 #[derive(Args, Debug)]
 pub struct InitArgs {

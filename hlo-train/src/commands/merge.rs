@@ -10,14 +10,14 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use hlo_engine::inputs::model::quantized_config;
+use hlo_engine::inputs::model::{Model, ModelSource};
 use hlo_engine::ir::{DType, Literal};
-use hlo_engine::model::quantized_config;
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::checkpoint::Checkpoint;
 use hlo_engine::models::decoder::SCORE;
 use hlo_engine::models::io::{copy_side_files, write_atomic, write_hf_weights, MAX_SHARD_BYTES};
 use hlo_engine::models::nf4::{self, Nf4Tensor};
-use hlo_engine::{Model, ModelSource};
 
 use crate::saved_run::AdapterRuns;
 
@@ -174,7 +174,7 @@ fn write_merged(
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     // What a merge killed before it finished left behind.
-    hlo_engine::checkpoint::remove_stale_temporaries(&args.out);
+    hlo_engine::train::checkpoint::remove_stale_temporaries(&args.out);
     // As transformers writes them (mixtures of experts per expert).
     let tensors = hlo_engine::models::checkpoint::hf_layout(&ckpt.config, tensors);
     write_hf_weights(&args.out, &tensors, MAX_SHARD_BYTES)?;

@@ -5,20 +5,21 @@
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use hlo_engine::comm::{Span, StepCommunication};
-use hlo_engine::hardware::{Device, Kind};
+use hlo_engine::analysis::comm::{Span, StepCommunication};
+use hlo_engine::analysis::hardware::{Device, Kind};
+use hlo_engine::analysis::plan::{
+    compute_estimate, layout_groups, nearest_fits, Change, CompiledBy, ComputeEstimate, Found,
+    LayoutGroup, MemoryPlan, Rechosen, RolloutShape, StepToPlan, Throughput, Tried,
+};
+use hlo_engine::device::backend::BackendOptions;
+use hlo_engine::inputs::model::Model;
 use hlo_engine::ir::DType;
 use hlo_engine::models::attention::AttentionKind;
 use hlo_engine::models::preference::Reference;
 use hlo_engine::models::train::TrainConfig;
+use hlo_engine::objectives::Objective;
 use hlo_engine::partitioner::{draw_sharding, Mesh};
-use hlo_engine::plan::{
-    compute_estimate, layout_groups, nearest_fits, Change, CompiledBy, ComputeEstimate, Fit, Found,
-    LayoutGroup, MemoryPlan, Rechosen, RolloutShape, StepToPlan, Throughput, Tried,
-};
-use hlo_engine::{BackendOptions, Model, Objective};
 use serde::Serialize;
-use serde_json::{json, Value};
 
 use crate::args::{gb, OptimArgs, StepArgs};
 
@@ -72,37 +73,36 @@ pub struct PlanArgs {
     #[command(flatten)]
     pub base: crate::args::BaseArgs,
 
-    /// The step's loss: sft, a preference objective (dpo, ipo, simpo,
-    /// orpo, cpo; --batch then counts pairs, whose two sides a step holds, and
-    /// DPO and IPO add the reference's forward: the base with the adapter
-    /// off), or grpo, rloo or distillation (--batch counts completions;
-    /// the rollouts that generate them are planned too, and
-    /// distillation's teacher), or kto (--batch counts examples, each
-    /// with its KL row, and the reference's forward), or reward (--batch
-    /// counts pairs, scored by a classifier).
+    /// The step's loss, as `train --objective`: --batch counts the rows,
+    /// pairs (whose two sides a step holds), unpaired examples (each with
+    /// its KL row) or completions the objective reads; a reference model,
+    /// where the objective has one, adds its forward (the base with the
+    /// adapter off), and over completions the rollouts that generate them
+    /// are planned too, with a --teacher where the objective has one. A
+    /// reward model's step is a classifier's.
     #[arg(long, value_parser = crate::args::named::<Objective>(), default_value = "sft")]
     pub objective: Objective,
 
-    /// With distillation: the teacher, a preset's name, an HF checkpoint
-    /// folder or a config.json (its weights are planned beside the
+    /// With an objective taught by a teacher: the teacher, a preset's
+    /// name, an HF checkpoint folder or a config.json (its weights are planned beside the
     /// student's).
     #[arg(long)]
     pub teacher: Option<String>,
 
-    /// With grpo or rloo: completions per prompt (--batch must be a
-    /// multiple; default 8 for grpo, 2 for rloo).
+    /// With an objective over rollouts that rewards them: completions per
+    /// prompt (--batch must be a multiple; the objective's default).
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..))]
     pub num_generations: Option<u32>,
 
-    /// With grpo, rloo or distillation: tokens a completion has at most (default 512, or half
-    /// of --seq when that leaves no room); the rest of --seq is the
-    /// prompt the rollouts prefill.
+    /// With an objective over rollouts: tokens a completion has at most
+    /// (default 512, or half of --seq when that leaves no room); the rest
+    /// of --seq is the prompt the rollouts prefill.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_completion_length: Option<u32>,
 
-    /// With dpo or ipo: the reference's log-probabilities computed before
-    /// training (`train --precompute-ref`): no reference forward in the
-    /// step.
+    /// With an objective against a reference model: the reference's
+    /// log-probabilities computed before training (`train
+    /// --precompute-ref`): no reference forward in the step.
     #[arg(long)]
     pub precompute_ref: bool,
 
@@ -255,7 +255,7 @@ fn step_to_plan(
     model: &Model,
     mesh: &Mesh,
     rollout: Option<RolloutShape>,
-    target: hlo_engine::policy::Target,
+    target: hlo_engine::step::policy::Target,
 ) -> Result<StepToPlan> {
     let device = args.target.device();
     Ok(StepToPlan {
@@ -300,18 +300,19 @@ fn print_report(
     started: std::time::Instant,
 ) -> Result<bool> {
     let fits = report.fits();
+    let mut summary = Summary::of(report);
     if report.args.json {
-        let suggestions = if fits {
-            Vec::new()
-        } else {
-            search(report, to_plan, started)?.fits
-        };
-        print_json(report, &suggestions)?;
-    } else {
-        print_text(report);
         if !fits {
-            let suggestions = search(report, to_plan, started)?;
-            print_suggestions(report, &suggestions);
+            let found = search(report, to_plan, started)?;
+            summary.suggestions = suggestions(report, &found);
+        }
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print_text(&summary, report);
+        if !fits {
+            let found = search(report, to_plan, started)?;
+            summary.suggestions = suggestions(report, &found);
+            print_suggestions(&summary, report, &found);
         }
     }
     Ok(fits)
@@ -320,7 +321,7 @@ fn print_report(
 /// The memory of one device planned for (`--device-memory`, else the
 /// target's), and the target the step's `auto` choices are decided for,
 /// at that memory.
-fn capacity_and_target(args: &PlanArgs) -> Result<(u64, hlo_engine::policy::Target)> {
+fn capacity_and_target(args: &PlanArgs) -> Result<(u64, hlo_engine::step::policy::Target)> {
     let device = args.target.device();
     let capacity = match args.device_memory {
         Some(gb) => (gb * 1e9) as u64,
@@ -329,7 +330,7 @@ fn capacity_and_target(args: &PlanArgs) -> Result<(u64, hlo_engine::policy::Targ
             None => bail!("cannot read the host's memory size from /proc/meminfo"),
         },
     };
-    let mut target = hlo_engine::policy::Target::of_device(device);
+    let mut target = hlo_engine::step::policy::Target::of_device(device);
     if args.device_memory.is_some() {
         target.memory_bytes = Some(capacity);
     }
@@ -339,11 +340,20 @@ fn capacity_and_target(args: &PlanArgs) -> Result<(u64, hlo_engine::policy::Targ
 /// The rollouts from the flags, checked: None for other objectives,
 /// which take no such flag.
 fn rollout_shape(args: &PlanArgs) -> Result<Option<RolloutShape>> {
-    let grpo = args.objective.data() == hlo_engine::Data::Rollouts;
+    let grpo = args.objective.data() == hlo_engine::objectives::Data::Rollouts;
     let given = args.num_generations.is_some() || args.max_completion_length.is_some();
     if !grpo {
         if given {
-            bail!("--num-generations and --max-completion-length are rollout settings; they need --objective grpo, rloo or distillation");
+            let mut over_rollouts: Vec<&str> = hlo_engine::objectives::OBJECTIVES
+                .iter()
+                .filter(|o| o.data() == hlo_engine::objectives::Data::Rollouts)
+                .map(|o| o.name())
+                .collect();
+            let last = over_rollouts.pop().unwrap_or_default();
+            bail!(
+                "--num-generations and --max-completion-length are rollout settings; they need --objective {} or {last}",
+                over_rollouts.join(", ")
+            );
         }
         return Ok(None);
     }
@@ -353,15 +363,15 @@ fn rollout_shape(args: &PlanArgs) -> Result<Option<RolloutShape>> {
         None => 512.min(args.step.seq / 2).max(1),
     };
     // What `train` refuses of these settings (whole groups a batch, ...).
-    hlo_engine::RunSpec {
+    hlo_engine::run::spec::RunSpec {
         objective: args.objective,
-        objectives: hlo_engine::ObjectiveSpecs {
+        objectives: hlo_engine::objectives::ObjectiveSpecs {
             rollouts: hlo_engine::rollouts::RolloutSpec {
                 num_generations: Some(g as usize),
                 max_completion_length: c as usize,
                 ..Default::default()
             },
-            distill: hlo_engine::objectives::DistillSpec {
+            distill: hlo_engine::objectives::distill::DistillSpec {
                 teacher: args.teacher.as_ref().map(std::path::PathBuf::from),
                 teacher_config: None,
             },
@@ -485,8 +495,8 @@ fn where_planned(r: &Report) -> String {
 }
 
 /// The settings that fit, one a line, or that none does.
-fn print_suggestions(r: &Report, found: &Found) {
-    let fits = &found.fits;
+fn print_suggestions(s: &Summary, r: &Report, found: &Found) {
+    let fits = &s.suggestions;
     println!(
         "does NOT fit on {} ({} of {}).",
         where_planned(r),
@@ -504,16 +514,12 @@ fn print_suggestions(r: &Report, found: &Found) {
         return;
     }
     if fits.is_empty() {
-        println!("None of the nearby settings fits either (each planned or ruled out by its least memory, where it applies: smaller batches, shorter rows, --remat layers, --quantize nf4, up to {} devices).", hlo_engine::plan::MAX_SEARCH_DEVICES.max(8 * r.mesh.size()));
+        println!("None of the nearby settings fits either (each planned or ruled out by its least memory, where it applies: smaller batches, shorter rows, --remat layers, --quantize nf4, up to {} devices).", hlo_engine::analysis::plan::MAX_SEARCH_DEVICES.max(8 * r.mesh.size()));
         return;
     }
     println!("Nearest settings that fit (each planned):");
     for f in fits {
-        println!(
-            "  {:<40} {:>12}",
-            flags(&f.change, r.args),
-            gb(f.total_bytes)
-        );
+        println!("  {:<40} {:>12}", f.flags, gb(f.total_bytes));
     }
 }
 
@@ -551,68 +557,161 @@ impl Report<'_> {
     }
 }
 
-/// The report as one JSON object: the [`Summary`] the text prints, with
-/// the settings that fit when the step does not, the communication, the
-/// throughput and (with `--show-sharding`) the layouts.
-fn print_json(r: &Report, suggestions: &[Fit]) -> Result<()> {
-    let comm = &r.comm;
-    let mut v = serde_json::to_value(Summary::of(r))?;
-    let rest = json!({
-        "suggestions": suggestions.iter().map(|f| json!({
-            "flags": flags(&f.change, r.args),
-            "total_bytes": f.total_bytes,
-        })).collect::<Vec<_>>(),
-        "nodes": comm.nodes,
-        "devices_per_node": comm.devices_per_node,
-        "axes": comm.axes.iter().map(|(axis, size, span)| {
-            let (crossing, groups) = match *span {
-                Span::Partly { crossing, groups } => (Some(crossing), Some(groups)),
-                _ => (None, None),
-            };
-            json!({
-                "axis": axis,
-                "size": size,
-                "nodes": span.key(),
-                "groups_across": crossing,
-                "groups": groups,
-            })
-        }).collect::<Vec<_>>(),
-        "communication": comm.rows.iter().map(|r| {
-            let t = &r.transfer;
-            json!({
-                "axis": t.axis,
-                "size": t.axis_size,
-                "collective": t.collective.to_string(),
-                "what": t.what,
-                "count": t.count,
-                "bytes_per_device": t.bytes_per_device.round() as u64,
-                "nodes": r.span.key(),
-                "link_gb_per_s": r.link_gbs,
-                "estimated_ms": r.ms,
-            })
-        }).collect::<Vec<_>>(),
-        "communication_total": {
-            "bytes_per_device": comm.total_bytes().round() as u64,
-            "estimated_ms": comm.total_ms(),
-            "compute_ms": r.compute.map(|c| c.ms),
-            "peak_tflops": r.compute.map(|c| c.peak_tflops),
-        },
-    });
-    if let (Value::Object(all), Value::Object(rest)) = (&mut v, rest) {
-        all.extend(rest);
-    }
-    if let Some(t) = throughput(r) {
-        v["throughput"] = throughput_json(&t, r.args.mfu);
-    }
-    if r.args.show_sharding {
-        v["layouts"] = r.layouts.iter().map(layout_json).collect();
-    }
-    println!("{}", serde_json::to_string_pretty(&v)?);
-    Ok(())
+/// The settings that fit, as flags to paste over the command's own.
+fn suggestions(r: &Report, found: &Found) -> Vec<Suggestion> {
+    found
+        .fits
+        .iter()
+        .map(|f| Suggestion {
+            flags: flags(&f.change, r.args),
+            total_bytes: f.total_bytes,
+        })
+        .collect()
 }
 
-/// What `plan` says of the step and its memory, decided once: the text
-/// prints it and `--json` serializes it, so the two cannot disagree.
+/// A setting that fits when the step does not.
+#[derive(Serialize)]
+struct Suggestion {
+    flags: String,
+    total_bytes: u64,
+}
+
+/// A mesh axis and where its groups lie.
+#[derive(Serialize)]
+struct AxisSummary {
+    axis: String,
+    size: i64,
+    /// `within`, `across` or `partly` a node.
+    nodes: &'static str,
+    /// Partly: the groups that cross nodes, of `groups`.
+    groups_across: Option<i64>,
+    groups: Option<i64>,
+    /// Where the groups lie, in words.
+    #[serde(skip)]
+    placement: String,
+}
+
+/// A kind of traffic of the step, per device.
+#[derive(Serialize)]
+struct TransferSummary {
+    axis: String,
+    size: i64,
+    collective: String,
+    what: String,
+    count: u64,
+    bytes_per_device: u64,
+    /// `within`, `across` or `partly` a node.
+    nodes: &'static str,
+    link_gb_per_s: Option<f64>,
+    estimated_ms: Option<f64>,
+    /// Where the axis's groups lie, in words.
+    #[serde(skip)]
+    placement: String,
+}
+
+/// The step's traffic in all, against its compute.
+#[derive(Serialize)]
+struct CommunicationTotal {
+    bytes_per_device: u64,
+    estimated_ms: Option<f64>,
+    compute_ms: Option<f64>,
+    peak_tflops: Option<f64>,
+}
+
+/// The step's throughput at the devices' peak and at the assumed MFU.
+#[derive(Serialize)]
+struct ThroughputSummary {
+    tokens_per_step: i64,
+    bound_tokens_per_s: f64,
+    mfu_unoverlapped: Option<f64>,
+    assumed_mfu: f64,
+    tokens_per_s: f64,
+    budget_tokens: f64,
+    budget_hours: f64,
+}
+
+/// One layout of the step's state (`--show-sharding`).
+#[derive(Serialize)]
+struct LayoutSummary {
+    spec: String,
+    shape: Vec<i64>,
+    block: Vec<i64>,
+    dtype: String,
+    stacked_layers: bool,
+    bytes_per_device_each: u64,
+    tensors: Vec<String>,
+    /// The spec, for the drawing.
+    #[serde(skip)]
+    partition: hlo_engine::partitioner::PartitionSpec,
+}
+
+impl AxisSummary {
+    fn of((axis, size, span): &(String, i64, Span)) -> AxisSummary {
+        let (groups_across, groups) = match *span {
+            Span::Partly { crossing, groups } => (Some(crossing), Some(groups)),
+            _ => (None, None),
+        };
+        AxisSummary {
+            axis: axis.clone(),
+            size: *size,
+            nodes: span.key(),
+            groups_across,
+            groups,
+            placement: span.to_string(),
+        }
+    }
+}
+
+impl TransferSummary {
+    fn of(row: &hlo_engine::analysis::comm::PlacedTransfer) -> TransferSummary {
+        let t = &row.transfer;
+        TransferSummary {
+            axis: t.axis.clone(),
+            size: t.axis_size,
+            collective: t.collective.to_string(),
+            what: t.what.clone(),
+            count: t.count,
+            bytes_per_device: t.bytes_per_device.round() as u64,
+            nodes: row.span.key(),
+            link_gb_per_s: row.link_gbs,
+            estimated_ms: row.ms,
+            placement: row.span.to_string(),
+        }
+    }
+}
+
+impl ThroughputSummary {
+    fn of(t: &Throughput, mfu: f64) -> ThroughputSummary {
+        ThroughputSummary {
+            tokens_per_step: t.tokens_per_step,
+            bound_tokens_per_s: t.bound_tokens_per_s(),
+            mfu_unoverlapped: t.mfu_unoverlapped(),
+            assumed_mfu: mfu,
+            tokens_per_s: t.tokens_per_s(mfu),
+            budget_tokens: t.budget_tokens,
+            budget_hours: t.budget_hours(mfu),
+        }
+    }
+}
+
+impl LayoutSummary {
+    fn of(g: &LayoutGroup) -> LayoutSummary {
+        LayoutSummary {
+            spec: g.spec.to_string(),
+            shape: g.shape.clone(),
+            block: g.block.clone(),
+            dtype: g.dtype.clone(),
+            stacked_layers: g.stacked,
+            bytes_per_device_each: g.bytes_per_device,
+            tensors: g.tensors.clone(),
+            partition: g.spec.clone(),
+        }
+    }
+}
+
+/// What `plan` says of the step, its memory, communication and
+/// throughput, decided once: the text prints it and `--json` serializes
+/// it, so the two cannot disagree.
 #[derive(Serialize)]
 struct Summary {
     model: String,
@@ -635,7 +734,7 @@ struct Summary {
     /// step (GRPO's and RLOO's are scored outside it).
     reference: Option<ReferenceUse>,
     scan_layers: bool,
-    attention: Value,
+    attention: crate::args::AttentionSummary,
     remat_layers: bool,
     loss_chunk: i64,
     /// The attention and loss in words, as the text's `plan:` line ends.
@@ -662,6 +761,19 @@ struct Summary {
     stand_in_estimate_bytes: Option<u64>,
     /// Why the form planned is not the policy's first choice.
     rechosen: Option<String>,
+    /// The nearest settings that fit, when the step does not.
+    suggestions: Vec<Suggestion>,
+    nodes: i64,
+    devices_per_node: i64,
+    axes: Vec<AxisSummary>,
+    communication: Vec<TransferSummary>,
+    communication_total: CommunicationTotal,
+    /// None: no compute figure for the target.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    throughput: Option<ThroughputSummary>,
+    /// With `--show-sharding`: each distinct layout of the state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    layouts: Option<Vec<LayoutSummary>>,
 }
 
 /// Which compiler's figures a plan trusts.
@@ -783,7 +895,7 @@ impl Summary {
             loss: loss.name(),
             reference: loss.reference().map(ReferenceUse::from),
             scan_layers: tc.scan_layers,
-            attention: crate::args::attention_json(tc),
+            attention: crate::args::AttentionSummary::of(tc),
             remat_layers: tc.remat_layers,
             loss_chunk: tc.loss_chunk_for(config.vocab_size),
             long_context: tc.long_context_summary(config.vocab_size),
@@ -815,6 +927,22 @@ impl Summary {
             policy_estimate_bytes: r.estimate_bytes,
             stand_in_estimate_bytes: r.stand_in_estimate_bytes,
             rechosen: r.rechosen.clone(),
+            suggestions: Vec::new(),
+            nodes: r.comm.nodes,
+            devices_per_node: r.comm.devices_per_node,
+            axes: r.comm.axes.iter().map(AxisSummary::of).collect(),
+            communication: r.comm.rows.iter().map(TransferSummary::of).collect(),
+            communication_total: CommunicationTotal {
+                bytes_per_device: r.comm.total_bytes().round() as u64,
+                estimated_ms: r.comm.total_ms(),
+                compute_ms: r.compute.map(|c| c.ms),
+                peak_tflops: r.compute.map(|c| c.peak_tflops),
+            },
+            throughput: throughput(r).map(|t| ThroughputSummary::of(&t, r.args.mfu)),
+            layouts: r
+                .args
+                .show_sharding
+                .then(|| r.layouts.iter().map(LayoutSummary::of).collect()),
         }
     }
 
@@ -839,18 +967,6 @@ impl Summary {
     }
 }
 
-fn layout_json(g: &LayoutGroup) -> Value {
-    json!({
-        "spec": g.spec.to_string(),
-        "shape": g.shape,
-        "block": g.block,
-        "dtype": g.dtype,
-        "stacked_layers": g.stacked,
-        "bytes_per_device_each": g.bytes_per_device,
-        "tensors": g.tensors,
-    })
-}
-
 /// The step's `auto` choices, and what the plan compiled in place of
 /// cuDNN's attention, which the CPU plugin does not have.
 fn print_choices(r: &Report) {
@@ -862,16 +978,15 @@ fn print_choices(r: &Report) {
         };
         println!(
             "  (cuDNN's attention planned as {}, which keeps a little more, each layer's queries in f32: {why})",
-            hlo_engine::policy::attention_name(hlo_engine::plan::cudnn_stand_in(r.tc.seq))
+            hlo_engine::step::policy::attention_name(hlo_engine::analysis::plan::cudnn_stand_in(r.tc.seq))
         );
     }
 }
 
 /// The report as text: the step, its memory per device, its
 /// communication, and with `--show-sharding` each layout.
-fn print_text(r: &Report) {
-    let summary = Summary::of(r);
-    print_step(&summary);
+fn print_text(summary: &Summary, r: &Report) {
+    print_step(summary);
     print_choices(r);
     if r.args.mesh.is_none() && r.args.devices.is_none() {
         println!(
@@ -879,11 +994,11 @@ fn print_text(r: &Report) {
             r.target
         );
     }
-    print_memory(&summary, r.target);
-    print_compiled_by(&summary, r);
-    print_communication(r);
-    print_throughput(r);
-    for g in &r.layouts {
+    print_memory(summary, r.target);
+    print_compiled_by(summary, r);
+    print_communication(summary, r);
+    print_throughput(summary, r);
+    for g in summary.layouts.iter().flatten() {
         print_layout(&r.mesh, g);
     }
 }
@@ -939,7 +1054,7 @@ fn print_compiled_by(s: &Summary, r: &Report) {
 /// The step's batch in the objective's units: rows, preference pairs, or
 /// GRPO completions of `num_generations` a prompt.
 fn batch_text(r: &Report) -> String {
-    let mut specs = hlo_engine::ObjectiveSpecs::default();
+    let mut specs = hlo_engine::objectives::ObjectiveSpecs::default();
     specs.rollouts.num_generations = Some(num_generations(r.args));
     r.args.objective.def().batch_words(&specs, r.tc.batch)
 }
@@ -1042,26 +1157,25 @@ fn ms(v: Option<f64>) -> String {
 
 /// The communication table: a row per kind of traffic, then the total
 /// against the step's compute.
-fn print_communication(r: &Report) {
-    let comm = &r.comm;
+fn print_communication(s: &Summary, r: &Report) {
     // Axes of one device have no groups to place.
-    let axes: Vec<String> = comm
+    let axes: Vec<String> = s
         .axes
         .iter()
-        .filter(|(_, size, _)| *size > 1)
-        .map(|(a, size, span)| format!("{a}={size} {span}"))
+        .filter(|a| a.size > 1)
+        .map(|a| format!("{}={} {}", a.axis, a.size, a.placement))
         .collect();
     let plural = |n: i64| if n == 1 { "" } else { "s" };
     println!(
         "communication per step, per device ({} node{} × {} device{}{}{}):",
-        comm.nodes,
-        plural(comm.nodes),
-        comm.devices_per_node,
-        plural(comm.devices_per_node),
+        s.nodes,
+        plural(s.nodes),
+        s.devices_per_node,
+        plural(s.devices_per_node),
         if axes.is_empty() { "" } else { "; " },
         axes.join(", ")
     );
-    if comm.rows.is_empty() {
+    if s.communication.is_empty() {
         println!("  none: no mesh axis of more than one device moves anything");
         return;
     }
@@ -1069,36 +1183,35 @@ fn print_communication(r: &Report) {
         "  {:<5} {:>4}  {:<14} {:>12}  {:<16} {:>9} {:>10}  what",
         "axis", "size", "collective", "bytes", "nodes", "link GB/s", "est. ms"
     );
-    for row in &comm.rows {
-        let t = &row.transfer;
+    for t in &s.communication {
         println!(
             "  {:<5} {:>4}  {:<14} {:>12}  {:<16} {:>9} {:>10}  {} ({}×)",
             t.axis,
-            t.axis_size,
-            t.collective.to_string(),
-            gb(t.bytes_per_device.round() as u64),
-            row.span.to_string(),
-            row.link_gbs
+            t.size,
+            t.collective,
+            gb(t.bytes_per_device),
+            t.placement,
+            t.link_gb_per_s
                 .map_or("n/a".to_string(), |g| format!("{g:.1}")),
-            ms(row.ms),
+            ms(t.estimated_ms),
             t.what,
             t.count
         );
     }
-    let against = match r.compute {
-        Some(c) => format!(
-            ", against {} ms of compute (the step's FLOPs at the {}'s {} peak, {:.0} TFLOP/s)",
-            ms(Some(c.ms)),
+    let total = &s.communication_total;
+    let against = match (total.compute_ms, total.peak_tflops) {
+        (Some(c), Some(peak)) => format!(
+            ", against {} ms of compute (the step's FLOPs at the {}'s {} peak, {peak:.0} TFLOP/s)",
+            ms(Some(c)),
             r.target.device().name,
-            r.tc.dtype,
-            c.peak_tflops
+            s.dtype,
         ),
-        None => String::new(),
+        _ => String::new(),
     };
     println!(
         "  total {} per device: {} ms at the links' peak{against}",
-        gb(comm.total_bytes().round() as u64),
-        ms(comm.total_ms())
+        gb(total.bytes_per_device),
+        ms(total.estimated_ms)
     );
 }
 
@@ -1115,26 +1228,12 @@ fn throughput(r: &Report) -> Option<Throughput> {
     ))
 }
 
-/// The throughput as `--json` gives it, at the assumed MFU `m`.
-fn throughput_json(t: &Throughput, m: f64) -> Value {
-    json!({
-        "tokens_per_step": t.tokens_per_step,
-        "bound_tokens_per_s": t.bound_tokens_per_s(),
-        "mfu_unoverlapped": t.mfu_unoverlapped(),
-        "assumed_mfu": m,
-        "tokens_per_s": t.tokens_per_s(m),
-        "budget_tokens": t.budget_tokens,
-        "budget_hours": t.budget_hours(m),
-    })
-}
-
-fn print_throughput(r: &Report) {
-    let Some(t) = throughput(r) else {
+fn print_throughput(s: &Summary, r: &Report) {
+    let Some(t) = &s.throughput else {
         return;
     };
-    let m = r.args.mfu;
     let devices = format!("{} × {}", r.mesh.size(), r.target.device().name);
-    let unoverlapped = match t.mfu_unoverlapped() {
+    let unoverlapped = match t.mfu_unoverlapped {
         Some(u) => format!(
             "; {:.0}% MFU left if communication is not overlapped",
             100.0 * u
@@ -1143,15 +1242,14 @@ fn print_throughput(r: &Report) {
     };
     println!(
         "throughput ({} tokens a step): at most {:.0} tokens/s ({devices} at their peak){unoverlapped}",
-        t.tokens_per_step,
-        t.bound_tokens_per_s(),
+        t.tokens_per_step, t.bound_tokens_per_s,
     );
     println!(
         "  at {:.0}% MFU (--mfu, assumed): {:.0} tokens/s; 20 tokens a parameter ({:.1}B tokens) in {}",
-        100.0 * m,
-        t.tokens_per_s(m),
+        100.0 * t.assumed_mfu,
+        t.tokens_per_s,
         t.budget_tokens / 1e9,
-        duration(t.budget_hours(m))
+        duration(t.budget_hours)
     );
 }
 
@@ -1166,7 +1264,7 @@ fn duration(hours: f64) -> String {
 
 /// Shows a layout: spec, shapes, bytes, the tensors sharing it, and a
 /// drawing of one layer's blocks over the mesh.
-fn print_layout(mesh: &Mesh, g: &LayoutGroup) {
+fn print_layout(mesh: &Mesh, g: &LayoutSummary) {
     let dims = |d: &[i64]| d.iter().map(i64::to_string).collect::<Vec<_>>().join(" × ");
     let n = g.tensors.len();
     println!(
@@ -1174,10 +1272,14 @@ fn print_layout(mesh: &Mesh, g: &LayoutGroup) {
         g.spec,
         g.dtype,
         dims(&g.shape),
-        if g.stacked { " (layers stacked)" } else { "" },
+        if g.stacked_layers {
+            " (layers stacked)"
+        } else {
+            ""
+        },
         dims(&g.block),
-        gb(g.bytes_per_device),
-        gb(g.bytes_per_device * n as u64),
+        gb(g.bytes_per_device_each),
+        gb(g.bytes_per_device_each * n as u64),
         if n == 1 { "" } else { "s" }
     );
     const SHOWN: usize = 6;
@@ -1188,9 +1290,9 @@ fn print_layout(mesh: &Mesh, g: &LayoutGroup) {
         println!("  … and {} more", n - SHOWN);
     }
     // The drawing is of one layer: the stacked axis is never split.
-    let skip = usize::from(g.stacked);
+    let skip = usize::from(g.stacked_layers);
     let spec =
-        hlo_engine::partitioner::PartitionSpec(g.spec.0.iter().skip(skip).cloned().collect());
+        hlo_engine::partitioner::PartitionSpec(g.partition.0.iter().skip(skip).cloned().collect());
     if g.shape.len() > skip {
         print!("{}", draw_sharding(mesh, &spec, &g.shape[skip..]));
     }

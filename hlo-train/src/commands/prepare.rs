@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::Args;
 use hlo_engine::data::lock::FolderLock;
-use hlo_engine::dataset::{prepare_tokens, PrepareSpec};
+use hlo_engine::inputs::dataset::{prepare_tokens, PrepareSpec};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::args::{open_model, ChatArgs, ModelArgs, TokenizerArgs};

@@ -7,10 +7,12 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use hlo_engine::device::backend::Backend;
 use hlo_engine::infer::reward_scorer::RewardScorer;
+use hlo_engine::inputs::dataset::{DataSpec, Dataset};
+use hlo_engine::inputs::model::Model;
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::{Backend, DataSpec, Dataset, Model};
 use serde_json::json;
 
 use crate::args::{DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};

@@ -8,10 +8,11 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use hlo_engine::infer::batcher::{Batcher, BatcherHandle, BatcherOptions};
+use hlo_engine::inputs::model::Model;
 use hlo_engine::ir::DType;
 use hlo_engine::models::decoder::{LoraSelect, ModelConfig};
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::{Batcher, BatcherHandle, BatcherOptions, Model};
 use hlo_serve::ServerConfig;
 
 use crate::args::{PluginArgs, TokenizerArgs};
@@ -247,7 +248,7 @@ fn start_batcher(
     let backend = args.plugin.backend(args.mesh.as_ref());
     let starting = format!(
         "starting: placing {model_name}'s weights and compiling its serving programs ({} step shapes), then listening on {}",
-        hlo_engine::batcher::step_shapes(&options).len(),
+        hlo_engine::infer::batcher::step_shapes(&options).len(),
         SocketAddr::new(args.host, args.port)
     );
     let announce = Box::new(move || eprintln!("{starting}"));

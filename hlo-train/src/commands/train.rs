@@ -8,13 +8,16 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use hlo_engine::dataset::SamplingStrategy;
-use hlo_engine::model::Init;
+use hlo_engine::inputs::dataset::DataSource;
+use hlo_engine::inputs::dataset::SamplingStrategy;
+use hlo_engine::inputs::model::Init;
+use hlo_engine::objectives::{Data, Objective, ObjectiveSpecs};
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::{
-    Chosen, Data, DataSource, EvalSpec, HookList, Mode, Objective, ObjectiveSpecs, OutputSpec,
-    ReportSpec, Run, RunSpec, StopFlag, TrainSummary,
-};
+use hlo_engine::run::spec::{Chosen, EvalSpec, OutputSpec, ReportSpec, RunSpec};
+use hlo_engine::run::Run;
+use hlo_engine::runtime::Mode;
+use hlo_engine::train::hooks::{HookList, TrainSummary};
+use hlo_engine::train::trainer::StopFlag;
 use hlo_report::{EventWriter, LossCurves};
 use indicatif::ProgressBar;
 
@@ -40,23 +43,15 @@ pub struct TrainArgs {
     #[command(flatten)]
     pub plugin: PluginArgs,
 
-    /// What the run's loss is: sft, the causal-LM loss on the data's
-    /// learned tokens (supervised finetuning); or a preference method over
-    /// pairs of chosen and rejected completions, as TRL 1.16 computes it:
-    /// dpo (DPOTrainer's sigmoid loss), ipo, simpo and cpo (CPOTrainer's
-    /// simpo and sigmoid losses) or orpo (ORPOTrainer's). With pairs, --batch counts pairs. Or grpo
-    /// (GRPOTrainer's): online RL over prompts, the policy generating its
-    /// own completions, scored by --reward; --batch counts completions.
-    /// Or kto (KTOTrainer's): unpaired completions labelled desirable or
-    /// not (or pairs, unpaired), in file order; --batch counts examples.
-    /// Or rloo (RLOOTrainer's): GRPO's rollouts, each completion weighed
-    /// by its reward less its siblings' mean, with a KL penalty in the
-    /// reward; --batch counts completions. Or reward (RewardTrainer's): a
-    /// reward model, a sequence classifier (a new score head on a causal
-    /// LM's checkpoint) scoring each side of a pair; --batch counts pairs.
-    /// Or distillation (DistillationTrainer's): the student's own
-    /// completions of prompts, taught a --teacher's next-token
-    /// distributions; --batch counts completions.
+    /// What the run's loss is, each as TRL 1.16's trainer of that name
+    /// computes it (docs/training.md has a section for each): sft, the
+    /// causal-LM loss on the data's learned tokens (supervised
+    /// finetuning), or an objective over the data it reads: pairs of
+    /// chosen and rejected completions (--batch counts pairs), unpaired
+    /// completions labelled desirable or not (--batch counts examples),
+    /// or the policy's own completions of prompts, generated as it trains
+    /// (--batch counts completions). `hlo-train data --objective` shows
+    /// what rows an objective reads.
     #[arg(long, value_parser = named::<Objective>(), default_value = "sft")]
     pub objective: Objective,
 
@@ -275,7 +270,8 @@ fn hooks(run: &Run, argv: &[OsString]) -> Result<(HookList, ProgressBar, RewardC
     let bar = progress.bar.clone();
     hooks.add("progress", progress);
     let course = RewardCourse::default();
-    let rewarded = |o: hlo_engine::Objective| o.def().rollouts().is_some_and(|r| r.rewarded());
+    let rewarded =
+        |o: hlo_engine::objectives::Objective| o.def().rollouts().is_some_and(|r| r.rewarded());
     if rewarded(run.spec().objective) {
         hooks.add("reward-course", course.clone());
     }
@@ -351,7 +347,7 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
     };
     show("before", &run)?;
     if !main {
-        run.train(&mut hlo_engine::Quiet)?;
+        run.train(&mut hlo_engine::train::hooks::Quiet)?;
         return Ok(());
     }
     if let Some(line) = run.lock_note() {

@@ -63,7 +63,7 @@ impl BinaryOp {
     }
 
     /// The op on f64 values (floats), NaN-propagating for max/min as XLA is.
-    pub fn apply_float(self, a: f64, b: f64) -> f64 {
+    pub(crate) fn apply_float(self, a: f64, b: f64) -> f64 {
         use BinaryOp::*;
         match self {
             Add => a + b,
@@ -80,7 +80,7 @@ impl BinaryOp {
     }
 
     /// The op on integers of `dtype` (results wrapped later).
-    pub fn apply_int(self, a: i128, b: i128, dtype: DType) -> i128 {
+    pub(crate) fn apply_int(self, a: i128, b: i128, dtype: DType) -> i128 {
         use BinaryOp::*;
         let bits = dtype.bits() as i128;
         let unsigned = |v: i128| v & ((1i128 << bits) - 1);

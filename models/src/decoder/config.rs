@@ -75,7 +75,7 @@ impl Family {
     }
 
     /// Its sequence-classification class, as transformers names it.
-    pub fn classifier_architecture(self) -> String {
+    pub(crate) fn classifier_architecture(self) -> String {
         match self {
             Family::Gemma3 => "Gemma3TextForSequenceClassification".into(),
             f => f
@@ -275,7 +275,7 @@ impl MoeConfig {
     }
 
     /// `(experts, in, out)` of a fused expert tensor of shape `dims`.
-    pub fn expert_dims(&self, dims: &[i64]) -> (i64, i64, i64) {
+    pub(crate) fn expert_dims(&self, dims: &[i64]) -> (i64, i64, i64) {
         if self.transposed() {
             (dims[0], dims[1], dims[2])
         } else {
@@ -389,7 +389,7 @@ impl ModelConfig {
     }
 
     /// Whether layer `l`'s MLP is a mixture of experts.
-    pub fn is_sparse(&self, l: i64) -> bool {
+    pub(crate) fn is_sparse(&self, l: i64) -> bool {
         self.moe
             .as_ref()
             .is_some_and(|m| m.sparse_layers.get(l as usize) == Some(&true))
@@ -410,7 +410,7 @@ impl ModelConfig {
     }
 
     /// The window a layer of `kind` attends through (None: all earlier positions).
-    pub fn window_of(&self, kind: LayerType) -> Option<i64> {
+    pub(crate) fn window_of(&self, kind: LayerType) -> Option<i64> {
         match kind {
             LayerType::Full => None,
             LayerType::Sliding => self.sliding_window,
@@ -419,7 +419,7 @@ impl ModelConfig {
 
     /// The scale of attention scores: `query_pre_attn_scalar^-0.5` (Gemma
     /// 3), else `head_dim^-0.5`.
-    pub fn attention_scale(&self) -> f64 {
+    pub(crate) fn attention_scale(&self) -> f64 {
         self.query_pre_attn_scalar
             .unwrap_or(self.head_dim as f64)
             .powf(-0.5)

@@ -44,7 +44,7 @@ impl Decoder<'_> {
     /// Sliding layers see only the last `sliding_window` slots; the cache
     /// keeps every slot (a slot's distance to the query is its distance in
     /// positions, as the padding is all on the left).
-    pub fn forward_cached(
+    pub(crate) fn forward_cached(
         &self,
         p: &Params,
         input_ids: Tensor,

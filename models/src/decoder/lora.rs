@@ -170,7 +170,7 @@ impl LoraConfig {
     /// This config with PEFT's `target_parameters`: each must name one of
     /// [`EXPERT_PARAMETERS`] (PEFT matches a parameter's path by its end,
     /// so `experts.down_proj` and a full path name the same tensors).
-    pub fn with_target_parameters(mut self, names: &[String]) -> Result<Self, LoraError> {
+    pub(crate) fn with_target_parameters(mut self, names: &[String]) -> Result<Self, LoraError> {
         let mut targeted = Vec::new();
         for name in names {
             let known = EXPERT_PARAMETERS.iter().find(|p| {
@@ -195,7 +195,7 @@ impl LoraConfig {
 
     /// Whether the fused expert tensor `parameter` (one of
     /// [`EXPERT_PARAMETERS`]) carries LoRA.
-    pub fn targets_parameter(&self, parameter: &str) -> bool {
+    pub(crate) fn targets_parameter(&self, parameter: &str) -> bool {
         self.target_parameters.iter().any(|p| p == parameter)
     }
 
@@ -265,7 +265,7 @@ impl LoraConfig {
     }
 
     /// The alpha of the module at `module`.
-    pub fn alpha_of(&self, module: &str) -> f64 {
+    pub(crate) fn alpha_of(&self, module: &str) -> f64 {
         pattern_key(self.alpha_pattern.iter().map(|(k, _)| k.as_str()), module)
             .and_then(|k| self.alpha_pattern.iter().find(|(p, _)| p == k))
             .map_or(self.alpha, |(_, a)| *a)
@@ -302,7 +302,7 @@ impl LoraConfig {
 
     /// With the layers run as one scan, every layer must have the same
     /// ranks and alphas (a pattern naming one layer breaks that).
-    pub fn check_uniform(&self, layers: i64) -> Result<(), LoraError> {
+    pub(crate) fn check_uniform(&self, layers: i64) -> Result<(), LoraError> {
         for group in ["self_attn", "mlp"] {
             for short in &self.target_modules {
                 let at = |l: i64| format!("model.layers.{l}.{group}.{short}");

@@ -23,12 +23,12 @@ pub struct Distill {
 }
 
 /// A teacher weight's name among the step's inputs.
-pub fn teacher_name(name: &str) -> String {
+pub(crate) fn teacher_name(name: &str) -> String {
     format!("teacher.{name}")
 }
 
 /// The teacher's weights as step inputs (`teacher.` names, in `dtype`).
-pub fn teacher_inputs(teacher: &ModelConfig, dtype: DType) -> Vec<(String, TensorType)> {
+pub(crate) fn teacher_inputs(teacher: &ModelConfig, dtype: DType) -> Vec<(String, TensorType)> {
     base_parameter_types(teacher, dtype)
         .into_iter()
         .map(|(n, t)| (teacher_name(&n), t))

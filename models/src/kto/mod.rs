@@ -87,7 +87,7 @@ pub struct KtoOutputs {
 
 impl KtoLoss {
     /// Whether the loss estimates the KL term (and so reads KL rows).
-    pub fn estimates_kl(&self) -> bool {
+    pub(crate) fn estimates_kl(&self) -> bool {
         self.loss_type == KtoLossType::Kto
     }
 

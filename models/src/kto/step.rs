@@ -142,7 +142,7 @@ fn token_metrics(
 
 /// The KTO train step ([`kto_loss`], then the same clipping, schedule and
 /// optimizer as [`crate::train::train_step`]); one micro-batch a step.
-pub fn kto_train_step(
+pub(crate) fn kto_train_step(
     config: &ModelConfig,
     tc: &TrainConfig,
     kto: &Kto,

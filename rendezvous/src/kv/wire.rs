@@ -26,30 +26,30 @@ pub(super) const NO_TIMEOUT: u64 = u64::MAX;
 /// Request codes.
 pub(super) mod op {
     pub const HELLO: u8 = 1;
-    pub const SET: u8 = 2;
+    pub(crate) const SET: u8 = 2;
     pub const GET: u8 = 3;
-    pub const TRY_GET: u8 = 4;
-    pub const BARRIER: u8 = 5;
-    pub const SHUTDOWN: u8 = 6;
-    pub const WATCH: u8 = 7;
+    pub(crate) const TRY_GET: u8 = 4;
+    pub(crate) const BARRIER: u8 = 5;
+    pub(crate) const SHUTDOWN: u8 = 6;
+    pub(crate) const WATCH: u8 = 7;
 }
 
 /// Answer codes; a heartbeat carries no payload.
 pub(super) mod status {
     pub const OK: u8 = 0;
     pub const NOT_FOUND: u8 = 1;
-    pub const TIMEOUT: u8 = 2;
-    pub const BARRIER_TIMEOUT: u8 = 3;
-    pub const PEER_LOST: u8 = 4;
-    pub const REFUSED: u8 = 5;
-    pub const PROTOCOL: u8 = 6;
+    pub(crate) const TIMEOUT: u8 = 2;
+    pub(crate) const BARRIER_TIMEOUT: u8 = 3;
+    pub(crate) const PEER_LOST: u8 = 4;
+    pub(crate) const REFUSED: u8 = 5;
+    pub(crate) const PROTOCOL: u8 = 6;
     pub const HEARTBEAT: u8 = 7;
     /// Another process count than the coordinator's (payload: the
     /// process, its count, the coordinator's count).
     pub const COUNT_MISMATCH: u8 = 8;
     /// A set that would take the service over its byte cap (payload: the
     /// bytes held, the cap).
-    pub const FULL: u8 = 9;
+    pub(crate) const FULL: u8 = 9;
     /// The client's proof of the run token is wrong (or it has a token and
     /// the server none).
     pub const AUTH_FAILED: u8 = 10;

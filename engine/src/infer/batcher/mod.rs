@@ -453,7 +453,7 @@ pub fn decode_buckets(slots: i64) -> Vec<i64> {
 
 /// The prefill bucket of a prompt: the generator's prompt bucket, at most
 /// the cache's length.
-pub fn prefill_bucket(len: usize, max_len: i64) -> i64 {
+pub(crate) fn prefill_bucket(len: usize, max_len: i64) -> i64 {
     prompt_bucket(len).min(max_len)
 }
 

@@ -28,7 +28,7 @@ use crate::step::StepSpec;
 
 /// Distillation's β unless `--beta` says otherwise (TRL 1.16: the reverse
 /// KL).
-pub const DEFAULT_BETA: f64 = 1.0;
+pub(crate) const DEFAULT_BETA: f64 = 1.0;
 
 /// Distillation's own settings (TRL 1.16's `DistillationConfig` names);
 /// its β (default 1.0), temperature, completion length and sampling are

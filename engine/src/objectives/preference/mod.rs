@@ -1,6 +1,6 @@
 //! DPO, IPO, SimPO and ORPO beyond their loss (`hlo_models::preference`):
 //! their settings, their reference, and the reference's
-//! log-probabilities computed once before training ([`reference`]).
+//! log-probabilities computed once before training ([`reference`](mod@reference)).
 
 pub mod reference;
 
@@ -73,7 +73,7 @@ impl Default for PreferenceSpec {
 
 /// The preference objectives' β unless `--beta` says otherwise (TRL's
 /// `DPOConfig`'s, `CPOConfig`'s, `ORPOConfig`'s and `KTOConfig`'s).
-pub const DEFAULT_BETA: f64 = 0.1;
+pub(crate) const DEFAULT_BETA: f64 = 0.1;
 
 /// A preference method over pairs: its loss under the settings and β,
 /// and the settings it reads.

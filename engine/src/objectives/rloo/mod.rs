@@ -25,9 +25,9 @@ use crate::objectives::RunView;
 use crate::step::StepSpec;
 
 /// RLOO's β unless `--beta` says otherwise (TRL 1.16's `RLOOConfig`).
-pub const DEFAULT_BETA: f64 = 0.05;
+pub(crate) const DEFAULT_BETA: f64 = 0.05;
 /// Completions per prompt unless `--num-generations` says otherwise.
-pub const DEFAULT_NUM_GENERATIONS: usize = 2;
+pub(crate) const DEFAULT_NUM_GENERATIONS: usize = 2;
 
 /// RLOO's own settings (TRL 1.16's `RLOOConfig` names and defaults); its
 /// rollouts take the rollout settings, its KL penalty `--beta` (default

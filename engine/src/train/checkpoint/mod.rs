@@ -11,7 +11,6 @@ use hlo_models::attention::AttentionKind;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use hlo_ir::rng::Fnv1a;
 use hlo_ir::Literal;
 use hlo_models::adapter::Adapter;
 use hlo_models::io::{read_safetensors, write_atomic};
@@ -19,10 +18,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{EngineError, Result};
+use crate::files::file_fingerprint;
 use crate::train::session::Session;
 
 pub mod export;
+mod finite;
 pub mod sharded;
+
+use finite::check_finite;
 
 /// The settings a run's result depends on, by the name of the flag that
 /// sets each (`lr`, `lora-rank`, `data`, ...), plus identities that no flag
@@ -157,50 +160,18 @@ impl RunSettings {
     }
 }
 
-/// The FNV-1a fingerprint of the bytes of `path`, hex (read in chunks:
-/// a state or data file may be larger than memory allows twice).
-pub fn file_fingerprint(path: &Path) -> Result<String> {
-    let mut hash = Fnv1a::new();
-    for_each_chunk(path, |chunk| hash.update(chunk))?;
-    Ok(format!("{:016x}", hash.finish()))
-}
-
-/// Reads `path` a MiB at a time, handing each chunk to `f`.
-pub(crate) fn for_each_chunk(path: &Path, mut f: impl FnMut(&[u8])) -> Result<()> {
-    use std::io::Read;
-    let mut file = std::fs::File::open(path).map_err(EngineError::io("read", path))?;
-    let mut chunk = vec![0u8; 1 << 20];
-    loop {
-        let n = file
-            .read(&mut chunk)
-            .map_err(EngineError::io("read", path))?;
-        if n == 0 {
-            return Ok(());
-        }
-        f(&chunk[..n]);
-    }
-}
-
-/// Every tensor of `tensors` is finite, or an error naming the first that
-/// is not.
-pub fn check_finite(tensors: &[(String, Literal)], what: &str) -> Result<()> {
-    tensors
-        .iter()
-        .try_for_each(|(name, lit)| check_finite_one(name, lit, what))
-}
-
-/// `lit` (tensor `name`, or a block of it) is finite, or an error naming
-/// it and `what` it belongs to.
-pub fn check_finite_one(name: &str, lit: &Literal, what: &str) -> Result<()> {
-    match lit.non_finite_count() {
-        0 => Ok(()),
-        bad => Err(EngineError::NonFiniteState {
-            what: what.to_string(),
-            tensor: name.to_string(),
-            bad,
-            total: lit.ty.element_count(),
-        }),
-    }
+/// The settings that shape a step, as a refusal names them: the model,
+/// the step's configuration (as `train_state/` records it) and the mesh.
+pub fn step_settings(
+    model: &crate::inputs::model::Model,
+    tc: &hlo_models::train::TrainConfig,
+    mesh: &hlo_partitioner::Mesh,
+) -> BTreeMap<String, Value> {
+    let mut s = RunSettings::of_config(tc, 0).0;
+    s.remove("seed");
+    s.insert("model".into(), model.name.clone().into());
+    s.insert("mesh".into(), mesh.to_string().into());
+    s
 }
 
 /// `out` as a folder: made where missing, refused when a file.
@@ -217,7 +188,7 @@ pub fn make_out(out: &Path) -> Result<()> {
 /// any work is done: a file can be created and removed in it.
 /// Temporaries a killed run left there are removed (the caller holds
 /// the folder's lock, so none is another live run's).
-pub fn prepare_out(out: &Path) -> Result<()> {
+pub(crate) fn prepare_out(out: &Path) -> Result<()> {
     let probe = out.join(format!(".hlo-train-probe-{}", std::process::id()));
     std::fs::write(&probe, b"probe").map_err(EngineError::io("write to", out))?;
     std::fs::remove_file(&probe).map_err(EngineError::io("write to", out))?;
@@ -249,7 +220,7 @@ pub fn remove_stale_temporaries(dir: &Path) {
 }
 
 /// Whether `dir` holds a saved run (a state a run could continue from).
-pub fn holds_run(dir: &Path) -> bool {
+pub(crate) fn holds_run(dir: &Path) -> bool {
     ["train_state", "train_state.old"]
         .iter()
         .any(|f| dir.join(f).join("state.json").is_file())
@@ -295,7 +266,7 @@ static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0
 
 /// [`save`], with `extra` files (name, bytes) written into `train_state/`
 /// beside the state, replaced with it at once.
-pub fn save_with(
+pub(crate) fn save_with(
     out: &Path,
     session: &Session,
     state: &RunState,
@@ -530,7 +501,7 @@ pub(crate) fn state_dir(dir: &Path) -> Result<PathBuf> {
 /// The settings of the run saved in `dir` (only its `state.json` is read),
 /// or None when `dir` holds no run: what a command reading the run's
 /// adapter takes its defaults from.
-pub fn saved_settings(dir: &Path) -> Result<Option<RunSettings>> {
+pub(crate) fn saved_settings(dir: &Path) -> Result<Option<RunSettings>> {
     let Ok(state_dir) = state_dir(dir) else {
         return Ok(None);
     };

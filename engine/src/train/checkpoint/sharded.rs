@@ -100,7 +100,7 @@ pub struct ProcessShards {
 }
 
 /// The file process `p` of `n` writes.
-pub fn shard_file(p: u32, n: u32) -> String {
+pub(crate) fn shard_file(p: u32, n: u32) -> String {
     format!("shard-{p:05}-of-{n:05}.safetensors")
 }
 
@@ -158,7 +158,7 @@ pub fn write_process_shards(
     let mut blocks = Vec::with_capacity(plan.len());
     for (a, d, offset, key) in plan {
         let host = Literal::from(a.array.block_to_host(d)?);
-        super::check_finite_one(&a.name, &host, what)?;
+        super::finite::check_finite_one(&a.name, &host, what)?;
         writer.write(&key, &host.bytes)?;
         blocks.push((
             a.name.clone(),
@@ -373,7 +373,7 @@ impl ShardedState {
     }
 
     /// The type of tensor `name`, if the state holds it.
-    pub fn tensor_type(&self, name: &str) -> Result<Option<TensorType>> {
+    pub(crate) fn tensor_type(&self, name: &str) -> Result<Option<TensorType>> {
         match self.manifest.tensors.get(name) {
             Some(t) => Ok(Some(TensorType::new(self.dtype(name, t)?, t.shape.clone()))),
             None => Ok(None),
@@ -382,7 +382,7 @@ impl ShardedState {
 
     /// The region of tensor `name` of `dims` starting at `at`, assembled
     /// from the saved blocks it overlaps; refused when not finite.
-    pub fn read_region(&self, name: &str, at: &[i64], dims: &[i64]) -> Result<HostArray> {
+    pub(crate) fn read_region(&self, name: &str, at: &[i64], dims: &[i64]) -> Result<HostArray> {
         let t = self
             .manifest
             .tensors

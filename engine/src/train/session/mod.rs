@@ -5,7 +5,7 @@
 //! waiting, and the held-out loss computed by a compiled eval step.
 //!
 //! What a session holds is told apart by the step's typed input roles,
-//! never by names. The loop around it is [`crate::Trainer`]; saving and
+//! never by names. The loop around it is [`crate::train::trainer::Trainer`]; saving and
 //! resuming is [`crate::train::checkpoint`]. Its initial state is made in
 //! `init.rs`, its eval step lives in `eval.rs`.
 
@@ -166,7 +166,7 @@ fn preload(
     compiled: &crate::device::compiled::CompiledStep,
 ) -> Result<()> {
     let program = step.stablehlo();
-    let settings = crate::device::compiled::step_settings(model, config, backend.mesh());
+    let settings = crate::train::checkpoint::step_settings(model, config, backend.mesh());
     compiled.check(backend, &program, &settings)?;
     let options = hlo_runtime::CompileOptions::spmd(backend.mesh().size());
     let loaded = backend
@@ -254,7 +254,7 @@ impl Session {
     /// parameters (its outputs are ready): what a program reading them
     /// between steps waits for anyway, made explicit so its own time can
     /// be measured apart.
-    pub fn wait_trained(&self) -> Result<()> {
+    pub(crate) fn wait_trained(&self) -> Result<()> {
         for k in self.step().inputs_where(|r| *r == Role::Trainable) {
             if let Some(a) = self.state.get(k).and_then(Option::as_ref) {
                 for t in a.ready_times()? {
@@ -325,16 +325,6 @@ impl Session {
     /// Tokens a step processes (rows × sequence length, padding included).
     pub fn tokens_per_step(&self) -> usize {
         (self.config.rows() * self.config.seq) as usize
-    }
-
-    /// Names of the trained parameters.
-    pub fn trainable_names(&self) -> Vec<String> {
-        let f = self.step.function();
-        self.step()
-            .inputs_where(|r| *r == Role::Trainable)
-            .into_iter()
-            .map(|k| f.inputs[k].name.clone())
-            .collect()
     }
 
     pub fn compiled_memory_stats(&self) -> Result<Option<CompiledMemoryStats>> {
@@ -424,7 +414,7 @@ impl Session {
     /// loader's `batch × grad_accum`): those its devices hold under the
     /// step's batch layout. None when it holds every row (one process,
     /// or rows replicated).
-    pub fn owned_rows(&self) -> Result<Option<Vec<bool>>> {
+    pub(crate) fn owned_rows(&self) -> Result<Option<Vec<bool>>> {
         let Some(k) = self.step().batch_input(BatchField::InputIds) else {
             return Ok(None);
         };
@@ -464,7 +454,7 @@ impl Session {
 
     /// Places `batch` ([rows, seq] vectors; [K, batch, seq] under gradient
     /// accumulation) as the step expects it.
-    pub fn place_batch(&self, batch: &Batch) -> Result<PlacedBatch> {
+    pub(crate) fn place_batch(&self, batch: &Batch) -> Result<PlacedBatch> {
         let c = &self.config;
         let dims = if c.grad_accum > 1 {
             vec![c.grad_accum, c.batch, c.seq]
@@ -498,7 +488,7 @@ impl Session {
 
     /// [`Session::launch`]; in eager mode `observe` sees every node's
     /// results.
-    pub fn launch_observed(
+    pub(crate) fn launch_observed(
         &mut self,
         batch: &PlacedBatch,
         observe: Option<&mut Observer>,
@@ -600,19 +590,6 @@ impl Session {
     /// tensors split back into their layers' names).
     pub fn trained_tensors(&self) -> Result<Vec<(String, Literal)>> {
         Ok(unstack_all(self.gather(|r| *r == Role::Trainable)?))
-    }
-
-    /// The trained parameters among `tensors` (as
-    /// [`Session::checkpoint_tensors`] gives them), per layer.
-    pub fn trained_part(&self, tensors: &[(String, Literal)]) -> Vec<(String, Literal)> {
-        let names = self.trainable_names();
-        unstack_all(
-            tensors
-                .iter()
-                .filter(|(n, _)| names.contains(n))
-                .cloned()
-                .collect(),
-        )
     }
 
     /// The trained adapter (None when finetuning fully).
