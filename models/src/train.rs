@@ -491,7 +491,7 @@ pub(crate) fn role_of(tc: &TrainConfig) -> impl Fn(&str) -> StepInput + '_ {
                 && (name.ends_with(".lora_a") || name.ends_with(".lora_b"));
             let saved = tc.lora.as_ref().is_some_and(|l| l.saves_weight(name));
             // A distillation teacher's weights are frozen.
-            let teacher = name.starts_with("teacher.");
+            let teacher = crate::distill::step::teacher_of(name).is_some();
             let trained = !teacher && (lora || saved || tc.lora.is_none());
             let role = if trained {
                 Role::Trainable

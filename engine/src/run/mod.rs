@@ -341,15 +341,7 @@ fn train_config(
     if tc.lora.is_none() {
         return Ok((tc, choices));
     }
-    let lora_chosen = [
-        "lora-rank",
-        "lora-alpha",
-        "lora-targets",
-        "use-rslora",
-        "modules-to-save",
-    ]
-    .iter()
-    .any(|k| spec.chosen.contains(k));
+    let lora_chosen = settings::LORA.iter().any(|s| spec.chosen.contains(s.name));
     match (&spec.output.resume, init) {
         (Some(dir), _) if resumed && !lora_chosen => tc.lora = Some(Adapter::read_config(dir)?),
         (_, Some(a)) => tc.lora = Some(a.lora.clone()),

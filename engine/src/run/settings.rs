@@ -136,6 +136,30 @@ static STEP: &[Setting] = &[
         };
         Some(())
     }),
+    common("optimizer", |s, v| put(&mut s.optim.optimizer, named(v)?)),
+    common("weight-decay", |s, v| {
+        put(&mut s.optim.weight_decay, v.as_f64()?)
+    }),
+    common("lr", |s, v| put(&mut s.optim.lr, v.as_f64()?)),
+    common("warmup", |s, v| put(&mut s.optim.warmup, v.as_i64()?)),
+    common("schedule", |s, v| put(&mut s.optim.schedule, named(v)?)),
+    common("clip-norm", |s, v| put(&mut s.optim.clip_norm, v.as_f64()?)),
+    common("scan-layers", |s, v| {
+        put(&mut s.step.scan_layers, toggle(v)?)
+    }),
+    common("remat", |s, v| put(&mut s.step.remat, named(v)?)),
+    common("attention", |s, v| put(&mut s.step.attention, named(v)?)),
+    common("attention-block", |s, v| {
+        put(&mut s.step.attention_block, Some(v.as_i64()?))
+    }),
+    common("loss-chunk", |s, v| {
+        put(&mut s.step.loss_chunk, Some(v.as_i64()?))
+    }),
+];
+
+/// The adapter's settings (a run that resumes or starts from an adapter
+/// takes the adapter's own unless one of these is chosen).
+pub(crate) static LORA: &[Setting] = &[
     common("lora-rank", |s, v| {
         lora(s, |l| put(&mut l.rank, v.as_i64()?))
     }),
@@ -155,25 +179,6 @@ static STEP: &[Setting] = &[
         lora(s, |l| {
             put(&mut l.modules_to_save, LoraSpec::modules_from(v.as_str()?))
         })
-    }),
-    common("optimizer", |s, v| put(&mut s.optim.optimizer, named(v)?)),
-    common("weight-decay", |s, v| {
-        put(&mut s.optim.weight_decay, v.as_f64()?)
-    }),
-    common("lr", |s, v| put(&mut s.optim.lr, v.as_f64()?)),
-    common("warmup", |s, v| put(&mut s.optim.warmup, v.as_i64()?)),
-    common("schedule", |s, v| put(&mut s.optim.schedule, named(v)?)),
-    common("clip-norm", |s, v| put(&mut s.optim.clip_norm, v.as_f64()?)),
-    common("scan-layers", |s, v| {
-        put(&mut s.step.scan_layers, toggle(v)?)
-    }),
-    common("remat", |s, v| put(&mut s.step.remat, named(v)?)),
-    common("attention", |s, v| put(&mut s.step.attention, named(v)?)),
-    common("attention-block", |s, v| {
-        put(&mut s.step.attention_block, Some(v.as_i64()?))
-    }),
-    common("loss-chunk", |s, v| {
-        put(&mut s.step.loss_chunk, Some(v.as_i64()?))
     }),
 ];
 
@@ -230,11 +235,11 @@ fn lora(s: &mut RunSpec, set: impl FnOnce(&mut LoraSpec) -> Option<()>) -> Optio
 
 /// Every setting of the run's own a run records, in the order a resumed
 /// run takes them back (`full` before the LoRA settings, `quantize`
-/// before `double-quant`): the model's and the data's, the step's, what
-/// the run writes. The objectives' settings are their specs' fields
+/// before `double-quant`): the model's and the data's, the step's, the
+/// adapter's, what the run writes. The objectives' settings are their specs' fields
 /// ([`crate::objectives::settings`]).
 pub fn all() -> impl Iterator<Item = &'static Setting> {
-    MODEL_DATA.iter().chain(STEP.iter().chain(OUTPUT))
+    MODEL_DATA.iter().chain(STEP).chain(LORA).chain(OUTPUT)
 }
 
 /// The setting named `name`.

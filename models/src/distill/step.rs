@@ -24,8 +24,23 @@ pub struct Distill {
 
 /// A teacher weight's name among the step's inputs.
 pub(crate) fn teacher_name(name: &str) -> String {
-    format!("teacher.{name}")
+    format!("{TEACHER_PREFIX}{name}")
 }
+
+/// The teacher weight step input `name` is, if it is one: what owns the
+/// teacher's inputs (a session reads them from the teacher's checkpoint,
+/// and never trains them).
+///
+/// ```
+/// use hlo_models::distill::step::teacher_of;
+/// assert_eq!(teacher_of("teacher.lm_head.weight"), Some("lm_head.weight"));
+/// assert_eq!(teacher_of("lm_head.weight"), None);
+/// ```
+pub fn teacher_of(name: &str) -> Option<&str> {
+    name.strip_prefix(TEACHER_PREFIX)
+}
+
+const TEACHER_PREFIX: &str = "teacher.";
 
 /// The teacher's weights as step inputs (`teacher.` names, in `dtype`).
 pub(crate) fn teacher_inputs(teacher: &ModelConfig, dtype: DType) -> Vec<(String, TensorType)> {

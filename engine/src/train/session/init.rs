@@ -9,12 +9,12 @@ use hlo_models::roles::Role;
 use hlo_partitioner::FunctionShardings;
 use hlo_runtime::{DeviceArray, HostArray, Mode, Program};
 
-use super::Session;
-use crate::inputs::model::Model;
+use hlo_models::distill::step::teacher_of;
+use hlo_models::preference::reference_of;
 
-/// The prefix of a distillation teacher's weights among the step's inputs.
-const TEACHER: &str = "teacher.";
+use super::Session;
 use crate::error::{EngineError, Result};
+use crate::inputs::model::Model;
 
 impl Session {
     /// The initial value of every input but the batch, made a chunk of
@@ -97,17 +97,17 @@ impl Session {
             Role::Trainable if self.config.lora.is_some() => {
                 self.adapter_value(&b.name, sources)?
             }
-            Role::Weight if b.name.starts_with(TEACHER) => {
+            Role::Weight if teacher_of(&b.name).is_some() => {
                 let (t, name) = sources
                     .teacher
-                    .zip(b.name.strip_prefix(TEACHER))
+                    .zip(teacher_of(&b.name))
                     .ok_or_else(|| EngineError::Internal(format!("no teacher for `{}`", b.name)))?;
                 t.weight(name, self.config.dtype, self.seed)?
             }
-            Role::Weight if b.name.starts_with("ref.") => {
+            Role::Weight if reference_of(&b.name).is_some() => {
                 let (r, name) = sources
                     .reference
-                    .zip(b.name.strip_prefix("ref."))
+                    .zip(reference_of(&b.name))
                     .ok_or_else(|| {
                         EngineError::Internal(format!("no reference adapter for `{}`", b.name))
                     })?;
@@ -161,7 +161,7 @@ impl Session {
             let ty = f.ty(b.value).clone();
             let role = &self.step().inputs[k].role;
             // (A reference adapter's `ref.` tensors are LoRA tensors.)
-            let base = (*role == Role::Weight && !b.name.starts_with("ref."))
+            let base = (*role == Role::Weight && reference_of(&b.name).is_none())
                 || (*role == Role::Trainable && self.config.lora.is_none());
             let fill = match role {
                 Role::Batch(_) => {
@@ -169,11 +169,10 @@ impl Session {
                     continue;
                 }
                 // A teacher's weights: read, or as its config initialises them.
-                Role::Weight if b.name.starts_with(TEACHER) => {
-                    let t = teacher.ok_or_else(|| {
+                Role::Weight if teacher_of(&b.name).is_some() => {
+                    let (t, name) = teacher.zip(teacher_of(&b.name)).ok_or_else(|| {
                         EngineError::Internal(format!("no teacher for `{}`", b.name))
                     })?;
-                    let name = &b.name[TEACHER.len()..];
                     match !t.is_random() {
                         true => {
                             let lit = t.weight(name, self.config.dtype, 0)?;
