@@ -19,7 +19,7 @@ use std::fmt;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
-use hf_hub::api::sync::{ApiBuilder, ApiError};
+use hf_hub::api::sync::{Api, ApiBuilder, ApiError};
 use hf_hub::api::RepoInfo;
 use hf_hub::{Cache, Repo, RepoType};
 
@@ -515,26 +515,7 @@ fn download(
         .with_user_agent("hlo-train", env!("CARGO_PKG_VERSION"))
         .build()
         .map_err(|e| failed(describe(e, id, env)))?;
-    let listing = api.repo(Repo::with_revision(
-        id.repo.clone(),
-        RepoType::Model,
-        id.revision.clone(),
-    ));
-    let answer = listing
-        .info_request()
-        .call()
-        .map_err(|e| failed(describe(ApiError::RequestError(Box::new(e)), id, env)))?;
-    let info: RepoInfo = answer
-        .into_json()
-        .map_err(|e| failed(format!("the repo listing is not the Hub's JSON: {e}")))?;
-    if !is_commit(&info.sha) {
-        return Err(failed(format!(
-            "the repo listing names commit `{}`, not a 40-hex sha",
-            info.sha
-        )));
-    }
-    let commit = info.sha;
-    let names: Vec<String> = info.siblings.into_iter().map(|s| s.rfilename).collect();
+    let (commit, names) = list_revision(&api, id, env, &failed)?;
     let required = files.required();
     if !names.iter().any(|n| n == required) {
         return Err(missing(required, files.missing_hint()));
@@ -579,6 +560,36 @@ fn download(
         )));
     }
     Ok(snapshot)
+}
+
+/// The commit `id`'s revision names now and the files of its repo, as
+/// the Hub lists them; `failed` words an error of the download.
+fn list_revision(
+    api: &Api,
+    id: &HubId,
+    env: &HubEnv,
+    failed: &dyn Fn(String) -> HubError,
+) -> Result<(String, Vec<String>), HubError> {
+    let listing = api.repo(Repo::with_revision(
+        id.repo.clone(),
+        RepoType::Model,
+        id.revision.clone(),
+    ));
+    let answer = listing
+        .info_request()
+        .call()
+        .map_err(|e| failed(describe(ApiError::RequestError(Box::new(e)), id, env)))?;
+    let info: RepoInfo = answer
+        .into_json()
+        .map_err(|e| failed(format!("the repo listing is not the Hub's JSON: {e}")))?;
+    if !is_commit(&info.sha) {
+        return Err(failed(format!(
+            "the repo listing names commit `{}`, not a 40-hex sha",
+            info.sha
+        )));
+    }
+    let names = info.siblings.into_iter().map(|s| s.rfilename).collect();
+    Ok((info.sha, names))
 }
 
 /// Why the files to fetch could not be chosen.

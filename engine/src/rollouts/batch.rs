@@ -81,30 +81,7 @@ pub(crate) fn read_logged(
     for (n, line) in hlo_data::jsonl_lines(&text) {
         let bad =
             |why: &str| EngineError::Rollout(format!("{} line {}: {why}", path.display(), n + 1));
-        let v: Value = serde_json::from_str(line).map_err(|e| bad(&format!("not JSON: {e}")))?;
-        let ids = |key: &str| -> Result<Vec<u32>> {
-            v.get(key)
-                .and_then(Value::as_array)
-                .ok_or_else(|| bad(&format!("expected {{\"prompt_ids\", \"completion_ids\", \"reward\"}}; no `{key}` list")))?
-                .iter()
-                .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
-                .collect::<Option<Vec<u32>>>()
-                .ok_or_else(|| bad(&format!("`{key}` must hold token ids (non-negative integers)")))
-        };
-        let prompt_ids = ids("prompt_ids")?;
-        let completion_ids = ids("completion_ids")?;
-        if prompt_ids.is_empty() {
-            return Err(bad("`prompt_ids` is empty"));
-        }
-        let (row_names, rewards) = match rewarded {
-            true => line_rewards(&v).map_err(bad)?,
-            false if v.get("reward").is_some() || v.get("rewards").is_some() => {
-                return Err(bad(
-                    "the objective has no rewards; the rollouts carry some (drop `reward`)",
-                ))
-            }
-            false => (Vec::new(), Vec::new()),
-        };
+        let (rollout, row_names) = logged_line(line, rewarded, &bad)?;
         match &names {
             None => names = Some(row_names),
             Some(first) if *first != row_names => {
@@ -116,12 +93,7 @@ pub(crate) fn read_logged(
             }
             Some(_) => {}
         }
-        out.push(Rollout {
-            prompt_ids,
-            completion_ids,
-            reward: 0.0,
-            rewards,
-        });
+        out.push(rollout);
     }
     let Some(names) = names else {
         return Err(EngineError::Rollout(format!(
@@ -129,7 +101,69 @@ pub(crate) fn read_logged(
             path.display()
         )));
     };
-    if out.len() % group != 0 {
+    check_groups(path, &out, group)?;
+    let w = logged_weights(path, &names, weights)?;
+    for r in &mut out {
+        r.reward = r.rewards.iter().zip(&w).map(|(r, w)| w * r).sum();
+    }
+    Ok(Logged {
+        rollouts: out,
+        names,
+    })
+}
+
+/// One logged line: its rollout (reward not yet weighed) and the names
+/// of its rewards; `bad` words an error about the line.
+fn logged_line(
+    line: &str,
+    rewarded: bool,
+    bad: &dyn Fn(&str) -> EngineError,
+) -> Result<(Rollout, Vec<String>)> {
+    let v: Value = serde_json::from_str(line).map_err(|e| bad(&format!("not JSON: {e}")))?;
+    let ids = |key: &str| -> Result<Vec<u32>> {
+        v.get(key)
+            .and_then(Value::as_array)
+            .ok_or_else(|| {
+                bad(&format!(
+                    "expected {{\"prompt_ids\", \"completion_ids\", \"reward\"}}; no `{key}` list"
+                ))
+            })?
+            .iter()
+            .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(|| {
+                bad(&format!(
+                    "`{key}` must hold token ids (non-negative integers)"
+                ))
+            })
+    };
+    let prompt_ids = ids("prompt_ids")?;
+    let completion_ids = ids("completion_ids")?;
+    if prompt_ids.is_empty() {
+        return Err(bad("`prompt_ids` is empty"));
+    }
+    let (names, rewards) = match rewarded {
+        true => line_rewards(&v).map_err(bad)?,
+        false if v.get("reward").is_some() || v.get("rewards").is_some() => {
+            return Err(bad(
+                "the objective has no rewards; the rollouts carry some (drop `reward`)",
+            ))
+        }
+        false => (Vec::new(), Vec::new()),
+    };
+    let rollout = Rollout {
+        prompt_ids,
+        completion_ids,
+        reward: 0.0,
+        rewards,
+    };
+    Ok((rollout, names))
+}
+
+/// The rollouts come in whole groups of `group` consecutive lines, each
+/// group over one prompt.
+fn check_groups(path: &Path, out: &[Rollout], group: usize) -> Result<()> {
+    if !out.len().is_multiple_of(group) {
         return Err(EngineError::Rollout(format!(
             "{} holds {} rollouts, not a multiple of --num-generations {group} (consecutive lines of one prompt form its group)",
             path.display(),
@@ -147,14 +181,7 @@ pub(crate) fn read_logged(
             )));
         }
     }
-    let w = logged_weights(path, &names, weights)?;
-    for r in &mut out {
-        r.reward = r.rewards.iter().zip(&w).map(|(r, w)| w * r).sum();
-    }
-    Ok(Logged {
-        rollouts: out,
-        names,
-    })
+    Ok(())
 }
 
 /// Each logged reward's weight: `weights` must name every one of `names`

@@ -301,19 +301,21 @@ fn print_report(
 ) -> Result<bool> {
     let fits = report.fits();
     let mut summary = Summary::of(report);
-    if report.args.json {
-        if !fits {
-            let found = search(report, to_plan, started)?;
-            summary.suggestions = suggestions(report, &found);
-        }
-        println!("{}", serde_json::to_string_pretty(&summary)?);
-    } else {
+    if !report.args.json {
         print_text(&summary, report);
-        if !fits {
-            let found = search(report, to_plan, started)?;
-            summary.suggestions = suggestions(report, &found);
-            print_suggestions(&summary, report, &found);
-        }
+    }
+    // The search's progress goes to stderr after the text's report.
+    let found = match fits {
+        true => None,
+        false => Some(search(report, to_plan, started)?),
+    };
+    if let Some(found) = &found {
+        summary.suggestions = suggestions(report, found);
+    }
+    match (report.args.json, &found) {
+        (true, _) => println!("{}", serde_json::to_string_pretty(&summary)?),
+        (false, Some(found)) => print_suggestions(&summary, report, found),
+        (false, None) => {}
     }
     Ok(fits)
 }
