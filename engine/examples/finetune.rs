@@ -46,11 +46,11 @@ fn spec(steps: i64, out: &Path) -> RunSpec {
         step: StepSpec {
             batch: 16,
             seq: 16,
-            lora: Some(LoraSpec {
+            lora: LoraSpec {
                 rank: 16,
                 alpha: 32.0,
                 ..LoraSpec::default()
-            }),
+            },
             ..StepSpec::default()
         },
         ..RunSpec::default()

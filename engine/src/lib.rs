@@ -64,6 +64,7 @@ pub mod inputs;
 pub mod named;
 pub mod objectives;
 pub mod run;
+pub mod settings;
 pub mod step;
 pub mod train;
 

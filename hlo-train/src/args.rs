@@ -15,18 +15,12 @@ use hlo_engine::inputs::dataset::DataSpec;
 use hlo_engine::inputs::model::{Model, ModelSource};
 use hlo_engine::ir::DType;
 use hlo_engine::models::attention::AttentionKind;
-use hlo_engine::models::decoder::ModelConfig;
 use hlo_engine::models::nf4::Nf4Config;
 use hlo_engine::models::train::TrainConfig;
 use hlo_engine::named::Named;
 use hlo_engine::objectives::Objective;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::runtime::{parse_xla_option, PluginKind, PluginSpec, XlaOption};
-use hlo_engine::step::policy::StepPolicy;
-use hlo_engine::step::{
-    AttentionChoice, LoraSpec, OptimSpec, OptimizerKind, RematChoice, ScheduleKind, StepSpec,
-    Toggle,
-};
 
 /// `--plugin` and `--devices`.
 #[derive(Args, Clone, Debug)]
@@ -159,7 +153,7 @@ impl PluginArgs {
     }
 }
 
-pub use hlo_engine::objectives::settings::{named, non_negative, positive};
+pub use hlo_engine::settings::{named, positive};
 
 /// The value parser of `--objective` for a command that takes only the
 /// objectives `takes` keeps (`eval`, `data`): those alone listed in
@@ -365,224 +359,6 @@ impl ModelArgs {
             (None, None) => {
                 ModelSource::Preset(self.model.clone().unwrap_or_else(|| "tiny".into()))
             }
-        }
-    }
-}
-
-/// Flags that shape the traced step (what it holds and computes), shared
-/// by `train`, `bench`, `dump-hlo` and `plan`.
-#[derive(Args, Clone, Debug)]
-pub struct StepArgs {
-    /// Run the decoder layers as one scan over stacked parameters, so the
-    /// program and its compile time do not grow with depth; its backward
-    /// recomputes each layer. auto: on the CPU for models of 24 layers or
-    /// more, and NF4 bases (whose layers then dequantize their weights
-    /// again in the backward pass instead of keeping them); on a GPU only
-    /// when the unrolled step would not fit the device.
-    #[arg(long, value_parser = named::<Toggle>(), default_value = "auto")]
-    pub scan_layers: Toggle,
-
-    /// What the backward pass recomputes instead of keeping: `layers`
-    /// keeps only each decoder layer's input (less memory, about one more
-    /// forward of compute); `mlp` recomputes each layer's MLP and keeps
-    /// the rest (the MLP's activations are most of a layer's); `none`
-    /// keeps everything (layers unrolled unless --scan-layers on: a scan
-    /// over layers always recomputes). auto: none on the CPU; on a GPU
-    /// the least recompute that fits the device (none, then mlp, then
-    /// layers).
-    #[arg(long, value_parser = named::<RematChoice>(), default_value = "auto")]
-    pub remat: RematChoice,
-
-    /// How attention is computed: `naive` holds every head's [seq, seq]
-    /// scores; `blockwise` (FlashAttention's algorithm) one block of them
-    /// at a time, memory linear in --seq; `cudnn` cuDNN's fused flash
-    /// attention (CUDA, bf16/f16). auto: on the CPU blockwise from 256
-    /// tokens, where it is also the faster; on CUDA cudnn where it takes
-    /// the model; otherwise naive where its scores fit the device, else
-    /// blockwise.
-    #[arg(long, value_parser = named::<AttentionChoice>(), default_value = "auto")]
-    pub attention: AttentionChoice,
-
-    /// Queries and keys per block of blockwise attention, dividing --seq
-    /// (default: seq/8 within 64..=256, or the largest divisor of --seq
-    /// below that); implies blockwise under --attention auto.
-    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
-    pub attention_block: Option<i64>,
-
-    /// Positions of each row whose logits the loss computes at a time
-    /// (dividing --seq), so [tokens, vocab] logits are never all held
-    /// (default: whole rows while one device's rows x seq x vocab f32
-    /// logits stay under 256 MiB, else the largest divisor of --seq that
-    /// keeps a chunk under it).
-    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
-    pub loss_chunk: Option<i64>,
-
-    /// Micro-batches of --batch rows per optimizer step; the update is that
-    /// of one batch of K·batch rows (the loss normalised by all of their
-    /// tokens), at the memory of one micro-batch.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i64).range(1..=4096))]
-    pub grad_accum: i64,
-
-    /// Pack several samples into each row (attention kept within each
-    /// sample, positions restarting); auto: when samples average at most
-    /// half of --seq.
-    #[arg(long, value_parser = named::<Toggle>(), default_value = "auto")]
-    pub packing: Toggle,
-
-    /// Train every base weight instead of LoRA adapters.
-    #[arg(long)]
-    pub full: bool,
-
-    /// LoRA rank r.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(i64).range(1..=65_536))]
-    pub lora_rank: i64,
-
-    /// LoRA alpha: the update is scaled by alpha/r.
-    #[arg(long, default_value_t = 16.0, value_parser = positive)]
-    pub lora_alpha: f64,
-
-    /// Comma-separated module names that get adapters; on a mixture of
-    /// experts also its fused experts (mlp.experts.gate_up_proj,
-    /// mlp.experts.down_proj: PEFT's target_parameters).
-    #[arg(
-        long,
-        default_value = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
-    )]
-    pub lora_targets: String,
-
-    /// PEFT's rank-stabilised LoRA scale alpha/sqrt(r).
-    #[arg(long)]
-    pub use_rslora: bool,
-
-    /// Comma-separated modules trained whole beside the adapters and saved
-    /// in the adapter, as PEFT's modules_to_save: lm_head, embed_tokens,
-    /// or a mixture of experts' router (gate; gpt-oss: router).
-    #[arg(long, default_value = "")]
-    pub modules_to_save: String,
-
-    /// Rows per micro-batch.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
-    pub batch: i64,
-
-    /// Tokens per row: longer samples are cut, shorter ones padded (or
-    /// packed).
-    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(i64).range(2..=10_000_000))]
-    pub seq: i64,
-
-    /// The optimizer, with PyTorch's semantics and defaults.
-    #[arg(long, value_parser = named::<OptimizerKind>(), default_value = "adamw")]
-    pub optimizer: OptimizerKind,
-}
-
-/// The optimizer's and schedule's numbers, shared by `train`, `bench`
-/// and `dump-hlo` (they are constants of the program).
-#[derive(Args, Clone, Debug)]
-pub struct OptimArgs {
-    /// AdamW's decoupled weight decay (PyTorch's default).
-    #[arg(long, default_value_t = 0.01, value_parser = non_negative)]
-    pub weight_decay: f64,
-
-    /// Peak learning rate (0 trains nothing but still reports the loss
-    /// and gradient norm).
-    #[arg(long, default_value_t = 2e-4, value_parser = learning_rate, allow_negative_numbers = true)]
-    pub lr: f64,
-
-    /// Linear warmup steps.
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
-    pub warmup: i64,
-
-    /// Learning-rate schedule after warmup: constant, or cosine decay to
-    /// zero at the last step.
-    #[arg(long, value_parser = named::<ScheduleKind>(), default_value = "constant")]
-    pub schedule: ScheduleKind,
-
-    /// Clip the global gradient norm to this; 0 turns clipping off.
-    #[arg(long, default_value_t = 1.0, value_parser = non_negative)]
-    pub clip_norm: f64,
-}
-
-/// A learning rate: >= 0 and small enough that the schedule, computed in
-/// f32 on the device, stays finite.
-pub fn learning_rate(s: &str) -> Result<f64, String> {
-    match non_negative(s) {
-        Ok(v) if v <= 1e30 => Ok(v),
-        Ok(_) => Err("must be at most 1e30 (the schedule is computed in f32)".into()),
-        Err(e) => Err(e),
-    }
-}
-
-impl Default for OptimArgs {
-    fn default() -> Self {
-        OptimArgs {
-            weight_decay: 0.01,
-            lr: 2e-4,
-            warmup: 0,
-            schedule: ScheduleKind::Constant,
-            clip_norm: 1.0,
-        }
-    }
-}
-
-impl StepArgs {
-    /// The engine's step settings of these flags (LoRA's from the flags,
-    /// none with `--full`).
-    pub fn spec(&self) -> StepSpec {
-        StepSpec {
-            batch: self.batch,
-            seq: self.seq,
-            grad_accum: self.grad_accum,
-            packing: self.packing,
-            scan_layers: self.scan_layers,
-            remat: self.remat,
-            attention: self.attention,
-            attention_block: self.attention_block,
-            loss_chunk: self.loss_chunk,
-            lora: (!self.full).then(|| LoraSpec {
-                rank: self.lora_rank,
-                alpha: self.lora_alpha,
-                targets: self
-                    .lora_targets
-                    .split(',')
-                    .map(|t| t.trim().to_string())
-                    .collect(),
-                use_rslora: self.use_rslora,
-                modules_to_save: LoraSpec::modules_from(&self.modules_to_save),
-            }),
-        }
-    }
-
-    /// The traced step's configuration for `config` over `mesh` with the
-    /// choices of `policy` ([`StepSpec::train_config`]). `steps` is the
-    /// run's length, where the cosine schedule ends.
-    pub fn train_config(
-        &self,
-        optim: &OptimArgs,
-        config: &ModelConfig,
-        dtype: DType,
-        (mesh, policy): (&Mesh, &StepPolicy),
-        steps: i64,
-    ) -> Result<TrainConfig> {
-        Ok(self.spec().train_config(
-            &optim.spec(self.optimizer),
-            config,
-            dtype,
-            mesh,
-            steps,
-            policy,
-        )?)
-    }
-}
-
-impl OptimArgs {
-    /// The engine's optimizer settings of these flags and `--optimizer`.
-    pub fn spec(&self, optimizer: OptimizerKind) -> OptimSpec {
-        OptimSpec {
-            optimizer,
-            weight_decay: self.weight_decay,
-            lr: self.lr,
-            warmup: self.warmup,
-            schedule: self.schedule,
-            clip_norm: self.clip_norm,
         }
     }
 }

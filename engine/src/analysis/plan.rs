@@ -622,7 +622,7 @@ pub fn nearest_fits(
     if !tc.scan_layers && !tc.remat_layers {
         fits.extend(search.first_fitting(&[Change::RematLayers]));
     }
-    if step.config.quantization.is_none() && step.spec.lora.is_some() {
+    if step.config.quantization.is_none() && step.spec.adapter().is_some() {
         fits.extend(search.first_fitting(&[Change::Nf4]));
     }
     // Linear, not bisection: the smaller meshes compile faster, and the

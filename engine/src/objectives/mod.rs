@@ -23,7 +23,7 @@ pub mod kto;
 pub mod preference;
 pub mod reward;
 pub mod rloo;
-pub mod settings;
+
 pub(crate) mod sft;
 
 #[cfg(test)]
@@ -41,6 +41,7 @@ use std::path::Path;
 use crate::error::Result;
 use crate::inputs::dataset::DataSource;
 use crate::inputs::model::Model;
+use crate::settings;
 use crate::step::StepSpec;
 
 use crate::rollouts::{RolloutDefaults, RolloutObjective, RolloutSpec};

@@ -29,7 +29,8 @@ use crate::error::{EngineError, Result};
 use crate::infer::generator::Sampling;
 use crate::inputs::model::Model;
 use crate::objectives::RunView;
-use crate::objectives::{settings, ObjectiveDef, ObjectiveSpecs};
+use crate::objectives::{ObjectiveDef, ObjectiveSpecs};
+use crate::settings;
 use crate::step::{StepSpec, Toggle};
 
 mod batch;

@@ -595,7 +595,7 @@ impl RolloutInputs {
         model: &crate::inputs::model::Model,
     ) -> Result<Option<Adapter>> {
         let beta = super::kl_beta(spec);
-        if spec.step.lora.is_none() && beta != 0.0 {
+        if spec.step.full && beta != 0.0 {
             return Err(EngineError::Objective {
                 objective: spec.objective.name(),
                 why: "full finetuning with --beta would keep a second copy of the base as the reference; train LoRA, or leave out --beta".into(),

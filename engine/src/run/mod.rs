@@ -200,7 +200,7 @@ fn guard_out(spec: &RunSpec, out: &Path) -> Result<FolderLock> {
     Ok(lock)
 }
 
-pub(crate) use crate::objectives::settings::absolute;
+pub(crate) use crate::settings::absolute;
 
 /// An absolute path for `p`, which may not exist yet (a metrics file).
 fn absolute_new(p: &Path) -> Result<String> {
@@ -341,7 +341,9 @@ fn train_config(
     if tc.lora.is_none() {
         return Ok((tc, choices));
     }
-    let lora_chosen = settings::LORA.iter().any(|s| spec.chosen.contains(s.name));
+    let lora_chosen = crate::settings::names::<crate::step::LoraSpec>()
+        .iter()
+        .any(|name| spec.chosen.contains(name));
     match (&spec.output.resume, init) {
         (Some(dir), _) if resumed && !lora_chosen => tc.lora = Some(Adapter::read_config(dir)?),
         (_, Some(a)) => tc.lora = Some(a.lora.clone()),
@@ -573,10 +575,10 @@ fn open_model(spec: &RunSpec) -> Result<Model> {
         .with_random_weights(spec.init == Some(Init::Random))
         .quantized(spec.quantize)?;
     let model = spec.objective.model(model)?;
-    if spec.step.lora.is_none() && model.config.quantization.is_some() {
+    if spec.step.full && model.config.quantization.is_some() {
         return Err(EngineError::FullOfNf4);
     }
-    if spec.init == Some(Init::Random) && spec.step.lora.is_some() {
+    if spec.init == Some(Init::Random) && !spec.step.full {
         return Err(EngineError::RandomInitLora);
     }
     model.check_weights()?;

@@ -1,15 +1,20 @@
-//! The run's own settings (not an objective's), each declared once
+//! The run's own settings that no typed spec declares (the model's and
+//! the data's, the run's length, what it writes), each declared once
 //! ([`all`]): its name (the `hlo-train train` flag's, so a recipe, a
 //! saved state and an error speak one vocabulary), what kind of setting
 //! it is, and how a saved value comes back into a [`RunSpec`]. From the
-//! table follow the saved-settings vocabulary ([`settings`]) and the
-//! resume merge and comparison. An objective's settings are its spec's
-//! fields, declared once there (`crate::objectives::settings`).
+//! table and the typed specs ([`typed`]: the step's and the optimizer's,
+//! [`crate::step`]; the objectives', [`crate::objectives`]) follow the
+//! saved-settings vocabulary ([`settings`]) and the resume merge and
+//! comparison.
 //!
-//! Adding a run setting: a field on the spec it belongs to (its default
-//! in that spec's `Default`), one entry here, the writer that records it
-//! (`Run`'s identities, or `RunSettings::of_config` for what the step
-//! decides), and its flag in the CLI's flag group.
+//! Adding a setting of the step or the optimizer: a field of
+//! [`StepSpec`] or [`OptimSpec`] (flag, default, check, help, record and
+//! restore follow), its use, and the decided value it records
+//! (`StepSpec::decided`, when `auto` may choose it). Adding one of
+//! these: a field on the spec it belongs to, one entry here, the writer
+//! that records it (`Run`'s identities), and its flag in the CLI's
+//! flag group.
 
 use std::path::PathBuf;
 
@@ -19,7 +24,7 @@ use serde_json::Value;
 use super::spec::RunSpec;
 use crate::inputs::model::ModelSource;
 use crate::named::Named;
-use crate::step::{LoraSpec, Toggle};
+use crate::step::{OptimSpec, StepSpec};
 
 /// How a recorded setting behaves on resume.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,67 +124,11 @@ static MODEL_DATA: &[Setting] = &[
     }),
 ];
 
-/// The step's and the optimizer's settings.
-static STEP: &[Setting] = &[
+/// The run's length and seed (the step's and the optimizer's settings
+/// are [`StepSpec`]'s and [`OptimSpec`]'s fields).
+static RUN: &[Setting] = &[
     common("seed", |s, v| put(&mut s.seed, v.as_u64()?)),
     common("steps", |s, v| put(&mut s.steps, v.as_i64()?)),
-    common("batch", |s, v| put(&mut s.step.batch, v.as_i64()?)),
-    common("seq", |s, v| put(&mut s.step.seq, v.as_i64()?)),
-    common("grad-accum", |s, v| {
-        put(&mut s.step.grad_accum, v.as_i64()?)
-    }),
-    common("packing", |s, v| put(&mut s.step.packing, toggle(v)?)),
-    common("full", |s, v| {
-        s.step.lora = match v.as_bool()? {
-            true => None,
-            false => Some(s.step.lora.clone().unwrap_or_default()),
-        };
-        Some(())
-    }),
-    common("optimizer", |s, v| put(&mut s.optim.optimizer, named(v)?)),
-    common("weight-decay", |s, v| {
-        put(&mut s.optim.weight_decay, v.as_f64()?)
-    }),
-    common("lr", |s, v| put(&mut s.optim.lr, v.as_f64()?)),
-    common("warmup", |s, v| put(&mut s.optim.warmup, v.as_i64()?)),
-    common("schedule", |s, v| put(&mut s.optim.schedule, named(v)?)),
-    common("clip-norm", |s, v| put(&mut s.optim.clip_norm, v.as_f64()?)),
-    common("scan-layers", |s, v| {
-        put(&mut s.step.scan_layers, toggle(v)?)
-    }),
-    common("remat", |s, v| put(&mut s.step.remat, named(v)?)),
-    common("attention", |s, v| put(&mut s.step.attention, named(v)?)),
-    common("attention-block", |s, v| {
-        put(&mut s.step.attention_block, Some(v.as_i64()?))
-    }),
-    common("loss-chunk", |s, v| {
-        put(&mut s.step.loss_chunk, Some(v.as_i64()?))
-    }),
-];
-
-/// The adapter's settings (a run that resumes or starts from an adapter
-/// takes the adapter's own unless one of these is chosen).
-pub(crate) static LORA: &[Setting] = &[
-    common("lora-rank", |s, v| {
-        lora(s, |l| put(&mut l.rank, v.as_i64()?))
-    }),
-    common("lora-alpha", |s, v| {
-        lora(s, |l| put(&mut l.alpha, v.as_f64()?))
-    }),
-    common("lora-targets", |s, v| {
-        lora(s, |l| {
-            let targets = v.as_str()?.split(',').map(|t| t.trim().to_string());
-            put(&mut l.targets, targets.collect())
-        })
-    }),
-    common("use-rslora", |s, v| {
-        lora(s, |l| put(&mut l.use_rslora, v.as_bool()?))
-    }),
-    common("modules-to-save", |s, v| {
-        lora(s, |l| {
-            put(&mut l.modules_to_save, LoraSpec::modules_from(v.as_str()?))
-        })
-    }),
 ];
 
 /// What the run writes, and how its programs are compiled.
@@ -216,30 +165,29 @@ pub(crate) fn put<T>(slot: &mut T, value: T) -> Option<()> {
     Some(())
 }
 
-fn toggle(v: &Value) -> Option<Toggle> {
-    named(v)
-}
-
 /// A saved value among a setting's names.
 pub(crate) fn named<T: Named>(v: &Value) -> Option<T> {
     T::from_name(v.as_str()?)
 }
 
-/// Sets a LoRA setting, which a full-finetuning spec does not hold.
-fn lora(s: &mut RunSpec, set: impl FnOnce(&mut LoraSpec) -> Option<()>) -> Option<()> {
-    match s.step.lora.as_mut() {
-        Some(l) => set(l),
-        None => Some(()),
-    }
+/// Every setting of the run's own a run records that no typed spec
+/// declares, in the order a resumed run takes them back (`quantize`
+/// before `double-quant`): the model's and the data's, the run's length,
+/// what the run writes. The step's, the optimizer's and the objectives'
+/// settings are their specs' fields ([`crate::settings`]).
+pub fn all() -> impl Iterator<Item = &'static Setting> {
+    MODEL_DATA.iter().chain(RUN).chain(OUTPUT)
 }
 
-/// Every setting of the run's own a run records, in the order a resumed
-/// run takes them back (`full` before the LoRA settings, `quantize`
-/// before `double-quant`): the model's and the data's, the step's, the
-/// adapter's, what the run writes. The objectives' settings are their specs' fields
-/// ([`crate::objectives::settings`]).
-pub fn all() -> impl Iterator<Item = &'static Setting> {
-    MODEL_DATA.iter().chain(STEP).chain(LORA).chain(OUTPUT)
+/// The settings the typed specs of the step and the optimizer declare
+/// (their flags' names), which a resumed run compares.
+pub fn typed() -> &'static [String] {
+    static NAMES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    NAMES.get_or_init(|| {
+        let mut names = crate::settings::names::<StepSpec>();
+        names.extend(crate::settings::names::<OptimSpec>());
+        names
+    })
 }
 
 /// The setting named `name`.
@@ -254,6 +202,7 @@ pub fn settings() -> impl Iterator<Item = &'static str> {
     all()
         .filter(|s| s.kind == Kind::Compared)
         .map(|s| s.name)
+        .chain(typed().iter().map(String::as_str))
         .chain(objectives.map(String::as_str))
 }
 
@@ -268,7 +217,7 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         let objectives = crate::objectives::ObjectiveSpecs::names().len();
-        assert_eq!(names.len(), all().count() + objectives);
+        assert_eq!(names.len(), all().count() + typed().len() + objectives);
     }
 
     #[test]
@@ -286,7 +235,7 @@ mod tests {
     #[test]
     fn a_value_of_another_kind_restores_nothing() {
         let mut spec = RunSpec::default();
-        for (name, bad) in [("lr", json!("high")), ("optimizer", json!("lion"))] {
+        for (name, bad) in [("seed", json!("high")), ("model", json!(7))] {
             let s = setting(name).unwrap();
             assert!((s.restore)(&mut spec, &bad).is_none(), "{name}");
         }

@@ -26,6 +26,7 @@ use crate::inputs::dataset::DataSource;
 use crate::inputs::model::{Init, ModelSource};
 use crate::objectives::{Objective, ObjectiveSpecs, OBJECTIVES};
 use crate::run::settings::settings;
+use crate::settings::restore;
 use crate::step::policy::Target;
 use crate::step::{OptimSpec, StepSpec};
 use crate::train::checkpoint::RunSettings;
@@ -346,19 +347,20 @@ impl RunSpec {
             if self.chosen.contains(key) || (model_chosen && MODEL_SETTINGS.contains(&key)) {
                 continue;
             }
-            // A block size belongs to the attention it was saved with.
-            if key == "attention-block" && self.chosen.contains("attention") {
-                continue;
-            }
             (setting.restore)(self, value).ok_or_else(|| unreadable(key, value))?;
         }
         let saved_map = saved.0.clone().into_iter().collect();
-        let take = |key: &str| !self.chosen.contains(key);
-        self.objectives = crate::objectives::settings::restore(&self.objectives, &saved_map, take)
-            .map_err(|key| match saved.get(&key) {
-                Some(value) => unreadable(&key, value),
-                None => EngineError::Resume(format!("the saved settings cannot be read: {key}")),
-            })?;
+        let chosen = &self.chosen;
+        // A block size belongs to the attention it was saved with.
+        let block_of_chosen = |key: &str| key == "attention-block" && chosen.contains("attention");
+        let take = |key: &str| !chosen.contains(key) && !block_of_chosen(key);
+        let refused = |key: String| match saved.get(&key) {
+            Some(value) => unreadable(&key, value),
+            None => EngineError::Resume(format!("the saved settings cannot be read: {key}")),
+        };
+        self.step = restore(&self.step, &saved_map, take).map_err(refused)?;
+        self.optim = restore(&self.optim, &saved_map, take).map_err(refused)?;
+        self.objectives = restore(&self.objectives, &saved_map, take).map_err(refused)?;
         Ok(())
     }
 }
@@ -475,10 +477,10 @@ mod tests {
         ]);
         let mut spec = RunSpec::resume("/run");
         spec.chosen = Chosen::Only(["lora-rank".to_string()].into());
-        spec.step.lora = Some(LoraSpec {
+        spec.step.lora = LoraSpec {
             rank: 16,
             ..LoraSpec::default()
-        });
+        };
         spec.merge_saved(&saved).unwrap();
         assert_eq!(spec.model, ModelSource::Checkpoint("/m".into()));
         assert_eq!(spec.optim.lr, 0.5);
@@ -486,7 +488,7 @@ mod tests {
         assert_eq!(spec.step.packing, Toggle::On);
         assert_eq!(spec.step.attention_block, Some(32));
         // Chosen: kept (and compared by `differences`).
-        assert_eq!(spec.step.lora.map(|l| l.rank), Some(16));
+        assert_eq!(spec.step.adapter().map(|l| l.rank), Some(16));
     }
 
     #[test]

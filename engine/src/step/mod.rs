@@ -10,9 +10,12 @@ pub mod policy;
 use std::fmt;
 use std::str::FromStr;
 
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
 use hlo_ir::DType;
 use hlo_models::attention::{default_block, AttentionKind};
-use hlo_models::decoder::{LoraConfig, ModelConfig, DEFAULT_TARGETS};
+use hlo_models::decoder::{LoraConfig, ModelConfig};
 use hlo_models::loss::default_loss_chunk;
 use hlo_models::train::{Optimizer, Schedule, TrainConfig};
 use hlo_partitioner::Mesh;
@@ -20,6 +23,7 @@ use hlo_partitioner::Mesh;
 use self::policy::{Fixed, Layers, Remat, StepPolicy, StepShape, Target};
 use crate::error::{EngineError, Result};
 use crate::named::Named;
+use crate::settings;
 
 /// On, off, or decided by the run (`auto`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -108,40 +112,53 @@ pub enum ScheduleKind {
     Cosine,
 }
 
+/// The targets `--lora-targets` takes by default: every projection
+/// (hlo_models' `DEFAULT_TARGETS`, as the flag writes them).
+const DEFAULT_TARGETS_FLAG: &str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
+
 /// LoRA's settings as given (checked when the step is resolved).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Args, Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LoraSpec {
+    /// LoRA rank r.
+    #[arg(long = "lora-rank", id = "lora_rank", value_name = "LORA_RANK", default_value_t = 8,
+          value_parser = clap::value_parser!(i64).range(1..=65_536))]
+    #[serde(rename = "lora-rank")]
     pub rank: i64,
+
+    /// LoRA alpha: the update is scaled by alpha/r.
+    #[arg(long = "lora-alpha", id = "lora_alpha", value_name = "LORA_ALPHA", default_value_t = 16.0, value_parser = settings::positive)]
+    #[serde(rename = "lora-alpha")]
     pub alpha: f64,
-    pub targets: Vec<String>,
+
+    /// Comma-separated module names that get adapters; on a mixture of
+    /// experts also its fused experts (mlp.experts.gate_up_proj,
+    /// mlp.experts.down_proj: PEFT's target_parameters).
+    #[arg(long = "lora-targets", id = "lora_targets", value_name = "LORA_TARGETS", default_value = DEFAULT_TARGETS_FLAG,
+          value_parser = settings::comma_list)]
+    #[serde(rename = "lora-targets", with = "settings::as_comma_list")]
+    pub targets: ::std::vec::Vec<String>,
+
+    /// PEFT's rank-stabilised LoRA scale alpha/sqrt(r).
+    #[arg(long)]
+    #[serde(rename = "use-rslora")]
     pub use_rslora: bool,
-    /// PEFT's `modules_to_save`: modules trained whole beside the adapters.
-    pub modules_to_save: Vec<String>,
+
+    /// Comma-separated modules trained whole beside the adapters and saved
+    /// in the adapter, as PEFT's modules_to_save: lm_head, embed_tokens,
+    /// or a mixture of experts' router (gate; gpt-oss: router).
+    #[arg(long, default_value = "", value_parser = settings::comma_list)]
+    #[serde(rename = "modules-to-save", with = "settings::as_comma_list")]
+    pub modules_to_save: ::std::vec::Vec<String>,
 }
 
 impl Default for LoraSpec {
     /// r=8, alpha=16 on every projection (the recipe's).
     fn default() -> LoraSpec {
-        LoraSpec {
-            rank: 8,
-            alpha: 16.0,
-            targets: DEFAULT_TARGETS.iter().map(|t| t.to_string()).collect(),
-            use_rslora: false,
-            modules_to_save: Vec::new(),
-        }
+        settings::defaults()
     }
 }
 
 impl LoraSpec {
-    /// Modules to save from their comma-separated list, as the flag and
-    /// the recorded setting write it (empty: none).
-    pub fn modules_from(text: &str) -> Vec<String> {
-        text.split(',')
-            .map(|t| t.trim().to_string())
-            .filter(|t| !t.is_empty())
-            .collect()
-    }
-
     /// The checked configuration.
     pub fn config(&self) -> Result<LoraConfig> {
         let targets: Vec<&str> = self.targets.iter().map(|t| t.trim()).collect();
@@ -150,78 +167,207 @@ impl LoraSpec {
                 .with_modules_to_save(self.modules_to_save.clone())?,
         )
     }
+
+    /// The settings of `lora` as a run records them.
+    fn of(lora: &LoraConfig) -> LoraSpec {
+        LoraSpec {
+            rank: lora.rank,
+            alpha: lora.alpha,
+            targets: lora.target_modules.clone(),
+            use_rslora: lora.use_rslora,
+            modules_to_save: lora.modules_to_save.clone(),
+        }
+    }
 }
 
-/// What the traced step holds and computes.
-#[derive(Clone, Debug, PartialEq)]
+/// What the traced step holds and computes: the flags shared by `train`,
+/// `bench`, `dump-hlo` and `plan`, each declared once here (its flag,
+/// default, check and help) and recorded by a run under the flag's name.
+#[derive(Args, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct StepSpec {
     /// Rows per micro-batch.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
     pub batch: i64,
-    /// Tokens per row.
+
+    /// Tokens per row: longer samples are cut, shorter ones padded (or
+    /// packed).
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(i64).range(2..=10_000_000))]
     pub seq: i64,
-    /// Micro-batches per optimizer step.
+
+    /// Micro-batches of --batch rows per optimizer step; the update is that
+    /// of one batch of K·batch rows (the loss normalised by all of their
+    /// tokens), at the memory of one micro-batch.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i64).range(1..=4096))]
     pub grad_accum: i64,
-    /// Several samples per row (`auto`: when samples average at most half
-    /// a row, decided from the data).
+
+    /// Pack several samples into each row (attention kept within each
+    /// sample, positions restarting); auto: when samples average at most
+    /// half of --seq.
+    #[arg(long, value_parser = settings::named::<Toggle>(), default_value = "auto")]
+    #[serde(with = "settings::by_name")]
     pub packing: Toggle,
-    /// The layers as one scan (`auto`: [`crate::step::policy`] decides).
+
+    /// Run the decoder layers as one scan over stacked parameters, so the
+    /// program and its compile time do not grow with depth; its backward
+    /// recomputes each layer. auto: on the CPU for models of 24 layers or
+    /// more, and NF4 bases (whose layers then dequantize their weights
+    /// again in the backward pass instead of keeping them); on a GPU only
+    /// when the unrolled step would not fit the device.
+    #[arg(long, value_parser = settings::named::<Toggle>(), default_value = "auto")]
+    #[serde(with = "settings::by_name")]
     pub scan_layers: Toggle,
-    /// What the backward pass recomputes (`auto`: [`crate::step::policy`]
-    /// decides: on a GPU only when the step would not fit without).
+
+    /// What the backward pass recomputes instead of keeping: `layers`
+    /// keeps only each decoder layer's input (less memory, about one more
+    /// forward of compute); `mlp` recomputes each layer's MLP and keeps
+    /// the rest (the MLP's activations are most of a layer's); `none`
+    /// keeps everything (layers unrolled unless --scan-layers on: a scan
+    /// over layers always recomputes). auto: none on the CPU; on a GPU
+    /// the least recompute that fits the device (none, then mlp, then
+    /// layers).
+    #[arg(long, value_parser = settings::named::<RematChoice>(), default_value = "auto")]
+    #[serde(with = "settings::by_name")]
     pub remat: RematChoice,
+
+    /// How attention is computed: `naive` holds every head's [seq, seq]
+    /// scores; `blockwise` (FlashAttention's algorithm) one block of them
+    /// at a time, memory linear in --seq; `cudnn` cuDNN's fused flash
+    /// attention (CUDA, bf16/f16). auto: on the CPU blockwise from 256
+    /// tokens, where it is also the faster; on CUDA cudnn where it takes
+    /// the model; otherwise naive where its scores fit the device, else
+    /// blockwise.
+    #[arg(long, value_parser = settings::named::<AttentionChoice>(), default_value = "auto")]
+    #[serde(with = "settings::by_name")]
     pub attention: AttentionChoice,
-    /// Blockwise attention's block (implies blockwise under `auto`).
+
+    /// Queries and keys per block of blockwise attention, dividing --seq
+    /// (default: seq/8 within 64..=256, or the largest divisor of --seq
+    /// below that); implies blockwise under --attention auto.
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
     pub attention_block: Option<i64>,
-    /// Positions whose logits the loss computes at a time (None: from the
-    /// rows one device holds, [`default_loss_chunk`]).
+
+    /// Positions of each row whose logits the loss computes at a time
+    /// (dividing --seq), so [tokens, vocab] logits are never all held
+    /// (default: whole rows while one device's rows x seq x vocab f32
+    /// logits stay under 256 MiB, else the largest divisor of --seq that
+    /// keeps a chunk under it).
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
     pub loss_chunk: Option<i64>,
-    /// LoRA adapters, or every weight when None (full finetuning).
-    pub lora: Option<LoraSpec>,
+
+    /// Train every base weight instead of LoRA adapters.
+    #[arg(long)]
+    pub full: bool,
+
+    /// The adapters' settings (read unless `full`: [`StepSpec::adapter`]).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub lora: LoraSpec,
 }
 
 impl Default for StepSpec {
     /// `hlo-train train`'s defaults: batch 8 × seq 128, LoRA r=8.
     fn default() -> StepSpec {
-        StepSpec {
-            batch: 8,
-            seq: 128,
-            grad_accum: 1,
-            packing: Toggle::Auto,
-            scan_layers: Toggle::Auto,
-            remat: RematChoice::Auto,
-            attention: AttentionChoice::Auto,
-            attention_block: None,
-            loss_chunk: None,
-            lora: Some(LoraSpec::default()),
-        }
+        settings::defaults()
     }
 }
 
-/// The optimizer's and schedule's numbers (constants of the program).
-#[derive(Clone, Debug, PartialEq)]
+/// The optimizer's and schedule's numbers (constants of the program),
+/// shared by `train`, `bench`, `dump-hlo` and `plan`.
+#[derive(Args, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct OptimSpec {
+    /// The optimizer, with PyTorch's semantics and defaults.
+    #[arg(long, value_parser = settings::named::<OptimizerKind>(), default_value = "adamw")]
+    #[serde(with = "settings::by_name")]
     pub optimizer: OptimizerKind,
-    /// AdamW's decoupled weight decay.
+
+    /// AdamW's decoupled weight decay (PyTorch's default).
+    #[arg(long, default_value_t = 0.01, value_parser = settings::non_negative)]
     pub weight_decay: f64,
-    /// The peak learning rate.
+
+    /// Peak learning rate (0 trains nothing but still reports the loss
+    /// and gradient norm).
+    #[arg(long, default_value_t = 2e-4, value_parser = settings::learning_rate, allow_negative_numbers = true)]
     pub lr: f64,
+
     /// Linear warmup steps.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
     pub warmup: i64,
+
+    /// Learning-rate schedule after warmup: constant, or cosine decay to
+    /// zero at the last step.
+    #[arg(long, value_parser = settings::named::<ScheduleKind>(), default_value = "constant")]
+    #[serde(with = "settings::by_name")]
     pub schedule: ScheduleKind,
-    /// The global gradient norm's clip (0: none).
+
+    /// Clip the global gradient norm to this; 0 turns clipping off.
+    #[arg(long, default_value_t = 1.0, value_parser = settings::non_negative)]
     pub clip_norm: f64,
 }
 
 impl Default for OptimSpec {
     /// PyTorch's AdamW defaults, lr 2e-4, constant, clip 1.
     fn default() -> OptimSpec {
+        settings::defaults()
+    }
+}
+
+impl StepSpec {
+    /// The adapters' settings; None when finetuning fully.
+    pub fn adapter(&self) -> Option<&LoraSpec> {
+        (!self.full).then_some(&self.lora)
+    }
+
+    /// The settings of the traced step `tc` as a run records them: every
+    /// `auto` as the step decided it (packing, layers, remat, attention
+    /// with its block, loss chunk), the adapter's as it trains.
+    pub fn decided(tc: &TrainConfig) -> StepSpec {
+        let on = |b: bool| if b { Toggle::On } else { Toggle::Off };
+        let (attention, attention_block) = match tc.attention {
+            AttentionKind::Naive => (AttentionChoice::Naive, None),
+            AttentionKind::Blockwise { block } => (AttentionChoice::Blockwise, Some(block)),
+            AttentionKind::Cudnn => (AttentionChoice::Cudnn, None),
+        };
+        StepSpec {
+            batch: tc.batch,
+            seq: tc.seq,
+            grad_accum: tc.grad_accum,
+            packing: on(tc.packing),
+            scan_layers: on(tc.scan_layers),
+            remat: match (tc.remat_layers, tc.remat_mlp) {
+                (true, _) => RematChoice::Layers,
+                (false, true) => RematChoice::Mlp,
+                (false, false) => RematChoice::None,
+            },
+            attention,
+            attention_block,
+            loss_chunk: tc.loss_chunk,
+            full: tc.lora.is_none(),
+            lora: tc.lora.as_ref().map(LoraSpec::of).unwrap_or_default(),
+        }
+    }
+}
+
+impl OptimSpec {
+    /// The optimizer's settings of the traced step `tc` (an SGD step's
+    /// weight decay, which it does not read, the default's).
+    pub fn decided(tc: &TrainConfig) -> OptimSpec {
+        let (optimizer, weight_decay) = match tc.optimizer {
+            Optimizer::AdamW { weight_decay, .. } => (OptimizerKind::AdamW, weight_decay),
+            Optimizer::Sgd => (OptimizerKind::Sgd, OptimSpec::default().weight_decay),
+        };
+        let (schedule, warmup) = match tc.schedule {
+            Schedule::Constant { warmup } => (ScheduleKind::Constant, warmup),
+            Schedule::Cosine { warmup, .. } => (ScheduleKind::Cosine, warmup),
+        };
         OptimSpec {
-            optimizer: OptimizerKind::AdamW,
-            weight_decay: 0.01,
-            lr: 2e-4,
-            warmup: 0,
-            schedule: ScheduleKind::Constant,
-            clip_norm: 1.0,
+            optimizer,
+            weight_decay,
+            lr: tc.lr,
+            warmup,
+            schedule,
+            clip_norm: tc.clip_norm.unwrap_or(0.0),
         }
     }
 }
@@ -339,7 +485,7 @@ impl StepSpec {
             seq: self.seq,
             weight_shards: size(&["fsdp", "mp"]),
             model_shards: size(&["mp"]),
-            lora_rank: self.lora.as_ref().map(|l| l.rank),
+            lora_rank: self.adapter().map(|l| l.rank),
             loss_chunk: self.loss_chunk(config, mesh)?,
             packed: self.packing == Toggle::On,
         })
@@ -412,7 +558,7 @@ impl StepSpec {
         steps: i64,
         policy: &StepPolicy,
     ) -> Result<TrainConfig> {
-        let lora = self.lora.as_ref().map(LoraSpec::config).transpose()?;
+        let lora = self.adapter().map(LoraSpec::config).transpose()?;
         if let Some(l) = &lora {
             l.check_modules_to_save(config)?;
         }
@@ -573,5 +719,67 @@ mod tests {
                 assert_eq!((p.layers, p.attention), (layers, attention), "{kind:?}");
             }
         }
+    }
+
+    #[test]
+    fn the_default_targets_are_every_projection() {
+        let targets = &LoraSpec::default().targets;
+        assert_eq!(*targets, hlo_models::decoder::DEFAULT_TARGETS);
+    }
+
+    /// What a run records of its step is the flags' vocabulary, and
+    /// restoring it gives back the step it decided, every `auto` fixed.
+    #[test]
+    fn a_decided_step_records_and_restores_itself() {
+        let config = ModelConfig::preset("tiny").unwrap();
+        let mesh: Mesh = "dp=1,fsdp=1,mp=1".parse().unwrap();
+        let spec = StepSpec {
+            batch: 2,
+            seq: 64,
+            grad_accum: 2,
+            attention_block: Some(16),
+            lora: LoraSpec {
+                rank: 4,
+                alpha: 8.0,
+                targets: vec!["q_proj".into(), "v_proj".into()],
+                use_rslora: true,
+                modules_to_save: vec!["lm_head".into()],
+            },
+            ..StepSpec::default()
+        };
+        let optim = OptimSpec {
+            optimizer: OptimizerKind::AdamW,
+            weight_decay: 0.5,
+            lr: 0.25,
+            warmup: 3,
+            schedule: ScheduleKind::Cosine,
+            clip_norm: 0.0,
+        };
+        let policy = spec
+            .policy(&config, DType::F32, &mesh, &Target::cpu())
+            .unwrap();
+        let tc = spec
+            .train_config(&optim, &config, DType::F32, &mesh, 10, &policy)
+            .unwrap();
+        let decided = StepSpec::decided(&tc);
+        assert_eq!(decided.attention, AttentionChoice::Blockwise);
+        assert_ne!(decided.scan_layers, Toggle::Auto);
+        assert_eq!(decided.lora, spec.lora);
+        let record = settings::record(&decided);
+        assert_eq!(record["lora-targets"], "q_proj,v_proj");
+        assert_eq!(record["packing"], "off");
+        assert_eq!(record["attention-block"], 16);
+        let mut flags = settings::names::<StepSpec>();
+        flags.sort_unstable();
+        for key in record.keys() {
+            assert!(flags.binary_search(key).is_ok(), "{key} is no flag");
+        }
+        let back = settings::restore(&StepSpec::default(), &record, |_| true).unwrap();
+        assert_eq!(back, decided);
+        let optim_back = OptimSpec::decided(&tc);
+        assert_eq!(optim_back, optim);
+        let record = settings::record(&optim_back);
+        let back = settings::restore(&OptimSpec::default(), &record, |_| true).unwrap();
+        assert_eq!(back, optim);
     }
 }

@@ -11,10 +11,11 @@ use hlo_engine::inputs::model::Model;
 use hlo_engine::objectives::{Objective, ObjectiveSpecs};
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::step::policy::Target;
+use hlo_engine::step::{OptimSpec, StepSpec};
 use hlo_engine::train::session::{Session, SessionOptions, Weights};
 use serde::Serialize;
 
-use crate::args::{gb, OptimArgs, PluginArgs, StepArgs};
+use crate::args::{gb, PluginArgs};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -38,10 +39,10 @@ pub struct BenchArgs {
     pub precompute_ref: bool,
 
     #[command(flatten)]
-    pub step: StepArgs,
+    pub step: StepSpec,
 
     #[command(flatten)]
-    pub optim: OptimArgs,
+    pub optim: OptimSpec,
 
     #[command(flatten)]
     pub plugin: PluginArgs,
@@ -88,11 +89,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let objective = args.objective;
     let step = objective
         .def()
-        .step_spec(&args.step.spec(), &ObjectiveSpecs::default())?;
+        .step_spec(&args.step, &ObjectiveSpecs::default())?;
     let target = Target::of_backend(&backend)?;
     let choices = step.policy(&model.config, dtype, backend.mesh(), &target)?;
     let mut tc = step.train_config(
-        &args.optim.spec(args.step.optimizer),
+        &args.optim,
         &model.config,
         dtype,
         backend.mesh(),

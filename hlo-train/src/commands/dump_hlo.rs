@@ -14,8 +14,9 @@ use hlo_engine::models::io::write_atomic;
 use hlo_engine::models::train::train_step;
 use hlo_engine::partitioner::Mesh;
 use hlo_engine::runtime::Mode;
+use hlo_engine::step::{OptimSpec, StepSpec};
 
-use crate::args::{DtypeArgs, ModelArgs, OptimArgs, PluginArgs, StepArgs};
+use crate::args::{DtypeArgs, ModelArgs, PluginArgs};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -41,10 +42,10 @@ pub struct DumpHloArgs {
     pub dtype: DtypeArgs,
 
     #[command(flatten)]
-    pub step: StepArgs,
+    pub step: StepSpec,
 
     #[command(flatten)]
-    pub optim: OptimArgs,
+    pub optim: OptimSpec,
 
     #[command(flatten)]
     pub plugin: PluginArgs,
@@ -102,10 +103,10 @@ pub fn run(args: &DumpHloArgs) -> Result<()> {
         Some(t) => hlo_engine::step::policy::Target::of_device(t.device()),
         None => hlo_engine::step::policy::Target::cpu(),
     };
-    let choices = args.step.spec().policy(config, dtype, &mesh, &target)?;
+    let choices = args.step.policy(config, dtype, &mesh, &target)?;
     let mut tc = args
         .step
-        .train_config(&args.optim, config, dtype, (&mesh, &choices), 1000)?;
+        .train_config(&args.optim, config, dtype, &mesh, 1000, &choices)?;
     if args.optimized && hlo_engine::analysis::plan::stand_in_for_cudnn(&mut tc) {
         eprintln!(
             "cuDNN's attention compiled as {}: cuDNN cannot be compiled without a GPU",

@@ -19,9 +19,10 @@ use hlo_engine::models::preference::Reference;
 use hlo_engine::models::train::TrainConfig;
 use hlo_engine::objectives::Objective;
 use hlo_engine::partitioner::{draw_sharding, Mesh};
+use hlo_engine::step::{OptimSpec, StepSpec};
 use serde::Serialize;
 
-use crate::args::{gb, OptimArgs, StepArgs};
+use crate::args::gb;
 
 /// The `--target` values: kinds of the engine's hardware table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -107,7 +108,10 @@ pub struct PlanArgs {
     pub precompute_ref: bool,
 
     #[command(flatten)]
-    pub step: StepArgs,
+    pub step: StepSpec,
+
+    #[command(flatten)]
+    pub optim: OptimSpec,
 
     /// Device mesh (default: dp=1,fsdp=N,mp=1 over --devices; one device
     /// of the target without either).
@@ -261,9 +265,8 @@ fn step_to_plan(
     Ok(StepToPlan {
         config: model.config.clone(),
         name: model.name.clone(),
-        spec: args.step.spec(),
-        // The optimizer's numbers do not change what a step holds.
-        optim: OptimArgs::default().spec(args.step.optimizer),
+        spec: args.step.clone(),
+        optim: args.optim.clone(),
         dtype: args.base.dtype.dtype(args.target == Target::Cpu),
         mesh: mesh.clone(),
         steps: 1000,
@@ -379,7 +382,7 @@ fn rollout_shape(args: &PlanArgs) -> Result<Option<RolloutShape>> {
             },
             ..Default::default()
         },
-        step: args.step.spec(),
+        step: args.step.clone(),
         ..Default::default()
     }
     .check_objective_settings()?;

@@ -16,12 +16,13 @@ use hlo_engine::partitioner::Mesh;
 use hlo_engine::run::spec::{Chosen, EvalSpec, OutputSpec, ReportSpec, RunSpec};
 use hlo_engine::run::Run;
 use hlo_engine::runtime::Mode;
+use hlo_engine::step::{OptimSpec, StepSpec};
 use hlo_engine::train::hooks::{HookList, TrainSummary};
 use hlo_engine::train::trainer::StopFlag;
 use hlo_report::{EventWriter, LossCurves};
 use indicatif::ProgressBar;
 
-use crate::args::{named, ChatArgs, OptimArgs, PluginArgs, StepArgs, TokenizerArgs};
+use crate::args::{named, ChatArgs, PluginArgs, TokenizerArgs};
 use crate::commands::dump_hlo::{self, Format};
 use crate::console::{demo_show, print_header, Progress, RewardCourse};
 use crate::outputs::{LossChart, MetricsFile, RecipeFile, TensorBoard};
@@ -60,10 +61,10 @@ pub struct TrainArgs {
     pub objectives: ObjectiveSpecs,
 
     #[command(flatten)]
-    pub step: StepArgs,
+    pub step: StepSpec,
 
     #[command(flatten)]
-    pub optim: OptimArgs,
+    pub optim: OptimSpec,
 
     /// Device mesh, e.g. dp=2,fsdp=4,mp=1; its product is the device count
     /// (default dp=1,fsdp=N,mp=1 over --devices).
@@ -208,10 +209,10 @@ pub(crate) fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
         },
         objective: args.objective,
         objectives: args.objective_specs(),
-        step: args.step.spec(),
+        step: args.step.clone(),
         init_adapter: args.init_adapter.clone(),
         init: args.init,
-        optim: args.optim.spec(args.step.optimizer),
+        optim: args.optim.clone(),
         steps: args.steps,
         seed: args.seed,
         backend: args.plugin.backend(args.mesh.as_ref()),
@@ -328,7 +329,7 @@ pub fn run(args: TrainArgs, given: &BTreeSet<String>, argv: &[OsString]) -> Resu
         && spec.data.path.is_none()
         && spec.objectives.rollouts.rollouts.is_none()
         && !spec.objective.is_preference()
-        && spec.step.lora.is_some()
+        && !spec.step.full
         && spec.backend.launch.is_none();
     let show = |label: &str, run: &Run| -> Result<()> {
         match run.tokenizer().filter(|_| demo) {
@@ -397,7 +398,7 @@ fn print_summary(run: &Run, summary: &TrainSummary, course: &RewardCourse) {
     if let Some(out) = run.out() {
         println!(
             "saved {} and train_state/ (step {}) to {}",
-            if run.spec().step.lora.is_none() {
+            if run.spec().step.full {
                 "an HF model folder"
             } else {
                 "the PEFT adapter"

@@ -20,10 +20,11 @@ use crate::rollouts::{
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use super::{settings, Data, Objective, ObjectiveDef, ObjectiveSpecs};
+use super::{Data, Objective, ObjectiveDef, ObjectiveSpecs};
 use crate::error::{EngineError, Result};
 use crate::inputs::model::{Model, ModelSource};
 use crate::objectives::RunView;
+use crate::settings;
 use crate::step::StepSpec;
 
 /// Distillation's β unless `--beta` says otherwise (TRL 1.16: the reverse

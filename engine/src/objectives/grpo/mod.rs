@@ -17,11 +17,12 @@ use crate::rollouts::{
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use super::{settings, Data, Objective, ObjectiveDef, ObjectiveSpecs};
+use super::{Data, Objective, ObjectiveDef, ObjectiveSpecs};
 use crate::error::{EngineError, Result};
 use crate::inputs::model::Model;
 use crate::named::Named;
 use crate::objectives::RunView;
+use crate::settings;
 use crate::step::StepSpec;
 
 /// GRPO's own settings (TRL 1.16's `GRPOConfig` names and defaults: its

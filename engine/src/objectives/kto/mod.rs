@@ -12,11 +12,12 @@ use hlo_models::train::Loss;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use super::{settings, Data, Objective, ObjectiveDef, ObjectiveSpecs};
+use super::{Data, Objective, ObjectiveDef, ObjectiveSpecs};
 use crate::error::{EngineError, Result};
 use crate::inputs::model::Model;
 use crate::named::Named;
 use crate::objectives::RunView;
+use crate::settings;
 use crate::step::StepSpec;
 
 /// KTO's settings (TRL 1.16's `KTOConfig` names and defaults; β and the

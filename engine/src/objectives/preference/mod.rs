@@ -14,11 +14,12 @@ use hlo_models::train::{Loss, Preference, TrainConfig};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use super::{settings, Data, Objective, ObjectiveDef, ObjectiveSpecs};
+use super::{Data, Objective, ObjectiveDef, ObjectiveSpecs};
 use crate::device::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::inputs::model::Model;
 use crate::objectives::RunView;
+use crate::settings;
 use crate::step::StepSpec;
 
 /// The preference objectives' settings (TRL 1.16's names and defaults;
@@ -207,7 +208,7 @@ pub(crate) fn reference_adapter(spec: &RunView, model: &Model) -> Result<Option<
     if !needs {
         return Ok(None);
     }
-    if spec.step.lora.is_none() {
+    if spec.step.full {
         if spec.objectives.preference.precompute_ref {
             // The base as training starts, scored before it changes.
             return Ok(None);

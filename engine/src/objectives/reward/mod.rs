@@ -12,9 +12,10 @@ use hlo_models::train::Loss;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use super::{settings, Data, ObjectiveDef, ObjectiveSpecs};
+use super::{Data, ObjectiveDef, ObjectiveSpecs};
 use crate::error::{EngineError, Result};
 use crate::objectives::RunView;
+use crate::settings;
 use crate::step::StepSpec;
 
 /// A reward model's settings (TRL 1.16's `RewardConfig` names and
@@ -55,10 +56,9 @@ impl ObjectiveDef for RewardModel {
     fn step_spec(&self, step: &StepSpec, _specs: &ObjectiveSpecs) -> Result<StepSpec> {
         let mut step = super::one_unpacked_batch(step, "reward", "pairs")?;
         step.batch *= 2;
-        if let Some(lora) = step.lora.as_mut() {
-            if !lora.modules_to_save.iter().any(|m| m == "score") {
-                lora.modules_to_save.push("score".into());
-            }
+        let saved = &mut step.lora.modules_to_save;
+        if !step.full && !saved.iter().any(|m| m == "score") {
+            saved.push("score".into());
         }
         Ok(step)
     }

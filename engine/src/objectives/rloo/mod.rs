@@ -18,10 +18,11 @@ use crate::rollouts::{
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use super::{settings, Data, Objective, ObjectiveDef, ObjectiveSpecs};
+use super::{Data, Objective, ObjectiveDef, ObjectiveSpecs};
 use crate::error::{EngineError, Result};
 use crate::inputs::model::Model;
 use crate::objectives::RunView;
+use crate::settings;
 use crate::step::StepSpec;
 
 /// RLOO's β unless `--beta` says otherwise (TRL 1.16's `RLOOConfig`).

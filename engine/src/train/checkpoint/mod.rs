@@ -7,7 +7,6 @@
 //! leaves the previous one (or its `.old` copy) readable; temporaries a
 //! killed process left behind are removed by the next run.
 
-use hlo_models::attention::AttentionKind;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -60,63 +59,29 @@ impl RunSettings {
         RunSettings::of_config(session.config(), session.seed())
     }
 
-    /// The settings of a run of `c` seeded by `seed`.
+    /// The settings of a run of `c` seeded by `seed`: the step's and the
+    /// optimizer's as the step decided them (a full finetuning's LoRA
+    /// settings and SGD's weight decay, which the step does not read, left
+    /// out), the end of a cosine schedule and the dtype.
     pub fn of_config(c: &hlo_models::train::TrainConfig, seed: u64) -> RunSettings {
-        let mut s = RunSettings::default();
+        use crate::settings::{names, record};
+        use crate::step::{LoraSpec, OptimSpec, OptimizerKind, StepSpec};
+        let (step, optim) = (StepSpec::decided(c), OptimSpec::decided(c));
+        let mut s = RunSettings(record(&step).into_iter().collect());
+        if step.full {
+            for name in names::<LoraSpec>() {
+                s.0.remove(&name);
+            }
+        }
+        s.0.extend(record(&optim));
+        if optim.optimizer == OptimizerKind::Sgd {
+            s.0.remove("weight-decay");
+        }
+        if let hlo_models::train::Schedule::Cosine { total, .. } = c.schedule {
+            s.set("steps", total);
+        }
         s.set("seed", seed);
-        s.set("batch", c.batch);
-        s.set("grad-accum", c.grad_accum);
-        s.set("packing", if c.packing { "on" } else { "off" });
-        s.set("seq", c.seq);
-        s.set("full", c.lora.is_none());
-        if let Some(l) = &c.lora {
-            s.set("lora-rank", l.rank);
-            s.set("lora-alpha", l.alpha);
-            s.set("lora-targets", l.target_modules.join(","));
-            s.set("use-rslora", l.use_rslora);
-            s.set("modules-to-save", l.modules_to_save.join(","));
-        }
-        match c.optimizer {
-            hlo_models::train::Optimizer::AdamW { weight_decay, .. } => {
-                s.set("optimizer", "adamw");
-                s.set("weight-decay", weight_decay);
-            }
-            hlo_models::train::Optimizer::Sgd => s.set("optimizer", "sgd"),
-        }
-        s.set("lr", c.lr);
-        match c.schedule {
-            hlo_models::train::Schedule::Constant { warmup } => {
-                s.set("schedule", "constant");
-                s.set("warmup", warmup);
-            }
-            hlo_models::train::Schedule::Cosine { warmup, total } => {
-                s.set("schedule", "cosine");
-                s.set("warmup", warmup);
-                s.set("steps", total);
-            }
-        }
-        s.set("clip-norm", c.clip_norm.unwrap_or(0.0));
         s.set("dtype", c.dtype.to_string());
-        s.set("scan-layers", if c.scan_layers { "on" } else { "off" });
-        s.set(
-            "remat",
-            match (c.remat_layers, c.remat_mlp) {
-                (true, _) => "layers",
-                (false, true) => "mlp",
-                (false, false) => "none",
-            },
-        );
-        match c.attention {
-            AttentionKind::Naive => s.set("attention", "naive"),
-            AttentionKind::Blockwise { block } => {
-                s.set("attention", "blockwise");
-                s.set("attention-block", block);
-            }
-            AttentionKind::Cudnn => s.set("attention", "cudnn"),
-        }
-        if let Some(chunk) = c.loss_chunk {
-            s.set("loss-chunk", chunk);
-        }
         s
     }
 

@@ -11,7 +11,7 @@
 //!
 //! ```
 //! use clap::Args;
-//! use hlo_engine::objectives::settings::{defaults, names, record, non_negative};
+//! use hlo_engine::settings::{defaults, names, record, non_negative};
 //! use serde::{Deserialize, Serialize};
 //!
 //! /// An objective's settings, as each objective declares its own.
@@ -140,6 +140,24 @@ pub fn positive(s: &str) -> Result<f64, String> {
     }
 }
 
+/// A learning rate: >= 0 and small enough that the schedule, computed in
+/// f32 on the device, stays finite.
+pub fn learning_rate(s: &str) -> Result<f64, String> {
+    match non_negative(s) {
+        Ok(v) if v <= 1e30 => Ok(v),
+        Ok(_) => Err("must be at most 1e30 (the schedule is computed in f32)".into()),
+        Err(e) => Err(e),
+    }
+}
+
+/// A comma-separated list of names, each trimmed (empty: none).
+pub fn comma_list(s: &str) -> Result<Vec<String>, String> {
+    Ok(s.split(',')
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+        .collect())
+}
+
 /// A label smoothing in [0, 0.5] (above a half the labels swap).
 pub fn label_smoothing(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
@@ -205,6 +223,20 @@ pub mod as_written {
                     .map_err(|_| serde::de::Error::custom(format!("`{s}`")))
             })
             .collect()
+    }
+}
+
+/// A list of names recorded as the flag writes it, comma-separated
+/// (`#[serde(with = "as_comma_list")]`: `--lora-targets q_proj,v_proj`).
+pub mod as_comma_list {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(items: &[String], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&items.join(","))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+        comma_list(&String::deserialize(d)?).map_err(serde::de::Error::custom)
     }
 }
 
