@@ -249,6 +249,25 @@ pub fn absolute_path<S: Serializer>(path: &Option<PathBuf>, s: S) -> Result<S::O
     }
 }
 
+/// A path of what the run writes, recorded absolute (from the working
+/// folder where it does not exist yet: a metrics file), so a resumed run
+/// writes there from anywhere (`#[serde(serialize_with =
+/// "absolute_new_path")]`).
+pub fn absolute_new_path<S: Serializer>(path: &Option<PathBuf>, s: S) -> Result<S::Ok, S::Error> {
+    match path {
+        Some(p) => s.serialize_str(&absolute_new(p).map_err(serde::ser::Error::custom)?),
+        None => s.serialize_none(),
+    }
+}
+
+/// An absolute path for `p`, which may not exist yet.
+pub(crate) fn absolute_new(p: &Path) -> std::io::Result<String> {
+    if p.exists() {
+        return Ok(absolute(p));
+    }
+    Ok(std::env::current_dir()?.join(p).display().to_string())
+}
+
 /// `p` made absolute where it exists (else as given).
 pub(crate) fn absolute(p: &Path) -> String {
     std::fs::canonicalize(p)

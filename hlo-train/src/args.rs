@@ -11,7 +11,6 @@ use hlo_engine::device::backend::refuse_cpu_across_processes;
 use hlo_engine::device::backend::BackendOptions;
 use hlo_engine::device::processes::{Launch, LaunchFlags, RunToken};
 use hlo_engine::hub::{self, HubFiles};
-use hlo_engine::inputs::dataset::DataSpec;
 use hlo_engine::inputs::model::{Model, ModelSource};
 use hlo_engine::ir::DType;
 use hlo_engine::models::attention::AttentionKind;
@@ -246,37 +245,6 @@ pub struct ModelArgs {
     /// gpt-oss).
     #[arg(long)]
     pub config: Option<PathBuf>,
-}
-
-/// `--chat-template` and `--train-on-inputs`: how `{"messages"}` data is
-/// read (`train`, `data`, `eval`).
-#[derive(Args, Clone, Debug)]
-pub struct ChatArgs {
-    /// The folder whose tokenizer_config.json holds the chat template for
-    /// `{"messages"}` data (default: the checkpoint's).
-    #[arg(long)]
-    pub chat_template: Option<PathBuf>,
-
-    /// With `{"messages"}` data, count system and user turns in the loss
-    /// too (by default only the assistant's replies are learned).
-    #[arg(long)]
-    pub train_on_inputs: bool,
-}
-
-impl ChatArgs {
-    /// The engine's description of `data` (None: the demo task) read with
-    /// these settings for rows of `seq` tokens.
-    pub fn spec(&self, data: Option<PathBuf>, seq: i64) -> DataSpec {
-        DataSpec {
-            path: data,
-            chat_template: self.chat_template.clone(),
-            train_on_inputs: self.train_on_inputs,
-            seq: seq as usize,
-            pairs: false,
-            unpaired: false,
-            whole_pairs: false,
-        }
-    }
 }
 
 /// The model of these flags, with `--tokenizer` when given.

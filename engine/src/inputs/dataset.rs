@@ -30,23 +30,87 @@ fn token_sets(path: &Path) -> Result<Mixture> {
     Ok(sets)
 }
 
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
 use crate::error::{EngineError, Result};
 use crate::files::file_fingerprint;
 use crate::inputs::model::Model;
+use crate::settings;
 
-/// Where a run's training data comes from, and how it is read.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// Where a run's training data comes from, and how it is read: `train`'s
+/// flags, each declared once here and recorded by a run under the flag's
+/// name (paths absolute).
+#[derive(Args, Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DataSource {
-    /// A JSONL or Parquet file, or a folder of them; None: the bundled
-    /// demo task.
+    /// Training data: a JSONL or Parquet file, or a folder of their shards;
+    /// rows of text, prompt/completion, messages, input_ids, alpaca or
+    /// sharegpt (default: the bundled demo task); or a folder of token
+    /// shards `data prepare` made, streamed from memory-mapped files, or a
+    /// JSON file of `streams` mixing several in proportions.
+    #[arg(long = "data", id = "data", value_name = "DATA")]
+    #[serde(rename = "data", serialize_with = "settings::absolute_path")]
     pub path: Option<PathBuf>,
-    /// The folder whose chat template renders `{"messages"}` rows
-    /// (default: the checkpoint's).
-    pub chat_template: Option<PathBuf>,
-    /// Learn every token of a conversation, not only the replies.
-    pub train_on_inputs: bool,
-    /// The order a run takes its examples (or pairs) in.
+
+    /// How `{"messages"}` rows are read.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub chat: ChatSpec,
+
+    /// The order a run takes its samples (or pairs) in: a seeded shuffle
+    /// of each epoch (random), or the file's, epoch after epoch
+    /// (sequential), as transformers' train_sampling_strategy.
+    #[arg(long = "train-sampling-strategy", id = "train_sampling_strategy",
+          value_name = "TRAIN_SAMPLING_STRATEGY", default_value = "random",
+          value_parser = settings::named::<SamplingStrategy>())]
+    #[serde(rename = "train-sampling-strategy", with = "settings::by_name")]
     pub sampling: SamplingStrategy,
+}
+
+/// `--chat-template` and `--train-on-inputs`: how `{"messages"}` data is
+/// read (`train`, `data`, `eval`, `data prepare`).
+#[derive(Args, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ChatSpec {
+    /// The folder whose tokenizer_config.json holds the chat template for
+    /// `{"messages"}` data (default: the checkpoint's).
+    #[arg(long)]
+    #[serde(serialize_with = "settings::absolute_path")]
+    pub chat_template: Option<PathBuf>,
+
+    /// With `{"messages"}` data, count system and user turns in the loss
+    /// too (by default only the assistant's replies are learned).
+    #[arg(long)]
+    pub train_on_inputs: bool,
+}
+
+impl Default for DataSource {
+    /// The demo task.
+    fn default() -> DataSource {
+        settings::defaults()
+    }
+}
+
+impl Default for ChatSpec {
+    fn default() -> ChatSpec {
+        settings::defaults()
+    }
+}
+
+impl ChatSpec {
+    /// How to read `data` (None: the demo task) with these settings for
+    /// rows of `seq` tokens, as SFT rows.
+    pub fn data_spec(&self, data: Option<PathBuf>, seq: i64) -> DataSpec {
+        DataSpec {
+            path: data,
+            chat_template: self.chat_template.clone(),
+            train_on_inputs: self.train_on_inputs,
+            seq: seq as usize,
+            pairs: false,
+            unpaired: false,
+            whole_pairs: false,
+        }
+    }
 }
 
 /// The order a run takes its examples (or pairs) in, as transformers'

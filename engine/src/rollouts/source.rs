@@ -539,7 +539,7 @@ impl RolloutInputs {
                 rewarded,
             )?),
             (None, Some(path)) => {
-                let chat = model.chat_template(spec.data.chat_template.as_deref())?;
+                let chat = model.chat_template(spec.data.chat.chat_template.as_deref())?;
                 let prompts = PromptSet::read(path, tokenizer, chat.as_ref())?;
                 Inputs::Online(prompts, rewards()?)
             }

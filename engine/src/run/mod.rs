@@ -202,15 +202,6 @@ fn guard_out(spec: &RunSpec, out: &Path) -> Result<FolderLock> {
 
 pub(crate) use crate::settings::absolute;
 
-/// An absolute path for `p`, which may not exist yet (a metrics file).
-fn absolute_new(p: &Path) -> Result<String> {
-    if p.exists() {
-        return Ok(absolute(p));
-    }
-    let cwd = std::env::current_dir().map_err(EngineError::io("read", "the working folder"))?;
-    Ok(cwd.join(p).display().to_string())
-}
-
 /// The settings a run records beyond the session's own: which model,
 /// tokenizer, adapter and data (with their identities), the objective and
 /// the run's length.
@@ -233,32 +224,21 @@ fn identities(spec: &RunSpec, model: &Model, fingerprint: &str) -> Result<RunSet
     for (key, path) in [
         ("tokenizer", &spec.tokenizer),
         ("init-adapter", &spec.init_adapter),
-        ("data", &spec.data.path),
-        ("chat-template", &spec.data.chat_template),
     ] {
         if let Some(p) = path {
             s.set(key, absolute(p));
         }
     }
     s.set("data-fingerprint", fingerprint);
-    // What it writes, to write the same on resume.
-    for (key, path) in [
-        ("eval-data", &spec.eval.data),
-        ("metrics", &spec.report.metrics),
-        ("tensorboard", &spec.report.tensorboard),
-    ] {
-        if let Some(p) = path {
-            s.set(key, absolute_new(p)?);
-        }
+    // The data, and what the run writes (to write the same on resume).
+    let typed = [
+        record_spec(&spec.data)?,
+        record_spec(&spec.eval)?,
+        record_spec(&spec.report)?,
+    ];
+    for (key, value) in typed.into_iter().flatten() {
+        s.set(&key, value);
     }
-    s.set("eval-every", spec.eval.every);
-    s.set("save-every", spec.output.save_every);
-    s.set("log-every", spec.report.log_every);
-    s.set("train-on-inputs", spec.data.train_on_inputs);
-    s.set(
-        "train-sampling-strategy",
-        crate::named::Named::name(spec.data.sampling),
-    );
     s.set("objective", spec.objective.name());
     for (key, value) in spec.objectives.record(spec.objective) {
         s.set(&key, value);
@@ -276,6 +256,16 @@ fn identities(spec: &RunSpec, model: &Model, fingerprint: &str) -> Result<RunSet
         .collect();
     s.set("xla-option", xla);
     Ok(s)
+}
+
+/// A typed spec as a run records it (its paths made absolute).
+fn record_spec<T: serde::Serialize>(
+    spec: &T,
+) -> Result<serde_json::Map<String, serde_json::Value>> {
+    // Only a path made absolute fails to serialise: the working folder.
+    serde_json::to_value(spec)
+        .map(|v| crate::settings::record(&v))
+        .map_err(|e| EngineError::io("read", "the working folder")(std::io::Error::other(e)))
 }
 
 /// Refuses to resume a saved run with settings that differ from its own,
@@ -508,7 +498,7 @@ fn output_folder(spec: &RunSpec, main: bool) -> Result<(Option<PathBuf>, Option<
         .out
         .clone()
         .or_else(|| spec.output.resume.clone());
-    if spec.output.save_every > 0 && out.is_none() {
+    if spec.report.save_every > 0 && out.is_none() {
         return Err(EngineError::SaveEveryNeedsOut);
     }
     let lock = match out.as_ref().filter(|_| main) {
@@ -729,8 +719,8 @@ impl Run {
         })?;
         let options = TrainerOptions {
             steps: self.spec.steps,
-            eval_every: self.spec.eval.every,
-            save_every: self.spec.output.save_every,
+            eval_every: self.spec.eval.every_or(self.spec.report.log_every),
+            save_every: self.spec.report.save_every,
             out: self.out.clone(),
             settings: self.identities.clone(),
             trace_values: self.trace_values.clone(),

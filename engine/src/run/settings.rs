@@ -22,6 +22,7 @@ use hlo_models::nf4::Nf4Config;
 use serde_json::Value;
 
 use super::spec::RunSpec;
+use crate::inputs::dataset::DataSource;
 use crate::inputs::model::ModelSource;
 use crate::named::Named;
 use crate::step::{OptimSpec, StepSpec};
@@ -31,11 +32,9 @@ use crate::step::{OptimSpec, StepSpec};
 pub enum Kind {
     /// What the run computes: one chosen anew must equal the saved one.
     Compared,
-    /// What shapes what the run writes, not what it computes: one chosen
-    /// anew replaces the saved one (never a difference).
-    Output,
-    /// How the run's programs are compiled (`xla-option`): replaced like
-    /// an output setting (a resumed run may work around a compiler bug).
+    /// How the run's programs are compiled (`xla-option`): one chosen
+    /// anew replaces the saved one, never a difference (a resumed run may
+    /// work around a compiler bug), as what the run writes is.
     Compile,
 }
 
@@ -57,15 +56,6 @@ const fn common(name: &'static str, restore: fn(&mut RunSpec, &Value) -> Option<
     }
 }
 
-/// A setting of what the run writes.
-const fn output(name: &'static str, restore: fn(&mut RunSpec, &Value) -> Option<()>) -> Setting {
-    Setting {
-        name,
-        kind: Kind::Output,
-        restore,
-    }
-}
-
 pub(crate) fn path(v: &Value) -> Option<Option<PathBuf>> {
     match v {
         Value::Null => Some(None),
@@ -77,9 +67,8 @@ pub(crate) fn text(v: &Value) -> Option<String> {
     v.as_str().map(str::to_string)
 }
 
-/// The model's and the data's settings.
-static MODEL_DATA: &[Setting] = &[
-    // The model and the data.
+/// The model's settings, the adapter a run starts from, the objective.
+static MODEL: &[Setting] = &[
     common("model", |s, v| {
         put(&mut s.model, ModelSource::Preset(text(v)?))
     }),
@@ -109,16 +98,6 @@ static MODEL_DATA: &[Setting] = &[
     }),
     common("tokenizer", |s, v| put(&mut s.tokenizer, path(v)?)),
     common("init-adapter", |s, v| put(&mut s.init_adapter, path(v)?)),
-    common("data", |s, v| put(&mut s.data.path, path(v)?)),
-    common("chat-template", |s, v| {
-        put(&mut s.data.chat_template, path(v)?)
-    }),
-    common("train-on-inputs", |s, v| {
-        put(&mut s.data.train_on_inputs, v.as_bool()?)
-    }),
-    common("train-sampling-strategy", |s, v| {
-        put(&mut s.data.sampling, named(v)?)
-    }),
     common("objective", |s, v| {
         put(&mut s.objective, v.as_str()?.parse().ok()?)
     }),
@@ -131,33 +110,20 @@ static RUN: &[Setting] = &[
     common("steps", |s, v| put(&mut s.steps, v.as_i64()?)),
 ];
 
-/// What the run writes, and how its programs are compiled.
-static OUTPUT: &[Setting] = &[
-    output("eval-data", |s, v| put(&mut s.eval.data, path(v)?)),
-    output("eval-every", |s, v| put(&mut s.eval.every, v.as_i64()?)),
-    output("save-every", |s, v| {
-        put(&mut s.output.save_every, v.as_i64()?)
-    }),
-    output("metrics", |s, v| put(&mut s.report.metrics, path(v)?)),
-    output("tensorboard", |s, v| {
-        put(&mut s.report.tensorboard, path(v)?)
-    }),
-    output("log-every", |s, v| {
-        put(&mut s.report.log_every, v.as_i64()?)
-    }),
-    Setting {
-        name: "xla-option",
-        kind: Kind::Compile,
-        restore: |s, v| {
-            s.backend.xla_options = v
-                .as_array()?
-                .iter()
-                .map(|o| hlo_runtime::parse_xla_option(o.as_str()?).ok())
-                .collect::<Option<_>>()?;
-            Some(())
-        },
+/// How the run's programs are compiled (what it writes and how often
+/// are [`EvalSpec`](super::spec::EvalSpec)'s and [`ReportSpec`](super::spec::ReportSpec)'s fields).
+static COMPILE: &[Setting] = &[Setting {
+    name: "xla-option",
+    kind: Kind::Compile,
+    restore: |s, v| {
+        s.backend.xla_options = v
+            .as_array()?
+            .iter()
+            .map(|o| hlo_runtime::parse_xla_option(o.as_str()?).ok())
+            .collect::<Option<_>>()?;
+        Some(())
     },
-];
+}];
 
 /// Stores a restored value: every `restore` ends so.
 pub(crate) fn put<T>(slot: &mut T, value: T) -> Option<()> {
@@ -176,16 +142,18 @@ pub(crate) fn named<T: Named>(v: &Value) -> Option<T> {
 /// what the run writes. The step's, the optimizer's and the objectives'
 /// settings are their specs' fields ([`crate::settings`]).
 pub fn all() -> impl Iterator<Item = &'static Setting> {
-    MODEL_DATA.iter().chain(RUN).chain(OUTPUT)
+    MODEL.iter().chain(RUN).chain(COMPILE)
 }
 
-/// The settings the typed specs of the step and the optimizer declare
-/// (their flags' names), which a resumed run compares.
+/// The settings the typed specs of the step, the optimizer and the data
+/// declare (their flags' names), which a resumed run compares (what it writes,
+/// [`EvalSpec`](super::spec::EvalSpec)'s and [`ReportSpec`](super::spec::ReportSpec)'s, it replaces when chosen anew).
 pub fn typed() -> &'static [String] {
     static NAMES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     NAMES.get_or_init(|| {
         let mut names = crate::settings::names::<StepSpec>();
         names.extend(crate::settings::names::<OptimSpec>());
+        names.extend(crate::settings::names::<DataSource>());
         names
     })
 }

@@ -13,11 +13,13 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use clap::Args;
 use hlo_ir::DType;
 use hlo_models::nf4::Nf4Config;
 use hlo_models::preference::Reference;
 use hlo_models::train::TrainConfig;
 use hlo_runtime::Mode;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::device::backend::BackendOptions;
@@ -26,23 +28,49 @@ use crate::inputs::dataset::DataSource;
 use crate::inputs::model::{Init, ModelSource};
 use crate::objectives::{Objective, ObjectiveSpecs, OBJECTIVES};
 use crate::run::settings::settings;
-use crate::settings::restore;
+use crate::settings::{self, restore};
 use crate::step::policy::Target;
 use crate::step::{OptimSpec, StepSpec};
 use crate::train::checkpoint::RunSettings;
 
-/// Held-out evaluation.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// Held-out evaluation: settings of what the run writes, which a resumed
+/// run takes back unless chosen anew (never a difference).
+#[derive(Args, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct EvalSpec {
-    /// Held-out data, read as the training data (None: the demo task holds
-    /// out a fresh draw of itself; a data file has no held-out set).
+    /// Held-out data (same formats as --data): its masked mean loss
+    /// and perplexity are computed every --eval-every steps (the demo task
+    /// holds out a fresh draw of itself).
+    #[arg(long = "eval-data", id = "eval_data", value_name = "EVAL_DATA")]
+    #[serde(rename = "eval-data", serialize_with = "settings::absolute_new_path")]
     pub data: Option<PathBuf>,
-    /// Steps between evaluations (0: before the first and after the last
-    /// only).
+
+    /// Steps between evaluations; 0 evaluates every --log-every steps.
+    #[arg(long = "eval-every", id = "eval_every", value_name = "EVAL_EVERY",
+          default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
+    #[serde(rename = "eval-every")]
     pub every: i64,
 }
 
-/// Where the run saves, and whether it continues a saved one.
+impl Default for EvalSpec {
+    fn default() -> EvalSpec {
+        settings::defaults()
+    }
+}
+
+impl EvalSpec {
+    /// Steps between evaluations, `log_every` for 0.
+    pub fn every_or(&self, log_every: i64) -> i64 {
+        if self.every > 0 {
+            self.every
+        } else {
+            log_every
+        }
+    }
+}
+
+/// Where the run saves, and whether it continues a saved one (not
+/// recorded: a resumed run is told these anew).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OutputSpec {
     /// The adapter (or an HF folder when finetuning fully) and
@@ -50,33 +78,43 @@ pub struct OutputSpec {
     pub out: Option<PathBuf>,
     /// Replace a run `out` holds already.
     pub overwrite: bool,
-    /// Also save every N steps (0: at the end, or when stopped).
-    pub save_every: i64,
     /// Continue the run saved in this folder.
     pub resume: Option<PathBuf>,
 }
 
-/// What the run reports, for the front end that writes it (the engine
-/// reports through hooks; it only keeps these with the run, so a resumed
-/// run writes where and as often as it did).
-#[derive(Clone, Debug, PartialEq)]
+/// What the run writes and how often: the engine saves; the front end
+/// writes the reports (the engine reports through hooks and keeps these
+/// with the run, so a resumed run writes where and as often as it did,
+/// unless chosen anew: never a difference).
+#[derive(Args, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct ReportSpec {
-    /// A file of one JSON object per step and evaluation (appended to on
-    /// resume).
+    /// Write one JSON object per step (and evaluation) to this file;
+    /// a resumed run appends.
+    #[arg(long)]
+    #[serde(serialize_with = "settings::absolute_new_path")]
     pub metrics: Option<PathBuf>,
-    /// A folder of TensorBoard event files.
+
+    /// Write TensorBoard event files under this folder, in a folder of the
+    /// run's own (named as --out is, else by its start time): train/loss,
+    /// train/lr, train/grad_norm, train/tokens_per_s, train/mfu, eval/loss
+    /// and eval/perplexity by step (`tensorboard --logdir DIR`).
+    #[arg(long)]
+    #[serde(serialize_with = "settings::absolute_new_path")]
     pub tensorboard: Option<PathBuf>,
-    /// Steps between log lines.
+
+    /// Print a log line every N steps.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i64).range(1..))]
     pub log_every: i64,
+
+    /// Also save every N steps (needs --out).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
+    pub save_every: i64,
 }
 
 impl Default for ReportSpec {
     fn default() -> ReportSpec {
-        ReportSpec {
-            metrics: None,
-            tensorboard: None,
-            log_every: 10,
-        }
+        settings::defaults()
     }
 }
 
@@ -361,6 +399,9 @@ impl RunSpec {
         self.step = restore(&self.step, &saved_map, take).map_err(refused)?;
         self.optim = restore(&self.optim, &saved_map, take).map_err(refused)?;
         self.objectives = restore(&self.objectives, &saved_map, take).map_err(refused)?;
+        self.eval = restore(&self.eval, &saved_map, take).map_err(refused)?;
+        self.report = restore(&self.report, &saved_map, take).map_err(refused)?;
+        self.data = restore(&self.data, &saved_map, take).map_err(refused)?;
         Ok(())
     }
 }

@@ -17,7 +17,8 @@ use hlo_engine::objectives::{Data, Objective};
 use hlo_engine::step::Toggle;
 use hlo_engine::step::{auto_packing, epochs};
 
-use crate::args::{named, open_model, ChatArgs, ModelArgs, TokenizerArgs};
+use crate::args::{named, open_model, ModelArgs, TokenizerArgs};
+use hlo_engine::inputs::dataset::ChatSpec;
 
 #[derive(Args, Debug)]
 pub struct DataArgs {
@@ -31,7 +32,7 @@ pub struct DataArgs {
     pub tokenizer: TokenizerArgs,
 
     #[command(flatten)]
-    pub chat: ChatArgs,
+    pub chat: ChatSpec,
 
     /// Data: a JSONL or Parquet file, or a folder of their shards
     /// (default: the bundled demo task).
@@ -96,7 +97,7 @@ pub fn run(args: &DataArgs) -> Result<()> {
     }
     let model = open_model(&args.model, &args.tokenizer)?;
     let seq = args.seq as usize;
-    let mut spec = args.chat.spec(args.data.clone(), args.seq);
+    let mut spec = args.chat.data_spec(args.data.clone(), args.seq);
     spec.pairs = args.objective.is_preference();
     // A reward model's pairs: each side whole, every token scored.
     spec.whole_pairs = args.objective.def().classifier();

@@ -22,8 +22,9 @@ use hlo_engine::step::policy::{forward_attention, Platform, Target};
 use hlo_engine::train::session::{EvalResult, Evaluator};
 use serde_json::json;
 
-use crate::args::{ChatArgs, PluginArgs, TokenizerArgs};
+use crate::args::{PluginArgs, TokenizerArgs};
 use crate::saved_run::{AdapterRuns, AttentionArgs};
+use hlo_engine::inputs::dataset::ChatSpec;
 
 #[derive(Args, Debug)]
 pub struct EvalArgs {
@@ -34,7 +35,7 @@ pub struct EvalArgs {
     pub tokenizer: TokenizerArgs,
 
     #[command(flatten)]
-    pub chat: ChatArgs,
+    pub chat: ChatSpec,
 
     #[command(flatten)]
     pub plugin: PluginArgs,
@@ -102,7 +103,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     let seq = args.seq as usize;
     let objective = args.objective;
     let preference = preference_of(args, objective)?;
-    let mut spec = args.chat.spec(Some(args.data.clone()), args.seq);
+    let mut spec = args.chat.data_spec(Some(args.data.clone()), args.seq);
     spec.pairs = preference.is_some();
     let data = Dataset::read(&model, &spec, 0)?;
     let backend = Backend::open(&args.plugin.backend(args.mesh.as_ref()))?;

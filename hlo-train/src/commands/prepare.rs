@@ -12,7 +12,8 @@ use hlo_engine::data::lock::FolderLock;
 use hlo_engine::inputs::dataset::{prepare_tokens, PrepareSpec};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::args::{open_model, ChatArgs, ModelArgs, TokenizerArgs};
+use crate::args::{open_model, ModelArgs, TokenizerArgs};
+use hlo_engine::inputs::dataset::ChatSpec;
 
 #[derive(Args, Debug)]
 pub struct PrepareArgs {
@@ -23,7 +24,7 @@ pub struct PrepareArgs {
     pub tokenizer: TokenizerArgs,
 
     #[command(flatten)]
-    pub chat: ChatArgs,
+    pub chat: ChatSpec,
 
     /// Data: a JSONL or Parquet file, or a folder of their shards, read as
     /// `train --data` reads it (samples whole: a run cuts to its --seq).
@@ -57,7 +58,7 @@ pub fn run(args: &PrepareArgs) -> Result<()> {
         println!("{line}");
     }
     // The row length is the run's; here samples are kept whole.
-    let spec = args.chat.spec(Some(args.data.clone()), i64::MAX);
+    let spec = args.chat.data_spec(Some(args.data.clone()), i64::MAX);
     let bar = ProgressBar::new_spinner();
     bar.set_style(
         ProgressStyle::with_template("{spinner} prepare: {msg}").expect("a valid template"),

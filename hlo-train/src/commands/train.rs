@@ -9,7 +9,6 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::Args;
 use hlo_engine::inputs::dataset::DataSource;
-use hlo_engine::inputs::dataset::SamplingStrategy;
 use hlo_engine::inputs::model::Init;
 use hlo_engine::objectives::{Data, Objective, ObjectiveSpecs};
 use hlo_engine::partitioner::Mesh;
@@ -22,7 +21,7 @@ use hlo_engine::train::trainer::StopFlag;
 use hlo_report::{EventWriter, LossCurves};
 use indicatif::ProgressBar;
 
-use crate::args::{named, ChatArgs, PluginArgs, TokenizerArgs};
+use crate::args::{named, PluginArgs, TokenizerArgs};
 use crate::commands::dump_hlo::{self, Format};
 use crate::console::{demo_show, print_header, Progress, RewardCourse};
 use crate::outputs::{LossChart, MetricsFile, RecipeFile, TensorBoard};
@@ -37,9 +36,6 @@ pub struct TrainArgs {
 
     #[command(flatten)]
     pub tokenizer: TokenizerArgs,
-
-    #[command(flatten)]
-    pub chat: ChatArgs,
 
     #[command(flatten)]
     pub plugin: PluginArgs,
@@ -97,19 +93,8 @@ pub struct TrainArgs {
     #[arg(long, value_parser = named::<Init>())]
     pub init: Option<Init>,
 
-    /// Training data: a JSONL or Parquet file, or a folder of their shards;
-    /// rows of text, prompt/completion, messages, input_ids, alpaca or
-    /// sharegpt (default: the bundled demo task); or a folder of token
-    /// shards `data prepare` made, streamed from memory-mapped files, or a
-    /// JSON file of `streams` mixing several in proportions.
-    #[arg(long)]
-    pub data: Option<PathBuf>,
-
-    /// The order a run takes its samples (or pairs) in: a seeded shuffle
-    /// of each epoch (random), or the file's, epoch after epoch
-    /// (sequential), as transformers' train_sampling_strategy.
-    #[arg(long, default_value = "random", value_parser = named::<SamplingStrategy>())]
-    pub train_sampling_strategy: SamplingStrategy,
+    #[command(flatten)]
+    pub data: DataSource,
 
     /// Optimizer steps to reach (a resumed run counts its saved steps).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..))]
@@ -137,10 +122,6 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE")]
     pub executable: Option<PathBuf>,
 
-    /// Also save every N steps (needs --out).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
-    pub save_every: i64,
-
     /// Continue the run saved in this folder with every setting it was
     /// saved with (a flag given again must agree; --steps may extend a
     /// constant schedule; --metrics, --tensorboard, --eval-data,
@@ -148,35 +129,15 @@ pub struct TrainArgs {
     #[arg(long)]
     pub resume: Option<PathBuf>,
 
-    /// Write one JSON object per step (and evaluation) to this file;
-    /// a resumed run appends.
-    #[arg(long)]
-    pub metrics: Option<PathBuf>,
-
-    /// Write TensorBoard event files under this folder, in a folder of the
-    /// run's own (named as --out is, else by its start time): train/loss,
-    /// train/lr, train/grad_norm, train/tokens_per_s, train/mfu, eval/loss
-    /// and eval/perplexity by step (`tensorboard --logdir DIR`).
-    #[arg(long)]
-    pub tensorboard: Option<PathBuf>,
-
     /// Write the compiled step as StableHLO and HLO text here.
     #[arg(long)]
     pub dump_hlo: Option<PathBuf>,
 
-    /// Held-out data (same formats as --data): its masked mean loss
-    /// and perplexity are computed every --eval-every steps (the demo task
-    /// holds out a fresh draw of itself).
-    #[arg(long)]
-    pub eval_data: Option<PathBuf>,
+    #[command(flatten)]
+    pub eval: EvalSpec,
 
-    /// Steps between evaluations; 0 evaluates every --log-every steps.
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
-    pub eval_every: i64,
-
-    /// Print a log line every N steps.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i64).range(1..))]
-    pub log_every: i64,
+    #[command(flatten)]
+    pub report: ReportSpec,
 
     /// The devices' peak TFLOP/s for MFU (default: a table by device kind;
     /// measured for CPUs).
@@ -201,12 +162,7 @@ pub(crate) fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
         tokenizer: args.tokenizer.tokenizer.clone(),
         quantize,
         dtype: args.base.dtype.dtype,
-        data: DataSource {
-            path: args.data.clone(),
-            chat_template: args.chat.chat_template.clone(),
-            train_on_inputs: args.chat.train_on_inputs,
-            sampling: args.train_sampling_strategy,
-        },
+        data: args.data.clone(),
         objective: args.objective,
         objectives: args.objective_specs(),
         step: args.step.clone(),
@@ -217,26 +173,13 @@ pub(crate) fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
         seed: args.seed,
         backend: args.plugin.backend(args.mesh.as_ref()),
         mode: if args.eager { Mode::Eager } else { Mode::Jit },
-        eval: EvalSpec {
-            data: args.eval_data.clone(),
-            // 0: with every log line.
-            every: if args.eval_every > 0 {
-                args.eval_every
-            } else {
-                args.log_every
-            },
-        },
+        eval: args.eval.clone(),
         output: OutputSpec {
             out: args.out.clone(),
             overwrite: args.overwrite,
-            save_every: args.save_every,
             resume: args.resume.clone(),
         },
-        report: ReportSpec {
-            metrics: args.metrics.clone(),
-            tensorboard: args.tensorboard.clone(),
-            log_every: args.log_every,
-        },
+        report: args.report.clone(),
         trace_values: args.trace_values.clone(),
         peak_tflops: args.peak_tflops,
         chosen: Chosen::Only(given.iter().map(|id| id.replace('_', "-")).collect()),
