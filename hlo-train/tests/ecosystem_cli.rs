@@ -108,7 +108,8 @@ fn the_example_recipes_are_valid_for_their_commands() {
             "plan", "--recipe", r, "--model", "tiny", "--batch", "8",
         ]));
     }
-    // The demo recipe plans as `make demo`'s flags do.
+    // The demo recipe plans as `make demo`'s flags do (the optimizer's
+    // numbers included: constants of the program plan compiles).
     let fields = |args: &[&str]| {
         let plan: serde_json::Value = serde_json::from_str(&ok(&hlo_train(args))).unwrap();
         (
@@ -130,6 +131,12 @@ fn the_example_recipes_are_valid_for_their_commands() {
             "16",
             "--lora-alpha",
             "32",
+            "--lr",
+            "2e-3",
+            "--schedule",
+            "cosine",
+            "--warmup",
+            "50",
             "--devices",
             "8",
             "--json"
