@@ -183,7 +183,21 @@ pub(crate) fn clip_range(s: &str) -> Result<(f64, f64), String> {
 /// id is its snapshot in the HF cache, downloaded there when missing
 /// (never with `HF_HUB_OFFLINE=1`).
 pub fn hub_adapter(s: &str) -> Result<PathBuf, String> {
-    hlo_hub::resolve(Path::new(s), hlo_hub::HubFiles::Adapter).map_err(|e| e.to_string())
+    hub_path(s, hlo_hub::HubFiles::Adapter)
+}
+
+/// [`hub_adapter`] for a model folder (`--checkpoint`).
+pub fn hub_model(s: &str) -> Result<PathBuf, String> {
+    hub_path(s, hlo_hub::HubFiles::Model)
+}
+
+/// [`hub_adapter`] for a `tokenizer.json` (`--tokenizer`).
+pub fn hub_tokenizer(s: &str) -> Result<PathBuf, String> {
+    hub_path(s, hlo_hub::HubFiles::Tokenizer)
+}
+
+fn hub_path(s: &str, files: hlo_hub::HubFiles) -> Result<PathBuf, String> {
+    hlo_hub::resolve(Path::new(s), files).map_err(|e| e.to_string())
 }
 
 /// A setting among a few names, recorded by its name
@@ -198,6 +212,28 @@ pub mod by_name {
     pub fn deserialize<'de, T: Named, D: Deserializer<'de>>(d: D) -> Result<T, D::Error> {
         let name = String::deserialize(d)?;
         T::from_name(&name).ok_or_else(|| serde::de::Error::custom(format!("`{name}`")))
+    }
+}
+
+/// A setting among a few names or none, recorded by its name
+/// (`#[serde(with = "opt_by_name")]`).
+pub mod opt_by_name {
+    use super::*;
+
+    pub fn serialize<T: Named, S: Serializer>(value: &Option<T>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(v) => s.serialize_str(v.name()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, T: Named, D: Deserializer<'de>>(d: D) -> Result<Option<T>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            None => Ok(None),
+            Some(name) => T::from_name(&name)
+                .map(Some)
+                .ok_or_else(|| serde::de::Error::custom(format!("`{name}`"))),
+        }
     }
 }
 
@@ -237,6 +273,34 @@ pub mod as_comma_list {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
         comma_list(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+/// `--xla-option`'s value: `KEY=VALUE`.
+pub fn xla_option(s: &str) -> Result<(String, hlo_runtime::XlaOption), String> {
+    hlo_runtime::parse_xla_option(s).map_err(|e| e.to_string())
+}
+
+/// XLA options recorded as `--xla-option` spells each (`#[serde(with =
+/// "xla_options_written")]`), so a recipe and a resume read them back.
+pub mod xla_options_written {
+    use super::*;
+    use hlo_runtime::XlaOption;
+
+    pub fn serialize<S: Serializer>(
+        options: &[(String, XlaOption)],
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.collect_seq(options.iter().map(|(k, v)| format!("{k}={v}")))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Vec<(String, XlaOption)>, D::Error> {
+        Vec::<String>::deserialize(d)?
+            .iter()
+            .map(|o| xla_option(o).map_err(serde::de::Error::custom))
+            .collect()
     }
 }
 

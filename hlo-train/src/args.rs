@@ -6,20 +6,18 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use hlo_engine::device::backend::refuse_cpu_across_processes;
-use hlo_engine::device::backend::BackendOptions;
+use hlo_engine::device::backend::{BackendOptions, CompilerSpec};
 use hlo_engine::device::processes::{Launch, LaunchFlags, RunToken};
 use hlo_engine::hub::{self, HubFiles};
-use hlo_engine::inputs::model::{Model, ModelSource};
-use hlo_engine::ir::DType;
+use hlo_engine::inputs::model::{Model, ModelSpec, TokenizerSpec};
 use hlo_engine::models::attention::AttentionKind;
-use hlo_engine::models::nf4::Nf4Config;
 use hlo_engine::models::train::TrainConfig;
 use hlo_engine::named::Named;
 use hlo_engine::objectives::Objective;
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::runtime::{parse_xla_option, PluginKind, PluginSpec, XlaOption};
+use hlo_engine::runtime::{PluginKind, PluginSpec};
 
 /// `--plugin` and `--devices`.
 #[derive(Args, Clone, Debug)]
@@ -34,22 +32,11 @@ pub struct PluginArgs {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub devices: Option<u32>,
 
-    /// An XLA compiler flag for every program this command compiles,
-    /// KEY=VALUE (repeatable): `xla_cpu_enable_fast_math=false`,
-    /// `xla_gpu_enable_triton_gemm=false`. The value is a bool
-    /// (true/false), an integer, a number with a point, else text, and
-    /// must be of the flag's type. Per compile, on top of XLA's defaults
-    /// (XLA_FLAGS applies to the whole process).
-    #[arg(long = "xla-option", value_name = "KEY=VALUE", value_parser = xla_option)]
-    pub xla_option: Vec<(String, XlaOption)>,
+    #[command(flatten)]
+    pub compiler: CompilerSpec,
 
     #[command(flatten)]
     pub processes: ProcessArgs,
-}
-
-/// `--xla-option`'s value.
-pub(crate) fn xla_option(s: &str) -> Result<(String, XlaOption), String> {
-    parse_xla_option(s).map_err(|e| e.to_string())
 }
 
 /// `--num-processes`, `--process-id`, `--coordinator`, `--init-timeout`,
@@ -123,7 +110,7 @@ impl PluginArgs {
             devices: self.devices,
             mesh: mesh.cloned(),
             launch: self.processes.launch().ok().flatten(),
-            xla_options: self.xla_option.clone(),
+            xla_options: self.compiler.xla_options.clone(),
         }
     }
 
@@ -175,19 +162,9 @@ fn hub_path(s: &str, files: HubFiles) -> Result<PathBuf, String> {
     hub::resolve(Path::new(s), files).map_err(|e| e.to_string())
 }
 
-/// `--checkpoint`: an HF model folder or hub id.
-pub fn hub_model(s: &str) -> Result<PathBuf, String> {
-    hub_path(s, HubFiles::Model)
-}
-
 /// `--adapter`, `--init-adapter`: a PEFT adapter folder or hub id.
 pub fn hub_adapter(s: &str) -> Result<PathBuf, String> {
     hub_path(s, HubFiles::Adapter)
-}
-
-/// `--tokenizer`: a tokenizer.json, or a hub id (its tokenizer.json).
-pub fn hub_tokenizer(s: &str) -> Result<PathBuf, String> {
-    hub_path(s, HubFiles::Tokenizer)
 }
 
 /// `--chat-template`: a folder with tokenizer_config.json, or a hub id.
@@ -207,128 +184,9 @@ pub struct RecipeArgs {
     pub recipe: Option<PathBuf>,
 }
 
-/// The base model as the commands that run it take it: which model,
-/// its weights in NF4 or not, and the dtype it computes in.
-#[derive(Args, Clone, Debug)]
-pub struct BaseArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
-
-    #[command(flatten)]
-    pub quantize: QuantizeArgs,
-
-    #[command(flatten)]
-    pub dtype: DtypeArgs,
-}
-
-/// `--model`, `--checkpoint`, `--config`: which model.
-#[derive(Args, Clone, Debug)]
-pub struct ModelArgs {
-    /// Model preset (random weights; the exact HF config): tiny,
-    /// llama3.2-1b, llama3.2-3b, llama3.1-8b, llama3.1-70b, llama3.1-405b,
-    /// qwen2.5-0.5b, qwen2.5-7b, qwen3-0.6b, qwen3-8b, mistral-7b,
-    /// gemma3-270m, gemma3-1b, qwen3-30b-a3b, qwen3-235b-a22b, mixtral-8x7b,
-    /// gpt-oss-20b, gpt-oss-120b; mpt-scale-1b, mpt-scale-3b, mpt-scale-7b
-    /// (MPT's sizes as Llama configs, for pretraining plans) (default:
-    /// tiny).
-    #[arg(long)]
-    pub model: Option<String>,
-
-    /// HF model folder: config.json + *.safetensors (+ index); or a hub
-    /// id ORG/NAME[@REVISION], read from the HF cache (downloaded there
-    /// when missing).
-    #[arg(long, conflicts_with = "config", value_parser = hub_model)]
-    pub checkpoint: Option<PathBuf>,
-
-    /// Random weights from an HF config.json of a supported family (Llama,
-    /// Qwen2/2.5, Qwen3, Mistral, Gemma 3 text, Qwen3-MoE, Mixtral,
-    /// gpt-oss).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-}
-
 /// The model of these flags, with `--tokenizer` when given.
-pub fn open_model(model: &ModelArgs, tokenizer: &TokenizerArgs) -> Result<Model> {
+pub fn open_model(model: &ModelSpec, tokenizer: &TokenizerSpec) -> Result<Model> {
     Ok(Model::open(&model.source())?.with_tokenizer_file(tokenizer.tokenizer.clone()))
-}
-
-/// `--quantize` and `--double-quant`: the base projections in NF4 (QLoRA).
-#[derive(Args, Clone, Debug, Default)]
-pub struct QuantizeArgs {
-    /// Store every q/k/v/o/gate/up/down projection in 4-bit NormalFloat
-    /// (bitsandbytes' NF4, blocks of 64), quantized on load and
-    /// dequantized inside the step; embeddings, norms and the LM head
-    /// stay in --dtype. A checkpoint saved in bitsandbytes 4-bit NF4 is
-    /// read as it is, with or without this flag.
-    #[arg(long, value_enum)]
-    pub quantize: Option<QuantizeArg>,
-
-    /// With --quantize nf4: quantize the block scales again in 8 bits, as
-    /// bitsandbytes' bnb_4bit_use_double_quant (held dequantized on the
-    /// devices).
-    #[arg(long, requires = "quantize")]
-    pub double_quant: bool,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum QuantizeArg {
-    Nf4,
-}
-
-impl QuantizeArgs {
-    /// `model` with its projections in NF4 when asked (refused where a
-    /// projection's rows are not whole blocks).
-    pub fn apply(&self, model: Model) -> Result<Model> {
-        Ok(model.quantized(self.nf4())?)
-    }
-
-    /// The NF4 settings these flags ask for.
-    pub fn nf4(&self) -> Option<Nf4Config> {
-        self.quantize.map(|QuantizeArg::Nf4| Nf4Config {
-            double_quant: self.double_quant,
-        })
-    }
-}
-
-/// `--dtype`.
-#[derive(Args, Clone, Debug)]
-pub struct DtypeArgs {
-    /// Parameter and compute dtype of the base model (default: f32 on the
-    /// CPU plugin, bf16 elsewhere).
-    #[arg(long, value_parser = named::<DType>())]
-    pub dtype: Option<DType>,
-}
-
-impl DtypeArgs {
-    /// `--dtype`, or f32 on the CPU and bf16 elsewhere.
-    pub fn dtype(&self, cpu: bool) -> DType {
-        match self.dtype {
-            Some(d) => d,
-            None if cpu => DType::F32,
-            None => DType::BF16,
-        }
-    }
-}
-
-/// `--tokenizer`.
-#[derive(Args, Clone, Debug, Default)]
-pub struct TokenizerArgs {
-    /// HF tokenizer.json (default: the checkpoint's; byte-level for
-    /// tiny); or a hub id (its tokenizer.json).
-    #[arg(long, value_parser = hub_tokenizer)]
-    pub tokenizer: Option<PathBuf>,
-}
-
-impl ModelArgs {
-    pub fn source(&self) -> ModelSource {
-        match (&self.checkpoint, &self.config) {
-            (Some(dir), _) => ModelSource::Checkpoint(dir.clone()),
-            (None, Some(path)) => ModelSource::Config(path.clone()),
-            (None, None) => {
-                ModelSource::Preset(self.model.clone().unwrap_or_else(|| "tiny".into()))
-            }
-        }
-    }
 }
 
 /// Parses `1,2,3`.

@@ -11,14 +11,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use clap::Args;
-use hlo_engine::inputs::model::ModelSource;
+use hlo_engine::inputs::model::{DtypeSpec, ModelSource, ModelSpec, QuantizeSpec, TokenizerSpec};
 use hlo_engine::ir::DType;
 use hlo_engine::models::attention::AttentionKind;
 use hlo_engine::models::nf4::Nf4Config;
 use hlo_engine::run::spec::RunSpec;
 use hlo_engine::step::{AttentionChoice, StepSpec};
 
-use crate::args::{named, DtypeArgs, ModelArgs, QuantizeArgs, TokenizerArgs};
+use crate::args::named;
 
 /// The saved runs of the adapters a command reads (those without a
 /// `train_state/` have none), and the settings taken from them so far.
@@ -103,31 +103,22 @@ impl AdapterRuns {
     }
 }
 
-impl ModelArgs {
-    /// The model these flags name, else the adapters' run's base, else
-    /// the tiny preset.
-    pub fn source_for(&self, runs: &AdapterRuns) -> Result<ModelSource> {
-        if self.model.is_some() || self.checkpoint.is_some() || self.config.is_some() {
-            return Ok(self.source());
+impl AdapterRuns {
+    /// The model `flags` name, else the adapters' run's base, else the
+    /// tiny preset.
+    pub fn model_for(&self, flags: &ModelSpec) -> Result<ModelSource> {
+        if flags.given() {
+            return Ok(flags.source());
         }
-        Ok(runs.model()?.unwrap_or_else(|| self.source()))
+        Ok(self.model()?.unwrap_or_else(|| flags.source()))
     }
-}
 
-fn show_source(s: &ModelSource) -> String {
-    match s {
-        ModelSource::Preset(name) => name.clone(),
-        ModelSource::Config(p) | ModelSource::Checkpoint(p) => p.display().to_string(),
-    }
-}
-
-impl TokenizerArgs {
     /// `--tokenizer`, else the run's.
-    pub fn tokenizer_for(&self, runs: &AdapterRuns) -> Result<Option<PathBuf>> {
-        if self.tokenizer.is_some() {
-            return Ok(self.tokenizer.clone());
+    pub fn tokenizer_for(&self, flags: &TokenizerSpec) -> Result<Option<PathBuf>> {
+        if flags.tokenizer.is_some() {
+            return Ok(flags.tokenizer.clone());
         }
-        let tokenizer = runs.agreed(
+        let tokenizer = self.agreed(
             "tokenizer",
             |s| s.tokenizer.clone(),
             |t| {
@@ -137,34 +128,37 @@ impl TokenizerArgs {
         )?;
         Ok(tokenizer.flatten())
     }
-}
 
-impl QuantizeArgs {
     /// `--quantize`'s NF4, else the base as the run held it.
-    pub fn nf4_for(&self, runs: &AdapterRuns) -> Result<Option<Nf4Config>> {
-        if self.quantize.is_some() {
-            return Ok(self.nf4());
+    pub fn nf4_for(&self, flags: &QuantizeSpec) -> Result<Option<Nf4Config>> {
+        if flags.quantize.is_some() {
+            return Ok(flags.nf4());
         }
         let show = |q: &Option<Nf4Config>| match q {
             Some(Nf4Config { double_quant: true }) => "nf4 --double-quant".to_string(),
             Some(_) => "nf4".to_string(),
             None => String::new(),
         };
-        Ok(runs.agreed("quantize", |s| s.quantize, show)?.flatten())
+        Ok(self.agreed("quantize", |s| s.quantize, show)?.flatten())
+    }
+
+    /// `--dtype`, else the run's, else by plugin (f32 on the CPU).
+    pub fn dtype_for(&self, flags: &DtypeSpec, cpu: bool) -> Result<DType> {
+        if flags.dtype.is_some() {
+            return Ok(flags.dtype(cpu));
+        }
+        let show = |d: &Option<DType>| d.map_or(String::new(), |d| d.to_string());
+        Ok(self
+            .agreed("dtype", |s| s.dtype, show)?
+            .flatten()
+            .unwrap_or_else(|| flags.dtype(cpu)))
     }
 }
 
-impl DtypeArgs {
-    /// `--dtype`, else the run's, else by plugin (f32 on the CPU).
-    pub fn dtype_for(&self, cpu: bool, runs: &AdapterRuns) -> Result<DType> {
-        if self.dtype.is_some() {
-            return Ok(self.dtype(cpu));
-        }
-        let show = |d: &Option<DType>| d.map_or(String::new(), |d| d.to_string());
-        Ok(runs
-            .agreed("dtype", |s| s.dtype, show)?
-            .flatten()
-            .unwrap_or_else(|| self.dtype(cpu)))
+fn show_source(s: &ModelSource) -> String {
+    match s {
+        ModelSource::Preset(name) => name.clone(),
+        ModelSource::Config(p) | ModelSource::Checkpoint(p) => p.display().to_string(),
     }
 }
 

@@ -13,6 +13,25 @@ use hlo_runtime::{
 use crate::device::processes::{Launch, ProcessGroup};
 use crate::error::{EngineError, Result};
 
+/// How every program a command compiles is compiled (`--xla-option`),
+/// declared once here. A run records it, and a resumed run takes it back
+/// unless given anew (never a difference: a resumed run may work around
+/// a compiler bug).
+#[derive(clap::Args, Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CompilerSpec {
+    /// An XLA compiler flag for every program this command compiles,
+    /// KEY=VALUE (repeatable): `xla_cpu_enable_fast_math=false`,
+    /// `xla_gpu_enable_triton_gemm=false` (matmuls as cuBLASLt/hipBLASLt
+    /// calls, which a deviceless compile makes faster than untuned Triton
+    /// ones). The value is a bool (true/false), an integer, a number with
+    /// a point, else text, and must be of the flag's type. Per compile, on
+    /// top of XLA's defaults (XLA_FLAGS applies to the whole process).
+    #[arg(long = "xla-option", id = "xla_option", value_name = "KEY=VALUE",
+          value_parser = crate::settings::xla_option)]
+    #[serde(rename = "xla-option", with = "crate::settings::xla_options_written")]
+    pub xla_options: Vec<(String, XlaOption)>,
+}
+
 /// What a run asks of the devices.
 #[derive(Clone, Debug)]
 pub struct BackendOptions {
@@ -411,4 +430,29 @@ pub fn refuse_cpu_across_processes(
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::{record, restore, xla_option};
+    use serde_json::json;
+
+    #[test]
+    fn xla_options_are_recorded_as_written_and_come_back() {
+        let spec = CompilerSpec {
+            xla_options: vec![xla_option("xla_cpu_enable_fast_math=false").unwrap()],
+        };
+        let saved = record(&spec);
+        assert_eq!(
+            saved["xla-option"],
+            json!(["xla_cpu_enable_fast_math=false"])
+        );
+        let back = restore(&CompilerSpec::default(), &saved, |_| true).unwrap();
+        assert_eq!(back, spec);
+        let bad = [("xla-option".to_string(), json!(["fast"]))];
+        let bad = bad.into_iter().collect();
+        let err = restore(&CompilerSpec::default(), &bad, |_| true).unwrap_err();
+        assert_eq!(err, "xla-option");
+    }
 }

@@ -12,7 +12,11 @@ use hlo_models::decoder::{
 };
 use hlo_models::nf4::{self, Nf4Tensor};
 
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
 use crate::error::{EngineError, Result};
+use crate::settings;
 
 /// How a run makes its weights instead of reading them (`--init`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +43,166 @@ pub enum ModelSource {
     Config(PathBuf),
     /// An HF model folder: `config.json` and safetensors.
     Checkpoint(PathBuf),
+}
+
+impl ModelSource {
+    /// The flags that name this source, as a run records it.
+    pub fn spec(&self) -> ModelSpec {
+        let mut spec = ModelSpec::default();
+        match self {
+            ModelSource::Preset(name) => spec.model = Some(name.clone()),
+            ModelSource::Config(p) => spec.config = Some(p.clone()),
+            ModelSource::Checkpoint(p) => spec.checkpoint = Some(p.clone()),
+        }
+        spec
+    }
+}
+
+/// The base model as the commands that run it take it: which model, its
+/// weights in NF4 or not, and the dtype it computes in. Each flag is
+/// declared once here and recorded by a run under its name.
+#[derive(Args, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BaseSpec {
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub model: ModelSpec,
+
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub quantize: QuantizeSpec,
+
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub dtype: DtypeSpec,
+}
+
+/// `--model`, `--checkpoint`, `--config`: which model (one chosen
+/// replaces the others).
+#[derive(Args, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ModelSpec {
+    /// Model preset (random weights; the exact HF config): tiny,
+    /// llama3.2-1b, llama3.2-3b, llama3.1-8b, llama3.1-70b, llama3.1-405b,
+    /// qwen2.5-0.5b, qwen2.5-7b, qwen3-0.6b, qwen3-8b, mistral-7b,
+    /// gemma3-270m, gemma3-1b, qwen3-30b-a3b, qwen3-235b-a22b, mixtral-8x7b,
+    /// gpt-oss-20b, gpt-oss-120b; mpt-scale-1b, mpt-scale-3b, mpt-scale-7b
+    /// (MPT's sizes as Llama configs, for pretraining plans) (default:
+    /// tiny).
+    #[arg(long)]
+    pub model: Option<String>,
+
+    /// HF model folder: config.json + *.safetensors (+ index); or a hub
+    /// id ORG/NAME[@REVISION], read from the HF cache (downloaded there
+    /// when missing).
+    #[arg(long, conflicts_with = "config", value_parser = settings::hub_model)]
+    #[serde(serialize_with = "settings::absolute_path")]
+    pub checkpoint: Option<PathBuf>,
+
+    /// Random weights from an HF config.json of a supported family (Llama,
+    /// Qwen2/2.5, Qwen3, Mistral, Gemma 3 text, Qwen3-MoE, Mixtral,
+    /// gpt-oss).
+    #[arg(long)]
+    #[serde(serialize_with = "settings::absolute_path")]
+    pub config: Option<PathBuf>,
+}
+
+impl ModelSpec {
+    /// The model these flags name (a checkpoint over a config over a
+    /// preset; the tiny preset when none is given).
+    pub fn source(&self) -> ModelSource {
+        match (&self.checkpoint, &self.config) {
+            (Some(dir), _) => ModelSource::Checkpoint(dir.clone()),
+            (None, Some(path)) => ModelSource::Config(path.clone()),
+            (None, None) => {
+                ModelSource::Preset(self.model.clone().unwrap_or_else(|| "tiny".into()))
+            }
+        }
+    }
+
+    /// Whether any of the flags is given.
+    pub fn given(&self) -> bool {
+        self.model.is_some() || self.checkpoint.is_some() || self.config.is_some()
+    }
+}
+
+/// How `--quantize` stores the base's projections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Quantize {
+    Nf4,
+}
+
+/// `--quantize` and `--double-quant`: the base projections in NF4 (QLoRA).
+#[derive(Args, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct QuantizeSpec {
+    /// Store every q/k/v/o/gate/up/down projection in 4-bit NormalFloat
+    /// (bitsandbytes' NF4, blocks of 64), quantized on load and
+    /// dequantized inside the step; embeddings, norms and the LM head
+    /// stay in --dtype. A checkpoint saved in bitsandbytes 4-bit NF4 is
+    /// read as it is, with or without this flag.
+    #[arg(long, value_enum)]
+    pub quantize: Option<Quantize>,
+
+    /// With --quantize nf4: quantize the block scales again in 8 bits, as
+    /// bitsandbytes' bnb_4bit_use_double_quant (held dequantized on the
+    /// devices).
+    #[arg(long, requires = "quantize")]
+    pub double_quant: bool,
+}
+
+impl QuantizeSpec {
+    /// The NF4 settings these flags ask for.
+    pub fn nf4(&self) -> Option<nf4::Nf4Config> {
+        self.quantize.map(|Quantize::Nf4| nf4::Nf4Config {
+            double_quant: self.double_quant,
+        })
+    }
+
+    /// The flags that ask for `nf4`, as a run records the base it holds.
+    pub fn of(nf4: Option<nf4::Nf4Config>) -> QuantizeSpec {
+        QuantizeSpec {
+            quantize: nf4.map(|_| Quantize::Nf4),
+            double_quant: nf4.is_some_and(|q| q.double_quant),
+        }
+    }
+
+    /// `model` with its projections in NF4 when asked (refused where a
+    /// projection's rows are not whole blocks).
+    pub fn apply(&self, model: Model) -> Result<Model> {
+        model.quantized(self.nf4())
+    }
+}
+
+/// `--dtype`.
+#[derive(Args, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DtypeSpec {
+    /// Parameter and compute dtype of the base model (default: f32 on the
+    /// CPU plugin, bf16 elsewhere).
+    #[arg(long, value_parser = settings::named::<DType>())]
+    #[serde(with = "settings::opt_by_name", default)]
+    pub dtype: Option<DType>,
+}
+
+impl DtypeSpec {
+    /// `--dtype`, or f32 on the CPU and bf16 elsewhere.
+    pub fn dtype(&self, cpu: bool) -> DType {
+        match self.dtype {
+            Some(d) => d,
+            None if cpu => DType::F32,
+            None => DType::BF16,
+        }
+    }
+}
+
+/// `--tokenizer`.
+#[derive(Args, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TokenizerSpec {
+    /// HF tokenizer.json (default: the checkpoint's; byte-level for
+    /// tiny); or a hub id (its tokenizer.json).
+    #[arg(long, value_parser = settings::hub_tokenizer)]
+    #[serde(serialize_with = "settings::absolute_path")]
+    pub tokenizer: Option<PathBuf>,
 }
 
 /// `config` (of the model called `name`) with its projections in NF4 when

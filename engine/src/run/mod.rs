@@ -39,10 +39,10 @@ use hlo_runtime::PluginKind;
 use regex::Regex;
 
 use crate::analysis::flops;
-use crate::device::backend::Backend;
+use crate::device::backend::{Backend, CompilerSpec};
 use crate::device::compiled::CompiledStep;
 use crate::error::{EngineError, Result};
-use crate::inputs::model::{Init, Model, ModelSource};
+use crate::inputs::model::{BaseSpec, DtypeSpec, Init, Model, QuantizeSpec};
 use crate::objectives::sft::RowFeed;
 use crate::objectives::RunInputs;
 use crate::rollouts::RolloutInputs;
@@ -200,38 +200,26 @@ fn guard_out(spec: &RunSpec, out: &Path) -> Result<FolderLock> {
     Ok(lock)
 }
 
-pub(crate) use crate::settings::absolute;
-
 /// The settings a run records beyond the session's own: which model,
 /// tokenizer, adapter and data (with their identities), the objective and
 /// the run's length.
 fn identities(spec: &RunSpec, model: &Model, fingerprint: &str) -> Result<RunSettings> {
     let mut s = RunSettings::default();
-    match model.source() {
-        ModelSource::Preset(name) => s.set("model", name.as_str()),
-        ModelSource::Config(p) => s.set("config", absolute(p)),
-        ModelSource::Checkpoint(p) => s.set("checkpoint", absolute(p)),
-    }
     s.set("model-fingerprint", model.fingerprint()?);
-    if let Some(init) = spec.init {
-        s.set("init", crate::named::Named::name(init));
-    }
-    // The base as the run holds it (a bitsandbytes checkpoint's own NF4 too).
-    if let Some(q) = model.config.quantization {
-        s.set("quantize", "nf4");
-        s.set("double-quant", q.double_quant);
-    }
-    for (key, path) in [
-        ("tokenizer", &spec.tokenizer),
-        ("init-adapter", &spec.init_adapter),
-    ] {
-        if let Some(p) = path {
-            s.set(key, absolute(p));
-        }
-    }
     s.set("data-fingerprint", fingerprint);
-    // The data, and what the run writes (to write the same on resume).
+    // The base as the run holds it (the source it resolved to, a
+    // bitsandbytes checkpoint's own NF4 too; the dtype is the step's).
+    let base = BaseSpec {
+        model: model.source().spec(),
+        quantize: QuantizeSpec::of(model.config.quantization),
+        dtype: DtypeSpec::default(),
+    };
+    // What it trains, the base, the data, and what the run writes (to
+    // write the same on resume).
     let typed = [
+        record_spec(&spec.training())?,
+        record_spec(&base)?,
+        record_spec(&spec.tokenizer_spec())?,
         record_spec(&spec.data)?,
         record_spec(&spec.eval)?,
         record_spec(&spec.report)?,
@@ -239,22 +227,16 @@ fn identities(spec: &RunSpec, model: &Model, fingerprint: &str) -> Result<RunSet
     for (key, value) in typed.into_iter().flatten() {
         s.set(&key, value);
     }
-    s.set("objective", spec.objective.name());
     for (key, value) in spec.objectives.record(spec.objective) {
         s.set(&key, value);
     }
     // `--batch` in the objective's units (pairs, examples), not the rows
     // of the step it takes.
     s.set("batch", spec.step.batch);
-    s.set("steps", spec.steps);
-    // As `--xla-option` spells each, so a recipe and a resume read them back.
-    let xla: Vec<String> = spec
-        .backend
-        .xla_options
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    s.set("xla-option", xla);
+    let compiler = CompilerSpec {
+        xla_options: spec.backend.xla_options.clone(),
+    };
+    s.0.extend(record_spec(&compiler)?);
     Ok(s)
 }
 

@@ -22,10 +22,12 @@ use hlo_runtime::Mode;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::device::backend::BackendOptions;
+use crate::device::backend::{BackendOptions, CompilerSpec};
 use crate::error::{EngineError, Result};
 use crate::inputs::dataset::DataSource;
-use crate::inputs::model::{Init, ModelSource};
+use crate::inputs::model::{
+    BaseSpec, DtypeSpec, Init, ModelSource, ModelSpec, QuantizeSpec, TokenizerSpec,
+};
 use crate::objectives::{Objective, ObjectiveSpecs, OBJECTIVES};
 use crate::run::settings::settings;
 use crate::settings::{self, restore};
@@ -118,6 +120,55 @@ impl Default for ReportSpec {
     }
 }
 
+/// What a training run trains: its objective, the weights it starts
+/// from, its length and its seed (`train`'s flags, each declared once
+/// here; a [`RunSpec`] holds them as its own fields, [`RunSpec::training`]).
+#[derive(Args, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct TrainingSpec {
+    /// What the run's loss is, each as TRL 1.16's trainer of that name
+    /// computes it (docs/training.md has a section for each): sft, the
+    /// causal-LM loss on the data's learned tokens (supervised
+    /// finetuning), or an objective over the data it reads: pairs of
+    /// chosen and rejected completions (--batch counts pairs), unpaired
+    /// completions labelled desirable or not (--batch counts examples),
+    /// or the policy's own completions of prompts, generated as it trains
+    /// (--batch counts completions). `hlo-train data --objective` shows
+    /// what rows an objective reads.
+    #[arg(long, value_parser = settings::named::<Objective>(), default_value = "sft")]
+    #[serde(with = "settings::by_name")]
+    pub objective: Objective,
+
+    /// Start LoRA from this PEFT adapter folder (or hub id).
+    #[arg(long, value_parser = settings::hub_adapter)]
+    #[serde(serialize_with = "settings::absolute_path")]
+    pub init_adapter: Option<PathBuf>,
+
+    /// random: train from scratch, every weight made as transformers'
+    /// `_init_weights` makes a new model's (normal with the config's
+    /// initializer_range, zero biases, unit norms), with --full; a
+    /// --checkpoint then gives its config and tokenizer, not its weights
+    /// (a preset or --config is random already).
+    #[arg(long, value_parser = settings::named::<Init>())]
+    #[serde(with = "settings::opt_by_name", default)]
+    pub init: Option<Init>,
+
+    /// Optimizer steps to reach (a resumed run counts its saved steps).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..))]
+    pub steps: i64,
+
+    /// Seed of data order, adapter init and random weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl Default for TrainingSpec {
+    /// SFT from the base's weights, 100 steps, seed 0.
+    fn default() -> TrainingSpec {
+        settings::defaults()
+    }
+}
+
 /// Which settings the caller chose; on resume the others take the saved
 /// values.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -191,20 +242,21 @@ pub struct RunSpec {
 
 impl Default for RunSpec {
     fn default() -> RunSpec {
+        let training = TrainingSpec::default();
         RunSpec {
             model: ModelSource::Preset("tiny".into()),
             tokenizer: None,
             quantize: None,
             dtype: None,
             data: DataSource::default(),
-            objective: Objective::Sft,
+            objective: training.objective,
             objectives: ObjectiveSpecs::default(),
             step: StepSpec::default(),
-            init_adapter: None,
-            init: None,
+            init_adapter: training.init_adapter,
+            init: training.init,
             optim: OptimSpec::default(),
-            steps: 100,
-            seed: 0,
+            steps: training.steps,
+            seed: training.seed,
             backend: BackendOptions::cpu(),
             mode: Mode::Jit,
             eval: EvalSpec::default(),
@@ -374,24 +426,55 @@ impl RunSpec {
         Ok(())
     }
 
+    /// The base model's settings as this spec holds them.
+    pub fn base_spec(&self) -> BaseSpec {
+        BaseSpec {
+            model: self.model.spec(),
+            quantize: QuantizeSpec::of(self.quantize),
+            dtype: DtypeSpec { dtype: self.dtype },
+        }
+    }
+
+    /// What this run trains as its flags say it
+    /// ([`TrainingSpec`]).
+    pub fn training(&self) -> TrainingSpec {
+        TrainingSpec {
+            objective: self.objective,
+            init_adapter: self.init_adapter.clone(),
+            init: self.init,
+            steps: self.steps,
+            seed: self.seed,
+        }
+    }
+
+    /// Trains as `training` says.
+    pub fn set_training(&mut self, training: TrainingSpec) {
+        self.objective = training.objective;
+        self.init_adapter = training.init_adapter;
+        self.init = training.init;
+        self.steps = training.steps;
+        self.seed = training.seed;
+    }
+
+    /// The tokenizer's setting as this spec holds it.
+    pub fn tokenizer_spec(&self) -> TokenizerSpec {
+        TokenizerSpec {
+            tokenizer: self.tokenizer.clone(),
+        }
+    }
+
     /// Takes every saved setting the caller did not choose.
     pub fn merge_saved(&mut self, saved: &RunSettings) -> Result<()> {
-        let model_chosen = MODEL_SETTINGS.iter().any(|k| self.chosen.contains(k));
-        for setting in crate::run::settings::all() {
-            let key = setting.name;
-            let Some(value) = saved.get(key) else {
-                continue;
-            };
-            if self.chosen.contains(key) || (model_chosen && MODEL_SETTINGS.contains(&key)) {
-                continue;
-            }
-            (setting.restore)(self, value).ok_or_else(|| unreadable(key, value))?;
-        }
         let saved_map = saved.0.clone().into_iter().collect();
-        let chosen = &self.chosen;
-        // A block size belongs to the attention it was saved with.
-        let block_of_chosen = |key: &str| key == "attention-block" && chosen.contains("attention");
-        let take = |key: &str| !chosen.contains(key) && !block_of_chosen(key);
+        let chosen = &self.chosen.clone();
+        // One of the model's settings chosen replaces all saved ones; a
+        // block size belongs to the attention it was saved with.
+        let model_chosen = MODEL_SETTINGS.iter().any(|k| chosen.contains(k));
+        let tied = |key: &str| {
+            (model_chosen && MODEL_SETTINGS.contains(&key))
+                || (key == "attention-block" && chosen.contains("attention"))
+        };
+        let take = |key: &str| !chosen.contains(key) && !tied(key);
         let refused = |key: String| match saved.get(&key) {
             Some(value) => unreadable(&key, value),
             None => EngineError::Resume(format!("the saved settings cannot be read: {key}")),
@@ -402,6 +485,26 @@ impl RunSpec {
         self.eval = restore(&self.eval, &saved_map, take).map_err(refused)?;
         self.report = restore(&self.report, &saved_map, take).map_err(refused)?;
         self.data = restore(&self.data, &saved_map, take).map_err(refused)?;
+        let mut base = self.base_spec();
+        // A saved model replaces the one this spec holds (not chosen).
+        if !model_chosen && MODEL_SETTINGS.iter().any(|k| saved.get(k).is_some()) {
+            base.model = ModelSpec::default();
+        }
+        let base = restore(&base, &saved_map, take).map_err(refused)?;
+        self.model = base.model.source();
+        self.quantize = base.quantize.nf4();
+        self.dtype = base.dtype.dtype;
+        let training = restore(&self.training(), &saved_map, take).map_err(refused)?;
+        self.set_training(training);
+        let compiler = CompilerSpec {
+            xla_options: std::mem::take(&mut self.backend.xla_options),
+        };
+        self.backend.xla_options = restore(&compiler, &saved_map, take)
+            .map_err(refused)?
+            .xla_options;
+        self.tokenizer = restore(&self.tokenizer_spec(), &saved_map, take)
+            .map_err(refused)?
+            .tokenizer;
         Ok(())
     }
 }

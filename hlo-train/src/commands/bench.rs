@@ -7,6 +7,7 @@ use anyhow::Result;
 use clap::Args;
 use hlo_engine::analysis::{bench, flops};
 use hlo_engine::device::backend::Backend;
+use hlo_engine::inputs::model::BaseSpec;
 use hlo_engine::inputs::model::Model;
 use hlo_engine::objectives::{Objective, ObjectiveSpecs};
 use hlo_engine::partitioner::Mesh;
@@ -23,7 +24,7 @@ pub struct BenchArgs {
     pub recipe: crate::args::RecipeArgs,
 
     #[command(flatten)]
-    pub base: crate::args::BaseArgs,
+    pub base: BaseSpec,
 
     /// The step's loss, as `train --objective`: --batch counts the rows,
     /// pairs, unpaired examples or completions the objective reads; a

@@ -13,11 +13,12 @@ use clap::Args;
 use hlo_engine::data::Loader;
 use hlo_engine::data::Tokenizer;
 use hlo_engine::inputs::dataset::Dataset;
+use hlo_engine::inputs::model::{ModelSpec, TokenizerSpec};
 use hlo_engine::objectives::{Data, Objective};
 use hlo_engine::step::Toggle;
 use hlo_engine::step::{auto_packing, epochs};
 
-use crate::args::{named, open_model, ModelArgs, TokenizerArgs};
+use crate::args::{named, open_model};
 use hlo_engine::inputs::dataset::ChatSpec;
 
 #[derive(Args, Debug)]
@@ -26,10 +27,10 @@ pub struct DataArgs {
     pub command: Option<DataCommand>,
 
     #[command(flatten)]
-    pub model: ModelArgs,
+    pub model: ModelSpec,
 
     #[command(flatten)]
-    pub tokenizer: TokenizerArgs,
+    pub tokenizer: TokenizerSpec,
 
     #[command(flatten)]
     pub chat: ChatSpec,

@@ -9,6 +9,7 @@ use clap::{Args, ValueEnum};
 use hlo_engine::device::backend::Backend;
 use hlo_engine::device::pipeline::ShardedStep;
 use hlo_engine::inputs::model::Model;
+use hlo_engine::inputs::model::{DtypeSpec, ModelSpec};
 use hlo_engine::models::decoder::{forward_step, partition_rules};
 use hlo_engine::models::io::write_atomic;
 use hlo_engine::models::train::train_step;
@@ -16,7 +17,7 @@ use hlo_engine::partitioner::Mesh;
 use hlo_engine::runtime::Mode;
 use hlo_engine::step::{OptimSpec, StepSpec};
 
-use crate::args::{DtypeArgs, ModelArgs, PluginArgs};
+use crate::args::PluginArgs;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -36,10 +37,10 @@ pub enum What {
 #[derive(Args, Debug)]
 pub struct DumpHloArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
+    pub model: ModelSpec,
 
     #[command(flatten)]
-    pub dtype: DtypeArgs,
+    pub dtype: DtypeSpec,
 
     #[command(flatten)]
     pub step: StepSpec,

@@ -10,6 +10,7 @@ use hlo_engine::data::{eval_batches, eval_pair_batches};
 use hlo_engine::device::backend::Backend;
 use hlo_engine::inputs::dataset::Dataset;
 use hlo_engine::inputs::model::Model;
+use hlo_engine::inputs::model::{BaseSpec, TokenizerSpec};
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::attention::AttentionKind;
 use hlo_engine::models::preference::Reference;
@@ -22,17 +23,17 @@ use hlo_engine::step::policy::{forward_attention, Platform, Target};
 use hlo_engine::train::session::{EvalResult, Evaluator};
 use serde_json::json;
 
-use crate::args::{PluginArgs, TokenizerArgs};
+use crate::args::PluginArgs;
 use crate::saved_run::{AdapterRuns, AttentionArgs};
 use hlo_engine::inputs::dataset::ChatSpec;
 
 #[derive(Args, Debug)]
 pub struct EvalArgs {
     #[command(flatten)]
-    pub base: crate::args::BaseArgs,
+    pub base: BaseSpec,
 
     #[command(flatten)]
-    pub tokenizer: TokenizerArgs,
+    pub tokenizer: TokenizerSpec,
 
     #[command(flatten)]
     pub chat: ChatSpec,
@@ -90,10 +91,10 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     // (a QLoRA run's adapter is scored on its NF4 base, as its own
     // held-out loss was).
     let runs = AdapterRuns::read(args.adapter.as_deref())?;
-    let model = Model::open(&args.base.model.source_for(&runs)?)?
-        .with_tokenizer_file(args.tokenizer.tokenizer_for(&runs)?)
-        .quantized(args.base.quantize.nf4_for(&runs)?)?;
-    let dtype = args.base.dtype.dtype_for(args.plugin.is_cpu(), &runs)?;
+    let model = Model::open(&runs.model_for(&args.base.model)?)?
+        .with_tokenizer_file(runs.tokenizer_for(&args.tokenizer)?)
+        .quantized(runs.nf4_for(&args.base.quantize)?)?;
+    let dtype = runs.dtype_for(&args.base.dtype, args.plugin.is_cpu())?;
     let attention = args.attention.kind_for(args.seq, &runs)?;
     runs.announce("eval");
     let adapter = match &args.adapter {

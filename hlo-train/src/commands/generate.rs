@@ -10,6 +10,7 @@ use hlo_engine::data::{read_prompts, ChatTemplate, Prompt, Tokenizer};
 use hlo_engine::device::backend::Backend;
 use hlo_engine::infer::generator::{Generator, Sampling, Timings};
 use hlo_engine::inputs::model::Model;
+use hlo_engine::inputs::model::{BaseSpec, TokenizerSpec};
 use hlo_engine::ir::{DType, Literal, TensorType};
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::decoder::ModelConfig;
@@ -18,16 +19,16 @@ use hlo_engine::partitioner::Mesh;
 use hlo_engine::runtime::Mode;
 use serde_json::Value;
 
-use crate::args::{parse_ids, PluginArgs, TokenizerArgs};
+use crate::args::{parse_ids, PluginArgs};
 use crate::saved_run::AdapterRuns;
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
     #[command(flatten)]
-    pub base: crate::args::BaseArgs,
+    pub base: BaseSpec,
 
     #[command(flatten)]
-    pub tokenizer: TokenizerArgs,
+    pub tokenizer: TokenizerSpec,
 
     #[command(flatten)]
     pub plugin: PluginArgs,
@@ -124,11 +125,11 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     check_sampling(args)?;
     // What the flags leave open is as the adapters' run computed it.
     let runs = AdapterRuns::read(args.adapter.iter().map(PathBuf::as_path))?;
-    let model = Model::open(&args.base.model.source_for(&runs)?)?
-        .quantized(args.base.quantize.nf4_for(&runs)?)?;
+    let model = Model::open(&runs.model_for(&args.base.model)?)?
+        .quantized(runs.nf4_for(&args.base.quantize)?)?;
     let config = &model.config;
-    let tokenizer = model.tokenizer(args.tokenizer.tokenizer_for(&runs)?.as_deref())?;
-    let dtype = args.base.dtype.dtype_for(args.plugin.is_cpu(), &runs)?;
+    let tokenizer = model.tokenizer(runs.tokenizer_for(&args.tokenizer)?.as_deref())?;
+    let dtype = runs.dtype_for(&args.base.dtype, args.plugin.is_cpu())?;
     runs.announce("generate");
     let chat = chat_template(args, &model)?;
     let requests = read_requests(args, tokenizer.as_ref(), chat.as_ref())?;

@@ -10,12 +10,13 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::Args;
 use hlo_engine::inputs::model::Model;
+use hlo_engine::inputs::model::ModelSpec;
 use hlo_engine::ir::DType;
 
 #[derive(Args, Debug)]
 pub struct InitArgs {
     #[command(flatten)]
-    pub model: crate::args::ModelArgs,
+    pub model: ModelSpec,
 
     /// Output folder (config.json, model.safetensors, and a checkpoint's
     /// tokenizer files); it must not hold a model already.

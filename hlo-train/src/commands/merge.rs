@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use hlo_engine::inputs::model::quantized_config;
 use hlo_engine::inputs::model::{Model, ModelSource};
+use hlo_engine::inputs::model::{QuantizeSpec, TokenizerSpec};
 use hlo_engine::ir::{DType, Literal};
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::models::checkpoint::Checkpoint;
@@ -25,7 +26,7 @@ use crate::saved_run::AdapterRuns;
 pub struct MergeArgs {
     /// HF model folder (or hub id) of the base model (default: the
     /// checkpoint the adapter's run trained on).
-    #[arg(long, value_parser = crate::args::hub_model)]
+    #[arg(long, value_parser = hlo_engine::settings::hub_model)]
     pub checkpoint: Option<PathBuf>,
     /// PEFT adapter folder or hub id. A run folder (with `train_state/`)
     /// also gives its base and NF4 where their flags are not given.
@@ -36,7 +37,7 @@ pub struct MergeArgs {
     pub out: PathBuf,
 
     #[command(flatten)]
-    pub quantize: crate::args::QuantizeArgs,
+    pub quantize: QuantizeSpec,
 }
 
 /// `--checkpoint`, else the checkpoint of the adapter's run.
@@ -95,7 +96,7 @@ fn open_base(
 ) -> Result<Checkpoint> {
     let mut ckpt = Checkpoint::open(checkpoint)?;
     let name = checkpoint.display().to_string();
-    ckpt.config = quantized_config(&ckpt.config, &name, args.quantize.nf4_for(runs)?)?;
+    ckpt.config = quantized_config(&ckpt.config, &name, runs.nf4_for(&args.quantize)?)?;
     Ok(ckpt)
 }
 
@@ -257,7 +258,7 @@ fn reward_model_config(
     runs: &AdapterRuns,
 ) -> Result<hlo_engine::models::decoder::ModelConfig> {
     let source = ModelSource::Checkpoint(checkpoint.to_path_buf());
-    let tokenizer = crate::args::TokenizerArgs::default().tokenizer_for(runs)?;
+    let tokenizer = runs.tokenizer_for(&TokenizerSpec::default())?;
     let model = Model::open(&source)?.with_tokenizer_file(tokenizer);
     Ok(model.as_reward_model()?.config)
 }

@@ -12,6 +12,7 @@ use hlo_engine::analysis::plan::{
     LayoutGroup, MemoryPlan, Rechosen, RolloutShape, StepToPlan, Throughput, Tried,
 };
 use hlo_engine::device::backend::BackendOptions;
+use hlo_engine::inputs::model::BaseSpec;
 use hlo_engine::inputs::model::Model;
 use hlo_engine::ir::DType;
 use hlo_engine::models::attention::AttentionKind;
@@ -72,7 +73,7 @@ pub struct PlanArgs {
     pub recipe: crate::args::RecipeArgs,
 
     #[command(flatten)]
-    pub base: crate::args::BaseArgs,
+    pub base: BaseSpec,
 
     /// The step's loss, as `train --objective`: --batch counts the rows,
     /// pairs (whose two sides a step holds), unpaired examples (each with
@@ -139,12 +140,8 @@ pub struct PlanArgs {
     #[arg(long)]
     pub no_suggestions: bool,
 
-    /// An XLA compiler flag for the target's compiler (when installed),
-    /// KEY=VALUE (repeatable): `xla_gpu_enable_triton_gemm=false` makes
-    /// matmuls cuBLASLt/hipBLASLt calls, which compile faster than the
-    /// untuned Triton ones a deviceless compile otherwise makes.
-    #[arg(long = "xla-option", value_name = "KEY=VALUE", value_parser = crate::args::xla_option)]
-    pub xla_option: Vec<(String, hlo_engine::runtime::XlaOption)>,
+    #[command(flatten)]
+    pub compiler: hlo_engine::device::backend::CompilerSpec,
 
     /// How long plan may take in all, its search for settings that fit
     /// included (a compile started in time may end after it); a setting
@@ -281,7 +278,7 @@ fn step_to_plan(
         },
         target,
         compile_for: device.gpu_target_config().map(|_| device),
-        xla_options: args.xla_option.clone(),
+        xla_options: args.compiler.xla_options.clone(),
     })
 }
 

@@ -10,18 +10,19 @@ use anyhow::Result;
 use clap::Args;
 use hlo_engine::data::lock::FolderLock;
 use hlo_engine::inputs::dataset::{prepare_tokens, PrepareSpec};
+use hlo_engine::inputs::model::{ModelSpec, TokenizerSpec};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::args::{open_model, ModelArgs, TokenizerArgs};
+use crate::args::open_model;
 use hlo_engine::inputs::dataset::ChatSpec;
 
 #[derive(Args, Debug)]
 pub struct PrepareArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
+    pub model: ModelSpec,
 
     #[command(flatten)]
-    pub tokenizer: TokenizerArgs,
+    pub tokenizer: TokenizerSpec,
 
     #[command(flatten)]
     pub chat: ChatSpec,

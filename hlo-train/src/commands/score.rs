@@ -11,23 +11,24 @@ use hlo_engine::device::backend::Backend;
 use hlo_engine::infer::reward_scorer::RewardScorer;
 use hlo_engine::inputs::dataset::{DataSpec, Dataset};
 use hlo_engine::inputs::model::Model;
+use hlo_engine::inputs::model::{DtypeSpec, ModelSpec, TokenizerSpec};
 use hlo_engine::models::adapter::Adapter;
 use hlo_engine::partitioner::Mesh;
 use serde_json::json;
 
-use crate::args::{DtypeArgs, ModelArgs, PluginArgs, TokenizerArgs};
+use crate::args::PluginArgs;
 use crate::saved_run::AdapterRuns;
 
 #[derive(Args, Debug)]
 pub struct ScoreArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
+    pub model: ModelSpec,
 
     #[command(flatten)]
-    pub dtype: DtypeArgs,
+    pub dtype: DtypeSpec,
 
     #[command(flatten)]
-    pub tokenizer: TokenizerArgs,
+    pub tokenizer: TokenizerSpec,
 
     #[command(flatten)]
     pub plugin: PluginArgs,
@@ -66,10 +67,10 @@ pub struct ScoreArgs {
 
 pub fn run(args: &ScoreArgs) -> Result<()> {
     let runs = AdapterRuns::read(args.adapter.as_deref())?;
-    let model = Model::open(&args.model.source_for(&runs)?)?
-        .with_tokenizer_file(args.tokenizer.tokenizer_for(&runs)?)
+    let model = Model::open(&runs.model_for(&args.model)?)?
+        .with_tokenizer_file(runs.tokenizer_for(&args.tokenizer)?)
         .as_reward_model()?;
-    let dtype = args.dtype.dtype_for(args.plugin.is_cpu(), &runs)?;
+    let dtype = runs.dtype_for(&args.dtype, args.plugin.is_cpu())?;
     runs.announce("score");
     let adapter = match &args.adapter {
         Some(dir) => Some(Adapter::load(dir, &model.config)?),

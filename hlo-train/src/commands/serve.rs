@@ -10,12 +10,13 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use hlo_engine::infer::batcher::{Batcher, BatcherHandle, BatcherOptions};
 use hlo_engine::inputs::model::Model;
+use hlo_engine::inputs::model::{BaseSpec, TokenizerSpec};
 use hlo_engine::ir::DType;
 use hlo_engine::models::decoder::{LoraSelect, ModelConfig};
 use hlo_engine::partitioner::Mesh;
 use hlo_serve::ServerConfig;
 
-use crate::args::{PluginArgs, TokenizerArgs};
+use crate::args::PluginArgs;
 use crate::saved_run::AdapterRuns;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -31,10 +32,10 @@ pub struct ServeArgs {
     pub recipe: crate::args::RecipeArgs,
 
     #[command(flatten)]
-    pub base: crate::args::BaseArgs,
+    pub base: BaseSpec,
 
     #[command(flatten)]
-    pub tokenizer: TokenizerArgs,
+    pub tokenizer: TokenizerSpec,
 
     #[command(flatten)]
     pub plugin: PluginArgs,
@@ -143,11 +144,11 @@ fn adapter_arg(s: &str) -> Result<(String, PathBuf), String> {
 pub fn run(args: &ServeArgs) -> Result<()> {
     // What the flags leave open is as the adapters' run computed it.
     let runs = AdapterRuns::read(args.adapter.iter().map(|(_, dir)| dir.as_path()))?;
-    let tokenizer_file = args.tokenizer.tokenizer_for(&runs)?;
-    let model = Model::open(&args.base.model.source_for(&runs)?)?
+    let tokenizer_file = runs.tokenizer_for(&args.tokenizer)?;
+    let model = Model::open(&runs.model_for(&args.base.model)?)?
         .with_tokenizer_file(tokenizer_file.clone())
-        .quantized(args.base.quantize.nf4_for(&runs)?)?;
-    let dtype = args.base.dtype.dtype_for(args.plugin.is_cpu(), &runs)?;
+        .quantized(runs.nf4_for(&args.base.quantize)?)?;
+    let dtype = runs.dtype_for(&args.base.dtype, args.plugin.is_cpu())?;
     runs.announce("serve");
     let tokenizer = model.tokenizer(tokenizer_file.as_deref())?;
     // A checkpoint without a template serves completions only.

@@ -9,10 +9,10 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::Args;
 use hlo_engine::inputs::dataset::DataSource;
-use hlo_engine::inputs::model::Init;
-use hlo_engine::objectives::{Data, Objective, ObjectiveSpecs};
+use hlo_engine::inputs::model::{BaseSpec, TokenizerSpec};
+use hlo_engine::objectives::{Data, ObjectiveSpecs};
 use hlo_engine::partitioner::Mesh;
-use hlo_engine::run::spec::{Chosen, EvalSpec, OutputSpec, ReportSpec, RunSpec};
+use hlo_engine::run::spec::{Chosen, EvalSpec, OutputSpec, ReportSpec, RunSpec, TrainingSpec};
 use hlo_engine::run::Run;
 use hlo_engine::runtime::Mode;
 use hlo_engine::step::{OptimSpec, StepSpec};
@@ -21,36 +21,29 @@ use hlo_engine::train::trainer::StopFlag;
 use hlo_report::{EventWriter, LossCurves};
 use indicatif::ProgressBar;
 
-use crate::args::{named, PluginArgs, TokenizerArgs};
+use crate::args::PluginArgs;
 use crate::commands::dump_hlo::{self, Format};
 use crate::console::{demo_show, print_header, Progress, RewardCourse};
 use crate::outputs::{LossChart, MetricsFile, RecipeFile, TensorBoard};
 
 #[derive(Args, Clone, Debug)]
+// An adapter to start from, or every weight trained: not both.
+#[command(group(clap::ArgGroup::new("start").args(["init_adapter", "full"])))]
 pub struct TrainArgs {
     #[command(flatten)]
     pub recipe: crate::args::RecipeArgs,
 
     #[command(flatten)]
-    pub base: crate::args::BaseArgs,
+    pub base: BaseSpec,
 
     #[command(flatten)]
-    pub tokenizer: TokenizerArgs,
+    pub tokenizer: TokenizerSpec,
 
     #[command(flatten)]
     pub plugin: PluginArgs,
 
-    /// What the run's loss is, each as TRL 1.16's trainer of that name
-    /// computes it (docs/training.md has a section for each): sft, the
-    /// causal-LM loss on the data's learned tokens (supervised
-    /// finetuning), or an objective over the data it reads: pairs of
-    /// chosen and rejected completions (--batch counts pairs), unpaired
-    /// completions labelled desirable or not (--batch counts examples),
-    /// or the policy's own completions of prompts, generated as it trains
-    /// (--batch counts completions). `hlo-train data --objective` shows
-    /// what rows an objective reads.
-    #[arg(long, value_parser = named::<Objective>(), default_value = "sft")]
-    pub objective: Objective,
+    #[command(flatten)]
+    pub training: TrainingSpec,
 
     // Each objective's own settings, declared once in its spec.
     #[command(flatten)]
@@ -81,28 +74,8 @@ pub struct TrainArgs {
     #[arg(long, requires = "eager")]
     pub trace_values: Option<String>,
 
-    /// Start LoRA from this PEFT adapter folder (or hub id).
-    #[arg(long, conflicts_with = "full", value_parser = crate::args::hub_adapter)]
-    pub init_adapter: Option<PathBuf>,
-
-    /// random: train from scratch, every weight made as transformers'
-    /// `_init_weights` makes a new model's (normal with the config's
-    /// initializer_range, zero biases, unit norms), with --full; a
-    /// --checkpoint then gives its config and tokenizer, not its weights
-    /// (a preset or --config is random already).
-    #[arg(long, value_parser = named::<Init>())]
-    pub init: Option<Init>,
-
     #[command(flatten)]
     pub data: DataSource,
-
-    /// Optimizer steps to reach (a resumed run counts its saved steps).
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..))]
-    pub steps: i64,
-
-    /// Seed of data order, adapter init and random weights.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
 
     /// Where the adapter (or a complete HF model folder with --full) and
     /// train_state/ go (default with --resume: the resumed folder).
@@ -149,28 +122,22 @@ impl TrainArgs {
     /// Each objective's settings, as the run's objective takes them (β
     /// and the completions per prompt its defaults where not given).
     pub fn objective_specs(&self) -> ObjectiveSpecs {
-        self.objectives.clone().resolved(self.objective)
+        self.objectives.clone().resolved(self.training.objective)
     }
 }
 
 /// The engine's run of these flags; `given` (clap ids) are the settings
 /// the command line chose, which a resumed run must agree with.
 pub(crate) fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
-    let quantize = args.base.quantize.nf4();
-    RunSpec {
+    let mut spec = RunSpec {
         model: args.base.model.source(),
         tokenizer: args.tokenizer.tokenizer.clone(),
-        quantize,
+        quantize: args.base.quantize.nf4(),
         dtype: args.base.dtype.dtype,
         data: args.data.clone(),
-        objective: args.objective,
         objectives: args.objective_specs(),
         step: args.step.clone(),
-        init_adapter: args.init_adapter.clone(),
-        init: args.init,
         optim: args.optim.clone(),
-        steps: args.steps,
-        seed: args.seed,
         backend: args.plugin.backend(args.mesh.as_ref()),
         mode: if args.eager { Mode::Eager } else { Mode::Jit },
         eval: args.eval.clone(),
@@ -185,7 +152,10 @@ pub(crate) fn spec(args: &TrainArgs, given: &BTreeSet<String>) -> RunSpec {
         chosen: Chosen::Only(given.iter().map(|id| id.replace('_', "-")).collect()),
         executable: args.executable.clone(),
         compile_for: None,
-    }
+        ..RunSpec::default()
+    };
+    spec.set_training(args.training.clone());
+    spec
 }
 
 /// The run's name for TensorBoard: its `--out` folder's name, else when it

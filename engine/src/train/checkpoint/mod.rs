@@ -81,7 +81,10 @@ impl RunSettings {
             s.set("steps", total);
         }
         s.set("seed", seed);
-        s.set("dtype", c.dtype.to_string());
+        let dtype = crate::inputs::model::DtypeSpec {
+            dtype: Some(c.dtype),
+        };
+        s.0.extend(record(&dtype));
         s
     }
 
