@@ -261,6 +261,18 @@ fn bad_input_table() {
             )),
         ),
         (
+            "config of a family whose attention is not computed (Qwen3-Next)",
+            gen(ckpt(
+                "qwen3-next",
+                None,
+                Some(
+                    fixture_config
+                        .replace("LlamaForCausalLM", "Qwen3NextForCausalLM")
+                        .replace("\"model_type\": \"llama\"", "\"model_type\": \"qwen3_next\""),
+                ),
+            )),
+        ),
+        (
             "--quantize nf4 where a projection's rows are not whole blocks of 64",
             {
                 let mut a = gen(ckpt("blocks", None, None));

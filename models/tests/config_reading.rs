@@ -199,6 +199,28 @@ fn unsupported_architectures_and_settings_are_refused_naming_what_runs() {
             json!({"architectures": ["DeepseekV3ForCausalLM"]}),
             format!("unsupported: architectures [\"DeepseekV3ForCausalLM\"] {runs}"),
         ),
+        // Families whose attention is not computed: refused naming it,
+        // by model_type or, without one, by architecture.
+        (
+            json!({"model_type": "deepseek_v32", "index_topk": 2048}),
+            format!("unsupported: DeepSeek-V3.2's sparse attention (DSA: a lightning indexer keeps index_topk keys per query) (model_type `deepseek_v32`, DeepseekV32ForCausalLM) is not computed {runs}"),
+        ),
+        (
+            json!({"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"]}),
+            format!("unsupported: Qwen3-Next's linear attention (Gated DeltaNet layers between the gated attention ones) (model_type `qwen3_next`, Qwen3NextForCausalLM) is not computed {runs}"),
+        ),
+        (
+            json!({"architectures": ["Qwen3NextForCausalLM"]}),
+            format!("unsupported: Qwen3-Next's linear attention (Gated DeltaNet layers between the gated attention ones) (model_type `qwen3_next`, Qwen3NextForCausalLM) is not computed {runs}"),
+        ),
+        (
+            json!({"model_type": "llama4_text", "attention_chunk_size": 8192}),
+            format!("unsupported: Llama 4's chunked attention (attention_chunk_size, with NoPE layers) (model_type `llama4_text`, Llama4ForCausalLM) is not computed {runs}"),
+        ),
+        (
+            json!({"model_type": "llama4", "architectures": ["Llama4ForConditionalGeneration"]}),
+            format!("unsupported: Llama 4's chunked attention (attention_chunk_size, with NoPE layers) (model_type `llama4`, Llama4ForConditionalGeneration) is not computed {runs}"),
+        ),
         // Gemma 3's multimodal checkpoints (4B and up).
         (
             json!({"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"]}),

@@ -63,6 +63,47 @@ fn unsupported<T>(what: String) -> Result<T, ConfigError> {
     Err(ConfigError::Unsupported(what))
 }
 
+/// Families whose computation hlo-train does not implement, by
+/// `model_type` and architecture, with the feature it lacks: refused
+/// naming it rather than as an unknown family.
+const REFUSED_FEATURES: [(&str, &str, &str); 4] = [
+    (
+        "deepseek_v32",
+        "DeepseekV32ForCausalLM",
+        "DeepSeek-V3.2's sparse attention (DSA: a lightning indexer keeps index_topk keys per query)",
+    ),
+    (
+        "qwen3_next",
+        "Qwen3NextForCausalLM",
+        "Qwen3-Next's linear attention (Gated DeltaNet layers between the gated attention ones)",
+    ),
+    (
+        "llama4",
+        "Llama4ForConditionalGeneration",
+        "Llama 4's chunked attention (attention_chunk_size, with NoPE layers)",
+    ),
+    (
+        "llama4_text",
+        "Llama4ForCausalLM",
+        "Llama 4's chunked attention (attention_chunk_size, with NoPE layers)",
+    ),
+];
+
+/// The feature a config's family lacks here, when it is one of
+/// [`REFUSED_FEATURES`], as a refusal naming it.
+fn refused_feature(model_type: Option<&str>, architectures: &[&str]) -> Result<(), ConfigError> {
+    let named = |(t, a, _): &&(&str, &str, &str)| {
+        model_type == Some(*t) || (model_type.is_none() && architectures.contains(a))
+    };
+    match REFUSED_FEATURES.iter().find(named) {
+        Some((t, a, feature)) => unsupported(format!(
+            "{feature} (model_type `{t}`, {a}) is not computed ({})",
+            supported()
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The family a config describes, by `model_type`, else by
 /// `architectures`, else Llama (configs written before `model_type`).
 fn family_of(obj: &Map<String, Value>) -> Result<Family, ConfigError> {
@@ -70,6 +111,10 @@ fn family_of(obj: &Map<String, Value>) -> Result<Family, ConfigError> {
         Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).collect(),
         _ => Vec::new(),
     };
+    refused_feature(
+        obj.get("model_type").and_then(Value::as_str),
+        &architectures,
+    )?;
     let family = match obj.get("model_type").and_then(Value::as_str) {
         Some(t) => Family::from_model_type(t).ok_or_else(|| {
             ConfigError::Unsupported(format!("model_type `{t}` ({})", supported()))
