@@ -191,6 +191,12 @@ pub fn hub_model(s: &str) -> Result<PathBuf, String> {
     hub_path(s, hlo_hub::HubFiles::Model)
 }
 
+/// [`hub_adapter`] for a folder with a chat template's
+/// tokenizer_config.json (`--chat-template`).
+pub fn hub_chat_template(s: &str) -> Result<PathBuf, String> {
+    hub_path(s, hlo_hub::HubFiles::ChatTemplate)
+}
+
 /// [`hub_adapter`] for a `tokenizer.json` (`--tokenizer`).
 pub fn hub_tokenizer(s: &str) -> Result<PathBuf, String> {
     hub_path(s, hlo_hub::HubFiles::Tokenizer)

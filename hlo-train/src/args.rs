@@ -1,7 +1,7 @@
 //! Flag groups several commands share, and what they turn into for the
 //! engine: which plugin and devices, which model, which step.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
@@ -10,7 +10,6 @@ use clap::Args;
 use hlo_engine::device::backend::refuse_cpu_across_processes;
 use hlo_engine::device::backend::{BackendOptions, CompilerSpec};
 use hlo_engine::device::processes::{Launch, LaunchFlags, RunToken};
-use hlo_engine::hub::{self, HubFiles};
 use hlo_engine::inputs::model::{Model, ModelSpec, TokenizerSpec};
 use hlo_engine::models::attention::AttentionKind;
 use hlo_engine::models::train::TrainConfig;
@@ -152,24 +151,6 @@ pub fn objectives_where(takes: fn(Objective) -> bool) -> impl TypedValueParser<V
         .map(Objective::name)
         .collect();
     PossibleValuesParser::new(names).try_map(|s| s.parse::<Objective>())
-}
-
-/// A path flag that also takes a Hugging Face hub id
-/// `ORG/NAME[@REVISION]`: a path that exists is itself; an id is its
-/// snapshot in the HF cache, downloaded there when missing (never with
-/// `HF_HUB_OFFLINE=1`).
-fn hub_path(s: &str, files: HubFiles) -> Result<PathBuf, String> {
-    hub::resolve(Path::new(s), files).map_err(|e| e.to_string())
-}
-
-/// `--adapter`, `--init-adapter`: a PEFT adapter folder or hub id.
-pub fn hub_adapter(s: &str) -> Result<PathBuf, String> {
-    hub_path(s, HubFiles::Adapter)
-}
-
-/// `--chat-template`: a folder with tokenizer_config.json, or a hub id.
-pub fn hub_chat_template(s: &str) -> Result<PathBuf, String> {
-    hub_path(s, HubFiles::ChatTemplate)
 }
 
 /// `--recipe`: the command's flags from a YAML file (expanded into flags

@@ -103,8 +103,7 @@ impl ChatSpec {
     pub fn data_spec(&self, data: Option<PathBuf>, seq: i64) -> DataSpec {
         DataSpec {
             path: data,
-            chat_template: self.chat_template.clone(),
-            train_on_inputs: self.train_on_inputs,
+            chat: self.clone(),
             seq: seq as usize,
             pairs: false,
             unpaired: false,
@@ -141,11 +140,8 @@ pub struct DataSpec {
     /// A JSONL or Parquet file, or a folder of them; None: the bundled
     /// demo task.
     pub path: Option<PathBuf>,
-    /// The folder whose chat template renders `{"messages"}` lines
-    /// (default: the checkpoint's).
-    pub chat_template: Option<PathBuf>,
-    /// Learn every token of a conversation, not only the replies.
-    pub train_on_inputs: bool,
+    /// How `{"messages"}` lines are read.
+    pub chat: ChatSpec,
     /// The row length: text beyond what it can use is not tokenized.
     pub seq: usize,
     /// Read preference pairs (for a preference objective), not SFT rows.
@@ -527,7 +523,7 @@ fn check_tokens(model: &Model, spec: &DataSpec, path: &Path, shards: &TokenShard
             ours.as_deref().unwrap_or("none")
         )));
     }
-    if spec.chat_template.is_some() || spec.train_on_inputs != m.source.train_on_inputs {
+    if spec.chat.chat_template.is_some() || spec.chat.train_on_inputs != m.source.train_on_inputs {
         return Err(refuse(
             "fixed how conversations are read when it was prepared; leave out --chat-template and --train-on-inputs, or prepare it again with them".into(),
         ));
@@ -576,7 +572,7 @@ pub fn prepare_tokens(
             fingerprint: data_fingerprint(path)?,
             chat_template: template
                 .map(|t| format!("{:016x}", hlo_ir::rng::fnv1a(t.source.as_bytes()))),
-            train_on_inputs: spec.train_on_inputs,
+            train_on_inputs: spec.chat.train_on_inputs,
             eos: reader.eos,
         };
         let options = hlo_data::tokens::PrepareOptions {
@@ -602,11 +598,11 @@ fn with_reader<T>(
     max_tokens: Option<usize>,
     read: impl FnOnce(&Reader, Option<&ChatTemplate>) -> Result<T>,
 ) -> Result<T> {
-    let template = model.chat_template(spec.chat_template.as_deref())?;
+    let template = model.chat_template(spec.chat.chat_template.as_deref())?;
     let chat = template.as_ref().map(|template| ChatData {
         template,
         stop: model.eos_ids(),
-        train_on_inputs: spec.train_on_inputs,
+        train_on_inputs: spec.chat.train_on_inputs,
     });
     let reader = Reader {
         tokenizer,

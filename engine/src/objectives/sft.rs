@@ -66,8 +66,7 @@ impl RowInputs {
     pub fn read(spec: &RunView, model: &Model) -> Result<RowInputs> {
         let data_spec = DataSpec {
             path: spec.data.path.clone(),
-            chat_template: spec.data.chat.chat_template.clone(),
-            train_on_inputs: spec.data.chat.train_on_inputs,
+            chat: spec.data.chat.clone(),
             seq: spec.step.seq as usize,
             pairs: spec.objective.is_preference(),
             unpaired: spec.objective.data() == Data::Unpaired,

@@ -223,6 +223,9 @@ fn identities(spec: &RunSpec, model: &Model, fingerprint: &str) -> Result<RunSet
         record_spec(&spec.data)?,
         record_spec(&spec.eval)?,
         record_spec(&spec.report)?,
+        record_spec(&CompilerSpec {
+            xla_options: spec.backend.xla_options.clone(),
+        })?,
     ];
     for (key, value) in typed.into_iter().flatten() {
         s.set(&key, value);
@@ -233,10 +236,6 @@ fn identities(spec: &RunSpec, model: &Model, fingerprint: &str) -> Result<RunSet
     // `--batch` in the objective's units (pairs, examples), not the rows
     // of the step it takes.
     s.set("batch", spec.step.batch);
-    let compiler = CompilerSpec {
-        xla_options: spec.backend.xla_options.clone(),
-    };
-    s.0.extend(record_spec(&compiler)?);
     Ok(s)
 }
 

@@ -52,7 +52,7 @@ pub struct EvalArgs {
     /// A PEFT adapter folder or hub id, applied unmerged. A run folder
     /// (with `train_state/`) also gives the base, tokenizer, NF4, dtype
     /// and attention its run used, where their flags are not given.
-    #[arg(long, value_parser = crate::args::hub_adapter)]
+    #[arg(long, value_parser = hlo_engine::settings::hub_adapter)]
     pub adapter: Option<PathBuf>,
 
     /// Data (JSONL or Parquet files, or a folder of shards), in any

@@ -37,7 +37,7 @@ pub struct GenerateArgs {
     /// completions. A run folder (with `train_state/`) also gives the
     /// base, tokenizer, NF4 and dtype its run used, where their flags are
     /// not given.
-    #[arg(long, value_parser = crate::args::hub_adapter)]
+    #[arg(long, value_parser = hlo_engine::settings::hub_adapter)]
     pub adapter: Vec<PathBuf>,
 
     /// The prompt text (with `--chat`, the user's message).
@@ -65,7 +65,7 @@ pub struct GenerateArgs {
 
     /// The chat template's folder (holding `tokenizer_config.json`),
     /// instead of the checkpoint's; or a hub id.
-    #[arg(long, value_parser = crate::args::hub_chat_template)]
+    #[arg(long, value_parser = hlo_engine::settings::hub_chat_template)]
     pub chat_template: Option<PathBuf>,
 
     /// Device mesh for the weights (`dp=1,fsdp=2,mp=2`; default one

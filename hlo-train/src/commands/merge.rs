@@ -30,7 +30,7 @@ pub struct MergeArgs {
     pub checkpoint: Option<PathBuf>,
     /// PEFT adapter folder or hub id. A run folder (with `train_state/`)
     /// also gives its base and NF4 where their flags are not given.
-    #[arg(long, value_parser = crate::args::hub_adapter)]
+    #[arg(long, value_parser = hlo_engine::settings::hub_adapter)]
     pub adapter: PathBuf,
     /// Output folder (config.json, model.safetensors, tokenizer files).
     #[arg(long)]

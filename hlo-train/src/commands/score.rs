@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use hlo_engine::device::backend::Backend;
 use hlo_engine::infer::reward_scorer::RewardScorer;
-use hlo_engine::inputs::dataset::{DataSpec, Dataset};
+use hlo_engine::inputs::dataset::{ChatSpec, DataSpec, Dataset};
 use hlo_engine::inputs::model::Model;
 use hlo_engine::inputs::model::{DtypeSpec, ModelSpec, TokenizerSpec};
 use hlo_engine::models::adapter::Adapter;
@@ -41,7 +41,7 @@ pub struct ScoreArgs {
     /// A reward model's PEFT adapter (a `train --objective reward` run, or
     /// a SEQ_CLS adapter with its score head), applied unmerged. Without
     /// it the checkpoint must be a sequence classifier.
-    #[arg(long, value_parser = crate::args::hub_adapter)]
+    #[arg(long, value_parser = hlo_engine::settings::hub_adapter)]
     pub adapter: Option<PathBuf>,
 
     /// Pairs to score, as `train --objective reward` reads them:
@@ -148,8 +148,7 @@ const DEFAULT_SEQ: i64 = 1024;
 fn read_pairs(args: &ScoreArgs, model: &Model, seq: usize) -> Result<Vec<(Vec<u32>, Vec<u32>)>> {
     let spec = DataSpec {
         path: Some(args.data.clone()),
-        chat_template: None,
-        train_on_inputs: false,
+        chat: ChatSpec::default(),
         seq,
         pairs: true,
         unpaired: false,

@@ -59,7 +59,7 @@ pub struct ServeArgs {
 
     /// The chat template's folder (holding tokenizer_config.json), instead
     /// of the checkpoint's; or a hub id.
-    #[arg(long, value_parser = crate::args::hub_chat_template)]
+    #[arg(long, value_parser = hlo_engine::settings::hub_chat_template)]
     pub chat_template: Option<PathBuf>,
 
     /// The address to listen on (0.0.0.0: every interface).
@@ -135,7 +135,7 @@ pub struct ServeArgs {
 fn adapter_arg(s: &str) -> Result<(String, PathBuf), String> {
     match s.split_once('=') {
         Some((name, dir)) if !name.is_empty() && !dir.is_empty() => {
-            Ok((name.to_string(), crate::args::hub_adapter(dir)?))
+            Ok((name.to_string(), hlo_engine::settings::hub_adapter(dir)?))
         }
         _ => Err(format!("expected NAME=DIR, got `{s}`")),
     }
