@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Build the mixture-of-experts fixtures (Qwen3-MoE, Mixtral, gpt-oss) the
+"""Build the mixture-of-experts fixtures (Qwen3-MoE, Mixtral, gpt-oss,
+Qwen2-MoE) the
 Rust tests compare with (the sibling of make_family_fixtures.py).
 
 Run by hand (not by CI) where HF transformers, PEFT, safetensors and
@@ -8,14 +9,15 @@ PyTorch are installed; it needs no GPU and no network:
     python3 scripts/make_moe_fixtures.py [FIXTURES_DIR]
 
 FIXTURES_DIR defaults to tests/fixtures. It writes, for each of qwen3_moe,
-mixtral and gpt_oss:
+mixtral, gpt_oss and qwen2_moe:
   families/<name>/config.json, model.safetensors, generation_config.json
                                    a tiny random MoE model (save_pretrained),
                                    every weight non-trivial, routers drawn
                                    N(0, 0.2) so routing is far from ties;
                                    the config has output_router_logits true
                                    and router_aux_loss_coef 0.05
-  families/<name>/adapter/         a PEFT LoRA adapter on q/k/v/o_proj, B != 0
+  families/<name>/adapter/         a PEFT LoRA adapter on q/k/v/o_proj (and
+                                   qwen2_moe's gate/up/down_proj), B != 0
   families/<name>/expected.safetensors
                                    input_ids [4, 11], logits without and with
                                    the adapter (f32), greedy tokens (HF
@@ -112,7 +114,62 @@ MODELS = {
         sliding_window=4, num_attention_heads=4, num_key_value_heads=2, head_dim=12, num_local_experts=4,
         num_experts_per_tok=2, tie_word_embeddings=False,
     )),
+    # A shared expert behind its sigmoid gate on each sparse layer, q/k/v
+    # biases, layer 1 dense (mlp_only_layers), top-2 of 6 not renormalised
+    # (the class default), and Qwen2MoeConfig's sliding rule: with
+    # use_sliding_window, the even layers below max_window_layers (layer 0
+    # here) slide, window 4.
+    "qwen2_moe": ("Qwen2Moe", dict(
+        vocab_size=116, hidden_size=48, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        num_experts=6, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+        intermediate_size=36, decoder_sparse_step=1, mlp_only_layers=[1], norm_topk_prob=False, qkv_bias=True,
+        use_sliding_window=True, sliding_window=4, max_window_layers=2, rope_theta=1e6,
+        max_position_embeddings=64, tie_word_embeddings=False, rms_norm_eps=1e-6,
+    )),
+    # Sigmoid routing with the selection bias (drawn N(0, 0.5): the
+    # buffer HF initialises to zeros) and groups: 8 experts in 4 groups,
+    # the best 2 groups kept, 3 experts a token, renormalised and scaled
+    # by 2.5; two shared experts as one MLP; layer 0 dense
+    # (first_k_dense_replace 1); q/k/v biases, q/k norms, the class's
+    # partial rotary (0.5 of head_dim 16).
+    "glm4_moe": ("Glm4Moe", dict(
+        vocab_size=112, hidden_size=48, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2, moe_intermediate_size=16,
+        n_shared_experts=2, intermediate_size=40, first_k_dense_replace=1, routed_scaling_factor=2.5,
+        norm_topk_prob=True, use_qk_norm=True, attention_bias=True, max_position_embeddings=64,
+        tie_word_embeddings=False, rms_norm_eps=1e-5,
+    )),
+    # Multi-head latent attention (a query bottleneck of 24, a latent of
+    # 16, heads of 8 unrotated + 4 interleaved rotary dimensions, values of
+    # 6, padded inside the attention), yarn with DeepSeek's two mscales
+    # (unequal, so both the cos/sin factor and the scores' factor are not
+    # 1), GLM-4.5's router (8 experts in 4 groups, the best 2 kept, 2 a
+    # token), one shared expert, layer 0 dense.
+    "deepseek_v3": ("DeepseekV3", dict(
+        vocab_size=104, hidden_size=48, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+        q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
+        n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, moe_intermediate_size=12,
+        n_shared_experts=1, intermediate_size=32, first_k_dense_replace=1, routed_scaling_factor=2.5,
+        norm_topk_prob=True, rope_interleave=True, max_position_embeddings=64, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16,
+                             beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=0.707),
+    )),
 }
+# Latent attention's projections, which its adapters target.
+MLA = ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
+# The modules each model's adapters target: Qwen2-MoE's adapter/ also the
+# shared expert's gate/up/down_proj (and the dense layer's). GLM-4.5's
+# adapter_experts/ names gate/up/down_proj among its target_modules:
+# PEFT (transformers 5's fused experts) turns those into the experts'
+# target_parameters with gate_up_proj's rank and alpha doubled
+# (rank_pattern and alpha_pattern `.*\.gate_up_proj`), and LoRA on no
+# gate/up/down_proj module (the shared experts' and the dense layer's
+# stay frozen).
+MLP = ["gate_proj", "up_proj", "down_proj"]
+TARGETS = {"qwen2_moe": ATTN + MLP, "deepseek_v3": MLA}
+EXPERT_TARGETS = {"glm4_moe": ATTN + MLP, "deepseek_v3": MLA}
+# The families whose models compute no load-balancing loss.
+NO_AUX = {"Glm4Moe", "DeepseekV3"}
 
 # Hub MoE configs (the fields their config.json files give; transformers'
 # defaults otherwise): Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B,
@@ -134,6 +191,21 @@ PRESETS = {
                                      num_local_experts=8, num_experts_per_tok=2, tie_word_embeddings=False)),
     "gpt-oss-20b": ("GptOss", GPT_OSS_20B),
     "gpt-oss-120b": ("GptOss", dict(GPT_OSS_20B, num_hidden_layers=36, num_local_experts=128)),
+    # Qwen/Qwen1.5-MoE-A2.7B, zai-org/GLM-4.5, deepseek-ai/DeepSeek-V3,
+    # moonshotai/Kimi-K2-Instruct (as DeepseekV3Config: its own class is
+    # remote code with the same fields).
+    "qwen1.5-moe-a2.7b": ("Qwen2Moe", dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632,
+                                           num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16,
+                                           moe_intermediate_size=1408, shared_expert_intermediate_size=5632,
+                                           num_experts=60, num_experts_per_tok=4, tie_word_embeddings=False)),
+    "glm-4.5": ("Glm4Moe", dict(vocab_size=151552, hidden_size=5120, intermediate_size=12288, num_hidden_layers=92,
+                                num_attention_heads=96, num_key_value_heads=8, head_dim=128, use_qk_norm=True,
+                                attention_bias=True, moe_intermediate_size=1536, n_routed_experts=160,
+                                n_shared_experts=1, num_experts_per_tok=8, first_k_dense_replace=3,
+                                tie_word_embeddings=False)),
+    "deepseek-v3": ("DeepseekV3", dict()),
+    "kimi-k2": ("DeepseekV3", dict(vocab_size=163840, num_attention_heads=64, num_key_value_heads=64,
+                                   n_routed_experts=384, first_k_dense_replace=1, n_group=1, topk_group=1)),
 }
 
 # MOE.md, filled in by the steps.
@@ -211,10 +283,11 @@ def merged_model(base, adapter_path, scaling):
     return model
 
 
-def lora_config(target_parameters=None):
+def lora_config(name, target_parameters=None):
     from peft import LoraConfig
     extra = {} if target_parameters is None else dict(target_parameters=target_parameters)
-    return LoraConfig(r=4, lora_alpha=8, target_modules=ATTN, lora_dropout=0.0, bias="none",
+    targets = (TARGETS if target_parameters is None else EXPERT_TARGETS).get(name, ATTN)
+    return LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0, bias="none",
                       task_type="CAUSAL_LM", **extra)
 
 
@@ -229,7 +302,7 @@ def experts_fixture(base, ids, d):
     with tempfile.TemporaryDirectory() as tmp:
         t = os.path.join(tmp, os.path.basename(d) + "+experts")
         os.makedirs(t)
-        peft_model = adapter_fixture(model, ids, 7, 24, lora_config(EXPERT_PARAMS), t)
+        peft_model = adapter_fixture(model, ids, 7, 24, lora_config(os.path.basename(d), EXPERT_PARAMS), t)
         expected = load_file(os.path.join(t, "expected.safetensors"))
         dest = os.path.join(d, "adapter_experts")
         shutil.rmtree(dest, ignore_errors=True)
@@ -246,7 +319,9 @@ def losses(model, ids):
     with torch.no_grad():
         out = model(input_ids=ids, labels=ids.long())
         ce = model(input_ids=ids, labels=ids.long(), output_router_logits=False).loss
-    total, aux = out.loss, out.aux_loss
+    total, aux = out.loss, getattr(out, "aux_loss", None)
+    if aux is None:  # no load-balancing loss (DeepSeek-V3, GLM-4.5)
+        aux = torch.zeros(())
     assert torch.allclose(total, ce + AUX_COEF * aux, rtol=1e-6, atol=0), (total, ce, aux)
     return float(ce), float(aux), float(total), aux.detach().float().reshape(()), ce.detach().float().reshape(())
 
@@ -266,6 +341,9 @@ def build(i, name, family, kw):
                 p.uniform_(0.5, 1.5)
             else:  # kernels, embeddings, routers, biases, sinks; larger than HF's init
                 p.normal_(0.0, 0.2)
+        for n, b in model.named_buffers():
+            if n.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.5)
     state = contiguous(model.state_dict())
     model.save_pretrained(d, safe_serialization=True)
     saved = shapes(os.path.join(d, "model.safetensors"))
@@ -337,7 +415,7 @@ def build(i, name, family, kw):
         md += key_lines({k: list(v.shape) for k, v in sorted(state.items()) if ".experts." in k}) + [""]
 
     base = copy.deepcopy(model)  # adapter_fixture wraps `model` in place
-    peft_model = adapter_fixture(model, ids, 7, 24, lora_config(), d)
+    peft_model = adapter_fixture(model, ids, 7, 24, lora_config(name), d)
     expected = load_file(os.path.join(d, "expected.safetensors"))
     expected.update(aux_loss=aux_t, ce_loss=ce_t)
     save_file(expected, os.path.join(d, "expected.safetensors"))
@@ -375,7 +453,8 @@ def build(i, name, family, kw):
         mdiff = float((merged(input_ids=ids).logits - exp["logits_adapter"]).abs().max())
     assert mdiff < 1e-4, mdiff
     print(f"  merged by the MOE.md formula: max |logits - PEFT's| = {mdiff:.2e}")
-    experts = base.get_submodule(f"model.layers.{0}.mlp.experts")
+    first_sparse = min(int(k.split(".")[2]) for k in state if k.endswith("experts.gate_up_proj"))
+    experts = base.get_submodule(f"model.layers.{first_sparse}.mlp.experts")
     transposed = getattr(experts, "is_transposed", False)
     num_e = experts.gate_up_proj.shape[0]
     gu, dn = list(experts.gate_up_proj.shape), list(experts.down_proj.shape)
@@ -406,6 +485,65 @@ def build_models():
             build(i, name, family, kw)
         except Exception as e:
             failures_note(name, "build", e)
+
+
+def plain_choice(scores, bias, k, groups):
+    """The top k of the biased scores kept to the best `groups` groups of
+    four (none dropped when `groups` is None), sorted."""
+    choice = scores + bias
+    if groups is not None:
+        g = choice.view(choice.shape[0], -1, choice.shape[1] // groups[0])
+        best = g.topk(2, dim=-1)[0].sum(-1).topk(groups[1], dim=-1)[1]
+        mask = torch.zeros_like(g[..., 0]).scatter_(1, best, 1).bool()
+        choice = choice.masked_fill(~mask.repeat_interleave(g.shape[-1], 1), float("-inf"))
+    return choice.topk(k, dim=-1)[1].sort(dim=-1)[0]
+
+
+@step("sigmoid_routers")
+def sigmoid_routers():
+    """families/<name>/router.safetensors for the sigmoid-routed models:
+    each sparse layer's router input (`layers.<l>.hidden` [44, H]) and HF's
+    choice (`layers.<l>.indices`, sorted, and `layers.<l>.weights`, in the
+    same order), on the fixture's rows; counts of the tokens whose choice
+    the groups and the selection bias change."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+    for name, (family, kw) in MODELS.items():
+        if family not in NO_AUX:
+            continue
+        d = os.path.join(FAMILIES, name)
+        model = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager",
+                                                     experts_implementation="eager").eval()
+        ids = load_file(os.path.join(d, "expected.safetensors"))["input_ids"].long()
+        seen, out, by_groups, by_bias = {}, {}, 0, 0
+        hooks = [m.register_forward_hook(lambda mod, i, o, n=n: seen.__setitem__(n, (i[0], o)))
+                 for n, m in model.named_modules() if n.endswith("mlp.gate")]
+        with torch.no_grad():
+            model(input_ids=ids)
+        for h in hooks:
+            h.remove()
+        groups = (kw["n_group"], kw["topk_group"])
+        for n, (hidden, (logits, weights, indices)) in sorted(seen.items()):
+            layer = n.split(".")[2]
+            order = indices.sort(dim=-1)
+            gate = model.get_submodule(n)
+            scores, bias = logits.sigmoid(), gate.e_score_correction_bias
+            k = indices.shape[-1]
+            assert torch.equal(plain_choice(scores, bias, k, groups), order[0])
+            by_groups += int((plain_choice(scores, bias, k, None) != order[0]).any(-1).sum())
+            by_bias += int((plain_choice(scores, 0 * bias, k, groups) != order[0]).any(-1).sum())
+            out[f"layers.{layer}.hidden"] = hidden.reshape(-1, hidden.shape[-1]).float()
+            out[f"layers.{layer}.indices"] = order[0].int()
+            out[f"layers.{layer}.weights"] = weights.gather(1, order[1]).float()
+        assert by_groups > 0 and by_bias > 0, (name, by_groups, by_bias)
+        save_file(contiguous(out), os.path.join(d, "router.safetensors"))
+        tokens = ids.numel() * len(seen)
+        print(f"{name}: of {tokens} routed tokens, the groups change {by_groups} choices, the bias {by_bias}")
+        report[name] += ["### router.safetensors", "",
+                         f"Each sparse layer's router input and HF's choice on the four rows (44 tokens a layer, "
+                         f"{tokens} in all): the group limit changes the chosen experts of {by_groups} of them (against "
+                         f"the top {k} of all biased scores), the selection bias of {by_bias} (against unbiased "
+                         f"scores, groups kept).", ""]
 
 
 def gpt_oss_rope_note():
@@ -467,6 +605,14 @@ tokens, no attention mask here):
   Dense layers (`mlp_only_layers`, or `(layer+1) % decoder_sparse_step != 0`)
   use `mlp.{gate,up,down}_proj` of `intermediate_size`.
 * Mixtral: the same with renormalisation always; no jitter (0) here.
+* Qwen2-MoE: Qwen3-MoE's routed experts (renormalised only with
+  `norm_topk_prob`, false here), plus on every sparse layer a shared
+  expert, a dense SwiGLU MLP of `shared_expert_intermediate_size`
+  (`mlp.shared_expert.{gate,up,down}_proj`), scaled by
+  `sigmoid(x @ mlp.shared_expert_gate.weight^T)` (`[1, H]`, one logit a
+  token) and added: `moe(x) = routed(x) + sigmoid(g(x)) * shared(x)`.
+  Its adapters also target gate/up/down_proj: the shared expert's and the
+  dense layer's.
 """
 
 GPT_OSS = r"""
@@ -573,6 +719,20 @@ def active_and_total(family, c):
     return active, total
 
 
+def active_of_modules(m, config):
+    """The parameters one token uses, from the model's modules: all but
+    the experts it is not routed to in each layer that has them."""
+    total = sum(p.numel() for p in m.parameters())
+    k = config.num_experts_per_tok
+    for layer in m.model.layers:
+        experts = getattr(layer.mlp, "experts", None)
+        if experts is not None:
+            e = experts.gate_up_proj.shape[0]
+            per_expert = sum(p.numel() for p in experts.parameters()) // e
+            total -= (e - k) * per_expert
+    return total
+
+
 @step("moe_param_counts")
 def moe_param_counts():
     counts, active = {}, {}
@@ -582,8 +742,12 @@ def moe_param_counts():
         with torch.device("meta"):
             m = model_class(config)
         counts[name] = sum(p.numel() for p in m.parameters())
-        active[name], total = active_and_total(family, config)
-        assert total == counts[name], (name, total, counts[name])
+        if family in ("Qwen3Moe", "Mixtral", "GptOss"):
+            active[name], total = active_and_total(family, config)
+            assert total == counts[name], (name, total, counts[name])
+            assert active[name] == active_of_modules(m, config), name
+        else:
+            active[name] = active_of_modules(m, config)
         print(name, counts[name], "active", active[name])
     os.makedirs(FAMILIES, exist_ok=True)
     with open(os.path.join(FAMILIES, "moe_param_counts.json"), "w") as f:
@@ -596,6 +760,7 @@ if __name__ == "__main__":
     import transformers
     print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__)
     build_models()
+    sigmoid_routers()
     moe_md()
     moe_param_counts()
     finish()

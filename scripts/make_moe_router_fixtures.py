@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Build the trainable-router fixtures of the mixture-of-experts models:
-for each of families/qwen3_moe, mixtral and gpt_oss (made by
+for each of families/qwen3_moe, mixtral, gpt_oss and qwen2_moe (made by
 make_moe_fixtures.py), a PEFT adapter whose LoRA is on q/k/v/o_proj and
 whose `modules_to_save` is the router (`gate` for Qwen3-MoE and Mixtral,
 `router` for gpt-oss: a whole trained copy of each layer's router, bias
@@ -40,7 +40,9 @@ from safetensors.torch import load_file, save_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "tests", "fixtures")
-ROUTER = {"qwen3_moe": "gate", "mixtral": "gate", "gpt_oss": "router"}
+# Qwen2-MoE's `gate` also names its `shared_expert_gate` for PEFT, which
+# matches modules_to_save as a suffix of the module's name: both saved.
+ROUTER = {"qwen3_moe": "gate", "mixtral": "gate", "gpt_oss": "router", "qwen2_moe": "gate"}
 # transformers' Trainer.get_decay_parameter_names: no decay on these.
 DECAY_FORBIDDEN = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
 

@@ -900,13 +900,22 @@ fn a_dying_batcher_fails_what_it_holds_and_says_so() {
 /// (a mixture of experts' sparse MLPs are not these modules), as
 /// [`adapter_of`].
 fn attention_adapter(dir: &Path, name: &str, value: impl Fn(&mut Rng) -> f64) -> PathBuf {
-    adapter_of(
-        dir,
-        &["q_proj", "k_proj", "v_proj", "o_proj"],
-        9,
-        name,
-        value,
-    )
+    // Latent attention's projections where the model has them (DeepSeek-V3).
+    let latent = [
+        "q_a_proj",
+        "q_b_proj",
+        "kv_a_proj_with_mqa",
+        "kv_b_proj",
+        "o_proj",
+    ];
+    let plain = ["q_proj", "k_proj", "v_proj", "o_proj"];
+    let mla = Model::open(&ModelSource::Checkpoint(dir.to_path_buf()))
+        .unwrap()
+        .config
+        .mla
+        .is_some();
+    let targets: &[&str] = if mla { &latent } else { &plain };
+    adapter_of(dir, targets, 9, name, value)
 }
 
 #[test]
@@ -924,7 +933,14 @@ fn on_mixture_of_experts_bases_a_non_finite_row_changes_no_other_token() {
     // meets it many times over; three rounds of the same requests (each a
     // different interleaving in the slots, as they free at different
     // steps) settle that nothing else leaks.
-    for name in ["qwen3_moe", "mixtral", "gpt_oss"] {
+    for name in [
+        "qwen3_moe",
+        "mixtral",
+        "gpt_oss",
+        "qwen2_moe",
+        "glm4_moe",
+        "deepseek_v3",
+    ] {
         let dir = family(name);
         let good = attention_adapter(&dir, &format!("{name}-good"), |r| 0.05 * r.normal());
         let huge = attention_adapter(&dir, &format!("{name}-1e19"), |_| 1e19);

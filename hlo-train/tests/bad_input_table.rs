@@ -249,14 +249,14 @@ fn bad_input_table() {
             )),
         ),
         (
-            "config names an unsupported architecture (DeepSeek-V3)",
+            "config names an unsupported architecture (OLMoE)",
             gen(ckpt(
                 "arch",
                 None,
                 Some(
                     fixture_config
-                        .replace("LlamaForCausalLM", "DeepseekV3ForCausalLM")
-                        .replace("\"model_type\": \"llama\"", "\"model_type\": \"deepseek_v3\""),
+                        .replace("LlamaForCausalLM", "OlmoeForCausalLM")
+                        .replace("\"model_type\": \"llama\"", "\"model_type\": \"olmoe\""),
                 ),
             )),
         ),

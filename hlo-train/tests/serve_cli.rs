@@ -681,6 +681,9 @@ fn each_family_is_served_as_hf_generates() {
         "qwen3_moe",
         "mixtral",
         "gpt_oss",
+        "qwen2_moe",
+        "glm4_moe",
+        "deepseek_v3",
     ] {
         let dir = family(name);
         let adapter = format!("peft={}", dir.join("adapter").display());

@@ -256,6 +256,7 @@ fn target_modules(
         // PEFT's shorthand for every linear layer but the head.
         Some(Value::String(s)) if s == "all-linear" => Ok(crate::decoder::DEFAULT_TARGETS
             .iter()
+            .chain(&crate::projections::LATENT_PROJECTIONS)
             .map(|t| t.to_string())
             .collect()),
         Some(Value::String(s)) => Err(bad(format!(
@@ -463,19 +464,17 @@ impl Adapter {
         if obj.get("task_type").and_then(Value::as_str) == Some("SEQ_CLS") {
             modules.retain(|m| m != "classifier");
         }
-        let mut all: Vec<&str> = targets.iter().map(String::as_str).collect();
-        all.extend(parameters.iter().map(String::as_str));
-        LoraConfig::new(
-            r,
-            alpha,
-            &all,
-            obj.get("use_rslora")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-        )
-        .and_then(|l| l.with_patterns(ranks, pattern(&obj, "alpha_pattern")))
-        .and_then(|l| l.with_modules_to_save(modules))
-        .map_err(|e| bad(e.to_string()))
+        let modules_only: Vec<&str> = targets.iter().map(String::as_str).collect();
+        let rslora = obj
+            .get("use_rslora")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        // The parameters apart: PEFT's bare `down_proj` there is the
+        // experts' tensor, not the module.
+        LoraConfig::of_peft(r, alpha, &modules_only, &parameters, rslora)
+            .and_then(|l| l.with_patterns(ranks, pattern(&obj, "alpha_pattern")))
+            .and_then(|l| l.with_modules_to_save(modules))
+            .map_err(|e| bad(e.to_string()))
     }
 
     /// The base model an adapter folder names (`base_model_name_or_path`
@@ -504,7 +503,9 @@ impl Adapter {
     /// Reads a PEFT adapter folder for a model of `config`.
     pub fn load(dir: &Path, config: &ModelConfig) -> Result<Adapter, ModelError> {
         let bad = adapter_error(dir);
-        let lora = Self::read_config(dir)?;
+        let lora = Self::read_config(dir)?
+            .for_model(config)
+            .map_err(|e| bad(e.to_string()))?;
         let tied = lora
             .modules_to_save
             .iter()
@@ -618,7 +619,7 @@ impl Adapter {
         };
         if a.ty.rank() == 3 {
             let transposed = config.moe.as_ref().is_some_and(|m| m.transposed());
-            let scale = self.lora.scale_of(&expert_module(module));
+            let scale = self.lora.scale_of(module);
             return merge_experts(weight, (a, b), scale, transposed);
         }
         // A [in, r], B [r, out].
@@ -642,14 +643,6 @@ impl Adapter {
     pub fn get(&self, name: &str) -> Option<&Literal> {
         self.tensors.iter().find(|(n, _)| n == name).map(|(_, l)| l)
     }
-}
-
-/// PEFT's module of a fused expert tensor (`model.layers.3.mlp.experts`),
-/// whose rank and alpha its LoRA takes.
-fn expert_module(parameter: &str) -> String {
-    parameter
-        .rsplit_once('.')
-        .map_or(parameter.to_string(), |(m, _)| m.to_string())
 }
 
 /// `W[e] + scale · (A[e]·B[e])ᵀ` for fused experts `weight` `[E, out, in]`

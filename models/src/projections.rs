@@ -14,3 +14,9 @@ pub(crate) const LAYER_PROJECTIONS: [&str; 7] = [
     "up_proj",
     "down_proj",
 ];
+
+/// The `nn.Linear`s of DeepSeek-V3's latent attention beside `o_proj`
+/// (and `q_proj` when it has no query bottleneck): LoRA targets them by
+/// name; only a model with latent attention has them.
+pub(crate) const LATENT_PROJECTIONS: [&str; 4] =
+    ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"];

@@ -492,7 +492,9 @@ pub(crate) fn role_of(tc: &TrainConfig) -> impl Fn(&str) -> StepInput + '_ {
             let saved = tc.lora.as_ref().is_some_and(|l| l.saves_weight(name));
             // A distillation teacher's weights are frozen.
             let teacher = crate::distill::step::teacher_of(name).is_some();
-            let trained = !teacher && (lora || saved || tc.lora.is_none());
+            let trained = !teacher
+                && !crate::decoder::is_buffer(name)
+                && (lora || saved || tc.lora.is_none());
             let role = if trained {
                 Role::Trainable
             } else {

@@ -182,22 +182,35 @@ fn unsupported_architectures_and_settings_are_refused_naming_what_runs() {
         }
         ModelConfig::from_json(&c.to_string())
             .map(|_| ())
-            .unwrap_err()
+            .expect_err(&c.to_string())
             .to_string()
     };
-    let runs = "(hlo-train runs LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Gemma3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM)";
+    let runs = "(hlo-train runs LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Gemma3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM)";
     for (extra, why) in [
         (
-            json!({"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"]}),
-            format!("unsupported: model_type `qwen2_moe` {runs}"),
+            json!({"model_type": "olmoe", "architectures": ["OlmoeForCausalLM"]}),
+            format!("unsupported: model_type `olmoe` {runs}"),
         ),
         (
-            json!({"model_type": "deepseek_v3"}),
-            format!("unsupported: model_type `deepseek_v3` {runs}"),
+            json!({"architectures": ["DeepseekV2ForCausalLM"]}),
+            format!("unsupported: architectures [\"DeepseekV2ForCausalLM\"] {runs}"),
+        ),
+        // What the new families' classes can set and is not computed.
+        (
+            json!({"model_type": "deepseek_v3", "num_key_value_heads": 2, "attention_bias": true}),
+            "unsupported: attention_bias = true (biases on DeepSeek-V3's latent projections)".to_string(),
         ),
         (
-            json!({"architectures": ["DeepseekV3ForCausalLM"]}),
-            format!("unsupported: architectures [\"DeepseekV3ForCausalLM\"] {runs}"),
+            json!({"model_type": "deepseek_v3", "num_key_value_heads": 2}),
+            "unsupported: num_key_value_heads = 2 with 4 attention heads (multi-head latent attention expands the latent into every head)".to_string(),
+        ),
+        (
+            json!({"model_type": "glm4_moe", "n_routed_experts": 6, "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2}),
+            "unsupported: n_group = 4, topk_group = 2 with 6 experts, 2 a token".to_string(),
+        ),
+        (
+            json!({"model_type": "llama", "partial_rotary_factor": 0.5}),
+            "unsupported: partial_rotary_factor = 0.5".to_string(),
         ),
         // Families whose attention is not computed: refused naming it,
         // by model_type or, without one, by architecture.
@@ -250,11 +263,6 @@ fn unsupported_architectures_and_settings_are_refused_naming_what_runs() {
             "unsupported: rope type `longrope` (only default, linear, llama3 and yarn)".into(),
         ),
         (
-            json!({"model_type": "qwen3", "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
-                "original_max_position_embeddings": 32768, "mscale": 1.0, "mscale_all_dim": 1.0}}),
-            "unsupported: yarn rope with mscale = 1.0".into(),
-        ),
-        (
             json!({"model_type": "qwen2", "layer_types": ["full_attention"]}),
             "unsupported: layer_types has 1 entries for num_hidden_layers = 2".into(),
         ),
@@ -275,6 +283,15 @@ fn unsupported_architectures_and_settings_are_refused_naming_what_runs() {
         assert!(err.starts_with(&why), "{extra}: {err}");
         assert_eq!(err.lines().count(), 1, "{err}");
     }
+    // DeepSeek's two yarn mscales on another family: transformers'
+    // `_compute_yarn_parameters` takes their ratio as the cos/sin factor
+    // (1 here); only DeepSeek-V3's attention scales its scores by more.
+    let mut c = small.clone();
+    c["model_type"] = json!("qwen3");
+    c["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0,
+        "original_max_position_embeddings": 32768, "mscale": 1.0, "mscale_all_dim": 1.0});
+    let c = ModelConfig::from_json(&c.to_string()).unwrap();
+    assert_eq!(c.rope_attention_scaling(LayerType::Full), 1.0);
 }
 
 /// Mixture-of-experts configs with fields absent take the config classes'

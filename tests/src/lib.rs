@@ -433,26 +433,13 @@ pub fn fixture_logits_of(
         .to_f64_vec()
 }
 
-/// Layer 0's sparse MLP of `config` alone as a function of its weights and
-/// `x` (`[1, rows, hidden]`), its experts run as `kind`: output `y`, or
-/// with `summed` the scalar `sum` of it (to differentiate).
-pub fn sparse_layer(
+/// `config`'s decoder on one device, unscanned, no LoRA, naive attention,
+/// its experts run as `kind`.
+pub fn plain_decoder(
     config: &hlo_models::decoder::ModelConfig,
     kind: hlo_models::decoder::MoeKind,
-    rows: i64,
-    summed: bool,
-) -> Function {
-    use hlo_models::decoder::{base_parameter_types, Decoder, Params};
-    let prefix = "model.layers.0.mlp";
-    let mut inputs: Vec<(String, TensorType)> = base_parameter_types(config, DType::F32)
-        .into_iter()
-        .filter(|(n, _)| n.starts_with(prefix))
-        .collect();
-    inputs.push((
-        "x".into(),
-        TensorType::new(DType::F32, [1, rows, config.hidden_size]),
-    ));
-    let model = Decoder {
+) -> hlo_models::decoder::Decoder<'_> {
+    hlo_models::decoder::Decoder {
         config,
         lora: None,
         batch_axes: vec![],
@@ -462,9 +449,31 @@ pub fn sparse_layer(
         attention: hlo_models::attention::AttentionKind::Naive,
         moe: kind,
         router: Default::default(),
-    };
+    }
+}
+
+/// Layer 0's sparse MLP of `config` alone as a function of its weights and
+/// `x` (`[1, rows, hidden]`), its experts run as `kind`: output `y`, or
+/// with `summed` the scalar `sum` of it (to differentiate).
+pub fn sparse_layer(
+    config: &hlo_models::decoder::ModelConfig,
+    kind: hlo_models::decoder::MoeKind,
+    rows: i64,
+    summed: bool,
+) -> Function {
+    use hlo_models::decoder::{base_parameter_types, Params};
+    let prefix = "model.layers.0.mlp";
+    let mut inputs: Vec<(String, TensorType)> = base_parameter_types(config, DType::F32)
+        .into_iter()
+        .filter(|(n, _)| n.starts_with(prefix))
+        .collect();
+    inputs.push((
+        "x".into(),
+        TensorType::new(DType::F32, [1, rows, config.hidden_size]),
+    ));
+    let model = plain_decoder(config, kind);
     hlo_ir::trace("moe_layer", &inputs, |i| {
-        let y = model.sparse_mlp(&Params(i), prefix, i["x"]);
+        let y = model.mlp(&Params(i), prefix, i["x"]);
         if summed {
             hlo_ir::Outputs::new().add("sum", y.sum(&[0, 1, 2]))
         } else {

@@ -1,10 +1,11 @@
-//! Qwen3-MoE, Mixtral and gpt-oss against HF transformers 5: f32 logits
+//! Qwen3-MoE, Mixtral, gpt-oss and Qwen2-MoE against HF transformers 5: f32 logits
 //! of the fixture models (made by `scripts/make_moe_fixtures.py`: top-k
 //! routing with and without renormalisation, a dense layer among sparse
 //! ones, experts stored per expert as transformers writes them and fused
 //! as it holds them; gpt-oss's biased router, transposed interleaved
 //! experts with biases and clamped SwiGLU, attention sinks, alternating
-//! sliding layers and yarn rotary) with and without a PEFT adapter; both
+//! sliding layers and yarn rotary; Qwen2-MoE's gated shared expert and
+//! q/k/v biases) with and without a PEFT adapter; both
 //! formulations of the experts (sorted blocks, dense) give HF's logits.
 
 use std::path::PathBuf;
@@ -15,9 +16,19 @@ use hlo_e2e::{
 };
 use hlo_ir::{DType, Literal, Op};
 use hlo_models::checkpoint::Checkpoint;
-use hlo_models::decoder::{block_count, block_size, Family, LayerType, ModelConfig, MoeKind};
+use hlo_models::decoder::{
+    block_count, block_size, Family, LayerType, ModelConfig, MoeKind, RopeScaling, Routing,
+    SharedExpert,
+};
 
-const MODELS: [&str; 3] = ["qwen3_moe", "mixtral", "gpt_oss"];
+const MODELS: [&str; 6] = [
+    "qwen3_moe",
+    "mixtral",
+    "gpt_oss",
+    "qwen2_moe",
+    "glm4_moe",
+    "deepseek_v3",
+];
 
 fn fixture(name: &str) -> PathBuf {
     fixture_dir(&format!("families/{name}"))
@@ -50,6 +61,81 @@ fn the_fixtures_exercise_each_familys_routing() {
         "the window of 4 is shorter than the fixture's 11 tokens"
     );
     assert_eq!(gpt_oss.sliding_window, Some(4));
+    let qwen2 = c("qwen2_moe");
+    assert_eq!(qwen2.family, Family::Qwen2Moe);
+    let m = qwen2.moe.as_ref().unwrap();
+    assert_eq!((m.num_experts, m.top_k), (6, 2));
+    assert!(!m.norm_topk_prob && qwen2.qkv_bias && !qwen2.qk_norm);
+    assert_eq!(m.sparse_layers, [true, false, true]);
+    assert_eq!(
+        m.shared_expert,
+        Some(SharedExpert {
+            intermediate_size: 24,
+            gated: true
+        })
+    );
+    assert_eq!(
+        qwen2.layer_types,
+        [LayerType::Sliding, LayerType::Full, LayerType::Full],
+        "Qwen2MoeConfig: the even layers below max_window_layers (2) slide"
+    );
+    let glm = c("glm4_moe");
+    assert_eq!(glm.family, Family::Glm4Moe);
+    let m = glm.moe.as_ref().unwrap();
+    assert_eq!((m.num_experts, m.top_k), (8, 3));
+    assert_eq!(
+        m.sparse_layers,
+        [false, true, true],
+        "first_k_dense_replace 1"
+    );
+    assert_eq!(
+        m.shared_expert.unwrap().intermediate_size,
+        32,
+        "2 shared experts of 16"
+    );
+    assert!(
+        !m.output_router_logits,
+        "HF's Glm4MoeForCausalLM adds no aux loss"
+    );
+    assert_eq!(
+        m.routing,
+        Routing::Sigmoid {
+            n_group: 4,
+            topk_group: 2,
+            routed_scaling_factor: 2.5
+        }
+    );
+    assert!(glm.qk_norm && glm.qkv_bias && !glm.o_bias);
+    assert_eq!(
+        (glm.head_dim, glm.rotary_dim()),
+        (16, 8),
+        "partial rotary 0.5"
+    );
+    let ds = c("deepseek_v3");
+    assert_eq!(ds.family, Family::DeepseekV3);
+    let mla = ds.mla.unwrap();
+    assert_eq!(
+        (mla.q_lora_rank, mla.kv_lora_rank, mla.v_head_dim),
+        (Some(24), 16, 6)
+    );
+    assert_eq!(
+        (ds.head_dim, ds.rotary_dim()),
+        (12, 4),
+        "8 unrotated + 4 rotary"
+    );
+    assert!(mla.rope_interleave);
+    let Some(RopeScaling::Yarn(y)) = &ds.rope.scaling else {
+        panic!("yarn")
+    };
+    // transformers: attention_factor = mscale(4, 1) / mscale(4, 0.707);
+    // the scores' extra factor mscale(4, 0.707)².
+    let ms = |m: f64| 0.1 * m * 4f64.ln() + 1.0;
+    assert!((y.attention_factor - ms(1.0) / ms(0.707)).abs() < 1e-12);
+    assert_eq!(y.mscale_all_dim, 0.707);
+    // Round trips through config.json as transformers reads it.
+    for config in [&qwen2, &glm, &ds] {
+        assert_eq!(&ModelConfig::from_json(&config.to_json()).unwrap(), config);
+    }
 }
 
 #[test]
@@ -204,7 +290,7 @@ fn f32_logits_with_peft_lora_on_the_experts_equal_hf() {
 #[test]
 fn f32_logits_with_the_router_saved_whole_equal_hf() {
     // PEFT's `modules_to_save` of the router (`gate`, gpt-oss's `router`).
-    for name in MODELS {
+    for name in ["qwen3_moe", "mixtral", "gpt_oss", "qwen2_moe"] {
         let dir = fixture(name);
         let adapter = dir.join("adapter_router");
         let lora = hlo_models::adapter::Adapter::load(
@@ -263,6 +349,10 @@ fn preset_parameter_counts_equal_hf() {
         "mixtral-8x7b",
         "gpt-oss-20b",
         "gpt-oss-120b",
+        "qwen1.5-moe-a2.7b",
+        "glm-4.5",
+        "deepseek-v3",
+        "kimi-k2",
     ] {
         let c = ModelConfig::preset(name).unwrap();
         assert_eq!(
@@ -375,5 +465,93 @@ fn a_non_finite_token_changes_no_other_tokens_experts() {
                 }
             }
         }
+    }
+}
+
+/// Layer `l`'s router of `c` (the checkpoint's) on its recorded input:
+/// each token's experts, sorted, with their weights in that order.
+fn routed(c: &ModelConfig, ckpt: &Checkpoint, l: i64, hidden: &Literal) -> Vec<Vec<(i64, f64)>> {
+    use hlo_models::decoder::{base_parameter_types, Params};
+    let prefix = format!("model.layers.{l}.mlp");
+    let mut inputs: Vec<(String, hlo_ir::TensorType)> = base_parameter_types(c, DType::F32)
+        .into_iter()
+        .filter(|(n, _)| n.starts_with(&format!("{prefix}.gate.")))
+        .collect();
+    inputs.push(("x".into(), hidden.ty.clone()));
+    let model = hlo_e2e::plain_decoder(c, MoeKind::default());
+    let f = hlo_ir::trace("router", &inputs, |i| {
+        let (w, e, _) = model.route(&Params(i), &prefix, i["x"]);
+        hlo_ir::Outputs::new().add("w", w).add("e", e)
+    })
+    .unwrap();
+    let args: Vec<Literal> = f
+        .inputs
+        .iter()
+        .map(|b| match b.name.as_str() {
+            "x" => hidden.clone(),
+            n => ckpt.read(n, DType::F32).unwrap(),
+        })
+        .collect();
+    let out = hlo_ir::interpret(&f, &args).unwrap();
+    let (w, e) = (out[0].to_f64s(), out[1].to_i128s());
+    let k = out[1].ty.dims[1] as usize;
+    (0..w.len() / k)
+        .map(|t| {
+            let mut pairs: Vec<(i64, f64)> = (0..k)
+                .map(|j| (e[t * k + j] as i64, w[t * k + j]))
+                .collect();
+            pairs.sort_by_key(|p| p.0);
+            pairs
+        })
+        .collect()
+}
+
+#[test]
+fn sigmoid_routers_choose_and_weigh_as_hf() {
+    // DeepSeek-V3's and GLM-4.5's router on each sparse layer's recorded
+    // input (scripts/make_moe_fixtures.py): the same experts as HF and
+    // their weights to 1e-6; the groups and the selection bias change the
+    // choice of some of these tokens (computed here without each).
+    use hlo_models::decoder::Routing;
+    for name in ["glm4_moe", "deepseek_v3"] {
+        let dir = fixture(name);
+        let ckpt = Checkpoint::open(&dir).unwrap();
+        let c = ckpt.config.clone();
+        let m = c.moe.clone().unwrap();
+        let Routing::Sigmoid { n_group, .. } = m.routing else {
+            panic!("{name}: a sigmoid router")
+        };
+        let mut ungrouped = c.clone();
+        if let Some(Routing::Sigmoid { topk_group, .. }) =
+            ungrouped.moe.as_mut().map(|m| &mut m.routing)
+        {
+            *topk_group = n_group;
+        }
+        let (mut by_groups, mut tokens) = (0, 0);
+        for l in (0..c.num_hidden_layers).filter(|l| m.sparse_layers[*l as usize]) {
+            let hidden = expected_in(&dir, "router.safetensors", &format!("layers.{l}.hidden"));
+            let want_e =
+                expected_in(&dir, "router.safetensors", &format!("layers.{l}.indices")).to_i128s();
+            let want_w =
+                expected_in(&dir, "router.safetensors", &format!("layers.{l}.weights")).to_f64s();
+            let got = routed(&c, &ckpt, l, &hidden);
+            for (t, pairs) in got.iter().enumerate() {
+                let k = pairs.len();
+                for (j, (e, w)) in pairs.iter().enumerate() {
+                    assert_eq!(*e as i128, want_e[t * k + j], "{name} layer {l} token {t}");
+                    assert!(
+                        (w - want_w[t * k + j]).abs() < 1e-6,
+                        "{name} layer {l} token {t}"
+                    );
+                }
+            }
+            let free = routed(&ungrouped, &ckpt, l, &hidden);
+            let changed =
+                |a: &[(i64, f64)], b: &[(i64, f64)]| a.iter().zip(b).any(|(x, y)| x.0 != y.0);
+            by_groups += got.iter().zip(&free).filter(|(a, b)| changed(a, b)).count();
+            tokens += got.len();
+        }
+        println!("{name}: the groups change the choice of {by_groups} of {tokens} tokens");
+        assert!(by_groups > 0, "{name}: the fixture exercises the groups");
     }
 }

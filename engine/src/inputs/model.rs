@@ -85,7 +85,8 @@ pub struct ModelSpec {
     /// llama3.2-1b, llama3.2-3b, llama3.1-8b, llama3.1-70b, llama3.1-405b,
     /// qwen2.5-0.5b, qwen2.5-7b, qwen3-0.6b, qwen3-8b, mistral-7b,
     /// gemma3-270m, gemma3-1b, qwen3-30b-a3b, qwen3-235b-a22b, mixtral-8x7b,
-    /// gpt-oss-20b, gpt-oss-120b; mpt-scale-1b, mpt-scale-3b, mpt-scale-7b
+    /// gpt-oss-20b, gpt-oss-120b, qwen1.5-moe-a2.7b, glm-4.5, deepseek-v3,
+    /// kimi-k2; mpt-scale-1b, mpt-scale-3b, mpt-scale-7b
     /// (MPT's sizes as Llama configs, for pretraining plans) (default:
     /// tiny).
     #[arg(long)]
@@ -322,6 +323,15 @@ impl Model {
     /// `initializer_range`, seeded, as transformers initialises a new
     /// head; its LM head is left unread), a classifier keeps its own.
     pub fn as_reward_model(mut self) -> Result<Model> {
+        if !self.config.family.has_classifier() {
+            return Err(EngineError::Objective {
+                objective: "reward",
+                why: format!(
+                    "transformers has no sequence classifier of {} (a reward model of it could not be loaded)",
+                    self.config.family.architecture()
+                ),
+            });
+        }
         // A classifier's own pad token where no tokenizer says otherwise.
         let pad = match (self.tokenizer_dir(), self.config.head) {
             (
@@ -530,6 +540,11 @@ impl Model {
                 });
             }
         }
+        // A sigmoid router in f32, as transformers keeps it.
+        let dtype = match self.config.kept_in_f32(name) {
+            true => DType::F32,
+            false => dtype,
+        };
         match self.stored() {
             // A causal LM's checkpoint made a reward model: its new head.
             Some(c) if name == SCORE && c.dtype(SCORE).is_none() => self.random(name, dtype, seed),

@@ -316,7 +316,9 @@ fn train_config(
         .iter()
         .any(|name| spec.chosen.contains(name));
     match (&spec.output.resume, init) {
-        (Some(dir), _) if resumed && !lora_chosen => tc.lora = Some(Adapter::read_config(dir)?),
+        (Some(dir), _) if resumed && !lora_chosen => {
+            tc.lora = Some(Adapter::read_config(dir)?.for_model(&model.config)?)
+        }
         (_, Some(a)) => tc.lora = Some(a.lora.clone()),
         _ => {}
     }

@@ -558,7 +558,10 @@ impl StepSpec {
         steps: i64,
         policy: &StepPolicy,
     ) -> Result<TrainConfig> {
-        let lora = self.adapter().map(LoraSpec::config).transpose()?;
+        let lora = match self.adapter().map(LoraSpec::config).transpose()? {
+            Some(l) => Some(l.for_model(config)?),
+            None => None,
+        };
         if let Some(l) = &lora {
             l.check_modules_to_save(config)?;
         }

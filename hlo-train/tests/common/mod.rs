@@ -8,6 +8,20 @@ use hlo_engine::ir::Literal;
 use hlo_engine::models::io::read_safetensors;
 use std::process::{Command, Output};
 
+/// The rows of a family fixture (`input_ids` of `dir`'s
+/// expected.safetensors) as a JSONL file of token ids in `scratch_dir`.
+pub fn expected_rows(dir: &Path, scratch_dir: &Path) -> PathBuf {
+    let ids = fixture_tensor(dir, "expected.safetensors", "input_ids");
+    let lines: Vec<String> = ids
+        .to_i128s()
+        .chunks(ids.ty.dims[1] as usize)
+        .map(|r| serde_json::json!({ "input_ids": r }).to_string())
+        .collect();
+    let data = scratch_dir.join("rows.jsonl");
+    std::fs::write(&data, lines.join("\n") + "\n").unwrap();
+    data
+}
+
 /// Runs `hlo-train` with `args` (the plugin from flags only, never from
 /// the environment; hub ids from the HF cache only, never the network; one
 /// process, whatever launched the tests).
@@ -338,13 +352,7 @@ pub fn step_within_of_pytorch(
     );
     let scratch_dir = scratch("step", &tag);
     let ids = fixture_tensor(dir, "expected.safetensors", "input_ids");
-    let lines: Vec<String> = ids
-        .to_i128s()
-        .chunks(ids.ty.dims[1] as usize)
-        .map(|r| serde_json::json!({ "input_ids": r }).to_string())
-        .collect();
-    let data = scratch_dir.join("rows.jsonl");
-    std::fs::write(&data, lines.join("\n") + "\n").unwrap();
+    let data = expected_rows(dir, &scratch_dir);
     let (out, metrics) = (scratch_dir.join("out"), scratch_dir.join("m.jsonl"));
     let adapter = dir.join(adapter);
     let lr = if opt == "sgd" { "0.05" } else { "1e-3" };

@@ -27,6 +27,17 @@ pub enum Family {
     Qwen3Moe,
     /// `MixtralForCausalLM`: Mistral's attention, mixture-of-experts MLPs.
     Mixtral,
+    /// `Qwen2MoeForCausalLM` (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's
+    /// attention, mixture-of-experts MLPs with a shared expert behind a
+    /// sigmoid gate.
+    Qwen2Moe,
+    /// `Glm4MoeForCausalLM` (GLM-4.5, GLM-4.6): attention with partial
+    /// rotary and optional q/k norms; sigmoid-routed experts (a selection
+    /// bias, groups) with shared experts, the first layers dense.
+    Glm4Moe,
+    /// `DeepseekV3ForCausalLM` (DeepSeek-V3, R1; Kimi K2): multi-head
+    /// latent attention, GLM-4.5's routing and shared experts.
+    DeepseekV3,
     /// `GptOssForCausalLM`: biased attention with sinks, alternating
     /// sliding layers, yarn rotary, experts with biases and a clamped
     /// SwiGLU.
@@ -34,7 +45,7 @@ pub enum Family {
 }
 
 /// Every family, in the order errors list them.
-pub const FAMILIES: [Family; 8] = [
+pub const FAMILIES: [Family; 11] = [
     Family::Llama,
     Family::Qwen2,
     Family::Qwen3,
@@ -42,6 +53,9 @@ pub const FAMILIES: [Family; 8] = [
     Family::Gemma3,
     Family::Qwen3Moe,
     Family::Mixtral,
+    Family::Qwen2Moe,
+    Family::Glm4Moe,
+    Family::DeepseekV3,
     Family::GptOss,
 ];
 
@@ -56,6 +70,9 @@ impl Family {
             Family::Gemma3 => "gemma3_text",
             Family::Qwen3Moe => "qwen3_moe",
             Family::Mixtral => "mixtral",
+            Family::Qwen2Moe => "qwen2_moe",
+            Family::Glm4Moe => "glm4_moe",
+            Family::DeepseekV3 => "deepseek_v3",
             Family::GptOss => "gpt_oss",
         }
     }
@@ -70,8 +87,17 @@ impl Family {
             Family::Gemma3 => "Gemma3ForCausalLM",
             Family::Qwen3Moe => "Qwen3MoeForCausalLM",
             Family::Mixtral => "MixtralForCausalLM",
+            Family::Qwen2Moe => "Qwen2MoeForCausalLM",
+            Family::Glm4Moe => "Glm4MoeForCausalLM",
+            Family::DeepseekV3 => "DeepseekV3ForCausalLM",
             Family::GptOss => "GptOssForCausalLM",
         }
+    }
+
+    /// Whether transformers has a sequence-classification class of it
+    /// (GLM-4.5 has none).
+    pub fn has_classifier(self) -> bool {
+        self != Family::Glm4Moe
     }
 
     /// Its sequence-classification class, as transformers names it.
@@ -85,6 +111,8 @@ impl Family {
     }
 
     pub(super) fn from_model_type(t: &str) -> Option<Family> {
+        // Kimi K2 is DeepSeek-V3's architecture under its own name.
+        let t = if t == "kimi_k2" { "deepseek_v3" } else { t };
         FAMILIES.into_iter().find(|f| f.model_type() == t)
     }
 
@@ -115,6 +143,9 @@ pub struct YarnScaling {
     pub truncate: bool,
     /// HF's `attention_factor`; absent, `0.1 ln(factor) + 1`.
     pub attention_factor: f64,
+    /// DeepSeek-V3's `mscale_all_dim` (0: none): its attention scores are
+    /// scaled by `yarn_mscale(factor, mscale_all_dim)²` more.
+    pub mscale_all_dim: f64,
 }
 
 /// How rotary frequencies are rescaled for longer contexts.
@@ -133,6 +164,33 @@ pub enum RopeScaling {
 pub struct Rope {
     pub theta: f64,
     pub scaling: Option<RopeScaling>,
+    /// The share of each head's dimensions it rotates, the first ones
+    /// (GLM-4.5's `partial_rotary_factor`, 0.5); the rest pass unrotated.
+    pub partial_rotary_factor: f64,
+}
+
+/// Multi-head latent attention (DeepSeek-V3's `DeepseekV3Attention`):
+/// queries through a low-rank bottleneck (`q_a_proj`, `q_a_layernorm`,
+/// `q_b_proj`; `q_proj` without one), keys and values from one shared
+/// latent (`kv_a_proj_with_mqa` gives the latent and one rotary key head
+/// shared by all heads; `kv_a_layernorm`; `kv_b_proj` expands the latent
+/// into each head's unrotated key and value). A query or key head is its
+/// `qk_nope_head_dim` unrotated dimensions then its `qk_rope_head_dim`
+/// rotary ones (the model's `head_dim` is their sum); a value head has
+/// `v_head_dim`, padded with zeros to `head_dim` inside the attention so
+/// that every attention form and the KV cache hold one width.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlaConfig {
+    pub q_lora_rank: Option<i64>,
+    pub kv_lora_rank: i64,
+    pub qk_nope_head_dim: i64,
+    pub qk_rope_head_dim: i64,
+    pub v_head_dim: i64,
+    /// The rotary dimensions come in interleaved pairs (`rope_interleave`:
+    /// `(x0, x1), (x2, x3), ...`), each turned by one frequency; they are
+    /// laid out de-interleaved (evens, then odds) before turning, as HF
+    /// does.
+    pub rope_interleave: bool,
 }
 
 impl Rope {
@@ -140,6 +198,7 @@ impl Rope {
         Rope {
             theta,
             scaling: None,
+            partial_rotary_factor: 1.0,
         }
     }
 }
@@ -252,6 +311,60 @@ pub struct MoeConfig {
     /// first.
     pub f32_routing_weights: bool,
     pub style: ExpertStyle,
+    /// An expert every token goes through beside its routed ones
+    /// (Qwen2-MoE's `mlp.shared_expert`, DeepSeek-V3's and GLM-4.5's
+    /// `mlp.shared_experts`).
+    pub shared_expert: Option<SharedExpert>,
+    /// How the router scores and picks the experts.
+    pub routing: Routing,
+}
+
+/// How a router scores the experts and weighs the chosen ones.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Routing {
+    /// The softmax of the router's logits over every expert, its top k
+    /// (Qwen-MoE, Mixtral; gpt-oss's departs in [`ExpertStyle::GptOss`]).
+    Softmax,
+    /// DeepSeek-V3's and GLM-4.5's (`DeepseekV3TopkRouter`): in f32, the
+    /// sigmoid of each logit is the expert's score; the experts are chosen
+    /// on the scores plus `mlp.gate.e_score_correction_bias` (a buffer,
+    /// never trained), only among the `topk_group` of `n_group` equal
+    /// groups whose two best biased scores sum highest; the chosen
+    /// experts' unbiased scores, renormalised with `norm_topk_prob`, times
+    /// `routed_scaling_factor`, weigh their outputs (in f32).
+    Sigmoid {
+        n_group: i64,
+        topk_group: i64,
+        routed_scaling_factor: f64,
+    },
+}
+
+/// A dense SwiGLU MLP in a sparse layer that every token goes through,
+/// its output added to the routed experts' (Qwen2-MoE's
+/// `Qwen2MoeSparseMoeBlock.shared_expert`; DeepSeek-V3's and GLM-4.5's
+/// `shared_experts`, `n_shared_experts` experts' width as one MLP).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedExpert {
+    /// Its MLP's width (Qwen2-MoE's `shared_expert_intermediate_size`;
+    /// `moe_intermediate_size · n_shared_experts`).
+    pub intermediate_size: i64,
+    /// Its output is scaled by `σ(shared_expert_gate(x))`, a linear map
+    /// of the hidden state to one logit per token (Qwen2-MoE).
+    pub gated: bool,
+}
+
+impl SharedExpert {
+    /// Its gate's module under the layer's `mlp` (`[1, hidden]`).
+    pub const GATE: &'static str = "shared_expert_gate";
+
+    /// Its module under the layer's `mlp`: Qwen2-MoE's gated
+    /// `shared_expert`, the others' `shared_experts`.
+    pub fn module(self) -> &'static str {
+        match self.gated {
+            true => "shared_expert",
+            false => "shared_experts",
+        }
+    }
 }
 
 impl MoeConfig {
@@ -282,6 +395,28 @@ impl MoeConfig {
             (dims[0], dims[2], dims[1])
         }
     }
+}
+
+/// One linear projection of a layer: see [`ModelConfig::layer_projections`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Projection {
+    /// Its module path (`model.layers.3.mlp.shared_expert.up_proj`).
+    pub module: String,
+    /// Its name as LoRA's `target_modules` lists it (`up_proj`).
+    pub short: &'static str,
+    /// `(in, out)` features.
+    pub dims: (i64, i64),
+}
+
+/// A sigmoid router's selection bias under a sparse layer (a buffer: read
+/// from checkpoints, never trained).
+pub const E_SCORE_CORRECTION_BIAS: &str = "mlp.gate.e_score_correction_bias";
+
+/// Whether base parameter `name` is a buffer (a sigmoid router's
+/// selection bias): read and saved, never trained, not even by full
+/// finetuning.
+pub fn is_buffer(name: &str) -> bool {
+    name.ends_with("e_score_correction_bias")
 }
 
 /// A sequence-classification head's weight, `[num_labels, hidden]`.
@@ -364,6 +499,8 @@ pub struct ModelConfig {
     pub quantization: Option<crate::nf4::Nf4Config>,
     /// Qwen3-MoE, Mixtral, gpt-oss: the experts of the sparse layers.
     pub moe: Option<MoeConfig>,
+    /// DeepSeek-V3: multi-head latent attention in place of q/k/v_proj.
+    pub mla: Option<MlaConfig>,
 }
 
 impl ModelConfig {
@@ -386,6 +523,18 @@ impl ModelConfig {
             }),
             false => Ok(()),
         }
+    }
+
+    /// Whether base parameter `name` is held in f32 whatever the run's
+    /// dtype: a sigmoid router's weight and selection bias, which
+    /// transformers keeps so (`_keep_in_fp32_modules_strict`) and routes
+    /// with in f32.
+    pub fn kept_in_f32(&self, name: &str) -> bool {
+        let sigmoid = self
+            .moe
+            .as_ref()
+            .is_some_and(|m| matches!(m.routing, Routing::Sigmoid { .. }));
+        sigmoid && (name.ends_with("mlp.gate.weight") || is_buffer(name))
     }
 
     /// Whether layer `l`'s MLP is a mixture of experts.
@@ -420,15 +569,23 @@ impl ModelConfig {
     /// The scale of attention scores: `query_pre_attn_scalar^-0.5` (Gemma
     /// 3), else `head_dim^-0.5`.
     pub(crate) fn attention_scale(&self) -> f64 {
-        self.query_pre_attn_scalar
+        let scale = self
+            .query_pre_attn_scalar
             .unwrap_or(self.head_dim as f64)
-            .powf(-0.5)
+            .powf(-0.5);
+        // DeepSeek-V3's yarn: times mscale(factor, mscale_all_dim)².
+        match (&self.mla, &self.rope.scaling) {
+            (Some(_), Some(RopeScaling::Yarn(y))) if y.mscale_all_dim != 0.0 => {
+                let m = yarn_mscale(y.factor, y.mscale_all_dim);
+                scale * m * m
+            }
+            _ => scale,
+        }
     }
 
     /// Every base parameter: (HF name, shape), in checkpoint order.
     pub fn parameter_shapes(&self) -> Vec<(String, Vec<i64>)> {
-        let (h, i, hd) = (self.hidden_size, self.intermediate_size, self.head_dim);
-        let (q, kv) = (self.num_attention_heads * hd, self.num_key_value_heads * hd);
+        let h = self.hidden_size;
         let mut out = vec![(
             "model.embed_tokens.weight".to_string(),
             vec![self.vocab_size, h],
@@ -437,51 +594,16 @@ impl ModelConfig {
             let p = format!("model.layers.{l}");
             let mut push = |name: &str, shape: Vec<i64>| out.push((format!("{p}.{name}"), shape));
             push("input_layernorm.weight", vec![h]);
-            push("self_attn.q_proj.weight", vec![q, h]);
-            push("self_attn.k_proj.weight", vec![kv, h]);
-            push("self_attn.v_proj.weight", vec![kv, h]);
-            if self.qkv_bias {
-                push("self_attn.q_proj.bias", vec![q]);
-                push("self_attn.k_proj.bias", vec![kv]);
-                push("self_attn.v_proj.bias", vec![kv]);
-            }
-            if self.qk_norm {
-                push("self_attn.q_norm.weight", vec![hd]);
-                push("self_attn.k_norm.weight", vec![hd]);
-            }
-            push("self_attn.o_proj.weight", vec![h, q]);
-            if self.o_bias {
-                push("self_attn.o_proj.bias", vec![h]);
-            }
-            if self.attention_sinks {
-                push("self_attn.sinks", vec![self.num_attention_heads]);
+            for (name, shape) in self.attention_shapes() {
+                push(&format!("self_attn.{name}"), shape);
             }
             push("post_attention_layernorm.weight", vec![h]);
             if self.sandwich_norms {
                 push("pre_feedforward_layernorm.weight", vec![h]);
                 push("post_feedforward_layernorm.weight", vec![h]);
             }
-            match self.moe.as_ref().filter(|_| self.is_sparse(l)) {
-                Some(m) if m.transposed() => {
-                    let (e, mi) = (m.num_experts, m.moe_intermediate_size);
-                    push("mlp.router.weight", vec![e, h]);
-                    push("mlp.router.bias", vec![e]);
-                    push("mlp.experts.gate_up_proj", vec![e, h, 2 * mi]);
-                    push("mlp.experts.gate_up_proj_bias", vec![e, 2 * mi]);
-                    push("mlp.experts.down_proj", vec![e, mi, h]);
-                    push("mlp.experts.down_proj_bias", vec![e, h]);
-                }
-                Some(m) => {
-                    let (e, mi) = (m.num_experts, m.moe_intermediate_size);
-                    push("mlp.gate.weight", vec![e, h]);
-                    push("mlp.experts.gate_up_proj", vec![e, 2 * mi, h]);
-                    push("mlp.experts.down_proj", vec![e, h, mi]);
-                }
-                None => {
-                    push("mlp.gate_proj.weight", vec![i, h]);
-                    push("mlp.up_proj.weight", vec![i, h]);
-                    push("mlp.down_proj.weight", vec![h, i]);
-                }
+            for (name, shape) in self.mlp_shapes(l) {
+                push(&format!("mlp.{name}"), shape);
             }
         }
         out.push(("model.norm.weight".to_string(), vec![h]));
@@ -494,6 +616,110 @@ impl ModelConfig {
             }
             Head::CausalLm => {}
         }
+        out
+    }
+
+    /// A layer's attention parameters under `self_attn`, in checkpoint
+    /// order.
+    fn attention_shapes(&self) -> Vec<(String, Vec<i64>)> {
+        if let Some(m) = &self.mla {
+            return self.latent_attention_shapes(m);
+        }
+        let (h, hd) = (self.hidden_size, self.head_dim);
+        let (q, kv) = (self.num_attention_heads * hd, self.num_key_value_heads * hd);
+        let mut out = Vec::new();
+        let mut push = |name: &str, shape: Vec<i64>| out.push((name.to_string(), shape));
+        push("q_proj.weight", vec![q, h]);
+        push("k_proj.weight", vec![kv, h]);
+        push("v_proj.weight", vec![kv, h]);
+        if self.qkv_bias {
+            push("q_proj.bias", vec![q]);
+            push("k_proj.bias", vec![kv]);
+            push("v_proj.bias", vec![kv]);
+        }
+        if self.qk_norm {
+            push("q_norm.weight", vec![hd]);
+            push("k_norm.weight", vec![hd]);
+        }
+        push("o_proj.weight", vec![h, q]);
+        if self.o_bias {
+            push("o_proj.bias", vec![h]);
+        }
+        if self.attention_sinks {
+            push("sinks", vec![self.num_attention_heads]);
+        }
+        out
+    }
+
+    /// Layer `l`'s MLP parameters under `mlp`, in checkpoint order: the
+    /// dense MLP's, or the router's, the experts' and the shared expert's.
+    fn mlp_shapes(&self, l: i64) -> Vec<(String, Vec<i64>)> {
+        let (h, i) = (self.hidden_size, self.intermediate_size);
+        let mut out = Vec::new();
+        let mut push = |name: &str, shape: Vec<i64>| out.push((name.to_string(), shape));
+        let Some(m) = self.moe.as_ref().filter(|_| self.is_sparse(l)) else {
+            push("gate_proj.weight", vec![i, h]);
+            push("up_proj.weight", vec![i, h]);
+            push("down_proj.weight", vec![h, i]);
+            return out;
+        };
+        let (e, mi) = (m.num_experts, m.moe_intermediate_size);
+        if m.transposed() {
+            push("router.weight", vec![e, h]);
+            push("router.bias", vec![e]);
+            push("experts.gate_up_proj", vec![e, h, 2 * mi]);
+            push("experts.gate_up_proj_bias", vec![e, 2 * mi]);
+            push("experts.down_proj", vec![e, mi, h]);
+            push("experts.down_proj_bias", vec![e, h]);
+            return out;
+        }
+        push("gate.weight", vec![e, h]);
+        if matches!(m.routing, Routing::Sigmoid { .. }) {
+            push(E_SCORE_CORRECTION_BIAS.trim_start_matches("mlp."), vec![e]);
+        }
+        push("experts.gate_up_proj", vec![e, 2 * mi, h]);
+        push("experts.down_proj", vec![e, h, mi]);
+        if let Some(s) = m.shared_expert {
+            let (si, at) = (s.intermediate_size, s.module());
+            push(&format!("{at}.gate_proj.weight"), vec![si, h]);
+            push(&format!("{at}.up_proj.weight"), vec![si, h]);
+            push(&format!("{at}.down_proj.weight"), vec![h, si]);
+            if s.gated {
+                push(&format!("{}.weight", SharedExpert::GATE), vec![1, h]);
+            }
+        }
+        out
+    }
+
+    /// A latent attention's parameters under `self_attn` (see
+    /// [`MlaConfig`]), in checkpoint order.
+    fn latent_attention_shapes(&self, m: &MlaConfig) -> Vec<(String, Vec<i64>)> {
+        let mut out = Vec::new();
+        for p in self.latent_projections(m) {
+            out.push((format!("{}.weight", p.0), vec![p.2, p.1]));
+            if p.0 == "q_a_proj" {
+                out.push(("q_a_layernorm.weight".into(), vec![p.2]));
+            }
+            if p.0 == "kv_a_proj_with_mqa" {
+                out.push(("kv_a_layernorm.weight".into(), vec![m.kv_lora_rank]));
+            }
+        }
+        out
+    }
+
+    /// A latent attention's projections as (module under `self_attn`, in,
+    /// out), in module order.
+    fn latent_projections(&self, m: &MlaConfig) -> Vec<(&'static str, i64, i64)> {
+        let (h, heads) = (self.hidden_size, self.num_attention_heads);
+        let query = heads * self.head_dim;
+        let mut out = match m.q_lora_rank {
+            Some(r) => vec![("q_a_proj", h, r), ("q_b_proj", r, query)],
+            None => vec![("q_proj", h, query)],
+        };
+        out.push(("kv_a_proj_with_mqa", h, m.kv_lora_rank + m.qk_rope_head_dim));
+        let kv = heads * (m.qk_nope_head_dim + m.v_head_dim);
+        out.push(("kv_b_proj", m.kv_lora_rank, kv));
+        out.push(("o_proj", heads * m.v_head_dim, h));
         out
     }
 
@@ -527,6 +753,19 @@ impl ModelConfig {
     pub(super) fn check_quantization(&self) -> Result<(), ConfigError> {
         if self.quantization.is_none() {
             return Ok(());
+        }
+        if self.mla.is_some() {
+            return Err(ConfigError::Unsupported(
+                "NF4 quantization of multi-head latent attention (DeepSeek-V3) is not implemented"
+                    .into(),
+            ));
+        }
+        let shared = self.moe.as_ref().and_then(|m| m.shared_expert);
+        if shared.is_some_and(|s| s.gated) {
+            return Err(ConfigError::Unsupported(format!(
+                "NF4 quantization of {}'s shared_expert_gate (a one-row nn.Linear bitsandbytes would also quantize) is not implemented",
+                self.family.architecture()
+            )));
         }
         for m in crate::nf4::QUANTIZED_MODULES {
             let (din, _) = self.projection_dims(m).expect("a known projection");
@@ -582,10 +821,11 @@ impl ModelConfig {
         2.0 * sums_in_series as f64 * (widest as f64).sqrt() * u * scale.abs().max(1.0)
     }
 
-    /// Number of base parameters (HF's count).
+    /// Number of base parameters (HF's count: buffers are not).
     pub fn parameter_count(&self) -> i64 {
         self.parameter_shapes()
             .iter()
+            .filter(|(n, _)| !is_buffer(n))
             .map(|(_, s)| s.iter().product::<i64>())
             .sum()
     }
@@ -607,6 +847,17 @@ impl ModelConfig {
 
     /// `(in, out)` features of a projection by module name (`q_proj`, ...).
     pub fn projection_dims(&self, module: &str) -> Option<(i64, i64)> {
+        if let Some(m) = &self.mla {
+            let latent = self.latent_projections(m).into_iter();
+            if let Some((_, din, dout)) = latent.clone().find(|p| p.0 == module) {
+                return Some((din, dout));
+            }
+            if latent.clone().any(|p| p.0 == "q_a_proj") && module == "q_proj"
+                || matches!(module, "k_proj" | "v_proj")
+            {
+                return None;
+            }
+        }
         let (h, i, hd) = (self.hidden_size, self.intermediate_size, self.head_dim);
         let (q, kv) = (self.num_attention_heads * hd, self.num_key_value_heads * hd);
         Some(match module {
@@ -617,6 +868,59 @@ impl ModelConfig {
             "down_proj" => (i, h),
             _ => return None,
         })
+    }
+
+    /// Layer `l`'s linear projections (the modules LoRA targets by their
+    /// short names), in module order: attention's q/k/v/o, then the MLP's
+    /// gate/up/down (a dense layer's; a sparse layer's shared expert's,
+    /// under `mlp.shared_expert`, none else: its experts are parameters,
+    /// not modules).
+    ///
+    /// ```
+    /// let c = hlo_models::decoder::ModelConfig::preset("tiny").unwrap();
+    /// let p = c.layer_projections(1);
+    /// assert_eq!(p[0].module, "model.layers.1.self_attn.q_proj");
+    /// assert_eq!((p[6].short, p[6].dims), ("down_proj", (c.intermediate_size, c.hidden_size)));
+    /// ```
+    pub fn layer_projections(&self, l: i64) -> Vec<Projection> {
+        let mlp = match self.moe.as_ref().filter(|_| self.is_sparse(l)) {
+            None => Some(("mlp".to_string(), self.intermediate_size)),
+            Some(m) => m
+                .shared_expert
+                .map(|s| (format!("mlp.{}", s.module()), s.intermediate_size)),
+        };
+        let mut out = Vec::new();
+        if let Some(m) = &self.mla {
+            for (short, din, dout) in self.latent_projections(m) {
+                out.push(Projection {
+                    module: format!("model.layers.{l}.self_attn.{short}"),
+                    short,
+                    dims: (din, dout),
+                });
+            }
+        }
+        for short in crate::projections::LAYER_PROJECTIONS {
+            let (group, width) = match short {
+                "q_proj" | "k_proj" | "v_proj" | "o_proj" if self.mla.is_some() => continue,
+                "q_proj" | "k_proj" | "v_proj" | "o_proj" => ("self_attn".to_string(), 0),
+                _ => match &mlp {
+                    Some((at, width)) => (at.clone(), *width),
+                    None => continue,
+                },
+            };
+            let (h, dims) = (self.hidden_size, self.projection_dims(short));
+            let dims = match short {
+                "gate_proj" | "up_proj" => (h, width),
+                "down_proj" => (width, h),
+                _ => dims.expect("an attention projection"),
+            };
+            out.push(Projection {
+                module: format!("model.layers.{l}.{group}.{short}"),
+                short,
+                dims,
+            });
+        }
+        out
     }
 
     /// The rotary embedding of layers of `kind`.
@@ -636,12 +940,23 @@ impl ModelConfig {
         }
     }
 
+    /// The dimensions of each query and key head that the rotary
+    /// embedding turns, the first ones: `int(head_dim ·
+    /// partial_rotary_factor)` as HF rounds it.
+    pub fn rotary_dim(&self) -> i64 {
+        match &self.mla {
+            Some(m) => m.qk_rope_head_dim,
+            None => (self.head_dim as f64 * self.rope.partial_rotary_factor) as i64,
+        }
+    }
+
     /// The rotary inverse frequencies of layers of `kind`, scaled as HF
-    /// computes them (then rounded to f32 as HF holds them).
+    /// computes them (then rounded to f32 as HF holds them), one for each
+    /// two of the [`Self::rotary_dim`] rotated dimensions.
     pub fn inv_freq(&self, kind: LayerType) -> Vec<f64> {
         let rope = self.rope_of(kind);
-        let d = self.head_dim as f64;
-        let base: Vec<f64> = (0..self.head_dim / 2)
+        let d = self.rotary_dim() as f64;
+        let base: Vec<f64> = (0..self.rotary_dim() / 2)
             .map(|i| (1.0 / rope.theta.powf((2 * i) as f64 / d)) as f32 as f64)
             .collect();
         let s = match &rope.scaling {
@@ -670,6 +985,15 @@ impl ModelConfig {
                 ((1.0 - smooth) * scaled / s.factor + smooth * scaled) as f32 as f64
             })
             .collect()
+    }
+}
+
+/// YaRN's attention scale of a context `scale` times the original:
+/// `0.1 · mscale · ln(scale) + 1` (1 when not longer).
+pub(crate) fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
+    match scale <= 1.0 {
+        true => 1.0,
+        false => 0.1 * mscale * scale.ln() + 1.0,
     }
 }
 

@@ -101,7 +101,7 @@ impl Decoder<'_> {
                             (q, kc.cast(dtype), vc.cast(dtype)),
                             (visible.of(kind), &[0, 3, 4]),
                         );
-                        proj(&format!("{a}.o_proj"), "o_proj", out)
+                        proj(&format!("{a}.o_proj"), "o_proj", self.attention_output(out))
                     },
                     |x| self.mlp_with(p, &format!("{prefix}.mlp"), x, &proj),
                 )

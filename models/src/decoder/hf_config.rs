@@ -10,8 +10,9 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::config::{
-    Activation, ExpertStyle, Family, Head, LayerType, Llama3Scaling, ModelConfig, MoeConfig,
-    NormStyle, Rope, RopeScaling, YarnScaling, FAMILIES,
+    yarn_mscale, Activation, ExpertStyle, Family, Head, LayerType, Llama3Scaling, MlaConfig,
+    ModelConfig, MoeConfig, NormStyle, Rope, RopeScaling, Routing, SharedExpert, YarnScaling,
+    FAMILIES,
 };
 use crate::nf4::Nf4Config;
 use crate::{ConfigError, ModelError};
@@ -209,14 +210,6 @@ fn rope_from(r: Option<&Value>, theta: f64) -> Result<Rope, ConfigError> {
                 field: k.to_string(),
             })
     };
-    if let Some(f) = r
-        .and_then(|r| r.get("partial_rotary_factor"))
-        .and_then(Value::as_f64)
-    {
-        if f != 1.0 {
-            return unsupported(format!("partial_rotary_factor = {f}"));
-        }
-    }
     let scaling = match rope_type {
         "default" => None,
         "linear" => Some(RopeScaling::Linear {
@@ -228,47 +221,70 @@ fn rope_from(r: Option<&Value>, theta: f64) -> Result<Rope, ConfigError> {
             high_freq_factor: get("high_freq_factor")?,
             original_max_position_embeddings: get("original_max_position_embeddings")?,
         })),
-        "yarn" => {
-            let opt = |k: &str| r.and_then(|r| r.get(k)).filter(|v| !v.is_null());
-            for k in ["mscale", "mscale_all_dim"] {
-                if let Some(v) = opt(k) {
-                    return unsupported(format!(
-                        "yarn rope with {k} = {v} (DeepSeek's attention factor)"
-                    ));
-                }
-            }
-            let factor = get("factor")?;
-            if !(factor.is_finite() && factor > 0.0) {
-                return unsupported(format!("yarn rope factor = {factor}"));
-            }
-            let or = |k: &str, d: f64| {
-                opt(k)
-                    .and_then(Value::as_f64)
-                    .filter(|v| *v != 0.0)
-                    .unwrap_or(d)
-            };
-            let attention_factor = match opt("attention_factor").map(Value::as_f64) {
-                Some(Some(a)) => a,
-                Some(None) => return unsupported("yarn attention_factor (not a number)".into()),
-                None if factor <= 1.0 => 1.0,
-                None => 0.1 * factor.ln() + 1.0,
-            };
-            Some(RopeScaling::Yarn(YarnScaling {
-                factor,
-                beta_fast: or("beta_fast", 32.0),
-                beta_slow: or("beta_slow", 1.0),
-                original_max_position_embeddings: get("original_max_position_embeddings")?,
-                truncate: opt("truncate").and_then(Value::as_bool).unwrap_or(true),
-                attention_factor,
-            }))
-        }
+        "yarn" => Some(RopeScaling::Yarn(yarn_from(r, &get)?)),
         other => {
             return unsupported(format!(
                 "rope type `{other}` (only default, linear, llama3 and yarn)"
             ))
         }
     };
-    Ok(Rope { theta, scaling })
+    let partial_rotary_factor = match r.and_then(|r| r.get("partial_rotary_factor")) {
+        None | Some(Value::Null) => 1.0,
+        Some(v) => v.as_f64().ok_or_else(|| {
+            ConfigError::Unsupported(format!("partial_rotary_factor = {v} (not a number)"))
+        })?,
+    };
+    Ok(Rope {
+        theta,
+        scaling,
+        partial_rotary_factor,
+    })
+}
+
+/// A yarn `rope_parameters` object `r` (`get` reads its required
+/// numbers): its attention factor as transformers computes it, DeepSeek's
+/// two mscales included.
+fn yarn_from(
+    r: Option<&Value>,
+    get: &dyn Fn(&str) -> Result<f64, ConfigError>,
+) -> Result<YarnScaling, ConfigError> {
+    let opt = |k: &str| r.and_then(|r| r.get(k)).filter(|v| !v.is_null());
+    let number = |k: &str| match opt(k) {
+        None => Ok(0.0),
+        Some(v) => v
+            .as_f64()
+            .filter(|x| x.is_finite())
+            .ok_or_else(|| ConfigError::Unsupported(format!("yarn {k} = {v} (not a number)"))),
+    };
+    let (mscale, mscale_all_dim) = (number("mscale")?, number("mscale_all_dim")?);
+    let factor = get("factor")?;
+    if !(factor.is_finite() && factor > 0.0) {
+        return unsupported(format!("yarn rope factor = {factor}"));
+    }
+    let or = |k: &str, d: f64| {
+        opt(k)
+            .and_then(Value::as_f64)
+            .filter(|v| *v != 0.0)
+            .unwrap_or(d)
+    };
+    let attention_factor = match opt("attention_factor").map(Value::as_f64) {
+        Some(Some(a)) => a,
+        Some(None) => return unsupported("yarn attention_factor (not a number)".into()),
+        // DeepSeek's: the ratio of the two mscales (both given).
+        None if mscale != 0.0 && mscale_all_dim != 0.0 => {
+            yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+        }
+        None => yarn_mscale(factor, 1.0),
+    };
+    Ok(YarnScaling {
+        factor,
+        beta_fast: or("beta_fast", 32.0),
+        beta_slow: or("beta_slow", 1.0),
+        original_max_position_embeddings: get("original_max_position_embeddings")?,
+        truncate: opt("truncate").and_then(Value::as_bool).unwrap_or(true),
+        attention_factor,
+        mscale_all_dim,
+    })
 }
 
 /// `key` of `obj` when present and not null.
@@ -403,12 +419,12 @@ fn int_field(obj: &Map<String, Value>, key: &str) -> Result<Option<i64>, ConfigE
         .transpose()
 }
 
-/// The number of experts: `num_local_experts`, or `num_experts`, which
-/// transformers 5 maps to it (and writes as it).
+/// The number of experts: `num_local_experts`, or `num_experts` or
+/// `n_routed_experts`, which transformers 5 maps to it (and writes as it).
 fn expert_count(obj: &Map<String, Value>) -> Result<Option<i64>, ConfigError> {
     let (local, named) = (
         int_field(obj, "num_local_experts")?,
-        int_field(obj, "num_experts")?,
+        int_field(obj, "num_experts")?.or(int_field(obj, "n_routed_experts")?),
     );
     match (local, named) {
         (Some(a), Some(b)) if a != b => unsupported(format!(
@@ -438,11 +454,12 @@ fn experts(
 ) -> Result<Option<MoeConfig>, ConfigError> {
     let aux = router_aux_loss(obj)?;
     let moe = match family {
-        Family::Qwen3Moe => match qwen3_moe_experts(obj, layers, aux)? {
+        Family::Qwen3Moe | Family::Qwen2Moe => match qwen_moe_experts(family, obj, layers, aux)? {
             Some(moe) => moe,
             None => return Ok(None),
         },
         Family::Mixtral => mixtral_experts(obj, layers, intermediate, aux)?,
+        Family::Glm4Moe | Family::DeepseekV3 => sigmoid_routed_experts(family, obj, layers)?,
         Family::GptOss => gpt_oss_experts(obj, layers, intermediate, aux)?,
         _ => return Ok(None),
     };
@@ -463,15 +480,20 @@ fn mlp_only_layers(obj: &Map<String, Value>) -> Result<Vec<i64>, ConfigError> {
     }
 }
 
-/// Qwen3-MoE's experts (`Qwen3MoeSparseMoeBlock`): every
+/// Qwen3-MoE's and Qwen2-MoE's experts (`Qwen3MoeSparseMoeBlock`,
+/// `Qwen2MoeSparseMoeBlock`, which adds a gated shared expert): every
 /// `decoder_sparse_step`-th layer sparse but those of `mlp_only_layers`;
-/// None when `num_experts` is 0 (every layer dense).
-fn qwen3_moe_experts(
+/// None when `num_experts` is 0 (every layer dense). Each config class's
+/// defaults.
+fn qwen_moe_experts(
+    family: Family,
     obj: &Map<String, Value>,
     layers: i64,
     aux: (bool, f64),
 ) -> Result<Option<MoeConfig>, ConfigError> {
-    let experts = expert_count(obj)?.unwrap_or(128);
+    let qwen2 = family == Family::Qwen2Moe;
+    let (experts, top_k, width) = if qwen2 { (60, 4, 1408) } else { (128, 8, 768) };
+    let experts = expert_count(obj)?.unwrap_or(experts);
     if experts == 0 {
         return Ok(None);
     }
@@ -482,8 +504,8 @@ fn qwen3_moe_experts(
     let dense = mlp_only_layers(obj)?;
     Ok(Some(MoeConfig {
         num_experts: experts,
-        top_k: int_field(obj, "num_experts_per_tok")?.unwrap_or(8),
-        moe_intermediate_size: int_field(obj, "moe_intermediate_size")?.unwrap_or(768),
+        top_k: int_field(obj, "num_experts_per_tok")?.unwrap_or(top_k),
+        moe_intermediate_size: int_field(obj, "moe_intermediate_size")?.unwrap_or(width),
         norm_topk_prob: bool_field(obj, "norm_topk_prob")?.unwrap_or(false),
         sparse_layers: (0..layers)
             .map(|l| !dense.contains(&l) && (l + 1) % step == 0)
@@ -491,7 +513,16 @@ fn qwen3_moe_experts(
         output_router_logits: aux.0,
         router_aux_loss_coef: aux.1,
         f32_routing_weights: false,
+        routing: Routing::Softmax,
         style: ExpertStyle::SwiGlu,
+        shared_expert: match qwen2 {
+            true => Some(SharedExpert {
+                intermediate_size: int_field(obj, "shared_expert_intermediate_size")?
+                    .unwrap_or(5632),
+                gated: true,
+            }),
+            false => None,
+        },
     }))
 }
 
@@ -518,7 +549,9 @@ fn mixtral_experts(
         output_router_logits: aux.0,
         router_aux_loss_coef: aux.1,
         f32_routing_weights: true,
+        routing: Routing::Softmax,
         style: ExpertStyle::SwiGlu,
+        shared_expert: None,
     })
 }
 
@@ -541,11 +574,119 @@ fn gpt_oss_experts(
         output_router_logits: aux.0,
         router_aux_loss_coef: aux.1,
         f32_routing_weights: false,
+        routing: Routing::Softmax,
         style: ExpertStyle::GptOss {
             swiglu_alpha: f64_field(obj, "swiglu_alpha")?.unwrap_or(1.702),
             swiglu_limit: f64_field(obj, "swiglu_limit")?.unwrap_or(7.0),
         },
+        shared_expert: None,
     })
+}
+
+/// DeepSeek-V3's and GLM-4.5's experts (`DeepseekV3MoE`, `Glm4MoeMoE`):
+/// the layers from `first_k_dense_replace` on sparse, each with
+/// `n_shared_experts` shared experts as one MLP, routed by sigmoid scores
+/// ([`Routing::Sigmoid`]), the weights in f32. Their models compute no
+/// load-balancing loss, whatever `output_router_logits` says; so neither
+/// does hlo-train.
+fn sigmoid_routed_experts(
+    family: Family,
+    obj: &Map<String, Value>,
+    layers: i64,
+) -> Result<MoeConfig, ConfigError> {
+    // Each config class's defaults: (experts, top k, expert width, first
+    // sparse layer, groups, groups kept, scaling).
+    let (e, k, w, first, groups, kept, scaling) = match family {
+        Family::Glm4Moe => (128, 8, 1408, 1, 1, 1, 1.0),
+        _ => (256, 8, 2048, 3, 8, 4, 2.5),
+    };
+    let width = int_field(obj, "moe_intermediate_size")?.unwrap_or(w);
+    let first = int_field(obj, "first_k_dense_replace")?.unwrap_or(first);
+    let shared = int_field(obj, "n_shared_experts")?.unwrap_or(1);
+    if shared < 0 {
+        return unsupported(format!("n_shared_experts = {shared}"));
+    }
+    let n_group = int_field(obj, "n_group")?.unwrap_or(groups);
+    Ok(MoeConfig {
+        num_experts: expert_count(obj)?.unwrap_or(e),
+        top_k: int_field(obj, "num_experts_per_tok")?.unwrap_or(k),
+        moe_intermediate_size: width,
+        norm_topk_prob: bool_field(obj, "norm_topk_prob")?.unwrap_or(true),
+        sparse_layers: (0..layers).map(|l| l >= first).collect(),
+        output_router_logits: false,
+        router_aux_loss_coef: 0.0,
+        f32_routing_weights: true,
+        style: ExpertStyle::SwiGlu,
+        shared_expert: (shared > 0).then_some(SharedExpert {
+            intermediate_size: width * shared,
+            gated: false,
+        }),
+        routing: Routing::Sigmoid {
+            n_group,
+            topk_group: int_field(obj, "topk_group")?.unwrap_or(kept),
+            routed_scaling_factor: f64_field(obj, "routed_scaling_factor")?.unwrap_or(scaling),
+        },
+    })
+}
+
+/// DeepSeek-V3's multi-head latent attention (None for the other
+/// families), with its config class's defaults; q/k/v biases
+/// (`attention_bias`) and key-value heads other than the query heads (HF
+/// expands the latent into every query head) refused.
+fn latent_attention(
+    family: Family,
+    obj: &Map<String, Value>,
+    heads: i64,
+    kv_heads: i64,
+) -> Result<Option<MlaConfig>, ConfigError> {
+    if family != Family::DeepseekV3 {
+        return Ok(None);
+    }
+    if bool_field(obj, "attention_bias")? == Some(true) {
+        return unsupported(
+            "attention_bias = true (biases on DeepSeek-V3's latent projections)".into(),
+        );
+    }
+    if kv_heads != heads {
+        return unsupported(format!(
+            "num_key_value_heads = {kv_heads} with {heads} attention heads (multi-head latent attention expands the latent into every head)"
+        ));
+    }
+    let q_lora_rank = match field(obj, "q_lora_rank") {
+        None if obj.contains_key("q_lora_rank") => None,
+        _ => Some(int_field(obj, "q_lora_rank")?.unwrap_or(1536)),
+    };
+    let mla = MlaConfig {
+        q_lora_rank,
+        kv_lora_rank: int_field(obj, "kv_lora_rank")?.unwrap_or(512),
+        qk_nope_head_dim: int_field(obj, "qk_nope_head_dim")?.unwrap_or(128),
+        qk_rope_head_dim: int_field(obj, "qk_rope_head_dim")?.unwrap_or(64),
+        v_head_dim: int_field(obj, "v_head_dim")?.unwrap_or(128),
+        rope_interleave: bool_field(obj, "rope_interleave")?.unwrap_or(true),
+    };
+    let dims = [
+        ("q_lora_rank", mla.q_lora_rank.unwrap_or(1)),
+        ("kv_lora_rank", mla.kv_lora_rank),
+        ("qk_nope_head_dim", mla.qk_nope_head_dim),
+        ("v_head_dim", mla.v_head_dim),
+    ];
+    if let Some((name, v)) = dims.into_iter().find(|(_, v)| *v < 1) {
+        return unsupported(format!("{name} = {v}"));
+    }
+    let rope = mla.qk_rope_head_dim;
+    if rope < 2 || rope % 2 != 0 {
+        return unsupported(format!(
+            "qk_rope_head_dim = {rope} (an even number of rotary dimensions)"
+        ));
+    }
+    if mla.v_head_dim > mla.qk_nope_head_dim + rope {
+        return unsupported(format!(
+            "v_head_dim = {} wider than a key head ({})",
+            mla.v_head_dim,
+            mla.qk_nope_head_dim + rope
+        ));
+    }
+    Ok(Some(mla))
 }
 
 /// Refuses experts hlo-train cannot route: gpt-oss's SwiGLU clamp not
@@ -581,6 +722,37 @@ fn check_experts(moe: &MoeConfig) -> Result<(), ConfigError> {
             moe.router_aux_loss_coef
         ));
     }
+    check_groups(moe)
+}
+
+/// Refuses a sigmoid router's groups that HF's router cannot form: groups
+/// not dividing the experts, fewer than two experts a group (its score is
+/// the group's best two), more groups kept than there are, fewer experts
+/// in the kept groups than a token picks; a scaling not finite.
+fn check_groups(moe: &MoeConfig) -> Result<(), ConfigError> {
+    let Routing::Sigmoid {
+        n_group,
+        topk_group,
+        routed_scaling_factor,
+    } = moe.routing
+    else {
+        return Ok(());
+    };
+    let e = moe.num_experts;
+    let fits = n_group >= 1 && e % n_group == 0 && e / n_group >= 2;
+    if !(fits
+        && topk_group >= 1
+        && topk_group <= n_group
+        && topk_group * (e / n_group) >= moe.top_k)
+    {
+        return unsupported(format!(
+            "n_group = {n_group}, topk_group = {topk_group} with {e} experts, {} a token",
+            moe.top_k
+        ));
+    }
+    if !routed_scaling_factor.is_finite() {
+        return unsupported(format!("routed_scaling_factor = {routed_scaling_factor}"));
+    }
     Ok(())
 }
 
@@ -613,7 +785,14 @@ fn attention_biases(family: Family, obj: &Map<String, Value>) -> Result<(bool, b
     }
     // gpt-oss: q/k/v/o biases unless `attention_bias` is false.
     let all_biases = family == GptOss && bool_field(obj, "attention_bias")?.unwrap_or(true);
-    Ok((family == Qwen2 || all_biases, all_biases))
+    // Qwen2-MoE: q/k/v biases unless `qkv_bias` is false; GLM-4.5's
+    // `attention_bias` biases q/k/v (not o).
+    let qkv = match family {
+        Qwen2Moe => bool_field(obj, "qkv_bias")?.unwrap_or(true),
+        Glm4Moe => bool_field(obj, "attention_bias")?.unwrap_or(false),
+        _ => family == Qwen2 || all_biases,
+    };
+    Ok((qkv, all_biases))
 }
 
 /// Refuses what Llama's and Gemma 3's configs can set that is not
@@ -645,12 +824,13 @@ fn sliding_windows(
 ) -> Result<(Option<i64>, Vec<LayerType>), ConfigError> {
     use Family::*;
     let (sliding_window, layer_types) = match family {
-        Llama => (None, vec![LayerType::Full; layers as usize]),
+        Llama | Glm4Moe | DeepseekV3 => (None, vec![LayerType::Full; layers as usize]),
         Mistral => every_layer(window(obj)?, layers),
         // Every layer slides when there is a window: Mixtral's default
         // is none; Qwen3-MoE's only with `use_sliding_window`.
         Mixtral | Qwen3Moe => every_layer(moe_window(family, obj)?, layers),
         Qwen2 | Qwen3 => qwen2_windows(obj, layers)?,
+        Qwen2Moe => qwen2_moe_windows(obj, layers)?,
         // Layers alternate, sliding first, unless written.
         GptOss => gpt_oss_windows(obj, layers)?,
         Gemma3 => gemma3_windows(obj, layers)?,
@@ -711,6 +891,28 @@ fn qwen2_windows(
     Ok((w, types))
 }
 
+/// Qwen2-MoE's windows: with `use_sliding_window`, every other layer
+/// below `max_window_layers` slides (the first, the third, ...), unless
+/// `layer_types` is written (`Qwen2MoeConfig.__post_init__`).
+fn qwen2_moe_windows(
+    obj: &Map<String, Value>,
+    layers: i64,
+) -> Result<(Option<i64>, Vec<LayerType>), ConfigError> {
+    let on = bool_field(obj, "use_sliding_window")?.unwrap_or(false);
+    let w = if on { window(obj)? } else { None };
+    let below = int_field(obj, "max_window_layers")?.unwrap_or(28);
+    let types = match written_layer_types(obj, layers)? {
+        Some(t) => t,
+        None => (0..layers)
+            .map(|i| match w.is_some() && i % 2 == 0 && i < below {
+                true => LayerType::Sliding,
+                false => LayerType::Full,
+            })
+            .collect(),
+    };
+    Ok((w, types))
+}
+
 /// gpt-oss's windows: 128 when `sliding_window` is absent, the layers
 /// alternating (sliding first) unless `layer_types` is written.
 fn gpt_oss_windows(
@@ -763,12 +965,32 @@ fn rotary_embeddings(
     } else {
         (rope_of(family, obj)?, None)
     };
-    if let Some(f) = f64_field(obj, "partial_rotary_factor")? {
-        if f != 1.0 {
-            return unsupported(format!("partial_rotary_factor = {f}"));
-        }
+    let (mut rope, local) = ropes;
+    // transformers 5 keeps it in `rope_parameters`; 4 at the top level;
+    // GLM-4.5's class sets 0.5 where neither does.
+    let written = r_field_or_top(obj, &rope)?;
+    rope.partial_rotary_factor = match (written, family) {
+        (Some(f), _) => f,
+        (None, Family::Glm4Moe) => 0.5,
+        (None, _) => 1.0,
+    };
+    let f = rope.partial_rotary_factor;
+    if f != 1.0 && family != Family::Glm4Moe {
+        return unsupported(format!("partial_rotary_factor = {f}"));
     }
-    Ok(ropes)
+    if !(f > 0.0 && f <= 1.0) {
+        return unsupported(format!("partial_rotary_factor = {f} (not in (0, 1])"));
+    }
+    Ok((rope, local))
+}
+
+/// The partial rotary factor a config writes: in its rope object (read
+/// into `rope`, 1 when absent there) or at the top level.
+fn r_field_or_top(obj: &Map<String, Value>, rope: &Rope) -> Result<Option<f64>, ConfigError> {
+    if rope.partial_rotary_factor != 1.0 {
+        return Ok(Some(rope.partial_rotary_factor));
+    }
+    f64_field(obj, "partial_rotary_factor")
 }
 
 /// Gemma 3's rotary embeddings, one per layer type, as (global, local):
@@ -833,6 +1055,9 @@ fn default_kv_heads(family: Family, heads: i64) -> i64 {
         Qwen2 | Qwen3 => 32,
         Mistral | Mixtral | GptOss => 8,
         Gemma3 | Qwen3Moe => 4,
+        Qwen2Moe => 16,
+        Glm4Moe => 8,
+        DeepseekV3 => heads,
     }
 }
 
@@ -851,7 +1076,7 @@ fn default_head_dim(family: Family, hidden: i64, heads: i64) -> i64 {
 /// `rms_norm_eps` when absent: each family's config class default.
 fn default_rms_norm_eps(family: Family) -> f64 {
     match family {
-        Family::Mixtral | Family::GptOss => 1e-5,
+        Family::Mixtral | Family::GptOss | Family::Glm4Moe => 1e-5,
         _ => 1e-6,
     }
 }
@@ -899,6 +1124,7 @@ fn rope_json(r: &Rope) -> Value {
             "original_max_position_embeddings": y.original_max_position_embeddings,
             "truncate": y.truncate,
             "attention_factor": y.attention_factor,
+            "mscale_all_dim": y.mscale_all_dim,
         }),
     }
 }
@@ -942,6 +1168,18 @@ impl ModelConfig {
         let (rope, sliding_rope) = rotary_embeddings(family, obj)?;
         let (query_pre_attn_scalar, final_logit_softcapping) = gemma3_scaling(family, obj)?;
         let gemma = family == Gemma3;
+        let kv_heads = raw
+            .num_key_value_heads
+            .unwrap_or(default_kv_heads(family, heads));
+        let mla = latent_attention(family, obj, heads, kv_heads)?;
+        // A latent attention head's query and key width (HF's own
+        // `head_dim` is the rotary part's).
+        let head_dim = match mla {
+            Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
+            None => raw
+                .head_dim
+                .unwrap_or(default_head_dim(family, raw.hidden_size, heads)),
+        };
         Ok(ModelConfig {
             family,
             vocab_size: raw.vocab_size,
@@ -949,12 +1187,8 @@ impl ModelConfig {
             intermediate_size: raw.intermediate_size,
             num_hidden_layers: layers,
             num_attention_heads: heads,
-            num_key_value_heads: raw
-                .num_key_value_heads
-                .unwrap_or(default_kv_heads(family, heads)),
-            head_dim: raw
-                .head_dim
-                .unwrap_or(default_head_dim(family, raw.hidden_size, heads)),
+            num_key_value_heads: kv_heads,
+            head_dim,
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(default_rms_norm_eps(family)),
             rope,
             sliding_rope,
@@ -967,7 +1201,8 @@ impl ModelConfig {
             qkv_bias,
             o_bias,
             attention_sinks: family == GptOss,
-            qk_norm: matches!(family, Qwen3 | Gemma3 | Qwen3Moe),
+            qk_norm: matches!(family, Qwen3 | Gemma3 | Qwen3Moe)
+                || (family == Glm4Moe && bool_field(obj, "use_qk_norm")?.unwrap_or(false)),
             layer_types,
             sliding_window,
             hidden_act,
@@ -982,6 +1217,7 @@ impl ModelConfig {
             final_logit_softcapping,
             quantization: quantization(family, obj)?,
             moe: experts(family, obj, layers, raw.intermediate_size)?,
+            mla,
         })
     }
 
@@ -1099,6 +1335,26 @@ impl ModelConfig {
                 set("sliding_window", self.sliding_window.into());
                 set("attention_bias", false.into());
             }
+            Family::DeepseekV3 => {
+                set("hidden_act", "silu".into());
+                self.latent_json(o);
+            }
+            Family::Glm4Moe => {
+                set("hidden_act", "silu".into());
+                set("attention_bias", self.qkv_bias.into());
+                set("use_qk_norm", self.qk_norm.into());
+                set(
+                    "partial_rotary_factor",
+                    self.rope.partial_rotary_factor.into(),
+                );
+            }
+            Family::Qwen2Moe => {
+                set("hidden_act", "silu".into());
+                set("use_sliding_window", self.sliding_window.is_some().into());
+                set("sliding_window", self.sliding_window.into());
+                set("layer_types", types.into());
+                set("qkv_bias", self.qkv_bias.into());
+            }
             Family::Qwen2 | Family::Qwen3 => {
                 set("hidden_act", "silu".into());
                 set("use_sliding_window", self.sliding_window.is_some().into());
@@ -1132,6 +1388,24 @@ impl ModelConfig {
         }
     }
 
+    /// DeepSeek-V3's latent attention and rotary settings as its config
+    /// class spells them.
+    fn latent_json(&self, o: &mut Map<String, Value>) {
+        let m = self.mla.expect("DeepSeek-V3's latent attention");
+        let mut set = |k: &str, x: Value| {
+            o.insert(k.to_string(), x);
+        };
+        set("attention_bias", false.into());
+        set("q_lora_rank", m.q_lora_rank.into());
+        set("kv_lora_rank", m.kv_lora_rank.into());
+        set("qk_nope_head_dim", m.qk_nope_head_dim.into());
+        set("qk_rope_head_dim", m.qk_rope_head_dim.into());
+        set("v_head_dim", m.v_head_dim.into());
+        set("rope_interleave", m.rope_interleave.into());
+        // transformers 5 reads yarn's settings from here.
+        set("rope_parameters", rope_json(&self.rope));
+    }
+
     /// The experts `m` as the family's config class spells them:
     /// `num_local_experts` (Mixtral, gpt-oss and its SwiGLU clamp) or
     /// Qwen3-MoE's `num_experts` and sparse layers.
@@ -1152,6 +1426,23 @@ impl ModelConfig {
             set("swiglu_limit", swiglu_limit.into());
         } else if self.family == Family::Mixtral {
             set("num_local_experts", m.num_experts.into());
+        } else if let Routing::Sigmoid {
+            n_group,
+            topk_group,
+            routed_scaling_factor,
+        } = m.routing
+        {
+            let first = m.sparse_layers.iter().take_while(|s| !**s).count();
+            let width = m.moe_intermediate_size;
+            let shared = m.shared_expert.map_or(0, |s| s.intermediate_size / width);
+            set("n_routed_experts", m.num_experts.into());
+            set("moe_intermediate_size", width.into());
+            set("norm_topk_prob", m.norm_topk_prob.into());
+            set("first_k_dense_replace", first.into());
+            set("n_shared_experts", shared.into());
+            set("n_group", n_group.into());
+            set("topk_group", topk_group.into());
+            set("routed_scaling_factor", routed_scaling_factor.into());
         } else {
             let dense: Vec<i64> = (0..self.num_hidden_layers)
                 .filter(|l| !self.is_sparse(*l))
@@ -1161,6 +1452,12 @@ impl ModelConfig {
             set("norm_topk_prob", m.norm_topk_prob.into());
             set("decoder_sparse_step", 1.into());
             set("mlp_only_layers", dense.into());
+            if let Some(s) = m.shared_expert {
+                set(
+                    "shared_expert_intermediate_size",
+                    s.intermediate_size.into(),
+                );
+            }
         }
     }
 }
@@ -1183,8 +1480,12 @@ mod tests {
             (Family::Qwen3Moe, "Qwen3MoeForSequenceClassification"),
             (Family::Mixtral, "MixtralForSequenceClassification"),
             (Family::GptOss, "GptOssForSequenceClassification"),
+            (Family::Qwen2Moe, "Qwen2MoeForSequenceClassification"),
+            (Family::DeepseekV3, "DeepseekV3ForSequenceClassification"),
         ];
-        assert_eq!(classes.len(), FAMILIES.len());
+        // GLM-4.5 has none.
+        assert_eq!(classes.len() + 1, FAMILIES.len());
+        assert!(!Family::Glm4Moe.has_classifier());
         for (family, class) in classes {
             assert_eq!(family.classifier_architecture(), class);
         }

@@ -100,7 +100,9 @@ pub fn module_to_save_of(name: &str) -> Option<&'static str> {
         _ => rest,
     };
     match rest {
-        "mlp.gate.weight" => Some("gate"),
+        // PEFT matches `modules_to_save` as a suffix of the module's
+        // name, so `gate` takes Qwen2-MoE's `shared_expert_gate` too.
+        "mlp.gate.weight" | "mlp.shared_expert_gate.weight" => Some("gate"),
         "mlp.router.weight" | "mlp.router.bias" => Some("router"),
         _ => None,
     }
@@ -132,13 +134,15 @@ impl LoraConfig {
         // Fused expert tensors (PEFT's `target_parameters`) among them.
         let (parameters, modules): (Vec<&str>, Vec<&str>) =
             targets.iter().partition(|t| t.contains("experts."));
+        let latent = crate::projections::LATENT_PROJECTIONS;
         for t in &modules {
-            if !DEFAULT_TARGETS.contains(t) {
+            if !(DEFAULT_TARGETS.contains(t) || latent.contains(t)) {
                 return Err(LoraError::UnknownTarget {
                     target: t.to_string(),
                     known: format!(
-                        "{}, {}",
+                        "{}, {}, {}",
                         DEFAULT_TARGETS.join(", "),
+                        latent.join(", "),
                         EXPERT_PARAMETERS.join(", ")
                     ),
                 });
@@ -165,6 +169,28 @@ impl LoraConfig {
             target_parameters: Vec::new(),
         }
         .with_target_parameters(&parameters)
+    }
+
+    /// [`Self::new`] for PEFT's lists read apart: `target_modules`
+    /// (`modules`, module names) and `target_parameters` (`parameters`,
+    /// fused expert tensors, matched by their path's end as PEFT does:
+    /// `gate_up_proj` names `mlp.experts.gate_up_proj`).
+    pub fn of_peft(
+        rank: i64,
+        alpha: f64,
+        modules: &[&str],
+        parameters: &[String],
+        use_rslora: bool,
+    ) -> Result<Self, LoraError> {
+        match modules.is_empty() {
+            // Any module stands in for the check of the rank and alpha.
+            true => Self::new(rank, alpha, &["q_proj"], use_rslora).map(|mut l| {
+                l.target_modules.clear();
+                l
+            }),
+            false => Self::new(rank, alpha, modules, use_rslora),
+        }?
+        .with_target_parameters(parameters)
     }
 
     /// This config with PEFT's `target_parameters`: each must name one of
@@ -253,8 +279,67 @@ impl LoraConfig {
                 .any(|n| module_to_save_of(n) == Some(m.as_str()))
         }) {
             Some(m) => Err(LoraError::ModuleNotInModel(m.clone())),
+            None if config.kept_in_f32("mlp.gate.weight") && self.saves_module("gate") => {
+                Err(LoraError::NotUniform(format!(
+                    "modules_to_save `gate` on {}'s sigmoid router is not implemented (PEFT saves its e_score_correction_bias buffer with it)",
+                    config.family.architecture()
+                )))
+            }
             None => Ok(()),
         }
+    }
+
+    /// This config as PEFT 0.21 reads it on `config`'s model. On the
+    /// families whose experts transformers 5 fuses from per-expert
+    /// `nn.Linear`s (Qwen3-MoE, GLM-4.5, DeepSeek-V3: PEFT's `qwen2_moe`
+    /// conversion, which Qwen2-MoE itself does not get), `gate_proj` and
+    /// `up_proj` among `target_modules` become the experts'
+    /// `gate_up_proj` (rank and alpha doubled, as
+    /// `rank_pattern`/`alpha_pattern` `.*\.gate_up_proj`) and `down_proj`
+    /// the experts' `down_proj`; none stays a module target, so neither
+    /// the dense layers' nor the shared experts' projections carry LoRA.
+    /// One of `gate_proj` and `up_proj` without the other is refused, as
+    /// PEFT refuses it. Other models: the config as it is.
+    pub fn for_model(mut self, config: &super::ModelConfig) -> Result<Self, LoraError> {
+        use super::Family::*;
+        let fused =
+            config.moe.is_some() && matches!(config.family, Qwen3Moe | Glm4Moe | DeepseekV3);
+        let names = |t: &str, m: &String| m == t || m.ends_with(&format!(".{t}"));
+        let has = |t: &str| self.target_modules.iter().any(|m| names(t, m));
+        let (gate, up, down) = (has("gate_proj"), has("up_proj"), has("down_proj"));
+        if !fused || !(gate || up || down) {
+            return Ok(self);
+        }
+        if gate != up {
+            return Err(LoraError::NotUniform(format!(
+                "on {} PEFT fuses the experts' gate_proj and up_proj into gate_up_proj: target both or neither",
+                config.family.architecture()
+            )));
+        }
+        self.target_modules.retain(|m| {
+            !["gate_proj", "up_proj", "down_proj"]
+                .iter()
+                .any(|t| names(t, m))
+        });
+        let mut parameters = self.target_parameters.clone();
+        for (on, p) in [(gate, EXPERT_PARAMETERS[0]), (down, EXPERT_PARAMETERS[1])] {
+            if on {
+                parameters.push(p.to_string());
+            }
+        }
+        if gate {
+            let key = r".*\.gate_up_proj".to_string();
+            self.rank_pattern.retain(|(k, _)| *k != key);
+            self.alpha_pattern.retain(|(k, _)| *k != key);
+            self.rank_pattern.push((key.clone(), 2 * self.rank));
+            self.alpha_pattern.push((key, 2.0 * self.alpha));
+        }
+        self.with_target_parameters(&parameters)
+    }
+
+    /// Whether `module` (of [`MODULES_TO_SAVE`]) is saved whole.
+    fn saves_module(&self, module: &str) -> bool {
+        self.modules_to_save.iter().any(|m| m == module)
     }
 
     /// The rank of the module at `module` (`model.layers.3.self_attn.q_proj`).

@@ -9,6 +9,7 @@ mod decode;
 mod hf_config;
 pub use hf_config::with_head;
 mod lora;
+mod mla;
 mod model;
 mod moe;
 mod presets;
@@ -16,8 +17,9 @@ mod rules;
 mod serving;
 
 pub use config::{
-    Activation, ExpertStyle, Family, Head, LayerType, Llama3Scaling, ModelConfig, MoeConfig,
-    NormStyle, Rope, RopeScaling, YarnScaling, FAMILIES, SCORE,
+    is_buffer, Activation, ExpertStyle, Family, Head, LayerType, Llama3Scaling, ModelConfig,
+    MoeConfig, NormStyle, Projection, Rope, RopeScaling, Routing, SharedExpert, YarnScaling,
+    E_SCORE_CORRECTION_BIAS, FAMILIES, SCORE,
 };
 pub use decode::{argmax, cache_types, decode_step, hashed_uniform, sample_rows, sample_tokens};
 pub use lora::{
@@ -52,6 +54,9 @@ pub fn base_parameter_types(config: &ModelConfig, dtype: DType) -> Vec<(String, 
                 let scales = format!("{name}{}", nf4::ABSMAX_SUFFIX);
                 out.push((name, codes));
                 out.push((scales, absmax));
+            }
+            None if config.kept_in_f32(&name) => {
+                out.push((name, TensorType::new(DType::F32, shape)))
             }
             None => out.push((name, TensorType::new(dtype, shape))),
         }
@@ -133,7 +138,8 @@ pub fn lora_parameter_types(config: &ModelConfig, lora: &LoraConfig) -> Vec<(Str
                 .expect("a sparse layer's experts");
             let moe = config.moe.as_ref().expect("a sparse layer's experts");
             let (e, din, dout) = moe.expert_dims(&shape);
-            let r = lora.rank_of(&format!("model.layers.{l}.mlp.experts"));
+            // PEFT matches patterns against the parameter's path.
+            let r = lora.rank_of(&name);
             out.push((
                 format!("{name}.lora_a"),
                 TensorType::new(DType::F32, [e, din, r]),
@@ -143,24 +149,15 @@ pub fn lora_parameter_types(config: &ModelConfig, lora: &LoraConfig) -> Vec<(Str
                 TensorType::new(DType::F32, [e, r, dout]),
             ));
         }
-        for short in DEFAULT_TARGETS {
+        for Projection {
+            module,
+            short,
+            dims: (din, dout),
+        } in config.layer_projections(l)
+        {
             if !lora.targets(short) {
                 continue;
             }
-            let group = if short.ends_with("_proj")
-                && ["q_proj", "k_proj", "v_proj", "o_proj"].contains(&short)
-            {
-                "self_attn"
-            } else {
-                "mlp"
-            };
-            // A sparse layer's experts are not these modules (PEFT's
-            // `target_modules` finds no `mlp.gate_proj` there either).
-            if group == "mlp" && config.is_sparse(l) {
-                continue;
-            }
-            let module = format!("model.layers.{l}.{group}.{short}");
-            let (din, dout) = config.projection_dims(short).expect("known module");
             let r = lora.rank_of(&module);
             out.push((
                 format!("{module}.lora_a"),

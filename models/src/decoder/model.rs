@@ -21,7 +21,7 @@ use crate::attention::{
     CudnnCase, MaskSpec,
 };
 
-use super::config::{Activation, Head, LayerType, ModelConfig, NormStyle, SCORE};
+use super::config::{Activation, Head, LayerType, ModelConfig, NormStyle, SharedExpert, SCORE};
 use super::lora::LoraConfig;
 use super::moe::{MoeKind, RouterStats};
 
@@ -180,8 +180,21 @@ pub fn rms_norm(x: Tensor, weight: Tensor, eps: f64, style: NormStyle) -> Tensor
 
 /// The rotary embedding on `y` (`[b, heads, t, head_dim]`): `y·cos +
 /// rotate_half(y)·sin`, `cos` and `sin` broadcast `along` `y`'s dimensions.
+/// Tables narrower than a head (GLM-4.5's partial rotary) turn its first
+/// dimensions and pass the rest.
 pub(super) fn apply_rotary(y: Tensor, cos: Tensor, sin: Tensor, along: &[i64]) -> Tensor {
-    let d = y.dims();
+    let mut d = y.dims();
+    let (last, rotary) = (d.len() - 1, *cos.dims().last().expect("a table"));
+    if rotary < d[last] {
+        let start = vec![0; d.len()];
+        let mut split = start.clone();
+        split[last] = rotary;
+        let mut upto = d.clone();
+        upto[last] = rotary;
+        let turned = apply_rotary(y.slice(&start, &upto), cos, sin, along);
+        return Tensor::concat(&[turned, y.slice(&split, &d)], last as i64);
+    }
+    d[last] = rotary;
     y * cos.broadcast_in_dim(&d, along) + rotate_half(y) * sin.broadcast_in_dim(&d, along)
 }
 
@@ -307,7 +320,7 @@ impl Decoder<'_> {
         let c = self.config;
         let tables = |kind: LayerType| {
             let mut dims = positions.dims();
-            let half = c.head_dim / 2;
+            let half = c.rotary_dim() / 2;
             let inv = constant(Literal::from_f64s(
                 TensorType::new(DType::F32, [half]),
                 &c.inv_freq(kind),
@@ -397,6 +410,9 @@ impl Decoder<'_> {
         proj: &dyn Fn(&str, &str, Tensor) -> Tensor,
     ) -> (Tensor, Tensor, Tensor) {
         let c = self.config;
+        if let Some(m) = c.mla {
+            return self.latent_qkv(p, prefix, x, m, &rope, proj);
+        }
         let dims = x.dims();
         let (b, t) = (dims[0], dims[1]);
         let heads = |short: &str, n: i64| {
@@ -450,13 +466,14 @@ impl Decoder<'_> {
                 (&self.batch_axes, &[HEAD_AXIS.to_string()]),
             ),
         };
+        let out = self.attention_output(out);
         self.proj(p, &format!("{prefix}.o_proj"), "o_proj", out)
     }
 
     /// The gated MLP: `down(act(gate(x)) · up(x))`, SiLU (SwiGLU) or
     /// Gemma 3's tanh-approximated GELU, `proj(module, short, x)` as each
     /// projection; a mixture of experts where the layer has a router
-    /// (`{prefix}.gate.weight`).
+    /// (`{prefix}.gate.weight`), plus its shared expert where it has one.
     pub(super) fn mlp_with(
         &self,
         p: &Params,
@@ -464,9 +481,44 @@ impl Decoder<'_> {
         x: Tensor,
         proj: &dyn Fn(&str, &str, Tensor) -> Tensor,
     ) -> Tensor {
-        if p.has(&format!("{prefix}.gate.weight")) || p.has(&format!("{prefix}.router.weight")) {
-            return self.sparse_mlp(p, prefix, x);
+        if !(p.has(&format!("{prefix}.gate.weight")) || p.has(&format!("{prefix}.router.weight"))) {
+            return self.dense_mlp(prefix, x, proj);
         }
+        let routed = self.sparse_mlp(p, prefix, x);
+        let shared = self.config.moe.as_ref().and_then(|m| m.shared_expert);
+        let Some(shared) = shared else {
+            return routed;
+        };
+        let at = format!("{prefix}.{}", shared.module());
+        let mut y = scope(shared.module(), || self.dense_mlp(&at, x, proj));
+        if shared.gated {
+            // Qwen2-MoE: σ(one logit a token) in the model's dtype.
+            let gate = scope(SharedExpert::GATE, || {
+                let w = p.get(&format!("{prefix}.{}.weight", SharedExpert::GATE));
+                linear(x, w, None).logistic()
+            });
+            let d = y.dims();
+            let keep: Vec<i64> = (0..d.len() as i64).collect();
+            y = gate.broadcast_in_dim(&d, &keep) * y;
+        }
+        routed + y
+    }
+
+    /// The MLP at `prefix` (`model.layers.3.mlp`) on `x: [.., hidden]`:
+    /// dense, or its experts and shared expert (see [`Self::mlp_with`]),
+    /// each projection with its LoRA branch where targeted.
+    pub fn mlp(&self, p: &Params, prefix: &str, x: Tensor) -> Tensor {
+        self.mlp_with(p, prefix, x, &|m, short, x| self.proj(p, m, short, x))
+    }
+
+    /// The dense gated MLP at `prefix` (its `gate_proj`, `up_proj`,
+    /// `down_proj`).
+    fn dense_mlp(
+        &self,
+        prefix: &str,
+        x: Tensor,
+        proj: &dyn Fn(&str, &str, Tensor) -> Tensor,
+    ) -> Tensor {
         let gate = proj(&format!("{prefix}.gate_proj"), "gate_proj", x);
         let up = proj(&format!("{prefix}.up_proj"), "up_proj", x);
         let act = match self.config.hidden_act {

@@ -26,7 +26,7 @@
 use hlo_ir::ops::{DotGeneral, Scatter};
 use hlo_ir::{full, iota, scope, DType, Tensor, TensorType};
 
-use super::config::ExpertStyle;
+use super::config::{ExpertStyle, Routing};
 use super::model::{add_lora, batched_matmul, halves, Decoder, Params};
 
 /// How a mixture-of-experts layer runs its experts (see the module docs).
@@ -126,6 +126,53 @@ fn top_k(probs: Tensor, k: i64) -> (Tensor, Tensor) {
         remaining = hit.where_(taken, remaining);
     }
     (Tensor::concat(&values, 1), Tensor::concat(&picked, 1))
+}
+
+/// DeepSeek-V3's and GLM-4.5's routing ([`Routing::Sigmoid`]) of f32
+/// router `logits: [n, E]` with the selection `bias` `[E]`: each token's
+/// `k` experts (`[n, k]` i32) and their weights (`[n, k]` f32,
+/// differentiable through the scores only).
+fn sigmoid_routing(
+    logits: Tensor,
+    bias: Tensor,
+    routing: Routing,
+    k: i64,
+    norm_topk_prob: bool,
+) -> (Tensor, Tensor) {
+    let Routing::Sigmoid {
+        n_group,
+        topk_group,
+        routed_scaling_factor,
+    } = routing
+    else {
+        unreachable!("a sigmoid router")
+    };
+    let (n, e) = (logits.dims()[0], logits.dims()[1]);
+    let scores = logits.logistic();
+    // The choice is no function of the weights' gradient.
+    let mut choice = scores.stop_gradient() + bias.cast(DType::F32).broadcast_in_dim(&[n, e], &[1]);
+    if topk_group < n_group {
+        // Each group's score: the sum of its two best biased scores.
+        let g = e / n_group;
+        let (best_two, _) = top_k(choice.reshape(&[n * n_group, g]), 2);
+        let group_scores = best_two.sum(&[1]).reshape(&[n, n_group]);
+        let (_, groups) = top_k(group_scores, topk_group);
+        let kept = one_hot(groups, n_group).cast(DType::I32).sum(&[1]);
+        let kept = kept
+            .gt(kept.scalar_like(0.0))
+            .broadcast_in_dim(&[n, n_group, g], &[0, 1])
+            .reshape(&[n, e]);
+        let none = choice.scalar_like(f64::NEG_INFINITY).broadcast_to(&[n, e]);
+        choice = kept.where_(choice, none);
+    }
+    let (_, experts) = top_k(choice, k);
+    // The chosen experts' unbiased scores.
+    let hit = one_hot(experts, e).cast(DType::F32);
+    let mut w = (hit * scores.broadcast_in_dim(&[n, k, e], &[0, 2])).sum(&[2]);
+    if norm_topk_prob {
+        w = w / (w.sum(&[1]) + 1e-20).broadcast_in_dim(&[n, k], &[0]);
+    }
+    (w * routed_scaling_factor, experts)
 }
 
 /// Inclusive prefix sums of `x` along axis 0 (log₂ steps of shift and add).
@@ -245,6 +292,44 @@ fn activation(style: ExpertStyle, gate_up: Tensor) -> Tensor {
 }
 
 impl Decoder<'_> {
+    /// The router at `prefix` (`model.layers.3.mlp`) on tokens `xf: [n,
+    /// hidden]`: each token's expert weights `[n, k]` (in f32 or the
+    /// model's dtype, as the family's HF class keeps them), its experts
+    /// `[n, k]` (i32, largest first) and the probabilities `[n, E]` (f32)
+    /// the load-balancing loss reads.
+    pub fn route(&self, p: &Params, prefix: &str, xf: Tensor) -> (Tensor, Tensor, Tensor) {
+        let m = self
+            .config
+            .moe
+            .as_ref()
+            .expect("a sparse layer has experts");
+        let (n, k, dtype) = (xf.dims()[0], m.top_k, xf.dtype());
+        let at = format!("{prefix}.{}", m.router());
+        if let Routing::Sigmoid { .. } = m.routing {
+            let w = p.get(&format!("{at}.weight")).cast(DType::F32);
+            let logits = super::model::linear(xf.cast(DType::F32), w, None);
+            let bias = p.get(&format!("{at}.e_score_correction_bias"));
+            let (w, experts) = sigmoid_routing(logits, bias, m.routing, k, m.norm_topk_prob);
+            return (w, experts, logits.logistic());
+        }
+        let bias = m.biased().then(|| p.get(&format!("{at}.bias")));
+        let logits = super::model::linear(xf, p.get(&format!("{at}.weight")), bias);
+        let probs = logits.cast(DType::F32).softmax(1);
+        if m.transposed() {
+            // gpt-oss: the top-k of the logits, softmaxed among themselves.
+            let (top, experts) = top_k(logits, k);
+            return (top.cast(DType::F32).softmax(1).cast(dtype), experts, probs);
+        }
+        let (mut w, experts) = top_k(probs, k);
+        if m.norm_topk_prob {
+            w = w / w.sum(&[1]).broadcast_in_dim(&[n, k], &[0]);
+        }
+        if !m.f32_routing_weights {
+            w = w.cast(dtype);
+        }
+        (w, experts, probs)
+    }
+
     /// The sparse MLP at `prefix` (`model.layers.3.mlp`) on `x: [.., hidden]`.
     /// Records the layer's [`RouterStats`] for the load-balancing loss.
     pub fn sparse_mlp(&self, p: &Params, prefix: &str, x: Tensor) -> Tensor {
@@ -256,26 +341,7 @@ impl Decoder<'_> {
         let n: i64 = dims[..dims.len() - 1].iter().product();
         let (e, k) = (m.num_experts, m.top_k);
         let xf = x.reshape(&[n, h]);
-        let router = m.router();
-        let (weights, experts, probs) = scope(router, || {
-            let at = format!("{prefix}.{router}");
-            let bias = m.biased().then(|| p.get(&format!("{at}.bias")));
-            let logits = super::model::linear(xf, p.get(&format!("{at}.weight")), bias);
-            let probs = logits.cast(DType::F32).softmax(1);
-            if m.transposed() {
-                // gpt-oss: the top-k of the logits, softmaxed among themselves.
-                let (top, experts) = top_k(logits, k);
-                return (top.cast(DType::F32).softmax(1).cast(dtype), experts, probs);
-            }
-            let (mut w, experts) = top_k(probs, k);
-            if m.norm_topk_prob {
-                w = w / w.sum(&[1]).broadcast_in_dim(&[n, k], &[0]);
-            }
-            if !m.f32_routing_weights {
-                w = w.cast(dtype);
-            }
-            (w, experts, probs)
-        });
+        let (weights, experts, probs) = scope(m.router(), || self.route(p, prefix, xf));
         let hits = one_hot(experts, e).cast(DType::F32).sum(&[0, 1]);
         self.router.borrow_mut().push(RouterStats {
             counts: hits,
@@ -287,7 +353,8 @@ impl Decoder<'_> {
                 .lora
                 .filter(|_| p.has(&format!("{at}.lora_a")))
                 .map(|l| {
-                    let module = super::model::layer_path(&format!("{prefix}.experts"));
+                    // PEFT matches patterns against the parameter's path.
+                    let module = super::model::layer_path(&at);
                     (
                         p.get(&format!("{at}.lora_a")),
                         p.get(&format!("{at}.lora_b")),

@@ -5,12 +5,12 @@
 
 use super::config::{
     Activation, ExpertStyle, Family, Head, LayerType, Llama3Scaling, ModelConfig, MoeConfig,
-    NormStyle, Rope, RopeScaling, YarnScaling,
+    NormStyle, Rope, RopeScaling, Routing, YarnScaling,
 };
 use crate::ConfigError;
 
 /// Every preset name, in the order `--help` and errors list them.
-pub const PRESETS: [&str; 21] = [
+pub const PRESETS: [&str; 25] = [
     "tiny",
     "llama3.2-1b",
     "llama3.2-3b",
@@ -29,10 +29,75 @@ pub const PRESETS: [&str; 21] = [
     "mixtral-8x7b",
     "gpt-oss-20b",
     "gpt-oss-120b",
+    "qwen1.5-moe-a2.7b",
+    "glm-4.5",
+    "deepseek-v3",
+    "kimi-k2",
     "mpt-scale-1b",
     "mpt-scale-3b",
     "mpt-scale-7b",
 ];
+
+/// Qwen/Qwen1.5-MoE-A2.7B's config.json (the fields that change the
+/// computation; the class's defaults for the rest).
+const QWEN1_5_MOE_A2_7B: &str = r#"{
+  "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+  "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
+  "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
+  "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+  "num_experts": 60, "num_experts_per_tok": 4, "norm_topk_prob": false,
+  "decoder_sparse_step": 1, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+  "max_position_embeddings": 8192, "tie_word_embeddings": false,
+  "use_sliding_window": false, "bos_token_id": 151643, "eos_token_id": 151643
+}"#;
+
+/// zai-org/GLM-4.5's config.json (without its multi-token-prediction
+/// layer, which transformers does not build).
+const GLM_4_5: &str = r#"{
+  "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe",
+  "vocab_size": 151552, "hidden_size": 5120, "intermediate_size": 12288,
+  "num_hidden_layers": 92, "num_attention_heads": 96, "num_key_value_heads": 8,
+  "head_dim": 128, "partial_rotary_factor": 0.5, "use_qk_norm": true,
+  "attention_bias": true, "moe_intermediate_size": 1536, "n_routed_experts": 160,
+  "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+  "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": true,
+  "rms_norm_eps": 1e-05, "rope_theta": 1000000, "max_position_embeddings": 131072,
+  "tie_word_embeddings": false, "eos_token_id": [151329, 151336, 151338]
+}"#;
+
+/// deepseek-ai/DeepSeek-V3's config.json (DeepSeek-R1's is the same
+/// model; without the multi-token-prediction layer 61).
+const DEEPSEEK_V3: &str = r#"{
+  "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+  "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+  "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+  "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+  "qk_rope_head_dim": 64, "v_head_dim": 128, "moe_intermediate_size": 2048,
+  "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+  "first_k_dense_replace": 3, "n_group": 8, "topk_group": 4,
+  "routed_scaling_factor": 2.5, "norm_topk_prob": true, "rms_norm_eps": 1e-06,
+  "rope_theta": 10000, "max_position_embeddings": 163840,
+  "rope_scaling": {"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1,
+    "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096},
+  "tie_word_embeddings": false, "bos_token_id": 0, "eos_token_id": 1
+}"#;
+
+/// moonshotai/Kimi-K2-Instruct's config.json: DeepSeek-V3's architecture
+/// with 384 experts, 64 heads, one dense layer, no groups.
+const KIMI_K2: &str = r#"{
+  "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2",
+  "vocab_size": 163840, "hidden_size": 7168, "intermediate_size": 18432,
+  "num_hidden_layers": 61, "num_attention_heads": 64, "num_key_value_heads": 64,
+  "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+  "qk_rope_head_dim": 64, "v_head_dim": 128, "moe_intermediate_size": 2048,
+  "n_routed_experts": 384, "n_shared_experts": 1, "num_experts_per_tok": 8,
+  "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1,
+  "routed_scaling_factor": 2.827, "norm_topk_prob": true, "rms_norm_eps": 1e-06,
+  "rope_theta": 50000.0, "max_position_embeddings": 131072,
+  "rope_scaling": {"type": "yarn", "factor": 32.0, "beta_fast": 1.0, "beta_slow": 1.0,
+    "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096},
+  "tie_word_embeddings": false, "bos_token_id": 163584, "eos_token_id": 163585
+}"#;
 
 /// The sizes every family names alike: (vocab, hidden, intermediate,
 /// layers, heads, K/V heads, head_dim).
@@ -74,12 +139,14 @@ fn base(family: Family, sizes: Sizes, rope: Rope, eps: f64, tied: bool) -> Model
         final_logit_softcapping: None,
         quantization: None,
         moe: None,
+        mla: None,
     }
 }
 
 fn llama(s: Sizes, tied: bool, factor: f64) -> ModelConfig {
     let rope = Rope {
         theta: 500000.0,
+        partial_rotary_factor: 1.0,
         scaling: Some(RopeScaling::Llama3(Llama3Scaling {
             factor,
             low_freq_factor: 1.0,
@@ -163,6 +230,8 @@ fn qwen3_moe(s: Sizes, moe_intermediate: i64) -> ModelConfig {
             output_router_logits: false,
             router_aux_loss_coef: 0.001,
             f32_routing_weights: false,
+            routing: Routing::Softmax,
+            shared_expert: None,
             style: ExpertStyle::SwiGlu,
         }),
         ..ModelConfig {
@@ -178,6 +247,7 @@ fn qwen3_moe(s: Sizes, moe_intermediate: i64) -> ModelConfig {
 fn gpt_oss(layers: i64, experts: i64) -> ModelConfig {
     let rope = Rope {
         theta: 150000.0,
+        partial_rotary_factor: 1.0,
         scaling: Some(RopeScaling::Yarn(YarnScaling {
             factor: 32.0,
             beta_fast: 32.0,
@@ -185,6 +255,7 @@ fn gpt_oss(layers: i64, experts: i64) -> ModelConfig {
             original_max_position_embeddings: 4096.0,
             truncate: false,
             attention_factor: 0.1 * 32f64.ln() + 1.0,
+            mscale_all_dim: 0.0,
         })),
     };
     ModelConfig {
@@ -205,6 +276,8 @@ fn gpt_oss(layers: i64, experts: i64) -> ModelConfig {
             output_router_logits: false,
             router_aux_loss_coef: 0.9,
             f32_routing_weights: false,
+            routing: Routing::Softmax,
+            shared_expert: None,
             style: ExpertStyle::GptOss {
                 swiglu_alpha: 1.702,
                 swiglu_limit: 7.0,
@@ -220,17 +293,57 @@ fn gpt_oss(layers: i64, experts: i64) -> ModelConfig {
     }
 }
 
+/// Mixtral 8x7B v0.1: 8 experts, 2 a token, no window.
+fn mixtral_8x7b() -> ModelConfig {
+    ModelConfig {
+        max_position_embeddings: 32768,
+        bos_token_id: Some(1),
+        eos_token_ids: vec![2],
+        moe: Some(MoeConfig {
+            num_experts: 8,
+            top_k: 2,
+            moe_intermediate_size: 14336,
+            norm_topk_prob: true,
+            sparse_layers: vec![true; 32],
+            output_router_logits: false,
+            router_aux_loss_coef: 0.02,
+            f32_routing_weights: true,
+            routing: Routing::Softmax,
+            shared_expert: None,
+            style: ExpertStyle::SwiGlu,
+        }),
+        ..base(
+            Family::Mixtral,
+            (32000, 4096, 14336, 32, 32, 8, 128),
+            Rope::new(1e6),
+            1e-5,
+            false,
+        )
+    }
+}
+
 impl ModelConfig {
     /// A preset by name (see [`PRESETS`]): `tiny` or the exact HF config
     /// of Llama 3.2 1B/3B, 3.1 8B/70B/405B, Qwen2.5 0.5B/7B, Qwen3
     /// 0.6B/8B, Mistral 7B v0.3, Gemma 3 270M/1B, Qwen3-30B-A3B,
-    /// Qwen3-235B-A22B, Mixtral 8x7B, gpt-oss-20b/120b.
+    /// Qwen3-235B-A22B, Mixtral 8x7B, gpt-oss-20b/120b, Qwen1.5-MoE-A2.7B,
+    /// GLM-4.5, DeepSeek-V3, Kimi K2.
     ///
     /// ```
     /// let q = hlo_models::decoder::ModelConfig::preset("qwen2.5-0.5b").unwrap();
     /// assert_eq!(q.parameter_count(), 494_032_768);
     /// ```
     pub fn preset(name: &str) -> Result<ModelConfig, ConfigError> {
+        // The presets given as their Hub config.json.
+        let hub = [
+            ("qwen1.5-moe-a2.7b", QWEN1_5_MOE_A2_7B),
+            ("glm-4.5", GLM_4_5),
+            ("deepseek-v3", DEEPSEEK_V3),
+            ("kimi-k2", KIMI_K2),
+        ];
+        if let Some((_, json)) = hub.iter().find(|(n, _)| *n == name) {
+            return ModelConfig::from_json(json);
+        }
         Ok(match name {
             // The vocabulary of hlo-data's byte-level tokenizer: 256 bytes,
             // BOS 256, EOS 257, padded to 264 (hlo-engine tests that they
@@ -284,30 +397,7 @@ impl ModelConfig {
             "gemma3-1b" => gemma3((262144, 1152, 6912, 26, 4, 1, 256)),
             "qwen3-30b-a3b" => qwen3_moe((151936, 2048, 6144, 48, 32, 4, 128), 768),
             "qwen3-235b-a22b" => qwen3_moe((151936, 4096, 12288, 94, 64, 4, 128), 1536),
-            // Mixtral 8x7B v0.1: 8 experts, 2 a token, no window.
-            "mixtral-8x7b" => ModelConfig {
-                max_position_embeddings: 32768,
-                bos_token_id: Some(1),
-                eos_token_ids: vec![2],
-                moe: Some(MoeConfig {
-                    num_experts: 8,
-                    top_k: 2,
-                    moe_intermediate_size: 14336,
-                    norm_topk_prob: true,
-                    sparse_layers: vec![true; 32],
-                    output_router_logits: false,
-                    router_aux_loss_coef: 0.02,
-                    f32_routing_weights: true,
-                    style: ExpertStyle::SwiGlu,
-                }),
-                ..base(
-                    Family::Mixtral,
-                    (32000, 4096, 14336, 32, 32, 8, 128),
-                    Rope::new(1e6),
-                    1e-5,
-                    false,
-                )
-            },
+            "mixtral-8x7b" => mixtral_8x7b(),
             "gpt-oss-20b" => gpt_oss(24, 32),
             "gpt-oss-120b" => gpt_oss(36, 128),
             other => {

@@ -63,6 +63,18 @@ pub fn partition_rules(config: &ModelConfig) -> Rules {
             p(&[&["fsdp"], &["mp"]]),
         ),
         (r"(q_proj|k_proj|v_proj)\.bias$", p(&[&["mp"]])),
+        // Latent attention: the expansions into heads split over `mp` by
+        // head, as q/k/v_proj; the bottlenecks' outputs (normalised whole)
+        // kept whole, their inputs split as the hidden states.
+        (r"(q_b_proj|kv_b_proj)\.weight$", p(&[&["mp"], &["fsdp"]])),
+        (
+            r"(q_a_proj|kv_a_proj_with_mqa)\.weight$",
+            p(&[&[], &["fsdp"]]),
+        ),
+        (
+            r"mlp\.gate\.e_score_correction_bias$",
+            PartitionSpec::replicated(),
+        ),
         (r"norm\.weight$", PartitionSpec::replicated()),
         // Mixtures of experts: the experts split over `fsdp` along their
         // leading (expert) axis; gpt-oss's transposed ones also over `mp`

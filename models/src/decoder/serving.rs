@@ -26,7 +26,7 @@ use hlo_ir::{iota, scope, DType, Inputs, Outputs, Tensor, TensorType, TraceError
 
 use super::decode::{decoder, hashed_uniform, sample_rows, step_of, with_caches};
 use super::model::{add_lora, apply_rotary, batched_matmul, PerLayerType};
-use super::{base_parameter_types, Decoder, ModelConfig, Params, DEFAULT_TARGETS};
+use super::{base_parameter_types, Decoder, ModelConfig, Params, Projection};
 use crate::roles::{Role, Step};
 
 /// How each row's adapter entry is picked from a table.
@@ -51,21 +51,10 @@ pub struct AdapterTables {
     pub select: LoraSelect,
 }
 
-/// Every projection of every layer, as (module path, short name).
-pub fn projections(config: &ModelConfig) -> Vec<(String, &'static str)> {
+/// Every projection of every layer (see [`ModelConfig::layer_projections`]).
+pub fn projections(config: &ModelConfig) -> Vec<Projection> {
     (0..config.num_hidden_layers)
-        .flat_map(|l| {
-            DEFAULT_TARGETS.iter().filter_map(move |short| {
-                let group = if ["q_proj", "k_proj", "v_proj", "o_proj"].contains(short) {
-                    "self_attn"
-                } else {
-                    "mlp"
-                };
-                // A sparse layer has experts, not these projections.
-                (group == "self_attn" || !config.is_sparse(l))
-                    .then(|| (format!("model.layers.{l}.{group}.{short}"), *short))
-            })
-        })
+        .flat_map(|l| config.layer_projections(l))
         .collect()
 }
 
@@ -77,8 +66,12 @@ pub fn table_names(module: &str) -> [String; 3] {
 /// The adapter tables (f32) of every projection: see the module's docs.
 pub fn adapter_table_types(config: &ModelConfig, t: &AdapterTables) -> Vec<(String, TensorType)> {
     let mut out = Vec::new();
-    for (module, short) in projections(config) {
-        let (din, dout) = config.projection_dims(short).expect("a known projection");
+    for Projection {
+        module,
+        dims: (din, dout),
+        ..
+    } in projections(config)
+    {
         let [a, b, scale] = table_names(&module);
         out.push((a, TensorType::new(DType::F32, [t.entries, din, t.max_rank])));
         out.push((
@@ -198,7 +191,8 @@ impl<'a> Serving<'a> {
                     |x| {
                         let a = format!("{prefix}.self_attn");
                         let qkv = self.model.qkv_with(p, &a, x, rope, &proj);
-                        proj(&format!("{a}.o_proj"), "o_proj", attend(l, qkv))
+                        let out = self.model.attention_output(attend(l, qkv));
+                        proj(&format!("{a}.o_proj"), "o_proj", out)
                     },
                     |x| self.model.mlp_with(p, &format!("{prefix}.mlp"), x, &proj),
                 )

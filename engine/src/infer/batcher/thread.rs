@@ -660,8 +660,12 @@ impl Batcher {
         let r = self.tables_shape.max_rank;
         let mut inputs: Vec<DeviceArray> = Vec::new();
         let entry_arr = self.backend.replicate(&HostArray::scalar(entry as i32))?;
-        for (module, short) in projections(config) {
-            let (din, dout) = config.projection_dims(short).expect("a known projection");
+        for hlo_models::decoder::Projection {
+            module,
+            dims: (din, dout),
+            ..
+        } in projections(config)
+        {
             let mut a_new = vec![0f32; (din * r) as usize];
             let mut b_new = vec![0f32; (r * dout) as usize];
             let mut scale = 0f32;
