@@ -374,3 +374,25 @@ fn a_qlora_runs_adapter_is_read_with_its_runs_settings_by_eval_generate_and_merg
     assert!((eval_loss(&a) - want).abs() > 1e-4);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn nf4_bases_of_the_moe_families_equal_bitsandbytes() {
+    // The nn.Linears bitsandbytes quantizes beyond q/k/v/o/gate/up/down
+    // (scripts/make_qlora_moe_fixtures.py): Qwen2-MoE's one-row
+    // shared_expert_gate, DeepSeek-V3's latent projections; the experts
+    // and routers stay as they are, as transformers leaves them. Quantized
+    // on load from the f32 weights: one SGD and one AdamW step equal
+    // PyTorch+PEFT's on bitsandbytes' dequantized values, and greedy
+    // tokens HF's, with and without the adapter.
+    for name in ["qwen2_moe", "deepseek_v3"] {
+        for opt in ["sgd", "adamw"] {
+            let dir = step_equals_pytorch(&qlora(name), opt, &["--quantize", "nf4"]);
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+        assert_greedy_equals_hf(&qlora(name), 5, 16, &["--quantize", "nf4"]);
+    }
+    // The latent projections' codes and scales split over fsdp and mp.
+    let extra = ["--quantize", "nf4", "--mesh", "dp=1,fsdp=2,mp=2"];
+    let dir = step_equals_pytorch(&qlora("deepseek_v3"), "sgd", &extra);
+    std::fs::remove_dir_all(dir).unwrap();
+}

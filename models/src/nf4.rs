@@ -61,9 +61,25 @@ pub struct Nf4Config {
 }
 
 /// The projections stored in NF4, as bitsandbytes converts HF's models:
-/// every `nn.Linear` of the layers (the same seven modules LoRA targets by
-/// default); not the embeddings, norms or the LM head.
-pub const QUANTIZED_MODULES: [&str; 7] = crate::projections::LAYER_PROJECTIONS;
+/// every `nn.Linear` of the layers (the seven modules LoRA targets by
+/// default, latent attention's four others, Qwen2-MoE's one-row
+/// `shared_expert_gate`); not the embeddings, norms, the LM head, the
+/// routers or the fused experts, which transformers 5 holds as
+/// parameters, not `nn.Linear`s (bitsandbytes leaves them as they are).
+pub const QUANTIZED_MODULES: [&str; 12] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "q_a_proj",
+    "q_b_proj",
+    "kv_a_proj_with_mqa",
+    "kv_b_proj",
+    "shared_expert_gate",
+];
 
 /// The suffix of a quantized weight's block scales
 /// (`model.layers.0.self_attn.q_proj.weight.absmax`, as bitsandbytes names

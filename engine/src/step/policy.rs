@@ -245,7 +245,20 @@ impl StepShape<'_> {
         let params = c.parameter_count() as f64;
         let width = self.dtype.size_in_bytes() as f64;
         let weights = match (&c.quantization, self.lora_rank) {
-            (Some(_), _) => params * 0.5,
+            // The projections in NF4 (half a byte and an f32 scale per 64
+            // weights), the rest (a mixture's experts among them) as they
+            // are.
+            (Some(_), _) => c
+                .parameter_shapes()
+                .iter()
+                .map(|(name, shape)| {
+                    let n = shape.iter().product::<i64>() as f64;
+                    match hlo_models::nf4::is_quantized(name) {
+                        true => n * (0.5 + 4.0 / 64.0),
+                        false => n * width,
+                    }
+                })
+                .sum(),
             (None, Some(_)) => params * width,
             (None, None) => params * (2.0 * width + 8.0),
         };
@@ -489,8 +502,12 @@ fn with_cudnn_note(
 fn decide_cpu(shape: &StepShape, fixed: Fixed) -> StepPolicy {
     let c = shape.config;
     // `--remat mlp` asks for unrolled layers (a scan recomputes all).
+    // Dense and sparse layers mixed (DeepSeek-V3's first ones) cannot
+    // scan: one body for all.
     let scan = fixed.scan_layers.unwrap_or(
-        (c.num_hidden_layers >= 24 || c.quantization.is_some()) && fixed.remat != Some(Remat::Mlp),
+        (c.num_hidden_layers >= 24 || c.quantization.is_some())
+            && fixed.remat != Some(Remat::Mlp)
+            && !c.mixed_mlps(),
     );
     let layers = match (scan, fixed.remat) {
         (true, _) => Layers::Scanned,
@@ -530,7 +547,10 @@ pub const MAX_UNROLLED_MOE_LAYERS: i64 = 32;
 /// undoing what NF4 saves), only the scan. `--remat none` means no
 /// recompute at all, so layers unrolled unless `--scan-layers on`.
 fn layer_candidates(c: &ModelConfig, fixed: Fixed) -> Vec<Layers> {
-    let remat = if c.num_hidden_layers >= 24 {
+    // Dense and sparse layers mixed (DeepSeek-V3's first ones) cannot
+    // scan: one body for all.
+    let scannable = !c.mixed_mlps();
+    let remat = if c.num_hidden_layers >= 24 && scannable {
         Layers::Scanned
     } else {
         Layers::UnrolledRemat
@@ -540,7 +560,7 @@ fn layer_candidates(c: &ModelConfig, fixed: Fixed) -> Vec<Layers> {
     } else {
         MAX_UNROLLED_LAYERS
     };
-    let scan_only = c.num_hidden_layers > most || c.quantization.is_some();
+    let scan_only = scannable && (c.num_hidden_layers > most || c.quantization.is_some());
     match (fixed.scan_layers, fixed.remat) {
         (None, None | Some(Remat::Layers)) if scan_only => vec![Layers::Scanned],
         (Some(true), _) => vec![Layers::Scanned],

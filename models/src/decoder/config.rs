@@ -754,21 +754,18 @@ impl ModelConfig {
         if self.quantization.is_none() {
             return Ok(());
         }
-        if self.mla.is_some() {
-            return Err(ConfigError::Unsupported(
-                "NF4 quantization of multi-head latent attention (DeepSeek-V3) is not implemented"
-                    .into(),
-            ));
-        }
-        let shared = self.moe.as_ref().and_then(|m| m.shared_expert);
-        if shared.is_some_and(|s| s.gated) {
-            return Err(ConfigError::Unsupported(format!(
-                "NF4 quantization of {}'s shared_expert_gate (a one-row nn.Linear bitsandbytes would also quantize) is not implemented",
-                self.family.architecture()
-            )));
-        }
-        for m in crate::nf4::QUANTIZED_MODULES {
-            let (din, _) = self.projection_dims(m).expect("a known projection");
+        let quantized = self
+            .parameter_shapes()
+            .into_iter()
+            .filter(|(name, _)| crate::nf4::is_quantized(name));
+        for (name, shape) in quantized {
+            let din = shape[shape.len() - 1];
+            let m = name
+                .trim_end_matches(".weight")
+                .rsplit('.')
+                .next()
+                .unwrap_or(&name)
+                .to_string();
             if din % crate::nf4::BLOCK_SIZE as i64 != 0 {
                 return Err(ConfigError::Unsupported(format!(
                     "NF4 quantization needs each projection's input features to be a multiple of {}; {m} has {din}",

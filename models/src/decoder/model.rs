@@ -494,8 +494,8 @@ impl Decoder<'_> {
         if shared.gated {
             // Qwen2-MoE: σ(one logit a token) in the model's dtype.
             let gate = scope(SharedExpert::GATE, || {
-                let w = p.get(&format!("{prefix}.{}.weight", SharedExpert::GATE));
-                linear(x, w, None).logistic()
+                let at = format!("{prefix}.{}", SharedExpert::GATE);
+                self.base_proj(p, &at, SharedExpert::GATE, x).logistic()
             });
             let d = y.dims();
             let keep: Vec<i64> = (0..d.len() as i64).collect();

@@ -66,9 +66,12 @@ pub fn partition_rules(config: &ModelConfig) -> Rules {
         // Latent attention: the expansions into heads split over `mp` by
         // head, as q/k/v_proj; the bottlenecks' outputs (normalised whole)
         // kept whole, their inputs split as the hidden states.
-        (r"(q_b_proj|kv_b_proj)\.weight$", p(&[&["mp"], &["fsdp"]])),
         (
-            r"(q_a_proj|kv_a_proj_with_mqa)\.weight$",
+            r"(q_b_proj|kv_b_proj)\.weight(\.absmax)?$",
+            p(&[&["mp"], &["fsdp"]]),
+        ),
+        (
+            r"(q_a_proj|kv_a_proj_with_mqa|shared_expert_gate)\.weight(\.absmax)?$",
             p(&[&[], &["fsdp"]]),
         ),
         (
