@@ -110,8 +110,8 @@ fn configs_in_both_transformers_spellings() {
             "unsupported: rope type `longrope`",
         ),
         (
-            &v4.replace("\"llama\"", "\"deepseek_v3\""),
-            "unsupported: model_type `deepseek_v3` (hlo-train runs LlamaForCausalLM, Qwen2ForCausalLM",
+            &v4.replace("\"llama\"", "\"olmoe\""),
+            "unsupported: model_type `olmoe` (hlo-train runs LlamaForCausalLM, Qwen2ForCausalLM",
         ),
         (
             &v4.replace("\"num_key_value_heads\": 8", "\"num_key_value_heads\": 5"),
