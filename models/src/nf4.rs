@@ -60,26 +60,18 @@ pub struct Nf4Config {
     pub double_quant: bool,
 }
 
-/// The projections stored in NF4, as bitsandbytes converts HF's models:
+/// Whether module `short` is stored in NF4, as bitsandbytes converts HF's models:
 /// every `nn.Linear` of the layers (the seven modules LoRA targets by
 /// default, latent attention's four others, Qwen2-MoE's one-row
 /// `shared_expert_gate`); not the embeddings, norms, the LM head, the
 /// routers or the fused experts, which transformers 5 holds as
 /// parameters, not `nn.Linear`s (bitsandbytes leaves them as they are).
-pub const QUANTIZED_MODULES: [&str; 12] = [
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-    "q_a_proj",
-    "q_b_proj",
-    "kv_a_proj_with_mqa",
-    "kv_b_proj",
-    "shared_expert_gate",
-];
+pub fn is_quantized_module(short: &str) -> bool {
+    use crate::projections::{LATENT_PROJECTIONS, LAYER_PROJECTIONS};
+    LAYER_PROJECTIONS.contains(&short)
+        || LATENT_PROJECTIONS.contains(&short)
+        || short == crate::decoder::SharedExpert::GATE
+}
 
 /// The suffix of a quantized weight's block scales
 /// (`model.layers.0.self_attn.q_proj.weight.absmax`, as bitsandbytes names
@@ -91,7 +83,7 @@ pub const ABSMAX_SUFFIX: &str = ".absmax";
 pub fn is_quantized(name: &str) -> bool {
     name.strip_suffix(".weight")
         .and_then(|m| m.rsplit('.').next())
-        .is_some_and(|short| QUANTIZED_MODULES.contains(&short))
+        .is_some_and(is_quantized_module)
 }
 
 /// What a quantized `[out, in]` weight is held as: its codes `u8 [out, in

@@ -1,6 +1,6 @@
 //! The linear projections of a decoder layer, by their HF module names:
 //! what LoRA targets by default (`decoder::DEFAULT_TARGETS`) and what NF4
-//! stores in 4 bits (`nf4::QUANTIZED_MODULES`). A module of its own so
+//! stores in 4 bits (`nf4::is_quantized_module`). A module of its own so
 //! that `decoder` and `nf4` both read the list without reading each other.
 
 /// Every `nn.Linear` of a decoder layer: attention's q/k/v/o and the MLP's
